@@ -1,0 +1,89 @@
+"""The wire-control opcodes every session answers: HELLO, ECHO, NOP, DRAIN and FILL.
+
+They let a client (and `orion-guest probe`, the tests and the benchmark) check a region end to end without
+a GPU: DRAIN consumes a staged payload chunk by chunk as a host-to-device copy would, FILL produces one
+straight into the staging chunks as a device-to-host copy would.
+"""
+from __future__ import annotations
+
+import random
+import zlib
+
+from ivshmem.channel import Sink, Streamed
+from ivshmem.errors import RecordError
+from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, HELLO_REPLY, HELLO_REQUEST, PROTOCOL, Op, Record, Status
+
+from .region_server import Reply, Session
+
+AGENT_NAME = "orion-vgpu host agent"
+PATTERN_BLOCK = 4096
+_DRAIN = int(Op.DRAIN)
+
+
+def fill_pattern(seed: int, length: int) -> bytes:
+    """The bytes FILL produces: a 4 KiB seeded random block, repeated."""
+    block = random.Random(seed).randbytes(PATTERN_BLOCK)
+    return (block * (length // PATTERN_BLOCK + 1))[:length]
+
+
+class DiagnosticsHandler:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._drained = (0, 0)
+        self._serve = {int(Op.ECHO): self._echo, int(Op.NOP): self._nop, int(Op.DRAIN): self._drain,
+                       int(Op.FILL): self._fill, int(Op.HELLO): self._hello}
+
+    def sink_for(self, opcode: int, length: int) -> Sink | None:
+        if opcode != _DRAIN:
+            return None
+        self._drained = (0, 0)
+
+        def drain(chunk: memoryview) -> None:
+            total, crc = self._drained
+            self._drained = (total + len(chunk), zlib.crc32(chunk, crc))
+        return drain
+
+    def handle(self, record: Record) -> Reply:
+        serve = self._serve.get(record.opcode)
+        if serve is None:
+            return Reply(Status.UNKNOWN_OPCODE, f"opcode {record.opcode:#x} is not served by this agent".encode())
+        return serve(record)
+
+    def _echo(self, record: Record) -> Reply:
+        return Reply(0, record.payload)
+
+    def _nop(self, record: Record) -> Reply:
+        return _OK
+
+    def _drain(self, record: Record) -> Reply:
+        if record.payload:  # small enough to have travelled inline
+            self._drained = (len(record.payload), zlib.crc32(record.payload))
+        total, crc = self._drained
+        return Reply(0, DRAIN_REPLY.encode(total, crc))
+
+    def _fill(self, record: Record) -> Reply:
+        length, seed = FILL_REQUEST.decode(record.payload)
+        if length > 1 << 30:
+            raise RecordError(f"FILL of {length} bytes exceeds 1 GiB", Status.TOO_LARGE)
+        return Reply(0, _streamed_pattern(length, seed))
+
+    def _hello(self, record: Record) -> Reply:
+        protocol, _pid, _host = HELLO_REQUEST.decode(record.payload)
+        if protocol != PROTOCOL:
+            return Reply(Status.MALFORMED, f"protocol {protocol} is not {PROTOCOL}".encode())
+        return Reply(0, HELLO_REPLY.encode(AGENT_NAME, self.session.number))
+
+
+_OK = Reply(0)
+
+
+def _streamed_pattern(length: int, seed: int) -> Streamed:
+    block = random.Random(seed).randbytes(PATTERN_BLOCK)
+    cache: dict[int, bytes] = {}
+
+    def fill(chunk: memoryview) -> None:
+        size = len(chunk)
+        if size not in cache:
+            cache[size] = (block * (size // PATTERN_BLOCK + 1))[:size]
+        chunk[:] = cache[size]
+    return Streamed(length, fill)

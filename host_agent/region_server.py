@@ -1,0 +1,223 @@
+"""Serving one Orion region: a supervisor loop plus one worker process per client session.
+
+The supervisor formats the region if it holds no valid header, beats the agent heartbeat, answers claims,
+and ends sessions whose client released the channel or died (lock gone, or heartbeat lost for guests).
+Each session runs in its own worker process, so one tenant's crash or hostile records end that session
+only. What a worker does with records is the handler's business (diagnostics.py now, the CUDA executor
+later); this module never looks inside a payload.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+from ivshmem import layout
+from ivshmem import liveness
+from ivshmem.channel import Ctrl, HostChannel, HostReason, HostStatus, Sink, Streamed
+from ivshmem.errors import ChannelCorrupt, RecordError, RegionFormatError
+from ivshmem.record import Flag, Record, Status
+from ivshmem.region import Region
+from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
+
+log = logging.getLogger(__name__)
+_MP = multiprocessing.get_context("fork")
+MAX_ASYNC_ERRORS_REPORTED = 64
+
+
+class Reply(NamedTuple):
+    status: int = 0
+    payload: bytes | Streamed = b""
+
+
+class Session(NamedTuple):
+    number: int
+    region: str
+    channel: int
+    generation: int
+
+
+class Handler(Protocol):
+    """What a worker calls for each request of its session."""
+
+    def sink_for(self, opcode: int, length: int) -> Sink | None: ...
+
+    def handle(self, record: Record) -> Reply: ...
+
+
+HandlerFactory = Callable[[Session], Handler]
+
+
+@dataclass
+class ServerOptions:
+    channels: int = layout.DEFAULT_CHANNELS
+    heartbeat_timeout: float = 10.0  # guests: seconds without a client heartbeat before reclaiming
+    scan_interval: float = 0.05
+    policy: WaitPolicy = field(default_factory=lambda: DEFAULT_POLICY)
+
+
+def serve_session(region_path: str, session: Session, factory: HandlerFactory, policy: WaitPolicy) -> int:
+    """Body of a worker process: serve one session until the supervisor ends it. Returns an exit code."""
+    parent = os.getppid()
+
+    def parent_alive() -> None:
+        if os.getppid() != parent:
+            os._exit(0)  # the supervisor is gone; nobody will read our replies
+    region = Region.open(region_path)
+    channel = HostChannel(region, session.channel)
+    endpoint = channel.endpoint(policy, parent_alive)
+    handler = factory(session)
+    reported = 0
+    while True:
+        try:
+            record = endpoint.receive(sink_for=handler.sink_for)
+            assert record is not None
+            if record.generation != endpoint.generation:
+                raise RecordError(f"record {record.call_id} belongs to generation {record.generation}, "
+                                  f"not {endpoint.generation}")
+            try:
+                reply = handler.handle(record)
+            except RecordError as exc:  # a payload the handler could not decode
+                reply = Reply(exc.status, str(exc).encode())
+            except Exception as exc:  # a handler bug must not end the session silently or crash the agent
+                log.exception("session %d: handler failed on opcode %#x", session.number, record.opcode)
+                reply = Reply(Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}".encode())
+            call_id, flags = record.call_id, record.flags
+        except RecordError as exc:
+            log.warning("session %d: malformed record: %s", session.number, exc)
+            reply = Reply(exc.status, str(exc).encode())
+            call_id, flags = getattr(exc, "call_id", 0), getattr(exc, "flags", 0)
+        except ChannelCorrupt as exc:
+            log.error("session %d: %s", session.number, exc)
+            channel.end(HostStatus.FAILED, HostReason.PROTOCOL_VIOLATION)
+            return 3
+        if flags & Flag.NO_REPLY:
+            if reply.status == 0:
+                continue
+            reported += 1
+            if reported > MAX_ASYNC_ERRORS_REPORTED:
+                continue
+            flags = Flag.ASYNC_ERROR
+        else:
+            flags = 0
+        try:
+            endpoint.send(call_id, 0, flags, reply.payload, reply.status)
+        except ChannelCorrupt as exc:
+            log.error("session %d: %s", session.number, exc)
+            channel.end(HostStatus.FAILED, HostReason.PROTOCOL_VIOLATION)
+            return 3
+
+
+def _worker_main(region_path: str, session: Session, factory: HandlerFactory, policy: WaitPolicy) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which ends us
+    os._exit(serve_session(region_path, session, factory, policy))
+
+
+class RegionServer:
+    """Serves every channel of one region until `stop()`."""
+
+    def __init__(self, path: str, factory: HandlerFactory, options: ServerOptions | None = None) -> None:
+        self.path = path
+        self.factory = factory
+        self.options = options or ServerOptions()
+        self.region = Region.open(path)
+        self._stop = threading.Event()
+        self._workers: dict[int, tuple[Session, multiprocessing.process.BaseProcess]] = {}
+        self._beats: dict[int, tuple[int, float]] = {}
+        self._sessions = 0
+        self._prepare()
+        self.channels = [HostChannel(self.region, i) for i in range(self.region.geometry.channel_count)]
+
+    def _prepare(self) -> None:
+        """Format a blank or invalid region; fail the sessions a previous agent left behind."""
+        try:
+            geometry = self.region.geometry
+        except RegionFormatError as exc:
+            log.info("formatting %s (%s)", self.path, exc)
+            name = os.path.basename(self.path)
+            self.region.format(layout.Geometry.build(self.region.size, self.options.channels, name=name))
+            geometry = self.region.geometry
+        for index in range(geometry.channel_count):
+            channel = HostChannel(self.region, index)
+            if channel.pending_claim() is None and channel.ctrl[Ctrl.HOST_STATUS] == HostStatus.SERVING:
+                channel.end(HostStatus.FAILED, HostReason.AGENT_RESTARTED)
+        self.region.set_agent(pid=os.getpid(), state=layout.AGENT_SERVING, beat=True)
+
+    # --- the loop ----------------------------------------------------------------------------------------
+    def serve_forever(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.scan()
+                self._stop.wait(self.options.scan_interval)
+        finally:
+            self._shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def scan(self) -> None:
+        """One supervision pass over every channel."""
+        self.region.set_agent(beat=True)
+        for channel in self.channels:
+            generation = channel.pending_claim()
+            if generation is not None:
+                self._end(channel, HostStatus.IDLE, HostReason.NONE)
+                self._start(channel, generation)
+            elif channel.index in self._workers:
+                self._supervise(channel)
+
+    def _start(self, channel: HostChannel, generation: int) -> None:
+        self._sessions += 1
+        session = Session(self._sessions, self.path, channel.index, generation)
+        channel.accept(generation)
+        worker = _MP.Process(target=_worker_main, name=f"orion-session-{session.number}",
+                             args=(self.path, session, self.factory, self.options.policy), daemon=True)
+        worker.start()
+        channel.ctrl[Ctrl.HOST_WORKER] = worker.pid or 0
+        self._workers[channel.index] = (session, worker)
+        self._beats[channel.index] = (channel.ctrl[Ctrl.CLIENT_HEARTBEAT], time.monotonic())
+        log.info("Creating session %d", session.number)
+        log.info("Using SHM %s for acceleration.", os.path.basename(self.path))
+
+    def _supervise(self, channel: HostChannel) -> None:
+        session, worker = self._workers[channel.index]
+        if not worker.is_alive():
+            log.warning("session %d: worker exited with code %s", session.number, worker.exitcode)
+            reason = HostReason.PROTOCOL_VIOLATION if worker.exitcode == 3 else HostReason.WORKER_DIED
+            self._end(channel, HostStatus.FAILED, reason)
+            return
+        alive, self._beats[channel.index] = channel.client_alive(self._beats[channel.index],
+                                                                 self.options.heartbeat_timeout)
+        if alive:
+            return
+        if not channel.ctrl[Ctrl.CLIENT_ACTIVE]:  # a clean release
+            self._end(channel, HostStatus.IDLE, HostReason.CLIENT_RELEASED)
+        elif channel.ctrl[Ctrl.LIVENESS] == liveness.LOCK_MODE:
+            self._end(channel, HostStatus.RECLAIMED, HostReason.CLIENT_DIED)
+        else:
+            self._end(channel, HostStatus.RECLAIMED, HostReason.HEARTBEAT_LOST)
+
+    def _end(self, channel: HostChannel, status: HostStatus, reason: HostReason) -> None:
+        entry = self._workers.pop(channel.index, None)
+        if entry is None:
+            return
+        session, worker = entry
+        if worker.is_alive():
+            worker.kill()
+        worker.join(5)
+        channel.end(status, reason)
+        if reason not in (HostReason.CLIENT_RELEASED, HostReason.NONE):
+            log.info("session %d ended: %s", session.number, reason.name.lower().replace("_", " "))
+        log.info("Session %d exits.", session.number)
+
+    def _shutdown(self) -> None:
+        for channel in self.channels:
+            self._end(channel, HostStatus.FAILED, HostReason.AGENT_STOPPED)
+        self.region.set_agent(state=layout.AGENT_STOPPED)
+        self.region.close()

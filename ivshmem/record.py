@@ -1,0 +1,85 @@
+"""The 32-byte record header, its flags, wire statuses and the wire-control opcodes.
+
+A record is the unit every transport carries: this header, then `length` payload bytes (inline in a ring
+slot, or streamed through a staging arena when it does not fit). CUDA opcodes are numbered from
+CUDA_OPCODE_BASE and defined by the CUDA forwarding layer, not here.
+"""
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+from typing import NamedTuple
+
+from .codec import Schema
+from .errors import RecordError
+
+HEADER = struct.Struct("<QIIIIiI")
+assert HEADER.size == 32
+
+PROTOCOL = 1
+CUDA_OPCODE_BASE = 0x100
+MAX_OPCODE = 0xFFFF
+
+
+class Flag:
+    """Record flags. Plain ints, not an IntFlag: enum arithmetic costs a microsecond on the hot path."""
+
+    NO_REPLY = 1 << 0
+    STAGED = 1 << 1
+    ASYNC_ERROR = 1 << 2
+
+
+KNOWN_FLAGS = Flag.NO_REPLY | Flag.STAGED | Flag.ASYNC_ERROR
+
+
+class Status(IntEnum):
+    """Wire-level statuses are negative; CUDA results (CUresult) are >= 0."""
+
+    OK = 0
+    MALFORMED = -1
+    UNKNOWN_OPCODE = -2
+    TOO_LARGE = -3
+    HANDLER_FAILED = -4
+    PROTOCOL_VIOLATION = -5
+
+
+class Op(IntEnum):
+    HELLO = 1
+    ECHO = 2
+    NOP = 3
+    DRAIN = 4
+    FILL = 5
+
+
+HELLO_REQUEST = Schema("HELLO", ("protocol", "u32"), ("pid", "u32"), ("hostname", "str"))
+HELLO_REPLY = Schema("HELLO reply", ("agent", "str"), ("session", "u64"))
+DRAIN_REPLY = Schema("DRAIN reply", ("length", "u64"), ("crc32", "u32"))
+FILL_REQUEST = Schema("FILL", ("length", "u64"), ("seed", "u32"))
+
+
+class Record(NamedTuple):
+    call_id: int
+    opcode: int
+    flags: int
+    length: int
+    generation: int
+    status: int
+    payload: bytes = b""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 0
+
+
+def check_header(fields: tuple[int, ...], capacity: int, max_length: int) -> None:
+    """Raise RecordError (with the wire status a reply should carry) if unpacked header fields are invalid."""
+    call_id, opcode, flags, length, _generation, _status, reserved = fields
+    if reserved or flags & ~KNOWN_FLAGS:
+        raise RecordError(f"record {call_id}: unknown flags {flags:#x} or reserved word {reserved:#x}")
+    if opcode > MAX_OPCODE:
+        raise RecordError(f"record {call_id}: opcode {opcode:#x} beyond {MAX_OPCODE:#x}", Status.UNKNOWN_OPCODE)
+    if length > max_length:
+        raise RecordError(f"record {call_id}: payload of {length} bytes exceeds the {max_length}-byte limit",
+                          Status.TOO_LARGE)
+    if not flags & Flag.STAGED and length > capacity:
+        raise RecordError(f"record {call_id}: inline payload of {length} bytes exceeds the {capacity}-byte slot")

@@ -1,0 +1,243 @@
+"""Opening an Orion region, wherever it is: one `Region` API for the host, a container and a QEMU guest.
+
+* host: `/dev/shm/orionsock<N>` through posix_ipc (or a file in another directory, e.g. a hugetlbfs mount);
+* container: the same /dev/shm file, seen through `--ipc host` or a bind mount;
+* guest: BAR2 of the ivshmem-plain PCI device 1af4:1110, found in sysfs, enabled, and mmapped from
+  `resource2` (no guest kernel driver needed).
+
+What the bytes mean is layout.py's business; who uses which channel is channel.py's.
+"""
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+import platform
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import layout
+from .errors import RegionError, RegionFormatError
+from .layout import Geometry
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "orionsock"
+IVSHMEM_VENDOR, IVSHMEM_DEVICE = "0x1af4", "0x1110"
+PCI_ROOT = "/sys/bus/pci/devices"
+GUEST_LOCK_DIR = "/dev/shm"
+
+
+def region_path(index: int, directory: str = SHM_DIR) -> str:
+    return os.path.join(directory, f"{SHM_PREFIX}{index}")
+
+
+def _require_tso() -> None:
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64"):
+        raise RegionError(f"the Orion rings rely on x86-64 memory ordering; this machine is {machine}")
+
+
+@dataclass
+class Region:
+    """A mapped region. `where` names it in every message; `kind` is 'file' (host/container) or 'pci' (guest)."""
+
+    where: str
+    kind: str
+    fd: int
+    size: int
+    mm: mmap.mmap
+    lock_path: str
+    lock_fd: int
+    buf: memoryview = field(init=False)
+    u32: memoryview = field(init=False)
+    u64: memoryview = field(init=False)
+    _geometry: Geometry | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.buf = memoryview(self.mm)
+        usable = self.size & ~7
+        self.u32 = self.buf[:usable].cast("I")
+        self.u64 = self.buf[:usable].cast("Q")
+
+    # --- opening -----------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> "Region":
+        """Open an existing region file (host or container); /dev/shm files go through posix_ipc."""
+        _require_tso()
+        path = os.fspath(path)
+        fd = _open_file(path)
+        try:
+            size = os.fstat(fd).st_size
+            if size < layout.HEADER_SIZE:
+                raise RegionFormatError(f"{path}: {size} bytes is too small to be an Orion region; recreate it "
+                                        "with 'orion-shm create'")
+            mm = _map(fd, size, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(where=path, kind="file", fd=fd, size=size, mm=mm, lock_path=path, lock_fd=fd)
+
+    @classmethod
+    def open_pci(cls, device: str | None = None) -> "Region":
+        """Open the ivshmem BAR of `device` (a PCI address such as 0000:00:04.0), or of the first one found."""
+        _require_tso()
+        devices = find_ivshmem_devices()
+        if device is not None:
+            devices = [d for d in devices if os.path.basename(d) == device]
+        if not devices:
+            raise RegionError("no ivshmem PCI device (1af4:1110) in this machine" +
+                              (f" at {device}" if device else "") +
+                              "; attach one with 'orion-shm attach DOMAIN' on the host")
+        dev = devices[0]
+        bdf = os.path.basename(dev)
+        where = f"ivshmem {bdf}"
+        try:
+            with open(os.path.join(dev, "enable"), "w") as f:
+                f.write("1")
+        except OSError:
+            pass  # already enabled, or a kernel that does not need it; mapping tells us for sure
+        resource = os.path.join(dev, "resource2")
+        try:
+            fd = os.open(resource, os.O_RDWR | os.O_SYNC)
+        except OSError as exc:
+            raise RegionError(f"{where}: cannot open {resource}: {exc.strerror}; run as root or give the "
+                              "user read/write access to it") from None
+        try:
+            size = os.path.getsize(resource)
+            mm = _map(fd, size, where)
+            lock_path = os.path.join(GUEST_LOCK_DIR, f"orion-lock-{bdf}")
+            old = os.umask(0)
+            try:
+                lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+            finally:
+                os.umask(old)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(where=where, kind="pci", fd=fd, size=size, mm=mm, lock_path=lock_path, lock_fd=lock_fd)
+
+    @classmethod
+    def discover(cls) -> "Region":
+        """Find this process's region: $ORION_SHM (a path or a PCI address), else an ivshmem device, else
+        the lowest-numbered formatted /dev/shm/orionsock<N>."""
+        wanted = os.environ.get("ORION_SHM")
+        if wanted:
+            return cls.open(wanted) if wanted.startswith("/") else cls.open_pci(wanted)
+        if find_ivshmem_devices():
+            return cls.open_pci()
+        for path in list_region_files():
+            region = cls.open(path)
+            try:
+                region.geometry
+                return region
+            except RegionFormatError:
+                region.close()
+        raise RegionError("no Orion region found: no ivshmem device and no formatted /dev/shm/orionsock<N>; "
+                          "set ORION_SHM, or create one with 'orion-shm create' and start oriond")
+
+    # --- header ------------------------------------------------------------------------------------------
+    @property
+    def geometry(self) -> Geometry:
+        """The validated header; raises RegionFormatError (or RegionNotFormatted) with the reason."""
+        if self._geometry is None:
+            self._geometry = layout.unpack_header(bytes(self.buf[:layout.CRC_SPAN]), self.where, self.size)
+        return self._geometry
+
+    def format(self, geometry: Geometry) -> None:
+        """Write a fresh header and zero every channel's control words (host side only)."""
+        geometry.check(self.where, self.size)
+        self.buf[:layout.HEADER_SIZE] = bytes(layout.HEADER_SIZE)
+        for i in range(geometry.channel_count):
+            base = geometry.channel_base(i)
+            self.buf[base:base + layout.PAGE] = bytes(layout.PAGE)
+        self.buf[:layout.CRC_SPAN] = layout.pack_header(geometry)
+        self._geometry = geometry
+
+    def agent_words(self) -> tuple[int, int, int]:
+        """(heartbeat, pid, state) of the host agent serving this region."""
+        return (self.u64[layout.AGENT_HEARTBEAT >> 3], self.u32[layout.AGENT_PID >> 2],
+                self.u32[layout.AGENT_STATE >> 2])
+
+    def set_agent(self, pid: int | None = None, state: int | None = None, beat: bool = False) -> None:
+        if pid is not None:
+            self.u32[layout.AGENT_PID >> 2] = pid
+        if state is not None:
+            self.u32[layout.AGENT_STATE >> 2] = state
+        if beat:
+            i = layout.AGENT_HEARTBEAT >> 3
+            self.u64[i] = (self.u64[i] + 1) & 0xFFFFFFFFFFFFFFFF
+
+    def close(self) -> None:
+        for view in (self.u32, self.u64, self.buf):
+            view.release()
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes when that view does
+        if self.lock_fd != self.fd:
+            os.close(self.lock_fd)
+        os.close(self.fd)
+
+    def __enter__(self) -> "Region":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _open_file(path: str) -> int:
+    directory, name = os.path.split(path)
+    try:
+        if os.path.realpath(directory or ".") == SHM_DIR:
+            import posix_ipc  # host-side dependency; a guest never reaches this line
+
+            shm = posix_ipc.SharedMemory("/" + name, flags=0)
+            fd = shm.fd
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise RegionError(f"{path} is not a regular file")
+            return fd
+        fd = os.open(path, os.O_RDWR)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RegionError(f"{path} is not a regular file")
+        return fd
+    except RegionError:
+        raise
+    except Exception as exc:  # posix_ipc.ExistentialError / PermissionsError, OSError
+        if not os.path.exists(path):
+            raise RegionError(f"{path} does not exist; create it with 'orion-shm create -i N'") from None
+        raise RegionError(f"cannot open {path}: {exc}; run as root or as the region's owner "
+                          "(see 'orion-shm inspect')") from None
+
+
+def _map(fd: int, size: int, where: str) -> mmap.mmap:
+    try:
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except (OSError, ValueError) as exc:
+        raise RegionError(f"{where}: cannot map {size} bytes: {exc}") from None
+
+
+def find_ivshmem_devices(root: str = PCI_ROOT) -> list[str]:
+    """sysfs paths of ivshmem-plain devices, sorted by PCI address."""
+    found = []
+    for dev in sorted(glob.glob(os.path.join(root, "*"))):
+        try:
+            vendor = Path(dev, "vendor").read_text().strip()
+            device = Path(dev, "device").read_text().strip()
+        except OSError:
+            continue
+        if (vendor, device) == (IVSHMEM_VENDOR, IVSHMEM_DEVICE):
+            found.append(dev)
+    return found
+
+
+def list_region_files(directory: str = SHM_DIR) -> list[str]:
+    """orionsock<N> files in `directory`, by index."""
+    out = []
+    for path in glob.glob(os.path.join(directory, SHM_PREFIX + "*")):
+        suffix = os.path.basename(path)[len(SHM_PREFIX):]
+        if suffix.isdigit():
+            out.append((int(suffix), path))
+    return [p for _, p in sorted(out)]

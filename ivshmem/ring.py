@@ -1,0 +1,110 @@
+"""Single-producer/single-consumer rings and staging arenas over shared memory.
+
+Only index arithmetic lives here: what goes in a slot is record.py's business, who waits and how is
+wait.py's. One process writes each index:
+
+| word            | offset in block | written by | read by  |
+|-----------------|-----------------|------------|----------|
+| head            | 0               | consumer   | producer |
+| tail            | 64              | producer   | consumer |
+| slots / chunks  | 128 / 4096      | producer   | consumer |
+
+Memory ordering: Python has no atomics or fences. Slot bytes are written with memoryview slice assignment
+and indices with item assignment on a memoryview cast to 'I', which CPython performs as one aligned 4-byte
+memcpy, i.e. one `mov`. x86-64 is TSO: stores are not reordered with older stores and loads not with older
+loads, so "write slot, then store tail" on one side and "load tail, then read slot" on the other is enough.
+Region.open refuses other architectures. Each side keeps a private copy of the index it owns (it is the
+only writer), so the hot path loads one shared word per operation.
+"""
+from __future__ import annotations
+
+from .errors import ChannelCorrupt
+
+U32 = 0xFFFFFFFF
+
+
+class _Spsc:
+    """Free-running u32 head/tail pair over `capacity` equally sized cells starting at `data`."""
+
+    __slots__ = ("_words", "_head_i", "_tail_i", "data", "cell", "capacity", "mask", "name", "_head", "_tail")
+
+    def __init__(self, words: memoryview, base: int, head: int, tail: int, data: int, cell: int, capacity: int,
+                 name: str) -> None:
+        self._words = words
+        self._head_i = (base + head) >> 2
+        self._tail_i = (base + tail) >> 2
+        self.data = base + data
+        self.cell = cell
+        self.capacity = capacity
+        self.mask = capacity - 1
+        self.name = name
+        self.resync()
+
+    def resync(self) -> None:
+        """Reload the private index copies from shared memory (after a reset or a reattach)."""
+        self._head = self._words[self._head_i]
+        self._tail = self._words[self._tail_i]
+
+    def reset_owned(self, side: str) -> None:
+        """Zero the index this side writes: 'producer' owns tail, 'consumer' owns head."""
+        if side == "producer":
+            self._words[self._tail_i] = 0
+            self._tail = 0
+        else:
+            self._words[self._head_i] = 0
+            self._head = 0
+
+    def _fill(self, head: int, tail: int) -> int:
+        fill = (tail - head) & U32
+        if fill > self.capacity:
+            raise ChannelCorrupt(f"{self.name}: head {head} and tail {tail} are {fill} apart, "
+                                 f"more than its {self.capacity} cells; the peer broke the protocol")
+        return fill
+
+    # producer side
+    def writable(self) -> int | None:
+        """Offset of the next free cell, or None when full."""
+        tail = self._tail
+        if (tail - self._words[self._head_i]) & U32 >= self.capacity:
+            self._fill(self._words[self._head_i], tail)  # raises if the peer wrote nonsense
+            return None
+        return self.data + (tail & self.mask) * self.cell
+
+    def publish(self) -> None:
+        self._tail = (self._tail + 1) & U32
+        self._words[self._tail_i] = self._tail
+
+    # consumer side
+    def readable(self) -> int | None:
+        """Offset of the oldest published cell, or None when empty."""
+        head = self._head
+        fill = (self._words[self._tail_i] - head) & U32
+        if fill == 0:
+            return None
+        if fill > self.capacity:
+            self._fill(head, self._words[self._tail_i])
+        return self.data + (head & self.mask) * self.cell
+
+    def release(self) -> None:
+        self._head = (self._head + 1) & U32
+        self._words[self._head_i] = self._head
+
+    def snapshot(self) -> tuple[int, int]:
+        """(head, tail) as currently in shared memory, for inspection."""
+        return self._words[self._head_i], self._words[self._tail_i]
+
+
+class Ring(_Spsc):
+    """A ring of `entries` slots of `slot_size` bytes (one record each)."""
+
+    def __init__(self, words: memoryview, base: int, entries: int, slot_size: int, name: str,
+                 head: int = 0, tail: int = 64, slots: int = 128) -> None:
+        super().__init__(words, base, head, tail, slots, slot_size, entries, name)
+
+
+class StagingArena(_Spsc):
+    """A pipe of `count` chunks of `chunk_size` bytes for payloads larger than a slot."""
+
+    def __init__(self, words: memoryview, base: int, chunk_size: int, count: int, name: str,
+                 head: int = 0, tail: int = 64, chunks: int = 4096) -> None:
+        super().__init__(words, base, head, tail, chunks, chunk_size, count, name)
