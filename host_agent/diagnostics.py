@@ -6,24 +6,27 @@ straight into the staging chunks as a device-to-host copy would.
 """
 from __future__ import annotations
 
-import random
 import zlib
 
 from ivshmem.channel import Sink, Streamed
 from ivshmem.errors import RecordError
-from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, HELLO_REPLY, HELLO_REQUEST, PROTOCOL, Op, Record, Status
+from ivshmem.record import (
+    DRAIN_REPLY,
+    FILL_REQUEST,
+    HELLO_REPLY,
+    HELLO_REQUEST,
+    PROTOCOL,
+    Op,
+    Record,
+    Status,
+    fill_pattern,
+)
 
 from .region_server import Reply, Session
 
 AGENT_NAME = "orion-vgpu host agent"
-PATTERN_BLOCK = 4096
 _DRAIN = int(Op.DRAIN)
-
-
-def fill_pattern(seed: int, length: int) -> bytes:
-    """The bytes FILL produces: a 4 KiB seeded random block, repeated."""
-    block = random.Random(seed).randbytes(PATTERN_BLOCK)
-    return (block * (length // PATTERN_BLOCK + 1))[:length]
+__all__ = ["DiagnosticsHandler", "fill_pattern"]
 
 
 class DiagnosticsHandler:
@@ -78,12 +81,12 @@ _OK = Reply(0)
 
 
 def _streamed_pattern(length: int, seed: int) -> Streamed:
-    block = random.Random(seed).randbytes(PATTERN_BLOCK)
+    """FILL's reply, produced straight into the staging chunks: one copy per chunk."""
     cache: dict[int, bytes] = {}
 
     def fill(chunk: memoryview) -> None:
         size = len(chunk)
         if size not in cache:
-            cache[size] = (block * (size // PATTERN_BLOCK + 1))[:size]
+            cache[size] = fill_pattern(seed, size)
         chunk[:] = cache[size]
     return Streamed(length, fill)

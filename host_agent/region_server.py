@@ -12,16 +12,16 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from ivshmem import layout
-from ivshmem import liveness
+from ivshmem import layout, liveness
 from ivshmem.channel import Ctrl, HostChannel, HostReason, HostStatus, Sink, Streamed
-from ivshmem.errors import ChannelCorrupt, RecordError, RegionFormatError
+from ivshmem.errors import ChannelCorrupt, RecordError, RegionFormatError, WireError
 from ivshmem.record import Flag, Record, Status
 from ivshmem.region import Region
 from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
@@ -221,3 +221,40 @@ class RegionServer:
             self._end(channel, HostStatus.FAILED, HostReason.AGENT_STOPPED)
         self.region.set_agent(state=layout.AGENT_STOPPED)
         self.region.close()
+
+
+def serve(path: str, factory: HandlerFactory, options: ServerOptions | None = None) -> None:
+    """Serve `path` in this process until SIGINT or SIGTERM."""
+    server = RegionServer(path, factory, options)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: server.stop())
+    log.info("serving %s (%d channels)", path, server.region.geometry.channel_count)
+    server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m host_agent.region_server PATH`: serve one region with the diagnostics handler only
+    (no GPU). oriond replaces this with the CUDA executor."""
+    import argparse
+
+    from .diagnostics import DiagnosticsHandler
+
+    parser = argparse.ArgumentParser(prog="python -m host_agent.region_server", description=main.__doc__)
+    parser.add_argument("path", help="region file, e.g. /dev/shm/orionsock0")
+    parser.add_argument("--channels", type=int, default=layout.DEFAULT_CHANNELS,
+                        help="channels when the region must be formatted (default %(default)s)")
+    parser.add_argument("--heartbeat-timeout", type=float, default=10.0,
+                        help="seconds without a guest client heartbeat before its session is reclaimed")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(levelname)s] %(message)s")
+    try:
+        serve(args.path, DiagnosticsHandler, ServerOptions(channels=args.channels,
+                                                           heartbeat_timeout=args.heartbeat_timeout))
+    except WireError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

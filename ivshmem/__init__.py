@@ -1,0 +1,23 @@
+"""The Orion wire: region layout, SPSC rings, staging arenas, the record codec, and `orion-shm`.
+
+Shared by the host agent and the guest runtime; it must not import libvirt, lxml, cuda or etcd (the guest
+distribution carries it alone). docs/wire-protocol.md is its byte-level specification.
+"""
+from .channel import ClientChannel, HostChannel, Streamed
+from .errors import (
+    ChannelCorrupt,
+    ChannelError,
+    NoFreeChannel,
+    PeerGone,
+    RecordError,
+    RegionError,
+    RegionFormatError,
+    RegionNotFormatted,
+    WireError,
+)
+from .record import Flag, Op, Record, Status
+from .region import Region
+
+__all__ = ["ChannelCorrupt", "ChannelError", "ClientChannel", "Flag", "HostChannel", "NoFreeChannel", "Op",
+           "PeerGone", "Record", "RecordError", "Region", "RegionError", "RegionFormatError", "RegionNotFormatted",
+           "Status", "Streamed", "WireError"]

@@ -18,8 +18,18 @@ from typing import NamedTuple
 
 from . import layout, liveness
 from .errors import ChannelError, NoFreeChannel, PeerGone, RecordError
-from .record import HEADER, HELLO_REPLY, HELLO_REQUEST, KNOWN_FLAGS, MAX_OPCODE, PROTOCOL, Flag, Op, Record, \
-    check_header
+from .record import (
+    HEADER,
+    HELLO_REPLY,
+    HELLO_REQUEST,
+    KNOWN_FLAGS,
+    MAX_OPCODE,
+    PROTOCOL,
+    Flag,
+    Op,
+    Record,
+    check_header,
+)
 from .region import Region
 from .ring import Ring, StagingArena
 from .wait import DEFAULT_POLICY, WaitPolicy
@@ -210,8 +220,9 @@ class Endpoint:
         """The next record, or None if `wait` is false and none is there.
 
         A staged payload is handed to `sink` (or to what `sink_for(opcode, length)` returns) chunk by chunk
-        when there is one (the record's payload is then empty), otherwise it is assembled into bytes. A malformed record raises RecordError after its slot
-        and chunks were consumed, so the stream stays in step.
+        when there is one (the record's payload is then empty), otherwise it is assembled into bytes. A
+        malformed record raises RecordError after its slot and chunks were consumed, so the stream stays in
+        step.
         """
         ring = self.in_ring
         offset = ring.readable()
@@ -249,7 +260,7 @@ class Endpoint:
             target[position:position + len(chunk)] = chunk
             position += len(chunk)
         self._stream_in(length, collect)
-        return _record((call_id, opcode, flags, length, generation, status, bytes(out)))
+        return _record((call_id, opcode, flags, length, generation, status, out))  # no second copy
 
     def _stream_in(self, length: int, sink: Sink) -> None:
         arena, buf, size = self.in_staging, self.buf, self.in_staging.cell
@@ -283,7 +294,7 @@ class ClientChannel:
         self._accept(accept_timeout)
 
     @classmethod
-    def claim(cls, region: Region, **kwargs: float) -> "ClientChannel":
+    def claim(cls, region: Region, **kwargs: float) -> ClientChannel:
         """Claim the first channel no live process holds; raises ChannelError with what to do."""
         g = region.geometry
         _heartbeat, _pid, state = region.agent_words()
@@ -420,7 +431,7 @@ class ClientChannel:
         self.ctrl[Ctrl.CLIENT_ACTIVE] = 0
         liveness.unlock(self.region.lock_fd, self.lock_offset)
 
-    def __enter__(self) -> "ClientChannel":
+    def __enter__(self) -> ClientChannel:
         return self
 
     def __exit__(self, *exc: object) -> None:

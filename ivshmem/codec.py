@@ -39,7 +39,7 @@ class Schema:
             parts = [self._fixed.pack(*ordered[:nfixed])]
         except struct.error as exc:
             raise RecordError(f"{self.name}: value out of range: {exc}") from None
-        for kind, value in zip(self._variable, ordered[nfixed:]):
+        for kind, value in zip(self._variable, ordered[nfixed:], strict=True):
             if kind == "str":
                 value = value.encode()
             elif kind == "u64[]":
@@ -81,6 +81,6 @@ class Schema:
         if pos != len(view):
             raise RecordError(f"{self.name}: {len(view) - pos} unexpected bytes after the last field")
         result: list[Any] = [None] * len(out)
-        for slot, value in zip(self._order, out):
+        for slot, value in zip(self._order, out, strict=True):
             result[slot] = value
         return tuple(result)

@@ -6,6 +6,7 @@ CUDA_OPCODE_BASE and defined by the CUDA forwarding layer, not here.
 """
 from __future__ import annotations
 
+import random
 import struct
 from enum import IntEnum
 from typing import NamedTuple
@@ -55,6 +56,14 @@ HELLO_REQUEST = Schema("HELLO", ("protocol", "u32"), ("pid", "u32"), ("hostname"
 HELLO_REPLY = Schema("HELLO reply", ("agent", "str"), ("session", "u64"))
 DRAIN_REPLY = Schema("DRAIN reply", ("length", "u64"), ("crc32", "u32"))
 FILL_REQUEST = Schema("FILL", ("length", "u64"), ("seed", "u32"))
+PATTERN_BLOCK = 4096
+
+
+def fill_pattern(seed: int, length: int) -> bytes:
+    """The bytes a FILL reply carries: a 4 KiB block drawn from `seed`, repeated (so any chunk of a
+    multiple of 4 KiB starts at a block boundary and can be produced by one copy)."""
+    block = random.Random(seed).randbytes(PATTERN_BLOCK)
+    return (block * (length // PATTERN_BLOCK + 1))[:length]
 
 
 class Record(NamedTuple):
@@ -64,7 +73,7 @@ class Record(NamedTuple):
     length: int
     generation: int
     status: int
-    payload: bytes = b""
+    payload: bytes | bytearray = b""  # a bytearray when it was assembled from staging chunks
 
     @property
     def ok(self) -> bool:

@@ -9,6 +9,7 @@ What the bytes mean is layout.py's business; who uses which channel is channel.p
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import mmap
 import os
@@ -62,7 +63,7 @@ class Region:
 
     # --- opening -----------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> "Region":
+    def open(cls, path: str | os.PathLike[str]) -> Region:
         """Open an existing region file (host or container); /dev/shm files go through posix_ipc."""
         _require_tso()
         path = os.fspath(path)
@@ -79,7 +80,7 @@ class Region:
         return cls(where=path, kind="file", fd=fd, size=size, mm=mm, lock_path=path, lock_fd=fd)
 
     @classmethod
-    def open_pci(cls, device: str | None = None) -> "Region":
+    def open_pci(cls, device: str | None = None) -> Region:
         """Open the ivshmem BAR of `device` (a PCI address such as 0000:00:04.0), or of the first one found."""
         _require_tso()
         devices = find_ivshmem_devices()
@@ -118,7 +119,7 @@ class Region:
         return cls(where=where, kind="pci", fd=fd, size=size, mm=mm, lock_path=lock_path, lock_fd=lock_fd)
 
     @classmethod
-    def discover(cls) -> "Region":
+    def discover(cls) -> Region:
         """Find this process's region: $ORION_SHM (a path or a PCI address), else an ivshmem device, else
         the lowest-numbered formatted /dev/shm/orionsock<N>."""
         wanted = os.environ.get("ORION_SHM")
@@ -129,7 +130,7 @@ class Region:
         for path in list_region_files():
             region = cls.open(path)
             try:
-                region.geometry
+                _ = region.geometry  # validates the header
                 return region
             except RegionFormatError:
                 region.close()
@@ -171,15 +172,13 @@ class Region:
     def close(self) -> None:
         for view in (self.u32, self.u64, self.buf):
             view.release()
-        try:
+        with contextlib.suppress(BufferError):  # a caller still holds a view; the mapping goes with it
             self.mm.close()
-        except BufferError:
-            pass  # a caller still holds a view; the mapping goes when that view does
         if self.lock_fd != self.fd:
             os.close(self.lock_fd)
         os.close(self.fd)
 
-    def __enter__(self) -> "Region":
+    def __enter__(self) -> Region:
         return self
 
     def __exit__(self, *exc: object) -> None:

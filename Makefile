@@ -1,0 +1,24 @@
+# `make test` is the README's test command and what .ci/run calls; setup.sh must have run first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: test unit lint guest-image bench demo
+
+test: guest-image
+	$(PY) -m pytest -q
+
+unit:
+	$(PY) -m pytest -q -m "not functional and not guest"
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+guest-image:
+	bash tests/guest/build-image.sh
+
+bench:
+	$(PY) bench/wire_bench.py
+
+demo:
+	$(VENV)/bin/orion-wire-demo

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian 12 machine for Orion vGPU, then run the main job (the wire demonstration).
+#   sudo ./setup.sh            install everything, then run the demo
+#   sudo ./setup.sh --no-demo  install only (what `make test` and .ci/run use)
+# Installs: the apt packages (QEMU, libvirt, etcd, rdma-core/pyverbs, debootstrap, build tools), a virtualenv
+# in .venv built on Debian's python3 with the project installed editable plus test tools, and Debian's pyverbs
+# made visible inside it. Safe to run again: every step checks before it acts.
+set -euo pipefail
+cd "$(dirname "$0")"
+REPO=$(pwd)
+VENV=${ORION_VENV:-$REPO/.venv}
+DEMO=1
+[ "${1:-}" = "--no-demo" ] && DEMO=0
+
+step() { printf '\n== %s\n' "$*"; }
+die() { echo "setup.sh: $*" >&2; exit 1; }
+timed() { local t0=$SECONDS; "$@"; echo "   ($(( SECONDS - t0 )) s)"; }
+
+[ "$(id -u)" -eq 0 ] || die "run as root (sudo ./setup.sh): it installs apt packages and creates /dev/shm regions"
+grep -q 'VERSION_ID="12"' /etc/os-release 2>/dev/null || echo "setup.sh: warning: tested on Debian 12 only" >&2
+
+APT_PACKAGES=(
+  make gcc pkg-config curl python3 python3-venv python3-dev
+  qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu libvirt-dev
+  etcd-server etcd-client
+  rdma-core ibverbs-providers ibverbs-utils rdmacm-utils python3-pyverbs iproute2
+  debootstrap e2fsprogs psmisc
+)
+
+install_apt() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
+  if [ ${#missing[@]} -eq 0 ]; then echo "   all ${#APT_PACKAGES[@]} packages present"; return; fi
+  echo "   installing ${#missing[@]} packages: ${missing[*]}"
+  apt-get update -qq || die "apt-get update failed: check the network and /etc/apt/sources.list*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/orion-apt.log 2>&1 \
+    || { tail -20 /tmp/orion-apt.log >&2; die "apt-get install failed (full log: /tmp/orion-apt.log)"; }
+}
+
+install_venv() {
+  # Debian's python3 (3.11) so that Debian's pyverbs extension (built for it) imports inside the venv.
+  [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV" || die "could not create $VENV (is python3-venv installed?)"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+  "$VENV/bin/python" -m pip install -q -e "$REPO[test]" || die "pip install of the project failed (see above)"
+  local site; site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  ln -sfn /usr/lib/python3/dist-packages/pyverbs "$site/pyverbs"
+  "$VENV/bin/python" -c 'import pyverbs.device' 2>/dev/null && echo "   pyverbs visible in the venv" \
+    || echo "   warning: pyverbs does not import in the venv; RDMA will be unavailable" >&2
+}
+
+step "apt packages"; timed install_apt
+step "python environment ($VENV)"; timed install_venv
+mkdir -p /var/log/orion /var/tmp/orion && chmod 777 /var/log/orion /var/tmp/orion
+
+if [ "$DEMO" = 1 ]; then
+  step "demo: a region, the host side and a client process exchanging records"
+  "$VENV/bin/orion-wire-demo"
+fi
