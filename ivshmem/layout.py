@@ -108,7 +108,7 @@ class Geometry:
     @classmethod
     def build(cls, region_size: int, channels: int = DEFAULT_CHANNELS, ring_entries: int = DEFAULT_RING_ENTRIES,
               slot_size: int = DEFAULT_SLOT_SIZE, chunk_size: int | None = None,
-              chunk_count: int = DEFAULT_CHUNK_COUNT, name: str = "") -> "Geometry":
+              chunk_count: int = DEFAULT_CHUNK_COUNT, name: str = "") -> Geometry:
         """Lay out a region: channels take at most half of it, the page-locked pool the rest.
 
         Without an explicit chunk size the largest power of two up to 1 MiB that keeps the channels within
