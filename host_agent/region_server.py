@@ -165,12 +165,17 @@ class RegionServer:
         """One supervision pass over every channel."""
         self.region.set_agent(beat=True)
         for channel in self.channels:
-            generation = channel.pending_claim()
-            if generation is not None:
-                self._end(channel, HostStatus.IDLE, HostReason.NONE)
-                self._start(channel, generation)
-            elif channel.index in self._workers:
-                self._supervise(channel)
+            try:
+                generation = channel.pending_claim()
+                if generation is not None:
+                    self._end(channel, HostStatus.IDLE, HostReason.NONE)
+                    self._start(channel, generation)
+                elif channel.index in self._workers:
+                    self._supervise(channel)
+            except Exception:  # one channel's failure must not stop the others being served
+                log.exception("%s channel %d: could not serve it", self.path, channel.index)
+                self._workers.pop(channel.index, None)
+                channel.end(HostStatus.FAILED, HostReason.WORKER_DIED)
 
     def _start(self, channel: HostChannel, generation: int) -> None:
         self._sessions += 1
@@ -218,7 +223,10 @@ class RegionServer:
 
     def _shutdown(self) -> None:
         for channel in self.channels:
-            self._end(channel, HostStatus.FAILED, HostReason.AGENT_STOPPED)
+            if channel.ctrl[Ctrl.CLIENT_ACTIVE]:
+                self._end(channel, HostStatus.FAILED, HostReason.AGENT_STOPPED)
+            else:
+                self._end(channel, HostStatus.IDLE, HostReason.CLIENT_RELEASED)
         self.region.set_agent(state=layout.AGENT_STOPPED)
         self.region.close()
 

@@ -117,9 +117,11 @@ class Endpoint:
     """Sends on one ring/arena pair and receives on the other; `side` is 'client' or 'host'."""
 
     def __init__(self, region: Region, index: int, side: str, policy: WaitPolicy = DEFAULT_POLICY,
-                 check: Callable[[], None] | None = None) -> None:
+                 check: Callable[[], None] | None = None, prefault: bool = True) -> None:
         g = region.geometry
         base = g.channel_base(index)
+        if prefault:  # a process that only resets indices (the supervisor) need not map the whole channel
+            region.prefault(base, g.channel_stride)
         name = f"{region.where} channel {index}"
         req = Ring(region.u32, base + g.off_req_ring, g.ring_entries, g.slot_size, f"{name} request ring")
         cpl = Ring(region.u32, base + g.off_cpl_ring, g.ring_entries, g.slot_size, f"{name} completion ring")
@@ -456,7 +458,7 @@ class HostChannel:
 
     def accept(self, generation: int, worker_pid: int = 0) -> None:
         """Zero the host-owned indices and tell the client the channel is served for `generation`."""
-        Endpoint(self.region, self.index, "host").reset_owned()
+        Endpoint(self.region, self.index, "host", prefault=False).reset_owned()
         self.ctrl[Ctrl.HOST_WORKER] = worker_pid
         self.ctrl[Ctrl.HOST_REASON] = HostReason.NONE
         self.ctrl[Ctrl.HOST_STATUS] = HostStatus.SERVING
@@ -491,7 +493,8 @@ class HostChannel:
             if words["host_status"] in HostStatus._value2member_map_ else str(words["host_status"])
         req = Ring(self.region.u32, self.base + g.off_req_ring, g.ring_entries, g.slot_size, "req")
         cpl = Ring(self.region.u32, self.base + g.off_cpl_ring, g.ring_entries, g.slot_size, "cpl")
-        words["requests_pending"] = (req.snapshot()[1] - req.snapshot()[0]) & 0xFFFFFFFF
-        words["replies_pending"] = (cpl.snapshot()[1] - cpl.snapshot()[0]) & 0xFFFFFFFF
+        for key, ring in (("requests_pending", req), ("replies_pending", cpl)):
+            head, tail = ring.snapshot()
+            words[key] = (tail - head) & 0xFFFFFFFF
         return words
 

@@ -1,0 +1,274 @@
+"""`orion-shm`: Orion's SHM creator (same options, messages and exit codes), plus list/inspect/remove.
+
+`orion-shm [-i N] [-s MiB] [-d DIR] [-h]` behaves as Orion's binary did (getopt, its help text, its
+messages), so scripts written for Orion keep working; a first argument naming a command selects the
+newer form. The work is done in shm_admin.py; this module only parses, prints and picks exit codes.
+"""
+from __future__ import annotations
+
+import argparse
+import getopt
+import os
+import re
+import sys
+
+from .errors import WireError
+from .layout import MIB
+from .orion_conf import SERVER_CONF, ConfigError, ShmSettings
+from .region import SHM_DIR
+from .shm_admin import CreatedRegion, ShmError, create, inspect, list_regions, remove
+
+PROG = "orion-shm"
+ORION_HELP = (
+    "Name    : Orion SHM creator\n"
+    "Version : 0.1\n"
+    "Options :\n"
+    "\t-i : Index of created SHM file.   Default 0\n"
+    "\t-s : Size of SHM (MiB).           Default 128\n"
+    "\t-d : System default shm path.     Default /dev/shm\n"
+    "\t-h : Print this message.\n"
+)
+OVERVIEW = f"""\
+{PROG}: create and manage Orion shared-memory regions (DIR/orionsock<N>, default DIR /dev/shm)
+
+Orion-compatible form (Orion's options, messages and exit codes; the region is then created as by 'create'):
+  {PROG} [-i N] [-s MiB] [-d DIR] [-h]
+
+Commands:
+  {PROG} create [-i N] [-s MiB] [-d DIR] [--channels N] [--mode OCTAL] [--config FILE]
+                   create, format and hand the region to the QEMU user of server.conf [server-shm]
+  {PROG} list [-d DIR]                 one line per region: size, owner, header, agent, channels, users
+  {PROG} inspect N [-d DIR]            header, agent, every channel and the processes using region N
+  {PROG} remove N [-d DIR] [--force]   delete region N unless a process or the host agent still uses it
+  {PROG} help [COMMAND]
+
+Every command also takes --config FILE (default {SERVER_CONF}); its [server-shm] shm_path_base and
+shm_buffer_size are the defaults of -d and -s. Run '{PROG} COMMAND -h' for a command's options.
+"""
+COMMANDS = ("create", "list", "inspect", "remove", "help")
+_INTEGER = re.compile(r"\s*[+-]?\d+\s*")
+
+
+class UsageError(Exception):
+    """Bad command-line arguments; the message is the line to print."""
+
+
+class _Exit(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a mistake in one line and exits 1 (as Orion did), never 2 with a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}; see '{self.prog} -h'")
+
+    def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
+        if message:
+            sys.stderr.write(message)
+        raise _Exit(status)
+
+
+def _integer(text: str, option: str) -> int:
+    if not _INTEGER.fullmatch(text):
+        raise UsageError(f"Error. Invalid value '{text}' for {option}: an integer is expected. "
+                         f"See '{PROG} -h'.")
+    return int(text)
+
+
+def _int_arg(text: str) -> int:
+    if not _INTEGER.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
+    return int(text)
+
+
+def _mode_arg(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an octal mode such as 0660") from None
+    if not 0 <= mode <= 0o7777:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an octal mode such as 0660")
+    return mode
+
+
+# --- Orion's form -------------------------------------------------------------------------------------------
+def _legacy(argv: list[str]) -> int:
+    try:
+        opts, rest = getopt.gnu_getopt(argv, "s:i:d:h")  # glibc getopt permutes too
+    except getopt.GetoptError as exc:
+        sys.stderr.write(f"{PROG}: {exc.msg}\n")
+        sys.stdout.write(ORION_HELP)
+        return 1
+    values = {"-i": "0", "-s": "128", "-d": SHM_DIR}
+    for option, value in opts:
+        if option == "-h":
+            sys.stdout.write(ORION_HELP)
+            return 0
+        values[option] = value
+    if rest:
+        raise UsageError(f"Error. Unexpected argument '{rest[0]}'; use options only, or one of the commands "
+                         f"{', '.join(COMMANDS)}. See '{PROG} help'.")
+    index, size = _integer(values["-i"], "-i"), _integer(values["-s"], "-s")
+    created = create(index, size, values["-d"], settings=ShmSettings.load(SERVER_CONF))
+    _report_created(created, extra=False)
+    return 0
+
+
+def _report_created(created: CreatedRegion, extra: bool) -> None:
+    print(f"{created.path} is successfully created.")
+    if extra:
+        print(f"{created.size // MIB} MiB, {created.channels} channels, owner {created.owner}:{created.group}, "
+              f"mode {created.mode:04o}")
+    if created.note:
+        print(f"Warning: {created.note}", file=sys.stderr)
+
+
+# --- commands -----------------------------------------------------------------------------------------------
+def _parsers() -> dict[str, _Parser]:
+    def parser(name: str, description: str) -> _Parser:
+        p = _Parser(prog=f"{PROG} {name}", description=description, allow_abbrev=False)
+        p.add_argument("--config", default=SERVER_CONF, metavar="FILE",
+                       help=f"Orion server configuration (default {SERVER_CONF}; a missing file means defaults)")
+        return p
+
+    def directory(p: _Parser) -> None:
+        p.add_argument("-d", "--dir", metavar="DIR", help="where regions live (default: shm_path_base of "
+                       "[server-shm], /dev/shm)")
+
+    def index(p: _Parser) -> None:
+        p.add_argument("index", type=_int_arg, metavar="N", help="region index: DIR/orionsock<N>")
+
+    create_p = parser("create", "Create DIR/orionsock<N>, size it, format its header and give it to the QEMU "
+                      "user and group of [server-shm] (mode 0660), or mode 0666 when they do not exist here.")
+    create_p.add_argument("-i", "--index", type=_int_arg, default=0, metavar="N", help="index, 0-9999 (default 0)")
+    create_p.add_argument("-s", "--size", type=_int_arg, metavar="MiB",
+                          help="size in MiB, 16-1048576 (default: shm_buffer_size of [server-shm], 128)")
+    directory(create_p)
+    create_p.add_argument("--channels", type=_int_arg, default=8, metavar="N",
+                          help="channels, i.e. client processes at once (default 8)")
+    create_p.add_argument("--mode", type=_mode_arg, metavar="OCTAL", help="file mode instead of 0660/0666")
+    list_p = parser("list", "List the regions in DIR.")
+    directory(list_p)
+    inspect_p = parser("inspect", "Show region N: file, header, host agent, channels and the processes using it.")
+    index(inspect_p)
+    directory(inspect_p)
+    remove_p = parser("remove", "Delete region N, unless a process maps or opens it or a live host agent serves "
+                      "it.")
+    index(remove_p)
+    directory(remove_p)
+    remove_p.add_argument("--force", action="store_true", help="remove it even while it is in use")
+    return {"create": create_p, "list": list_p, "inspect": inspect_p, "remove": remove_p}
+
+
+def _command(name: str, argv: list[str]) -> int:
+    parsers = _parsers()
+    if name == "help":
+        if len(argv) > 1 or (argv and argv[0] not in parsers):
+            raise UsageError(f"{PROG} help: unknown command '{' '.join(argv)}'; the commands are "
+                             f"{', '.join(parsers)}")
+        if argv:
+            parsers[argv[0]].print_help()
+        else:
+            sys.stdout.write(OVERVIEW)
+        return 0
+    args = parsers[name].parse_args(argv)
+    settings = ShmSettings.load(args.config)
+    directory = args.dir or settings.path_base
+    if name == "create":
+        size = args.size if args.size is not None else settings.buffer_size_mib
+        created = create(args.index, size, directory, channels=args.channels, settings=settings, mode=args.mode)
+        _report_created(created, extra=True)
+        return 0
+    if name == "list":
+        return _print_list(directory)
+    if name == "inspect":
+        return _print_inspect(inspect(args.index, directory))
+    print(f"{remove(args.index, directory, force=args.force)} is removed.")
+    return 0
+
+
+def _size_text(size: int) -> str:
+    return f"{size // MIB} MiB" if size % MIB == 0 else f"{size} bytes"
+
+
+def _agent_text(agent: dict | None) -> str:
+    if agent is None:
+        return "-"
+    if agent["state_code"] == 0:
+        return "never"
+    alive = "running" if agent["pid_alive"] else "not running"
+    return f"{agent['state']} (pid {agent['pid']}, {alive})"
+
+
+def _print_list(directory: str) -> int:
+    regions = list_regions(directory)
+    if not regions:
+        print(f"No Orion regions (orionsock<N>) in {directory}.")
+        return 0
+    for r in regions:
+        status = r["status"] if r["reason"] is None or r["status"] == "formatted" else f"{r['status']}: {r['reason']}"
+        channels = "-" if r["channel_count"] is None else f"{r['channels_in_use']}/{r['channel_count']} in use"
+        users = ",".join(str(pid) for pid, _ in r["users"]) or "none"
+        print(f"{r['index']:>4}  {_size_text(r['size']):>11}  {r['owner']}:{r['group']}  {r['mode']:04o}  "
+              f"agent {_agent_text(r['agent'])}  channels {channels}  users {users}  {status}")
+    return 0
+
+
+def _print_inspect(info: dict) -> int:
+    out = [info["path"],
+           f"  type      {info['type']}",
+           f"  size      {info['size']} bytes ({_size_text(info['size'])})",
+           f"  owner     {info['owner']}:{info['group']}",
+           f"  mode      {info['mode']:04o}",
+           f"  status    {info['status']}"]
+    if info["geometry"] is not None:
+        out.append("header")
+        out += [f"  {key:<19} {value}" for key, value in info["geometry"].items()]
+        agent = info["agent"]
+        out += ["agent",
+                f"  state     {agent['state']} ({agent['state_code']})",
+                f"  pid       {agent['pid']} ({'running' if agent['pid_alive'] else 'not running'})",
+                f"  heartbeat {agent['heartbeat']}",
+                f"channels ({info['channels_in_use']}/{info['channel_count']} in use)"]
+        for ch in info["channels"]:
+            words = " ".join(f"{k}={v}" for k, v in ch.items() if k not in ("index", "in_use"))
+            out.append(f"  {ch['index']:>3} {'in use' if ch['in_use'] else 'free  '}  {words}")
+    out.append("users" + ("" if info["users"] else "     none"))
+    out += [f"  {pid:>7}  {cmd}" for pid, cmd in info["users"]]
+    print("\n".join(out))
+    if info["status"] != "formatted":
+        print(f"Error. {info['path']}: {info['reason']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `orion-shm` console script; returns the exit status, never raises."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if argv and argv[0] in COMMANDS:
+            return _command(argv[0], argv[1:])
+        return _legacy(argv)
+    except _Exit as exc:
+        return exc.status
+    except (UsageError, ShmError) as exc:
+        print(exc, file=sys.stderr)
+    except ConfigError as exc:
+        print(f"Error. {exc}", file=sys.stderr)
+    except WireError as exc:
+        print(f"Error. {exc}", file=sys.stderr)
+    except BrokenPipeError:  # `orion-shm list | head`: stop quietly, and keep Python from complaining at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"Error.{where} {exc.strerror or exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
