@@ -121,7 +121,8 @@ def memcpy_seconds(size: int, repeats: int) -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -169,14 +170,15 @@ def main() -> int:
                   f"ratio ring/floor {p50 / pct(floor, 0.5):.1f}x")
 
             print("\n## bulk through the staging arena vs one memcpy of the same bytes (aim: >= 0.8x)")
-            print(f"{'size':>8} {'memcpy GB/s':>12} {'to host GB/s':>13} {'ratio':>6} {'from host GB/s':>15} {'ratio':>6}")
+            print(f"{'size':>8} {'memcpy GB/s':>12} {'to host GB/s':>13} {'ratio':>6} "
+                  f"{'from host GB/s':>15} {'ratio':>6}")
             source = bytearray(fill_pattern(1, MIB)) * 256  # the same bytes the worker sends back
             landing = bytearray(256 * MIB)
+            target = memoryview(landing)
             for size_mib in (int(s) for s in args.sizes.split(",")):
                 size = size_mib * MIB
                 mem = memcpy_seconds(size, args.repeats)
                 payload = memoryview(source)[:size]
-                target = memoryview(landing)
                 position = 0
 
                 def sink(chunk: memoryview) -> None:

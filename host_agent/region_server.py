@@ -33,7 +33,7 @@ MAX_ASYNC_ERRORS_REPORTED = 64
 
 class Reply(NamedTuple):
     status: int = 0
-    payload: bytes | Streamed = b""
+    payload: bytes | bytearray | Streamed = b""
 
 
 class Session(NamedTuple):

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from enum import IntEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from . import layout, liveness
 from .errors import ChannelError, NoFreeChannel, PeerGone, RecordError
@@ -113,6 +113,9 @@ class Streamed(NamedTuple):
     fill: Fill  # called with each chunk's writable view, in order
 
 
+Payload = bytes | bytearray | memoryview | Streamed
+
+
 class Endpoint:
     """Sends on one ring/arena pair and receives on the other; `side` is 'client' or 'host'."""
 
@@ -170,8 +173,7 @@ class Endpoint:
         return self.policy.wait_for(probe_or_drain, self.check, what=what)
 
     # --- sending -----------------------------------------------------------------------------------------
-    def send(self, call_id: int, opcode: int, flags: int = 0, payload: bytes | memoryview | Streamed = b"",
-             status: int = 0) -> None:
+    def send(self, call_id: int, opcode: int, flags: int = 0, payload: Payload = b"", status: int = 0) -> None:
         """Publish one record; payloads larger than a slot are streamed through the staging arena."""
         if payload.__class__ is not Streamed:
             length = len(payload)  # type: ignore[arg-type]
@@ -182,13 +184,12 @@ class Endpoint:
                     offset = self._wait_for_room(ring.writable, f"room in the {ring.name}")
                 _pack(self.buf, offset, call_id, opcode, flags, length, self.generation, status, 0)
                 if length:
-                    self.buf[offset + 32:offset + 32 + length] = payload  # type: ignore[index]
+                    self.buf[offset + 32:offset + 32 + length] = payload  # type: ignore[assignment]
                 ring.publish()
                 return
         self._send_staged(call_id, opcode, flags, payload, status)
 
-    def _send_staged(self, call_id: int, opcode: int, flags: int, payload: bytes | memoryview | Streamed,
-                     status: int) -> None:
+    def _send_staged(self, call_id: int, opcode: int, flags: int, payload: Payload, status: int) -> None:
         ring = self.out_ring
         offset = ring.writable()
         if offset is None:
@@ -296,7 +297,7 @@ class ClientChannel:
         self._accept(accept_timeout)
 
     @classmethod
-    def claim(cls, region: Region, **kwargs: float) -> ClientChannel:
+    def claim(cls, region: Region, **kwargs: Any) -> ClientChannel:
         """Claim the first channel no live process holds; raises ChannelError with what to do."""
         g = region.geometry
         _heartbeat, _pid, state = region.agent_words()
@@ -379,13 +380,13 @@ class ClientChannel:
         return record
 
     # --- the API -----------------------------------------------------------------------------------------
-    def submit(self, opcode: int, payload: bytes | memoryview | Streamed = b"") -> int:
+    def submit(self, opcode: int, payload: Payload = b"") -> int:
         """Send a request that wants a reply, without waiting for it; returns its call id."""
         call_id = next(self._ids)
         self.endpoint.send(call_id, opcode, 0, payload)
         return call_id
 
-    def post(self, opcode: int, payload: bytes | memoryview | Streamed = b"") -> int:
+    def post(self, opcode: int, payload: Payload = b"") -> int:
         """Send a request that wants no reply (errors come back later as async errors)."""
         call_id = next(self._ids)
         self.endpoint.send(call_id, opcode, Flag.NO_REPLY, payload)
@@ -403,7 +404,7 @@ class ClientChannel:
             if record is not None:
                 return record
 
-    def call(self, opcode: int, payload: bytes | memoryview | Streamed = b"", sink: Sink | None = None) -> Record:
+    def call(self, opcode: int, payload: Payload = b"", sink: Sink | None = None) -> Record:
         """Send a request and wait for its reply."""
         call_id = self.submit(opcode, payload)
         while True:
@@ -488,9 +489,10 @@ class HostChannel:
     def describe(self) -> dict[str, int | str]:
         """Control words and ring positions, for `orion-shm inspect`."""
         g = self.region.geometry
-        words = {w.name.lower(): self.ctrl[w] for w in Ctrl}
-        words["host_status"] = HostStatus(words["host_status"]).name.lower() \
-            if words["host_status"] in HostStatus._value2member_map_ else str(words["host_status"])
+        words: dict[str, int | str] = {w.name.lower(): self.ctrl[w] for w in Ctrl}
+        status = self.ctrl[Ctrl.HOST_STATUS]
+        known = {s.value: s.name.lower() for s in HostStatus}
+        words["host_status"] = known.get(status, str(status))
         req = Ring(self.region.u32, self.base + g.off_req_ring, g.ring_entries, g.slot_size, "req")
         cpl = Ring(self.region.u32, self.base + g.off_cpl_ring, g.ring_entries, g.slot_size, "cpl")
         for key, ring in (("requests_pending", req), ("replies_pending", cpl)):

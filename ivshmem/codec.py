@@ -51,7 +51,7 @@ class Schema:
             parts.append(bytes(value))
         return b"".join(parts)
 
-    def decode(self, payload: bytes | memoryview) -> tuple[Any, ...]:
+    def decode(self, payload: bytes | bytearray | memoryview) -> tuple[Any, ...]:
         view = memoryview(payload)
         size = self._fixed.size
         if len(view) < size:

@@ -18,4 +18,5 @@ def ivshmem_devices() -> list[str]:
 
 
 if __name__ == "__main__":
-    print(f"GUEST-SMOKE python={platform.python_version()} ivshmem_devices={json.dumps(ivshmem_devices(), separators=(',', ':'))}")
+    devices = json.dumps(ivshmem_devices(), separators=(",", ":"))
+    print(f"GUEST-SMOKE python={platform.python_version()} ivshmem_devices={devices}")
