@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 
 .PHONY: test unit lint guest-image bench demo
 
-test: guest-image
+test: lint guest-image
 	$(PY) -m pytest -q
 
 unit:

@@ -39,24 +39,27 @@ FROM_HOST_REQUEST = Schema("bench from-host", ("length", "u64"))
 _MP = multiprocessing.get_context("fork")
 
 
+class CopySink:
+    """Copies the chunks of a staged payload, in order, into a buffer."""
+
+    def __init__(self, buffer: bytearray) -> None:
+        self.target = memoryview(buffer)
+        self.position = 0
+
+    def __call__(self, chunk: memoryview) -> None:
+        self.target[self.position:self.position + len(chunk)] = chunk
+        self.position += len(chunk)
+
+
 class CopyHandler:
     """Moves bytes as the CUDA executor's copies will: chunk -> destination, source -> chunk."""
 
     def __init__(self, session: Session) -> None:
-        self.destination = bytearray(256 * MIB)
         self.source = bytearray(fill_pattern(1, MIB)) * 256
-        self._position = 0
+        self.destination = bytearray(self.source)  # a copy, so its pages are already touched
 
-    def sink_for(self, opcode: int, length: int):  # type: ignore[no-untyped-def]
-        if opcode != TO_HOST:
-            return None
-        target = memoryview(self.destination)
-        self._position = 0
-
-        def copy(chunk: memoryview) -> None:
-            target[self._position:self._position + len(chunk)] = chunk
-            self._position += len(chunk)
-        return copy
+    def sink_for(self, opcode: int, length: int) -> CopySink | None:
+        return CopySink(self.destination) if opcode == TO_HOST else None
 
     def handle(self, record):  # type: ignore[no-untyped-def]
         if record.opcode == Op.NOP:
@@ -172,33 +175,29 @@ def main() -> int:
             print("\n## bulk through the staging arena vs one memcpy of the same bytes (aim: >= 0.8x)")
             print(f"{'size':>8} {'memcpy GB/s':>12} {'to host GB/s':>13} {'ratio':>6} "
                   f"{'from host GB/s':>15} {'ratio':>6}")
-            source = bytearray(fill_pattern(1, MIB)) * 256  # the same bytes the worker sends back
-            landing = bytearray(256 * MIB)
-            target = memoryview(landing)
             for size_mib in (int(s) for s in args.sizes.split(",")):
                 size = size_mib * MIB
                 mem = memcpy_seconds(size, args.repeats)
-                payload = memoryview(source)[:size]
-                position = 0
-
-                def sink(chunk: memoryview) -> None:
-                    nonlocal position
-                    target[position:position + len(chunk)] = chunk
-                    position += len(chunk)
+                # buffers sized to the transfer and touched first, like the memcpy baseline's
+                source = bytearray(fill_pattern(1, MIB)) * size_mib  # the same bytes the worker sends back
+                landing = bytearray(source)
+                payload = memoryview(source)
+                sink = CopySink(landing)
                 to_host, from_host = [], []
                 for _ in range(args.repeats + 1):
                     start = time.perf_counter()
                     channel.call(TO_HOST, payload)
                     to_host.append(time.perf_counter() - start)
-                    position = 0
+                    landing[:MIB] = bytes(MIB)
+                    sink.position = 0
                     start = time.perf_counter()
                     reply = channel.call(FROM_HOST, FROM_HOST_REQUEST.encode(size), sink=sink)
                     from_host.append(time.perf_counter() - start)
-                    assert reply.ok and position == size
-                    assert landing[size - MIB:size] == source[size - MIB:size], "bytes changed on the way"
+                    assert reply.ok and sink.position == size and landing == source, "bytes changed on the way"
                 t_to, t_from = statistics.median(to_host[1:]), statistics.median(from_host[1:])
                 print(f"{size_mib:>5} MiB {size / mem / 1e9:12.2f} {size / t_to / 1e9:13.2f} {mem / t_to:6.2f} "
                       f"{size / t_from / 1e9:15.2f} {mem / t_from:6.2f}")
+                del payload, sink
 
             worker = HostChannel(region, channel.index).ctrl[Ctrl.HOST_WORKER]
             time.sleep(0.5)  # let the worker's back-off reach its longest sleep
