@@ -143,6 +143,7 @@ class Endpoint:
         self.generation = 0
         self.name = name
         self.on_full: Callable[[], None] | None = None  # run while waiting for room (a client drains replies)
+        self._busy = False  # the last wait was short: the peer is active, spin longer before sleeping
 
     def reset_owned(self) -> None:
         """Zero the four indices this side writes (it is the producer of two and consumer of two)."""
@@ -156,7 +157,12 @@ class Endpoint:
             part.resync()
 
     def _wait(self, probe: Callable[[], int | None], what: str) -> int:
-        return self.policy.wait_for(probe, self.check, what=what)
+        policy = self.policy
+        start = time.monotonic()
+        offset = policy.wait_for(probe, self.check, what=what,
+                                 spin_s=policy.busy_spin_s if self._busy else policy.spin_s)
+        self._busy = time.monotonic() - start < policy.busy_spin_s
+        return offset
 
     def _wait_for_room(self, probe: Callable[[], int | None], what: str) -> int:
         """Wait for a free slot or chunk, running `on_full` meanwhile (only the sending side may drain)."""
@@ -170,7 +176,7 @@ class Endpoint:
                 on_full()
                 offset = probe()
             return offset
-        return self.policy.wait_for(probe_or_drain, self.check, what=what)
+        return self._wait(probe_or_drain, what)
 
     # --- sending -----------------------------------------------------------------------------------------
     def send(self, call_id: int, opcode: int, flags: int = 0, payload: Payload = b"", status: int = 0) -> None:
