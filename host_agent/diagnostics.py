@@ -16,6 +16,7 @@ from ivshmem.record import (
     HELLO_REPLY,
     HELLO_REQUEST,
     PROTOCOL,
+    Flag,
     Op,
     Record,
     Status,
@@ -59,7 +60,7 @@ class DiagnosticsHandler:
         return _OK
 
     def _drain(self, record: Record) -> Reply:
-        if record.payload:  # small enough to have travelled inline
+        if not record.flags & Flag.STAGED:  # small enough to have travelled inline (or empty)
             self._drained = (len(record.payload), zlib.crc32(record.payload))
         total, crc = self._drained
         return Reply(0, DRAIN_REPLY.encode(total, crc))

@@ -73,14 +73,17 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, p
     channel = HostChannel(region, session.channel)
     endpoint = channel.endpoint(policy, parent_alive)
     handler = factory(session)
+    sink_for = lambda _call, opcode, length: handler.sink_for(opcode, length)  # noqa: E731
     reported = 0
     while True:
         try:
-            record = endpoint.receive(sink_for=handler.sink_for)
+            record = endpoint.receive(sink_for=sink_for)
             assert record is not None
             if record.generation != endpoint.generation:
-                raise RecordError(f"record {record.call_id} belongs to generation {record.generation}, "
+                exc = RecordError(f"record {record.call_id} belongs to generation {record.generation}, "
                                   f"not {endpoint.generation}")
+                exc.call_id, exc.flags = record.call_id, record.flags  # type: ignore[attr-defined]
+                raise exc
             try:
                 reply = handler.handle(record)
             except RecordError as exc:  # a payload the handler could not decode
@@ -101,7 +104,10 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, p
             if reply.status == 0:
                 continue
             reported += 1
-            if reported > MAX_ASYNC_ERRORS_REPORTED:
+            if reported > MAX_ASYNC_ERRORS_REPORTED:  # a client posting failures forever gets its first 64
+                if reported == MAX_ASYNC_ERRORS_REPORTED + 1:
+                    log.warning("session %d: more than %d asynchronous errors; reporting no more",
+                                session.number, MAX_ASYNC_ERRORS_REPORTED)
                 continue
             flags = Flag.ASYNC_ERROR
         else:
@@ -122,12 +128,13 @@ def _worker_main(region_path: str, session: Session, factory: HandlerFactory, po
 class RegionServer:
     """Serves every channel of one region until `stop()`."""
 
-    def __init__(self, path: str, factory: HandlerFactory, options: ServerOptions | None = None) -> None:
+    def __init__(self, path: str, factory: HandlerFactory, options: ServerOptions | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.path = path
         self.factory = factory
         self.options = options or ServerOptions()
         self.region = Region.open(path)
-        self._stop = threading.Event()
+        self._stop = stop or threading.Event()
         self._workers: dict[int, tuple[Session, multiprocessing.process.BaseProcess]] = {}
         self._beats: dict[int, tuple[int, float]] = {}
         self._sessions = 0
@@ -174,7 +181,7 @@ class RegionServer:
                     self._supervise(channel)
             except Exception:  # one channel's failure must not stop the others being served
                 log.exception("%s channel %d: could not serve it", self.path, channel.index)
-                self._workers.pop(channel.index, None)
+                self._end(channel, HostStatus.FAILED, HostReason.WORKER_DIED)
                 channel.end(HostStatus.FAILED, HostReason.WORKER_DIED)
 
     def _start(self, channel: HostChannel, generation: int) -> None:
@@ -233,9 +240,10 @@ class RegionServer:
 
 def serve(path: str, factory: HandlerFactory, options: ServerOptions | None = None) -> None:
     """Serve `path` in this process until SIGINT or SIGTERM."""
-    server = RegionServer(path, factory, options)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: server.stop())
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):  # before the region says "serving", so no signal is lost
+        signal.signal(signum, lambda *_: stop.set())
+    server = RegionServer(path, factory, options, stop)
     log.info("serving %s (%d channels)", path, server.region.geometry.channel_count)
     server.serve_forever()
 

@@ -28,6 +28,7 @@ from .record import (
     Flag,
     Op,
     Record,
+    Status,
     check_header,
 )
 from .region import Region
@@ -76,7 +77,7 @@ class HostReason(IntEnum):
     AGENT_STOPPED = 7
 
 
-REASON_TEXT = {
+REASON_TEXT: dict[int, str] = {
     HostReason.CLIENT_DIED: "the host saw this client's lock go away",
     HostReason.HEARTBEAT_LOST: "the host stopped seeing this client's heartbeat",
     HostReason.WORKER_DIED: "the host worker serving this session died",
@@ -181,6 +182,8 @@ class Endpoint:
     # --- sending -----------------------------------------------------------------------------------------
     def send(self, call_id: int, opcode: int, flags: int = 0, payload: Payload = b"", status: int = 0) -> None:
         """Publish one record; payloads larger than a slot are streamed through the staging arena."""
+        if payload.__class__ is memoryview and payload.format != "B":  # type: ignore[union-attr]
+            payload = payload.cast("B")  # type: ignore[union-attr]
         if payload.__class__ is not Streamed:
             length = len(payload)  # type: ignore[arg-type]
             if length <= self.capacity:  # the hot path: one slot, no staging
@@ -202,9 +205,15 @@ class Endpoint:
             offset = self._wait_for_room(ring.writable, f"room in the {ring.name}")
         if isinstance(payload, Streamed):
             length, fill = payload
+            if length > MAX_PAYLOAD:
+                raise RecordError(f"a payload of {length} bytes exceeds the {MAX_PAYLOAD}-byte record limit; "
+                                  "split it", Status.TOO_LARGE)
         else:
             view = memoryview(payload).cast("B")
             length, position = len(view), 0
+            if length > MAX_PAYLOAD:
+                raise RecordError(f"a payload of {length} bytes exceeds the {MAX_PAYLOAD}-byte record limit; "
+                                  "split it", Status.TOO_LARGE)
 
             def fill(chunk: memoryview) -> None:
                 nonlocal position
@@ -225,11 +234,11 @@ class Endpoint:
 
     # --- receiving ---------------------------------------------------------------------------------------
     def receive(self, sink: Sink | None = None, wait: bool = True,
-                sink_for: Callable[[int, int], Sink | None] | None = None) -> Record | None:
+                sink_for: Callable[[int, int, int], Sink | None] | None = None) -> Record | None:
         """The next record, or None if `wait` is false and none is there.
 
-        A staged payload is handed to `sink` (or to what `sink_for(opcode, length)` returns) chunk by chunk
-        when there is one (the record's payload is then empty), otherwise it is assembled into bytes. A
+        A staged payload is handed to `sink` (or to what `sink_for(call_id, opcode, length)` returns) chunk
+        by chunk when there is one (the record's payload is then empty), otherwise it is assembled into bytes. A
         malformed record raises RecordError after its slot and chunks were consumed, so the stream stays in
         step.
         """
@@ -246,7 +255,7 @@ class Endpoint:
                 check_header(fields, self.capacity, MAX_PAYLOAD)
             except RecordError as exc:
                 ring.release()
-                if flags & Flag.STAGED:
+                if flags & Flag.STAGED and length <= MAX_PAYLOAD:
                     self._stream_in(length, lambda chunk: None)  # keep the chunk stream in step
                 exc.call_id, exc.flags = call_id, flags  # type: ignore[attr-defined]
                 raise
@@ -256,7 +265,7 @@ class Endpoint:
             return _record((call_id, opcode, flags, length, generation, status, payload))
         ring.release()
         if sink is None and sink_for is not None:
-            sink = sink_for(opcode, length)
+            sink = sink_for(call_id, opcode, length)
         if sink is not None:
             self._stream_in(length, sink)
             return _record((call_id, opcode, flags, length, generation, status, b""))
@@ -284,13 +293,14 @@ class Endpoint:
 class ClientChannel:
     """A channel claimed by this process. Use as a context manager, or call close()."""
 
-    def __init__(self, region: Region, index: int, accept_timeout: float = 2.0, agent_timeout: float = 5.0,
-                 policy: WaitPolicy = DEFAULT_POLICY) -> None:
+    def __init__(self, region: Region, index: int, lock_fd: int, accept_timeout: float = 2.0,
+                 agent_timeout: float = 5.0, policy: WaitPolicy = DEFAULT_POLICY) -> None:
+        """Use `claim()`; `lock_fd` is an open file description already holding this channel's lock."""
         self.region = region
         self.index = index
         self.geometry = region.geometry
         self.ctrl = Control(region, self.geometry.channel_base(index))
-        self.lock_offset = self.geometry.channel_base(index)
+        self.lock_fd = lock_fd
         self.endpoint = Endpoint(region, index, "client", policy, check=self._check_host)
         self.endpoint.on_full = self._drain
         self.agent_timeout = agent_timeout
@@ -311,13 +321,17 @@ class ClientChannel:
             raise PeerGone(f"{region.where}: no host agent is serving this region "
                            f"({'it stopped' if state == layout.AGENT_STOPPED else 'it was never served'}); "
                            "start oriond on the host")
+        # A lock never conflicts with its own open file description: each claim gets its own, so two
+        # claims in one process (two threads, say) take two channels.
+        lock_fd = os.open(f"/proc/self/fd/{region.lock_fd}", os.O_RDWR)
         for index in range(g.channel_count):
-            if liveness.try_lock(region.lock_fd, g.channel_base(index)):
+            if liveness.try_lock(lock_fd, g.channel_base(index)):
                 try:
-                    return cls(region, index, **kwargs)
+                    return cls(region, index, lock_fd=lock_fd, **kwargs)
                 except BaseException:
-                    liveness.unlock(region.lock_fd, g.channel_base(index))
+                    os.close(lock_fd)  # closing the description drops its lock
                     raise
+        os.close(lock_fd)
         raise NoFreeChannel(f"{region.where}: all {g.channel_count} channels are in use by live processes; "
                             "end one, or create the region with more channels")
 
@@ -357,7 +371,7 @@ class ClientChannel:
         ctrl, where = self.ctrl, f"{self.region.where} channel {self.index}"
         status = ctrl[Ctrl.HOST_STATUS]
         if ctrl[Ctrl.HOST_GEN] == self.endpoint.generation and status in (HostStatus.FAILED, HostStatus.RECLAIMED):
-            reason = REASON_TEXT.get(HostReason(ctrl[Ctrl.HOST_REASON]), "unknown reason")
+            reason = REASON_TEXT.get(ctrl[Ctrl.HOST_REASON], f"reason {ctrl[Ctrl.HOST_REASON]}")
             raise PeerGone(f"{where}: the host ended this session ({reason})")
         beat, _pid, state = self.region.agent_words()
         if state == layout.AGENT_STOPPED:
@@ -399,7 +413,7 @@ class ClientChannel:
         return call_id
 
     def next_reply(self, sink: Sink | None = None, wait: bool = True) -> Record | None:
-        """The oldest reply not yet taken (replies come in request order)."""
+        """The oldest reply not yet taken (replies come in request order); a staged one goes to `sink`."""
         if self.inbox:
             return self.inbox.popleft()
         while True:
@@ -411,11 +425,20 @@ class ClientChannel:
                 return record
 
     def call(self, opcode: int, payload: Payload = b"", sink: Sink | None = None) -> Record:
-        """Send a request and wait for its reply."""
+        """Send a request and wait for its reply; replies to earlier `submit`s stay in the inbox."""
         call_id = self.submit(opcode, payload)
+        for queued in self.inbox:  # drained while we waited for room to send
+            if queued.call_id == call_id:
+                self.inbox.remove(queued)
+                return queued
+        sink_for = None
+        if sink is not None:
+            sink_for = lambda cid, _op, _n: sink if cid == call_id else None  # noqa: E731
         while True:
-            record = self.next_reply(sink)
-            assert record is not None
+            received = self.endpoint.receive(None, True, sink_for)
+            record = self._file(received) if received is not None else None
+            if record is None:
+                continue
             if record.call_id == call_id:
                 return record
             self.inbox.append(record)
@@ -438,7 +461,7 @@ class ClientChannel:
         self._closed = True
         self._stop_heartbeat()
         self.ctrl[Ctrl.CLIENT_ACTIVE] = 0
-        liveness.unlock(self.region.lock_fd, self.lock_offset)
+        os.close(self.lock_fd)  # drops the lock
 
     def __enter__(self) -> ClientChannel:
         return self

@@ -40,15 +40,16 @@ class Schema:
         except struct.error as exc:
             raise RecordError(f"{self.name}: value out of range: {exc}") from None
         for kind, value in zip(self._variable, ordered[nfixed:], strict=True):
-            if kind == "str":
-                value = value.encode()
-            elif kind == "u64[]":
-                value = struct.pack(f"<{len(value)}Q", *value)
-                parts.append(_LEN.pack(len(value) // 8))
-                parts.append(value)
-                continue
-            parts.append(_LEN.pack(len(value)))
-            parts.append(bytes(value))
+            try:
+                if kind == "u64[]":
+                    parts.append(_LEN.pack(len(value)))
+                    parts.append(struct.pack(f"<{len(value)}Q", *value))
+                    continue
+                raw = value.encode() if kind == "str" else bytes(value)  # bytes() of a typed view: its bytes
+            except (struct.error, UnicodeEncodeError, TypeError) as exc:
+                raise RecordError(f"{self.name}: cannot encode a {kind} field: {exc}") from None
+            parts.append(_LEN.pack(len(raw)))
+            parts.append(raw)
         return b"".join(parts)
 
     def decode(self, payload: bytes | bytearray | memoryview) -> tuple[Any, ...]:

@@ -109,10 +109,11 @@ class Geometry:
     def build(cls, region_size: int, channels: int = DEFAULT_CHANNELS, ring_entries: int = DEFAULT_RING_ENTRIES,
               slot_size: int = DEFAULT_SLOT_SIZE, chunk_size: int | None = None,
               chunk_count: int = DEFAULT_CHUNK_COUNT, name: str = "") -> Geometry:
-        """Lay out a region: channels take at most half of it, the page-locked pool the rest.
+        """Lay out a region: the channels first, the page-locked pool after them.
 
         Without an explicit chunk size the largest power of two up to 1 MiB that keeps the channels within
-        half the region is used, so a 128 MiB region gets 256 KiB chunks and a 16 MiB one 32 KiB chunks.
+        half the region is used (128 MiB and 8 channels: 256 KiB chunks; 16 MiB: 32 KiB), but never below
+        16 KiB, so many channels in a small region may take more than half of it.
         """
         if not 1 <= channels <= MAX_CHANNELS:
             raise ValueError(f"channel count must be in [1, {MAX_CHANNELS}], not {channels}")
@@ -164,9 +165,12 @@ class Geometry:
             raise bad(f"chunk_size {self.chunk_size} is not a multiple of {PAGE} up to {MAX_CHUNK_SIZE}")
         if (self.off_ring_head, self.off_ring_tail, self.off_ring_slots, self.off_staging_chunks) != (
                 RING_HEAD, RING_TAIL, RING_SLOTS, STAGING_CHUNKS):
-            raise bad("ring or staging offsets differ from protocol version 1")
+            raise bad(f"offsets table (off_ring_head {self.off_ring_head}, off_ring_tail {self.off_ring_tail}, "
+                      f"off_ring_slots {self.off_ring_slots}, off_staging_chunks {self.off_staging_chunks}) differs "
+                      f"from protocol version 1 ({RING_HEAD}, {RING_TAIL}, {RING_SLOTS}, {STAGING_CHUNKS})")
         if self.channel_offset < HEADER_SIZE or self.channel_offset % PAGE or self.channel_stride % PAGE:
-            raise bad("channels are not page-aligned after the header")
+            raise bad(f"channel_offset {self.channel_offset} or channel_stride {self.channel_stride} is not "
+                      f"page-aligned after the {HEADER_SIZE}-byte header")
         blocks = sorted([
             (self.off_ctrl, PAGE, "control block"),
             (self.off_req_ring, self.ring_bytes(self.ring_entries, self.slot_size), "request ring"),
@@ -186,7 +190,8 @@ class Geometry:
             raise bad(f"{self.channel_count} channels end at {channels_end}, beyond region_size {self.region_size}")
         if self.pool_size and (self.pool_offset < channels_end or self.pool_offset % PAGE
                                or self.pool_offset + self.pool_size > self.region_size):
-            raise bad("page-locked pool overlaps the channels or leaves the region")
+            raise bad(f"pool_offset {self.pool_offset} / pool_size {self.pool_size} overlaps the channels "
+                      f"(which end at {channels_end}) or leaves the region")
 
 
 def pack_header(g: Geometry) -> bytes:
