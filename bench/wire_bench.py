@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from host_agent.region_server import Reply, ServerOptions, Session, serve  # noqa: E402
 from ivshmem import ClientChannel, Op, Region, Streamed, layout  # noqa: E402
-from ivshmem.channel import Ctrl, HostChannel  # noqa: E402
+from ivshmem.channel import BufferCursor, Ctrl, HostChannel, Sink  # noqa: E402
 from ivshmem.codec import Schema  # noqa: E402
 from ivshmem.record import fill_pattern  # noqa: E402
 
@@ -39,18 +39,6 @@ FROM_HOST_REQUEST = Schema("bench from-host", ("length", "u64"))
 _MP = multiprocessing.get_context("fork")
 
 
-class CopySink:
-    """Copies the chunks of a staged payload, in order, into a buffer."""
-
-    def __init__(self, buffer: bytearray) -> None:
-        self.target = memoryview(buffer)
-        self.position = 0
-
-    def __call__(self, chunk: memoryview) -> None:
-        self.target[self.position:self.position + len(chunk)] = chunk
-        self.position += len(chunk)
-
-
 class CopyHandler:
     """Moves bytes as the CUDA executor's copies will: chunk -> destination, source -> chunk."""
 
@@ -58,8 +46,8 @@ class CopyHandler:
         self.source = bytearray(fill_pattern(1, MIB)) * 256
         self.destination = bytearray(self.source)  # a copy, so its pages are already touched
 
-    def sink_for(self, opcode: int, length: int) -> CopySink | None:
-        return CopySink(self.destination) if opcode == TO_HOST else None
+    def sink_for(self, opcode: int, length: int) -> Sink | None:
+        return BufferCursor(self.destination).sink if opcode == TO_HOST else None
 
     def handle(self, record):  # type: ignore[no-untyped-def]
         if record.opcode == Op.NOP:
@@ -68,14 +56,7 @@ class CopyHandler:
             return Reply(0)
         if record.opcode == FROM_HOST:
             (length,) = FROM_HOST_REQUEST.decode(record.payload)
-            source = memoryview(self.source)
-            position = 0
-
-            def fill(chunk: memoryview) -> None:
-                nonlocal position
-                chunk[:] = source[position:position + len(chunk)]
-                position += len(chunk)
-            return Reply(0, Streamed(length, fill))
+            return Reply(0, Streamed(length, BufferCursor(self.source).fill))
         return Reply(-2)
 
 
@@ -182,22 +163,22 @@ def main() -> int:
                 source = bytearray(fill_pattern(1, MIB)) * size_mib  # the same bytes the worker sends back
                 landing = bytearray(source)
                 payload = memoryview(source)
-                sink = CopySink(landing)
+                cursor = BufferCursor(landing)
                 to_host, from_host = [], []
                 for _ in range(args.repeats + 1):
                     start = time.perf_counter()
                     channel.call(TO_HOST, payload)
                     to_host.append(time.perf_counter() - start)
                     landing[:MIB] = bytes(MIB)
-                    sink.position = 0
+                    cursor.position = 0
                     start = time.perf_counter()
-                    reply = channel.call(FROM_HOST, FROM_HOST_REQUEST.encode(size), sink=sink)
+                    reply = channel.call(FROM_HOST, FROM_HOST_REQUEST.encode(size), sink=cursor.sink)
                     from_host.append(time.perf_counter() - start)
-                    assert reply.ok and sink.position == size and landing == source, "bytes changed on the way"
+                    assert reply.ok and cursor.position == size and landing == source, "bytes changed on the way"
                 t_to, t_from = statistics.median(to_host[1:]), statistics.median(from_host[1:])
                 print(f"{size_mib:>5} MiB {size / mem / 1e9:12.2f} {size / t_to / 1e9:13.2f} {mem / t_to:6.2f} "
                       f"{size / t_from / 1e9:15.2f} {mem / t_from:6.2f}")
-                del payload, sink
+                del payload, cursor
 
             worker = HostChannel(region, channel.index).ctrl[Ctrl.HOST_WORKER]
             time.sleep(0.5)  # let the worker's back-off reach its longest sleep

@@ -3,7 +3,7 @@
 Shared by the host agent and the guest runtime; it must not import libvirt, lxml, cuda or etcd (the guest
 distribution carries it alone). docs/wire-protocol.md is its byte-level specification.
 """
-from .channel import ClientChannel, HostChannel, Streamed
+from .channel import BufferCursor, ClientChannel, HostChannel, Streamed
 from .errors import (
     ChannelCorrupt,
     ChannelError,
@@ -18,6 +18,6 @@ from .errors import (
 from .record import Flag, Op, Record, Status
 from .region import Region
 
-__all__ = ["ChannelCorrupt", "ChannelError", "ClientChannel", "Flag", "HostChannel", "NoFreeChannel", "Op",
-           "PeerGone", "Record", "RecordError", "Region", "RegionError", "RegionFormatError", "RegionNotFormatted",
-           "Status", "Streamed", "WireError"]
+__all__ = ["BufferCursor", "ChannelCorrupt", "ChannelError", "ClientChannel", "Flag", "HostChannel",
+           "NoFreeChannel", "Op", "PeerGone", "Record", "RecordError", "Region", "RegionError", "RegionFormatError",
+           "RegionNotFormatted", "Status", "Streamed", "WireError"]

@@ -117,6 +117,27 @@ class Streamed(NamedTuple):
 Payload = bytes | bytearray | memoryview | Streamed
 
 
+class BufferCursor:
+    """Walks a buffer in step with a staged payload's chunks: `sink` copies chunks into it (a reply landing in
+    a caller's buffer), `fill` copies it into chunks (a request sent from one)."""
+
+    __slots__ = ("view", "position")
+
+    def __init__(self, buffer: bytes | bytearray | memoryview) -> None:
+        self.view = memoryview(buffer).cast("B")
+        self.position = 0
+
+    def sink(self, chunk: memoryview) -> None:
+        end = self.position + len(chunk)
+        self.view[self.position:end] = chunk
+        self.position = end
+
+    def fill(self, chunk: memoryview) -> None:
+        end = self.position + len(chunk)
+        chunk[:] = self.view[self.position:end]
+        self.position = end
+
+
 class Endpoint:
     """Sends on one ring/arena pair and receives on the other; `side` is 'client' or 'host'."""
 
@@ -209,16 +230,11 @@ class Endpoint:
                 raise RecordError(f"a payload of {length} bytes exceeds the {MAX_PAYLOAD}-byte record limit; "
                                   "split it", Status.TOO_LARGE)
         else:
-            view = memoryview(payload).cast("B")
-            length, position = len(view), 0
+            cursor = BufferCursor(payload)
+            length, fill = len(cursor.view), cursor.fill
             if length > MAX_PAYLOAD:
                 raise RecordError(f"a payload of {length} bytes exceeds the {MAX_PAYLOAD}-byte record limit; "
                                   "split it", Status.TOO_LARGE)
-
-            def fill(chunk: memoryview) -> None:
-                nonlocal position
-                chunk[:] = view[position:position + len(chunk)]
-                position += len(chunk)
         _pack(self.buf, offset, call_id, opcode, flags | Flag.STAGED, length, self.generation, status, 0)
         ring.publish()  # the consumer may start on the chunks while we fill them
         self._stream_out(length, fill)
@@ -270,14 +286,7 @@ class Endpoint:
             self._stream_in(length, sink)
             return _record((call_id, opcode, flags, length, generation, status, b""))
         out = bytearray(length)
-        target = memoryview(out)
-        position = 0
-
-        def collect(chunk: memoryview) -> None:
-            nonlocal position
-            target[position:position + len(chunk)] = chunk
-            position += len(chunk)
-        self._stream_in(length, collect)
+        self._stream_in(length, BufferCursor(out).sink)
         return _record((call_id, opcode, flags, length, generation, status, out))  # no second copy
 
     def _stream_in(self, length: int, sink: Sink) -> None:
