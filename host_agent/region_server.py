@@ -62,6 +62,20 @@ class ServerOptions:
     policy: WaitPolicy = field(default_factory=lambda: DEFAULT_POLICY)
 
 
+def _answer(record: Record, generation: int, handler: Handler, session: Session) -> Reply:
+    """The reply to one well-formed record; every failure becomes an error reply, never an exception."""
+    if record.generation != generation:
+        return Reply(Status.MALFORMED, f"record {record.call_id} belongs to generation {record.generation}, "
+                                       f"not {generation}".encode())
+    try:
+        return handler.handle(record)
+    except RecordError as exc:  # a payload the handler could not decode
+        return Reply(exc.status, str(exc).encode())
+    except Exception as exc:  # a handler bug must not end the session silently or crash the agent
+        log.exception("session %d: handler failed on opcode %#x", session.number, record.opcode)
+        return Reply(Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}".encode())
+
+
 def serve_session(region_path: str, session: Session, factory: HandlerFactory, policy: WaitPolicy) -> int:
     """Body of a worker process: serve one session until the supervisor ends it. Returns an exit code."""
     parent = os.getppid()
@@ -74,50 +88,37 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, p
     endpoint = channel.endpoint(policy, parent_alive)
     handler = factory(session)
     sink_for = lambda _call, opcode, length: handler.sink_for(opcode, length)  # noqa: E731
-    reported = 0
-    while True:
-        try:
-            record = endpoint.receive(sink_for=sink_for)
-            assert record is not None
-            if record.generation != endpoint.generation:
-                exc = RecordError(f"record {record.call_id} belongs to generation {record.generation}, "
-                                  f"not {endpoint.generation}")
-                exc.call_id, exc.flags = record.call_id, record.flags  # type: ignore[attr-defined]
-                raise exc
+    async_errors = 0
+    try:
+        while True:
             try:
-                reply = handler.handle(record)
-            except RecordError as exc:  # a payload the handler could not decode
+                record = endpoint.receive(sink_for=sink_for)
+                assert record is not None
+                reply = _answer(record, endpoint.generation, handler, session)
+                call_id, flags = record.call_id, record.flags
+            except RecordError as exc:  # malformed header: answered, and the session goes on
+                log.warning("session %d: malformed record: %s", session.number, exc)
                 reply = Reply(exc.status, str(exc).encode())
-            except Exception as exc:  # a handler bug must not end the session silently or crash the agent
-                log.exception("session %d: handler failed on opcode %#x", session.number, record.opcode)
-                reply = Reply(Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}".encode())
-            call_id, flags = record.call_id, record.flags
-        except RecordError as exc:
-            log.warning("session %d: malformed record: %s", session.number, exc)
-            reply = Reply(exc.status, str(exc).encode())
-            call_id, flags = getattr(exc, "call_id", 0), getattr(exc, "flags", 0)
-        except ChannelCorrupt as exc:
-            log.error("session %d: %s", session.number, exc)
-            channel.end(HostStatus.FAILED, HostReason.PROTOCOL_VIOLATION)
-            return 3
-        if flags & Flag.NO_REPLY:
-            if reply.status == 0:
-                continue
-            reported += 1
-            if reported > MAX_ASYNC_ERRORS_REPORTED:  # a client posting failures forever gets its first 64
-                if reported == MAX_ASYNC_ERRORS_REPORTED + 1:
-                    log.warning("session %d: more than %d asynchronous errors; reporting no more",
-                                session.number, MAX_ASYNC_ERRORS_REPORTED)
-                continue
-            flags = Flag.ASYNC_ERROR
-        else:
-            flags = 0
-        try:
-            endpoint.send(call_id, 0, flags, reply.payload, reply.status)
-        except ChannelCorrupt as exc:
-            log.error("session %d: %s", session.number, exc)
-            channel.end(HostStatus.FAILED, HostReason.PROTOCOL_VIOLATION)
-            return 3
+                call_id, flags = getattr(exc, "call_id", 0), getattr(exc, "flags", 0)
+            if flags & Flag.NO_REPLY:
+                if reply.status == 0:
+                    continue
+                async_errors += 1
+                if async_errors > MAX_ASYNC_ERRORS_REPORTED:  # a client failing forever gets its first 64
+                    if async_errors == MAX_ASYNC_ERRORS_REPORTED + 1:
+                        log.warning("session %d: more than %d asynchronous errors; reporting no more",
+                                    session.number, MAX_ASYNC_ERRORS_REPORTED)
+                    continue
+            reply_flags = Flag.ASYNC_ERROR if flags & Flag.NO_REPLY else 0
+            try:
+                endpoint.send(call_id, 0, reply_flags, reply.payload, reply.status)
+            except RecordError as exc:  # the handler produced a reply too large to send
+                log.error("session %d: %s", session.number, exc)
+                endpoint.send(call_id, 0, reply_flags, str(exc).encode(), Status.HANDLER_FAILED)
+    except ChannelCorrupt as exc:  # the peer broke the ring protocol: this session cannot go on
+        log.error("session %d: %s", session.number, exc)
+        channel.end(HostStatus.FAILED, HostReason.PROTOCOL_VIOLATION)
+        return 3
 
 
 def _worker_main(region_path: str, session: Session, factory: HandlerFactory, policy: WaitPolicy) -> None:
