@@ -234,6 +234,9 @@ def _print_inspect(info: dict) -> int:
                 f"  heartbeat {agent['heartbeat']}",
                 f"channels ({info['channels_in_use']}/{info['channel_count']} in use)"]
         for ch in info["channels"]:
+            if not ch["in_use"] and ch["client_gen"] == 0:
+                out.append(f"  {ch['index']:>3} free    never claimed")
+                continue
             words = " ".join(f"{k}={v}" for k, v in ch.items() if k not in ("index", "in_use"))
             out.append(f"  {ch['index']:>3} {'in use' if ch['in_use'] else 'free  '}  {words}")
     out.append("users" + ("" if info["users"] else "     none"))
