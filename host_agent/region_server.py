@@ -164,7 +164,7 @@ class RegionServer:
                 self.scan()
                 self._stop.wait(self.options.scan_interval)
         finally:
-            self._shutdown()
+            self.shutdown()
 
     def stop(self) -> None:
         self._stop.set()
@@ -229,7 +229,8 @@ class RegionServer:
             log.info("session %d ended: %s", session.number, reason.name.lower().replace("_", " "))
         log.info("Session %d exits.", session.number)
 
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
+        """End every session, mark the region stopped and unmap it."""
         for channel in self.channels:
             if channel.ctrl[Ctrl.CLIENT_ACTIVE]:
                 self._end(channel, HostStatus.FAILED, HostReason.AGENT_STOPPED)

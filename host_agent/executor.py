@@ -1,0 +1,422 @@
+"""The CUDA executor: runs one client session's forwarded driver calls on the real GPU with cuda-python.
+
+One instance lives in each session worker process (region_server.py), so a tenant's GPU context, memory and
+crashes stay its own. Every handle and device pointer the client sends is checked against what this session
+created before it reaches the driver; a call that fails the check gets a CUDA error code, never an
+exception. A vGPU quota caps allocations and is what cuMemGetInfo/cuDeviceTotalMem report. Guest device
+ordinals map to the physical devices given to the session.
+
+Calls whose parameters are all scalars, handles or pointers to them run through one generic path driven by
+ivshmem.driver_api; the few that move buffers, strings or images are written out below.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ivshmem.channel import Sink, Streamed
+from ivshmem.driver_api import BY_OPCODE, ENUMS, HANDLES, IN, OUT, DriverCall
+from ivshmem.record import Op, Record, Status
+
+from .diagnostics import DiagnosticsHandler
+from .region_server import Reply, Session
+
+log = logging.getLogger(__name__)
+
+SUCCESS = 0
+INVALID_VALUE = 1
+OUT_OF_MEMORY = 2
+NOT_INITIALIZED = 3
+NO_DEVICE = 100
+INVALID_DEVICE = 101
+INVALID_CONTEXT = 201
+INVALID_HANDLE = 400
+NOT_SUPPORTED = 801
+
+CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
+# Handles a guest may pass as 0 (NULL) meaning "the default": the legacy stream, no current context.
+NULL_ALLOWED = {"CUstream", "CUcontext"}
+DESTROYS = {"cuCtxDestroy": "CUcontext", "cuStreamDestroy": "CUstream", "cuEventDestroy": "CUevent",
+            "cuModuleUnload": "CUmodule", "cuLibraryUnload": "CUlibrary"}
+ALLOCATES = {"cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"}
+FREES = {"cuMemFree", "cuMemFreeAsync"}
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ExecutorOptions:
+    devices: tuple[int, ...] | None = None  # physical ordinals this session may use, in guest order
+    gmem_mib: int | None = None  # memory quota of the session's vGPU (MiB)
+    vgpu_count: int = 1  # without gmem_mib: the quota is the first device's memory / vgpu_count (Orion)
+
+
+def _load_driver() -> Any:
+    """cuda.bindings.driver, initialised; None when this host has no usable GPU or driver."""
+    try:
+        from cuda.bindings import driver
+        (err,) = driver.cuInit(0)
+    except (ImportError, RuntimeError, OSError) as exc:  # no cuda-python, or no libcuda (DynamicLibNotFound)
+        log.info("no CUDA driver on this host (%s): every session answers CUDA_ERROR_NO_DEVICE", exc)
+        return None
+    if int(err) != SUCCESS:
+        log.info("cuInit failed with %s: every session answers CUDA_ERROR_NO_DEVICE", err)
+        return None
+    return driver
+
+
+@dataclass
+class _State:
+    """What this session created: the only handles and device memory it may name."""
+
+    handles: dict[str, set[int]] = field(default_factory=lambda: {name: set() for name in HANDLES})
+    allocations: dict[int, int] = field(default_factory=dict)  # base -> size (cuMemAlloc*)
+    globals: dict[int, int] = field(default_factory=dict)  # base -> size (module/library globals)
+    allocated: int = 0
+
+    def owns_range(self, pointer: int, size: int) -> bool:
+        for table in (self.allocations, self.globals):
+            for base, length in table.items():
+                if base <= pointer and pointer + size <= base + length:
+                    return True
+        return False
+
+
+class CudaExecutor(DiagnosticsHandler):
+    """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
+
+    def __init__(self, session: Session, options: ExecutorOptions | None = None) -> None:
+        super().__init__(session)
+        self.options = options or ExecutorOptions()
+        self.driver = _load_driver()
+        self.state = _State()
+        self.devices: tuple[int, ...] = ()
+        if self.driver is not None:
+            err, count = self.driver.cuDeviceGetCount()
+            physical = tuple(range(count)) if int(err) == SUCCESS else ()
+            wanted = self.options.devices if self.options.devices is not None else physical
+            self.devices = tuple(d for d in wanted if d in physical)
+        self.quota = self._initial_quota()
+        self._special: dict[str, Callable[[DriverCall, bytes], Reply]] = {
+            "cuDeviceGetName": self._device_get_name, "cuDeviceGetUuid": self._device_get_uuid,
+            "cuGetErrorName": self._error_text, "cuGetErrorString": self._error_text,
+            "cuCtxCreate": self._ctx_create, "cuMemcpyHtoD": self._htod, "cuMemcpyHtoDAsync": self._htod,
+            "cuMemcpyDtoH": self._dtoh, "cuMemcpyDtoHAsync": self._dtoh,
+            "cuModuleLoadData": self._module_load, "cuModuleGetFunction": self._by_name,
+            "cuModuleGetGlobal": self._by_name, "cuLibraryGetKernel": self._by_name,
+            "cuLibraryGetGlobal": self._by_name, "cuLaunchKernel": self._launch,
+        }
+        self._override: dict[str, Callable[[DriverCall, tuple[int, ...]], Reply | None]] = {
+            "cuDeviceGetCount": lambda call, args: _ok(call, len(self.devices)),
+            "cuDeviceGet": lambda call, args: (_ok(call, args[0]) if 0 <= args[0] < len(self.devices)
+                                               else Reply(INVALID_DEVICE)),
+            "cuMemGetInfo": self._mem_get_info, "cuDeviceTotalMem": self._device_total_mem,
+            **{name: self._allocation_check for name in ALLOCATES},
+        }
+        self._htod_state: tuple[int, int] | None = None
+
+    # --- dispatch ------------------------------------------------------------------------------------------
+    def sink_for(self, opcode: int, length: int) -> Sink | None:
+        call = BY_OPCODE.get(opcode)
+        if call is not None and call.name in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync"):
+            return self._htod_sink(call)
+        return super().sink_for(opcode, length)
+
+    def handle(self, record: Record) -> Reply:
+        if record.opcode < 0x100 or record.opcode == Op.HELLO:
+            return super().handle(record)
+        call = BY_OPCODE.get(record.opcode)
+        if call is None:
+            return Reply(Status.UNKNOWN_OPCODE, f"opcode {record.opcode:#x} is not a forwarded CUDA call".encode())
+        if self.driver is None:
+            return Reply(NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED)
+        special = self._special.get(call.name)
+        if special is not None:
+            return special(call, bytes(record.payload))
+        return self._generic(call, bytes(record.payload))
+
+    def _generic(self, call: DriverCall, payload: bytes) -> Reply:
+        try:
+            args = call.inputs.unpack(payload)
+        except struct.error:
+            return Reply(Status.MALFORMED, f"{call.name}: {len(payload)}-byte payload does not match".encode())
+        override = self._override.get(call.name)
+        if override is not None:
+            reply = override(call, args)
+            if reply is not None:
+                return reply
+        converted = []
+        inputs = [p for p in call.params if p.role == IN]
+        for param, value in zip(inputs, args, strict=True):
+            problem = self._check(call, param.ctype, value, args)
+            if problem is not None:
+                return Reply(problem)
+            converted.append(self._to_driver(param.ctype, value))
+        result = getattr(self.driver, call.name)(*converted)
+        err = int(result[0])
+        if err != SUCCESS:
+            return Reply(err)
+        outs = [_from_driver(v) for v in result[1:]]
+        for i, param in enumerate(p for p in call.params if p.role == OUT):
+            if param.base == "CUdevice":  # the guest knows devices by its own ordinals
+                outs[i] = self.devices.index(outs[i]) if outs[i] in self.devices else -1
+        self._record_effects(call, args, outs)
+        return Reply(SUCCESS, call.outputs.pack(*outs) if outs else b"")
+
+    def _check(self, call: DriverCall, ctype: str, value: int, args: tuple[int, ...]) -> int | None:
+        """A CUDA error code if `value` names something this session does not own."""
+        if ctype in HANDLES:
+            if value == 0 and ctype in NULL_ALLOWED:
+                return None
+            if value not in self.state.handles[ctype]:
+                return INVALID_CONTEXT if ctype == "CUcontext" else INVALID_HANDLE
+        elif ctype == "CUdevice":
+            if not 0 <= value < len(self.devices):
+                return INVALID_DEVICE
+        elif ctype == "CUdeviceptr":
+            size = _device_span(call, args)
+            if call.name in FREES:
+                return None if value in self.state.allocations else INVALID_VALUE
+            if not self.state.owns_range(value, max(size, 1)):
+                return INVALID_VALUE
+        return None
+
+    def _to_driver(self, ctype: str, value: int) -> Any:
+        if ctype in ENUMS:
+            return getattr(self.driver, ctype)(value)
+        if ctype == "CUdevice":
+            return self.devices[value]
+        return value
+
+    def _record_effects(self, call: DriverCall, args: tuple[int, ...], outs: list[Any]) -> None:
+        """Remember what the call created or destroyed, so later calls can be checked."""
+        state = self.state
+        out_params = [p for p in call.params if p.role == OUT]
+        for param, value in zip(out_params, outs, strict=True):
+            if param.base in HANDLES and value:
+                state.handles[param.base].add(value)
+        if call.name in DESTROYS:
+            state.handles[DESTROYS[call.name]].discard(args[0])
+        elif call.name in ALLOCATES:
+            state.allocations[outs[0]] = args[0]
+            state.allocated += args[0]
+        elif call.name in FREES:
+            state.allocated -= state.allocations.pop(args[0], 0)
+
+    # --- quota ----------------------------------------------------------------------------------------------
+    def _initial_quota(self) -> int | None:
+        if self.options.gmem_mib is not None:
+            return self.options.gmem_mib * MIB
+        if not self.devices or self.options.vgpu_count <= 1:
+            return None
+        err, total = self.driver.cuDeviceTotalMem(self.devices[0])
+        return int(total) // self.options.vgpu_count if int(err) == SUCCESS else None
+
+    def _quota(self) -> int | None:
+        return self.quota
+
+    def _mem_get_info(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
+        quota = self._quota()
+        if quota is None:
+            return None
+        err, free, _total = self.driver.cuMemGetInfo()
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        return _ok(call, min(int(free), max(quota - self.state.allocated, 0)), quota)
+
+    def _device_total_mem(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
+        quota = self._quota()
+        if not 0 <= args[0] < len(self.devices):
+            return Reply(INVALID_DEVICE)
+        if quota is None:
+            return None
+        err, total = self.driver.cuDeviceTotalMem(self.devices[args[0]])
+        return Reply(int(err)) if int(err) != SUCCESS else _ok(call, min(int(total), quota))
+
+    def _allocation_check(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
+        """Past the vGPU's quota an allocation fails as a full GPU would: CUDA_ERROR_OUT_OF_MEMORY."""
+        quota = self._quota()
+        if quota is not None and self.state.allocated + args[0] > quota:
+            return Reply(OUT_OF_MEMORY)
+        return None
+
+    # --- hand-written calls ----------------------------------------------------------------------------------
+    def _device_get_name(self, call: DriverCall, payload: bytes) -> Reply:
+        length, dev = struct.unpack("<ii", payload)
+        if not 0 <= dev < len(self.devices) or length <= 0:
+            return Reply(INVALID_DEVICE if length > 0 else INVALID_VALUE)
+        err, name = self.driver.cuDeviceGetName(min(length, 256), self.devices[dev])
+        return Reply(int(err), bytes(name).split(b"\0", 1)[0])
+
+    def _device_get_uuid(self, call: DriverCall, payload: bytes) -> Reply:
+        (dev,) = struct.unpack("<i", payload)
+        if not 0 <= dev < len(self.devices):
+            return Reply(INVALID_DEVICE)
+        err, uuid = self.driver.cuDeviceGetUuid(self.devices[dev])
+        return Reply(int(err), bytes(uuid.bytes) if int(err) == SUCCESS else b"")
+
+    def _error_text(self, call: DriverCall, payload: bytes) -> Reply:
+        (code,) = struct.unpack("<i", payload)
+        try:
+            value = self.driver.CUresult(code)
+        except ValueError:
+            return Reply(INVALID_VALUE)
+        err, text = getattr(self.driver, call.name)(value)
+        return Reply(int(err), bytes(text) if int(err) == SUCCESS else b"")
+
+    def _ctx_create(self, call: DriverCall, payload: bytes) -> Reply:
+        flags, dev = struct.unpack("<Ii", payload)
+        if not 0 <= dev < len(self.devices):
+            return Reply(INVALID_DEVICE)
+        err, ctx = self.driver.cuCtxCreate(None, flags, self.devices[dev])
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        self.state.handles["CUcontext"].add(int(ctx))
+        return Reply(SUCCESS, struct.pack("<Q", int(ctx)))
+
+    def _htod_sink(self, call: DriverCall) -> Sink:
+        """Stream a large host-to-device copy chunk by chunk: the prefix (dst, size[, stream]) leads."""
+        prefix = struct.Struct("<QQQ" if call.name.endswith("Async") else "<QQ")
+        self._htod_state = None
+        position = 0
+        status = SUCCESS
+
+        def sink(chunk: memoryview) -> None:
+            nonlocal position, status
+            offset = 0
+            if position == 0:
+                fields = prefix.unpack_from(chunk, 0)
+                dst, size = fields[0], fields[1]
+                status = self._check_copy(dst, size, fields[2] if len(fields) > 2 else 0)
+                self._htod_state = (status, dst)
+                offset = prefix.size
+            data = chunk[offset:]
+            if status == SUCCESS and len(data):
+                err = self._copy_in(self._htod_state[1] + position, data)  # type: ignore[index]
+                if err != SUCCESS:
+                    status = err
+                    self._htod_state = (status, 0)
+            position += len(data)
+        return sink
+
+    def _copy_in(self, dst: int, data: memoryview) -> int:
+        (err,) = self.driver.cuMemcpyHtoD(dst, data, len(data))
+        return int(err)
+
+    def _check_copy(self, device_pointer: int, size: int, stream: int) -> int:
+        if stream and stream not in self.state.handles["CUstream"]:
+            return INVALID_HANDLE
+        return SUCCESS if self.state.owns_range(device_pointer, max(size, 1)) else INVALID_VALUE
+
+    def _htod(self, call: DriverCall, payload: bytes) -> Reply:
+        if not payload:  # it was staged: the sink already moved the bytes
+            state = self._htod_state or (INVALID_VALUE, 0)
+            self._htod_state = None
+            return Reply(state[0])
+        prefix = struct.Struct("<QQQ" if call.name.endswith("Async") else "<QQ")
+        fields = prefix.unpack_from(payload, 0)
+        data = memoryview(payload)[prefix.size:]
+        if len(data) != fields[1]:
+            return Reply(INVALID_VALUE)
+        status = self._check_copy(fields[0], fields[1], fields[2] if len(fields) > 2 else 0)
+        if status != SUCCESS or not len(data):
+            return Reply(status)
+        return Reply(self._copy_in(fields[0], data))
+
+    def _dtoh(self, call: DriverCall, payload: bytes) -> Reply:
+        fields = struct.unpack("<QQQ" if call.name.endswith("Async") else "<QQ", payload)
+        src, size = fields[0], fields[1]
+        status = self._check_copy(src, size, fields[2] if len(fields) > 2 else 0)
+        if status != SUCCESS:
+            return Reply(status)
+        driver, position = self.driver, 0
+        errors: list[int] = []
+
+        def fill(chunk: memoryview) -> None:
+            nonlocal position
+            (err,) = driver.cuMemcpyDtoH(chunk, src + position, len(chunk))
+            if int(err) != SUCCESS:
+                errors.append(int(err))
+            position += len(chunk)
+        if size <= 4096:  # small: one copy into a buffer, sent inline
+            buffer = bytearray(size)
+            fill(memoryview(buffer))
+            return Reply(errors[0] if errors else SUCCESS, b"" if errors else bytes(buffer))
+        # A streamed reply's status leaves before its bytes: surface a pending asynchronous error (a faulted
+        # kernel, say) first, as the copy itself would have. cuMemcpyDtoH waits for prior work anyway.
+        (err,) = driver.cuCtxSynchronize()
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        return Reply(SUCCESS, Streamed(size, fill))
+
+    def _module_load(self, call: DriverCall, payload: bytes) -> Reply:
+        err, module = self.driver.cuModuleLoadData(payload)
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        self.state.handles["CUmodule"].add(int(module))
+        return Reply(SUCCESS, struct.pack("<Q", int(module)))
+
+    def _by_name(self, call: DriverCall, payload: bytes) -> Reply:
+        """cuModuleGetFunction/GetGlobal, cuLibraryGetKernel/GetGlobal: a handle and a NUL-free name."""
+        (owner,) = struct.unpack_from("<Q", payload, 0)
+        name = payload[8:]
+        kind = "CUmodule" if call.name.startswith("cuModule") else "CUlibrary"
+        if owner not in self.state.handles[kind] or b"\0" in name:
+            return Reply(INVALID_HANDLE if owner not in self.state.handles[kind] else INVALID_VALUE)
+        result = getattr(self.driver, call.name)(owner, name)
+        err = int(result[0])
+        if err != SUCCESS:
+            return Reply(err)
+        outs = [_from_driver(v) for v in result[1:]]
+        if call.name.endswith("GetGlobal"):
+            self.state.globals[outs[0]] = outs[1]
+        else:
+            self.state.handles["CUfunction" if call.name == "cuModuleGetFunction" else "CUkernel"].add(outs[0])
+        return Reply(SUCCESS, call.outputs.pack(*outs))
+
+    def _launch(self, call: DriverCall, payload: bytes) -> Reply:
+        head = struct.Struct("<QIIIIIIIQ")
+        f, gx, gy, gz, bx, by, bz, shmem, stream = head.unpack_from(payload, 0)
+        if f not in self.state.handles["CUfunction"]:
+            return Reply(INVALID_HANDLE)
+        if stream and stream not in self.state.handles["CUstream"]:
+            return Reply(INVALID_HANDLE)
+        params = ctypes.create_string_buffer(payload[head.size:], max(len(payload) - head.size, 1))
+        size = ctypes.c_size_t(len(payload) - head.size)
+        extra = (ctypes.c_void_p * 5)(CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(params),
+                                      CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size), CU_LAUNCH_PARAM_END)
+        (err,) = self.driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, None, ctypes.addressof(extra))
+        return Reply(int(err))
+
+
+def _ok(call: DriverCall, *outs: int) -> Reply:
+    return Reply(SUCCESS, call.outputs.pack(*outs))
+
+
+def _from_driver(value: Any) -> Any:
+    if isinstance(value, float | int):
+        return value
+    return int(value)
+
+
+def _device_span(call: DriverCall, args: tuple[int, ...]) -> int:
+    """Bytes a memset/copy call touches from its device pointer, from its arguments."""
+    name = call.name
+    if name.startswith("cuMemsetD"):
+        width = {"8": 1, "16": 2, "32": 4}[name[len("cuMemsetD"):].removesuffix("Async")]
+        return args[2] * width
+    if name.startswith(("cuMemcpyDtoD", "cuMemcpy")) and len(args) >= 3:
+        return args[2]
+    return 1
+
+
+def executor_factory(options: ExecutorOptions) -> Callable[[Session], CudaExecutor]:
+    """What region_server needs: a factory from a session to its handler."""
+    def make(session: Session) -> CudaExecutor:
+        log.info("session %d: CUDA executor in pid %d", session.number, os.getpid())
+        return CudaExecutor(session, options)
+    return make

@@ -1,0 +1,203 @@
+"""The table of forwarded CUDA driver calls: one entry drives the guest trampoline and the host dispatch.
+
+Each entry names a driver function, its opcode, its exact C signature (as the capsule in
+`cuda.bindings.cydriver.__pyx_capi__` spells it; tests/unit/test_driver_api.py holds the table to the
+installed wheel) and the role of every parameter. Most calls need nothing more: scalars and handles go in,
+pointers to scalars come out, and the wire carries them as one packed struct each way. The few calls that
+move buffers, strings, images or kernel arguments name a role the generic code does not handle, and both
+sides implement them by hand (guest_runtime/forward.py, host_agent/executor.py).
+
+This module imports no CUDA: the guest, the host and the tests all read it.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from dataclasses import dataclass
+
+from .record import CUDA_OPCODE_BASE
+
+# Scalar C types and their struct codes. Handles are opaque pointers: they travel as their value.
+SCALARS = {
+    "int": "i", "CUresult": "i", "CUdevice": "i",
+    "unsigned int": "I", "unsigned char": "B", "unsigned short": "H",
+    "size_t": "Q", "CUdeviceptr": "Q", "cuuint64_t": "Q", "unsigned PY_LONG_LONG": "Q",
+    "float": "f",
+}
+ENUMS = {"CUdevice_attribute", "CUpointer_attribute", "CUmemPool_attribute", "CUfunction_attribute",
+         "CUfunc_cache", "CUstreamCaptureStatus", "CUjit_option", "CUlibraryOption", "CUoccupancyB2DSize"}
+HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmodule", "CUfunction", "CUlibrary", "CUkernel", "CUmemoryPool"}
+
+# Roles the generic marshalling handles; anything else marks a hand-written call.
+IN, OUT = "in", "out"
+GENERIC_ROLES = {IN, OUT}
+
+
+def wire_code(ctype: str) -> str:
+    """The struct code a value of C type `ctype` travels as."""
+    if ctype in SCALARS:
+        return SCALARS[ctype]
+    if ctype in ENUMS:
+        return "i"
+    if ctype in HANDLES:
+        return "Q"
+    raise KeyError(ctype)
+
+
+def split_signature(signature: str) -> tuple[str, list[str]]:
+    """'CUresult (CUdevice *, int)' -> ('CUresult', ['CUdevice *', 'int'])."""
+    match = re.fullmatch(r"\s*(.+?)\s*\((.*)\)\s*", signature)
+    if not match:
+        raise ValueError(f"not a C function signature: {signature!r}")
+    restype, args = match.groups()
+    params = [a.strip() for a in args.split(",")] if args.strip() not in ("", "void") else []
+    return restype, params
+
+
+@dataclass(frozen=True)
+class Param:
+    ctype: str  # as in the signature, e.g. "CUdevice *"
+    role: str  # "in", "out", or a hand-written role such as "host_in", "cstr", "image"
+    base: str  # the pointed-to type for "out", else ctype
+
+    @property
+    def code(self) -> str:
+        return wire_code(self.base)
+
+
+@dataclass(frozen=True)
+class DriverCall:
+    name: str
+    opcode: int
+    signature: str
+    params: tuple[Param, ...]
+    posted: bool  # returns only an error code and may be posted without waiting (errors surface later)
+
+    @property
+    def generic(self) -> bool:
+        return all(p.role in GENERIC_ROLES for p in self.params)
+
+    @property
+    def inputs(self) -> struct.Struct:
+        return struct.Struct("<" + "".join(p.code for p in self.params if p.role == IN))
+
+    @property
+    def outputs(self) -> struct.Struct:
+        return struct.Struct("<" + "".join(p.code for p in self.params if p.role == OUT))
+
+
+def _derive(name: str, signature: str, roles: str | None) -> tuple[Param, ...]:
+    _restype, ctypes_ = split_signature(signature)
+    explicit = roles.split() if roles else [None] * len(ctypes_)
+    if len(explicit) != len(ctypes_):
+        raise ValueError(f"{name}: {len(explicit)} roles for {len(ctypes_)} parameters")
+    params = []
+    for ctype, role in zip(ctypes_, explicit, strict=True):
+        base = ctype[:-1].strip() if ctype.endswith("*") and ctype.count("*") == 1 else ctype
+        if role is None:  # derive: a scalar or handle goes in, a pointer to one comes out
+            if ctype in SCALARS or ctype in ENUMS or ctype in HANDLES:
+                role = IN
+            elif base != ctype and (base in SCALARS or base in ENUMS or base in HANDLES):
+                role = OUT
+            else:
+                raise ValueError(f"{name}: parameter {ctype!r} needs an explicit role")
+        params.append(Param(ctype, role, base if role == OUT else ctype))
+    return tuple(params)
+
+
+# name, signature, explicit roles (None: derived), posted.
+# Append only: a call's opcode is its position, and both sides must agree (TABLE_DIGEST is checked at HELLO).
+_SPEC: list[tuple[str, str, str | None, bool]] = [
+    ("cuInit", "CUresult (unsigned int)", None, False),
+    ("cuDriverGetVersion", "CUresult (int *)", None, False),
+    ("cuDeviceGet", "CUresult (CUdevice *, int)", None, False),
+    ("cuDeviceGetCount", "CUresult (int *)", None, False),
+    ("cuDeviceGetName", "CUresult (char *, int, CUdevice)", "name_out in in", False),
+    ("cuDeviceGetUuid", "CUresult (CUuuid *, CUdevice)", "uuid_out in", False),
+    ("cuDeviceGetAttribute", "CUresult (int *, CUdevice_attribute, CUdevice)", None, False),
+    ("cuDeviceTotalMem", "CUresult (size_t *, CUdevice)", None, False),
+    ("cuDeviceCanAccessPeer", "CUresult (int *, CUdevice, CUdevice)", None, False),
+    ("cuGetErrorName", "CUresult (CUresult, char const **)", "in static_str_out", False),
+    ("cuGetErrorString", "CUresult (CUresult, char const **)", "in static_str_out", False),
+    ("cuDevicePrimaryCtxRetain", "CUresult (CUcontext *, CUdevice)", None, False),
+    ("cuDevicePrimaryCtxRelease", "CUresult (CUdevice)", None, False),
+    ("cuDevicePrimaryCtxReset", "CUresult (CUdevice)", None, False),
+    ("cuDevicePrimaryCtxGetState", "CUresult (CUdevice, unsigned int *, int *)", None, False),
+    ("cuDevicePrimaryCtxSetFlags", "CUresult (CUdevice, unsigned int)", None, False),
+    ("cuCtxCreate", "CUresult (CUcontext *, CUctxCreateParams *, unsigned int, CUdevice)",
+     "out null in in", False),
+    ("cuCtxDestroy", "CUresult (CUcontext)", None, False),
+    ("cuCtxGetCurrent", "CUresult (CUcontext *)", None, False),
+    ("cuCtxSetCurrent", "CUresult (CUcontext)", None, False),
+    ("cuCtxPushCurrent", "CUresult (CUcontext)", None, False),
+    ("cuCtxPopCurrent", "CUresult (CUcontext *)", None, False),
+    ("cuCtxGetDevice", "CUresult (CUdevice *)", None, False),
+    ("cuCtxSynchronize", "CUresult (void)", None, False),
+    ("cuCtxGetStreamPriorityRange", "CUresult (int *, int *)", None, False),
+    ("cuCtxGetFlags", "CUresult (unsigned int *)", None, False),
+    ("cuCtxGetApiVersion", "CUresult (CUcontext, unsigned int *)", None, False),
+    ("cuCtxGetId", "CUresult (CUcontext, unsigned PY_LONG_LONG *)", None, False),
+    ("cuMemAlloc", "CUresult (CUdeviceptr *, size_t)", None, False),
+    ("cuMemFree", "CUresult (CUdeviceptr)", None, False),
+    ("cuMemGetInfo", "CUresult (size_t *, size_t *)", None, False),
+    ("cuMemGetAddressRange", "CUresult (CUdeviceptr *, size_t *, CUdeviceptr)", None, False),
+    ("cuMemcpyHtoD", "CUresult (CUdeviceptr, void const *, size_t)", "in host_in in", False),
+    ("cuMemcpyDtoH", "CUresult (void *, CUdeviceptr, size_t)", "host_out in in", False),
+    ("cuMemcpyDtoD", "CUresult (CUdeviceptr, CUdeviceptr, size_t)", None, False),
+    ("cuMemcpyHtoDAsync", "CUresult (CUdeviceptr, void const *, size_t, CUstream)", "in host_in in in", False),
+    ("cuMemcpyDtoHAsync", "CUresult (void *, CUdeviceptr, size_t, CUstream)", "host_out in in in", False),
+    ("cuMemcpyDtoDAsync", "CUresult (CUdeviceptr, CUdeviceptr, size_t, CUstream)", None, True),
+    ("cuMemsetD8", "CUresult (CUdeviceptr, unsigned char, size_t)", None, False),
+    ("cuMemsetD16", "CUresult (CUdeviceptr, unsigned short, size_t)", None, False),
+    ("cuMemsetD32", "CUresult (CUdeviceptr, unsigned int, size_t)", None, False),
+    ("cuMemsetD8Async", "CUresult (CUdeviceptr, unsigned char, size_t, CUstream)", None, True),
+    ("cuMemsetD16Async", "CUresult (CUdeviceptr, unsigned short, size_t, CUstream)", None, True),
+    ("cuMemsetD32Async", "CUresult (CUdeviceptr, unsigned int, size_t, CUstream)", None, True),
+    ("cuModuleLoadData", "CUresult (CUmodule *, void const *)", "out image", False),
+    ("cuModuleGetFunction", "CUresult (CUfunction *, CUmodule, char const *)", "out in cstr", False),
+    ("cuModuleGetGlobal", "CUresult (CUdeviceptr *, size_t *, CUmodule, char const *)", "out out in cstr", False),
+    ("cuModuleUnload", "CUresult (CUmodule)", None, False),
+    ("cuLibraryGetKernel", "CUresult (CUkernel *, CUlibrary, char const *)", "out in cstr", False),
+    ("cuLibraryGetGlobal", "CUresult (CUdeviceptr *, size_t *, CUlibrary, char const *)", "out out in cstr", False),
+    ("cuLibraryUnload", "CUresult (CUlibrary)", None, False),
+    ("cuKernelGetFunction", "CUresult (CUfunction *, CUkernel)", None, False),
+    ("cuKernelGetAttribute", "CUresult (int *, CUfunction_attribute, CUkernel, CUdevice)", None, False),
+    ("cuKernelSetAttribute", "CUresult (CUfunction_attribute, int, CUkernel, CUdevice)", None, False),
+    ("cuKernelSetCacheConfig", "CUresult (CUkernel, CUfunc_cache, CUdevice)", None, False),
+    ("cuFuncGetAttribute", "CUresult (int *, CUfunction_attribute, CUfunction)", None, False),
+    ("cuFuncGetParamInfo", "CUresult (CUfunction, size_t, size_t *, size_t *)", None, False),
+    ("cuKernelGetParamInfo", "CUresult (CUkernel, size_t, size_t *, size_t *)", None, False),
+    ("cuOccupancyMaxActiveBlocksPerMultiprocessor", "CUresult (int *, CUfunction, int, size_t)", None, False),
+    ("cuLaunchKernel", "CUresult (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, "
+     "unsigned int, unsigned int, unsigned int, CUstream, void **, void **)",
+     "in in in in in in in in in kernel_params launch_extra", True),
+    ("cuStreamCreate", "CUresult (CUstream *, unsigned int)", None, False),
+    ("cuStreamCreateWithPriority", "CUresult (CUstream *, unsigned int, int)", None, False),
+    ("cuStreamDestroy", "CUresult (CUstream)", None, False),
+    ("cuStreamSynchronize", "CUresult (CUstream)", None, False),
+    ("cuStreamQuery", "CUresult (CUstream)", None, False),
+    ("cuStreamWaitEvent", "CUresult (CUstream, CUevent, unsigned int)", None, True),
+    ("cuStreamIsCapturing", "CUresult (CUstream, CUstreamCaptureStatus *)", None, False),
+    ("cuStreamGetCtx", "CUresult (CUstream, CUcontext *)", None, False),
+    ("cuEventCreate", "CUresult (CUevent *, unsigned int)", None, False),
+    ("cuEventRecord", "CUresult (CUevent, CUstream)", None, True),
+    ("cuEventSynchronize", "CUresult (CUevent)", None, False),
+    ("cuEventQuery", "CUresult (CUevent)", None, False),
+    ("cuEventElapsedTime", "CUresult (float *, CUevent, CUevent)", None, False),
+    ("cuEventDestroy", "CUresult (CUevent)", None, False),
+    ("cuDeviceGetMemPool", "CUresult (CUmemoryPool *, CUdevice)", None, False),
+    ("cuDeviceGetDefaultMemPool", "CUresult (CUmemoryPool *, CUdevice)", None, False),
+    ("cuMemAllocAsync", "CUresult (CUdeviceptr *, size_t, CUstream)", None, False),
+    ("cuMemAllocFromPoolAsync", "CUresult (CUdeviceptr *, size_t, CUmemoryPool, CUstream)", None, False),
+    ("cuMemFreeAsync", "CUresult (CUdeviceptr, CUstream)", None, False),
+]
+
+CALLS: dict[str, DriverCall] = {}
+BY_OPCODE: dict[int, DriverCall] = {}
+for _i, (_name, _sig, _roles, _posted) in enumerate(_SPEC):
+    _call = DriverCall(_name, CUDA_OPCODE_BASE + _i, _sig, _derive(_name, _sig, _roles), _posted)
+    CALLS[_name] = BY_OPCODE[_call.opcode] = _call
+
+TABLE_DIGEST = hashlib.sha256("\n".join(f"{c.opcode} {c.name} {c.signature}" for c in CALLS.values())
+                              .encode()).hexdigest()[:16]
