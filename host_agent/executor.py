@@ -108,7 +108,8 @@ class CudaExecutor(DiagnosticsHandler):
             "cuMemcpyDtoH": self._dtoh, "cuMemcpyDtoHAsync": self._dtoh,
             "cuModuleLoadData": self._module_load, "cuModuleGetFunction": self._by_name,
             "cuModuleGetGlobal": self._by_name, "cuLibraryGetKernel": self._by_name,
-            "cuLibraryGetGlobal": self._by_name, "cuLaunchKernel": self._launch,
+            "cuLibraryGetGlobal": self._by_name, "cuLaunchKernel": self._launch, "cuLaunchKernelEx": self._launch,
+            "cuLibraryLoadData": self._library_load,
         }
         self._override: dict[str, Callable[[DriverCall, tuple[int, ...]], Reply | None]] = {
             "cuDeviceGetCount": lambda call, args: _ok(call, len(self.devices)),
@@ -360,6 +361,13 @@ class CudaExecutor(DiagnosticsHandler):
         self.state.handles["CUmodule"].add(int(module))
         return Reply(SUCCESS, struct.pack("<Q", int(module)))
 
+    def _library_load(self, call: DriverCall, payload: bytes) -> Reply:
+        err, library = self.driver.cuLibraryLoadData(payload, None, None, 0, None, None, 0)
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        self.state.handles["CUlibrary"].add(int(library))
+        return Reply(SUCCESS, struct.pack("<Q", int(library)))
+
     def _by_name(self, call: DriverCall, payload: bytes) -> Reply:
         """cuModuleGetFunction/GetGlobal, cuLibraryGetKernel/GetGlobal: a handle and a NUL-free name."""
         (owner,) = struct.unpack_from("<Q", payload, 0)
@@ -381,8 +389,8 @@ class CudaExecutor(DiagnosticsHandler):
     def _launch(self, call: DriverCall, payload: bytes) -> Reply:
         head = struct.Struct("<QIIIIIIIQ")
         f, gx, gy, gz, bx, by, bz, shmem, stream = head.unpack_from(payload, 0)
-        if f not in self.state.handles["CUfunction"]:
-            return Reply(INVALID_HANDLE)
+        if f not in self.state.handles["CUfunction"] and f not in self.state.handles["CUkernel"]:
+            return Reply(INVALID_HANDLE)  # a CUkernel may be launched where a CUfunction is expected
         if stream and stream not in self.state.handles["CUstream"]:
             return Reply(INVALID_HANDLE)
         params = ctypes.create_string_buffer(payload[head.size:], max(len(payload) - head.size, 1))

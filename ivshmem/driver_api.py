@@ -191,6 +191,11 @@ _SPEC: list[tuple[str, str, str | None, bool]] = [
     ("cuMemAllocAsync", "CUresult (CUdeviceptr *, size_t, CUstream)", None, False),
     ("cuMemAllocFromPoolAsync", "CUresult (CUdeviceptr *, size_t, CUmemoryPool, CUstream)", None, False),
     ("cuMemFreeAsync", "CUresult (CUdeviceptr, CUstream)", None, False),
+    ("cuLibraryLoadData", "CUresult (CUlibrary *, void const *, CUjit_option *, void **, unsigned int, "
+     "CUlibraryOption *, void **, unsigned int)", "out image options option_values in options option_values in",
+     False),
+    ("cuLaunchKernelEx", "CUresult (CUlaunchConfig const *, CUfunction, void **, void **)",
+     "launch_config in kernel_params launch_extra", True),
 ]
 
 CALLS: dict[str, DriverCall] = {}

@@ -1,0 +1,331 @@
+"""The guest half of CUDA forwarding: driver calls made by unmodified CUDA wheels become records.
+
+`Forwarder.implementations()` returns one Python function per call of ivshmem.driver_api, taking the raw
+C arguments the capsule trampoline receives (ints; None for NULL pointers) and returning a CUresult. Calls
+whose parameters are all scalars, handles or pointers to them are marshalled straight from the table; the
+others are written out here, mirrored by host_agent/executor.py.
+
+The channel is claimed at the first call, not at import, so a program that never touches CUDA never needs
+the host agent. If the agent cannot be reached, cuInit answers CUDA_ERROR_NO_DEVICE and says why once.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import struct
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ivshmem.channel import BufferCursor, ClientChannel, Streamed
+from ivshmem.driver_api import CALLS, IN, OUT, DriverCall
+from ivshmem.errors import WireError
+from ivshmem.record import Record
+
+from .kernel_params import pack_params, params_from_extra
+from .module_image import image_length
+
+log = logging.getLogger(__name__)
+
+SUCCESS, INVALID_VALUE, NOT_INITIALIZED, NO_DEVICE = 0, 1, 3, 100
+NOT_SUPPORTED, UNKNOWN = 801, 999
+CTYPES = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_uint64, "f": ctypes.c_float,
+          "B": ctypes.c_ubyte, "H": ctypes.c_ushort}
+LAUNCH_HEAD = struct.Struct("<QIIIIIIIQ")  # function, grid xyz, block xyz, shared memory, stream
+
+
+class LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)]
+
+
+def _view(address: int, size: int) -> memoryview:
+    """The guest memory at `address` as a writable byte view (no copy)."""
+    return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+
+
+class Forwarder:
+    def __init__(self, connect: Callable[[], ClientChannel]) -> None:
+        self._connect = connect
+        self._channel: ClientChannel | None = None
+        self._unreachable: str | None = None
+        self._layouts: dict[int, list[tuple[int, int]]] = {}
+        self._kernels: set[int] = set()  # CUkernel handles (launchable as functions)
+        self._strings: dict[tuple[str, int], ctypes.Array[ctypes.c_char]] = {}  # kept alive: static strings
+
+    # --- the channel ---------------------------------------------------------------------------------------
+    def channel(self) -> ClientChannel | None:
+        if self._channel is None and self._unreachable is None:
+            try:
+                self._channel = self._connect()
+                atexit.register(self._channel.close)  # a clean release, not a death the host must detect
+            except WireError as exc:
+                self._unreachable = str(exc)
+                print(f"orion: no GPU through Orion: {exc}", file=sys.stderr)
+        return self._channel
+
+    def _call(self, call: DriverCall, payload: bytes | memoryview | Streamed,
+              sink: Any = None) -> tuple[int, Record | None]:
+        channel = self.channel()
+        if channel is None:
+            return (NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED), None
+        reply = channel.call(call.opcode, payload, sink=sink)
+        status = reply.status
+        if status < 0:
+            log.error("orion: the host refused %s (wire status %d): %s", call.name, status,
+                      bytes(reply.payload[:200]).decode(errors="replace"))
+            return UNKNOWN, None
+        if status == SUCCESS and channel.async_errors:  # an earlier posted call failed: report it now
+            status = channel.async_errors.pop(0).status
+            return (status if status > 0 else UNKNOWN), None
+        return status, reply
+
+    def _post(self, call: DriverCall, payload: bytes) -> int:
+        channel = self.channel()
+        if channel is None:
+            return NOT_INITIALIZED
+        channel.post(call.opcode, payload)
+        return SUCCESS
+
+    # --- the table ------------------------------------------------------------------------------------------
+    def implementations(self) -> dict[str, Callable[..., int]]:
+        impls: dict[str, Callable[..., int]] = {}
+        for call in CALLS.values():
+            special = getattr(self, "_" + call.name, None)
+            impls[call.name] = special(call) if special is not None else self._generic(call)
+        return impls
+
+    def _generic(self, call: DriverCall) -> Callable[..., int]:
+        ins = [i for i, p in enumerate(call.params) if p.role == IN]
+        outs = [(i, CTYPES[p.code]) for i, p in enumerate(call.params) if p.role == OUT]
+        pack, unpack = call.inputs.pack, call.outputs.unpack
+        if call.posted:
+            return lambda *args: self._post(call, pack(*[args[i] or 0 for i in ins]))
+
+        def forward(*args: Any) -> int:
+            if any(not args[i] for i, _ in outs):
+                return INVALID_VALUE  # a NULL output pointer, as the driver would say
+            status, reply = self._call(call, pack(*[args[i] or 0 for i in ins]))
+            if status == SUCCESS and outs and reply is not None:
+                for (i, ctype), value in zip(outs, unpack(reply.payload), strict=True):
+                    ctype.from_address(args[i]).value = value
+            return status
+        return forward
+
+    # --- hand-written calls ----------------------------------------------------------------------------------
+    def _cuDeviceGetName(self, call: DriverCall) -> Callable[..., int]:
+        def forward(name: int | None, length: int, dev: int) -> int:
+            if not name or length <= 0:
+                return INVALID_VALUE
+            status, reply = self._call(call, struct.pack("<ii", length, dev))
+            if status == SUCCESS and reply is not None:
+                text = bytes(reply.payload)[:length - 1] + b"\0"
+                ctypes.memmove(name, text, len(text))
+            return status
+        return forward
+
+    def _cuDeviceGetUuid(self, call: DriverCall) -> Callable[..., int]:
+        def forward(uuid: int | None, dev: int) -> int:
+            if not uuid:
+                return INVALID_VALUE
+            status, reply = self._call(call, struct.pack("<i", dev))
+            if status == SUCCESS and reply is not None:
+                ctypes.memmove(uuid, bytes(reply.payload)[:16], 16)
+            return status
+        return forward
+
+    def _static_text(self, call: DriverCall) -> Callable[..., int]:
+        """cuGetErrorName/String: a string that must stay valid for the life of the process."""
+        def forward(code: int, out: int | None) -> int:
+            if not out:
+                return INVALID_VALUE
+            key = (call.name, code)
+            if key not in self._strings:
+                status, reply = (self._call(call, struct.pack("<i", code)) if self.channel() is not None
+                                 else (NOT_INITIALIZED, None))
+                if status == SUCCESS and reply is not None:
+                    text = bytes(reply.payload)
+                else:  # no agent to ask: the enum's own name still tells the user what happened
+                    text = _local_error_name(code)
+                    if text is None:
+                        return INVALID_VALUE
+                self._strings[key] = ctypes.create_string_buffer(text)
+            ctypes.c_void_p.from_address(out).value = ctypes.addressof(self._strings[key])
+            return SUCCESS
+        return forward
+
+    _cuGetErrorName = _cuGetErrorString = _static_text
+
+    def _cuCtxCreate(self, call: DriverCall) -> Callable[..., int]:
+        def forward(pctx: int | None, params: int | None, flags: int, dev: int) -> int:
+            if not pctx:
+                return INVALID_VALUE
+            if params:
+                log.warning("orion: cuCtxCreate with CUctxCreateParams is not forwarded yet")
+                return NOT_SUPPORTED
+            status, reply = self._call(call, struct.pack("<Ii", flags, dev))
+            if status == SUCCESS and reply is not None:
+                ctypes.c_uint64.from_address(pctx).value = struct.unpack("<Q", reply.payload)[0]
+            return status
+        return forward
+
+    def _htod(self, call: DriverCall) -> Callable[..., int]:
+        is_async = call.name.endswith("Async")
+
+        def forward(dst: int, src: int | None, size: int, stream: int | None = None) -> int:
+            if size and not src:
+                return INVALID_VALUE
+            prefix = struct.pack("<QQQ", dst, size, stream or 0) if is_async else struct.pack("<QQ", dst, size)
+            data = _view(src, size) if size else memoryview(b"")
+            status, _ = self._call(call, _Prefixed(prefix, data).payload())
+            return status
+        return forward
+
+    _cuMemcpyHtoD = _cuMemcpyHtoDAsync = _htod
+
+    def _dtoh(self, call: DriverCall) -> Callable[..., int]:
+        is_async = call.name.endswith("Async")
+
+        def forward(dst: int | None, src: int, size: int, stream: int | None = None) -> int:
+            if size and not dst:
+                return INVALID_VALUE
+            payload = struct.pack("<QQQ", src, size, stream or 0) if is_async else struct.pack("<QQ", src, size)
+            cursor = BufferCursor(_view(dst, size)) if size else None
+            status, reply = self._call(call, payload, sink=cursor.sink if cursor else None)
+            if status == SUCCESS and reply is not None and reply.payload and cursor is not None:
+                cursor.view[:len(reply.payload)] = reply.payload  # a small copy came back inline
+            return status
+        return forward
+
+    _cuMemcpyDtoH = _cuMemcpyDtoHAsync = _dtoh
+
+    def _cuModuleLoadData(self, call: DriverCall) -> Callable[..., int]:
+        def forward(pmodule: int | None, image: int | None) -> int:
+            if not pmodule or not image:
+                return INVALID_VALUE
+            status, reply = self._call(call, _view(image, image_length(image)))
+            if status == SUCCESS and reply is not None:
+                ctypes.c_uint64.from_address(pmodule).value = struct.unpack("<Q", reply.payload)[0]
+            return status
+        return forward
+
+    def _cuLibraryLoadData(self, call: DriverCall) -> Callable[..., int]:
+        def forward(plib: int | None, code: int | None, _jo: Any, _jv: Any, njit: int, _lo: Any, _lv: Any,
+                    nlib: int) -> int:
+            if not plib or not code:
+                return INVALID_VALUE
+            if njit or nlib:
+                log.warning("orion: cuLibraryLoadData with JIT or library options is not forwarded yet")
+                return NOT_SUPPORTED
+            status, reply = self._call(call, _view(code, image_length(code)))
+            if status == SUCCESS and reply is not None:
+                ctypes.c_uint64.from_address(plib).value = struct.unpack("<Q", reply.payload)[0]
+            return status
+        return forward
+
+    def _by_name(self, call: DriverCall) -> Callable[..., int]:
+        """cuModuleGetFunction/GetGlobal, cuLibraryGetKernel/GetGlobal: outputs first, then owner and name."""
+        n_out = sum(1 for p in call.params if p.role == OUT)
+        ctypes_out = [CTYPES[p.code] for p in call.params if p.role == OUT]
+
+        def forward(*args: Any) -> int:
+            outs, owner, name = args[:n_out], args[n_out], args[n_out + 1]
+            if not name or (n_out == 1 and not outs[0]):
+                return INVALID_VALUE
+            status, reply = self._call(call, struct.pack("<Q", owner or 0) + ctypes.string_at(name))
+            if status == SUCCESS and reply is not None:
+                for pointer, ctype, value in zip(outs, ctypes_out, call.outputs.unpack(reply.payload),
+                                                 strict=True):
+                    if pointer:
+                        ctype.from_address(pointer).value = value
+                if call.name == "cuLibraryGetKernel":
+                    self._kernels.add(call.outputs.unpack(reply.payload)[0])
+            return status
+        return forward
+
+    _cuModuleGetFunction = _cuModuleGetGlobal = _cuLibraryGetKernel = _cuLibraryGetGlobal = _by_name
+
+    def _layout(self, function: int) -> list[tuple[int, int]] | None:
+        """(offset, size) of each kernel parameter, asked of the host once per function."""
+        if function not in self._layouts:
+            name = "cuKernelGetParamInfo" if function in self._kernels else "cuFuncGetParamInfo"
+            query, layout = CALLS[name], []
+            while len(layout) < 4096:
+                status, reply = self._call(query, query.inputs.pack(function, len(layout)))
+                if status != SUCCESS or reply is None:
+                    break
+                offset, size = query.outputs.unpack(reply.payload)
+                layout.append((offset, size))
+            if not layout and self.channel() is None:
+                return None
+            self._layouts[function] = layout
+        return self._layouts[function]
+
+    def _launch_payload(self, function: int, head: tuple[int, ...], params: int | None,
+                        extra: int | None) -> bytes | None:
+        if params:
+            layout = self._layout(function)
+            if layout is None:
+                return None
+            packed = pack_params(params, layout)
+        elif extra:
+            packed = params_from_extra(extra) or b""
+        else:
+            packed = b""
+        return LAUNCH_HEAD.pack(function, *head) + packed
+
+    def _cuLaunchKernel(self, call: DriverCall) -> Callable[..., int]:
+        def forward(f: int | None, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
+                    stream: int | None, params: int | None, extra: int | None) -> int:
+            payload = self._launch_payload(f or 0, (gx, gy, gz, bx, by, bz, shmem, stream or 0), params, extra)
+            return NOT_INITIALIZED if payload is None else self._post(call, payload)
+        return forward
+
+    def _cuLaunchKernelEx(self, call: DriverCall) -> Callable[..., int]:
+        def forward(config: int | None, f: int | None, params: int | None, extra: int | None) -> int:
+            if not config:
+                return INVALID_VALUE
+            c = LaunchConfig.from_address(config)
+            if c.numAttrs:
+                log.warning("orion: cuLaunchKernelEx with launch attributes is not forwarded yet")
+                return NOT_SUPPORTED
+            head = (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes,
+                    c.hStream or 0)
+            payload = self._launch_payload(f or 0, head, params, extra)
+            return NOT_INITIALIZED if payload is None else self._post(call, payload)
+        return forward
+
+
+class _Prefixed:
+    """A small prefix then a caller's buffer, sent without first gluing them into one copy."""
+
+    def __init__(self, prefix: bytes, data: memoryview) -> None:
+        self.prefix, self.data = prefix, data
+
+    def payload(self) -> bytes | Streamed:
+        total = len(self.prefix) + len(self.data)
+        if total <= 480:
+            return self.prefix + bytes(self.data)
+        position = -len(self.prefix)
+
+        def fill(chunk: memoryview) -> None:
+            nonlocal position
+            start = 0
+            if position < 0:
+                chunk[:len(self.prefix)] = self.prefix
+                start, position = len(self.prefix), 0
+            end = position + len(chunk) - start
+            chunk[start:] = self.data[position:end]
+            position = end
+        return Streamed(total, fill)
+
+
+def _local_error_name(code: int) -> bytes | None:
+    try:
+        from cuda.bindings import driver  # already imported: we are called from it
+        return driver.CUresult(code).name.encode()
+    except (ImportError, ValueError):
+        return None

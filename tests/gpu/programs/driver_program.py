@@ -1,0 +1,105 @@
+"""An ordinary cuda.bindings program (nothing Orion in it): device queries, a context, memory, an NVRTC
+kernel launched with parameters, streams, events, async copies. Prints one JSON line of results, so the
+same program can be run natively and forwarded and the two outputs compared."""
+import json
+import sys
+
+import numpy as np
+from cuda.bindings import driver, nvrtc
+
+SAXPY = rb"""
+extern "C" __global__ void saxpy(float a, const float *x, float *y, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+
+
+def check(result):
+    err, *rest = result
+    if int(err) != 0:
+        raise SystemExit(f"CUDA error {err!r}")
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+def compile_cubin(major, minor):
+    prog = check(nvrtc.nvrtcCreateProgram(SAXPY, b"saxpy.cu", 0, [], []))
+    opts = [f"--gpu-architecture=sm_{major}{minor}".encode()]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    if int(err) != 0:
+        size = check(nvrtc.nvrtcGetProgramLogSize(prog))
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise SystemExit(log.decode())
+    size = check(nvrtc.nvrtcGetCUBINSize(prog))
+    cubin = b" " * size
+    check(nvrtc.nvrtcGetCUBIN(prog, cubin))
+    return cubin
+
+
+def main():
+    out = {}
+    check(driver.cuInit(0))
+    out["count"] = check(driver.cuDeviceGetCount())
+    dev = check(driver.cuDeviceGet(0))
+    out["name"] = check(driver.cuDeviceGetName(64, dev)).split(b"\0")[0].decode()
+    attr = driver.CUdevice_attribute
+    major = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+    minor = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+    out["cc"] = [major, minor]
+    out["total_mem"] = check(driver.cuDeviceTotalMem(dev))
+    ctx = check(driver.cuDevicePrimaryCtxRetain(dev))
+    check(driver.cuCtxSetCurrent(ctx))
+    free, total = check(driver.cuMemGetInfo())
+    out["mem_info_total"] = total
+
+    n = 1 << 22  # 16 MiB of floats: staged through the region in chunks
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(n, dtype=np.float32)
+    y = rng.standard_normal(n, dtype=np.float32)
+    dx = check(driver.cuMemAlloc(x.nbytes))
+    dy = check(driver.cuMemAlloc(y.nbytes))
+    check(driver.cuMemcpyHtoD(dx, x.ctypes.data, x.nbytes))
+    stream = check(driver.cuStreamCreate(0))
+    check(driver.cuMemcpyHtoDAsync(dy, y.ctypes.data, y.nbytes, stream))
+
+    module = check(driver.cuModuleLoadData(compile_cubin(major, minor)))
+    kernel = check(driver.cuModuleGetFunction(module, b"saxpy"))
+    start, stop = check(driver.cuEventCreate(0)), check(driver.cuEventCreate(0))
+    check(driver.cuEventRecord(start, stream))
+    a = np.array([2.5], dtype=np.float32)
+    args = (np.array([int(dx)], dtype=np.uint64), np.array([int(dy)], dtype=np.uint64),
+            np.array([n], dtype=np.uint32))
+    params = np.array([a.ctypes.data] + [arg.ctypes.data for arg in args], dtype=np.uint64)
+    check(driver.cuLaunchKernel(kernel, (n + 255) // 256, 1, 1, 256, 1, 1, 0, stream, params.ctypes.data, 0))
+    check(driver.cuEventRecord(stop, stream))
+    check(driver.cuEventSynchronize(stop))
+    out["elapsed_positive"] = check(driver.cuEventElapsedTime(start, stop)) > 0
+    check(driver.cuStreamSynchronize(stream))
+
+    result = np.empty_like(y)
+    check(driver.cuMemcpyDtoHAsync(result.ctypes.data, dy, result.nbytes, stream))
+    check(driver.cuStreamSynchronize(stream))
+    out["saxpy_ok"] = bool(np.allclose(result, 2.5 * x + y, rtol=1e-6))
+    out["saxpy_sum"] = float(np.float64(result.sum()))
+
+    check(driver.cuMemsetD32(dx, 7, 16))
+    small = np.zeros(16, dtype=np.uint32)
+    check(driver.cuMemcpyDtoH(small.ctypes.data, dx, small.nbytes))
+    out["memset_ok"] = bool((small == 7).all())
+    check(driver.cuMemcpyDtoD(dy, dx, 64))
+    check(driver.cuMemcpyDtoH(small.ctypes.data, dy, small.nbytes))
+    out["dtod_ok"] = bool((small == 7).all())
+
+    for handle in (start, stop):
+        check(driver.cuEventDestroy(handle))
+    check(driver.cuStreamDestroy(stream))
+    check(driver.cuModuleUnload(module))
+    check(driver.cuMemFree(dx))
+    check(driver.cuMemFree(dy))
+    check(driver.cuDevicePrimaryCtxRelease(dev))
+    print("RESULT " + json.dumps(out, sort_keys=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
