@@ -16,11 +16,12 @@ How a type name is classified (the rule, in order):
    CUcontext, CUstream, CUgraph, ... — is declared), a ``struct``/``union`` reached without a pointer is a struct
    by value (unsupported), and a plain ``ctypedef A X`` follows ``A``.
 
-Reading the .pxd files instead of asking `cuda.bindings.driver` which names are IntEnum classes matters: importing
-`cuda.bindings.driver` copies the capsule pointers, which is exactly what the hook must come before. (In cuda-bindings 13.x those
-enums are not even IntEnum: they are `cuda.bindings._internal._fast_enum.FastEnum`, int subclasses with
-`__members__`.) The tests cross-check this classification against the enum classes of `cuda.bindings.driver` and
-`runtime` in a separate process. A name found nowhere is unsupported: a wrong guess would pass garbage through C.
+Reading the .pxd files instead of asking `cuda.bindings.driver` which names are enum classes matters: importing
+`cuda.bindings.driver` copies the capsule pointers, which is exactly what the hook must come before. (In
+cuda-bindings 13.x those enums are not even IntEnum: they are `cuda.bindings._internal._fast_enum.FastEnum`, int
+subclasses with `__members__`.) The tests cross-check this classification against the enum classes of
+`cuda.bindings.driver` and `runtime` in a separate process. A name found nowhere is unsupported: a wrong guess
+would pass garbage through C.
 
 Cython spells its own (non-extern) typedefs mangled, e.g. ``__pyx_t_4cuda_8bindings_8cydriver_GLuint``; the
 normalized spelling drops that prefix (``GLuint``) and ``PY_LONG_LONG`` becomes ``long long``.

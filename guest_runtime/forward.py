@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ivshmem.channel import BufferCursor, ClientChannel, Streamed
-from ivshmem.driver_api import CALLS, IN, OUT, DriverCall
+from ivshmem.driver_api import CALLS, IN, OUT, POOL_ATTRIBUTES_64, DriverCall
 from ivshmem.errors import WireError
 from ivshmem.record import Record
 
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 SUCCESS, INVALID_VALUE, NOT_INITIALIZED, NO_DEVICE = 0, 1, 3, 100
 NOT_SUPPORTED, UNKNOWN = 801, 999
-CTYPES = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_uint64, "f": ctypes.c_float,
+CTYPES: dict[str, Any] = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_uint64, "f": ctypes.c_float,
           "B": ctypes.c_ubyte, "H": ctypes.c_ushort}
 LAUNCH_HEAD = struct.Struct("<QIIIIIIIQ")  # function, grid xyz, block xyz, shared memory, stream
 
@@ -146,12 +146,10 @@ class Forwarder:
             if key not in self._strings:
                 status, reply = (self._call(call, struct.pack("<i", code)) if self.channel() is not None
                                  else (NOT_INITIALIZED, None))
-                if status == SUCCESS and reply is not None:
-                    text = bytes(reply.payload)
-                else:  # no agent to ask: the enum's own name still tells the user what happened
-                    text = _local_error_name(code)
-                    if text is None:
-                        return INVALID_VALUE
+                local = _local_error_name(code)  # no agent to ask: the enum's name still says what happened
+                text = bytes(reply.payload) if status == SUCCESS and reply is not None else local
+                if text is None:
+                    return INVALID_VALUE
                 self._strings[key] = ctypes.create_string_buffer(text)
             ctypes.c_void_p.from_address(out).value = ctypes.addressof(self._strings[key])
             return SUCCESS
@@ -179,7 +177,7 @@ class Forwarder:
             if size and not src:
                 return INVALID_VALUE
             prefix = struct.pack("<QQQ", dst, size, stream or 0) if is_async else struct.pack("<QQ", dst, size)
-            data = _view(src, size) if size else memoryview(b"")
+            data = _view(src or 0, size) if size else memoryview(b"")
             status, _ = self._call(call, _Prefixed(prefix, data).payload())
             return status
         return forward
@@ -193,7 +191,7 @@ class Forwarder:
             if size and not dst:
                 return INVALID_VALUE
             payload = struct.pack("<QQQ", src, size, stream or 0) if is_async else struct.pack("<QQ", src, size)
-            cursor = BufferCursor(_view(dst, size)) if size else None
+            cursor = BufferCursor(_view(dst or 0, size)) if size else None
             status, reply = self._call(call, payload, sink=cursor.sink if cursor else None)
             if status == SUCCESS and reply is not None and reply.payload and cursor is not None:
                 cursor.view[:len(reply.payload)] = reply.payload  # a small copy came back inline
@@ -248,11 +246,34 @@ class Forwarder:
 
     _cuModuleGetFunction = _cuModuleGetGlobal = _cuLibraryGetKernel = _cuLibraryGetGlobal = _by_name
 
+    def _cuMemPoolGetAttribute(self, call: DriverCall) -> Callable[..., int]:
+        def forward(pool: int | None, attribute: int, value: int | None) -> int:
+            if not value:
+                return INVALID_VALUE
+            status, reply = self._call(call, struct.pack("<Qi", pool or 0, attribute))
+            if status == SUCCESS and reply is not None:
+                (number,) = struct.unpack("<Q", reply.payload)
+                ctype = ctypes.c_uint64 if attribute in POOL_ATTRIBUTES_64 else ctypes.c_int
+                ctype.from_address(value).value = number
+            return status
+        return forward
+
+    def _cuMemPoolSetAttribute(self, call: DriverCall) -> Callable[..., int]:
+        def forward(pool: int | None, attribute: int, value: int | None) -> int:
+            if not value:
+                return INVALID_VALUE
+            ctype = ctypes.c_uint64 if attribute in POOL_ATTRIBUTES_64 else ctypes.c_int
+            number = ctype.from_address(value).value & 0xFFFFFFFFFFFFFFFF
+            status, _ = self._call(call, struct.pack("<QiQ", pool or 0, attribute, number))
+            return status
+        return forward
+
     def _layout(self, function: int) -> list[tuple[int, int]] | None:
         """(offset, size) of each kernel parameter, asked of the host once per function."""
         if function not in self._layouts:
             name = "cuKernelGetParamInfo" if function in self._kernels else "cuFuncGetParamInfo"
-            query, layout = CALLS[name], []
+            query = CALLS[name]
+            layout: list[tuple[int, int]] = []
             while len(layout) < 4096:
                 status, reply = self._call(query, query.inputs.pack(function, len(layout)))
                 if status != SUCCESS or reply is None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ivshmem.channel import Sink, Streamed
-from ivshmem.driver_api import BY_OPCODE, ENUMS, HANDLES, IN, OUT, DriverCall
+from ivshmem.driver_api import BY_OPCODE, ENUMS, HANDLES, IN, OUT, POOL_ATTRIBUTES_64, DriverCall
 from ivshmem.record import Op, Record, Status
 
 from .diagnostics import DiagnosticsHandler
@@ -110,6 +110,7 @@ class CudaExecutor(DiagnosticsHandler):
             "cuModuleGetGlobal": self._by_name, "cuLibraryGetKernel": self._by_name,
             "cuLibraryGetGlobal": self._by_name, "cuLaunchKernel": self._launch, "cuLaunchKernelEx": self._launch,
             "cuLibraryLoadData": self._library_load,
+            "cuMemPoolGetAttribute": self._pool_attribute, "cuMemPoolSetAttribute": self._pool_attribute,
         }
         self._override: dict[str, Callable[[DriverCall, tuple[int, ...]], Reply | None]] = {
             "cuDeviceGetCount": lambda call, args: _ok(call, len(self.devices)),
@@ -360,6 +361,22 @@ class CudaExecutor(DiagnosticsHandler):
             return Reply(int(err))
         self.state.handles["CUmodule"].add(int(module))
         return Reply(SUCCESS, struct.pack("<Q", int(module)))
+
+    def _pool_attribute(self, call: DriverCall, payload: bytes) -> Reply:
+        pool, attribute = struct.unpack_from("<Qi", payload, 0)
+        if pool not in self.state.handles["CUmemoryPool"]:
+            return Reply(INVALID_HANDLE)
+        try:
+            which = self.driver.CUmemPool_attribute(attribute)
+        except ValueError:
+            return Reply(INVALID_VALUE)
+        if call.name == "cuMemPoolGetAttribute":
+            err, value = self.driver.cuMemPoolGetAttribute(pool, which)
+            return Reply(int(err), struct.pack("<Q", int(value)) if int(err) == SUCCESS else b"")
+        (number,) = struct.unpack_from("<Q", payload, 12)
+        value = self.driver.cuuint64_t(number) if attribute in POOL_ATTRIBUTES_64 else number
+        (err,) = self.driver.cuMemPoolSetAttribute(pool, which, value)
+        return Reply(int(err))
 
     def _library_load(self, call: DriverCall, payload: bytes) -> Reply:
         err, library = self.driver.cuLibraryLoadData(payload, None, None, 0, None, None, 0)

@@ -196,7 +196,11 @@ _SPEC: list[tuple[str, str, str | None, bool]] = [
      False),
     ("cuLaunchKernelEx", "CUresult (CUlaunchConfig const *, CUfunction, void **, void **)",
      "launch_config in kernel_params launch_extra", True),
+    ("cuMemPoolGetAttribute", "CUresult (CUmemoryPool, CUmemPool_attribute, void *)", "in in pool_value_out", False),
+    ("cuMemPoolSetAttribute", "CUresult (CUmemoryPool, CUmemPool_attribute, void *)", "in in pool_value_in", False),
 ]
+# CUmemPool_attribute values whose value is a cuuint64_t (the others are int): thresholds and byte counts.
+POOL_ATTRIBUTES_64 = frozenset({4, 5, 6, 7, 8, 13})
 
 CALLS: dict[str, DriverCall] = {}
 BY_OPCODE: dict[int, DriverCall] = {}
