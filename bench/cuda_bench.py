@@ -45,8 +45,9 @@ def measure() -> dict:
     dev = ok(driver.cuDeviceGet(0))
     ok((*driver.cuCtxSetCurrent(ok(driver.cuDevicePrimaryCtxRetain(dev))), None))
     attr = driver.CUdevice_attribute
-    arch = "%d%d" % (ok(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)),
-                     ok(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)))
+    major = ok(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+    minor = ok(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+    arch = f"{major}{minor}"
     empty = ok(driver.cuModuleGetFunction(ok(driver.cuModuleLoadData(cubin(EMPTY, arch))), b"empty"))
     scale = ok(driver.cuModuleGetFunction(ok(driver.cuModuleLoadData(cubin(SCALE, arch))), b"scale"))
     stream = ok(driver.cuStreamCreate(0))
@@ -83,10 +84,11 @@ def measure() -> dict:
         host = np.ones(size // 4, dtype=np.float32)
         dptr = ok(driver.cuMemAlloc(size))
         n = max(2, 512 // size_mib)
-        out[f"HtoD {size_mib} MiB GB/s"] = size / per_op(lambda: driver.cuMemcpyHtoD(dptr, host.ctypes.data, size),
-                                                           n) / 1e3
-        out[f"DtoH {size_mib} MiB GB/s"] = size / per_op(lambda: driver.cuMemcpyDtoH(host.ctypes.data, dptr, size),
-                                                           n) / 1e3
+        address = host.ctypes.data
+        htod = lambda d=dptr, h=address, s=size: driver.cuMemcpyHtoD(d, h, s)  # noqa: E731
+        dtoh = lambda d=dptr, h=address, s=size: driver.cuMemcpyDtoH(h, d, s)  # noqa: E731
+        out[f"HtoD {size_mib} MiB GB/s"] = size / per_op(htod, n) / 1e3
+        out[f"DtoH {size_mib} MiB GB/s"] = size / per_op(dtoh, n) / 1e3
         driver.cuMemFree(dptr)
 
     n = 1 << 20  # workload: copy in, 20 kernels, copy out, 30 times
