@@ -89,10 +89,11 @@ class _State:
 class CudaExecutor(DiagnosticsHandler):
     """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
 
-    def __init__(self, session: Session, options: ExecutorOptions | None = None) -> None:
+    def __init__(self, session: Session, options: ExecutorOptions | None = None, driver: Any = None) -> None:
+        """`driver` replaces cuda.bindings.driver (tests without a GPU pass a stand-in with its API)."""
         super().__init__(session)
         self.options = options or ExecutorOptions()
-        self.driver = _load_driver()
+        self.driver = driver if driver is not None else _load_driver()
         self.state = _State()
         self.devices: tuple[int, ...] = ()
         if self.driver is not None:
