@@ -28,6 +28,7 @@ def guest_wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
 def test_guest_wheel_holds_exactly_the_guest_runtime_and_the_wire(guest_wheel: zipfile.ZipFile) -> None:
     names = {n for n in guest_wheel.namelist() if ".dist-info/" not in n}
     expected = {f"{pkg}/{p.name}" for pkg in ("guest_runtime", "ivshmem") for p in (REPO / pkg).glob("*.py")}
+    expected.add("orion_guest.pth")  # the start-up hook that activates forwarding under Orion's environment
     assert names == expected, f"missing: {sorted(expected - names)}, unexpected: {sorted(names - expected)}"
 
 
