@@ -23,12 +23,12 @@ from ivshmem.driver_api import CALLS, IN, OUT, POOL_ATTRIBUTES_64, DriverCall
 from ivshmem.errors import WireError
 from ivshmem.record import Record
 
-from .kernel_params import pack_params, params_from_extra
-from .module_image import image_length
+from .kernel_params import check_layout, pack_checked, params_from_extra
+from .module_image import ImageError, locate
 
 log = logging.getLogger(__name__)
 
-SUCCESS, INVALID_VALUE, NOT_INITIALIZED, NO_DEVICE = 0, 1, 3, 100
+SUCCESS, INVALID_VALUE, NOT_INITIALIZED, NO_DEVICE, INVALID_IMAGE = 0, 1, 3, 100, 200
 NOT_SUPPORTED, UNKNOWN = 801, 999
 CTYPES: dict[str, Any] = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_uint64, "f": ctypes.c_float,
           "B": ctypes.c_ubyte, "H": ctypes.c_ushort}
@@ -52,7 +52,7 @@ class Forwarder:
         self._connect = connect
         self._channel: ClientChannel | None = None
         self._unreachable: str | None = None
-        self._layouts: dict[int, list[tuple[int, int]]] = {}
+        self._layouts: dict[int, tuple[list[tuple[int, int]], int]] = {}  # function -> (layout, packed size)
         self._kernels: set[int] = set()  # CUkernel handles (launchable as functions)
         self._strings: dict[tuple[str, int], ctypes.Array[ctypes.c_char]] = {}  # kept alive: static strings
 
@@ -204,7 +204,10 @@ class Forwarder:
         def forward(pmodule: int | None, image: int | None) -> int:
             if not pmodule or not image:
                 return INVALID_VALUE
-            status, reply = self._call(call, _view(image, image_length(image)))
+            code = _image_view(image)
+            if code is None:
+                return INVALID_IMAGE
+            status, reply = self._call(call, code)
             if status == SUCCESS and reply is not None:
                 ctypes.c_uint64.from_address(pmodule).value = struct.unpack("<Q", reply.payload)[0]
             return status
@@ -218,7 +221,10 @@ class Forwarder:
             if njit or nlib:
                 log.warning("orion: cuLibraryLoadData with JIT or library options is not forwarded yet")
                 return NOT_SUPPORTED
-            status, reply = self._call(call, _view(code, image_length(code)))
+            image = _image_view(code)
+            if image is None:
+                return INVALID_IMAGE
+            status, reply = self._call(call, image)
             if status == SUCCESS and reply is not None:
                 ctypes.c_uint64.from_address(plib).value = struct.unpack("<Q", reply.payload)[0]
             return status
@@ -268,8 +274,8 @@ class Forwarder:
             return status
         return forward
 
-    def _layout(self, function: int) -> list[tuple[int, int]] | None:
-        """(offset, size) of each kernel parameter, asked of the host once per function."""
+    def _layout(self, function: int) -> tuple[list[tuple[int, int]], int] | None:
+        """(offset, size) of each kernel parameter and their packed size, asked of the host once per function."""
         if function not in self._layouts:
             name = "cuKernelGetParamInfo" if function in self._kernels else "cuFuncGetParamInfo"
             query = CALLS[name]
@@ -282,16 +288,16 @@ class Forwarder:
                 layout.append((offset, size))
             if not layout and self.channel() is None:
                 return None
-            self._layouts[function] = layout
+            self._layouts[function] = (layout, check_layout(layout))
         return self._layouts[function]
 
     def _launch_payload(self, function: int, head: tuple[int, ...], params: int | None,
                         extra: int | None) -> bytes | None:
         if params:
-            layout = self._layout(function)
-            if layout is None:
+            known = self._layout(function)
+            if known is None:
                 return None
-            packed = pack_params(params, layout)
+            packed = pack_checked(params, *known)
         elif extra:
             packed = params_from_extra(extra) or b""
         else:
@@ -301,7 +307,11 @@ class Forwarder:
     def _cuLaunchKernel(self, call: DriverCall) -> Callable[..., int]:
         def forward(f: int | None, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
                     stream: int | None, params: int | None, extra: int | None) -> int:
-            payload = self._launch_payload(f or 0, (gx, gy, gz, bx, by, bz, shmem, stream or 0), params, extra)
+            try:
+                payload = self._launch_payload(f or 0, (gx, gy, gz, bx, by, bz, shmem, stream or 0), params, extra)
+            except ValueError as exc:  # NULL or malformed kernelParams/extra: what the driver would refuse too
+                log.warning("orion: cuLaunchKernel: %s", exc)
+                return INVALID_VALUE
             return NOT_INITIALIZED if payload is None else self._post(call, payload)
         return forward
 
@@ -315,9 +325,23 @@ class Forwarder:
                 return NOT_SUPPORTED
             head = (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes,
                     c.hStream or 0)
-            payload = self._launch_payload(f or 0, head, params, extra)
+            try:
+                payload = self._launch_payload(f or 0, head, params, extra)
+            except ValueError as exc:
+                log.warning("orion: cuLaunchKernelEx: %s", exc)
+                return INVALID_VALUE
             return NOT_INITIALIZED if payload is None else self._post(call, payload)
         return forward
+
+
+def _image_view(address: int) -> memoryview | None:
+    """The module image at `address` (cubin, fatbin, PTX, or the fatbin a wrapper points at), or None."""
+    try:
+        span = locate(address)
+    except ImageError as exc:
+        log.warning("orion: not a module image CUDA would load: %s", exc)
+        return None
+    return _view(span.address, span.length)
 
 
 class _Prefixed:

@@ -67,6 +67,22 @@ def pack_params(kernel_params_address: int, layout: Sequence[tuple[int, int]]) -
     return bytes(buffer)
 
 
+def pack_checked(kernel_params_address: int, layout: Sequence[tuple[int, int]], total: int) -> bytes:
+    """pack_params for a layout already validated (total = check_layout(layout)): the per-launch fast path."""
+    if not layout:
+        return b""
+    if not kernel_params_address:
+        raise ValueError(f"kernelParams is NULL for a kernel with {len(layout)} parameters")
+    pointers = (ctypes.c_void_p * len(layout)).from_address(kernel_params_address)
+    buffer = bytearray(total)
+    string_at = ctypes.string_at
+    for value, (offset, size) in zip(pointers, layout, strict=True):
+        if not value:
+            raise ValueError("a kernelParams entry is NULL")
+        buffer[offset:offset + size] = string_at(value, size)
+    return bytes(buffer)
+
+
 def params_from_extra(extra_address: int) -> bytes | None:
     """The packed parameter buffer an `extra` array carries, or None when `extra` is NULL or names no buffer.
 

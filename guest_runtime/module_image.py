@@ -12,7 +12,8 @@ to the host. Four forms reach these calls:
 * fatbin wrapper (``0x466243B1``, `__fatBinC_Wrapper_t` of fatbinary_section.h): ``int magic, int version,
   const void *data, void *filename_or_fatbins``, what nvcc's host stubs register; the image is the fatbin at
   ``data``, and that fatbin is what gets shipped.
-* PTX: NUL-terminated text; the image includes the NUL (the host needs a C string again).
+* PTX: NUL-terminated text; the image includes the NUL (the host needs a C string again). Anything without a
+  binary magic is taken for PTX, so it must look like it: no control bytes, and a `.version` directive.
 
 Nothing here reads unbounded memory. On Linux the readable extent at the address comes from /proc/self/maps, so
 a garbage pointer or header becomes an `ImageError` rather than a segfault; elsewhere PTX is scanned page by page
@@ -166,7 +167,7 @@ def _ptx_length(peek: Peeker, limit: int) -> int:
     seen_version = False
     tail = b""
     while offset < limit:
-        chunk = peek(offset, _PTX_CHUNK)
+        chunk = peek(offset, min(_PTX_CHUNK, limit - offset))
         if not chunk:
             break
         nul = chunk.find(b"\0")
@@ -289,7 +290,7 @@ def _magic(peek: Peeker) -> bytes:
 
 
 def classify(address: int) -> Kind:
-    """The kind of image at `address`."""
+    """The kind of image at `address` ("ptx" for anything without a binary magic; `locate` checks it)."""
     _, peek, _ = _memory_readers(address)
     return _kind(_magic(peek))
 
@@ -311,9 +312,12 @@ def locate(address: int) -> ImageSpan:
 
 
 def image_length(address: int) -> int:
-    """Length of the image at `address`. For a fatbin wrapper it is the length of the fatbin the wrapper points
-    to, which lies elsewhere: use `locate` or `read_image` to get its bytes."""
-    return locate(address).length
+    """How many bytes at `address` make up the image. A fatbin wrapper raises ImageError: its image lies elsewhere,
+    and shipping `length` bytes from the wrapper's address would be wrong; `locate` and `read_image` handle it."""
+    span = locate(address)
+    if span.address != address:
+        raise ImageError(f"{address:#x} holds a fatbin wrapper; its fatbin is at {span.address:#x} (use locate)")
+    return span.length
 
 
 def read_image(address: int) -> bytes:
