@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ivshmem.channel import Sink, Streamed
-from ivshmem.driver_api import BY_OPCODE, ENUMS, HANDLES, IN, OUT, POOL_ATTRIBUTES_64, DriverCall
-from ivshmem.record import Op, Record, Status
+from ivshmem.driver_api import BY_OPCODE, ENUMS, HANDLES, POOL_ATTRIBUTES_64, DriverCall
+from ivshmem.record import CUDA_OPCODE_BASE, Record, Status
 
 from .diagnostics import DiagnosticsHandler
 from .region_server import Reply, Session
@@ -46,6 +46,8 @@ DESTROYS = {"cuCtxDestroy": "CUcontext", "cuStreamDestroy": "CUstream", "cuEvent
 ALLOCATES = {"cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"}
 FREES = {"cuMemFree", "cuMemFreeAsync"}
 MIB = 1 << 20
+CHECKED = HANDLES | {"CUdevice", "CUdeviceptr"}  # input types checked against what the session owns
+CONVERTED = ENUMS | {"CUdevice"}  # input types the driver API wants as its own objects
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,12 @@ class CudaExecutor(DiagnosticsHandler):
             **{name: self._allocation_check for name in ALLOCATES},
         }
         self._htod_state: tuple[int, int] | None = None
+        self._launch_params = ctypes.create_string_buffer(32768)  # the driver's parameter limit, 32764 bytes
+        self._launch_size = ctypes.c_size_t(0)
+        self._launch_extra = (ctypes.c_void_p * 5)(
+            CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(self._launch_params),
+            CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(self._launch_size), CU_LAUNCH_PARAM_END)
+        self._launch_extra_at = ctypes.addressof(self._launch_extra)
 
     # --- dispatch ------------------------------------------------------------------------------------------
     def sink_for(self, opcode: int, length: int) -> Sink | None:
@@ -130,7 +138,7 @@ class CudaExecutor(DiagnosticsHandler):
         return super().sink_for(opcode, length)
 
     def handle(self, record: Record) -> Reply:
-        if record.opcode < 0x100 or record.opcode == Op.HELLO:
+        if record.opcode < CUDA_OPCODE_BASE:  # HELLO and the wire diagnostics
             return super().handle(record)
         call = BY_OPCODE.get(record.opcode)
         if call is None:
@@ -153,19 +161,19 @@ class CudaExecutor(DiagnosticsHandler):
             if reply is not None:
                 return reply
         converted = []
-        inputs = [p for p in call.params if p.role == IN]
-        for param, value in zip(inputs, args, strict=True):
-            problem = self._check(call, param.ctype, value, args)
-            if problem is not None:
-                return Reply(problem)
-            converted.append(self._to_driver(param.ctype, value))
+        for ctype, value in zip(call.input_types, args, strict=True):
+            if ctype in CHECKED:
+                problem = self._check(call, ctype, value, args)
+                if problem is not None:
+                    return Reply(problem)
+            converted.append(self._to_driver(ctype, value) if ctype in CONVERTED else value)
         result = getattr(self.driver, call.name)(*converted)
         err = int(result[0])
         if err != SUCCESS:
             return Reply(err)
         outs = [_from_driver(v) for v in result[1:]]
-        for i, param in enumerate(p for p in call.params if p.role == OUT):
-            if param.base == "CUdevice":  # the guest knows devices by its own ordinals
+        for i, ctype in enumerate(call.output_types):
+            if ctype == "CUdevice":  # the guest knows devices by its own ordinals
                 outs[i] = self.devices.index(outs[i]) if outs[i] in self.devices else -1
         self._record_effects(call, args, outs)
         return Reply(SUCCESS, call.outputs.pack(*outs) if outs else b"")
@@ -198,10 +206,9 @@ class CudaExecutor(DiagnosticsHandler):
     def _record_effects(self, call: DriverCall, args: tuple[int, ...], outs: list[Any]) -> None:
         """Remember what the call created or destroyed, so later calls can be checked."""
         state = self.state
-        out_params = [p for p in call.params if p.role == OUT]
-        for param, value in zip(out_params, outs, strict=True):
-            if param.base in HANDLES and value:
-                state.handles[param.base].add(value)
+        for ctype, value in zip(call.output_types, outs, strict=True):
+            if ctype in HANDLES and value:
+                state.handles[ctype].add(value)
         if call.name in DESTROYS:
             state.handles[DESTROYS[call.name]].discard(args[0])
         elif call.name in ALLOCATES:
@@ -411,11 +418,13 @@ class CudaExecutor(DiagnosticsHandler):
             return Reply(INVALID_HANDLE)  # a CUkernel may be launched where a CUfunction is expected
         if stream and stream not in self.state.handles["CUstream"]:
             return Reply(INVALID_HANDLE)
-        params = ctypes.create_string_buffer(payload[head.size:], max(len(payload) - head.size, 1))
-        size = ctypes.c_size_t(len(payload) - head.size)
-        extra = (ctypes.c_void_p * 5)(CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(params),
-                                      CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size), CU_LAUNCH_PARAM_END)
-        (err,) = self.driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, None, ctypes.addressof(extra))
+        size = len(payload) - head.size
+        if size > len(self._launch_params):
+            return Reply(INVALID_VALUE)
+        # The driver copies the parameters before cuLaunchKernel returns, so one buffer serves every launch.
+        ctypes.memmove(self._launch_params, payload[head.size:], size)
+        self._launch_size.value = size
+        (err,) = self.driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, None, self._launch_extra_at)
         return Reply(int(err))
 
 

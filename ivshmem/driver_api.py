@@ -15,6 +15,7 @@ import hashlib
 import re
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 from .record import CUDA_OPCODE_BASE
 
@@ -74,17 +75,26 @@ class DriverCall:
     params: tuple[Param, ...]
     posted: bool  # returns only an error code and may be posted without waiting (errors surface later)
 
-    @property
+    @cached_property
     def generic(self) -> bool:
         return all(p.role in GENERIC_ROLES for p in self.params)
 
-    @property
+    @cached_property
     def inputs(self) -> struct.Struct:
+        """The request payload of a generic call: its `in` parameters, packed (computed once)."""
         return struct.Struct("<" + "".join(p.code for p in self.params if p.role == IN))
 
-    @property
+    @cached_property
     def outputs(self) -> struct.Struct:
         return struct.Struct("<" + "".join(p.code for p in self.params if p.role == OUT))
+
+    @cached_property
+    def input_types(self) -> tuple[str, ...]:
+        return tuple(p.ctype for p in self.params if p.role == IN)
+
+    @cached_property
+    def output_types(self) -> tuple[str, ...]:
+        return tuple(p.base for p in self.params if p.role == OUT)
 
 
 def _derive(name: str, signature: str, roles: str | None) -> tuple[Param, ...]:
