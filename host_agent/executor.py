@@ -22,6 +22,7 @@ from typing import Any
 from ivshmem.channel import Sink, Streamed
 from ivshmem.driver_api import BY_OPCODE, ENUMS, HANDLES, POOL_ATTRIBUTES_64, DriverCall
 from ivshmem.record import CUDA_OPCODE_BASE, Record, Status
+from ivshmem.region import Region
 
 from .diagnostics import DiagnosticsHandler
 from .region_server import Reply, Session
@@ -123,12 +124,31 @@ class CudaExecutor(DiagnosticsHandler):
             **{name: self._allocation_check for name in ALLOCATES},
         }
         self._htod_state: tuple[int, int] | None = None
+        self._registered: tuple[int, int] | None = None  # (address, size) of the page-locked channel
         self._launch_params = ctypes.create_string_buffer(32768)  # the driver's parameter limit, 32764 bytes
         self._launch_size = ctypes.c_size_t(0)
         self._launch_extra = (ctypes.c_void_p * 5)(
             CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(self._launch_params),
             CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(self._launch_size), CU_LAUNCH_PARAM_END)
         self._launch_extra_at = ctypes.addressof(self._launch_extra)
+
+    def attach_channel(self, region: Region, index: int) -> None:
+        """Page-lock this session's channel (cuMemHostRegister), so copies between its staging chunks and
+        the GPU are DMA straight from and into the shared pages, not through the driver's pageable staging.
+
+        Copies from registered memory with cuMemcpyHtoD/DtoH return only once done, so a chunk may still be
+        released right after its copy. Without a GPU, or if registration fails, copies stay pageable."""
+        if self.driver is None or not hasattr(self.driver, "cuMemHostRegister"):
+            return
+        geometry = region.geometry
+        base = geometry.channel_base(index)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(region.buf, base))
+        (err,) = self.driver.cuMemHostRegister(address, geometry.channel_stride, 0)
+        if int(err) != SUCCESS:
+            log.warning("session %d: could not page-lock its channel (%s); copies stay pageable",
+                        self.session.number, err)
+            return
+        self._registered = (address, geometry.channel_stride)
 
     # --- dispatch ------------------------------------------------------------------------------------------
     def sink_for(self, opcode: int, length: int) -> Sink | None:

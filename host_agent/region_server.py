@@ -87,6 +87,9 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, p
     channel = HostChannel(region, session.channel)
     endpoint = channel.endpoint(policy, parent_alive)
     handler = factory(session)
+    attach = getattr(handler, "attach_channel", None)
+    if attach is not None:  # a handler that wants the worker's own mapping (the executor pins its channel)
+        attach(region, session.channel)
     sink_for = lambda _call, opcode, length: handler.sink_for(opcode, length)  # noqa: E731
     async_errors = 0
     try:
