@@ -67,8 +67,10 @@ class Forwarder:
                 print(f"orion: no GPU through Orion: {exc}", file=sys.stderr)
         return self._channel
 
-    def _call(self, call: DriverCall, payload: bytes | memoryview | Streamed,
-              sink: Any = None) -> tuple[int, Record | None]:
+    def _call(self, call: DriverCall, payload: bytes | memoryview | Streamed, sink: Any = None,
+              fold: bool = True) -> tuple[int, Record | None]:
+        """Send one call and wait. `fold`: report a pending asynchronous error as this call's result, as CUDA
+        does at a synchronising call; internal queries (parameter layouts, error texts) leave it pending."""
         channel = self.channel()
         if channel is None:
             return (NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED), None
@@ -78,7 +80,7 @@ class Forwarder:
             log.error("orion: the host refused %s (wire status %d): %s", call.name, status,
                       bytes(reply.payload[:200]).decode(errors="replace"))
             return UNKNOWN, None
-        if status == SUCCESS and channel.async_errors:  # an earlier posted call failed: report it now
+        if fold and status == SUCCESS and channel.async_errors:  # an earlier posted call failed: report it now
             status = channel.async_errors.pop(0).status
             return (status if status > 0 else UNKNOWN), None
         return status, reply
@@ -105,6 +107,8 @@ class Forwarder:
         if call.posted:
             return lambda *args: self._post(call, pack(*[args[i] or 0 for i in ins]))
 
+        forgets = call.name in ("cuModuleUnload", "cuLibraryUnload")  # its functions' handles may be reused
+
         def forward(*args: Any) -> int:
             if any(not args[i] for i, _ in outs):
                 return INVALID_VALUE  # a NULL output pointer, as the driver would say
@@ -112,6 +116,8 @@ class Forwarder:
             if status == SUCCESS and outs and reply is not None:
                 for (i, ctype), value in zip(outs, unpack(reply.payload), strict=True):
                     ctype.from_address(args[i]).value = value
+            if forgets and status == SUCCESS:
+                self._layouts.clear()
             return status
         return forward
 
@@ -144,8 +150,8 @@ class Forwarder:
                 return INVALID_VALUE
             key = (call.name, code)
             if key not in self._strings:
-                status, reply = (self._call(call, struct.pack("<i", code)) if self.channel() is not None
-                                 else (NOT_INITIALIZED, None))
+                status, reply = (self._call(call, struct.pack("<i", code), fold=False)
+                                 if self.channel() is not None else (NOT_INITIALIZED, None))
                 local = _local_error_name(code)  # no agent to ask: the enum's name still says what happened
                 text = bytes(reply.payload) if status == SUCCESS and reply is not None else local
                 if text is None:
@@ -281,9 +287,9 @@ class Forwarder:
             query = CALLS[name]
             layout: list[tuple[int, int]] = []
             while len(layout) < 4096:
-                status, reply = self._call(query, query.inputs.pack(function, len(layout)))
+                status, reply = self._call(query, query.inputs.pack(function, len(layout)), fold=False)
                 if status != SUCCESS or reply is None:
-                    break
+                    break  # past the last parameter the driver answers CUDA_ERROR_INVALID_VALUE
                 offset, size = query.outputs.unpack(reply.payload)
                 layout.append((offset, size))
             if not layout and self.channel() is None:

@@ -40,6 +40,7 @@ INVALID_HANDLE = 400
 NOT_SUPPORTED = 801
 
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
+CU_MEMHOSTREGISTER_PORTABLE = 1
 # Handles a guest may pass as 0 (NULL) meaning "the default": the legacy stream, no current context.
 NULL_ALLOWED = {"CUstream", "CUcontext"}
 DESTROYS = {"cuCtxDestroy": "CUcontext", "cuStreamDestroy": "CUstream", "cuEventDestroy": "CUevent",
@@ -47,6 +48,7 @@ DESTROYS = {"cuCtxDestroy": "CUcontext", "cuStreamDestroy": "CUstream", "cuEvent
 ALLOCATES = {"cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"}
 FREES = {"cuMemFree", "cuMemFreeAsync"}
 MIB = 1 << 20
+COPY_SYNC, COPY_ASYNC = struct.Struct("<QQ"), struct.Struct("<QQQ")  # device pointer, size[, stream]
 CHECKED = HANDLES | {"CUdevice", "CUdeviceptr"}  # input types checked against what the session owns
 CONVERTED = ENUMS | {"CUdevice"}  # input types the driver API wants as its own objects
 
@@ -79,6 +81,7 @@ class _State:
     handles: dict[str, set[int]] = field(default_factory=lambda: {name: set() for name in HANDLES})
     allocations: dict[int, int] = field(default_factory=dict)  # base -> size (cuMemAlloc*)
     globals: dict[int, int] = field(default_factory=dict)  # base -> size (module/library globals)
+    children: dict[int, list[tuple[str, int]]] = field(default_factory=dict)  # module/library -> what it gave
     allocated: int = 0
 
     def owns_range(self, pointer: int, size: int) -> bool:
@@ -124,7 +127,7 @@ class CudaExecutor(DiagnosticsHandler):
             **{name: self._allocation_check for name in ALLOCATES},
         }
         self._htod_state: tuple[int, int] | None = None
-        self._registered: tuple[int, int] | None = None  # (address, size) of the page-locked channel
+        self._to_register: tuple[int, int] | None = None  # (address, size) of the channel, until page-locked
         self._launch_params = ctypes.create_string_buffer(32768)  # the driver's parameter limit, 32764 bytes
         self._launch_size = ctypes.c_size_t(0)
         self._launch_extra = (ctypes.c_void_p * 5)(
@@ -138,23 +141,26 @@ class CudaExecutor(DiagnosticsHandler):
 
         Copies from registered memory with cuMemcpyHtoD/DtoH return only once done, so a chunk may still be
         released right after its copy. Without a GPU, or if registration fails, copies stay pageable."""
-        if self.driver is None or not hasattr(self.driver, "cuMemHostRegister"):
-            return
         geometry = region.geometry
-        base = geometry.channel_base(index)
-        address = ctypes.addressof(ctypes.c_char.from_buffer(region.buf, base))
-        (err,) = self.driver.cuMemHostRegister(address, geometry.channel_stride, 0)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(region.buf, geometry.channel_base(index)))
+        self._to_register = (address, geometry.channel_stride)
+
+    def _register_channel(self) -> None:
+        """Page-lock the channel at the first staged copy: registration needs a current context, which the
+        client has made by then (at attach time there is none: CUDA_ERROR_INVALID_CONTEXT). Tried once."""
+        target, self._to_register = self._to_register, None
+        if target is None or self.driver is None or not hasattr(self.driver, "cuMemHostRegister"):
+            return
+        (err,) = self.driver.cuMemHostRegister(target[0], target[1], CU_MEMHOSTREGISTER_PORTABLE)
         if int(err) != SUCCESS:
             log.warning("session %d: could not page-lock its channel (%s); copies stay pageable",
                         self.session.number, err)
-            return
-        self._registered = (address, geometry.channel_stride)
 
     # --- dispatch ------------------------------------------------------------------------------------------
     def sink_for(self, opcode: int, length: int) -> Sink | None:
         call = BY_OPCODE.get(opcode)
-        if call is not None and call.name in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync"):
-            return self._htod_sink(call)
+        if call is not None and call.name in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync") and self.driver is not None:
+            return self._htod_sink(call, length)
         return super().sink_for(opcode, length)
 
     def handle(self, record: Record) -> Reply:
@@ -166,9 +172,12 @@ class CudaExecutor(DiagnosticsHandler):
         if self.driver is None:
             return Reply(NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED)
         special = self._special.get(call.name)
-        if special is not None:
+        if special is None:
+            return self._generic(call, bytes(record.payload))
+        try:
             return special(call, bytes(record.payload))
-        return self._generic(call, bytes(record.payload))
+        except struct.error as exc:  # a payload of the wrong shape: the client's fault, not the handler's
+            return Reply(Status.MALFORMED, f"{call.name}: {exc}".encode())
 
     def _generic(self, call: DriverCall, payload: bytes) -> Reply:
         try:
@@ -186,7 +195,10 @@ class CudaExecutor(DiagnosticsHandler):
                 problem = self._check(call, ctype, value, args)
                 if problem is not None:
                     return Reply(problem)
-            converted.append(self._to_driver(ctype, value) if ctype in CONVERTED else value)
+            try:
+                converted.append(self._to_driver(ctype, value) if ctype in CONVERTED else value)
+            except ValueError:  # no such enum value: what the driver itself answers for it
+                return Reply(INVALID_VALUE)
         result = getattr(self.driver, call.name)(*converted)
         err = int(result[0])
         if err != SUCCESS:
@@ -231,6 +243,11 @@ class CudaExecutor(DiagnosticsHandler):
                 state.handles[ctype].add(value)
         if call.name in DESTROYS:
             state.handles[DESTROYS[call.name]].discard(args[0])
+            for kind, value in state.children.pop(args[0], ()):  # an unloaded module's functions and globals
+                if kind == "global":
+                    state.globals.pop(value, None)
+                else:
+                    state.handles[kind].discard(value)
         elif call.name in ALLOCATES:
             state.allocations[outs[0]] = args[0]
             state.allocated += args[0]
@@ -308,59 +325,76 @@ class CudaExecutor(DiagnosticsHandler):
         self.state.handles["CUcontext"].add(int(ctx))
         return Reply(SUCCESS, struct.pack("<Q", int(ctx)))
 
-    def _htod_sink(self, call: DriverCall) -> Sink:
+    def _copy_prefix(self, call: DriverCall) -> struct.Struct:
+        return COPY_ASYNC if call.name.endswith("Async") else COPY_SYNC
+
+    def _start_copy(self, device_pointer: int, size: int, stream: int | None) -> int:
+        """Check a copy's device range and stream; order an async copy after its stream's earlier work.
+
+        The copy itself runs synchronously (the staging chunk is reused right after), so an async copy first
+        waits for its stream: on a non-blocking stream a synchronous copy would not."""
+        if stream and stream not in self.state.handles["CUstream"]:
+            return INVALID_HANDLE
+        if not self.state.owns_range(device_pointer, max(size, 1)):
+            return INVALID_VALUE
+        if stream is not None:
+            (err,) = self.driver.cuStreamSynchronize(stream)
+            if int(err) != SUCCESS:
+                return int(err)
+        return SUCCESS
+
+    def _htod_sink(self, call: DriverCall, length: int) -> Sink:
         """Stream a large host-to-device copy chunk by chunk: the prefix (dst, size[, stream]) leads."""
-        prefix = struct.Struct("<QQQ" if call.name.endswith("Async") else "<QQ")
-        self._htod_state = None
-        position = 0
-        status = SUCCESS
+        prefix = self._copy_prefix(call)
+        self._htod_state = (INVALID_VALUE, 0)
+        position = -1  # bytes of data consumed; -1 until the prefix was read
 
         def sink(chunk: memoryview) -> None:
-            nonlocal position, status
-            offset = 0
-            if position == 0:
+            nonlocal position
+            status, dst = self._htod_state  # type: ignore[misc]
+            if position < 0:
+                position = 0
+                if len(chunk) < prefix.size:
+                    return  # stays INVALID_VALUE: a copy too short to say where it goes
                 fields = prefix.unpack_from(chunk, 0)
                 dst, size = fields[0], fields[1]
-                status = self._check_copy(dst, size, fields[2] if len(fields) > 2 else 0)
+                if length - prefix.size != size:
+                    return  # carries more or fewer bytes than it declares
+                status = self._start_copy(dst, size, fields[2] if len(fields) > 2 else None)
                 self._htod_state = (status, dst)
-                offset = prefix.size
-            data = chunk[offset:]
-            if status == SUCCESS and len(data):
-                err = self._copy_in(self._htod_state[1] + position, data)  # type: ignore[index]
+                chunk = chunk[prefix.size:]
+            if status == SUCCESS and len(chunk):
+                err = self._copy_in(dst + position, chunk)
                 if err != SUCCESS:
-                    status = err
-                    self._htod_state = (status, 0)
-            position += len(data)
+                    self._htod_state = (err, dst)
+            position += len(chunk)
         return sink
 
     def _copy_in(self, dst: int, data: memoryview) -> int:
+        if self._to_register is not None:
+            self._register_channel()
         (err,) = self.driver.cuMemcpyHtoD(dst, data, len(data))
         return int(err)
-
-    def _check_copy(self, device_pointer: int, size: int, stream: int) -> int:
-        if stream and stream not in self.state.handles["CUstream"]:
-            return INVALID_HANDLE
-        return SUCCESS if self.state.owns_range(device_pointer, max(size, 1)) else INVALID_VALUE
 
     def _htod(self, call: DriverCall, payload: bytes) -> Reply:
         if not payload:  # it was staged: the sink already moved the bytes
             state = self._htod_state or (INVALID_VALUE, 0)
             self._htod_state = None
             return Reply(state[0])
-        prefix = struct.Struct("<QQQ" if call.name.endswith("Async") else "<QQ")
+        prefix = self._copy_prefix(call)
         fields = prefix.unpack_from(payload, 0)
         data = memoryview(payload)[prefix.size:]
         if len(data) != fields[1]:
             return Reply(INVALID_VALUE)
-        status = self._check_copy(fields[0], fields[1], fields[2] if len(fields) > 2 else 0)
+        status = self._start_copy(fields[0], fields[1], fields[2] if len(fields) > 2 else None)
         if status != SUCCESS or not len(data):
             return Reply(status)
         return Reply(self._copy_in(fields[0], data))
 
     def _dtoh(self, call: DriverCall, payload: bytes) -> Reply:
-        fields = struct.unpack("<QQQ" if call.name.endswith("Async") else "<QQ", payload)
+        fields = self._copy_prefix(call).unpack(payload)
         src, size = fields[0], fields[1]
-        status = self._check_copy(src, size, fields[2] if len(fields) > 2 else 0)
+        status = self._start_copy(src, size, fields[2] if len(fields) > 2 else None)
         if status != SUCCESS:
             return Reply(status)
         driver, position = self.driver, 0
@@ -381,6 +415,8 @@ class CudaExecutor(DiagnosticsHandler):
         (err,) = driver.cuCtxSynchronize()
         if int(err) != SUCCESS:
             return Reply(int(err))
+        if self._to_register is not None:
+            self._register_channel()
         return Reply(SUCCESS, Streamed(size, fill))
 
     def _module_load(self, call: DriverCall, payload: bytes) -> Reply:
@@ -391,6 +427,8 @@ class CudaExecutor(DiagnosticsHandler):
         return Reply(SUCCESS, struct.pack("<Q", int(module)))
 
     def _pool_attribute(self, call: DriverCall, payload: bytes) -> Reply:
+        if len(payload) != (12 if call.name == "cuMemPoolGetAttribute" else 20):
+            return Reply(Status.MALFORMED, f"{call.name}: a {len(payload)}-byte payload".encode())
         pool, attribute = struct.unpack_from("<Qi", payload, 0)
         if pool not in self.state.handles["CUmemoryPool"]:
             return Reply(INVALID_HANDLE)
@@ -427,8 +465,11 @@ class CudaExecutor(DiagnosticsHandler):
         outs = [_from_driver(v) for v in result[1:]]
         if call.name.endswith("GetGlobal"):
             self.state.globals[outs[0]] = outs[1]
+            child = ("global", outs[0])
         else:
-            self.state.handles["CUfunction" if call.name == "cuModuleGetFunction" else "CUkernel"].add(outs[0])
+            child = ("CUfunction" if call.name == "cuModuleGetFunction" else "CUkernel", outs[0])
+            self.state.handles[child[0]].add(outs[0])
+        self.state.children.setdefault(owner, []).append(child)
         return Reply(SUCCESS, call.outputs.pack(*outs))
 
     def _launch(self, call: DriverCall, payload: bytes) -> Reply:

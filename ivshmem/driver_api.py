@@ -27,7 +27,7 @@ SCALARS = {
     "float": "f",
 }
 ENUMS = {"CUdevice_attribute", "CUpointer_attribute", "CUmemPool_attribute", "CUfunction_attribute",
-         "CUfunc_cache", "CUstreamCaptureStatus", "CUjit_option", "CUlibraryOption", "CUoccupancyB2DSize"}
+         "CUfunc_cache", "CUstreamCaptureStatus", "CUjit_option", "CUlibraryOption"}
 HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmodule", "CUfunction", "CUlibrary", "CUkernel", "CUmemoryPool"}
 
 # Roles the generic marshalling handles; anything else marks a hand-written call.

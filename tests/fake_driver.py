@@ -1,0 +1,1442 @@
+"""A pure-Python stand-in for `cuda.bindings.driver`, for CI machines that have no GPU and no libcuda.
+
+THIS IS A FAKE, NOT CUDA. It runs no kernel and knows nothing about GPUs beyond what is written here. It exists
+because host_agent/executor.py touches CUDA only through the Python API of `cuda.bindings.driver`, which can be
+injected (`CudaExecutor(session, options, driver=FakeDriver())`), so the whole forwarding path — guest trampoline
+implementations, records, rings, staging, the executor's checks and conversions — can be exercised on a machine
+without a GPU. A test that passes against the fake proves the plumbing, not that CUDA behaves this way; the GPU
+tests (tests/gpu/) hold the real thing.
+
+To keep it honest:
+
+* Same call shapes as the wheel: every function returns a tuple `(CUresult, outputs...)`, outputs `None` on
+  failure. Results are `CUresult` enum members (IntEnum) with the wheel's names and values; handles come back as
+  handle objects (`CUcontext`, `CUdeviceptr`, ...) that only `int()` turns into numbers, as on the wheel, so an
+  executor that forgot a conversion fails here too.
+* Inputs are taken as the wheel takes them: an enum parameter accepts its enum member or a plain int (an unknown
+  value raises ValueError, a member of another enum TypeError), a 64-bit memory-pool attribute value must be a
+  `cuuint64_t` (a plain int raises AttributeError, as the 13.4 wheel does), handles and pointers may be ints or
+  handle objects. What was passed is recorded as it was passed, so a test can tell an enum member from an int.
+* Failures it models use CUDA's own codes: NOT_INITIALIZED before `cuInit`, INVALID_CONTEXT without a current
+  context, INVALID_HANDLE for a handle it did not hand out, INVALID_VALUE for a device range outside an
+  allocation or a zero grid, OUT_OF_MEMORY past a device's memory, INVALID_DEVICE, NOT_FOUND for an unknown
+  symbol, ... (the uncommon ones were checked against an H200).
+* Device memory is real: a dict of bytearrays keyed by fake device addresses (with a 2 MiB unmapped gap after
+  every allocation, so an overrun never lands in a neighbour). Copies, memsets and module globals move real
+  bytes; `cuMemcpyHtoD`/`cuMemcpyDtoH` accept a buffer-protocol object or an int host address, like the wheel.
+* Answers are deterministic: handles are distinct increasing ints; attribute and query results are fixed
+  functions of their inputs (see each method); nothing depends on time.
+* Module images: PTX is parsed for real (`.entry` kernels with their `.param` layout — the offsets and sizes
+  `cuFuncGetParamInfo` reports follow PTX's alignment rules — and `.global` variables, which become device
+  memory). ELF cubins are recognised by their section headers (`.text.<kernel>` sections); their parameter
+  layout is not decoded, so `cuFuncGetParamInfo` answers CUDA_ERROR_NOT_SUPPORTED for them rather than a made-up
+  layout. A fatbin is accepted when it carries an ELF or PTX image; anything else is CUDA_ERROR_INVALID_IMAGE.
+* Launches run nothing: `cuLaunchKernel` checks the function, dimensions and stream, decodes `kernelParams`
+  (by the layout) or `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE) and records the packed parameter bytes. Like
+  the real driver (checked on an H200), it does not refuse an `extra` buffer whose size differs from the
+  kernel's parameter size; the record says whether it matched.
+* `cuMemHostRegister` needs a current context (CUDA_ERROR_INVALID_CONTEXT otherwise, as on an H200) and
+  refuses overlapping registrations; it pins nothing.
+* Asynchronous calls check their arguments at once and report those errors directly. Their effect follows CUDA's
+  stream rules with the latest schedule CUDA allows: work on the legacy stream and on blocking streams happens at
+  once; work queued on a non-blocking stream (CU_STREAM_NON_BLOCKING) happens only when something must wait for
+  it — a synchronize of that stream, of the context or of an event recorded after it, cuStreamWaitEvent,
+  cuMemFree, or an async copy to or from host memory on that same stream (pageable copies wait for the stream's
+  earlier work, as the driver's do). The legacy stream does not wait for non-blocking streams, so code relying on
+  an order CUDA does not promise fails here every time instead of now and then on a GPU.
+
+Every call is recorded in `FakeDriver.calls` and, when `journal` names a file, appended to it as one JSON line
+(`{"pid", "name", "args", "result", ...}`) before the call returns: the executor runs in a forked session
+worker, and the test process reads what the fake saw from that file (`read_journal`). Values are encoded by
+`plain()`: ints and floats as themselves, enum members and handle objects as `[type name, int]`, buffers as
+`{"len", "sha256"[, "hex"]}`.
+
+The enum classes carry only the members the fake needs, with the wheel's values; the unit tests hold them to
+the installed wheel.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, NamedTuple
+
+# --- enums (subsets of the wheel's, same names and values) --------------------------------------------------------
+
+CUresult = IntEnum("CUresult", [  # type: ignore[misc]
+    ("CUDA_SUCCESS", 0), ("CUDA_ERROR_INVALID_VALUE", 1), ("CUDA_ERROR_OUT_OF_MEMORY", 2),
+    ("CUDA_ERROR_NOT_INITIALIZED", 3), ("CUDA_ERROR_DEINITIALIZED", 4), ("CUDA_ERROR_STUB_LIBRARY", 34),
+    ("CUDA_ERROR_NO_DEVICE", 100), ("CUDA_ERROR_INVALID_DEVICE", 101), ("CUDA_ERROR_INVALID_IMAGE", 200),
+    ("CUDA_ERROR_INVALID_CONTEXT", 201), ("CUDA_ERROR_CONTEXT_ALREADY_CURRENT", 202),
+    ("CUDA_ERROR_NO_BINARY_FOR_GPU", 209), ("CUDA_ERROR_INVALID_PTX", 218), ("CUDA_ERROR_INVALID_SOURCE", 300),
+    ("CUDA_ERROR_INVALID_HANDLE", 400), ("CUDA_ERROR_NOT_FOUND", 500), ("CUDA_ERROR_NOT_READY", 600),
+    ("CUDA_ERROR_ILLEGAL_ADDRESS", 700), ("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", 701),
+    ("CUDA_ERROR_LAUNCH_FAILED", 719), ("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", 712),
+    ("CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", 713), ("CUDA_ERROR_NOT_PERMITTED", 800),
+    ("CUDA_ERROR_NOT_SUPPORTED", 801),
+    ("CUDA_ERROR_UNKNOWN", 999),
+])
+ERROR_STRINGS = {  # cuGetErrorString's texts (CUDA 13) for the codes above
+    0: "no error", 1: "invalid argument", 2: "out of memory", 3: "initialization error",
+    4: "driver shutting down", 34: "CUDA driver is a stub library", 100: "no CUDA-capable device is detected",
+    101: "invalid device ordinal", 200: "device kernel image is invalid", 201: "invalid device context",
+    202: "context already current", 209: "no kernel image is available for execution on the device",
+    218: "a PTX JIT compilation failed", 300: "device kernel image is invalid", 400: "invalid resource handle",
+    500: "named symbol not found", 600: "device not ready", 700: "an illegal memory access was encountered",
+    701: "too many resources requested for launch", 719: "unspecified launch failure",
+    712: "part or all of the requested memory range is already mapped",
+    713: "pointer does not correspond to a registered memory region",
+    800: "operation not permitted", 801: "operation not supported", 999: "unknown error",
+}
+CUdevice_attribute = IntEnum("CUdevice_attribute", [  # type: ignore[misc]
+    ("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK", 1), ("CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X", 2),
+    ("CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X", 5), ("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK", 8),
+    ("CU_DEVICE_ATTRIBUTE_WARP_SIZE", 10), ("CU_DEVICE_ATTRIBUTE_CLOCK_RATE", 13),
+    ("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT", 16), ("CU_DEVICE_ATTRIBUTE_PCI_BUS_ID", 33),
+    ("CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING", 41), ("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR", 75),
+    ("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR", 76), ("CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED", 115),
+])
+CUmemPool_attribute = IntEnum("CUmemPool_attribute", [  # type: ignore[misc]
+    ("CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES", 1), ("CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC", 2),
+    ("CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES", 3), ("CU_MEMPOOL_ATTR_RELEASE_THRESHOLD", 4),
+    ("CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT", 5), ("CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH", 6),
+    ("CU_MEMPOOL_ATTR_USED_MEM_CURRENT", 7), ("CU_MEMPOOL_ATTR_USED_MEM_HIGH", 8),
+    ("CU_MEMPOOL_ATTR_ALLOCATION_TYPE", 9), ("CU_MEMPOOL_ATTR_EXPORT_HANDLE_TYPES", 10),
+    ("CU_MEMPOOL_ATTR_LOCATION_ID", 11), ("CU_MEMPOOL_ATTR_LOCATION_TYPE", 12),
+    ("CU_MEMPOOL_ATTR_MAX_POOL_SIZE", 13), ("CU_MEMPOOL_ATTR_HW_DECOMPRESS_ENABLED", 14),
+    ("CU_MEMPOOL_ATTR_LOCALITY_DOMAIN_ID", 15),
+])
+POOL_ATTRIBUTES_64 = frozenset({4, 5, 6, 7, 8, 13})  # cuuint64_t-valued (cuda.h); the others are int
+CUfunction_attribute = IntEnum("CUfunction_attribute", [  # type: ignore[misc]
+    ("CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK", 0), ("CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES", 1),
+    ("CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES", 2), ("CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES", 3),
+    ("CU_FUNC_ATTRIBUTE_NUM_REGS", 4), ("CU_FUNC_ATTRIBUTE_PTX_VERSION", 5),
+    ("CU_FUNC_ATTRIBUTE_BINARY_VERSION", 6), ("CU_FUNC_ATTRIBUTE_CACHE_MODE_CA", 7),
+    ("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8),
+    ("CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT", 9),
+])
+CUfunc_cache = IntEnum("CUfunc_cache", [  # type: ignore[misc]
+    ("CU_FUNC_CACHE_PREFER_NONE", 0), ("CU_FUNC_CACHE_PREFER_SHARED", 1), ("CU_FUNC_CACHE_PREFER_L1", 2),
+    ("CU_FUNC_CACHE_PREFER_EQUAL", 3),
+])
+CUstreamCaptureStatus = IntEnum("CUstreamCaptureStatus", [  # type: ignore[misc]
+    ("CU_STREAM_CAPTURE_STATUS_NONE", 0), ("CU_STREAM_CAPTURE_STATUS_ACTIVE", 1),
+    ("CU_STREAM_CAPTURE_STATUS_INVALIDATED", 2),
+])
+ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUmemPool_attribute, CUfunction_attribute,
+                                           CUfunc_cache, CUstreamCaptureStatus)
+
+CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
+CU_STREAM_NON_BLOCKING = 1
+CU_EVENT_DISABLE_TIMING = 2
+DRIVER_VERSION = 13000
+API_VERSION = 3020
+MIB = 1 << 20
+GUARD = 2 * MIB  # unmapped bytes after every allocation
+ALLOCATION_BASE = 0x7F10_0000_0000
+
+
+# --- handle and value types -----------------------------------------------------------------------------------------
+
+class _Handle:
+    """An opaque handle: only int() gives its value, as with the wheel's handle classes."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any = 0) -> None:
+        self._value = 0 if value is None else int(value)
+
+    def __int__(self) -> int:
+        return self._value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and int(other) == self._value  # type: ignore[call-overload]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._value))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._value:#x}>"
+
+
+class CUdevice(_Handle):
+    def __repr__(self) -> str:
+        return f"<CUdevice {self._value}>"
+
+
+class CUdeviceptr(_Handle):
+    pass
+
+
+class CUcontext(_Handle):
+    pass
+
+
+class CUstream(_Handle):
+    pass
+
+
+class CUevent(_Handle):
+    pass
+
+
+class CUmodule(_Handle):
+    pass
+
+
+class CUfunction(_Handle):
+    pass
+
+
+class CUlibrary(_Handle):
+    pass
+
+
+class CUkernel(_Handle):
+    pass
+
+
+class CUmemoryPool(_Handle):
+    pass
+
+
+class cuuint64_t:  # noqa: N801 - the wheel's name
+    __slots__ = ("_value",)
+
+    def __init__(self, value: int = 0) -> None:
+        if not 0 <= int(value) < 1 << 64:
+            raise OverflowError(f"{value} does not fit a cuuint64_t")
+        self._value = int(value)
+
+    def __int__(self) -> int:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"<cuuint64_t {self._value}>"
+
+
+class CUuuid:
+    def __init__(self, data: bytes = bytes(16)) -> None:
+        self.bytes = bytes(data)
+
+
+HANDLE_CLASSES = (CUdevice, CUdeviceptr, CUcontext, CUstream, CUevent, CUmodule, CUfunction, CUlibrary, CUkernel,
+                  CUmemoryPool)
+
+
+# --- the journal ----------------------------------------------------------------------------------------------------
+
+def plain(value: Any) -> Any:
+    """A JSON-able picture of an argument or result (see the module docstring)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, IntEnum):
+        return [type(value).__name__, int(value)]
+    if isinstance(value, int | float | str):
+        return value
+    if isinstance(value, _Handle | cuuint64_t):
+        return [type(value).__name__, int(value)]
+    if isinstance(value, CUuuid):
+        return ["CUuuid", value.bytes.hex()]
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+        out: dict[str, Any] = {"len": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        if len(data) <= 256:
+            out["hex"] = data.hex()
+        return out
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return repr(value)
+
+
+def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every entry a FakeDriver appended to `path`, in order ([] if it does not exist yet)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+class Call(NamedTuple):
+    name: str
+    args: tuple[Any, ...]
+    result: tuple[Any, ...]
+
+
+# --- module images --------------------------------------------------------------------------------------------------
+
+PTX_SIZES = {"b8": 1, "u8": 1, "s8": 1, "b16": 2, "u16": 2, "s16": 2, "f16": 2, "b32": 4, "u32": 4, "s32": 4,
+             "f32": 4, "b64": 8, "u64": 8, "s64": 8, "f64": 8}
+_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]*)\s*\((.*?)\)", re.S)
+_PARAM = re.compile(rb"\.param\s+(?:\.align\s+(\d+)\s+)?\.([a-z]+\d+)\s+[A-Za-z_$][\w$]*(?:\s*\[(\d+)\])?")
+_GLOBAL = re.compile(rb"^\s*(?:\.visible\s+)?\.global\s+(?:\.align\s+(\d+)\s+)?\.([a-z]+\d+)\s+([A-Za-z_$][\w$]*)"
+                     rb"(?:\s*\[(\d+)\])?", re.M)
+FATBIN_MAGIC = 0xBA55ED50
+
+
+@dataclass
+class Image:
+    kind: str
+    kernels: dict[bytes, list[tuple[int, int]] | None]  # name -> (offset, size) per parameter; None: unknown
+    globals: dict[bytes, int]  # name -> size in bytes
+
+
+def _align(value: int, to: int) -> int:
+    return (value + to - 1) // to * to
+
+
+def parse_ptx(text: bytes) -> Image | None:
+    if b".version" not in text or b".target" not in text:
+        return None
+    kernels: dict[bytes, list[tuple[int, int]] | None] = {}
+    for match in _ENTRY.finditer(text):
+        layout: list[tuple[int, int]] = []
+        end = 0
+        for align, ptype, count in _PARAM.findall(match.group(2)):
+            size = PTX_SIZES.get(ptype.decode())
+            if size is None:
+                return None
+            offset = _align(end, int(align) if align else size)
+            layout.append((offset, size * (int(count) if count else 1)))
+            end = offset + layout[-1][1]
+        kernels[match.group(1)] = layout
+    variables = {}
+    for _align_s, vtype, name, count in _GLOBAL.findall(text):
+        size = PTX_SIZES.get(vtype.decode())
+        if size is None:
+            return None
+        variables[name] = size * (int(count) if count else 1)
+    return Image("ptx", kernels, variables)
+
+
+def parse_elf(data: bytes) -> Image | None:
+    """A little-endian ELF64 whose `.text.<name>` sections name its kernels (parameter layouts unknown)."""
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return None
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    if not shoff or shentsize < 64 or shstrndx >= shnum or shoff + shnum * shentsize > len(data):
+        return None
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    str_offset, str_size = sections[shstrndx][4], sections[shstrndx][5]
+    if str_offset + str_size > len(data):
+        return None
+    strings = data[str_offset:str_offset + str_size]
+    kernels: dict[bytes, list[tuple[int, int]] | None] = {}
+    for section in sections:
+        name = strings[section[0]:].split(b"\0", 1)[0]
+        if name.startswith(b".text.") and len(name) > len(b".text."):
+            kernels[name[len(b".text."):]] = None
+    return Image("cubin", kernels, {})
+
+
+def parse_image(data: bytes) -> Image | None:
+    if data[:4] == b"\x7fELF":
+        return parse_elf(data)
+    if len(data) >= 16 and struct.unpack_from("<I", data)[0] == FATBIN_MAGIC:
+        header_size, fat_size = struct.unpack_from("<HQ", data, 6)
+        body = data[header_size:header_size + fat_size]
+        at = body.find(b"\x7fELF")
+        if at >= 0:
+            return parse_elf(body[at:])
+        at = body.find(b".version")
+        return parse_ptx(body[at:].split(b"\0", 1)[0]) if at >= 0 else None
+    return parse_ptx(data.split(b"\0", 1)[0])
+
+
+# --- the driver -----------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Context:
+    device: int
+    flags: int
+    ident: int
+    primary: bool
+
+
+@dataclass
+class _Kernel:
+    name: bytes
+    layout: list[tuple[int, int]] | None
+    owner: int  # module or library handle
+    attributes: dict[tuple[int, int], int] = field(default_factory=dict)  # (attribute, device) -> value
+
+
+def _result(code: int, outputs: int = 0) -> tuple[Any, ...]:
+    return (CUresult(code),) + (None,) * outputs
+
+
+def _recorded(method: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, ...]]:
+    @functools.wraps(method)
+    def wrapper(self: FakeDriver, *args: Any) -> tuple[Any, ...]:
+        self._note = {}
+        result = method(self, *args)
+        self._record(method.__name__, args, result)
+        return result
+    return wrapper
+
+
+class FakeDriver:
+    """The subset of cuda.bindings.driver's API that host_agent/executor.py uses; see the module docstring."""
+
+    CUresult = CUresult
+    CUdevice_attribute = CUdevice_attribute
+    CUmemPool_attribute = CUmemPool_attribute
+    CUfunction_attribute = CUfunction_attribute
+    CUfunc_cache = CUfunc_cache
+    CUstreamCaptureStatus = CUstreamCaptureStatus
+    CUdevice, CUdeviceptr, CUcontext, CUstream, CUevent = CUdevice, CUdeviceptr, CUcontext, CUstream, CUevent
+    CUmodule, CUfunction, CUlibrary, CUkernel, CUmemoryPool = CUmodule, CUfunction, CUlibrary, CUkernel, CUmemoryPool
+    cuuint64_t = cuuint64_t
+    CUuuid = CUuuid
+
+    def __init__(self, devices: int = 2, total_mem: tuple[int, ...] | None = None, journal: str | None = None,
+                 initialized: bool = False) -> None:
+        """`devices` fake GPUs; device d has total_mem[d] bytes (default (16 + 8 d) GiB) and the name
+        "Orion Fake GPU <d>"."""
+        self.device_count = devices
+        self.total_mem = total_mem or tuple((16 + 8 * d) << 30 for d in range(devices))
+        self.journal = journal
+        self.calls: list[Call] = []
+        self._note: dict[str, Any] = {}
+        self.initialized = initialized
+        self._next_handle = 0x1000
+        self._next_pointer = ALLOCATION_BASE
+        self.memory: dict[int, bytearray] = {}  # base -> bytes (allocations and module globals)
+        self.allocations: dict[int, int] = {}  # base -> device (cuMemAlloc*; globals are not in here)
+        self.used = [0] * devices
+        self.contexts: dict[int, _Context] = {}
+        self.primary: dict[int, int] = {}  # device -> primary context handle
+        self.primary_refs = [0] * devices
+        self.primary_flags = [0] * devices
+        self.stack: list[int] = []  # current-context stack (top is current)
+        self.streams: dict[int, tuple[int, int, int]] = {}  # handle -> (context, flags, priority)
+        self.events: dict[int, dict[str, int]] = {}  # handle -> {"flags", "recorded" (sequence, 0 = never)}
+        self._clock = 0
+        self.modules: dict[int, dict[bytes, int]] = {}  # handle -> name -> function handle
+        self.module_globals: dict[int, dict[bytes, int]] = {}  # module/library -> name -> device pointer
+        self.libraries: dict[int, dict[bytes, int]] = {}  # handle -> name -> kernel handle
+        self.functions: dict[int, _Kernel] = {}
+        self.kernels: dict[int, _Kernel] = {}
+        self.images: dict[int, Image] = {}  # module/library -> parsed image
+        self.pools: dict[int, dict[int, int]] = {}  # handle -> attribute -> value
+        self.default_pool: dict[int, int] = {}  # device -> pool
+        self.launches: list[dict[str, Any]] = []
+        self.registered: dict[int, int] = {}  # page-locked host ranges: address -> size
+        self.pending: dict[int, list[Callable[[], None]]] = {}  # non-blocking stream -> work not yet done
+
+    # --- bookkeeping --------------------------------------------------------------------------------------------
+    def _record(self, name: str, args: tuple[Any, ...], result: tuple[Any, ...]) -> None:
+        self.calls.append(Call(name, args, result))
+        if self.journal is None:
+            return
+        entry = {"pid": os.getpid(), "name": name, "args": plain(args), "result": plain(result), **self._note}
+        with open(self.journal, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def _handle(self) -> int:
+        self._next_handle += 0x10
+        return self._next_handle
+
+    def _current(self) -> int | None:
+        return self.stack[-1] if self.stack else None
+
+    def _context_error(self) -> int:
+        """0 when initialized with a current context, else the CUDA error a context-bound call gets."""
+        if not self.initialized:
+            return CUresult.CUDA_ERROR_NOT_INITIALIZED
+        if self._current() is None:
+            return CUresult.CUDA_ERROR_INVALID_CONTEXT
+        return 0
+
+    def _device_of_current(self) -> int:
+        current = self._current()
+        assert current is not None
+        return self.contexts[current].device
+
+    def _device(self, dev: Any) -> int | None:
+        value = int(dev) if dev is not None else -1
+        return value if 0 <= value < self.device_count else None
+
+    def _allocate(self, size: int, device: int, track: bool = True) -> int:
+        base = self._next_pointer
+        self._next_pointer += _align(max(size, 1), MIB) + GUARD
+        self.memory[base] = bytearray(size)
+        if track:
+            self.allocations[base] = device
+            self.used[device] += size
+        return base
+
+    def _span(self, pointer: Any, size: int) -> tuple[bytearray, int] | None:
+        """The allocation holding [pointer, pointer + size) and the offset in it, or None."""
+        address = int(pointer) if pointer is not None else 0
+        for base, data in self.memory.items():
+            if base <= address and address + max(size, 1) <= base + max(len(data), 1):
+                return data, address - base
+        return None
+
+    def _nonblocking(self, stream: Any) -> bool:
+        value = 0 if stream is None else int(stream)
+        return value in self.streams and bool(self.streams[value][1] & CU_STREAM_NON_BLOCKING)
+
+    def _enqueue(self, stream: Any, action: Callable[[], None]) -> None:
+        """Run `action` now, or (non-blocking stream) when something waits for that stream."""
+        if self._nonblocking(stream):
+            self.pending.setdefault(int(stream), []).append(action)
+        else:
+            action()
+
+    def _drain(self, stream: Any = None) -> None:
+        """Complete the queued work of `stream` (None: of every stream)."""
+        for key in [int(stream)] if stream is not None else list(self.pending):
+            for action in self.pending.pop(key, []):
+                action()
+
+    def _stream_ok(self, stream: Any) -> bool:
+        value = 0 if stream is None else int(stream)
+        return value == 0 or value in self.streams
+
+    @staticmethod
+    def _enum(value: Any, cls: type[IntEnum], name: str) -> IntEnum:
+        if isinstance(value, IntEnum) and not isinstance(value, cls):
+            raise TypeError(f"Argument '{name}' has incorrect type (expected {cls.__name__}, got "
+                            f"{type(value).__name__})")
+        return cls(int(value))  # ValueError for a value the enum does not have
+
+    @staticmethod
+    def _host_read(source: Any, size: int) -> bytes | None:
+        if isinstance(source, int):
+            return ctypes.string_at(source, size) if size else b""
+        view = memoryview(source).cast("B")
+        return bytes(view[:size]) if len(view) >= size else None
+
+    @staticmethod
+    def _host_write(destination: Any, data: bytes | bytearray) -> bool:
+        if isinstance(destination, int):
+            ctypes.memmove(destination, bytes(data), len(data))
+            return True
+        view = memoryview(destination).cast("B")
+        if len(view) < len(data):
+            return False
+        view[:len(data)] = data
+        return True
+
+    # --- initialisation, version, errors -----------------------------------------------------------------------
+    @_recorded
+    def cuInit(self, flags: int) -> tuple[Any, ...]:
+        if int(flags) != 0:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        self.initialized = True
+        return _result(0)
+
+    @_recorded
+    def cuDriverGetVersion(self) -> tuple[Any, ...]:
+        return CUresult(0), DRIVER_VERSION
+
+    @_recorded
+    def cuGetErrorName(self, error: Any) -> tuple[Any, ...]:
+        code = self._enum(error, CUresult, "error")
+        return CUresult(0), code.name.encode()
+
+    @_recorded
+    def cuGetErrorString(self, error: Any) -> tuple[Any, ...]:
+        code = self._enum(error, CUresult, "error")
+        return CUresult(0), ERROR_STRINGS[int(code)].encode()
+
+    # --- devices ------------------------------------------------------------------------------------------------
+    @_recorded
+    def cuDeviceGetCount(self) -> tuple[Any, ...]:
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        return CUresult(0), self.device_count
+
+    @_recorded
+    def cuDeviceGet(self, ordinal: int) -> tuple[Any, ...]:
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if self._device(ordinal) is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        return CUresult(0), CUdevice(ordinal)
+
+    def device_name(self, device: int) -> bytes:
+        return f"Orion Fake GPU {device} (tests/fake_driver.py, not CUDA)".encode()
+
+    @_recorded
+    def cuDeviceGetName(self, length: int, dev: Any) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        if length <= 0:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        buffer = bytearray(length)  # as the wheel: `length` bytes, the name NUL-terminated inside them
+        name = self.device_name(device)[:length - 1]
+        buffer[:len(name)] = name
+        return CUresult(0), bytes(buffer)
+
+    def device_uuid(self, device: int) -> bytes:
+        return hashlib.sha256(self.device_name(device)).digest()[:16]
+
+    @_recorded
+    def cuDeviceGetUuid(self, dev: Any) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        return CUresult(0), CUuuid(self.device_uuid(device))
+
+    def device_attribute(self, attribute: int, device: int) -> int:
+        """Fixed values per attribute; those that differ between real GPUs differ between fake devices."""
+        fixed = {1: 1024, 2: 1024, 5: 0x7FFFFFFF, 8: 49152, 10: 32, 41: 1, 75: 9, 76: 0, 115: 1}
+        if attribute in fixed:
+            return fixed[attribute]
+        return {13: 1_980_000 - 1000 * device, 16: 132 - 2 * device, 33: 0x18 + device}[attribute]
+
+    @_recorded
+    def cuDeviceGetAttribute(self, attrib: Any, dev: Any) -> tuple[Any, ...]:
+        attribute = self._enum(attrib, CUdevice_attribute, "attrib")
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        return CUresult(0), self.device_attribute(int(attribute), device)
+
+    @_recorded
+    def cuDeviceTotalMem(self, dev: Any) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        return CUresult(0), self.total_mem[device]
+
+    @_recorded
+    def cuDeviceCanAccessPeer(self, dev: Any, peer: Any) -> tuple[Any, ...]:
+        a, b = self._device(dev), self._device(peer)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if a is None or b is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        return CUresult(0), int(a != b)  # every pair of distinct fake devices is peer-capable
+
+    # --- contexts -----------------------------------------------------------------------------------------------
+    def _new_context(self, device: int, flags: int, primary: bool) -> int:
+        handle = self._handle()
+        self.contexts[handle] = _Context(device, flags, len(self.contexts) + 1, primary)
+        return handle
+
+    @_recorded
+    def cuDevicePrimaryCtxRetain(self, dev: Any) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        if device not in self.primary:
+            self.primary[device] = self._new_context(device, self.primary_flags[device], True)
+        self.primary_refs[device] += 1
+        return CUresult(0), CUcontext(self.primary[device])
+
+    @_recorded
+    def cuDevicePrimaryCtxRelease(self, dev: Any) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE)
+        if self.primary_refs[device] == 0:
+            return _result(CUresult.CUDA_ERROR_INVALID_CONTEXT)
+        self.primary_refs[device] -= 1
+        return _result(0)
+
+    @_recorded
+    def cuDevicePrimaryCtxReset(self, dev: Any) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE)
+        self.primary_flags[device] = 0
+        return _result(0)
+
+    @_recorded
+    def cuDevicePrimaryCtxGetState(self, dev: Any) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 2)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 2)
+        return CUresult(0), self.primary_flags[device], int(self.primary_refs[device] > 0)
+
+    @_recorded
+    def cuDevicePrimaryCtxSetFlags(self, dev: Any, flags: int) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE)
+        if int(flags) & ~0x1F:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        self.primary_flags[device] = int(flags)
+        if device in self.primary:
+            self.contexts[self.primary[device]].flags = int(flags)
+        return _result(0)
+
+    @_recorded
+    def cuCtxCreate(self, params: Any, flags: int, dev: Any) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if params is not None:
+            return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 1)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        handle = self._new_context(device, int(flags), False)
+        self.stack.append(handle)  # a created context becomes current
+        return CUresult(0), CUcontext(handle)
+
+    def _known_context(self, ctx: Any) -> int | None:
+        value = int(ctx) if ctx is not None else 0
+        return value if value in self.contexts else None
+
+    @_recorded
+    def cuCtxDestroy(self, ctx: Any) -> tuple[Any, ...]:
+        handle = self._known_context(ctx)
+        if handle is None or self.contexts[handle].primary:
+            return _result(CUresult.CUDA_ERROR_INVALID_CONTEXT)
+        del self.contexts[handle]
+        self.stack = [c for c in self.stack if c != handle]
+        return _result(0)
+
+    @_recorded
+    def cuCtxGetCurrent(self) -> tuple[Any, ...]:
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        return CUresult(0), CUcontext(self._current() or 0)
+
+    @_recorded
+    def cuCtxSetCurrent(self, ctx: Any) -> tuple[Any, ...]:
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        value = int(ctx) if ctx is not None else 0
+        if value == 0:
+            if self.stack:
+                self.stack.pop()
+            return _result(0)
+        if value not in self.contexts:
+            return _result(CUresult.CUDA_ERROR_INVALID_CONTEXT)
+        if self.stack:
+            self.stack[-1] = value
+        else:
+            self.stack.append(value)
+        return _result(0)
+
+    @_recorded
+    def cuCtxPushCurrent(self, ctx: Any) -> tuple[Any, ...]:
+        handle = self._known_context(ctx)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        if handle is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_CONTEXT)
+        self.stack.append(handle)
+        return _result(0)
+
+    @_recorded
+    def cuCtxPopCurrent(self) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err, 1)
+        return CUresult(0), CUcontext(self.stack.pop())
+
+    @_recorded
+    def cuCtxGetDevice(self) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err, 1)
+        return CUresult(0), CUdevice(self._device_of_current())
+
+    @_recorded
+    def cuCtxSynchronize(self) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err)
+        self._drain()
+        return _result(0)
+
+    @_recorded
+    def cuCtxGetStreamPriorityRange(self) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err, 2)
+        return CUresult(0), 0, -5  # least, greatest (as a Hopper GPU)
+
+    @_recorded
+    def cuCtxGetFlags(self) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err, 1)
+        return CUresult(0), self.contexts[self._current()].flags  # type: ignore[index]
+
+    def _context_or_current(self, ctx: Any) -> int | None:
+        value = int(ctx) if ctx is not None else 0
+        if value == 0:
+            return self._current()
+        return value if value in self.contexts else None
+
+    @_recorded
+    def cuCtxGetApiVersion(self, ctx: Any) -> tuple[Any, ...]:
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if self._context_or_current(ctx) is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_CONTEXT, 1)
+        return CUresult(0), API_VERSION
+
+    @_recorded
+    def cuCtxGetId(self, ctx: Any) -> tuple[Any, ...]:
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        handle = self._context_or_current(ctx)
+        if handle is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_CONTEXT, 1)
+        return CUresult(0), 0x1_0000_0000 + self.contexts[handle].ident  # above 32 bits: a u64 must carry it
+
+    # --- memory -------------------------------------------------------------------------------------------------
+    def _alloc_on_current(self, size: int) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err, 1)
+        device = self._device_of_current()
+        if int(size) == 0:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if self.used[device] + int(size) > self.total_mem[device]:
+            return _result(CUresult.CUDA_ERROR_OUT_OF_MEMORY, 1)
+        return CUresult(0), CUdeviceptr(self._allocate(int(size), device))
+
+    def _free(self, pointer: Any) -> int:
+        if err := self._context_error():
+            return err
+        base = int(pointer) if pointer is not None else 0
+        if base not in self.allocations:
+            return CUresult.CUDA_ERROR_INVALID_VALUE
+        self._drain()  # cuMemFree waits for the work that may use the memory
+        device = self.allocations.pop(base)
+        self.used[device] -= len(self.memory.pop(base))
+        return 0
+
+    @_recorded
+    def cuMemAlloc(self, size: int) -> tuple[Any, ...]:
+        return self._alloc_on_current(size)
+
+    @_recorded
+    def cuMemFree(self, dptr: Any) -> tuple[Any, ...]:
+        return _result(self._free(dptr))
+
+    @_recorded
+    def cuMemGetInfo(self) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err, 2)
+        device = self._device_of_current()
+        return CUresult(0), self.total_mem[device] - self.used[device], self.total_mem[device]
+
+    @_recorded
+    def cuMemGetAddressRange(self, dptr: Any) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err, 2)
+        address = int(dptr) if dptr is not None else 0
+        for base, data in self.memory.items():
+            if base <= address < base + len(data):
+                return CUresult(0), CUdeviceptr(base), len(data)
+        return _result(CUresult.CUDA_ERROR_NOT_FOUND, 2)
+
+    def _htod(self, dst: Any, src: Any, size: int, stream: Any = 0) -> int:
+        if err := self._context_error():
+            return err
+        span = self._span(dst, int(size))
+        if span is None or not self._stream_ok(stream):
+            return CUresult.CUDA_ERROR_INVALID_VALUE if span is None else CUresult.CUDA_ERROR_INVALID_HANDLE
+        data = self._host_read(src, int(size))
+        if data is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE
+        if stream:
+            self._drain(stream)  # a copy from pageable memory on a stream runs after that stream's earlier work
+        buffer, offset = span
+        buffer[offset:offset + len(data)] = data
+        self._note = {"data": plain(data), "dst": int(dst)}
+        return 0
+
+    def _dtoh(self, dst: Any, src: Any, size: int, stream: Any = 0) -> int:
+        if err := self._context_error():
+            return err
+        span = self._span(src, int(size))
+        if span is None or not self._stream_ok(stream):
+            return CUresult.CUDA_ERROR_INVALID_VALUE if span is None else CUresult.CUDA_ERROR_INVALID_HANDLE
+        if stream:
+            self._drain(stream)  # ... and a copy to pageable memory too, before the call returns
+        buffer, offset = span
+        data = bytes(buffer[offset:offset + int(size)])
+        if not self._host_write(dst, data):
+            return CUresult.CUDA_ERROR_INVALID_VALUE
+        self._note = {"data": plain(data), "src": int(src)}
+        return 0
+
+    def _dtod(self, dst: Any, src: Any, size: int, stream: Any = 0) -> int:
+        if err := self._context_error():
+            return err
+        source, target = self._span(src, int(size)), self._span(dst, int(size))
+        if source is None or target is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE
+        if not self._stream_ok(stream):
+            return CUresult.CUDA_ERROR_INVALID_HANDLE
+        def copy() -> None:
+            data = bytes(source[0][source[1]:source[1] + int(size)])
+            target[0][target[1]:target[1] + int(size)] = data
+        self._enqueue(stream, copy)
+        return 0
+
+    @_recorded
+    def cuMemcpyHtoD(self, dstDevice: Any, srcHost: Any, ByteCount: int) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._htod(dstDevice, srcHost, ByteCount))
+
+    @_recorded
+    def cuMemcpyHtoDAsync(self, dstDevice: Any, srcHost: Any, ByteCount: int, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._htod(dstDevice, srcHost, ByteCount, hStream))
+
+    @_recorded
+    def cuMemcpyDtoH(self, dstHost: Any, srcDevice: Any, ByteCount: int) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._dtoh(dstHost, srcDevice, ByteCount))
+
+    @_recorded
+    def cuMemcpyDtoHAsync(self, dstHost: Any, srcDevice: Any, ByteCount: int, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._dtoh(dstHost, srcDevice, ByteCount, hStream))
+
+    @_recorded
+    def cuMemcpyDtoD(self, dstDevice: Any, srcDevice: Any, ByteCount: int) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._dtod(dstDevice, srcDevice, ByteCount))
+
+    @_recorded
+    def cuMemcpyDtoDAsync(self, dstDevice: Any, srcDevice: Any, ByteCount: int, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._dtod(dstDevice, srcDevice, ByteCount, hStream))
+
+    def _memset(self, pointer: Any, value: int, count: int, width: int, stream: Any = 0) -> int:
+        if err := self._context_error():
+            return err
+        if int(pointer) % width:
+            return CUresult.CUDA_ERROR_INVALID_VALUE  # D16/D32 need an aligned pointer
+        span = self._span(pointer, int(count) * width)
+        if span is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE
+        if not self._stream_ok(stream):
+            return CUresult.CUDA_ERROR_INVALID_HANDLE
+        buffer, offset = span
+        pattern = int(value).to_bytes(width, "little") * int(count)
+
+        def fill() -> None:
+            buffer[offset:offset + len(pattern)] = pattern
+        self._enqueue(stream, fill)
+        return 0
+
+    @_recorded
+    def cuMemsetD8(self, dstDevice: Any, uc: int, N: int) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._memset(dstDevice, uc, N, 1))
+
+    @_recorded
+    def cuMemsetD16(self, dstDevice: Any, us: int, N: int) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._memset(dstDevice, us, N, 2))
+
+    @_recorded
+    def cuMemsetD32(self, dstDevice: Any, ui: int, N: int) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._memset(dstDevice, ui, N, 4))
+
+    @_recorded
+    def cuMemsetD8Async(self, dstDevice: Any, uc: int, N: int, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._memset(dstDevice, uc, N, 1, hStream))
+
+    @_recorded
+    def cuMemsetD16Async(self, dstDevice: Any, us: int, N: int, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._memset(dstDevice, us, N, 2, hStream))
+
+    @_recorded
+    def cuMemsetD32Async(self, dstDevice: Any, ui: int, N: int, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._memset(dstDevice, ui, N, 4, hStream))
+
+    # --- memory pools -------------------------------------------------------------------------------------------
+    def _pool_of(self, device: int) -> int:
+        if device not in self.default_pool:
+            handle = self._handle()
+            self.pools[handle] = {1: 1, 2: 1, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 1, 10: 0, 11: device, 12: 1,
+                                  13: 0, 14: 0, 15: 0}
+            self.default_pool[device] = handle
+        return self.default_pool[device]
+
+    @_recorded
+    def cuDeviceGetMemPool(self, dev: Any) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        return CUresult(0), CUmemoryPool(self._pool_of(device))
+
+    @_recorded
+    def cuDeviceGetDefaultMemPool(self, dev: Any) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        return CUresult(0), CUmemoryPool(self._pool_of(device))
+
+    def _pool_alloc(self, size: int, pool: int, stream: Any) -> tuple[Any, ...]:
+        if not self._stream_ok(stream):
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        result = self._alloc_on_current(size)
+        if int(result[0]) == 0:
+            attributes = self.pools[pool]
+            attributes[7] += int(size)
+            attributes[8] = max(attributes[8], attributes[7])
+        return result
+
+    @_recorded
+    def cuMemAllocAsync(self, bytesize: int, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        if err := self._context_error():
+            return _result(err, 1)
+        return self._pool_alloc(bytesize, self._pool_of(self._device_of_current()), hStream)
+
+    @_recorded
+    def cuMemAllocFromPoolAsync(self, bytesize: int, pool: Any, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        if err := self._context_error():
+            return _result(err, 1)
+        if int(pool) not in self.pools:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return self._pool_alloc(bytesize, int(pool), hStream)
+
+    @_recorded
+    def cuMemFreeAsync(self, dptr: Any, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        if not self._stream_ok(hStream):
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        return _result(self._free(dptr))
+
+    @_recorded
+    def cuMemPoolGetAttribute(self, pool: Any, attr: Any) -> tuple[Any, ...]:
+        attribute = int(self._enum(attr, CUmemPool_attribute, "attr"))
+        if int(pool) not in self.pools:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        value = self.pools[int(pool)][attribute]
+        return CUresult(0), (cuuint64_t(value) if attribute in POOL_ATTRIBUTES_64 else value)
+
+    @_recorded
+    def cuMemPoolSetAttribute(self, pool: Any, attr: Any, value: Any) -> tuple[Any, ...]:
+        attribute = int(self._enum(attr, CUmemPool_attribute, "attr"))
+        wide = attribute in POOL_ATTRIBUTES_64
+        if wide and not isinstance(value, cuuint64_t):
+            raise AttributeError(f"'{type(value).__name__}' object has no attribute 'getPtr'")  # the wheel's words
+        if not wide and not isinstance(value, int):
+            raise TypeError(f"CUmemPool_attribute {attribute} takes an int, not {type(value).__name__}")
+        if int(pool) not in self.pools:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        number = int(value)
+        if (attribute in (1, 2, 3) and number in (0, 1)) or attribute == 4:
+            self.pools[int(pool)][attribute] = number
+        elif attribute in (6, 8) and number == 0:  # the high watermarks may only be reset
+            self.pools[int(pool)][attribute] = self.pools[int(pool)][attribute - 1]
+        else:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        return _result(0)
+
+    # --- page-locked host memory ------------------------------------------------------------------------------
+    @_recorded
+    def cuMemHostRegister(self, p: Any, bytesize: int, Flags: int) -> tuple[Any, ...]:  # noqa: N803
+        if err := self._context_error():
+            return _result(err)
+        address, size = int(p or 0), int(bytesize)
+        if not address or not size or int(Flags) & ~0xF:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        if any(base < address + size and address < base + length for base, length in self.registered.items()):
+            return _result(CUresult.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+        self.registered[address] = size
+        return _result(0)
+
+    @_recorded
+    def cuMemHostUnregister(self, p: Any) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err)
+        if self.registered.pop(int(p or 0), None) is None:
+            return _result(CUresult.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+        return _result(0)
+
+    # --- streams and events -------------------------------------------------------------------------------------
+    @_recorded
+    def cuStreamCreate(self, Flags: int) -> tuple[Any, ...]:  # noqa: N803
+        return self._stream_create(Flags, 0)
+
+    @_recorded
+    def cuStreamCreateWithPriority(self, flags: int, priority: int) -> tuple[Any, ...]:
+        return self._stream_create(flags, priority)
+
+    def _stream_create(self, flags: int, priority: int) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err, 1)
+        if int(flags) & ~CU_STREAM_NON_BLOCKING:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        handle = self._handle()
+        self.streams[handle] = (self._current(), int(flags), min(max(int(priority), -5), 0))  # type: ignore[assignment]
+        return CUresult(0), CUstream(handle)
+
+    def _stream_error(self, stream: Any) -> int:
+        if err := self._context_error():
+            return err
+        return 0 if self._stream_ok(stream) else CUresult.CUDA_ERROR_INVALID_HANDLE
+
+    @_recorded
+    def cuStreamDestroy(self, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        if int(hStream) not in self.streams:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        self._drain(hStream)  # its work still completes
+        del self.streams[int(hStream)]
+        return _result(0)
+
+    @_recorded
+    def cuStreamSynchronize(self, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        if err := self._stream_error(hStream):
+            return _result(err)
+        self._drain(hStream if hStream else None)  # the legacy stream waits for the blocking streams: all run
+        return _result(0)
+
+    @_recorded
+    def cuStreamQuery(self, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        if err := self._stream_error(hStream):
+            return _result(err)
+        return _result(CUresult.CUDA_ERROR_NOT_READY if self.pending.get(int(hStream or 0)) else 0)
+
+    @_recorded
+    def cuStreamWaitEvent(self, hStream: Any, hEvent: Any, Flags: int) -> tuple[Any, ...]:  # noqa: N803
+        if err := self._stream_error(hStream):
+            return _result(err)
+        if int(hEvent) not in self.events:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        if int(Flags) not in (0, 1):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        self._drain(self.events[int(hEvent)]["stream"] or None)
+        return _result(0)
+
+    @_recorded
+    def cuStreamIsCapturing(self, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        if err := self._stream_error(hStream):
+            return _result(err, 1)
+        return CUresult(0), CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+    @_recorded
+    def cuStreamGetCtx(self, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        if err := self._stream_error(hStream):
+            return _result(err, 1)
+        stream = int(hStream) if hStream is not None else 0
+        return CUresult(0), CUcontext(self.streams[stream][0] if stream else self._current())
+
+    @_recorded
+    def cuEventCreate(self, Flags: int) -> tuple[Any, ...]:  # noqa: N803
+        if err := self._context_error():
+            return _result(err, 1)
+        if int(Flags) & ~0xF:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        handle = self._handle()
+        self.events[handle] = {"flags": int(Flags), "recorded": 0, "stream": 0}
+        return CUresult(0), CUevent(handle)
+
+    @_recorded
+    def cuEventRecord(self, hEvent: Any, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        if int(hEvent) not in self.events:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        if err := self._stream_error(hStream):
+            return _result(err)
+        self._clock += 1
+        self.events[int(hEvent)].update(recorded=self._clock, stream=int(hStream or 0))
+        return _result(0)
+
+    @_recorded
+    def cuEventSynchronize(self, hEvent: Any) -> tuple[Any, ...]:  # noqa: N803
+        if int(hEvent) not in self.events:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        self._drain(self.events[int(hEvent)]["stream"] or None)
+        return _result(0)
+
+    @_recorded
+    def cuEventQuery(self, hEvent: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(0 if int(hEvent) in self.events else CUresult.CUDA_ERROR_INVALID_HANDLE)
+
+    @_recorded
+    def cuEventElapsedTime(self, hStart: Any, hEnd: Any) -> tuple[Any, ...]:  # noqa: N803
+        """Half a millisecond per event recorded in between: exact in a float."""
+        start, end = self.events.get(int(hStart)), self.events.get(int(hEnd))
+        if start is None or end is None or (start["flags"] | end["flags"]) & CU_EVENT_DISABLE_TIMING:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        if not start["recorded"] or not end["recorded"]:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        return CUresult(0), (end["recorded"] - start["recorded"]) * 0.5
+
+    @_recorded
+    def cuEventDestroy(self, hEvent: Any) -> tuple[Any, ...]:  # noqa: N803
+        if self.events.pop(int(hEvent), None) is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        return _result(0)
+
+    # --- modules, libraries, kernels ----------------------------------------------------------------------------
+    def _load(self, image: Any) -> tuple[int, Image | None]:
+        data = bytes(memoryview(image).cast("B")) if not isinstance(image, bytes) else image
+        self._note = {"image": plain(data)}
+        parsed = parse_image(data)
+        return (0 if parsed is not None else CUresult.CUDA_ERROR_INVALID_IMAGE), parsed
+
+    def _globals_for(self, owner: int, parsed: Image) -> None:
+        device = self._device_of_current() if self._current() is not None else 0
+        self.module_globals[owner] = {name: self._allocate(size, device, track=False)
+                                      for name, size in parsed.globals.items()}
+
+    @_recorded
+    def cuModuleLoadData(self, image: Any) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err, 1)
+        err, parsed = self._load(image)
+        if parsed is None:
+            return _result(err, 1)
+        handle = self._handle()
+        self.images[handle] = parsed
+        self.modules[handle] = {}
+        self._globals_for(handle, parsed)
+        return CUresult(0), CUmodule(handle)
+
+    def _unload(self, handle: int, table: dict[int, dict[bytes, int]], handles: dict[int, _Kernel]) -> None:
+        for child in table.pop(handle).values():
+            handles.pop(child, None)
+        for pointer in self.module_globals.pop(handle, {}).values():
+            self.memory.pop(pointer, None)
+        self.images.pop(handle, None)
+
+    @_recorded
+    def cuModuleUnload(self, hmod: Any) -> tuple[Any, ...]:
+        if int(hmod) not in self.modules:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        self._unload(int(hmod), self.modules, self.functions)
+        return _result(0)
+
+    def _by_name(self, owner: int, table: dict[int, dict[bytes, int]], handles: dict[int, _Kernel],
+                 name: Any) -> tuple[int, int]:
+        key = bytes(name)
+        if owner not in table:
+            return CUresult.CUDA_ERROR_INVALID_HANDLE, 0
+        image = self.images[owner]
+        if key not in image.kernels:
+            return CUresult.CUDA_ERROR_NOT_FOUND, 0
+        if key not in table[owner]:
+            handle = self._handle()
+            handles[handle] = _Kernel(key, image.kernels[key], owner)
+            table[owner][key] = handle
+        return 0, table[owner][key]
+
+    def _global(self, owner: int, table: dict[int, Any], name: Any) -> tuple[Any, ...]:
+        if owner not in table:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 2)
+        pointer = self.module_globals.get(owner, {}).get(bytes(name))
+        if pointer is None:
+            return _result(CUresult.CUDA_ERROR_NOT_FOUND, 2)
+        return CUresult(0), CUdeviceptr(pointer), len(self.memory[pointer])
+
+    @_recorded
+    def cuModuleGetFunction(self, hmod: Any, name: Any) -> tuple[Any, ...]:
+        err, handle = self._by_name(int(hmod), self.modules, self.functions, name)
+        return _result(err, 1) if err else (CUresult(0), CUfunction(handle))
+
+    @_recorded
+    def cuModuleGetGlobal(self, hmod: Any, name: Any) -> tuple[Any, ...]:
+        return self._global(int(hmod), self.modules, name)
+
+    @_recorded
+    def cuLibraryLoadData(self, code: Any, jitOptions: Any, jitOptionsValues: Any, numJitOptions: int,  # noqa: N803
+                          libraryOptions: Any, libraryOptionValues: Any, numLibraryOptions: int) -> tuple[Any, ...]:  # noqa: N803
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if numJitOptions or numLibraryOptions or jitOptions or libraryOptions:
+            return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 1)  # the fake takes no options
+        err, parsed = self._load(code)
+        if parsed is None:
+            return _result(err, 1)
+        handle = self._handle()
+        self.images[handle] = parsed
+        self.libraries[handle] = {}
+        self._globals_for(handle, parsed)
+        return CUresult(0), CUlibrary(handle)
+
+    @_recorded
+    def cuLibraryGetKernel(self, library: Any, name: Any) -> tuple[Any, ...]:
+        err, handle = self._by_name(int(library), self.libraries, self.kernels, name)
+        return _result(err, 1) if err else (CUresult(0), CUkernel(handle))
+
+    @_recorded
+    def cuLibraryGetGlobal(self, library: Any, name: Any) -> tuple[Any, ...]:
+        return self._global(int(library), self.libraries, name)
+
+    @_recorded
+    def cuLibraryUnload(self, library: Any) -> tuple[Any, ...]:
+        if int(library) not in self.libraries:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        self._unload(int(library), self.libraries, self.kernels)
+        return _result(0)
+
+    @_recorded
+    def cuKernelGetFunction(self, kernel: Any) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err, 1)
+        source = self.kernels.get(int(kernel))
+        if source is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        handle = self._handle()  # a function of the kernel in the current context
+        self.functions[handle] = _Kernel(source.name, source.layout, source.owner)
+        return CUresult(0), CUfunction(handle)
+
+    FUNCTION_ATTRIBUTES = {0: 1024, 1: 0, 2: 0, 3: 0, 4: 32, 5: 90, 6: 90, 7: 0, 8: 0, 9: -1}
+
+    def _function_attribute(self, kernel: _Kernel, attribute: int, device: int) -> int:
+        default = self.FUNCTION_ATTRIBUTES[attribute]
+        if attribute == 4:  # registers: differs between kernels
+            default += len(kernel.name) % 8
+        return kernel.attributes.get((attribute, device), default)
+
+    @_recorded
+    def cuKernelGetAttribute(self, attrib: Any, kernel: Any, dev: Any) -> tuple[Any, ...]:
+        attribute = int(self._enum(attrib, CUfunction_attribute, "attrib"))
+        device = self._device(dev)
+        source = self.kernels.get(int(kernel))
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        if source is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        return CUresult(0), self._function_attribute(source, attribute, device)
+
+    @_recorded
+    def cuKernelSetAttribute(self, attrib: Any, val: int, kernel: Any, dev: Any) -> tuple[Any, ...]:
+        attribute = int(self._enum(attrib, CUfunction_attribute, "attrib"))
+        device = self._device(dev)
+        source = self.kernels.get(int(kernel))
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE)
+        if source is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        if attribute not in (8, 9):  # the settable ones
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        source.attributes[(attribute, device)] = int(val)
+        return _result(0)
+
+    @_recorded
+    def cuKernelSetCacheConfig(self, kernel: Any, config: Any, dev: Any) -> tuple[Any, ...]:
+        self._enum(config, CUfunc_cache, "config")
+        if self._device(dev) is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE)
+        return _result(0 if int(kernel) in self.kernels else CUresult.CUDA_ERROR_INVALID_HANDLE)
+
+    @_recorded
+    def cuFuncGetAttribute(self, attrib: Any, hfunc: Any) -> tuple[Any, ...]:
+        attribute = int(self._enum(attrib, CUfunction_attribute, "attrib"))
+        function = self.functions.get(int(hfunc))
+        if function is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        return CUresult(0), self._function_attribute(function, attribute, 0)
+
+    def _param_info(self, kernel: _Kernel | None, index: int) -> tuple[Any, ...]:
+        if kernel is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 2)
+        if kernel.layout is None:
+            return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 2)  # an ELF image: the fake does not know
+        if not 0 <= int(index) < len(kernel.layout):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 2)
+        offset, size = kernel.layout[int(index)]
+        return CUresult(0), offset, size
+
+    @_recorded
+    def cuFuncGetParamInfo(self, func: Any, paramIndex: int) -> tuple[Any, ...]:  # noqa: N803
+        return self._param_info(self.functions.get(int(func)), paramIndex)
+
+    @_recorded
+    def cuKernelGetParamInfo(self, kernel: Any, paramIndex: int) -> tuple[Any, ...]:  # noqa: N803
+        return self._param_info(self.kernels.get(int(kernel)), paramIndex)
+
+    @_recorded
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, func: Any, blockSize: int,  # noqa: N803
+                                                    dynamicSMemSize: int) -> tuple[Any, ...]:  # noqa: N803
+        if int(func) not in self.functions:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        if not 0 < int(blockSize) <= 1024 or int(dynamicSMemSize) > 228 * 1024:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return CUresult(0), max(1, 2048 // int(blockSize)) - (1 if dynamicSMemSize else 0)
+
+    # --- launches -----------------------------------------------------------------------------------------------
+    @staticmethod
+    def decode_extra(address: int) -> tuple[int | None, bytes | None]:
+        """(error, packed parameters) from a CU_LAUNCH_PARAM_* list at `address`."""
+        word = ctypes.sizeof(ctypes.c_void_p)
+        buffer = size_address = None
+        for index in range(64):
+            key = ctypes.c_void_p.from_address(address + 2 * index * word).value or 0
+            if key == CU_LAUNCH_PARAM_END:
+                break
+            value = ctypes.c_void_p.from_address(address + (2 * index + 1) * word).value or 0
+            if key == CU_LAUNCH_PARAM_BUFFER_POINTER:
+                buffer = value
+            elif key == CU_LAUNCH_PARAM_BUFFER_SIZE:
+                size_address = value
+            else:
+                return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        else:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        if buffer is None or size_address is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        size = ctypes.c_size_t.from_address(size_address).value
+        return None, ctypes.string_at(buffer, size) if size else b""
+
+    @_recorded
+    def cuLaunchKernel(self, f: Any, gridDimX: int, gridDimY: int, gridDimZ: int, blockDimX: int,  # noqa: N803
+                       blockDimY: int, blockDimZ: int, sharedMemBytes: int, hStream: Any,  # noqa: N803
+                       kernelParams: Any, extra: Any) -> tuple[Any, ...]:  # noqa: N803
+        if err := self._context_error():
+            return _result(err)
+        kernel = self.functions.get(int(f)) or self.kernels.get(int(f))
+        if kernel is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        if not self._stream_ok(hStream):
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        grid, block = (int(gridDimX), int(gridDimY), int(gridDimZ)), (int(blockDimX), int(blockDimY), int(blockDimZ))
+        if min(grid + block) <= 0 or block[0] * block[1] * block[2] > 1024 or int(sharedMemBytes) > 228 * 1024:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        if kernelParams is not None and extra is not None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        layout = kernel.layout
+        expected = max((o + s for o, s in layout), default=0) if layout is not None else None  # packed size
+        if extra is not None:
+            err, packed = self.decode_extra(int(extra))
+            if err is not None or packed is None:
+                return _result(err or CUresult.CUDA_ERROR_INVALID_VALUE)
+            source = "extra"
+        elif kernelParams is not None:
+            if not isinstance(kernelParams, int) or layout is None:
+                raise TypeError("the fake takes kernelParams only as a void** address, for PTX kernels")
+            pointers = (ctypes.c_void_p * max(len(layout), 1)).from_address(kernelParams) if layout else []
+            buffer = bytearray(expected or 0)
+            for (offset, size), pointer in zip(layout, pointers, strict=False):
+                buffer[offset:offset + size] = ctypes.string_at(pointer, size)
+            packed, source = bytes(buffer), "kernelParams"
+        else:
+            packed, source = b"", "none"
+        launch = {"function": int(f), "kernel": kernel.name.decode(), "grid": list(grid), "block": list(block),
+                  "shared": int(sharedMemBytes), "stream": int(hStream or 0), "params": packed.hex(),
+                  "source": source, "size_matches": expected is None or len(packed) == expected}
+        self.launches.append(launch)
+        self._note = {"launch": launch}
+        return _result(0)
+
+
+# Names of every driver function the fake implements.
+IMPLEMENTED = frozenset(name for name, value in vars(FakeDriver).items()
+                        if name.startswith("cu") and name[2:3].isupper() and callable(value))
