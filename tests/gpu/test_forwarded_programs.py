@@ -79,12 +79,15 @@ def run(program: Path | str, forwarded: Oriond | None, timeout: float = 300) -> 
     return json.loads(line[len("RESULT "):])
 
 
-@pytest.mark.parametrize("name", ["driver_program.py", "core_program.py", "numba_program.py"])
+@pytest.mark.parametrize("name", ["driver_program.py", "core_program.py", "numba_program.py",
+                                  "stream_order_program.py"])
 def test_program_gives_the_same_results_forwarded(name: str, oriond: Oriond) -> None:
     native = run(PROGRAMS / name, None)
     forwarded = run(PROGRAMS / name, oriond)
     assert forwarded == native
     assert all(v for k, v in native.items() if k.endswith("_ok") or k == "ok")
+    if name == "stream_order_program.py":
+        assert native == {"dtoh_after_kernel": 42, "htod_after_kernel": 99}
 
 
 QUOTA = textwrap.dedent("""
