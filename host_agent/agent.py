@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 
 from ivshmem.errors import WireError
@@ -18,6 +17,7 @@ from ivshmem.region import list_region_files
 from .config import ServerConfig
 from .executor import ExecutorOptions, executor_factory
 from .region_server import RegionServer, ServerOptions
+from .stop import StopRequest
 
 log = logging.getLogger(__name__)
 RESCAN_S = 1.0
@@ -25,12 +25,12 @@ RESCAN_S = 1.0
 
 class Agent:
     def __init__(self, config: ServerConfig, executor: ExecutorOptions, regions: list[str] | None = None,
-                 options: ServerOptions | None = None, stop: threading.Event | None = None) -> None:
+                 options: ServerOptions | None = None, stop: StopRequest | None = None) -> None:
         self.config = config
         self.factory = executor_factory(executor)
         self.fixed = regions  # serve exactly these, or (None) every region file of shm_path_base
         self.options = options or ServerOptions()
-        self.stop = stop or threading.Event()
+        self.stop = stop or StopRequest()
         self.servers: dict[str, RegionServer] = {}
         self._failed: set[str] = set()
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 
 from ivshmem.orion_conf import ConfigError
 
@@ -17,6 +15,7 @@ from .agent import Agent
 from .config import DEFAULT_PATH, ServerConfig
 from .executor import ExecutorOptions
 from .region_server import ServerOptions
+from .stop import StopRequest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,9 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.path is None:
         logging.info("No configuration file is found. Use default settings and environment variables.")
     devices = tuple(int(d) for d in args.devices.split(",")) if args.devices else None
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = StopRequest().on_signals()
     Agent(config, ExecutorOptions(devices=devices, gmem_mib=args.gmem, vgpu_count=config.vgpu_count),
           regions=args.region, options=ServerOptions(), stop=stop).run()
     return 0

@@ -13,7 +13,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,8 @@ from ivshmem.errors import ChannelCorrupt, RecordError, RegionFormatError, WireE
 from ivshmem.record import Flag, Record, Status
 from ivshmem.region import Region
 from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
+
+from .stop import StopRequest
 
 log = logging.getLogger(__name__)
 _MP = multiprocessing.get_context("fork")
@@ -133,12 +134,12 @@ class RegionServer:
     """Serves every channel of one region until `stop()`."""
 
     def __init__(self, path: str, factory: HandlerFactory, options: ServerOptions | None = None,
-                 stop: threading.Event | None = None) -> None:
+                 stop: StopRequest | None = None) -> None:
         self.path = path
         self.factory = factory
         self.options = options or ServerOptions()
         self.region = Region.open(path)
-        self._stop = stop or threading.Event()
+        self._stop = stop or StopRequest()
         self._workers: dict[int, tuple[Session, multiprocessing.process.BaseProcess]] = {}
         self._beats: dict[int, tuple[int, float]] = {}
         self._sessions = 0
@@ -245,9 +246,7 @@ class RegionServer:
 
 def serve(path: str, factory: HandlerFactory, options: ServerOptions | None = None) -> None:
     """Serve `path` in this process until SIGINT or SIGTERM."""
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # before the region says "serving", so no signal is lost
-        signal.signal(signum, lambda *_: stop.set())
+    stop = StopRequest().on_signals()  # before the region says "serving", so no signal is lost
     server = RegionServer(path, factory, options, stop)
     log.info("serving %s (%d channels)", path, server.region.geometry.channel_count)
     server.serve_forever()

@@ -29,7 +29,6 @@ import struct
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,6 +39,7 @@ import pytest
 from guest_runtime.forward import Forwarder
 from host_agent.executor import CudaExecutor, ExecutorOptions
 from host_agent.region_server import RegionServer, ServerOptions
+from host_agent.stop import StopRequest
 from ivshmem import layout
 from ivshmem.channel import ClientChannel, Ctrl, Streamed
 from ivshmem.driver_api import CALLS, ENUMS, IN, OUT
@@ -131,9 +131,7 @@ def bounded() -> Iterator[None]:
 def _serve(path: str, journal: str, options: ExecutorOptions, fake: dict[str, Any]) -> None:
     """Child process body: serve `path` until SIGTERM, each session an executor over a fresh FakeDriver."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: never outlive the tests
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = StopRequest().on_signals()  # never threading.Event in a signal handler (host_agent/stop.py)
     signal.signal(signal.SIGALRM, signal.SIG_IGN)
     signal.setitimer(signal.ITIMER_REAL, 0)
 
