@@ -55,6 +55,8 @@ class Forwarder:
         self._layouts: dict[int, tuple[list[tuple[int, int]], int]] = {}  # function -> (layout, packed size)
         self._kernels: set[int] = set()  # CUkernel handles (launchable as functions)
         self._strings: dict[tuple[str, int], ctypes.Array[ctypes.c_char]] = {}  # kept alive: static strings
+        self._device: dict[int, int] = {}  # base -> size of device memory this process got (for cuMemcpy)
+        self._impls: dict[str, Callable[..., int]] = {}
 
     # --- the channel ---------------------------------------------------------------------------------------
     def channel(self) -> ClientChannel | None:
@@ -94,11 +96,11 @@ class Forwarder:
 
     # --- the table ------------------------------------------------------------------------------------------
     def implementations(self) -> dict[str, Callable[..., int]]:
-        impls: dict[str, Callable[..., int]] = {}
+        impls = self._impls
         for call in CALLS.values():
             special = getattr(self, "_" + call.name, None)
             impls[call.name] = special(call) if special is not None else self._generic(call)
-        return impls
+        return dict(impls)
 
     def _generic(self, call: DriverCall) -> Callable[..., int]:
         ins = [i for i, p in enumerate(call.params) if p.role == IN]
@@ -108,6 +110,8 @@ class Forwarder:
             return lambda *args: self._post(call, pack(*[args[i] or 0 for i in ins]))
 
         forgets = call.name in ("cuModuleUnload", "cuLibraryUnload")  # its functions' handles may be reused
+        allocates = call.name in ("cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync")
+        frees = call.name in ("cuMemFree", "cuMemFreeAsync")
 
         def forward(*args: Any) -> int:
             if any(not args[i] for i, _ in outs):
@@ -116,8 +120,13 @@ class Forwarder:
             if status == SUCCESS and outs and reply is not None:
                 for (i, ctype), value in zip(outs, unpack(reply.payload), strict=True):
                     ctype.from_address(args[i]).value = value
-            if forgets and status == SUCCESS:
-                self._layouts.clear()
+            if status == SUCCESS:
+                if forgets:
+                    self._layouts.clear()
+                elif allocates:  # (CUdeviceptr *out, size_t size, ...)
+                    self._device[ctypes.c_uint64.from_address(args[0]).value] = args[1]
+                elif frees:
+                    self._device.pop(args[0] or 0, None)
             return status
         return forward
 
@@ -251,8 +260,11 @@ class Forwarder:
                                                  strict=True):
                     if pointer:
                         ctype.from_address(pointer).value = value
+                values = call.outputs.unpack(reply.payload)
                 if call.name == "cuLibraryGetKernel":
-                    self._kernels.add(call.outputs.unpack(reply.payload)[0])
+                    self._kernels.add(values[0])
+                elif call.name.endswith("GetGlobal"):
+                    self._device[values[0]] = values[1]
             return status
         return forward
 
@@ -279,6 +291,32 @@ class Forwarder:
             status, _ = self._call(call, struct.pack("<QiQ", pool or 0, attribute, number))
             return status
         return forward
+
+    def _is_device(self, pointer: int) -> bool:
+        """Whether `pointer` lies in device memory this process allocated or a module global it looked up."""
+        return any(base <= pointer < base + size for base, size in self._device.items())
+
+    def _uva_copy(self, call: DriverCall) -> Callable[..., int]:
+        """cuMemcpy(Async) with unified addressing: pick the direction from where each pointer lies."""
+        is_async = call.name.endswith("Async")
+
+        def forward(dst: int | None, src: int | None, size: int, stream: int | None = None) -> int:
+            dst, src = dst or 0, src or 0
+            if not size:
+                return SUCCESS
+            on_device = (self._is_device(dst), self._is_device(src))
+            if on_device == (False, False):
+                if not dst or not src:
+                    return INVALID_VALUE
+                ctypes.memmove(dst, src, size)  # host to host: nothing for the GPU to do
+                return SUCCESS
+            name = {(True, False): "cuMemcpyHtoD", (False, True): "cuMemcpyDtoH",
+                    (True, True): "cuMemcpyDtoD"}[on_device] + ("Async" if is_async else "")
+            target = self._impls[name]
+            return target(dst, src, size, stream) if is_async else target(dst, src, size)
+        return forward
+
+    _cuMemcpy = _cuMemcpyAsync = _uva_copy
 
     def _layout(self, function: int) -> tuple[list[tuple[int, int]], int] | None:
         """(offset, size) of each kernel parameter and their packed size, asked of the host once per function."""

@@ -208,6 +208,9 @@ _SPEC: list[tuple[str, str, str | None, bool]] = [
      "launch_config in kernel_params launch_extra", True),
     ("cuMemPoolGetAttribute", "CUresult (CUmemoryPool, CUmemPool_attribute, void *)", "in in pool_value_out", False),
     ("cuMemPoolSetAttribute", "CUresult (CUmemoryPool, CUmemPool_attribute, void *)", "in in pool_value_in", False),
+    # Unified addressing: the guest decides which way each copy goes and sends HtoD/DtoH/DtoD (never these).
+    ("cuMemcpy", "CUresult (CUdeviceptr, CUdeviceptr, size_t)", "uva uva in", False),
+    ("cuMemcpyAsync", "CUresult (CUdeviceptr, CUdeviceptr, size_t, CUstream)", "uva uva in in", False),
 ]
 # CUmemPool_attribute values whose value is a cuuint64_t (the others are int): thresholds and byte counts.
 POOL_ATTRIBUTES_64 = frozenset({4, 5, 6, 7, 8, 13})
