@@ -173,7 +173,7 @@ class CudaExecutor(DiagnosticsHandler):
             return Reply(NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED)
         special = self._special.get(call.name)
         if special is None:
-            if not call.generic:  # answered in the guest (cuMemcpy with unified addressing): never sent
+            if call.answered_in_guest:  # cuMemcpy with unified addressing: the guest never sends it
                 return Reply(NOT_SUPPORTED)
             return self._generic(call, bytes(record.payload))
         try:

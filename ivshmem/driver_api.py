@@ -33,6 +33,7 @@ HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmodule", "CUfunction", "CUlibr
 # Roles the generic marshalling handles; anything else marks a hand-written call.
 IN, OUT = "in", "out"
 GENERIC_ROLES = {IN, OUT}
+GUEST_ROLES = {"uva"}  # a pointer that may be host or device memory: resolved in the guest
 
 
 def wire_code(ctype: str) -> str:
@@ -78,6 +79,11 @@ class DriverCall:
     @cached_property
     def generic(self) -> bool:
         return all(p.role in GENERIC_ROLES for p in self.params)
+
+    @cached_property
+    def answered_in_guest(self) -> bool:
+        """The guest turns this call into others (cuMemcpy with unified addressing): its opcode never travels."""
+        return any(p.role in GUEST_ROLES for p in self.params)
 
     @cached_property
     def inputs(self) -> struct.Struct:
