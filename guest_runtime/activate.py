@@ -16,6 +16,7 @@ from ivshmem.region import Region
 
 from . import capsule_hook
 from .forward import Forwarder
+from .runtime_shim import RuntimeShim
 
 log = logging.getLogger(__name__)
 TRIGGERS = ("ORION_VGPU", "ORION_CONTROLLER", "ORION_SHM")
@@ -33,11 +34,15 @@ def _connect() -> ClientChannel:
 
 
 def activate() -> Forwarder:
-    """Route every CUDA driver call of this process to the host agent. Idempotent."""
+    """Route every CUDA driver call of this process to the host agent, and the runtime API (cuda.bindings.runtime)
+    through a shim built on those calls. Idempotent."""
     global _forwarder
     if _forwarder is None:
         forwarder = Forwarder(_connect)
-        capsule_hook.install("cuda.bindings.cydriver", forwarder.implementations())
+        driver = forwarder.implementations()
+        capsule_hook.install("cuda.bindings.cydriver", driver)
+        shim = RuntimeShim(driver)  # cyruntime's statically linked cudart would bypass the driver hook
+        capsule_hook.install("cuda.bindings.cyruntime", shim.implementations(), shim.fallback)
         _forwarder = forwarder
     return _forwarder
 

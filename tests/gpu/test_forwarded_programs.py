@@ -80,7 +80,7 @@ def run(program: Path | str, forwarded: Oriond | None, timeout: float = 300) -> 
 
 
 @pytest.mark.parametrize("name", ["driver_program.py", "core_program.py", "numba_program.py",
-                                  "stream_order_program.py"])
+                                  "stream_order_program.py", "runtime_program.py"])
 def test_program_gives_the_same_results_forwarded(name: str, oriond: Oriond) -> None:
     native = run(PROGRAMS / name, None)
     forwarded = run(PROGRAMS / name, oriond)

@@ -1,9 +1,10 @@
 """Forwarded CUDA driver calls end to end, without a GPU: guest Forwarder -> real region -> executor -> fake driver.
 
-The guest half is `guest_runtime.forward.Forwarder(...).implementations()`, called directly with the raw C
-arguments a capsule trampoline would pass (ints, None for NULL, ctypes buffers for out-pointers); no hook is
-installed. The host half is a real `RegionServer` in a forked child process whose sessions run
-`host_agent.executor.CudaExecutor` with `tests/fake_driver.FakeDriver` instead of cuda.bindings.driver. Records
+The rig (tests/forwarding_rig.py) is shared with the runtime shim's tests. The guest half is
+`guest_runtime.forward.Forwarder(...).implementations()`, called directly with the raw C arguments a capsule
+trampoline would pass (ints, None for NULL, ctypes buffers for out-pointers); no hook is installed. The host half
+is a real `RegionServer` in a forked child process whose sessions run `host_agent.executor.CudaExecutor` with
+`tests/fake_driver.FakeDriver` instead of cuda.bindings.driver. Records
 travel through a real region file in /dev/shm, its rings and staging arenas. The fake lives in the session worker
 (a grandchild of this process): it appends every call it sees to a JSON-lines journal, which is how these tests
 check what reached the "driver" — after the executor's checks and conversions — and what came back.
@@ -16,51 +17,37 @@ to cache and so exercise the hook's exit guard.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import json
-import multiprocessing
 import os
 import random
 import re
-import signal
 import struct
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from guest_runtime.forward import Forwarder
-from host_agent.executor import CudaExecutor, ExecutorOptions
-from host_agent.region_server import RegionServer, ServerOptions
-from host_agent.stop import StopRequest
-from ivshmem import layout
-from ivshmem.channel import ClientChannel, Ctrl, Streamed
+from host_agent.executor import ExecutorOptions
+from ivshmem.channel import Streamed
 from ivshmem.driver_api import CALLS, ENUMS, IN, OUT
 from ivshmem.record import CUDA_OPCODE_BASE, Op, Status
-from ivshmem.region import Region
-from tests.fake_driver import ENUM_CLASSES, IMPLEMENTED, FakeDriver, read_journal
+from tests import forwarding_rig
+from tests.fake_driver import ENUM_CLASSES, IMPLEMENTED, FakeDriver
+from tests.forwarding_rig import GUEST_DEVICES, SENTINELS, TEST_TIMEOUT_S, Guest, Rig
 
 REPO = Path(__file__).resolve().parents[2]
-TEST_TIMEOUT_S = 60  # every test, waits included, is bounded by this (SIGALRM)
-START_TIMEOUT_S = 10.0
-STOP_TIMEOUT_S = 10.0
+bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 
 SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED = 0, 1, 2, 3
 INVALID_DEVICE, INVALID_IMAGE, INVALID_CONTEXT, INVALID_HANDLE, NOT_FOUND = 101, 200, 201, 400, 500
-FAKE_DEVICES = 3
-GUEST_DEVICES = (2, 0)  # guest ordinal -> physical ordinal of the fake
 FOREIGN = 0x7E00_0000_1000  # a device address no session ever allocated
 BAD_HANDLE = 0xBAD0
-CODES = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_uint64, "f": ctypes.c_float, "B": ctypes.c_ubyte,
-         "H": ctypes.c_ushort}
-SENTINELS = {"i": 0x5A5A5A5A, "I": 0x5A5A5A5A, "Q": 0x5A5A5A5A5A5A5A5A, "f": -1.25, "B": 0x5A, "H": 0x5A5A}
 
 KERNEL_SOURCE = rb"""
 struct Pair { double x; int y; };
@@ -110,216 +97,6 @@ class CUlaunchConfig(ctypes.Structure):  # cuda.h's CUlaunchConfig, written out 
                 ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
                 ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
                 ("numAttrs", ctypes.c_uint)]
-
-
-@pytest.fixture(autouse=True)
-def bounded() -> Iterator[None]:
-    """Fail (TimeoutError) rather than hang: a guest waiting on a reply that never comes is interrupted."""
-    def expire(signum: int, frame: object) -> None:
-        raise TimeoutError(f"test still running after {TEST_TIMEOUT_S} s")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT_S)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-# --- the host: a RegionServer with the fake driver, in a forked child ---------------------------------------------
-
-def _serve(path: str, journal: str, options: ExecutorOptions, fake: dict[str, Any]) -> None:
-    """Child process body: serve `path` until SIGTERM, each session an executor over a fresh FakeDriver."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: never outlive the tests
-    stop = StopRequest().on_signals()  # never threading.Event in a signal handler (host_agent/stop.py)
-    signal.signal(signal.SIGALRM, signal.SIG_IGN)
-    signal.setitimer(signal.ITIMER_REAL, 0)
-
-    def factory(session: Any) -> CudaExecutor:
-        driver = FakeDriver(journal=journal, **fake)
-        driver.cuInit(0)  # as executor._load_driver does before any session uses the real driver
-        return CudaExecutor(session, options, driver=driver)
-    RegionServer(path, factory, ServerOptions(heartbeat_timeout=5.0, scan_interval=0.01), stop).serve_forever()
-
-
-def _agent_words(path: str) -> tuple[int, int, int]:
-    with open(path, "rb") as f:
-        raw = os.pread(f.fileno(), 16, layout.AGENT_HEARTBEAT)
-    return struct.unpack("<QII", raw) if len(raw) == 16 else (0, 0, 0)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")
-
-
-class Guest:
-    """One guest process's view: a Forwarder (its own session) and helpers to call its implementations."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.channels: list[ClientChannel] = []
-        self.forwarder = Forwarder(self._connect)
-        self.fn = self.forwarder.implementations()
-        self.worker = 0
-
-    def _connect(self) -> ClientChannel:
-        region = Region.open(self.path)
-        try:
-            channel = ClientChannel.claim(region)
-        except BaseException:
-            region.close()
-            raise
-        self.channels.append(channel)
-        self.worker = channel.ctrl[Ctrl.HOST_WORKER]
-        return channel
-
-    @property
-    def channel(self) -> ClientChannel:
-        channel = self.forwarder.channel()
-        assert channel is not None, "the guest could not claim a channel"
-        return channel
-
-    def call(self, name: str, *inputs: Any) -> tuple[int, list[Any]]:
-        """A generic call: `inputs` in parameter order; out-pointers (pre-filled with a sentinel) are added here."""
-        args: list[Any] = []
-        cells: list[Any] = []
-        given = iter(inputs)
-        for param in CALLS[name].params:
-            if param.role == OUT:
-                cell = CODES[param.code](SENTINELS[param.code])
-                cells.append(cell)
-                args.append(ctypes.addressof(cell))
-            else:
-                args.append(next(given))
-        assert next(given, None) is None, f"too many inputs for {name}"
-        status = self.fn[name](*args)
-        return status, [cell.value for cell in cells]
-
-    def ok(self, name: str, *inputs: Any) -> Any:
-        status, outs = self.call(name, *inputs)
-        assert status == SUCCESS, f"{name}{inputs} returned {status}"
-        return outs[0] if len(outs) == 1 else outs
-
-    def sync(self) -> int:
-        return self.call("cuCtxSynchronize")[0]
-
-    def setup(self, device: int = 0) -> int:
-        """cuInit, retain the device's primary context and make it current; returns the context."""
-        self.ok("cuInit", 0)
-        ctx = self.ok("cuDevicePrimaryCtxRetain", device)
-        self.ok("cuCtxSetCurrent", ctx)
-        return ctx
-
-    def alloc(self, size: int) -> int:
-        return self.ok("cuMemAlloc", size)
-
-    def htod(self, pointer: int, data: bytes, stream: int | None = None) -> int:
-        source = ctypes.create_string_buffer(data, len(data))
-        if stream is None:
-            return self.fn["cuMemcpyHtoD"](pointer, ctypes.addressof(source), len(data))
-        return self.fn["cuMemcpyHtoDAsync"](pointer, ctypes.addressof(source), len(data), stream)
-
-    def dtoh(self, pointer: int, size: int, stream: int | None = None, guard: int = 16) -> tuple[int, bytes]:
-        """(status, bytes); asserts the `guard` bytes after the buffer were not touched."""
-        target = ctypes.create_string_buffer(b"\xee" * (size + guard), size + guard)
-        if stream is None:
-            status = self.fn["cuMemcpyDtoH"](ctypes.addressof(target), pointer, size)
-        else:
-            status = self.fn["cuMemcpyDtoHAsync"](ctypes.addressof(target), pointer, size, stream)
-        assert target.raw[size:] == b"\xee" * guard, "cuMemcpyDtoH wrote past the end of the host buffer"
-        return status, target.raw[:size]
-
-    def load_module(self, image: bytes) -> tuple[int, int]:
-        holder = ctypes.create_string_buffer(image, len(image))
-        cell = ctypes.c_uint64(SENTINELS["Q"])
-        status = self.fn["cuModuleLoadData"](ctypes.addressof(cell), ctypes.addressof(holder))
-        return status, cell.value
-
-    def by_name(self, name: str, owner: int, symbol: bytes) -> tuple[int, list[int]]:
-        outs = [ctypes.c_uint64(SENTINELS["Q"]) for p in CALLS[name].params if p.role == OUT]
-        text = ctypes.create_string_buffer(symbol)
-        status = self.fn[name](*[ctypes.addressof(c) for c in outs], owner, ctypes.addressof(text))
-        return status, [c.value for c in outs]
-
-    def close(self) -> None:
-        for channel in self.channels:
-            channel.close()
-            with contextlib.suppress(BufferError):
-                channel.region.close()
-
-
-class Rig:
-    """A fake-driver host agent serving one region, and the guests (sessions) talking to it."""
-
-    def __init__(self, path: str, journal: Path, options: ExecutorOptions, fake: dict[str, Any]) -> None:
-        self.path, self.journal, self.options = path, journal, options
-        self.guests: list[Guest] = []
-        self.process = multiprocessing.get_context("fork").Process(
-            target=_serve, args=(path, str(journal), options, fake), name="fake-oriond")
-        self.process.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            _beat, pid, state = _agent_words(path)
-            if state == layout.AGENT_SERVING and pid == self.process.pid:
-                break
-            assert self.process.is_alive(), f"the fake agent exited with {self.process.exitcode}"
-            assert time.monotonic() < deadline, "the fake agent did not serve the region in time"
-            time.sleep(0.005)
-
-    def guest(self) -> Guest:
-        guest = Guest(self.path)
-        self.guests.append(guest)
-        return guest
-
-    def entries(self, since: int = 0, name: str | None = None) -> list[dict[str, Any]]:
-        found = read_journal(self.journal)[since:]
-        return [e for e in found if name is None or e["name"] == name]
-
-    def mark(self) -> int:
-        return len(read_journal(self.journal))
-
-    def stop(self) -> None:
-        workers = [g.worker for g in self.guests if g.worker]
-        for guest in self.guests:
-            guest.close()
-        if self.process.is_alive():
-            os.kill(self.process.pid, signal.SIGTERM)  # type: ignore[arg-type]
-        self.process.join(STOP_TIMEOUT_S)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(STOP_TIMEOUT_S)
-            raise AssertionError("the fake agent did not stop on SIGTERM")
-        assert self.process.exitcode == 0, f"the fake agent exited with {self.process.exitcode}"
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while not all(_gone(pid) for pid in workers):
-            assert time.monotonic() < deadline, f"session workers {workers} outlived the agent"
-            time.sleep(0.01)
-
-
-@pytest.fixture
-def start(region_path: str, tmp_path: Path) -> Iterator[Callable[..., Rig]]:
-    rigs: list[Rig] = []
-
-    def make(options: ExecutorOptions | None = None, devices: int = FAKE_DEVICES, **fake: Any) -> Rig:
-        assert not rigs, "one agent per region"
-        rig = Rig(region_path, tmp_path / "journal.jsonl",
-                  options if options is not None else ExecutorOptions(devices=GUEST_DEVICES),
-                  {"devices": devices, **fake})
-        rigs.append(rig)
-        return rig
-
-    yield make
-    for rig in rigs:
-        rig.stop()
-
-
-@pytest.fixture
-def rig(start: Callable[..., Rig]) -> Rig:
-    return start()
 
 
 # --- images ---------------------------------------------------------------------------------------------------------

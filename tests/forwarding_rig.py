@@ -1,0 +1,262 @@
+"""The forwarding test rig: a fake-driver host agent in a forked child and guest Forwarders talking to it.
+
+Shared by tests/unit/test_forwarding_roundtrip.py (driver calls) and tests/unit/test_runtime_shim.py (runtime
+calls built on them); moved here unchanged from the former. The host half is a real `RegionServer` in a forked
+child process whose sessions run `host_agent.executor.CudaExecutor` with `tests/fake_driver.FakeDriver` instead of
+cuda.bindings.driver; the guest half is `guest_runtime.forward.Forwarder(...).implementations()`, called directly
+with the raw C arguments a capsule trampoline would pass. The fake appends every call it sees to a JSON-lines
+journal (`Rig.entries`), which is how tests check what reached the "driver".
+
+A test module uses the fixtures by importing them: `bounded` (autouse: every test, waits included, is bounded by
+TEST_TIMEOUT_S through SIGALRM), `start` (make a Rig with options) and `rig` (the default Rig). The default
+executor maps guest devices (0, 1) to the fake's physical devices (2, 0) (GUEST_DEVICES), so every CUdevice
+conversion is visible in the journal.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+import struct
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guest_runtime.forward import Forwarder
+from host_agent.executor import CudaExecutor, ExecutorOptions
+from host_agent.region_server import RegionServer, ServerOptions
+from host_agent.stop import StopRequest
+from ivshmem import layout
+from ivshmem.channel import ClientChannel, Ctrl
+from ivshmem.driver_api import CALLS, OUT
+from ivshmem.region import Region
+from tests.fake_driver import FakeDriver, read_journal
+
+__all__ = ["CODES", "FAKE_DEVICES", "GUEST_DEVICES", "SENTINELS", "START_TIMEOUT_S", "STOP_TIMEOUT_S",
+           "TEST_TIMEOUT_S", "Guest", "Rig", "bounded", "rig", "start"]
+
+TEST_TIMEOUT_S = 60  # every test, waits included, is bounded by this (SIGALRM)
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0
+
+SUCCESS = 0
+FAKE_DEVICES = 3
+GUEST_DEVICES = (2, 0)  # guest ordinal -> physical ordinal of the fake
+CODES = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_uint64, "f": ctypes.c_float, "B": ctypes.c_ubyte,
+         "H": ctypes.c_ushort}
+SENTINELS = {"i": 0x5A5A5A5A, "I": 0x5A5A5A5A, "Q": 0x5A5A5A5A5A5A5A5A, "f": -1.25, "B": 0x5A, "H": 0x5A5A}
+
+
+@pytest.fixture(autouse=True)
+def bounded() -> Iterator[None]:
+    """Fail (TimeoutError) rather than hang: a guest waiting on a reply that never comes is interrupted."""
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"test still running after {TEST_TIMEOUT_S} s")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# --- the host: a RegionServer with the fake driver, in a forked child ---------------------------------------------
+
+def _serve(path: str, journal: str, options: ExecutorOptions, fake: dict[str, Any]) -> None:
+    """Child process body: serve `path` until SIGTERM, each session an executor over a fresh FakeDriver."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: never outlive the tests
+    stop = StopRequest().on_signals()  # never threading.Event in a signal handler (host_agent/stop.py)
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def factory(session: Any) -> CudaExecutor:
+        driver = FakeDriver(journal=journal, **fake)
+        driver.cuInit(0)  # as executor._load_driver does before any session uses the real driver
+        return CudaExecutor(session, options, driver=driver)
+    RegionServer(path, factory, ServerOptions(heartbeat_timeout=5.0, scan_interval=0.01), stop).serve_forever()
+
+
+def _agent_words(path: str) -> tuple[int, int, int]:
+    with open(path, "rb") as f:
+        raw = os.pread(f.fileno(), 16, layout.AGENT_HEARTBEAT)
+    return struct.unpack("<QII", raw) if len(raw) == 16 else (0, 0, 0)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+class Guest:
+    """One guest process's view: a Forwarder (its own session) and helpers to call its implementations."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.channels: list[ClientChannel] = []
+        self.forwarder = Forwarder(self._connect)
+        self.fn = self.forwarder.implementations()
+        self.worker = 0
+
+    def _connect(self) -> ClientChannel:
+        region = Region.open(self.path)
+        try:
+            channel = ClientChannel.claim(region)
+        except BaseException:
+            region.close()
+            raise
+        self.channels.append(channel)
+        self.worker = channel.ctrl[Ctrl.HOST_WORKER]
+        return channel
+
+    @property
+    def channel(self) -> ClientChannel:
+        channel = self.forwarder.channel()
+        assert channel is not None, "the guest could not claim a channel"
+        return channel
+
+    def call(self, name: str, *inputs: Any) -> tuple[int, list[Any]]:
+        """A generic call: `inputs` in parameter order; out-pointers (pre-filled with a sentinel) are added here."""
+        args: list[Any] = []
+        cells: list[Any] = []
+        given = iter(inputs)
+        for param in CALLS[name].params:
+            if param.role == OUT:
+                cell = CODES[param.code](SENTINELS[param.code])
+                cells.append(cell)
+                args.append(ctypes.addressof(cell))
+            else:
+                args.append(next(given))
+        assert next(given, None) is None, f"too many inputs for {name}"
+        status = self.fn[name](*args)
+        return status, [cell.value for cell in cells]
+
+    def ok(self, name: str, *inputs: Any) -> Any:
+        status, outs = self.call(name, *inputs)
+        assert status == SUCCESS, f"{name}{inputs} returned {status}"
+        return outs[0] if len(outs) == 1 else outs
+
+    def sync(self) -> int:
+        return self.call("cuCtxSynchronize")[0]
+
+    def setup(self, device: int = 0) -> int:
+        """cuInit, retain the device's primary context and make it current; returns the context."""
+        self.ok("cuInit", 0)
+        ctx = self.ok("cuDevicePrimaryCtxRetain", device)
+        self.ok("cuCtxSetCurrent", ctx)
+        return ctx
+
+    def alloc(self, size: int) -> int:
+        return self.ok("cuMemAlloc", size)
+
+    def htod(self, pointer: int, data: bytes, stream: int | None = None) -> int:
+        source = ctypes.create_string_buffer(data, len(data))
+        if stream is None:
+            return self.fn["cuMemcpyHtoD"](pointer, ctypes.addressof(source), len(data))
+        return self.fn["cuMemcpyHtoDAsync"](pointer, ctypes.addressof(source), len(data), stream)
+
+    def dtoh(self, pointer: int, size: int, stream: int | None = None, guard: int = 16) -> tuple[int, bytes]:
+        """(status, bytes); asserts the `guard` bytes after the buffer were not touched."""
+        target = ctypes.create_string_buffer(b"\xee" * (size + guard), size + guard)
+        if stream is None:
+            status = self.fn["cuMemcpyDtoH"](ctypes.addressof(target), pointer, size)
+        else:
+            status = self.fn["cuMemcpyDtoHAsync"](ctypes.addressof(target), pointer, size, stream)
+        assert target.raw[size:] == b"\xee" * guard, "cuMemcpyDtoH wrote past the end of the host buffer"
+        return status, target.raw[:size]
+
+    def load_module(self, image: bytes) -> tuple[int, int]:
+        holder = ctypes.create_string_buffer(image, len(image))
+        cell = ctypes.c_uint64(SENTINELS["Q"])
+        status = self.fn["cuModuleLoadData"](ctypes.addressof(cell), ctypes.addressof(holder))
+        return status, cell.value
+
+    def by_name(self, name: str, owner: int, symbol: bytes) -> tuple[int, list[int]]:
+        outs = [ctypes.c_uint64(SENTINELS["Q"]) for p in CALLS[name].params if p.role == OUT]
+        text = ctypes.create_string_buffer(symbol)
+        status = self.fn[name](*[ctypes.addressof(c) for c in outs], owner, ctypes.addressof(text))
+        return status, [c.value for c in outs]
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+            with contextlib.suppress(BufferError):
+                channel.region.close()
+
+
+class Rig:
+    """A fake-driver host agent serving one region, and the guests (sessions) talking to it."""
+
+    def __init__(self, path: str, journal: Path, options: ExecutorOptions, fake: dict[str, Any]) -> None:
+        self.path, self.journal, self.options = path, journal, options
+        self.guests: list[Guest] = []
+        self.process = multiprocessing.get_context("fork").Process(
+            target=_serve, args=(path, str(journal), options, fake), name="fake-oriond")
+        self.process.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            _beat, pid, state = _agent_words(path)
+            if state == layout.AGENT_SERVING and pid == self.process.pid:
+                break
+            assert self.process.is_alive(), f"the fake agent exited with {self.process.exitcode}"
+            assert time.monotonic() < deadline, "the fake agent did not serve the region in time"
+            time.sleep(0.005)
+
+    def guest(self) -> Guest:
+        guest = Guest(self.path)
+        self.guests.append(guest)
+        return guest
+
+    def entries(self, since: int = 0, name: str | None = None) -> list[dict[str, Any]]:
+        found = read_journal(self.journal)[since:]
+        return [e for e in found if name is None or e["name"] == name]
+
+    def mark(self) -> int:
+        return len(read_journal(self.journal))
+
+    def stop(self) -> None:
+        workers = [g.worker for g in self.guests if g.worker]
+        for guest in self.guests:
+            guest.close()
+        if self.process.is_alive():
+            os.kill(self.process.pid, signal.SIGTERM)  # type: ignore[arg-type]
+        self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(STOP_TIMEOUT_S)
+            raise AssertionError("the fake agent did not stop on SIGTERM")
+        assert self.process.exitcode == 0, f"the fake agent exited with {self.process.exitcode}"
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while not all(_gone(pid) for pid in workers):
+            assert time.monotonic() < deadline, f"session workers {workers} outlived the agent"
+            time.sleep(0.01)
+
+
+@pytest.fixture
+def start(region_path: str, tmp_path: Path) -> Iterator[Callable[..., Rig]]:
+    rigs: list[Rig] = []
+
+    def make(options: ExecutorOptions | None = None, devices: int = FAKE_DEVICES, **fake: Any) -> Rig:
+        assert not rigs, "one agent per region"
+        rig = Rig(region_path, tmp_path / "journal.jsonl",
+                  options if options is not None else ExecutorOptions(devices=GUEST_DEVICES),
+                  {"devices": devices, **fake})
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.stop()
+
+
+@pytest.fixture
+def rig(start: Callable[..., Rig]) -> Rig:
+    return start()
