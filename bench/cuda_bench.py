@@ -114,6 +114,7 @@ def child(forwarded: bool, region: str | None) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     if region:
         env["ORION_SHM"] = region
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the forwarded run has no GPU of its own
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=900)
     line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)

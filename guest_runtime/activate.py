@@ -41,9 +41,12 @@ def activate() -> Forwarder:
         forwarder = Forwarder(_connect)
         driver = forwarder.implementations()
         capsule_hook.install("cuda.bindings.cydriver", driver)
-        shim = RuntimeShim(driver)  # cyruntime's statically linked cudart would bypass the driver hook
-        capsule_hook.install("cuda.bindings.cyruntime", shim.implementations(), shim.fallback)
         _forwarder = forwarder
+        shim = RuntimeShim(driver)  # cyruntime's statically linked cudart would bypass the driver hook
+        try:
+            capsule_hook.install("cuda.bindings.cyruntime", shim.implementations(), shim.fallback)
+        except (capsule_hook.HookError, ImportError) as exc:  # the driver API still works: say what does not
+            log.warning("orion: the CUDA runtime API (cuda.bindings.runtime) is not forwarded: %s", exc)
     return _forwarder
 
 

@@ -155,6 +155,9 @@ def split_signature(signature: str) -> tuple[str, list[str]]:
     return result, args
 
 
+STATUS_ENUMS = frozenset({"CUresult", "cudaError_t", "cudaError", "cudaError_enum"})
+
+
 class TypeTable:
     """Typedef knowledge read from .pxd files: which names are enums, structs, pointers, or aliases of another."""
 
@@ -198,6 +201,8 @@ class TypeTable:
         """
         seen: set[str] = set()
         while True:
+            if name in STATUS_ENUMS:  # however a wheel's .pxd spells them, these are the two status enums
+                return "enum", ctypes.c_int
             if name in _BUILTINS:
                 return "scalar", _BUILTINS[name]
             if name in self.pointers:

@@ -69,7 +69,9 @@ def run(program: Path | str, forwarded: Oriond | None, timeout: float = 300) -> 
     if forwarded is not None:
         command = [sys.executable, "-c", FORWARD, *args] if isinstance(program, Path) else \
             [sys.executable, "-c", "import guest_runtime.activate as orion; orion.activate()\n" + program]
-        env = _env(ORION_SHM=str(forwarded.region))
+        # The client sees no GPU of its own: a result can only have come through oriond, never by accident
+        # from the local driver (which is what a silently inactive hook would use on this machine).
+        env = _env(ORION_SHM=str(forwarded.region), CUDA_VISIBLE_DEVICES="")
     else:
         command, env = [sys.executable, *args], _env()
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
@@ -144,7 +146,8 @@ def _native_free_mib() -> int:
 def test_another_sessions_pointer_gives_an_error_and_a_killed_clients_memory_comes_back(oriond: Oriond) -> None:
     baseline = _native_free_mib()
     owner = subprocess.Popen([sys.executable, "-c", "import guest_runtime.activate as o; o.activate()\n" + OWNER],
-                             cwd=REPO, env=_env(ORION_SHM=str(oriond.region)), stdout=subprocess.PIPE, text=True)
+                             cwd=REPO, env=_env(ORION_SHM=str(oriond.region), CUDA_VISIBLE_DEVICES=""),
+                             stdout=subprocess.PIPE, text=True)
     try:
         line = owner.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("PTR"), line

@@ -94,7 +94,7 @@ def main():
     # unified addressing: cuMemcpy works out the direction from the pointers themselves
     check(driver.cuMemcpy(dy, small.ctypes.data, small.nbytes))  # host -> device
     check(driver.cuMemsetD32(dx, 5, 16))
-    check(driver.cuMemcpy(dy + small.nbytes, dx, small.nbytes))  # device -> device
+    check(driver.cuMemcpy(int(dy) + small.nbytes, dx, small.nbytes))  # device -> device
     both = np.zeros(32, dtype=np.uint32)
     check(driver.cuMemcpy(both.ctypes.data, dy, both.nbytes))  # device -> host
     out["uva_ok"] = bool((both[:16] == 7).all() and (both[16:] == 5).all())
