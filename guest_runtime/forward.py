@@ -219,14 +219,18 @@ class Forwarder:
         def forward(pmodule: int | None, image: int | None) -> int:
             if not pmodule or not image:
                 return INVALID_VALUE
-            code = _image_view(image)
-            if code is None:
-                return INVALID_IMAGE
-            status, reply = self._call(call, code)
-            if status == SUCCESS and reply is not None:
-                ctypes.c_uint64.from_address(pmodule).value = struct.unpack("<Q", reply.payload)[0]
-            return status
+            return self._load_image(call, pmodule, image)
         return forward
+
+    def _load_image(self, call: DriverCall, out: int, address: int) -> int:
+        """Ship the module image at `address` (its length derived from the image) and store the new handle."""
+        image = _image_view(address)
+        if image is None:
+            return INVALID_IMAGE
+        status, reply = self._call(call, image)
+        if status == SUCCESS and reply is not None:
+            ctypes.c_uint64.from_address(out).value = struct.unpack("<Q", reply.payload)[0]
+        return status
 
     def _cuLibraryLoadData(self, call: DriverCall) -> Callable[..., int]:
         def forward(plib: int | None, code: int | None, _jo: Any, _jv: Any, njit: int, _lo: Any, _lv: Any,
@@ -236,13 +240,7 @@ class Forwarder:
             if njit or nlib:
                 log.warning("orion: cuLibraryLoadData with JIT or library options is not forwarded yet")
                 return NOT_SUPPORTED
-            image = _image_view(code)
-            if image is None:
-                return INVALID_IMAGE
-            status, reply = self._call(call, image)
-            if status == SUCCESS and reply is not None:
-                ctypes.c_uint64.from_address(plib).value = struct.unpack("<Q", reply.payload)[0]
-            return status
+            return self._load_image(call, plib, code)
         return forward
 
     def _by_name(self, call: DriverCall) -> Callable[..., int]:

@@ -52,19 +52,7 @@ def pack_params(kernel_params_address: int, layout: Sequence[tuple[int, int]]) -
 
     `layout` is in parameter order (what cuFuncGetParamInfo reports for index 0, 1, ...). A kernel without
     parameters packs to b"" and may have kernelParams NULL."""
-    total = check_layout(layout)
-    if not layout:
-        return b""
-    if not kernel_params_address:
-        raise ValueError(f"kernelParams is NULL for a kernel with {len(layout)} parameters")
-    pointers = (ctypes.c_void_p * len(layout)).from_address(kernel_params_address)
-    buffer = bytearray(total)
-    for index, (offset, size) in enumerate(layout):
-        value = pointers[index]
-        if not value:
-            raise ValueError(f"kernelParams[{index}] is NULL")
-        buffer[offset:offset + size] = ctypes.string_at(value, size)
-    return bytes(buffer)
+    return pack_checked(kernel_params_address, layout, check_layout(layout))
 
 
 def pack_checked(kernel_params_address: int, layout: Sequence[tuple[int, int]], total: int) -> bytes:
@@ -76,9 +64,9 @@ def pack_checked(kernel_params_address: int, layout: Sequence[tuple[int, int]], 
     pointers = (ctypes.c_void_p * len(layout)).from_address(kernel_params_address)
     buffer = bytearray(total)
     string_at = ctypes.string_at
-    for value, (offset, size) in zip(pointers, layout, strict=True):
+    for index, (value, (offset, size)) in enumerate(zip(pointers, layout, strict=True)):
         if not value:
-            raise ValueError("a kernelParams entry is NULL")
+            raise ValueError(f"kernelParams[{index}] is NULL")
         buffer[offset:offset + size] = string_at(value, size)
     return bytes(buffer)
 
