@@ -19,7 +19,20 @@ from collections.abc import Callable
 from typing import Any
 
 from ivshmem.channel import BufferCursor, ClientChannel, Streamed
-from ivshmem.driver_api import CALLS, IN, OUT, POOL_ATTRIBUTES_64, DriverCall
+from ivshmem.driver_api import (
+    CALLS,
+    IN,
+    JIT_ERROR_LOG_BUFFER,
+    JIT_ERROR_LOG_SIZE,
+    JIT_GUEST_OPTIONS,
+    JIT_INFO_LOG_BUFFER,
+    JIT_INFO_LOG_SIZE,
+    JIT_SCALAR_OPTIONS,
+    JIT_WALL_TIME,
+    OUT,
+    POOL_ATTRIBUTES_64,
+    DriverCall,
+)
 from ivshmem.errors import WireError
 from ivshmem.record import Record
 
@@ -57,6 +70,7 @@ class Forwarder:
         self._strings: dict[tuple[str, int], ctypes.Array[ctypes.c_char]] = {}  # kept alive: static strings
         self._device: dict[int, int] = {}  # base -> size of device memory this process got (for cuMemcpy)
         self._impls: dict[str, Callable[..., int]] = {}
+        self._named: set[str] = set()  # what was refused as not forwarded, logged once each
 
     # --- the channel ---------------------------------------------------------------------------------------
     def channel(self) -> ClientChannel | None:
@@ -268,6 +282,58 @@ class Forwarder:
 
     _cuModuleGetFunction = _cuModuleGetGlobal = _cuLibraryGetKernel = _cuLibraryGetGlobal = _by_name
 
+    def _not_forwarded(self, what: str) -> int:
+        """CUDA_ERROR_NOT_SUPPORTED for something the table does not forward, named once."""
+        if what not in self._named:
+            self._named.add(what)
+            log.warning("orion: %s is not forwarded yet", what)
+        return NOT_SUPPORTED
+
+    def _cuModuleLoadDataEx(self, call: DriverCall) -> Callable[..., int]:
+        """Scalar JIT options travel as (option, value) pairs; log and wall-time options name guest memory, so
+        the guest answers them itself after the call (an empty log, size 0, no time) and the host never sees
+        them. Request: `I count`, count × `iQ`, then the image."""
+        def forward(pmodule: int | None, image: int | None, count: int, options: int | None,
+                    values: int | None) -> int:
+            if not pmodule or not image or (count and (not options or not values)):
+                return INVALID_VALUE
+            keys = list((ctypes.c_int * count).from_address(options)) if count and options else []
+            slots = (ctypes.c_uint64 * count).from_address(values) if count and values else None
+            pairs: list[tuple[int, int]] = []
+            guest: dict[int, int] = {}  # guest-memory option -> its slot index
+            for index, option in enumerate(keys):
+                if option in JIT_SCALAR_OPTIONS:
+                    pairs.append((option, slots[index] if slots is not None else 0))
+                elif option in JIT_GUEST_OPTIONS:
+                    guest[option] = index
+                else:
+                    return self._not_forwarded(f"cuModuleLoadDataEx JIT option {_jit_option_name(option)}")
+            view = _image_view(image)
+            if view is None:
+                return INVALID_IMAGE
+            prefix = struct.pack("<I", len(pairs)) + b"".join(struct.pack("<iQ", o, v) for o, v in pairs)
+            status, reply = self._call(call, _Prefixed(prefix, view).payload())
+            if status == SUCCESS and reply is not None:
+                ctypes.c_uint64.from_address(pmodule).value = struct.unpack("<Q", reply.payload)[0]
+            if slots is not None:
+                _empty_logs(slots, guest)
+            return status
+        return forward
+
+    def _cuPointerGetAttribute(self, call: DriverCall) -> Callable[..., int]:
+        """The host answers `Q value, I width`; `width` bytes of the value go to `data`."""
+        def forward(data: int | None, attribute: int, pointer: int | None) -> int:
+            if not data:
+                return INVALID_VALUE
+            status, reply = self._call(call, struct.pack("<iQ", attribute, pointer or 0))
+            if status == SUCCESS and reply is not None:
+                value, width = struct.unpack("<QI", reply.payload)
+                if width not in (4, 8):
+                    return UNKNOWN
+                ctypes.memmove(data, value.to_bytes(8, "little")[:width], width)
+            return status
+        return forward
+
     def _cuMemPoolGetAttribute(self, call: DriverCall) -> Callable[..., int]:
         def forward(pool: int | None, attribute: int, value: int | None) -> int:
             if not value:
@@ -322,6 +388,7 @@ class Forwarder:
             name = "cuKernelGetParamInfo" if function in self._kernels else "cuFuncGetParamInfo"
             query = CALLS[name]
             layout: list[tuple[int, int]] = []
+            status = SUCCESS
             while len(layout) < 4096:
                 status, reply = self._call(query, query.inputs.pack(function, len(layout)), fold=False)
                 if status != SUCCESS or reply is None:
@@ -330,7 +397,10 @@ class Forwarder:
                 layout.append((offset, size))
             if not layout and self.channel() is None:
                 return None
-            self._layouts[function] = (layout, check_layout(layout))
+            known = (layout, check_layout(layout))
+            if status != INVALID_VALUE:  # refused (not this session's function): the launch will say so; and
+                return known  # the handle number may name one of ours later, so nothing is remembered
+            self._layouts[function] = known
         return self._layouts[function]
 
     def _launch_payload(self, function: int, head: tuple[int, ...], params: int | None,
@@ -353,6 +423,18 @@ class Forwarder:
                 payload = self._launch_payload(f or 0, (gx, gy, gz, bx, by, bz, shmem, stream or 0), params, extra)
             except ValueError as exc:  # NULL or malformed kernelParams/extra: what the driver would refuse too
                 log.warning("orion: cuLaunchKernel: %s", exc)
+                return INVALID_VALUE
+            return NOT_INITIALIZED if payload is None else self._post(call, payload)
+        return forward
+
+    def _cuLaunchCooperativeKernel(self, call: DriverCall) -> Callable[..., int]:
+        """Posted as cuLaunchKernel is, with the same payload; the host rebuilds a kernelParams array."""
+        def forward(f: int | None, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
+                    stream: int | None, params: int | None) -> int:
+            try:
+                payload = self._launch_payload(f or 0, (gx, gy, gz, bx, by, bz, shmem, stream or 0), params, None)
+            except ValueError as exc:
+                log.warning("orion: cuLaunchCooperativeKernel: %s", exc)
                 return INVALID_VALUE
             return NOT_INITIALIZED if payload is None else self._post(call, payload)
         return forward
@@ -408,6 +490,28 @@ class _Prefixed:
             chunk[start:] = self.data[position:end]
             position = end
         return Streamed(total, fill)
+
+
+def _empty_logs(slots: ctypes.Array[ctypes.c_uint64], guest: dict[int, int]) -> None:
+    """After cuModuleLoadDataEx: the guest's log buffers hold an empty NUL-terminated log, their sizes 0 and
+    CU_JIT_WALL_TIME 0.0 ms (a float in its slot: all zero bits)."""
+    for buffer, size in ((JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_SIZE), (JIT_ERROR_LOG_BUFFER, JIT_ERROR_LOG_SIZE)):
+        if buffer in guest and size in guest:
+            address, capacity = slots[guest[buffer]], slots[guest[size]] & 0xFFFFFFFF
+            if address and capacity:
+                ctypes.c_char.from_address(address).value = b"\0"
+        if size in guest:
+            slots[guest[size]] = 0
+    if JIT_WALL_TIME in guest:
+        slots[guest[JIT_WALL_TIME]] = 0
+
+
+def _jit_option_name(option: int) -> str:
+    try:
+        from cuda.bindings import driver  # already imported: we are called from it
+        return f"{driver.CUjit_option(option).name} ({option})"
+    except (ImportError, ValueError):
+        return str(option)
 
 
 def _local_error_name(code: int) -> bytes | None:

@@ -20,7 +20,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ivshmem.channel import Sink, Streamed
-from ivshmem.driver_api import BY_OPCODE, ENUMS, HANDLES, POOL_ATTRIBUTES_64, DriverCall
+from ivshmem.driver_api import (
+    BY_OPCODE,
+    ENUMS,
+    HANDLES,
+    JIT_SCALAR_OPTIONS,
+    POINTER_ATTRIBUTE_WIDTHS,
+    POINTER_CONTEXT,
+    POINTER_DEVICE_ORDINAL,
+    POINTER_MEMPOOL_HANDLE,
+    POINTER_P2P_TOKENS,
+    POOL_ATTRIBUTES_64,
+    DriverCall,
+)
 from ivshmem.record import CUDA_OPCODE_BASE, Record, Status
 from ivshmem.region import Region
 
@@ -118,7 +130,10 @@ class CudaExecutor(DiagnosticsHandler):
             "cuLibraryGetGlobal": self._by_name, "cuLaunchKernel": self._launch, "cuLaunchKernelEx": self._launch,
             "cuLibraryLoadData": self._library_load,
             "cuMemPoolGetAttribute": self._pool_attribute, "cuMemPoolSetAttribute": self._pool_attribute,
+            "cuPointerGetAttribute": self._pointer_attribute, "cuLaunchCooperativeKernel": self._launch_cooperative,
+            "cuModuleLoadDataEx": self._module_load_ex,
         }
+        self._param_layouts: dict[int, list[tuple[int, int]]] = {}  # function/kernel -> (offset, size) per param
         self._override: dict[str, Callable[[DriverCall, tuple[int, ...]], Reply | None]] = {
             "cuDeviceGetCount": lambda call, args: _ok(call, len(self.devices)),
             "cuDeviceGet": lambda call, args: (_ok(call, args[0]) if 0 <= args[0] < len(self.devices)
@@ -245,6 +260,8 @@ class CudaExecutor(DiagnosticsHandler):
                 state.handles[ctype].add(value)
         if call.name in DESTROYS:
             state.handles[DESTROYS[call.name]].discard(args[0])
+            if call.name in ("cuModuleUnload", "cuLibraryUnload"):
+                self._param_layouts.clear()  # their functions' handles may be reused
             for kind, value in state.children.pop(args[0], ()):  # an unloaded module's functions and globals
                 if kind == "global":
                     state.globals.pop(value, None)
@@ -489,6 +506,106 @@ class CudaExecutor(DiagnosticsHandler):
         self._launch_size.value = size
         (err,) = self.driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, None, self._launch_extra_at)
         return Reply(int(err))
+
+
+    def _pointer_attribute(self, call: DriverCall, payload: bytes) -> Reply:
+        """`i attribute, Q pointer` -> `Q value, I width`. Only pointers into this session's own ranges."""
+        attribute, pointer = struct.unpack("<iQ", payload)
+        if attribute == POINTER_P2P_TOKENS:
+            return Reply(NOT_SUPPORTED)  # a struct, not a value: not forwarded
+        width = POINTER_ATTRIBUTE_WIDTHS.get(attribute)
+        if width is None:
+            return Reply(INVALID_VALUE)
+        try:
+            which = self.driver.CUpointer_attribute(attribute)
+        except ValueError:
+            return Reply(INVALID_VALUE)
+        if not self.state.owns_range(pointer, 1):
+            return Reply(INVALID_VALUE)
+        err, value = self.driver.cuPointerGetAttribute(which, pointer)
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        number = int(value)
+        if attribute == POINTER_DEVICE_ORDINAL:  # the guest knows devices by its own ordinals
+            number = self.devices.index(number) if number in self.devices else -1
+        elif attribute == POINTER_CONTEXT and number:
+            self.state.handles["CUcontext"].add(number)  # the context of its own memory
+        elif attribute == POINTER_MEMPOOL_HANDLE and number:
+            self.state.handles["CUmemoryPool"].add(number)  # the pool its own memory came from
+        return Reply(SUCCESS, struct.pack("<QI", number & 0xFFFFFFFFFFFFFFFF, width))
+
+    def _param_layout(self, function: int) -> tuple[int, list[tuple[int, int]]]:
+        """(error, (offset, size) per parameter) of a function or kernel, asked of the driver once each."""
+        if function in self._param_layouts:
+            return SUCCESS, self._param_layouts[function]
+        kernel = function in self.state.handles["CUkernel"] and function not in self.state.handles["CUfunction"]
+        query = self.driver.cuKernelGetParamInfo if kernel else self.driver.cuFuncGetParamInfo
+        layout: list[tuple[int, int]] = []
+        while len(layout) < 4096:
+            err, offset, size = query(function, len(layout))
+            if int(err) == INVALID_VALUE:
+                break  # past the last parameter
+            if int(err) != SUCCESS:
+                return int(err), []
+            layout.append((int(offset), int(size)))
+        self._param_layouts[function] = layout
+        return SUCCESS, layout
+
+    def _launch_cooperative(self, call: DriverCall, payload: bytes) -> Reply:
+        """cuLaunchCooperativeKernel has no `extra`: rebuild `void **kernelParams` into a copy of the packed
+        parameters, at the offsets the driver reports for the function."""
+        head = struct.Struct("<QIIIIIIIQ")
+        f, gx, gy, gz, bx, by, bz, shmem, stream = head.unpack_from(payload, 0)
+        if f not in self.state.handles["CUfunction"] and f not in self.state.handles["CUkernel"]:
+            return Reply(INVALID_HANDLE)
+        if stream and stream not in self.state.handles["CUstream"]:
+            return Reply(INVALID_HANDLE)
+        err, layout = self._param_layout(f)
+        if err != SUCCESS:
+            return Reply(err)
+        packed = payload[head.size:]
+        if len(packed) != max((o + s for o, s in layout), default=0):
+            return Reply(INVALID_VALUE)  # not packed for this function's parameters
+        buffer = ctypes.create_string_buffer(packed, max(len(packed), 1))
+        base = ctypes.addressof(buffer)
+        pointers = (ctypes.c_void_p * max(len(layout), 1))(*[base + offset for offset, _ in layout])
+        params = ctypes.addressof(pointers) if layout else None
+        (err,) = self.driver.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params)
+        del buffer, pointers  # kept alive until the driver has copied the values (it does before returning)
+        return Reply(int(err))
+
+    def _module_load_ex(self, call: DriverCall, payload: bytes) -> Reply:
+        """`I count`, count × `i option, Q value`, then the image. Only scalar JIT options travel."""
+        (count,) = struct.unpack_from("<I", payload, 0)
+        pair = struct.Struct("<iQ")
+        end = 4 + count * pair.size
+        if end > len(payload):
+            return Reply(Status.MALFORMED, f"{call.name}: {count} options in a {len(payload)}-byte payload".encode())
+        pairs = [pair.unpack_from(payload, 4 + i * pair.size) for i in range(count)]
+        image = payload[end:]
+        if not pairs:
+            err, module = self.driver.cuModuleLoadData(image)
+        else:
+            options, values = [], []
+            for option, value in pairs:
+                if option not in JIT_SCALAR_OPTIONS:
+                    return Reply(NOT_SUPPORTED)
+                kind, word = JIT_SCALAR_OPTIONS[option], value & 0xFFFFFFFF
+                try:
+                    options.append(self.driver.CUjit_option(option))
+                    if kind == "I":
+                        values.append(word)
+                    elif kind == "i":
+                        values.append(word - (1 << 32) if word & 0x80000000 else word)
+                    else:  # the wheel wants its enum member
+                        values.append(getattr(self.driver, kind)(word))
+                except ValueError:  # no such enum value
+                    return Reply(INVALID_VALUE)
+            err, module = self.driver.cuModuleLoadDataEx(image, len(options), options, values)
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        self.state.handles["CUmodule"].add(int(module))
+        return Reply(SUCCESS, struct.pack("<Q", int(module)))
 
 
 def _ok(call: DriverCall, *outs: int) -> Reply:

@@ -217,9 +217,68 @@ _SPEC: list[tuple[str, str, str | None, bool]] = [
     # Unified addressing: the guest decides which way each copy goes and sends HtoD/DtoH/DtoD (never these).
     ("cuMemcpy", "CUresult (CUdeviceptr, CUdeviceptr, size_t)", "uva uva in", False),
     ("cuMemcpyAsync", "CUresult (CUdeviceptr, CUdeviceptr, size_t, CUstream)", "uva uva in in", False),
+    ("cuPointerGetAttribute", "CUresult (void *, CUpointer_attribute, CUdeviceptr)", "pointer_value_out in in", False),
+    ("cuLaunchCooperativeKernel", "CUresult (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, "
+     "unsigned int, unsigned int, unsigned int, CUstream, void **)", "in in in in in in in in in kernel_params", True),
+    ("cuModuleLoadDataEx", "CUresult (CUmodule *, void const *, unsigned int, CUjit_option *, void **)",
+     "out image in options option_values", False),
 ]
 # CUmemPool_attribute values whose value is a cuuint64_t (the others are int): thresholds and byte counts.
 POOL_ATTRIBUTES_64 = frozenset({4, 5, 6, 7, 8, 13})
+
+# CUpointer_attribute value -> bytes cuPointerGetAttribute writes to `data` (the C type cuda.h documents, as the
+# wheel's _HelperCUpointer_attribute holds it: handles, pointers, size_t and unsigned long long 8; unsigned int,
+# int and bool-as-int 4). CU_POINTER_ATTRIBUTE_P2P_TOKENS (5) fills a struct: not forwarded (NOT_SUPPORTED).
+POINTER_ATTRIBUTE_WIDTHS: dict[int, int] = {
+    1: 8,  # CONTEXT (CUcontext)
+    2: 4,  # MEMORY_TYPE (unsigned int)
+    3: 8,  # DEVICE_POINTER (CUdeviceptr)
+    4: 8,  # HOST_POINTER (void *)
+    6: 4,  # SYNC_MEMOPS (bool as int)
+    7: 8,  # BUFFER_ID (unsigned long long)
+    8: 4,  # IS_MANAGED (bool as int)
+    9: 4,  # DEVICE_ORDINAL (int)
+    10: 4,  # IS_LEGACY_CUDA_IPC_CAPABLE (bool as int)
+    11: 8,  # RANGE_START_ADDR (CUdeviceptr)
+    12: 8,  # RANGE_SIZE (size_t)
+    13: 4,  # MAPPED (bool as int)
+    14: 8,  # ALLOWED_HANDLE_TYPES (unsigned long long)
+    15: 4,  # IS_GPU_DIRECT_RDMA_CAPABLE (unsigned int)
+    16: 4,  # ACCESS_FLAGS (unsigned int)
+    17: 8,  # MEMPOOL_HANDLE (CUmemoryPool)
+    18: 8,  # MAPPING_SIZE (size_t)
+    19: 8,  # MAPPING_BASE_ADDR (CUdeviceptr)
+    20: 8,  # MEMORY_BLOCK_ID (unsigned long long)
+    21: 4,  # IS_HW_DECOMPRESS_CAPABLE (bool as int)
+    22: 4,  # LOCALITY_DOMAIN_ORDINAL (int)
+}
+POINTER_P2P_TOKENS = 5
+POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_MEMPOOL_HANDLE = 1, 9, 17
+
+# cuModuleLoadDataEx JIT options. Scalar ones travel as (option, value) pairs, the value being the integer stored
+# in the optionValues slot; each maps to what the wheel takes it as: "I" (unsigned int), "i" (int) or the name of
+# its enum (CUjit_target, CUjit_fallback, CUjit_cacheMode).
+JIT_SCALAR_OPTIONS: dict[int, str] = {
+    0: "I",  # CU_JIT_MAX_REGISTERS
+    7: "I",  # CU_JIT_OPTIMIZATION_LEVEL
+    8: "I",  # CU_JIT_TARGET_FROM_CUCONTEXT (no value)
+    9: "CUjit_target",  # CU_JIT_TARGET
+    10: "CUjit_fallback",  # CU_JIT_FALLBACK_STRATEGY
+    11: "i",  # CU_JIT_GENERATE_DEBUG_INFO
+    13: "i",  # CU_JIT_GENERATE_LINE_INFO
+    14: "CUjit_cacheMode",  # CU_JIT_CACHE_MODE
+    30: "i",  # CU_JIT_POSITION_INDEPENDENT_CODE
+    31: "I",  # CU_JIT_MIN_CTA_PER_SM
+    32: "i",  # CU_JIT_MAX_THREADS_PER_BLOCK
+    33: "i",  # CU_JIT_OVERRIDE_DIRECTIVE_VALUES
+    34: "I",  # CU_JIT_SPLIT_COMPILE
+    35: "I",  # CU_JIT_BINARY_LOADER_THREAD_COUNT
+}
+# Options about the guest's own memory (logs, wall time): answered in the guest (an empty log), never sent.
+JIT_WALL_TIME, JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_SIZE, JIT_ERROR_LOG_BUFFER, JIT_ERROR_LOG_SIZE = 2, 3, 4, 5, 6
+JIT_LOG_VERBOSE = 12
+JIT_GUEST_OPTIONS = frozenset({JIT_WALL_TIME, JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_SIZE, JIT_ERROR_LOG_BUFFER,
+                               JIT_ERROR_LOG_SIZE, JIT_LOG_VERBOSE})
 
 CALLS: dict[str, DriverCall] = {}
 BY_OPCODE: dict[int, DriverCall] = {}

@@ -130,8 +130,45 @@ CUstreamCaptureStatus = IntEnum("CUstreamCaptureStatus", [  # type: ignore[misc]
     ("CU_STREAM_CAPTURE_STATUS_NONE", 0), ("CU_STREAM_CAPTURE_STATUS_ACTIVE", 1),
     ("CU_STREAM_CAPTURE_STATUS_INVALIDATED", 2),
 ])
+CUpointer_attribute = IntEnum("CUpointer_attribute", [  # type: ignore[misc]
+    ("CU_POINTER_ATTRIBUTE_CONTEXT", 1), ("CU_POINTER_ATTRIBUTE_MEMORY_TYPE", 2),
+    ("CU_POINTER_ATTRIBUTE_DEVICE_POINTER", 3), ("CU_POINTER_ATTRIBUTE_HOST_POINTER", 4),
+    ("CU_POINTER_ATTRIBUTE_P2P_TOKENS", 5), ("CU_POINTER_ATTRIBUTE_SYNC_MEMOPS", 6),
+    ("CU_POINTER_ATTRIBUTE_BUFFER_ID", 7), ("CU_POINTER_ATTRIBUTE_IS_MANAGED", 8),
+    ("CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL", 9), ("CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE", 10),
+    ("CU_POINTER_ATTRIBUTE_RANGE_START_ADDR", 11), ("CU_POINTER_ATTRIBUTE_RANGE_SIZE", 12),
+    ("CU_POINTER_ATTRIBUTE_MAPPED", 13), ("CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES", 14),
+    ("CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE", 15), ("CU_POINTER_ATTRIBUTE_ACCESS_FLAGS", 16),
+    ("CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE", 17), ("CU_POINTER_ATTRIBUTE_MAPPING_SIZE", 18),
+    ("CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR", 19), ("CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID", 20),
+    ("CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE", 21), ("CU_POINTER_ATTRIBUTE_LOCALITY_DOMAIN_ORDINAL", 22),
+])
+CUjit_option = IntEnum("CUjit_option", [  # type: ignore[misc]
+    ("CU_JIT_MAX_REGISTERS", 0), ("CU_JIT_THREADS_PER_BLOCK", 1), ("CU_JIT_WALL_TIME", 2),
+    ("CU_JIT_INFO_LOG_BUFFER", 3), ("CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES", 4), ("CU_JIT_ERROR_LOG_BUFFER", 5),
+    ("CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES", 6), ("CU_JIT_OPTIMIZATION_LEVEL", 7), ("CU_JIT_TARGET_FROM_CUCONTEXT", 8),
+    ("CU_JIT_TARGET", 9), ("CU_JIT_FALLBACK_STRATEGY", 10), ("CU_JIT_GENERATE_DEBUG_INFO", 11),
+    ("CU_JIT_LOG_VERBOSE", 12), ("CU_JIT_GENERATE_LINE_INFO", 13), ("CU_JIT_CACHE_MODE", 14),
+    ("CU_JIT_POSITION_INDEPENDENT_CODE", 30), ("CU_JIT_MIN_CTA_PER_SM", 31), ("CU_JIT_MAX_THREADS_PER_BLOCK", 32),
+    ("CU_JIT_OVERRIDE_DIRECTIVE_VALUES", 33), ("CU_JIT_SPLIT_COMPILE", 34), ("CU_JIT_BINARY_LOADER_THREAD_COUNT", 35),
+])
+CUjit_target = IntEnum("CUjit_target", [  # type: ignore[misc]
+    ("CU_TARGET_COMPUTE_75", 75), ("CU_TARGET_COMPUTE_80", 80), ("CU_TARGET_COMPUTE_86", 86),
+    ("CU_TARGET_COMPUTE_89", 89), ("CU_TARGET_COMPUTE_90", 90), ("CU_TARGET_COMPUTE_100", 100),
+])
+CUjit_fallback = IntEnum("CUjit_fallback", [  # type: ignore[misc]
+    ("CU_PREFER_PTX", 0), ("CU_PREFER_BINARY", 1),
+])
+CUjit_cacheMode = IntEnum("CUjit_cacheMode", [  # type: ignore[misc]
+    ("CU_JIT_CACHE_OPTION_NONE", 0), ("CU_JIT_CACHE_OPTION_CG", 1), ("CU_JIT_CACHE_OPTION_CA", 2),
+])
 ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUmemPool_attribute, CUfunction_attribute,
-                                           CUfunc_cache, CUstreamCaptureStatus)
+                                           CUfunc_cache, CUstreamCaptureStatus, CUpointer_attribute, CUjit_option,
+                                           CUjit_target, CUjit_fallback, CUjit_cacheMode)
+# How the wheel takes each JIT option's value (utils.pxi _HelperCUjit_option): an int, or a member of an enum.
+JIT_VALUE_ENUMS: dict[int, type[IntEnum]] = {9: CUjit_target, 10: CUjit_fallback, 14: CUjit_cacheMode}
+CU_MEMORYTYPE_DEVICE = 2
+CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE = 3
 
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 CU_STREAM_NON_BLOCKING = 1
@@ -393,6 +430,9 @@ class FakeDriver:
     CUfunction_attribute = CUfunction_attribute
     CUfunc_cache = CUfunc_cache
     CUstreamCaptureStatus = CUstreamCaptureStatus
+    CUpointer_attribute = CUpointer_attribute
+    CUjit_option, CUjit_target = CUjit_option, CUjit_target
+    CUjit_fallback, CUjit_cacheMode = CUjit_fallback, CUjit_cacheMode
     CUdevice, CUdeviceptr, CUcontext, CUstream, CUevent = CUdevice, CUdeviceptr, CUcontext, CUstream, CUevent
     CUmodule, CUfunction, CUlibrary, CUkernel, CUmemoryPool = CUmodule, CUfunction, CUlibrary, CUkernel, CUmemoryPool
     cuuint64_t = cuuint64_t
@@ -432,6 +472,7 @@ class FakeDriver:
         self.launches: list[dict[str, Any]] = []
         self.registered: dict[int, int] = {}  # page-locked host ranges: address -> size
         self.pending: dict[int, list[Callable[[], None]]] = {}  # non-blocking stream -> work not yet done
+        self.origin: dict[int, tuple[int, int]] = {}  # base -> (context it was made in, pool it came from or 0)
 
     # --- bookkeeping --------------------------------------------------------------------------------------------
     def _record(self, name: str, args: tuple[Any, ...], result: tuple[Any, ...]) -> None:
@@ -470,6 +511,7 @@ class FakeDriver:
         base = self._next_pointer
         self._next_pointer += _align(max(size, 1), MIB) + GUARD
         self.memory[base] = bytearray(size)
+        self.origin[base] = (self._current() or 0, 0)
         if track:
             self.allocations[base] = device
             self.used[device] += size
@@ -996,6 +1038,8 @@ class FakeDriver:
             return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
         result = self._alloc_on_current(size)
         if int(result[0]) == 0:
+            base = int(result[1])
+            self.origin[base] = (self.origin[base][0], pool)
             attributes = self.pools[pool]
             attributes[7] += int(size)
             attributes[8] = max(attributes[8], attributes[7])
@@ -1209,6 +1253,37 @@ class FakeDriver:
         self._globals_for(handle, parsed)
         return CUresult(0), CUmodule(handle)
 
+    @_recorded
+    def cuModuleLoadDataEx(self, image: Any, numOptions: int, options: Any, optionValues: Any) -> tuple[Any, ...]:  # noqa: N803
+        """cuModuleLoadData with JIT options, taken as the wheel takes them: `options` a list of CUjit_option,
+        `optionValues` a list with an int per option, or the member of its enum for CU_JIT_TARGET,
+        FALLBACK_STRATEGY and CACHE_MODE (a plain int raises AttributeError there, as the wheel's `.value` does).
+        The fake compiles nothing: options are checked, recorded (as `jit_options`) and otherwise ignored."""
+        options, values = list(options or []), list(optionValues or [])
+        if int(numOptions) != len(options) or len(options) != len(values):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        seen = []
+        for option, value in zip(options, values, strict=True):
+            key = self._enum(option, CUjit_option, "options")
+            wanted = JIT_VALUE_ENUMS.get(int(key))
+            if wanted is not None:
+                if not isinstance(value, wanted):
+                    raise AttributeError(f"'{type(value).__name__}' object has no attribute 'value'")
+            elif not isinstance(value, int) or isinstance(value, IntEnum):
+                raise TypeError(f"{key.name} takes an int, got {type(value).__name__}")
+            seen.append([key.name, int(value)])
+        if err := self._context_error():
+            return _result(err, 1)
+        err, parsed = self._load(image)
+        self._note["jit_options"] = seen
+        if parsed is None:
+            return _result(err, 1)
+        handle = self._handle()
+        self.images[handle] = parsed
+        self.modules[handle] = {}
+        self._globals_for(handle, parsed)
+        return CUresult(0), CUmodule(handle)
+
     def _unload(self, handle: int, table: dict[int, dict[bytes, int]], handles: dict[int, _Kernel]) -> None:
         for child in table.pop(handle).values():
             handles.pop(child, None)
@@ -1372,6 +1447,33 @@ class FakeDriver:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
         return CUresult(0), max(1, 2048 // int(blockSize)) - (1 if dynamicSMemSize else 0)
 
+    # --- pointer attributes ---------------------------------------------------------------------------------------
+    @_recorded
+    def cuPointerGetAttribute(self, attribute: Any, ptr: Any) -> tuple[Any, ...]:
+        """Device memory only (allocations and module globals). Values: the context it was allocated in, its
+        device, its range; BUFFER_ID/MEMORY_BLOCK_ID its base's position; booleans as CUDA answers for plain
+        device memory (IS_LEGACY_CUDA_IPC_CAPABLE only outside pools); MEMPOOL_HANDLE the pool or NULL.
+        HOST_POINTER of device memory and P2P_TOKENS answer CUDA_ERROR_INVALID_VALUE / NOT_SUPPORTED."""
+        which = int(self._enum(attribute, CUpointer_attribute, "attribute"))
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        address = int(ptr) if ptr is not None else 0
+        base = next((b for b, data in self.memory.items() if b <= address < b + max(len(data), 1)), None)
+        if base is None or which == 4:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if which == 5:
+            return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 1)
+        context, pool = self.origin.get(base, (0, 0))
+        device = self.contexts[context].device if context in self.contexts else self.allocations.get(base, 0)
+        size, ident = len(self.memory[base]), 1 + sorted(self.memory).index(base)
+        values: dict[int, Any] = {
+            1: CUcontext(context), 2: CU_MEMORYTYPE_DEVICE, 3: CUdeviceptr(address), 6: False, 7: ident, 8: False,
+            9: device, 10: not pool, 11: CUdeviceptr(base), 12: size, 13: True, 14: 0, 15: 0,
+            16: CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE, 17: CUmemoryPool(pool), 18: size, 19: CUdeviceptr(base),
+            20: ident, 21: False, 22: 0,
+        }
+        return CUresult(0), values[which]
+
     # --- launches -----------------------------------------------------------------------------------------------
     @staticmethod
     def decode_extra(address: int) -> tuple[int | None, bytes | None]:
@@ -1400,6 +1502,24 @@ class FakeDriver:
     def cuLaunchKernel(self, f: Any, gridDimX: int, gridDimY: int, gridDimZ: int, blockDimX: int,  # noqa: N803
                        blockDimY: int, blockDimZ: int, sharedMemBytes: int, hStream: Any,  # noqa: N803
                        kernelParams: Any, extra: Any) -> tuple[Any, ...]:  # noqa: N803
+        return self._launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                            hStream, kernelParams, extra, False)
+
+    @_recorded
+    def cuLaunchCooperativeKernel(self, f: Any, gridDimX: int, gridDimY: int, gridDimZ: int,  # noqa: N803
+                                  blockDimX: int, blockDimY: int, blockDimZ: int, sharedMemBytes: int,  # noqa: N803
+                                  hStream: Any, kernelParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        """As cuLaunchKernel with `kernelParams` only (no `extra` form exists); the launch record says
+        cooperative. The co-residency limit (blocks <= occupancy x SMs) is not modelled."""
+        kernel = self.functions.get(int(f)) or self.kernels.get(int(f))
+        if kernel is not None and kernel.layout and kernelParams is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        return self._launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                            hStream, kernelParams, None, True)
+
+    def _launch(self, f: Any, gridDimX: int, gridDimY: int, gridDimZ: int, blockDimX: int,  # noqa: N803
+                blockDimY: int, blockDimZ: int, sharedMemBytes: int, hStream: Any,  # noqa: N803
+                kernelParams: Any, extra: Any, cooperative: bool) -> tuple[Any, ...]:  # noqa: N803
         if err := self._context_error():
             return _result(err)
         kernel = self.functions.get(int(f)) or self.kernels.get(int(f))
@@ -1431,7 +1551,8 @@ class FakeDriver:
             packed, source = b"", "none"
         launch = {"function": int(f), "kernel": kernel.name.decode(), "grid": list(grid), "block": list(block),
                   "shared": int(sharedMemBytes), "stream": int(hStream or 0), "params": packed.hex(),
-                  "source": source, "size_matches": expected is None or len(packed) == expected}
+                  "source": source, "size_matches": expected is None or len(packed) == expected,
+                  "cooperative": cooperative}
         self.launches.append(launch)
         self._note = {"launch": launch}
         return _result(0)

@@ -438,6 +438,8 @@ POSTED_FAILURES: dict[str, tuple[Callable[[Guest, Any], int], int]] = {
     "cuEventRecord": (lambda g, e: g.call("cuEventRecord", BAD_HANDLE, e.stream)[0], INVALID_HANDLE),
     "cuLaunchKernel": (lambda g, e: _launch(g, BAD_HANDLE), INVALID_HANDLE),
     "cuLaunchKernelEx": (lambda g, e: _launch_ex(g, e.function, stream=BAD_HANDLE), INVALID_HANDLE),
+    "cuLaunchCooperativeKernel": (lambda g, e: g.fn["cuLaunchCooperativeKernel"](BAD_HANDLE, 1, 1, 1, 32, 1, 1, 0,
+                                                                                   e.stream, None), INVALID_HANDLE),
 }
 
 
@@ -452,7 +454,7 @@ def test_every_posted_call_returns_at_once_and_its_failure_surfaces_at_the_next_
         assert post(g, env) == SUCCESS, name
         assert g.sync() == code, name
         assert g.sync() == SUCCESS, f"{name}: the error must be reported once"
-        assert not rig.entries(mark, "cuLaunchKernel" if name.startswith("cuLaunch") else name), name
+        assert not rig.entries(mark, "cuLaunchKernel" if name == "cuLaunchKernelEx" else name), name
 
 
 def test_a_posted_launch_the_driver_refuses_fails_at_the_next_sync(rig: Rig) -> None:
