@@ -99,6 +99,32 @@ def main():
     check(driver.cuMemcpy(both.ctypes.data, dy, both.nbytes))  # device -> host
     out["uva_ok"] = bool((both[:16] == 7).all() and (both[16:] == 5).all())
 
+    # pointer attributes, a cooperative launch, and a PTX module JIT-compiled with options
+    pattr = driver.CUpointer_attribute
+    out["memory_type"] = int(check(driver.cuPointerGetAttribute(pattr.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dx)))
+    out["ordinal"] = int(check(driver.cuPointerGetAttribute(pattr.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dx)))
+    out["range_size"] = int(check(driver.cuPointerGetAttribute(pattr.CU_POINTER_ATTRIBUTE_RANGE_SIZE, dx)))
+    m = 4096
+    count = np.array([m], dtype=np.uint32)
+    coop = np.array([a.ctypes.data, args[0].ctypes.data, args[1].ctypes.data, count.ctypes.data], dtype=np.uint64)
+    check(driver.cuMemcpyHtoD(dy, y.ctypes.data, 4 * m))
+    check(driver.cuLaunchCooperativeKernel(kernel, m // 256, 1, 1, 256, 1, 1, 0, stream, coop.ctypes.data))
+    check(driver.cuStreamSynchronize(stream))
+    part = np.empty(m, dtype=np.float32)
+    check(driver.cuMemcpyDtoH(part.ctypes.data, dy, part.nbytes))
+    out["cooperative_ok"] = bool(np.allclose(part, 2.5 * x[:m] + y[:m], rtol=1e-5, atol=1e-5))
+    prog = check(nvrtc.nvrtcCreateProgram(SAXPY, b"saxpy.cu", 0, [], []))
+    check(nvrtc.nvrtcCompileProgram(prog, 1, [f"--gpu-architecture=compute_{major}{minor}".encode()]))
+    ptx = b" " * check(nvrtc.nvrtcGetPTXSize(prog))
+    check(nvrtc.nvrtcGetPTX(prog, ptx))
+    jit = driver.CUjit_option
+    log = np.zeros(1024, dtype=np.uint8)
+    options = [jit.CU_JIT_MAX_REGISTERS, jit.CU_JIT_INFO_LOG_BUFFER, jit.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES]
+    jitted = check(driver.cuModuleLoadDataEx(ptx, len(options), options, [32, log.ctypes.data, 1024]))
+    check(driver.cuModuleGetFunction(jitted, b"saxpy"))
+    out["jit_ok"] = True
+    check(driver.cuModuleUnload(jitted))
+
     for handle in (start, stop):
         check(driver.cuEventDestroy(handle))
     check(driver.cuStreamDestroy(stream))
