@@ -118,9 +118,9 @@ def main():
     ptx = b" " * check(nvrtc.nvrtcGetPTXSize(prog))
     check(nvrtc.nvrtcGetPTX(prog, ptx))
     jit = driver.CUjit_option
-    log = np.zeros(1024, dtype=np.uint8)
+    log = bytes(1024)  # cuda-python wants the log buffer itself
     options = [jit.CU_JIT_MAX_REGISTERS, jit.CU_JIT_INFO_LOG_BUFFER, jit.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES]
-    jitted = check(driver.cuModuleLoadDataEx(ptx, len(options), options, [32, log.ctypes.data, 1024]))
+    jitted = check(driver.cuModuleLoadDataEx(ptx, len(options), options, [32, log, 1024]))
     check(driver.cuModuleGetFunction(jitted, b"saxpy"))
     out["jit_ok"] = True
     check(driver.cuModuleUnload(jitted))
