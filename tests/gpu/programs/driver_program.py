@@ -107,6 +107,7 @@ def main():
     m = 4096
     count = np.array([m], dtype=np.uint32)
     coop = np.array([a.ctypes.data, args[0].ctypes.data, args[1].ctypes.data, count.ctypes.data], dtype=np.uint64)
+    check(driver.cuMemcpyHtoD(dx, x.ctypes.data, 4 * m))  # the memsets above changed the start of both
     check(driver.cuMemcpyHtoD(dy, y.ctypes.data, 4 * m))
     check(driver.cuLaunchCooperativeKernel(kernel, m // 256, 1, 1, 256, 1, 1, 0, stream, coop.ctypes.data))
     check(driver.cuStreamSynchronize(stream))
