@@ -191,8 +191,7 @@ class Forwarder:
             if not pctx:
                 return INVALID_VALUE
             if params:
-                log.warning("orion: cuCtxCreate with CUctxCreateParams is not forwarded yet")
-                return NOT_SUPPORTED
+                return self._not_forwarded("cuCtxCreate with CUctxCreateParams")
             status, reply = self._call(call, struct.pack("<Ii", flags, dev))
             if status == SUCCESS and reply is not None:
                 ctypes.c_uint64.from_address(pctx).value = struct.unpack("<Q", reply.payload)[0]
@@ -236,12 +235,13 @@ class Forwarder:
             return self._load_image(call, pmodule, image)
         return forward
 
-    def _load_image(self, call: DriverCall, out: int, address: int) -> int:
-        """Ship the module image at `address` (its length derived from the image) and store the new handle."""
+    def _load_image(self, call: DriverCall, out: int, address: int, prefix: bytes = b"") -> int:
+        """Ship the module image at `address` (its length derived from the image), after `prefix` if any, and
+        store the new handle in `out`."""
         image = _image_view(address)
         if image is None:
             return INVALID_IMAGE
-        status, reply = self._call(call, image)
+        status, reply = self._call(call, _Prefixed(prefix, image).payload() if prefix else image)
         if status == SUCCESS and reply is not None:
             ctypes.c_uint64.from_address(out).value = struct.unpack("<Q", reply.payload)[0]
         return status
@@ -252,8 +252,7 @@ class Forwarder:
             if not plib or not code:
                 return INVALID_VALUE
             if njit or nlib:
-                log.warning("orion: cuLibraryLoadData with JIT or library options is not forwarded yet")
-                return NOT_SUPPORTED
+                return self._not_forwarded("cuLibraryLoadData with JIT or library options")
             return self._load_image(call, plib, code)
         return forward
 
@@ -268,11 +267,10 @@ class Forwarder:
                 return INVALID_VALUE
             status, reply = self._call(call, struct.pack("<Q", owner or 0) + ctypes.string_at(name))
             if status == SUCCESS and reply is not None:
-                for pointer, ctype, value in zip(outs, ctypes_out, call.outputs.unpack(reply.payload),
-                                                 strict=True):
+                values = call.outputs.unpack(reply.payload)
+                for pointer, ctype, value in zip(outs, ctypes_out, values, strict=True):
                     if pointer:
                         ctype.from_address(pointer).value = value
-                values = call.outputs.unpack(reply.payload)
                 if call.name == "cuLibraryGetKernel":
                     self._kernels.add(values[0])
                 elif call.name.endswith("GetGlobal"):
@@ -308,13 +306,8 @@ class Forwarder:
                     guest[option] = index
                 else:
                     return self._not_forwarded(f"cuModuleLoadDataEx JIT option {_jit_option_name(option)}")
-            view = _image_view(image)
-            if view is None:
-                return INVALID_IMAGE
             prefix = struct.pack("<I", len(pairs)) + b"".join(struct.pack("<iQ", o, v) for o, v in pairs)
-            status, reply = self._call(call, _Prefixed(prefix, view).payload())
-            if status == SUCCESS and reply is not None:
-                ctypes.c_uint64.from_address(pmodule).value = struct.unpack("<Q", reply.payload)[0]
+            status = self._load_image(call, pmodule, image, prefix)
             if slots is not None:
                 _empty_logs(slots, guest)
             return status
@@ -445,8 +438,7 @@ class Forwarder:
                 return INVALID_VALUE
             c = LaunchConfig.from_address(config)
             if c.numAttrs:
-                log.warning("orion: cuLaunchKernelEx with launch attributes is not forwarded yet")
-                return NOT_SUPPORTED
+                return self._not_forwarded("cuLaunchKernelEx with launch attributes")
             head = (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes,
                     c.hStream or 0)
             try:
