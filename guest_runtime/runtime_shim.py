@@ -34,12 +34,13 @@ What cudart does and the shim copies:
 * `cudaDriverGetVersion` answers 0 with cudaSuccess when no driver is reachable, as cudart documents.
 * `cudaRuntimeGetVersion` answers the wheel's CUDART_VERSION without loading cudart (`runtime_version`).
 
-Limits, each answered with an error rather than a guess: `cudaMemcpy` with cudaMemcpyDefault (it needs the
-unified-address classification of both pointers, which is not forwarded yet) answers cudaErrorNotSupported,
-said once. `cudaDeviceGetAttribute` refuses (cudaErrorInvalidValue, as cudart) a value that is not a
-cudaDeviceAttr of this wheel, since the driver would answer a different question for it. Every runtime function
-not implemented here answers cudaErrorNotSupported (801) and is named once in the log: through `fallback`, which
-also records it as the last error, or through capsule_hook's default fallback. Functions that return something
+`cudaMemcpy` with cudaMemcpyDefault is the forwarded `cuMemcpy`, which tells host from device pointers.
+
+Limits, each answered with an error rather than a guess: `cudaDeviceGetAttribute` refuses
+(cudaErrorInvalidValue, as cudart) a value that is not a cudaDeviceAttr of this wheel, since the driver would
+answer a different question for it. Every runtime function not implemented here answers cudaErrorNotSupported
+(801) and is named once in the log: through `fallback`, which also records it as the last error, or through
+capsule_hook's default fallback. Functions that return something
 other than a status (`cudaGetErrorName`, `cudaGetErrorString`, `make_cudaExtent`, ...) keep the static cudart's
 code: they are pure host-side lookups and need no driver.
 
@@ -478,11 +479,7 @@ class RuntimeShim:
         return self._in_context("cuMemAlloc", out, size)
 
     def cudaMemcpy(self, dst: int | None, src: int | None, count: int, kind: int) -> int:  # noqa: N802
-        if kind == MEMCPY_DEFAULT:
-            _say_once("cudaMemcpyDefault", "orion: cudaMemcpy with cudaMemcpyDefault is not forwarded yet (it needs "
-                      "the unified-address classification of both pointers): returning cudaErrorNotSupported")
-            return NOT_SUPPORTED
-        if kind not in (HOST_TO_HOST, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE):
+        if kind not in (HOST_TO_HOST, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE, MEMCPY_DEFAULT):
             return INVALID_MEMCPY_DIRECTION
         error = self._ensure_context()
         if error != SUCCESS or count == 0:
@@ -492,7 +489,8 @@ class RuntimeShim:
         if kind == HOST_TO_HOST:
             ctypes.memmove(dst, src, count)
             return SUCCESS
-        name = {HOST_TO_DEVICE: "cuMemcpyHtoD", DEVICE_TO_HOST: "cuMemcpyDtoH", DEVICE_TO_DEVICE: "cuMemcpyDtoD"}[kind]
+        name = {HOST_TO_DEVICE: "cuMemcpyHtoD", DEVICE_TO_HOST: "cuMemcpyDtoH", DEVICE_TO_DEVICE: "cuMemcpyDtoD",
+                MEMCPY_DEFAULT: "cuMemcpy"}[kind]  # the forwarded cuMemcpy tells the directions apart itself
         return self._in_context(name, dst, src, count)
 
     def cudaSetDevice(self, device: int) -> int:  # noqa: N802

@@ -283,18 +283,19 @@ def test_the_quota_surfaces_as_cudaErrorMemoryAllocation(start: Callable[..., Ri
     assert rt.fn["cudaGetLastError"]() == MEMORY_ALLOCATION
 
 
-def test_memcpy_default_is_not_supported_and_said_once(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+def test_memcpy_default_works_out_the_direction_and_a_bad_kind_is_refused(rig: Rig) -> None:
     rt = connected(rig)
     pointer = rt.malloc(64)
-    host = ctypes.create_string_buffer(64)
-    runtime_shim._SAID.discard("cudaMemcpyDefault")
+    source = ctypes.create_string_buffer(bytes(range(64)), 64)
+    landing = ctypes.create_string_buffer(64)
     mark = rig.mark()
-    with caplog.at_level(logging.WARNING, logger="guest_runtime.runtime_shim"):
-        assert rt.memcpy(pointer, ctypes.addressof(host), 64, DEFAULT) == NOT_SUPPORTED
-        assert rt.memcpy(ctypes.addressof(host), pointer, 64, DEFAULT) == NOT_SUPPORTED
-    said = [r.getMessage() for r in caplog.records if "cudaMemcpyDefault" in r.getMessage()]
-    assert len(said) == 1 and "cudaErrorNotSupported" in said[0]
-    assert rt.memcpy(pointer, ctypes.addressof(host), 64, 7) == INVALID_MEMCPY_DIRECTION
+    assert rt.memcpy(pointer, ctypes.addressof(source), 64, DEFAULT) == SUCCESS  # host -> device
+    assert rt.memcpy(ctypes.addressof(landing), pointer, 64, DEFAULT) == SUCCESS  # device -> host
+    assert landing.raw == source.raw
+    names = [e["name"] for e in rig.entries(mark) if e["name"].startswith("cuMemcpy")]
+    assert names == ["cuMemcpyHtoD", "cuMemcpyDtoH"]
+    mark = rig.mark()
+    assert rt.memcpy(pointer, ctypes.addressof(source), 64, 7) == INVALID_MEMCPY_DIRECTION
     assert rig.entries(mark) == []
 
 
@@ -384,8 +385,8 @@ def test_the_last_error_is_kept_per_thread_until_read(rig: Rig) -> None:
     assert seen == {"before": SUCCESS, "own": INVALID_VALUE, "after": INVALID_VALUE}
 
     assert rt.fn["cudaSetDevice"](-3) == INVALID_DEVICE  # the latest error wins
-    assert rt.memcpy(None, None, 8, DEFAULT) == NOT_SUPPORTED
-    assert get() == NOT_SUPPORTED and get() == SUCCESS and peek() == SUCCESS
+    assert rt.memcpy(None, None, 8, 7) == INVALID_MEMCPY_DIRECTION  # no such cudaMemcpyKind
+    assert get() == INVALID_MEMCPY_DIRECTION and get() == SUCCESS and peek() == SUCCESS
 
 
 def test_unimplemented_runtime_functions_answer_801_named_once(caplog: pytest.LogCaptureFixture) -> None:
