@@ -19,6 +19,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,8 +48,8 @@ def _daemon_running(name: str) -> bool:
         if not entry.isdigit():
             continue
         try:
-            comm = open(f"/proc/{entry}/comm").read().strip()
-            state = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[0]
+            comm = Path("/proc", entry, "comm").read_text().strip()
+            state = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
         if comm == name and state not in ("Z", "X"):
