@@ -24,7 +24,7 @@ APT_PACKAGES=(
   qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu libvirt-dev
   etcd-server etcd-client
   rdma-core ibverbs-providers ibverbs-utils rdmacm-utils python3-pyverbs iproute2
-  debootstrap e2fsprogs psmisc
+  debootstrap e2fsprogs psmisc libxml2-utils
 )
 
 install_apt() {
