@@ -1,0 +1,109 @@
+"""Our record in a domain's `<metadata>`: which Orion regions the domain uses, their sizes, whether they persist.
+
+    <metadata>
+      <orion:regions xmlns:orion="http://orion-vgpu.org/xmlns/libvirt/1">
+        <orion:region index="0" size-mib="128" persistent="no"/>
+      </orion:regions>
+    </metadata>
+
+The generator (domain.py) writes it, the in-place editor (host_agent/libvirt_gateway.py) rewrites it on attach
+and detach, and the qemu hook reads it on prepare/release (persistent="no" regions are removed on release).
+Only building and reading the element belongs here, no libvirt calls: `regions_xml` is what
+`virDomain.setMetadata(VIR_DOMAIN_METADATA_ELEMENT, xml, ORION_PREFIX, ORION_NS)` takes, and `read_regions`
+accepts a whole domain tree or the element alone (what `virDomain.metadata(…, ORION_NS)` returns).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from lxml import etree
+
+from .devices import ORION_NS, ORION_PREFIX, check_region_index, check_region_size
+from .errors import DomainXmlError
+
+REGIONS_TAG = f"{{{ORION_NS}}}regions"
+REGION_TAG = f"{{{ORION_NS}}}region"
+_NSMAP = {ORION_PREFIX: ORION_NS}
+# Elements libvirt puts before <metadata>; a new <metadata> goes after the last of them present.
+_BEFORE_METADATA = ("name", "uuid", "genid", "title", "description")
+
+
+@dataclass(frozen=True, order=True)
+class RegionRecord:
+    """One Orion region a domain uses: /dev/shm/orionsock<index>, size_mib MiB; kept after release if persistent."""
+
+    index: int
+    size_mib: int
+    persistent: bool = False
+
+
+def regions_element(regions: Iterable[RegionRecord]) -> etree._Element:
+    """`<orion:regions>` with one `<orion:region>` per record, in the order given; checks every record."""
+    root = etree.Element(REGIONS_TAG, nsmap=_NSMAP)
+    seen: set[int] = set()
+    for region in regions:
+        check_region_index(region.index)
+        check_region_size(region.size_mib)
+        if region.index in seen:
+            raise DomainXmlError(f"region {region.index} is listed twice")
+        seen.add(region.index)
+        etree.SubElement(root, REGION_TAG, {"index": str(region.index), "size-mib": str(region.size_mib),
+                                            "persistent": "yes" if region.persistent else "no"})
+    return root
+
+
+def regions_xml(regions: Iterable[RegionRecord]) -> str:
+    """The element as a string, for virDomain.setMetadata."""
+    return etree.tostring(regions_element(regions), encoding="unicode")
+
+
+def find_regions_element(tree: etree._Element) -> etree._Element | None:
+    """Our `<orion:regions>` in a domain tree (or `tree` itself if it is that element); None if absent."""
+    if tree.tag == REGIONS_TAG:
+        return tree
+    return tree.find(f"metadata/{REGIONS_TAG}")
+
+
+def read_regions(tree: etree._Element) -> list[RegionRecord]:
+    """The regions recorded in a domain tree (or in a bare `<orion:regions>`); [] when there is no record.
+
+    A record we cannot read raises DomainXmlError rather than being skipped: a hook that silently forgot a
+    region would leave it behind, or remove one still in use."""
+    element = find_regions_element(tree)
+    if element is None:
+        return []
+    records = []
+    for region in element.iter(REGION_TAG):
+        try:
+            index, size_mib = int(region.get("index", "")), int(region.get("size-mib", ""))
+        except ValueError:
+            raise DomainXmlError(f"unreadable Orion metadata: {etree.tostring(region, encoding='unicode')}") from None
+        persistent = region.get("persistent", "no")
+        if persistent not in ("yes", "no"):
+            raise DomainXmlError(f"unreadable Orion metadata: persistent={persistent!r} (want 'yes' or 'no')")
+        records.append(RegionRecord(index, size_mib, persistent == "yes"))
+    return records
+
+
+def set_regions(domain: etree._Element, regions: Iterable[RegionRecord]) -> etree._Element | None:
+    """Replace (or add) our record in `domain`'s `<metadata>`, in place; everything else stays as it was.
+
+    Returns the new element; an empty `regions` removes our record (leaving `<metadata>`) and returns None."""
+    new = regions_element(regions)
+    metadata = domain.find("metadata")
+    if metadata is None:
+        metadata = etree.Element("metadata")
+        anchors = [child for child in domain if child.tag in _BEFORE_METADATA]
+        position = domain.index(anchors[-1]) + 1 if anchors else 0
+        domain.insert(position, metadata)
+    old = metadata.find(REGIONS_TAG)
+    if old is not None:
+        new.tail = old.tail
+        metadata.replace(old, new)
+    else:
+        metadata.append(new)
+    if not len(new):
+        metadata.remove(new)
+        return None
+    return new
