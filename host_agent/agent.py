@@ -4,6 +4,10 @@ Regions are the `orionsock<N>` files in server.conf's shm_path_base (made by `or
 for a libvirt guest, or by the libvirt hook). New ones are picked up while running, removed ones dropped.
 All regions are supervised from this one thread, so that session workers are forked from a process with
 no other threads (forking a threaded process can copy a held lock into the child).
+
+Besides the periodic rescan, `request_refresh()` (oriond calls it on SIGHUP, which the libvirt hook sends
+after creating or removing a region) makes the next pass rescan at once. It only sets a plain attribute, so
+a signal handler may call it (see stop.py for why a handler must not take locks or set an Event).
 """
 from __future__ import annotations
 
@@ -23,9 +27,19 @@ log = logging.getLogger(__name__)
 RESCAN_S = 1.0
 
 
+def _same_file(server: RegionServer, path: str) -> bool:
+    """Whether `path` still names the file `server` has mapped (the hook may remove and re-create it)."""
+    try:
+        there, mine = os.stat(path), os.fstat(server.region.fd)
+    except OSError:
+        return False
+    return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+
+
 class Agent:
     def __init__(self, config: ServerConfig, executor: ExecutorOptions, regions: list[str] | None = None,
-                 options: ServerOptions | None = None, stop: StopRequest | None = None) -> None:
+                 options: ServerOptions | None = None, stop: StopRequest | None = None,
+                 rescan_s: float = RESCAN_S) -> None:
         self.config = config
         self.factory = executor_factory(executor)
         self.fixed = regions  # serve exactly these, or (None) every region file of shm_path_base
@@ -33,6 +47,12 @@ class Agent:
         self.stop = stop or StopRequest()
         self.servers: dict[str, RegionServer] = {}
         self._failed: set[str] = set()
+        self.rescan_s = rescan_s
+        self._refresh_requested = False
+
+    def request_refresh(self) -> None:
+        """Rescan the region directory on the next pass (signal-safe: one attribute store, no lock)."""
+        self._refresh_requested = True
 
     def _wanted(self) -> list[str]:
         if self.fixed is not None:
@@ -40,8 +60,13 @@ class Agent:
         return list_region_files(self.config.shm.path_base.rstrip("/") or "/")
 
     def refresh(self) -> None:
-        """Start serving new region files; let go of removed ones."""
+        """Let go of removed (or removed and re-created) region files, then start serving new ones."""
         wanted = self._wanted()
+        for path in list(self.servers):
+            if path not in wanted or not _same_file(self.servers[path], path):
+                log.info("%s is gone; its sessions end", path)
+                self.servers.pop(path).shutdown()
+        self._failed &= set(wanted)  # a failed file that was removed gets another try if it comes back
         for path in wanted:
             if path in self.servers or path in self._failed:
                 continue
@@ -52,10 +77,6 @@ class Agent:
             except WireError as exc:
                 log.error("cannot serve %s: %s", path, exc)
                 self._failed.add(path)
-        for path in list(self.servers):
-            if path not in wanted or not os.path.exists(path):
-                log.info("%s is gone; its sessions end", path)
-                self.servers.pop(path).shutdown()
 
     def run(self) -> None:
         log.info("Orion Server (oriond) serving SHM regions of %s", self.config.shm.path_base)
@@ -63,9 +84,10 @@ class Agent:
         try:
             while not self.stop.is_set():
                 now = time.monotonic()
-                if now >= next_refresh:
+                if now >= next_refresh or self._refresh_requested:
+                    self._refresh_requested = False  # cleared first: a request arriving during refresh() stays
                     self.refresh()
-                    next_refresh = now + RESCAN_S
+                    next_refresh = now + self.rescan_s
                 for server in self.servers.values():
                     server.scan()
                 self.stop.wait(self.options.scan_interval)

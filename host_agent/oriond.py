@@ -1,17 +1,20 @@
 """`oriond`: the Orion host agent (thin: parses flags, loads the config, runs the agent).
 
-Orion's flags are kept (-n -b -p -r -i -m -k -d, ORION-COMPAT.md §6.3); `--config`, `--region`, `--gmem`
-and `--devices` are ours.
+Orion's flags are kept (-n -b -p -r -i -m -k -d, ORION-COMPAT.md §6.3); `--config`, `--region`, `--gmem`,
+`--devices`, `--pid-file` and `--rescan-interval` are ours. SIGHUP asks the agent to rescan its regions at
+once: the libvirt qemu hook sends it, through the pid file, after creating or removing a region.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from ivshmem.orion_conf import ConfigError
 
-from .agent import Agent
+from . import pidfile
+from .agent import RESCAN_S, Agent
 from .config import DEFAULT_PATH, ServerConfig
 from .executor import ExecutorOptions
 from .region_server import ServerOptions
@@ -34,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gmem", type=int, metavar="MiB", help="memory quota per session (default: device "
                                                                  "memory / vgpu_count)")
     parser.add_argument("--devices", help="comma-separated physical GPU ordinals sessions may use")
+    parser.add_argument("--pid-file", default=pidfile.default_path(),
+                        help="where to write our pid, for the libvirt hook's SIGHUP (default %(default)s; "
+                             "ORION_PID_FILE sets the default)")
+    parser.add_argument("--rescan-interval", type=float, default=RESCAN_S, metavar="S",
+                        help="how often to look for new or removed regions (default %(default)s s); SIGHUP "
+                             "rescans at once")
     args = parser.parse_args(argv)
     try:
         config = ServerConfig.load(args.config)
@@ -47,8 +56,20 @@ def main(argv: list[str] | None = None) -> int:
         logging.info("No configuration file is found. Use default settings and environment variables.")
     devices = tuple(int(d) for d in args.devices.split(",")) if args.devices else None
     stop = StopRequest().on_signals()
-    Agent(config, ExecutorOptions(devices=devices, gmem_mib=args.gmem, vgpu_count=config.vgpu_count),
-          regions=args.region, options=ServerOptions(), stop=stop).run()
+    agent = Agent(config, ExecutorOptions(devices=devices, gmem_mib=args.gmem, vgpu_count=config.vgpu_count),
+                  regions=args.region, options=ServerOptions(), stop=stop, rescan_s=args.rescan_interval)
+    # Before the pid file exists: SIGHUP's default action would end the process.
+    signal.signal(signal.SIGHUP, lambda *_: agent.request_refresh())
+    try:
+        pidfile.write(args.pid_file)
+    except OSError as exc:
+        logging.warning("not writing the pid file %s (%s): the libvirt hook cannot wake this agent, which "
+                        "still finds new regions within %s s", args.pid_file, exc.strerror or exc,
+                        args.rescan_interval)
+    try:
+        agent.run()
+    finally:
+        pidfile.remove(args.pid_file)
     return 0
 
 
