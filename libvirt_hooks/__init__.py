@@ -1,4 +1,7 @@
-"""The /etc/libvirt/hooks/qemu entry point that prepares and releases Orion regions (the KVM issue builds it).
+"""libvirt's qemu hook for Orion regions, and its installer (`orion-hooks`).
 
-It must never call back into libvirt: libvirt holds its locks while running a hook.
+qemu_hook.py is the entry point libvirt runs (prepare creates regions, release removes them, both wake the
+host agent); regions.py holds what it does; installer.py places it in /etc/libvirt/hooks/qemu.d/ next to any
+hook already there, plus the AppArmor rule where AppArmor is active. Nothing here may call libvirt: libvirt
+holds its locks while a hook runs.
 """
