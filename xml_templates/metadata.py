@@ -8,9 +8,12 @@
 
 The generator (domain.py) writes it, the in-place editor (host_agent/libvirt_gateway.py) rewrites it on attach
 and detach, and the qemu hook reads it on prepare/release (persistent="no" regions are removed on release).
-Only building and reading the element belongs here, no libvirt calls: `regions_xml` is what
-`virDomain.setMetadata(VIR_DOMAIN_METADATA_ELEMENT, xml, ORION_PREFIX, ORION_NS)` takes, and `read_regions`
-accepts a whole domain tree or the element alone (what `virDomain.metadata(…, ORION_NS)` returns).
+Only building and reading the element belongs here, no libvirt calls. libvirt's metadata API speaks the element
+*without* its namespace (checked on libvirt 9.0): `virDomain.metadata(VIR_DOMAIN_METADATA_ELEMENT, ORION_NS)`
+returns `<regions><region …/></regions>`, and `setMetadata(…, xml, ORION_PREFIX, ORION_NS)` wants that bare form
+(a namespaced one fails with "failed to create a new XML namespace") and stores it as `<orion:regions>`. So
+`regions_xml` gives the bare form, `regions_element` the namespaced one for a domain tree, and `read_regions`
+reads a domain tree or either form of the element.
 """
 from __future__ import annotations
 
@@ -38,9 +41,8 @@ class RegionRecord:
     persistent: bool = False
 
 
-def regions_element(regions: Iterable[RegionRecord]) -> etree._Element:
-    """`<orion:regions>` with one `<orion:region>` per record, in the order given; checks every record."""
-    root = etree.Element(REGIONS_TAG, nsmap=_NSMAP)
+def _build(regions: Iterable[RegionRecord], regions_tag: str, region_tag: str) -> etree._Element:
+    root = etree.Element(regions_tag, nsmap=_NSMAP if regions_tag == REGIONS_TAG else None)
     seen: set[int] = set()
     for region in regions:
         check_region_index(region.index)
@@ -48,25 +50,30 @@ def regions_element(regions: Iterable[RegionRecord]) -> etree._Element:
         if region.index in seen:
             raise DomainXmlError(f"region {region.index} is listed twice")
         seen.add(region.index)
-        etree.SubElement(root, REGION_TAG, {"index": str(region.index), "size-mib": str(region.size_mib),
+        etree.SubElement(root, region_tag, {"index": str(region.index), "size-mib": str(region.size_mib),
                                             "persistent": "yes" if region.persistent else "no"})
     return root
 
 
+def regions_element(regions: Iterable[RegionRecord]) -> etree._Element:
+    """`<orion:regions>` with one `<orion:region>` per record, in the order given; checks every record."""
+    return _build(regions, REGIONS_TAG, REGION_TAG)
+
+
 def regions_xml(regions: Iterable[RegionRecord]) -> str:
-    """The element as a string, for virDomain.setMetadata."""
-    return etree.tostring(regions_element(regions), encoding="unicode")
+    """The bare `<regions><region …/></regions>` string that virDomain.setMetadata takes (see the docstring)."""
+    return etree.tostring(_build(regions, "regions", "region"), encoding="unicode")
 
 
 def find_regions_element(tree: etree._Element) -> etree._Element | None:
-    """Our `<orion:regions>` in a domain tree (or `tree` itself if it is that element); None if absent."""
-    if tree.tag == REGIONS_TAG:
+    """Our record in a domain tree, or `tree` itself if it is the record (either form); None if absent."""
+    if tree.tag in (REGIONS_TAG, "regions"):
         return tree
     return tree.find(f"metadata/{REGIONS_TAG}")
 
 
 def read_regions(tree: etree._Element) -> list[RegionRecord]:
-    """The regions recorded in a domain tree (or in a bare `<orion:regions>`); [] when there is no record.
+    """The regions recorded in a domain tree (or in the record itself, either form); [] when there is none.
 
     A record we cannot read raises DomainXmlError rather than being skipped: a hook that silently forgot a
     region would leave it behind, or remove one still in use."""
@@ -74,7 +81,7 @@ def read_regions(tree: etree._Element) -> list[RegionRecord]:
     if element is None:
         return []
     records = []
-    for region in element.iter(REGION_TAG):
+    for region in element.iter(REGION_TAG if element.tag == REGIONS_TAG else "region"):
         try:
             index, size_mib = int(region.get("index", "")), int(region.get("size-mib", ""))
         except ValueError:
