@@ -25,9 +25,10 @@ from lxml import etree
 
 from host_agent import pidfile
 from ivshmem import shm_admin
+from ivshmem.errors import RegionNotFormatted, WireError
 from ivshmem.layout import MIB
 from ivshmem.orion_conf import ShmSettings
-from ivshmem.region import region_path
+from ivshmem.region import Region, region_path
 from xml_templates.errors import DomainXmlError
 from xml_templates.metadata import read_regions
 
@@ -135,6 +136,12 @@ def _check_existing(domain: str, region: DomainRegion, path: str, settings: ShmS
                         "(its <shmem> <size>) and QEMU refuses a smaller file; remove the region (orion-shm remove "
                         f"{region.index}) so that it is made again, or give the device a size of at most "
                         f"{st.st_size // MIB} MiB")
+    usable = _usable_size(path, st.st_size)
+    if usable > region.size_mib * MIB:
+        raise HookError(f"{path} is laid out for {usable / MIB:g} MiB but domain {domain}'s device maps only "
+                        f"{region.size_mib} MiB (its <shmem> <size>), so the guest could not use it; remove the "
+                        f"region (orion-shm remove {region.index}) so that it is made again, or give the device a "
+                        f"size of {usable // MIB} MiB")
     owner = _qemu_ids(settings)
     if owner is not None and not _can_read_write(st, *owner):
         os.chown(path, owner[0], owner[1])
@@ -143,6 +150,20 @@ def _check_existing(domain: str, region: DomainRegion, path: str, settings: ShmS
                      f"({settings.user}:{settings.group}) cannot open; gave it to them with mode 0660")
     else:
         notes.append(f"{path} exists ({st.st_size // MIB} MiB); left as it is")
+
+
+def _usable_size(path: str, file_size: int) -> int:
+    """The size the region's header describes; for a blank file, the file's size (the agent formats it so).
+
+    QEMU accepts a file larger than the device, but the guest sees only the device's BAR and refuses a header
+    describing more than it can map."""
+    try:
+        with Region.open(path) as opened:
+            return opened.geometry.region_size
+    except RegionNotFormatted:
+        return file_size
+    except WireError as exc:
+        raise HookError(f"{exc}; see 'orion-shm inspect', or remove the region so that it is made again") from None
 
 
 def _qemu_ids(settings: ShmSettings) -> tuple[int, int, list[int]] | None:

@@ -111,13 +111,24 @@ def test_prepare_creates_each_region_with_the_device_size_owner_and_mode(host: H
 
 
 def test_prepare_leaves_a_good_existing_region_alone(host: Host) -> None:
-    shm_admin.create(9103, 64, directory=str(host.shm), settings=ShmSettings.load(str(host.conf)), mode=0o666)
+    shm_admin.create(9103, 32, directory=str(host.shm), settings=ShmSettings.load(str(host.conf)), mode=0o666)
     before = host.path(9103).stat()
-    result = host.hook("prepare", domain_xml((9103, 32)))  # larger than the device wants: QEMU accepts it
+    result = host.hook("prepare", domain_xml((9103, 32)))
     assert result.returncode == 0, result.stderr
     after = host.path(9103).stat()
     assert (after.st_ino, after.st_size, after.st_mode, after.st_mtime_ns) == \
            (before.st_ino, before.st_size, before.st_mode, before.st_mtime_ns)
+    assert "left as it is" in result.stderr
+
+
+def test_prepare_refuses_a_region_laid_out_larger_than_the_device(host: Host) -> None:
+    """QEMU accepts a larger file, but the guest maps only the device's size and refuses the larger header."""
+    shm_admin.create(9120, 64, directory=str(host.shm), settings=ShmSettings.load(str(host.conf)))
+    result = host.hook("prepare", domain_xml((9120, 32)))
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert "laid out for 64 MiB" in line and "orion-shm remove 9120" in line
+    assert host.path(9120).stat().st_size == 64 * MIB
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="giving a file to another user needs root")
