@@ -40,12 +40,30 @@ Commands:
   {PROG} list [-d DIR]                 one line per region: size, owner, header, agent, channels, users
   {PROG} inspect N [-d DIR]            header, agent, every channel and the processes using region N
   {PROG} remove N [-d DIR] [--force]   delete region N unless a process or the host agent still uses it
+  {PROG} attach DOMAIN [-i N] [-s MiB] [--live] [--config] [--persistent] [-c URI]
+                   create /dev/shm/orionsock<N> if needed and attach it to a libvirt domain (ivshmem-plain)
+  {PROG} detach DOMAIN [-i N] [--live] [--config] [--wait S] [-c URI]
+                   remove that device and its record from the domain; the region file stays
   {PROG} help [COMMAND]
 
 Every command also takes --config FILE (default {SERVER_CONF}); its [server-shm] shm_path_base and
-shm_buffer_size are the defaults of -d and -s. Run '{PROG} COMMAND -h' for a command's options.
+shm_buffer_size are the defaults of -d and -s. attach and detach, whose --config means the domain's persistent
+definition (as in virsh), take that file as --server-conf FILE. Run '{PROG} COMMAND -h' for a command's options.
 """
-COMMANDS = ("create", "list", "inspect", "remove", "help")
+COMMANDS = ("create", "list", "inspect", "remove", "attach", "detach", "help")
+LIBVIRT_COMMANDS = ("attach", "detach")
+# Exit statuses of attach/detach: (status, the gateway's error class, meaning); docs/kvm.md lists them too.
+_LIBVIRT_EXITS = (
+    (0, "", "done, or nothing to do"),
+    (1, "", "bad arguments, or the region could not be created"),
+    (2, "LibvirtdUnreachable", "libvirtd is not running or not reachable at the URI"),
+    (3, "DomainNotFound", "no such domain"),
+    (4, "NotPermitted", "libvirt does not allow this user, or no write access to /dev/shm"),
+    (5, "RegionUnusable", "the existing region is too small, or QEMU cannot open it"),
+    (6, "Conflict", "a <shmem> of that name that is not ours, or ours with another size, is in the way"),
+    (7, "Refused", "libvirt refused the change; what was done before it was undone"),
+    (8, "DetachPending", "live detach asked for, but the guest has not released the device within --wait"),
+)
 _INTEGER = re.compile(r"\s*[+-]?\d+\s*")
 
 
@@ -160,7 +178,41 @@ def _parsers() -> dict[str, _Parser]:
     index(remove_p)
     directory(remove_p)
     remove_p.add_argument("--force", action="store_true", help="remove it even while it is in use")
-    return {"create": create_p, "list": list_p, "inspect": inspect_p, "remove": remove_p}
+    return {"create": create_p, "list": list_p, "inspect": inspect_p, "remove": remove_p, **_libvirt_parsers()}
+
+
+def _libvirt_parsers() -> dict[str, _Parser]:
+    """attach/detach: virsh's flag names (--live, --config, -c URI), so server.conf is --server-conf here."""
+    exits = "exit status: " + "; ".join(f"{code} {what}" for code, _, what in _LIBVIRT_EXITS)
+
+    def parser(name: str, description: str) -> _Parser:
+        p = _Parser(prog=f"{PROG} {name}", description=description, epilog=exits, allow_abbrev=False)
+        p.add_argument("domain", metavar="DOMAIN", help="libvirt domain name")
+        p.add_argument("-i", "--index", type=_int_arg, default=0, metavar="N", help="region index (default 0)")
+        p.add_argument("--live", action="store_true", help="change the running domain")
+        p.add_argument("--config", action="store_true", help="change the persistent definition (default: "
+                       "--live if the domain runs, --config if it is persistent, both if both)")
+        p.add_argument("-c", "--connect", metavar="URI", help="libvirt URI (default: $LIBVIRT_DEFAULT_URI, else "
+                       "qemu:///system)")
+        p.add_argument("--server-conf", default=SERVER_CONF, metavar="FILE",
+                       help=f"Orion server configuration (default {SERVER_CONF}): QEMU's user and group, and the "
+                       "default size")
+        return p
+
+    attach_p = parser("attach", "Attach /dev/shm/orionsock<N> to DOMAIN as an ivshmem-plain <shmem> device "
+                      "(alias ua-orion-orionsock<N>) and record it in the domain's orion: metadata. The region "
+                      "is created first if missing (owner and mode for QEMU); an existing one is reused if large "
+                      "enough. Attaching again changes nothing; a failure part-way undoes what was done.")
+    attach_p.add_argument("-s", "--size", type=_int_arg, metavar="MiB", help="device size, a power of two in "
+                          "MiB (default: the attached device's, else the existing region's, else shm_buffer_size)")
+    attach_p.add_argument("--persistent", action="store_true", help="mark the region persistent: the qemu hook "
+                          "keeps the file when the domain stops")
+    detach_p = parser("detach", "Detach our orionsock<N> device (alias ua-orion-orionsock<N>) and its metadata "
+                      "entry from DOMAIN; nothing else is touched and the region file is kept. Live detach is an "
+                      "ACPI eject the guest must acknowledge; it is waited for at most --wait seconds.")
+    detach_p.add_argument("--wait", type=float, default=10.0, metavar="S",
+                          help="seconds to wait for the guest to release the device (default 10)")
+    return {"attach": attach_p, "detach": detach_p}
 
 
 def _command(name: str, argv: list[str]) -> int:
@@ -175,6 +227,8 @@ def _command(name: str, argv: list[str]) -> int:
             sys.stdout.write(OVERVIEW)
         return 0
     args = parsers[name].parse_args(argv)
+    if name in LIBVIRT_COMMANDS:
+        return _libvirt_command(name, args)
     settings = ShmSettings.load(args.config)
     directory = args.dir or settings.path_base
     if name == "create":
@@ -187,6 +241,49 @@ def _command(name: str, argv: list[str]) -> int:
     if name == "inspect":
         return _print_inspect(inspect(args.index, directory))
     print(f"{remove(args.index, directory, force=args.force)} is removed.")
+    return 0
+
+
+def _libvirt_command(name: str, args: argparse.Namespace) -> int:
+    """attach/detach; the gateway (libvirt, lxml) is imported here only, so the guest wheel never needs it."""
+    try:
+        from host_agent import libvirt_gateway as gw
+    except ImportError as exc:
+        print(f"Error. '{PROG} {name}' needs the host side (libvirt-python, lxml): {exc}; install the orion-vgpu "
+              "package (./setup.sh)", file=sys.stderr)
+        return 1
+    try:
+        if name == "attach":
+            done = gw.attach_region(args.domain, args.index, args.size, live=args.live, config=args.config,
+                                    persistent=True if args.persistent else None,
+                                    settings=ShmSettings.load(args.server_conf), uri=args.connect)
+        else:
+            if args.wait < 0:
+                raise UsageError(f"{PROG} detach: --wait must be 0 or more seconds, not {args.wait:g}")
+            done = gw.detach_region(args.domain, args.index, live=args.live, config=args.config,
+                                    wait_s=args.wait, uri=args.connect)
+    except gw.GatewayError as exc:
+        print(f"Error. {exc}", file=sys.stderr)
+        return next((code for code, error, _ in _LIBVIRT_EXITS if error == type(exc).__name__), 7)
+    except ValueError as exc:  # xml_templates' DomainXmlError: a size or index QEMU cannot take
+        print(f"Error. {exc}", file=sys.stderr)
+        return 1
+    where = " and ".join("the running domain" if s == "live" else "the persistent definition" for s in done.scopes)
+    region = os.path.basename(done.path)
+    if name == "attach":
+        if not done.changed:
+            print(f"{region} is already attached to {done.domain} ({where}, {done.size_mib} MiB); nothing changed.")
+        else:
+            made = "created" if done.region_created else "existing"
+            print(f"{region} ({done.size_mib} MiB, {made} {done.path}) is attached to {done.domain} ({where}).")
+        return 0
+    if not done.changed:
+        print(f"{region} is not attached to {done.domain} ({where}); nothing changed.")
+    else:
+        print(f"{region} is detached from {done.domain} ({where}).")
+    if done.region_exists:
+        print(f"The region file {done.path} is kept; remove it with '{PROG} remove {args.index}' when no longer "
+              "needed.")
     return 0
 
 
