@@ -108,9 +108,21 @@ def _translate(exc: Any, uri: str, doing: str) -> GatewayError:
     if code in (libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_ERR_NO_CONNECT, libvirt.VIR_ERR_INVALID_CONN):
         return LibvirtdUnreachable(f"libvirtd is not running or not reachable at {uri} ({text}): start it with "
                                    "'libvirtd -d' (or 'systemctl start libvirtd'; virtlogd too), then try again")
+    if doing == "connect" and os.geteuid() != 0:
+        # An unprivileged user is usually stopped by polkit, which fails in many ways (no D-Bus, no agent).
+        return NotPermitted(f"libvirt at {uri} did not let user {_user()} connect ({text}): run as root, or give "
+                            "the user read-write access (the 'libvirt' group with a polkit rule, or "
+                            "auth_unix_rw and unix_sock_group in libvirtd.conf)")
     if code == libvirt.VIR_ERR_NO_DOMAIN:
         return DomainNotFound(f"{text} at {uri}: 'virsh -c {uri} list --all' lists the domains")
     return Refused(f"libvirt refused to {doing}: {text}")
+
+
+def _user() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
 
 
 class Gateway:
