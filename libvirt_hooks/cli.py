@@ -19,13 +19,13 @@ def main(argv: list[str] | None = None) -> int:
         ("uninstall", "remove the hook and the AppArmor rule, nothing else"),
         ("status", "show what is installed; exit 1 unless the hook is installed and usable"))}
     for command in commands.values():
-        command.add_argument("--root", default="/", help="treat DIR as / for every file read or written "
+        command.add_argument("--root", default="/", metavar="DIR", help="treat DIR as / for every file read or written "
                                                          "(default %(default)s)")
-    commands["install"].add_argument("--python", default=sys.executable,
+    commands["install"].add_argument("--python", default=sys.executable, metavar="PATH",
                                      help="interpreter the hook runs with (default: this one, %(default)s)")
-    commands["install"].add_argument("--config", default=SERVER_CONF, help="server.conf the hook reads "
+    commands["install"].add_argument("--config", default=SERVER_CONF, metavar="FILE", help="server.conf the hook reads "
                                                                           "(default %(default)s)")
-    commands["install"].add_argument("--pid-file", default=DEFAULT_PID_FILE,
+    commands["install"].add_argument("--pid-file", default=DEFAULT_PID_FILE, metavar="FILE",
                                      help="oriond's pid file, to wake it (default %(default)s)")
     args = parser.parse_args(argv)
     try:

@@ -85,6 +85,9 @@ def hook_script(python: str, config: str, pid_file: str) -> str:
 def install(root: str, python: str, config: str, pid_file: str) -> list[str]:
     """Install the hook and (where AppArmor is active) the rule; returns what was done, for the user."""
     paths = Paths(root)
+    # libvirt runs hooks from / with a minimal PATH: every path written into the hook must be absolute.
+    python = os.path.abspath(shutil.which(python) or python) if os.sep not in python else os.path.abspath(python)
+    config, pid_file = os.path.abspath(config), os.path.abspath(pid_file)
     _check_interpreter(python)
     if root == "/":
         _check_libvirt_version()
