@@ -141,6 +141,13 @@ def installed(module_name: str) -> HookReport | None:
     return entry.report if entry else None
 
 
+def trampoline_address(module_name: str, function: str) -> int | None:
+    """The address of the trampoline that now serves `module_name`.`function` (what cuGetProcAddress hands out),
+    or None if that module is not hooked or has no such function."""
+    entry = _REGISTRY.get(module_name)
+    return entry.pointers.get(function) if entry else None
+
+
 def _loaded_consumers() -> list[str]:
     return [m for m in CONSUMER_MODULES if m in sys.modules]
 

@@ -15,6 +15,7 @@ import ctypes
 import logging
 import struct
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -30,19 +31,26 @@ from ivshmem.driver_api import (
     JIT_SCALAR_OPTIONS,
     JIT_WALL_TIME,
     OUT,
+    PINNED_COPY,
     POOL_ATTRIBUTES_64,
+    POOL_MAP_OPCODE,
     DriverCall,
 )
 from ivshmem.errors import WireError
 from ivshmem.record import Record
 
+from .contexts import UNKNOWN as UNKNOWN_CONTEXT
+from .contexts import ContextStacks
 from .kernel_params import check_layout, pack_checked, params_from_extra
 from .module_image import ImageError, locate
+from .occupancy import PotentialBlockSize
+from .pinned_pool import GuestPool, pool_map_reply
 
 log = logging.getLogger(__name__)
 
-SUCCESS, INVALID_VALUE, NOT_INITIALIZED, NO_DEVICE, INVALID_IMAGE = 0, 1, 3, 100, 200
-NOT_SUPPORTED, UNKNOWN = 801, 999
+SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED, NO_DEVICE, INVALID_IMAGE = 0, 1, 2, 3, 100, 200
+INVALID_CONTEXT, NOT_FOUND, NOT_SUPPORTED, UNKNOWN = 201, 500, 801, 999
+SET_CURRENT = CALLS["cuCtxSetCurrent"]
 CTYPES: dict[str, Any] = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_uint64, "f": ctypes.c_float,
           "B": ctypes.c_ubyte, "H": ctypes.c_ushort}
 LAUNCH_HEAD = struct.Struct("<QIIIIIIIQ")  # function, grid xyz, block xyz, shared memory, stream
@@ -71,6 +79,10 @@ class Forwarder:
         self._device: dict[int, int] = {}  # base -> size of device memory this process got (for cuMemcpy)
         self._impls: dict[str, Callable[..., int]] = {}
         self._named: set[str] = set()  # what was refused as not forwarded, logged once each
+        self._lock = threading.RLock()  # one channel per process: one call on it at a time, whichever thread
+        self._contexts = ContextStacks()
+        self._initialized = False  # cuInit succeeded
+        self._pool = GuestPool()
 
     # --- the channel ---------------------------------------------------------------------------------------
     def channel(self) -> ClientChannel | None:
@@ -83,14 +95,23 @@ class Forwarder:
                 print(f"orion: no GPU through Orion: {exc}", file=sys.stderr)
         return self._channel
 
+    def _sync_context(self, channel: ClientChannel) -> None:
+        """Make the calling thread's current context the host's before its call goes out (contexts.py)."""
+        wanted = self._contexts.current()
+        if wanted != self._contexts.host_current:
+            channel.post(SET_CURRENT.opcode, SET_CURRENT.inputs.pack(wanted))
+            self._contexts.host_current = wanted
+
     def _call(self, call: DriverCall, payload: bytes | memoryview | Streamed, sink: Any = None,
-              fold: bool = True) -> tuple[int, Record | None]:
+              fold: bool = True, opcode: int | None = None) -> tuple[int, Record | None]:
         """Send one call and wait. `fold`: report a pending asynchronous error as this call's result, as CUDA
-        does at a synchronising call; internal queries (parameter layouts, error texts) leave it pending."""
+        does at a synchronising call; internal queries (parameter layouts, error texts) leave it pending.
+        `opcode`: a forwarding-layer variant of `call` (a pinned copy, POOL_MAP)."""
         channel = self.channel()
         if channel is None:
             return (NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED), None
-        reply = channel.call(call.opcode, payload, sink=sink)
+        self._sync_context(channel)
+        reply = channel.call(call.opcode if opcode is None else opcode, payload, sink=sink)
         status = reply.status
         if status < 0:
             log.error("orion: the host refused %s (wire status %d): %s", call.name, status,
@@ -101,11 +122,12 @@ class Forwarder:
             return (status if status > 0 else UNKNOWN), None
         return status, reply
 
-    def _post(self, call: DriverCall, payload: bytes) -> int:
+    def _post(self, call: DriverCall, payload: bytes, opcode: int | None = None) -> int:
         channel = self.channel()
         if channel is None:
             return NOT_INITIALIZED
-        channel.post(call.opcode, payload)
+        self._sync_context(channel)
+        channel.post(call.opcode if opcode is None else opcode, payload)
         return SUCCESS
 
     # --- the table ------------------------------------------------------------------------------------------
@@ -113,8 +135,18 @@ class Forwarder:
         impls = self._impls
         for call in CALLS.values():
             special = getattr(self, "_" + call.name, None)
-            impls[call.name] = special(call) if special is not None else self._generic(call)
+            impls[call.name] = self._serialised(special(call) if special is not None else self._generic(call))
         return dict(impls)
+
+    def _serialised(self, implementation: Callable[..., int]) -> Callable[..., int]:
+        """One call at a time on the channel: cuda-python releases the GIL around driver calls, so two threads
+        could otherwise interleave records on a single-producer ring."""
+        lock = self._lock
+
+        def call(*args: Any) -> int:
+            with lock:
+                return implementation(*args)
+        return call
 
     def _generic(self, call: DriverCall) -> Callable[..., int]:
         ins = [i for i, p in enumerate(call.params) if p.role == IN]
@@ -135,7 +167,9 @@ class Forwarder:
                 for (i, ctype), value in zip(outs, unpack(reply.payload), strict=True):
                     ctype.from_address(args[i]).value = value
             if status == SUCCESS:
-                if forgets:
+                if call.name == "cuInit":
+                    self._initialized = True
+                elif forgets:
                     self._layouts.clear()
                 elif allocates:  # (CUdeviceptr *out, size_t size, ...)
                     self._device[ctypes.c_uint64.from_address(args[0]).value] = args[1]
@@ -194,7 +228,137 @@ class Forwarder:
                 return self._not_forwarded("cuCtxCreate with CUctxCreateParams")
             status, reply = self._call(call, struct.pack("<Ii", flags, dev))
             if status == SUCCESS and reply is not None:
-                ctypes.c_uint64.from_address(pctx).value = struct.unpack("<Q", reply.payload)[0]
+                (ctx,) = struct.unpack("<Q", reply.payload)
+                ctypes.c_uint64.from_address(pctx).value = ctx
+                self._contexts.push(ctx)  # the new context is current to the calling thread, on the host too
+                self._contexts.host_current = ctx
+            return status
+        return forward
+
+    # Context stacks are per thread and kept here (contexts.py); the host is told a context only to check that
+    # the session may use it, and before calls (_sync_context).
+    def _cuCtxDestroy(self, call: DriverCall) -> Callable[..., int]:
+        def forward(ctx: int | None) -> int:
+            status, _ = self._call(call, call.inputs.pack(ctx or 0))
+            if status == SUCCESS:
+                self._contexts.destroyed(ctx or 0)
+            return status
+        return forward
+
+    def _cuCtxGetCurrent(self, call: DriverCall) -> Callable[..., int]:
+        def forward(pctx: int | None) -> int:
+            if not self._initialized:
+                return NOT_INITIALIZED
+            if not pctx:
+                return INVALID_VALUE
+            ctypes.c_uint64.from_address(pctx).value = self._contexts.current()
+            return SUCCESS
+        return forward
+
+    def _make_current_on_host(self, ctx: int) -> int:
+        """Check `ctx` is the session's by making it the host's current context (synchronously)."""
+        channel = self.channel()
+        if channel is None or not self._initialized:
+            return NOT_INITIALIZED
+        reply = channel.call(SET_CURRENT.opcode, SET_CURRENT.inputs.pack(ctx))
+        if reply.status == SUCCESS:
+            self._contexts.host_current = ctx
+        else:
+            self._contexts.host_current = UNKNOWN_CONTEXT
+        return reply.status if reply.status >= 0 else UNKNOWN
+
+    def _cuCtxSetCurrent(self, call: DriverCall) -> Callable[..., int]:
+        def forward(ctx: int | None) -> int:
+            status = self._make_current_on_host(ctx) if ctx else (SUCCESS if self._initialized else NOT_INITIALIZED)
+            if status == SUCCESS:
+                self._contexts.set_current(ctx or 0)
+            return status
+        return forward
+
+    def _cuCtxPushCurrent(self, call: DriverCall) -> Callable[..., int]:
+        def forward(ctx: int | None) -> int:
+            if not ctx:
+                return INVALID_VALUE
+            status = self._make_current_on_host(ctx)
+            if status == SUCCESS:
+                self._contexts.push(ctx)
+            return status
+        return forward
+
+    def _cuCtxPopCurrent(self, call: DriverCall) -> Callable[..., int]:
+        def forward(pctx: int | None) -> int:
+            if not self._initialized:
+                return NOT_INITIALIZED
+            popped = self._contexts.pop()
+            if popped is None:
+                return INVALID_CONTEXT
+            if pctx:
+                ctypes.c_uint64.from_address(pctx).value = popped
+            return SUCCESS
+        return forward
+
+    # --- page-locked host memory (pinned_pool.py) ------------------------------------------------------------
+    def _pool_ready(self, call: DriverCall) -> int:
+        channel = self.channel()
+        if channel is None:
+            return NOT_INITIALIZED
+
+        def map_call(address: int) -> tuple[int, int, int]:
+            status, reply = self._call(call, struct.pack("<Q", address), fold=False, opcode=POOL_MAP_OPCODE)
+            if reply is None:
+                return (status or UNKNOWN), 0, 0
+            return (status, *pool_map_reply(reply.payload))
+        return self._pool.setup(channel, map_call)
+
+    def _host_alloc(self, call: DriverCall) -> Callable[..., int]:
+        with_flags = call.name == "cuMemHostAlloc"
+
+        def forward(pp: int | None, size: int, flags: int = 0) -> int:
+            if not pp:
+                return INVALID_VALUE
+            status = self._pool_ready(call)
+            if status == SUCCESS:
+                payload = struct.pack("<QI", size, flags) if with_flags else struct.pack("<Q", size)
+                status, reply = self._call(call, payload)
+                if status == SUCCESS and reply is not None:
+                    ctypes.c_uint64.from_address(pp).value = struct.unpack("<Q", reply.payload)[0]
+            if status == OUT_OF_MEMORY:
+                self._pool_exhausted(size)
+            return status
+        return forward
+
+    _cuMemAllocHost = _cuMemHostAlloc = _host_alloc
+
+    def _pool_exhausted(self, size: int) -> None:
+        what = f"page-locked pool: {size} bytes"
+        if what not in self._named:
+            self._named.add(what)
+            log.warning("orion: no room for %d page-locked bytes: this channel's share of the region's pool is "
+                        "%d MiB; create the region larger (orion-shm create -s MiB) or with fewer channels",
+                        size, self._pool.size >> 20)
+
+    def _cuMemFreeHost(self, call: DriverCall) -> Callable[..., int]:
+        def forward(pointer: int | None) -> int:
+            return self._call(call, struct.pack("<Q", pointer or 0))[0]
+        return forward
+
+    def _cuMemHostGetDevicePointer(self, call: DriverCall) -> Callable[..., int]:
+        def forward(pdptr: int | None, pointer: int | None, flags: int) -> int:
+            if not pdptr:
+                return INVALID_VALUE
+            status, reply = self._call(call, struct.pack("<QI", pointer or 0, flags))
+            if status == SUCCESS and reply is not None:
+                ctypes.c_uint64.from_address(pdptr).value = struct.unpack("<Q", reply.payload)[0]
+            return status
+        return forward
+
+    def _cuMemHostGetFlags(self, call: DriverCall) -> Callable[..., int]:
+        def forward(pflags: int | None, pointer: int | None) -> int:
+            if not pflags:
+                return INVALID_VALUE
+            status, reply = self._call(call, struct.pack("<Q", pointer or 0))
+            if status == SUCCESS and reply is not None:
+                ctypes.c_uint.from_address(pflags).value = struct.unpack("<I", reply.payload)[0]
             return status
         return forward
 
@@ -205,6 +369,8 @@ class Forwarder:
             if size and not src:
                 return INVALID_VALUE
             prefix = struct.pack("<QQQ", dst, size, stream or 0) if is_async else struct.pack("<QQ", dst, size)
+            if self._pool.contains(src or 0, size):  # page-locked: the host reads the shared pages itself
+                return self._pinned_copy(call, prefix + struct.pack("<Q", src))
             data = _view(src or 0, size) if size else memoryview(b"")
             status, _ = self._call(call, _Prefixed(prefix, data).payload())
             return status
@@ -219,6 +385,8 @@ class Forwarder:
             if size and not dst:
                 return INVALID_VALUE
             payload = struct.pack("<QQQ", src, size, stream or 0) if is_async else struct.pack("<QQ", src, size)
+            if self._pool.contains(dst or 0, size):  # page-locked: the host writes the shared pages itself
+                return self._pinned_copy(call, payload + struct.pack("<Q", dst))
             cursor = BufferCursor(_view(dst or 0, size)) if size else None
             status, reply = self._call(call, payload, sink=cursor.sink if cursor else None)
             if status == SUCCESS and reply is not None and reply.payload and cursor is not None:
@@ -227,6 +395,13 @@ class Forwarder:
         return forward
 
     _cuMemcpyDtoH = _cuMemcpyDtoHAsync = _dtoh
+
+    def _pinned_copy(self, call: DriverCall, payload: bytes) -> int:
+        """An async copy with page-locked memory is posted (it runs in stream order on the host, as natively);
+        a synchronous one waits for the host's copy to end."""
+        if call.name.endswith("Async"):
+            return self._post(call, payload, opcode=call.opcode + PINNED_COPY)
+        return self._call(call, payload, opcode=call.opcode + PINNED_COPY)[0]
 
     def _cuModuleLoadData(self, call: DriverCall) -> Callable[..., int]:
         def forward(pmodule: int | None, image: int | None) -> int:
@@ -431,6 +606,43 @@ class Forwarder:
                 return INVALID_VALUE
             return NOT_INITIALIZED if payload is None else self._post(call, payload)
         return forward
+
+    def _cuGetProcAddress(self, call: DriverCall) -> Callable[..., int]:
+        """The trampoline that serves the symbol in this process, so a function found this way is forwarded too;
+        one the capsules do not have is CUDA_ERROR_NOT_FOUND, as for an unknown symbol."""
+        from . import capsule_hook
+
+        def forward(symbol: int | None, pfn: int | None, version: int, flags: int, status_out: int | None) -> int:
+            if not symbol or not pfn:
+                return INVALID_VALUE
+            address = capsule_hook.trampoline_address("cuda.bindings.cydriver", ctypes.string_at(symbol).decode())
+            ctypes.c_void_p.from_address(pfn).value = address or None
+            if status_out:  # CU_GET_PROC_ADDRESS_SUCCESS 0, _SYMBOL_NOT_FOUND 1
+                ctypes.c_int.from_address(status_out).value = 0 if address else 1
+            return SUCCESS if address else NOT_FOUND
+        return forward
+
+    def _potential_block_size(self, call: DriverCall) -> Callable[..., int]:
+        with_flags = call.name.endswith("WithFlags")
+
+        def forward(min_grid: int | None, block: int | None, function: int | None, callback: int | None,
+                    dynamic: int, limit: int, flags: int = 0) -> int:
+            if not min_grid or not block:
+                return INVALID_VALUE
+            if callback:
+                status, grid_size, block_size = PotentialBlockSize(self._impls).search(function or 0, callback,
+                                                                                        limit, flags)
+            else:
+                fields = (function or 0, dynamic, limit) + ((flags,) if with_flags else ())
+                status, reply = self._call(call, struct.pack("<QQiI" if with_flags else "<QQi", *fields))
+                grid_size, block_size = struct.unpack("<ii", reply.payload) if status == SUCCESS and reply else (0, 0)
+            if status == SUCCESS:
+                ctypes.c_int.from_address(min_grid).value = grid_size
+                ctypes.c_int.from_address(block).value = block_size
+            return status
+        return forward
+
+    _cuOccupancyMaxPotentialBlockSize = _cuOccupancyMaxPotentialBlockSizeWithFlags = _potential_block_size
 
     def _cuLaunchKernelEx(self, call: DriverCall) -> Callable[..., int]:
         def forward(config: int | None, f: int | None, params: int | None, extra: int | None) -> int:

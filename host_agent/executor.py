@@ -25,18 +25,23 @@ from ivshmem.driver_api import (
     ENUMS,
     HANDLES,
     JIT_SCALAR_OPTIONS,
+    PINNED_COPIES,
+    PINNED_COPY,
     POINTER_ATTRIBUTE_WIDTHS,
     POINTER_CONTEXT,
     POINTER_DEVICE_ORDINAL,
+    POINTER_HOST_POINTER,
     POINTER_MEMPOOL_HANDLE,
     POINTER_P2P_TOKENS,
     POOL_ATTRIBUTES_64,
+    POOL_MAP_OPCODE,
     DriverCall,
 )
 from ivshmem.record import CUDA_OPCODE_BASE, Record, Status
 from ivshmem.region import Region
 
 from .diagnostics import DiagnosticsHandler
+from .pinned_pool import HostPool
 from .region_server import Reply, Session
 
 log = logging.getLogger(__name__)
@@ -53,6 +58,7 @@ NOT_SUPPORTED = 801
 
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 CU_MEMHOSTREGISTER_PORTABLE = 1
+CU_MEMHOSTALLOC_FLAGS = 0x7  # PORTABLE | DEVICEMAP | WRITECOMBINED
 # Handles a guest may pass as 0 (NULL) meaning "the default": the legacy stream, no current context.
 NULL_ALLOWED = {"CUstream", "CUcontext"}
 DESTROYS = {"cuCtxDestroy": "CUcontext", "cuStreamDestroy": "CUstream", "cuEventDestroy": "CUevent",
@@ -132,7 +138,13 @@ class CudaExecutor(DiagnosticsHandler):
             "cuMemPoolGetAttribute": self._pool_attribute, "cuMemPoolSetAttribute": self._pool_attribute,
             "cuPointerGetAttribute": self._pointer_attribute, "cuLaunchCooperativeKernel": self._launch_cooperative,
             "cuModuleLoadDataEx": self._module_load_ex,
+            "cuMemAllocHost": self._host_alloc, "cuMemHostAlloc": self._host_alloc,
+            "cuMemFreeHost": self._host_free, "cuMemHostGetDevicePointer": self._host_device_pointer,
+            "cuMemHostGetFlags": self._host_flags,
+            "cuOccupancyMaxPotentialBlockSize": self._potential_block_size,
+            "cuOccupancyMaxPotentialBlockSizeWithFlags": self._potential_block_size,
         }
+        self.pool: HostPool | None = None  # this session's slice of the page-locked pool (attach_channel)
         self._param_layouts: dict[int, list[tuple[int, int]]] = {}  # function/kernel -> (offset, size) per param
         self._override: dict[str, Callable[[DriverCall, tuple[int, ...]], Reply | None]] = {
             "cuDeviceGetCount": lambda call, args: _ok(call, len(self.devices)),
@@ -159,6 +171,7 @@ class CudaExecutor(DiagnosticsHandler):
         geometry = region.geometry
         address = ctypes.addressof(ctypes.c_char.from_buffer(region.buf, geometry.channel_base(index)))
         self._to_register = (address, geometry.channel_stride)
+        self.pool = HostPool(region, index)
 
     def _register_channel(self) -> None:
         """Page-lock the channel at the first staged copy: registration needs a current context, which the
@@ -181,11 +194,19 @@ class CudaExecutor(DiagnosticsHandler):
     def handle(self, record: Record) -> Reply:
         if record.opcode < CUDA_OPCODE_BASE:  # HELLO and the wire diagnostics
             return super().handle(record)
-        call = BY_OPCODE.get(record.opcode)
-        if call is None:
+        pinned = bool(record.opcode & PINNED_COPY)
+        call = BY_OPCODE.get(record.opcode & ~PINNED_COPY)
+        if record.opcode == POOL_MAP_OPCODE:
+            return self._pool_map(bytes(record.payload))
+        if call is None or (pinned and call.name not in PINNED_COPIES):
             return Reply(Status.UNKNOWN_OPCODE, f"opcode {record.opcode:#x} is not a forwarded CUDA call".encode())
         if self.driver is None:
             return Reply(NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED)
+        if pinned:
+            try:
+                return self._pinned_copy(call, bytes(record.payload))
+            except struct.error as exc:
+                return Reply(Status.MALFORMED, f"{call.name}: {exc}".encode())
         special = self._special.get(call.name)
         if special is None:
             if call.answered_in_guest:  # cuMemcpy with unified addressing: the guest never sends it
@@ -241,9 +262,14 @@ class CudaExecutor(DiagnosticsHandler):
             size = _device_span(call, args)
             if call.name in FREES:
                 return None if value in self.state.allocations else INVALID_VALUE
-            if not self.state.owns_range(value, max(size, 1)):
+            if not self._owns(value, max(size, 1)):
                 return INVALID_VALUE
         return None
+
+    def _owns(self, pointer: int, size: int) -> bool:
+        """Whether a device range lies in this session's memory: its allocations, module globals, or the device
+        mapping of its page-locked host allocations."""
+        return self.state.owns_range(pointer, size) or (self.pool is not None and self.pool.owns_device(pointer, size))
 
     def _to_driver(self, ctype: str, value: int) -> Any:
         if ctype in ENUMS:
@@ -354,7 +380,7 @@ class CudaExecutor(DiagnosticsHandler):
         waits for its stream: on a non-blocking stream a synchronous copy would not."""
         if stream and stream not in self.state.handles["CUstream"]:
             return INVALID_HANDLE
-        if not self.state.owns_range(device_pointer, max(size, 1)):
+        if not self._owns(device_pointer, max(size, 1)):
             return INVALID_VALUE
         if stream is not None:
             (err,) = self.driver.cuStreamSynchronize(stream)
@@ -520,19 +546,90 @@ class CudaExecutor(DiagnosticsHandler):
             which = self.driver.CUpointer_attribute(attribute)
         except ValueError:
             return Reply(INVALID_VALUE)
-        if not self.state.owns_range(pointer, 1):
+        host = self.pool.host_address(pointer, 1) if self.pool is not None else None  # page-locked pool memory
+        if host is None and not self._owns(pointer, 1):
             return Reply(INVALID_VALUE)
-        err, value = self.driver.cuPointerGetAttribute(which, pointer)
+        err, value = self.driver.cuPointerGetAttribute(which, pointer if host is None else host)
         if int(err) != SUCCESS:
             return Reply(int(err))
         number = int(value)
-        if attribute == POINTER_DEVICE_ORDINAL:  # the guest knows devices by its own ordinals
+        if host is not None and attribute == POINTER_HOST_POINTER:  # in the guest's view
+            number += pointer - host
+        elif attribute == POINTER_DEVICE_ORDINAL:  # the guest knows devices by its own ordinals
             number = self.devices.index(number) if number in self.devices else -1
         elif attribute == POINTER_CONTEXT and number:
             self.state.handles["CUcontext"].add(number)  # the context of its own memory
         elif attribute == POINTER_MEMPOOL_HANDLE and number:
             self.state.handles["CUmemoryPool"].add(number)  # the pool its own memory came from
         return Reply(SUCCESS, struct.pack("<QI", number & 0xFFFFFFFFFFFFFFFF, width))
+
+    # --- page-locked host memory (pinned_pool.py) ----------------------------------------------------------
+    def _pool_map(self, payload: bytes) -> Reply:
+        """POOL_MAP: `Q guest address of the slice` -> `Q host address, Q slice size`."""
+        if self.pool is None:
+            return Reply(NOT_SUPPORTED)
+        (proposed,) = struct.unpack("<Q", payload)
+        err, host = self.pool.map(proposed)
+        return Reply(err, struct.pack("<QQ", host, self.pool.size))
+
+    def _host_alloc(self, call: DriverCall, payload: bytes) -> Reply:
+        """cuMemAllocHost `Q size`, cuMemHostAlloc `Q size, I flags` -> `Q pointer` in the guest's view."""
+        if call.name == "cuMemHostAlloc":
+            size, flags = struct.unpack("<QI", payload)
+        else:
+            (size,), flags = struct.unpack("<Q", payload), 0
+        if flags & ~CU_MEMHOSTALLOC_FLAGS:
+            return Reply(INVALID_VALUE)
+        if self.pool is None:
+            return Reply(NOT_SUPPORTED)
+        err, pointer = self.pool.allocate(size, flags, self.driver)
+        return Reply(err, struct.pack("<Q", pointer) if err == SUCCESS else b"")
+
+    def _host_free(self, call: DriverCall, payload: bytes) -> Reply:
+        (pointer,) = struct.unpack("<Q", payload)
+        return Reply(INVALID_VALUE if self.pool is None else self.pool.free(pointer))
+
+    def _host_device_pointer(self, call: DriverCall, payload: bytes) -> Reply:
+        pointer, flags = struct.unpack("<QI", payload)
+        device = None if self.pool is None or flags else self.pool.device_pointer(pointer)
+        return Reply(INVALID_VALUE) if device is None else Reply(SUCCESS, struct.pack("<Q", device))
+
+    def _host_flags(self, call: DriverCall, payload: bytes) -> Reply:
+        (pointer,) = struct.unpack("<Q", payload)
+        flags = None if self.pool is None else self.pool.flags(pointer)
+        return Reply(INVALID_VALUE) if flags is None else Reply(SUCCESS, struct.pack("<I", flags))
+
+    def _pinned_copy(self, call: DriverCall, payload: bytes) -> Reply:
+        """A copy whose host side is page-locked pool memory, named by its guest address after the usual
+        prefix: no bytes travel, and an async one is truly asynchronous (the pages stay valid until freed)."""
+        prefix = self._copy_prefix(call)
+        fields = prefix.unpack_from(payload, 0)
+        (pointer,) = struct.unpack_from("<Q", payload, prefix.size)
+        device, size = fields[0], fields[1]
+        stream = fields[2] if len(fields) > 2 else None
+        host = None if self.pool is None else self.pool.host_address(pointer, size)
+        if host is None or not self._owns(device, max(size, 1)):
+            return Reply(INVALID_VALUE)
+        if stream and stream not in self.state.handles["CUstream"]:
+            return Reply(INVALID_HANDLE)
+        if not size:
+            return Reply(SUCCESS)
+        function = getattr(self.driver, call.name)
+        ends = (device, host) if call.name.startswith("cuMemcpyHtoD") else (host, device)
+        (err,) = function(*ends, size, stream) if stream is not None else function(*ends, size)
+        return Reply(int(err))
+
+    def _potential_block_size(self, call: DriverCall, payload: bytes) -> Reply:
+        """`Q function, Q dynamic shared memory, i block size limit[, I flags]` -> `i min grid, i block`: only
+        without a block-size-to-shared-memory callback (the guest runs those itself)."""
+        with_flags = call.name.endswith("WithFlags")
+        fields = struct.unpack("<QQiI" if with_flags else "<QQi", payload)
+        function = fields[0]
+        if function not in self.state.handles["CUfunction"]:
+            return Reply(INVALID_HANDLE)
+        result = getattr(self.driver, call.name)(function, None, *fields[1:])
+        err = int(result[0])
+        return Reply(err, struct.pack("<ii", int(result[1]), int(result[2])) if err == SUCCESS else b"")
 
     def _param_layout(self, function: int) -> tuple[int, list[tuple[int, int]]]:
         """(error, (offset, size) per parameter) of a function or kernel, asked of the driver once each."""

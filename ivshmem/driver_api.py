@@ -33,7 +33,10 @@ HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmodule", "CUfunction", "CUlibr
 # Roles the generic marshalling handles; anything else marks a hand-written call.
 IN, OUT = "in", "out"
 GENERIC_ROLES = {IN, OUT}
-GUEST_ROLES = {"uva"}  # a pointer that may be host or device memory: resolved in the guest
+# Roles whose call the guest answers itself: "uva" (a pointer that may be host or device memory; the guest sends
+# HtoD/DtoH/DtoD instead), "symbol" (cuGetProcAddress: a trampoline of this process) and "thread_ctx" (the calling
+# thread's context stack, which the guest keeps: guest_runtime/contexts.py).
+GUEST_ROLES = {"uva", "symbol", "thread_ctx"}
 
 
 def wire_code(ctype: str) -> str:
@@ -144,10 +147,10 @@ _SPEC: list[tuple[str, str, str | None, bool]] = [
     ("cuCtxCreate", "CUresult (CUcontext *, CUctxCreateParams *, unsigned int, CUdevice)",
      "out null in in", False),
     ("cuCtxDestroy", "CUresult (CUcontext)", None, False),
-    ("cuCtxGetCurrent", "CUresult (CUcontext *)", None, False),
+    ("cuCtxGetCurrent", "CUresult (CUcontext *)", "thread_ctx", False),
     ("cuCtxSetCurrent", "CUresult (CUcontext)", None, False),
-    ("cuCtxPushCurrent", "CUresult (CUcontext)", None, False),
-    ("cuCtxPopCurrent", "CUresult (CUcontext *)", None, False),
+    ("cuCtxPushCurrent", "CUresult (CUcontext)", "thread_ctx", False),
+    ("cuCtxPopCurrent", "CUresult (CUcontext *)", "thread_ctx", False),
     ("cuCtxGetDevice", "CUresult (CUdevice *)", None, False),
     ("cuCtxSynchronize", "CUresult (void)", None, False),
     ("cuCtxGetStreamPriorityRange", "CUresult (int *, int *)", None, False),
@@ -222,6 +225,23 @@ _SPEC: list[tuple[str, str, str | None, bool]] = [
      "unsigned int, unsigned int, unsigned int, CUstream, void **)", "in in in in in in in in in kernel_params", True),
     ("cuModuleLoadDataEx", "CUresult (CUmodule *, void const *, unsigned int, CUjit_option *, void **)",
      "out image in options option_values", False),
+    # Page-locked host memory: carved from this channel's slice of the region's pool (pinned_pool.py on both
+    # sides); a pointer into it travels as its value and the host translates it.
+    ("cuMemAllocHost", "CUresult (void **, size_t)", "pinned_out in", False),
+    ("cuMemHostAlloc", "CUresult (void **, size_t, unsigned int)", "pinned_out in in", False),
+    ("cuMemFreeHost", "CUresult (void *)", "pinned_in", False),
+    ("cuMemHostGetDevicePointer", "CUresult (CUdeviceptr *, void *, unsigned int)", "out pinned_in in", False),
+    ("cuMemHostGetFlags", "CUresult (unsigned int *, void *)", "out pinned_in", False),
+    ("cuGetProcAddress", "CUresult (char const *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *)",
+     "symbol symbol in in symbol", False),
+    ("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "CUresult (int *, CUfunction, int, size_t, unsigned int)",
+     None, False),
+    ("cuOccupancyAvailableDynamicSMemPerBlock", "CUresult (size_t *, CUfunction, int, int)", None, False),
+    ("cuOccupancyMaxPotentialBlockSize", "CUresult (int *, int *, CUfunction, CUoccupancyB2DSize, size_t, int)",
+     "out out in callback in in", False),
+    ("cuOccupancyMaxPotentialBlockSizeWithFlags",
+     "CUresult (int *, int *, CUfunction, CUoccupancyB2DSize, size_t, int, unsigned int)",
+     "out out in callback in in in", False),
 ]
 # CUmemPool_attribute values whose value is a cuuint64_t (the others are int): thresholds and byte counts.
 POOL_ATTRIBUTES_64 = frozenset({4, 5, 6, 7, 8, 13})
@@ -253,7 +273,7 @@ POINTER_ATTRIBUTE_WIDTHS: dict[int, int] = {
     22: 4,  # LOCALITY_DOMAIN_ORDINAL (int)
 }
 POINTER_P2P_TOKENS = 5
-POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_MEMPOOL_HANDLE = 1, 9, 17
+POINTER_CONTEXT, POINTER_HOST_POINTER, POINTER_DEVICE_ORDINAL, POINTER_MEMPOOL_HANDLE = 1, 4, 9, 17
 
 # cuModuleLoadDataEx JIT options. Scalar ones travel as (option, value) pairs, the value being the integer stored
 # in the optionValues slot; each maps to what the wheel takes it as: "I" (unsigned int), "i" (int) or the name of
@@ -279,6 +299,15 @@ JIT_WALL_TIME, JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_SIZE, JIT_ERROR_LOG_BUFFER, JIT
 JIT_LOG_VERBOSE = 12
 JIT_GUEST_OPTIONS = frozenset({JIT_WALL_TIME, JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_SIZE, JIT_ERROR_LOG_BUFFER,
                                JIT_ERROR_LOG_SIZE, JIT_LOG_VERBOSE})
+
+# Opcodes of the forwarding layer that are not driver calls, far above any table position.
+POOL_MAP_OPCODE = CUDA_OPCODE_BASE + 0x0F00  # map this channel's pinned-pool slice: `Q proposed guest address`
+# Added to a copy call's opcode: its host buffer lies in the pinned pool and travels as its address, not its bytes.
+PINNED_COPY = 0x2000
+# Answered from the host worker's pool bookkeeping (host_agent/pinned_pool.py), not by the driver function.
+PINNED_POOL_CALLS = frozenset({"cuMemAllocHost", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostGetDevicePointer",
+                               "cuMemHostGetFlags"})
+PINNED_COPIES = frozenset({"cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync"})
 
 CALLS: dict[str, DriverCall] = {}
 BY_OPCODE: dict[int, DriverCall] = {}

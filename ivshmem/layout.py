@@ -97,6 +97,13 @@ class Geometry:
             raise IndexError(f"channel {index} outside 0..{self.channel_count - 1}")
         return self.channel_offset + index * self.channel_stride
 
+    def pool_slice(self, index: int) -> tuple[int, int]:
+        """(offset, size) of channel `index`'s share of the page-locked pool: equal, page-aligned slices, so each
+        session carves its page-locked allocations from its own pages with no allocator shared between sessions."""
+        size = self.pool_size // self.channel_count // PAGE * PAGE
+        self.channel_base(index)  # IndexError for a channel the region does not have
+        return self.pool_offset + index * size, size
+
     @staticmethod
     def ring_bytes(entries: int, slot_size: int) -> int:
         return _align(RING_SLOTS + entries * slot_size)

@@ -10,6 +10,7 @@ What the bytes mean is layout.py's business; who uses which channel is channel.p
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import mmap
 import os
@@ -182,6 +183,12 @@ class Region:
         if beat:
             i = layout.AGENT_HEARTBEAT >> 3
             self.u64[i] = (self.u64[i] + 1) & 0xFFFFFFFFFFFFFFFF
+
+    def address(self, offset: int = 0) -> int:
+        """The virtual address of byte `offset` of the mapping in this process."""
+        if not 0 <= offset < self.size:
+            raise IndexError(f"{self.where}: offset {offset} outside the {self.size}-byte region")
+        return ctypes.addressof(ctypes.c_char.from_buffer(self.mm)) + offset
 
     def close(self) -> None:
         for view in (self.u32, self.u64, self.buf):

@@ -100,6 +100,7 @@ CUdevice_attribute = IntEnum("CUdevice_attribute", [  # type: ignore[misc]
     ("CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X", 5), ("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK", 8),
     ("CU_DEVICE_ATTRIBUTE_WARP_SIZE", 10), ("CU_DEVICE_ATTRIBUTE_CLOCK_RATE", 13),
     ("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT", 16), ("CU_DEVICE_ATTRIBUTE_PCI_BUS_ID", 33),
+    ("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR", 39),
     ("CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING", 41), ("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR", 75),
     ("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR", 76), ("CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED", 115),
 ])
@@ -639,7 +640,7 @@ class FakeDriver:
 
     def device_attribute(self, attribute: int, device: int) -> int:
         """Fixed values per attribute; those that differ between real GPUs differ between fake devices."""
-        fixed = {1: 1024, 2: 1024, 5: 0x7FFFFFFF, 8: 49152, 10: 32, 41: 1, 75: 9, 76: 0, 115: 1}
+        fixed = {1: 1024, 2: 1024, 5: 0x7FFFFFFF, 8: 49152, 10: 32, 39: 2048, 41: 1, 75: 9, 76: 0, 115: 1}
         if attribute in fixed:
             return fixed[attribute]
         return {13: 1_980_000 - 1000 * device, 16: 132 - 2 * device, 33: 0x18 + device}[attribute]
@@ -1113,6 +1114,16 @@ class FakeDriver:
             return _result(CUresult.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
         return _result(0)
 
+    @_recorded
+    def cuMemHostGetDevicePointer(self, p: Any, Flags: int) -> tuple[Any, ...]:  # noqa: N803
+        """Registered memory maps at its own address (a GPU that can use host pointers for registered memory)."""
+        if err := self._context_error():
+            return _result(err, 1)
+        address = int(p or 0)
+        if int(Flags) or not any(base <= address < base + size for base, size in self.registered.items()):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return CUresult(0), CUdeviceptr(address)
+
     # --- streams and events -------------------------------------------------------------------------------------
     @_recorded
     def cuStreamCreate(self, Flags: int) -> tuple[Any, ...]:  # noqa: N803
@@ -1446,6 +1457,48 @@ class FakeDriver:
         if not 0 < int(blockSize) <= 1024 or int(dynamicSMemSize) > 228 * 1024:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
         return CUresult(0), max(1, 2048 // int(blockSize)) - (1 if dynamicSMemSize else 0)
+
+    @_recorded
+    def cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(self, func: Any, blockSize: int,  # noqa: N803
+                                                             dynamicSMemSize: int, flags: int) -> tuple[Any, ...]:  # noqa: N803
+        if int(flags) & ~1:  # CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE is the only flag
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return self.cuOccupancyMaxActiveBlocksPerMultiprocessor.__wrapped__(self, func, blockSize, dynamicSMemSize)
+
+    @_recorded
+    def cuOccupancyAvailableDynamicSMemPerBlock(self, func: Any, numBlocks: int, blockSize: int) -> tuple[Any, ...]:  # noqa: N803
+        """228 KiB shared between the blocks, in whole KiB."""
+        if int(func) not in self.functions:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        if int(numBlocks) <= 0 or not 0 < int(blockSize) <= 1024:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return CUresult(0), 228 * 1024 // int(numBlocks) // 1024 * 1024
+
+    def _potential_block_size(self, func: Any, callback: Any, dynamic: int, limit: int) -> tuple[Any, ...]:
+        """Without a callback only. Over every multiple of 32 up to the limits, the block size with the most
+        resident threads per SM (the largest such block on a tie); min grid = its blocks per SM × SM count."""
+        if int(func) not in self.functions:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 2)
+        if callback is not None:
+            return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 2)
+        top = min(int(limit) or 1024, 1024)
+        candidates = sorted({min(top, size) for size in range(32, -(-top // 32) * 32 + 1, 32)})
+        blocks = {size: max(1, 2048 // size) - (1 if dynamic else 0) for size in candidates}
+        best = max(candidates, key=lambda size: (size * blocks[size], size))
+        return CUresult(0), blocks[best] * self.device_attribute(16, self._device_of_current()), best
+
+    @_recorded
+    def cuOccupancyMaxPotentialBlockSize(self, func: Any, blockSizeToDynamicSMemSize: Any,  # noqa: N803
+                                         dynamicSMemSize: int, blockSizeLimit: int) -> tuple[Any, ...]:  # noqa: N803
+        return self._potential_block_size(func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit)
+
+    @_recorded
+    def cuOccupancyMaxPotentialBlockSizeWithFlags(self, func: Any, blockSizeToDynamicSMemSize: Any,  # noqa: N803
+                                                  dynamicSMemSize: int, blockSizeLimit: int,  # noqa: N803
+                                                  flags: int) -> tuple[Any, ...]:
+        if int(flags) & ~1:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 2)
+        return self._potential_block_size(func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit)
 
     # --- pointer attributes ---------------------------------------------------------------------------------------
     @_recorded

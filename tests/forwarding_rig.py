@@ -129,8 +129,9 @@ class Guest:
         cells: list[Any] = []
         given = iter(inputs)
         for param in CALLS[name].params:
-            if param.role == OUT:
-                cell = CODES[param.code](SENTINELS[param.code])
+            if param.role == OUT or (param.role == "thread_ctx" and param.ctype.endswith("*")):
+                code = param.code if param.role == OUT else "Q"  # cuCtxGetCurrent/PopCurrent: a CUcontext out
+                cell = CODES[code](SENTINELS[code])
                 cells.append(cell)
                 args.append(ctypes.addressof(cell))
             else:

@@ -115,8 +115,9 @@ def test_cudaFree_null_initialises_the_current_devices_primary_context_once(rig:
     mark = rig.mark()
     assert rt.fn["cudaFree"](None) == SUCCESS
     seen = rig.entries(mark)
-    assert names(seen) == ["cuInit", "cuCtxGetCurrent", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent"]
-    retain, set_current = seen[2], seen[3]
+    # cuCtxGetCurrent is answered in the guest (per-thread stacks, guest_runtime/contexts.py): it never travels
+    assert names(seen) == ["cuInit", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent"]
+    retain, set_current = seen[1], seen[2]
     assert retain["args"] == [GUEST_DEVICES[0]]  # guest device 0, as the executor maps it
     context = number(retain["result"][1])
     assert [number(a) for a in set_current["args"]] == [context]
@@ -163,7 +164,7 @@ def test_a_context_the_program_made_current_is_the_runtimes(rig: Rig) -> None:
     context = rt.guest.setup(1)  # driver API: cuInit, retain device 1's primary context, make it current
     mark = rig.mark()
     assert rt.fn["cudaFree"](None) == SUCCESS
-    assert names(rig.entries(mark)) == ["cuInit", "cuCtxGetCurrent", "cuCtxGetDevice"]
+    assert names(rig.entries(mark)) == ["cuInit", "cuCtxGetDevice"]  # the current context is known in the guest
     assert rt.out("cudaGetDevice") == (SUCCESS, 1)
     assert rt.guest.ok("cuCtxGetCurrent") == context
 
@@ -175,9 +176,11 @@ def test_a_runtime_call_without_a_current_context_binds_the_primary_context_agai
     assert rt.guest.call("cuCtxSetCurrent", None)[0] == SUCCESS  # the program unbinds it through the driver API
     mark = rig.mark()
     pointer = rt.malloc(64)
-    assert names(rig.entries(mark)) == ["cuMemAlloc", "cuCtxGetCurrent", "cuCtxGetCurrent", "cuCtxSetCurrent",
-                                        "cuMemAlloc"]
-    assert rig.entries(mark)[0]["result"][0] == ["CUresult", 201]  # CUDA_ERROR_INVALID_CONTEXT, then retried
+    # The thread's (empty) context reaches the host before the call; cuCtxGetCurrent is answered in the guest
+    seen = rig.entries(mark)
+    assert names(seen) == ["cuCtxSetCurrent", "cuMemAlloc", "cuCtxSetCurrent", "cuMemAlloc"]
+    assert number(seen[0]["args"][0]) == 0
+    assert seen[1]["result"][0] == ["CUresult", 201]  # CUDA_ERROR_INVALID_CONTEXT, then retried
     assert pointer and rt.guest.ok("cuCtxGetCurrent") == primary
 
 

@@ -1,0 +1,144 @@
+"""A session's page-locked host memory: its channel's slice of the region's pool, as the host worker sees it.
+
+cuMemAllocHost/cuMemHostAlloc in the guest return memory carved from this slice, so the host can copy to and
+from it, and kernels can read it through its device mapping, with no staging: the pages are the guest's and
+the host's at once, and cuMemHostRegister page-locks them for the GPU.
+
+Addresses. The guest's pointers are what its program holds, so the host tries to map the slice at the very
+address the guest uses (POOL_MAP, fixed_map.map_at). Then guest pointer == host address, and on GPUs that can
+use registered host pointers directly (every UVA system CUDA 12+ supports) == device pointer too: a program
+may hand the pointer to a kernel as it would natively. If the address is taken in the host worker, the guest
+tries the host's address in its own process instead; if both fail, pointers are translated by offset and only
+cuMemHostGetDevicePointer gives a kernel-usable pointer (the CUDA contract without unified addressing).
+
+The allocator lives here, in the host worker, never in shared memory: a guest can corrupt its own bytes but
+not the bookkeeping that decides which host addresses a copy may touch.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ivshmem import fixed_map
+from ivshmem.layout import PAGE
+from ivshmem.region import Region
+
+log = logging.getLogger(__name__)
+
+SUCCESS, INVALID_VALUE, OUT_OF_MEMORY = 0, 1, 2
+CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP = 1, 2
+
+
+class HostPool:
+    def __init__(self, region: Region, index: int) -> None:
+        self.region = region
+        self.offset, self.size = region.geometry.pool_slice(index)
+        self.own_address = region.address(self.offset) if self.size else 0  # the worker's mapping of the slice
+        self.host_base = 0  # where the pages guest pointers name are mapped in this process (0: not mapped)
+        self.guest_base = 0  # the address the guest's pointers are relative to
+        self.fixed_mapping = False  # host_base is a second mapping made at the guest's address
+        self.device_base = 0  # device pointer of host_base once registered
+        self.allocations: dict[int, tuple[int, int]] = {}  # offset in the slice -> (size, flags)
+
+    @property
+    def same_address(self) -> bool:
+        return self.host_base != 0 and self.host_base == self.guest_base
+
+    def map(self, proposed: int) -> tuple[int, int]:
+        """POOL_MAP: the guest's slice is at `proposed`. Returns (CUresult, host address of the slice): equal to
+        `proposed` when the host now maps it there too. Not once pages are allocated (they are registered)."""
+        if not self.size:
+            return OUT_OF_MEMORY, 0
+        if self.allocations or self.device_base:
+            return (SUCCESS, self.host_base) if proposed == self.guest_base else (INVALID_VALUE, self.host_base)
+        if proposed % PAGE:
+            return INVALID_VALUE, 0
+        self._drop_fixed()
+        if proposed == self.own_address:
+            self.host_base = proposed
+        elif proposed and fixed_map.map_at(self.region.fd, self.offset, self.size, proposed):
+            self.host_base, self.fixed_mapping = proposed, True
+        else:
+            self.host_base = self.own_address
+        self.guest_base = proposed
+        return SUCCESS, self.host_base
+
+    def _drop_fixed(self) -> None:
+        if self.fixed_mapping:
+            fixed_map.unmap(self.host_base, self.size)
+            self.fixed_mapping = False
+
+    def register(self, driver: Any) -> int:
+        """Page-lock the slice for the GPU (needs a current context: done at the first allocation)."""
+        if self.device_base:
+            return SUCCESS
+        (err,) = driver.cuMemHostRegister(self.host_base, self.size,
+                                          CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)
+        if int(err) != SUCCESS:
+            return int(err)
+        err, device = driver.cuMemHostGetDevicePointer(self.host_base, 0)
+        if int(err) != SUCCESS:
+            driver.cuMemHostUnregister(self.host_base)
+            return int(err)
+        self.device_base = int(device)
+        if self.device_base != self.guest_base:
+            log.info("pinned pool: guest %#x, host %#x, device %#x: kernels need cuMemHostGetDevicePointer",
+                     self.guest_base, self.host_base, self.device_base)
+        return SUCCESS
+
+    def allocate(self, size: int, flags: int, driver: Any) -> tuple[int, int]:
+        """(CUresult, guest pointer) of `size` page-aligned bytes (first fit)."""
+        if not self.host_base:
+            return INVALID_VALUE, 0  # the guest skipped POOL_MAP
+        if size <= 0:
+            return INVALID_VALUE, 0
+        rounded = -(-size // PAGE) * PAGE
+        start = 0
+        for offset, (length, _) in sorted(self.allocations.items()):
+            if offset - start >= rounded:
+                break
+            start = offset + -(-length // PAGE) * PAGE
+        if start + rounded > self.size:
+            return OUT_OF_MEMORY, 0
+        err = self.register(driver)
+        if err != SUCCESS:
+            return err, 0
+        self.allocations[start] = (size, flags)
+        return SUCCESS, self.guest_base + start
+
+    def free(self, pointer: int) -> int:
+        return SUCCESS if self.allocations.pop(pointer - self.guest_base, None) is not None else INVALID_VALUE
+
+    def _allocation(self, pointer: int, size: int, base: int) -> tuple[int, int, int] | None:
+        """(offset of its allocation, size, flags) if [pointer, pointer+size) lies in one allocation, counted
+        from `base` (the guest or the device view)."""
+        if not base:
+            return None
+        offset = pointer - base
+        for start, (length, flags) in self.allocations.items():
+            if start <= offset and offset + size <= start + length:
+                return start, length, flags
+        return None
+
+    def host_address(self, pointer: int, size: int) -> int | None:
+        """The host address behind guest pointer `pointer` if `size` bytes from it lie in one allocation."""
+        if self._allocation(pointer, max(size, 1), self.guest_base) is None:
+            return None
+        return self.host_base + pointer - self.guest_base
+
+    def device_pointer(self, pointer: int) -> int | None:
+        return None if self.host_address(pointer, 1) is None else self.device_base + pointer - self.guest_base
+
+    def flags(self, pointer: int) -> int | None:
+        found = self._allocation(pointer, 1, self.guest_base)
+        return None if found is None else found[2]
+
+    def owns_device(self, pointer: int, size: int) -> bool:
+        """Whether a device range lies in one allocation's device mapping (a kernel or copy may use it)."""
+        return self._allocation(pointer, max(size, 1), self.device_base) is not None
+
+    def close(self, driver: Any) -> None:
+        if self.device_base and driver is not None:
+            driver.cuMemHostUnregister(self.host_base)
+        self.device_base = 0
+        self._drop_fixed()
