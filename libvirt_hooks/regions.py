@@ -192,18 +192,27 @@ def _remove_quietly(index: int, directory: str) -> None:
 
 # --- release ------------------------------------------------------------------------------------------------
 def release(regions: list[DomainRegion], settings: ShmSettings) -> list[str]:
-    """Remove every non-persistent region (QEMU has exited; the agent lets go once woken)."""
+    """Remove every non-persistent region nobody but the agent still uses (this domain's QEMU has exited; the
+    agent lets go once woken). A region another process maps, say a second domain given the same region, is
+    kept: removing it would make the agent drop a guest that is still running."""
     notes = []
     for region in regions:
         path = region_path(region.index, settings.path_base)
         if region.persistent:
             notes.append(f"kept {path} (persistent)")
-        elif os.path.lexists(path):
-            try:
-                shm_admin.remove(region.index, settings.path_base, force=True)
-            except shm_admin.ShmError as exc:
-                raise HookError(str(exc)) from None
-            notes.append(f"removed {path}")
+            continue
+        if not os.path.lexists(path):
+            continue
+        others = [f"pid {pid} ({cmd[:60]})" for pid, cmd in shm_admin.users_of(path)
+                  if pidfile.AGENT_NAME not in cmd]  # the agent and its session workers let go when woken
+        if others:
+            notes.append(f"kept {path}: still in use by {', '.join(others)}")
+            continue
+        try:
+            shm_admin.remove(region.index, settings.path_base, force=True)
+        except shm_admin.ShmError as exc:
+            raise HookError(str(exc)) from None
+        notes.append(f"removed {path}")
     return notes
 
 

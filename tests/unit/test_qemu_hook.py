@@ -174,6 +174,19 @@ def test_release_removes_regions_and_keeps_persistent_ones(host: Host) -> None:
     assert host.hook("release", xml).returncode == 0  # again: nothing left to remove, no error
 
 
+def test_release_keeps_a_region_another_process_still_maps(host: Host) -> None:
+    """Say a second running domain was given the same region: removing it would cut that guest off."""
+    xml = domain_xml((9121, 32))
+    assert host.hook("prepare", xml).returncode == 0
+    with Region.open(host.path(9121)):
+        result = host.hook("release", xml)
+        assert result.returncode == 0, result.stderr
+        assert f"still in use by pid {os.getpid()}" in result.stderr
+        assert host.path(9121).exists()
+    assert host.hook("release", xml).returncode == 0
+    assert not host.path(9121).exists()
+
+
 def test_a_domain_without_orion_regions_touches_nothing(host: Host, tmp_path: Path) -> None:
     host.conf.write_text("this is not an INI file\n")  # would fail loudly if the hook read it
     other = host.path(9110)
