@@ -3,7 +3,8 @@
 
 Runs itself twice as a child process, once plain and once with forwarding activated against an oriond it
 starts on a fresh region, and prints forwarded/native for: launch+sync round trip, async launch issue cost,
-4-byte copies, pageable bulk copies (1-256 MiB) both ways, and a small end-to-end workload. GPU machine only.
+4-byte copies, pageable and page-locked (cuMemAllocHost: in the forwarded run, the region's pool) bulk copies
+(1-256 MiB) both ways, and a small end-to-end workload. GPU machine only.
 
 Run: python3 bench/cuda_bench.py   (from the repository root)
 """
@@ -89,6 +90,12 @@ def measure() -> dict:
         dtoh = lambda d=dptr, h=address, s=size: driver.cuMemcpyDtoH(h, d, s)  # noqa: E731
         out[f"HtoD {size_mib} MiB GB/s"] = size / per_op(htod, n) / 1e3
         out[f"DtoH {size_mib} MiB GB/s"] = size / per_op(dtoh, n) / 1e3
+        pinned = ok(driver.cuMemAllocHost(size))
+        htod = lambda d=dptr, h=pinned, s=size: driver.cuMemcpyHtoD(d, h, s)  # noqa: E731
+        dtoh = lambda d=dptr, h=pinned, s=size: driver.cuMemcpyDtoH(h, d, s)  # noqa: E731
+        out[f"pinned HtoD {size_mib} MiB GB/s"] = size / per_op(htod, n) / 1e3
+        out[f"pinned DtoH {size_mib} MiB GB/s"] = size / per_op(dtoh, n) / 1e3
+        driver.cuMemFreeHost(pinned)
         driver.cuMemFree(dptr)
 
     n = 1 << 20  # workload: copy in, 20 kernels, copy out, 30 times
@@ -124,10 +131,10 @@ def child(forwarded: bool, region: str | None) -> dict:
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory() as work:
-        region = os.path.join(work, "orionsock0")
-        with open(region, "wb") as f:
-            f.truncate(512 * MIB)
+    from ivshmem.shm_admin import create
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as work:  # tmpfs: the pool's pages can be page-locked
+        region = create(0, 2048, work, channels=2).path  # a 256 MiB page-locked buffer fits a channel's slice
         conf = os.path.join(work, "server.conf")
         Path(conf).write_text(f'[server]\n    vgpu_count = 1\n[server-shm]\n    shm_path_base = "{work}/"\n')
         agent = subprocess.Popen([sys.executable, "-m", "host_agent.oriond", "--config", conf], cwd=REPO,
@@ -140,9 +147,9 @@ def main() -> int:
             agent.send_signal(signal.SIGINT)
             agent.wait(20)
     print(f"# CUDA forwarding benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs")
-    print(f"{'measure':<24} {'native':>10} {'forwarded':>10} {'fwd/native':>10}")
+    print(f"{'measure':<26} {'native':>10} {'forwarded':>10} {'fwd/native':>10}")
     for key, value in native.items():
-        print(f"{key:<24} {value:10.2f} {forwarded[key]:10.2f} {forwarded[key] / value:10.2f}")
+        print(f"{key:<26} {value:10.2f} {forwarded[key]:10.2f} {forwarded[key] / value:10.2f}")
     return 0
 
 

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -28,11 +29,14 @@ FORWARD = ("import sys, runpy, guest_runtime.activate as orion; orion.activate()
 
 class Oriond:
     def __init__(self, workdir: Path, *flags: str) -> None:
-        self.region = workdir / "orionsock7"
+        """Serves a 256 MiB region in a fresh directory of /dev/shm (tmpfs: its pages can be page-locked, as the
+        pinned pool needs; a disk-backed file's may not be)."""
+        self.shm_dir = Path(tempfile.mkdtemp(prefix="orion-gpu-test-", dir="/dev/shm"))
+        self.region = self.shm_dir / "orionsock7"
         with open(self.region, "wb") as f:
             f.truncate(256 << 20)
         conf = workdir / "server.conf"
-        conf.write_text(f'[server]\n    vgpu_count = 1\n[server-shm]\n    shm_path_base = "{workdir}/"\n')
+        conf.write_text(f'[server]\n    vgpu_count = 1\n[server-shm]\n    shm_path_base = "{self.shm_dir}/"\n')
         self.log = workdir / "oriond.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "host_agent.oriond", "--config", str(conf), *flags],
@@ -48,6 +52,7 @@ class Oriond:
             self.proc.wait(20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        shutil.rmtree(self.shm_dir, ignore_errors=True)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -82,7 +87,7 @@ def run(program: Path | str, forwarded: Oriond | None, timeout: float = 300) -> 
 
 
 @pytest.mark.parametrize("name", ["driver_program.py", "core_program.py", "numba_program.py",
-                                  "stream_order_program.py", "runtime_program.py"])
+                                  "stream_order_program.py", "runtime_program.py", "pinned_threads_program.py"])
 def test_program_gives_the_same_results_forwarded(name: str, oriond: Oriond) -> None:
     native = run(PROGRAMS / name, None)
     forwarded = run(PROGRAMS / name, oriond)
@@ -90,6 +95,9 @@ def test_program_gives_the_same_results_forwarded(name: str, oriond: Oriond) -> 
     assert all(v for k, v in native.items() if k.endswith("_ok") or k == "ok"), native
     if name == "stream_order_program.py":
         assert native == {"dtoh_after_kernel": 42, "htod_after_kernel": 99}
+    if name == "pinned_threads_program.py":  # a thread starts with no context, as natively
+        assert (native["thread_current"], native["thread_alloc_without_context"]) == (0, 201)
+        assert native["device_pointer_is_host_pointer"] and native["free_twice"]
 
 
 QUOTA = textwrap.dedent("""
