@@ -16,6 +16,7 @@ hot-plug support keeps it, which is reported (DetachPending) rather than waited 
 """
 from __future__ import annotations
 
+import grp
 import logging
 import os
 import pwd
@@ -30,7 +31,15 @@ from ivshmem.layout import MIB
 from ivshmem.orion_conf import ShmSettings
 from ivshmem.region import SHM_DIR, region_path
 from ivshmem.shm_admin import create
-from xml_templates.devices import ORION_NS, ORION_PREFIX, check_region_size, region_name, shmem_alias, shmem_xml
+from xml_templates.devices import (
+    ORION_NS,
+    ORION_PREFIX,
+    check_region_index,
+    check_region_size,
+    region_name,
+    shmem_alias,
+    shmem_xml,
+)
 from xml_templates.metadata import RegionRecord, regions_xml
 
 from .domain_edit import (
@@ -325,8 +334,6 @@ def _qemu_can_open(st: os.stat_result, settings: ShmSettings) -> bool:
 
 
 def _groups_of(user: str) -> list[Any]:
-    import grp
-
     return [g for g in grp.getgrall() if user in g.gr_mem]
 
 
@@ -365,6 +372,7 @@ def attach_region(domain: str, index: int, size_mib: int | None = None, *, live:
 
     Order: region file, persistent definition (device, then record), running domain (device, then record).
     The definition goes first because undoing it is certain, while undoing a live attach needs the guest."""
+    check_region_index(index)
     settings = settings or ShmSettings.load()
     path = region_path(index, SHM_DIR)
     with Gateway(uri) as gateway:
@@ -423,9 +431,13 @@ def detach_region(domain: str, index: int, *, live: bool = False, config: bool =
     Partial progress is fine here (running it again finishes the job), so there is no rollback: the persistent
     definition goes first, then the running domain, whose metadata entry is dropped only once the guest has
     released the device. The region file stays (the host agent may still serve it)."""
+    check_region_index(index)
     path = region_path(index, SHM_DIR)
     with Gateway(uri) as gateway:
         dom = gateway.domain(domain)
+        if live and not dom.is_active():
+            raise Refused(f"{dom.name} is not running, so there is nothing to detach live; use --config for its "
+                          "persistent definition")
         scopes = dom.default_scopes(live, config)
         states = {scope: dom.state(scope, index) for scope in scopes}
         try:

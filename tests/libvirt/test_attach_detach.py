@@ -200,6 +200,7 @@ def test_stopped_domain_comes_back_byte_for_byte(busy_domain: Callable[..., Any]
     assert region_file(index).exists()  # detach leaves the region file
     gone = shm("detach", dom.name(), "-i", str(index))
     assert gone.returncode == 0 and "not attached" in gone.stdout
+    assert_fails(shm("detach", dom.name(), "-i", str(index), "--live"), 7, "is not running", "--config")
 
 
 def test_persistent_flag_and_an_existing_region_are_kept(busy_domain: Callable[..., Any], index: int) -> None:
