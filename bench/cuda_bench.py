@@ -131,6 +131,7 @@ def child(forwarded: bool, region: str | None) -> dict:
 
 
 def main() -> int:
+    sys.path.insert(0, str(REPO))
     from ivshmem.shm_admin import create
 
     with tempfile.TemporaryDirectory(dir="/dev/shm") as work:  # tmpfs: the pool's pages can be page-locked

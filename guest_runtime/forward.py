@@ -608,8 +608,9 @@ class Forwarder:
         return forward
 
     def _cuGetProcAddress(self, call: DriverCall) -> Callable[..., int]:
-        """The trampoline that serves the symbol in this process, so a function found this way is forwarded too;
-        one the capsules do not have is CUDA_ERROR_NOT_FOUND, as for an unknown symbol."""
+        """The trampoline that serves the symbol in this process, so a function found this way is forwarded too.
+        A symbol the capsules do not have: NULL and CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND with CUDA_SUCCESS, as the
+        driver answers (H200, driver 580); without a status pointer to say so, CUDA_ERROR_NOT_FOUND."""
         from . import capsule_hook
 
         def forward(symbol: int | None, pfn: int | None, version: int, flags: int, status_out: int | None) -> int:
@@ -619,7 +620,7 @@ class Forwarder:
             ctypes.c_void_p.from_address(pfn).value = address or None
             if status_out:  # CU_GET_PROC_ADDRESS_SUCCESS 0, _SYMBOL_NOT_FOUND 1
                 ctypes.c_int.from_address(status_out).value = 0 if address else 1
-            return SUCCESS if address else NOT_FOUND
+            return SUCCESS if address or status_out else NOT_FOUND
         return forward
 
     def _potential_block_size(self, call: DriverCall) -> Callable[..., int]:

@@ -240,12 +240,14 @@ def test_threads_calling_at_once_each_get_their_own_answers(rig: Rig) -> None:
 # --- cuGetProcAddress and occupancy ------------------------------------------------------------------------------
 
 def test_get_proc_address_without_the_hook_finds_nothing(rig: Rig) -> None:
+    """Found symbols are tested with the hook installed (tests/wire/test_cuda_no_gpu.py) and on a GPU."""
     g = rig.guest()
     pfn, status = ctypes.c_void_p(1), ctypes.c_int(7)
     name = ctypes.create_string_buffer(b"cuInit")
     assert g.fn["cuGetProcAddress"](ctypes.addressof(name), ctypes.addressof(pfn), 13000, 0,
-                                    ctypes.addressof(status)) == NOT_FOUND
+                                    ctypes.addressof(status)) == SUCCESS  # as the driver: the status says it
     assert pfn.value is None and status.value == 1  # CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+    assert g.fn["cuGetProcAddress"](ctypes.addressof(name), ctypes.addressof(pfn), 13000, 0, None) == NOT_FOUND
 
 
 def test_potential_block_size_with_a_callback_is_searched_in_the_guest_like_the_driver_does(rig: Rig) -> None:
