@@ -108,6 +108,9 @@ def install(root: str, python: str, config: str, pid_file: str) -> list[str]:
             out.append(f"{paths.qemu_hook} is left as it is; libvirt runs it first, then {paths.hook}")
         if first and not hooks_were_seen:
             out.append(RESTART)
+        elif first:
+            out.append("libvirtd already runs qemu hooks here, so it needs no restart: it runs this one from the "
+                       "next domain start")
     out += _install_apparmor_rule(paths, settings)
     return out
 
