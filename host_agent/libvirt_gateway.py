@@ -109,12 +109,16 @@ class DetachPending(GatewayError):
 def _translate(exc: Any, uri: str, doing: str) -> GatewayError:
     """One libvirtError as one of ours, with what to do about it."""
     code, text = exc.get_error_code(), (exc.get_error_message() or str(exc)).strip()
+    # A system error reaching the daemon (connecting, or the RPC link dropping) is about libvirtd; one from an
+    # operation (QEMU, a file) is libvirt refusing that operation.
+    link = doing == "connect" or exc.get_error_domain() == libvirt.VIR_FROM_RPC
     denied = (libvirt.VIR_ERR_AUTH_FAILED, libvirt.VIR_ERR_AUTH_CANCELLED, libvirt.VIR_ERR_AUTH_UNAVAILABLE,
               libvirt.VIR_ERR_ACCESS_DENIED, libvirt.VIR_ERR_OPERATION_DENIED)
-    if code in denied or (code == libvirt.VIR_ERR_SYSTEM_ERROR and "ermission denied" in text):
+    if code in denied or (link and code == libvirt.VIR_ERR_SYSTEM_ERROR and "ermission denied" in text):
         return NotPermitted(f"libvirt at {uri} does not let this user {doing} ({text}): run as root, or as a member "
                             "of the 'libvirt' group with read-write access")
-    if code in (libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_ERR_NO_CONNECT, libvirt.VIR_ERR_INVALID_CONN):
+    if code in (libvirt.VIR_ERR_NO_CONNECT, libvirt.VIR_ERR_INVALID_CONN) or (
+            link and code == libvirt.VIR_ERR_SYSTEM_ERROR):
         return LibvirtdUnreachable(f"libvirtd is not running or not reachable at {uri} ({text}): start it with "
                                    "'libvirtd -d' (or 'systemctl start libvirtd'; virtlogd too), then try again")
     if doing == "connect" and os.geteuid() != 0:

@@ -165,3 +165,42 @@ def test_bad_attach_detach_arguments_exit_1_in_one_line(args: list[str]) -> None
     result = shm(*args)
     assert result.returncode == 1, result
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# --- the gateway's translation of libvirt errors (no daemon needed) -----------------------------------------
+class FakeLibvirtError:
+    def __init__(self, code: int, message: str, domain: int = 0) -> None:
+        self.code, self.message, self.domain = code, message, domain
+
+    def get_error_code(self) -> int:
+        return self.code
+
+    def get_error_message(self) -> str:
+        return self.message
+
+    def get_error_domain(self) -> int:
+        return self.domain
+
+
+@pytest.mark.parametrize(("code", "message", "domain", "doing", "kind", "words"), [
+    ("VIR_ERR_SYSTEM_ERROR", "Failed to connect socket to '/x': No such file", 0, "connect", "LibvirtdUnreachable",
+     "libvirtd -d"),
+    ("VIR_ERR_SYSTEM_ERROR", "End of file while reading data", "VIR_FROM_RPC", "attach", "LibvirtdUnreachable",
+     "not running"),
+    ("VIR_ERR_SYSTEM_ERROR", "Failed to connect socket: Permission denied", 0, "connect", "NotPermitted",
+     "run as root"),
+    ("VIR_ERR_SYSTEM_ERROR", "cannot open file: Permission denied", "VIR_FROM_QEMU", "attach", "Refused",
+     "libvirt refused to attach"),
+    ("VIR_ERR_ACCESS_DENIED", "access denied", 0, "attach", "NotPermitted", "'libvirt' group"),
+    ("VIR_ERR_OPERATION_DENIED", "operation forbidden for read only access", 0, "attach", "NotPermitted", ""),
+    ("VIR_ERR_NO_DOMAIN", "Domain not found", 0, "look up", "DomainNotFound", "list --all"),
+    ("VIR_ERR_OPERATION_INVALID", "domain is not running", 0, "attach it", "Refused", "refused to attach it"),
+])
+def test_libvirt_errors_become_ours(code: str, message: str, domain: int | str, doing: str, kind: str,
+                                    words: str) -> None:
+    from host_agent import libvirt_gateway as gw
+
+    libvirt = pytest.importorskip("libvirt")
+    error_domain = getattr(libvirt, domain) if isinstance(domain, str) else domain
+    got = gw._translate(FakeLibvirtError(getattr(libvirt, code), message, error_domain), "qemu:///system", doing)
+    assert type(got).__name__ == kind and words in str(got) and message in str(got)
