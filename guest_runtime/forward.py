@@ -30,11 +30,16 @@ from ivshmem.driver_api import (
     JIT_INFO_LOG_SIZE,
     JIT_SCALAR_OPTIONS,
     JIT_WALL_TIME,
+    LAUNCH_ATTRIBUTE,
+    LAUNCH_ATTRIBUTES_EVENT,
+    LAUNCH_ATTRIBUTES_PLAIN,
+    LAUNCH_HEAD,
     OUT,
     PINNED_COPY,
     POOL_ATTRIBUTES_64,
     POOL_MAP_OPCODE,
     DriverCall,
+    LaunchConfig,
 )
 from ivshmem.errors import WireError
 from ivshmem.record import Record
@@ -51,16 +56,9 @@ log = logging.getLogger(__name__)
 SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED, NO_DEVICE, INVALID_IMAGE = 0, 1, 2, 3, 100, 200
 INVALID_CONTEXT, NOT_FOUND, NOT_SUPPORTED, UNKNOWN = 201, 500, 801, 999
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
+FORWARDED_LAUNCH_ATTRIBUTES = LAUNCH_ATTRIBUTES_PLAIN | LAUNCH_ATTRIBUTES_EVENT
 CTYPES: dict[str, Any] = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_uint64, "f": ctypes.c_float,
           "B": ctypes.c_ubyte, "H": ctypes.c_ushort}
-LAUNCH_HEAD = struct.Struct("<QIIIIIIIQ")  # function, grid xyz, block xyz, shared memory, stream
-
-
-class LaunchConfig(ctypes.Structure):
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)]
 
 
 def _view(address: int, size: int) -> memoryview:
@@ -650,8 +648,13 @@ class Forwarder:
             if not config:
                 return INVALID_VALUE
             c = LaunchConfig.from_address(config)
-            if c.numAttrs:
-                return self._not_forwarded("cuLaunchKernelEx with launch attributes")
+            if c.numAttrs and not c.attrs:
+                return INVALID_VALUE
+            attributes = ctypes.string_at(c.attrs, c.numAttrs * LAUNCH_ATTRIBUTE.size) if c.numAttrs else b""
+            for identifier, _value in LAUNCH_ATTRIBUTE.iter_unpack(attributes):
+                if identifier not in FORWARDED_LAUNCH_ATTRIBUTES:
+                    name = _launch_attribute_name(identifier)
+                    return self._not_forwarded(f"cuLaunchKernelEx launch attribute {name}")
             head = (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes,
                     c.hStream or 0)
             try:
@@ -659,7 +662,11 @@ class Forwarder:
             except ValueError as exc:
                 log.warning("orion: cuLaunchKernelEx: %s", exc)
                 return INVALID_VALUE
-            return NOT_INITIALIZED if payload is None else self._post(call, payload)
+            if payload is None:
+                return NOT_INITIALIZED
+            # `LAUNCH_HEAD, I count, count x 72-byte CUlaunchAttribute, packed parameters`
+            at = LAUNCH_HEAD.size
+            return self._post(call, payload[:at] + struct.pack("<I", c.numAttrs) + attributes + payload[at:])
         return forward
 
 
@@ -709,6 +716,14 @@ def _empty_logs(slots: ctypes.Array[ctypes.c_uint64], guest: dict[int, int]) -> 
             slots[guest[size]] = 0
     if JIT_WALL_TIME in guest:
         slots[guest[JIT_WALL_TIME]] = 0
+
+
+def _launch_attribute_name(identifier: int) -> str:
+    try:
+        from cuda.bindings import driver  # already imported: we are called from it
+        return f"{driver.CUlaunchAttributeID(identifier).name} ({identifier})"
+    except (ImportError, ValueError):
+        return str(identifier)
 
 
 def _jit_option_name(option: int) -> str:

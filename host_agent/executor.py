@@ -25,6 +25,10 @@ from ivshmem.driver_api import (
     ENUMS,
     HANDLES,
     JIT_SCALAR_OPTIONS,
+    LAUNCH_ATTRIBUTE,
+    LAUNCH_ATTRIBUTES_EVENT,
+    LAUNCH_ATTRIBUTES_PLAIN,
+    LAUNCH_HEAD,
     PINNED_COPIES,
     PINNED_COPY,
     POINTER_ATTRIBUTE_WIDTHS,
@@ -36,6 +40,7 @@ from ivshmem.driver_api import (
     POOL_ATTRIBUTES_64,
     POOL_MAP_OPCODE,
     DriverCall,
+    LaunchConfig,
 )
 from ivshmem.record import CUDA_OPCODE_BASE, Record, Status
 from ivshmem.region import Region
@@ -66,6 +71,7 @@ DESTROYS = {"cuCtxDestroy": "CUcontext", "cuStreamDestroy": "CUstream", "cuEvent
 ALLOCATES = {"cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"}
 FREES = {"cuMemFree", "cuMemFreeAsync"}
 MIB = 1 << 20
+MAX_LAUNCH_ATTRIBUTES = 64
 COPY_SYNC, COPY_ASYNC = struct.Struct("<QQ"), struct.Struct("<QQQ")  # device pointer, size[, stream]
 CHECKED = HANDLES | {"CUdevice", "CUdeviceptr"}  # input types checked against what the session owns
 CONVERTED = ENUMS | {"CUdevice"}  # input types the driver API wants as its own objects
@@ -161,6 +167,8 @@ class CudaExecutor(DiagnosticsHandler):
             CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(self._launch_params),
             CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(self._launch_size), CU_LAUNCH_PARAM_END)
         self._launch_extra_at = ctypes.addressof(self._launch_extra)
+        self._launch_config = LaunchConfig()
+        self._launch_attributes = ctypes.create_string_buffer(MAX_LAUNCH_ATTRIBUTES * LAUNCH_ATTRIBUTE.size)
 
     def attach_channel(self, region: Region, index: int) -> None:
         """Page-lock this session's channel (cuMemHostRegister), so copies between its staging chunks and
@@ -518,20 +526,49 @@ class CudaExecutor(DiagnosticsHandler):
         return Reply(SUCCESS, call.outputs.pack(*outs))
 
     def _launch(self, call: DriverCall, payload: bytes) -> Reply:
-        head = struct.Struct("<QIIIIIIIQ")
-        f, gx, gy, gz, bx, by, bz, shmem, stream = head.unpack_from(payload, 0)
+        """cuLaunchKernel: `LAUNCH_HEAD, packed parameters`; cuLaunchKernelEx has `I count, count attributes`
+        between the two (launch.py). Without attributes both are one cuLaunchKernel."""
+        f, gx, gy, gz, bx, by, bz, shmem, stream = LAUNCH_HEAD.unpack_from(payload, 0)
         if f not in self.state.handles["CUfunction"] and f not in self.state.handles["CUkernel"]:
             return Reply(INVALID_HANDLE)  # a CUkernel may be launched where a CUfunction is expected
         if stream and stream not in self.state.handles["CUstream"]:
             return Reply(INVALID_HANDLE)
-        size = len(payload) - head.size
+        start, attributes = LAUNCH_HEAD.size, b""
+        if call.name == "cuLaunchKernelEx":
+            (count,) = struct.unpack_from("<I", payload, start)
+            start += 4 + count * LAUNCH_ATTRIBUTE.size
+            attributes = payload[start - count * LAUNCH_ATTRIBUTE.size:start]
+            if len(attributes) != count * LAUNCH_ATTRIBUTE.size or count > MAX_LAUNCH_ATTRIBUTES:
+                return Reply(Status.MALFORMED, f"cuLaunchKernelEx: {count} attributes do not fit".encode())
+        size = len(payload) - start
         if size > len(self._launch_params):
             return Reply(INVALID_VALUE)
-        # The driver copies the parameters before cuLaunchKernel returns, so one buffer serves every launch.
-        ctypes.memmove(self._launch_params, payload[head.size:], size)
+        # The driver copies the parameters before the launch returns, so one buffer serves every launch.
+        ctypes.memmove(self._launch_params, payload[start:], size)
         self._launch_size.value = size
+        if attributes:
+            return Reply(self._launch_ex(f, (gx, gy, gz, bx, by, bz, shmem, stream), attributes))
         (err,) = self.driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, None, self._launch_extra_at)
         return Reply(int(err))
+
+    def _launch_ex(self, f: int, head: tuple[int, ...], attributes: bytes) -> int:
+        """cuLaunchKernelEx with launch attributes: only the kinds driver_api lists, events only the session's."""
+        for identifier, value in LAUNCH_ATTRIBUTE.iter_unpack(attributes):
+            if identifier in LAUNCH_ATTRIBUTES_EVENT:
+                if struct.unpack_from("<Q", value)[0] not in self.state.handles["CUevent"]:
+                    return INVALID_HANDLE
+            elif identifier not in LAUNCH_ATTRIBUTES_PLAIN:
+                return NOT_SUPPORTED
+        count = len(attributes) // LAUNCH_ATTRIBUTE.size
+        ctypes.memmove(self._launch_attributes, attributes, len(attributes))
+        config = self._launch_config
+        (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY, config.blockDimZ,
+         config.sharedMemBytes, config.hStream) = head
+        config.attrs, config.numAttrs = ctypes.addressof(self._launch_attributes), count
+        # The wheel's CUlaunchConfig over our own struct: its C call reads `attrs` from there
+        wrapped = self.driver.CUlaunchConfig(_ptr=ctypes.addressof(config))
+        (err,) = self.driver.cuLaunchKernelEx(wrapped, f, None, self._launch_extra_at)
+        return int(err)
 
 
     def _pointer_attribute(self, call: DriverCall, payload: bytes) -> Reply:
@@ -651,7 +688,7 @@ class CudaExecutor(DiagnosticsHandler):
     def _launch_cooperative(self, call: DriverCall, payload: bytes) -> Reply:
         """cuLaunchCooperativeKernel has no `extra`: rebuild `void **kernelParams` into a copy of the packed
         parameters, at the offsets the driver reports for the function."""
-        head = struct.Struct("<QIIIIIIIQ")
+        head = LAUNCH_HEAD
         f, gx, gy, gz, bx, by, bz, shmem, stream = head.unpack_from(payload, 0)
         if f not in self.state.handles["CUfunction"] and f not in self.state.handles["CUkernel"]:
             return Reply(INVALID_HANDLE)

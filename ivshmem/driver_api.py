@@ -11,6 +11,7 @@ This module imports no CUDA: the guest, the host and the tests all read it.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import re
 import struct
@@ -299,6 +300,27 @@ JIT_WALL_TIME, JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_SIZE, JIT_ERROR_LOG_BUFFER, JIT
 JIT_LOG_VERBOSE = 12
 JIT_GUEST_OPTIONS = frozenset({JIT_WALL_TIME, JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_SIZE, JIT_ERROR_LOG_BUFFER,
                                JIT_ERROR_LOG_SIZE, JIT_LOG_VERBOSE})
+
+# cuLaunchKernelEx launch attributes (CUlaunchAttribute: `i id, 4 pad, 64-byte value union`) that travel as their
+# bytes: plain values (flags, dimensions, priorities, a cache hint's address range), and those naming an event in the
+# first 8 bytes of the value, which the host checks against the session's events. DEVICE_UPDATABLE_KERNEL_NODE (13)
+# writes a graph node through a pointer: not forwarded.
+LAUNCH_ATTRIBUTE = struct.Struct("<i4x64s")
+# A launch record starts with: function, grid xyz, block xyz, shared memory bytes, stream.
+LAUNCH_HEAD = struct.Struct("<QIIIIIIIQ")
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig as cuda.h lays it out."""
+
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)]
+
+
+LAUNCH_ATTRIBUTES_PLAIN = frozenset({0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 14, 16, 17, 18})
+LAUNCH_ATTRIBUTES_EVENT = frozenset({7, 12})  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT
 
 # Opcodes of the forwarding layer that are not driver calls, far above any table position.
 POOL_MAP_OPCODE = CUDA_OPCODE_BASE + 0x0F00  # map this channel's pinned-pool slice: `Q proposed guest address`

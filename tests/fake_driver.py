@@ -68,6 +68,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, NamedTuple
 
+from ivshmem.driver_api import LAUNCH_ATTRIBUTE, LaunchConfig
+
 # --- enums (subsets of the wheel's, same names and values) --------------------------------------------------------
 
 CUresult = IntEnum("CUresult", [  # type: ignore[misc]
@@ -260,6 +262,18 @@ class cuuint64_t:  # noqa: N801 - the wheel's name
         return f"<cuuint64_t {self._value}>"
 
 
+class CUlaunchConfig:
+    """The wheel's wrapper, only in the form the executor uses: over a C CUlaunchConfig at `_ptr`."""
+
+    def __init__(self, _ptr: int = 0) -> None:
+        if not _ptr:
+            raise TypeError("the fake's CUlaunchConfig only wraps an existing struct (_ptr)")
+        self._ptr = int(_ptr)
+
+    def getPtr(self) -> int:  # noqa: N802 - the wheel's name
+        return self._ptr
+
+
 class CUuuid:
     def __init__(self, data: bytes = bytes(16)) -> None:
         self.bytes = bytes(data)
@@ -438,6 +452,7 @@ class FakeDriver:
     CUmodule, CUfunction, CUlibrary, CUkernel, CUmemoryPool = CUmodule, CUfunction, CUlibrary, CUkernel, CUmemoryPool
     cuuint64_t = cuuint64_t
     CUuuid = CUuuid
+    CUlaunchConfig = CUlaunchConfig
 
     def __init__(self, devices: int = 2, total_mem: tuple[int, ...] | None = None, journal: str | None = None,
                  initialized: bool = False) -> None:
@@ -1557,6 +1572,23 @@ class FakeDriver:
                        kernelParams: Any, extra: Any) -> tuple[Any, ...]:  # noqa: N803
         return self._launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
                             hStream, kernelParams, extra, False)
+
+    @_recorded
+    def cuLaunchKernelEx(self, config: Any, f: Any, kernelParams: Any, extra: Any) -> tuple[Any, ...]:  # noqa: N803
+        """Reads the C CUlaunchConfig behind `config` (a CUlaunchConfig made with `_ptr`, as the wheel's C call
+        does) and launches as cuLaunchKernel; the launch record lists the attributes as [id, first 16 value bytes
+        in hex]. COOPERATIVE (2) with a non-zero value marks it cooperative."""
+        c = LaunchConfig.from_address(config.getPtr())
+        attributes = []
+        if c.numAttrs:
+            raw = ctypes.string_at(c.attrs, c.numAttrs * LAUNCH_ATTRIBUTE.size)
+            attributes = [[identifier, value[:16].hex()] for identifier, value in LAUNCH_ATTRIBUTE.iter_unpack(raw)]
+        cooperative = any(a[0] == 2 and int(a[1][:8], 16) for a in attributes)
+        result = self._launch(f, c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ,
+                              c.sharedMemBytes, c.hStream, kernelParams, extra, cooperative)
+        if "launch" in self._note:
+            self._note["launch"]["attributes"] = attributes
+        return result
 
     @_recorded
     def cuLaunchCooperativeKernel(self, f: Any, gridDimX: int, gridDimY: int, gridDimZ: int,  # noqa: N803

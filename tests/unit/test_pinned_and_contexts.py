@@ -1,4 +1,5 @@
-"""Page-locked host memory from the region's pool, per-thread context stacks, concurrent threads, occupancy.
+"""Page-locked host memory from the region's pool, per-thread context stacks, concurrent threads, occupancy,
+cuGetProcAddress and launch attributes.
 
 Through the forwarding rig (tests/forwarding_rig.py): real Forwarders, rings and executors, over the fake driver.
 What the fake saw (its journal) shows that a copy with pool memory reached the driver as an address in the shared
@@ -15,8 +16,9 @@ from typing import Any
 from guest_runtime.occupancy import PotentialBlockSize
 from host_agent.pinned_pool import HostPool
 from ivshmem import fixed_map
-from ivshmem.driver_api import CALLS, PINNED_COPY
+from ivshmem.driver_api import CALLS, LAUNCH_ATTRIBUTE, LAUNCH_HEAD, PINNED_COPY, LaunchConfig
 from ivshmem.layout import Geometry
+from ivshmem.record import Status
 from ivshmem.region import Region
 from tests import forwarding_rig
 from tests.fake_driver import FakeDriver
@@ -271,3 +273,46 @@ def test_potential_block_size_with_a_callback_is_searched_in_the_guest_like_the_
         results.append((grid.value, block.value))
     assert results[0] == results[1] and results[0][1] > 0, results
     assert asked and all(size % 32 == 0 for size in asked) and asked == sorted(asked, reverse=True)
+
+
+# --- cuLaunchKernelEx launch attributes ---------------------------------------------------------------------------
+
+def launch_ex(g: Guest, function: int, attributes: list[tuple[int, bytes]], stream: int = 0) -> int:
+    raw = b"".join(LAUNCH_ATTRIBUTE.pack(identifier, value.ljust(64, b"\0")) for identifier, value in attributes)
+    array = ctypes.create_string_buffer(raw, max(len(raw), 1))
+    config = LaunchConfig(4, 1, 1, 64, 1, 1, 0, stream, ctypes.addressof(array) if attributes else None,
+                          len(attributes))
+    values = [ctypes.create_string_buffer(16) for _ in range(7)]  # kernel_ptx's `mix`: 7 parameters, none > 16 B
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    return g.fn["cuLaunchKernelEx"](ctypes.addressof(config), function, ctypes.addressof(params), None)
+
+
+def test_launch_attributes_reach_the_driver_and_events_in_them_are_checked(rig: Rig) -> None:
+    owner, g = rig.guest(), rig.guest()
+    owner.setup()
+    foreign_event = owner.ok("cuEventCreate", 0)
+    g.setup()
+    status, module = g.load_module(kernel_ptx() + b"\0")
+    function = g.by_name("cuModuleGetFunction", module, b"mix")[1][0]
+    event = g.ok("cuEventCreate", 0)
+    cooperative, cluster = (2, struct.pack("<i", 1)), (4, struct.pack("<III", 2, 1, 1))
+    mark = rig.mark()
+    assert launch_ex(g, function, [cooperative, cluster, (7, struct.pack("<Qii", event, 0, 1))]) == SUCCESS
+    assert g.sync() == SUCCESS
+    [launch] = rig.entries(mark, "cuLaunchKernelEx")
+    record = launch["launch"]
+    assert record["cooperative"] and record["grid"] == [4, 1, 1]
+    assert [a[0] for a in record["attributes"]] == [2, 4, 7]
+    assert record["attributes"][1][1] == struct.pack("<III", 2, 1, 1).hex() + "00" * 4
+
+    mark = rig.mark()
+    assert launch_ex(g, function, [(12, struct.pack("<Qi", foreign_event, 0))]) == SUCCESS  # posted
+    assert g.sync() == 400  # CUDA_ERROR_INVALID_HANDLE: another session's event
+    assert launch_ex(g, function, [(13, b"")]) == 801  # DEVICE_UPDATABLE_KERNEL_NODE: a pointer out, refused
+    assert launch_ex(g, function, []) == SUCCESS  # no attributes: a plain cuLaunchKernel on the host
+    assert g.sync() == SUCCESS
+    assert [e["name"] for e in rig.entries(mark) if e["name"].startswith("cuLaunch")] == ["cuLaunchKernel"]
+
+    head = LAUNCH_HEAD.pack(function, 1, 1, 1, 1, 1, 1, 0, 0)
+    reply = g.channel.call(CALLS["cuLaunchKernelEx"].opcode, head + struct.pack("<I", 3) + bytes(72))
+    assert reply.status == Status.MALFORMED  # claims three attributes, carries one
