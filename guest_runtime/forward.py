@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED, NO_DEVICE, INVALID_IMAGE = 0, 1, 2, 3, 100, 200
 INVALID_CONTEXT, NOT_FOUND, NOT_SUPPORTED, UNKNOWN = 201, 500, 801, 999
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
+LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption
 FORWARDED_LAUNCH_ATTRIBUTES = LAUNCH_ATTRIBUTES_PLAIN | LAUNCH_ATTRIBUTES_EVENT
 CTYPES: dict[str, Any] = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_uint64, "f": ctypes.c_float,
           "B": ctypes.c_ubyte, "H": ctypes.c_ushort}
@@ -420,13 +421,17 @@ class Forwarder:
         return status
 
     def _cuLibraryLoadData(self, call: DriverCall) -> Callable[..., int]:
-        def forward(plib: int | None, code: int | None, _jo: Any, _jv: Any, njit: int, _lo: Any, _lv: Any,
-                    nlib: int) -> int:
-            if not plib or not code:
+        """JIT options as cuModuleLoadDataEx's. Of the library options, CU_LIBRARY_BINARY_IS_PRESERVED (1) is a
+        promise about the guest's copy of the image, which the host never sees: dropped; the other names host
+        function tables: not forwarded."""
+        def forward(plib: int | None, code: int | None, jit_options: int | None, jit_values: int | None,
+                    njit: int, library_options: int | None, _lv: Any, nlib: int) -> int:
+            if not plib or not code or (njit and (not jit_options or not jit_values)) or (nlib and not library_options):
                 return INVALID_VALUE
-            if njit or nlib:
-                return self._not_forwarded("cuLibraryLoadData with JIT or library options")
-            return self._load_image(call, plib, code)
+            for option in (ctypes.c_int * nlib).from_address(library_options) if nlib and library_options else ():
+                if option != LIBRARY_BINARY_IS_PRESERVED:
+                    return self._not_forwarded(f"cuLibraryLoadData library option {option}")
+            return self._load_with_jit_options(call, plib, code, njit, jit_options, jit_values)
         return forward
 
     def _by_name(self, call: DriverCall) -> Callable[..., int]:
@@ -468,23 +473,27 @@ class Forwarder:
                     values: int | None) -> int:
             if not pmodule or not image or (count and (not options or not values)):
                 return INVALID_VALUE
-            keys = list((ctypes.c_int * count).from_address(options)) if count and options else []
-            slots = (ctypes.c_uint64 * count).from_address(values) if count and values else None
-            pairs: list[tuple[int, int]] = []
-            guest: dict[int, int] = {}  # guest-memory option -> its slot index
-            for index, option in enumerate(keys):
-                if option in JIT_SCALAR_OPTIONS:
-                    pairs.append((option, slots[index] if slots is not None else 0))
-                elif option in JIT_GUEST_OPTIONS:
-                    guest[option] = index
-                else:
-                    return self._not_forwarded(f"cuModuleLoadDataEx JIT option {_jit_option_name(option)}")
-            prefix = struct.pack("<I", len(pairs)) + b"".join(struct.pack("<iQ", o, v) for o, v in pairs)
-            status = self._load_image(call, pmodule, image, prefix)
-            if slots is not None:
-                _empty_logs(slots, guest)
-            return status
+            return self._load_with_jit_options(call, pmodule, image, count, options, values)
         return forward
+
+    def _load_with_jit_options(self, call: DriverCall, out: int, image: int, count: int, options: int | None,
+                               values: int | None) -> int:
+        keys = list((ctypes.c_int * count).from_address(options)) if count and options else []
+        slots = (ctypes.c_uint64 * count).from_address(values) if count and values else None
+        pairs: list[tuple[int, int]] = []
+        guest: dict[int, int] = {}  # guest-memory option -> its slot index
+        for index, option in enumerate(keys):
+            if option in JIT_SCALAR_OPTIONS:
+                pairs.append((option, slots[index] if slots is not None else 0))
+            elif option in JIT_GUEST_OPTIONS:
+                guest[option] = index
+            else:
+                return self._not_forwarded(f"{call.name} JIT option {_jit_option_name(option)}")
+        prefix = struct.pack("<I", len(pairs)) + b"".join(struct.pack("<iQ", o, v) for o, v in pairs)
+        status = self._load_image(call, out, image, prefix)
+        if slots is not None:
+            _empty_logs(slots, guest)
+        return status
 
     def _cuPointerGetAttribute(self, call: DriverCall) -> Callable[..., int]:
         """The host answers `Q value, I width`; `width` bytes of the value go to `data`."""

@@ -498,7 +498,13 @@ class CudaExecutor(DiagnosticsHandler):
         return Reply(int(err))
 
     def _library_load(self, call: DriverCall, payload: bytes) -> Reply:
-        err, library = self.driver.cuLibraryLoadData(payload, None, None, 0, None, None, 0)
+        """As cuModuleLoadDataEx's payload: JIT options, then the image (library options stay in the guest)."""
+        parsed = self._jit_options(call, payload)
+        if isinstance(parsed, Reply):
+            return parsed
+        options, values, image = parsed
+        err, library = self.driver.cuLibraryLoadData(image, options or None, values or None, len(options), None,
+                                                     None, 0)
         if int(err) != SUCCESS:
             return Reply(int(err))
         self.state.handles["CUlibrary"].add(int(library))
@@ -708,34 +714,40 @@ class CudaExecutor(DiagnosticsHandler):
         del buffer, pointers  # kept alive until the driver has copied the values (it does before returning)
         return Reply(int(err))
 
-    def _module_load_ex(self, call: DriverCall, payload: bytes) -> Reply:
-        """`I count`, count × `i option, Q value`, then the image. Only scalar JIT options travel."""
+    def _jit_options(self, call: DriverCall, payload: bytes) -> tuple[list[Any], list[Any], bytes] | Reply:
+        """`I count`, count × `i option, Q value`, then the image (cuModuleLoadDataEx, cuLibraryLoadData): the
+        options as the wheel takes them, or the Reply that refuses them. Only scalar JIT options travel."""
         (count,) = struct.unpack_from("<I", payload, 0)
         pair = struct.Struct("<iQ")
         end = 4 + count * pair.size
         if end > len(payload):
             return Reply(Status.MALFORMED, f"{call.name}: {count} options in a {len(payload)}-byte payload".encode())
-        pairs = [pair.unpack_from(payload, 4 + i * pair.size) for i in range(count)]
-        image = payload[end:]
-        if not pairs:
-            err, module = self.driver.cuModuleLoadData(image)
-        else:
-            options, values = [], []
-            for option, value in pairs:
-                if option not in JIT_SCALAR_OPTIONS:
-                    return Reply(NOT_SUPPORTED)
-                kind, word = JIT_SCALAR_OPTIONS[option], value & 0xFFFFFFFF
-                try:
-                    options.append(self.driver.CUjit_option(option))
-                    if kind == "I":
-                        values.append(word)
-                    elif kind == "i":
-                        values.append(word - (1 << 32) if word & 0x80000000 else word)
-                    else:  # the wheel wants its enum member
-                        values.append(getattr(self.driver, kind)(word))
-                except ValueError:  # no such enum value
-                    return Reply(INVALID_VALUE)
+        options, values = [], []
+        for option, value in (pair.unpack_from(payload, 4 + i * pair.size) for i in range(count)):
+            if option not in JIT_SCALAR_OPTIONS:
+                return Reply(NOT_SUPPORTED)
+            kind, word = JIT_SCALAR_OPTIONS[option], value & 0xFFFFFFFF
+            try:
+                options.append(self.driver.CUjit_option(option))
+                if kind == "I":
+                    values.append(word)
+                elif kind == "i":
+                    values.append(word - (1 << 32) if word & 0x80000000 else word)
+                else:  # the wheel wants its enum member
+                    values.append(getattr(self.driver, kind)(word))
+            except ValueError:  # no such enum value
+                return Reply(INVALID_VALUE)
+        return options, values, payload[end:]
+
+    def _module_load_ex(self, call: DriverCall, payload: bytes) -> Reply:
+        parsed = self._jit_options(call, payload)
+        if isinstance(parsed, Reply):
+            return parsed
+        options, values, image = parsed
+        if options:
             err, module = self.driver.cuModuleLoadDataEx(image, len(options), options, values)
+        else:
+            err, module = self.driver.cuModuleLoadData(image)
         if int(err) != SUCCESS:
             return Reply(int(err))
         self.state.handles["CUmodule"].add(int(module))

@@ -1285,19 +1285,9 @@ class FakeDriver:
         `optionValues` a list with an int per option, or the member of its enum for CU_JIT_TARGET,
         FALLBACK_STRATEGY and CACHE_MODE (a plain int raises AttributeError there, as the wheel's `.value` does).
         The fake compiles nothing: options are checked, recorded (as `jit_options`) and otherwise ignored."""
-        options, values = list(options or []), list(optionValues or [])
-        if int(numOptions) != len(options) or len(options) != len(values):
+        seen = self._jit_options(numOptions, options, optionValues)
+        if seen is None:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
-        seen = []
-        for option, value in zip(options, values, strict=True):
-            key = self._enum(option, CUjit_option, "options")
-            wanted = JIT_VALUE_ENUMS.get(int(key))
-            if wanted is not None:
-                if not isinstance(value, wanted):
-                    raise AttributeError(f"'{type(value).__name__}' object has no attribute 'value'")
-            elif not isinstance(value, int) or isinstance(value, IntEnum):
-                raise TypeError(f"{key.name} takes an int, got {type(value).__name__}")
-            seen.append([key.name, int(value)])
         if err := self._context_error():
             return _result(err, 1)
         err, parsed = self._load(image)
@@ -1309,6 +1299,23 @@ class FakeDriver:
         self.modules[handle] = {}
         self._globals_for(handle, parsed)
         return CUresult(0), CUmodule(handle)
+
+    def _jit_options(self, count: int, options: Any, values: Any) -> list[list[Any]] | None:
+        """[[option name, value], ...] for JIT options taken as the wheel takes them; None if the counts differ."""
+        options, values = list(options or []), list(values or [])
+        if int(count) != len(options) or len(options) != len(values):
+            return None
+        seen = []
+        for option, value in zip(options, values, strict=True):
+            key = self._enum(option, CUjit_option, "options")
+            wanted = JIT_VALUE_ENUMS.get(int(key))
+            if wanted is not None:
+                if not isinstance(value, wanted):
+                    raise AttributeError(f"'{type(value).__name__}' object has no attribute 'value'")
+            elif not isinstance(value, int) or isinstance(value, IntEnum):
+                raise TypeError(f"{key.name} takes an int, got {type(value).__name__}")
+            seen.append([key.name, int(value)])
+        return seen
 
     def _unload(self, handle: int, table: dict[int, dict[bytes, int]], handles: dict[int, _Kernel]) -> None:
         for child in table.pop(handle).values():
@@ -1358,11 +1365,16 @@ class FakeDriver:
     @_recorded
     def cuLibraryLoadData(self, code: Any, jitOptions: Any, jitOptionsValues: Any, numJitOptions: int,  # noqa: N803
                           libraryOptions: Any, libraryOptionValues: Any, numLibraryOptions: int) -> tuple[Any, ...]:  # noqa: N803
+        """JIT options as cuModuleLoadDataEx's (recorded as `jit_options`); no library options."""
         if not self.initialized:
             return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
-        if numJitOptions or numLibraryOptions or jitOptions or libraryOptions:
-            return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 1)  # the fake takes no options
+        if numLibraryOptions or libraryOptions:
+            return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 1)  # the fake takes no library options
+        seen = self._jit_options(numJitOptions, jitOptions, jitOptionsValues)
+        if seen is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
         err, parsed = self._load(code)
+        self._note["jit_options"] = seen
         if parsed is None:
             return _result(err, 1)
         handle = self._handle()

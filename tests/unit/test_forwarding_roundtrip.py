@@ -606,10 +606,20 @@ def test_library_kernels_and_globals(rig: Rig) -> None:
     assert g.ok("cuKernelGetParamInfo", kernel, 6) == [48, 16]
     function = g.ok("cuKernelGetFunction", kernel)
     assert g.ok("cuFuncGetParamInfo", function, 0) == [0, 4]
-    options = (ctypes.c_int * 1)(0)
+    # JIT options travel as cuModuleLoadDataEx's; the library option that only concerns the guest's copy of the
+    # image (BINARY_IS_PRESERVED) stays home; one naming host function tables is refused by name
+    options, values = (ctypes.c_int * 2)(0, 3), (ctypes.c_uint64 * 2)(40, 0)  # MAX_REGISTERS, INFO_LOG_BUFFER
+    preserved, zero = (ctypes.c_int * 1)(1), (ctypes.c_uint64 * 1)(1)
     mark = rig.mark()
     assert g.fn["cuLibraryLoadData"](ctypes.addressof(library), ctypes.addressof(image), ctypes.addressof(options),
-                                     None, 1, None, None, 0) == 801  # JIT options: not forwarded (yet), said so
+                                     ctypes.addressof(values), 2, ctypes.addressof(preserved), ctypes.addressof(zero),
+                                     1) == SUCCESS
+    (seen,) = rig.entries(mark, "cuLibraryLoadData")
+    assert seen["jit_options"] == [["CU_JIT_MAX_REGISTERS", 40]] and seen["args"][-3:] == [None, None, 0]
+    tables = (ctypes.c_int * 1)(0)  # CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE
+    mark = rig.mark()
+    assert g.fn["cuLibraryLoadData"](ctypes.addressof(library), ctypes.addressof(image), None, None, 0,
+                                     ctypes.addressof(tables), ctypes.addressof(zero), 1) == 801
     assert not rig.entries(mark)
 
 
@@ -987,8 +997,10 @@ def test_malformed_records_get_an_error_status_and_the_session_goes_on(rig: Rig)
         assert reply.status != SUCCESS, f"{name} accepted a {len(payload)}-byte payload"
         assert allowed is None or reply.status in allowed, (name, len(payload), reply.status)
     assert not rig.entries(mark), "a malformed record reached the driver"
-    for name in ("cuModuleLoadData", "cuLibraryLoadData"):  # an image the driver cannot read: its error
-        assert channel.call(CALLS[name].opcode, b"\x01\x02\x03 no image").status == INVALID_IMAGE
+    # an image the driver cannot read: its error (cuLibraryLoadData's payload starts with its JIT option count)
+    for name, prefix in (("cuModuleLoadData", b""), ("cuLibraryLoadData", bytes(4))):
+        assert channel.call(CALLS[name].opcode, prefix + b"\x01\x02\x03 no image").status == INVALID_IMAGE
+    assert channel.call(CALLS["cuLibraryLoadData"].opcode, b"\x01\x02\x03 no image").status == Status.MALFORMED
     unknown = CUDA_OPCODE_BASE + len(CALLS) + 10
     assert channel.call(unknown, b"").status == Status.UNKNOWN_OPCODE
     assert channel.call(Op.ECHO, b"still here").payload == b"still here"
