@@ -223,8 +223,9 @@ class Forwarder:
         def forward(pctx: int | None, params: int | None, flags: int, dev: int) -> int:
             if not pctx:
                 return INVALID_VALUE
-            if params:
-                return self._not_forwarded("cuCtxCreate with CUctxCreateParams")
+            # CUctxCreateParams {CUexecAffinityParam *, int count, CUctxCigParam *}: an empty one is no params
+            if params and any(struct.unpack("<QiiQ", ctypes.string_at(params, 24))[i] for i in (0, 1, 3)):
+                return self._not_forwarded("cuCtxCreate with execution-affinity or CIG parameters")
             status, reply = self._call(call, struct.pack("<Ii", flags, dev))
             if status == SUCCESS and reply is not None:
                 (ctx,) = struct.unpack("<Q", reply.payload)

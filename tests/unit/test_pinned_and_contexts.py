@@ -195,8 +195,11 @@ def test_each_thread_has_its_own_context_stack(rig: Rig) -> None:
     assert g.call("cuMemAlloc", 64)[0] == SUCCESS  # and the first thread's context is back for its calls
 
     cell = ctypes.c_uint64(0)
-    assert g.fn["cuCtxCreate"](ctypes.addressof(cell), None, 0, 1) == SUCCESS
+    empty_params = ctypes.create_string_buffer(24)  # CUctxCreateParams with nothing in it: as no params
+    assert g.fn["cuCtxCreate"](ctypes.addressof(cell), ctypes.addressof(empty_params), 0, 1) == SUCCESS
     created = cell.value
+    affinity = ctypes.create_string_buffer(struct.pack("<QiiQ", ctypes.addressof(empty_params), 1, 0, 0))
+    assert g.fn["cuCtxCreate"](ctypes.addressof(ctypes.c_uint64()), ctypes.addressof(affinity), 0, 1) == 801
     assert g.ok("cuCtxGetCurrent") == created and g.ok("cuCtxGetDevice") == 1  # pushed: current
     assert g.ok("cuCtxPopCurrent") == created
     assert g.ok("cuCtxGetCurrent") == primary and g.ok("cuCtxGetDevice") == 0
