@@ -126,6 +126,47 @@ def proc_address_and_occupancy(out, kernel):
     out["dynamic_smem"] = int(check(driver.cuOccupancyAvailableDynamicSMemPerBlock(kernel, 4, 128)))
 
 
+def launch_attributes_and_library(out, kernel, stream, major, minor):
+    """cuLaunchKernelEx with COOPERATIVE and PRIORITY attributes; a library JIT-compiled from PTX with options."""
+    n = 4096
+    x = np.arange(n, dtype=np.float32)
+    dx, dy = check(driver.cuMemAlloc(4 * n)), check(driver.cuMemAlloc(4 * n))
+    check(driver.cuMemcpyHtoD(dx, x.ctypes.data, 4 * n))
+    check(driver.cuMemsetD32(dy, 0, n))
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = n // 256, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = 256, 1, 1
+    config.hStream = stream
+    cooperative, priority = driver.CUlaunchAttribute(), driver.CUlaunchAttribute()
+    cooperative.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+    cooperative.value.cooperative = 1
+    priority.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PRIORITY
+    priority.value.priority = 0
+    config.attrs = [cooperative, priority]
+    config.numAttrs = 2
+    values = (np.array([4.0], dtype=np.float32), np.array([int(dx)], dtype=np.uint64),
+              np.array([int(dy)], dtype=np.uint64), np.array([n], dtype=np.uint32))
+    params = np.array([v.ctypes.data for v in values], dtype=np.uint64)
+    check(driver.cuLaunchKernelEx(config, kernel, params.ctypes.data, 0))
+    check(driver.cuStreamSynchronize(stream))
+    result = np.empty(n, dtype=np.float32)
+    check(driver.cuMemcpyDtoH(result.ctypes.data, dy, 4 * n))
+    out["launch_attributes_ok"] = bool(np.allclose(result, 4.0 * x))
+    for pointer in (dx, dy):
+        check(driver.cuMemFree(pointer))
+
+    prog = check(nvrtc.nvrtcCreateProgram(SAXPY, b"saxpy.cu", 0, [], []))
+    check(nvrtc.nvrtcCompileProgram(prog, 1, [f"--gpu-architecture=compute_{major}{minor}".encode()]))
+    ptx = b" " * check(nvrtc.nvrtcGetPTXSize(prog))
+    check(nvrtc.nvrtcGetPTX(prog, ptx))
+    jit = driver.CUjit_option
+    library = check(driver.cuLibraryLoadData(ptx, [jit.CU_JIT_MAX_REGISTERS], [32], 1, None, None, 0))
+    function = check(driver.cuKernelGetFunction(check(driver.cuLibraryGetKernel(library, b"saxpy"))))
+    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
+    out["library_jit_registers_ok"] = 0 < check(driver.cuFuncGetAttribute(attribute, function)) <= 32
+    check(driver.cuLibraryUnload(library))
+
+
 def main():
     out = {}
     check(driver.cuInit(0))
@@ -140,6 +181,7 @@ def main():
     page_locked(out, kernel, stream)
     threads(out, primary, dev)
     proc_address_and_occupancy(out, kernel)
+    launch_attributes_and_library(out, kernel, stream, major, minor)
     check(driver.cuStreamDestroy(stream))
     check(driver.cuModuleUnload(module))
     print("RESULT " + json.dumps(out, sort_keys=True))
