@@ -16,6 +16,7 @@ not the bookkeeping that decides which host addresses a copy may touch.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 from typing import Any
 
@@ -53,6 +54,8 @@ class HostPool:
             return (SUCCESS, self.host_base) if proposed == self.guest_base else (INVALID_VALUE, self.host_base)
         if proposed % PAGE:
             return INVALID_VALUE, 0
+        if not self.guest_base:  # a new session: nothing of an earlier session's page-locked data stays readable
+            ctypes.memset(self.own_address, 0, self.size)
         self._drop_fixed()
         if proposed == self.own_address:
             self.host_base = proposed

@@ -58,8 +58,11 @@ def slice_of(g: Guest) -> tuple[int, int]:
 def test_page_locked_memory_is_carved_from_the_channels_pool_slice(rig: Rig) -> None:
     g = rig.guest()
     g.setup()
+    offset, size = g.channel.geometry.pool_slice(g.channel.index)
+    g.channel.region.buf[offset:offset + size] = b"\xa5" * size  # an earlier session's data
     status, pointer = host_alloc(g, 10_000)
     assert status == SUCCESS
+    assert bytes(g.channel.region.buf[offset:offset + size]) == bytes(size)  # cleared for this session
     base, size = slice_of(g)
     assert base <= pointer < base + size and pointer % mmap.PAGESIZE == 0
     status, second = host_alloc(g, 100, CU_MEMHOSTALLOC_DEVICEMAP)
