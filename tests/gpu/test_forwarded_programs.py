@@ -39,7 +39,9 @@ class Oriond:
         conf.write_text(f'[server]\n    vgpu_count = 1\n[server-shm]\n    shm_path_base = "{self.shm_dir}/"\n')
         self.log = workdir / "oriond.log"
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "host_agent.oriond", "--config", str(conf), *flags],
+            command = [sys.executable, "-m", "host_agent.oriond", "--config", str(conf),
+                       "--pid-file", str(self.shm_dir / "oriond.pid"), *flags]
+            self.proc = subprocess.Popen(command,
                                          cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while b"Using SHM orionsock7" not in self.log.read_bytes():

@@ -80,7 +80,8 @@ class Oriond:
         self.log_path = workdir / "oriond.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "host_agent.oriond", "--config", str(conf)], cwd=REPO, env=_env(),
+                [sys.executable, "-m", "host_agent.oriond", "--config", str(conf),
+                 "--pid-file", str(workdir / "oriond.pid")], cwd=REPO, env=_env(),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=_stop_with_parent)
         deadline = time.monotonic() + START_TIMEOUT_S
