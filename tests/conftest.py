@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from ivshmem import layout
+from tests.processes import stop_process
 
 REGION_SIZE = 32 << 20
 SERVE_SCRIPT = Path(__file__).resolve().parent / "wire" / "serve_region.py"
@@ -114,14 +115,7 @@ class ServerProcess:
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> int | None:
         """SIGINT, then SIGKILL after `timeout`; returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL the supervisor only (its workers must notice and exit by themselves)."""

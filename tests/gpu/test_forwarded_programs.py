@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import stop_process
+
 REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = Path(__file__).parent / "programs"
 HAS_GPU = os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
@@ -49,11 +51,7 @@ class Oriond:
             time.sleep(0.1)
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
         shutil.rmtree(self.shm_dir, ignore_errors=True)
 
 

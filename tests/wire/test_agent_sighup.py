@@ -21,6 +21,7 @@ import pytest
 
 from ivshmem import layout
 from ivshmem.region import Region
+from tests.processes import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0  # a bound on waiting, far below the agent's 3600 s rescan interval; never a measured time
@@ -83,16 +84,7 @@ class Host:
         return path.exists() and _agent(path) == (self.proc.pid, layout.AGENT_SERVING)
 
     def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(20)
-        return self.proc.returncode
+        return None if self.proc is None else stop_process(self.proc)
 
 
 @pytest.fixture

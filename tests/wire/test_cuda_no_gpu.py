@@ -27,6 +27,7 @@ import pytest
 
 from ivshmem import layout
 from ivshmem.region import Region
+from tests.processes import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 REGION_SIZE = 32 << 20
@@ -103,15 +104,8 @@ class Oriond:
             time.sleep(0.05)
         return self.log()
 
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(20)
-        return self.proc.returncode
+    def stop(self) -> int | None:
+        return stop_process(self.proc)
 
 
 @pytest.fixture
