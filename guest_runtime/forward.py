@@ -580,7 +580,9 @@ class Forwarder:
         return self._layouts[function]
 
     def _launch_payload(self, function: int, head: tuple[int, ...], params: int | None,
-                        extra: int | None) -> bytes | None:
+                        extra: int | None, attributes: bytes | None = None) -> bytes | None:
+        """`LAUNCH_HEAD`, then for cuLaunchKernelEx `I count, count x 72-byte CUlaunchAttribute`, then the packed
+        parameters."""
         if params:
             known = self._layout(function)
             if known is None:
@@ -590,7 +592,10 @@ class Forwarder:
             packed = params_from_extra(extra) or b""
         else:
             packed = b""
-        return LAUNCH_HEAD.pack(function, *head) + packed
+        if attributes is None:
+            return LAUNCH_HEAD.pack(function, *head) + packed
+        count = struct.pack("<I", len(attributes) // LAUNCH_ATTRIBUTE.size)
+        return b"".join((LAUNCH_HEAD.pack(function, *head), count, attributes, packed))
 
     def _cuLaunchKernel(self, call: DriverCall) -> Callable[..., int]:
         def forward(f: int | None, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
@@ -668,15 +673,11 @@ class Forwarder:
             head = (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes,
                     c.hStream or 0)
             try:
-                payload = self._launch_payload(f or 0, head, params, extra)
+                payload = self._launch_payload(f or 0, head, params, extra, attributes)
             except ValueError as exc:
                 log.warning("orion: cuLaunchKernelEx: %s", exc)
                 return INVALID_VALUE
-            if payload is None:
-                return NOT_INITIALIZED
-            # `LAUNCH_HEAD, I count, count x 72-byte CUlaunchAttribute, packed parameters`
-            at = LAUNCH_HEAD.size
-            return self._post(call, payload[:at] + struct.pack("<I", c.numAttrs) + attributes + payload[at:])
+            return NOT_INITIALIZED if payload is None else self._post(call, payload)
         return forward
 
 

@@ -533,7 +533,7 @@ class CudaExecutor(DiagnosticsHandler):
 
     def _launch(self, call: DriverCall, payload: bytes) -> Reply:
         """cuLaunchKernel: `LAUNCH_HEAD, packed parameters`; cuLaunchKernelEx has `I count, count attributes`
-        between the two (launch.py). Without attributes both are one cuLaunchKernel."""
+        between the two (Forwarder._launch_payload). Without attributes both are one cuLaunchKernel."""
         f, gx, gy, gz, bx, by, bz, shmem, stream = LAUNCH_HEAD.unpack_from(payload, 0)
         if f not in self.state.handles["CUfunction"] and f not in self.state.handles["CUkernel"]:
             return Reply(INVALID_HANDLE)  # a CUkernel may be launched where a CUfunction is expected
