@@ -1,7 +1,7 @@
 """A complete libvirt domain for a guest with Orion regions, built with lxml from a few choices (`DomainSpec`).
 
-This is the generator behind `orion-domain render`: what the user gives (name, memory, vCPUs, a disk image or a
-kernel, regions, network, console) becomes a `<domain>` that `virsh define` takes as it is. The shape follows
+This is the generator behind `orion-domain render`: what the user gives (name, memory, vCPUs, a disk image and/or a
+kernel, regions, network, console, read-only 9p shares) becomes a `<domain>` that `virsh define` takes as it is. The shape follows
 what works on our machines (TESTBED.md): `<features><acpi/>` so a guest power-off ends the domain, and no `<cpu>`
 element (libvirt's default model works under TCG and KVM alike). Orion's own pieces come from devices.py (the
 `<shmem>` device) and metadata.py (the `orion:` record), so generated and edited domains carry the same bytes.
@@ -27,11 +27,12 @@ DOMAIN_TYPES = ("qemu", "kvm")
 QCOW2_MAGIC = b"QFI\xfb"
 # libvirt refuses '/' in names; we stay with what is safe in file names and shells too.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*\Z")
+_TAG_RE = re.compile(r"[A-Za-z0-9_.-]{1,31}\Z")  # QEMU's virtio-9p mount_tag is at most 31 bytes
 
 
 @dataclass(frozen=True)
 class DiskBoot:
-    """Boot from a disk image, attached as virtio vda."""
+    """A disk image attached as virtio vda: the boot disk, or the root disk of a direct kernel boot."""
 
     path: str
     format: str
@@ -39,7 +40,7 @@ class DiskBoot:
 
 @dataclass(frozen=True)
 class KernelBoot:
-    """Direct kernel boot (no disk): QEMU loads the kernel and initrd itself."""
+    """Direct kernel boot: QEMU loads the kernel and initrd itself (the root can still be a disk)."""
 
     kernel: str
     initrd: str | None = None
@@ -55,15 +56,26 @@ class Network:
 
 
 @dataclass(frozen=True)
+class Share:
+    """A host directory the guest mounts read-only over 9p: `mount -t 9p -o trans=virtio TAG /mnt`."""
+
+    source: str
+    tag: str
+
+
+@dataclass(frozen=True)
 class DomainSpec:
     name: str
     memory_mib: int
     vcpus: int
-    boot: DiskBoot | KernelBoot
+    disk: DiskBoot | None
+    kernel: KernelBoot | None
     regions: tuple[RegionRecord, ...]
     domain_type: str = "qemu"
     network: Network = field(default_factory=Network)
     console: bool = False
+    serial_log: str | None = None  # the serial console is also written here (by virtlogd), implies console
+    shares: tuple[Share, ...] = ()
 
 
 # --- from options to a spec --------------------------------------------------------------------------------
@@ -109,6 +121,17 @@ def parse_network(text: str) -> Network:
     if sep and kind in ("network", "bridge") and source:
         return Network(kind, source)
     raise DomainXmlError(f"bad --network {text!r}: use none, user, network=NAME or bridge=NAME")
+
+
+def parse_share(text: str) -> Share:
+    """`DIR:TAG` as given to --share: an existing directory and the 9p mount tag the guest names it by."""
+    source, sep, tag = text.rpartition(":")
+    if not sep or not source or not _TAG_RE.match(tag):
+        raise DomainXmlError(f"bad --share {text!r}: expected DIR:TAG, e.g. /srv/code:code (the tag is what the "
+                             "guest mounts: letters, digits, _ . -, at most 31)")
+    if not os.path.isdir(source):
+        raise DomainXmlError(f"--share directory {source!r} does not exist (or is not a directory)")
+    return Share(os.path.abspath(source), tag)
 
 
 def _existing_file(path: str, what: str) -> str:
@@ -157,33 +180,40 @@ def _sub(parent: etree._Element, tag: str, text: str | None = None, **attrs: str
     return element
 
 
-def _os(domain: etree._Element, boot: DiskBoot | KernelBoot) -> None:
+def _os(domain: etree._Element, spec: DomainSpec) -> None:
     os_el = _sub(domain, "os")
     _sub(os_el, "type", "hvm", arch="x86_64")
-    if isinstance(boot, KernelBoot):
-        _sub(os_el, "kernel", boot.kernel)
-        if boot.initrd:
-            _sub(os_el, "initrd", boot.initrd)
-        if boot.cmdline:
-            _sub(os_el, "cmdline", boot.cmdline)
+    if spec.kernel is not None:
+        _sub(os_el, "kernel", spec.kernel.kernel)
+        if spec.kernel.initrd:
+            _sub(os_el, "initrd", spec.kernel.initrd)
+        if spec.kernel.cmdline:
+            _sub(os_el, "cmdline", spec.kernel.cmdline)
     else:
         _sub(os_el, "boot", dev="hd")
 
 
 def _devices(domain: etree._Element, spec: DomainSpec) -> None:
     devices = _sub(domain, "devices")
-    if isinstance(spec.boot, DiskBoot):
+    if spec.disk is not None:
         disk = _sub(devices, "disk", type="file", device="disk")
-        _sub(disk, "driver", name="qemu", type=spec.boot.format)
-        _sub(disk, "source", file=spec.boot.path)
+        _sub(disk, "driver", name="qemu", type=spec.disk.format)
+        _sub(disk, "source", file=spec.disk.path)
         _sub(disk, "target", dev="vda", bus="virtio")
+    for share in spec.shares:
+        filesystem = _sub(devices, "filesystem", type="mount", accessmode="passthrough")
+        _sub(filesystem, "source", dir=share.source)
+        _sub(filesystem, "target", dir=share.tag)
+        _sub(filesystem, "readonly")
     if spec.network.kind != "none":
         interface = _sub(devices, "interface", type=spec.network.kind)
         if spec.network.source:
             _sub(interface, "source", **{spec.network.kind: spec.network.source})
         _sub(interface, "model", type="virtio")
-    if spec.console:
+    if spec.console or spec.serial_log:
         serial = _sub(devices, "serial", type="pty")
+        if spec.serial_log:
+            _sub(serial, "log", file=spec.serial_log, append="off")
         _sub(serial, "target", port="0")
         console = _sub(devices, "console", type="pty")
         _sub(console, "target", type="serial", port="0")
@@ -199,12 +229,16 @@ def build_domain(spec: DomainSpec) -> etree._Element:
         raise DomainXmlError(f"--memory {spec.memory_mib} MiB is too small: give at least 16")
     if spec.vcpus < 1:
         raise DomainXmlError(f"--vcpus {spec.vcpus}: give at least 1")
+    if spec.disk is None and spec.kernel is None:
+        raise DomainXmlError("give a boot source: --disk IMAGE or --kernel FILE [--initrd FILE]")
+    if len({share.tag for share in spec.shares}) < len(spec.shares):
+        raise DomainXmlError("two --share options use the same tag: give each its own")
     domain = etree.Element("domain", type=spec.domain_type)
     _sub(domain, "name", check_name(spec.name))
     _sub(domain, "metadata").append(regions_element(spec.regions))
     _sub(domain, "memory", str(spec.memory_mib), unit="MiB")
     _sub(domain, "vcpu", str(spec.vcpus))
-    _os(domain, spec.boot)
+    _os(domain, spec)
     _sub(_sub(domain, "features"), "acpi")
     _devices(domain, spec)
     return domain
