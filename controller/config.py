@@ -1,0 +1,73 @@
+"""ControllerConfig: the one frozen settings object of ``orion-controller``, built once from its command line.
+
+Orion's controller took ``-i``/``-p``/``--kv``/``--log`` (June 2019) and later a YAML file; ours takes
+``--listen HOST:PORT``, ``--etcd URL`` and ``--log FILE`` (the issue's spelling) plus the lease and key knobs
+below. Defaults: listen 0.0.0.0:9123, etcd http://127.0.0.1:2379, log to stdout. Parsing and validation live
+here; nothing deeper reads arguments or the environment.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.keys import DEFAULT_ROOT
+from controller.pool import DEFAULT_HOST_TTL_S, DEFAULT_LEASE_TTL_S
+from controller.store import parse_endpoints
+
+DEFAULT_LISTEN = "0.0.0.0:9123"
+DEFAULT_ETCD = "http://127.0.0.1:2379"
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message says which and what to write instead."""
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (or ``:PORT``, or ``[v6]:PORT``) → (host, port)."""
+    host, sep, port_s = value.rpartition(":")
+    if not sep or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise ConfigError(f"--listen {value!r}: expected HOST:PORT with a port from 1 to 65535, "
+                          f"e.g. 0.0.0.0:9123")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port_s)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    listen_host: str = "0.0.0.0"
+    listen_port: int = 9123
+    etcd_url: str = DEFAULT_ETCD
+    etcd_timeout_s: float = 3.0
+    log_file: str | None = None
+    log_level: str = "info"
+    lease_ttl_s: int = DEFAULT_LEASE_TTL_S
+    host_ttl_s: int = DEFAULT_HOST_TTL_S
+    key_root: str = DEFAULT_ROOT
+    workers: int = 16
+
+    @property
+    def listen(self) -> str:
+        return f"{self.listen_host}:{self.listen_port}"
+
+    @classmethod
+    def build(cls, listen: str = DEFAULT_LISTEN, etcd: str = DEFAULT_ETCD, log_file: str | None = None,
+              log_level: str = "info", lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
+              host_ttl_s: int = DEFAULT_HOST_TTL_S, key_root: str = DEFAULT_ROOT, etcd_timeout_s: float = 3.0,
+              workers: int = 16) -> ControllerConfig:
+        host, port = parse_listen(listen)
+        try:
+            parse_endpoints(etcd)
+        except ValueError as exc:
+            raise ConfigError(f"--etcd: {exc}") from None
+        if log_level not in ("debug", "info", "warn", "error"):
+            raise ConfigError(f"--log-level {log_level!r}: use debug, info, warn or error")
+        for flag, ttl in (("--lease-ttl", lease_ttl_s), ("--host-ttl", host_ttl_s)):
+            if not 1 <= ttl <= 3600:
+                raise ConfigError(f"{flag} {ttl}: a lease TTL is 1 to 3600 seconds")
+        if not key_root.startswith("/") or not key_root.endswith("/"):
+            raise ConfigError(f"--key-root {key_root!r}: it must start and end with '/', e.g. /orion/")
+        if not 0 < etcd_timeout_s <= 60:
+            raise ConfigError(f"--etcd-timeout {etcd_timeout_s}: use 0 < seconds <= 60")
+        if not 1 <= workers <= 256:
+            raise ConfigError(f"--workers {workers}: use 1 to 256")
+        return cls(host, port, etcd, etcd_timeout_s, log_file, log_level, lease_ttl_s, host_ttl_s, key_root,
+                   workers)

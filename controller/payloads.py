@@ -1,0 +1,187 @@
+"""Parsing and validating what clients send (JSON bodies, Orion's query strings) into typed values.
+
+Why a module of its own: every malformed request must get a 400 whose one-line reason names the field and
+what would be accepted, and that is easiest to keep consistent (and to test) in one place. The HTTP layer
+calls these and never looks inside a payload itself; the pool receives only values that passed here.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from controller.errors import BadRequest
+from controller.keys import valid_name
+from controller.pool import GpuSpec
+
+MAX_VGPUS = 1024
+MAX_MEMORY_MIB = 1 << 24
+MAX_TTL_S = 3600
+MAX_VGPU_COUNT = 100
+DEFAULT_PORT = 9960
+DEFAULT_VGPU_COUNT = 4
+
+
+@dataclass(frozen=True)
+class AllocationRequest:
+    count: int
+    memory_mib: int | None
+    ttl_s: int | None
+    client: str = ""
+
+
+@dataclass(frozen=True)
+class HostRegistration:
+    name: str
+    address: str
+    port: int
+    vgpu_count: int
+    gpus: tuple[GpuSpec, ...]
+    ttl_s: int | None
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or BadRequest saying what was wrong with it."""
+    if not body.strip():
+        raise BadRequest("request body is empty; send a JSON object (Content-Type: application/json)")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON ({exc}); send a JSON object") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def integer(data: Mapping[str, Any], key: str, lo: int, hi: int, required: bool = True,
+            what: str = "") -> int | None:
+    """``data[key]`` as an int in [lo, hi]; strings of digits are accepted (query strings are all strings)."""
+    label = what or key
+    if key not in data or data[key] is None or data[key] == "":
+        if required:
+            raise BadRequest(f"{label} is required: an integer from {lo} to {hi}")
+        return None
+    raw = data[key]
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        raise BadRequest(f"{label} must be an integer from {lo} to {hi}, got {raw!r}")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{label} must be an integer from {lo} to {hi}, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise BadRequest(f"{label} must be an integer from {lo} to {hi}, got {value}")
+    return value
+
+
+def text(data: Mapping[str, Any], key: str, required: bool = True, default: str = "") -> str:
+    raw = data.get(key)
+    if raw is None or raw == "":
+        if required:
+            raise BadRequest(f"{key} is required: a non-empty string")
+        return default
+    if not isinstance(raw, str):
+        raise BadRequest(f"{key} must be a string, got {raw!r}")
+    return raw
+
+
+def name(value: str, what: str) -> str:
+    if not valid_name(value):
+        raise BadRequest(f"{what} {value!r} is not a valid name: use letters, digits and . _ : - (no '/'), "
+                         f"at most 253 characters")
+    return value
+
+
+def allocation_request(data: Mapping[str, Any]) -> AllocationRequest:
+    """JSON API: ``{"vgpus": N, "memory_mib": M?, "ttl_s": T?, "client": "..."?}``."""
+    unknown = set(data) - {"vgpus", "memory_mib", "ttl_s", "client"}
+    if unknown:
+        raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}; allowed: vgpus, memory_mib, ttl_s, client")
+    count = integer(data, "vgpus", 1, MAX_VGPUS)
+    assert count is not None
+    return AllocationRequest(count, integer(data, "memory_mib", 1, MAX_MEMORY_MIB, required=False),
+                             integer(data, "ttl_s", 1, MAX_TTL_S, required=False),
+                             text(data, "client", required=False))
+
+
+def orion_service_query(query: Mapping[str, str]) -> AllocationRequest:
+    """Orion's ``GET /service?nvidia_vgpu=N[&memory=M]`` (ORION_VGPU, ORION_GMEM)."""
+    count = integer(query, "nvidia_vgpu", 1, MAX_VGPUS, what="nvidia_vgpu (ORION_VGPU)")
+    assert count is not None
+    memory = integer(query, "memory", 1, MAX_MEMORY_MIB, required=False, what="memory (ORION_GMEM, MiB)")
+    return AllocationRequest(count, memory, None)
+
+
+def orion_resource(query: Mapping[str, str], required: bool = True) -> None:
+    """Orion's ``res=`` parameter: only ``nvidia_cuda`` exists."""
+    res = query.get("res")
+    if res is None and not required:
+        return
+    if res != "nvidia_cuda":
+        raise BadRequest(f"res={res!r} is not a resource this controller has; use res=nvidia_cuda")
+
+
+def _gpu(item: Any, position: int) -> GpuSpec:
+    if not isinstance(item, dict):
+        raise BadRequest(f"gpus[{position}] must be an object with uuid, name, memory_mib")
+    index = integer(item, "index", 0, 9999, required=False, what=f"gpus[{position}].index")
+    memory = integer(item, "memory_mib", 1, MAX_MEMORY_MIB, what=f"gpus[{position}].memory_mib")
+    vgpus = integer(item, "vgpu_count", 1, MAX_VGPU_COUNT, required=False, what=f"gpus[{position}].vgpu_count")
+    uuid = text(item, "uuid")
+    assert memory is not None
+    return GpuSpec(position if index is None else index, uuid, text(item, "name", required=False, default=uuid),
+                   memory, vgpus)
+
+
+def host_registration(data: Mapping[str, Any]) -> HostRegistration:
+    """JSON API: ``{"host": "10.0.0.5", "port": 9960?, "address": ...?, "vgpu_count": 4?, "ttl_s": T?,
+    "gpus": [{"uuid": "GPU-...", "name": "...", "memory_mib": 16160, "index"?, "vgpu_count"?}, ...]}``."""
+    host = name(text(data, "host"), "host")
+    gpus_raw = data.get("gpus")
+    if not isinstance(gpus_raw, list):
+        raise BadRequest("gpus is required: a list of {uuid, name, memory_mib} objects (may be empty)")
+    gpus = tuple(_gpu(item, i) for i, item in enumerate(gpus_raw))
+    indices = [g.index for g in gpus]
+    if len(set(indices)) != len(indices):
+        raise BadRequest(f"gpus have duplicate indices {sorted(indices)}; each GPU needs its own index")
+    port = integer(data, "port", 1, 65535, required=False)
+    vgpu_count = integer(data, "vgpu_count", 1, MAX_VGPU_COUNT, required=False)
+    return HostRegistration(host, text(data, "address", required=False, default=host),
+                            port or DEFAULT_PORT, vgpu_count or DEFAULT_VGPU_COUNT, gpus,
+                            integer(data, "ttl_s", 1, MAX_TTL_S, required=False))
+
+
+def _flatten(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Orion's /device/info nests its fields under device_meta / static_meta / meta; accept both shapes."""
+    flat: dict[str, Any] = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    for part in ("device_meta", "static_meta", "meta"):
+        nested = data.get(part)
+        if isinstance(nested, dict):
+            flat.update({k: v for k, v in nested.items() if not isinstance(v, dict)})
+    return flat
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    host: str
+    gpu: GpuSpec | None  # None: a dynamic report (memory_used/memory_free) with nothing to register
+    port: int | None
+
+
+def device_info(data: Mapping[str, Any]) -> DeviceInfo:
+    """Orion's ``POST /device/info``: one GPU of a host (device_ip, device_id, device_index, memory MiB...)."""
+    flat = _flatten(data)
+    static = {"device_index", "memory", "device_name", "device_ip"} & set(flat)
+    if not static:
+        if "device_id" in flat:
+            return DeviceInfo("", None, None)
+        raise BadRequest("device info needs device_ip, device_id, device_index and memory (MiB)")
+    host = name(text(flat, "device_ip"), "device_ip")
+    memory = integer(flat, "memory", 1, MAX_MEMORY_MIB, what="memory (MiB)")
+    index = integer(flat, "device_index", 0, 9999)
+    vgpus = integer(flat, "vdevice_num", 1, MAX_VGPU_COUNT, required=False)
+    port = integer(flat, "device_port", 1, 65535, required=False)
+    uuid = text(flat, "device_id")
+    assert memory is not None and index is not None
+    return DeviceInfo(host, GpuSpec(index, uuid, text(flat, "device_name", required=False, default=uuid), memory,
+                                    vgpus), port)

@@ -1,0 +1,279 @@
+"""GpuPool: the vGPU pool's operations as etcd transactions — register, heartbeat, claim, keep alive, release.
+
+Why claims cannot both succeed: a claim is one transaction that creates the claim keys of the chosen vGPU
+slots (create-if-absent: version == 0), the allocation record, and a per-host index entry, all under the
+allocation's own lease, and only if, for every GPU it touches, no claim key under that GPU was created or
+changed since the revision the placement was computed from (a range comparison on mod revisions), and the
+host and GPU records are the ones that were read. Two controllers that planned from the same state therefore
+cannot both commit on a shared GPU: the second transaction fails, re-reads, re-plans. That also guards the
+GPU's memory, which slot keys alone would not.
+
+Why leases: a host's records live under the host's lease (heartbeats refresh it; a silent host's GPUs vanish
+from the pool when it expires). Each allocation has its own lease (default TTL 10 s): release revokes it,
+a client that vanishes stops refreshing it, and either way etcd deletes the claims. Once a host's oriond has
+confirmed an allocation (Orion's ``PUT /service/confirm``), the host's heartbeats keep it alive too, since
+Orion's own clients never send keep-alives.
+
+Within one controller, the read-plan-commit step runs under a lock: local requests would otherwise race for
+the same best slot and mostly lose; the lock is only an optimisation, correctness comes from the transaction.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from pyetcd.utils import prefix_range_end
+
+from controller.errors import Contention, NotFound
+from controller.keys import Keys
+from controller.model import Allocation, Claim, Gpu, GpuUsage, Host, HostUsage, PoolView, VgpuGrant, dumps
+from controller.packing import Placement, place
+from controller.store import EtcdStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LEASE_TTL_S = 10
+DEFAULT_HOST_TTL_S = 10
+CLAIM_ATTEMPTS = 64
+CLAIM_DEADLINE_S = 5.0
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """A GPU as a host reports it; ``vgpu_count`` None means the host's default."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    vgpu_count: int | None = None
+
+
+class GpuPool:
+    """The pool in etcd. Stateless apart from its connection: any number of these may share one etcd."""
+
+    def __init__(self, store: EtcdStore, keys: Keys, lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
+                 host_ttl_s: int = DEFAULT_HOST_TTL_S) -> None:
+        self.store = store
+        self.keys = keys
+        self.lease_ttl_s = lease_ttl_s
+        self.host_ttl_s = host_ttl_s
+        self._claim_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ reading
+    def view(self) -> PoolView:
+        """Hosts, GPUs and claims at one revision."""
+        k = self.keys
+        revision, (host_entries, gpu_entries, claim_entries) = self.store.read_prefixes(
+            [k.hosts_prefix, k.gpus_prefix, k.claims_prefix])
+        hosts = {h.name: (h, e) for h, e in ((Host.from_json(e.value), e) for e in host_entries)}
+        gpus: dict[str, list[Gpu]] = {}
+        gpu_mod: dict[tuple[str, int], int] = {}
+        for e in gpu_entries:
+            gpu = Gpu.from_json(e.value)
+            if gpu.host in hosts:
+                gpus.setdefault(gpu.host, []).append(gpu)
+                gpu_mod[(gpu.host, gpu.index)] = e.mod_revision
+        used: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for e in claim_entries:
+            host, gpu_index, slot = k.parse_claim(e.key)
+            used.setdefault((host, gpu_index), []).append((slot, int(json.loads(e.value)["memory_mib"])))
+        usages = []
+        for name in sorted(hosts):
+            record, _ = hosts[name]
+            gpu_usages = tuple(
+                GpuUsage(g, frozenset(s for s, _ in used.get((name, g.index), []) if s < g.vgpu_count),
+                         sum(m for _, m in used.get((name, g.index), [])))
+                for g in sorted(gpus.get(name, []), key=lambda g: g.index))
+            usages.append(HostUsage(record, gpu_usages))
+        return PoolView(revision, tuple(usages), {n: e.mod_revision for n, (_, e) in hosts.items()}, gpu_mod)
+
+    def allocations(self) -> list[Allocation]:
+        _, (entries,) = self.store.read_prefixes([self.keys.allocations_prefix])
+        return [Allocation.from_json(e.value) for e in entries]
+
+    def get_allocation(self, alloc_id: str) -> Allocation:
+        entry = self.store.get(self.keys.allocation(alloc_id))
+        if entry is None:
+            raise NotFound(f"allocation {alloc_id} does not exist: it was released, its lease expired, or the id "
+                           f"is wrong")
+        return Allocation.from_json(entry.value)
+
+    def get_host(self, name: str) -> Host:
+        entry = self.store.get(self.keys.host(name))
+        if entry is None:
+            raise NotFound(f"host {name} is not registered (never registered, or its heartbeat lease expired); "
+                           f"register it again")
+        return Host.from_json(entry.value)
+
+    # ------------------------------------------------------------------ hosts
+    def register_host(self, name: str, address: str, port: int, vgpu_count: int, gpus: Sequence[GpuSpec],
+                      ttl_s: int | None = None) -> Host:
+        """(Re-)register a host with exactly these GPUs, under a fresh lease; claims on it are kept."""
+        k, t = self.keys, self.store.txn
+        old = self.store.get(k.host(name))
+        lease, granted = self.store.grant(ttl_s or self.host_ttl_s)
+        host = Host(name, address, port, vgpu_count, lease, time.time())
+        ops = [t.delete(k.host_gpus_prefix(name), range_end=prefix_range_end(k.host_gpus_prefix(name).encode())),
+               t.put(k.host(name), host.to_json(), lease=lease)]
+        ops += [t.put(k.gpu(name, g.index), self._gpu(name, g, vgpu_count).to_json(), lease=lease) for g in gpus]
+        self.store.transaction([], ops)
+        if old is not None and old.lease and old.lease != lease:
+            self.store.revoke(old.lease)
+        if old is None:
+            log.info("Adding new host for NVidia GPU : %s", name)
+        for g in gpus:
+            log.info("Adding new NVidia GPU to host %s (%s; %s)", name, g.uuid, g.name)
+        log.info("Host %s registered with %d GPUs under lease %x (TTL %d s)", name, len(gpus), lease, granted)
+        return host
+
+    def add_gpu(self, host_name: str, gpu: GpuSpec, port: int | None = None) -> Gpu:
+        """Add or replace one GPU of a registered host (Orion's ``POST /device/info``), under the host's lease."""
+        k, t = self.keys, self.store.txn
+        for _ in range(CLAIM_ATTEMPTS):
+            entry = self.store.get(k.host(host_name))
+            if entry is None:
+                raise NotFound(f"host {host_name} is not registered: send POST /heartbeat/{host_name}"
+                               f"?res=nvidia_cuda&status=on first")
+            host = Host.from_json(entry.value)
+            record = self._gpu(host_name, gpu, host.vgpu_count)
+            ops = [t.put(k.gpu(host_name, gpu.index), record.to_json(), lease=host.lease)]
+            if port is not None and port != host.port:
+                moved = Host(host.name, host.address, port, host.vgpu_count, host.lease, host.registered_at)
+                ops.append(t.put(k.host(host_name), moved.to_json(), lease=host.lease))
+            ok, _ = self.store.transaction([t.mod(k.host(host_name)) == entry.mod_revision], ops)
+            if ok:
+                log.info("Adding new NVidia GPU to host %s (%s; %s)", host_name, gpu.uuid, gpu.name)
+                return record
+        raise Contention(f"host {host_name} was re-registered repeatedly while adding GPU {gpu.index}; retry")
+
+    def heartbeat(self, name: str) -> int:
+        """Refresh a host's lease, and the leases of allocations its oriond has confirmed; the host's TTL."""
+        host = self.get_host(name)
+        ttl = self.store.refresh(host.lease)
+        if ttl <= 0:
+            raise NotFound(f"host {name}'s lease has expired; register it again (status=on)")
+        _, (placed,) = self.store.read_prefixes([self.keys.host_placed_prefix(name)])
+        for e in placed:
+            mark = json.loads(e.value)
+            if mark.get("confirmed"):
+                self.store.refresh(int(mark["lease"]))
+        return ttl
+
+    def deregister(self, name: str) -> None:
+        """Take a host out of the pool now (its GPUs go; allocations on it stay until released or expired)."""
+        host = self.get_host(name)
+        self.store.revoke(host.lease)
+        log.info("Host %s unregistered", name)
+
+    @staticmethod
+    def _gpu(host: str, g: GpuSpec, default_vgpu_count: int) -> Gpu:
+        return Gpu(host, g.index, g.uuid, g.name, g.memory_mib, g.vgpu_count or default_vgpu_count)
+
+    # ------------------------------------------------------------------ allocations
+    def allocate(self, count: int, memory_mib: int | None, ttl_s: int | None = None, client: str = "",
+                 group_id: str = "") -> Allocation:
+        """Claim ``count`` vGPUs of ``memory_mib`` (None: each GPU's default) on one host, under a new lease.
+
+        Raises Unsatisfiable (why the pool cannot), EtcdUnavailable, or Contention after bounded retries.
+        """
+        lease, granted = self.store.grant(ttl_s or self.lease_ttl_s)
+        try:
+            alloc = self._claim(count, memory_mib, lease, granted, client, group_id)
+        except BaseException:
+            self._revoke_quietly(lease)
+            raise
+        log.info("Return formated resource : %s", alloc.orion_resource())
+        return alloc
+
+    def _claim(self, count: int, memory_mib: int | None, lease: int, ttl: int, client: str,
+               group_id: str) -> Allocation:
+        deadline = time.monotonic() + CLAIM_DEADLINE_S
+        alloc_id = str(uuid.uuid4())
+        for attempt in range(CLAIM_ATTEMPTS):
+            with self._claim_lock:
+                view = self.view()
+                placement = place(view, count, memory_mib)
+                alloc = self._allocation(alloc_id, placement, lease, ttl, client, group_id)
+                if self._commit(view, placement, alloc):
+                    return alloc
+            if time.monotonic() > deadline:
+                break
+            time.sleep(random.uniform(0, 0.001 * (attempt + 1)))
+        raise Contention(f"could not claim {count} vGPUs: other controllers changed the same GPUs on each of our "
+                         f"attempts; retry the request")
+
+    @staticmethod
+    def _allocation(alloc_id: str, p: Placement, lease: int, ttl: int, client: str, group_id: str) -> Allocation:
+        h = p.host.host
+        grants = tuple(VgpuGrant(s.gpu.gpu.index, s.vgpu, s.gpu.gpu.uuid, s.memory_mib) for s in p.slots)
+        return Allocation(alloc_id, h.name, h.address, h.port, grants, lease, ttl, time.time(), client, group_id)
+
+    def _commit(self, view: PoolView, p: Placement, alloc: Allocation) -> bool:
+        k, t = self.keys, self.store.txn
+        host = alloc.host
+        gpus = sorted({s.gpu.gpu.index for s in p.slots})
+        compare = [t.mod(k.host(host)) == view.host_mod[host], t.version(k.allocation(alloc.id)) == 0]
+        for g in gpus:
+            prefix = k.gpu_claims_prefix(host, g)
+            compare.append(t.mod(k.gpu(host, g)) == view.gpu_mod[(host, g)])
+            compare.append(t.mod(prefix, range_end=prefix_range_end(prefix.encode())) < view.revision + 1)
+        claims = [Claim(host, s.gpu.gpu.index, s.vgpu, alloc.id, s.memory_mib) for s in p.slots]
+        compare += [t.version(k.claim(c.host, c.gpu, c.vgpu)) == 0 for c in claims]
+        success = [t.put(k.claim(c.host, c.gpu, c.vgpu), c.value_json(), lease=alloc.lease) for c in claims]
+        success += [t.put(k.allocation(alloc.id), alloc.to_json(), lease=alloc.lease),
+                    t.put(k.placed(host, alloc.id), dumps({"lease": alloc.lease, "confirmed": False}),
+                          lease=alloc.lease)]
+        ok, _ = self.store.transaction(compare, success)
+        return bool(ok)
+
+    def keepalive(self, alloc_id: str) -> int:
+        """Refresh an allocation's lease once; its TTL. NotFound if it is gone (released or expired)."""
+        alloc = self.get_allocation(alloc_id)
+        ttl = self.store.refresh(alloc.lease)
+        if ttl <= 0:
+            raise NotFound(f"allocation {alloc_id}'s lease has expired; its vGPUs are back in the pool")
+        return ttl
+
+    def confirm(self, alloc_id: str) -> Allocation:
+        """Mark an allocation as taken up by its host's oriond; from now on that host's heartbeats keep it."""
+        k, t = self.keys, self.store.txn
+        for _ in range(CLAIM_ATTEMPTS):
+            entry = self.store.get(k.allocation(alloc_id))
+            if entry is None:
+                raise NotFound(f"allocation {alloc_id} does not exist (released or expired); request a new one")
+            alloc = Allocation.from_json(entry.value)
+            confirmed = replace(alloc, confirmed=True)
+            ok, _ = self.store.transaction(
+                [t.mod(k.allocation(alloc_id)) == entry.mod_revision],
+                [t.put(k.allocation(alloc_id), confirmed.to_json(), lease=alloc.lease),
+                 t.put(k.placed(alloc.host, alloc_id), dumps({"lease": alloc.lease, "confirmed": True}),
+                       lease=alloc.lease)])
+            if ok:
+                self.store.refresh(alloc.lease)
+                devices = ",".join(f"{alloc.address}/{v.gpu}/{v.vgpu}" for v in alloc.vgpus)
+                log.info("Confirm allocation %s with device : %s", alloc_id, devices)
+                return confirmed
+        raise Contention(f"allocation {alloc_id} kept changing while being confirmed; retry")
+
+    def release(self, alloc_id: str) -> Allocation:
+        """Give an allocation's vGPUs back now (revoking its lease deletes its claims in one step)."""
+        alloc = self.get_allocation(alloc_id)
+        if not self.store.revoke(alloc.lease):
+            raise NotFound(f"allocation {alloc_id} had already expired; its vGPUs are back in the pool")
+        log.info("Release resource with allocation ID %s", alloc_id)
+        return alloc
+
+    def _revoke_quietly(self, lease: int) -> None:
+        """Undo a lease we granted; if etcd is down it expires by itself, so a failure here is only logged."""
+        try:
+            self.store.revoke(lease)
+        except Exception as exc:  # noqa: BLE001 - best effort on an error path; the lease has a TTL anyway
+            log.warning("could not revoke unused lease %x (%s); it expires by itself", lease, exc)
+
