@@ -39,6 +39,7 @@ LOCAL_ABSTRACTION = "etc/apparmor.d/local/abstractions/libvirt-qemu"
 DOMAIN_PROFILES = "etc/apparmor.d/libvirt"
 RULE_BEGIN = "# BEGIN orion-vgpu (orion-hooks): QEMU opens Orion regions"
 RULE_END = "# END orion-vgpu"
+LIBVIRTD_PID_FILE = "run/libvirtd.pid"
 RESTART = ("libvirtd looks for hooks only when it starts: restart it now (systemctl restart libvirtd, or "
            "virtqemud where the modular daemons run) so that it runs the Orion hook")
 
@@ -159,6 +160,10 @@ def status(root: str) -> tuple[bool, list[str]]:
     others = sorted(set(_executables(paths.hook_dir)) - {HOOK_NAME})
     if others:
         lines.append(f"other hooks in {paths.hook_dir}: {', '.join(others)}")
+    if text is not None and MARKER in text:
+        seen, line = libvirtd_runs_hooks(paths)
+        ok = ok and seen is not False
+        lines.append(line)
     apparmor = _apparmor_target(paths)
     if apparmor is None:
         lines.append("apparmor: not active; no rule needed")
@@ -212,6 +217,49 @@ def _libvirt_sees_qemu_hooks(paths: Paths) -> bool:
     """Whether a running libvirtd already found a qemu hook when it started (then it needs no restart)."""
     qemu = paths.qemu_hook
     return (os.path.isfile(qemu) and os.access(qemu, os.X_OK)) or bool(_executables(paths.hook_dir))
+
+
+def libvirtd_runs_hooks(paths: Paths) -> tuple[bool | None, str]:
+    """Whether the running libvirtd will run qemu hooks (True/False; None when no libvirtd runs), and a line.
+
+    libvirtd decides once, when it starts: hooks run only if a qemu hook was there then. So it runs ours if
+    it started after our file appeared, or after some other qemu hook it still has."""
+    pid = _running_daemon(paths)
+    if pid is None:
+        return None, "libvirtd: not running; it will run the hook when it starts"
+    started = _start_time(paths, pid)
+    hooks = [paths.qemu_hook] if os.path.isfile(paths.qemu_hook) and os.access(paths.qemu_hook, os.X_OK) else []
+    hooks += [os.path.join(paths.hook_dir, name) for name in _executables(paths.hook_dir)]
+    try:
+        first = min(os.stat(hook).st_mtime for hook in hooks)
+    except (ValueError, OSError):
+        return False, f"libvirtd: pid {pid} runs no qemu hook; restart it"
+    if started is None or started >= first:
+        return True, f"libvirtd: pid {pid} runs qemu hooks"
+    return False, (f"libvirtd: pid {pid} started before any qemu hook was installed, so it runs none: restart it "
+                   "(systemctl restart libvirtd)")
+
+
+def _running_daemon(paths: Paths) -> int | None:
+    """The pid of the running libvirtd (from its pid file), or None."""
+    try:
+        pid = int((_read(paths.at(LIBVIRTD_PID_FILE)) or "").strip())
+        comm = _read(paths.at(f"proc/{pid}/comm"))
+    except ValueError:
+        return None
+    return pid if comm is not None and comm.strip() == "libvirtd" else None
+
+
+def _start_time(paths: Paths, pid: int) -> float | None:
+    """When process `pid` started, in seconds since the epoch (/proc/PID/stat field 22 plus the boot time)."""
+    stat_text, system = _read(paths.at(f"proc/{pid}/stat")), _read(paths.at("proc/stat"))
+    if stat_text is None or system is None:
+        return None
+    boot = re.search(r"^btime (\d+)", system, re.M)
+    fields = stat_text.rsplit(")", 1)[-1].split()
+    if boot is None or len(fields) < 20:
+        return None
+    return int(boot.group(1)) + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def _executables(directory: str) -> list[str]:

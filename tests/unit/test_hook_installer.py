@@ -214,3 +214,46 @@ def test_no_apparmor_rule_where_apparmor_is_off(root: Path, conf: Path, capsys: 
     code, out, _ = orion_hooks(capsys, *install_args(root, conf))
     assert code == 0 and "no AppArmor rule installed" in out
     assert (abstraction.read_bytes(), local.read_bytes()) == before
+
+
+def fake_libvirtd(root: Path, started: float, pid: int = 4242, comm: str = "libvirtd") -> None:
+    """A libvirtd pid file and the /proc entries the status check reads, for a daemon started at `started`."""
+    boot = 1_700_000_000
+    ticks = round((started - boot) * os.sysconf("SC_CLK_TCK"))
+    (root / "run").mkdir(exist_ok=True)
+    (root / "run/libvirtd.pid").write_text(f"{pid}\n")
+    proc = root / "proc" / str(pid)
+    proc.mkdir(parents=True, exist_ok=True)
+    (proc / "comm").write_text(comm + "\n")
+    (proc / "stat").write_text(f"{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 " + "0 " * 12 + f"{ticks} 0 0\n")
+    (root / "proc/stat").write_text(f"cpu 1 2 3\nbtime {boot}\n")
+
+
+@pytest.mark.parametrize("started_after, other_hook_before, runs", [
+    (True, False, True),     # started after our hook appeared
+    (False, False, False),   # started before any hook: runs none until restarted
+    (False, True, True),     # started before ours, but another qemu hook was already there
+])
+def test_status_says_whether_libvirtd_runs_the_hook(root: Path, conf: Path, capsys: pytest.CaptureFixture[str],
+                                                    started_after: bool, other_hook_before: bool,
+                                                    runs: bool) -> None:
+    if other_hook_before:
+        user_hook = root / HOOKS / "qemu"
+        user_hook.parent.mkdir(parents=True, exist_ok=True)
+        user_hook.write_text("#!/bin/sh\n")
+        user_hook.chmod(0o755)
+        os.utime(user_hook, (1_700_000_100, 1_700_000_100))
+    assert orion_hooks(capsys, *install_args(root, conf))[0] == 0
+    hook = root / HOOKS / "qemu.d" / installer.HOOK_NAME
+    os.utime(hook, (1_700_000_500, 1_700_000_500))
+    fake_libvirtd(root, 1_700_000_600 if started_after else 1_700_000_300)
+    code, out, _ = orion_hooks(capsys, "status", "--root", str(root))
+    assert code == (0 if runs else 1), out
+    assert ("pid 4242 runs qemu hooks" in out) is runs and ("restart it" in out) is not runs, out
+
+
+def test_status_without_libvirtd_running(root: Path, conf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert orion_hooks(capsys, *install_args(root, conf))[0] == 0
+    fake_libvirtd(root, 1_700_000_600, comm="bash")  # a stale pid file whose pid now belongs to another program
+    code, out, _ = orion_hooks(capsys, "status", "--root", str(root))
+    assert code == 0 and "libvirtd: not running" in out, out
