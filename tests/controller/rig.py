@@ -1,0 +1,162 @@
+"""Real etcd and real controller processes for the controller tests.
+
+* EtcdServer: ``/usr/bin/etcd`` on 127.0.0.1 with free ports and a temporary data dir; ``start`` waits
+  (bounded) until ``/health`` says true; ``kill`` and ``start`` again reuse the ports and the data, as an
+  etcd that crashed and came back.
+* ControllerProcess: ``python -m controller start`` as a separate process, logging to a file; ``start`` waits
+  (bounded) until ``/api/v1/health`` answers 200, or fails with the controller's log.
+
+Every wait here is bounded; every process started here is stopped by the fixtures in conftest.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.processes import stop_process
+
+REPO = Path(__file__).resolve().parents[2]
+ETCD_READY_TIMEOUT_S = 20.0
+CONTROLLER_READY_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def etcd_binary() -> str | None:
+    return shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
+
+
+def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+class EtcdServer:
+    """One etcd member on loopback, with its own data dir."""
+
+    def __init__(self, binary: str, data_dir: Path) -> None:
+        self.binary = binary
+        self.data_dir = data_dir
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.log_path = data_dir.with_suffix(".log")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def start(self) -> None:
+        client, peer = self.url, f"http://127.0.0.1:{self.peer_port}"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, "--name", "test", "--data-dir", str(self.data_dir),
+                 "--listen-client-urls", client, "--advertise-client-urls", client,
+                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                 "--initial-cluster", f"test={peer}", "--log-outputs", "stderr"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        end = time.monotonic() + ETCD_READY_TIMEOUT_S
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"etcd exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                status, body = _get(f"{self.url}/health", timeout=1.0)
+                if status == 200 and json.loads(body).get("health") == "true":
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"etcd not healthy within {ETCD_READY_TIMEOUT_S} s:\n{self.log()}")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: whatever etcd had acknowledged is on disk, nothing else."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, 10)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return "(no log)"
+
+
+class ControllerProcess:
+    """``python -m controller start`` on a free port, as its own process."""
+
+    def __init__(self, etcd_url: str, key_root: str, log_path: Path, port: int | None = None,
+                 extra: list[str] | None = None) -> None:
+        self.etcd_url = etcd_url
+        self.key_root = key_root
+        self.log_path = log_path
+        self.port = port or free_port()
+        self.extra = list(extra or [])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "controller", "start", "--listen", self.address, "--etcd", self.etcd_url,
+                "--key-root", self.key_root, "--log", str(self.log_path), *self.extra]
+
+    def start(self, wait: bool = True) -> ControllerProcess:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.proc = subprocess.Popen(self.argv(), cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
+        end = time.monotonic() + CONTROLLER_READY_TIMEOUT_S
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                raise AssertionError(f"controller exited with {self.proc.returncode}: {err}\n{self.log()}")
+            try:
+                if _get(f"{self.url}/api/v1/health", timeout=1.0)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"controller not ready within {CONTROLLER_READY_TIMEOUT_S} s:\n{self.log()}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        return stop_process(self.proc, 10) if self.proc is not None else None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return "(no log)"
