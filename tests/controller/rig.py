@@ -10,6 +10,7 @@ Every wait here is bounded; every process started here is stopped by the fixture
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -44,6 +45,18 @@ def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+
+
+def call(ctl: ControllerProcess, method: str, path: str, body: bytes | str | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """One plain HTTP request to a controller: (status, body text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", ctl.port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
 
 
 class EtcdServer:
