@@ -53,3 +53,10 @@ class EtcdUnavailable(ControllerError):
 
     status = 503
     code = "etcd_unavailable"
+
+
+class EtcdRefused(ControllerError):
+    """etcd answered but refused the operation (a bug or a misconfigured etcd, not an outage)."""
+
+    status = 500
+    code = "etcd_error"

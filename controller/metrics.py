@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controller.errors import EtcdUnavailable
@@ -28,7 +28,11 @@ class PoolCollector(Collector):
     def __init__(self, pool: GpuPool) -> None:
         self.pool = pool
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        conflicts = CounterMetricFamily("orion_controller_claim_conflicts",
+                                        "claim transactions of this controller that lost a race and were retried")
+        conflicts.add_metric([], self.pool.conflicts)
+        yield conflicts
         up = GaugeMetricFamily("orion_controller_etcd_up", "1 if etcd answered this scrape, else 0")
         try:
             view = self.pool.view()
@@ -65,6 +69,7 @@ class Metrics:
     """This controller's registry: the pool collector plus its own counters."""
 
     def __init__(self, pool: GpuPool) -> None:
+        disable_created_metrics()  # the *_created series only double the exposition
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(PoolCollector(pool))
         self.requests = Counter("orion_controller_requests", "HTTP requests served by this controller",

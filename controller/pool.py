@@ -65,6 +65,7 @@ class GpuPool:
         self.lease_ttl_s = lease_ttl_s
         self.host_ttl_s = host_ttl_s
         self._claim_lock = threading.Lock()
+        self.conflicts = 0  # claim transactions that lost a race (telemetry for /metrics; not state)
 
     # ------------------------------------------------------------------ reading
     def view(self) -> PoolView:
@@ -118,10 +119,12 @@ class GpuPool:
         """(Re-)register a host with exactly these GPUs, under a fresh lease; claims on it are kept."""
         k, t = self.keys, self.store.txn
         old = self.store.get(k.host(name))
+        _, (old_gpus,) = self.store.read_prefixes([k.host_gpus_prefix(name)])
         lease, granted = self.store.grant(ttl_s or self.host_ttl_s)
         host = Host(name, address, port, vgpu_count, lease, time.time())
-        ops = [t.delete(k.host_gpus_prefix(name), range_end=prefix_range_end(k.host_gpus_prefix(name).encode())),
-               t.put(k.host(name), host.to_json(), lease=lease)]
+        new_keys = {k.gpu(name, g.index) for g in gpus}
+        ops = [t.delete(e.key) for e in old_gpus if e.key not in new_keys]
+        ops.append(t.put(k.host(name), host.to_json(), lease=lease))
         ops += [t.put(k.gpu(name, g.index), self._gpu(name, g, vgpu_count).to_json(), lease=lease) for g in gpus]
         self.store.transaction([], ops)
         if old is not None and old.lease and old.lease != lease:
@@ -203,6 +206,8 @@ class GpuPool:
                 alloc = self._allocation(alloc_id, placement, lease, ttl, client, group_id)
                 if self._commit(view, placement, alloc):
                     return alloc
+                self.conflicts += 1
+                log.debug("claim on %s lost a race (attempt %d); re-reading", placement.host.host.name, attempt + 1)
             if time.monotonic() > deadline:
                 break
             time.sleep(random.uniform(0, 0.001 * (attempt + 1)))

@@ -22,7 +22,7 @@ from pyetcd import transactions as etcd_txn
 from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
 from pyetcd.utils import prefix_range_end
 
-from controller.errors import EtcdUnavailable
+from controller.errors import EtcdRefused, EtcdUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,10 @@ _GRPC_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+
+_OUTAGE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                 grpc.StatusCode.INTERNAL)
 
 
 @dataclass(frozen=True)
@@ -84,11 +88,16 @@ class EtcdStore:
             raise self._unavailable(what, "connection failed") from None
         except etcd_exc.ConnectionTimeoutError:
             raise self._unavailable(what, f"no answer within {self.timeout_s:g} s") from None
+        except etcd_exc.InternalServerError:
+            raise self._unavailable(what, "internal error") from None
         except etcd_exc.Etcd3Exception as exc:
-            raise self._unavailable(what, f"{type(exc).__name__}: {exc}") from None
+            raise EtcdRefused(f"etcd at {self.url} refused {what}: {type(exc).__name__} {exc}") from None
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
-            raise self._unavailable(what, f"grpc {code}") from None
+            if code in _OUTAGE_CODES:
+                raise self._unavailable(what, f"grpc {code}") from None
+            details = exc.details() if hasattr(exc, "details") else ""
+            raise EtcdRefused(f"etcd at {self.url} refused {what}: {code} {details}") from None
         except ValueError as exc:  # pyetcd: 'Trying to use a failed node'
             if "failed node" not in str(exc):
                 raise
