@@ -58,7 +58,7 @@ def run(domain: str, operation: str, xml: bytes) -> list[str]:
 
     from . import regions
 
-    found = regions.domain_regions(xml)
+    uuid, found = regions.domain_regions(xml)
     if not found:
         return []
     conf = os.environ.get(SERVER_CONF_ENV) or SERVER_CONF
@@ -66,8 +66,16 @@ def run(domain: str, operation: str, xml: bytes) -> list[str]:
         settings = ShmSettings.load(conf)
     except ConfigError as exc:
         raise regions.HookError(str(exc)) from None
+    state_dir = os.path.dirname(pidfile.default_path())  # /run/orion, with the agent's pid file
     if operation == "prepare":
-        notes = regions.prepare(domain, found, settings)
+        try:
+            notes = regions.prepare(domain, found, settings)
+        except regions.HookError:
+            regions.mark_failed_start(state_dir, uuid)
+            raise
+        regions.take_failed_start(state_dir, uuid)  # a stale mark from an earlier failed start
+    elif regions.take_failed_start(state_dir, uuid):
+        return ["kept every region as it was: this start failed in prepare, so the domain never used them"]
     else:
         notes = regions.release(found, settings)
     return [*notes, regions.wake_agent(pidfile.default_path())]

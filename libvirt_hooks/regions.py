@@ -7,7 +7,7 @@ property, so it lives in our `<orion:regions>` metadata (xml_templates/metadata.
 `prepare` makes every region exist, at least as large as its device, readable and writable by the QEMU user,
 creating missing ones with `orion-shm`'s own code (ivshmem/shm_admin.py: formatted, handed to the QEMU user);
 if one region fails, the ones this call created are removed again. `release` removes every non-persistent
-region. Both then wake the host agent. Nothing here talks to libvirt: libvirt holds its locks while a hook
+region, except after a start that failed in prepare (the domain never ran; see mark_failed_start). Both then wake the host agent. Nothing here talks to libvirt: libvirt holds its locks while a hook
 runs, so a libvirt call from here would deadlock.
 """
 from __future__ import annotations
@@ -53,8 +53,8 @@ class DomainRegion:
     persistent: bool
 
 
-def domain_regions(xml: bytes) -> list[DomainRegion]:
-    """The Orion regions of the domain XML libvirt passed on stdin, by device order."""
+def domain_regions(xml: bytes) -> tuple[str, list[DomainRegion]]:
+    """The domain's UUID and the Orion regions of the domain XML libvirt passed on stdin, by device order."""
     parser = etree.XMLParser(resolve_entities=False, no_network=True, remove_comments=True)
     try:
         root = etree.fromstring(xml, parser)
@@ -75,7 +75,7 @@ def domain_regions(xml: bytes) -> list[DomainRegion]:
             continue  # not ours: another shmem, or a doorbell/legacy ivshmem the wire does not use
         index = int(match.group(1))
         regions.append(DomainRegion(index, _size_mib(shmem, index), index in persistent))
-    return regions
+    return (root.findtext("uuid") or "").strip(), regions
 
 
 def _size_mib(shmem: etree._Element, index: int) -> int:
@@ -214,6 +214,31 @@ def release(regions: list[DomainRegion], settings: ShmSettings) -> list[str]:
             raise HookError(str(exc)) from None
         notes.append(f"removed {path}")
     return notes
+
+
+# --- a start that failed in prepare ------------------------------------------------------------------------
+# When prepare fails, libvirt still runs release for that start. The domain never ran, and prepare already
+# undid what it made, so release must leave the regions as they are: the one that failed is the user's (too
+# small, say), and removing it would lose it. Prepare leaves a mark for release to find.
+def _failed_start_mark(state_dir: str, uuid: str) -> str:
+    return os.path.join(state_dir, f"hook-prepare-failed-{uuid or 'no-uuid'}")
+
+
+def mark_failed_start(state_dir: str, uuid: str) -> None:
+    """Tell the coming release that this start failed in prepare (best effort: the failure is what matters)."""
+    with contextlib.suppress(OSError):
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+        with open(_failed_start_mark(state_dir, uuid), "w") as mark:
+            mark.write("orion-hooks: prepare failed; the release of this start keeps every region\n")
+
+
+def take_failed_start(state_dir: str, uuid: str) -> bool:
+    """Whether the last prepare of this domain failed; the mark is removed (it covers one start only)."""
+    try:
+        os.unlink(_failed_start_mark(state_dir, uuid))
+    except OSError:
+        return False
+    return True
 
 
 # --- the host agent -----------------------------------------------------------------------------------------

@@ -163,6 +163,22 @@ def test_a_failed_prepare_removes_the_regions_it_created(host: Host) -> None:
     assert not host.path(9106).exists()
 
 
+def test_release_after_a_failed_prepare_keeps_the_users_region(host: Host) -> None:
+    """libvirt runs release for a start whose prepare failed: the user's too-small file must survive it."""
+    with open(host.path(9122), "wb") as f:
+        f.truncate(16 * MIB)
+    xml = domain_xml((9122, 32))
+    assert host.hook("prepare", xml).returncode != 0
+    result = host.hook("release", xml)
+    assert result.returncode == 0, result.stderr
+    assert "kept every region" in result.stderr
+    assert host.path(9122).stat().st_size == 16 * MIB
+    host.path(9122).unlink()  # the user fixes it; the next start succeeds and its release removes the region
+    assert host.hook("prepare", xml).returncode == 0
+    assert host.hook("release", xml).returncode == 0
+    assert not host.path(9122).exists()
+
+
 def test_release_removes_regions_and_keeps_persistent_ones(host: Host) -> None:
     xml = domain_xml((9108, 32), (9109, 32), persistent=(9109,))
     assert host.hook("prepare", xml).returncode == 0

@@ -1,0 +1,65 @@
+"""Runs inside a libvirt test guest (tests/guest/libvirt_guest.py boots it; init.sh starts this as PID 1's job).
+
+First it installs this checkout's guest runtime the way `pip install orion-guest` leaves it: one .pth file in
+the guest's site directory puts the share (and the cuda-python bundled under site/) on sys.path, then runs
+orion-guest's autoload hook. Then, for what the host end of the test reads:
+
+  KVM-DEVICES <n> <bdf>...            the ivshmem devices the guest's PCI bus shows
+  KVM-PROBE <bdf> rc=<rc> <line>      `orion-guest probe --region <bdf>` on each (its ORION-PROBE lines follow)
+  CUDA-PROGRAM init=... / KVM-CUDA rc=<rc> stderr=<what the runtime said>
+                                      the unmodified program cuda_program.py, with ORION_VGPU=1 as Orion's
+                                      users set it; the runtime finds the ivshmem device by itself
+Usage: cuda_guest.py [ROUND_TRIPS [BULK_MIB]]   (probe sizes; defaults 2000 and 8)
+Every child is bounded by a timeout, so the guest always reaches its power-off.
+"""
+import os
+import subprocess
+import sys
+import sysconfig
+
+SHARE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHILD_TIMEOUT_S = 240
+
+
+def install_runtime() -> None:
+    site_dir = sysconfig.get_paths()["purelib"]  # /usr/local/lib/python3.11/dist-packages on Debian
+    os.makedirs(site_dir, exist_ok=True)
+    with open(os.path.join(SHARE, "guest_runtime", "orion_guest.pth")) as hook:
+        autoload = hook.read()
+    with open(os.path.join(site_dir, "orion_guest.pth"), "w") as pth:
+        pth.write(f"{SHARE}\n{os.path.join(SHARE, 'site')}\n{autoload}")
+
+
+def run(argv: list, env: dict = None) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what the .pth gives
+    environment.update(env or {})
+    try:
+        return subprocess.run(argv, env=environment, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(argv, 124, exc.stdout or "", f"timed out after {CHILD_TIMEOUT_S} s")
+
+
+def one_line(text: str) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()) or "-"
+
+
+def main() -> int:
+    round_trips, bulk_mib = (sys.argv[1:] + ["2000", "8"])[:2]
+    install_runtime()
+    from ivshmem.region import find_ivshmem_devices
+
+    devices = [path.rsplit("/", 1)[1] for path in find_ivshmem_devices()]
+    print(f"KVM-DEVICES {len(devices)} {' '.join(devices)}".rstrip(), flush=True)
+    for bdf in devices:
+        probe = run([sys.executable, "-m", "guest_runtime.cli", "probe", "--region", bdf,
+                     "--round-trips", round_trips, "--bulk-mib", bulk_mib])
+        print(f"KVM-PROBE {bdf} rc={probe.returncode} {one_line(probe.stderr)}", flush=True)
+        sys.stdout.write(probe.stdout)
+    program = run([sys.executable, os.path.join(SHARE, "tests", "guest", "cuda_program.py")], {"ORION_VGPU": "1"})
+    sys.stdout.write(program.stdout)
+    print(f"KVM-CUDA rc={program.returncode} stderr={one_line(program.stderr)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
