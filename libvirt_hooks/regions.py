@@ -7,8 +7,9 @@ property, so it lives in our `<orion:regions>` metadata (xml_templates/metadata.
 `prepare` makes every region exist, at least as large as its device, readable and writable by the QEMU user,
 creating missing ones with `orion-shm`'s own code (ivshmem/shm_admin.py: formatted, handed to the QEMU user);
 if one region fails, the ones this call created are removed again. `release` removes every non-persistent
-region, except after a start that failed in prepare (the domain never ran; see mark_failed_start). Both then wake the host agent. Nothing here talks to libvirt: libvirt holds its locks while a hook
-runs, so a libvirt call from here would deadlock.
+region, except after a start that failed in prepare (the domain never ran; see mark_failed_start). Both then
+wake the host agent. Nothing here talks to libvirt: libvirt holds its locks while a hook runs, so a libvirt
+call from here would deadlock.
 """
 from __future__ import annotations
 

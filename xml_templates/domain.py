@@ -1,12 +1,12 @@
 """A complete libvirt domain for a guest with Orion regions, built with lxml from a few choices (`DomainSpec`).
 
-This is the generator behind `orion-domain render`: what the user gives (name, memory, vCPUs, a disk image and/or a
-kernel, regions, network, console, read-only 9p shares) becomes a `<domain>` that `virsh define` takes as it is. The shape follows
-what works on our machines (TESTBED.md): `<features><acpi/>` so a guest power-off ends the domain, and no `<cpu>`
-element (libvirt's default model works under TCG and KVM alike). Orion's own pieces come from devices.py (the
-`<shmem>` device) and metadata.py (the `orion:` record), so generated and edited domains carry the same bytes.
-Turning options into a spec (checking files, detecting the disk format, parsing `--region`) is here too, as
-small functions the CLI calls; printing and exit codes are the CLI's.
+This is the generator behind `orion-domain render`: what the user gives (name, memory, vCPUs, a disk image and/or
+a kernel, regions, network, console, read-only 9p shares) becomes a `<domain>` that `virsh define` takes as it
+is. The shape follows what works on our machines (TESTBED.md): `<features><acpi/>` so a guest power-off ends the
+domain, and no `<cpu>` element (libvirt's default model works under TCG and KVM alike). Orion's own pieces come
+from devices.py (the `<shmem>` device) and metadata.py (the `orion:` record), so generated and edited domains
+carry the same bytes. Turning options into a spec (checking files, detecting the disk format, parsing `--region`)
+is here too, as small functions the CLI calls; printing and exit codes are the CLI's.
 """
 from __future__ import annotations
 
