@@ -20,5 +20,5 @@ guest-image:
 bench:
 	$(PY) bench/wire_bench.py
 
-demo:
-	$(VENV)/bin/orion-wire-demo
+demo: guest-image
+	$(PY) -m tests.guest.kvm_demo

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Set up a fresh Debian 12 machine for Orion vGPU, then run the main job (the wire demonstration).
+# Set up a fresh Debian 12 machine for Orion vGPU, then run the main job (the KVM demonstration: a libvirt
+# guest whose CUDA program reaches the host agent through an ivshmem region).
 #   sudo ./setup.sh            install everything, then run the demo
 #   sudo ./setup.sh --no-demo  install only (what `make test` and .ci/run use)
 # Installs: the apt packages (QEMU, libvirt, etcd, rdma-core/pyverbs, debootstrap, build tools), a virtualenv
 # in .venv built on Debian's python3 with the project installed editable plus test tools, and Debian's pyverbs
-# made visible inside it. Safe to run again: every step checks before it acts.
+# made visible inside it; the libvirt qemu hook (orion-hooks install) and the libvirt daemons, started after it;
+# with the demo, the test guest image (tests/guest/build-image.sh). Safe to run again: every step checks first.
 set -euo pipefail
 cd "$(dirname "$0")"
 REPO=$(pwd)
@@ -24,7 +26,7 @@ APT_PACKAGES=(
   qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu libvirt-dev
   etcd-server etcd-client
   rdma-core ibverbs-providers ibverbs-utils rdmacm-utils python3-pyverbs iproute2
-  debootstrap e2fsprogs psmisc libxml2-utils
+  debootstrap e2fsprogs psmisc procps libxml2-utils
 )
 
 install_apt() {
@@ -48,11 +50,41 @@ install_venv() {
     || echo "   warning: pyverbs does not import in the venv; RDMA will be unavailable" >&2
 }
 
+must_restart_libvirtd() {
+  # libvirtd looks for hooks once, when it starts: `orion-hooks status` says when it started before ours.
+  local out; out=$("$VENV/bin/orion-hooks" status 2>/dev/null || true)
+  grep -q '^libvirtd: .*restart it' <<<"$out"
+}
+
+start_libvirt() {
+  "$VENV/bin/orion-hooks" install | sed 's/^/   /'
+  if [ -d /run/systemd/system ]; then
+    must_restart_libvirtd && { echo "   restarting libvirtd so that it runs the hook"; systemctl restart libvirtd; }
+    systemctl start virtlogd libvirtd || die "systemctl could not start virtlogd/libvirtd (journalctl -u libvirtd)"
+  else  # no systemd (containers, CI): the daemons run as themselves (TESTBED.md)
+    pgrep -x virtlogd >/dev/null || virtlogd -d || die "virtlogd -d failed"
+    local pid; pid=$(pgrep -xo libvirtd || true)
+    if [ -n "$pid" ] && must_restart_libvirtd; then
+      echo "   restarting libvirtd (pid $pid) so that it runs the hook"
+      kill "$pid"
+      for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+      kill -0 "$pid" 2>/dev/null && die "libvirtd (pid $pid) did not stop within 30 s"
+    fi
+    pgrep -x libvirtd >/dev/null || libvirtd -d || die "libvirtd -d failed"
+  fi
+  for _ in $(seq 300); do virsh -c qemu:///system version >/dev/null 2>&1 && break; sleep 0.2; done
+  virsh -c qemu:///system version >/dev/null 2>&1 || die "libvirtd does not answer on qemu:///system after 60 s"
+  local out; out=$("$VENV/bin/orion-hooks" status 2>&1) || die "the Orion qemu hook is not active: $out"
+  sed 's/^/   /' <<<"$out"
+}
+
 step "apt packages"; timed install_apt
 step "python environment ($VENV)"; timed install_venv
 mkdir -p /var/log/orion /var/tmp/orion && chmod 777 /var/log/orion /var/tmp/orion
+step "libvirt: the Orion qemu hook, then virtlogd and libvirtd"; timed start_libvirt
 
 if [ "$DEMO" = 1 ]; then
-  step "demo: a region, the host side and a client process exchanging records"
-  "$VENV/bin/orion-wire-demo"
+  step "guest image (debootstrap once, about 90 s; then reused)"; timed bash tests/guest/build-image.sh
+  step "demo: a libvirt guest reaching the host agent through an ivshmem region"
+  "$VENV/bin/python" -m tests.guest.kvm_demo
 fi

@@ -90,14 +90,15 @@ class LibvirtGuest:
     """One guest: staged share, overlay disk, serial log, domain. Use as a context manager; `close` removes
     the domain (destroyed, undefined) and the staging directory, whatever happened."""
 
-    def __init__(self, conn: Any, script: str, args: tuple[str, ...] = (), memory_mib: int = 512) -> None:
+    def __init__(self, conn: Any, script: str, args: tuple[str, ...] = (), memory_mib: int = 512,
+                 prefix: str = DOMAIN_PREFIX) -> None:
         if not image_ready():
             raise LibvirtGuestError(f"guest image not built in {guest_dir()}: run tests/guest/build-image.sh")
         for arg in args:
             if not arg or re.search(r"[\s,\"]", arg):
                 raise LibvirtGuestError(f"guest argument {arg!r} is empty or has a space, comma or quote")
         self.conn = conn
-        self.name = DOMAIN_PREFIX + uuid.uuid4().hex[:12]
+        self.name = prefix + uuid.uuid4().hex[:12]
         self.workdir = Path(tempfile.mkdtemp(prefix="orion-kvm-", dir=STAGE_ROOT))
         os.chmod(self.workdir, 0o755)
         self.serial_log = self.workdir / "serial.log"
