@@ -4,6 +4,8 @@ First it installs this checkout's guest runtime the way `pip install orion-guest
 the guest's site directory puts the share (and the cuda-python bundled under site/) on sys.path, then runs
 orion-guest's autoload hook. Then, for what the host end of the test reads:
 
+  KVM-PYTHON loop=<ns> clock=<ns>     this interpreter's speed here (one loop step, one perf_counter_ns call):
+                                      under TCG every Python step is emulated, which bounds the round trip
   KVM-DEVICES <n> <bdf>...            the ivshmem devices the guest's PCI bus shows
   KVM-PROBE <bdf> rc=<rc> <line>      `orion-guest probe --region <bdf>` on each (its ORION-PROBE lines follow)
   CUDA-PROGRAM init=... / KVM-CUDA rc=<rc> stderr=<what the runtime said>
@@ -16,6 +18,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
 
 SHARE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHILD_TIMEOUT_S = 240
@@ -39,6 +42,19 @@ def run(argv: list, env: dict = None) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(argv, 124, exc.stdout or "", f"timed out after {CHILD_TIMEOUT_S} s")
 
 
+def python_speed(steps: int = 20000) -> tuple[float, float]:
+    """(ns per empty loop step, ns per perf_counter_ns call) of this interpreter on this (virtual) CPU."""
+    clock = time.perf_counter_ns
+    start = clock()
+    for _ in range(steps):
+        pass
+    loop = (clock() - start) / steps
+    start = clock()
+    for _ in range(steps):
+        clock()
+    return loop, (clock() - start) / steps - loop
+
+
 def one_line(text: str) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines()) or "-"
 
@@ -46,6 +62,8 @@ def one_line(text: str) -> str:
 def main() -> int:
     round_trips, bulk_mib = (sys.argv[1:] + ["2000", "8"])[:2]
     install_runtime()
+    loop_ns, clock_ns = python_speed()
+    print(f"KVM-PYTHON loop={loop_ns:.0f}ns clock={clock_ns:.0f}ns", flush=True)
     from ivshmem.region import find_ivshmem_devices
 
     devices = [path.rsplit("/", 1)[1] for path in find_ivshmem_devices()]

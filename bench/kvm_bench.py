@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""KVM benchmark: the ring's round trip and bulk rates from inside a libvirt guest, next to host-local. Not a test.
+
+One run, one host agent (`oriond`, started here unless one runs), the same probe (`orion-guest probe`: NOP
+round trips, then DRAIN/FILL bulk through the staging arenas) in two places:
+* host-local: a host process on /dev/shm/orionsock<N> (made with `orion-shm create`);
+* in-guest: a libvirt guest (TCG: KVM does not boot a stock kernel on our machines) started from
+  `orion-domain render`, the region made by the qemu hook, the probe reaching it through the ivshmem BAR
+  (tests/guest/libvirt_guest.py, the same path as the end-to-end tests).
+Both sides also time their own interpreter (an empty loop step, a perf_counter_ns call), which shows how much of
+the guest's round trip is TCG emulating Python rather than the ring.
+
+Run as root after setup.sh: `.venv/bin/python bench/kvm_bench.py [--round-trips N] [--bulk-mib M]`.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from host_agent import pidfile  # noqa: E402
+from ivshmem.orion_conf import ShmSettings  # noqa: E402
+from ivshmem.region import region_path  # noqa: E402
+from tests.guest.cuda_guest import python_speed  # noqa: E402
+from tests.guest.kvm_demo import free_index, start_agent, stop_agent  # noqa: E402
+from tests.guest.libvirt_guest import LibvirtGuest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = re.compile(r"round-trip n=(\d+) p50=([\d.]+)us p99=([\d.]+)us|to-host=(\d+)MB/s from-host=(\d+)MB/s")
+SPEED = re.compile(r"KVM-PYTHON loop=(\d+)ns clock=(\d+)ns")
+
+
+def parse_probe(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for match in PROBE.finditer(text):
+        if match.group(1):
+            out.update(p50=float(match.group(2)), p99=float(match.group(3)))
+        else:
+            out.update(to_host=float(match.group(4)), from_host=float(match.group(5)))
+    if len(out) != 4:
+        raise SystemExit(f"kvm_bench: the probe did not print its figures:\n{text[-3000:]}")
+    return out
+
+
+def host_local(round_trips: int, bulk_mib: int, directory: str) -> dict[str, float]:
+    index = free_index(directory)
+    subprocess.run([sys.executable, "-m", "ivshmem.shm_cli", "create", "-i", str(index), "-s", "256"], check=True,
+                   cwd=REPO, capture_output=True)
+    try:
+        pidfile.notify(pidfile.DEFAULT_PID_FILE)  # serve it now, not at the next rescan
+        result = subprocess.run([sys.executable, "-m", "guest_runtime.cli", "probe", "--region",
+                                 region_path(index, directory), "--round-trips", str(round_trips),
+                                 "--bulk-mib", str(bulk_mib)], capture_output=True, text=True, cwd=REPO, timeout=300)
+        if result.returncode:
+            raise SystemExit(f"kvm_bench: host-local probe failed: {result.stderr.strip()}")
+        return parse_probe(result.stdout)
+    finally:
+        subprocess.run([sys.executable, "-m", "ivshmem.shm_cli", "remove", str(index), "--force"], cwd=REPO,
+                       capture_output=True)
+
+
+def in_guest(round_trips: int, bulk_mib: int, directory: str) -> tuple[dict[str, float], tuple[float, float]]:
+    import libvirt
+
+    conn = libvirt.open("qemu:///system")
+    with LibvirtGuest(conn, "tests/guest/cuda_guest.py", (str(round_trips), str(bulk_mib)), memory_mib=1024,
+                      prefix="orion-bench-") as guest:
+        guest.define([(free_index(directory), 256)])
+        run = guest.run(900)
+    if run.rc != 0 or not run.line("ORION-PROBE ok"):
+        raise SystemExit(f"kvm_bench: the guest did not complete its probe:\n{run.serial[-3000:]}")
+    speed = SPEED.search(run.serial)
+    assert speed is not None
+    return parse_probe(run.serial), (float(speed.group(1)), float(speed.group(2)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--round-trips", type=int, default=20000)
+    parser.add_argument("--bulk-mib", type=int, default=32)
+    args = parser.parse_args()
+    directory = ShmSettings.load().path_base
+    agent = start_agent()
+    try:
+        local = host_local(args.round_trips, args.bulk_mib, directory)
+        guest, (guest_loop, guest_clock) = in_guest(args.round_trips, args.bulk_mib, directory)
+    finally:
+        stop_agent(agent)
+    host_loop, host_clock = python_speed()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.machine())
+    print(f"\nKVM benchmark, {datetime.date.today()}, {cpu}, {os.cpu_count()} cores; guest: libvirt domain "
+          f"type qemu (TCG), 1 vCPU; {args.round_trips} round trips, {args.bulk_mib} MiB bulk each way")
+    print(f"{'':24}{'host-local':>12}{'in-guest':>12}{'guest/host':>12}")
+    rows = [("round trip p50 (us)", "p50"), ("round trip p99 (us)", "p99"),
+            ("bulk to host (MB/s)", "to_host"), ("bulk from host (MB/s)", "from_host")]
+    for label, key in rows:
+        print(f"{label:24}{local[key]:>12.2f}{guest[key]:>12.2f}{guest[key] / local[key]:>11.2f}x")
+    print(f"{'python loop step (ns)':24}{host_loop:>12.0f}{guest_loop:>12.0f}{guest_loop / host_loop:>11.2f}x")
+    print(f"{'perf_counter_ns (ns)':24}{host_clock:>12.0f}{guest_clock:>12.0f}{guest_clock / host_clock:>11.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
