@@ -25,8 +25,9 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar, cast
 
 from pyetcd.utils import prefix_range_end
 
@@ -34,7 +35,7 @@ from controller.errors import Contention, NotFound
 from controller.keys import Keys
 from controller.model import Allocation, Claim, Gpu, GpuUsage, Host, HostUsage, PoolView, VgpuGrant, dumps
 from controller.packing import Placement, place
-from controller.store import EtcdStore
+from controller.store import Entry, EtcdStore, PendingLease
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,9 @@ DEFAULT_LEASE_TTL_S = 10
 DEFAULT_HOST_TTL_S = 10
 CLAIM_ATTEMPTS = 64
 CLAIM_DEADLINE_S = 5.0
+PARSE_CACHE_ENTRIES = 100_000
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class GpuPool:
         self.lease_ttl_s = lease_ttl_s
         self.host_ttl_s = host_ttl_s
         self._claim_lock = threading.Lock()
+        self._cache: dict[tuple[str, int], object] = {}
         self.conflicts = 0  # claim transactions that lost a race (telemetry for /metrics; not state)
 
     # ------------------------------------------------------------------ reading
@@ -73,18 +78,19 @@ class GpuPool:
         k = self.keys
         revision, (host_entries, gpu_entries, claim_entries) = self.store.read_prefixes(
             [k.hosts_prefix, k.gpus_prefix, k.claims_prefix])
-        hosts = {h.name: (h, e) for h, e in ((Host.from_json(e.value), e) for e in host_entries)}
+        parsed_hosts = ((self._parsed(e, lambda e: Host.from_json(e.value)), e) for e in host_entries)
+        hosts = {h.name: (h, e) for h, e in parsed_hosts}
         gpus: dict[str, list[Gpu]] = {}
         gpu_mod: dict[tuple[str, int], int] = {}
         for e in gpu_entries:
-            gpu = Gpu.from_json(e.value)
+            gpu = self._parsed(e, lambda e: Gpu.from_json(e.value))
             if gpu.host in hosts:
                 gpus.setdefault(gpu.host, []).append(gpu)
                 gpu_mod[(gpu.host, gpu.index)] = e.mod_revision
         used: dict[tuple[str, int], list[tuple[int, int]]] = {}
         for e in claim_entries:
-            host, gpu_index, slot = k.parse_claim(e.key)
-            used.setdefault((host, gpu_index), []).append((slot, int(json.loads(e.value)["memory_mib"])))
+            host, gpu_index, slot, memory = self._parsed(e, self._claim_fields)
+            used.setdefault((host, gpu_index), []).append((slot, memory))
         usages = []
         for name in sorted(hosts):
             record, _ = hosts[name]
@@ -94,6 +100,21 @@ class GpuPool:
                 for g in sorted(gpus.get(name, []), key=lambda g: g.index))
             usages.append(HostUsage(record, gpu_usages))
         return PoolView(revision, tuple(usages), {n: e.mod_revision for n, (_, e) in hosts.items()}, gpu_mod)
+
+    def _parsed(self, entry: Entry, parse: Callable[[Entry], T]) -> T:
+        """Parse a record once per (key, mod revision): a key at one revision never changes, and re-parsing
+        every GPU and claim on every request was most of a claim's CPU time."""
+        cache_key = (entry.key, entry.mod_revision)
+        hit = self._cache.get(cache_key)
+        if hit is None:
+            if len(self._cache) > PARSE_CACHE_ENTRIES:
+                self._cache.clear()
+            hit = self._cache[cache_key] = parse(entry)
+        return cast(T, hit)
+
+    def _claim_fields(self, entry: Entry) -> tuple[str, int, int, int]:
+        host, gpu, slot = self.keys.parse_claim(entry.key)
+        return host, gpu, slot, int(json.loads(entry.value)["memory_mib"])
 
     def allocations(self) -> list[Allocation]:
         _, (entries,) = self.store.read_prefixes([self.keys.allocations_prefix])
@@ -186,16 +207,16 @@ class GpuPool:
 
         Raises Unsatisfiable (why the pool cannot), EtcdUnavailable, or Contention after bounded retries.
         """
-        lease, granted = self.store.grant(ttl_s or self.lease_ttl_s)
+        pending = self.store.grant_started(ttl_s or self.lease_ttl_s)
         try:
-            alloc = self._claim(count, memory_mib, lease, granted, client, group_id)
+            alloc = self._claim(count, memory_mib, pending, client, group_id)
         except BaseException:
-            self._revoke_quietly(lease)
+            self._revoke_quietly(pending)
             raise
         log.info("Return formated resource : %s", alloc.orion_resource())
         return alloc
 
-    def _claim(self, count: int, memory_mib: int | None, lease: int, ttl: int, client: str,
+    def _claim(self, count: int, memory_mib: int | None, pending: PendingLease, client: str,
                group_id: str) -> Allocation:
         deadline = time.monotonic() + CLAIM_DEADLINE_S
         alloc_id = str(uuid.uuid4())
@@ -203,6 +224,7 @@ class GpuPool:
             with self._claim_lock:
                 view = self.view()
                 placement = place(view, count, memory_mib)
+                lease, ttl = pending.result()
                 alloc = self._allocation(alloc_id, placement, lease, ttl, client, group_id)
                 if self._commit(view, placement, alloc):
                     return alloc
@@ -275,10 +297,10 @@ class GpuPool:
         log.info("Release resource with allocation ID %s", alloc_id)
         return alloc
 
-    def _revoke_quietly(self, lease: int) -> None:
+    def _revoke_quietly(self, pending: PendingLease) -> None:
         """Undo a lease we granted; if etcd is down it expires by itself, so a failure here is only logged."""
         try:
-            self.store.revoke(lease)
+            self.store.revoke(pending.result()[0])
         except Exception as exc:  # noqa: BLE001 - best effort on an error path; the lease has a TTL anyway
-            log.warning("could not revoke unused lease %x (%s); it expires by itself", lease, exc)
+            log.warning("could not revoke an unused lease (%s); it expires by itself", exc)
 
