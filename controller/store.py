@@ -88,8 +88,11 @@ class EtcdStore:
     def __init__(self, url: str, timeout_s: float = 3.0) -> None:
         self.url = url
         self.timeout_s = timeout_s
-        endpoints = [Endpoint(host, port, secure=False, time_retry=0.0, opts=_GRPC_OPTIONS)
-                     for host, port in parse_endpoints(url)]
+        parsed = parse_endpoints(url)
+        # one endpoint: retry it at once; several: skip a failed one for a second so that calls fail over
+        retry_s = 0.0 if len(parsed) == 1 else 1.0
+        endpoints = [Endpoint(host, port, secure=False, time_retry=retry_s, opts=_GRPC_OPTIONS)
+                     for host, port in parsed]
         self._client = MultiEndpointEtcd3Client(endpoints=endpoints, timeout=timeout_s,
                                                 failover=len(endpoints) > 1)
 
