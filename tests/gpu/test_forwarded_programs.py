@@ -170,3 +170,19 @@ def test_another_sessions_pointer_gives_an_error_and_a_killed_clients_memory_com
     while _native_free_mib() < baseline - 64 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _native_free_mib() >= baseline - 64, "the killed client's GPU memory was not returned"
+
+
+def test_the_kvm_guest_program_runs_its_kernel_forwarded(oriond: Oriond) -> None:
+    """tests/guest/cuda_program.py is what the libvirt guest runs (demo, end-to-end test): on a GPU host its
+    PTX kernel must run forwarded and give what it gives natively."""
+    program = REPO / "tests" / "guest" / "cuda_program.py"
+    lines = []
+    for forwarded in (None, oriond):
+        command = [sys.executable, "-c", FORWARD, str(program)] if forwarded else [sys.executable, str(program)]
+        env = _env(ORION_SHM=str(oriond.region), CUDA_VISIBLE_DEVICES="") if forwarded else _env()
+        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+        lines.append(next(x for x in result.stdout.splitlines() if x.startswith("CUDA-PROGRAM")))
+    native, forwarded_line = lines
+    assert " kernel=ok " in native and native.startswith("CUDA-PROGRAM init=CUDA_SUCCESS(0) devices="), native
+    assert forwarded_line.split(" devices=")[1].split()[1:] == native.split(" devices=")[1].split()[1:], lines
