@@ -10,13 +10,18 @@ Rules (docs/controller.md repeats them for users):
   card, two 15,500 MiB vGPUs take two. Among placements with that fewest number of GPUs, busier GPUs are filled
   first (best fit), so whole GPUs stay free for large requests.
 * Among hosts that can serve it: the one needing fewest GPUs, then the one with fewest free vGPUs (filling a
-  host before starting another), then by name, so two controllers reading the same state choose alike.
+  host before starting another).
+* Exact ties (equally busy GPUs or hosts) are broken by index and name, or, given a ``salt``, by a hash of
+  salt and name: each controller process has its own salt, so two controllers facing an empty pool start
+  filling different GPUs instead of racing for GPU 0 of the first host. Packing quality is the same either
+  way; only which of several equal choices is made differs.
 
 A request that no host can serve raises Unsatisfiable with the limit that was hit. Nothing here knows about
 concurrency: pool.py makes the placement a transaction that fails if the GPUs it read have changed.
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 from controller.errors import Unsatisfiable
@@ -52,7 +57,11 @@ def _fits_idle(gpu: GpuUsage, memory_mib: int | None) -> int:
     return min(gpu.gpu.vgpu_count, gpu.gpu.memory_mib // m) if m > 0 else 0
 
 
-def place_on_host(host: HostUsage, count: int, memory_mib: int | None) -> Placement | None:
+def _tiebreak(salt: str, name: str | int) -> int | str:
+    return zlib.crc32(f"{salt}/{name}".encode()) if salt else name
+
+
+def place_on_host(host: HostUsage, count: int, memory_mib: int | None, salt: str = "") -> Placement | None:
     """The fewest-GPU, best-fit placement of ``count`` vGPUs on this host, or None if it cannot take them."""
     room = {g.gpu.index: g.fits(vgpu_memory(g, memory_mib)) for g in host.gpus}
     candidates = [g for g in host.gpus if room[g.gpu.index] > 0]
@@ -68,7 +77,8 @@ def place_on_host(host: HostUsage, count: int, memory_mib: int | None) -> Placem
     remaining, gpus_left = count, needed_gpus
     while remaining > 0:
         # best fit: the tightest GPU that still lets the other (gpus_left - 1) GPUs cover the rest
-        ordered = sorted(candidates, key=lambda g: (room[g.gpu.index], g.free_memory_mib, g.gpu.index))
+        ordered = sorted(candidates, key=lambda g: (room[g.gpu.index], g.free_memory_mib,
+                                                    _tiebreak(salt, g.gpu.index), g.gpu.index))
         for g in ordered:
             others = sorted((room[o.gpu.index] for o in candidates if o is not g), reverse=True)
             take = min(room[g.gpu.index], remaining)
@@ -82,11 +92,12 @@ def place_on_host(host: HostUsage, count: int, memory_mib: int | None) -> Placem
     return Placement(host, tuple(slots))
 
 
-def place(pool: PoolView, count: int, memory_mib: int | None) -> Placement:
+def place(pool: PoolView, count: int, memory_mib: int | None, salt: str = "") -> Placement:
     """Where ``count`` vGPUs of ``memory_mib`` MiB (None: each GPU's default) go; Unsatisfiable says why not."""
-    options = [p for p in (place_on_host(h, count, memory_mib) for h in pool.hosts) if p is not None]
+    options = [p for p in (place_on_host(h, count, memory_mib, salt) for h in pool.hosts) if p is not None]
     if options:
-        return min(options, key=lambda p: (p.gpu_count, p.host.vgpus_free, p.host.host.name))
+        return min(options, key=lambda p: (p.gpu_count, p.host.vgpus_free, _tiebreak(salt, p.host.host.name),
+                                           p.host.host.name))
     raise _why_not(pool, count, memory_mib)
 
 

@@ -63,8 +63,9 @@ class GpuPool:
     """The pool in etcd. Stateless apart from its connection: any number of these may share one etcd."""
 
     def __init__(self, store: EtcdStore, keys: Keys, lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
-                 host_ttl_s: int = DEFAULT_HOST_TTL_S) -> None:
+                 host_ttl_s: int = DEFAULT_HOST_TTL_S, tiebreak_salt: str = "") -> None:
         self.store = store
+        self.tiebreak_salt = tiebreak_salt  # packing.py: how this controller breaks exact ties
         self.keys = keys
         self.lease_ttl_s = lease_ttl_s
         self.host_ttl_s = host_ttl_s
@@ -223,7 +224,7 @@ class GpuPool:
         for attempt in range(CLAIM_ATTEMPTS):
             with self._claim_lock:
                 view = self.view()
-                placement = place(view, count, memory_mib)
+                placement = place(view, count, memory_mib, self.tiebreak_salt)
                 lease, ttl = pending.result()
                 alloc = self._allocation(alloc_id, placement, lease, ttl, client, group_id)
                 if self._commit(view, placement, alloc):

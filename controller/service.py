@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
@@ -74,7 +75,8 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         except EtcdUnavailable as exc:
             raise StartError(exc.message) from None
         log.info("Database connection is created.")
-        pool = GpuPool(store, Keys(config.key_root), config.lease_ttl_s, config.host_ttl_s)
+        pool = GpuPool(store, Keys(config.key_root), config.lease_ttl_s, config.host_ttl_s,
+                       tiebreak_salt=uuid.uuid4().hex)
         runner = web.AppRunner(build_app(pool, executor), handle_signals=False, access_log=None,
                                shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()

@@ -151,3 +151,14 @@ def test_orion_device_info_adds_gpus_under_the_host_lease(pool: GpuPool) -> None
     assert view.host("10.0.0.7").host.port == 9970  # type: ignore[union-attr]
     with pytest.raises(NotFound):
         pool.add_gpu("10.9.9.9", GpuSpec(0, "GPU-y", "x", 1000))
+
+
+def test_a_controllers_tiebreak_salt_changes_only_exact_ties(pool: GpuPool) -> None:
+    pool.register_host("a", "10.0.0.1", 9960, 4, gpus(4))
+    pool.register_host("b", "10.0.0.2", 9960, 4, gpus(4))
+    salted = [GpuPool(pool.store, pool.keys, tiebreak_salt=salt) for salt in ("one", "two")]
+    first = salted[0].allocate(1, 1000)  # an empty pool: any GPU of any host is as good
+    second = salted[1].allocate(1, 1000)  # not a tie any more: the busier GPU comes first, whatever the salt
+    assert (second.host, on_gpus(second)) == (first.host, on_gpus(first))
+    big = salted[1].allocate(4, 15000)  # fewest GPUs still rules: four idle GPUs of the other host
+    assert big.host != first.host
