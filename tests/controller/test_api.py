@@ -55,13 +55,14 @@ def test_orion_server_and_client_flow(controllers: Callable[..., ControllerProce
     status, body = call(ctl, "GET", "/service?nvidia_vgpu=2&memory=7500", headers={**hdr, "group_id": "g-1"})
     assert status == 200, body
     alloc_id, *devices = body.split(",")
-    assert devices == ["127.0.0.1:9960/0/0", "127.0.0.1:9960/0/1"]
+    p = devices[0].split("/")[1]  # both on one GPU; which of the two idle ones is the controller's tie-break
+    assert devices == [f"127.0.0.1:9960/{p}/0", f"127.0.0.1:9960/{p}/1"]
     assert call(ctl, "GET", "/devices?res=nvidia_cuda&used=true")[1] == "nvidia_cuda=6"
 
     status, body = call(ctl, "POST", f"/service/{alloc_id}/127.0.0.1", headers={"group_id": "g-1"})
     assert status == 200
-    assert body == ("nvidia_cuda;127.0.0.1,9960,GPU-36945fda-0,0,0,46,7500;"
-                    "127.0.0.1,9960,GPU-36945fda-0,0,1,46,7500")
+    assert body == (f"nvidia_cuda;127.0.0.1,9960,GPU-36945fda-{p},{p},0,46,7500;"
+                    f"127.0.0.1,9960,GPU-36945fda-{p},{p},1,46,7500")
     assert call(ctl, "PUT", f"/service/confirm/{alloc_id}")[0] == 200
     assert ControllerClient(ctl.address).allocation(alloc_id)["confirmed"] is True
     assert call(ctl, "POST", "/heartbeat/127.0.0.1?res=nvidia_cuda&status=continue")[0] == 200
@@ -74,8 +75,8 @@ def test_orion_server_and_client_flow(controllers: Callable[..., ControllerProce
                  "/heartbeat/127.0.0.1 res=nvidia_cuda&status=on",
                  "Adding new host for NVidia GPU : 127.0.0.1",
                  "Adding new NVidia GPU to host 127.0.0.1 (GPU-36945fda-0; Tesla V100-PCIE-16GB)",
-                 f"Return formated resource : {alloc_id},127.0.0.1:9960/0/0,127.0.0.1:9960/0/1",
-                 f"Confirm allocation {alloc_id} with device : 127.0.0.1/0/0,127.0.0.1/0/1",
+                 f"Return formated resource : {alloc_id},127.0.0.1:9960/{p}/0,127.0.0.1:9960/{p}/1",
+                 f"Confirm allocation {alloc_id} with device : 127.0.0.1/{p}/0,127.0.0.1/{p}/1",
                  f"Release resource with allocation ID {alloc_id}"):
         assert line in log, line
 
@@ -167,9 +168,11 @@ def test_metrics_report_pool_and_counters(controllers: Callable[..., ControllerP
     assert status == 200
     samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
     assert samples['orion_controller_vgpus_total{gpu="0",host="m1",uuid="GPU-m1-0"}'] == "4.0"
-    assert samples['orion_controller_vgpus_free{gpu="0",host="m1",uuid="GPU-m1-0"}'] == "1.0"
-    assert samples['orion_controller_vgpus_free{gpu="1",host="m1",uuid="GPU-m1-1"}'] == "4.0"
-    assert samples['orion_controller_gpu_memory_free_mib{gpu="0",host="m1",uuid="GPU-m1-0"}'] == "4160.0"
+    # the three vGPUs share one GPU; which of the two idle GPUs is the controller's tie-break
+    free = {g: samples[f'orion_controller_vgpus_free{{gpu="{g}",host="m1",uuid="GPU-m1-{g}"}}'] for g in (0, 1)}
+    assert sorted(free.values()) == ["1.0", "4.0"]
+    used = next(g for g, n in free.items() if n == "1.0")
+    assert samples[f'orion_controller_gpu_memory_free_mib{{gpu="{used}",host="m1",uuid="GPU-m1-{used}"}}'] == "4160.0"
     assert samples["orion_controller_allocations"] == "1.0"
     assert samples["orion_controller_etcd_up"] == "1.0"
     assert samples['orion_controller_allocation_requests_total{result="granted"}'] == "1.0"
