@@ -100,12 +100,18 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
 
 
 def run(config: ControllerConfig) -> int:
-    """Set up logging and serve; the exit status (0 clean stop, 1 could not start)."""
+    """Set up logging and serve; the exit status (0 clean stop, 1 could not start, 130 interrupted at start)."""
     try:
         setup_logging(config)
+    except StartError as exc:
+        print(f"orion-controller: {exc}", file=sys.stderr)
+        return 1
+    try:
         asyncio.run(serve(config))
     except StartError as exc:
         log.error("%s", exc)
         print(f"orion-controller: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed
+        return 130
     return 0
