@@ -102,8 +102,11 @@ def install(root: str, python: str, config: str, pid_file: str) -> list[str]:
         if os.path.lexists(paths.hook) and MARKER not in (_read(paths.hook) or ""):
             raise InstallError(f"{paths.hook} exists and is not ours; move it away, then run this again")
         first = not os.path.lexists(paths.hook)
+        since = None if first else os.stat(paths.hook)
         os.makedirs(paths.hook_dir, mode=0o755, exist_ok=True)
         _write(paths.hook, script, 0o755, tmp_dir=paths.at(HOOKS_DIR))
+        if since is not None:  # the file's time says since when a hook is there: status compares libvirtd's start
+            os.utime(paths.hook, ns=(since.st_atime_ns, since.st_mtime_ns))
         out.append(f"{'installed' if first else 'updated'} {paths.hook} (runs {python}, reads {config})")
         if os.path.lexists(paths.qemu_hook):
             out.append(f"{paths.qemu_hook} is left as it is; libvirt runs it first, then {paths.hook}")
@@ -223,7 +226,8 @@ def libvirtd_runs_hooks(paths: Paths) -> tuple[bool | None, str]:
     """Whether the running libvirtd will run qemu hooks (True/False; None when no libvirtd runs), and a line.
 
     libvirtd decides once, when it starts: hooks run only if a qemu hook was there then. So it runs ours if
-    it started after our file appeared, or after some other qemu hook it still has."""
+    it started after our file appeared (an update keeps the file's time), or after some other qemu hook it
+    still has."""
     pid = _running_daemon(paths)
     if pid is None:
         return None, "libvirtd: not running; it will run the hook when it starts"

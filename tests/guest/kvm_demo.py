@@ -25,12 +25,11 @@ from host_agent import pidfile
 from ivshmem.orion_conf import ShmSettings
 from ivshmem.region import region_path
 
-from .libvirt_guest import LibvirtGuest, LibvirtGuestError
+from .libvirt_guest import LibvirtGuest, LibvirtGuestError, start_system_agent
 
 REPO = Path(__file__).resolve().parents[2]
 REGION_MIB = 64
 AGENT_LOG = Path("/var/log/orion/kvm-demo-oriond.log")
-AGENT_START_TIMEOUT_S = 30.0
 GUEST_LINES = ("KVM-DEVICES", "ORION-PROBE", "CUDA-PROGRAM", "KVM-CUDA")
 
 
@@ -45,15 +44,7 @@ def start_agent() -> subprocess.Popen[bytes] | None:
         say(f"oriond already runs (pid {running}); using it")
         return None
     AGENT_LOG.parent.mkdir(parents=True, exist_ok=True)
-    with open(AGENT_LOG, "ab") as log:
-        agent = subprocess.Popen([sys.executable, "-m", "host_agent.oriond", "--pid-file", pidfile.DEFAULT_PID_FILE],
-                                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-    deadline = time.monotonic() + AGENT_START_TIMEOUT_S
-    while pidfile.running_agent(pidfile.DEFAULT_PID_FILE) != agent.pid:
-        if agent.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"kvm-demo: oriond did not start; see {AGENT_LOG}")
-        time.sleep(0.05)
+    agent = start_system_agent(AGENT_LOG)
     say(f"started oriond (pid {agent.pid}, log {AGENT_LOG})")
     return agent
 
@@ -93,8 +84,12 @@ def main() -> int:
     directory = ShmSettings.load().path_base
     index = free_index(directory)
     region = Path(region_path(index, directory))
-    agent = start_agent()
     t0 = time.monotonic()
+    try:
+        agent = start_agent()
+    except LibvirtGuestError as exc:
+        print(f"kvm-demo: {exc}", file=sys.stderr)
+        return 1
     try:
         with LibvirtGuest(conn, "tests/guest/cuda_guest.py", ("2000", "8"), prefix="orion-demo-") as guest:
             guest.define([(index, REGION_MIB)])

@@ -59,6 +59,25 @@ class GuestRun:
         return found[-1] if found else None
 
 
+def start_system_agent(log_path: Path, timeout: float = 30.0) -> subprocess.Popen[bytes]:
+    """Start oriond as the installed hook knows it: the system server.conf and pid file (the hook wakes that
+    pid). Returns once the pid file names it; LibvirtGuestError if it exits or does not get there in time."""
+    from host_agent import pidfile
+
+    with open(log_path, "ab") as log:
+        agent = subprocess.Popen([sys.executable, "-m", "host_agent.oriond", "--pid-file", pidfile.DEFAULT_PID_FILE],
+                                 cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while pidfile.running_agent(pidfile.DEFAULT_PID_FILE) != agent.pid:
+        if agent.poll() is not None or time.monotonic() > deadline:
+            agent.kill()
+            agent.wait()
+            raise LibvirtGuestError(f"oriond did not start (exit {agent.returncode}); see {log_path}")
+        time.sleep(0.05)
+    return agent
+
+
 def _link_or_copy(src: str, dst: str) -> None:
     try:
         os.link(src, dst)

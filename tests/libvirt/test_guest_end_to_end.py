@@ -29,7 +29,7 @@ import pytest
 
 from host_agent import pidfile
 from ivshmem.orion_conf import ShmSettings
-from tests.guest.libvirt_guest import GuestRun, LibvirtGuest
+from tests.guest.libvirt_guest import GuestRun, LibvirtGuest, start_system_agent
 from tests.guest.vm import image_ready
 from tests.processes import stop_process
 
@@ -43,7 +43,6 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = ShmSettings.load()  # what the installed hook reads: /etc/orion/server.conf, or Orion's defaults
 SHM_DIR = Path(SETTINGS.path_base)
-AGENT_START_TIMEOUT_S = 30.0
 RELEASE_TIMEOUT_S = 20.0
 GUEST_TIMEOUT_S = 300.0
 CUDA_NO_DEVICE = "CUDA-PROGRAM init=CUDA_ERROR_NO_DEVICE(100)"
@@ -90,17 +89,8 @@ class SystemAgent:
     """oriond as the hook knows it (system server.conf, system pid file), started for the test."""
 
     def __init__(self, log_path: Path) -> None:
-        self.pid_file = pidfile.DEFAULT_PID_FILE
         self.log_path = log_path
-        with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "host_agent.oriond", "--pid-file", self.pid_file],
-                                         cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        deadline = time.monotonic() + AGENT_START_TIMEOUT_S
-        while pidfile.running_agent(self.pid_file) != self.proc.pid:
-            assert self.proc.poll() is None, f"oriond exited with {self.proc.returncode}:\n{self.log()}"
-            assert time.monotonic() < deadline, f"oriond did not write {self.pid_file} in time:\n{self.log()}"
-            time.sleep(0.05)
+        self.proc = start_system_agent(log_path)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -252,6 +252,22 @@ def test_status_says_whether_libvirtd_runs_the_hook(root: Path, conf: Path, caps
     assert ("pid 4242 runs qemu hooks" in out) is runs and ("restart it" in out) is not runs, out
 
 
+def test_updating_the_hook_needs_no_restart(root: Path, conf: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A libvirtd that runs hooks runs the updated file too: status must not ask for a restart after an update."""
+    assert orion_hooks(capsys, *install_args(root, conf))[0] == 0
+    hook = root / HOOKS / "qemu.d" / installer.HOOK_NAME
+    os.utime(hook, (1_700_000_500, 1_700_000_500))
+    fake_libvirtd(root, 1_700_000_600)
+    other = tmp_path / "other.conf"
+    other.write_text(conf.read_text())
+    code, out, _ = orion_hooks(capsys, "install", "--root", str(root), "--config", str(other),
+                               "--pid-file", str(conf.parent / "oriond.pid"))
+    assert code == 0 and "updated" in out and str(other) in hook.read_text()
+    code, out, _ = orion_hooks(capsys, "status", "--root", str(root))
+    assert code == 0 and "pid 4242 runs qemu hooks" in out, out
+
+
 def test_status_without_libvirtd_running(root: Path, conf: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert orion_hooks(capsys, *install_args(root, conf))[0] == 0
     fake_libvirtd(root, 1_700_000_600, comm="bash")  # a stale pid file whose pid now belongs to another program
