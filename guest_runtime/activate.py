@@ -3,18 +3,24 @@ environment is present (ORION_VGPU, ORION_CONTROLLER or ORION_SHM).
 
 It must run before anything imports cuda.bindings.driver, cuda.core or numba.cuda: those copy the driver's
 function pointers when first imported (docs/cuda-forwarding.md). Nothing connects to the host agent here;
-the first CUDA call does.
+the first CUDA call does, and that is also when vGPUs are requested from the Orion Controller, as Orion's
+client does "when the app initialises CUDA" (allocation.py; only if a controller is configured and ORION_VGPU
+is set). A refused or failed request makes cuInit answer CUDA_ERROR_NO_DEVICE with one line on stderr.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import sys
 from collections.abc import Mapping
 
 from ivshmem.channel import ClientChannel
+from ivshmem.errors import WireError
 from ivshmem.region import Region
 
-from . import capsule_hook
+from . import allocation, capsule_hook
+from .client_config import ClientConfigError, controller_setting
 from .forward import Forwarder
 from .runtime_shim import RuntimeShim
 
@@ -28,7 +34,32 @@ def wanted(environ: Mapping[str, str] = os.environ) -> bool:
     return any(environ.get(name) for name in TRIGGERS)
 
 
+class NoAllocation(WireError):
+    """The controller gave this process no vGPUs (unreachable, refused, or bad ORION_* settings); a WireError
+    so that the Forwarder treats it as any unreachable agent: one line on stderr, CUDA_ERROR_NO_DEVICE."""
+
+
+def _exits_without_allocation() -> None:
+    print(f"{allocation.stamp()} [INFO] Client exits without allocation ID.", file=sys.stderr, flush=True)
+
+
+def request_vgpus() -> allocation.Allocation | None:
+    """Ask the configured controller for ORION_VGPU vGPUs of ORION_GMEM MiB (once per process). None when no
+    controller is configured or ORION_VGPU is unset: then nothing changes, the local region is used as is.
+    The granted host is only recorded for now: the channel below still comes from local region discovery."""
+    try:
+        setting = controller_setting()
+        wanted = allocation.wanted_request() if setting is not None else None
+        if setting is None or wanted is None:
+            return None
+        return allocation.acquire(setting.address, *wanted)
+    except (ClientConfigError, allocation.AllocationError) as exc:
+        atexit.register(_exits_without_allocation)
+        raise NoAllocation(str(exc)) from None
+
+
 def _connect() -> ClientChannel:
+    request_vgpus()
     region = Region.discover()  # $ORION_SHM, an ivshmem PCI device, or /dev/shm/orionsock<N>
     return ClientChannel.claim(region)
 

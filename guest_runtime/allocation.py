@@ -1,0 +1,184 @@
+"""vGPUs for this process from the Orion Controller: request, keep alive, release at exit.
+
+Orion's client asks the controller for ``ORION_VGPU`` vGPUs of ``ORION_GMEM`` MiB when the application
+initialises CUDA and gives them back when it exits (ORION-COMPAT.md §4.5, §4.7). This module does the same
+through the controller's JSON API (docs/controller.md) with the standard library only: the ``orion-guest``
+wheel must not import ``controller``, so this is a small client of its own rather than
+``controller.client.ControllerClient``.
+
+* The lease is kept alive by a daemon thread (every TTL/3, the controller's rule), with its own connection,
+  so a process that dies for any reason stops the keep-alives and the controller reclaims the vGPUs when
+  the lease runs out.
+* Release is registered with :mod:`atexit`; it prints Orion's exit line,
+  ``<date time> [INFO] Client exits with allocation ID <id>``, on stderr.
+* Every request has a timeout; a failure is an :class:`AllocationError` with one line that says what to check.
+
+What the granted host is used for: only recorded (``Allocation.host``, ``address``, ``port``) and announced in
+Orion's ``Using Orion resource`` line. The forwarding channel is still found by local region discovery
+(ORION_SHM, an ivshmem device, /dev/shm); reaching a remote host's agent over the network is a later issue.
+"""
+from __future__ import annotations
+
+import atexit
+import http.client
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+REQUEST_TIMEOUT_S = 5.0
+
+
+class AllocationError(Exception):
+    """No vGPUs for this process; the message is one line for the user."""
+
+
+def stamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _request(address: str, method: str, path: str, body: Any = None,
+             timeout_s: float = REQUEST_TIMEOUT_S) -> tuple[int, dict[str, Any]]:
+    """One JSON request on a fresh connection (requests are rare: one per keep-alive period)."""
+    host, _, port = address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+        resp = conn.getresponse()
+        raw = resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        why = "timed out" if isinstance(exc, socket.timeout | TimeoutError) else str(exc) or type(exc).__name__
+        raise AllocationError(f"cannot reach the Orion Controller at {address} ({why}); check that it runs "
+                              f"there and ORION_CONTROLLER / controller_addr in client.conf") from None
+    finally:
+        conn.close()
+    try:
+        answer = json.loads(raw) if raw else {}
+    except ValueError:
+        answer = {"reason": raw.decode(errors="replace")[:200]}
+    return resp.status, answer if isinstance(answer, dict) else {}
+
+
+def _positive(environ: Mapping[str, str], name: str) -> int | None:
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise AllocationError(f"{name}={text!r} is not a positive whole number"
+                              + (" of MiB" if name == "ORION_GMEM" else " of vGPUs"))
+    return value
+
+
+def wanted_request(environ: Mapping[str, str] = os.environ) -> tuple[int, int | None] | None:
+    """(vGPUs, MiB per vGPU or None for the controller's default) from ORION_VGPU / ORION_GMEM, or None
+    when ORION_VGPU is not set (no request: Orion gives ORION_VGPU no default)."""
+    vgpus = _positive(environ, "ORION_VGPU")
+    memory = _positive(environ, "ORION_GMEM")
+    return None if vgpus is None else (vgpus, memory)
+
+
+@dataclass
+class Allocation:
+    """vGPUs granted to this process; ``keep_alive()`` starts the lease thread, ``release()`` ends it."""
+
+    controller: str
+    id: str
+    host: str
+    address: str
+    port: int
+    vgpus: list[dict[str, Any]]
+    ttl_s: int
+    group: str = field(default_factory=lambda: str(uuid.uuid4()))
+    lost: str | None = None  # why the lease was lost, if it was
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+    _released: bool = field(default=False, repr=False)
+
+    @classmethod
+    def request(cls, controller: str, vgpus: int, memory_mib: int | None, client: str = "") -> Allocation:
+        body: dict[str, Any] = {"vgpus": vgpus, "client": client or f"guest pid {os.getpid()}"}
+        if memory_mib is not None:
+            body["memory_mib"] = memory_mib
+        status, answer = _request(controller, "POST", "/api/v1/allocations", body)
+        if status != 201:
+            raise AllocationError(f"Fail to get resource from controller {controller}: "
+                                  f"{answer.get('reason') or f'HTTP {status}'}")
+        try:
+            return cls(controller, str(answer["id"]), str(answer["host"]), str(answer["address"]),
+                       int(answer["port"]), list(answer["vgpus"]), int(answer["ttl_s"]))
+        except (KeyError, TypeError, ValueError):
+            raise AllocationError(f"the controller at {controller} gave a malformed answer: {answer!r:.200}") from None
+
+    def resources(self) -> str:
+        """Orion's ``ip:port/pgpu/vgpu[,…]`` spelling of the grant."""
+        return ",".join(f"{self.address}:{self.port}/{v.get('gpu')}/{v.get('vgpu')}" for v in self.vgpus)
+
+    def keep_alive(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._keep, name="orion-lease", daemon=True)
+            self._thread.start()
+
+    def _keep(self) -> None:
+        period = max(0.5, self.ttl_s / 3)
+        while not self._stop.wait(period):
+            try:
+                status, answer = _request(self.controller, "POST", f"/api/v1/allocations/{self.id}/keepalive")
+            except AllocationError as exc:  # a hiccup: try again next period; the lease covers three of them
+                print(f"orion: keep-alive of allocation {self.id} failed: {exc}", file=sys.stderr)
+                continue
+            if status == 404:
+                self.lost = answer.get("reason") or "the controller no longer knows it"
+                print(f"orion: allocation {self.id} was lost ({self.lost}); its vGPUs may be given to others",
+                      file=sys.stderr)
+                return
+
+    def release(self, out: TextIO | None = None) -> None:
+        """Stop the keep-alives, give the vGPUs back and print Orion's exit line. Idempotent; never raises."""
+        if self._released:
+            return
+        self._released = True
+        self._stop.set()
+        out = out or sys.stderr
+        if self.lost is None:
+            try:
+                status, answer = _request(self.controller, "DELETE", f"/api/v1/allocations/{self.id}")
+                if status not in (200, 404):
+                    print(f"orion: release of {self.id} failed ({answer.get('reason') or status}); "
+                          f"its lease will expire", file=out)
+            except AllocationError as exc:
+                print(f"orion: release of {self.id} failed ({exc}); its lease will expire", file=out)
+        print(f"{stamp()} [INFO] Client exits with allocation ID {self.id}", file=out, flush=True)
+
+
+_lock = threading.Lock()
+_current: Allocation | None = None
+
+
+def current() -> Allocation | None:
+    """This process's allocation, if it got one."""
+    return _current
+
+
+def acquire(controller: str, vgpus: int, memory_mib: int | None) -> Allocation:
+    """Request once per process, keep it alive, release it at exit; a second call returns the same grant."""
+    global _current
+    with _lock:
+        if _current is None:
+            alloc = Allocation.request(controller, vgpus, memory_mib)
+            alloc.keep_alive()
+            atexit.register(alloc.release)
+            print(f"{stamp()} [INFO] Using Orion resource ({alloc.group}) {alloc.id} : {alloc.resources()}",
+                  file=sys.stderr, flush=True)
+            _current = alloc
+        return _current
