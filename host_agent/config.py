@@ -1,7 +1,7 @@
 """oriond's configuration: Orion's /etc/orion/server.conf (same keys, syntax and defaults), loaded once.
 
 Command-line flags override the file; the frozen result is passed to whoever needs it, never read from
-globals. Keys this release does not use yet (RDMA, NCCL, the controller address) are still parsed and
+globals. Keys this release does not use yet (RDMA, NCCL) are still parsed and
 validated so a wrong value is reported now, not when the feature arrives.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ class ServerConfig:
     vgpu_count: int = 4
     log_level: str = "INFO"
     controller_addr: str = "127.0.0.1:9123"
+    controller_configured: bool = False  # ORION_CONTROLLER or [controller] controller_addr given: oriond registers
     shm: ShmSettings = ShmSettings()
 
     @classmethod
@@ -51,6 +52,7 @@ class ServerConfig:
                                   f"A positive interger is expected in [{low}, {high}].")  # sic: Orion's words
             return int(raw)
 
+        controller = os.environ.get("ORION_CONTROLLER") or sections.get("controller", {}).get("controller_addr")
         level = sections.get("server-log", {}).get("log_level", "INFO").upper()
         if level not in LOG_LEVELS:
             raise ConfigError(f"{path}: Invalid [server-log] log_level: {level} (one of {', '.join(LOG_LEVELS)})")
@@ -63,8 +65,8 @@ class ServerConfig:
             enable_kvm=boolean("enable_kvm", False),
             vgpu_count=unsigned(server, "vgpu_count", 4, 1, 100, "server"),
             log_level=level,
-            controller_addr=os.environ.get("ORION_CONTROLLER")
-            or sections.get("controller", {}).get("controller_addr", "127.0.0.1:9123"),
+            controller_addr=controller or "127.0.0.1:9123",
+            controller_configured=bool(controller),
             shm=ShmSettings.load(path),
         )
         if config.enable_shm and config.enable_rdma:

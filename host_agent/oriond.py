@@ -3,6 +3,10 @@
 Orion's flags are kept (-n -b -p -r -i -m -k -d, ORION-COMPAT.md §6.3); `--config`, `--region`, `--gmem`,
 `--devices`, `--pid-file` and `--rescan-interval` are ours. SIGHUP asks the agent to rescan its regions at
 once: the libvirt qemu hook sends it, through the pid file, after creating or removing a region.
+
+When server.conf's [controller] controller_addr (or ORION_CONTROLLER) names an Orion Controller, this host's
+GPUs are registered there and kept alive by heartbeats on a thread of their own (controller_link.py); without
+one, oriond only serves its regions, as before.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import sys
 
 from ivshmem.orion_conf import ConfigError
 
-from . import pidfile
+from . import controller_link, pidfile
 from .agent import RESCAN_S, Agent
 from .config import DEFAULT_PATH, ServerConfig
 from .executor import ExecutorOptions
@@ -66,9 +70,15 @@ def main(argv: list[str] | None = None) -> int:
         logging.warning("not writing the pid file %s (%s): the libvirt hook cannot wake this agent, which "
                         "still finds new regions within %s s", args.pid_file, exc.strerror or exc,
                         args.rescan_interval)
+    link = None
+    if config.controller_configured:
+        link = controller_link.start(config.controller_addr, config.bind_addr, config.listen_port,
+                                     config.vgpu_count)
     try:
         agent.run()
     finally:
+        if link is not None:
+            link.stop()
         pidfile.remove(args.pid_file)
     return 0
 

@@ -1,0 +1,123 @@
+"""oriond's link to the Orion Controller: register this host's GPUs, then heartbeat so they stay in the pool.
+
+It runs on its own thread so that a slow or absent controller never holds up the region loop (which serves
+guests whether or not a controller exists). The controller keeps a host under a lease: the link heartbeats
+every third of the TTL the controller answers, so one lost heartbeat does not drop the host. When the
+controller is unreachable it logs one warning, retries with a capped exponential backoff, and logs once
+more when it is back; a heartbeat answered 404 (the lease ran out, e.g. after a controller-side outage)
+re-registers. A registration the controller refuses (400: a bad host name or GPU) is logged as an error and
+the link gives up: retrying the same request cannot succeed, and oriond keeps serving. On stop it
+unregisters, so the pool loses the host at once rather than after the lease.
+
+The host is named, and reached, by server.conf's bind_addr (Orion's oriond too names itself by its IP in
+``/heartbeat/<ip>``); the data port is listen_port and the vGPUs per GPU are vgpu_count.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from controller.client import ControllerClient, ControllerClientError
+
+from .gpu_inventory import GpuInfo
+
+log = logging.getLogger(__name__)
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 5.0
+REQUEST_TIMEOUT_S = 5.0
+STOP_JOIN_S = 2 * REQUEST_TIMEOUT_S + 1.0
+
+
+class ControllerLink:
+    def __init__(self, address: str, host: str, port: int, vgpu_count: int, gpus: list[GpuInfo]) -> None:
+        self.address = address
+        self.host = host
+        self.port = port
+        self.vgpu_count = vgpu_count
+        self.gpus = gpus
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="controller-link", daemon=True)
+        self._client = ControllerClient(address, timeout_s=REQUEST_TIMEOUT_S)
+        self.registered = False
+
+    def start(self) -> ControllerLink:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """End the heartbeats and unregister (bounded: each request has a timeout, the join too)."""
+        self._stop.set()
+        self._thread.join(STOP_JOIN_S)
+
+    def _register(self) -> float:
+        """Register and learn the lease's TTL; the interval until the next heartbeat."""
+        log.info("Connecting to Orion Controller %s", self.address)
+        self._client.register_host(self.host, [g.as_json() for g in self.gpus], port=self.port,
+                                   vgpu_count=self.vgpu_count, address=self.host)
+        ttl = self._client.heartbeat(self.host)
+        log.info("Successfully connect to Orion Controller.")  # sic: Orion's words (ORION-COMPAT.md §4.4)
+        log.info("Report Orion compatible resource to %s", self.address)
+        for g in self.gpus:
+            log.info("%s (ID: %s) is reported to Orion Controller.", g.name, g.uuid)
+        self.registered = True
+        return max(0.2, ttl / 3)
+
+    def _run(self) -> None:
+        backoff = BACKOFF_FIRST_S
+        warned = False
+        wait = 0.0
+        while not self._stop.wait(wait):
+            try:
+                if not self.registered:
+                    wait = self._register()
+                else:
+                    wait = max(0.2, self._client.heartbeat(self.host) / 3)
+                if warned:
+                    log.info("Orion Controller %s answers again", self.address)
+                warned, backoff = False, BACKOFF_FIRST_S
+            except ControllerClientError as exc:
+                if exc.status == 404 and self.registered:
+                    log.warning("Orion Controller %s no longer knows this host (%s); registering again",
+                                self.address, exc.reason)
+                    self.registered, wait = False, 0.0
+                elif exc.status == 0 or exc.status >= 500:
+                    if not warned:
+                        log.warning("%s; retrying every %s s at most while oriond keeps serving", exc.reason,
+                                    BACKOFF_MAX_S)
+                        warned = True
+                    wait, backoff = backoff, min(BACKOFF_MAX_S, backoff * 2)
+                else:
+                    log.error("Orion Controller %s refused this host: %s; GPUs are not in its pool (fix server.conf "
+                              "and restart oriond)", self.address, exc.reason)
+                    self._client.close()
+                    return
+        self._unregister()
+
+    def _unregister(self) -> None:
+        if self.registered:
+            try:
+                self._client.unregister_host(self.host)
+                log.info("Unregister Orion Server from Orion Controller")
+            except ControllerClientError as exc:
+                log.warning("could not unregister from Orion Controller %s (%s); the host leaves the pool when "
+                            "its lease runs out", self.address, exc.reason)
+        self._client.close()
+
+
+def start(address: str, host: str, port: int, vgpu_count: int) -> ControllerLink | None:
+    """Read this host's GPUs and start the link; None (after one log line) when there is nothing to register."""
+    from .gpu_inventory import InventoryError, read
+
+    try:
+        gpus, why = read()
+    except InventoryError as exc:
+        log.error("%s; not registering with Orion Controller %s", exc, address)
+        return None
+    if not gpus:
+        log.warning("%s: no GPU to register with Orion Controller %s", why, address)
+        return None
+    try:
+        return ControllerLink(address, host, port, vgpu_count, gpus).start()
+    except ValueError as exc:  # a malformed controller address
+        log.error("%s; not registering with the Orion Controller", exc)
+        return None

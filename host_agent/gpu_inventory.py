@@ -1,0 +1,88 @@
+"""This host's GPUs as the controller wants them: uuid, name and total memory of each, read with cuda-python.
+
+oriond registers this list with the Orion Controller (controller_link.py). A host without libcuda or without a
+GPU has nothing to register; ``read()`` then returns no GPUs and the reason, for one log line.
+
+For tests only: ``ORION_TEST_GPU_INVENTORY`` names a JSON file ``[{"uuid", "name", "memory_mib"}, ...]`` used
+instead of the driver, so that a real oriond on a machine without a GPU (CI) can register a made-up inventory.
+It is not a deployment setting.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+TEST_INVENTORY_ENV = "ORION_TEST_GPU_INVENTORY"
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid, "name": self.name, "memory_mib": self.memory_mib}
+
+
+class InventoryError(Exception):
+    """The test inventory file is unreadable or malformed (one line saying which and how)."""
+
+
+def _uuid_text(raw: bytes) -> str:
+    """nvidia-smi's spelling of a CUDA device UUID: ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
+    h = raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _from_driver() -> tuple[list[GpuInfo], str]:
+    try:
+        from cuda.bindings import driver
+        (err,) = driver.cuInit(0)
+    except (ImportError, RuntimeError, OSError) as exc:  # no cuda-python, or no libcuda (DynamicLibNotFound)
+        return [], f"no CUDA driver on this host ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    if int(err) != 0:
+        return [], f"cuInit failed with {err}"
+    err, count = driver.cuDeviceGetCount()
+    if int(err) != 0 or count == 0:
+        return [], "the CUDA driver sees no GPU"
+    gpus = []
+    for ordinal in range(count):
+        _, device = driver.cuDeviceGet(ordinal)
+        _, name = driver.cuDeviceGetName(256, device)
+        _, uuid = driver.cuDeviceGetUuid(device)
+        _, total = driver.cuDeviceTotalMem(device)
+        gpus.append(GpuInfo(ordinal, _uuid_text(bytes(uuid.bytes)[:16]),
+                            name.split(b"\0", 1)[0].decode(errors="replace"), int(total) // (1 << 20)))
+    return gpus, ""
+
+
+def _from_file(path: str) -> list[GpuInfo]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            items = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise InventoryError(f"{TEST_INVENTORY_ENV}={path}: cannot read a JSON inventory ({exc})") from None
+    if not isinstance(items, list):
+        raise InventoryError(f"{TEST_INVENTORY_ENV}={path}: expected a JSON list of {{uuid, name, memory_mib}}")
+    gpus = []
+    for i, item in enumerate(items):
+        try:
+            gpus.append(GpuInfo(int(item.get("index", i)), str(item["uuid"]), str(item["name"]),
+                                int(item["memory_mib"])))
+        except (AttributeError, KeyError, TypeError, ValueError):
+            raise InventoryError(f"{TEST_INVENTORY_ENV}={path}: item {i} needs uuid, name and memory_mib "
+                                 f"(integer MiB)") from None
+    return gpus
+
+
+def read() -> tuple[list[GpuInfo], str]:
+    """(GPUs, why there are none): the test inventory if ORION_TEST_GPU_INVENTORY is set, else the driver's."""
+    path = os.environ.get(TEST_INVENTORY_ENV)
+    if path:
+        gpus = _from_file(path)
+        return gpus, "" if gpus else f"the test inventory {path} lists no GPU"
+    return _from_driver()

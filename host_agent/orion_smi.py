@@ -1,0 +1,103 @@
+"""`orion-smi`: the pool's vGPUs as the Orion Controller sees them, in the shape of Orion's orion-smi.
+
+Orion's tool (ORION-COMPAT.md §4.8) prints an nvidia-smi-like table: two rows per vGPU (host IP, then pGPU,
+vGPU, physical GPU name and Memory-Usage), then a process table. Ours reads the controller's JSON API, so it
+shows what the controller knows: every vGPU of every live host, and for each its reserved memory out of its
+share (a claimed vGPU: the allocation's memory; a free one: 0 of the default share, GPU memory / vgpu_count).
+The controller does not see processes, so the lower table lists allocations (id and client) where Orion's
+listed PIDs. Live per-process memory use is not reported (`N/A` columns stay `N/A`, as in Orion's).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from controller.client import ControllerClient, ControllerClientError
+from ivshmem.orion_conf import ConfigError
+
+from .config import DEFAULT_PATH, ServerConfig
+
+TIMEOUT_S = 5.0
+CELLS = (49, 22, 22)  # the widths between Orion's '|' separators
+WIDTH = sum(CELLS) + len(CELLS) + 1
+
+
+def _row(*cells: str) -> str:
+    return "|" + "|".join(c[:w].ljust(w) for c, w in zip(cells, CELLS, strict=True)) + "|"
+
+
+def _line(text: str) -> str:
+    return "| " + text[:WIDTH - 4].ljust(WIDTH - 4) + " |"
+
+
+def render(pool: dict[str, Any], allocations: list[dict[str, Any]], now: float) -> str:
+    """The table for one pool snapshot (``GET /api/v1/pool``) and its allocations (``GET /api/v1/allocations``)."""
+    claimed: dict[tuple[str, int, int], tuple[dict[str, Any], int]] = {}
+    for alloc in allocations:
+        for v in alloc.get("vgpus", []):
+            claimed[(alloc["host"], int(v["gpu"]), int(v["vgpu"]))] = (alloc, int(v["memory_mib"]))
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+    out = [_line(f"ORION-SMI 1.0            Time: {stamp}          CUDA Version: N/A"),
+           _row(" IP                vGPU Name        Persistence-M", " Bus-Id        Disp.A ",
+                " Volatile Uncorr. ECC "),
+           _row(" pGPU  vGPU        Physical GPU Name", "         Memory-Usage ",
+                " GPU-Util  Compute M. "),
+           "|" + "+".join("=" * w for w in CELLS) + "|"]
+    for host in pool.get("hosts", []):
+        for gpu in host.get("gpus", []):
+            share = int(gpu["memory_mib"]) // max(1, int(gpu["vgpu_count"]))
+            for slot in range(int(gpu["vgpu_count"])):
+                hit = claimed.get((host["host"], int(gpu["index"]), slot))
+                reserved, quota = (hit[1], hit[1]) if hit else (0, share)
+                out.append(_row(f" {host['address']:<17} {'Orion vGPU':<26}Off ", "  N/A             Off ",
+                                f"{'N/A':>21} "))
+                out.append(_row(f"  {gpu['index']:<5} {slot:<10} {gpu['name']}",
+                                f" {reserved:>5}MiB / {quota:>5}MiB  ", "   N/A        Default "))
+                out.append("+" + "+".join("-" * w for w in CELLS) + "+")
+    if not pool.get("hosts"):
+        out.append(_line("No GPU host is registered with the Orion Controller."))
+    out.append(_line(f"vGPUs: {pool.get('vgpus_total', 0)} total, {pool.get('vgpus_free', 0)} free"))
+    out.append("")
+    out.append(_line(f"{'Allocations:':<70}{'vGPU Memory':>20}"))
+    out.append(_line(f"{'IP':<16}{'pGPU':>4}  {'vGPU':>4}   {'Allocation ID':<37} {'Client':<16}{'Usage':>8}"))
+    for (_host, gpu_index, slot), (alloc, mib) in sorted(claimed.items()):
+        client = str(alloc.get("client") or "-")
+        out.append(_line(f"{alloc['address']:<16}{gpu_index:>4}  {slot:>4}   {alloc['id']:<37} {client[:16]:<16}"
+                         f"{mib:>5}MiB"))
+    if not claimed:
+        out.append(_line("No allocation."))
+    return "\n".join(out)
+
+
+def _address(explicit: str | None, config_path: str) -> str:
+    """--controller, else ORION_CONTROLLER, else server.conf's controller_addr, else Orion's default."""
+    if explicit:
+        return explicit
+    return ServerConfig.load(config_path).controller_addr
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="orion-smi", description="Show the vGPUs of the Orion Controller's pool")
+    parser.add_argument("--controller", metavar="HOST:PORT",
+                        help="the controller (default: ORION_CONTROLLER, else controller_addr of --config)")
+    parser.add_argument("--config", default=os.environ.get("ORION_SERVER_CONF", DEFAULT_PATH),
+                        help="server configuration to read controller_addr from (default %(default)s)")
+    args = parser.parse_args(argv)
+    try:
+        with ControllerClient(_address(args.controller, args.config), timeout_s=TIMEOUT_S) as client:
+            pool, allocations = client.pool(), client.allocations()
+    except (ConfigError, ValueError) as exc:
+        print(f"orion-smi: {exc}", file=sys.stderr)
+        return 2
+    except ControllerClientError as exc:
+        print(f"orion-smi: {exc.reason}", file=sys.stderr)
+        return 1
+    print(render(pool, allocations, time.time()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
