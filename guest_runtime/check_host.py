@@ -1,0 +1,117 @@
+"""What ``orion-check`` looks at on this machine: OS, GPUs, MPS, libvirt, Docker, the oriond process.
+
+Each probe runs a bounded command or reads /proc and /etc, and answers a plain value; orion_check.py prints
+them in Orion's layout. Standard library only (it ships in the ``orion-guest`` wheel with orion-check, and must
+work on a guest that has no GPU, no libvirt and no host-side package).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+COMMAND_TIMEOUT_S = 10.0
+
+
+def run(argv: list[str]) -> str | None:
+    """stdout of a command, or None if it is missing, fails or exceeds the timeout."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def os_name() -> str:
+    info = {}
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            key, _, value = line.partition("=")
+            info[key] = value.strip('"')
+    except OSError:
+        pass
+    return info.get("PRETTY_NAME", "unknown")
+
+
+def gpus() -> tuple[str, list[str]] | None:
+    """(driver version, GPU names) from nvidia-smi, or None when there is no NVIDIA driver here."""
+    out = run(["nvidia-smi", "--query-gpu=driver_version,gpu_name", "--format=csv,noheader"])
+    if not out:
+        return None
+    rows = [[part.strip() for part in line.split(",", 1)] for line in out.splitlines() if "," in line]
+    return (rows[0][0], [row[1] for row in rows]) if rows else None
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    user: str
+    argv: list[str]
+    environ: dict[str, str]
+
+    @property
+    def cmdline(self) -> str:
+        return " ".join(self.argv)
+
+    def config(self, default: Path) -> Path:
+        """The server.conf this oriond reads: its ``--config`` argument, else the default."""
+        argv = self.argv
+        return Path(argv[argv.index("--config") + 1]) if "--config" in argv[:-1] else default
+
+
+def _processes() -> list[tuple[int, list[str]]]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            found.append((int(entry.name), [a.decode(errors="replace") for a in argv if a]))
+    return found
+
+
+def mps_running() -> bool:
+    return any(argv and os.path.basename(argv[0]) == "nvidia-cuda-mps-control" for _, argv in _processes())
+
+
+def oriond() -> Process | None:
+    """The running oriond: the ``oriond`` script, or ``python -m host_agent.oriond``."""
+    for pid, argv in _processes():
+        names = [os.path.basename(a) for a in argv[:3]]
+        if "oriond" in names or "host_agent.oriond" in argv[:3]:
+            try:
+                import pwd
+                user = pwd.getpwuid(Path(f"/proc/{pid}").stat().st_uid).pw_name
+                raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except (OSError, KeyError):
+                user, raw = "unknown", []
+            env = dict(e.decode(errors="replace").partition("=")[::2] for e in raw if b"=" in e)
+            return Process(pid, user, argv, env)
+    return None
+
+
+def libvirt_qemu() -> bool:
+    """Orion's test: libvirtd runs and ``virsh version`` answers (its major-2 rule is dropped: any QEMU works)."""
+    running = any(argv and os.path.basename(argv[0]) == "libvirtd" for _, argv in _processes())
+    return running and run(["virsh", "version"]) is not None
+
+
+def docker() -> bool:
+    return run(["docker", "version"]) is not None
+
+
+def rdma() -> bool:
+    return Path("/dev/infiniband/rdma_cm").exists()
+
+
+def cuda_dirs() -> list[Path]:
+    return sorted(p for p in Path("/usr/local").glob("cuda*") if p.is_dir())
+
+
+def on_path(name: str) -> bool:
+    return shutil.which(name) is not None

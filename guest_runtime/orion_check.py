@@ -1,0 +1,150 @@
+"""``orion-check``: Orion's health check tool (ORION-COMPAT.md §6.2), against this project's components.
+
+``orion-check install {server|client|controller|all}`` prints the installation summary,
+``orion-check runtime server`` the GPU host's state (GPUs, MPS, oriond, its controller),
+``orion-check runtime client`` the controller this client would use (ORION_CONTROLLER, else
+``~/.orion/client.conf``, else ``/etc/orion/client.conf``, else 127.0.0.1:9123).
+
+It lives in guest_runtime, not on the host side, because Orion's client installer puts it into every VM and
+container; it therefore imports nothing from ``controller`` or ``host_agent`` (the orion-guest wheel forbids
+both) and speaks to the controller over its plain-text REST API. The exit status is 0 when every check that
+matters passed, 1 otherwise (the bash original always ended 0; a status is more useful to scripts).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from . import check_host
+from .check_controller import check_controller
+from .client_config import (
+    DEFAULT_ADDRESS,
+    ClientConfigError,
+    ControllerSetting,
+    config_file,
+    controller_setting,
+    read_conf,
+)
+
+SERVER_CONF = Path("/etc/orion/server.conf")
+HELP = """NAME: Orion Health Check Tool
+VERSION: v0.1
+USAGE:
+    orion-check install {server|client|controller|all}
+    orion-check runtime {server|client}
+    orion-check -h"""
+INSTALL_TARGETS = ("server", "client", "controller", "all")
+
+
+def _row(name: str, ok: bool | str, out: TextIO) -> None:
+    value = ok if isinstance(ok, str) else ("Yes" if ok else "No")
+    print(f"{name + ' :':<40} [{value}]", file=out)
+
+
+def install(target: str, out: TextIO) -> int:
+    print("===============================================", file=out)
+    print("Installation summaries :", file=out)
+    print(file=out)
+    _row("OS", check_host.os_name(), out)
+    if target in ("server", "all"):
+        _row("RDMA", check_host.rdma(), out)
+        _row("CUDA", bool(check_host.cuda_dirs()), out)
+        _row("NVIDIA GPU", check_host.gpus() is not None, out)
+        _row("NVIDIA CUDA MPS", "ON" if check_host.mps_running() else "OFF", out)
+        _row("QEMU-KVM environment", check_host.libvirt_qemu(), out)
+        _row("Docker container environment", check_host.docker(), out)
+        _row("Orion Server binary", check_host.on_path("oriond"), out)
+    if target in ("client", "all"):
+        _row("Orion client runtime", True, out)  # this very module is part of it
+    if target in ("controller", "all"):
+        _row("etcd", check_host.on_path("etcd"), out)
+        _row("Orion Controller binary", check_host.on_path("orion-controller"), out)
+    return 0
+
+
+def _gpu_section(out: TextIO) -> bool:
+    print("Searching NVIDIA GPU ...", file=out)
+    found = check_host.gpus()
+    if found is None:
+        print("[Error] No NVIDIA GPU driver is found (nvidia-smi does not answer).", file=out)
+        return False
+    driver, names = found
+    print(f"CUDA driver {driver}", file=out)
+    print(f"{driver} is installed.", file=out)
+    print(f"{len(names)} NVIDIA GPU{'s are' if len(names) != 1 else ' is'} found :", file=out)
+    for i, name in enumerate(names):
+        print(f"    {i} : {name}", file=out)
+    return True
+
+
+def runtime_server(out: TextIO) -> int:
+    ok = _gpu_section(out)
+    print(file=out)
+    print("Checking NVIDIA MPS ...", file=out)
+    print(f"NVIDIA CUDA MPS is {'on' if check_host.mps_running() else 'off'}.", file=out)
+    print(file=out)
+    print("Checking Orion Server status ...", file=out)
+    proc = check_host.oriond()
+    conf_path = proc.config(SERVER_CONF) if proc is not None else SERVER_CONF
+    server = read_conf(conf_path).get("server", {})
+    if proc is None:
+        print("Orion Server is not running.", file=out)
+        ok = False
+    else:
+        print(f"Orion Server is running with Linux user   : {proc.user}", file=out)
+        print(f"Orion Server is running with command line : {proc.cmdline}", file=out)
+    yes = {"true": "Yes", "false": "No"}
+    print(f"{'Enable SHM':<40}[{yes.get(server.get('enable_shm', 'true'), 'No')}]", file=out)
+    print(f"{'Enable RDMA':<40}[{yes.get(server.get('enable_rdma', 'false'), 'No')}]", file=out)
+    print(f"{'Enable Local QEMU-KVM with SHM':<40}[{yes.get(server.get('enable_kvm', 'false'), 'No')}]", file=out)
+    print(f"{'Binding IP Address :':<40}{server.get('bind_addr', '127.0.0.1')}", file=out)
+    print(f"{'Listening Port :':<40}{server.get('listen_port', '9960')}", file=out)
+    print(file=out)
+    print("Checking Orion Controller status ...", file=out)
+    env = proc.environ if proc is not None else {}
+    try:
+        setting = (controller_setting(env, files=(conf_path,))
+                   or ControllerSetting(DEFAULT_ADDRESS, str(conf_path)))
+    except ClientConfigError as exc:
+        print(f"[Error] {exc}", file=out)
+        return 1
+    return 0 if check_controller(setting, out) and ok else 1
+
+
+def runtime_client(out: TextIO) -> int:
+    conf = config_file()
+    if conf is not None:
+        print(f"Using Orion Controller configuration in {conf}", file=out)
+        print(file=out)
+    try:
+        setting = controller_setting() or ControllerSetting(DEFAULT_ADDRESS, "default")
+    except ClientConfigError as exc:
+        print(f"[Error] {exc}", file=out)
+        return 1
+    return 0 if check_controller(setting, out) else 1
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    out = out or sys.stdout
+    if args and args[0] in ("-h", "--help", "help"):
+        print(HELP, file=out)
+        return 0
+    if len(args) < 2:
+        print("Invalid usage for Orion Health Check Tool.", file=out)
+        print(HELP, file=out)
+        return 1
+    if len(args) == 2 and args[0] == "install" and args[1] in INSTALL_TARGETS:
+        return install(args[1], out)
+    if args == ["runtime", "server"]:
+        return runtime_server(out)
+    if args == ["runtime", "client"]:
+        return runtime_client(out)
+    print("Invalid parameters.", file=out)
+    print(HELP, file=out)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
