@@ -1,0 +1,59 @@
+"""Where the guest runtime and orion-check find the controller: ORION_CONTROLLER, then ~/.orion/client.conf,
+then /etc/orion/client.conf (ORION-COMPAT.md §4.5), read from real files in a temporary directory."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from guest_runtime.allocation import AllocationError, wanted_request
+from guest_runtime.client_config import ClientConfigError, config_file, controller_setting, read_conf
+
+
+def conf(path: Path, address: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"; Orion client\n[client-shm]\n    shm_path_base = /dev/shm\n[controller]\n"
+                    f"    controller_addr = {address}\n")
+    return path
+
+
+def test_env_beats_the_users_file_which_beats_the_systems(tmp_path: Path) -> None:
+    user, system = conf(tmp_path / "home/.orion/client.conf", "10.0.0.2:9123"), conf(tmp_path / "etc", "10.0.0.3:9123")
+    files = (user, system)
+    assert controller_setting({"ORION_CONTROLLER": "10.0.0.1:9123"}, files).address == "10.0.0.1:9123"
+    setting = controller_setting({}, files)
+    assert setting is not None and (setting.address, setting.source) == ("10.0.0.2:9123", str(user))
+    assert controller_setting({}, (tmp_path / "missing", system)).address == "10.0.0.3:9123"  # type: ignore[union-attr]
+    assert controller_setting({}, (tmp_path / "missing",)) is None
+    assert config_file({}, files) == user and config_file({}, (tmp_path / "missing", system)) == system
+
+
+def test_home_locates_the_users_file(tmp_path: Path) -> None:
+    conf(tmp_path / ".orion/client.conf", "10.0.0.9:9123")
+    setting = controller_setting({"HOME": str(tmp_path)})
+    assert setting is not None and setting.address == "10.0.0.9:9123"
+
+
+def test_quotes_and_indentation_are_orions_syntax(tmp_path: Path) -> None:
+    path = tmp_path / "c.conf"
+    path.write_text('[controller]\n\tcontroller_addr = "1.2.3.4:9123"\n# controller_addr = 9.9.9.9:1\n')
+    assert read_conf(path)["controller"] == {"controller_addr": "1.2.3.4:9123"}
+
+
+@pytest.mark.parametrize("bad", ["nowhere", "1.2.3.4", "1.2.3.4:port"])
+def test_a_malformed_address_is_named_not_skipped(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(ClientConfigError, match="ORION_CONTROLLER is .*expected HOST:PORT"):
+        controller_setting({"ORION_CONTROLLER": bad}, ())
+    path = conf(tmp_path / "c.conf", bad)
+    with pytest.raises(ClientConfigError, match=f"controller_addr in {path}"):
+        controller_setting({}, (path, conf(tmp_path / "ok.conf", "1.2.3.4:9123")))
+
+
+def test_orion_vgpu_and_gmem() -> None:
+    assert wanted_request({}) is None
+    assert wanted_request({"ORION_GMEM": "4000"}) is None  # ORION_VGPU has no default
+    assert wanted_request({"ORION_VGPU": "2"}) == (2, None)
+    assert wanted_request({"ORION_VGPU": "2", "ORION_GMEM": "12000"}) == (2, 12000)
+    for env in ({"ORION_VGPU": "0"}, {"ORION_VGPU": "x"}, {"ORION_VGPU": "1", "ORION_GMEM": "-5"}):
+        with pytest.raises(AllocationError, match="is not a positive whole number"):
+            wanted_request(env)
