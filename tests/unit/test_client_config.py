@@ -20,10 +20,12 @@ def conf(path: Path, address: str) -> Path:
 def test_env_beats_the_users_file_which_beats_the_systems(tmp_path: Path) -> None:
     user, system = conf(tmp_path / "home/.orion/client.conf", "10.0.0.2:9123"), conf(tmp_path / "etc", "10.0.0.3:9123")
     files = (user, system)
-    assert controller_setting({"ORION_CONTROLLER": "10.0.0.1:9123"}, files).address == "10.0.0.1:9123"
+    env = controller_setting({"ORION_CONTROLLER": "10.0.0.1:9123"}, files)
+    assert env is not None and env.address == "10.0.0.1:9123" and env.from_env
     setting = controller_setting({}, files)
     assert setting is not None and (setting.address, setting.source) == ("10.0.0.2:9123", str(user))
-    assert controller_setting({}, (tmp_path / "missing", system)).address == "10.0.0.3:9123"  # type: ignore[union-attr]
+    fallback = controller_setting({}, (tmp_path / "missing", system))
+    assert fallback is not None and fallback.address == "10.0.0.3:9123"
     assert controller_setting({}, (tmp_path / "missing",)) is None
     assert config_file({}, files) == user and config_file({}, (tmp_path / "missing", system)) == system
 
