@@ -51,7 +51,6 @@ class ControllerLink:
 
     def _register(self) -> float:
         """Register and learn the lease's TTL; the interval until the next heartbeat."""
-        log.info("Connecting to Orion Controller %s", self.address)
         self._client.register_host(self.host, [g.as_json() for g in self.gpus], port=self.port,
                                    vgpu_count=self.vgpu_count, address=self.host)
         ttl = self._client.heartbeat(self.host)
@@ -66,6 +65,7 @@ class ControllerLink:
         backoff = BACKOFF_FIRST_S
         warned = False
         wait = 0.0
+        log.info("Connecting to Orion Controller %s", self.address)
         while not self._stop.wait(wait):
             try:
                 if not self.registered:

@@ -1,0 +1,85 @@
+"""A real oriond process for the controller tests: its own server.conf, region dir and (made-up) GPU inventory.
+
+No GPU is needed: the inventory comes from ORION_TEST_GPU_INVENTORY (host_agent/gpu_inventory.py, a test-only
+override) and the region dir is empty, so oriond registers and heartbeats but never opens a CUDA session.
+Every wait is bounded; ``stop`` never hangs (SIGINT, then SIGKILL).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.controller.rig import REPO
+from tests.processes import stop_process
+
+WAIT_S = 30.0  # a bound on waiting for something to happen; never a measured time
+
+
+def _stop_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: no orphan if pytest dies
+
+
+def until(condition: Callable[[], object], what: str, log: Callable[[], str] = lambda: "") -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {WAIT_S} s\n{log()}"
+        time.sleep(0.05)
+
+
+class Oriond:
+    def __init__(self, tmp: Path, bind_addr: str, controller: str | None, gpus: list[dict[str, object]] | None,
+                 vgpu_count: int = 4, listen_port: int = 9960) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.shm = tmp / "shm"
+        self.shm.mkdir(exist_ok=True)
+        self.conf = tmp / "server.conf"
+        text = (f"[server]\n    bind_addr = {bind_addr}\n    listen_port = {listen_port}\n"
+                f"    vgpu_count = {vgpu_count}\n[server-shm]\n    shm_path_base = \"{self.shm}/\"\n")
+        if controller:
+            text += f"[controller]\n\tcontroller_addr = {controller}\n"
+        self.conf.write_text(text)
+        self.inventory: Path | None = None
+        if gpus is not None:
+            self.inventory = tmp / "inventory.json"
+            self.inventory.write_text(json.dumps(gpus))
+        self.pid_file = tmp / "oriond.pid"
+        self.log_path = tmp / "oriond.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Oriond:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+        env["PYTHONPATH"] = str(REPO)
+        if self.inventory is not None:
+            env["ORION_TEST_GPU_INVENTORY"] = str(self.inventory)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "host_agent.oriond", "--config", str(self.conf), "--pid-file",
+                 str(self.pid_file)], cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_stop_with_parent)
+        return self
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: oriond cannot unregister, so only the host lease takes it out of the pool."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        return None if self.proc is None else stop_process(self.proc, 20)
