@@ -215,9 +215,16 @@ class Domain:
                           self.dom.attachDeviceFlags, shmem_xml(index, size_mib), self.flag(scope))
 
     def request_detach(self, index: int, scope: str) -> None:
-        """Remove our device from the definition; for the running domain this only asks the guest (ACPI)."""
-        self.gateway.call(f"detach {region_name(index)} from the {_where(scope)} of {self.name}",
-                          self.dom.detachDeviceAlias, shmem_alias(index), self.flag(scope))
+        """Remove our device from the definition; for the running domain this only asks the guest (ACPI).
+
+        A guest can finish an earlier eject between our read of the XML and this call; libvirt then answers
+        'no device found with alias': the device is gone, which is what was asked."""
+        try:
+            self.gateway.call(f"detach {region_name(index)} from the {_where(scope)} of {self.name}",
+                              self.dom.detachDeviceAlias, shmem_alias(index), self.flag(scope))
+        except Refused:
+            if self.state(scope, index).device_size_mib is not None:
+                raise
 
     def wait_released(self, index: int, timeout_s: float) -> bool:
         """True once our live device is gone (or the domain stopped) within `timeout_s`."""
