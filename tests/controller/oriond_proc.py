@@ -12,25 +12,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from tests.controller.rig import REPO
 from tests.processes import stop_process
 
-WAIT_S = 30.0  # a bound on waiting for something to happen; never a measured time
-
 
 def _stop_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: no orphan if pytest dies
 
-
-def until(condition: Callable[[], object], what: str, log: Callable[[], str] = lambda: "") -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {WAIT_S} s\n{log()}"
-        time.sleep(0.05)
 
 
 class Oriond:

@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.processes import stop_process
@@ -27,6 +28,16 @@ from tests.processes import stop_process
 REPO = Path(__file__).resolve().parents[2]
 ETCD_READY_TIMEOUT_S = 20.0
 CONTROLLER_READY_TIMEOUT_S = 30.0
+WAIT_S = 30.0  # a bound on waiting for something to happen; never a measured time
+
+
+def wait_until(what: str, predicate: Callable[[], object], timeout: float = WAIT_S,
+               log: Callable[[], str] = lambda: "") -> None:
+    """Poll `predicate` until it is true; fail naming `what` (and showing `log()`) after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} (gave up waiting after {timeout} s)\n{log()}"
+        time.sleep(0.05)
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from controller.client import ControllerClient, ControllerClientError
-from tests.controller.rig import ControllerProcess, call
+from tests.controller.rig import ControllerProcess, call, wait_until
 from tests.processes import stop_process
 
 pytestmark = pytest.mark.functional
@@ -24,14 +24,6 @@ SHORT = ["--lease-ttl", "2", "--host-ttl", "2"]
 EXPIRY_BOUND_S = 20.0  # a 2 s lease is gone well within this (etcd checks expiry every 500 ms)
 CLIENT_SCRIPT = Path(__file__).with_name("lease_client.py")
 
-
-def wait_until(what: str, predicate: Callable[[], bool], timeout: float = EXPIRY_BOUND_S) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
 def gone(client: ControllerClient, alloc_id: str) -> bool:

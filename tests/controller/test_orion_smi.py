@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from controller.client import ControllerClient
-from tests.controller.oriond_proc import Oriond, until
-from tests.controller.rig import REPO, ControllerProcess, free_port
+from tests.controller.oriond_proc import Oriond
+from tests.controller.rig import REPO, ControllerProcess, free_port, wait_until
 
 GPU = {"uuid": "GPU-0c0c0c0c-1111-2222-3333-444444444444", "name": "Tesla P100-PCIE-16GB", "memory_mib": 16000}
 
@@ -28,7 +28,7 @@ def test_orion_smi_shows_every_vgpu_of_an_oriond_host_with_used_and_free(
                    vgpu_count=2).start()
     try:
         with ControllerClient(ctl.address) as client:
-            until(lambda: client.pool()["hosts"], "oriond did not register", agent.log)
+            wait_until("oriond did not register", lambda: client.pool()["hosts"], log=agent.log)
             alloc = client.allocate(1, 6740, ttl_s=600, client="python3")
         out = smi("--controller", ctl.address)
         assert out.returncode == 0 and out.stderr == "", out.stderr

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from controller.client import ControllerClient
-from tests.controller.oriond_proc import Oriond, until
-from tests.controller.rig import ControllerProcess, free_port
+from tests.controller.oriond_proc import Oriond
+from tests.controller.rig import ControllerProcess, free_port, wait_until
 
 GPUS = [{"uuid": "GPU-0a0a0a0a-1111-2222-3333-444444444444", "name": "Tesla P100-PCIE-16GB", "memory_mib": 16280},
         {"uuid": "GPU-0b0b0b0b-1111-2222-3333-444444444444", "name": "Tesla V100-SXM2-32GB", "memory_mib": 32510}]
@@ -49,12 +49,12 @@ def test_oriond_registers_its_gpus_heartbeats_and_a_killed_one_leaves_after_the_
         controllers: Callable[..., ControllerProcess], oriond: Callable[..., Oriond]) -> None:
     ctl = controllers(extra=["--host-ttl", str(HOST_TTL_S)])
     agent = oriond("127.0.0.21", ctl.address, GPUS, vgpu_count=2, listen_port=9970)
-    until(lambda: "127.0.0.21" in hosts(ctl), "oriond did not register", agent.log)
+    wait_until("oriond did not register", lambda: "127.0.0.21" in hosts(ctl), log=agent.log)
     host = hosts(ctl)["127.0.0.21"]
     assert (host["address"], host["port"], host["vgpus_total"]) == ("127.0.0.21", 9970, 4)
     assert [(g["index"], g["uuid"], g["name"], g["memory_mib"], g["vgpu_count"]) for g in host["gpus"]] == [
         (i, g["uuid"], g["name"], g["memory_mib"], 2) for i, g in enumerate(GPUS)]
-    until(lambda: "is reported to Orion Controller" in agent.log(), "no report line", agent.log)
+    wait_until("no report line", lambda: "is reported to Orion Controller" in agent.log(), log=agent.log)
     assert f"{GPUS[1]['name']} (ID: {GPUS[1]['uuid']}) is reported to Orion Controller." in agent.log()
 
     time.sleep(3 * HOST_TTL_S)  # three lease lifetimes: only heartbeats can have kept the host
@@ -62,7 +62,7 @@ def test_oriond_registers_its_gpus_heartbeats_and_a_killed_one_leaves_after_the_
     assert agent.log().count("Successfully connect to Orion Controller.") == 1, "the lease lapsed: re-registered"
 
     agent.kill()
-    until(lambda: "127.0.0.21" not in hosts(ctl), "a killed oriond's host stayed in the pool", ctl.log)
+    wait_until("a killed oriond's host stayed in the pool", lambda: "127.0.0.21" not in hosts(ctl), log=ctl.log)
     assert "Unregister" not in agent.log()
 
 
@@ -70,7 +70,7 @@ def test_a_cleanly_stopped_oriond_unregisters_at_once(controllers: Callable[...,
                                                       oriond: Callable[..., Oriond]) -> None:
     ctl = controllers(extra=["--host-ttl", "600"])  # only the unregister can remove it during this test
     agent = oriond("127.0.0.22", ctl.address, GPUS[:1])
-    until(lambda: "127.0.0.22" in hosts(ctl), "oriond did not register", agent.log)
+    wait_until("oriond did not register", lambda: "127.0.0.22" in hosts(ctl), log=agent.log)
     assert agent.stop() == 0, agent.log()
     assert "127.0.0.22" not in hosts(ctl)
     assert "Unregister Orion Server from Orion Controller" in agent.log()
@@ -80,9 +80,10 @@ def test_an_unreachable_controller_costs_one_warning_and_oriond_registers_when_i
         controllers: Callable[..., ControllerProcess], oriond: Callable[..., Oriond]) -> None:
     port = free_port()
     agent = oriond("127.0.0.23", f"127.0.0.1:{port}", GPUS[:1])
-    until(lambda: "cannot reach the Orion Controller" in agent.log(), "no warning about the controller", agent.log)
+    wait_until("no warning about the controller", lambda: "cannot reach the Orion Controller" in agent.log(),
+               log=agent.log)
     ctl = controllers(port=port, extra=["--host-ttl", "600"])
-    until(lambda: "127.0.0.23" in hosts(ctl), "oriond did not register once the controller started", agent.log)
+    wait_until("oriond did not register once the controller started", lambda: "127.0.0.23" in hosts(ctl), log=agent.log)
     assert agent.alive()
     log = agent.log()
     assert log.count("cannot reach the Orion Controller") == 1, log
@@ -93,7 +94,7 @@ def test_an_unreachable_controller_costs_one_warning_and_oriond_registers_when_i
 
 def test_without_a_configured_controller_oriond_talks_to_none(oriond: Callable[..., Oriond]) -> None:
     agent = oriond("127.0.0.24", None, GPUS)
-    until(lambda: "serving SHM regions" in agent.log(), "oriond did not start", agent.log)
+    wait_until("oriond did not start", lambda: "serving SHM regions" in agent.log(), log=agent.log)
     assert agent.stop() == 0
     assert "Controller" not in agent.log()
 
@@ -106,7 +107,7 @@ def test_a_host_without_gpus_registers_nothing_and_says_so_once(
         pytest.skip("this host has a GPU")
     ctl = controllers()
     agent = oriond("127.0.0.25", ctl.address, None)
-    until(lambda: "no GPU to register" in agent.log(), "no line about the missing GPU", agent.log)
+    wait_until("no line about the missing GPU", lambda: "no GPU to register" in agent.log(), log=agent.log)
     assert agent.alive()
     assert agent.stop() == 0
     assert agent.log().count("no GPU to register") == 1
@@ -117,7 +118,7 @@ def test_a_malformed_test_inventory_is_one_error_line_and_oriond_keeps_serving(
         controllers: Callable[..., ControllerProcess], oriond: Callable[..., Oriond]) -> None:
     ctl = controllers()
     agent = oriond("127.0.0.26", ctl.address, [{"uuid": "GPU-x", "name": "no memory"}])
-    until(lambda: "needs uuid, name and memory_mib" in agent.log(), "no error about the inventory", agent.log)
+    wait_until("no error about the inventory", lambda: "needs uuid, name and memory_mib" in agent.log(), log=agent.log)
     assert agent.alive()
     assert agent.stop() == 0
     assert "Traceback" not in agent.log() and hosts(ctl) == {}

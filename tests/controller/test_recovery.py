@@ -16,20 +16,12 @@ from typing import Any
 import pytest
 
 from controller.client import ControllerClient, ControllerClientError
-from tests.controller.rig import ControllerProcess, EtcdServer, call
+from tests.controller.rig import ControllerProcess, EtcdServer, call, wait_until
 
 pytestmark = pytest.mark.functional
 
 BOUND_S = 30.0
 
-
-def wait_until(what: str, predicate: Callable[[], bool], timeout: float = BOUND_S) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
 def used_slots(client: ControllerClient) -> set[tuple[str, int, int]]:
