@@ -33,7 +33,7 @@ def install_runtime() -> None:
         pth.write(f"{SHARE}\n{os.path.join(SHARE, 'site')}\n{autoload}")
 
 
-def run(argv: list, env: dict = None) -> subprocess.CompletedProcess:
+def run(argv: list, env: dict | None = None) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what the .pth gives
     environment.update(env or {})
     try:

@@ -24,6 +24,7 @@ from pathlib import Path
 from host_agent import pidfile
 from ivshmem.orion_conf import ShmSettings
 from ivshmem.region import region_path
+from tests.processes import stop_process
 
 from .libvirt_guest import LibvirtGuest, LibvirtGuestError, start_system_agent
 
@@ -50,15 +51,8 @@ def start_agent() -> subprocess.Popen[bytes] | None:
 
 
 def stop_agent(agent: subprocess.Popen[bytes] | None) -> None:
-    if agent is None:
-        return
-    agent.terminate()
-    try:
-        agent.wait(30)
-    except subprocess.TimeoutExpired:
-        agent.kill()
-        agent.wait()
-    say(f"stopped the oriond it started (exit {agent.returncode})")
+    if agent is not None:
+        say(f"stopped the oriond it started (exit {stop_process(agent)})")
 
 
 def free_index(directory: str) -> int:
