@@ -116,8 +116,10 @@ class ControllerClient:
 
     # allocations
     def allocate(self, vgpus: int, memory_mib: int | None = None, ttl_s: int | None = None,
-                 client: str = "") -> dict[str, Any]:
+                 client: str = "", host: str = "") -> dict[str, Any]:
         body: dict[str, Any] = {"vgpus": vgpus}
+        if host:
+            body["host"] = host
         if memory_mib is not None:
             body["memory_mib"] = memory_mib
         if ttl_s is not None:
@@ -135,8 +137,9 @@ class ControllerClient:
     def keepalive(self, alloc_id: str) -> int:
         return int(self._json("POST", f"/api/v1/allocations/{quote(alloc_id)}/keepalive")["ttl_s"])
 
-    def confirm(self, alloc_id: str) -> dict[str, Any]:
-        return self._json("POST", f"/api/v1/allocations/{quote(alloc_id)}/confirm")
+    def confirm(self, alloc_id: str, host: str = "") -> dict[str, Any]:
+        """Take the allocation up on ``host`` (409 wrong_host if it was granted elsewhere)."""
+        return self._json("POST", f"/api/v1/allocations/{quote(alloc_id)}/confirm", {"host": host} if host else None)
 
     def release(self, alloc_id: str) -> None:
         self._json("DELETE", f"/api/v1/allocations/{quote(alloc_id)}")

@@ -41,6 +41,13 @@ class Unsatisfiable(ControllerError):
         self.code = code
 
 
+class WrongHost(ControllerError):
+    """An oriond tried to take up an allocation granted on another host."""
+
+    status = 409
+    code = "wrong_host"
+
+
 class Contention(ControllerError):
     """Other controllers kept winning the same vGPUs until our bounded retries ran out; retrying is safe."""
 

@@ -234,7 +234,7 @@ async def _allocate(request: web.Request, req: payloads.AllocationRequest, group
     metrics = request.app[METRICS]
     try:
         alloc = await blocking(request, request.app[POOL].allocate, req.count, req.memory_mib, req.ttl_s,
-                               req.client, group_id)
+                               req.client, group_id, req.host)
     except ControllerError as exc:
         metrics.allocation_requests.labels(exc.code).inc()
         raise
@@ -267,7 +267,8 @@ async def api_keepalive(request: web.Request) -> web.Response:
 
 async def api_confirm(request: web.Request) -> web.Response:
     alloc_id = payloads.name(request.match_info["alloc"], "allocation id")
-    alloc = await blocking(request, request.app[POOL].confirm, alloc_id)
+    host = payloads.confirmation_host(await _json_body(request)) if request.can_read_body else ""
+    alloc = await blocking(request, request.app[POOL].confirm, alloc_id, host)
     return web.json_response(alloc.to_dict())
 
 

@@ -2,7 +2,8 @@
 
 Rules (docs/controller.md repeats them for users):
 
-* All N vGPUs come from one host (Orion's rule: a request is served by one server).
+* All N vGPUs come from one host (Orion's rule: a request is served by one server), the named one if the
+  request names it (a guest whose channel is that host's region can use no other).
 * A GPU can take another vGPU while it has a free slot (it is carved into ``vgpu_count``) and the memory its
   live claims leave is at least M. Without M, a vGPU on a GPU gets that GPU's memory / vgpu_count (Orion's
   default ORION_GMEM).
@@ -22,7 +23,7 @@ concurrency: pool.py makes the placement a transaction that fails if the GPUs it
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.errors import Unsatisfiable
 from controller.model import GpuUsage, HostUsage, PoolView
@@ -92,8 +93,15 @@ def place_on_host(host: HostUsage, count: int, memory_mib: int | None, salt: str
     return Placement(host, tuple(slots))
 
 
-def place(pool: PoolView, count: int, memory_mib: int | None, salt: str = "") -> Placement:
-    """Where ``count`` vGPUs of ``memory_mib`` MiB (None: each GPU's default) go; Unsatisfiable says why not."""
+def place(pool: PoolView, count: int, memory_mib: int | None, salt: str = "", only_host: str = "") -> Placement:
+    """Where ``count`` vGPUs of ``memory_mib`` MiB (None: each GPU's default) go, on ``only_host`` if named;
+    Unsatisfiable says why not."""
+    if only_host:
+        hosts = [h for h in pool.hosts if h.host.name == only_host]
+        if not hosts:
+            raise Unsatisfiable("host_unknown", f"host {only_host} is not in the pool: its oriond is not running, "
+                                                f"has no GPU, or reports to another controller (controller_addr)")
+        pool = replace(pool, hosts=tuple(hosts))
     options = [p for p in (place_on_host(h, count, memory_mib, salt) for h in pool.hosts) if p is not None]
     if options:
         return min(options, key=lambda p: (p.gpu_count, p.host.vgpus_free, _tiebreak(salt, p.host.host.name),

@@ -29,6 +29,7 @@ class AllocationRequest:
     memory_mib: int | None
     ttl_s: int | None
     client: str = ""
+    host: str = ""  # only this host (a guest whose channel is one host's region); "" = any host
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,26 @@ def name(value: str, what: str) -> str:
 
 
 def allocation_request(data: Mapping[str, Any]) -> AllocationRequest:
-    """JSON API: ``{"vgpus": N, "memory_mib": M?, "ttl_s": T?, "client": "..."?}``."""
-    unknown = set(data) - {"vgpus", "memory_mib", "ttl_s", "client"}
+    """JSON API: ``{"vgpus": N, "memory_mib": M?, "ttl_s": T?, "client": "..."?, "host": "..."?}``."""
+    unknown = set(data) - {"vgpus", "memory_mib", "ttl_s", "client", "host"}
     if unknown:
-        raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}; allowed: vgpus, memory_mib, ttl_s, client")
+        raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}; allowed: vgpus, memory_mib, ttl_s, "
+                         f"client, host")
     count = integer(data, "vgpus", 1, MAX_VGPUS)
     assert count is not None
+    host = text(data, "host", required=False)
     return AllocationRequest(count, integer(data, "memory_mib", 1, MAX_MEMORY_MIB, required=False),
                              integer(data, "ttl_s", 1, MAX_TTL_S, required=False),
-                             text(data, "client", required=False))
+                             text(data, "client", required=False), name(host, "host") if host else "")
+
+
+def confirmation_host(data: Mapping[str, Any]) -> str:
+    """JSON API confirm: an optional ``{"host": "..."}``, the host whose oriond takes the allocation up."""
+    unknown = set(data) - {"host"}
+    if unknown:
+        raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}; allowed: host")
+    host = text(data, "host", required=False)
+    return name(host, "host") if host else ""
 
 
 def orion_service_query(query: Mapping[str, str]) -> AllocationRequest:

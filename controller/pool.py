@@ -31,7 +31,7 @@ from typing import TypeVar, cast
 
 from pyetcd.utils import prefix_range_end
 
-from controller.errors import Contention, NotFound
+from controller.errors import Contention, NotFound, WrongHost
 from controller.keys import Keys
 from controller.model import Allocation, Claim, Gpu, GpuUsage, Host, HostUsage, PoolView, VgpuGrant, dumps
 from controller.packing import Placement, place
@@ -203,14 +203,15 @@ class GpuPool:
 
     # ------------------------------------------------------------------ allocations
     def allocate(self, count: int, memory_mib: int | None, ttl_s: int | None = None, client: str = "",
-                 group_id: str = "") -> Allocation:
-        """Claim ``count`` vGPUs of ``memory_mib`` (None: each GPU's default) on one host, under a new lease.
+                 group_id: str = "", host: str = "") -> Allocation:
+        """Claim ``count`` vGPUs of ``memory_mib`` (None: each GPU's default) on one host (``host`` if named),
+        under a new lease.
 
         Raises Unsatisfiable (why the pool cannot), EtcdUnavailable, or Contention after bounded retries.
         """
         pending = self.store.grant_started(ttl_s or self.lease_ttl_s)
         try:
-            alloc = self._claim(count, memory_mib, pending, client, group_id)
+            alloc = self._claim(count, memory_mib, pending, client, group_id, host)
         except BaseException:
             self._revoke_quietly(pending)
             raise
@@ -218,13 +219,13 @@ class GpuPool:
         return alloc
 
     def _claim(self, count: int, memory_mib: int | None, pending: PendingLease, client: str,
-               group_id: str) -> Allocation:
+               group_id: str, host: str) -> Allocation:
         deadline = time.monotonic() + CLAIM_DEADLINE_S
         alloc_id = str(uuid.uuid4())
         for attempt in range(CLAIM_ATTEMPTS):
             with self._claim_lock:
                 view = self.view()
-                placement = place(view, count, memory_mib, self.tiebreak_salt)
+                placement = place(view, count, memory_mib, self.tiebreak_salt, host)
                 lease, ttl = pending.result()
                 alloc = self._allocation(alloc_id, placement, lease, ttl, client, group_id)
                 if self._commit(view, placement, alloc):
@@ -269,14 +270,18 @@ class GpuPool:
             raise NotFound(f"allocation {alloc_id}'s lease has expired; its vGPUs are back in the pool")
         return ttl
 
-    def confirm(self, alloc_id: str) -> Allocation:
-        """Mark an allocation as taken up by its host's oriond; from now on that host's heartbeats keep it."""
+    def confirm(self, alloc_id: str, host: str = "") -> Allocation:
+        """Mark an allocation as taken up by its host's oriond; from now on that host's heartbeats keep it.
+        ``host``, if given, is the confirming oriond's host: WrongHost if the vGPUs are on another."""
         k, t = self.keys, self.store.txn
         for _ in range(CLAIM_ATTEMPTS):
             entry = self.store.get(k.allocation(alloc_id))
             if entry is None:
                 raise NotFound(f"allocation {alloc_id} does not exist (released or expired); request a new one")
             alloc = Allocation.from_json(entry.value)
+            if host and host != alloc.host:
+                raise WrongHost(f"allocation {alloc_id} was granted on host {alloc.host}, not {host}; the client "
+                                f"must reach {alloc.host}'s oriond, or ask for vGPUs on {host}")
             confirmed = replace(alloc, confirmed=True)
             ok, _ = self.store.transaction(
                 [t.mod(k.allocation(alloc_id)) == entry.mod_revision],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.client import ControllerClient
+from controller.client import ControllerClient, ControllerClientError
 from tests.controller.rig import REPO, ControllerProcess, EtcdServer, call, free_port
 
 pytestmark = pytest.mark.functional
@@ -94,7 +94,11 @@ def test_json_api_flow(controllers: Callable[..., ControllerProcess]) -> None:
     assert client.allocation(alloc["id"]) == alloc
     assert [a["id"] for a in client.allocations()] == [alloc["id"]]
     assert client.keepalive(alloc["id"]) > 0
-    assert client.confirm(alloc["id"])["confirmed"] is True
+    with pytest.raises(ControllerClientError) as exc:
+        client.confirm(alloc["id"], host="gpu-host-2")
+    assert (exc.value.status, exc.value.code) == (409, "wrong_host")
+    assert "granted on host gpu-host-1" in exc.value.reason
+    assert client.confirm(alloc["id"], host="gpu-host-1")["confirmed"] is True
     assert client.pool()["vgpus_free"] == 6
     client.release(alloc["id"])
     assert client.pool()["vgpus_free"] == 8

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.errors import NotFound, Unsatisfiable
+from controller.errors import NotFound, Unsatisfiable, WrongHost
 from controller.model import Allocation
 from controller.pool import GpuPool, GpuSpec
 
@@ -162,3 +162,26 @@ def test_a_controllers_tiebreak_salt_changes_only_exact_ties(pool: GpuPool) -> N
     assert (second.host, on_gpus(second)) == (first.host, on_gpus(first))
     big = salted[1].allocate(4, 15000)  # fewest GPUs still rules: four idle GPUs of the other host
     assert big.host != first.host
+
+
+def test_a_request_for_a_named_host_is_served_there_or_says_why(pool: GpuPool) -> None:
+    pool.register_host("a", "10.0.0.1", 9960, 4, gpus(1))
+    pool.register_host("b", "10.0.0.2", 9960, 4, gpus(1))
+    pool.allocate(1, 1000)  # "a" is now the busier host: an unconstrained request would go there too
+    assert pool.allocate(1, 1000, host="b").host == "b"
+    with pytest.raises(Unsatisfiable) as exc:
+        pool.allocate(1, 1000, host="c")
+    assert exc.value.code == "host_unknown" and "host c" in exc.value.message
+    with pytest.raises(Unsatisfiable) as exc:
+        pool.allocate(2, 15500, host="b")  # host "a" could not either, but the answer is about "b"
+    assert exc.value.code == "too_many_vgpus" and "host b" in exc.value.message
+
+
+def test_confirm_by_another_host_is_refused_and_changes_nothing(pool: GpuPool) -> None:
+    pool.register_host("a", "10.0.0.1", 9960, 4, gpus(1))
+    alloc = pool.allocate(1, 1000)
+    with pytest.raises(WrongHost) as exc:
+        pool.confirm(alloc.id, host="b")
+    assert "granted on host a, not b" in exc.value.message
+    assert pool.get_allocation(alloc.id).confirmed is False
+    assert pool.confirm(alloc.id, host="a").confirmed is True
