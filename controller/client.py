@@ -13,7 +13,8 @@ import json
 import socket
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote as _quote
+from urllib.parse import urlsplit
 
 
 class ControllerClientError(Exception):
@@ -24,6 +25,11 @@ class ControllerClientError(Exception):
         self.status = status
         self.code = code
         self.reason = reason
+
+
+def quote(name: str) -> str:
+    """A host or allocation name as one path segment: '/' is escaped too, so no name can reach another endpoint."""
+    return _quote(name, safe="")
 
 
 def _split(address: str) -> tuple[str, int]:

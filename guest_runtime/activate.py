@@ -5,7 +5,8 @@ It must run before anything imports cuda.bindings.driver, cuda.core or numba.cud
 function pointers when first imported (docs/cuda-forwarding.md). Nothing connects to the host agent here;
 the first CUDA call does, and that is also when vGPUs are requested from the Orion Controller, as Orion's
 client does "when the app initialises CUDA" (allocation.py; only if a controller is configured and ORION_VGPU
-is set). A refused or failed request makes cuInit answer CUDA_ERROR_NO_DEVICE with one line on stderr.
+is set), on the host serving the channel, and taken up by the session there. A refused or failed request makes
+cuInit answer CUDA_ERROR_NO_DEVICE with one line on stderr.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 
 from ivshmem.channel import ClientChannel
 from ivshmem.errors import WireError
+from ivshmem.record import AGENT_INFO_REPLY, BIND_REQUEST, Op, Status
 from ivshmem.region import Region
 
 from . import allocation, capsule_hook
@@ -43,25 +45,51 @@ def _exits_without_allocation() -> None:
     print(f"{allocation.stamp()} [INFO] Client exits without allocation ID.", file=sys.stderr, flush=True)
 
 
-def request_vgpus() -> allocation.Allocation | None:
-    """Ask the configured controller for ORION_VGPU vGPUs of ORION_GMEM MiB (once per process). None when no
-    controller is configured or ORION_VGPU is unset: then nothing changes, the local region is used as is.
-    The granted host is only recorded for now: the channel below still comes from local region discovery."""
+def take_up_vgpus(channel: ClientChannel) -> allocation.Allocation | None:
+    """Ask the configured controller for ORION_VGPU vGPUs of ORION_GMEM MiB on the host serving ``channel``, and
+    bind them to this session (wire opcodes AGENT_INFO, then BIND). None when no controller is configured or
+    ORION_VGPU is unset: then nothing changes, the session gets the agent's default devices and quota."""
     try:
         setting = controller_setting()
         wanted = allocation.wanted_request() if setting is not None else None
         if setting is None or wanted is None:
             return None
-        return allocation.acquire(setting.address, *wanted)
+        host = _agent_host(channel)
+        alloc = allocation.acquire(setting.address, *wanted, host=host)
+        reply = channel.call(Op.BIND, BIND_REQUEST.encode(alloc.id))
+        if not reply.ok:
+            allocation.abandon()
+            raise allocation.AllocationError(f"host {host} did not take up allocation {alloc.id}: "
+                                             f"{bytes(reply.payload).decode(errors='replace')}")
+        return alloc
     except (ClientConfigError, allocation.AllocationError) as exc:
         atexit.register(_exits_without_allocation)
         raise NoAllocation(str(exc)) from None
 
 
+def _agent_host(channel: ClientChannel) -> str:
+    """The name, in the controller's pool, of the host whose oriond serves this channel."""
+    reply = channel.call(Op.AGENT_INFO)
+    if reply.status == Status.UNKNOWN_OPCODE:
+        raise allocation.AllocationError(f"the host agent serving {channel.region.where} predates vGPU allocation; "
+                                         f"update oriond there")
+    host, _controller = AGENT_INFO_REPLY.decode(reply.payload) if reply.ok else ("", "")
+    if not host:
+        raise allocation.AllocationError(f"the host agent serving {channel.region.where} is not linked to an Orion "
+                                         f"Controller, so it cannot take up vGPUs: set controller_addr in its "
+                                         f"server.conf, or unset ORION_VGPU to use it without an allocation")
+    return host
+
+
 def _connect() -> ClientChannel:
-    request_vgpus()
     region = Region.discover()  # $ORION_SHM, an ivshmem PCI device, or /dev/shm/orionsock<N>
-    return ClientChannel.claim(region)
+    channel = ClientChannel.claim(region)
+    try:
+        take_up_vgpus(channel)
+    except BaseException:
+        channel.close()
+        raise
+    return channel
 
 
 def activate() -> Forwarder:

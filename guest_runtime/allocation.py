@@ -13,9 +13,9 @@ wheel must not import ``controller``, so this is a small client of its own rathe
   ``<date time> [INFO] Client exits with allocation ID <id>``, on stderr.
 * Every request has a timeout; a failure is an :class:`AllocationError` with one line that says what to check.
 
-What the granted host is used for: only recorded (``Allocation.host``, ``address``, ``port``) and announced in
-Orion's ``Using Orion resource`` line. The forwarding channel is still found by local region discovery
-(ORION_SHM, an ivshmem device, /dev/shm); reaching a remote host's agent over the network is a later issue.
+Where the vGPUs are: the forwarding channel is a region one host's oriond serves (ORION_SHM, an ivshmem device,
+/dev/shm), so the request names that host and the session then takes the grant up there (activate.py, wire
+opcodes AGENT_INFO and BIND). Reaching another host's agent over the network is not in this release.
 """
 from __future__ import annotations
 
@@ -106,10 +106,13 @@ class Allocation:
     _released: bool = field(default=False, repr=False)
 
     @classmethod
-    def request(cls, controller: str, vgpus: int, memory_mib: int | None, client: str = "") -> Allocation:
+    def request(cls, controller: str, vgpus: int, memory_mib: int | None, client: str = "",
+                host: str = "") -> Allocation:
         body: dict[str, Any] = {"vgpus": vgpus, "client": client or f"guest pid {os.getpid()}"}
         if memory_mib is not None:
             body["memory_mib"] = memory_mib
+        if host:
+            body["host"] = host
         status, answer = _request(controller, "POST", "/api/v1/allocations", body)
         if status != 201:
             raise AllocationError(f"Fail to get resource from controller {controller}: "
@@ -143,8 +146,9 @@ class Allocation:
                       file=sys.stderr)
                 return
 
-    def release(self, out: TextIO | None = None) -> None:
-        """Stop the keep-alives, give the vGPUs back and print Orion's exit line. Idempotent; never raises."""
+    def release(self, out: TextIO | None = None, announce: bool = True) -> None:
+        """Stop the keep-alives, give the vGPUs back and print Orion's exit line (unless not ``announce``).
+        Idempotent; never raises."""
         if self._released:
             return
         self._released = True
@@ -158,7 +162,8 @@ class Allocation:
                           f"its lease will expire", file=out)
             except AllocationError as exc:
                 print(f"orion: release of {self.id} failed ({exc}); its lease will expire", file=out)
-        print(f"{stamp()} [INFO] Client exits with allocation ID {self.id}", file=out, flush=True)
+        if announce:
+            print(f"{stamp()} [INFO] Client exits with allocation ID {self.id}", file=out, flush=True)
 
 
 _lock = threading.Lock()
@@ -170,15 +175,25 @@ def current() -> Allocation | None:
     return _current
 
 
-def acquire(controller: str, vgpus: int, memory_mib: int | None) -> Allocation:
-    """Request once per process, keep it alive, release it at exit; a second call returns the same grant."""
+def acquire(controller: str, vgpus: int, memory_mib: int | None, host: str = "") -> Allocation:
+    """Request once per process (on ``host`` if named), keep it alive, release it at exit; a second call returns
+    the same grant."""
     global _current
     with _lock:
         if _current is None:
-            alloc = Allocation.request(controller, vgpus, memory_mib)
+            alloc = Allocation.request(controller, vgpus, memory_mib, host=host)
             alloc.keep_alive()
             atexit.register(alloc.release)
             print(f"{stamp()} [INFO] Using Orion resource ({alloc.group}) {alloc.id} : {alloc.resources()}",
                   file=sys.stderr, flush=True)
             _current = alloc
         return _current
+
+
+def abandon() -> None:
+    """Give this process's grant back now, without Orion's exit line: it was never taken up (BIND refused)."""
+    global _current
+    with _lock:
+        if _current is not None:
+            _current.release(announce=False)
+            _current = None

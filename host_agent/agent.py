@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from ivshmem.errors import WireError
 from ivshmem.region import list_region_files
 
 from .config import ServerConfig
 from .executor import ExecutorOptions, executor_factory
-from .region_server import RegionServer, ServerOptions
+from .region_server import RegionServer, ServerOptions, Session
 from .stop import StopRequest
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,11 @@ def _same_file(server: RegionServer, path: str) -> bool:
 class Agent:
     def __init__(self, config: ServerConfig, executor: ExecutorOptions, regions: list[str] | None = None,
                  options: ServerOptions | None = None, stop: StopRequest | None = None,
-                 rescan_s: float = RESCAN_S) -> None:
+                 rescan_s: float = RESCAN_S, release: Callable[[str], None] | None = None) -> None:
+        """``release(allocation_id)`` gives back a controller allocation whose session ended (it must not
+        block: the region loop calls it); None when oriond is not linked to a controller."""
         self.config = config
+        self.release = release
         self.factory = executor_factory(executor)
         self.fixed = regions  # serve exactly these, or (None) every region file of shm_path_base
         self.options = options or ServerOptions()
@@ -71,12 +75,19 @@ class Agent:
             if path in self.servers or path in self._failed:
                 continue
             try:
-                self.servers[path] = RegionServer(path, self.factory, self.options, self.stop)
+                self.servers[path] = RegionServer(path, self.factory, self.options, self.stop, self._session_ended)
                 log.info("Using SHM %s: %d channels", os.path.basename(path),
                          self.servers[path].region.geometry.channel_count)
             except WireError as exc:
                 log.error("cannot serve %s: %s", path, exc)
                 self._failed.add(path)
+
+    def _session_ended(self, session: Session, notes: list[str]) -> None:
+        """A session that took up a controller allocation (executor BIND) hands it back as it ends."""
+        for text in notes:
+            kind, _, value = text.partition(" ")
+            if kind == "allocation" and self.release is not None:
+                self.release(value)
 
     def run(self) -> None:
         log.info("Orion Server (oriond) serving SHM regions of %s", self.config.shm.path_base)

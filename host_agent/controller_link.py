@@ -15,6 +15,7 @@ The host is named, and reached, by server.conf's bind_addr (Orion's oriond too n
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 
 from controller.client import ControllerClient, ControllerClientError
@@ -39,15 +40,49 @@ class ControllerLink:
         self._thread = threading.Thread(target=self._run, name="controller-link", daemon=True)
         self._client = ControllerClient(address, timeout_s=REQUEST_TIMEOUT_S)
         self.registered = False
+        self._releases: queue.Queue[str | None] = queue.Queue()
+        self._releaser = threading.Thread(target=self._release_loop, name="allocation-release", daemon=True)
 
     def start(self) -> ControllerLink:
         self._thread.start()
+        self._releaser.start()
         return self
 
     def stop(self) -> None:
         """End the heartbeats and unregister (bounded: each request has a timeout, the join too)."""
         self._stop.set()
+        self._releases.put(None)
         self._thread.join(STOP_JOIN_S)
+        self._releaser.join(STOP_JOIN_S)
+
+    def release_later(self, allocation: str) -> None:
+        """Give back the allocation of a session that ended. Never blocks: the region loop calls it."""
+        self._releases.put(allocation)
+
+    def _release_loop(self) -> None:
+        """Release allocations in order, retrying while the controller is unreachable: this host's heartbeats
+        keep a confirmed allocation alive, so one that is never released would never come back to the pool
+        (until oriond stops and its heartbeats with it)."""
+        client = ControllerClient(self.address, timeout_s=REQUEST_TIMEOUT_S)
+        backoff = BACKOFF_FIRST_S
+        try:
+            while (allocation := self._releases.get()) is not None:
+                while True:
+                    try:
+                        client.release(allocation)
+                        log.info("Release resource with allocation ID %s", allocation)
+                    except ControllerClientError as exc:
+                        if exc.status == 0 or exc.status >= 500:
+                            log.warning("could not release allocation %s (%s); retrying", allocation, exc.reason)
+                            if self._stop.wait(backoff):
+                                return
+                            backoff = min(BACKOFF_MAX_S, backoff * 2)
+                            continue
+                        log.debug("allocation %s was already given back (%s)", allocation, exc.reason)
+                    backoff = BACKOFF_FIRST_S
+                    break
+        finally:
+            client.close()
 
     def _register(self) -> float:
         """Register and learn the lease's TTL; the interval until the next heartbeat."""

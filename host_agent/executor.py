@@ -42,12 +42,13 @@ from ivshmem.driver_api import (
     DriverCall,
     LaunchConfig,
 )
-from ivshmem.record import CUDA_OPCODE_BASE, Record, Status
+from ivshmem.record import AGENT_INFO_REPLY, BIND_REPLY, BIND_REQUEST, CUDA_OPCODE_BASE, Op, Record, Status
 from ivshmem.region import Region
 
 from .diagnostics import DiagnosticsHandler
 from .pinned_pool import HostPool
-from .region_server import Reply, Session
+from .region_server import Reply, Session, note
+from .vgpu_grant import GrantRefused, take_up
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,10 @@ CONVERTED = ENUMS | {"CUdevice"}  # input types the driver API wants as its own 
 @dataclass(frozen=True)
 class ExecutorOptions:
     devices: tuple[int, ...] | None = None  # physical ordinals this session may use, in guest order
-    gmem_mib: int | None = None  # memory quota of the session's vGPU (MiB)
-    vgpu_count: int = 1  # without gmem_mib: the quota is the first device's memory / vgpu_count (Orion)
+    gmem_mib: int | None = None  # memory quota of each of the session's vGPUs (MiB)
+    vgpu_count: int = 1  # without gmem_mib: a vGPU's quota is its device's memory / vgpu_count (Orion)
+    controller: str = ""  # the Orion Controller oriond reports to: where a guest's allocation is confirmed
+    host: str = ""  # this host's name in that controller's pool
 
 
 def _load_driver() -> Any:
@@ -106,7 +109,8 @@ class _State:
     allocations: dict[int, int] = field(default_factory=dict)  # base -> size (cuMemAlloc*)
     globals: dict[int, int] = field(default_factory=dict)  # base -> size (module/library globals)
     children: dict[int, list[tuple[str, int]]] = field(default_factory=dict)  # module/library -> what it gave
-    allocated: int = 0
+    placed: dict[int, int] = field(default_factory=dict)  # base -> physical device (cuMemAlloc*)
+    allocated: dict[int, int] = field(default_factory=dict)  # physical device -> bytes allocated there
 
     def owns_range(self, pointer: int, size: int) -> bool:
         for table in (self.allocations, self.globals):
@@ -131,7 +135,8 @@ class CudaExecutor(DiagnosticsHandler):
             physical = tuple(range(count)) if int(err) == SUCCESS else ()
             wanted = self.options.devices if self.options.devices is not None else physical
             self.devices = tuple(d for d in wanted if d in physical)
-        self.quota = self._initial_quota()
+        self.quota = self._initial_quota()  # bytes per guest device, or None: no quota
+        self.allocation = ""  # the controller allocation this session took up (BIND), if any
         self._special: dict[str, Callable[[DriverCall, bytes], Reply]] = {
             "cuDeviceGetName": self._device_get_name, "cuDeviceGetUuid": self._device_get_uuid,
             "cuGetErrorName": self._error_text, "cuGetErrorString": self._error_text,
@@ -201,6 +206,11 @@ class CudaExecutor(DiagnosticsHandler):
 
     def handle(self, record: Record) -> Reply:
         if record.opcode < CUDA_OPCODE_BASE:  # HELLO and the wire diagnostics
+            if record.opcode == Op.AGENT_INFO:
+                linked = bool(self.options.controller)
+                return Reply(0, AGENT_INFO_REPLY.encode(self.options.host if linked else "", self.options.controller))
+            if record.opcode == Op.BIND:
+                return self._bind(BIND_REQUEST.decode(record.payload)[0])
             return super().handle(record)
         pinned = bool(record.opcode & PINNED_COPY)
         call = BY_OPCODE.get(record.opcode & ~PINNED_COPY)
@@ -302,47 +312,94 @@ class CudaExecutor(DiagnosticsHandler):
                 else:
                     state.handles[kind].discard(value)
         elif call.name in ALLOCATES:
+            device = self._current_device() if self.quota is not None else -1  # only a quota needs to know
             state.allocations[outs[0]] = args[0]
-            state.allocated += args[0]
+            state.placed[outs[0]] = device
+            state.allocated[device] = state.allocated.get(device, 0) + args[0]
         elif call.name in FREES:
-            state.allocated -= state.allocations.pop(args[0], 0)
+            size = state.allocations.pop(args[0], 0)
+            device = state.placed.pop(args[0], -1)
+            state.allocated[device] = state.allocated.get(device, 0) - size
 
     # --- quota ----------------------------------------------------------------------------------------------
-    def _initial_quota(self) -> int | None:
+    # A quota is per vGPU (guest device). Two vGPUs of a session may share a physical GPU; memory is counted per
+    # physical GPU (the driver does not say which of two contexts on one GPU an allocation is for), against the
+    # sum of the quotas of the session's vGPUs there.
+    def _initial_quota(self) -> tuple[int, ...] | None:
         if self.options.gmem_mib is not None:
-            return self.options.gmem_mib * MIB
+            return (self.options.gmem_mib * MIB,) * len(self.devices)
         if not self.devices or self.options.vgpu_count <= 1:
             return None
-        err, total = self.driver.cuDeviceTotalMem(self.devices[0])
-        return int(total) // self.options.vgpu_count if int(err) == SUCCESS else None
+        quota = []
+        for device in self.devices:
+            err, total = self.driver.cuDeviceTotalMem(device)
+            if int(err) != SUCCESS:
+                return None
+            quota.append(int(total) // self.options.vgpu_count)
+        return tuple(quota)
 
-    def _quota(self) -> int | None:
-        return self.quota
+    def _current_device(self) -> int:
+        """The physical GPU of the current context (asked only when the session spans several)."""
+        if len(set(self.devices)) <= 1:
+            return self.devices[0] if self.devices else -1
+        err, device = self.driver.cuCtxGetDevice()
+        return int(device) if int(err) == SUCCESS else -1
+
+    def _device_quota(self, device: int) -> int | None:
+        if self.quota is None:
+            return None
+        return sum(q for d, q in zip(self.devices, self.quota, strict=True) if d == device)
 
     def _mem_get_info(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
-        quota = self._quota()
+        device = self._current_device()
+        quota = self._device_quota(device)
         if quota is None:
             return None
         err, free, _total = self.driver.cuMemGetInfo()
         if int(err) != SUCCESS:
             return Reply(int(err))
-        return _ok(call, min(int(free), max(quota - self.state.allocated, 0)), quota)
+        return _ok(call, min(int(free), max(quota - self.state.allocated.get(device, 0), 0)), quota)
 
     def _device_total_mem(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
-        quota = self._quota()
         if not 0 <= args[0] < len(self.devices):
             return Reply(INVALID_DEVICE)
-        if quota is None:
+        if self.quota is None:
             return None
         err, total = self.driver.cuDeviceTotalMem(self.devices[args[0]])
-        return Reply(int(err)) if int(err) != SUCCESS else _ok(call, min(int(total), quota))
+        return Reply(int(err)) if int(err) != SUCCESS else _ok(call, min(int(total), self.quota[args[0]]))
 
     def _allocation_check(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
         """Past the vGPU's quota an allocation fails as a full GPU would: CUDA_ERROR_OUT_OF_MEMORY."""
-        quota = self._quota()
-        if quota is not None and self.state.allocated + args[0] > quota:
+        if self.quota is None:
+            return None
+        device = self._current_device()
+        quota = self._device_quota(device) or 0
+        if self.state.allocated.get(device, 0) + args[0] > quota:
+            vgpu = self.devices.index(device) if device in self.devices else -1
+            log.info("session %d: memory %d MB exceeds <vgpu %d, pgpu %d> quota", self.session.number,
+                     (self.state.allocated.get(device, 0) + args[0]) >> 20, vgpu, device)  # Orion's words
             return Reply(OUT_OF_MEMORY)
         return None
+
+    # --- a controller allocation (BIND) ---------------------------------------------------------------------
+    def _bind(self, allocation: str) -> Reply:
+        """Take up the guest's allocation: its vGPUs become this session's devices, their sizes its quotas."""
+        if self.allocation:
+            return _refused(f"this session already took up allocation {self.allocation}")
+        if any(self.state.handles.values()) or self.state.allocations:
+            return _refused("BIND must come before the session's first context or allocation")
+        try:
+            grant = take_up(self.options.controller, self.options.host, allocation, self.driver)
+        except GrantRefused as exc:
+            log.warning("session %d: %s", self.session.number, exc)
+            return _refused(str(exc))
+        self.allocation = allocation
+        note(f"allocation {allocation}")  # oriond gives it back when the session ends, however it ends
+        self.devices, self.quota = grant.devices, tuple(m * MIB for m in grant.memory_mib)
+        log.info("Resource successfully confirmed with controller")
+        for number, device in enumerate(grant.devices):
+            log.info("Registered v-GPU %d on p-GPU %d.", number, device)
+        return Reply(0, BIND_REPLY.encode(len(grant.devices), min(grant.memory_mib)))
 
     # --- hand-written calls ----------------------------------------------------------------------------------
     def _device_get_name(self, call: DriverCall, payload: bytes) -> Reply:
@@ -756,6 +813,10 @@ class CudaExecutor(DiagnosticsHandler):
 
 def _ok(call: DriverCall, *outs: int) -> Reply:
     return Reply(SUCCESS, call.outputs.pack(*outs))
+
+
+def _refused(why: str) -> Reply:
+    return Reply(Status.REFUSED, why.encode())
 
 
 def _from_driver(value: Any) -> Any:

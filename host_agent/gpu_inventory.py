@@ -32,7 +32,7 @@ class InventoryError(Exception):
     """The test inventory file is unreadable or malformed (one line saying which and how)."""
 
 
-def _uuid_text(raw: bytes) -> str:
+def uuid_text(raw: bytes) -> str:
     """nvidia-smi's spelling of a CUDA device UUID: ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
     h = raw.hex()
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
@@ -55,7 +55,7 @@ def _from_driver() -> tuple[list[GpuInfo], str]:
         _, name = driver.cuDeviceGetName(256, device)
         _, uuid = driver.cuDeviceGetUuid(device)
         _, total = driver.cuDeviceTotalMem(device)
-        gpus.append(GpuInfo(ordinal, _uuid_text(bytes(uuid.bytes)[:16]),
+        gpus.append(GpuInfo(ordinal, uuid_text(bytes(uuid.bytes)[:16]),
                             name.split(b"\0", 1)[0].decode(errors="replace"), int(total) // (1 << 20)))
     return gpus, ""
 

@@ -60,8 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         logging.info("No configuration file is found. Use default settings and environment variables.")
     devices = tuple(int(d) for d in args.devices.split(",")) if args.devices else None
     stop = StopRequest().on_signals()
-    agent = Agent(config, ExecutorOptions(devices=devices, gmem_mib=args.gmem, vgpu_count=config.vgpu_count),
-                  regions=args.region, options=ServerOptions(), stop=stop, rescan_s=args.rescan_interval)
+    link = None
+    if config.controller_configured:
+        link = controller_link.start(config.controller_addr, config.bind_addr, config.listen_port,
+                                     config.vgpu_count)
+    executor = ExecutorOptions(devices=devices, gmem_mib=args.gmem, vgpu_count=config.vgpu_count,
+                               controller=config.controller_addr if link else "", host=config.bind_addr)
+    agent = Agent(config, executor, regions=args.region, options=ServerOptions(), stop=stop,
+                  rescan_s=args.rescan_interval, release=link.release_later if link else None)
     # Before the pid file exists: SIGHUP's default action would end the process.
     signal.signal(signal.SIGHUP, lambda *_: agent.request_refresh())
     try:
@@ -70,10 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         logging.warning("not writing the pid file %s (%s): the libvirt hook cannot wake this agent, which "
                         "still finds new regions within %s s", args.pid_file, exc.strerror or exc,
                         args.rescan_interval)
-    link = None
-    if config.controller_configured:
-        link = controller_link.start(config.controller_addr, config.bind_addr, config.listen_port,
-                                     config.vgpu_count)
     try:
         agent.run()
     finally:

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import NamedTuple, Protocol
 
 from ivshmem import layout, liveness
@@ -53,6 +54,15 @@ class Handler(Protocol):
 
 
 HandlerFactory = Callable[[Session], Handler]
+SessionEnd = Callable[[Session, list[str]], None]
+_notes: Connection | None = None  # in a worker process: the pipe note() writes to
+
+
+def note(text: str) -> None:
+    """From a worker: tell the supervisor something it must act on when this session ends, however it ends
+    (the worker may be killed). The executor notes the allocation it took up, so that oriond gives it back."""
+    if _notes is not None:
+        _notes.send(text)
 
 
 @dataclass
@@ -125,8 +135,11 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, p
         return 3
 
 
-def _worker_main(region_path: str, session: Session, factory: HandlerFactory, policy: WaitPolicy) -> None:
+def _worker_main(region_path: str, session: Session, factory: HandlerFactory, policy: WaitPolicy,
+                 notes: Connection) -> None:
+    global _notes
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which ends us
+    _notes = notes
     os._exit(serve_session(region_path, session, factory, policy))
 
 
@@ -134,13 +147,16 @@ class RegionServer:
     """Serves every channel of one region until `stop()`."""
 
     def __init__(self, path: str, factory: HandlerFactory, options: ServerOptions | None = None,
-                 stop: StopRequest | None = None) -> None:
+                 stop: StopRequest | None = None, on_end: SessionEnd | None = None) -> None:
+        """``on_end(session, notes)`` runs in the supervisor after a session ended, with what its worker
+        noted (note()); it must not block for long: every channel of the region waits for it."""
         self.path = path
         self.factory = factory
+        self.on_end = on_end
         self.options = options or ServerOptions()
         self.region = Region.open(path)
         self._stop = stop or StopRequest()
-        self._workers: dict[int, tuple[Session, multiprocessing.process.BaseProcess]] = {}
+        self._workers: dict[int, tuple[Session, multiprocessing.process.BaseProcess, Connection]] = {}
         self._beats: dict[int, tuple[int, float]] = {}
         self._sessions = 0
         self._prepare()
@@ -193,17 +209,19 @@ class RegionServer:
         self._sessions += 1
         session = Session(self._sessions, self.path, channel.index, generation)
         channel.accept(generation)
+        notes, worker_notes = _MP.Pipe(duplex=False)
         worker = _MP.Process(target=_worker_main, name=f"orion-session-{session.number}",
-                             args=(self.path, session, self.factory, self.options.policy), daemon=True)
+                             args=(self.path, session, self.factory, self.options.policy, worker_notes), daemon=True)
         worker.start()
+        worker_notes.close()
         channel.ctrl[Ctrl.HOST_WORKER] = worker.pid or 0
-        self._workers[channel.index] = (session, worker)
+        self._workers[channel.index] = (session, worker, notes)
         self._beats[channel.index] = (channel.ctrl[Ctrl.CLIENT_HEARTBEAT], time.monotonic())
         log.info("Creating session %d", session.number)
         log.info("Using SHM %s for acceleration.", os.path.basename(self.path))
 
     def _supervise(self, channel: HostChannel) -> None:
-        session, worker = self._workers[channel.index]
+        session, worker, _ = self._workers[channel.index]
         if not worker.is_alive():
             log.warning("session %d: worker exited with code %s", session.number, worker.exitcode)
             reason = HostReason.PROTOCOL_VIOLATION if worker.exitcode == 3 else HostReason.WORKER_DIED
@@ -224,7 +242,7 @@ class RegionServer:
         entry = self._workers.pop(channel.index, None)
         if entry is None:
             return
-        session, worker = entry
+        session, worker, notes = entry
         if worker.is_alive():
             worker.kill()
         worker.join(5)
@@ -232,6 +250,12 @@ class RegionServer:
         if reason not in (HostReason.CLIENT_RELEASED, HostReason.NONE):
             log.info("session %d ended: %s", session.number, reason.name.lower().replace("_", " "))
         log.info("Session %d exits.", session.number)
+        noted = _drain(notes)
+        if self.on_end is not None:
+            try:
+                self.on_end(session, noted)
+            except Exception:  # the agent's follow-up must not stop the region being served
+                log.exception("session %d: ending it failed", session.number)
 
     def shutdown(self) -> None:
         """End every session, mark the region stopped and unmap it."""
@@ -242,6 +266,19 @@ class RegionServer:
                 self._end(channel, HostStatus.IDLE, HostReason.CLIENT_RELEASED)
         self.region.set_agent(state=layout.AGENT_STOPPED)
         self.region.close()
+
+
+def _drain(notes: Connection) -> list[str]:
+    """Everything a finished worker noted (the pipe stays readable after the writer died)."""
+    noted: list[str] = []
+    try:
+        while notes.poll():
+            noted.append(notes.recv())
+    except (EOFError, OSError):
+        pass
+    finally:
+        notes.close()
+    return noted
 
 
 def serve(path: str, factory: HandlerFactory, options: ServerOptions | None = None) -> None:

@@ -42,6 +42,7 @@ class Status(IntEnum):
     TOO_LARGE = -3
     HANDLER_FAILED = -4
     PROTOCOL_VIOLATION = -5
+    REFUSED = -6  # a well-formed request the agent will not carry out; the payload says why
 
 
 class Op(IntEnum):
@@ -50,10 +51,15 @@ class Op(IntEnum):
     NOP = 3
     DRAIN = 4
     FILL = 5
+    AGENT_INFO = 6
+    BIND = 7
 
 
 HELLO_REQUEST = Schema("HELLO", ("protocol", "u32"), ("pid", "u32"), ("hostname", "str"))
 HELLO_REPLY = Schema("HELLO reply", ("agent", "str"), ("session", "u64"))
+AGENT_INFO_REPLY = Schema("AGENT_INFO reply", ("host", "str"), ("controller", "str"))
+BIND_REQUEST = Schema("BIND", ("allocation", "str"))
+BIND_REPLY = Schema("BIND reply", ("vgpus", "u32"), ("memory_mib", "u32"))
 DRAIN_REPLY = Schema("DRAIN reply", ("length", "u64"), ("crc32", "u32"))
 FILL_REQUEST = Schema("FILL", ("length", "u64"), ("seed", "u32"))
 PATTERN_BLOCK = 4096

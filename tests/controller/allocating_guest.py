@@ -1,14 +1,18 @@
-"""A guest process for the allocation tests: the first CUDA call (cuInit, through the real Forwarder) under
-the ORION_* environment the test gives it; prints ``{"cuInit": <CUresult>, "id": <allocation id or null>}``
-as one line, then waits for a line on stdin (or EOF) and exits normally, so atexit runs.
+"""A guest process for the allocation tests: its first CUDA calls, through the real Forwarder, under the ORION_*
+environment the test gives it. Prints one JSON line: ``cuInit``'s CUresult, the allocation id and host (or
+null), and, when cuInit succeeded, the device count, each device's total memory, what cuMemAlloc answers for
+one byte more than device 0's memory and for 1 MiB, and cuMemGetInfo after that. Then it waits for a line on
+stdin (or EOF) and exits normally, so atexit runs.
 
 ``python tests/controller/allocating_guest.py`` — run with ORION_CONTROLLER / ORION_VGPU / ORION_GMEM set.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -16,11 +20,31 @@ from guest_runtime import allocation  # noqa: E402
 from guest_runtime.activate import activate  # noqa: E402
 
 
+def devices(fn: dict[str, Any]) -> dict[str, Any]:
+    count, total, ctx, pointer = ctypes.c_int(), ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+    free = ctypes.c_uint64()
+    assert fn["cuDeviceGetCount"](ctypes.addressof(count)) == 0
+    totals = []
+    for device in range(count.value):
+        assert fn["cuDeviceTotalMem"](ctypes.addressof(total), device) == 0
+        totals.append(total.value)
+    assert fn["cuDevicePrimaryCtxRetain"](ctypes.addressof(ctx), 0) == 0
+    assert fn["cuCtxSetCurrent"](ctx.value) == 0
+    too_much = fn["cuMemAlloc"](ctypes.addressof(pointer), totals[0] + 1)
+    one_mib = fn["cuMemAlloc"](ctypes.addressof(pointer), 1 << 20)
+    assert fn["cuMemGetInfo"](ctypes.addressof(free), ctypes.addressof(total)) == 0
+    return {"count": count.value, "total": totals, "alloc_too_much": too_much, "alloc_1mib": one_mib,
+            "mem_info": [free.value, total.value]}
+
+
 def main() -> int:
-    result = activate().implementations()["cuInit"](0)
+    fn = activate().implementations()
+    result = fn["cuInit"](0)
     alloc = allocation.current()
-    print(json.dumps({"cuInit": result, "id": alloc.id if alloc else None,
-                      "host": alloc.host if alloc else None}), flush=True)
+    seen: dict[str, Any] = {"cuInit": result, "id": alloc.id if alloc else None, "host": alloc.host if alloc else None}
+    if result == 0:
+        seen.update(devices(fn))
+    print(json.dumps(seen), flush=True)
     sys.stdin.readline()
     return 0
 

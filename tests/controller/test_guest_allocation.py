@@ -1,9 +1,9 @@
-"""The guest runtime's allocation against a real etcd and a real controller process.
+"""A guest's vGPUs from the controller, taken up by the host agent serving its region, end to end.
 
-A guest here is a separate Python process (allocating_guest.py) whose first CUDA call goes through the real
-Forwarder; ORION_SHM points at a region that does not exist, so after the controller has granted vGPUs the
-channel itself is unreachable and cuInit answers CUDA_ERROR_NO_DEVICE — the grant is what these tests check.
-Expiry waits are bounded and assert etcd's state afterwards, never how long it took.
+Real etcd, a real controller process, and a real host agent process (fake_gpu_agent.py: the Agent, region
+server, executor and ControllerLink of oriond; only the CUDA driver is tests/fake_driver.py, two made-up GPUs
+registered under their UUIDs). A guest is a separate Python process (allocating_guest.py) whose CUDA calls go
+through the real Forwarder over the region. Waits are bounded and assert state, never how long it took.
 """
 from __future__ import annotations
 
@@ -12,27 +12,68 @@ import os
 import re
 import subprocess
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from controller.client import ControllerClient
-from tests.controller.rig import ControllerProcess, free_port
-from tests.controller.test_leases import gone, register, wait_until
+from ivshmem.channel import ClientChannel
+from ivshmem.record import AGENT_INFO_REPLY, BIND_REQUEST, Op, Status
+from ivshmem.region import Region
+from tests.controller.rig import ControllerProcess, free_port, wait_until
+from tests.controller.test_leases import gone, register
 from tests.processes import stop_process
 
 pytestmark = pytest.mark.functional
 
+AGENT = Path(__file__).with_name("fake_gpu_agent.py")
 GUEST = Path(__file__).with_name("allocating_guest.py")
-NO_DEVICE = 100
+NO_DEVICE, OUT_OF_MEMORY = 100, 2
+MIB = 1 << 20
 EXIT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[INFO\] Client exits with allocation ID (\S+)$", re.M)
 
 
-def guest(env: dict[str, str], tmp_path: Path) -> subprocess.Popen[str]:
+class FakeGpuHost:
+    """fake_gpu_agent.py serving one region file, logging to a file the test can read."""
+
+    def __init__(self, tmp_path: Path, host: str, controller: str) -> None:
+        self.region = tmp_path / f"orionsock-{host}"
+        with open(self.region, "wb") as f:
+            f.truncate(32 * MIB)  # blank: the region server formats it
+        self.log_path = tmp_path / f"agent-{host}.log"
+        self.log_file = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, str(AGENT), str(self.region), host, controller],
+                                     stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_until("the fake GPU host agent to serve its region", lambda: "Using SHM" in self.log(), log=self.log)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        stop_process(self.proc, 10)
+        self.log_file.close()
+
+
+@pytest.fixture
+def gpu_host(tmp_path: Path) -> Iterator[Callable[..., FakeGpuHost]]:
+    started: list[FakeGpuHost] = []
+
+    def start(controller: str = "", host: str = "h1", client: ControllerClient | None = None) -> FakeGpuHost:
+        agent = FakeGpuHost(tmp_path, host, controller)
+        started.append(agent)
+        if client is not None:
+            wait_until(f"{host} to register", lambda: host in {h["host"] for h in client.pool()["hosts"]},
+                       log=agent.log)
+        return agent
+    yield start
+    for agent in started:
+        agent.stop()
+
+
+def guest(env: dict[str, str], tmp_path: Path, region: Path) -> subprocess.Popen[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
-    full.update(HOME=str(tmp_path), ORION_SHM=str(tmp_path / "no-such-region"), **env)
+    full.update(HOME=str(tmp_path), ORION_SHM=str(region), **env)
     return subprocess.Popen([sys.executable, str(GUEST)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=full, start_new_session=True)
 
@@ -46,59 +87,71 @@ def first_line(proc: subprocess.Popen[str]) -> dict[str, object]:
     return dict(json.loads(line))
 
 
-def test_a_guest_gets_vgpus_and_releases_them_at_exit(controllers: Callable[..., ControllerProcess],
-                                                       tmp_path: Path) -> None:
+def test_a_guest_gets_vgpus_of_its_host_with_their_quota_and_releases_them_at_exit(
+        controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost], tmp_path: Path) -> None:
     ctl = controllers()
     client = ControllerClient(ctl.address)
-    register(client, "h1")
-    proc = guest({"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "2", "ORION_GMEM": "6000"}, tmp_path)
+    agent = gpu_host(ctl.address, client=client)
+    register(client, "h2")
+    client.allocate(1, 1000, host="h2")  # h2 is now the busier host: an unconstrained request would go there
+    free = client.pool()["vgpus_free"]
+    # 13,000 MiB vGPUs: one on each fake GPU (16 and 24 GiB), so each guest device has its own quota
+    proc = guest({"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "2", "ORION_GMEM": "13000"}, tmp_path, agent.region)
     try:
         seen = first_line(proc)
-        assert seen["id"] and seen["host"] == "h1"
+        assert seen["cuInit"] == 0 and seen["host"] == "h1", seen
         held = client.allocation(str(seen["id"]))
-        assert len(held["vgpus"]) == 2 and all(v["memory_mib"] == 6000 for v in held["vgpus"])
-        assert client.pool()["vgpus_free"] == 6
+        assert held["confirmed"] is True and len(held["vgpus"]) == 2
+        assert sorted(v["gpu"] for v in held["vgpus"]) == [0, 1]
+        quota = 13000 * MIB
+        assert seen["count"] == 2 and seen["total"] == [quota, quota]
+        assert (seen["alloc_too_much"], seen["alloc_1mib"]) == (OUT_OF_MEMORY, 0)  # the quota, not the GPU's memory
+        assert seen["mem_info"] == [quota - MIB, quota]
+        assert client.pool()["vgpus_free"] == free - 2
         out, err = proc.communicate("\n", timeout=30)
         assert proc.returncode == 0, err
         assert "[INFO] Using Orion resource (" in err and f") {seen['id']} : {held['address']}:{held['port']}/" in err
         assert EXIT_LINE.findall(err) == [seen["id"]]
-        assert gone(client, str(seen["id"])) and client.pool()["vgpus_free"] == 8
+        assert gone(client, str(seen["id"])) and client.pool()["vgpus_free"] == free
+        log = agent.log()
+        assert "Resource successfully confirmed with controller" in log and "Registered v-GPU 1 on p-GPU" in log
+        assert "exceeds <vgpu 0, pgpu" in log
     finally:
         stop_process(proc, 5)
 
 
 def test_the_controller_in_the_users_client_conf_is_used(controllers: Callable[..., ControllerProcess],
-                                                         tmp_path: Path) -> None:
+                                                         gpu_host: Callable[..., FakeGpuHost], tmp_path: Path) -> None:
     ctl = controllers()
     client = ControllerClient(ctl.address)
-    register(client, "h1")
+    agent = gpu_host(ctl.address, client=client)
     (tmp_path / ".orion").mkdir()
     (tmp_path / ".orion" / "client.conf").write_text(f"[controller]\n    controller_addr = {ctl.address}\n")
-    proc = guest({"ORION_VGPU": "1"}, tmp_path)
+    proc = guest({"ORION_VGPU": "1"}, tmp_path, agent.region)
     try:
         seen = first_line(proc)
-        assert client.allocation(str(seen["id"]))["id"] == seen["id"]
+        assert seen["cuInit"] == 0 and client.allocation(str(seen["id"]))["id"] == seen["id"]
+        assert seen["total"] == [16384 * MIB // 4]  # no ORION_GMEM: the GPU's memory / vgpu_count
         _, err = proc.communicate("\n", timeout=30)
         assert EXIT_LINE.findall(err) == [seen["id"]]
     finally:
         stop_process(proc, 5)
 
 
-def test_a_killed_guest_is_reclaimed_after_its_lease(controllers: Callable[..., ControllerProcess],
-                                                    tmp_path: Path) -> None:
-    ctl = controllers(extra=["--lease-ttl", "2", "--host-ttl", "2"])
+def test_a_killed_guest_is_given_back_by_its_host_agent(controllers: Callable[..., ControllerProcess],
+                                                        gpu_host: Callable[..., FakeGpuHost], tmp_path: Path) -> None:
+    ctl = controllers(extra=["--lease-ttl", "600"])  # not the lease: the agent's release is what frees it
     client = ControllerClient(ctl.address)
-    register(client, "h1")
-    proc = guest({"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "1"}, tmp_path)
+    agent = gpu_host(ctl.address, client=client)
+    proc = guest({"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "1"}, tmp_path, agent.region)
     try:
-        seen = first_line(proc)
-        alloc_id = str(seen["id"])
-        # the guest's daemon thread keeps the 2 s lease alive over several lifetimes
-        time.sleep(3 * 2)
-        assert proc.poll() is None and client.allocation(alloc_id)["id"] == alloc_id
+        alloc_id = str(first_line(proc)["id"])
+        assert client.allocation(alloc_id)["confirmed"] is True
         proc.kill()
         proc.wait(10)
-        wait_until("the killed guest's allocation to expire", lambda: gone(client, alloc_id))
+        wait_until("the host agent to give the killed guest's vGPUs back", lambda: gone(client, alloc_id),
+                   log=agent.log)
+        assert f"Release resource with allocation ID {alloc_id}" in agent.log()
         assert client.pool()["vgpus_free"] == 8
     finally:
         stop_process(proc, 5)
@@ -109,11 +162,12 @@ def test_a_killed_guest_is_reclaimed_after_its_lease(controllers: Callable[..., 
     ({"ORION_VGPU": "many"}, "ORION_VGPU='many' is not a positive whole number of vGPUs"),
 ])
 def test_a_refused_request_is_one_line_and_no_device(controllers: Callable[..., ControllerProcess],
-                                                     tmp_path: Path, env: dict[str, str], expected: str) -> None:
+                                                     gpu_host: Callable[..., FakeGpuHost], tmp_path: Path,
+                                                     env: dict[str, str], expected: str) -> None:
     ctl = controllers()
     client = ControllerClient(ctl.address)
-    register(client, "h1")
-    proc = guest({"ORION_CONTROLLER": ctl.address, **env}, tmp_path)
+    agent = gpu_host(ctl.address, client=client)
+    proc = guest({"ORION_CONTROLLER": ctl.address, **env}, tmp_path, agent.region)
     try:
         seen = first_line(proc)
         assert seen == {"cuInit": NO_DEVICE, "id": None, "host": None}
@@ -126,12 +180,55 @@ def test_a_refused_request_is_one_line_and_no_device(controllers: Callable[..., 
         stop_process(proc, 5)
 
 
-def test_an_unreachable_controller_is_one_line_and_no_device(tmp_path: Path) -> None:
-    proc = guest({"ORION_CONTROLLER": f"127.0.0.1:{free_port()}", "ORION_VGPU": "1"}, tmp_path)
+@pytest.mark.parametrize("linked", [True, False])
+def test_no_controller_or_an_unlinked_agent_is_one_line_and_no_device(
+        controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost], tmp_path: Path,
+        linked: bool) -> None:
+    if linked:  # the agent has a controller, the guest's ORION_CONTROLLER answers nothing
+        ctl = controllers()
+        agent = gpu_host(ctl.address, client=ControllerClient(ctl.address))
+        expected = "cannot reach the Orion Controller at 127.0.0.1:"
+    else:
+        agent = gpu_host("")
+        expected = "is not linked to an Orion Controller, so it cannot take up vGPUs: set controller_addr"
+    proc = guest({"ORION_CONTROLLER": f"127.0.0.1:{free_port()}", "ORION_VGPU": "1"}, tmp_path, agent.region)
     try:
         assert first_line(proc)["cuInit"] == NO_DEVICE
         _, err = proc.communicate("\n", timeout=30)
-        assert "cannot reach the Orion Controller at 127.0.0.1:" in err.splitlines()[0]
+        assert expected in err.splitlines()[0], err
         assert "Traceback" not in err
+    finally:
+        stop_process(proc, 5)
+
+
+def test_a_hostile_bind_is_refused_with_a_reason_and_the_agent_keeps_serving(
+        controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost], tmp_path: Path) -> None:
+    ctl = controllers()
+    client = ControllerClient(ctl.address)
+    agent = gpu_host(ctl.address, client=client)
+    register(client, "h2")
+    elsewhere = client.allocate(1, 1000, host="h2")["id"]
+    mine = client.allocate(1, 1000, host="h1")["id"]
+    region = Region.open(str(agent.region))
+    try:
+        with ClientChannel.claim(region) as channel:
+            info = channel.call(Op.AGENT_INFO)
+            assert AGENT_INFO_REPLY.decode(info.payload) == ("h1", ctl.address)
+            for allocation, reason in [(elsewhere, "granted on host h2, not h1"), ("no-such-id", "does not exist"),
+                                       ("bad/../../id", "is not a valid allocation id")]:
+                reply = channel.call(Op.BIND, BIND_REQUEST.encode(allocation))
+                assert reply.status == Status.REFUSED and reason in bytes(reply.payload).decode(), reply
+            assert channel.call(Op.BIND, b"\xff").status == Status.MALFORMED
+            assert client.allocation(elsewhere)["confirmed"] is False
+            assert channel.call(Op.BIND, BIND_REQUEST.encode(mine)).ok
+            again = channel.call(Op.BIND, BIND_REQUEST.encode(mine))
+            assert again.status == Status.REFUSED and b"already took up" in bytes(again.payload)
+        wait_until("the released session's allocation to be given back", lambda: gone(client, mine), log=agent.log)
+        assert not gone(client, elsewhere)
+    finally:
+        region.close()
+    proc = guest({"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "1"}, tmp_path, agent.region)
+    try:
+        assert first_line(proc)["cuInit"] == 0  # the agent still serves
     finally:
         stop_process(proc, 5)

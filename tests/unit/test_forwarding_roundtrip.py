@@ -909,14 +909,17 @@ def test_the_quota_limits_allocations_and_is_the_reported_memory(start: Callable
     assert second
 
 
-def test_without_a_quota_the_vgpu_gets_its_share_of_the_first_device(start: Callable[..., Rig]) -> None:
+def test_without_a_quota_each_vgpu_gets_its_share_of_its_own_device(start: Callable[..., Rig]) -> None:
     rig = start(ExecutorOptions(devices=(0, 2), vgpu_count=4))
     g = rig.guest()
     g.setup(1)
-    share = FakeDriver(devices=3).total_mem[0] // 4
-    assert g.ok("cuDeviceTotalMem", 1) == share
-    assert g.ok("cuMemGetInfo") == [share, share]
-    assert rig.entries(0, "cuDeviceTotalMem")[0]["args"] == [0]  # the executor sized the quota from device 0
+    total = FakeDriver(devices=3).total_mem
+    assert total[0] != total[2]
+    assert g.ok("cuDeviceTotalMem", 0) == total[0] // 4
+    assert g.ok("cuDeviceTotalMem", 1) == total[2] // 4
+    assert g.ok("cuMemGetInfo") == [total[2] // 4, total[2] // 4]  # the current context is on guest device 1
+    assert g.call("cuMemAlloc", total[2] // 4 + 1)[0] == OUT_OF_MEMORY
+    assert g.alloc(total[2] // 4)
 
 
 CORE_PROGRAM = """

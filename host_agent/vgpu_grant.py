@@ -1,0 +1,73 @@
+"""Taking up a controller allocation in a session: which GPUs the guest gets, and how much memory each.
+
+A guest runtime that asked the Orion Controller for vGPUs sends the allocation id (wire opcode BIND). The
+session worker then confirms the allocation with the controller oriond reports to, naming this host, as
+Orion's oriond does with ``PUT /service/confirm`` (ORION-COMPAT.md §4.6). The controller refuses an id it does
+not know and one granted on another host, so a guest cannot pick its own GPUs or quota: only oriond's own
+controller is asked, never an address the guest sends. The granted GPUs are found here by UUID (the
+controller's GPU indexes are the registering host's, but the UUID is what cannot be mistaken), in grant order,
+so guest device ordinals follow the allocation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from controller.client import ControllerClient, ControllerClientError
+from controller.keys import valid_name
+
+from .gpu_inventory import uuid_text
+
+CONFIRM_TIMEOUT_S = 5.0
+
+
+class GrantRefused(Exception):
+    """The allocation cannot be taken up here; the message is one line for the guest's user."""
+
+
+@dataclass(frozen=True)
+class Grant:
+    allocation: str
+    devices: tuple[int, ...]  # physical ordinals, one per vGPU, in guest order
+    memory_mib: tuple[int, ...]  # each vGPU's quota
+
+
+def local_ordinals(driver: Any) -> dict[str, int]:
+    """This host's GPUs by UUID (nvidia-smi's spelling, as oriond registered them)."""
+    err, count = driver.cuDeviceGetCount()
+    found: dict[str, int] = {}
+    for ordinal in range(count if int(err) == 0 else 0):
+        err, uuid = driver.cuDeviceGetUuid(ordinal)
+        if int(err) == 0:
+            found[uuid_text(bytes(uuid.bytes)[:16])] = ordinal
+    return found
+
+
+def take_up(controller: str, host: str, allocation: str, driver: Any) -> Grant:
+    """Confirm ``allocation`` with ``controller`` as ``host``; the devices and quota it gives this session."""
+    if not controller:
+        raise GrantRefused(f"this host agent is not linked to an Orion Controller, so it cannot take up allocation "
+                           f"{allocation}: set controller_addr in its server.conf (oriond registers its GPUs "
+                           f"there), or unset ORION_VGPU in the guest")
+    if not valid_name(allocation):
+        raise GrantRefused(f"{allocation[:80]!r} is not a valid allocation id: use the id the controller gave")
+    if driver is None:
+        raise GrantRefused(f"host {host} has no usable CUDA driver, so allocation {allocation} cannot be served")
+    try:
+        with ControllerClient(controller, timeout_s=CONFIRM_TIMEOUT_S) as client:
+            answer = client.confirm(allocation, host)
+    except ControllerClientError as exc:
+        raise GrantRefused(f"the Orion Controller at {controller} did not confirm allocation {allocation} for "
+                           f"host {host}: {exc.reason}") from None
+    except ValueError as exc:  # a malformed controller_addr
+        raise GrantRefused(f"cannot ask the Orion Controller: {exc}") from None
+    local = local_ordinals(driver)
+    try:
+        vgpus = [(str(v["uuid"]), int(v["memory_mib"])) for v in answer["vgpus"]]
+    except (KeyError, TypeError, ValueError):
+        raise GrantRefused(f"the Orion Controller gave a malformed answer for allocation {allocation}") from None
+    missing = sorted({uuid for uuid, _ in vgpus if uuid not in local})
+    if missing or not vgpus:
+        raise GrantRefused(f"allocation {allocation} names GPU(s) {', '.join(missing) or '(none)'} that host {host} "
+                           f"does not have; oriond's registration is stale: restart oriond")
+    return Grant(allocation, tuple(local[uuid] for uuid, _ in vgpus), tuple(memory for _, memory in vgpus))
