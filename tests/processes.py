@@ -1,8 +1,18 @@
 """Helpers for tests that start real processes (oriond, region servers)."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def python_path() -> str:
+    """PYTHONPATH for a child that imports this checkout: the repo first, then what the tests run with (the
+    device machine adds the wheels it was given there)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> int | None:  # type: ignore[type-arg]

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from tests.controller.rig import REPO
-from tests.processes import stop_process
+from tests.processes import python_path, stop_process
 
 
 def _stop_with_parent() -> None:
@@ -45,7 +45,7 @@ class Oriond:
 
     def start(self) -> Oriond:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
-        env["PYTHONPATH"] = str(REPO)
+        env["PYTHONPATH"] = python_path()
         if self.inventory is not None:
             env["ORION_TEST_GPU_INVENTORY"] = str(self.inventory)
         with open(self.log_path, "wb") as log:

@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.processes import stop_process
+from tests.processes import python_path, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 ETCD_READY_TIMEOUT_S = 20.0
@@ -149,7 +149,7 @@ class ControllerProcess:
                 "--key-root", self.key_root, "--log", str(self.log_path), *self.extra]
 
     def start(self, wait: bool = True) -> ControllerProcess:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": python_path()}
         self.proc = subprocess.Popen(self.argv(), cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         if wait:
