@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
 from typing import Any
 
 TEST_INVENTORY_ENV = "ORION_TEST_GPU_INVENTORY"
+INVENTORY_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -79,10 +82,35 @@ def _from_file(path: str) -> list[GpuInfo]:
     return gpus
 
 
+def _from_driver_process() -> tuple[list[GpuInfo], str]:
+    """The driver's inventory, read in a child interpreter. oriond forks a worker per session, and CUDA does not
+    survive a fork: a parent that had called cuInit leaves every worker's cuInit failing with
+    CUDA_ERROR_NOT_INITIALIZED. So the process that serves regions must never initialise CUDA itself."""
+    try:
+        done = subprocess.run([sys.executable, "-m", __name__], capture_output=True, text=True,
+                              timeout=INVENTORY_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return [], f"reading the GPU inventory took more than {INVENTORY_TIMEOUT_S} s (is the driver hung?)"
+    except OSError as exc:
+        return [], f"could not start {sys.executable} to read the GPU inventory ({exc})"
+    try:
+        answer = json.loads(done.stdout)
+        return [GpuInfo(**g) for g in answer["gpus"]], str(answer["why"])
+    except (ValueError, KeyError, TypeError):
+        detail = (done.stderr.strip().splitlines() or ["it printed nothing"])[-1]
+        return [], f"could not read the GPU inventory ({detail})"
+
+
 def read() -> tuple[list[GpuInfo], str]:
-    """(GPUs, why there are none): the test inventory if ORION_TEST_GPU_INVENTORY is set, else the driver's."""
+    """(GPUs, why there are none): the test inventory if ORION_TEST_GPU_INVENTORY is set, else the driver's,
+    read in a child process so that this one stays free of CUDA (see _from_driver_process)."""
     path = os.environ.get(TEST_INVENTORY_ENV)
     if path:
         gpus = _from_file(path)
         return gpus, "" if gpus else f"the test inventory {path} lists no GPU"
-    return _from_driver()
+    return _from_driver_process()
+
+
+if __name__ == "__main__":  # the child of _from_driver_process: one JSON object on stdout
+    found, why = _from_driver()
+    print(json.dumps({"gpus": [asdict(g) for g in found], "why": why}))
