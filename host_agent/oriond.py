@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-d", action="store_true", help="run as a daemon (use your service manager instead)")
     parser.add_argument("--config", default=DEFAULT_PATH, help="server configuration (default %(default)s)")
     parser.add_argument("--region", action="append", help="serve this region file only (repeatable)")
-    parser.add_argument("--gmem", type=int, metavar="MiB", help="memory quota per session (default: device "
-                                                                 "memory / vgpu_count)")
+    parser.add_argument("--gmem", type=int, metavar="MiB", help="memory quota of each vGPU of a session "
+                        "without a controller allocation (default: device memory / vgpu_count)")
     parser.add_argument("--devices", help="comma-separated physical GPU ordinals sessions may use")
     parser.add_argument("--pid-file", default=pidfile.default_path(),
                         help="where to write our pid, for the libvirt hook's SIGHUP (default %(default)s; "
