@@ -346,7 +346,9 @@ class CudaExecutor(DiagnosticsHandler):
         return int(device) if int(err) == SUCCESS else -1
 
     def _device_quota(self, device: int) -> int | None:
-        if self.quota is None:
+        """The session's quota on a physical GPU; None without quotas or without a current context there (the
+        driver then answers for itself, e.g. CUDA_ERROR_INVALID_CONTEXT)."""
+        if self.quota is None or device not in self.devices:
             return None
         return sum(q for d, q in zip(self.devices, self.quota, strict=True) if d == device)
 
@@ -373,9 +375,9 @@ class CudaExecutor(DiagnosticsHandler):
         if self.quota is None:
             return None
         device = self._current_device()
-        quota = self._device_quota(device) or 0
-        if self.state.allocated.get(device, 0) + args[0] > quota:
-            vgpu = self.devices.index(device) if device in self.devices else -1
+        quota = self._device_quota(device)
+        if quota is not None and self.state.allocated.get(device, 0) + args[0] > quota:
+            vgpu = self.devices.index(device)
             log.info("session %d: memory %d MB exceeds <vgpu %d, pgpu %d> quota", self.session.number,
                      (self.state.allocated.get(device, 0) + args[0]) >> 20, vgpu, device)  # Orion's words
             return Reply(OUT_OF_MEMORY)
