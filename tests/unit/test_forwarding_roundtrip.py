@@ -909,6 +909,18 @@ def test_the_quota_limits_allocations_and_is_the_reported_memory(start: Callable
     assert second
 
 
+def test_two_vgpus_on_one_gpu_share_its_primary_context_and_their_summed_quota(start: Callable[..., Rig]) -> None:
+    rig = start(ExecutorOptions(devices=(0, 0), gmem_mib=1))
+    g = rig.guest()
+    g.setup(1)
+    assert g.ok("cuDevicePrimaryCtxRetain", 0) == g.ok("cuCtxGetCurrent")  # CUDA: one primary context per GPU
+    assert [g.ok("cuDeviceTotalMem", d) for d in (0, 1)] == [1 << 20, 1 << 20]
+    assert g.ok("cuMemGetInfo") == [2 << 20, 2 << 20]
+    assert g.alloc(3 << 19)  # more than one vGPU's quota, within the two together
+    assert g.call("cuMemAlloc", 1 << 19)[0] == SUCCESS
+    assert g.call("cuMemAlloc", 1)[0] == OUT_OF_MEMORY
+
+
 def test_without_a_quota_each_vgpu_gets_its_share_of_its_own_device(start: Callable[..., Rig]) -> None:
     rig = start(ExecutorOptions(devices=(0, 2), vgpu_count=4))
     g = rig.guest()
