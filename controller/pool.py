@@ -16,6 +16,11 @@ Orion's own clients never send keep-alives.
 
 Within one controller, the read-plan-commit step runs under a lock: local requests would otherwise race for
 the same best slot and mostly lose; the lock is only an optimisation, correctness comes from the transaction.
+
+Why a cache: the plan is made on the watch-fed copy of the pool (pool_cache.py) when it is following etcd, so a
+claim needs no read round trip, and a release or keep-alive takes the allocation's lease from it instead of a
+get. A plan from the copy that loses its transaction, or finds no room, is made again from a fresh read; the
+endpoints that report the pool (``view``, ``allocations``, ``get_allocation``) always read etcd.
 """
 from __future__ import annotations
 
@@ -31,10 +36,12 @@ from typing import TypeVar, cast
 
 from pyetcd.utils import prefix_range_end
 
-from controller.errors import Contention, NotFound, WrongHost
+from controller.errors import Contention, NotFound, Unsatisfiable, WrongHost
 from controller.keys import Keys
-from controller.model import Allocation, Claim, Gpu, GpuUsage, Host, HostUsage, PoolView, VgpuGrant, dumps
+from controller.model import Allocation, Claim, Gpu, Host, PoolView, VgpuGrant, dumps
 from controller.packing import Placement, place
+from controller.pool_cache import PoolCache
+from controller.pool_records import PoolRecords
 from controller.store import Entry, EtcdStore, PendingLease
 
 log = logging.getLogger(__name__)
@@ -60,7 +67,8 @@ class GpuSpec:
 
 
 class GpuPool:
-    """The pool in etcd. Stateless apart from its connection: any number of these may share one etcd."""
+    """The pool in etcd. Any number of these may share one etcd: what one holds besides its connection is the
+    watch-fed cache, which is only ever a hint (see the module doc). Closing the store ends the cache too."""
 
     def __init__(self, store: EtcdStore, keys: Keys, lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
                  host_ttl_s: int = DEFAULT_HOST_TTL_S, tiebreak_salt: str = "") -> None:
@@ -70,58 +78,38 @@ class GpuPool:
         self.lease_ttl_s = lease_ttl_s
         self.host_ttl_s = host_ttl_s
         self._claim_lock = threading.Lock()
-        self._cache: dict[tuple[str, int], object] = {}
+        self._parse_memo: dict[tuple[str, int], object] = {}
+        self.cache = PoolCache(store, keys)
         self.conflicts = 0  # claim transactions that lost a race (telemetry for /metrics; not state)
 
     # ------------------------------------------------------------------ reading
     def view(self) -> PoolView:
-        """Hosts, GPUs and claims at one revision."""
+        """Hosts, GPUs and claims at one revision, read from etcd now."""
         k = self.keys
-        revision, (host_entries, gpu_entries, claim_entries) = self.store.read_prefixes(
-            [k.hosts_prefix, k.gpus_prefix, k.claims_prefix])
-        parsed_hosts = ((self._parsed(e, lambda e: Host.from_json(e.value)), e) for e in host_entries)
-        hosts = {h.name: (h, e) for h, e in parsed_hosts}
-        gpus: dict[str, list[Gpu]] = {}
-        gpu_mod: dict[tuple[str, int], int] = {}
-        for e in gpu_entries:
-            gpu = self._parsed(e, lambda e: Gpu.from_json(e.value))
-            if gpu.host in hosts:
-                gpus.setdefault(gpu.host, []).append(gpu)
-                gpu_mod[(gpu.host, gpu.index)] = e.mod_revision
-        used: dict[tuple[str, int], list[tuple[int, int]]] = {}
-        for e in claim_entries:
-            host, gpu_index, slot, memory = self._parsed(e, self._claim_fields)
-            used.setdefault((host, gpu_index), []).append((slot, memory))
-        usages = []
-        for name in sorted(hosts):
-            record, _ = hosts[name]
-            gpu_usages = tuple(
-                GpuUsage(g, frozenset(s for s, _ in used.get((name, g.index), []) if s < g.vgpu_count),
-                         sum(m for _, m in used.get((name, g.index), [])))
-                for g in sorted(gpus.get(name, []), key=lambda g: g.index))
-            usages.append(HostUsage(record, gpu_usages))
-        return PoolView(revision, tuple(usages), {n: e.mod_revision for n, (_, e) in hosts.items()}, gpu_mod)
+        revision, groups = self.store.read_prefixes([k.hosts_prefix, k.gpus_prefix, k.claims_prefix])
+        records = PoolRecords(k, self._parsed)
+        for entries in groups:
+            for entry in entries:
+                records.put(entry)
+        return records.view(revision)
 
     def _parsed(self, entry: Entry, parse: Callable[[Entry], T]) -> T:
         """Parse a record once per (key, mod revision): a key at one revision never changes, and re-parsing
-        every GPU and claim on every request was most of a claim's CPU time."""
-        cache_key = (entry.key, entry.mod_revision)
-        hit = self._cache.get(cache_key)
+        every GPU and claim on every fresh read was most of its CPU time."""
+        memo_key = (entry.key, entry.mod_revision)
+        hit = self._parse_memo.get(memo_key)
         if hit is None:
-            if len(self._cache) > PARSE_CACHE_ENTRIES:
-                self._cache.clear()
-            hit = self._cache[cache_key] = parse(entry)
+            if len(self._parse_memo) > PARSE_CACHE_ENTRIES:
+                self._parse_memo.clear()
+            hit = self._parse_memo[memo_key] = parse(entry)
         return cast(T, hit)
-
-    def _claim_fields(self, entry: Entry) -> tuple[str, int, int, int]:
-        host, gpu, slot = self.keys.parse_claim(entry.key)
-        return host, gpu, slot, int(json.loads(entry.value)["memory_mib"])
 
     def allocations(self) -> list[Allocation]:
         _, (entries,) = self.store.read_prefixes([self.keys.allocations_prefix])
         return [Allocation.from_json(e.value) for e in entries]
 
     def get_allocation(self, alloc_id: str) -> Allocation:
+        """The allocation as etcd has it now; NotFound if it is gone."""
         entry = self.store.get(self.keys.allocation(alloc_id))
         if entry is None:
             raise NotFound(f"allocation {alloc_id} does not exist: it was released, its lease expired, or the id "
@@ -209,6 +197,7 @@ class GpuPool:
 
         Raises Unsatisfiable (why the pool cannot), EtcdUnavailable, or Contention after bounded retries.
         """
+        self.cache.start()
         pending = self.store.grant_started(ttl_s or self.lease_ttl_s)
         try:
             alloc = self._claim(count, memory_mib, pending, client, group_id, host)
@@ -222,15 +211,27 @@ class GpuPool:
                group_id: str, host: str) -> Allocation:
         deadline = time.monotonic() + CLAIM_DEADLINE_S
         alloc_id = str(uuid.uuid4())
+        fresh = False  # plan on the cache until it proves stale; from then on on fresh reads
         for attempt in range(CLAIM_ATTEMPTS):
             with self._claim_lock:
-                view = self.view()
-                placement = place(view, count, memory_mib, self.tiebreak_salt, host)
+                cached = None if fresh else self.cache.view()
+                fresh = cached is None
+                view = cached or self.view()
+                try:
+                    placement = place(view, count, memory_mib, self.tiebreak_salt, host)
+                except Unsatisfiable:
+                    if fresh:
+                        raise
+                    fresh = True  # the cache may lack releases: only a fresh read may say no
+                    continue
                 lease, ttl = pending.result()
                 alloc = self._allocation(alloc_id, placement, lease, ttl, client, group_id)
-                if self._commit(view, placement, alloc):
+                committed = self._commit(view, placement, alloc)
+                if committed:
+                    self.cache.wrote(committed)
                     return alloc
                 self.conflicts += 1
+                fresh = True
                 log.debug("claim on %s lost a race (attempt %d); re-reading", placement.host.host.name, attempt + 1)
             if time.monotonic() > deadline:
                 break
@@ -244,7 +245,8 @@ class GpuPool:
         grants = tuple(VgpuGrant(s.gpu.gpu.index, s.vgpu, s.gpu.gpu.uuid, s.memory_mib) for s in p.slots)
         return Allocation(alloc_id, h.name, h.address, h.port, grants, lease, ttl, time.time(), client, group_id)
 
-    def _commit(self, view: PoolView, p: Placement, alloc: Allocation) -> bool:
+    def _commit(self, view: PoolView, p: Placement, alloc: Allocation) -> int:
+        """Make the placement one transaction: the revision it committed at, or 0 if the view was stale."""
         k, t = self.keys, self.store.txn
         host = alloc.host
         gpus = sorted({s.gpu.gpu.index for s in p.slots})
@@ -259,12 +261,12 @@ class GpuPool:
         success += [t.put(k.allocation(alloc.id), alloc.to_json(), lease=alloc.lease),
                     t.put(k.placed(host, alloc.id), dumps({"lease": alloc.lease, "confirmed": False}),
                           lease=alloc.lease)]
-        ok, _ = self.store.transaction(compare, success)
-        return bool(ok)
+        ok, revision = self.store.transaction(compare, success)
+        return revision if ok else 0
 
     def keepalive(self, alloc_id: str) -> int:
         """Refresh an allocation's lease once; its TTL. NotFound if it is gone (released or expired)."""
-        alloc = self.get_allocation(alloc_id)
+        alloc = self._known_allocation(alloc_id)
         ttl = self.store.refresh(alloc.lease)
         if ttl <= 0:
             raise NotFound(f"allocation {alloc_id}'s lease has expired; its vGPUs are back in the pool")
@@ -297,11 +299,19 @@ class GpuPool:
 
     def release(self, alloc_id: str) -> Allocation:
         """Give an allocation's vGPUs back now (revoking its lease deletes its claims in one step)."""
-        alloc = self.get_allocation(alloc_id)
-        if not self.store.revoke(alloc.lease):
+        alloc = self._known_allocation(alloc_id)
+        revision = self.store.revoke(alloc.lease)
+        if not revision:
             raise NotFound(f"allocation {alloc_id} had already expired; its vGPUs are back in the pool")
+        self.cache.wrote(revision)
         log.info("Release resource with allocation ID %s", alloc_id)
         return alloc
+
+    def _known_allocation(self, alloc_id: str) -> Allocation:
+        """The allocation from the cache, else from etcd: for its lease, which never changes. Whatever is done
+        with the lease goes to etcd, which says NotFound if the cache still had an allocation that is gone."""
+        self.cache.start()
+        return self.cache.allocation(alloc_id) or self.get_allocation(alloc_id)
 
     def _revoke_quietly(self, pending: PendingLease) -> None:
         """Undo a lease we granted; if etcd is down it expires by itself, so a failure here is only logged."""

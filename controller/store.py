@@ -7,11 +7,16 @@ which etcd and what to do. Every call has a deadline (``timeout_s``), so nothing
 Two pyetcd defaults would make a controller stay broken after etcd comes back, so they are overridden: an
 endpoint that failed once is shunned for 300 s (we retry at once), and grpc's reconnect backoff grows to
 120 s (we cap it at 1 s). Keys and what the transactions compare are the callers' business (keys.py, pool.py).
+
+Watches are our own (``WatchStream``) rather than pyetcd's watcher, which drops etcd's cancellation of a watch
+without telling its callback: a cache fed by a watch must learn at once that it stopped being fed.
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -20,6 +25,7 @@ import grpc
 from pyetcd import etcdrpc
 from pyetcd import exceptions as etcd_exc
 from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
+from pyetcd.etcdrpc import kv_pb2
 from pyetcd.utils import prefix_range_end
 
 from controller.errors import EtcdRefused, EtcdUnavailable
@@ -47,6 +53,20 @@ class Entry:
     value: bytes
     mod_revision: int
     lease: int
+
+
+@dataclass(frozen=True)
+class Change:
+    """One key as a watched revision left it: its new state, or ``deleted`` (then only the key and the
+    revision of the deletion are meaningful)."""
+
+    entry: Entry
+    deleted: bool
+
+
+class WatchLost(Exception):
+    """etcd ended a watch (its start revision was compacted away, or etcd cancelled it): whatever was built from
+    the watch is incomplete from here on and must be read afresh."""
 
 
 def parse_endpoints(url: str) -> list[tuple[str, int]]:
@@ -95,8 +115,25 @@ class EtcdStore:
                      for host, port in parsed]
         self._client = MultiEndpointEtcd3Client(endpoints=endpoints, timeout=timeout_s,
                                                 failover=len(endpoints) > 1)
+        self._watches: set[WatchStream] = set()
+        self._watches_lock = threading.Lock()
+        self._closing: list[Callable[[], None]] = []
+        self.closed = False
+
+    def on_close(self, stop: Callable[[], None]) -> None:
+        """Have ``close`` call ``stop`` first: a thread that uses this connection must be gone before the
+        channel closes under it (grpc can crash the process otherwise)."""
+        self._closing.append(stop)
 
     def close(self) -> None:
+        """Stop what registered with ``on_close``, end open watches, then close the connection."""
+        self.closed = True
+        for stop in self._closing:
+            stop()
+        with self._watches_lock:
+            watches = list(self._watches)
+        for w in watches:
+            w.close()
         self._client.close()
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
@@ -155,11 +192,35 @@ class EtcdStore:
 
         return self._call("get", run)
 
+    def watch(self, prefix: str, start_revision: int = 0) -> WatchStream:
+        """Follow every change under ``prefix`` from ``start_revision`` on (0: from the next one; see
+        WatchStream)."""
+        stream = WatchStream(self, prefix, start_revision)
+        with self._watches_lock:
+            if not self.closed:
+                self._watches.add(stream)
+        if self.closed:
+            stream.close()
+        return stream
+
+    def _forget(self, stream: WatchStream) -> None:
+        with self._watches_lock:
+            self._watches.discard(stream)
+
     # writes
-    def transaction(self, compare: list[Any], success: list[Any], failure: list[Any] | None = None
-                    ) -> tuple[bool, list[Any]]:
-        return self._call("transaction", lambda: self._client.transaction(compare=compare, success=success,
-                                                                            failure=failure or []))
+    def transaction(self, compare: list[Any], success: list[Any]) -> tuple[bool, int]:
+        """Commit ``success`` if every comparison holds: (whether it did, the revision etcd answered at; for a
+        committed transaction that writes, the revision of its writes)."""
+        client = self._client
+        request = etcdrpc.TxnRequest(compare=[c.build_message() for c in compare],
+                                     success=client._ops_to_requests(success), failure=[])
+
+        def run() -> tuple[bool, int]:
+            resp = client.kvstub.Txn(request, self.timeout_s, credentials=client.call_credentials,
+                                     metadata=client.metadata)
+            return bool(resp.succeeded), int(resp.header.revision)
+
+        return self._call("transaction", run)
 
     def put(self, key: str, value: str, lease: int = 0) -> None:
         self._call("put", lambda: self._client.put(key, value, lease=lease or None))
@@ -178,16 +239,20 @@ class EtcdStore:
             request, self.timeout_s, credentials=client.call_credentials, metadata=client.metadata))
         return PendingLease(self, future)
 
-    def revoke(self, lease_id: int) -> bool:
-        """Revoke a lease (and delete its keys); False if it had already expired."""
-        def run() -> bool:
+    def revoke(self, lease_id: int) -> int:
+        """Revoke a lease (and delete its keys): the revision of the deletion, or 0 if it had already expired."""
+        client = self._client
+        request = etcdrpc.LeaseRevokeRequest(ID=lease_id)
+
+        def run() -> int:
             try:
-                self._client.revoke_lease(lease_id)
+                resp = client.leasestub.LeaseRevoke(request, self.timeout_s, credentials=client.call_credentials,
+                                                    metadata=client.metadata)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
-                    return False
+                    return 0
                 raise
-            return True
+            return int(resp.header.revision)
 
         return self._call("lease revoke", run)
 
@@ -209,6 +274,58 @@ class EtcdStore:
     def txn(self) -> Any:
         """pyetcd's comparison and operation builders (value, version, mod, put, delete...)."""
         return self._client.transactions
+
+
+class WatchStream:
+    """One etcd watch of a prefix, from a start revision, on a stream of its own.
+
+    Iterating yields, per etcd response, the changes of whole revisions in revision order (etcd never splits a
+    revision between responses); an empty list means "watching" (the watch was created, or etcd reported
+    progress). Iteration raises WatchLost when etcd ends the watch, EtcdUnavailable when the stream breaks, and
+    simply stops after ``close()``.
+    """
+
+    def __init__(self, store: EtcdStore, prefix: str, start_revision: int) -> None:
+        self._store = store
+        self._closed = False
+        self._requests: queue.SimpleQueue[etcdrpc.WatchRequest | None] = queue.SimpleQueue()
+        key = prefix.encode()
+        self._requests.put(etcdrpc.WatchRequest(create_request=etcdrpc.WatchCreateRequest(
+            key=key, range_end=prefix_range_end(key), start_revision=start_revision)))
+        client = store._client
+        self._responses = store._call("watch", lambda: etcdrpc.WatchStub(client.channel).Watch(
+            iter(self._requests.get, None), credentials=client.call_credentials, metadata=client.metadata))
+
+    def __iter__(self) -> Iterator[list[Change]]:
+        while True:
+            resp = self._store._call("watch", self._next)
+            if resp is None:
+                if self._closed:
+                    return
+                raise WatchLost("etcd ended the watch stream")
+            if resp.compact_revision:
+                raise WatchLost(f"etcd compacted its history up to revision {resp.compact_revision}")
+            if resp.canceled:
+                raise WatchLost(f"etcd cancelled the watch ({resp.cancel_reason or 'no reason given'})")
+            yield [Change(Entry(e.kv.key.decode(), e.kv.value, e.kv.mod_revision, e.kv.lease),
+                          e.type == kv_pb2.Event.DELETE) for e in resp.events]
+
+    def _next(self) -> Any:
+        """The next response; None when the stream ended or we closed it (a cancelled call is not an outage)."""
+        try:
+            return next(self._responses)
+        except StopIteration:
+            return None
+        except grpc.RpcError:
+            if self._closed:
+                return None
+            raise
+
+    def close(self) -> None:
+        self._closed = True
+        self._requests.put(None)
+        self._responses.cancel()
+        self._store._forget(self)
 
 
 def connect(url: str, timeout_s: float = 3.0) -> EtcdStore:
