@@ -216,7 +216,7 @@ class GpuPool:
             with self._claim_lock:
                 cached = None if fresh else self.cache.view()
                 fresh = cached is None
-                view = cached or self.view()
+                view = cached if cached is not None else self.view()
                 try:
                     placement = place(view, count, memory_mib, self.tiebreak_salt, host)
                 except Unsatisfiable:

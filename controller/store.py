@@ -159,7 +159,8 @@ class EtcdStore:
             raise self._unavailable(what, "endpoint marked failed") from None
 
     def _unavailable(self, what: str, why: str) -> EtcdUnavailable:
-        log.warning("etcd %s failed: %s", what, why)
+        # a watch is retried every second while etcd is down, and its owner reports the outage once
+        log.log(logging.DEBUG if what == "watch" else logging.WARNING, "etcd %s failed: %s", what, why)
         return EtcdUnavailable(f"etcd at {self.url} is unreachable ({why} during {what}); start etcd there or "
                                f"point orion-controller --etcd at a running one")
 
