@@ -8,7 +8,8 @@ Everything runs on loopback in one go, with its baselines measured in the same r
   overlapped with the lease grant, then the claim transaction; then the lease revoke, the lease id taken from
   the copy): the controller's cost sans HTTP, and how many claims lost their transaction and were retried;
 * allocate+release through the JSON API of a controller process, with a kept-alive connection: what a
-  client sees (aim: p99 <= 10 ms);
+  client sees (aim: p99 <= 10 ms), and the CPU time the controller and etcd spent per pair (on a 2-core machine
+  that, more than the round trips, is what the latency depends on, and it is far less noisy);
 * the concurrent run: two controller processes on one etcd, 500 requests for one vGPU each from 48 client
   threads alternating between them, on a pool big enough for all; throughput, latency under load, and how
   many claim transactions lost a race and were retried.
@@ -49,7 +50,10 @@ def percentiles(samples_s: list[float]) -> str:
     return f"p50 {statistics.median(ms):6.2f} ms   p99 {p99:6.2f} ms   (n={len(ms)})"
 
 
-def timed(n: int, fn: Callable[[int], None], warmup: int = 50) -> list[float]:
+WARMUP = 50
+
+
+def timed(n: int, fn: Callable[[int], object], warmup: int = WARMUP) -> list[float]:
     for i in range(warmup):
         fn(i)
     out = []
@@ -58,6 +62,12 @@ def timed(n: int, fn: Callable[[int], None], warmup: int = 50) -> list[float]:
         fn(i)
         out.append(time.perf_counter() - t)
     return out
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def machine() -> str:
@@ -118,7 +128,12 @@ def main() -> int:
             def http_pair(_: int) -> None:
                 client.release(client.allocate(1, 1000)["id"])
 
+            assert a.proc is not None and etcd.proc is not None
+            pids = (a.proc.pid, etcd.proc.pid)
+            cpu_before = [cpu_s(p) for p in pids]
             print(f"http   allocate+release (one client)     {percentiles(timed(n, http_pair))}")
+            ctl_ms, etcd_ms = ((cpu_s(p) - c) * 1000 / (n + WARMUP) for p, c in zip(pids, cpu_before, strict=True))
+            print(f"         CPU per pair                    controller {ctl_ms:.2f} ms, etcd {etcd_ms:.2f} ms")
 
             local = threading.local()
             latencies: list[float] = []
