@@ -211,7 +211,9 @@ class EtcdStore:
     # writes
     def transaction(self, compare: list[Any], success: list[Any]) -> tuple[bool, int]:
         """Commit ``success`` if every comparison holds: (whether it did, the revision etcd answered at; for a
-        committed transaction that writes, the revision of its writes)."""
+        committed transaction that writes, the revision of its writes). Built on the generated stub because
+        pyetcd's ``transaction()`` drops the response header, and with it the revision; pyetcd still turns the
+        operations into requests."""
         client = self._client
         request = etcdrpc.TxnRequest(compare=[c.build_message() for c in compare],
                                      success=client._ops_to_requests(success), failure=[])
