@@ -30,7 +30,8 @@ class PoolCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         conflicts = CounterMetricFamily("orion_controller_claim_conflicts",
-                                        "claim transactions of this controller that lost a race and were retried")
+                                        "claim transactions of this controller that failed (a race, or a stale "
+                                        "pool copy) and were retried")
         conflicts.add_metric([], self.pool.conflicts)
         yield conflicts
         up = GaugeMetricFamily("orion_controller_etcd_up", "1 if etcd answered this scrape, else 0")
