@@ -93,6 +93,12 @@ def name(value: str, what: str) -> str:
     return value
 
 
+def optional_host(data: Mapping[str, Any]) -> str:
+    """An optional ``"host"`` field: a valid host name, or "" when absent."""
+    host = text(data, "host", required=False)
+    return name(host, "host") if host else ""
+
+
 def allocation_request(data: Mapping[str, Any]) -> AllocationRequest:
     """JSON API: ``{"vgpus": N, "memory_mib": M?, "ttl_s": T?, "client": "..."?, "host": "..."?}``."""
     unknown = set(data) - {"vgpus", "memory_mib", "ttl_s", "client", "host"}
@@ -101,10 +107,9 @@ def allocation_request(data: Mapping[str, Any]) -> AllocationRequest:
                          f"client, host")
     count = integer(data, "vgpus", 1, MAX_VGPUS)
     assert count is not None
-    host = text(data, "host", required=False)
     return AllocationRequest(count, integer(data, "memory_mib", 1, MAX_MEMORY_MIB, required=False),
                              integer(data, "ttl_s", 1, MAX_TTL_S, required=False),
-                             text(data, "client", required=False), name(host, "host") if host else "")
+                             text(data, "client", required=False), optional_host(data))
 
 
 def confirmation_host(data: Mapping[str, Any]) -> str:
@@ -112,8 +117,7 @@ def confirmation_host(data: Mapping[str, Any]) -> str:
     unknown = set(data) - {"host"}
     if unknown:
         raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}; allowed: host")
-    host = text(data, "host", required=False)
-    return name(host, "host") if host else ""
+    return optional_host(data)
 
 
 def orion_service_query(query: Mapping[str, str]) -> AllocationRequest:

@@ -35,7 +35,7 @@ class InventoryError(Exception):
     """The test inventory file is unreadable or malformed (one line saying which and how)."""
 
 
-def uuid_text(raw: bytes) -> str:
+def _uuid_text(raw: bytes) -> str:
     """nvidia-smi's spelling of a CUDA device UUID: ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
     h = raw.hex()
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
@@ -49,18 +49,22 @@ def _from_driver() -> tuple[list[GpuInfo], str]:
         return [], f"no CUDA driver on this host ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
     if int(err) != 0:
         return [], f"cuInit failed with {err}"
+    gpus = of_driver(driver)
+    return gpus, "" if gpus else "the CUDA driver sees no GPU"
+
+
+def of_driver(driver: Any) -> list[GpuInfo]:
+    """The GPUs an initialised cuda.bindings.driver (or a stand-in with its API) sees."""
     err, count = driver.cuDeviceGetCount()
-    if int(err) != 0 or count == 0:
-        return [], "the CUDA driver sees no GPU"
     gpus = []
-    for ordinal in range(count):
+    for ordinal in range(count if int(err) == 0 else 0):
         _, device = driver.cuDeviceGet(ordinal)
         _, name = driver.cuDeviceGetName(256, device)
         _, uuid = driver.cuDeviceGetUuid(device)
         _, total = driver.cuDeviceTotalMem(device)
-        gpus.append(GpuInfo(ordinal, uuid_text(bytes(uuid.bytes)[:16]),
-                            name.split(b"\0", 1)[0].decode(errors="replace"), int(total) // (1 << 20)))
-    return gpus, ""
+        gpus.append(GpuInfo(ordinal, _uuid_text(bytes(uuid.bytes)[:16]),
+                            bytes(name).split(b"\0", 1)[0].decode(errors="replace"), int(total) // (1 << 20)))
+    return gpus
 
 
 def _from_file(path: str) -> list[GpuInfo]:

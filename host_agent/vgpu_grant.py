@@ -16,7 +16,7 @@ from typing import Any
 from controller.client import ControllerClient, ControllerClientError
 from controller.keys import valid_name
 
-from .gpu_inventory import uuid_text
+from .gpu_inventory import of_driver
 
 CONFIRM_TIMEOUT_S = 5.0
 
@@ -30,17 +30,6 @@ class Grant:
     allocation: str
     devices: tuple[int, ...]  # physical ordinals, one per vGPU, in guest order
     memory_mib: tuple[int, ...]  # each vGPU's quota
-
-
-def local_ordinals(driver: Any) -> dict[str, int]:
-    """This host's GPUs by UUID (nvidia-smi's spelling, as oriond registered them)."""
-    err, count = driver.cuDeviceGetCount()
-    found: dict[str, int] = {}
-    for ordinal in range(count if int(err) == 0 else 0):
-        err, uuid = driver.cuDeviceGetUuid(ordinal)
-        if int(err) == 0:
-            found[uuid_text(bytes(uuid.bytes)[:16])] = ordinal
-    return found
 
 
 def take_up(controller: str, host: str, allocation: str, driver: Any) -> Grant:
@@ -61,7 +50,7 @@ def take_up(controller: str, host: str, allocation: str, driver: Any) -> Grant:
                            f"host {host}: {exc.reason}") from None
     except ValueError as exc:  # a malformed controller_addr
         raise GrantRefused(f"cannot ask the Orion Controller: {exc}") from None
-    local = local_ordinals(driver)
+    local = {gpu.uuid: gpu.index for gpu in of_driver(driver)}  # as oriond registered them
     try:
         vgpus = [(str(v["uuid"]), int(v["memory_mib"])) for v in answer["vgpus"]]
     except (KeyError, TypeError, ValueError):

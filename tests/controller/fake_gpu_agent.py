@@ -18,7 +18,7 @@ from host_agent.agent import Agent  # noqa: E402
 from host_agent.config import ServerConfig  # noqa: E402
 from host_agent.controller_link import ControllerLink  # noqa: E402
 from host_agent.executor import CudaExecutor, ExecutorOptions  # noqa: E402
-from host_agent.gpu_inventory import GpuInfo, uuid_text  # noqa: E402
+from host_agent.gpu_inventory import of_driver  # noqa: E402
 from host_agent.region_server import ServerOptions  # noqa: E402
 from host_agent.stop import StopRequest  # noqa: E402
 from tests.fake_driver import FakeDriver  # noqa: E402
@@ -32,16 +32,10 @@ def fake_driver() -> FakeDriver:
     return driver
 
 
-def inventory() -> list[GpuInfo]:
-    driver = fake_driver()
-    return [GpuInfo(d, uuid_text(driver.device_uuid(d)), driver.device_name(d).decode(), driver.total_mem[d] >> 20)
-            for d in range(GPUS)]
-
-
 def main(region: str, host: str, controller: str = "") -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(levelname)s] %(message)s", stream=sys.stderr)
     stop = StopRequest().on_signals()
-    link = ControllerLink(controller, host, 9960, 4, inventory()).start() if controller else None
+    link = ControllerLink(controller, host, 9960, 4, of_driver(fake_driver())).start() if controller else None
     options = ExecutorOptions(controller=controller, host=host)
     agent = Agent(ServerConfig(None), options, regions=[region], options=ServerOptions(heartbeat_timeout=5.0),
                   stop=stop, release=link.release_later if link else None)
