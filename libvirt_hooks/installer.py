@@ -5,9 +5,10 @@ then every executable regular file directly in /etc/libvirt/hooks/qemu.d/, in st
 arguments and the same domain XML on stdin; an operation fails if any of them fails (all still run). So our
 hook is one file of our own, qemu.d/orion-vgpu, and a user's `qemu` hook is never moved, wrapped or edited:
 chaining is libvirt's, uninstalling is deleting our file. libvirt looks for hooks (the `qemu` file, or a
-qemu.d with an executable in it) only when the daemon starts or reloads: if no qemu hook existed before, the
-daemon must be restarted once. Our hook is idempotent, so a dispatcher `qemu` script that also runs
-everything in qemu.d/ running it a second time is harmless.
+qemu.d with an executable in it) only when the daemon starts (a SIGHUP reload does not look again): if no qemu
+hook existed before, the daemon must be restarted once (`libvirtd_runs_hooks` says whether it has been).
+Our hook is idempotent, so a dispatcher `qemu` script that also runs everything in qemu.d/ running it a
+second time is harmless.
 
 AppArmor. Where AppArmor is active and libvirt's `abstractions/libvirt-qemu` exists, QEMU may only open
 files the profile allows, so the rule `<shm_path_base>/orionsock* rw,` is added between marker lines: to the
@@ -40,8 +41,8 @@ DOMAIN_PROFILES = "etc/apparmor.d/libvirt"
 RULE_BEGIN = "# BEGIN orion-vgpu (orion-hooks): QEMU opens Orion regions"
 RULE_END = "# END orion-vgpu"
 LIBVIRTD_PID_FILE = "run/libvirtd.pid"
-RESTART = ("libvirtd looks for hooks only when it starts: restart it now (systemctl restart libvirtd, or "
-           "virtqemud where the modular daemons run) so that it runs the Orion hook")
+SYSTEMD_RUNNING = "run/systemd/system"  # sd_booted(): this directory exists only while systemd is PID 1
+RESTART_FIRST = "libvirtd looks for hooks only when it starts: restart it now so that it runs the Orion hook"
 
 
 class InstallError(Exception):
@@ -111,7 +112,7 @@ def install(root: str, python: str, config: str, pid_file: str) -> list[str]:
         if os.path.lexists(paths.qemu_hook):
             out.append(f"{paths.qemu_hook} is left as it is; libvirt runs it first, then {paths.hook}")
         if first and not hooks_were_seen:
-            out.append(RESTART)
+            out.append(f"{RESTART_FIRST} ({restart_advice(paths)})")
         elif first:
             out.append("libvirtd already runs qemu hooks here, so it needs no restart: it runs this one from the "
                        "next domain start")
@@ -222,26 +223,45 @@ def _libvirt_sees_qemu_hooks(paths: Paths) -> bool:
     return (os.path.isfile(qemu) and os.access(qemu, os.X_OK)) or bool(_executables(paths.hook_dir))
 
 
+def restart_advice(paths: Paths, pid: int | None = None) -> str:
+    """How to restart libvirtd on this host: `systemctl` only where systemd runs (it is PID 1 exactly when
+    /run/systemd/system exists, as sd_booted() checks); elsewhere (containers, CI) the daemon runs as itself."""
+    if os.path.isdir(paths.at(SYSTEMD_RUNNING)):
+        return "systemctl restart libvirtd, or virtqemud where the modular daemons run"
+    target = str(pid) if pid is not None else f'"$(cat /{LIBVIRTD_PID_FILE})"'
+    return (f"no systemd here: kill {target}, wait until it has exited, then start it again with 'libvirtd -d'; "
+            "'sudo ./setup.sh --no-demo' does exactly that")
+
+
 def libvirtd_runs_hooks(paths: Paths) -> tuple[bool | None, str]:
     """Whether the running libvirtd will run qemu hooks (True/False; None when no libvirtd runs), and a line.
 
-    libvirtd decides once, when it starts: hooks run only if a qemu hook was there then. So it runs ours if
-    it started after our file appeared (an update keeps the file's time), or after some other qemu hook it
-    still has."""
+    libvirtd decides once, when it starts (virHookInitialize in its main()): hooks run only if a qemu hook was
+    there then. So it runs ours if our file appeared before that moment (an update keeps the file's time), or
+    if some other qemu hook it still has did.
+
+    "That moment" is bounded by the daemon's pid file: main() writes it (virPidFileAcquirePath) before it
+    looks for hooks, so a hook whose mtime is not after the pid file's mtime was there when libvirtd looked.
+    Both are file times stamped by the same kernel clock, compared in nanoseconds, so the comparison needs
+    no conversion. The process start time from /proc/PID/stat is not used: it counts clock ticks since boot,
+    and /proc/stat's `btime` is whole seconds, so the start computed from them can be up to a second early
+    (a libvirtd started 0.03 s after the hook looked older than it: issue 11). Only a hook written during
+    the few milliseconds between the pid file and the hook scan of a daemon starting at that very moment
+    could be judged wrongly; a clock stepped back between the two writes errs towards a needless restart."""
     pid = _running_daemon(paths)
     if pid is None:
         return None, "libvirtd: not running; it will run the hook when it starts"
-    started = _start_time(paths, pid)
     hooks = [paths.qemu_hook] if os.path.isfile(paths.qemu_hook) and os.access(paths.qemu_hook, os.X_OK) else []
     hooks += [os.path.join(paths.hook_dir, name) for name in _executables(paths.hook_dir)]
     try:
-        first = min(os.stat(hook).st_mtime for hook in hooks)
+        first = min(os.stat(hook).st_mtime_ns for hook in hooks)
     except (ValueError, OSError):
-        return False, f"libvirtd: pid {pid} runs no qemu hook; restart it"
-    if started is None or started >= first:
+        return False, f"libvirtd: pid {pid} runs no qemu hook; restart it ({restart_advice(paths, pid)})"
+    looked = _hook_scan_bound(paths)
+    if looked is not None and looked >= first:
         return True, f"libvirtd: pid {pid} runs qemu hooks"
     return False, (f"libvirtd: pid {pid} started before any qemu hook was installed, so it runs none: restart it "
-                   "(systemctl restart libvirtd)")
+                   f"({restart_advice(paths, pid)})")
 
 
 def _running_daemon(paths: Paths) -> int | None:
@@ -254,16 +274,12 @@ def _running_daemon(paths: Paths) -> int | None:
     return pid if comm is not None and comm.strip() == "libvirtd" else None
 
 
-def _start_time(paths: Paths, pid: int) -> float | None:
-    """When process `pid` started, in seconds since the epoch (/proc/PID/stat field 22 plus the boot time)."""
-    stat_text, system = _read(paths.at(f"proc/{pid}/stat")), _read(paths.at("proc/stat"))
-    if stat_text is None or system is None:
+def _hook_scan_bound(paths: Paths) -> int | None:
+    """The libvirtd pid file's mtime in ns: the running daemon looked for hooks after this (None: no file)."""
+    try:
+        return os.stat(paths.at(LIBVIRTD_PID_FILE)).st_mtime_ns
+    except OSError:
         return None
-    boot = re.search(r"^btime (\d+)", system, re.M)
-    fields = stat_text.rsplit(")", 1)[-1].split()
-    if boot is None or len(fields) < 20:
-        return None
-    return int(boot.group(1)) + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def _executables(directory: str) -> list[str]:

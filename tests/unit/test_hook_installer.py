@@ -98,7 +98,7 @@ def test_install_chains_an_existing_hook_which_still_gets_the_same_args_and_stdi
     code, out, _ = orion_hooks(capsys, *install_args(root, conf))
     assert code == 0
     assert "left as it is" in out
-    assert installer.RESTART not in out  # libvirtd already runs qemu hooks: it needs no restart
+    assert installer.RESTART_FIRST not in out  # libvirtd already runs qemu hooks: it needs no restart
     assert (existing.read_bytes(), existing.stat().st_mode) == before
 
     args = ["g1", "prepare", "begin", "-"]
@@ -138,7 +138,7 @@ def test_first_hook_on_a_host_says_to_restart_libvirtd_and_uninstall_leaves_no_t
     original = snapshot(root)
     code, out, _ = orion_hooks(capsys, *install_args(root, conf))
     assert code == 0
-    assert installer.RESTART in out
+    assert installer.RESTART_FIRST in out
     assert "AppArmor is not active here" in out
     assert orion_hooks(capsys, "status", "--root", str(root))[0] == 0
     assert orion_hooks(capsys, "uninstall", "--root", str(root))[0] == 0
@@ -216,19 +216,21 @@ def test_no_apparmor_rule_where_apparmor_is_off(root: Path, conf: Path, capsys: 
     assert (abstraction.read_bytes(), local.read_bytes()) == before
 
 
-def fake_libvirtd(root: Path, started: float, pid: int = 4242, comm: str = "libvirtd") -> None:
-    """A libvirtd pid file and the /proc entries the status check reads, for a daemon started at `started`."""
-    boot = 1_700_000_000
-    ticks = round((started - boot) * os.sysconf("SC_CLK_TCK"))
+def fake_libvirtd(root: Path, started: float, pid: int = 4242, comm: str = "libvirtd",
+                  boot: float = 1_700_000_000.0) -> None:
+    """A libvirtd started at `started` (epoch seconds) on a host booted at `boot`: its pid file, written as the
+    daemon starts (so with that time), and the /proc entries a kernel shows for it. As on a real host, /proc/stat's
+    btime is the boot time in whole seconds and /proc/PID/stat's starttime whole clock ticks since boot."""
+    ticks = int((started - boot) * os.sysconf("SC_CLK_TCK"))
     (root / "run").mkdir(exist_ok=True)
-    (root / "run/libvirtd.pid").write_text(f"{pid}\n")
+    pid_file = root / "run/libvirtd.pid"
+    pid_file.write_text(f"{pid}\n")
+    os.utime(pid_file, ns=(round(started * 1e9), round(started * 1e9)))
     proc = root / "proc" / str(pid)
     proc.mkdir(parents=True, exist_ok=True)
     (proc / "comm").write_text(comm + "\n")
     (proc / "stat").write_text(f"{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 " + "0 " * 12 + f"{ticks} 0 0\n")
-    (root / "proc/stat").write_text(f"cpu 1 2 3\nbtime {boot}\n")
-
-
+    (root / "proc/stat").write_text(f"cpu 1 2 3\nbtime {int(boot)}\n")
 @pytest.mark.parametrize("started_after, other_hook_before, runs", [
     (True, False, True),     # started after our hook appeared
     (False, False, False),   # started before any hook: runs none until restarted
@@ -273,3 +275,39 @@ def test_status_without_libvirtd_running(root: Path, conf: Path, capsys: pytest.
     fake_libvirtd(root, 1_700_000_600, comm="bash")  # a stale pid file whose pid now belongs to another program
     code, out, _ = orion_hooks(capsys, "status", "--root", str(root))
     assert code == 0 and "libvirtd: not running" in out, out
+
+
+def test_a_libvirtd_started_a_moment_after_the_hook_runs_it_whatever_the_boot_time_fraction(
+        root: Path, conf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 11: setup.sh started libvirtd 0.03 s after writing the hook, on a host booted at .9 of a second.
+    /proc/stat's btime says .0, so a start time computed from it is 0.9 s early, before the hook: status asked for
+    a restart that had just happened. The answer must come from something exact, whatever the fraction."""
+    assert orion_hooks(capsys, *install_args(root, conf))[0] == 0
+    hook = root / HOOKS / "qemu.d" / installer.HOOK_NAME
+    written = 1_700_000_500.5
+    os.utime(hook, ns=(round(written * 1e9), round(written * 1e9)))
+    fake_libvirtd(root, written + 0.03, boot=1_700_000_000.9)
+    code, out, _ = orion_hooks(capsys, "status", "--root", str(root))
+    assert code == 0 and "pid 4242 runs qemu hooks" in out, out
+
+    fake_libvirtd(root, written - 0.03, boot=1_700_000_000.1)  # and 0.03 s before the hook: it runs none
+    code, out, _ = orion_hooks(capsys, "status", "--root", str(root))
+    assert code == 1 and "pid 4242 started before any qemu hook was installed" in out, out
+
+
+@pytest.mark.parametrize("systemd", [True, False], ids=["systemd", "no-systemd"])
+def test_restart_advice_names_systemctl_only_where_systemd_runs(root: Path, conf: Path, systemd: bool,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    if systemd:
+        (root / "run/systemd/system").mkdir(parents=True)
+    code, out, _ = orion_hooks(capsys, *install_args(root, conf))
+    assert code == 0 and installer.RESTART_FIRST in out, out
+    hook = root / HOOKS / "qemu.d" / installer.HOOK_NAME
+    os.utime(hook, (1_700_000_500, 1_700_000_500))
+    fake_libvirtd(root, 1_700_000_300)  # started before the hook: status must say how to restart it
+    code, status, _ = orion_hooks(capsys, "status", "--root", str(root))
+    assert code == 1 and "restart it" in status, status
+    for text in (out, status):
+        assert ("systemctl restart libvirtd" in text) is systemd, text
+        assert ("libvirtd -d" in text) is not systemd, text
+    assert "kill 4242" in status or systemd, status
