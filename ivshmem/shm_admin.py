@@ -3,8 +3,14 @@
 Every failure is a `ShmError` whose message is the one line the user sees (Orion's exact wording where
 Orion had one), so the CLI stays a thin shell and the host agent can reuse these functions. Creation is
 Orion's `orion-shm` done safely: O_EXCL (no race with a second creator), a half-made file is removed, the
-region is formatted at once (so `inspect` shows a valid header before any agent ran), and it is handed
-to the user QEMU runs as (server.conf [server-shm]) so a libvirt guest can open it.
+region is formatted at once (so `inspect` shows a valid header before any agent ran), and it is given to
+its tenant and no one else.
+
+A region is one tenant's: every client of a region shares its file, so whoever can open it can read and
+write every session in it. The tenant is a libvirt guest's QEMU (the user and group of server.conf
+[server-shm], mode 0660), or one container's or local user's uid (`--owner`, mode 0600, 0660 with a group);
+without either the region stays its creator's (root's), mode 0600. A mode that lets others in is allowed
+but always comes with a warning, and `list`/`inspect` say who can reach each region (docs/containers.md).
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import dataclasses
 import grp
 import os
 import pwd
+import re
 import stat
 from dataclasses import dataclass
 
@@ -25,6 +32,10 @@ from .region import SHM_DIR, SHM_PREFIX, Region, list_region_files, region_path
 INDEX_RANGE = (0, 9999)
 SIZE_RANGE_MIB = (16, 1024 * 1024)
 AGENT_STATES = {layout.AGENT_NEVER: "never", layout.AGENT_SERVING: "serving", layout.AGENT_STOPPED: "stopped"}
+# Who can reach a region besides its tenant (owner, and group when the mode gives it access) and root.
+TENANT_ONLY, OTHERS_READ, OTHERS_WRITE = "tenant only", "others can read", "others can write"
+_ID = re.compile(r"\d+")
+_MAX_ID = 2**32 - 2  # (uid_t)-1 means "no change" to chown
 
 Users = list[tuple[int, str]]
 
@@ -42,6 +53,16 @@ class CreatedRegion:
     mode: int
     channels: int = DEFAULT_CHANNELS
     note: str = ""  # something the user should know although creation succeeded
+    warning: str = ""  # set when others than the tenant can reach the region
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """The uid and gid a region is given to; `shared_group`: the group was named, so it gets access (0660)."""
+
+    uid: int
+    gid: int
+    shared_group: bool
 
 
 # --- validation (Orion's messages) ------------------------------------------------------------------------
@@ -51,14 +72,86 @@ def check_index(index: int) -> None:
 
 
 def check_size(size_mib: int) -> None:
+    """Orion's range, then QEMU's rule: ivshmem-plain maps the whole region as a PCI BAR, whose size must be a
+    power of two (QEMU 7.2 aborts on another size, libvirt refuses to start the domain), so such a region
+    could never be attached; refuse it now rather than at the first `virsh start`."""
     if not SIZE_RANGE_MIB[0] <= size_mib <= SIZE_RANGE_MIB[1]:
         raise ShmError("Error. Invalid SHM file size. It should be in [16, 1024*1024]")
+    if size_mib & (size_mib - 1):
+        lower = 1 << (size_mib.bit_length() - 1)
+        raise ShmError(f"Error. Invalid SHM file size {size_mib} MiB: it must be a power of two (QEMU maps the "
+                       f"region as a PCI BAR); use {lower} or {lower * 2}.")
+
+
+def parse_owner(spec: str) -> Tenant:
+    """`USER[:GROUP]`, names or numeric ids. A numeric uid need not exist here (a container's own user);
+    without GROUP the group is the user's primary group, else the uid's number (mode 0600 gives it nothing)."""
+    user, sep, group = spec.partition(":")
+    if not user or (sep and not group):
+        raise ShmError(f"Error. Invalid --owner '{spec}'; give USER or USER:GROUP, names or numeric ids "
+                       "(e.g. --owner 1000 or --owner alice:alice).")
+    uid = _numeric_id(user, "uid")
+    if uid is None:
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            raise ShmError(f"Error. No user '{user}' on this host (--owner); give an existing user name or a "
+                           "numeric uid, such as the container's.") from None
+        uid, primary = entry.pw_uid, entry.pw_gid
+    else:
+        try:
+            primary = pwd.getpwuid(uid).pw_gid
+        except KeyError:
+            primary = uid
+    if not group:
+        return Tenant(uid, primary, shared_group=False)
+    gid = _numeric_id(group, "gid")
+    if gid is None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ShmError(f"Error. No group '{group}' on this host (--owner); give an existing group name or a "
+                           "numeric gid.") from None
+    return Tenant(uid, gid, shared_group=True)
+
+
+def _numeric_id(text: str, what: str) -> int | None:
+    if not _ID.fullmatch(text):
+        return None
+    value = int(text)
+    if value > _MAX_ID:
+        raise ShmError(f"Error. Invalid {what} {text} for --owner; it must be at most {_MAX_ID}.")
+    return value
+
+
+# --- who can reach a region ---------------------------------------------------------------------------------
+def access_of(mode: int) -> str:
+    """TENANT_ONLY, OTHERS_READ or OTHERS_WRITE: what the mode gives users who are neither owner nor group."""
+    if mode & stat.S_IWOTH:
+        return OTHERS_WRITE
+    if mode & stat.S_IROTH:
+        return OTHERS_READ
+    return TENANT_ONLY
+
+
+def access_warning(path: str, mode: int) -> str:
+    """One line for a region others than its tenant can reach, or "" when only the tenant can."""
+    access = access_of(mode)
+    if access == TENANT_ONLY:
+        return ""
+    what = {(True, True): "read and write", (False, True): "write into", (True, False): "read"}[
+        (bool(mode & stat.S_IROTH), bool(mode & stat.S_IWOTH))]
+    return (f"every local user can {what} the sessions of {path} (mode {mode:04o}, {access}); a region is one "
+            f"tenant's: run 'chmod o-rw {path}', or create it with --owner USER[:GROUP]")
 
 
 # --- create ------------------------------------------------------------------------------------------------
 def create(index: int, size_mib: int, directory: str = SHM_DIR, channels: int = DEFAULT_CHANNELS,
-           settings: ShmSettings = ShmSettings(), mode: int | None = None) -> CreatedRegion:  # noqa: B008
-    """Create, size, format and hand over `directory`/orionsock<index>; nothing is left behind on failure."""
+           settings: ShmSettings = ShmSettings(), mode: int | None = None,  # noqa: B008
+           owner: str | None = None) -> CreatedRegion:
+    """Create, size, format and give `directory`/orionsock<index> to its tenant; nothing is left behind on
+    failure. The tenant is `owner` (USER[:GROUP], see parse_owner), else QEMU's user and group of `settings`
+    when they exist here, else the caller; `mode` overrides the mode that follows from that."""
     check_index(index)
     check_size(size_mib)
     if not os.path.exists(directory):
@@ -68,29 +161,21 @@ def create(index: int, size_mib: int, directory: str = SHM_DIR, channels: int = 
         raise ShmError(f"{path} has already exists.")  # sic
     if mode is not None and not 0 <= mode <= 0o7777:
         raise ShmError(f"Error. Invalid mode {mode:o}; give an octal mode such as 0660.")
+    tenant = parse_owner(owner) if owner is not None else None
     size = size_mib * MIB
     try:  # pure arithmetic: a bad channel count is refused before any file exists
         geometry = Geometry.build(size, channels, name=f"{SHM_PREFIX}{index}")
     except (ValueError, RegionFormatError) as exc:
         raise ShmError(f"Error. Cannot lay out {path}: {exc}.") from None
-    owner = _owner_ids(settings)
-    fd = _create_exclusive(path, directory)
+    fd = _create_exclusive(path)
     try:
         try:
             os.ftruncate(fd, size)
         except OSError:
             raise ShmError(f"Error. Fail to create {path} with size {size_mib} MiB.") from None
         _format(path, fd, geometry, size_mib)
-        note = ""
-        if owner is not None:
-            try:
-                os.fchown(fd, *owner)
-            except OSError as exc:
-                owner = None
-                note = (f"could not give {path} to {settings.user}:{settings.group} ({exc.strerror}); "
-                        "it is readable and writable by everyone instead. Run as root so that only QEMU can "
-                        "open it")
-        final_mode = mode if mode is not None else (0o660 if owner is not None else 0o666)
+        default_mode, note = _hand_over(fd, path, index, tenant, settings)
+        final_mode = mode if mode is not None else default_mode
         os.fchmod(fd, final_mode)
         st = os.fstat(fd)
     except BaseException:
@@ -98,8 +183,36 @@ def create(index: int, size_mib: int, directory: str = SHM_DIR, channels: int = 
         raise
     finally:
         os.close(fd)
+    warning = ""
+    if mode is not None and access_of(final_mode) != TENANT_ONLY:
+        warning = access_warning(path, final_mode)
     return CreatedRegion(path=path, size=st.st_size, owner=_user_name(st.st_uid), group=_group_name(st.st_gid),
-                         mode=stat.S_IMODE(st.st_mode), channels=geometry.channel_count, note=note)
+                         mode=stat.S_IMODE(st.st_mode), channels=geometry.channel_count, note=note,
+                         warning=warning)
+
+
+def _hand_over(fd: int, path: str, index: int, tenant: Tenant | None, settings: ShmSettings) -> tuple[int, str]:
+    """chown the new region to its tenant; returns the mode that follows and a note for the user."""
+    if tenant is not None:
+        try:
+            os.fchown(fd, tenant.uid, tenant.gid)
+        except OSError as exc:
+            raise ShmError(f"Error. Cannot give {path} to {tenant.uid}:{tenant.gid} ({exc.strerror}); run as "
+                           "root to give a region to another user.") from None
+        return (0o660 if tenant.shared_group else 0o600), ""
+    me = _user_name(os.geteuid())
+    advice = (f"to give it to a container or local user, create it with --owner USER[:GROUP] ('orion-shm remove "
+              f"{index}' first) or chown it")
+    qemu = _owner_ids(settings)
+    if qemu is None:
+        return 0o600, (f"only {me} can open {path} (mode 0600): QEMU's user {settings.user}:{settings.group} "
+                       f"of server.conf [server-shm] does not exist here; {advice}")
+    try:
+        os.fchown(fd, *qemu)
+    except OSError as exc:
+        return 0o600, (f"could not give {path} to QEMU's user {settings.user}:{settings.group} ({exc.strerror}), "
+                       f"so only {me} can open it (mode 0600); run as root so that QEMU can, or {advice}")
+    return 0o660, ""
 
 
 def _owner_ids(settings: ShmSettings) -> tuple[int, int] | None:
@@ -110,36 +223,20 @@ def _owner_ids(settings: ShmSettings) -> tuple[int, int] | None:
         return None
 
 
-def _is_shm_dir(directory: str) -> bool:
-    return os.path.realpath(directory) == os.path.realpath(SHM_DIR)
+def _create_exclusive(path: str) -> int:
+    """A new file, mode 0600 until it is formatted and handed over (nobody can open a half-made region).
 
-
-def _create_exclusive(path: str, directory: str) -> int:
-    """A new file, mode 0600 until it is formatted (nobody can open a half-made region)."""
+    In /dev/shm too this is a plain open(O_CREAT | O_EXCL): that is all shm_open does on Linux, and it needs
+    no posix_ipc (whose absence once read as a permission problem). O_EXCL also refuses a planted link."""
     old = os.umask(0)
     try:
-        if _is_shm_dir(directory):
-            import posix_ipc  # host-only dependency
-
-            try:
-                shm = posix_ipc.SharedMemory("/" + os.path.basename(path), posix_ipc.O_CREX, mode=0o600, size=0)
-            except posix_ipc.ExistentialError:
-                raise ShmError(f"{path} has already exists.") from None
-            except (posix_ipc.Error, OSError) as exc:
-                raise ShmError(f"Error. Fail to create {path}. {_strerror(exc)}") from None
-            return shm.fd  # posix_ipc never closes it behind our back
-        try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except FileExistsError:
-            raise ShmError(f"{path} has already exists.") from None
-        except OSError as exc:
-            raise ShmError(f"Error. Fail to create {path}. {exc.strerror}") from None
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise ShmError(f"{path} has already exists.") from None
+    except OSError as exc:
+        raise ShmError(f"Error. Fail to create {path}. {exc.strerror}") from None
     finally:
         os.umask(old)
-
-
-def _strerror(exc: BaseException) -> str:
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def _format(path: str, fd: int, geometry: Geometry, size_mib: int) -> None:
@@ -280,15 +377,16 @@ def inspect(index: int, directory: str = SHM_DIR) -> dict:
 
 
 def _examine(path: str, users: Users, detail: bool) -> dict:
-    """Keys: index, path, type, size, owner, group, mode, status ('formatted', 'not formatted', 'invalid',
-    'unreadable'), reason, geometry, agent, channel_count, channels_in_use, channels (detail only), users."""
+    """Keys: index, path, type, size, owner, group, mode, access (TENANT_ONLY, OTHERS_READ, OTHERS_WRITE),
+    status ('formatted', 'not formatted', 'invalid', 'unreadable'), reason, geometry, agent, channel_count,
+    channels_in_use, channels (detail only), users."""
     st = os.lstat(path)
     kind = "file" if stat.S_ISREG(st.st_mode) else "directory" if stat.S_ISDIR(st.st_mode) else "other"
     info: dict = {
         "index": int(os.path.basename(path)[len(SHM_PREFIX):]), "path": path, "type": kind,
         "size": st.st_size, "owner": _user_name(st.st_uid), "group": _group_name(st.st_gid),
-        "mode": stat.S_IMODE(st.st_mode), "status": "invalid", "reason": None, "geometry": None, "agent": None,
-        "channel_count": None, "channels_in_use": None, "channels": [], "users": users,
+        "mode": stat.S_IMODE(st.st_mode), "access": access_of(st.st_mode), "status": "invalid", "reason": None,
+        "geometry": None, "agent": None, "channel_count": None, "channels_in_use": None, "channels": [], "users": users,
     }
     if kind != "file":
         info["reason"] = (f"{path} is a {kind}, not a region file (Docker makes a directory when a missing "
@@ -362,16 +460,9 @@ def remove(index: int, directory: str = SHM_DIR, force: bool = False) -> str:
     if not os.path.lexists(path):
         raise ShmError(f"Error. {path} does not exist.")
     if not force:
-        users = users_of(path)
-        agent = _serving_agent(path)
-        why = []
-        if users:
-            why.append("in use by " + ", ".join(f"pid {pid} ({_short(cmd)})" for pid, cmd in users))
-        if agent and agent not in {pid for pid, _ in users}:
-            why.append(f"served by the host agent (pid {agent})")
+        why = in_use(path)
         if why:
-            raise ShmError(f"Error. {path} is {' and '.join(why)}; stop them first, or use --force to remove "
-                           "it anyway.")
+            raise ShmError(f"Error. {path} is {why}")
     try:
         if os.path.isdir(path) and not os.path.islink(path):
             os.rmdir(path)  # the directory Docker leaves behind; Orion told users to delete it by hand
@@ -382,7 +473,28 @@ def remove(index: int, directory: str = SHM_DIR, force: bool = False) -> str:
     return path
 
 
-def _serving_agent(path: str) -> int | None:
+def in_use(path: str) -> str:
+    """Why `path` must not be removed now, with how to end that, in words ending a sentence; "" when unused.
+
+    The host agent's own processes (the one the header names, its parents and its session workers) map every
+    region they serve; they are reported as the agent, which lets go of a removed region by itself."""
+    users = users_of(path)
+    agent = serving_agent(path)
+    family = _process_family(agent) if agent else set()
+    clients = [(pid, cmd) for pid, cmd in users if pid not in family]
+    if clients:
+        names = ", ".join(f"pid {pid} ({_short(cmd)})" for pid, cmd in clients)
+        served = f", and served by the host agent (pid {agent})" if agent else ""
+        return (f"in use by {names}{served}; stop them first (a guest's QEMU: shut its domain down, and the qemu "
+                "hook removes the region), or use --force to remove it anyway.")
+    if agent:
+        return (f"served by the host agent (pid {agent}); stop oriond, or run it with --region naming only the "
+                "other regions, or use --force: oriond lets go of a removed region within a second, ending its "
+                "sessions.")
+    return ""
+
+
+def serving_agent(path: str) -> int | None:
     """The pid of a live host agent that the header says is serving the region, if any."""
     try:
         with Region.open(path) as region:
@@ -391,6 +503,37 @@ def _serving_agent(path: str) -> int | None:
     except WireError:
         return None
     return pid if state == layout.AGENT_SERVING and pid_alive(pid) else None
+
+
+def _process_family(pid: int) -> set[int]:
+    """`pid`, its ancestors below init, and every process descended from it (oriond's region supervisors and
+    session workers are forks of it, or it is one of them)."""
+    family = set()
+    ancestor = pid
+    while ancestor > 1 and ancestor not in family:
+        family.add(ancestor)
+        ancestor = _parent_of(ancestor)
+    parents = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            parents[int(entry.name)] = _parent_of(int(entry.name))
+    descendants = {pid}
+    grown = True
+    while grown:
+        grown = False
+        for child, parent in parents.items():
+            if parent in descendants and child not in descendants:
+                descendants.add(child)
+                grown = True
+    return family | descendants
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _short(command: str, width: int = 60) -> str:

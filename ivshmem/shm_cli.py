@@ -1,8 +1,9 @@
 """`orion-shm`: Orion's SHM creator (same options, messages and exit codes), plus list/inspect/remove.
 
 `orion-shm [-i N] [-s MiB] [-d DIR] [-h]` behaves as Orion's binary did (getopt, its help text, its
-messages), so scripts written for Orion keep working; a first argument naming a command selects the
-newer form. The work is done in shm_admin.py; this module only parses, prints and picks exit codes.
+messages), so scripts written for Orion keep working; `-h`/`--help` add the newer commands after Orion's
+text, and a first argument naming a command selects the newer form. The work is done in shm_admin.py; this
+module only parses, prints and picks exit codes.
 """
 from __future__ import annotations
 
@@ -16,7 +17,17 @@ from .errors import WireError
 from .layout import MIB
 from .orion_conf import SERVER_CONF, ConfigError, ShmSettings
 from .region import SHM_DIR
-from .shm_admin import CreatedRegion, ShmError, create, inspect, list_regions, remove
+from .shm_admin import (
+    CreatedRegion,
+    ShmError,
+    access_of,
+    access_warning,
+    create,
+    inspect,
+    list_regions,
+    remove,
+    serving_agent,
+)
 
 PROG = "orion-shm"
 ORION_HELP = (
@@ -28,16 +39,13 @@ ORION_HELP = (
     "\t-d : System default shm path.     Default /dev/shm\n"
     "\t-h : Print this message.\n"
 )
-OVERVIEW = f"""\
-{PROG}: create and manage Orion shared-memory regions (DIR/orionsock<N>, default DIR /dev/shm)
-
-Orion-compatible form (Orion's options, messages and exit codes; the region is then created as by 'create'):
-  {PROG} [-i N] [-s MiB] [-d DIR] [-h]
-
+COMMANDS_HELP = f"""\
 Commands:
-  {PROG} create [-i N] [-s MiB] [-d DIR] [--channels N] [--mode OCTAL] [--config FILE]
-                   create, format and hand the region to the QEMU user of server.conf [server-shm]
-  {PROG} list [-d DIR]                 one line per region: size, owner, header, agent, channels, users
+  {PROG} create [-i N] [-s MiB] [-d DIR] [--owner USER[:GROUP]] [--mode OCTAL] [--channels N] [--config FILE]
+                   create and format a region and give it to its tenant: --owner (a container's or local
+                   user's uid, mode 0600; 0660 with a group), else QEMU's user:group of server.conf
+                   [server-shm] (0660), else it stays yours (0600)
+  {PROG} list [-d DIR]                 one line per region: size, owner, mode, who can reach it, agent, channels
   {PROG} inspect N [-d DIR]            header, agent, every channel and the processes using region N
   {PROG} remove N [-d DIR] [--force]   delete region N unless a process or the host agent still uses it
   {PROG} attach DOMAIN [-i N] [-s MiB] [--live] [--config] [--persistent] [-c URI]
@@ -45,11 +53,23 @@ Commands:
   {PROG} detach DOMAIN [-i N] [--live] [--config] [--wait S] [-c URI]
                    remove that device and its record from the domain; the region file stays
   {PROG} help [COMMAND]
+"""
+OVERVIEW = f"""\
+{PROG}: create and manage Orion shared-memory regions (DIR/orionsock<N>, default DIR /dev/shm)
+
+Orion-compatible form (Orion's options, messages and exit codes; the region is then created as by 'create'):
+  {PROG} [-i N] [-s MiB] [-d DIR] [-h]
+
+{COMMANDS_HELP}
+Sizes are powers of two (QEMU maps a region as a PCI BAR). A region is one tenant's: whoever can open it can
+read and write every session in it (docs/containers.md).
 
 Every command also takes --config FILE (default {SERVER_CONF}); its [server-shm] shm_path_base and
 shm_buffer_size are the defaults of -d and -s. attach and detach, whose --config means the domain's persistent
 definition (as in virsh), take that file as --server-conf FILE. Run '{PROG} COMMAND -h' for a command's options.
 """
+# `orion-shm -h`: Orion's text first (scripts may compare it), then the commands it never had.
+LEGACY_HELP = f"{ORION_HELP}\n{COMMANDS_HELP}Run '{PROG} help' for more, '{PROG} COMMAND -h' for a command's options.\n"
 COMMANDS = ("create", "list", "inspect", "remove", "attach", "detach", "help")
 LIBVIRT_COMMANDS = ("attach", "detach")
 # Exit statuses of attach/detach: (status, the gateway's error class, meaning); docs/kvm.md lists them too.
@@ -115,15 +135,15 @@ def _mode_arg(text: str) -> int:
 # --- Orion's form -------------------------------------------------------------------------------------------
 def _legacy(argv: list[str]) -> int:
     try:
-        opts, rest = getopt.gnu_getopt(argv, "s:i:d:h")  # glibc getopt permutes too
+        opts, rest = getopt.gnu_getopt(argv, "s:i:d:h", ["help"])  # glibc getopt permutes too
     except getopt.GetoptError as exc:
         sys.stderr.write(f"{PROG}: {exc.msg}\n")
         sys.stdout.write(ORION_HELP)
         return 1
     values = {"-i": "0", "-s": "128", "-d": SHM_DIR}
     for option, value in opts:
-        if option == "-h":
-            sys.stdout.write(ORION_HELP)
+        if option in ("-h", "--help"):
+            sys.stdout.write(LEGACY_HELP)
             return 0
         values[option] = value
     if rest:
@@ -136,12 +156,15 @@ def _legacy(argv: list[str]) -> int:
 
 
 def _report_created(created: CreatedRegion, extra: bool) -> None:
+    """Orion's line on stdout (scripts read it); anything else the user should know on stderr."""
     print(f"{created.path} is successfully created.")
     if extra:
         print(f"{created.size // MIB} MiB, {created.channels} channels, owner {created.owner}:{created.group}, "
-              f"mode {created.mode:04o}")
+              f"mode {created.mode:04o} ({access_of(created.mode)})")
     if created.note:
-        print(f"Warning: {created.note}", file=sys.stderr)
+        print(f"Note: {created.note}", file=sys.stderr)
+    if created.warning:
+        print(f"Warning: {created.warning}", file=sys.stderr)
 
 
 # --- commands -----------------------------------------------------------------------------------------------
@@ -159,15 +182,21 @@ def _parsers() -> dict[str, _Parser]:
     def index(p: _Parser) -> None:
         p.add_argument("index", type=_int_arg, metavar="N", help="region index: DIR/orionsock<N>")
 
-    create_p = parser("create", "Create DIR/orionsock<N>, size it, format its header and give it to the QEMU "
-                      "user and group of [server-shm] (mode 0660), or mode 0666 when they do not exist here.")
+    create_p = parser("create", "Create DIR/orionsock<N>, size it, format its header and give it to its tenant "
+                      "(a region is one tenant's: whoever can open it can read and write every session in it): "
+                      "--owner's user (mode 0600, 0660 with a group), else the QEMU user and group of "
+                      "[server-shm] (0660) when they exist here, else it stays yours (0600).")
     create_p.add_argument("-i", "--index", type=_int_arg, default=0, metavar="N", help="index, 0-9999 (default 0)")
     create_p.add_argument("-s", "--size", type=_int_arg, metavar="MiB",
-                          help="size in MiB, 16-1048576 (default: shm_buffer_size of [server-shm], 128)")
+                          help="size in MiB, a power of two from 16 to 1048576 (default: shm_buffer_size of "
+                          "[server-shm], 128)")
     directory(create_p)
     create_p.add_argument("--channels", type=_int_arg, default=8, metavar="N",
                           help="channels, i.e. client processes at once (default 8)")
-    create_p.add_argument("--mode", type=_mode_arg, metavar="OCTAL", help="file mode instead of 0660/0666")
+    create_p.add_argument("--owner", metavar="USER[:GROUP]", help="the tenant: a container's or local user's "
+                          "name or numeric uid (need not exist here), and a group to share it with")
+    create_p.add_argument("--mode", type=_mode_arg, metavar="OCTAL", help="file mode instead of 0600/0660; one "
+                          "that lets others in is allowed, with a warning")
     list_p = parser("list", "List the regions in DIR.")
     directory(list_p)
     inspect_p = parser("inspect", "Show region N: file, header, host agent, channels and the processes using it.")
@@ -233,7 +262,8 @@ def _command(name: str, argv: list[str]) -> int:
     directory = args.dir or settings.path_base
     if name == "create":
         size = args.size if args.size is not None else settings.buffer_size_mib
-        created = create(args.index, size, directory, channels=args.channels, settings=settings, mode=args.mode)
+        created = create(args.index, size, directory, channels=args.channels, settings=settings, mode=args.mode,
+                         owner=args.owner)
         _report_created(created, extra=True)
         return 0
     if name == "list":
@@ -282,8 +312,13 @@ def _libvirt_command(name: str, args: argparse.Namespace) -> int:
     else:
         print(f"{region} is detached from {done.domain} ({where}).")
     if done.region_exists:
-        print(f"The region file {done.path} is kept; remove it with '{PROG} remove {args.index}' when no longer "
-              "needed.")
+        agent = serving_agent(done.path)
+        if agent:
+            print(f"The region file {done.path} is kept and the host agent (pid {agent}) still serves it; when no "
+                  f"longer needed, '{PROG} remove {args.index} --force' deletes it (oriond then lets go of it).")
+        else:
+            print(f"The region file {done.path} is kept; remove it with '{PROG} remove {args.index}' when no "
+                  "longer needed.")
     return 0
 
 
@@ -309,9 +344,19 @@ def _print_list(directory: str) -> int:
         status = r["status"] if r["reason"] is None or r["status"] == "formatted" else f"{r['status']}: {r['reason']}"
         channels = "-" if r["channel_count"] is None else f"{r['channels_in_use']}/{r['channel_count']} in use"
         users = ",".join(str(pid) for pid, _ in r["users"]) or "none"
-        print(f"{r['index']:>4}  {_size_text(r['size']):>11}  {r['owner']}:{r['group']}  {r['mode']:04o}  "
-              f"agent {_agent_text(r['agent'])}  channels {channels}  users {users}  {status}")
+        print(f"{r['index']:>4}  {_size_text(r['size']):>11}  {r['owner']}:{r['group']}  {r['mode']:04o} "
+              f"{r['access']}  agent {_agent_text(r['agent'])}  channels {channels}  users {users}  {status}")
+    for r in regions:
+        _warn_access(r)
     return 0
+
+
+def _warn_access(info: dict) -> None:
+    """A warning for a region others can reach; not for a file that is no region (nothing serves it)."""
+    if info["type"] == "file" and info["status"] in ("formatted", "not formatted"):
+        warning = access_warning(info["path"], info["mode"])
+        if warning:
+            print(f"Warning: {warning}", file=sys.stderr)
 
 
 def _print_inspect(info: dict) -> int:
@@ -320,6 +365,7 @@ def _print_inspect(info: dict) -> int:
            f"  size      {info['size']} bytes ({_size_text(info['size'])})",
            f"  owner     {info['owner']}:{info['group']}",
            f"  mode      {info['mode']:04o}",
+           f"  access    {info['access']}",
            f"  status    {info['status']}"]
     if info["geometry"] is not None:
         out.append("header")
@@ -342,6 +388,7 @@ def _print_inspect(info: dict) -> int:
     if info["status"] != "formatted":
         print(f"Error. {info['path']}: {info['reason']}", file=sys.stderr)
         return 1
+    _warn_access(info)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""orion-shm: Orion's exact CLI (help, validation, messages, exit codes) and the list/inspect/remove commands.
+"""orion-shm: Orion's exact CLI (help, validation, messages, exit codes), the list/inspect/remove commands,
+and the tenant rules (a region is one tenant's: owner and mode at create, who can reach it in list/inspect).
 
 The CLI is run as a real process (`python -m ivshmem.shm_cli`) so exit codes and streams are what a user
 sees. Regions go to a tmp dir through -d, except the /dev/shm (posix_ipc) cases, which use a random high
@@ -8,15 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import grp
 import io
 import os
 import pwd
 import random
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +28,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ivshmem import layout
+from ivshmem import layout, shm_cli
 from ivshmem.layout import Geometry
 from ivshmem.orion_conf import ConfigError, ShmSettings, load_ini
 from ivshmem.region import Region
@@ -46,6 +50,8 @@ INDEX_ERROR = "Error. Invalid SHM file index. It should be in [0, 9999]"
 SIZE_ERROR = "Error. Invalid SHM file size. It should be in [16, 1024*1024]"
 NOBODY = "orion-test-no-such-user"
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another owner needs root")
+TENANT_UID = 4242  # a container's uid: need not exist on this host
+COMMAND_NAMES = ("create", "list", "inspect", "remove", "attach", "detach", "help")
 
 
 def shm(*args: str, preexec_fn=None) -> subprocess.CompletedProcess[str]:
@@ -100,12 +106,17 @@ def holder(path: Path | str, how: str = "map") -> Iterator[subprocess.Popen[str]
 
 
 # --- Orion's form: help, options, validation ------------------------------------------------------------------
-def test_help_is_orions_exact_text() -> None:
-    result = shm("-h")
-    assert (result.returncode, result.stdout, result.stderr) == (0, HELP, "")
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_is_orions_text_then_the_commands(flag: str) -> None:
+    result = shm(flag)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.startswith(HELP)  # Orion's exact text first: scripts may compare it
+    for command in COMMAND_NAMES:
+        assert f"orion-shm {command}" in result.stdout[len(HELP):], command
+    assert "--owner" in result.stdout
 
 
-@pytest.mark.parametrize("args", [["-x"], ["--help"], ["-i"], ["-i", "1", "-q"]])
+@pytest.mark.parametrize("args", [["-x"], ["--bogus"], ["-i"], ["-i", "1", "-q"]])
 def test_unknown_option_or_missing_value_prints_help_and_exits_1(args: list[str], regions: Path) -> None:
     result = shm("-d", str(regions), *args)
     assert result.returncode == 1
@@ -156,8 +167,9 @@ def test_stray_argument_is_refused(regions: Path) -> None:
 def test_legacy_create_defaults(regions: Path) -> None:
     result = shm("-d", str(regions))
     path = regions / "orionsock0"
-    assert (result.returncode, result.stdout, result.stderr) == (0, f"{path} is successfully created.\n", "")
+    assert (result.returncode, result.stdout) == (0, f"{path} is successfully created.\n")
     assert path.stat().st_size == 128 * MIB
+    assert result.stderr == "" if qemu_user_exists() else result.stderr.startswith("Note: only")
     with Region.open(path) as region:
         assert region.geometry.region_size == 128 * MIB
         assert region.geometry.name == "orionsock0"
@@ -197,22 +209,123 @@ def test_failed_sizing_removes_the_half_made_file(regions: Path) -> None:
     assert not list(regions.iterdir())
 
 
+def qemu_user_exists() -> bool:
+    settings = ShmSettings()
+    try:
+        pwd.getpwnam(settings.user)
+        grp.getgrnam(settings.group)
+    except KeyError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("size", "nearest"), [("100", "use 64 or 128"), ("17", "use 16 or 32"),
+                                               ("1048575", "use 524288 or 1048576")])
+@pytest.mark.parametrize("form", [[], ["create"]])
+def test_a_size_qemu_cannot_map_is_refused_naming_the_nearest(size: str, nearest: str, form: list[str],
+                                                                regions: Path) -> None:
+    result = shm(*form, "-i", "1", "-s", size, "-d", str(regions))
+    assert_clean_failure(result)
+    assert f"size {size} MiB" in result.stderr and "power of two" in result.stderr and nearest in result.stderr
+    assert not list(regions.iterdir())
+
+
 # --- create: format, ownership, mode -------------------------------------------------------------------------
-def test_create_formats_and_keeps_0666_when_the_qemu_user_is_missing(regions: Path, nobody_conf: str) -> None:
+def test_create_keeps_the_region_private_when_the_qemu_user_is_missing(regions: Path, nobody_conf: str) -> None:
     result = shm("create", "-i", "4", "-s", "16", "-d", str(regions), "--config", nobody_conf)
     assert result.returncode == 0, result.stderr
     path = regions / "orionsock4"
     lines = result.stdout.splitlines()
     assert lines[0] == f"{path} is successfully created."
-    assert "mode 0666" in lines[1] and "8 channels" in lines[1]
+    assert "mode 0600 (tenant only)" in lines[1] and "8 channels" in lines[1]
+    note = result.stderr.strip()
+    assert len(note.splitlines()) == 1 and note.startswith("Note: only") and "--owner" in note, note
     info = path.stat()
     assert info.st_size == 16 * MIB
-    assert info.st_mode & 0o7777 == 0o666
+    assert info.st_mode & 0o7777 == 0o600
     assert info.st_uid == os.geteuid()
     with Region.open(path) as region:
         g = region.geometry
         assert (g.region_size, g.channel_count, g.name) == (16 * MIB, 8, "orionsock4")
         assert region.agent_words() == (0, 0, layout.AGENT_NEVER)
+
+
+def test_legacy_form_keeps_the_region_private_too(regions: Path, nobody_conf: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shm_cli, "SERVER_CONF", nobody_conf)  # Orion's form has no --config
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(["-i", "2", "-s", "16", "-d", str(regions)]) == 0
+    assert out.getvalue() == f"{regions}/orionsock2 is successfully created.\n"
+    assert err.getvalue().startswith("Note: only") and "--owner" in err.getvalue()
+    assert (regions / "orionsock2").stat().st_mode & 0o7777 == 0o600
+
+
+@as_root
+@pytest.mark.parametrize(("owner", "ids", "mode"), [
+    (str(TENANT_UID), (TENANT_UID, TENANT_UID), 0o600),
+    (f"{TENANT_UID}:{TENANT_UID + 1}", (TENANT_UID, TENANT_UID + 1), 0o660),
+    ("nobody", (pwd.getpwnam("nobody").pw_uid, pwd.getpwnam("nobody").pw_gid), 0o600),
+    ("nobody:root", (pwd.getpwnam("nobody").pw_uid, 0), 0o660),
+])
+def test_owner_gives_the_region_to_one_tenant(owner: str, ids: tuple[int, int], mode: int, regions: Path,
+                                              root_conf: str) -> None:
+    result = shm("create", "-i", "3", "-s", "16", "-d", str(regions), "--owner", owner, "--config", root_conf)
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    info = (regions / "orionsock3").stat()
+    assert (info.st_uid, info.st_gid, info.st_mode & 0o7777) == (*ids, mode)
+    assert f"mode {mode:04o} (tenant only)" in result.stdout
+
+
+@pytest.mark.parametrize(("owner", "words"), [
+    (NOBODY, f"No user '{NOBODY}'"), (f"nobody:{NOBODY}", f"No group '{NOBODY}'"), ("1:", "USER:GROUP"),
+    (":1", "USER:GROUP"), ("99999999999", "at most"),
+])
+def test_a_bad_owner_is_one_line_and_creates_nothing(owner: str, words: str, regions: Path) -> None:
+    result = shm("create", "-i", "3", "-s", "16", "-d", str(regions), "--owner", owner)
+    assert_clean_failure(result)
+    assert words in result.stderr and "--owner" in result.stderr
+    assert not list(regions.iterdir())
+
+
+@as_root
+def test_owner_that_cannot_be_given_removes_the_file() -> None:
+    """Not root: giving a region to another uid fails, in one line, and leaves no file behind."""
+    nobody = pwd.getpwnam("nobody")
+
+    def become_nobody() -> None:
+        os.setgid(nobody.pw_gid)
+        os.setuid(nobody.pw_uid)
+    regions = Path(tempfile.mkdtemp(prefix="orion-test-", dir="/dev/shm"))  # reachable by nobody
+    try:
+        regions.chmod(0o777)
+        result = shm("create", "-i", "3", "-s", "16", "-d", str(regions), "--owner", str(TENANT_UID),
+                     preexec_fn=become_nobody)
+        assert_clean_failure(result)
+        assert f"Cannot give {regions}/orionsock3 to {TENANT_UID}:{TENANT_UID}" in result.stderr
+        assert "run as root" in result.stderr
+        assert not list(regions.iterdir())
+    finally:
+        shutil.rmtree(regions)
+
+
+@pytest.mark.parametrize(("mode", "words"), [("0666", "read and write"), ("0644", "read the sessions"),
+                                             ("0662", "write into")])
+def test_a_mode_that_lets_others_in_warns_in_one_line(mode: str, words: str, regions: Path,
+                                                      nobody_conf: str) -> None:
+    result = shm("create", "-i", "1", "-s", "16", "-d", str(regions), "--mode", mode, "--config", nobody_conf,
+                 "--owner", str(os.geteuid()))
+    assert result.returncode == 0, result.stderr
+    warning = result.stderr.strip()
+    assert len(warning.splitlines()) == 1 and warning.startswith("Warning: every local user can"), warning
+    assert words in warning and f"mode {mode}" in warning
+    assert (regions / "orionsock1").stat().st_mode & 0o7777 == int(mode, 8)
+
+
+def test_a_private_mode_does_not_warn(regions: Path, nobody_conf: str) -> None:
+    result = shm("create", "-i", "1", "-s", "16", "-d", str(regions), "--mode", "0640", "--config", nobody_conf,
+                 "--owner", str(os.geteuid()))
+    assert (result.returncode, result.stderr) == (0, "")
 
 
 @as_root
@@ -236,9 +349,9 @@ def test_mode_and_channels_options(regions: Path, nobody_conf: str) -> None:
 
 def test_size_default_comes_from_the_config(regions: Path, tmp_path: Path) -> None:
     conf = tmp_path / "sized.conf"
-    conf.write_text(f'[server-shm]\n  shm_buffer_size = 20\n  shm_user_name = "{NOBODY}"\n')
+    conf.write_text(f'[server-shm]\n  shm_buffer_size = 32\n  shm_user_name = "{NOBODY}"\n')
     assert shm("create", "-i", "1", "-d", str(regions), "--config", str(conf)).returncode == 0
-    assert (regions / "orionsock1").stat().st_size == 20 * MIB
+    assert (regions / "orionsock1").stat().st_size == 32 * MIB
 
 
 @pytest.mark.parametrize("channels", ["0", "257", "256"])
@@ -249,15 +362,19 @@ def test_impossible_channel_count_creates_nothing(channels: str, regions: Path, 
     assert not list(regions.iterdir())
 
 
-def test_create_in_dev_shm_through_posix_ipc(nobody_conf: str) -> None:
-    index = next(i for i in (random.randrange(9000, 10000) for _ in range(100))
-                 if not os.path.lexists(f"/dev/shm/orionsock{i}"))
+def free_shm_index() -> int:
+    return next(i for i in (random.randrange(9000, 10000) for _ in range(100))
+                if not os.path.lexists(f"/dev/shm/orionsock{i}"))
+
+
+def test_create_in_dev_shm(nobody_conf: str) -> None:
+    index = free_shm_index()
     path = Path(f"/dev/shm/orionsock{index}")
     try:
         result = shm("create", "-i", str(index), "-s", "16", "--config", nobody_conf)
         assert result.returncode == 0, result.stderr
         assert result.stdout.splitlines()[0] == f"{path} is successfully created."
-        assert path.stat().st_size == 16 * MIB and path.stat().st_mode & 0o7777 == 0o666
+        assert path.stat().st_size == 16 * MIB and path.stat().st_mode & 0o7777 == 0o600
         with Region.open(path) as region:
             assert region.geometry.name == f"orionsock{index}"
         listing = shm("list", "--config", nobody_conf)
@@ -268,6 +385,24 @@ def test_create_in_dev_shm_through_posix_ipc(nobody_conf: str) -> None:
         removed = shm("remove", str(index))
         assert removed.returncode == 0, removed.stderr
         assert not path.exists()
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def test_create_in_dev_shm_needs_no_posix_ipc(nobody_conf: str) -> None:
+    """posix_ipc missing (a guest wheel, a broken venv) once surfaced as an ImportError traceback."""
+    index = free_shm_index()
+    path = Path(f"/dev/shm/orionsock{index}")
+    code = ("import sys; sys.modules['posix_ipc'] = None\n"  # `import posix_ipc` now raises ImportError
+            "from ivshmem.shm_cli import main\n"
+            f"sys.exit(main(['create', '-i', '{index}', '-s', '16', '--config', sys.argv[1]]))\n")
+    try:
+        result = subprocess.run([sys.executable, "-c", code, nobody_conf], cwd=REPO, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        with Region.open(path) as region:
+            assert region.geometry.name == f"orionsock{index}"
     finally:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -320,10 +455,42 @@ def test_list(regions: Path, nobody_conf: str) -> None:
     lines = result.stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["1", "2", "3"]
     user = pwd.getpwuid(os.geteuid()).pw_name
-    assert "16 MiB" in lines[0] and f"{user}:" in lines[0] and "0666" in lines[0]
+    assert "16 MiB" in lines[0] and f"{user}:" in lines[0] and "0600 tenant only" in lines[0]
     assert lines[0].endswith("formatted") and "agent never" in lines[0] and "channels 0/8 in use" in lines[0]
     assert "not formatted" in lines[1] and "no header yet" in lines[1]
     assert "invalid: not an Orion region" in lines[2]
+
+
+def test_list_says_who_can_reach_each_region_and_warns(regions: Path, nobody_conf: str) -> None:
+    for index, mode in ((1, "0600"), (2, "0660"), (3, "0644"), (4, "0666")):
+        made = shm("create", "-i", str(index), "-s", "16", "-d", str(regions), "--config", nobody_conf,
+                   "--mode", mode)
+        assert made.returncode == 0, made.stderr
+    (regions / "orionsock5").write_bytes(b"not a region")  # mode 0644, but no region: nothing serves it
+    result = shm("list", "-d", str(regions))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [re.search(r"\s0\d{3} ([a-z ]+?)  agent", line).group(1) for line in lines[:4]] == [
+        "tenant only", "tenant only", "others can read", "others can write"]
+    warnings = result.stderr.splitlines()
+    assert len(warnings) == 2, warnings
+    assert f"{regions}/orionsock3" in warnings[0] and "can read the sessions" in warnings[0]
+    assert f"{regions}/orionsock4" in warnings[1] and "can read and write" in warnings[1]
+    assert all(w.startswith("Warning: every local user") for w in warnings)
+
+
+def test_inspect_says_who_can_reach_the_region(regions: Path, nobody_conf: str) -> None:
+    for index, mode in ((1, "0600"), (2, "0666")):
+        assert shm("create", "-i", str(index), "-s", "16", "-d", str(regions), "--config", nobody_conf,
+                   "--mode", mode).returncode == 0
+    private = shm("inspect", "1", "-d", str(regions))
+    assert (private.returncode, private.stderr) == (0, "")
+    assert re.search(r"^  access\s+tenant only$", private.stdout, re.M)
+    shared = shm("inspect", "2", "-d", str(regions))
+    assert shared.returncode == 0
+    assert re.search(r"^  access\s+others can write$", shared.stdout, re.M)
+    assert shared.stderr.startswith("Warning: every local user can read and write") and \
+        len(shared.stderr.splitlines()) == 1
 
 
 def test_list_shows_users(regions: Path, nobody_conf: str) -> None:
@@ -345,7 +512,8 @@ def test_inspect_formatted(regions: Path, nobody_conf: str) -> None:
         result = shm("inspect", "1", "-d", str(regions))
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "16777216 bytes (16 MiB)" in out and "mode      0666" in out and "status    formatted" in out
+    assert "16777216 bytes (16 MiB)" in out and "mode      0600" in out and "status    formatted" in out
+    assert "access    tenant only" in out
     for field in dataclasses.fields(Geometry):
         assert re.search(rf"^  {field.name}\s+\S", out, re.M), field.name
     assert re.search(r"^  state\s+never \(0\)", out, re.M)
@@ -401,6 +569,56 @@ def test_remove_refuses_while_a_live_agent_serves(regions: Path, nobody_conf: st
         agent.kill()
         agent.wait()
     assert shm("remove", "1", "-d", str(regions)).returncode == 0  # the agent's pid is gone: stale state
+    assert not path.exists()
+
+
+@contextlib.contextmanager
+def serving_agent(path: Path) -> Iterator[tuple[int, int]]:
+    """A stand-in for oriond: a process that maps `path`, marks it SERVING under its pid, and forks a session
+    worker that maps it too; yields (agent pid, worker pid)."""
+    code = ("import mmap, os, sys, time\n"
+            "from ivshmem import layout\n"
+            "from ivshmem.region import Region\n"
+            "region = Region.open(sys.argv[1])\n"
+            "region.set_agent(pid=os.getpid(), state=layout.AGENT_SERVING)\n"
+            "worker = os.fork()\n"
+            "if worker == 0:\n"
+            "    time.sleep(120)\n"
+            "    os._exit(0)\n"
+            "print(worker, flush=True)\n"
+            "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    worker = 0
+    try:
+        assert proc.stdout is not None
+        worker = int(proc.stdout.readline())
+        yield proc.pid, worker
+    finally:
+        proc.kill()
+        proc.wait()
+        if worker:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+
+
+def test_remove_while_the_agent_serves_says_how_to_stop_it(regions: Path, nobody_conf: str) -> None:
+    """oriond and its session workers map the region: that is 'served', not a client to stop, and the advice
+    says how to stop serving it or that --force is safe (oriond lets go of a removed region)."""
+    assert shm("create", "-i", "1", "-s", "16", "-d", str(regions), "--config", nobody_conf).returncode == 0
+    path = regions / "orionsock1"
+    with serving_agent(path) as (agent, worker):
+        assert {pid for pid, _ in users_of(str(path))} >= {agent, worker}
+        refused = shm("remove", "1", "-d", str(regions))
+        assert_clean_failure(refused)
+        line = refused.stderr.strip()
+        assert f"served by the host agent (pid {agent})" in line and "in use by" not in line, line
+        assert "stop oriond" in line and "--region" in line and "--force" in line and "lets go" in line
+        with holder(path) as client:
+            both = shm("remove", "1", "-d", str(regions))
+            assert_clean_failure(both)
+            assert f"in use by pid {client.pid} " in both.stderr and f"host agent (pid {agent})" in both.stderr
+            assert f"pid {worker}" not in both.stderr
+        assert shm("remove", "1", "-d", str(regions), "--force").returncode == 0
     assert not path.exists()
 
 
