@@ -14,6 +14,7 @@ from .client_config import ControllerSetting
 
 HEADERS = {"data_version": "0.2", "api_version": "0.2"}
 TIMEOUT_S = 5.0
+DEFAULT_SOURCE = "default"  # ControllerSetting.source when nothing is configured and Orion's default is tried
 
 
 def _get(address: str, path: str) -> str:
@@ -32,9 +33,10 @@ def _get(address: str, path: str) -> str:
 
 def check_controller(setting: ControllerSetting, out: TextIO) -> bool:
     """Print the controller section; True if the controller answered all three questions."""
-    where = "environment variable ORION_CONTROLLER" if setting.from_env else "configuration file"
+    where = ("by default" if setting.source == DEFAULT_SOURCE else
+             "in environment variable ORION_CONTROLLER" if setting.from_env else "in configuration file")
     address = setting.address
-    print(f"Orion Controller addrress is set as {address} in {where}. Using this address to diagnose Orion "
+    print(f"Orion Controller addrress is set as {address} {where}. Using this address to diagnose Orion "
           f"Controller", file=out)
     print(f"Checking Orion Controller ({address}) status ...", file=out)
     print("[Info] Orion Controller setting may be different in different SHELL.", file=out)

@@ -1,4 +1,4 @@
-"""What ``orion-check`` looks at on this machine: OS, GPUs, MPS, libvirt, Docker, the oriond process.
+"""What ``orion-check`` looks at on this machine: OS, the CUDA driver, GPUs, MPS, libvirt, Docker, oriond.
 
 Each probe runs a bounded command or reads /proc and /etc, and answers a plain value; orion_check.py prints
 them in Orion's layout. Standard library only (it ships in the ``orion-guest`` wheel with orion-check, and must
@@ -6,6 +6,7 @@ work on a guest that has no GPU, no libvirt and no host-side package).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -109,8 +110,22 @@ def rdma() -> bool:
     return Path("/dev/infiniband/rdma_cm").exists()
 
 
-def cuda_dirs() -> list[Path]:
-    return sorted(p for p in Path("/usr/local").glob("cuda*") if p.is_dir())
+def cuda_driver() -> str | None:
+    """The CUDA version of the NVIDIA driver this process can load, e.g. "13.0"; None without one.
+
+    A driver is a loadable libcuda.so.1 whose cuDriverGetVersion succeeds. A toolkit under /usr/local/cuda*
+    (Orion's test, which says Yes on a GPU-less build host), a Python package such as cuda-python, or the
+    toolkit's stub libcuda (it answers CUDA_ERROR_STUB_LIBRARY) is no driver: oriond could not run a call."""
+    try:
+        get_version = ctypes.CDLL("libcuda.so.1").cuDriverGetVersion
+    except (OSError, AttributeError):
+        return None
+    get_version.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    get_version.restype = ctypes.c_int
+    version = ctypes.c_int(0)
+    if get_version(ctypes.byref(version)) != 0 or version.value <= 0:
+        return None
+    return f"{version.value // 1000}.{version.value % 1000 // 10}"
 
 
 def on_path(name: str) -> bool:

@@ -1,9 +1,10 @@
 """``orion-check``: Orion's health check tool (ORION-COMPAT.md §6.2), against this project's components.
 
-``orion-check install {server|client|controller|all}`` prints the installation summary,
-``orion-check runtime server`` the GPU host's state (GPUs, MPS, oriond, its controller),
-``orion-check runtime client`` the controller this client would use (ORION_CONTROLLER, else
-``~/.orion/client.conf``, else ``/etc/orion/client.conf``, else 127.0.0.1:9123).
+``orion-check install [server|client|controller|all]`` prints the installation summary (``all`` when no
+target is given: the README's bare ``orion-check install``, which Orion refused), ``orion-check runtime
+server`` the GPU host's state (GPUs, MPS, oriond, its controller), ``orion-check runtime client`` the
+controller this client would use (ORION_CONTROLLER, else ``~/.orion/client.conf``, else
+``/etc/orion/client.conf``, else Orion's default 127.0.0.1:9123, said to be the default, not a file's).
 
 It lives in guest_runtime, not on the host side, because Orion's client installer puts it into every VM and
 container; it therefore imports nothing from ``controller`` or ``host_agent`` (the orion-guest wheel forbids
@@ -17,21 +18,22 @@ from pathlib import Path
 from typing import TextIO
 
 from . import check_host
-from .check_controller import check_controller
+from .check_controller import DEFAULT_SOURCE, check_controller
 from .client_config import (
     DEFAULT_ADDRESS,
+    SYSTEM_CONF,
     ClientConfigError,
     ControllerSetting,
-    config_file,
     controller_setting,
     read_conf,
+    user_conf,
 )
 
 SERVER_CONF = Path("/etc/orion/server.conf")
 HELP = """NAME: Orion Health Check Tool
 VERSION: v0.1
 USAGE:
-    orion-check install {server|client|controller|all}
+    orion-check install [server|client|controller|all]    (all when omitted)
     orion-check runtime {server|client}
     orion-check -h"""
 INSTALL_TARGETS = ("server", "client", "controller", "all")
@@ -49,7 +51,7 @@ def install(target: str, out: TextIO) -> int:
     _row("OS", check_host.os_name(), out)
     if target in ("server", "all"):
         _row("RDMA", check_host.rdma(), out)
-        _row("CUDA", bool(check_host.cuda_dirs()), out)
+        _row("CUDA", check_host.cuda_driver() is not None, out)
         _row("NVIDIA GPU", check_host.gpus() is not None, out)
         _row("NVIDIA CUDA MPS", "ON" if check_host.mps_running() else "OFF", out)
         _row("QEMU-KVM environment", check_host.libvirt_qemu(), out)
@@ -104,24 +106,32 @@ def runtime_server(out: TextIO) -> int:
     print("Checking Orion Controller status ...", file=out)
     env = proc.environ if proc is not None else {}
     try:
-        setting = (controller_setting(env, files=(conf_path,))
-                   or ControllerSetting(DEFAULT_ADDRESS, str(conf_path)))
+        setting = controller_setting(env, files=(conf_path,))
     except ClientConfigError as exc:
         print(f"[Error] {exc}", file=out)
         return 1
+    if setting is None:
+        print(f"[Info] No Orion Controller is configured (ORION_CONTROLLER in oriond's environment, controller_addr "
+              f"in {conf_path}), so oriond registers with none; checking the default address.", file=out)
+        setting = ControllerSetting(DEFAULT_ADDRESS, DEFAULT_SOURCE)
     return 0 if check_controller(setting, out) and ok else 1
 
 
 def runtime_client(out: TextIO) -> int:
-    conf = config_file()
-    if conf is not None:
-        print(f"Using Orion Controller configuration in {conf}", file=out)
-        print(file=out)
+    """Orion's "Using ... configuration in FILE" names the file the address came from, and only then."""
     try:
-        setting = controller_setting() or ControllerSetting(DEFAULT_ADDRESS, "default")
+        setting = controller_setting()
     except ClientConfigError as exc:
         print(f"[Error] {exc}", file=out)
         return 1
+    if setting is None:
+        print(f"[Info] No Orion Controller is configured (ORION_CONTROLLER, controller_addr in {user_conf()} or "
+              f"{SYSTEM_CONF}); checking the default address.", file=out)
+        setting = ControllerSetting(DEFAULT_ADDRESS, DEFAULT_SOURCE)
+        print(file=out)
+    elif not setting.from_env:
+        print(f"Using Orion Controller configuration in {setting.source}", file=out)
+        print(file=out)
     return 0 if check_controller(setting, out) else 1
 
 
@@ -131,6 +141,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     if args and args[0] in ("-h", "--help", "help"):
         print(HELP, file=out)
         return 0
+    if args == ["install"]:
+        return install("all", out)
     if len(args) < 2:
         print("Invalid usage for Orion Health Check Tool.", file=out)
         print(HELP, file=out)
