@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from controller.client import ControllerClient, ControllerClientError
 from ivshmem.orion_conf import ConfigError
@@ -21,6 +22,7 @@ from ivshmem.orion_conf import ConfigError
 from .config import DEFAULT_PATH, ServerConfig
 
 TIMEOUT_S = 5.0
+DEFAULT_PORT = 9123
 CELLS = (49, 22, 22)  # the widths between Orion's '|' separators
 WIDTH = sum(CELLS) + len(CELLS) + 1
 
@@ -72,15 +74,52 @@ def render(pool: dict[str, Any], allocations: list[dict[str, Any]], now: float) 
     return "\n".join(out)
 
 
+class AddressError(ValueError):
+    """A controller address that is not HOST:PORT; the message names where it came from."""
+
+
 def _address(explicit: str | None, config_path: str) -> str:
-    """--controller, else ORION_CONTROLLER, else server.conf's controller_addr, else Orion's default."""
+    """--controller, else ORION_CONTROLLER, else server.conf's controller_addr, else Orion's default; checked
+    here, because the client reads port 0 as "no port" (so 9123) and a word as a port is a raw parse error."""
     if explicit:
-        return explicit
-    return ServerConfig.load(config_path).controller_addr
+        return checked_address(explicit, "--controller")
+    if os.environ.get("ORION_CONTROLLER"):
+        where = "ORION_CONTROLLER"
+    else:
+        where = f"controller_addr in {config_path}"
+    return checked_address(ServerConfig.load(config_path).controller_addr, where)
+
+
+def checked_address(text: str, where: str) -> str:
+    """`text` as HOST[:PORT] (an http:// prefix allowed; no port means Orion's 9123, as oriond reads it), the
+    port 1-65535; AddressError otherwise."""
+    hint = "give HOST:PORT, e.g. 127.0.0.1:9123"
+    split = urlsplit(text if "://" in text else f"http://{text}")
+    try:
+        port = split.port
+    except ValueError:
+        port = -1
+    if split.scheme != "http" or not split.hostname or split.path.strip("/") or split.query:
+        raise AddressError(f"{where} is '{text}': not a controller address; {hint}")
+    if port is None:
+        if split.netloc.endswith(":"):
+            raise AddressError(f"{where} is '{text}': the port is missing; {hint}")
+        port = DEFAULT_PORT
+    if not 1 <= port <= 65535:
+        raise AddressError(f"{where} is '{text}': the port must be a number from 1 to 65535; {hint}")
+    return f"{split.hostname}:{port}" if ":" not in split.hostname else f"[{split.hostname}]:{port}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad option is one line and exit 2, not a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: {message}; see '{self.prog} -h'\n")
+        sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="orion-smi", description="Show the vGPUs of the Orion Controller's pool")
+    parser = _Parser(prog="orion-smi", description="Show the vGPUs of the Orion Controller's pool")
     parser.add_argument("--controller", metavar="HOST:PORT",
                         help="the controller (default: ORION_CONTROLLER, else controller_addr of --config)")
     parser.add_argument("--config", default=os.environ.get("ORION_SERVER_CONF", DEFAULT_PATH),
