@@ -1,6 +1,7 @@
 # `make test` is the README's test command and what .ci/run calls; setup.sh must have run first.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+BENCH_ARGS ?=  # e.g. BENCH_ARGS="--round-trips 1000 --sizes 1" for a short run
 
 .PHONY: test unit lint guest-image bench demo
 
@@ -18,7 +19,7 @@ guest-image:
 	bash tests/guest/build-image.sh
 
 bench:
-	$(PY) bench/wire_bench.py
+	$(PY) bench/wire_bench.py $(BENCH_ARGS)
 
 demo: guest-image
 	$(PY) -m tests.guest.kvm_demo

@@ -4,18 +4,29 @@
 #   sudo ./setup.sh            install everything, then run the demo
 #   sudo ./setup.sh --no-demo  install only (what `make test` and .ci/run use)
 # Installs: the apt packages (QEMU, libvirt, etcd, rdma-core/pyverbs, debootstrap, build tools), a virtualenv
-# in .venv built on Debian's python3 with the project installed editable plus test tools, and Debian's pyverbs
-# made visible inside it; the libvirt qemu hook (orion-hooks install) and the libvirt daemons, started after it;
-# with the demo, the test guest image (tests/guest/build-image.sh). Safe to run again: every step checks first.
+# in .venv built on Debian's python3 with the project installed editable plus test tools (and, as
+# `pip install ./guest_runtime` leaves a guest, the orion_guest.pth start-up hook), and Debian's pyverbs made
+# visible inside it; the project's commands on PATH (links in /usr/local/bin to .venv/bin); the libvirt qemu
+# hook (orion-hooks install) and the libvirt daemons, started after it; with the demo, the test guest image
+# (tests/guest/build-image.sh). Safe to run again: every step checks first.
+# Environment: ORION_VENV (default .venv) and ORION_BIN_DIR (default /usr/local/bin) move those two.
 set -euo pipefail
 cd "$(dirname "$0")"
 REPO=$(pwd)
 VENV=${ORION_VENV:-$REPO/.venv}
-DEMO=1
-[ "${1:-}" = "--no-demo" ] && DEMO=0
+BIN_DIR=${ORION_BIN_DIR:-/usr/local/bin}
+USAGE="usage: sudo ./setup.sh [--no-demo]"
 
 step() { printf '\n== %s\n' "$*"; }
 die() { echo "setup.sh: $*" >&2; exit 1; }
+
+DEMO=1
+case "$*" in
+  "") ;;
+  --no-demo) DEMO=0 ;;
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *) echo "setup.sh: unknown argument '$*'; $USAGE (--no-demo: install only)" >&2; exit 2 ;;
+esac
 timed() { local t0=$SECONDS; "$@"; echo "   ($(( SECONDS - t0 )) s)"; }
 
 [ "$(id -u)" -eq 0 ] || die "run as root (sudo ./setup.sh): it installs apt packages and creates /dev/shm regions"
@@ -50,6 +61,35 @@ install_venv() {
     || echo "   warning: pyverbs does not import in the venv; RDMA will be unavailable" >&2
 }
 
+link_commands() {
+  # The README's commands on PATH, where an installer puts them: $BIN_DIR/<cmd> -> $VENV/bin/<cmd> for every
+  # [project.scripts] entry. Only a link of ours is replaced (to another venv's copy of the same console script,
+  # or dangling after that venv went away); any other file of the same name is left alone, with a warning.
+  local cmd entry link target current made=0 kept=0
+  mkdir -p "$BIN_DIR"
+  while read -r cmd entry; do
+    target="$VENV/bin/$cmd" link="$BIN_DIR/$cmd"
+    [ -x "$target" ] || die "$target is missing after the pip install; run setup.sh again"
+    if [ -L "$link" ]; then
+      current=$(readlink "$link")
+      if [ "$current" = "$target" ]; then kept=$((kept + 1)); continue; fi
+      if [ "${current##*/}" != "$cmd" ] \
+         || { [ -e "$current" ] && ! grep -qF "from ${entry%%:*} import ${entry##*:}" "$current"; }; then
+        echo "   warning: $link -> $current is not an Orion command; left alone ($target is not on PATH)" >&2
+        continue
+      fi
+    elif [ -e "$link" ]; then
+      echo "   warning: $link exists and is not ours; left alone ($target is not on PATH)" >&2
+      continue
+    fi
+    ln -sfn "$target" "$link" && made=$((made + 1))
+  done < <("$VENV/bin/python" -c 'import sys, tomllib
+for name, entry in tomllib.load(open(sys.argv[1], "rb"))["project"]["scripts"].items(): print(name, entry)' \
+           "$REPO/pyproject.toml")
+  echo "   commands in $BIN_DIR: $made linked, $kept already there (-> $VENV/bin)"
+  case ":$PATH:" in *":$BIN_DIR:"*) ;; *) echo "   warning: $BIN_DIR is not on this shell's PATH" >&2 ;; esac
+}
+
 must_restart_libvirtd() {
   # libvirtd looks for hooks once, when it starts: `orion-hooks status` says when it started before ours.
   local out; out=$("$VENV/bin/orion-hooks" status 2>/dev/null || true)
@@ -80,6 +120,7 @@ start_libvirt() {
 
 step "apt packages"; timed install_apt
 step "python environment ($VENV)"; timed install_venv
+step "the project's commands on PATH"; link_commands
 mkdir -p /var/log/orion /var/tmp/orion && chmod 777 /var/log/orion /var/tmp/orion
 step "libvirt: the Orion qemu hook, then virtlogd and libvirtd"; timed start_libvirt
 
