@@ -7,6 +7,11 @@ the first CUDA call does, and that is also when vGPUs are requested from the Ori
 client does "when the app initialises CUDA" (allocation.py; only if a controller is configured and ORION_VGPU
 is set), on the host serving the channel, and taken up by the session there. A refused or failed request makes
 cuInit answer CUDA_ERROR_NO_DEVICE with one line on stderr.
+
+At exit one handler, registered by `activate()` so that it runs after the program's own handlers and those of
+libraries imported later (atexit is last in, first out), ends the session and then gives the vGPUs back. It
+imports nothing, takes no lock another thread may hold and waits only with a bound (allocation.EXIT_TIMEOUT_S):
+an import at exit once hung a CuPy program for 300 s (capsule_hook.py).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from .runtime_shim import RuntimeShim
 log = logging.getLogger(__name__)
 TRIGGERS = ("ORION_VGPU", "ORION_CONTROLLER", "ORION_SHM")
 _forwarder: Forwarder | None = None
+_without_allocation = False  # a controller was asked and gave nothing: Orion's exit line says so
 
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
@@ -41,14 +47,20 @@ class NoAllocation(WireError):
     so that the Forwarder treats it as any unreachable agent: one line on stderr, CUDA_ERROR_NO_DEVICE."""
 
 
-def _exits_without_allocation() -> None:
-    print(f"{allocation.stamp()} [INFO] Client exits without allocation ID.", file=sys.stderr, flush=True)
+def _at_exit() -> None:
+    """End the session (a clean release the host sees at once), then release the vGPUs with Orion's exit line."""
+    if _forwarder is not None:
+        _forwarder.close()
+    if _without_allocation:
+        print(f"{allocation.stamp()} [INFO] Client exits without allocation ID.", file=sys.stderr, flush=True)
+    allocation.release_at_exit()
 
 
 def take_up_vgpus(channel: ClientChannel) -> allocation.Allocation | None:
     """Ask the configured controller for ORION_VGPU vGPUs of ORION_GMEM MiB on the host serving ``channel``, and
     bind them to this session (wire opcodes AGENT_INFO, then BIND). None when no controller is configured or
     ORION_VGPU is unset: then nothing changes, the session gets the agent's default devices and quota."""
+    global _without_allocation
     try:
         setting = controller_setting()
         wanted = allocation.wanted_request() if setting is not None else None
@@ -63,7 +75,7 @@ def take_up_vgpus(channel: ClientChannel) -> allocation.Allocation | None:
                                              f"{bytes(reply.payload).decode(errors='replace')}")
         return alloc
     except (ClientConfigError, allocation.AllocationError) as exc:
-        atexit.register(_exits_without_allocation)
+        _without_allocation = True
         raise NoAllocation(str(exc)) from None
 
 
@@ -101,6 +113,7 @@ def activate() -> Forwarder:
         driver = forwarder.implementations()
         capsule_hook.install("cuda.bindings.cydriver", driver)
         _forwarder = forwarder
+        atexit.register(_at_exit)  # after the hook's own handler, so it runs before that one
         shim = RuntimeShim(driver)  # cyruntime's statically linked cudart would bypass the driver hook
         try:
             capsule_hook.install("cuda.bindings.cyruntime", shim.implementations(), shim.fallback)

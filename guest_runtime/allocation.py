@@ -9,8 +9,11 @@ wheel must not import ``controller``, so this is a small client of its own rathe
 * The lease is kept alive by a daemon thread (every TTL/3, the controller's rule), with its own connection,
   so a process that dies for any reason stops the keep-alives and the controller reclaims the vGPUs when
   the lease runs out.
-* Release is registered with :mod:`atexit`; it prints Orion's exit line,
-  ``<date time> [INFO] Client exits with allocation ID <id>``, on stderr.
+* Release at exit is :func:`release_at_exit`, called by activate.py's one exit handler; it prints Orion's exit
+  line, ``<date time> [INFO] Client exits with allocation ID <id>``, on stderr. Nothing may block at exit, so
+  that release waits at most EXIT_TIMEOUT_S per socket operation, goes to the address that answered the grant
+  (no resolver wait, which no socket timeout bounds) and takes no lock; if the controller does not confirm it
+  in time, one line says so, and the host agent or the lease gives the vGPUs back.
 * Every request has a timeout; a failure is an :class:`AllocationError` with one line that says what to check.
 
 Where the vGPUs are: the forwarding channel is a region one host's oriond serves (ORION_SHM, an ivshmem device,
@@ -19,7 +22,6 @@ opcodes AGENT_INFO and BIND). Reaching another host's agent over the network is 
 """
 from __future__ import annotations
 
-import atexit
 import http.client
 import json
 import os
@@ -30,9 +32,10 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 REQUEST_TIMEOUT_S = 5.0
+EXIT_TIMEOUT_S = 2.0  # the release at exit: a program's end waits no longer than this per socket operation
 
 
 class AllocationError(Exception):
@@ -43,14 +46,22 @@ def stamp() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _request(address: str, method: str, path: str, body: Any = None,
-             timeout_s: float = REQUEST_TIMEOUT_S) -> tuple[int, dict[str, Any]]:
-    """One JSON request on a fresh connection (requests are rare: one per keep-alive period)."""
-    host, _, port = address.rpartition(":")
+class _Answer(NamedTuple):
+    status: int
+    body: dict[str, Any]
+    peer: str  # ``ip:port`` that answered: where later requests can go without resolving a name
+
+
+def _request(address: str, method: str, path: str, body: Any = None, timeout_s: float = REQUEST_TIMEOUT_S,
+             via: str = "") -> _Answer:
+    """One JSON request to the controller at ``address`` (connecting to ``via`` instead when given) on a fresh
+    connection (requests are rare: one per keep-alive period)."""
+    host, _, port = (via or address).rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     try:
         data = None if body is None else json.dumps(body).encode()
         conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+        peer = _address_of(conn.sock.getpeername()) if conn.sock is not None else ""
         resp = conn.getresponse()
         raw = resp.read()
     except (OSError, http.client.HTTPException) as exc:
@@ -63,7 +74,12 @@ def _request(address: str, method: str, path: str, body: Any = None,
         answer = json.loads(raw) if raw else {}
     except ValueError:
         answer = {"reason": raw.decode(errors="replace")[:200]}
-    return resp.status, answer if isinstance(answer, dict) else {}
+    return _Answer(resp.status, answer if isinstance(answer, dict) else {}, peer)
+
+
+def _address_of(sockaddr: tuple[Any, ...]) -> str:
+    ip, port = sockaddr[0], sockaddr[1]
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def _positive(environ: Mapping[str, str], name: str) -> int | None:
@@ -104,6 +120,7 @@ class Allocation:
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
     _released: bool = field(default=False, repr=False)
+    _release_to: str = field(default="", repr=False)  # ip:port of the controller that granted it
 
     @classmethod
     def request(cls, controller: str, vgpus: int, memory_mib: int | None, client: str = "",
@@ -113,13 +130,14 @@ class Allocation:
             body["memory_mib"] = memory_mib
         if host:
             body["host"] = host
-        status, answer = _request(controller, "POST", "/api/v1/allocations", body)
+        status, answer, peer = _request(controller, "POST", "/api/v1/allocations", body)
         if status != 201:
             raise AllocationError(f"Fail to get resource from controller {controller}: "
                                   f"{answer.get('reason') or f'HTTP {status}'}")
         try:
             return cls(controller, str(answer["id"]), str(answer["host"]), str(answer["address"]),
-                       int(answer["port"]), list(answer["vgpus"]), int(answer["ttl_s"]))
+                       int(answer["port"]), list(answer["vgpus"]), int(answer["ttl_s"]),
+                       _release_to=peer)
         except (KeyError, TypeError, ValueError):
             raise AllocationError(f"the controller at {controller} gave a malformed answer: {answer!r:.200}") from None
 
@@ -136,7 +154,7 @@ class Allocation:
         period = max(0.5, self.ttl_s / 3)
         while not self._stop.wait(period):
             try:
-                status, answer = _request(self.controller, "POST", f"/api/v1/allocations/{self.id}/keepalive")
+                status, answer, _ = _request(self.controller, "POST", f"/api/v1/allocations/{self.id}/keepalive")
             except AllocationError as exc:  # a hiccup: try again next period; the lease covers three of them
                 print(f"orion: keep-alive of allocation {self.id} failed: {exc}", file=sys.stderr)
                 continue
@@ -146,22 +164,27 @@ class Allocation:
                       file=sys.stderr)
                 return
 
-    def release(self, out: TextIO | None = None, announce: bool = True) -> None:
+    def release(self, out: TextIO | None = None, announce: bool = True,
+                timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         """Stop the keep-alives, give the vGPUs back and print Orion's exit line (unless not ``announce``).
-        Idempotent; never raises."""
+        Waits at most ``timeout_s`` per socket operation. Idempotent; never raises."""
         if self._released:
             return
         self._released = True
         self._stop.set()
         out = out or sys.stderr
         if self.lost is None:
+            why = ""
             try:
-                status, answer = _request(self.controller, "DELETE", f"/api/v1/allocations/{self.id}")
+                status, answer, _ = _request(self.controller, "DELETE", f"/api/v1/allocations/{self.id}",
+                                             timeout_s=timeout_s, via=self._release_to)
                 if status not in (200, 404):
-                    print(f"orion: release of {self.id} failed ({answer.get('reason') or status}); "
-                          f"its lease will expire", file=out)
+                    why = f"{answer.get('reason') or f'HTTP {status}'}"
             except AllocationError as exc:
-                print(f"orion: release of {self.id} failed ({exc}); its lease will expire", file=out)
+                why = str(exc)
+            if why:
+                print(f"orion: the release of allocation {self.id} was not confirmed ({why}); its vGPUs come "
+                      f"back when the host agent ends the session or the lease expires", file=out, flush=True)
         if announce:
             print(f"{stamp()} [INFO] Client exits with allocation ID {self.id}", file=out, flush=True)
 
@@ -176,18 +199,25 @@ def current() -> Allocation | None:
 
 
 def acquire(controller: str, vgpus: int, memory_mib: int | None, host: str = "") -> Allocation:
-    """Request once per process (on ``host`` if named), keep it alive, release it at exit; a second call returns
-    the same grant."""
+    """Request once per process (on ``host`` if named) and keep it alive (:func:`release_at_exit` ends it); a
+    second call returns the same grant."""
     global _current
     with _lock:
         if _current is None:
             alloc = Allocation.request(controller, vgpus, memory_mib, host=host)
             alloc.keep_alive()
-            atexit.register(alloc.release)
             print(f"{stamp()} [INFO] Using Orion resource ({alloc.group}) {alloc.id} : {alloc.resources()}",
                   file=sys.stderr, flush=True)
             _current = alloc
         return _current
+
+
+def release_at_exit() -> None:
+    """Give this process's grant back, if it has one, with Orion's exit line: bounded (EXIT_TIMEOUT_S) and without
+    ``_lock``, which a thread still inside :func:`acquire` may hold."""
+    alloc = _current
+    if alloc is not None:
+        alloc.release(timeout_s=EXIT_TIMEOUT_S)
 
 
 def abandon() -> None:

@@ -32,6 +32,11 @@ Rules, all there so that C never sees a wrong answer:
   trampolines is pointed at libc's `sched_yield` instead: a native function taking nothing and returning 0, i.e.
   CUDA_SUCCESS for a release nobody can observe any more (the host reclaims the session's resources). Trampolines
   are also never freed, so calls made while modules are torn down still find live code.
+* Nothing at exit may import or wait: an import then can hang the interpreter for good (CuPy puts
+  `importlib.util.LazyLoader` modules such as `cupyx` in `sys.modules`, and merely reading an attribute of one
+  imports it). So that handler looks at `sys.modules` by name, reads only the `__dict__` of plain module objects
+  (never an attribute of anything else), and uses only what `install` resolved: the no-op's address and the
+  mangled names. Its one foreign call is dlopen(RTLD_NOLOAD) of a cuda.core library already loaded.
 
 Trampoline arguments arrive as ctypes converts them: pointers and handles as int addresses (None for NULL),
 enums and integers as int, floats as float. Each trampoline, its capsule and the capsule's name bytes stay alive in
@@ -46,6 +51,7 @@ import logging
 import os
 import sys
 import threading
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -182,31 +188,55 @@ def _cpp_globals_symbol(function: str) -> str:
     return f"_ZN9cuda_core{len(name)}{name}E"
 
 
+@dataclass(frozen=True)
+class _ExitPlan:
+    """What `_disarm_cpp_pointers` needs, resolved at `install` time, when importing and loading are safe."""
+
+    noop: int  # address of libc's sched_yield: takes nothing, returns 0
+    symbols: dict[str, int]  # mangled cuda_core::p_<function> -> the trampoline that global may hold
+
+
+_exit_plan: _ExitPlan | None = None
+
+
+def _plan_exit() -> None:
+    """Resolve, now, everything the exit handler will use (called at each `install`, under `_LOCK`)."""
+    global _exit_plan
+    noop = ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value
+    assert noop is not None
+    symbols = {_cpp_globals_symbol(name): pointer
+               for entry in _REGISTRY.values() for name, pointer in entry.pointers.items()}
+    _exit_plan = _ExitPlan(noop=noop, symbols=symbols)
+
+
 def _disarm_cpp_pointers() -> int:
     """atexit: point cuda.core's C++ driver-pointer globals that hold our trampolines at a native no-op.
 
-    Returns how many were rewritten. Absent symbols (another cuda.core version, no cuda.core) are skipped.
+    Returns how many were rewritten. Absent symbols (another cuda.core version, no cuda.core) are skipped. Imports
+    nothing and reads no attribute of a `sys.modules` entry that is not a plain module: a lazily loaded module
+    (CuPy's `cupyx`) would be imported by that read, at exit.
     """
-    trampolines = {name: pointer for entry in _REGISTRY.values() for name, pointer in entry.pointers.items()}
-    if not trampolines:
+    plan = _exit_plan
+    if plan is None:
         return 0
-    libc_noop = ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value
     rewritten = 0
     for module_name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None)
-        if not (module_name.startswith("cuda.core") and path and path.endswith(".so")):
+        if not module_name.startswith("cuda.core") or type(module) is not types.ModuleType:
+            continue
+        path = module.__dict__.get("__file__")
+        if not (isinstance(path, str) and path.endswith(".so")):
             continue
         try:
             lib = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_NOLOAD)
         except OSError:
             continue
-        for function, pointer in trampolines.items():
+        for symbol, pointer in plan.symbols.items():
             try:
-                slot = ctypes.c_void_p.in_dll(lib, _cpp_globals_symbol(function))
+                slot = ctypes.c_void_p.in_dll(lib, symbol)
             except ValueError:
                 continue
             if slot.value == pointer:
-                slot.value = libc_noop
+                slot.value = plan.noop
                 rewritten += 1
     return rewritten
 
@@ -282,6 +312,7 @@ def install(module_name: str, implementations: Mapping[str, Callable[..., Any]],
                             kept=tuple(sorted(kept)), unsupported=dict(sorted(unsupported.items())))
         _REGISTRY[module_name] = _Installed(report=report, keepalive=keepalive, pointers=pointers)
         _api.Py_IncRef(ctypes.py_object(keepalive))  # never freed, not even by module teardown at exit
+        _plan_exit()
         if len(_REGISTRY) == 1:
             atexit.register(_disarm_cpp_pointers)
         log.debug("hooked %s: %d implemented, %d fallback, %d blind fallback, %d kept", module_name,

@@ -7,10 +7,10 @@ others are written out here, mirrored by host_agent/executor.py.
 
 The channel is claimed at the first call, not at import, so a program that never touches CUDA never needs
 the host agent. If the agent cannot be reached, cuInit answers CUDA_ERROR_NO_DEVICE and says why once.
+`close()` ends the session at exit; every call after it answers CUDA_ERROR_DEINITIALIZED at once.
 """
 from __future__ import annotations
 
-import atexit
 import ctypes
 import logging
 import struct
@@ -53,7 +53,8 @@ from .pinned_pool import GuestPool, pool_map_reply
 
 log = logging.getLogger(__name__)
 
-SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED, NO_DEVICE, INVALID_IMAGE = 0, 1, 2, 3, 100, 200
+SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED, DEINITIALIZED = 0, 1, 2, 3, 4
+NO_DEVICE, INVALID_IMAGE = 100, 200
 INVALID_CONTEXT, NOT_FOUND, NOT_SUPPORTED, UNKNOWN = 201, 500, 801, 999
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
 LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption
@@ -72,6 +73,7 @@ class Forwarder:
         self._connect = connect
         self._channel: ClientChannel | None = None
         self._unreachable: str | None = None
+        self._closed = False  # close() ran: the program is exiting
         self._layouts: dict[int, tuple[list[tuple[int, int]], int]] = {}  # function -> (layout, packed size)
         self._kernels: set[int] = set()  # CUkernel handles (launchable as functions)
         self._strings: dict[tuple[str, int], ctypes.Array[ctypes.c_char]] = {}  # kept alive: static strings
@@ -85,14 +87,29 @@ class Forwarder:
 
     # --- the channel ---------------------------------------------------------------------------------------
     def channel(self) -> ClientChannel | None:
-        if self._channel is None and self._unreachable is None:
+        if self._channel is None and self._unreachable is None and not self._closed:
             try:
                 self._channel = self._connect()
-                atexit.register(self._channel.close)  # a clean release, not a death the host must detect
             except WireError as exc:
                 self._unreachable = str(exc)
                 print(f"orion: no GPU through Orion: {exc}", file=sys.stderr)
         return self._channel
+
+    def close(self) -> None:
+        """End the session (activate.py calls this at exit): release the channel, a clean end the host sees at
+        once, and answer every later call CUDA_ERROR_DEINITIALIZED, as a torn-down driver does. A call on the
+        released channel would wait for ever: the host has ended the session and still beats.
+
+        Takes no lock: another thread may be inside a call, holding `_lock`, and nothing bounds that call."""
+        self._closed = True
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
+
+    def _no_channel(self, call: DriverCall) -> int:
+        if self._closed:
+            return DEINITIALIZED
+        return NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED
 
     def _sync_context(self, channel: ClientChannel) -> None:
         """Make the calling thread's current context the host's before its call goes out (contexts.py)."""
@@ -108,7 +125,7 @@ class Forwarder:
         `opcode`: a forwarding-layer variant of `call` (a pinned copy, POOL_MAP)."""
         channel = self.channel()
         if channel is None:
-            return (NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED), None
+            return self._no_channel(call), None
         self._sync_context(channel)
         reply = channel.call(call.opcode if opcode is None else opcode, payload, sink=sink)
         status = reply.status
@@ -124,7 +141,7 @@ class Forwarder:
     def _post(self, call: DriverCall, payload: bytes, opcode: int | None = None) -> int:
         channel = self.channel()
         if channel is None:
-            return NOT_INITIALIZED
+            return self._no_channel(call)
         self._sync_context(channel)
         channel.post(call.opcode if opcode is None else opcode, payload)
         return SUCCESS
