@@ -111,8 +111,11 @@ def install(root: str, python: str, config: str, pid_file: str) -> list[str]:
         out.append(f"{'installed' if first else 'updated'} {paths.hook} (runs {python}, reads {config})")
         if os.path.lexists(paths.qemu_hook):
             out.append(f"{paths.qemu_hook} is left as it is; libvirt runs it first, then {paths.hook}")
-        if first and not hooks_were_seen:
-            out.append(f"{RESTART_FIRST} ({restart_advice(paths)})")
+        daemon = _running_daemon(paths)
+        if first and not hooks_were_seen and daemon is None:
+            out.append("libvirtd is not running: it runs the Orion hook from its next start")
+        elif first and not hooks_were_seen:
+            out.append(f"{RESTART_FIRST} (pid {daemon}; {restart_advice(paths, daemon)})")
         elif first:
             out.append("libvirtd already runs qemu hooks here, so it needs no restart: it runs this one from the "
                        "next domain start")

@@ -299,7 +299,7 @@ def _probe(rig: Rig) -> None:
 @smoke("oriond [--config FILE] [--gmem MiB]")
 def _oriond(rig: Rig) -> None:
     rig.host()  # started as written, serving its region (probed), stopped with Ctrl-C: exit 0
-    rig.run("oriond --help", "--config FILE", "--gmem MiB")
+    rig.run("oriond --help", "--config", "--gmem")
 
 
 @smoke("ORION_SHM=/dev/shm/orionsock0 .venv/bin/python app.py")
