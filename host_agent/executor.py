@@ -3,8 +3,8 @@
 One instance lives in each session worker process (region_server.py), so a tenant's GPU context, memory and
 crashes stay its own. Every handle and device pointer the client sends is checked against what this session
 created before it reaches the driver; a call that fails the check gets a CUDA error code, never an
-exception. A vGPU quota caps allocations and is what cuMemGetInfo/cuDeviceTotalMem report. Guest device
-ordinals map to the physical devices given to the session.
+exception. A vGPU quota caps what the session's process holds on the GPU (quota.py counts it) and is what
+cuMemGetInfo/cuDeviceTotalMem report. Guest device ordinals map to the physical devices given to the session.
 
 Calls whose parameters are all scalars, handles or pointers to them run through one generic path driven by
 ivshmem.driver_api; the few that move buffers, strings or images are written out below.
@@ -46,7 +46,9 @@ from ivshmem.record import AGENT_INFO_REPLY, BIND_REPLY, BIND_REQUEST, CUDA_OPCO
 from ivshmem.region import Region
 
 from .diagnostics import DiagnosticsHandler
+from .gpu_memory import MemoryMeter, MeterFactory, open_nvml
 from .pinned_pool import HostPool
+from .quota import UsageAccount
 from .region_server import Reply, Session, note
 from .vgpu_grant import GrantRefused, take_up
 
@@ -71,6 +73,11 @@ DESTROYS = {"cuCtxDestroy": "CUcontext", "cuStreamDestroy": "CUstream", "cuEvent
             "cuModuleUnload": "CUmodule", "cuLibraryUnload": "CUlibrary"}
 ALLOCATES = {"cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"}
 FREES = {"cuMemFree", "cuMemFreeAsync"}
+# Calls after which the process may hold more or less GPU memory outside the allocation ledger (lazily loaded
+# code, released contexts and modules): the quota's measurement is taken again at its next use (quota.py).
+CHANGE_USAGE = {"cuModuleGetFunction", "cuModuleGetGlobal", "cuLibraryGetKernel", "cuLibraryGetGlobal",
+                "cuKernelGetFunction", "cuModuleUnload", "cuLibraryUnload", "cuCtxDestroy", "cuDevicePrimaryCtxRelease",
+                "cuDevicePrimaryCtxReset"}
 MIB = 1 << 20
 MAX_LAUNCH_ATTRIBUTES = 64
 COPY_SYNC, COPY_ASYNC = struct.Struct("<QQ"), struct.Struct("<QQQ")  # device pointer, size[, stream]
@@ -85,6 +92,7 @@ class ExecutorOptions:
     vgpu_count: int = 1  # without gmem_mib: a vGPU's quota is its device's memory / vgpu_count (Orion)
     controller: str = ""  # the Orion Controller oriond reports to: where a guest's allocation is confirmed
     host: str = ""  # this host's name in that controller's pool
+    meter: MeterFactory | None = None  # how a worker measures its GPU memory (gpu_memory.py); None: NVML
 
 
 def _load_driver() -> Any:
@@ -110,7 +118,6 @@ class _State:
     globals: dict[int, int] = field(default_factory=dict)  # base -> size (module/library globals)
     children: dict[int, list[tuple[str, int]]] = field(default_factory=dict)  # module/library -> what it gave
     placed: dict[int, int] = field(default_factory=dict)  # base -> physical device (cuMemAlloc*)
-    allocated: dict[int, int] = field(default_factory=dict)  # physical device -> bytes allocated there
 
     def owns_range(self, pointer: int, size: int) -> bool:
         for table in (self.allocations, self.globals):
@@ -136,6 +143,8 @@ class CudaExecutor(DiagnosticsHandler):
             wanted = self.options.devices if self.options.devices is not None else physical
             self.devices = tuple(d for d in wanted if d in physical)
         self.quota = self._initial_quota()  # bytes per guest device, or None: no quota
+        self.account = UsageAccount(self._open_meter, session.number)  # what counts against the quota
+        self._launched: set[int] = set()  # functions/kernels launched once (a first launch may load code)
         self.allocation = ""  # the controller allocation this session took up (BIND), if any
         self._special: dict[str, Callable[[DriverCall, bytes], Reply]] = {
             "cuDeviceGetName": self._device_get_name, "cuDeviceGetUuid": self._device_get_uuid,
@@ -207,6 +216,9 @@ class CudaExecutor(DiagnosticsHandler):
     def handle(self, record: Record) -> Reply:
         if record.opcode < CUDA_OPCODE_BASE:  # HELLO and the wire diagnostics
             if record.opcode == Op.AGENT_INFO:
+                if len(record.payload):
+                    return Reply(Status.MALFORMED, f"AGENT_INFO carries no payload, not {len(record.payload)} "
+                                                   f"bytes".encode())
                 linked = bool(self.options.controller)
                 return Reply(0, AGENT_INFO_REPLY.encode(self.options.host if linked else "", self.options.controller))
             if record.opcode == Op.BIND:
@@ -255,10 +267,15 @@ class CudaExecutor(DiagnosticsHandler):
                 converted.append(self._to_driver(ctype, value) if ctype in CONVERTED else value)
             except ValueError:  # no such enum value: what the driver itself answers for it
                 return Reply(INVALID_VALUE)
+        retain = call.name == "cuDevicePrimaryCtxRetain"  # may make a context: counted past the first
+        before = self._usage_before() if retain else {}
         result = getattr(self.driver, call.name)(*converted)
         err = int(result[0])
         if err != SUCCESS:
             return Reply(err)
+        if retain and self._past_quota(before, converted[0],
+                                       lambda: self.driver.cuDevicePrimaryCtxRelease(converted[0])):
+            return Reply(OUT_OF_MEMORY)
         outs = [_from_driver(v) for v in result[1:]]
         for i, ctype in enumerate(call.output_types):
             if ctype == "CUdevice":  # the guest knows devices by its own ordinals
@@ -306,6 +323,7 @@ class CudaExecutor(DiagnosticsHandler):
             state.handles[DESTROYS[call.name]].discard(args[0])
             if call.name in ("cuModuleUnload", "cuLibraryUnload"):
                 self._param_layouts.clear()  # their functions' handles may be reused
+                self._launched.clear()
             for kind, value in state.children.pop(args[0], ()):  # an unloaded module's functions and globals
                 if kind == "global":
                     state.globals.pop(value, None)
@@ -315,16 +333,24 @@ class CudaExecutor(DiagnosticsHandler):
             device = self._current_device() if self.quota is not None else -1  # only a quota needs to know
             state.allocations[outs[0]] = args[0]
             state.placed[outs[0]] = device
-            state.allocated[device] = state.allocated.get(device, 0) + args[0]
+            self.account.allocated(device, args[0])
         elif call.name in FREES:
             size = state.allocations.pop(args[0], 0)
-            device = state.placed.pop(args[0], -1)
-            state.allocated[device] = state.allocated.get(device, 0) - size
+            self.account.freed(state.placed.pop(args[0], -1), size)
+        if call.name in CHANGE_USAGE:
+            self.account.may_have_changed()
 
     # --- quota ----------------------------------------------------------------------------------------------
     # A quota is per vGPU (guest device). Two vGPUs of a session may share a physical GPU; memory is counted per
     # physical GPU (the driver does not say which of two contexts on one GPU an allocation is for), against the
-    # sum of the quotas of the session's vGPUs there.
+    # sum of the quotas of the session's vGPUs there. What counts is what the worker process really holds there
+    # beyond its first context (quota.py): allocations exactly, the rest measured with NVML when it may change.
+    def _open_meter(self) -> MemoryMeter | None:
+        """The session's GPU memory meter, opened at its first context (in the worker): none without a quota."""
+        if self.quota is None:
+            return None
+        return (self.options.meter or open_nvml)(self.driver)
+
     def _initial_quota(self) -> tuple[int, ...] | None:
         if self.options.gmem_mib is not None:
             return (self.options.gmem_mib * MIB,) * len(self.devices)
@@ -360,7 +386,7 @@ class CudaExecutor(DiagnosticsHandler):
         err, free, _total = self.driver.cuMemGetInfo()
         if int(err) != SUCCESS:
             return Reply(int(err))
-        return _ok(call, min(int(free), max(quota - self.state.allocated.get(device, 0), 0)), quota)
+        return _ok(call, min(int(free), max(quota - self.account.counted(device), 0)), quota)
 
     def _device_total_mem(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
         if not 0 <= args[0] < len(self.devices):
@@ -371,17 +397,53 @@ class CudaExecutor(DiagnosticsHandler):
         return Reply(int(err)) if int(err) != SUCCESS else _ok(call, min(int(total), self.quota[args[0]]))
 
     def _allocation_check(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
-        """Past the vGPU's quota an allocation fails as a full GPU would: CUDA_ERROR_OUT_OF_MEMORY."""
+        """Past the vGPU's quota an allocation fails as a full GPU would: CUDA_ERROR_OUT_OF_MEMORY.
+
+        The ledger keeps this exact without a measurement; only an allocation that would be refused measures
+        again first, since what the process holds beyond it may have shrunk (a pool trimmed, say)."""
         if self.quota is None:
             return None
         device = self._current_device()
         quota = self._device_quota(device)
-        if quota is not None and self.state.allocated.get(device, 0) + args[0] > quota:
-            vgpu = self.devices.index(device)
-            log.info("session %d: memory %d MB exceeds <vgpu %d, pgpu %d> quota", self.session.number,
-                     (self.state.allocated.get(device, 0) + args[0]) >> 20, vgpu, device)  # Orion's words
-            return Reply(OUT_OF_MEMORY)
-        return None
+        if quota is None or self.account.counted(device) + args[0] <= quota:
+            return None
+        counted = self.account.refresh(device) + args[0]
+        if counted <= quota:
+            return None
+        self._log_exceeded(device, counted)
+        return Reply(OUT_OF_MEMORY)
+
+    def _log_exceeded(self, device: int, counted: int) -> None:
+        log.info("session %d: memory %d MB exceeds <vgpu %d, pgpu %d> quota", self.session.number, counted >> 20,
+                 self.devices.index(device), device)  # Orion's words
+
+    def _usage_before(self) -> dict[int, int | None]:
+        """Before a call that may make the process hold more GPU memory outside the ledger (a context, a
+        module, a library): what it holds on each measured GPU now ({} when nothing is measured)."""
+        return {device: self.account.held(device) for device in self.account.measured_devices()}
+
+    def _past_quota(self, before: dict[int, int | None], made_context_on: int | None,
+                    undo: Callable[[], object]) -> bool:
+        """After such a call succeeded: whether it pushed a GPU past the session's quota there; if so it has
+        been undone (a full GPU would have failed it with CUDA_ERROR_OUT_OF_MEMORY).
+
+        A session's first context on a GPU is its baseline there, never counted."""
+        if self.quota is None:
+            return False
+        if made_context_on is not None:
+            self.account.context_made(made_context_on)
+        for device, held_before in before.items():
+            quota = self._device_quota(device)
+            held = self.account.held(device)
+            self.account.note(device, held)
+            if (quota is None or held is None or held_before is None or held <= held_before
+                    or self.account.counted(device) <= quota):
+                continue
+            self._log_exceeded(device, self.account.counted(device))
+            undo()
+            self.account.may_have_changed()
+            return True
+        return False
 
     # --- a controller allocation (BIND) ---------------------------------------------------------------------
     def _bind(self, allocation: str) -> Reply:
@@ -431,9 +493,12 @@ class CudaExecutor(DiagnosticsHandler):
         flags, dev = struct.unpack("<Ii", payload)
         if not 0 <= dev < len(self.devices):
             return Reply(INVALID_DEVICE)
+        before = self._usage_before()
         err, ctx = self.driver.cuCtxCreate(None, flags, self.devices[dev])
         if int(err) != SUCCESS:
             return Reply(int(err))
+        if self._past_quota(before, self.devices[dev], lambda: self.driver.cuCtxDestroy(ctx)):
+            return Reply(OUT_OF_MEMORY)  # destroyed: the context current before is current again, as in the guest
         self.state.handles["CUcontext"].add(int(ctx))
         return Reply(SUCCESS, struct.pack("<Q", int(ctx)))
 
@@ -532,11 +597,20 @@ class CudaExecutor(DiagnosticsHandler):
         return Reply(SUCCESS, Streamed(size, fill))
 
     def _module_load(self, call: DriverCall, payload: bytes) -> Reply:
+        before = self._usage_before()
         err, module = self.driver.cuModuleLoadData(payload)
+        return self._loaded(before, err, module, "CUmodule")
+
+    def _loaded(self, before: dict[int, int | None], err: Any, handle: Any, kind: str) -> Reply:
+        """A module or library load's reply: refused and unloaded if its globals and code pushed a GPU past the
+        session's quota (the driver API allocates a module's globals at load, cuModuleLoad's documentation)."""
         if int(err) != SUCCESS:
             return Reply(int(err))
-        self.state.handles["CUmodule"].add(int(module))
-        return Reply(SUCCESS, struct.pack("<Q", int(module)))
+        unload = self.driver.cuModuleUnload if kind == "CUmodule" else self.driver.cuLibraryUnload
+        if self._past_quota(before, None, lambda: unload(handle)):
+            return Reply(OUT_OF_MEMORY)
+        self.state.handles[kind].add(int(handle))
+        return Reply(SUCCESS, struct.pack("<Q", int(handle)))
 
     def _pool_attribute(self, call: DriverCall, payload: bytes) -> Reply:
         if len(payload) != (12 if call.name == "cuMemPoolGetAttribute" else 20):
@@ -562,12 +636,10 @@ class CudaExecutor(DiagnosticsHandler):
         if isinstance(parsed, Reply):
             return parsed
         options, values, image = parsed
+        before = self._usage_before()
         err, library = self.driver.cuLibraryLoadData(image, options or None, values or None, len(options), None,
                                                      None, 0)
-        if int(err) != SUCCESS:
-            return Reply(int(err))
-        self.state.handles["CUlibrary"].add(int(library))
-        return Reply(SUCCESS, struct.pack("<Q", int(library)))
+        return self._loaded(before, err, library, "CUlibrary")
 
     def _by_name(self, call: DriverCall, payload: bytes) -> Reply:
         """cuModuleGetFunction/GetGlobal, cuLibraryGetKernel/GetGlobal: a handle and a NUL-free name."""
@@ -580,6 +652,7 @@ class CudaExecutor(DiagnosticsHandler):
         err = int(result[0])
         if err != SUCCESS:
             return Reply(err)
+        self.account.may_have_changed()  # lazy loading: a function's code, a library's globals in this context
         outs = [_from_driver(v) for v in result[1:]]
         if call.name.endswith("GetGlobal"):
             self.state.globals[outs[0]] = outs[1]
@@ -598,6 +671,8 @@ class CudaExecutor(DiagnosticsHandler):
             return Reply(INVALID_HANDLE)  # a CUkernel may be launched where a CUfunction is expected
         if stream and stream not in self.state.handles["CUstream"]:
             return Reply(INVALID_HANDLE)
+        if f not in self._launched:
+            self._first_launch(f)
         start, attributes = LAUNCH_HEAD.size, b""
         if call.name == "cuLaunchKernelEx":
             (count,) = struct.unpack_from("<I", payload, start)
@@ -615,6 +690,12 @@ class CudaExecutor(DiagnosticsHandler):
             return Reply(self._launch_ex(f, (gx, gy, gz, bx, by, bz, shmem, stream), attributes))
         (err,) = self.driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, None, self._launch_extra_at)
         return Reply(int(err))
+
+    def _first_launch(self, function: int) -> None:
+        """A function's first launch may load its code (lazy loading) or grow the context's local memory: the
+        quota measures again at its next use. Later launches cost one set lookup."""
+        self._launched.add(function)
+        self.account.may_have_changed()
 
     def _launch_ex(self, f: int, head: tuple[int, ...], attributes: bytes) -> int:
         """cuLaunchKernelEx with launch attributes: only the kinds driver_api lists, events only the session's."""
@@ -668,6 +749,9 @@ class CudaExecutor(DiagnosticsHandler):
     # --- page-locked host memory (pinned_pool.py) ----------------------------------------------------------
     def _pool_map(self, payload: bytes) -> Reply:
         """POOL_MAP: `Q guest address of the slice` -> `Q host address, Q slice size`."""
+        if len(payload) != 8:
+            return Reply(Status.MALFORMED, f"POOL_MAP carries the 8-byte address of the pool slice, not "
+                                           f"{len(payload)} bytes".encode())
         if self.pool is None:
             return Reply(NOT_SUPPORTED)
         (proposed,) = struct.unpack("<Q", payload)
@@ -759,6 +843,8 @@ class CudaExecutor(DiagnosticsHandler):
             return Reply(INVALID_HANDLE)
         if stream and stream not in self.state.handles["CUstream"]:
             return Reply(INVALID_HANDLE)
+        if f not in self._launched:
+            self._first_launch(f)
         err, layout = self._param_layout(f)
         if err != SUCCESS:
             return Reply(err)
@@ -803,14 +889,12 @@ class CudaExecutor(DiagnosticsHandler):
         if isinstance(parsed, Reply):
             return parsed
         options, values, image = parsed
+        before = self._usage_before()
         if options:
             err, module = self.driver.cuModuleLoadDataEx(image, len(options), options, values)
         else:
             err, module = self.driver.cuModuleLoadData(image)
-        if int(err) != SUCCESS:
-            return Reply(int(err))
-        self.state.handles["CUmodule"].add(int(module))
-        return Reply(SUCCESS, struct.pack("<Q", int(module)))
+        return self._loaded(before, err, module, "CUmodule")
 
 
 def _ok(call: DriverCall, *outs: int) -> Reply:

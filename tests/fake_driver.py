@@ -35,6 +35,9 @@ To keep it honest:
   (by the layout) or `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE) and records the packed parameter bytes. Like
   the real driver (checked on an H200), it does not refuse an `extra` buffer whose size differs from the
   kernel's parameter size; the record says whether it matched.
+* What the process holds on each GPU, as NVML would report it (`process_memory`, read by `FakeMeter`, the
+  stand-in for host_agent/gpu_memory.py's NVML meter): `context_bytes` per live context (a primary one while
+  retained), plus its allocations and module/library globals, byte for byte (no 2 MiB rounding).
 * `cuMemHostRegister` needs a current context (CUDA_ERROR_INVALID_CONTEXT otherwise, as on an H200) and
   refuses overlapping registrations; it pins nothing.
 * Asynchronous calls check their arguments at once and report those errors directly. Their effect follows CUDA's
@@ -180,6 +183,7 @@ DRIVER_VERSION = 13000
 API_VERSION = 3020
 MIB = 1 << 20
 GUARD = 2 * MIB  # unmapped bytes after every allocation
+CONTEXT_BYTES = 512 * MIB  # what a context costs its process on the GPU (about an H100's, as NVML reports it)
 ALLOCATION_BASE = 0x7F10_0000_0000
 
 
@@ -455,10 +459,11 @@ class FakeDriver:
     CUlaunchConfig = CUlaunchConfig
 
     def __init__(self, devices: int = 2, total_mem: tuple[int, ...] | None = None, journal: str | None = None,
-                 initialized: bool = False) -> None:
+                 initialized: bool = False, context_bytes: int = CONTEXT_BYTES) -> None:
         """`devices` fake GPUs; device d has total_mem[d] bytes (default (16 + 8 d) GiB) and the name
-        "Orion Fake GPU <d>"."""
+        "Orion Fake GPU <d>". Each context holds `context_bytes` of its device (process_memory)."""
         self.device_count = devices
+        self.context_bytes = context_bytes
         self.total_mem = total_mem or tuple((16 + 8 * d) << 30 for d in range(devices))
         self.journal = journal
         self.calls: list[Call] = []
@@ -479,6 +484,7 @@ class FakeDriver:
         self._clock = 0
         self.modules: dict[int, dict[bytes, int]] = {}  # handle -> name -> function handle
         self.module_globals: dict[int, dict[bytes, int]] = {}  # module/library -> name -> device pointer
+        self.global_device: dict[int, int] = {}  # device pointer of a module/library global -> its device
         self.libraries: dict[int, dict[bytes, int]] = {}  # handle -> name -> kernel handle
         self.functions: dict[int, _Kernel] = {}
         self.kernels: dict[int, _Kernel] = {}
@@ -863,6 +869,14 @@ class FakeDriver:
         if handle is None:
             return _result(CUresult.CUDA_ERROR_INVALID_CONTEXT, 1)
         return CUresult(0), 0x1_0000_0000 + self.contexts[handle].ident  # above 32 bits: a u64 must carry it
+
+    def process_memory(self, device: int) -> int:
+        """The bytes this fake process holds on `device`, as NVML's used_gpu_memory would say: its live contexts
+        (a primary one while retained), allocations and module/library globals there."""
+        contexts = sum(1 for c in self.contexts.values()
+                       if c.device == device and (not c.primary or self.primary_refs[device] > 0))
+        globals_ = sum(len(self.memory[p]) for p, d in self.global_device.items() if d == device)
+        return contexts * self.context_bytes + self.used[device] + globals_
 
     # --- memory -------------------------------------------------------------------------------------------------
     def _alloc_on_current(self, size: int) -> tuple[Any, ...]:
@@ -1265,6 +1279,7 @@ class FakeDriver:
         device = self._device_of_current() if self._current() is not None else 0
         self.module_globals[owner] = {name: self._allocate(size, device, track=False)
                                       for name, size in parsed.globals.items()}
+        self.global_device.update({pointer: device for pointer in self.module_globals[owner].values()})
 
     @_recorded
     def cuModuleLoadData(self, image: Any) -> tuple[Any, ...]:
@@ -1322,6 +1337,7 @@ class FakeDriver:
             handles.pop(child, None)
         for pointer in self.module_globals.pop(handle, {}).values():
             self.memory.pop(pointer, None)
+            self.global_device.pop(pointer, None)
         self.images.pop(handle, None)
 
     @_recorded
@@ -1658,3 +1674,20 @@ class FakeDriver:
 # Names of every driver function the fake implements.
 IMPLEMENTED = frozenset(name for name, value in vars(FakeDriver).items()
                         if name.startswith("cu") and name[2:3].isupper() and callable(value))
+
+
+class FakeMeter:
+    """host_agent.gpu_memory's NVML meter for a FakeDriver (CI has no NVML): `FakeDriver.process_memory`.
+
+    Pass it as `ExecutorOptions(meter=FakeMeter)`: the executor calls it with the session's driver. Each query is
+    journalled as a call named `nvml.held` (args [device], result [bytes]), so tests can see when the executor
+    measures and when it does not."""
+
+    def __init__(self, driver: FakeDriver) -> None:
+        self.driver = driver
+
+    def held(self, device: int) -> int | None:
+        value = self.driver.process_memory(device)
+        self.driver._note = {}
+        self.driver._record("nvml.held", (device,), (value,))
+        return value
