@@ -622,6 +622,27 @@ def test_remove_while_the_agent_serves_says_how_to_stop_it(regions: Path, nobody
     assert not path.exists()
 
 
+def test_detach_says_how_to_remove_a_region_the_agent_still_serves(regions: Path, nobody_conf: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """detach keeps the file and used to advise a plain 'orion-shm remove N', which oriond's serving refuses."""
+    gw = pytest.importorskip("host_agent.libvirt_gateway")
+    assert shm("create", "-i", "1", "-s", "16", "-d", str(regions), "--config", nobody_conf).returncode == 0
+    path = regions / "orionsock1"
+    done = gw.Outcome(domain="g1", index=1, size_mib=16, path=str(path), scopes=("config",), changed=True)
+    monkeypatch.setattr(gw, "detach_region", lambda *args, **kwargs: done)  # no libvirt: only the last line
+
+    def detach() -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["detach", "g1", "-i", "1"]) == 0
+        return out.getvalue().splitlines()[-1]
+    with serving_agent(path) as (agent, _worker):
+        line = detach()
+        assert f"host agent (pid {agent}) still serves it" in line and "'orion-shm remove 1 --force'" in line
+    assert detach() == (f"The region file {path} is kept; remove it with 'orion-shm remove 1' when no longer "
+                        "needed.")
+
+
 def test_remove_unused_and_missing(regions: Path, nobody_conf: str) -> None:
     make_mixed(regions, nobody_conf)
     for index in (1, 2, 3):
