@@ -2,8 +2,10 @@
 
 Regions are the `orionsock<N>` files in server.conf's shm_path_base (made by `orion-shm create`, by QEMU
 for a libvirt guest, or by the libvirt hook). New ones are picked up while running, removed ones dropped.
-All regions are supervised from this one thread, so that session workers are forked from a process with
-no other threads (forking a threaded process can copy a held lock into the child).
+Each served region has a supervisor process of its own (region_process.py): a region whose file is
+truncated, corrupted or otherwise broken ends its own sessions and nothing else. This process never maps a
+region; it only looks at files through region_file.py, which says whether a file may be served or formatted,
+and it logs each refusal once per state of the file, so a hostile file cannot fill the log either.
 
 Besides the periodic rescan, `request_refresh()` (oriond calls it on SIGHUP, which the libvirt hook sends
 after creating or removing a region) makes the next pass rescan at once. It only sets a plain attribute, so
@@ -11,46 +13,57 @@ a signal handler may call it (see stop.py for why a handler must not take locks 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable
 
-from ivshmem.errors import WireError
 from ivshmem.region import list_region_files
 
+from . import region_file
 from .config import ServerConfig
 from .executor import ExecutorOptions, executor_factory
-from .region_server import RegionServer, ServerOptions, Session
+from .region_process import RegionProcess, describe_exit
+from .region_server import HandlerFactory, ServerOptions
 from .stop import StopRequest
 
 log = logging.getLogger(__name__)
 RESCAN_S = 1.0
+RETRY_MIN_S, RETRY_MAX_S = 1.0, 30.0  # a region whose supervisor failed is looked at again after this back-off
+STEADY_S = 60.0  # a supervisor that ran this long resets the back-off
 
 
-def _same_file(server: RegionServer, path: str) -> bool:
-    """Whether `path` still names the file `server` has mapped (the hook may remove and re-create it)."""
-    try:
-        there, mine = os.stat(path), os.fstat(server.region.fd)
-    except OSError:
-        return False
-    return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+class _Fault:
+    """A region that is not served right now: why (logged once per state of its file) and when to look again."""
+
+    __slots__ = ("reason", "identity", "retry_at", "backoff")
+
+    def __init__(self) -> None:
+        self.reason = ""
+        self.identity: region_file.Identity | None = None
+        self.retry_at = 0.0
+        self.backoff = 0.0
 
 
 class Agent:
     def __init__(self, config: ServerConfig, executor: ExecutorOptions, regions: list[str] | None = None,
                  options: ServerOptions | None = None, stop: StopRequest | None = None,
-                 rescan_s: float = RESCAN_S, release: Callable[[str], None] | None = None) -> None:
+                 rescan_s: float = RESCAN_S, release: Callable[[str], None] | None = None,
+                 factory: HandlerFactory | None = None) -> None:
         """``release(allocation_id)`` gives back a controller allocation whose session ended (it must not
-        block: the region loop calls it); None when oriond is not linked to a controller."""
+        block: the region loop calls it); None when oriond is not linked to a controller. `factory` replaces
+        the CUDA executor (tests, diagnostics)."""
         self.config = config
         self.release = release
-        self.factory = executor_factory(executor)
+        self.factory = factory or executor_factory(executor)
         self.fixed = regions  # serve exactly these, or (None) every region file of shm_path_base
         self.options = options or ServerOptions()
         self.stop = stop or StopRequest()
-        self.servers: dict[str, RegionServer] = {}
-        self._failed: set[str] = set()
+        self.regions: dict[str, RegionProcess] = {}
+        self._started: dict[str, float] = {}
+        self._faults: dict[str, _Fault] = {}
         self.rescan_s = rescan_s
         self._refresh_requested = False
 
@@ -64,25 +77,69 @@ class Agent:
         return list_region_files(self.config.shm.path_base.rstrip("/") or "/")
 
     def refresh(self) -> None:
-        """Let go of removed (or removed and re-created) region files, then start serving new ones."""
+        """Let go of removed (or removed and re-created) region files, then start serving new, sane ones."""
         wanted = self._wanted()
-        for path in list(self.servers):
-            if path not in wanted or not _same_file(self.servers[path], path):
+        for path, region in list(self.regions.items()):
+            if path not in wanted or not _still(path, region.identity):
                 log.info("%s is gone; its sessions end", path)
-                self.servers.pop(path).shutdown()
-        self._failed &= set(wanted)  # a failed file that was removed gets another try if it comes back
+                self._retire(path, stop=True)
+        for path in set(self._faults) - set(wanted):
+            del self._faults[path]  # a removed file starts afresh if it comes back
+        now = time.monotonic()
         for path in wanted:
-            if path in self.servers or path in self._failed:
+            fault = self._faults.get(path)
+            if path in self.regions or (fault is not None and now < fault.retry_at):
                 continue
-            try:
-                self.servers[path] = RegionServer(path, self.factory, self.options, self.stop, self._session_ended)
-                log.info("Using SHM %s: %d channels", os.path.basename(path),
-                         self.servers[path].region.geometry.channel_count)
-            except WireError as exc:
-                log.error("cannot serve %s: %s", path, exc)
-                self._failed.add(path)
+            self._try_serve(path, now)
 
-    def _session_ended(self, session: Session, notes: list[str]) -> None:
+    def _try_serve(self, path: str, now: float) -> None:
+        verdict = region_file.examine(path, self.options.channels)
+        fault = self._faults.get(path)
+        if verdict.action == region_file.REFUSE:
+            fault = self._faults.setdefault(path, _Fault())
+            if (verdict.reason, verdict.identity) != (fault.reason, fault.identity):
+                log.error("not serving %s", verdict.reason)  # once per reason and state of the file
+                fault.reason, fault.identity = verdict.reason, verdict.identity
+            return
+        if verdict.identity is None:  # examine() always has one for SERVE and FORMAT
+            return
+        if verdict.warning and (fault is None or fault.identity != verdict.identity):
+            log.warning("%s", verdict.warning)
+        if fault is not None:
+            fault.identity = verdict.identity
+        self.regions[path] = RegionProcess(path, verdict.identity, self.factory, self.options)
+        self._started[path] = now
+
+    def scan(self) -> None:
+        """Act on ended sessions and on supervisors that ended by themselves."""
+        for path, region in list(self.regions.items()):
+            for _session, notes in region.ended_sessions():
+                self._release(notes)
+            code = region.exitcode()
+            if code is not None:
+                self._failed(path, code)
+
+    def _failed(self, path: str, code: int) -> None:
+        """A supervisor ended without being asked: its sessions are over; look at the region again later."""
+        ran = time.monotonic() - self._started.get(path, 0.0)
+        self._retire(path, stop=False)
+        fault = self._faults.setdefault(path, _Fault())
+        fault.backoff = RETRY_MIN_S if ran >= STEADY_S else min(max(2 * fault.backoff, RETRY_MIN_S), RETRY_MAX_S)
+        fault.retry_at = time.monotonic() + fault.backoff
+        fault.reason = ""
+        log.error("%s: no longer served (%s); its sessions ended. oriond looks at it again in %g s and serves it "
+                  "once it is a sane region", path, describe_exit(code), fault.backoff)
+
+    def _retire(self, path: str, stop: bool) -> None:
+        region = self.regions.pop(path)
+        if stop:
+            region.stop()
+        for _session, notes in region.ended_sessions():
+            self._release(notes)
+        self._release(region.orphaned_notes())
+        region.close()
+
+    def _release(self, notes: list[str]) -> None:
         """A session that took up a controller allocation (executor BIND) hands it back as it ends."""
         for text in notes:
             kind, _, value = text.partition(" ")
@@ -99,10 +156,24 @@ class Agent:
                     self._refresh_requested = False  # cleared first: a request arriving during refresh() stays
                     self.refresh()
                     next_refresh = now + self.rescan_s
-                for server in self.servers.values():
-                    server.scan()
+                self.scan()
                 self.stop.wait(self.options.scan_interval)
         finally:
-            for server in self.servers.values():
-                server.shutdown()
+            self.shutdown()
             log.info("Orion Server stopped")
+
+    def shutdown(self) -> None:
+        """Stop every supervisor at once, then wait for them (each ends its own sessions)."""
+        for region in self.regions.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(region.pid, signal.SIGTERM)
+        for path in list(self.regions):
+            self._retire(path, stop=True)
+
+
+def _still(path: str, identity: region_file.Identity) -> bool:
+    """Whether `path` still names the file that is served (the hook may remove and re-create it)."""
+    try:
+        return region_file.Identity.of(os.stat(path, follow_symlinks=False)).same_file(identity)
+    except OSError:
+        return False

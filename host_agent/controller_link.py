@@ -1,7 +1,10 @@
 """oriond's link to the Orion Controller: register this host's GPUs, then heartbeat so they stay in the pool.
 
-It runs on its own thread so that a slow or absent controller never holds up the region loop (which serves
-guests whether or not a controller exists). The controller keeps a host under a lease: the link heartbeats
+It runs in a process of its own (LinkProcess), on threads there, so that a slow or absent controller never
+holds up the region loop (which serves guests whether or not a controller exists), and so that oriond's main
+process has no thread: it forks a process per region, and a fork copies any lock another thread holds at
+that moment (an import lock taken by an HTTP request's idna import once hung every session of a region).
+The controller keeps a host under a lease: the link heartbeats
 every third of the TTL the controller answers, so one lost heartbeat does not drop the host. When the
 controller is unreachable it logs one warning, retries with a capped exponential backoff, and logs once
 more when it is back; a heartbeat answered 404 (the lease ran out, e.g. after a controller-side outage)
@@ -14,13 +17,20 @@ The host is named, and reached, by server.conf's bind_addr (Orion's oriond too n
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
+import os
 import queue
+import signal
 import threading
+from multiprocessing.connection import Connection
 
 from controller.client import ControllerClient, ControllerClientError
 
 from .gpu_inventory import GpuInfo
+from .region_server import die_with_parent
+from .stop import StopRequest
 
 log = logging.getLogger(__name__)
 BACKOFF_FIRST_S = 0.5
@@ -139,7 +149,54 @@ class ControllerLink:
         self._client.close()
 
 
-def start(address: str, host: str, port: int, vgpu_count: int) -> ControllerLink | None:
+class LinkProcess:
+    """A ControllerLink run in a child process; oriond's side of it (release_later, stop)."""
+
+    def __init__(self, link: ControllerLink) -> None:
+        reader, self._writer = multiprocessing.Pipe(duplex=False)
+        self._process = multiprocessing.get_context("fork").Process(
+            target=_serve_link, args=(link, reader, self._writer), name="orion-controller-link")
+        self._process.start()
+        reader.close()
+
+    def release_later(self, allocation: str) -> None:
+        """Give back the allocation of a session that ended. Never blocks for long: one small pipe write."""
+        with contextlib.suppress(OSError):
+            self._writer.send(allocation)
+
+    def stop(self) -> None:
+        """Unregister and end the link (bounded: STOP_JOIN_S, then it is killed)."""
+        with contextlib.suppress(OSError):
+            self._writer.send(None)
+        self._process.join(STOP_JOIN_S + 1.0)
+        if self._process.exitcode is None:
+            self._process.kill()
+            self._process.join(STOP_JOIN_S)
+        self._writer.close()
+
+
+def _serve_link(link: ControllerLink, reader: Connection, writer: Connection) -> None:
+    """Body of the link process: the link's threads, fed the allocations oriond releases, until oriond says
+    stop, closes the pipe or dies (SIGTERM then, so the host still unregisters)."""
+    writer.close()
+    die_with_parent(signal.SIGTERM)
+    stop = StopRequest().on_signals()
+    link.start()
+    try:
+        while not stop.is_set():
+            if not reader.poll(0.2):
+                continue
+            allocation = reader.recv()
+            if allocation is None:
+                break
+            link.release_later(allocation)
+    except (EOFError, OSError):
+        pass
+    link.stop()
+    os._exit(0)
+
+
+def start(address: str, host: str, port: int, vgpu_count: int) -> LinkProcess | None:
     """Read this host's GPUs and start the link; None (after one log line) when there is nothing to register."""
     from .gpu_inventory import InventoryError, read
 
@@ -152,7 +209,7 @@ def start(address: str, host: str, port: int, vgpu_count: int) -> ControllerLink
         log.warning("%s: no GPU to register with Orion Controller %s", why, address)
         return None
     try:
-        return ControllerLink(address, host, port, vgpu_count, gpus).start()
+        return LinkProcess(ControllerLink(address, host, port, vgpu_count, gpus))
     except ValueError as exc:  # a malformed controller address
         log.error("%s; not registering with the Orion Controller", exc)
         return None

@@ -1,13 +1,22 @@
 """Serving one Orion region: a supervisor loop plus one worker process per client session.
 
-The supervisor formats the region if it holds no valid header, beats the agent heartbeat, answers claims,
-and ends sessions whose client released the channel or died (lock gone, or heartbeat lost for guests).
-Each session runs in its own worker process, so one tenant's crash or hostile records end that session
-only. What a worker does with records is the handler's business (diagnostics.py now, the CUDA executor
-later); this module never looks inside a payload.
+The supervisor formats the region if it holds only zeros or a damaged Orion header (region_file.py decides;
+it never writes into a file holding anything else), beats the agent heartbeat, answers claims, and ends
+sessions whose client released the channel or died (lock gone, or heartbeat lost for guests). Each session
+runs in its own worker process, so one tenant's crash or hostile records end that session only; the worker
+beats its channel's host heartbeat, which is what the client watches. The client is not trusted: session
+starts are rate-limited per channel and per region, a staged payload is bounded and may not stall, and
+malformed records are logged a few at a time (limits.py). What a worker does with records is the handler's
+business (diagnostics.py, or the CUDA executor); this module never looks inside a payload.
+
+A supervisor maps its region, so if the file is truncated under it, it dies of SIGBUS; oriond therefore runs
+each region's supervisor in a process of its own (region_process.py) and this module never assumes it is
+oriond's main process.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -21,16 +30,20 @@ from typing import NamedTuple, Protocol
 
 from ivshmem import layout, liveness
 from ivshmem.channel import Ctrl, HostChannel, HostReason, HostStatus, Sink, Streamed
-from ivshmem.errors import ChannelCorrupt, RecordError, RegionFormatError, WireError
+from ivshmem.errors import ChannelCorrupt, RecordError, RegionError, WireError
 from ivshmem.record import Flag, Record, Status
 from ivshmem.region import Region
 from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
 
+from . import region_file
+from .limits import LogLimiter, TokenBucket
 from .stop import StopRequest
 
 log = logging.getLogger(__name__)
 _MP = multiprocessing.get_context("fork")
 MAX_ASYNC_ERRORS_REPORTED = 64
+PR_SET_PDEATHSIG = 1
+EXIT_PROTOCOL_VIOLATION = 3
 
 
 class Reply(NamedTuple):
@@ -54,15 +67,32 @@ class Handler(Protocol):
 
 
 HandlerFactory = Callable[[Session], Handler]
-SessionEnd = Callable[[Session, list[str]], None]
-_notes: Connection | None = None  # in a worker process: the pipe note() writes to
+_events: Connection | None = None  # where note() and the session-ended events go (oriond's region process)
+_session_number = 0  # in a worker process: its session
+
+
+class RegionRefused(RegionError):
+    """region_file.py's rules forbid serving (or formatting) this file; the message says why and what to do."""
+
+
+class RegionShrunk(RegionError):
+    """The region's file became smaller than its mapping while served (truncated by whoever can write it)."""
 
 
 def note(text: str) -> None:
-    """From a worker: tell the supervisor something it must act on when this session ends, however it ends
-    (the worker may be killed). The executor notes the allocation it took up, so that oriond gives it back."""
-    if _notes is not None:
-        _notes.send(text)
+    """From a worker: tell oriond something it must act on when this session ends, however it ends (the worker
+    may be killed, and so may its supervisor). The executor notes the allocation it took up, so that oriond gives
+    it back. Sent at once on the region's event pipe (a small write on a pipe is atomic), never held here."""
+    if _events is not None:
+        _events.send(("note", _session_number, text))
+
+
+def die_with_parent(signum: int) -> None:
+    """Have the kernel send `signum` to this process when the process that forked it ends, however it ends."""
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+    if os.getppid() != parent:  # it ended before the request was in place
+        os.kill(os.getpid(), signum)
 
 
 @dataclass
@@ -71,6 +101,14 @@ class ServerOptions:
     heartbeat_timeout: float = 10.0  # guests: seconds without a client heartbeat before reclaiming
     scan_interval: float = 0.05
     policy: WaitPolicy = field(default_factory=lambda: DEFAULT_POLICY)
+    # What one untrusted client can make the host do (docs/security.md):
+    stall_timeout: float = 10.0  # a staged request whose next chunk does not come for this long ends the session
+    max_assembled: int = 256 << 20  # largest staged request a worker assembles in memory (no sink): bigger -> -3
+    region_session_rate: float = 8.0  # session starts per second, per region (a burst of region_session_burst)
+    region_session_burst: int = 16
+    channel_session_rate: float = 2.0  # the same per channel
+    channel_session_burst: int = 4
+    malformed_logged: int = 10  # malformed records logged one by one per session, then one line a minute
 
 
 def _answer(record: Record, generation: int, handler: Handler, session: Session) -> Reply:
@@ -87,8 +125,11 @@ def _answer(record: Record, generation: int, handler: Handler, session: Session)
         return Reply(Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}".encode())
 
 
-def serve_session(region_path: str, session: Session, factory: HandlerFactory, policy: WaitPolicy) -> int:
+def serve_session(region_path: str, session: Session, factory: HandlerFactory,
+                  options: ServerOptions | WaitPolicy) -> int:
     """Body of a worker process: serve one session until the supervisor ends it. Returns an exit code."""
+    if isinstance(options, WaitPolicy):
+        options = ServerOptions(policy=options)
     parent = os.getppid()
 
     def parent_alive() -> None:
@@ -96,7 +137,12 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, p
             os._exit(0)  # the supervisor is gone; nobody will read our replies
     region = Region.open(region_path)
     channel = HostChannel(region, session.channel)
-    endpoint = channel.endpoint(policy, parent_alive)
+    # The client judges the session by this beat, not by the supervisor's (which may be busy elsewhere).
+    liveness.Heartbeat(channel.beat)
+    endpoint = channel.endpoint(options.policy, parent_alive)
+    endpoint.stall_timeout = options.stall_timeout
+    endpoint.max_assembled = options.max_assembled
+    malformed = LogLimiter(log, first=options.malformed_logged)
     handler = factory(session)
     attach = getattr(handler, "attach_channel", None)
     if attach is not None:  # a handler that wants the worker's own mapping (the executor pins its channel)
@@ -111,7 +157,8 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, p
                 reply = _answer(record, endpoint.generation, handler, session)
                 call_id, flags = record.call_id, record.flags
             except RecordError as exc:  # malformed header: answered, and the session goes on
-                log.warning("session %d: malformed record: %s", session.number, exc)
+                malformed.log(logging.WARNING, "malformed records", "session %d: malformed record: %s",
+                              session.number, exc)
                 reply = Reply(exc.status, str(exc).encode())
                 call_id, flags = getattr(exc, "call_id", 0), getattr(exc, "flags", 0)
             if flags & Flag.NO_REPLY:
@@ -132,50 +179,63 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, p
     except ChannelCorrupt as exc:  # the peer broke the ring protocol: this session cannot go on
         log.error("session %d: %s", session.number, exc)
         channel.end(HostStatus.FAILED, HostReason.PROTOCOL_VIOLATION)
-        return 3
+        return EXIT_PROTOCOL_VIOLATION
 
 
-def _worker_main(region_path: str, session: Session, factory: HandlerFactory, policy: WaitPolicy,
-                 notes: Connection) -> None:
-    global _notes
+def _worker_main(region_path: str, session: Session, factory: HandlerFactory, options: ServerOptions) -> None:
+    global _session_number
+    die_with_parent(signal.SIGKILL)  # a supervisor that dies (SIGBUS on a truncated region) takes us along
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which ends us
-    _notes = notes
-    os._exit(serve_session(region_path, session, factory, policy))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _session_number = session.number
+    os._exit(serve_session(region_path, session, factory, options))
 
 
 class RegionServer:
     """Serves every channel of one region until `stop()`."""
 
     def __init__(self, path: str, factory: HandlerFactory, options: ServerOptions | None = None,
-                 stop: StopRequest | None = None, on_end: SessionEnd | None = None) -> None:
-        """``on_end(session, notes)`` runs in the supervisor after a session ended, with what its worker
-        noted (note()); it must not block for long: every channel of the region waits for it."""
+                 stop: StopRequest | None = None, events: Connection | None = None, agent_pid: int = 0) -> None:
+        """With `events` (oriond's region process), what workers note() and each ended session go there, as
+        ("note", session, text) and ("ended", session, ""). `agent_pid` is the pid the region shows for its
+        agent (oriond's, whose region process this is); by default this process's."""
+        global _events
         self.path = path
         self.factory = factory
-        self.on_end = on_end
         self.options = options or ServerOptions()
-        self.region = Region.open(path)
         self._stop = stop or StopRequest()
-        self._workers: dict[int, tuple[Session, multiprocessing.process.BaseProcess, Connection]] = {}
+        self._events = _events = events
+        verdict = region_file.examine(path, self.options.channels)
+        if verdict.action == region_file.REFUSE:
+            raise RegionRefused(verdict.reason)
+        self.region = Region.open(path)
+        mapped = region_file.Identity.of(os.fstat(self.region.fd))
+        if verdict.identity is None or not mapped.same_file(verdict.identity):
+            self.region.close()
+            raise RegionRefused(f"{path} was replaced while oriond examined it; it is looked at again")
+        self._workers: dict[int, tuple[Session, multiprocessing.process.BaseProcess]] = {}
         self._beats: dict[int, tuple[int, float]] = {}
         self._sessions = 0
-        self._prepare()
+        self._pid = agent_pid or os.getpid()
+        o = self.options
+        self._region_starts = TokenBucket(o.region_session_rate, o.region_session_burst)
+        self._channel_starts: dict[int, TokenBucket] = {}
+        self._deferred = LogLimiter(log, first=1, every=10.0)
+        self._prepare(verdict)
         self.channels = [HostChannel(self.region, i) for i in range(self.region.geometry.channel_count)]
 
-    def _prepare(self) -> None:
-        """Format a blank or invalid region; fail the sessions a previous agent left behind."""
-        try:
-            geometry = self.region.geometry
-        except RegionFormatError as exc:
-            log.info("formatting %s (%s)", self.path, exc)
+    def _prepare(self, verdict: region_file.Verdict) -> None:
+        """Format a region of zeros or with a damaged Orion header; fail the sessions a previous agent left."""
+        if verdict.action == region_file.FORMAT:
+            log.info("formatting %s (%s)", self.path, verdict.reason)
             name = os.path.basename(self.path)
             self.region.format(layout.Geometry.build(self.region.size, self.options.channels, name=name))
-            geometry = self.region.geometry
+        geometry = self.region.geometry
         for index in range(geometry.channel_count):
             channel = HostChannel(self.region, index)
             if channel.pending_claim() is None and channel.ctrl[Ctrl.HOST_STATUS] == HostStatus.SERVING:
                 channel.end(HostStatus.FAILED, HostReason.AGENT_RESTARTED)
-        self.region.set_agent(pid=os.getpid(), state=layout.AGENT_SERVING, beat=True)
+        self.region.set_agent(pid=self._pid, state=layout.AGENT_SERVING, beat=True)
 
     # --- the loop ----------------------------------------------------------------------------------------
     def serve_forever(self) -> None:
@@ -183,21 +243,29 @@ class RegionServer:
             while not self._stop.is_set():
                 self.scan()
                 self._stop.wait(self.options.scan_interval)
-        finally:
-            self.shutdown()
+        except RegionShrunk:
+            self.abandon()
+            raise
+        self.shutdown()
 
     def stop(self) -> None:
         self._stop.set()
 
     def scan(self) -> None:
-        """One supervision pass over every channel."""
-        self.region.set_agent(beat=True)
+        """One supervision pass over every channel. Raises RegionShrunk, before touching the mapping, when the
+        file became smaller than it (touching it then would be SIGBUS)."""
+        size = os.fstat(self.region.fd).st_size
+        if size < self.region.size:
+            raise RegionShrunk(f"{self.path} was truncated to {size} bytes while served ({self.region.size} mapped)")
+        # Rewritten on every pass: a client that overwrites these words cannot make the region look unserved.
+        self.region.set_agent(pid=self._pid, state=layout.AGENT_SERVING, beat=True)
         for channel in self.channels:
             try:
                 generation = channel.pending_claim()
                 if generation is not None:
-                    self._end(channel, HostStatus.IDLE, HostReason.NONE)
-                    self._start(channel, generation)
+                    if self._may_start(channel.index):
+                        self._end(channel, HostStatus.IDLE, HostReason.NONE)
+                        self._start(channel, generation)
                 elif channel.index in self._workers:
                     self._supervise(channel)
             except Exception:  # one channel's failure must not stop the others being served
@@ -205,26 +273,41 @@ class RegionServer:
                 self._end(channel, HostStatus.FAILED, HostReason.WORKER_DIED)
                 channel.end(HostStatus.FAILED, HostReason.WORKER_DIED)
 
+    def _may_start(self, index: int) -> bool:
+        """Whether a claim may get its session now; a claim over the limits waits for a later pass (its client
+        waits for the answer, up to its accept timeout), so a client re-claiming in a loop forks a bounded
+        number of workers."""
+        o = self.options
+        bucket = self._channel_starts.get(index)
+        if bucket is None:
+            bucket = self._channel_starts[index] = TokenBucket(o.channel_session_rate, o.channel_session_burst)
+        if bucket.ready() and self._region_starts.ready():
+            return bucket.take() and self._region_starts.take()
+        self._deferred.log(logging.WARNING, "deferred session starts",
+                           "%s: session starts deferred on channel %d (more than %g per second per channel or %g per "
+                           "region): a client is claiming channels in a loop", self.path, index,
+                           o.channel_session_rate, o.region_session_rate)
+        return False
+
     def _start(self, channel: HostChannel, generation: int) -> None:
         self._sessions += 1
         session = Session(self._sessions, self.path, channel.index, generation)
         channel.accept(generation)
-        notes, worker_notes = _MP.Pipe(duplex=False)
         worker = _MP.Process(target=_worker_main, name=f"orion-session-{session.number}",
-                             args=(self.path, session, self.factory, self.options.policy, worker_notes), daemon=True)
+                             args=(self.path, session, self.factory, self.options), daemon=True)
         worker.start()
-        worker_notes.close()
         channel.ctrl[Ctrl.HOST_WORKER] = worker.pid or 0
-        self._workers[channel.index] = (session, worker, notes)
+        self._workers[channel.index] = (session, worker)
         self._beats[channel.index] = (channel.ctrl[Ctrl.CLIENT_HEARTBEAT], time.monotonic())
         log.info("Creating session %d", session.number)
         log.info("Using SHM %s for acceleration.", os.path.basename(self.path))
 
     def _supervise(self, channel: HostChannel) -> None:
-        session, worker, _ = self._workers[channel.index]
+        session, worker = self._workers[channel.index]
         if not worker.is_alive():
             log.warning("session %d: worker exited with code %s", session.number, worker.exitcode)
-            reason = HostReason.PROTOCOL_VIOLATION if worker.exitcode == 3 else HostReason.WORKER_DIED
+            reason = (HostReason.PROTOCOL_VIOLATION if worker.exitcode == EXIT_PROTOCOL_VIOLATION
+                      else HostReason.WORKER_DIED)
             self._end(channel, HostStatus.FAILED, reason)
             return
         alive, self._beats[channel.index] = channel.client_alive(self._beats[channel.index],
@@ -239,23 +322,27 @@ class RegionServer:
             self._end(channel, HostStatus.RECLAIMED, HostReason.HEARTBEAT_LOST)
 
     def _end(self, channel: HostChannel, status: HostStatus, reason: HostReason) -> None:
-        entry = self._workers.pop(channel.index, None)
-        if entry is None:
+        session = self._reap(channel.index)
+        if session is None:
             return
-        session, worker, notes = entry
-        if worker.is_alive():
-            worker.kill()
-        worker.join(5)
         channel.end(status, reason)
         if reason not in (HostReason.CLIENT_RELEASED, HostReason.NONE):
             log.info("session %d ended: %s", session.number, reason.name.lower().replace("_", " "))
         log.info("Session %d exits.", session.number)
-        noted = _drain(notes)
-        if self.on_end is not None:
-            try:
-                self.on_end(session, noted)
-            except Exception:  # the agent's follow-up must not stop the region being served
-                log.exception("session %d: ending it failed", session.number)
+
+    def _reap(self, index: int) -> Session | None:
+        """Stop the worker of channel `index`, if any, and tell oriond its session ended."""
+        entry = self._workers.pop(index, None)
+        if entry is None:
+            return None
+        session, worker = entry
+        if worker.is_alive():
+            worker.kill()
+        worker.join(5)
+        if self._events is not None:
+            with contextlib.suppress(OSError):  # oriond is gone; nobody is left to act on it
+                self._events.send(("ended", session.number, ""))
+        return session
 
     def shutdown(self) -> None:
         """End every session, mark the region stopped and unmap it."""
@@ -267,18 +354,13 @@ class RegionServer:
         self.region.set_agent(state=layout.AGENT_STOPPED)
         self.region.close()
 
-
-def _drain(notes: Connection) -> list[str]:
-    """Everything a finished worker noted (the pipe stays readable after the writer died)."""
-    noted: list[str] = []
-    try:
-        while notes.poll():
-            noted.append(notes.recv())
-    except (EOFError, OSError):
-        pass
-    finally:
-        notes.close()
-    return noted
+    def abandon(self) -> None:
+        """End every session without touching the region (it shrank: its pages may be gone)."""
+        ended = [self._reap(index) for index in list(self._workers)]
+        for session in ended:
+            if session is not None:
+                log.info("session %d ended: its region shrank", session.number)
+        self.channels = []
 
 
 def serve(path: str, factory: HandlerFactory, options: ServerOptions | None = None) -> None:

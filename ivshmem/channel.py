@@ -17,7 +17,7 @@ from enum import IntEnum
 from typing import Any, NamedTuple
 
 from . import layout, liveness
-from .errors import ChannelError, NoFreeChannel, PeerGone, RecordError
+from .errors import ChannelCorrupt, ChannelError, NoFreeChannel, PeerGone, RecordError
 from .record import (
     HEADER,
     HELLO_REPLY,
@@ -36,6 +36,7 @@ from .ring import Ring, StagingArena
 from .wait import DEFAULT_POLICY, WaitPolicy
 
 MAX_PAYLOAD = 1 << 30
+ASSEMBLE_STEP = 16 << 20  # a payload assembled in memory grows by at most this much ahead of what arrived
 _pack, _unpack = HEADER.pack_into, HEADER.unpack_from
 
 
@@ -57,6 +58,10 @@ class Ctrl(IntEnum):
     HOST_STATUS = 68
     HOST_REASON = 72
     HOST_WORKER = 76
+    HOST_HEARTBEAT = 80  # u64, written by the session's worker (FEATURE_HOST_HEARTBEAT)
+
+
+_U64_WORDS = (Ctrl.CLIENT_HEARTBEAT, Ctrl.HOST_HEARTBEAT)
 
 
 class HostStatus(IntEnum):
@@ -96,12 +101,12 @@ class Control:
         self._u32, self._u64, self._base = region.u32, region.u64, base
 
     def __getitem__(self, word: Ctrl) -> int:
-        if word == Ctrl.CLIENT_HEARTBEAT:
+        if word in _U64_WORDS:
             return self._u64[(self._base + word) >> 3]
         return self._u32[(self._base + word) >> 2]
 
     def __setitem__(self, word: Ctrl, value: int) -> None:
-        if word == Ctrl.CLIENT_HEARTBEAT:
+        if word in _U64_WORDS:
             self._u64[(self._base + word) >> 3] = value & 0xFFFFFFFFFFFFFFFF
         else:
             self._u32[(self._base + word) >> 2] = value & 0xFFFFFFFF
@@ -165,6 +170,9 @@ class Endpoint:
         self.generation = 0
         self.name = name
         self.on_full: Callable[[], None] | None = None  # run while waiting for room (a client drains replies)
+        # Limits on what the peer sends; the host sets them for its untrusted client (region_server.py):
+        self.stall_timeout: float | None = None  # seconds a staged payload may wait for its next chunk
+        self.max_assembled = MAX_PAYLOAD  # largest staged payload assembled in memory (with no sink)
         self._busy = False  # the last wait was short: the peer is active, spin longer before sleeping
 
     def reset_owned(self) -> None:
@@ -178,10 +186,10 @@ class Endpoint:
         for part in (self.out_ring, self.out_staging, self.in_ring, self.in_staging):
             part.resync()
 
-    def _wait(self, probe: Callable[[], int | None], what: str) -> int:
+    def _wait(self, probe: Callable[[], int | None], what: str, timeout: float | None = None) -> int:
         policy = self.policy
         start = time.monotonic()
-        offset = policy.wait_for(probe, self.check, what=what,
+        offset = policy.wait_for(probe, self.check, what=what, timeout=timeout,
                                  spin_s=policy.busy_spin_s if self._busy else policy.spin_s)
         self._busy = time.monotonic() - start < policy.busy_spin_s
         return offset
@@ -285,18 +293,52 @@ class Endpoint:
         if sink is not None:
             self._stream_in(length, sink)
             return _record((call_id, opcode, flags, length, generation, status, b""))
-        out = bytearray(length)
-        self._stream_in(length, BufferCursor(out).sink)
-        return _record((call_id, opcode, flags, length, generation, status, out))  # no second copy
+        if length > self.max_assembled:
+            self._stream_in(length, lambda chunk: None)  # keep the chunk stream in step, keep nothing
+            too_large = RecordError(f"a staged payload of {length} bytes exceeds the {self.max_assembled}-byte "
+                                    f"limit of opcode {opcode:#x}", Status.TOO_LARGE)
+            too_large.call_id, too_large.flags = call_id, flags  # type: ignore[attr-defined]
+            raise too_large
+        assembler = _Assembler(length)
+        self._stream_in(length, assembler.sink)
+        return _record((call_id, opcode, flags, length, generation, status, assembler.out))  # no second copy
 
     def _stream_in(self, length: int, sink: Sink) -> None:
+        """Hand the `length` bytes of a staged payload to `sink`, chunk by chunk. With a stall timeout, a peer
+        that declared a payload and stops sending it ends the conversation (ChannelCorrupt) instead of holding
+        this side forever."""
         arena, buf, size = self.in_staging, self.buf, self.in_staging.cell
         for start in range(0, length, size):
             offset = arena.readable()
             if offset is None:
-                offset = self._wait(arena.readable, f"the next chunk on the {arena.name}")
+                try:
+                    offset = self._wait(arena.readable, f"the next chunk on the {arena.name}", self.stall_timeout)
+                except TimeoutError:
+                    raise ChannelCorrupt(f"{arena.name}: a staged payload of {length} bytes stalled after {start} "
+                                         f"bytes (no chunk for {self.stall_timeout:g} s)") from None
             sink(buf[offset:offset + min(size, length - start)])
             arena.release()
+
+
+class _Assembler:
+    """Collects a staged payload into one bytearray that grows with what has arrived (doubling from 16 MiB,
+    capped at the declared length), so a peer that declares a large payload and sends little makes this side
+    hold little: never more than twice what arrived, or 16 MiB."""
+
+    __slots__ = ("out", "length", "position")
+
+    def __init__(self, length: int) -> None:
+        self.out = bytearray(min(length, ASSEMBLE_STEP))
+        self.length = length
+        self.position = 0
+
+    def sink(self, chunk: memoryview) -> None:
+        end = self.position + len(chunk)
+        if end > len(self.out):
+            grow = max(end, min(2 * len(self.out), self.length)) - len(self.out)
+            self.out += bytes(grow)
+        self.out[self.position:end] = chunk
+        self.position = end
 
 
 class ClientChannel:
@@ -318,6 +360,8 @@ class ClientChannel:
         self._ids = itertools.count(1)
         self._heartbeat: liveness.Heartbeat | None = None
         self._agent_seen = (region.agent_words()[0], time.monotonic())
+        self._worker_beats = bool(self.geometry.features & layout.FEATURE_HOST_HEARTBEAT)
+        self._worker_seen = (0, 0.0)
         self._closed = False
         self._accept(accept_timeout)
 
@@ -325,7 +369,7 @@ class ClientChannel:
     def claim(cls, region: Region, **kwargs: Any) -> ClientChannel:
         """Claim the first channel no live process holds; raises ChannelError with what to do."""
         g = region.geometry
-        _heartbeat, _pid, state = region.agent_words()
+        state = _agent_state(region)
         if state != layout.AGENT_SERVING:
             raise PeerGone(f"{region.where}: no host agent is serving this region "
                            f"({'it stopped' if state == layout.AGENT_STOPPED else 'it was never served'}); "
@@ -364,6 +408,7 @@ class ClientChannel:
             return None
         try:
             self.endpoint.policy.wait_for(accepted, timeout=timeout, what="the host agent")
+            self._worker_seen = (ctrl[Ctrl.HOST_HEARTBEAT], time.monotonic())
             self._check_host()
         except (TimeoutError, ChannelError) as exc:
             self._stop_heartbeat()
@@ -376,16 +421,37 @@ class ClientChannel:
         self.ctrl[Ctrl.CLIENT_HEARTBEAT] = self.ctrl[Ctrl.CLIENT_HEARTBEAT] + 1
 
     def _check_host(self) -> None:
-        """Raise PeerGone if the agent stopped or ended this session; called only from slow waits."""
+        """Raise PeerGone unless this session is still served; called only from slow waits, so every wait of a
+        client ends in an error within `agent_timeout` once nobody serves it.
+
+        The session is served while the host says so for our generation and whoever serves it shows signs of
+        life: the session's own worker (its heartbeat word, FEATURE_HOST_HEARTBEAT) — not the region's
+        supervisor, which may be busy with other channels while the worker serves us — or, on a region without
+        that feature, the agent's heartbeat.
+        """
         ctrl, where = self.ctrl, f"{self.region.where} channel {self.index}"
-        status = ctrl[Ctrl.HOST_STATUS]
-        if ctrl[Ctrl.HOST_GEN] == self.endpoint.generation and status in (HostStatus.FAILED, HostStatus.RECLAIMED):
+        status, host_gen = ctrl[Ctrl.HOST_STATUS], ctrl[Ctrl.HOST_GEN]
+        if host_gen != self.endpoint.generation:
+            raise PeerGone(f"{where}: the host serves this channel for generation {host_gen}, not ours "
+                           f"({self.endpoint.generation}): its control words were overwritten; restart this program")
+        if status in (HostStatus.FAILED, HostStatus.RECLAIMED):
             reason = REASON_TEXT.get(ctrl[Ctrl.HOST_REASON], f"reason {ctrl[Ctrl.HOST_REASON]}")
             raise PeerGone(f"{where}: the host ended this session ({reason})")
+        if status != HostStatus.SERVING:
+            raise PeerGone(f"{where}: the host ended this session (it saw the channel released: its control "
+                           "words were overwritten); restart this program")
+        now = time.monotonic()
+        if self._worker_beats:
+            beat, (seen, since) = ctrl[Ctrl.HOST_HEARTBEAT], self._worker_seen
+            if beat != seen:
+                self._worker_seen = (beat, now)
+            elif now - since > self.agent_timeout:
+                raise PeerGone(f"{where}: the host worker serving this session has shown no heartbeat for "
+                               f"{self.agent_timeout:g} s; is oriond still running?")
+            return
         beat, _pid, state = self.region.agent_words()
         if state == layout.AGENT_STOPPED:
             raise PeerGone(f"{where}: the host agent stopped; restart oriond and this program")
-        now = time.monotonic()
         if beat != self._agent_seen[0]:
             self._agent_seen = (beat, now)
         elif now - self._agent_seen[1] > self.agent_timeout:
@@ -479,6 +545,19 @@ class ClientChannel:
         self.close()
 
 
+def _agent_state(region: Region, settle_s: float = 0.3) -> int:
+    """The agent's state word, trusting a live agent over a stray write: the supervisor rewrites the word on
+    every pass, so a region whose word says otherwise while its heartbeat still moves is served."""
+    beat, _pid, state = region.agent_words()
+    deadline = time.monotonic() + settle_s
+    while state != layout.AGENT_SERVING and time.monotonic() < deadline:
+        time.sleep(0.02)
+        now_beat, _pid, state = region.agent_words()
+        if now_beat != beat:
+            return layout.AGENT_SERVING
+    return state
+
+
 class HostChannel:
     """The host's view of one channel: its control words, and an endpoint for the worker serving it."""
 
@@ -498,10 +577,15 @@ class HostChannel:
     def accept(self, generation: int, worker_pid: int = 0) -> None:
         """Zero the host-owned indices and tell the client the channel is served for `generation`."""
         Endpoint(self.region, self.index, "host", prefault=False).reset_owned()
+        self.ctrl[Ctrl.HOST_HEARTBEAT] = 0
         self.ctrl[Ctrl.HOST_WORKER] = worker_pid
         self.ctrl[Ctrl.HOST_REASON] = HostReason.NONE
         self.ctrl[Ctrl.HOST_STATUS] = HostStatus.SERVING
         self.ctrl[Ctrl.HOST_GEN] = generation
+
+    def beat(self) -> None:
+        """The serving worker's sign of life (FEATURE_HOST_HEARTBEAT); it alone writes the word."""
+        self.ctrl[Ctrl.HOST_HEARTBEAT] = self.ctrl[Ctrl.HOST_HEARTBEAT] + 1
 
     def end(self, status: HostStatus, reason: HostReason) -> None:
         self.ctrl[Ctrl.HOST_WORKER] = 0

@@ -20,7 +20,8 @@ MIB = 1 << 20
 
 FEATURE_STAGED = 1 << 0
 FEATURE_ASYNC_ERRORS = 1 << 1
-FEATURES = FEATURE_STAGED | FEATURE_ASYNC_ERRORS
+FEATURE_HOST_HEARTBEAT = 1 << 2  # a session's worker beats its channel's host_heartbeat word (channel.py)
+FEATURES = FEATURE_STAGED | FEATURE_ASYNC_ERRORS | FEATURE_HOST_HEARTBEAT
 
 # Header: everything the CRC covers lives in the first 256 bytes.
 HEADER = struct.Struct("<8sIIQQIIIIIIQQQQIIIIIIIII4x32s")

@@ -1,6 +1,7 @@
 """Opening an Orion region, wherever it is: one `Region` API for the host, a container and a QEMU guest.
 
-* host: `/dev/shm/orionsock<N>` through posix_ipc (or a file in another directory, e.g. a hugetlbfs mount);
+* host: `/dev/shm/orionsock<N>` (or a file in another directory, e.g. a hugetlbfs mount), opened without
+  following links: /dev/shm is writable by every local user, who could plant a link there;
 * container: the same /dev/shm file, seen through `--ipc host` or a bind mount;
 * guest: BAR2 of the ivshmem-plain PCI device 1af4:1110, found in sysfs, enabled, and mmapped from
   `resource2` (no guest kernel driver needed).
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import glob
 import mmap
 import os
@@ -66,10 +68,10 @@ class Region:
     # --- opening -----------------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Region:
-        """Open an existing region file (host or container); /dev/shm files go through posix_ipc."""
+        """Open an existing region file (host or container): a regular file, never through a symbolic link."""
         _require_tso()
         path = os.fspath(path)
-        fd = _open_file(path)
+        fd = open_region_file(path)
         try:
             size = os.fstat(fd).st_size
             if size < layout.HEADER_SIZE:
@@ -112,7 +114,7 @@ class Region:
             lock_path = os.path.join(GUEST_LOCK_DIR, f"orion-lock-{bdf}")
             old = os.umask(0)
             try:
-                lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+                lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
             finally:
                 os.umask(old)
         except BaseException:
@@ -206,30 +208,28 @@ class Region:
         self.close()
 
 
-def _open_file(path: str) -> int:
-    directory, name = os.path.split(path)
-    try:
-        if os.path.realpath(directory or ".") == os.path.realpath(SHM_DIR):
-            import posix_ipc  # host-side dependency; a guest never reaches this line
+def open_region_file(path: str) -> int:
+    """An O_RDWR descriptor of the regular file at `path`; RegionError with what to do otherwise.
 
-            shm = posix_ipc.SharedMemory("/" + name, flags=0)
-            fd = shm.fd
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                raise RegionError(f"{path} is not a regular file")
-            return fd
-        fd = os.open(path, os.O_RDWR)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise RegionError(f"{path} is not a regular file")
-        return fd
-    except RegionError:
-        raise
-    except Exception as exc:  # posix_ipc.ExistentialError / PermissionsError, OSError
-        if not os.path.exists(path):
-            raise RegionError(f"{path} does not exist; create it with 'orion-shm create -i N'") from None
-        raise RegionError(f"cannot open {path}: {exc}; run as root or as the region's owner "
+    O_NOFOLLOW: a link planted in a world-writable directory such as /dev/shm must never make the host agent
+    open (and format) the file it points to. O_NONBLOCK: opening a FIFO or device planted under a region's name
+    must not block; it is refused by the S_ISREG check right after.
+    """
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise RegionError(f"{path} does not exist; create it with 'orion-shm create -i N'") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RegionError(f"{path} is a symbolic link; a region must be a regular file (remove the link and "
+                              "create the region with 'orion-shm create')") from None
+        raise RegionError(f"cannot open {path}: {exc.strerror}; run as root or as the region's owner "
                           "(see 'orion-shm inspect')") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RegionError(f"{path} is not a regular file; remove it and create the region with 'orion-shm create'")
+    return fd
 
 
 def _map(fd: int, size: int, where: str) -> mmap.mmap:

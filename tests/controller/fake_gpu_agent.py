@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from host_agent.agent import Agent  # noqa: E402
 from host_agent.config import ServerConfig  # noqa: E402
-from host_agent.controller_link import ControllerLink  # noqa: E402
+from host_agent.controller_link import ControllerLink, LinkProcess  # noqa: E402
 from host_agent.executor import CudaExecutor, ExecutorOptions  # noqa: E402
 from host_agent.gpu_inventory import of_driver  # noqa: E402
 from host_agent.region_server import ServerOptions  # noqa: E402
@@ -35,7 +35,8 @@ def fake_driver() -> FakeDriver:
 def main(region: str, host: str, controller: str = "") -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(levelname)s] %(message)s", stream=sys.stderr)
     stop = StopRequest().on_signals()
-    link = ControllerLink(controller, host, 9960, 4, of_driver(fake_driver())).start() if controller else None
+    # In a process of its own, as oriond runs it: this process forks the region's supervisor.
+    link = LinkProcess(ControllerLink(controller, host, 9960, 4, of_driver(fake_driver()))) if controller else None
     options = ExecutorOptions(controller=controller, host=host)
     agent = Agent(ServerConfig(None), options, regions=[region], options=ServerOptions(heartbeat_timeout=5.0),
                   stop=stop, release=link.release_later if link else None)

@@ -64,11 +64,16 @@ class Oriond:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def kill(self) -> None:
-        """SIGKILL: oriond cannot unregister, so only the host lease takes it out of the pool."""
+    def kill(self, whole_host: bool = True) -> None:
+        """SIGKILL. `whole_host`: oriond and every process of it (its controller link, its region supervisors), as
+        when the host dies, so only the host lease takes it out of the pool; else oriond's own process only,
+        whose link process then dies with it (and unregisters)."""
         if self.alive():
             assert self.proc is not None
-            self.proc.kill()
+            if whole_host:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # start_new_session: oriond leads its process group
+            else:
+                self.proc.kill()
             self.proc.wait(10)
 
     def stop(self) -> int | None:

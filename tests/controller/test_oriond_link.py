@@ -66,6 +66,18 @@ def test_oriond_registers_its_gpus_heartbeats_and_a_killed_one_leaves_after_the_
     assert "Unregister" not in agent.log()
 
 
+def test_a_killed_oriond_process_takes_its_controller_link_along(
+        controllers: Callable[..., ControllerProcess], oriond: Callable[..., Oriond]) -> None:
+    """The link runs in a child of oriond (so that oriond has no thread when it forks region supervisors); it
+    must not outlive oriond and keep heartbeating for a host that serves nothing: it unregisters at once."""
+    ctl = controllers(extra=["--host-ttl", "600"])
+    agent = oriond("127.0.0.24", ctl.address, GPUS)
+    wait_until("oriond did not register", lambda: "127.0.0.24" in hosts(ctl), log=agent.log)
+    agent.kill(whole_host=False)
+    wait_until("the link outlived oriond", lambda: "127.0.0.24" not in hosts(ctl), log=agent.log)
+    assert "Unregister Orion Server from Orion Controller" in agent.log()
+
+
 def test_a_cleanly_stopped_oriond_unregisters_at_once(controllers: Callable[..., ControllerProcess],
                                                       oriond: Callable[..., Oriond]) -> None:
     ctl = controllers(extra=["--host-ttl", "600"])  # only the unregister can remove it during this test

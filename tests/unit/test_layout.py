@@ -76,7 +76,7 @@ def test_header_constants_match_the_doc() -> None:
     assert layout.VERSION == 1
     assert layout.HEADER_SIZE == 4096
     assert layout.CRC_SPAN == 256 and layout.CRC_OFFSET == 52
-    assert layout.FEATURE_STAGED == 1 and layout.FEATURE_ASYNC_ERRORS == 2
+    assert layout.FEATURE_STAGED == 1 and layout.FEATURE_ASYNC_ERRORS == 2 and layout.FEATURE_HOST_HEARTBEAT == 4
     assert (layout.AGENT_HEARTBEAT, layout.AGENT_PID, layout.AGENT_STATE) == (1024, 1032, 1036)
     assert layout.AGENT_HEARTBEAT % 64 == 0  # own cache line
     assert (layout.AGENT_NEVER, layout.AGENT_SERVING, layout.AGENT_STOPPED) == (0, 1, 2)
@@ -115,7 +115,7 @@ def test_agent_words_sit_at_documented_offsets_outside_the_crc(region_path: str)
 def test_control_words_sit_at_documented_offsets(region_path: str) -> None:
     doc = {"CLIENT_GEN": (0, 4), "CLIENT_ACTIVE": (4, 4), "CLIENT_PID": (8, 4), "LIVENESS": (12, 4),
            "CLIENT_HEARTBEAT": (16, 8), "HOST_GEN": (64, 4), "HOST_STATUS": (68, 4), "HOST_REASON": (72, 4),
-           "HOST_WORKER": (76, 4)}
+           "HOST_WORKER": (76, 4), "HOST_HEARTBEAT": (80, 8)}
     assert {w.name: int(w) for w in Ctrl} == {name: off for name, (off, _) in doc.items()}
     with Region.open(region_path) as region:
         g = Geometry.build(region.size)
@@ -123,12 +123,12 @@ def test_control_words_sit_at_documented_offsets(region_path: str) -> None:
         base = g.channel_base(3)
         ctrl = Control(region, base)
         for i, word in enumerate(Ctrl):
-            value = 0x0A0B0C0D0E0F1011 + i if word == Ctrl.CLIENT_HEARTBEAT else 0x51525354 + i
+            value = 0x0A0B0C0D0E0F1011 + i if doc[word.name][1] == 8 else 0x51525354 + i
             ctrl[word] = value
             offset, size = doc[word.name]
             assert int.from_bytes(region.buf[base + offset:base + offset + size], "little") == value, word.name
             assert ctrl[word] == value
-        assert not any(region.buf[base + 80:base + 4096])  # nothing else in the control block was written
+        assert not any(region.buf[base + 88:base + 4096])  # nothing else in the control block was written
     assert [int(s) for s in HostStatus] == [0, 1, 2, 3]
     assert (HostStatus.IDLE, HostStatus.SERVING, HostStatus.FAILED, HostStatus.RECLAIMED) == (0, 1, 2, 3)
     assert HostReason.NONE == 0 and len(set(HostReason)) == len(HostReason)
@@ -201,7 +201,7 @@ def test_default_channel_layout_matches_the_doc() -> None:
     # "a 128 MiB region gets 256 KiB chunks and a 16 MiB one 32 KiB chunks"
     assert g.chunk_size == 256 * 1024
     assert Geometry.build(16 * MIB).chunk_size == 32 * 1024
-    assert g.features == layout.FEATURE_STAGED | layout.FEATURE_ASYNC_ERRORS
+    assert g.features == layout.FEATURE_STAGED | layout.FEATURE_ASYNC_ERRORS | layout.FEATURE_HOST_HEARTBEAT
 
 
 def _blocks(g: Geometry) -> list[tuple[int, int, str]]:

@@ -1,0 +1,125 @@
+"""One region's supervisor in a process of its own, and oriond's handle on it.
+
+Why a process per region: a supervisor maps its region, and whoever can write the file (its QEMU, its
+container, any local user for a file in /dev/shm they own) can truncate it; the next touch of a vanished page
+is SIGBUS, which Python cannot catch. In a process of its own that ends this region's sessions and nothing
+else: oriond (which never maps a region) sees the exit, logs why, releases the sessions' controller
+allocations, and serves the region again once region_file.py finds it sane.
+
+The supervisor's workers die with it (PR_SET_PDEATHSIG), and the supervisor dies with oriond (SIGTERM, so it
+still ends its sessions cleanly). What workers note() (the allocation a session took up) and each ended
+session come to oriond on one pipe per region, so nothing a session holds is lost if its supervisor dies.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+from multiprocessing.connection import Connection
+
+from ivshmem.errors import WireError
+
+from . import region_server
+from .region_file import Identity
+from .region_server import HandlerFactory, RegionRefused, RegionServer, RegionShrunk, ServerOptions
+from .stop import StopRequest
+
+log = logging.getLogger(__name__)
+_MP = multiprocessing.get_context("fork")
+EXIT_REFUSED, EXIT_SHRUNK, EXIT_UNUSABLE = 4, 5, 6
+STOP_TIMEOUT_S = 10.0
+
+
+def _supervise(path: str, factory: HandlerFactory, options: ServerOptions, events: Connection) -> None:
+    """Body of a region process: serve `path` until SIGTERM/SIGINT or until the region fails."""
+    oriond = os.getppid()
+    region_server.die_with_parent(signal.SIGTERM)
+    stop = StopRequest().on_signals()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # oriond's own wake-up signal; not ours
+    name = os.path.basename(path)
+    try:
+        server = RegionServer(path, factory, options, stop, events, agent_pid=oriond)
+        log.info("Using SHM %s: %d channels", name, server.region.geometry.channel_count)
+        server.serve_forever()
+    except RegionRefused as exc:
+        log.error("%s", exc)
+        os._exit(EXIT_REFUSED)
+    except RegionShrunk as exc:
+        log.error("%s; its sessions ended, and oriond serves it again once it is a sane region", exc)
+        os._exit(EXIT_SHRUNK)
+    except WireError as exc:
+        log.error("cannot serve %s: %s", path, exc)
+        os._exit(EXIT_UNUSABLE)
+    os._exit(0)
+
+
+class RegionProcess:
+    """oriond's side of one region's supervisor process."""
+
+    def __init__(self, path: str, identity: Identity, factory: HandlerFactory, options: ServerOptions) -> None:
+        self.path = path
+        self.identity = identity
+        self.events, events = _MP.Pipe(duplex=False)
+        self.process = _MP.Process(target=_supervise, name=f"orion-region-{os.path.basename(path)}",
+                                   args=(path, factory, options, events))
+        self.process.start()
+        events.close()
+        self.pending: dict[int, list[str]] = {}  # session -> what its worker noted, until the session ends
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid or 0
+
+    def ended_sessions(self) -> list[tuple[int, list[str]]]:
+        """(session, notes) of every session that ended since the last call; never blocks."""
+        ended = []
+        with contextlib.suppress(EOFError, OSError):
+            while self.events.poll():
+                kind, session, text = self.events.recv()
+                if kind == "note":
+                    self.pending.setdefault(session, []).append(text)
+                elif kind == "ended":
+                    ended.append((session, self.pending.pop(session, [])))
+        return ended
+
+    def exitcode(self) -> int | None:
+        """None while it runs."""
+        return self.process.exitcode
+
+    def orphaned_notes(self) -> list[str]:
+        """After the process ended: what its sessions noted and no ended event covered (their workers died
+        with it)."""
+        self.ended_sessions()
+        notes = [text for texts in self.pending.values() for text in texts]
+        self.pending.clear()
+        return notes
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Ask it to end its sessions and mark the region stopped; kill it if it does not within `timeout`."""
+        if self.process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            self.process.join(timeout)
+            if self.process.exitcode is None:
+                log.warning("%s: its supervisor did not stop within %g s; killed", self.path, timeout)
+                self.process.kill()
+                self.process.join(timeout)
+
+    def close(self) -> None:
+        self.events.close()
+
+
+def describe_exit(code: int) -> str:
+    """Why a supervisor ended, for the log."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        if -code == signal.SIGBUS:
+            return f"{name}: its file was truncated, or its memory became unreadable, while served"
+        return f"killed by {name}"
+    return {EXIT_REFUSED: "refused (see the line above)", EXIT_SHRUNK: "its file shrank while served",
+            EXIT_UNUSABLE: "it could not be served (see the line above)"}.get(code, f"exit status {code}")
