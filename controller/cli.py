@@ -9,7 +9,7 @@ import sys
 
 from controller.config import DEFAULT_ETCD, DEFAULT_LISTEN, ConfigError, ControllerConfig
 from controller.keys import DEFAULT_ROOT
-from controller.pool import DEFAULT_HOST_TTL_S, DEFAULT_LEASE_TTL_S
+from controller.pool import DEFAULT_HOST_TTL_S, DEFAULT_LEASE_TTL_S, ETCD_DEFAULT_MAX_TXN_OPS
 from controller.service import run
 
 
@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--etcd-timeout", type=float, default=3.0, metavar="S",
                        help="deadline of each etcd call (default %(default)s)")
     start.add_argument("--workers", type=int, default=16, help="threads waiting on etcd (default %(default)s)")
+    start.add_argument("--etcd-max-txn-ops", type=int, default=ETCD_DEFAULT_MAX_TXN_OPS, metavar="N",
+                       help="etcd's --max-txn-ops; one allocation holds at most (N - 2) // 3 vGPUs "
+                            "(default %(default)s: 42)")
     return parser
 
 
@@ -44,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         config = ControllerConfig.build(args.listen, args.etcd, args.log, args.log_level, args.lease_ttl,
-                                        args.host_ttl, args.key_root, args.etcd_timeout, args.workers)
+                                        args.host_ttl, args.key_root, args.etcd_timeout, args.workers,
+                                        args.etcd_max_txn_ops)
     except ConfigError as exc:
         print(f"orion-controller: {exc}", file=sys.stderr)
         return 2

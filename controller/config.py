@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controller.keys import DEFAULT_ROOT
-from controller.pool import DEFAULT_HOST_TTL_S, DEFAULT_LEASE_TTL_S
+from controller.pool import DEFAULT_HOST_TTL_S, DEFAULT_LEASE_TTL_S, ETCD_DEFAULT_MAX_TXN_OPS, MIN_TXN_OPS
 from controller.store import parse_endpoints
 
 DEFAULT_LISTEN = "0.0.0.0:9123"
 DEFAULT_ETCD = "http://127.0.0.1:2379"
+MAX_TXN_OPS = 100_000
 
 
 class ConfigError(ValueError):
@@ -43,6 +44,7 @@ class ControllerConfig:
     host_ttl_s: int = DEFAULT_HOST_TTL_S
     key_root: str = DEFAULT_ROOT
     workers: int = 16
+    etcd_max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS  # etcd's --max-txn-ops: bounds vGPUs per allocation
 
     @property
     def listen(self) -> str:
@@ -52,7 +54,7 @@ class ControllerConfig:
     def build(cls, listen: str = DEFAULT_LISTEN, etcd: str = DEFAULT_ETCD, log_file: str | None = None,
               log_level: str = "info", lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
               host_ttl_s: int = DEFAULT_HOST_TTL_S, key_root: str = DEFAULT_ROOT, etcd_timeout_s: float = 3.0,
-              workers: int = 16) -> ControllerConfig:
+              workers: int = 16, etcd_max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS) -> ControllerConfig:
         host, port = parse_listen(listen)
         try:
             parse_endpoints(etcd)
@@ -69,5 +71,8 @@ class ControllerConfig:
             raise ConfigError(f"--etcd-timeout {etcd_timeout_s}: use 0 < seconds <= 60")
         if not 1 <= workers <= 256:
             raise ConfigError(f"--workers {workers}: use 1 to 256")
+        if not MIN_TXN_OPS <= etcd_max_txn_ops <= MAX_TXN_OPS:
+            raise ConfigError(f"--etcd-max-txn-ops {etcd_max_txn_ops}: use {MIN_TXN_OPS} to {MAX_TXN_OPS}, the "
+                              f"value of etcd's --max-txn-ops (default {ETCD_DEFAULT_MAX_TXN_OPS})")
         return cls(host, port, etcd, etcd_timeout_s, log_file, log_level, lease_ttl_s, host_ttl_s, key_root,
-                   workers)
+                   workers, etcd_max_txn_ops)

@@ -63,11 +63,12 @@ async def errors_and_counts(request: web.Request, handler: Handler) -> web.Strea
                 request.path_qs, exc.status, exc.message)
         response = _error_response(request, exc.status, exc.code, exc.message)
     except web.HTTPException as exc:
+        path = request.path if request.path.isprintable() else payloads.shown(request.path)  # a %0A stays quoted
         if exc.status == 404:
-            reason = f"no endpoint {request.method} {request.path}; docs/controller.md lists the endpoints"
+            reason = f"no endpoint {request.method} {path}; docs/controller.md lists the endpoints"
         elif exc.status == 405:
             allowed = ", ".join(sorted(getattr(exc, "allowed_methods", ()) or ()))
-            reason = f"{request.method} is not allowed on {request.path}; use {allowed}"
+            reason = f"{request.method} is not allowed on {path}; use {allowed}"
         elif exc.status == 413:
             reason = "request body too large (limit 1 MiB)"
         else:
@@ -107,7 +108,7 @@ async def orion_devices(request: web.Request) -> web.Response:
     payloads.orion_resource(request.query)
     used = request.query.get("used", "false")
     if used not in ("true", "false"):
-        raise BadRequest(f"used={used!r}: use used=true (free vGPUs) or leave it out (all vGPUs)")
+        raise BadRequest(f"used={payloads.shown(used)}: use used=true (free vGPUs) or leave it out (all vGPUs)")
     view = await blocking(request, request.app[POOL].view)
     number = view.vgpus_free if used == "true" else view.vgpus_total
     return web.Response(text=f"nvidia_cuda={number}")
@@ -129,7 +130,8 @@ async def orion_heartbeat(request: web.Request) -> web.Response:
         await blocking(request, pool.deregister, host)
         log.info("Unregister Orion Server %s from Orion Controller", host)
     else:
-        raise BadRequest(f"status={status!r}: use status=on (register), continue (keep alive) or off (unregister)")
+        raise BadRequest(f"status={payloads.shown(status)}: use status=on (register), continue (keep alive) or off "
+                         f"(unregister)")
     return web.Response(text="OK")
 
 
@@ -144,7 +146,7 @@ async def orion_device_info(request: web.Request) -> web.Response:
 async def orion_service(request: web.Request) -> web.Response:
     """``GET /service?nvidia_vgpu=N[&memory=M]`` → ``<alloc-id>,<ip>:<port>/<pgpu>/<vgpu>[,...]``."""
     _log_orion(request)
-    req = payloads.orion_service_query(request.query)
+    req = payloads.orion_service_query(request.query, request.app[POOL].max_vgpus)
     alloc = await _allocate(request, req, group_id=request.headers.get("group_id", ""))
     return web.Response(text=alloc.orion_resource())
 
@@ -153,7 +155,7 @@ async def orion_service_resources(request: web.Request) -> web.Response:
     """``POST /service/<alloc>/<server-ip>``: oriond asks what the allocation holds on it."""
     _log_orion(request)
     alloc_id = payloads.name(request.match_info["alloc"], "allocation id")
-    server = request.match_info["server"]
+    server = payloads.name(request.match_info["server"], "server")
     alloc = await blocking(request, request.app[POOL].get_allocation, alloc_id)
     if server not in (alloc.host, alloc.address):
         raise NotFound(f"allocation {alloc_id} is on host {alloc.host}, not {server}")
@@ -243,7 +245,7 @@ async def _allocate(request: web.Request, req: payloads.AllocationRequest, group
 
 
 async def api_allocate(request: web.Request) -> web.Response:
-    req = payloads.allocation_request(await _json_body(request))
+    req = payloads.allocation_request(await _json_body(request), request.app[POOL].max_vgpus)
     alloc = await _allocate(request, req)
     return web.json_response(alloc.to_dict(), status=201)
 

@@ -24,12 +24,14 @@ from dataclasses import dataclass
 
 DEFAULT_ROOT = "/orion/"
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+# fullmatch, not match with ``$``: ``$`` also matches before a final newline, and a name ending in one would
+# split Orion's plain-text answers and the log lines that name it
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
 
 
 def valid_name(name: str) -> bool:
     """A host name or allocation id usable as one key segment (letters, digits, ``. _ : -``; no ``/``)."""
-    return bool(_NAME.match(name))
+    return _NAME.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)

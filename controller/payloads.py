@@ -3,10 +3,16 @@
 Why a module of its own: every malformed request must get a 400 whose one-line reason names the field and
 what would be accepted, and that is easiest to keep consistent (and to test) in one place. The HTTP layer
 calls these and never looks inside a payload itself; the pool receives only values that passed here.
+
+Hostile input is part of "malformed": a body nested too deeply for the JSON parser, bytes that are not UTF-8,
+a number too long to convert, names ending in a newline or strings with control characters (they would split
+Orion's plain-text answers and the log) all get a 400 with one line. Values are quoted in reasons through
+``shown``, which cuts long or deeply nested values short, so a reason stays one short line.
 """
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,12 +21,17 @@ from controller.errors import BadRequest
 from controller.keys import valid_name
 from controller.pool import GpuSpec
 
-MAX_VGPUS = 1024
 MAX_MEMORY_MIB = 1 << 24
 MAX_TTL_S = 3600
 MAX_VGPU_COUNT = 100
 DEFAULT_PORT = 9960
 DEFAULT_VGPU_COUNT = 4
+MAX_LABEL = 253  # a client label, a GPU's name
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+_SHOWN.maxlevel = 2
+_SHOWN.maxlist = _SHOWN.maxdict = 4
 
 
 @dataclass(frozen=True)
@@ -42,36 +53,57 @@ class HostRegistration:
     ttl_s: int | None
 
 
+def shown(value: Any) -> str:
+    """``repr(value)`` for a reason: at most about 60 characters and two levels deep, whatever was sent."""
+    return _SHOWN.repr(value)
+
+
+def _fields(keys: set[str]) -> str:
+    """Field names for a reason: plain when they are names, quoted (and cut short) when they are not."""
+    return ", ".join(k if valid_name(k) else shown(k) for k in sorted(keys)[:8]) + (", ..." if len(keys) > 8 else "")
+
+
 def json_object(body: bytes) -> dict[str, Any]:
     """The body as a JSON object, or BadRequest saying what was wrong with it."""
     if not body.strip():
         raise BadRequest("request body is empty; send a JSON object (Content-Type: application/json)")
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except RecursionError:  # the parser recurses per level: [[[[...]]]] deep enough exhausts the stack
+        raise BadRequest("request body nests arrays or objects too deeply to read; send a JSON object as "
+                         "docs/controller.md shows (at most 3 levels)") from None
+    except json.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON ({exc}); send a JSON object") from None
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"request body is not UTF-8 text (byte {shown(exc.object[exc.start:exc.start + 1])} at "
+                         f"position {exc.start}); send a JSON object in UTF-8") from None
+    except ValueError:  # int() of a number past sys.get_int_max_str_digits()
+        raise BadRequest("request body has a number too long to read; send a JSON object with "
+                         "integers of at most a few digits") from None
     if not isinstance(data, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(data).__name__}")
     return data
 
 
 def integer(data: Mapping[str, Any], key: str, lo: int, hi: int, required: bool = True,
-            what: str = "") -> int | None:
-    """``data[key]`` as an int in [lo, hi]; strings of digits are accepted (query strings are all strings)."""
+            what: str = "", note: str = "") -> int | None:
+    """``data[key]`` as an int in [lo, hi]; strings of digits are accepted (query strings are all strings).
+    ``note`` says why ``hi`` is the limit, for a value over it."""
     label = what or key
     if key not in data or data[key] is None or data[key] == "":
         if required:
             raise BadRequest(f"{label} is required: an integer from {lo} to {hi}")
         return None
     raw = data[key]
+    wanted = f"{label} must be an integer from {lo} to {hi}"
     if isinstance(raw, bool) or not isinstance(raw, int | str):
-        raise BadRequest(f"{label} must be an integer from {lo} to {hi}, got {raw!r}")
+        raise BadRequest(f"{wanted}, got {shown(raw)}")
     try:
         value = int(raw)
-    except ValueError:
-        raise BadRequest(f"{label} must be an integer from {lo} to {hi}, got {raw!r}") from None
+    except ValueError:  # not digits, or more digits than int() converts
+        raise BadRequest(f"{wanted}, got {shown(raw)}") from None
     if not lo <= value <= hi:
-        raise BadRequest(f"{label} must be an integer from {lo} to {hi}, got {value}")
+        raise BadRequest(f"{wanted}, got {shown(value)}{f' ({note})' if note and value > hi else ''}")
     return value
 
 
@@ -82,14 +114,25 @@ def text(data: Mapping[str, Any], key: str, required: bool = True, default: str 
             raise BadRequest(f"{key} is required: a non-empty string")
         return default
     if not isinstance(raw, str):
-        raise BadRequest(f"{key} must be a string, got {raw!r}")
+        raise BadRequest(f"{key} must be a string, got {shown(raw)}")
     return raw
 
 
 def name(value: str, what: str) -> str:
+    """A host name, address, allocation id or GPU uuid: one etcd key segment, one field of Orion's answers."""
     if not valid_name(value):
-        raise BadRequest(f"{what} {value!r} is not a valid name: use letters, digits and . _ : - (no '/'), "
-                         f"at most 253 characters")
+        raise BadRequest(f"{what} {shown(value)} is not a valid name: use letters, digits and . _ : - (no '/', "
+                         f"no spaces or control characters), at most 253 characters")
+    return value
+
+
+def label(data: Mapping[str, Any], key: str, default: str = "", what: str = "") -> str:
+    """An optional free-text field (a client's label, a GPU's name): printable, at most MAX_LABEL characters,
+    since it is logged and shown by orion-smi, where a newline would forge a line."""
+    value = text(data, key, required=False, default=default)
+    if len(value) > MAX_LABEL or not value.isprintable():
+        raise BadRequest(f"{what or key} {shown(value)} must be printable text (no newline or other control "
+                         f"character) of at most {MAX_LABEL} characters")
     return value
 
 
@@ -99,30 +142,37 @@ def optional_host(data: Mapping[str, Any]) -> str:
     return name(host, "host") if host else ""
 
 
-def allocation_request(data: Mapping[str, Any]) -> AllocationRequest:
-    """JSON API: ``{"vgpus": N, "memory_mib": M?, "ttl_s": T?, "client": "..."?, "host": "..."?}``."""
+def _vgpu_limit_note(max_vgpus: int) -> str:
+    return (f"{max_vgpus} is the most one allocation can hold: its claim is one etcd transaction, and etcd "
+            f"limits a transaction's operations; docs/controller.md, Limits")
+
+
+def allocation_request(data: Mapping[str, Any], max_vgpus: int) -> AllocationRequest:
+    """JSON API: ``{"vgpus": N, "memory_mib": M?, "ttl_s": T?, "client": "..."?, "host": "..."?}``; N at most
+    ``max_vgpus`` (GpuPool.max_vgpus)."""
     unknown = set(data) - {"vgpus", "memory_mib", "ttl_s", "client", "host"}
     if unknown:
-        raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}; allowed: vgpus, memory_mib, ttl_s, "
-                         f"client, host")
-    count = integer(data, "vgpus", 1, MAX_VGPUS)
+        raise BadRequest(f"unknown field(s) {_fields(unknown)}; allowed: vgpus, memory_mib, "
+                         f"ttl_s, client, host")
+    count = integer(data, "vgpus", 1, max_vgpus, note=_vgpu_limit_note(max_vgpus))
     assert count is not None
     return AllocationRequest(count, integer(data, "memory_mib", 1, MAX_MEMORY_MIB, required=False),
                              integer(data, "ttl_s", 1, MAX_TTL_S, required=False),
-                             text(data, "client", required=False), optional_host(data))
+                             label(data, "client"), optional_host(data))
 
 
 def confirmation_host(data: Mapping[str, Any]) -> str:
     """JSON API confirm: an optional ``{"host": "..."}``, the host whose oriond takes the allocation up."""
     unknown = set(data) - {"host"}
     if unknown:
-        raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}; allowed: host")
+        raise BadRequest(f"unknown field(s) {_fields(unknown)}; allowed: host")
     return optional_host(data)
 
 
-def orion_service_query(query: Mapping[str, str]) -> AllocationRequest:
-    """Orion's ``GET /service?nvidia_vgpu=N[&memory=M]`` (ORION_VGPU, ORION_GMEM)."""
-    count = integer(query, "nvidia_vgpu", 1, MAX_VGPUS, what="nvidia_vgpu (ORION_VGPU)")
+def orion_service_query(query: Mapping[str, str], max_vgpus: int) -> AllocationRequest:
+    """Orion's ``GET /service?nvidia_vgpu=N[&memory=M]`` (ORION_VGPU, ORION_GMEM); N at most ``max_vgpus``."""
+    count = integer(query, "nvidia_vgpu", 1, max_vgpus, what="nvidia_vgpu (ORION_VGPU)",
+                    note=_vgpu_limit_note(max_vgpus))
     assert count is not None
     memory = integer(query, "memory", 1, MAX_MEMORY_MIB, required=False, what="memory (ORION_GMEM, MiB)")
     return AllocationRequest(count, memory, None)
@@ -134,7 +184,7 @@ def orion_resource(query: Mapping[str, str], required: bool = True) -> None:
     if res is None and not required:
         return
     if res != "nvidia_cuda":
-        raise BadRequest(f"res={res!r} is not a resource this controller has; use res=nvidia_cuda")
+        raise BadRequest(f"res={shown(res)} is not a resource this controller has; use res=nvidia_cuda")
 
 
 def _gpu(item: Any, position: int) -> GpuSpec:
@@ -143,10 +193,10 @@ def _gpu(item: Any, position: int) -> GpuSpec:
     index = integer(item, "index", 0, 9999, required=False, what=f"gpus[{position}].index")
     memory = integer(item, "memory_mib", 1, MAX_MEMORY_MIB, what=f"gpus[{position}].memory_mib")
     vgpus = integer(item, "vgpu_count", 1, MAX_VGPU_COUNT, required=False, what=f"gpus[{position}].vgpu_count")
-    uuid = text(item, "uuid")
+    uuid = name(text(item, "uuid"), f"gpus[{position}].uuid")
     assert memory is not None
-    return GpuSpec(position if index is None else index, uuid, text(item, "name", required=False, default=uuid),
-                   memory, vgpus)
+    return GpuSpec(position if index is None else index, uuid,
+                   label(item, "name", default=uuid, what=f"gpus[{position}].name"), memory, vgpus)
 
 
 def host_registration(data: Mapping[str, Any]) -> HostRegistration:
@@ -162,7 +212,7 @@ def host_registration(data: Mapping[str, Any]) -> HostRegistration:
         raise BadRequest(f"gpus have duplicate indices {sorted(indices)}; each GPU needs its own index")
     port = integer(data, "port", 1, 65535, required=False)
     vgpu_count = integer(data, "vgpu_count", 1, MAX_VGPU_COUNT, required=False)
-    return HostRegistration(host, text(data, "address", required=False, default=host),
+    return HostRegistration(host, name(text(data, "address", required=False, default=host), "address"),
                             port or DEFAULT_PORT, vgpu_count or DEFAULT_VGPU_COUNT, gpus,
                             integer(data, "ttl_s", 1, MAX_TTL_S, required=False))
 
@@ -197,7 +247,6 @@ def device_info(data: Mapping[str, Any]) -> DeviceInfo:
     index = integer(flat, "device_index", 0, 9999)
     vgpus = integer(flat, "vdevice_num", 1, MAX_VGPU_COUNT, required=False)
     port = integer(flat, "device_port", 1, 65535, required=False)
-    uuid = text(flat, "device_id")
+    uuid = name(text(flat, "device_id"), "device_id")
     assert memory is not None and index is not None
-    return DeviceInfo(host, GpuSpec(index, uuid, text(flat, "device_name", required=False, default=uuid), memory,
-                                    vgpus), port)
+    return DeviceInfo(host, GpuSpec(index, uuid, label(flat, "device_name", default=uuid), memory, vgpus), port)

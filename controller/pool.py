@@ -21,6 +21,14 @@ Why a cache: the plan is made on the watch-fed copy of the pool (pool_cache.py) 
 claim needs no read round trip, and a release or keep-alive takes the allocation's lease from it instead of a
 get. A plan from the copy that loses its transaction, or finds no room, is made again from a fresh read; the
 endpoints that report the pool (``view``, ``allocations``, ``get_allocation``) always read etcd.
+
+Why limits: etcd refuses a transaction whose compare or success list is longer than its ``--max-txn-ops``
+(128 by default). A claim of N vGPUs on G GPUs compares 2 + 2G + N keys (host record, allocation id; per GPU its
+record and its claims range; per slot its key) and writes N + 2 (the slots, the allocation, its ``placed``
+entry). G can be N (one vGPU per GPU), so a claim fits whatever its placement when 3N + 2 <= max-txn-ops: 42
+vGPUs for etcd's default. A claim must stay one transaction, so that is the per-allocation limit, refused as
+a bad request past it. A registration needs no such atomicity: past the limit its deletes and puts are
+written in several transactions, the host record last.
 """
 from __future__ import annotations
 
@@ -36,7 +44,7 @@ from typing import TypeVar, cast
 
 from pyetcd.utils import prefix_range_end
 
-from controller.errors import Contention, NotFound, Unsatisfiable, WrongHost
+from controller.errors import BadRequest, Contention, NotFound, Unsatisfiable, WrongHost
 from controller.keys import Keys
 from controller.model import Allocation, Claim, Gpu, Host, PoolView, VgpuGrant, dumps
 from controller.packing import Placement, place
@@ -51,8 +59,18 @@ DEFAULT_HOST_TTL_S = 10
 CLAIM_ATTEMPTS = 64
 CLAIM_DEADLINE_S = 5.0
 PARSE_CACHE_ENTRIES = 100_000
+ETCD_DEFAULT_MAX_TXN_OPS = 128  # etcd's --max-txn-ops unless its operator raised it (3.4 and 3.5)
+MIN_TXN_OPS = 5  # one vGPU on one GPU: 2 + 2 + 1 comparisons
+MAX_VGPUS = 1024  # whatever etcd allows: keeps one claim (slots and allocation record) far below etcd's 1.5 MiB
+REGISTRATION_CHUNK_OPS = 1000  # GPU records of up to ~0.7 KiB: a chunk stays below etcd's 1.5 MiB request limit
 
 T = TypeVar("T")
+
+
+def max_vgpus_per_claim(max_txn_ops: int) -> int:
+    """The most vGPUs one claim transaction holds whatever its placement: 2 + 2G + N comparisons with G <= N
+    GPUs must stay within ``max_txn_ops`` (see the module doc)."""
+    return min(MAX_VGPUS, (max_txn_ops - 2) // 3)
 
 
 @dataclass(frozen=True)
@@ -71,8 +89,13 @@ class GpuPool:
     watch-fed cache, which is only ever a hint (see the module doc). Closing the store ends the cache too."""
 
     def __init__(self, store: EtcdStore, keys: Keys, lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
-                 host_ttl_s: int = DEFAULT_HOST_TTL_S, tiebreak_salt: str = "") -> None:
+                 host_ttl_s: int = DEFAULT_HOST_TTL_S, tiebreak_salt: str = "",
+                 max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS) -> None:
+        if max_txn_ops < MIN_TXN_OPS:
+            raise ValueError(f"max_txn_ops {max_txn_ops}: a claim of one vGPU needs {MIN_TXN_OPS} operations")
         self.store = store
+        self.max_txn_ops = max_txn_ops  # etcd's --max-txn-ops, as the operator told us
+        self.max_vgpus = max_vgpus_per_claim(max_txn_ops)
         self.tiebreak_salt = tiebreak_salt  # packing.py: how this controller breaks exact ties
         self.keys = keys
         self.lease_ttl_s = lease_ttl_s
@@ -126,7 +149,11 @@ class GpuPool:
     # ------------------------------------------------------------------ hosts
     def register_host(self, name: str, address: str, port: int, vgpu_count: int, gpus: Sequence[GpuSpec],
                       ttl_s: int | None = None) -> Host:
-        """(Re-)register a host with exactly these GPUs, under a fresh lease; claims on it are kept."""
+        """(Re-)register a host with exactly these GPUs, under a fresh lease; claims on it are kept.
+
+        One transaction while the deletes of GPUs it no longer has and the puts fit etcd's limit; beyond it,
+        several, the host record in the last: until then the pool may show part of the new list, which is
+        harmless (a claim planned on it compares the records it used)."""
         k, t = self.keys, self.store.txn
         old = self.store.get(k.host(name))
         _, (old_gpus,) = self.store.read_prefixes([k.host_gpus_prefix(name)])
@@ -134,16 +161,19 @@ class GpuPool:
         host = Host(name, address, port, vgpu_count, lease, time.time())
         new_keys = {k.gpu(name, g.index) for g in gpus}
         ops = [t.delete(e.key) for e in old_gpus if e.key not in new_keys]
-        ops.append(t.put(k.host(name), host.to_json(), lease=lease))
         ops += [t.put(k.gpu(name, g.index), self._gpu(name, g, vgpu_count).to_json(), lease=lease) for g in gpus]
-        self.store.transaction([], ops)
+        ops.append(t.put(k.host(name), host.to_json(), lease=lease))
+        chunk = min(self.max_txn_ops, REGISTRATION_CHUNK_OPS)
+        for start in range(0, len(ops), chunk):
+            self.store.transaction([], ops[start:start + chunk])
         if old is not None and old.lease and old.lease != lease:
             self.store.revoke(old.lease)
         if old is None:
             log.info("Adding new host for NVidia GPU : %s", name)
         for g in gpus:
             log.info("Adding new NVidia GPU to host %s (%s; %s)", name, g.uuid, g.name)
-        log.info("Host %s registered with %d GPUs under lease %x (TTL %d s)", name, len(gpus), lease, granted)
+        log.info("Host %s registered with %d GPUs under lease %x (TTL %d s) in %d transaction(s)", name, len(gpus),
+                 lease, granted, -(-len(ops) // chunk))
         return host
 
     def add_gpu(self, host_name: str, gpu: GpuSpec, port: int | None = None) -> Gpu:
@@ -195,8 +225,12 @@ class GpuPool:
         """Claim ``count`` vGPUs of ``memory_mib`` (None: each GPU's default) on one host (``host`` if named),
         under a new lease.
 
-        Raises Unsatisfiable (why the pool cannot), EtcdUnavailable, or Contention after bounded retries.
+        Raises BadRequest past ``max_vgpus``, Unsatisfiable (why the pool cannot), EtcdUnavailable, or
+        Contention after bounded retries.
         """
+        if not 1 <= count <= self.max_vgpus:
+            raise BadRequest(f"{count} vGPUs in one allocation: the most is {self.max_vgpus}, since its claim is one "
+                             f"etcd transaction of at most {self.max_txn_ops} operations; ask for fewer")
         self.cache.start()
         pending = self.store.grant_started(ttl_s or self.lease_ttl_s)
         try:

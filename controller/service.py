@@ -34,16 +34,26 @@ class StartError(Exception):
     """The controller cannot start; the message is the one line to print."""
 
 
+def _quoted(text: str) -> str:
+    """``text`` for inside logrus' ``msg="..."``: backslashes and quotes escaped, and every character that is
+    not printable (newline, carriage return, other controls, Unicode line separators) written as an escape, as
+    logrus quotes it: a path or name a client sent can never end the line or forge another."""
+    text = text.replace("\\", "\\\\").replace('"', '\\"')
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 class LogrusFormatter(logging.Formatter):
-    """``time="..." level=info msg="..."``: the format Orion's controller (Go, logrus) wrote."""
+    """``time="..." level=info msg="..."``: the format Orion's controller (Go, logrus) wrote, one line each."""
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(record.created))
         level = {"WARNING": "warning", "CRITICAL": "fatal"}.get(record.levelname, record.levelname.lower())
-        msg = record.getMessage().replace("\\", "\\\\").replace('"', '\\"')
+        msg = record.getMessage()
         if record.exc_info:
             msg += " " + self.formatException(record.exc_info).replace("\n", " | ")
-        return f'time="{ts}" level={level} msg="{msg}"'
+        return f'time="{ts}" level={level} msg="{_quoted(msg)}"'
 
 
 def setup_logging(config: ControllerConfig) -> None:
@@ -76,7 +86,8 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
             raise StartError(exc.message) from None
         log.info("Database connection is created.")
         pool = GpuPool(store, Keys(config.key_root), config.lease_ttl_s, config.host_ttl_s,
-                       tiebreak_salt=uuid.uuid4().hex)
+                       tiebreak_salt=uuid.uuid4().hex, max_txn_ops=config.etcd_max_txn_ops)
+        log.info("At most %d vGPUs per allocation (etcd --max-txn-ops %d)", pool.max_vgpus, pool.max_txn_ops)
         runner = web.AppRunner(build_app(pool, executor), handle_signals=False, access_log=None,
                                shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()

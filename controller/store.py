@@ -152,6 +152,9 @@ class EtcdStore:
             if code in _OUTAGE_CODES:
                 raise self._unavailable(what, f"grpc {code}") from None
             details = exc.details() if hasattr(exc, "details") else ""
+            if "too many operations" in (details or ""):
+                raise EtcdRefused(f"etcd at {self.url} refused {what}: {details}; orion-controller "
+                                  f"--etcd-max-txn-ops must not be more than etcd's --max-txn-ops") from None
             raise EtcdRefused(f"etcd at {self.url} refused {what}: {code} {details}") from None
         except ValueError as exc:  # pyetcd: 'Trying to use a failed node'
             if "failed node" not in str(exc):

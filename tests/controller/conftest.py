@@ -2,7 +2,8 @@
 
 * ``etcd`` (session): one etcd on loopback shared by the tests that do not stop it; each test works under its
   own key root (``key_root``), so they cannot see each other's pools.
-* ``private_etcd``: an etcd of the test's own, for the tests that kill and restart it.
+* ``private_etcd``: an etcd of the test's own, for the tests that kill and restart it; ``etcd_with(flags)``
+  starts one with extra flags (e.g. ``--max-txn-ops``).
 * ``pool``: a GpuPool on ``etcd`` under the test's key root, in this process (no HTTP), for carving and packing.
 * ``controllers``: ``controllers(etcd_url=..., extra=[...])`` starts a controller process on the test's key
   root and waits until it answers; all are stopped at teardown.
@@ -49,6 +50,21 @@ def private_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def etcd_with(tmp_path: Path) -> Iterator[Callable[..., EtcdServer]]:
+    started: list[EtcdServer] = []
+
+    def start(*flags: str) -> EtcdServer:
+        server = EtcdServer(_need_etcd(), tmp_path / f"etcd-{len(started)}-data", extra=flags)
+        started.append(server)
+        server.start()
+        return server
+
+    yield start
+    for server in reversed(started):
+        server.stop()
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Real etcd and real controller processes for the controller tests.
 
-* EtcdServer: ``/usr/bin/etcd`` on 127.0.0.1 with free ports and a temporary data dir; ``start`` waits
-  (bounded) until ``/health`` says true; ``kill`` and ``start`` again reuse the ports and the data, as an
-  etcd that crashed and came back.
+* EtcdServer: ``/usr/bin/etcd`` on 127.0.0.1 with free ports and a temporary data dir (and any extra flags,
+  e.g. ``--max-txn-ops``); ``start`` waits (bounded) until ``/health`` says true; ``kill`` and ``start`` again
+  reuse the ports and the data, as an etcd that crashed and came back.
 * ControllerProcess: ``python -m controller start`` as a separate process, logging to a file; ``start`` waits
   (bounded) until ``/api/v1/health`` answers 200, or fails with the controller's log.
 
@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tests.processes import python_path, stop_process
@@ -73,8 +73,9 @@ def call(ctl: ControllerProcess, method: str, path: str, body: bytes | str | Non
 class EtcdServer:
     """One etcd member on loopback, with its own data dir."""
 
-    def __init__(self, binary: str, data_dir: Path) -> None:
+    def __init__(self, binary: str, data_dir: Path, extra: Sequence[str] = ()) -> None:
         self.binary = binary
+        self.extra = list(extra)
         self.data_dir = data_dir
         self.client_port = free_port()
         self.peer_port = free_port()
@@ -92,7 +93,7 @@ class EtcdServer:
                 [self.binary, "--name", "test", "--data-dir", str(self.data_dir),
                  "--listen-client-urls", client, "--advertise-client-urls", client,
                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", f"test={peer}", "--log-outputs", "stderr"],
+                 "--initial-cluster", f"test={peer}", "--log-outputs", "stderr", *self.extra],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         end = time.monotonic() + ETCD_READY_TIMEOUT_S
         while time.monotonic() < end:
