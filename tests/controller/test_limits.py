@@ -81,7 +81,7 @@ def test_a_registration_past_the_limit_is_split_and_replaces_the_list(pool: GpuP
     assert gpus == []
 
 
-def test_orions_registration_of_many_gpus_and_a_fresh_start(controllers: Callable[..., ControllerProcess]) -> None:
+def test_orions_registration_of_200_devices_and_a_fresh_start(controllers: Callable[..., ControllerProcess]) -> None:
     """Orion's oriond adds GPUs one by one; its status=on afterwards empties a list longer than one transaction."""
     ctl = controllers()
     assert call(ctl, "POST", "/heartbeat/10.1.1.1?res=nvidia_cuda&status=on")[0] == 200
