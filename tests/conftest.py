@@ -71,12 +71,12 @@ def _stop_with_parent() -> None:
 class ServerProcess:
     """One host agent (tests/wire/serve_region.py) serving `path`, run as a separate process."""
 
-    def __init__(self, path: str, log_path: Path, heartbeat_timeout: float = 2.0) -> None:
+    def __init__(self, path: str, log_path: Path, heartbeat_timeout: float = 2.0, extra: tuple[str, ...] = ()) -> None:
         self.path = path
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, str(SERVE_SCRIPT), path, "--heartbeat-timeout", str(heartbeat_timeout)],
+                [sys.executable, str(SERVE_SCRIPT), path, "--heartbeat-timeout", str(heartbeat_timeout), *extra],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True,
                 start_new_session=True, preexec_fn=_stop_with_parent)
 
@@ -159,11 +159,12 @@ def region_path() -> Iterator[str]:
 
 @pytest.fixture
 def server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
-    """`start(path, heartbeat_timeout=2.0)` runs a host agent on `path` and waits until it serves."""
+    """`start(path, heartbeat_timeout=2.0, *flags)` runs a host agent on `path` (flags of serve_region.py) and waits
+    until it serves."""
     servers: list[ServerProcess] = []
 
-    def start(path: str, heartbeat_timeout: float = 2.0, wait: bool = True) -> ServerProcess:
-        server = ServerProcess(path, tmp_path / f"agent-{len(servers)}.log", heartbeat_timeout)
+    def start(path: str, heartbeat_timeout: float = 2.0, *flags: str, wait: bool = True) -> ServerProcess:
+        server = ServerProcess(path, tmp_path / f"agent-{len(servers)}.log", heartbeat_timeout, flags)
         servers.append(server)
         if wait:
             server.wait_serving()

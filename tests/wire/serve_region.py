@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path")
     parser.add_argument("--heartbeat-timeout", type=float, default=2.0)
+    parser.add_argument("--stall-timeout", type=float, default=ServerOptions.stall_timeout)
+    parser.add_argument("--max-assembled", type=int, default=ServerOptions.max_assembled)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
@@ -38,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     # test may already be stopping us before serve_forever starts.
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    server = RegionServer(args.path, DiagnosticsHandler, ServerOptions(heartbeat_timeout=args.heartbeat_timeout))
+    server = RegionServer(args.path, DiagnosticsHandler, ServerOptions(
+        heartbeat_timeout=args.heartbeat_timeout, stall_timeout=args.stall_timeout, max_assembled=args.max_assembled))
     if stop_requested:
         server.stop()
     server.serve_forever()
