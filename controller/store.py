@@ -6,7 +6,9 @@ which etcd and what to do. Every call has a deadline (``timeout_s``), so nothing
 
 Two pyetcd defaults would make a controller stay broken after etcd comes back, so they are overridden: an
 endpoint that failed once is shunned for 300 s (we retry at once), and grpc's reconnect backoff grows to
-120 s (we cap it at 1 s). Keys and what the transactions compare are the callers' business (keys.py, pool.py).
+120 s (we cap it at 1 s). grpc's 4 MiB limit on a message received would fail every read of a pool larger than
+that (about a thousand hosts of 8 GPUs, or three made-up hosts of 10,000), so reads may be up to 256 MiB.
+Keys and what the transactions compare are the callers' business (keys.py, pool.py).
 
 Watches are our own (``WatchStream``) rather than pyetcd's watcher, which drops etcd's cancellation of a watch
 without telling its callback: a cache fed by a watch must learn at once that it stopped being fed.
@@ -34,10 +36,13 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+MAX_READ_BYTES = 256 << 20  # one read of the whole pool; grpc's default, 4 MiB, is about 1,000 hosts of 8 GPUs
+
 _GRPC_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", MAX_READ_BYTES),
 ]
 
 

@@ -94,6 +94,19 @@ def test_orions_registration_of_200_devices_and_a_fresh_start(controllers: Calla
     assert call(ctl, "GET", "/devices?res=nvidia_cuda") == (200, "nvidia_cuda=0")
 
 
+def test_a_pool_past_grpcs_default_message_size_still_serves(controllers: Callable[..., ControllerProcess]) -> None:
+    """Three registrations of 10,000 GPUs (each under the 1 MiB body limit) make a pool read of about 5 MB."""
+    ctl = controllers()
+    for h in range(3):
+        gpus = [{"uuid": f"GPU-{h}-{i:05d}", "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}
+                for i in range(10_000)]
+        status, text = call(ctl, "POST", "/api/v1/hosts", json.dumps({"host": f"big-{h}", "gpus": gpus}))
+        assert status == 201, text
+    status, text = call(ctl, "GET", "/service?nvidia_vgpu=2")
+    assert status == 200, text
+    assert call(ctl, "GET", "/devices?res=nvidia_cuda") == (200, "nvidia_cuda=120000")
+
+
 def test_a_raised_etcd_limit_is_used_when_the_controller_is_told(etcd_with: Callable[..., EtcdServer],
                                                                   key_root: str) -> None:
     roomy = etcd_with("--max-txn-ops", "400")
