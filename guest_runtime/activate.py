@@ -122,9 +122,35 @@ def activate() -> Forwarder:
     return _forwarder
 
 
+# The host side's packages and commands: they read ORION_CONTROLLER themselves (oriond: server.conf's override),
+# and on a GPU host that also has orion-guest's .pth installed (setup.sh's environment), Orion's variables in
+# their environment must never turn forwarding on inside them (oriond would forward its own CUDA calls).
+HOST_PACKAGES = ("host_agent", "controller", "libvirt_hooks", "xml_templates")
+HOST_COMMANDS = ("oriond", "orion-controller", "orion-wire-demo", "orion-hooks", "orion-domain", "orion-smi",
+                 "orion-shm")
+_OPTIONS_WITH_VALUE = ("-W", "-X", "-Q")
+
+
+def runs_host_side(argv: list[str] | None = None) -> bool:
+    """Whether this interpreter was started to run a host-side command or module (from sys.orig_argv)."""
+    args = list(sys.orig_argv if argv is None else argv)[1:]
+    while args:
+        arg = args.pop(0)
+        if arg == "-m":
+            return bool(args) and args[0].split(".")[0] in HOST_PACKAGES
+        if arg == "-c" or arg == "-":
+            return False
+        if arg in _OPTIONS_WITH_VALUE:
+            args = args[1:]
+        elif not arg.startswith("-"):
+            return os.path.basename(arg) in HOST_COMMANDS
+    return False
+
+
 def autoload() -> None:
-    """Called from orion_guest.pth at interpreter start-up: cheap unless Orion's environment is set."""
-    if not wanted():
+    """Called from orion_guest.pth at interpreter start-up: cheap unless Orion's environment is set, and never
+    in a host-side command."""
+    if not wanted() or runs_host_side():
         return
     try:
         activate()

@@ -475,15 +475,21 @@ class ClientChannel:
         return record
 
     # --- the API -----------------------------------------------------------------------------------------
+    def _next_id(self) -> int:
+        if self._closed:
+            raise ChannelError(f"{self.region.where} channel {self.index}: this channel was released; claim "
+                               "another")
+        return next(self._ids)
+
     def submit(self, opcode: int, payload: Payload = b"") -> int:
         """Send a request that wants a reply, without waiting for it; returns its call id."""
-        call_id = next(self._ids)
+        call_id = self._next_id()
         self.endpoint.send(call_id, opcode, 0, payload)
         return call_id
 
     def post(self, opcode: int, payload: Payload = b"") -> int:
         """Send a request that wants no reply (errors come back later as async errors)."""
-        call_id = next(self._ids)
+        call_id = self._next_id()
         self.endpoint.send(call_id, opcode, Flag.NO_REPLY, payload)
         return call_id
 

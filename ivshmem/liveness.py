@@ -55,6 +55,8 @@ class Heartbeat:
         while not self._stop.wait(self._period):
             self._beat()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 1.0) -> None:
+        """Bounded: it may run at interpreter exit (a guest client's close)."""
         self._stop.set()
-        self._thread.join()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
