@@ -363,7 +363,7 @@ def _orion_smi(rig: Rig) -> None:
     rig.run(f"orion-smi --controller 127.0.0.1:{free_port()}", codes=(1,))
 
 
-@smoke("orion-check install|runtime server|client")
+@smoke("orion-check install [server|client|controller|all] / orion-check runtime server|client")
 def _orion_check(rig: Rig) -> None:
     rig.run("orion-check install", "Installation summaries", "Orion client runtime")
     # the server check diagnoses whichever oriond runs here; without a GPU it reports an error and exits 1
