@@ -220,10 +220,6 @@ class Oriond:
         """Log lines that contain every needle."""
         return [line for line in self.log().splitlines() if all(n in line for n in needles)]
 
-    def wait_lines(self, *needles: str, count: int = 1, bound: float = WAIT_S) -> list[str]:
-        return until(lambda: len(self.lines(*needles)) >= count and self.lines(*needles),
-                     f"{count} log line(s) with {needles!r}", bound, self.tail)
-
     def tail(self) -> str:
         return "oriond's log, last 6000 characters:\n" + self.log()[-6000:]
 
