@@ -47,6 +47,7 @@ from ivshmem.region import Region
 
 from .diagnostics import DiagnosticsHandler
 from .gpu_memory import MemoryMeter, MeterFactory, open_nvml
+from .limits import one_line
 from .pinned_pool import HostPool
 from .quota import UsageAccount
 from .region_server import Reply, Session, note
@@ -454,9 +455,10 @@ class CudaExecutor(DiagnosticsHandler):
             return _refused("BIND must come before the session's first context or allocation")
         try:
             grant = take_up(self.options.controller, self.options.host, allocation, self.driver)
-        except GrantRefused as exc:
-            log.warning("session %d: %s", self.session.number, exc)
-            return _refused(str(exc))
+        except GrantRefused as exc:  # its text may quote the client's id: one bounded, escaped line
+            reason = one_line(str(exc))
+            log.warning("session %d: %s", self.session.number, reason)
+            return _refused(reason)
         self.allocation = allocation
         note(f"allocation {allocation}")  # oriond gives it back when the session ends, however it ends
         self.devices, self.quota = grant.devices, tuple(m * MIB for m in grant.memory_mib)

@@ -12,6 +12,13 @@ import time
 from collections.abc import Callable
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """Text a client chose, made fit for the log: control characters escaped (no line of its own making),
+    cut at `limit` characters."""
+    text = text.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class TokenBucket:
     """`rate` events per second on average, `burst` at once; `take()` says whether one may happen now."""
 

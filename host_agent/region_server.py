@@ -44,6 +44,7 @@ _MP = multiprocessing.get_context("fork")
 MAX_ASYNC_ERRORS_REPORTED = 64
 PR_SET_PDEATHSIG = 1
 EXIT_PROTOCOL_VIOLATION = 3
+EXIT_REGION_FAILED = 4
 
 
 class Reply(NamedTuple):
@@ -177,6 +178,8 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory,
                 log.error("session %d: %s", session.number, exc)
                 endpoint.send(call_id, 0, reply_flags, str(exc).encode(), Status.HANDLER_FAILED)
     except ChannelCorrupt as exc:  # the peer broke the ring protocol: this session cannot go on
+        if channel.ctrl[Ctrl.CLIENT_GEN] != session.generation or not channel.ctrl[Ctrl.CLIENT_ACTIVE]:
+            return 0  # not a violation: the client released and re-claimed (reset its indices) before we ended
         log.error("session %d: %s", session.number, exc)
         channel.end(HostStatus.FAILED, HostReason.PROTOCOL_VIOLATION)
         return EXIT_PROTOCOL_VIOLATION
@@ -188,7 +191,12 @@ def _worker_main(region_path: str, session: Session, factory: HandlerFactory, op
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which ends us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _session_number = session.number
-    os._exit(serve_session(region_path, session, factory, options))
+    try:
+        code = serve_session(region_path, session, factory, options)
+    except WireError as exc:  # the region became unusable under us (its header overwritten): this session ends
+        log.error("session %d: %s", session.number, exc)
+        code = EXIT_REGION_FAILED
+    os._exit(code)
 
 
 class RegionServer:
