@@ -1,18 +1,39 @@
 """oriond's configuration: Orion's /etc/orion/server.conf (same keys, syntax and defaults), loaded once.
 
 Command-line flags override the file; the frozen result is passed to whoever needs it, never read from
-globals. Keys this release does not use yet (RDMA, NCCL) are still parsed and
-validated so a wrong value is reported now, not when the feature arrives.
+globals. Every key Orion's server.conf knows is validated here, including those this release does not use
+yet (RDMA, NCCL, the log switches), so a wrong value is reported now, not when the feature arrives; a key
+Orion does not know is listed in `unknown_keys` for oriond to warn about (a typo must not pass silently).
+The parsers of oriond's flag values live here too, so that a flag and its server.conf key accept the same
+values. Errors are ConfigError (or ValueError for a flag value) with one line that names the file, key or
+flag, the bad value and what to write instead; Orion's own wording where it had one (ORION-COMPAT.md §4.4).
 """
 from __future__ import annotations
 
+import math
 import os
+import re
+import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ivshmem.orion_conf import ConfigError, ShmSettings, load_ini
+from ivshmem.orion_conf import ConfigError, ShmSettings, host_name_or_ip, host_port, load_ini, whole_number
 
 DEFAULT_PATH = "/etc/orion/server.conf"
+DEFAULT_CONTROLLER = "127.0.0.1:9123"
 LOG_LEVELS = ("ERROR", "WARNING", "INFO", "DEBUG")
+PORT_RANGE = (1, 65533)  # Orion's: the server uses listen_port and the two ports after it
+VGPU_RANGE = (1, 100)
+# Orion's keys (ORION-COMPAT.md §4.4); [dev] is an internal section of Orion's binary, accepted as it is.
+KNOWN_KEYS = {
+    "server": {"listen_port", "bind_addr", "enable_shm", "enable_rdma", "enable_kvm", "vgpu_count",
+               "enable_ibverbs", "ibverbs_device"},
+    "server-nccl": {"comm_id"},
+    "server-log": {"log_with_time", "log_to_screen", "log_to_file", "log_level", "file_log_level"},
+    "server-shm": {"shm_path_base", "shm_group_name", "shm_user_name", "shm_buffer_size"},
+    "controller": {"controller_addr"},
+    "dev": {f"dev_{n}" for n in range(1, 6)},
+}
 
 
 @dataclass(frozen=True)
@@ -25,50 +46,178 @@ class ServerConfig:
     enable_kvm: bool = False
     vgpu_count: int = 4
     log_level: str = "INFO"
-    controller_addr: str = "127.0.0.1:9123"
+    controller_addr: str = DEFAULT_CONTROLLER
     controller_configured: bool = False  # ORION_CONTROLLER or [controller] controller_addr given: oriond registers
     shm: ShmSettings = ShmSettings()
+    unknown_keys: tuple[str, ...] = ()  # "[section] key" of keys Orion does not know: ignored, worth a warning
 
     @classmethod
-    def load(cls, path: str = DEFAULT_PATH) -> ServerConfig:
+    def load(cls, path: str = DEFAULT_PATH, environ: Mapping[str, str] = os.environ) -> ServerConfig:
+        """`path` (a missing file means Orion's defaults) with ORION_CONTROLLER from `environ` over it."""
         sections = load_ini(path)
         server = sections.get("server", {})
-        where = f"{path}: [server]"
+        log = sections.get("server-log", {})
 
         def boolean(key: str, default: bool) -> bool:
             raw = server.get(key)
             if raw is None:
                 return default
             if raw not in ("true", "false"):
-                raise ConfigError(f'{where} {key} = {raw!r} is not a valid value; write "true" or "false"')
+                raise ConfigError(f'{path}: [server] {key} = {raw!r} is not a valid value; write "true" or "false"')
             return raw == "true"
 
-        def unsigned(section: dict[str, str], key: str, default: int, low: int, high: int, name: str) -> int:
-            raw = section.get(key)
+        def unsigned(key: str, default: int, low: int, high: int) -> int:
+            raw = server.get(key)
             if raw is None:
                 return default
-            if not raw.isdigit() or not low <= int(raw) <= high:
-                raise ConfigError(f"{path}: Invalid parameter {key} in session [{name}]. "
+            number = whole_number(raw)
+            if number is None or not low <= number <= high:
+                raise ConfigError(f"{path}: Invalid parameter {key} in session [server]. "
                                   f"A positive interger is expected in [{low}, {high}].")  # sic: Orion's words
-            return int(raw)
+            return number
 
-        controller = os.environ.get("ORION_CONTROLLER") or sections.get("controller", {}).get("controller_addr")
-        level = sections.get("server-log", {}).get("log_level", "INFO").upper()
-        if level not in LOG_LEVELS:
-            raise ConfigError(f"{path}: Invalid [server-log] log_level: {level} (one of {', '.join(LOG_LEVELS)})")
+        def level(key: str) -> str:
+            raw = log.get(key, "INFO")
+            if raw.upper() not in LOG_LEVELS or not raw.isascii():
+                raise ConfigError(f"{path}: Invalid [server-log] {key}: {raw} (one of {', '.join(LOG_LEVELS)})")
+            return raw.upper()
+
+        for key in ("log_with_time", "log_to_screen", "log_to_file"):
+            if log.get(key, "0") not in ("0", "1"):
+                raise ConfigError(f"{path}: [server-log] {key} = {log[key]!r} is not a valid value; write 0 or 1")
+        level("file_log_level")
+        boolean("enable_ibverbs", False)
+        if "ibverbs_device" in server and not server["ibverbs_device"].strip():
+            raise ConfigError(f"{path}: [server] ibverbs_device is empty; name an RDMA device (e.g. mlx5_0) or "
+                              "remove the key")
+        comm_id = sections.get("server-nccl", {}).get("comm_id")
+        if comm_id is not None:
+            _address(comm_id, f"{path}: [server-nccl] comm_id", "127.0.0.1:9970")
+        bind_addr = server.get("bind_addr", "127.0.0.1")
+        if not host_name_or_ip(bind_addr):
+            raise ConfigError(f"{path}: [server] bind_addr = {bind_addr!r} is not a valid value; write this host's "
+                              "IP address (or host name), e.g. 127.0.0.1")
+        controller = _controller(path, sections, environ)
         config = cls(
             path=path if os.path.exists(path) else None,
-            listen_port=unsigned(server, "listen_port", 9960, 1, 65533, "server"),
-            bind_addr=server.get("bind_addr", "127.0.0.1"),
+            listen_port=unsigned("listen_port", 9960, *PORT_RANGE),
+            bind_addr=bind_addr,
             enable_shm=boolean("enable_shm", True),
             enable_rdma=boolean("enable_rdma", False),
             enable_kvm=boolean("enable_kvm", False),
-            vgpu_count=unsigned(server, "vgpu_count", 4, 1, 100, "server"),
-            log_level=level,
-            controller_addr=controller or "127.0.0.1:9123",
+            vgpu_count=unsigned("vgpu_count", 4, *VGPU_RANGE),
+            log_level=level("log_level"),
+            controller_addr=controller or DEFAULT_CONTROLLER,
             controller_configured=bool(controller),
             shm=ShmSettings.load(path),
+            unknown_keys=_unknown(sections),
         )
         if config.enable_shm and config.enable_rdma:
             raise ConfigError(f"{path}: RDMA can not be enabled with SHM support.")
         return config
+
+    def check_region_dir(self) -> None:
+        """Refuse a shm_path_base that is not an existing, readable directory (oriond serves its regions).
+
+        It is never created here: a typo in the path would otherwise give an agent that silently serves an
+        empty directory nobody writes regions to."""
+        where = (f"{self.path}: [server-shm] shm_path_base = {self.shm.path_base!r}" if self.path is not None
+                 else f"shm_path_base (default {self.shm.path_base!r}, no server.conf)")
+        directory = self.shm.path_base.rstrip("/") or "/"
+        try:
+            mode = os.stat(directory).st_mode
+        except FileNotFoundError:
+            raise ConfigError(f"{where}: no such directory; create it (mkdir -p {directory}) or set "
+                              "shm_path_base to the directory of the region files") from None
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot be used ({exc.strerror}); set shm_path_base to the directory "
+                              "of the region files") from None
+        if not stat.S_ISDIR(mode):
+            raise ConfigError(f"{where} is not a directory; set shm_path_base to the directory of the region "
+                              "files, e.g. /dev/shm/")
+        if not os.access(directory, os.R_OK | os.X_OK):
+            raise ConfigError(f"{where}: this user cannot list it; run oriond as a user who can (root), or fix "
+                              "the directory's permissions")
+
+
+def _unknown(sections: dict[str, dict[str, str]]) -> tuple[str, ...]:
+    """The sections and keys of `sections` that Orion's server.conf does not have, as '[section] key'."""
+    found = []
+    for name, keys in sections.items():
+        if name not in KNOWN_KEYS:
+            found.append(f"[{name}]")
+        found += [f"[{name}] {key}" for key in keys if name in KNOWN_KEYS and key not in KNOWN_KEYS[name]]
+    return tuple(found)
+
+
+def _address(value: str, where: str, example: str = DEFAULT_CONTROLLER) -> str:
+    """`value` as HOST:PORT (an http:// in front is dropped); ConfigError naming `where` otherwise."""
+    try:
+        host, port = host_port(value)
+    except ValueError as exc:
+        raise ConfigError(f"{where} = {value!r} is not a valid value: {exc}; write HOST:PORT, "
+                          f"e.g. {example}") from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _controller(path: str, sections: dict[str, dict[str, str]], environ: Mapping[str, str]) -> str | None:
+    """ORION_CONTROLLER, else [controller] controller_addr (Orion's priority), validated; None when neither is set.
+
+    An empty or blank variable counts as unset, as an empty key does."""
+    env = environ.get("ORION_CONTROLLER", "").strip()
+    if env:
+        return _address(env, "ORION_CONTROLLER")
+    value = sections.get("controller", {}).get("controller_addr", "").strip()
+    return _address(value, f"{path}: [controller] controller_addr") if value else None
+
+
+# --- oriond's flag values: each raises ValueError with the line to show after the flag's name ------------------
+def flag_count(text: str, what: str, high: int = 0xFFFFFFFF) -> int:
+    """A whole number from 1 to `high` (ASCII digits only)."""
+    number = whole_number(text)
+    if number is None or not 1 <= number <= high:
+        raise ValueError(f"{text!r} is not {what}: expected a whole number from 1 to {high}")
+    return number
+
+
+def flag_port(text: str) -> int:
+    number = whole_number(text)
+    if number is None or not PORT_RANGE[0] <= number <= PORT_RANGE[1]:
+        raise ValueError(f"{text!r} is not a listen port: expected a number from {PORT_RANGE[0]} to {PORT_RANGE[1]} "
+                         "(the server also uses the two ports after it)")
+    return number
+
+
+def flag_host(text: str) -> str:
+    if not host_name_or_ip(text):
+        raise ValueError(f"{text!r} is not an IP address or host name: expected e.g. 127.0.0.1")
+    return text
+
+
+def flag_devices(text: str) -> tuple[int, ...]:
+    """Comma-separated physical GPU ordinals, each once: '0,2' -> (0, 2)."""
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or "" in items:
+        raise ValueError(f"{text!r} has an empty item: expected GPU ordinals separated by commas, e.g. 0,2")
+    devices = []
+    for item in items:
+        number = whole_number(item)
+        if number is None or number > 0x7FFFFFFF:
+            within = f" in {text!r}" if len(items) > 1 else ""
+            raise ValueError(f"{item!r}{within} is not a GPU ordinal: expected numbers from 0 separated by commas, "
+                             "e.g. 0,2")
+        if number in devices:
+            raise ValueError(f"GPU {number} is given twice in {text!r}: name each GPU once")
+        devices.append(number)
+    return tuple(devices)
+
+
+_SECONDS = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$")
+
+
+def flag_seconds(text: str) -> float:
+    """A finite number of seconds above zero (ASCII digits; no nan, inf or sign)."""
+    value = float(text) if text.isascii() and _SECONDS.match(text) else math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r} is not a duration: expected seconds above 0, e.g. 1 or 0.5")
+    return value

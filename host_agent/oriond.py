@@ -12,44 +12,98 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 from ivshmem.orion_conf import ConfigError
 
 from . import controller_link, pidfile
 from .agent import RESCAN_S, Agent
-from .config import DEFAULT_PATH, ServerConfig
+from .config import DEFAULT_PATH, ServerConfig, flag_count, flag_devices, flag_host, flag_port, flag_seconds
 from .executor import ExecutorOptions
 from .region_server import ServerOptions
 from .stop import StopRequest
 
+T = TypeVar("T")
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="oriond", description="Orion Server: runs forwarded CUDA calls on "
-                                                                "this host's GPUs")
-    parser.add_argument("-n", type=int, metavar="N", help="the maximum number of clients (accepted, unused)")
-    parser.add_argument("-b", metavar="IP", help="bind IP address (TCP transport: not in this release)")
-    parser.add_argument("-p", type=int, metavar="PORT", help="listen port (TCP transport: not in this release)")
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (no usage block): `oriond: argument --gmem: '-5' is not ...`."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = " (oriond --help lists the flags)" if message.startswith("unrecognized arguments") else ""
+        self.exit(2, f"{self.prog}: {message}{hint}\n")
+
+
+def _flag(parse: Callable[[str], T], name: str) -> Callable[[str], T]:
+    """`parse` as an argparse type: its ValueError becomes argparse's one line naming the flag."""
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = name
+    return convert
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = _Parser(prog="oriond", description="Orion Server: runs forwarded CUDA calls on this host's GPUs")
+    count = _flag(lambda text: flag_count(text, "a number of clients"), "count")
+    parser.add_argument("-n", type=count, metavar="N", help="the maximum number of clients (accepted, unused)")
+    parser.add_argument("-b", type=_flag(flag_host, "address"), metavar="IP",
+                        help="bind IP address (TCP transport: not in this release)")
+    parser.add_argument("-p", type=_flag(flag_port, "port"), metavar="PORT",
+                        help="listen port (TCP transport: not in this release)")
     parser.add_argument("-m", action="store_true", help="enable shared memory acceleration (the default)")
     parser.add_argument("-k", action="store_true", help="enable shared memory for QEMU-KVM guests")
     parser.add_argument("-r", action="store_true", help="enable RDMA (not in this release)")
     parser.add_argument("-i", action="store_true", help="enable ibverbs for RDMA (not in this release)")
     parser.add_argument("-d", action="store_true", help="run as a daemon (use your service manager instead)")
-    parser.add_argument("--config", default=DEFAULT_PATH, help="server configuration (default %(default)s)")
+    parser.add_argument("--config", metavar="FILE",
+                        help=f"server configuration (default {DEFAULT_PATH}; Orion's defaults if that is missing)")
     parser.add_argument("--region", action="append", help="serve this region file only (repeatable)")
-    parser.add_argument("--gmem", type=int, metavar="MiB", help="memory quota of each vGPU of a session "
+    mib = _flag(lambda text: flag_count(text, "MiB of memory"), "MiB")
+    parser.add_argument("--gmem", type=mib, metavar="MiB", help="memory quota of each vGPU of a session "
                         "without a controller allocation (default: device memory / vgpu_count)")
-    parser.add_argument("--devices", help="comma-separated physical GPU ordinals sessions may use")
-    parser.add_argument("--pid-file", default=pidfile.default_path(),
-                        help="where to write our pid, for the libvirt hook's SIGHUP (default %(default)s; "
-                             "ORION_PID_FILE sets the default)")
-    parser.add_argument("--rescan-interval", type=float, default=RESCAN_S, metavar="S",
+    parser.add_argument("--devices", type=_flag(flag_devices, "devices"),
+                        help="comma-separated physical GPU ordinals sessions may use, e.g. 0,2")
+    parser.add_argument("--pid-file", help=f"where to write our pid, for the libvirt hook's SIGHUP (default "
+                        f"{pidfile.default_path()}; ORION_PID_FILE sets the default)")
+    parser.add_argument("--rescan-interval", type=_flag(flag_seconds, "seconds"), default=RESCAN_S, metavar="S",
                         help="how often to look for new or removed regions (default %(default)s s); SIGHUP "
                              "rescans at once")
     args = parser.parse_args(argv)
+    # Paths are checked here, before anything is served: a typo must not give an agent serving nothing.
+    if args.config is not None and not os.path.isfile(args.config):
+        why = "no such file" if not os.path.exists(args.config) else "not a file"
+        parser.error(f"--config {args.config}: {why}; give the path of a server.conf, or leave --config out to "
+                     f"read {DEFAULT_PATH}")
+    for region in args.region or ():
+        if not os.path.isfile(region):
+            why = "no such file" if not os.path.exists(region) else "not a file"
+            parser.error(f"--region {region}: {why}; create it with orion-shm create, or leave --region out to "
+                         "serve every region of shm_path_base")
+    if args.pid_file is not None:
+        source = f"--pid-file {args.pid_file!r}"
+    else:
+        args.pid_file = pidfile.default_path()
+        source = (f"{pidfile.PID_FILE_ENV}={args.pid_file}" if os.environ.get(pidfile.PID_FILE_ENV)
+                  else f"the default pid file {args.pid_file}")
+    if not args.pid_file.strip() or os.path.isdir(args.pid_file):
+        parser.error(f"{source}: {'is a directory' if args.pid_file.strip() else 'is empty'}; give a file path, "
+                     f"e.g. {pidfile.DEFAULT_PID_FILE}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     try:
-        config = ServerConfig.load(args.config)
+        config = ServerConfig.load(args.config or DEFAULT_PATH)
+        if not args.region:
+            config.check_region_dir()
     except ConfigError as exc:
         print(f"oriond: Error in orion.conf: {exc}", file=sys.stderr)
         return 1
@@ -58,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=config.log_level, format="%(asctime)s [%(levelname)s] %(message)s")
     if config.path is None:
         logging.info("No configuration file is found. Use default settings and environment variables.")
-    devices = tuple(int(d) for d in args.devices.split(",")) if args.devices else None
+    for key in config.unknown_keys:
+        logging.warning("%s: %s is not in Orion's server.conf; ignored (a typo?)", config.path, key)
+    devices = args.devices
     stop = StopRequest().on_signals()
     link = None
     if config.controller_configured:

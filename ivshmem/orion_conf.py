@@ -9,9 +9,12 @@ settings of one section (`ShmSettings`) live next to it.
 from __future__ import annotations
 
 import configparser
+import ipaddress
+import re
 from dataclasses import dataclass
 
 SERVER_CONF = "/etc/orion/server.conf"
+_SIZE_RANGE_MIB = (16, 1024 * 1024)  # orion-shm's: Orion refuses a region outside it
 _NO_DEFAULT_SECTION = "\x00"  # configparser's [DEFAULT] magic is not Orion's; no header can match this
 
 
@@ -19,11 +22,70 @@ class ConfigError(ValueError):
     """A configuration file cannot be read, or holds a value of the wrong type."""
 
 
-def _unquote(value: str) -> str:
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+
+
+def _unquote(value: str, where: str) -> str:
+    """Orion's optional double quotes around a value; one without its partner is refused, never kept as text."""
     value = value.strip()
     if len(value) >= 2 and value[0] == value[-1] == '"':
         return value[1:-1]
+    if value.startswith('"') or value.endswith('"'):
+        raise ConfigError(f"{where} = {value!r} has an unterminated quote; write the value in a pair of double "
+                          'quotes ("...") or without quotes')
     return value
+
+
+def whole_number(text: str) -> int | None:
+    """A decimal number of ASCII digits (as Orion's C parser reads it), or None.
+
+    `str.isdigit` and `int` also take superscripts and other scripts' digits ('²', '٣'), signs, spaces and
+    underscores; none of those is a number in an Orion file or flag. Length is bounded so that `int` never
+    meets Python's limit on digits."""
+    if text.isascii() and text.isdigit() and len(text.lstrip("0")) <= 20:
+        return int(text)
+    return None
+
+
+def host_name_or_ip(text: str) -> bool:
+    """Whether `text` is an IPv4/IPv6 address or a DNS host name (letters, digits, '-', dot-separated labels)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return bool(_HOST_NAME.match(text)) and not text.replace(".", "").isdigit()
+    return True
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (or ``[IPv6]:PORT``; an ``http://`` in front is allowed) as (host, port).
+
+    Raises ValueError saying what is wrong (missing port, port out of range, not a host name); callers put
+    the file or variable and the value in front."""
+    address = text.strip()
+    if address.startswith("http://"):
+        address = address[len("http://"):].rstrip("/")
+    if address.startswith("["):
+        host, close, rest = address[1:].partition("]")
+        if not close or (rest and not rest.startswith(":")) or ":" not in host:
+            raise ValueError("only an IPv6 address is written in brackets, as [ADDRESS]:PORT")
+        port_text = rest[1:] if rest else None
+    elif address.count(":") == 1:
+        host, _, port_text = address.partition(":")
+    elif ":" in address:
+        raise ValueError("an IPv6 address is written [ADDRESS]:PORT")
+    else:
+        host, port_text = address, None
+    if not port_text:
+        raise ValueError("the port is missing")
+    port = whole_number(port_text)
+    if port is None or not 1 <= port <= 65535:
+        raise ValueError(f"the port {port_text!r} is not a number from 1 to 65535")
+    if not host:
+        raise ValueError("the host is missing")
+    if not host_name_or_ip(host):
+        raise ValueError(f"{host!r} is not a host name or IP address")
+    return host, port
 
 
 def load_ini(path: str) -> dict[str, dict[str, str]]:
@@ -55,15 +117,32 @@ def load_ini(path: str) -> dict[str, dict[str, str]]:
                           "'[section]' or a '; comment'") from None
     except configparser.Error as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return {name: {key: _unquote(value) for key, value in parser.items(name, raw=True)}
+    return {name: {key: _unquote(value, f"{path}: [{name}] {key}") for key, value in parser.items(name, raw=True)}
             for name in parser.sections()}
 
 
 def _unsigned(value: str, key: str, section: str, path: str) -> int:
     """Orion's 'unsigned int' type: decimal digits that fit in 32 bits; refused in Orion's words."""
-    if value.isascii() and value.isdigit() and int(value) <= 0xFFFFFFFF:
-        return int(value)
+    number = whole_number(value)
+    if number is not None and number <= 0xFFFFFFFF:
+        return number
     raise ConfigError(f'{path}: Invalid parameter {key} [{section}]. Type "unsigned int" is expected.')
+
+
+def _account(value: str, key: str, path: str, default: str) -> str:
+    """A user or group name for QEMU's regions: it need not exist on this host (the region then stays 0666),
+    but an empty one or one with spaces, ':' or '/' is a typo, not a name."""
+    if value and not any(c.isspace() or c in ":/" for c in value):
+        return value
+    raise ConfigError(f"{path}: [server-shm] {key} = {value!r} is not a valid value; write a Linux "
+                      f"{'user' if key == 'shm_user_name' else 'group'} name, e.g. {default}")
+
+
+def _directory(value: str, path: str) -> str:
+    if value.startswith("/"):
+        return value
+    raise ConfigError(f"{path}: [server-shm] shm_path_base = {value!r} is not a valid value; write the absolute "
+                      'path of the directory of region files, e.g. "/dev/shm/"')
 
 
 @dataclass(frozen=True)
@@ -77,14 +156,19 @@ class ShmSettings:
 
     @classmethod
     def load(cls, path: str = SERVER_CONF) -> ShmSettings:
-        """Settings from `path`; a missing file or key keeps Orion's default, as oriond does."""
+        """Settings from `path`; a missing file or key keeps Orion's default, as oriond does. A wrong value is
+        a ConfigError naming the file and key. Whether shm_path_base exists is left to the user of it (oriond
+        refuses to start without it; `orion-shm -d` has its own message)."""
         section = load_ini(path).get("server-shm", {})
         defaults = cls()
         size = section.get("shm_buffer_size")
+        size_mib = defaults.buffer_size_mib if size is None else _unsigned(size, "shm_buffer_size", "server-shm", path)
+        if not _SIZE_RANGE_MIB[0] <= size_mib <= _SIZE_RANGE_MIB[1]:
+            raise ConfigError(f"{path}: Invalid parameter shm_buffer_size [server-shm]. It should be in "
+                              f"[16, 1024*1024] (MiB), as orion-shm -s.")
         return cls(
-            path_base=section.get("shm_path_base") or defaults.path_base,
-            user=section.get("shm_user_name", defaults.user),
-            group=section.get("shm_group_name", defaults.group),
-            buffer_size_mib=defaults.buffer_size_mib if size is None
-            else _unsigned(size, "shm_buffer_size", "server-shm", path),
+            path_base=_directory(section.get("shm_path_base", defaults.path_base), path),
+            user=_account(section.get("shm_user_name", defaults.user), "shm_user_name", path, defaults.user),
+            group=_account(section.get("shm_group_name", defaults.group), "shm_group_name", path, defaults.group),
+            buffer_size_mib=size_mib,
         )
