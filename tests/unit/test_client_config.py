@@ -2,6 +2,7 @@
 then /etc/orion/client.conf (ORION-COMPAT.md §4.5), read from real files in a temporary directory."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,53 @@ def test_orion_vgpu_and_gmem() -> None:
     for env in ({"ORION_VGPU": "0"}, {"ORION_VGPU": "x"}, {"ORION_VGPU": "1", "ORION_GMEM": "-5"}):
         with pytest.raises(AllocationError, match="is not a positive whole number"):
             wanted_request(env)
+
+
+@pytest.mark.parametrize(("bad", "why"), [
+    ("1.2.3.4:\u0669\u0661\u0662\u0663", "is not a number from 1 to 65535"),  # \d took Arabic-Indic digits
+    ("1.2.3.4:0", "the port '0' is not a number from 1 to 65535"),
+    ("1.2.3.4:65536", "the port '65536'"),
+    ("1.2.3.4:99999", "the port '99999'"),
+    ("1.2.3.4:", "the port is missing"),
+    ("1.2.3.4", "the port is missing"),
+    (":9123", "'' is not a host name or IP address"),
+    ("...:9123", "'...' is not a host name"),
+    ("-host:9123", "'-host' is not a host name"),
+    ("999.1.1.1:9123", "'999.1.1.1' is not a host name or IP address"),
+    ("[host]:9123", "only an IPv6 address is written in brackets"),
+    ("::1:9123", "[ADDRESS]:PORT"),
+])
+def test_a_wrong_port_or_host_says_what_is_wrong(tmp_path: Path, bad: str, why: str) -> None:
+    with pytest.raises(ClientConfigError, match=f"ORION_CONTROLLER is .*{re.escape(why)}.*expected HOST:PORT"):
+        controller_setting({"ORION_CONTROLLER": bad}, ())
+    path = conf(tmp_path / "c.conf", bad)
+    with pytest.raises(ClientConfigError, match=re.escape(why)):
+        controller_setting({}, (path,))
+
+
+def test_good_addresses_are_kept(tmp_path: Path) -> None:
+    for good in ("gpu-host.example:9123", "10.0.0.1:1", "[fe80::1]:65535", "localhost:9123"):
+        setting = controller_setting({"ORION_CONTROLLER": good}, ())
+        assert setting is not None and setting.address == good
+    setting = controller_setting({"ORION_CONTROLLER": "http://10.0.0.1:9123/"}, ())
+    assert setting is not None and setting.address == "10.0.0.1:9123"
+
+
+def test_a_lone_quote_is_an_error_not_stripped(tmp_path: Path) -> None:
+    path = tmp_path / "c.conf"
+    path.write_text('[controller]\n    controller_addr = "1.2.3.4:9123\n')
+    assert read_conf(path)["controller"]["controller_addr"] == '"1.2.3.4:9123'
+    with pytest.raises(ClientConfigError, match=f"controller_addr in {re.escape(str(path))} .*unterminated quote"):
+        controller_setting({}, (path,))
+    path.write_text("[controller]\n    controller_addr = '1.2.3.4:9123'\n")
+    setting = controller_setting({}, (path,))
+    assert setting is not None and setting.address == "1.2.3.4:9123"
+
+
+def test_a_users_file_that_cannot_be_read_is_named_not_skipped(tmp_path: Path) -> None:
+    """~/.orion/client.conf made a directory by mistake must not silently hand over to /etc/orion/client.conf."""
+    user = tmp_path / "home/.orion/client.conf"
+    user.mkdir(parents=True)
+    system = conf(tmp_path / "etc/client.conf", "10.0.0.3:9123")
+    with pytest.raises(ClientConfigError, match=f"cannot read {re.escape(str(user))}: it is a directory"):
+        controller_setting({}, (user, system))
