@@ -126,11 +126,8 @@ def _answer(record: Record, generation: int, handler: Handler, session: Session)
         return Reply(Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}".encode())
 
 
-def serve_session(region_path: str, session: Session, factory: HandlerFactory,
-                  options: ServerOptions | WaitPolicy) -> int:
+def serve_session(region_path: str, session: Session, factory: HandlerFactory, options: ServerOptions) -> int:
     """Body of a worker process: serve one session until the supervisor ends it. Returns an exit code."""
-    if isinstance(options, WaitPolicy):
-        options = ServerOptions(policy=options)
     parent = os.getppid()
 
     def parent_alive() -> None:

@@ -17,7 +17,6 @@ CUDA driver the random records keep to the wire opcodes: random arguments to rea
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import time
@@ -44,6 +43,7 @@ from tests.wire.oriond_rig import (
     oriond_over,
     until,
 )
+from tests.wire.test_cuda_no_gpu import _libcuda_loadable
 
 LIMITS = ServerOptions()  # what oriond runs with: its limits are the bounds below
 OWN_RSS_SLACK_KIB = 16 * 1024  # oriond's main process maps no region and keeps nothing per session
@@ -53,14 +53,6 @@ RECORDS_PER_SEED = 150
 WRITES_PER_SEED = 150
 CHURN_S = 4.0  # how long the churning client claims; the bound on sessions started is derived from it
 U32, U64 = (1 << 32) - 1, (1 << 64) - 1
-
-
-def _libcuda_loadable() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True
 
 
 CUDA_OPCODES = not _libcuda_loadable()  # without a driver the executor answers them without decoding arguments

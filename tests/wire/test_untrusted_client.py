@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable
 
@@ -21,38 +20,15 @@ from ivshmem.errors import ChannelError, PeerGone
 from ivshmem.record import Op, Status
 from ivshmem.region import Region
 from tests.conftest import ServerProcess
-
-CALL_BOUND_S = 15.0  # the client's agent timeout is 5 s; anything that has not ended by then hangs
-
-
-def _outcome(call: Callable[[], object], bound: float = CALL_BOUND_S) -> object:
-    """What `call` returned or raised, or "hung" if it did not end within `bound` (its thread is left behind)."""
-    box: list[object] = ["hung"]
-
-    def run() -> None:
-        try:
-            box[0] = call()
-        except Exception as exc:  # the outcome under test
-            box[0] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(bound)
-    return box[0]
-
-
-def _wait_until(condition: Callable[[], bool], what: str, bound: float = 10.0) -> None:
-    deadline = time.monotonic() + bound
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
+from tests.wire.oriond_rig import bounded, until
 
 
 def test_a_cleared_client_active_word_ends_the_clients_next_call_with_an_error(served_region: str) -> None:
     with Region.open(served_region) as region, ClientChannel.claim(region) as client:
         assert client.call(Op.ECHO, b"before").payload == b"before"
         client.ctrl[Ctrl.CLIENT_ACTIVE] = 0  # a stray write by anyone who can write the file
-        _wait_until(lambda: client.ctrl[Ctrl.HOST_STATUS] != HostStatus.SERVING, "the host never saw the release")
-        outcome = _outcome(lambda: client.call(Op.ECHO, b"after"))
+        until(lambda: client.ctrl[Ctrl.HOST_STATUS] != HostStatus.SERVING, "the host never saw the release")
+        outcome = bounded(lambda: client.call(Op.ECHO, b"after"))
         assert isinstance(outcome, PeerGone) and "released" in str(outcome), outcome
 
 
@@ -63,7 +39,7 @@ def test_any_overwritten_control_word_never_leaves_a_call_hanging(served_region:
         client.ctrl[word] = value
         for _ in range(3):
             time.sleep(0.3)  # the supervisor's passes and the client's slow-path checks both run
-            outcome = _outcome(lambda: client.call(Op.ECHO, b"x"))
+            outcome = bounded(lambda: client.call(Op.ECHO, b"x"))
             assert outcome != "hung", f"a call hung after {word.name} = {value:#x}"
             if isinstance(outcome, Exception):
                 assert isinstance(outcome, ChannelError), repr(outcome)
@@ -85,13 +61,13 @@ def test_a_stalled_supervisor_does_not_fail_a_busy_session(
         region_path: str, server_factory: Callable[..., ServerProcess]) -> None:
     server = server_factory(region_path)
     with Region.open(region_path) as region, ClientChannel.claim(region) as client:
-        _wait_until(lambda: client.ctrl[Ctrl.HOST_WORKER] > 0, "the host never started the session's worker")
+        until(lambda: client.ctrl[Ctrl.HOST_WORKER] > 0, "the host never started the session's worker")
         os.kill(server.pid, signal.SIGSTOP)  # the supervisor only: the session's worker goes on
         try:
             end = time.monotonic() + 7.0  # longer than the client's 5 s agent timeout
             calls = 0
             while time.monotonic() < end:
-                outcome = _outcome(lambda: client.call(Op.ECHO, b"busy"))
+                outcome = bounded(lambda: client.call(Op.ECHO, b"busy"))
                 assert getattr(outcome, "payload", None) == b"busy", outcome
                 calls += 1
                 time.sleep(0.2)  # idle between calls: waits go through the slow path and its checks
@@ -104,12 +80,12 @@ def test_a_session_whose_worker_died_with_the_agent_ends_in_an_error(
         region_path: str, server_factory: Callable[..., ServerProcess]) -> None:
     server = server_factory(region_path)
     with Region.open(region_path) as region, ClientChannel.claim(region) as client:
-        _wait_until(lambda: client.ctrl[Ctrl.HOST_WORKER] > 0, "the host never named the session's worker")
+        until(lambda: client.ctrl[Ctrl.HOST_WORKER] > 0, "the host never named the session's worker")
         worker = client.ctrl[Ctrl.HOST_WORKER]
         os.kill(server.pid, signal.SIGSTOP)  # nobody will mark the session failed...
         try:
             os.kill(worker, signal.SIGKILL)  # ...and nobody serves it any more
-            outcome = _outcome(lambda: client.call(Op.ECHO, b"x"))
+            outcome = bounded(lambda: client.call(Op.ECHO, b"x"))
         finally:
             os.kill(server.pid, signal.SIGCONT)
         assert isinstance(outcome, PeerGone) and "no heartbeat" in str(outcome), outcome
@@ -129,7 +105,7 @@ def test_a_staged_request_that_stalls_ends_its_session(
             sent.append(len(chunk))
         with pytest.raises(InterruptedError):
             client.endpoint.send(1, Op.ECHO, 0, Streamed(100 << 20, two_chunks_then_nothing))
-        _wait_until(lambda: client.ctrl[Ctrl.HOST_STATUS] == HostStatus.FAILED,
+        until(lambda: client.ctrl[Ctrl.HOST_STATUS] == HostStatus.FAILED,
                     "the host kept waiting for the rest of the payload")
         assert client.ctrl[Ctrl.HOST_REASON] == HostReason.PROTOCOL_VIOLATION
         client.close()
