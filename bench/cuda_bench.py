@@ -132,7 +132,7 @@ def child(forwarded: bool, region: str | None) -> dict:
 
 def main() -> int:
     sys.path.insert(0, str(REPO))
-    from ivshmem.shm_admin import create
+    from host_agent.shm_admin import create
 
     with tempfile.TemporaryDirectory(dir="/dev/shm") as work:  # tmpfs: the pool's pages can be page-locked
         region = create(0, 2048, work, channels=2).path  # a 256 MiB page-locked buffer fits a channel's slice

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from host_agent import pidfile  # noqa: E402
-from ivshmem.orion_conf import ShmSettings  # noqa: E402
+from host_agent.server_conf import ShmSettings  # noqa: E402
 from ivshmem.region import region_path  # noqa: E402
 from tests.guest.cuda_guest import python_speed  # noqa: E402
 from tests.guest.kvm_demo import free_index, start_agent, stop_agent  # noqa: E402
@@ -51,7 +51,7 @@ def parse_probe(text: str) -> dict[str, float]:
 
 def host_local(round_trips: int, bulk_mib: int, directory: str) -> dict[str, float]:
     index = free_index(directory)
-    subprocess.run([sys.executable, "-m", "ivshmem.shm_cli", "create", "-i", str(index), "-s", "256"], check=True,
+    subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "create", "-i", str(index), "-s", "256"], check=True,
                    cwd=REPO, capture_output=True)
     try:
         pidfile.notify(pidfile.DEFAULT_PID_FILE)  # serve it now, not at the next rescan
@@ -62,7 +62,7 @@ def host_local(round_trips: int, bulk_mib: int, directory: str) -> dict[str, flo
             raise SystemExit(f"kvm_bench: host-local probe failed: {result.stderr.strip()}")
         return parse_probe(result.stdout)
     finally:
-        subprocess.run([sys.executable, "-m", "ivshmem.shm_cli", "remove", str(index), "--force"], cwd=REPO,
+        subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "remove", str(index), "--force"], cwd=REPO,
                        capture_output=True)
 
 

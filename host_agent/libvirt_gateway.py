@@ -1,12 +1,12 @@
 """The one owner of the libvirt connection, and the attach/detach workflows that run through it.
 
-`orion-shm attach/detach` (ivshmem/shm_cli.py imports this lazily: the guest wheel has no libvirt) call
+`orion-shm attach/detach` (host_agent/shm_cli.py imports this lazily: the guest wheel has no libvirt) call
 `attach_region` and `detach_region`. They read the domain's live and persistent XML, let domain_edit.py decide
 what changes, and make those changes with libvirt's own calls: attachDeviceFlags with the device from
 xml_templates/devices.py, detachDeviceAlias with our `ua-orion-` alias, setMetadata with the record from
 xml_templates/metadata.py. libvirt rewrites the domain itself, so nothing of the domain that is not ours is
 touched. Every libvirtError is translated here, once, into a GatewayError whose message says what to do and
-whose class the CLI maps to an exit status (ivshmem/shm_cli.py). An attach that fails part-way undoes what it did.
+whose class the CLI maps to an exit status (host_agent/shm_cli.py). An attach that fails part-way undoes what it did.
 
 Hot-plug facts (libvirt 9.0, QEMU 7.2, i440fx `type='qemu'` under TCG; docs/kvm.md has the measurements):
 live attach needs nothing from the guest; live detach is an ACPI eject the guest kernel must acknowledge, so
@@ -28,9 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ivshmem.layout import MIB
-from ivshmem.orion_conf import ShmSettings
 from ivshmem.region import SHM_DIR, region_path
-from ivshmem.shm_admin import create
 from xml_templates.devices import (
     ORION_NS,
     ORION_PREFIX,
@@ -53,6 +51,8 @@ from .domain_edit import (
     read_state,
     without_our_metadata,
 )
+from .server_conf import ShmSettings
+from .shm_admin import create
 
 try:
     import libvirt

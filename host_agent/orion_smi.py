@@ -17,9 +17,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from controller.client import ControllerClient, ControllerClientError
-from ivshmem.orion_conf import ConfigError
 
 from .config import DEFAULT_PATH, ServerConfig
+from .server_conf import ConfigError
 
 TIMEOUT_S = 5.0
 DEFAULT_PORT = 9123

@@ -18,13 +18,12 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-from ivshmem.orion_conf import ConfigError
-
 from . import controller_link, pidfile
 from .agent import RESCAN_S, Agent
 from .config import DEFAULT_PATH, ServerConfig, flag_count, flag_devices, flag_host, flag_port, flag_seconds
 from .executor import ExecutorOptions
 from .region_server import ServerOptions
+from .server_conf import ConfigError
 from .stop import StopRequest
 
 T = TypeVar("T")

@@ -46,6 +46,11 @@ CHUNK_COUNT_RANGE = (2, 1024)
 MAX_CHUNK_SIZE = 64 * MIB
 RECORD_HEADER_SIZE = 32
 
+# Which regions exist: files orionsock<0..9999>, 16 MiB to 1 TiB and a power of two (QEMU maps the whole region
+# as PCI BAR 2). Orion's own limits; the host's region creator and the domain XML builder both refuse the rest.
+REGION_INDEX_RANGE = (0, 9999)
+REGION_SIZE_RANGE_MIB = (16, 1024 * 1024)
+
 DEFAULT_CHANNELS = 8
 DEFAULT_RING_ENTRIES = 64
 DEFAULT_SLOT_SIZE = 512

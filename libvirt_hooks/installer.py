@@ -28,7 +28,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from ivshmem.orion_conf import ConfigError, ShmSettings
+from host_agent.server_conf import ConfigError, ShmSettings
 
 HOOKS_DIR = "etc/libvirt/hooks"
 HOOK_NAME = "orion-vgpu"

@@ -5,7 +5,7 @@ A domain's Orion regions are its `<shmem name='orionsock<N>'>` devices of model 
 property, so it lives in our `<orion:regions>` metadata (xml_templates/metadata.py reads it).
 
 `prepare` makes every region exist, at least as large as its device, readable and writable by the QEMU user,
-creating missing ones with `orion-shm`'s own code (ivshmem/shm_admin.py: formatted, handed to the QEMU user);
+creating missing ones with `orion-shm`'s own code (host_agent/shm_admin.py: formatted, handed to the QEMU user);
 if one region fails, the ones this call created are removed again. `release` removes every non-persistent
 region, except after a start that failed in prepare (the domain never ran; see mark_failed_start). Both then
 wake the host agent. Nothing here talks to libvirt: libvirt holds its locks while a hook runs, so a libvirt
@@ -24,11 +24,10 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from host_agent import pidfile
-from ivshmem import shm_admin
+from host_agent import pidfile, shm_admin
+from host_agent.server_conf import ShmSettings
 from ivshmem.errors import RegionNotFormatted, WireError
 from ivshmem.layout import MIB
-from ivshmem.orion_conf import ShmSettings
 from ivshmem.region import Region, region_path
 from xml_templates.errors import DomainXmlError
 from xml_templates.metadata import read_regions

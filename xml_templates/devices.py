@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from lxml import etree
 
+from ivshmem.layout import REGION_INDEX_RANGE as INDEX_RANGE
+from ivshmem.layout import REGION_SIZE_RANGE_MIB as SIZE_RANGE_MIB
 from ivshmem.region import SHM_PREFIX
-from ivshmem.shm_admin import INDEX_RANGE, SIZE_RANGE_MIB
 
 from .errors import DomainXmlError
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from host_agent import pidfile
-from ivshmem.orion_conf import ShmSettings
+from host_agent.server_conf import ShmSettings
 from ivshmem.region import region_path
 from tests.processes import stop_process
 

@@ -28,8 +28,8 @@ import libvirt
 import pytest
 from lxml import etree
 
+from host_agent.shm_admin import create
 from ivshmem.region import SHM_DIR
-from ivshmem.shm_admin import create
 from xml_templates.devices import ORION_NS, region_name, shmem_alias
 from xml_templates.metadata import RegionRecord, read_regions
 
@@ -83,7 +83,7 @@ OTHER_METADATA = """
 def shm(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
     """orion-shm as a user runs it."""
     prefix = ["runuser", "-u", user, "--"] if user else []
-    return subprocess.run([*prefix, sys.executable, "-m", "ivshmem.shm_cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([*prefix, sys.executable, "-m", "host_agent.shm_cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
 
 

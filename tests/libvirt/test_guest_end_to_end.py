@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from host_agent import pidfile
-from ivshmem.orion_conf import ShmSettings
+from host_agent.server_conf import ShmSettings
 from tests.guest.libvirt_guest import GuestRun, LibvirtGuest, start_system_agent
 from tests.guest.vm import image_ready
 from tests.processes import stop_process
@@ -159,7 +159,7 @@ def test_guest_reaches_the_agent_through_a_libvirt_region(guest: Callable[..., L
     generated, attached = free_indices(), free_indices()
     vm = guest("300", "2")
     vm.define([(generated, 32)])  # from orion-domain render
-    attach = cli("ivshmem.shm_cli", "attach", vm.name, "-i", str(attached), "-s", "16")
+    attach = cli("host_agent.shm_cli", "attach", vm.name, "-i", str(attached), "-s", "16")
     assert attach.returncode == 0, attach.stderr
     assert region(attached).exists() and not region(generated).exists()  # the hook makes the other at start
 
@@ -190,7 +190,7 @@ def test_guest_without_a_region_says_so(guest: Callable[..., LibvirtGuest], syst
     index = free_indices()
     vm = guest()
     vm.define([(index, 32)])
-    detach = cli("ivshmem.shm_cli", "detach", vm.name, "-i", str(index))
+    detach = cli("host_agent.shm_cli", "detach", vm.name, "-i", str(index))
     assert detach.returncode == 0, detach.stderr
     assert "orionsock" not in vm.dom.XMLDesc(0)
 
@@ -214,7 +214,7 @@ def test_region_of_the_wrong_size_is_refused_at_start(guest: Callable[..., Libvi
 
     index = free_indices()
     if formatted:
-        created = cli("ivshmem.shm_cli", "create", "-i", str(index), "-s", str(file_mib))
+        created = cli("host_agent.shm_cli", "create", "-i", str(index), "-s", str(file_mib))
         assert created.returncode == 0, created.stderr
     else:
         with open(region(index), "wb") as f:

@@ -145,7 +145,7 @@ def test_first_child_metadata_keeps_the_layout() -> None:
 
 # --- the CLI without libvirt ---------------------------------------------------------------------------------
 def shm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ivshmem.shm_cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "host_agent.shm_cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
 
 

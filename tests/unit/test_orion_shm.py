@@ -1,7 +1,7 @@
 """orion-shm: Orion's exact CLI (help, validation, messages, exit codes), the list/inspect/remove commands,
 and the tenant rules (a region is one tenant's: owner and mode at create, who can reach it in list/inspect).
 
-The CLI is run as a real process (`python -m ivshmem.shm_cli`) so exit codes and streams are what a user
+The CLI is run as a real process (`python -m host_agent.shm_cli`) so exit codes and streams are what a user
 sees. Regions go to a tmp dir through -d, except the /dev/shm (posix_ipc) cases, which use a random high
 index and always clean up.
 """
@@ -28,12 +28,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ivshmem import layout, shm_cli
+from host_agent import shm_cli
+from host_agent.server_conf import ConfigError, ShmSettings, load_ini
+from host_agent.shm_admin import ShmError, create, users_of
+from host_agent.shm_cli import main
+from ivshmem import layout
 from ivshmem.layout import Geometry
-from ivshmem.orion_conf import ConfigError, ShmSettings, load_ini
 from ivshmem.region import Region
-from ivshmem.shm_admin import ShmError, create, users_of
-from ivshmem.shm_cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -55,7 +56,7 @@ COMMAND_NAMES = ("create", "list", "inspect", "remove", "attach", "detach", "hel
 
 
 def shm(*args: str, preexec_fn=None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ivshmem.shm_cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "host_agent.shm_cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=60, preexec_fn=preexec_fn)
 
 
@@ -395,7 +396,7 @@ def test_create_in_dev_shm_needs_no_posix_ipc(nobody_conf: str) -> None:
     index = free_shm_index()
     path = Path(f"/dev/shm/orionsock{index}")
     code = ("import sys; sys.modules['posix_ipc'] = None\n"  # `import posix_ipc` now raises ImportError
-            "from ivshmem.shm_cli import main\n"
+            "from host_agent.shm_cli import main\n"
             f"sys.exit(main(['create', '-i', '{index}', '-s', '16', '--config', sys.argv[1]]))\n")
     try:
         result = subprocess.run([sys.executable, "-c", code, nobody_conf], cwd=REPO, capture_output=True, text=True,

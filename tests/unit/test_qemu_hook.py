@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from ivshmem import layout, shm_admin
-from ivshmem.orion_conf import ShmSettings
+from host_agent import shm_admin
+from host_agent.server_conf import ShmSettings
+from ivshmem import layout
 from ivshmem.region import Region
 from xml_templates.devices import shmem_xml
 from xml_templates.metadata import RegionRecord, regions_element

@@ -17,7 +17,7 @@ from host_agent.config import (
     flag_port,
     flag_seconds,
 )
-from ivshmem.orion_conf import ConfigError, ShmSettings, host_port, load_ini, whole_number
+from host_agent.server_conf import ConfigError, ShmSettings, host_port, load_ini, whole_number
 
 ORION_TEMPLATE = """\
 ; this is an example of orion configuration

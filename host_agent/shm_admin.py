@@ -22,15 +22,14 @@ import re
 import stat
 from dataclasses import dataclass
 
-from . import layout, liveness
-from .channel import Ctrl, HostChannel, HostStatus
-from .errors import RegionFormatError, RegionNotFormatted, WireError
-from .layout import DEFAULT_CHANNELS, MIB, Geometry
-from .orion_conf import ShmSettings
-from .region import SHM_DIR, SHM_PREFIX, Region, list_region_files, region_path
+from ivshmem import layout, liveness
+from ivshmem.channel import Ctrl, HostChannel, HostStatus
+from ivshmem.errors import RegionFormatError, RegionNotFormatted, WireError
+from ivshmem.layout import DEFAULT_CHANNELS, MIB, REGION_INDEX_RANGE, REGION_SIZE_RANGE_MIB, Geometry
+from ivshmem.region import SHM_DIR, SHM_PREFIX, Region, list_region_files, region_path
 
-INDEX_RANGE = (0, 9999)
-SIZE_RANGE_MIB = (16, 1024 * 1024)
+from .server_conf import ShmSettings
+
 AGENT_STATES = {layout.AGENT_NEVER: "never", layout.AGENT_SERVING: "serving", layout.AGENT_STOPPED: "stopped"}
 # Who can reach a region besides its tenant (owner, and group when the mode gives it access) and root.
 TENANT_ONLY, OTHERS_READ, OTHERS_WRITE = "tenant only", "others can read", "others can write"
@@ -67,7 +66,7 @@ class Tenant:
 
 # --- validation (Orion's messages) ------------------------------------------------------------------------
 def check_index(index: int) -> None:
-    if not INDEX_RANGE[0] <= index <= INDEX_RANGE[1]:
+    if not REGION_INDEX_RANGE[0] <= index <= REGION_INDEX_RANGE[1]:
         raise ShmError("Error. Invalid SHM file index. It should be in [0, 9999]")
 
 
@@ -75,7 +74,7 @@ def check_size(size_mib: int) -> None:
     """Orion's range, then QEMU's rule: ivshmem-plain maps the whole region as a PCI BAR, whose size must be a
     power of two (QEMU 7.2 aborts on another size, libvirt refuses to start the domain), so such a region
     could never be attached; refuse it now rather than at the first `virsh start`."""
-    if not SIZE_RANGE_MIB[0] <= size_mib <= SIZE_RANGE_MIB[1]:
+    if not REGION_SIZE_RANGE_MIB[0] <= size_mib <= REGION_SIZE_RANGE_MIB[1]:
         raise ShmError("Error. Invalid SHM file size. It should be in [16, 1024*1024]")
     if size_mib & (size_mib - 1):
         lower = 1 << (size_mib.bit_length() - 1)

@@ -13,10 +13,11 @@ import os
 import re
 import sys
 
-from .errors import WireError
-from .layout import MIB
-from .orion_conf import SERVER_CONF, ConfigError, ShmSettings
-from .region import SHM_DIR
+from ivshmem.errors import WireError
+from ivshmem.layout import MIB
+from ivshmem.region import SHM_DIR
+
+from .server_conf import SERVER_CONF, ConfigError, ShmSettings
 from .shm_admin import (
     CreatedRegion,
     ShmError,
@@ -275,9 +276,10 @@ def _command(name: str, argv: list[str]) -> int:
 
 
 def _libvirt_command(name: str, args: argparse.Namespace) -> int:
-    """attach/detach; the gateway (libvirt, lxml) is imported here only, so the guest wheel never needs it."""
+    """attach/detach; the gateway (libvirt, lxml) is imported here only, so create/list/inspect/remove start
+    fast and work on a host without libvirt-python."""
     try:
-        from host_agent import libvirt_gateway as gw
+        from . import libvirt_gateway as gw
     except ImportError as exc:
         print(f"Error. '{PROG} {name}' needs the host side (libvirt-python, lxml): {exc}; install the orion-vgpu "
               "package (./setup.sh)", file=sys.stderr)

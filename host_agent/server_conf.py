@@ -13,8 +13,9 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
+from ivshmem.layout import REGION_SIZE_RANGE_MIB
+
 SERVER_CONF = "/etc/orion/server.conf"
-_SIZE_RANGE_MIB = (16, 1024 * 1024)  # orion-shm's: Orion refuses a region outside it
 _NO_DEFAULT_SECTION = "\x00"  # configparser's [DEFAULT] magic is not Orion's; no header can match this
 
 
@@ -163,7 +164,7 @@ class ShmSettings:
         defaults = cls()
         size = section.get("shm_buffer_size")
         size_mib = defaults.buffer_size_mib if size is None else _unsigned(size, "shm_buffer_size", "server-shm", path)
-        if not _SIZE_RANGE_MIB[0] <= size_mib <= _SIZE_RANGE_MIB[1]:
+        if not REGION_SIZE_RANGE_MIB[0] <= size_mib <= REGION_SIZE_RANGE_MIB[1]:
             raise ConfigError(f"{path}: Invalid parameter shm_buffer_size [server-shm]. It should be in "
                               f"[16, 1024*1024] (MiB), as orion-shm -s.")
         return cls(
