@@ -1,25 +1,24 @@
 """Where the Orion Controller is, read the way Orion's client reads it (ORION-COMPAT.md §4.5).
 
 Priority: the ``ORION_CONTROLLER`` environment variable, then ``~/.orion/client.conf``, then
-``/etc/orion/client.conf`` (key ``controller_addr`` in ``[controller]``). Orion's files indent their keys
-under the section header, which :mod:`configparser` takes for continuation lines, so this module reads them
-itself: ``[section]`` headers, ``key = value`` lines, ``#``/``;`` comments, optional quotes around values.
+``/etc/orion/client.conf`` (key ``controller_addr`` in ``[controller]``). The files are read by the one INI
+reader (ini.py), leniently as Orion's client read them: a line it does not understand is skipped, a pair of
+double or single quotes around a value is removed and a lone quote is kept, so that the address check (ini.py's,
+the host's too) refuses it.
 It is standard library only, shared by the guest runtime and ``orion-check``: it does not import ivshmem (whose
-package import costs a guest program ~0.1 s), so the address check below mirrors ivshmem.orion_conf.host_port.
+package import costs a guest program ~0.1 s).
 """
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .ini import ConfigError, address_problem, bare_address, read_ini, unquote
+
 SYSTEM_CONF = Path("/etc/orion/client.conf")
 DEFAULT_ADDRESS = "127.0.0.1:9123"  # what orion-check assumes when nothing is configured
-_HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
 _QUOTES = "\"'"
 
 
@@ -46,55 +45,24 @@ def user_conf(environ: Mapping[str, str] = os.environ) -> Path:
 
 def read_conf(path: Path) -> dict[str, dict[str, str]]:
     """``{section: {key: value}}`` of an Orion-style conf file; {} if it cannot be read."""
-    sections: dict[str, dict[str, str]] = {}
-    current: dict[str, str] = sections.setdefault("", {})
     try:
-        text = path.read_text(errors="replace")
-    except OSError:
+        sections = read_ini(path, strict=False)
+    except ConfigError:
         return {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            current = sections.setdefault(line[1:-1].strip(), {})
-        elif "=" in line:
-            key, value = (part.strip() for part in line.split("=", 1))
-            # A pair of quotes is Orion's syntax; a lone one is kept, so that the value's check refuses it.
-            paired = len(value) >= 2 and value[0] == value[-1] and value[0] in _QUOTES
-            current[key] = value[1:-1] if paired else value
-    return sections
+    return {name: {key: _unquoted(value) for key, value in keys.items()} for name, keys in sections.items()}
 
 
-def _problem(address: str) -> str | None:
-    """What is wrong with ``HOST:PORT`` (or ``[IPv6]:PORT``), or None."""
-    if address[:1] in _QUOTES or address[-1:] in _QUOTES:
-        return "it has an unterminated quote"
-    if address.startswith("["):
-        host, _, port = address[1:].partition("]:")
-        if ":" not in host:
-            return "only an IPv6 address is written in brackets, as [ADDRESS]:PORT"
-    elif address.count(":") == 1:
-        host, _, port = address.partition(":")
-    else:
-        return "the port is missing" if ":" not in address else "an IPv6 address is written [ADDRESS]:PORT"
-    if not port:
-        return "the port is missing"
-    if not (port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
-        return f"the port {port!r} is not a number from 1 to 65535"
+def _unquoted(value: str) -> str:
+    """A pair of quotes is Orion's syntax; a lone one is kept, so that the value's check refuses it."""
     try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if not _HOST_NAME.match(host) or host.replace(".", "").isdigit():
-            return f"{host!r} is not a host name or IP address"
-    return None
+        return unquote(value, "", quotes=_QUOTES)
+    except ConfigError:
+        return value
 
 
 def _checked(address: str, source: str) -> ControllerSetting:
-    address = address.strip()
-    if address.startswith("http://"):
-        address = address[len("http://"):].rstrip("/")
-    problem = _problem(address)
+    address = bare_address(address)
+    problem = address_problem(address)
     if problem is not None:
         where = "ORION_CONTROLLER" if source == "env" else f"controller_addr in {source}"
         raise ClientConfigError(f"{where} is {address!r}: {problem}; expected HOST:PORT, e.g. 127.0.0.1:9123")

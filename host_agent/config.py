@@ -17,7 +17,9 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .server_conf import ConfigError, ShmSettings, host_name_or_ip, host_port, load_ini, whole_number
+from guest_runtime.ini import ConfigError, host_name_or_ip, host_port, load_ini, whole_number
+
+from .server_conf import ShmSettings
 
 DEFAULT_PATH = "/etc/orion/server.conf"
 DEFAULT_CONTROLLER = "127.0.0.1:9123"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from guest_runtime.ini import ConfigError, host_port, load_ini, whole_number
 from host_agent.config import (
     ServerConfig,
     flag_count,
@@ -17,7 +18,7 @@ from host_agent.config import (
     flag_port,
     flag_seconds,
 )
-from host_agent.server_conf import ConfigError, ShmSettings, host_port, load_ini, whole_number
+from host_agent.server_conf import ShmSettings
 
 ORION_TEMPLATE = """\
 ; this is an example of orion configuration
@@ -220,3 +221,18 @@ def test_flag_values() -> None:
     with pytest.raises(ValueError, match="not an IP address or host name"):
         flag_host("10.0.0.1 10.0.0.2")
     assert math.isfinite(flag_seconds("1e308"))
+
+
+def test_a_spaced_section_header_is_the_section(tmp_path: Path) -> None:
+    """`[ server-shm ]` is [server-shm] (configparser kept the blanks: the section was unknown, its keys ignored)."""
+    path = write(tmp_path, '[ server-shm ]\n    shm_user_name = "qemu"\n')
+    assert ShmSettings.load(path).user == "qemu"
+    assert ServerConfig.load(path, environ={}).unknown_keys == ()
+
+
+def test_a_line_that_is_not_ini_is_named_once_quoted(tmp_path: Path) -> None:
+    path = write(tmp_path, "[server]\n    listen_port 9960\n")
+    with pytest.raises(ConfigError) as caught:
+        load_ini(path)
+    assert str(caught.value) == (f"{path}, line 2: cannot parse 'listen_port 9960'; expected 'key = value', "
+                                 "'[section]' or a '; comment'")
