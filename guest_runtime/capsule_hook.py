@@ -57,15 +57,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from guest_runtime.ctypes_signature import Signature, UnsupportedSignature, parse_signature
+from ivshmem.cuda_status import NOT_SUPPORTED, SUCCESS, UNKNOWN
 
 __all__ = ["CONSUMER_MODULES", "CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_UNKNOWN", "HookError", "HookReport",
            "capsule_signature", "install", "installed", "not_supported"]
 
 log = logging.getLogger(__name__)
 
-CUDA_SUCCESS = 0
-CUDA_ERROR_NOT_SUPPORTED = 801  # cudaErrorNotSupported has the same value
-CUDA_ERROR_UNKNOWN = 999  # cudaErrorUnknown has the same value
+CUDA_SUCCESS, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_UNKNOWN = SUCCESS, NOT_SUPPORTED, UNKNOWN  # cudaError_t: the same
 STATUS_TYPES = frozenset({"CUresult", "cudaError_t", "enum cudaError"})
 
 # Modules that copy capsule pointers at import: once one of them is loaded, replacing the capsules changes nothing
@@ -203,7 +202,8 @@ def _plan_exit() -> None:
     """Resolve, now, everything the exit handler will use (called at each `install`, under `_LOCK`)."""
     global _exit_plan
     noop = ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value
-    assert noop is not None
+    if noop is None:  # a real check, not an assert: `python -O` drops asserts
+        raise HookError("libc's sched_yield has no address; cannot plan the exit handler")
     symbols = {_cpp_globals_symbol(name): pointer
                for entry in _REGISTRY.values() for name, pointer in entry.pointers.items()}
     _exit_plan = _ExitPlan(noop=noop, symbols=symbols)
@@ -301,7 +301,8 @@ def install(module_name: str, implementations: Mapping[str, Callable[..., Any]],
             trampoline = ctypes.CFUNCTYPE(restype, *argtypes)(_guarded(name, target, status, restype))
             name_buffer = ctypes.create_string_buffer(signature.encode("ascii"))
             pointer = ctypes.cast(trampoline, ctypes.c_void_p).value
-            assert pointer is not None
+            if pointer is None:
+                raise HookError(f"ctypes made no trampoline for {name}; {module_name} was left untouched")
             pointers[name] = pointer
             new[name] = _new_capsule(pointer, name_buffer, signature.encode("ascii"))
             keepalive += [trampoline, name_buffer, new[name], capsule]

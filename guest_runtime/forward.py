@@ -3,7 +3,9 @@
 `Forwarder.implementations()` returns one Python function per call of ivshmem.driver_api, taking the raw
 C arguments the capsule trampoline receives (ints; None for NULL pointers) and returning a CUresult. Calls
 whose parameters are all scalars, handles or pointers to them are marshalled straight from the table; the
-others are written out here, mirrored by host_agent/executor.py.
+others are written out here, registered in `GUEST` by name, and encode and decode exactly the request and
+reply the table declares for them (host_agent/executor.py serves the same declarations). What a call
+allocates, frees or unloads comes from the table's effects too.
 
 The channel is claimed at the first call, not at import, so a program that never touches CUDA never needs
 the host agent. If the agent cannot be reached, cuInit answers CUDA_ERROR_NO_DEVICE and says why once.
@@ -20,6 +22,19 @@ from collections.abc import Callable
 from typing import Any
 
 from ivshmem.channel import BufferCursor, ClientChannel, Streamed
+from ivshmem.cuda_status import (
+    DEINITIALIZED,
+    INVALID_CONTEXT,
+    INVALID_IMAGE,
+    INVALID_VALUE,
+    NO_DEVICE,
+    NOT_FOUND,
+    NOT_INITIALIZED,
+    NOT_SUPPORTED,
+    OUT_OF_MEMORY,
+    SUCCESS,
+    UNKNOWN,
+)
 from ivshmem.driver_api import (
     CALLS,
     IN,
@@ -33,12 +48,14 @@ from ivshmem.driver_api import (
     LAUNCH_ATTRIBUTE,
     LAUNCH_ATTRIBUTES_EVENT,
     LAUNCH_ATTRIBUTES_PLAIN,
-    LAUNCH_HEAD,
     OUT,
     PINNED_COPY,
     POOL_ATTRIBUTES_64,
     POOL_MAP_OPCODE,
+    POOL_MAP_REPLY,
+    POOL_MAP_REQUEST,
     DriverCall,
+    Handlers,
     LaunchConfig,
 )
 from ivshmem.errors import WireError
@@ -49,13 +66,11 @@ from .contexts import ContextStacks
 from .kernel_params import check_layout, pack_checked, params_from_extra
 from .module_image import ImageError, locate
 from .occupancy import PotentialBlockSize
-from .pinned_pool import GuestPool, pool_map_reply
+from .pinned_pool import GuestPool
 
 log = logging.getLogger(__name__)
 
-SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED, DEINITIALIZED = 0, 1, 2, 3, 4
-NO_DEVICE, INVALID_IMAGE = 100, 200
-INVALID_CONTEXT, NOT_FOUND, NOT_SUPPORTED, UNKNOWN = 201, 500, 801, 999
+GUEST = Handlers("guest")  # the calls written out below, by name
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
 LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption
 FORWARDED_LAUNCH_ATTRIBUTES = LAUNCH_ATTRIBUTES_PLAIN | LAUNCH_ATTRIBUTES_EVENT
@@ -150,8 +165,8 @@ class Forwarder:
     def implementations(self) -> dict[str, Callable[..., int]]:
         impls = self._impls
         for call in CALLS.values():
-            special = getattr(self, "_" + call.name, None)
-            impls[call.name] = self._serialised(special(call) if special is not None else self._generic(call))
+            written = GUEST.by_name.get(call.name)
+            impls[call.name] = self._serialised(written(self, call) if written is not None else self._generic(call))
         return dict(impls)
 
     def _serialised(self, implementation: Callable[..., int]) -> Callable[..., int]:
@@ -171,9 +186,10 @@ class Forwarder:
         if call.posted:
             return lambda *args: self._post(call, pack(*[args[i] or 0 for i in ins]))
 
-        forgets = call.name in ("cuModuleUnload", "cuLibraryUnload")  # its functions' handles may be reused
-        allocates = call.name in ("cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync")
-        frees = call.name in ("cuMemFree", "cuMemFreeAsync")
+        initializes = "initializes" in call.effects
+        forgets = "unloads" in call.effects  # its functions' handles may be reused
+        allocates = "allocates" in call.effects  # (CUdeviceptr *out, size_t size, ...)
+        frees = "frees" in call.effects
 
         def forward(*args: Any) -> int:
             if any(not args[i] for i, _ in outs):
@@ -183,11 +199,11 @@ class Forwarder:
                 for (i, ctype), value in zip(outs, unpack(reply.payload), strict=True):
                     ctype.from_address(args[i]).value = value
             if status == SUCCESS:
-                if call.name == "cuInit":
+                if initializes:
                     self._initialized = True
                 elif forgets:
                     self._layouts.clear()
-                elif allocates:  # (CUdeviceptr *out, size_t size, ...)
+                elif allocates:
                     self._device[ctypes.c_uint64.from_address(args[0]).value] = args[1]
                 elif frees:
                     self._device.pop(args[0] or 0, None)
@@ -195,27 +211,34 @@ class Forwarder:
         return forward
 
     # --- hand-written calls ----------------------------------------------------------------------------------
-    def _cuDeviceGetName(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuDeviceGetName")
+    def _device_get_name(self, call: DriverCall) -> Callable[..., int]:
         def forward(name: int | None, length: int, dev: int) -> int:
             if not name or length <= 0:
                 return INVALID_VALUE
-            status, reply = self._call(call, struct.pack("<ii", length, dev))
+            status, reply = self._call(call, call.request.encode(length, dev))
             if status == SUCCESS and reply is not None:
-                text = bytes(reply.payload)[:length - 1] + b"\0"
+                (text,) = call.reply.decode(reply.payload)
+                text = bytes(text)[:length - 1] + b"\0"
                 ctypes.memmove(name, text, len(text))
             return status
         return forward
 
-    def _cuDeviceGetUuid(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuDeviceGetUuid")
+    def _device_get_uuid(self, call: DriverCall) -> Callable[..., int]:
         def forward(uuid: int | None, dev: int) -> int:
             if not uuid:
                 return INVALID_VALUE
-            status, reply = self._call(call, struct.pack("<i", dev))
+            status, reply = self._call(call, call.request.encode(dev))
             if status == SUCCESS and reply is not None:
-                ctypes.memmove(uuid, bytes(reply.payload)[:16], 16)
+                (raw,) = call.reply.decode(reply.payload)
+                if len(raw) != 16:
+                    return UNKNOWN
+                ctypes.memmove(uuid, bytes(raw), 16)
             return status
         return forward
 
+    @GUEST.serves("cuGetErrorName", "cuGetErrorString")
     def _static_text(self, call: DriverCall) -> Callable[..., int]:
         """cuGetErrorName/String: a string that must stay valid for the life of the process."""
         def forward(code: int, out: int | None) -> int:
@@ -223,10 +246,10 @@ class Forwarder:
                 return INVALID_VALUE
             key = (call.name, code)
             if key not in self._strings:
-                status, reply = (self._call(call, struct.pack("<i", code), fold=False)
+                status, reply = (self._call(call, call.request.encode(code), fold=False)
                                  if self.channel() is not None else (NOT_INITIALIZED, None))
                 local = _local_error_name(code)  # no agent to ask: the enum's name still says what happened
-                text = bytes(reply.payload) if status == SUCCESS and reply is not None else local
+                text = bytes(call.reply.decode(reply.payload)[0]) if status == SUCCESS and reply is not None else local
                 if text is None:
                     return INVALID_VALUE
                 self._strings[key] = ctypes.create_string_buffer(text)
@@ -234,18 +257,17 @@ class Forwarder:
             return SUCCESS
         return forward
 
-    _cuGetErrorName = _cuGetErrorString = _static_text
-
-    def _cuCtxCreate(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuCtxCreate")
+    def _ctx_create(self, call: DriverCall) -> Callable[..., int]:
         def forward(pctx: int | None, params: int | None, flags: int, dev: int) -> int:
             if not pctx:
                 return INVALID_VALUE
             # CUctxCreateParams {CUexecAffinityParam *, int count, CUctxCigParam *}: an empty one is no params
             if params and any(struct.unpack("<QiiQ", ctypes.string_at(params, 24))[i] for i in (0, 1, 3)):
                 return self._not_forwarded("cuCtxCreate with execution-affinity or CIG parameters")
-            status, reply = self._call(call, struct.pack("<Ii", flags, dev))
+            status, reply = self._call(call, call.request.encode(flags, dev))
             if status == SUCCESS and reply is not None:
-                (ctx,) = struct.unpack("<Q", reply.payload)
+                (ctx,) = call.reply.decode(reply.payload)
                 ctypes.c_uint64.from_address(pctx).value = ctx
                 self._contexts.push(ctx)  # the new context is current to the calling thread, on the host too
                 self._contexts.host_current = ctx
@@ -254,7 +276,8 @@ class Forwarder:
 
     # Context stacks are per thread and kept here (contexts.py); the host is told a context only to check that
     # the session may use it, and before calls (_sync_context).
-    def _cuCtxDestroy(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuCtxDestroy")
+    def _ctx_destroy(self, call: DriverCall) -> Callable[..., int]:
         def forward(ctx: int | None) -> int:
             status, _ = self._call(call, call.inputs.pack(ctx or 0))
             if status == SUCCESS:
@@ -262,7 +285,8 @@ class Forwarder:
             return status
         return forward
 
-    def _cuCtxGetCurrent(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuCtxGetCurrent")
+    def _ctx_get_current(self, call: DriverCall) -> Callable[..., int]:
         def forward(pctx: int | None) -> int:
             if not self._initialized:
                 return NOT_INITIALIZED
@@ -284,7 +308,8 @@ class Forwarder:
             self._contexts.host_current = UNKNOWN_CONTEXT
         return reply.status if reply.status >= 0 else UNKNOWN
 
-    def _cuCtxSetCurrent(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuCtxSetCurrent")
+    def _ctx_set_current(self, call: DriverCall) -> Callable[..., int]:
         def forward(ctx: int | None) -> int:
             status = self._make_current_on_host(ctx) if ctx else (SUCCESS if self._initialized else NOT_INITIALIZED)
             if status == SUCCESS:
@@ -292,7 +317,8 @@ class Forwarder:
             return status
         return forward
 
-    def _cuCtxPushCurrent(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuCtxPushCurrent")
+    def _ctx_push_current(self, call: DriverCall) -> Callable[..., int]:
         def forward(ctx: int | None) -> int:
             if not ctx:
                 return INVALID_VALUE
@@ -302,7 +328,8 @@ class Forwarder:
             return status
         return forward
 
-    def _cuCtxPopCurrent(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuCtxPopCurrent")
+    def _ctx_pop_current(self, call: DriverCall) -> Callable[..., int]:
         def forward(pctx: int | None) -> int:
             if not self._initialized:
                 return NOT_INITIALIZED
@@ -321,12 +348,13 @@ class Forwarder:
             return NOT_INITIALIZED
 
         def map_call(address: int) -> tuple[int, int, int]:
-            status, reply = self._call(call, struct.pack("<Q", address), fold=False, opcode=POOL_MAP_OPCODE)
+            status, reply = self._call(call, POOL_MAP_REQUEST.encode(address), fold=False, opcode=POOL_MAP_OPCODE)
             if reply is None:
                 return (status or UNKNOWN), 0, 0
-            return (status, *pool_map_reply(reply.payload))
+            return (status, *POOL_MAP_REPLY.decode(reply.payload))
         return self._pool.setup(channel, map_call)
 
+    @GUEST.serves("cuMemAllocHost", "cuMemHostAlloc")
     def _host_alloc(self, call: DriverCall) -> Callable[..., int]:
         with_flags = call.name == "cuMemHostAlloc"
 
@@ -335,16 +363,14 @@ class Forwarder:
                 return INVALID_VALUE
             status = self._pool_ready(call)
             if status == SUCCESS:
-                payload = struct.pack("<QI", size, flags) if with_flags else struct.pack("<Q", size)
+                payload = call.request.encode(size, flags) if with_flags else call.request.encode(size)
                 status, reply = self._call(call, payload)
                 if status == SUCCESS and reply is not None:
-                    ctypes.c_uint64.from_address(pp).value = struct.unpack("<Q", reply.payload)[0]
+                    ctypes.c_uint64.from_address(pp).value = call.reply.decode(reply.payload)[0]
             if status == OUT_OF_MEMORY:
                 self._pool_exhausted(size)
             return status
         return forward
-
-    _cuMemAllocHost = _cuMemHostAlloc = _host_alloc
 
     def _pool_exhausted(self, size: int) -> None:
         what = f"page-locked pool: {size} bytes"
@@ -354,64 +380,70 @@ class Forwarder:
                         "%d MiB; create the region larger (orion-shm create -s MiB) or with fewer channels",
                         size, self._pool.size >> 20)
 
-    def _cuMemFreeHost(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuMemFreeHost")
+    def _host_free(self, call: DriverCall) -> Callable[..., int]:
         def forward(pointer: int | None) -> int:
-            return self._call(call, struct.pack("<Q", pointer or 0))[0]
+            return self._call(call, call.request.encode(pointer or 0))[0]
         return forward
 
-    def _cuMemHostGetDevicePointer(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuMemHostGetDevicePointer")
+    def _host_device_pointer(self, call: DriverCall) -> Callable[..., int]:
         def forward(pdptr: int | None, pointer: int | None, flags: int) -> int:
             if not pdptr:
                 return INVALID_VALUE
-            status, reply = self._call(call, struct.pack("<QI", pointer or 0, flags))
+            status, reply = self._call(call, call.request.encode(pointer or 0, flags))
             if status == SUCCESS and reply is not None:
-                ctypes.c_uint64.from_address(pdptr).value = struct.unpack("<Q", reply.payload)[0]
+                ctypes.c_uint64.from_address(pdptr).value = call.reply.decode(reply.payload)[0]
             return status
         return forward
 
-    def _cuMemHostGetFlags(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuMemHostGetFlags")
+    def _host_flags(self, call: DriverCall) -> Callable[..., int]:
         def forward(pflags: int | None, pointer: int | None) -> int:
             if not pflags:
                 return INVALID_VALUE
-            status, reply = self._call(call, struct.pack("<Q", pointer or 0))
+            status, reply = self._call(call, call.request.encode(pointer or 0))
             if status == SUCCESS and reply is not None:
-                ctypes.c_uint.from_address(pflags).value = struct.unpack("<I", reply.payload)[0]
+                ctypes.c_uint.from_address(pflags).value = call.reply.decode(reply.payload)[0]
             return status
         return forward
 
+    # A copy's request is its device range (and stream) in the table's fixed part, then the data as its tail,
+    # streamed from the program's buffer; the pinned variant names the host buffer's pool address instead.
+    @GUEST.serves("cuMemcpyHtoD", "cuMemcpyHtoDAsync")
     def _htod(self, call: DriverCall) -> Callable[..., int]:
         is_async = call.name.endswith("Async")
+        prefix_of, pinned = call.request.fixed.pack, call.pinned
 
         def forward(dst: int, src: int | None, size: int, stream: int | None = None) -> int:
             if size and not src:
                 return INVALID_VALUE
-            prefix = struct.pack("<QQQ", dst, size, stream or 0) if is_async else struct.pack("<QQ", dst, size)
-            if self._pool.contains(src or 0, size):  # page-locked: the host reads the shared pages itself
-                return self._pinned_copy(call, prefix + struct.pack("<Q", src))
+            fields = (dst, size, stream or 0) if is_async else (dst, size)
+            if pinned is not None and self._pool.contains(src or 0, size):  # the host reads the shared pages
+                return self._pinned_copy(call, pinned.encode(*fields, src))
             data = _view(src or 0, size) if size else memoryview(b"")
-            status, _ = self._call(call, _Prefixed(prefix, data).payload())
+            status, _ = self._call(call, _Prefixed(prefix_of(*fields), data).payload())
             return status
         return forward
 
-    _cuMemcpyHtoD = _cuMemcpyHtoDAsync = _htod
-
+    @GUEST.serves("cuMemcpyDtoH", "cuMemcpyDtoHAsync")
     def _dtoh(self, call: DriverCall) -> Callable[..., int]:
         is_async = call.name.endswith("Async")
+        request, pinned = call.request, call.pinned
 
         def forward(dst: int | None, src: int, size: int, stream: int | None = None) -> int:
             if size and not dst:
                 return INVALID_VALUE
-            payload = struct.pack("<QQQ", src, size, stream or 0) if is_async else struct.pack("<QQ", src, size)
-            if self._pool.contains(dst or 0, size):  # page-locked: the host writes the shared pages itself
-                return self._pinned_copy(call, payload + struct.pack("<Q", dst))
+            fields = (src, size, stream or 0) if is_async else (src, size)
+            if pinned is not None and self._pool.contains(dst or 0, size):  # the host writes the shared pages
+                return self._pinned_copy(call, pinned.encode(*fields, dst))
+            payload = request.fixed.pack(*fields)
             cursor = BufferCursor(_view(dst or 0, size)) if size else None
             status, reply = self._call(call, payload, sink=cursor.sink if cursor else None)
             if status == SUCCESS and reply is not None and reply.payload and cursor is not None:
-                cursor.view[:len(reply.payload)] = reply.payload  # a small copy came back inline
+                cursor.view[:len(reply.payload)] = reply.payload  # a small copy came back inline: its tail
             return status
         return forward
-
-    _cuMemcpyDtoH = _cuMemcpyDtoHAsync = _dtoh
 
     def _pinned_copy(self, call: DriverCall, payload: bytes) -> int:
         """An async copy with page-locked memory is posted (it runs in stream order on the host, as natively);
@@ -420,25 +452,28 @@ class Forwarder:
             return self._post(call, payload, opcode=call.opcode + PINNED_COPY)
         return self._call(call, payload, opcode=call.opcode + PINNED_COPY)[0]
 
-    def _cuModuleLoadData(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuModuleLoadData")
+    def _module_load(self, call: DriverCall) -> Callable[..., int]:
         def forward(pmodule: int | None, image: int | None) -> int:
             if not pmodule or not image:
                 return INVALID_VALUE
             return self._load_image(call, pmodule, image)
         return forward
 
-    def _load_image(self, call: DriverCall, out: int, address: int, prefix: bytes = b"") -> int:
-        """Ship the module image at `address` (its length derived from the image), after `prefix` if any, and
-        store the new handle in `out`."""
+    def _load_image(self, call: DriverCall, out: int, address: int, *head: object) -> int:
+        """Ship the module image at `address` (its length derived from the image) as the request's tail, after
+        the fields `head` (JIT options) if the request has any, and store the new handle in `out`."""
         image = _image_view(address)
         if image is None:
             return INVALID_IMAGE
+        prefix = call.request.encode_head(*head) if head else b""
         status, reply = self._call(call, _Prefixed(prefix, image).payload() if prefix else image)
         if status == SUCCESS and reply is not None:
-            ctypes.c_uint64.from_address(out).value = struct.unpack("<Q", reply.payload)[0]
+            ctypes.c_uint64.from_address(out).value = call.reply.decode(reply.payload)[0]
         return status
 
-    def _cuLibraryLoadData(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuLibraryLoadData")
+    def _library_load(self, call: DriverCall) -> Callable[..., int]:
         """JIT options as cuModuleLoadDataEx's. Of the library options, CU_LIBRARY_BINARY_IS_PRESERVED (1) is a
         promise about the guest's copy of the image, which the host never sees: dropped; the other names host
         function tables: not forwarded."""
@@ -452,6 +487,7 @@ class Forwarder:
             return self._load_with_jit_options(call, plib, code, njit, jit_options, jit_values)
         return forward
 
+    @GUEST.serves("cuModuleGetFunction", "cuModuleGetGlobal", "cuLibraryGetKernel", "cuLibraryGetGlobal")
     def _by_name(self, call: DriverCall) -> Callable[..., int]:
         """cuModuleGetFunction/GetGlobal, cuLibraryGetKernel/GetGlobal: outputs first, then owner and name."""
         n_out = sum(1 for p in call.params if p.role == OUT)
@@ -461,9 +497,9 @@ class Forwarder:
             outs, owner, name = args[:n_out], args[n_out], args[n_out + 1]
             if not name or (n_out == 1 and not outs[0]):
                 return INVALID_VALUE
-            status, reply = self._call(call, struct.pack("<Q", owner or 0) + ctypes.string_at(name))
+            status, reply = self._call(call, call.request.encode(owner or 0, ctypes.string_at(name)))
             if status == SUCCESS and reply is not None:
-                values = call.outputs.unpack(reply.payload)
+                values = call.reply.decode(reply.payload)
                 for pointer, ctype, value in zip(outs, ctypes_out, values, strict=True):
                     if pointer:
                         ctype.from_address(pointer).value = value
@@ -474,8 +510,6 @@ class Forwarder:
             return status
         return forward
 
-    _cuModuleGetFunction = _cuModuleGetGlobal = _cuLibraryGetKernel = _cuLibraryGetGlobal = _by_name
-
     def _not_forwarded(self, what: str) -> int:
         """CUDA_ERROR_NOT_SUPPORTED for something the table does not forward, named once."""
         if what not in self._named:
@@ -483,10 +517,11 @@ class Forwarder:
             log.warning("orion: %s is not forwarded yet", what)
         return NOT_SUPPORTED
 
-    def _cuModuleLoadDataEx(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuModuleLoadDataEx")
+    def _module_load_ex(self, call: DriverCall) -> Callable[..., int]:
         """Scalar JIT options travel as (option, value) pairs; log and wall-time options name guest memory, so
         the guest answers them itself after the call (an empty log, size 0, no time) and the host never sees
-        them. Request: `I count`, count × `iQ`, then the image."""
+        them (the request: JIT options, then the image)."""
         def forward(pmodule: int | None, image: int | None, count: int, options: int | None,
                     values: int | None) -> int:
             if not pmodule or not image or (count and (not options or not values)):
@@ -507,45 +542,47 @@ class Forwarder:
                 guest[option] = index
             else:
                 return self._not_forwarded(f"{call.name} JIT option {_jit_option_name(option)}")
-        prefix = struct.pack("<I", len(pairs)) + b"".join(struct.pack("<iQ", o, v) for o, v in pairs)
-        status = self._load_image(call, out, image, prefix)
+        status = self._load_image(call, out, image, pairs)
         if slots is not None:
             _empty_logs(slots, guest)
         return status
 
-    def _cuPointerGetAttribute(self, call: DriverCall) -> Callable[..., int]:
-        """The host answers `Q value, I width`; `width` bytes of the value go to `data`."""
+    @GUEST.serves("cuPointerGetAttribute")
+    def _pointer_attribute(self, call: DriverCall) -> Callable[..., int]:
+        """The host answers the value and its width; `width` bytes of the value go to `data`."""
         def forward(data: int | None, attribute: int, pointer: int | None) -> int:
             if not data:
                 return INVALID_VALUE
-            status, reply = self._call(call, struct.pack("<iQ", attribute, pointer or 0))
+            status, reply = self._call(call, call.request.encode(attribute, pointer or 0))
             if status == SUCCESS and reply is not None:
-                value, width = struct.unpack("<QI", reply.payload)
+                value, width = call.reply.decode(reply.payload)
                 if width not in (4, 8):
                     return UNKNOWN
                 ctypes.memmove(data, value.to_bytes(8, "little")[:width], width)
             return status
         return forward
 
-    def _cuMemPoolGetAttribute(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuMemPoolGetAttribute")
+    def _pool_get_attribute(self, call: DriverCall) -> Callable[..., int]:
         def forward(pool: int | None, attribute: int, value: int | None) -> int:
             if not value:
                 return INVALID_VALUE
-            status, reply = self._call(call, struct.pack("<Qi", pool or 0, attribute))
+            status, reply = self._call(call, call.request.encode(pool or 0, attribute))
             if status == SUCCESS and reply is not None:
-                (number,) = struct.unpack("<Q", reply.payload)
+                (number,) = call.reply.decode(reply.payload)
                 ctype = ctypes.c_uint64 if attribute in POOL_ATTRIBUTES_64 else ctypes.c_int
                 ctype.from_address(value).value = number
             return status
         return forward
 
-    def _cuMemPoolSetAttribute(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuMemPoolSetAttribute")
+    def _pool_set_attribute(self, call: DriverCall) -> Callable[..., int]:
         def forward(pool: int | None, attribute: int, value: int | None) -> int:
             if not value:
                 return INVALID_VALUE
             ctype = ctypes.c_uint64 if attribute in POOL_ATTRIBUTES_64 else ctypes.c_int
             number = ctype.from_address(value).value & 0xFFFFFFFFFFFFFFFF
-            status, _ = self._call(call, struct.pack("<QiQ", pool or 0, attribute, number))
+            status, _ = self._call(call, call.request.encode(pool or 0, attribute, number))
             return status
         return forward
 
@@ -553,6 +590,7 @@ class Forwarder:
         """Whether `pointer` lies in device memory this process allocated or a module global it looked up."""
         return any(base <= pointer < base + size for base, size in self._device.items())
 
+    @GUEST.serves("cuMemcpy", "cuMemcpyAsync")
     def _uva_copy(self, call: DriverCall) -> Callable[..., int]:
         """cuMemcpy(Async) with unified addressing: pick the direction from where each pointer lies."""
         is_async = call.name.endswith("Async")
@@ -572,8 +610,6 @@ class Forwarder:
             target = self._impls[name]
             return target(dst, src, size, stream) if is_async else target(dst, src, size)
         return forward
-
-    _cuMemcpy = _cuMemcpyAsync = _uva_copy
 
     def _layout(self, function: int) -> tuple[list[tuple[int, int]], int] | None:
         """(offset, size) of each kernel parameter and their packed size, asked of the host once per function."""
@@ -596,10 +632,10 @@ class Forwarder:
             self._layouts[function] = known
         return self._layouts[function]
 
-    def _launch_payload(self, function: int, head: tuple[int, ...], params: int | None,
+    def _launch_payload(self, call: DriverCall, function: int, head: tuple[int, ...], params: int | None,
                         extra: int | None, attributes: bytes | None = None) -> bytes | None:
-        """`LAUNCH_HEAD`, then for cuLaunchKernelEx `I count, count x 72-byte CUlaunchAttribute`, then the packed
-        parameters."""
+        """The launch's request: its configuration, cuLaunchKernelEx's attributes (as the 72-byte
+        CUlaunchAttributes they are in the program's memory), then the packed parameters as the tail."""
         if params:
             known = self._layout(function)
             if known is None:
@@ -609,35 +645,39 @@ class Forwarder:
             packed = params_from_extra(extra) or b""
         else:
             packed = b""
-        if attributes is None:
-            return LAUNCH_HEAD.pack(function, *head) + packed
-        count = struct.pack("<I", len(attributes) // LAUNCH_ATTRIBUTE.size)
-        return b"".join((LAUNCH_HEAD.pack(function, *head), count, attributes, packed))
+        if attributes is None:  # the hot path: the fixed part, then the tail
+            return call.request.fixed.pack(function, *head) + packed
+        return call.request.encode_head(function, *head, attributes) + packed
 
-    def _cuLaunchKernel(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuLaunchKernel")
+    def _launch(self, call: DriverCall) -> Callable[..., int]:
         def forward(f: int | None, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
                     stream: int | None, params: int | None, extra: int | None) -> int:
             try:
-                payload = self._launch_payload(f or 0, (gx, gy, gz, bx, by, bz, shmem, stream or 0), params, extra)
+                payload = self._launch_payload(call, f or 0, (gx, gy, gz, bx, by, bz, shmem, stream or 0), params,
+                                               extra)
             except ValueError as exc:  # NULL or malformed kernelParams/extra: what the driver would refuse too
                 log.warning("orion: cuLaunchKernel: %s", exc)
                 return INVALID_VALUE
             return NOT_INITIALIZED if payload is None else self._post(call, payload)
         return forward
 
-    def _cuLaunchCooperativeKernel(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuLaunchCooperativeKernel")
+    def _launch_cooperative(self, call: DriverCall) -> Callable[..., int]:
         """Posted as cuLaunchKernel is, with the same payload; the host rebuilds a kernelParams array."""
         def forward(f: int | None, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
                     stream: int | None, params: int | None) -> int:
             try:
-                payload = self._launch_payload(f or 0, (gx, gy, gz, bx, by, bz, shmem, stream or 0), params, None)
+                payload = self._launch_payload(call, f or 0, (gx, gy, gz, bx, by, bz, shmem, stream or 0), params,
+                                               None)
             except ValueError as exc:
                 log.warning("orion: cuLaunchCooperativeKernel: %s", exc)
                 return INVALID_VALUE
             return NOT_INITIALIZED if payload is None else self._post(call, payload)
         return forward
 
-    def _cuGetProcAddress(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuGetProcAddress")
+    def _get_proc_address(self, call: DriverCall) -> Callable[..., int]:
         """The trampoline that serves the symbol in this process, so a function found this way is forwarded too.
         A symbol the capsules do not have: NULL and CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND with CUDA_SUCCESS, as the
         driver answers (H200, driver 580); without a status pointer to say so, CUDA_ERROR_NOT_FOUND."""
@@ -653,6 +693,7 @@ class Forwarder:
             return SUCCESS if address or status_out else NOT_FOUND
         return forward
 
+    @GUEST.serves("cuOccupancyMaxPotentialBlockSize", "cuOccupancyMaxPotentialBlockSizeWithFlags")
     def _potential_block_size(self, call: DriverCall) -> Callable[..., int]:
         with_flags = call.name.endswith("WithFlags")
 
@@ -665,17 +706,16 @@ class Forwarder:
                                                                                         limit, flags)
             else:
                 fields = (function or 0, dynamic, limit) + ((flags,) if with_flags else ())
-                status, reply = self._call(call, struct.pack("<QQiI" if with_flags else "<QQi", *fields))
-                grid_size, block_size = struct.unpack("<ii", reply.payload) if status == SUCCESS and reply else (0, 0)
+                status, reply = self._call(call, call.request.encode(*fields))
+                grid_size, block_size = call.reply.decode(reply.payload) if status == SUCCESS and reply else (0, 0)
             if status == SUCCESS:
                 ctypes.c_int.from_address(min_grid).value = grid_size
                 ctypes.c_int.from_address(block).value = block_size
             return status
         return forward
 
-    _cuOccupancyMaxPotentialBlockSize = _cuOccupancyMaxPotentialBlockSizeWithFlags = _potential_block_size
-
-    def _cuLaunchKernelEx(self, call: DriverCall) -> Callable[..., int]:
+    @GUEST.serves("cuLaunchKernelEx")
+    def _launch_ex(self, call: DriverCall) -> Callable[..., int]:
         def forward(config: int | None, f: int | None, params: int | None, extra: int | None) -> int:
             if not config:
                 return INVALID_VALUE
@@ -690,7 +730,7 @@ class Forwarder:
             head = (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes,
                     c.hStream or 0)
             try:
-                payload = self._launch_payload(f or 0, head, params, extra, attributes)
+                payload = self._launch_payload(call, f or 0, head, params, extra, attributes)
             except ValueError as exc:
                 log.warning("orion: cuLaunchKernelEx: %s", exc)
                 return INVALID_VALUE

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 
-SUCCESS = 0
+from ivshmem.cuda_status import SUCCESS
 
 
 class PotentialBlockSize:

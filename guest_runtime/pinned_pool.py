@@ -9,15 +9,13 @@ own process. Only if both are taken do the two sides use different addresses (se
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Callable
 
 from ivshmem import fixed_map
 from ivshmem.channel import ClientChannel
+from ivshmem.cuda_status import SUCCESS
 
 log = logging.getLogger(__name__)
-
-SUCCESS = 0
 
 # Send POOL_MAP with a proposed address; returns (CUresult, host address, slice size).
 MapCall = Callable[[int], tuple[int, int, int]]
@@ -60,9 +58,3 @@ class GuestPool:
                             "pointer cuMemHostGetDevicePointer gives, not the host pointer", ours, host)
         self.base, self.size = base, size
         return SUCCESS
-
-
-def pool_map_reply(payload: bytes | bytearray) -> tuple[int, int]:
-    """(host address, slice size) from a POOL_MAP reply."""
-    host, size = struct.unpack("<QQ", payload)
-    return host, size

@@ -62,6 +62,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ivshmem import cuda_status as cu
+
 from . import capsule_hook
 
 __all__ = ["ERROR_TABLE", "NOT_RUNTIME_ATTRIBUTES", "PROPERTY_ATTRIBUTES", "PROPERTY_FIELDS_LEFT_ZERO",
@@ -76,7 +78,7 @@ Driver = Mapping[str, Callable[..., int]]
 SUCCESS, INVALID_VALUE, INVALID_MEMCPY_DIRECTION, INVALID_DEVICE = 0, 1, 21, 101
 NOT_SUPPORTED, UNKNOWN = 801, 999
 # CUresult values the shim looks at.
-CU_SUCCESS, CU_INVALID_VALUE, CU_INVALID_CONTEXT = 0, 1, 201
+CU_SUCCESS, CU_INVALID_VALUE, CU_INVALID_CONTEXT = cu.SUCCESS, cu.INVALID_VALUE, cu.INVALID_CONTEXT
 # enum cudaMemcpyKind
 HOST_TO_HOST, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE, MEMCPY_DEFAULT = 0, 1, 2, 3, 4
 

@@ -7,7 +7,10 @@ exception. A vGPU quota caps what the session's process holds on the GPU (quota.
 cuMemGetInfo/cuDeviceTotalMem report. Guest device ordinals map to the physical devices given to the session.
 
 Calls whose parameters are all scalars, handles or pointers to them run through one generic path driven by
-ivshmem.driver_api; the few that move buffers, strings or images are written out below.
+ivshmem.driver_api; the few that move buffers, strings or images are written out below, registered in `HOST`
+by name, and decode and encode exactly the request and reply the table declares for them (the guest's
+guest_runtime/forward.py encodes the same declarations). What a call creates, frees or unloads, and whether
+it may change the session's GPU memory, comes from the table's effects.
 """
 from __future__ import annotations
 
@@ -20,6 +23,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ivshmem.channel import Sink, Streamed
+from ivshmem.cuda_status import (
+    INVALID_CONTEXT,
+    INVALID_DEVICE,
+    INVALID_HANDLE,
+    INVALID_VALUE,
+    NO_DEVICE,
+    NOT_INITIALIZED,
+    NOT_SUPPORTED,
+    OUT_OF_MEMORY,
+    SUCCESS,
+)
 from ivshmem.driver_api import (
     BY_OPCODE,
     ENUMS,
@@ -28,8 +42,6 @@ from ivshmem.driver_api import (
     LAUNCH_ATTRIBUTE,
     LAUNCH_ATTRIBUTES_EVENT,
     LAUNCH_ATTRIBUTES_PLAIN,
-    LAUNCH_HEAD,
-    PINNED_COPIES,
     PINNED_COPY,
     POINTER_ATTRIBUTE_WIDTHS,
     POINTER_CONTEXT,
@@ -39,9 +51,13 @@ from ivshmem.driver_api import (
     POINTER_P2P_TOKENS,
     POOL_ATTRIBUTES_64,
     POOL_MAP_OPCODE,
+    POOL_MAP_REPLY,
+    POOL_MAP_REQUEST,
     DriverCall,
+    Handlers,
     LaunchConfig,
 )
+from ivshmem.errors import RecordError
 from ivshmem.record import AGENT_INFO_REPLY, BIND_REPLY, BIND_REQUEST, CUDA_OPCODE_BASE, Op, Record, Status
 from ivshmem.region import Region
 
@@ -55,33 +71,17 @@ from .vgpu_grant import GrantRefused, take_up
 
 log = logging.getLogger(__name__)
 
-SUCCESS = 0
-INVALID_VALUE = 1
-OUT_OF_MEMORY = 2
-NOT_INITIALIZED = 3
-NO_DEVICE = 100
-INVALID_DEVICE = 101
-INVALID_CONTEXT = 201
-INVALID_HANDLE = 400
-NOT_SUPPORTED = 801
+HOST = Handlers("host")  # the calls written out below, by name
+# Generic calls whose answer the session's devices and quota decide, before (or instead of) the driver.
+POLICY = Handlers("host policy")
 
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 CU_MEMHOSTREGISTER_PORTABLE = 1
 CU_MEMHOSTALLOC_FLAGS = 0x7  # PORTABLE | DEVICEMAP | WRITECOMBINED
 # Handles a guest may pass as 0 (NULL) meaning "the default": the legacy stream, no current context.
 NULL_ALLOWED = {"CUstream", "CUcontext"}
-DESTROYS = {"cuCtxDestroy": "CUcontext", "cuStreamDestroy": "CUstream", "cuEventDestroy": "CUevent",
-            "cuModuleUnload": "CUmodule", "cuLibraryUnload": "CUlibrary"}
-ALLOCATES = {"cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"}
-FREES = {"cuMemFree", "cuMemFreeAsync"}
-# Calls after which the process may hold more or less GPU memory outside the allocation ledger (lazily loaded
-# code, released contexts and modules): the quota's measurement is taken again at its next use (quota.py).
-CHANGE_USAGE = {"cuModuleGetFunction", "cuModuleGetGlobal", "cuLibraryGetKernel", "cuLibraryGetGlobal",
-                "cuKernelGetFunction", "cuModuleUnload", "cuLibraryUnload", "cuCtxDestroy", "cuDevicePrimaryCtxRelease",
-                "cuDevicePrimaryCtxReset"}
 MIB = 1 << 20
 MAX_LAUNCH_ATTRIBUTES = 64
-COPY_SYNC, COPY_ASYNC = struct.Struct("<QQ"), struct.Struct("<QQQ")  # device pointer, size[, stream]
 CHECKED = HANDLES | {"CUdevice", "CUdeviceptr"}  # input types checked against what the session owns
 CONVERTED = ENUMS | {"CUdevice"}  # input types the driver API wants as its own objects
 
@@ -147,33 +147,8 @@ class CudaExecutor(DiagnosticsHandler):
         self.account = UsageAccount(self._open_meter, session.number)  # what counts against the quota
         self._launched: set[int] = set()  # functions/kernels launched once (a first launch may load code)
         self.allocation = ""  # the controller allocation this session took up (BIND), if any
-        self._special: dict[str, Callable[[DriverCall, bytes], Reply]] = {
-            "cuDeviceGetName": self._device_get_name, "cuDeviceGetUuid": self._device_get_uuid,
-            "cuGetErrorName": self._error_text, "cuGetErrorString": self._error_text,
-            "cuCtxCreate": self._ctx_create, "cuMemcpyHtoD": self._htod, "cuMemcpyHtoDAsync": self._htod,
-            "cuMemcpyDtoH": self._dtoh, "cuMemcpyDtoHAsync": self._dtoh,
-            "cuModuleLoadData": self._module_load, "cuModuleGetFunction": self._by_name,
-            "cuModuleGetGlobal": self._by_name, "cuLibraryGetKernel": self._by_name,
-            "cuLibraryGetGlobal": self._by_name, "cuLaunchKernel": self._launch, "cuLaunchKernelEx": self._launch,
-            "cuLibraryLoadData": self._library_load,
-            "cuMemPoolGetAttribute": self._pool_attribute, "cuMemPoolSetAttribute": self._pool_attribute,
-            "cuPointerGetAttribute": self._pointer_attribute, "cuLaunchCooperativeKernel": self._launch_cooperative,
-            "cuModuleLoadDataEx": self._module_load_ex,
-            "cuMemAllocHost": self._host_alloc, "cuMemHostAlloc": self._host_alloc,
-            "cuMemFreeHost": self._host_free, "cuMemHostGetDevicePointer": self._host_device_pointer,
-            "cuMemHostGetFlags": self._host_flags,
-            "cuOccupancyMaxPotentialBlockSize": self._potential_block_size,
-            "cuOccupancyMaxPotentialBlockSizeWithFlags": self._potential_block_size,
-        }
         self.pool: HostPool | None = None  # this session's slice of the page-locked pool (attach_channel)
         self._param_layouts: dict[int, list[tuple[int, int]]] = {}  # function/kernel -> (offset, size) per param
-        self._override: dict[str, Callable[[DriverCall, tuple[int, ...]], Reply | None]] = {
-            "cuDeviceGetCount": lambda call, args: _ok(call, len(self.devices)),
-            "cuDeviceGet": lambda call, args: (_ok(call, args[0]) if 0 <= args[0] < len(self.devices)
-                                               else Reply(INVALID_DEVICE)),
-            "cuMemGetInfo": self._mem_get_info, "cuDeviceTotalMem": self._device_total_mem,
-            **{name: self._allocation_check for name in ALLOCATES},
-        }
         self._htod_state: tuple[int, int] | None = None
         self._to_register: tuple[int, int] | None = None  # (address, size) of the channel, until page-locked
         self._launch_params = ctypes.create_string_buffer(32768)  # the driver's parameter limit, 32764 bytes
@@ -229,23 +204,22 @@ class CudaExecutor(DiagnosticsHandler):
         call = BY_OPCODE.get(record.opcode & ~PINNED_COPY)
         if record.opcode == POOL_MAP_OPCODE:
             return self._pool_map(bytes(record.payload))
-        if call is None or (pinned and call.name not in PINNED_COPIES):
+        if call is None or (pinned and call.pinned is None):
             return Reply(Status.UNKNOWN_OPCODE, f"opcode {record.opcode:#x} is not a forwarded CUDA call".encode())
         if self.driver is None:
             return Reply(NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED)
-        if pinned:
-            try:
-                return self._pinned_copy(call, bytes(record.payload))
-            except struct.error as exc:
-                return Reply(Status.MALFORMED, f"{call.name}: {exc}".encode())
-        special = self._special.get(call.name)
-        if special is None:
+        written = HOST.by_name.get(call.name)
+        if written is None and not pinned:
             if call.answered_in_guest:  # cuMemcpy with unified addressing: the guest never sends it
                 return Reply(NOT_SUPPORTED)
             return self._generic(call, bytes(record.payload))
         try:
-            return special(call, bytes(record.payload))
-        except struct.error as exc:  # a payload of the wrong shape: the client's fault, not the handler's
+            if pinned:
+                return self._pinned_copy(call, *call.pinned.decode(record.payload))  # type: ignore[union-attr]
+            return written(self, call, bytes(record.payload))  # type: ignore[misc]
+        except RecordError as exc:  # not of the declared shape: the client's fault (the schema names the call)
+            return Reply(Status.MALFORMED, str(exc).encode())
+        except struct.error as exc:  # a hot path that unpacks the declared fixed part itself
             return Reply(Status.MALFORMED, f"{call.name}: {exc}".encode())
 
     def _generic(self, call: DriverCall, payload: bytes) -> Reply:
@@ -253,11 +227,12 @@ class CudaExecutor(DiagnosticsHandler):
             args = call.inputs.unpack(payload)
         except struct.error:
             return Reply(Status.MALFORMED, f"{call.name}: {len(payload)}-byte payload does not match".encode())
-        override = self._override.get(call.name)
-        if override is not None:
-            reply = override(call, args)
-            if reply is not None:
-                return reply
+        policy = POLICY.by_name.get(call.name)
+        reply = policy(self, call, args) if policy is not None else None
+        if reply is None and "allocates" in call.effects:
+            reply = self._allocation_check(call, args)
+        if reply is not None:
+            return reply
         converted = []
         for ctype, value in zip(call.input_types, args, strict=True):
             if ctype in CHECKED:
@@ -268,7 +243,7 @@ class CudaExecutor(DiagnosticsHandler):
                 converted.append(self._to_driver(ctype, value) if ctype in CONVERTED else value)
             except ValueError:  # no such enum value: what the driver itself answers for it
                 return Reply(INVALID_VALUE)
-        retain = call.name == "cuDevicePrimaryCtxRetain"  # may make a context: counted past the first
+        retain = "makes_context" in call.effects  # cuDevicePrimaryCtxRetain: a context counts past the first
         before = self._usage_before() if retain else {}
         result = getattr(self.driver, call.name)(*converted)
         err = int(result[0])
@@ -296,7 +271,7 @@ class CudaExecutor(DiagnosticsHandler):
                 return INVALID_DEVICE
         elif ctype == "CUdeviceptr":
             size = _device_span(call, args)
-            if call.name in FREES:
+            if "frees" in call.effects:
                 return None if value in self.state.allocations else INVALID_VALUE
             if not self._owns(value, max(size, 1)):
                 return INVALID_VALUE
@@ -320,9 +295,10 @@ class CudaExecutor(DiagnosticsHandler):
         for ctype, value in zip(call.output_types, outs, strict=True):
             if ctype in HANDLES and value:
                 state.handles[ctype].add(value)
-        if call.name in DESTROYS:
-            state.handles[DESTROYS[call.name]].discard(args[0])
-            if call.name in ("cuModuleUnload", "cuLibraryUnload"):
+        effects = call.effects
+        if "destroys" in effects:
+            state.handles[call.input_types[0]].discard(args[0])
+            if "unloads" in effects:
                 self._param_layouts.clear()  # their functions' handles may be reused
                 self._launched.clear()
             for kind, value in state.children.pop(args[0], ()):  # an unloaded module's functions and globals
@@ -330,15 +306,15 @@ class CudaExecutor(DiagnosticsHandler):
                     state.globals.pop(value, None)
                 else:
                     state.handles[kind].discard(value)
-        elif call.name in ALLOCATES:
+        elif "allocates" in effects:
             device = self._current_device() if self.quota is not None else -1  # only a quota needs to know
             state.allocations[outs[0]] = args[0]
             state.placed[outs[0]] = device
             self.account.allocated(device, args[0])
-        elif call.name in FREES:
+        elif "frees" in effects:
             size = state.allocations.pop(args[0], 0)
             self.account.freed(state.placed.pop(args[0], -1), size)
-        if call.name in CHANGE_USAGE:
+        if "measures" in effects:
             self.account.may_have_changed()
 
     # --- quota ----------------------------------------------------------------------------------------------
@@ -379,6 +355,15 @@ class CudaExecutor(DiagnosticsHandler):
             return None
         return sum(q for d, q in zip(self.devices, self.quota, strict=True) if d == device)
 
+    @POLICY.serves("cuDeviceGetCount")
+    def _device_count(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
+        return _ok(call, len(self.devices))
+
+    @POLICY.serves("cuDeviceGet")
+    def _device_get(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
+        return _ok(call, args[0]) if 0 <= args[0] < len(self.devices) else Reply(INVALID_DEVICE)
+
+    @POLICY.serves("cuMemGetInfo")
     def _mem_get_info(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
         device = self._current_device()
         quota = self._device_quota(device)
@@ -389,6 +374,7 @@ class CudaExecutor(DiagnosticsHandler):
             return Reply(int(err))
         return _ok(call, min(int(free), max(quota - self.account.counted(device), 0)), quota)
 
+    @POLICY.serves("cuDeviceTotalMem")
     def _device_total_mem(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
         if not 0 <= args[0] < len(self.devices):
             return Reply(INVALID_DEVICE)
@@ -468,31 +454,35 @@ class CudaExecutor(DiagnosticsHandler):
         return Reply(0, BIND_REPLY.encode(len(grant.devices), min(grant.memory_mib)))
 
     # --- hand-written calls ----------------------------------------------------------------------------------
+    @HOST.serves("cuDeviceGetName")
     def _device_get_name(self, call: DriverCall, payload: bytes) -> Reply:
-        length, dev = struct.unpack("<ii", payload)
+        length, dev = call.request.decode(payload)
         if not 0 <= dev < len(self.devices) or length <= 0:
             return Reply(INVALID_DEVICE if length > 0 else INVALID_VALUE)
         err, name = self.driver.cuDeviceGetName(min(length, 256), self.devices[dev])
-        return Reply(int(err), bytes(name).split(b"\0", 1)[0])
+        return _answer(call, err, lambda: (bytes(name).split(b"\0", 1)[0],))
 
+    @HOST.serves("cuDeviceGetUuid")
     def _device_get_uuid(self, call: DriverCall, payload: bytes) -> Reply:
-        (dev,) = struct.unpack("<i", payload)
+        (dev,) = call.request.decode(payload)
         if not 0 <= dev < len(self.devices):
             return Reply(INVALID_DEVICE)
         err, uuid = self.driver.cuDeviceGetUuid(self.devices[dev])
-        return Reply(int(err), bytes(uuid.bytes) if int(err) == SUCCESS else b"")
+        return _answer(call, err, lambda: (bytes(uuid.bytes),))
 
+    @HOST.serves("cuGetErrorName", "cuGetErrorString")
     def _error_text(self, call: DriverCall, payload: bytes) -> Reply:
-        (code,) = struct.unpack("<i", payload)
+        (code,) = call.request.decode(payload)
         try:
             value = self.driver.CUresult(code)
         except ValueError:
             return Reply(INVALID_VALUE)
         err, text = getattr(self.driver, call.name)(value)
-        return Reply(int(err), bytes(text) if int(err) == SUCCESS else b"")
+        return _answer(call, err, lambda: (bytes(text),))
 
+    @HOST.serves("cuCtxCreate")
     def _ctx_create(self, call: DriverCall, payload: bytes) -> Reply:
-        flags, dev = struct.unpack("<Ii", payload)
+        flags, dev = call.request.decode(payload)
         if not 0 <= dev < len(self.devices):
             return Reply(INVALID_DEVICE)
         before = self._usage_before()
@@ -502,10 +492,7 @@ class CudaExecutor(DiagnosticsHandler):
         if self._past_quota(before, self.devices[dev], lambda: self.driver.cuCtxDestroy(ctx)):
             return Reply(OUT_OF_MEMORY)  # destroyed: the context current before is current again, as in the guest
         self.state.handles["CUcontext"].add(int(ctx))
-        return Reply(SUCCESS, struct.pack("<Q", int(ctx)))
-
-    def _copy_prefix(self, call: DriverCall) -> struct.Struct:
-        return COPY_ASYNC if call.name.endswith("Async") else COPY_SYNC
+        return Reply(SUCCESS, call.reply.encode(int(ctx)))
 
     def _start_copy(self, device_pointer: int, size: int, stream: int | None) -> int:
         """Check a copy's device range and stream; order an async copy after its stream's earlier work.
@@ -523,8 +510,9 @@ class CudaExecutor(DiagnosticsHandler):
         return SUCCESS
 
     def _htod_sink(self, call: DriverCall, length: int) -> Sink:
-        """Stream a large host-to-device copy chunk by chunk: the prefix (dst, size[, stream]) leads."""
-        prefix = self._copy_prefix(call)
+        """Stream a large host-to-device copy chunk by chunk: the request's fixed part (device, size[, stream])
+        leads, in the first chunk; the data, its tail, follows."""
+        prefix = call.request.fixed
         self._htod_state = (INVALID_VALUE, 0)
         position = -1  # bytes of data consumed; -1 until the prefix was read
 
@@ -555,14 +543,13 @@ class CudaExecutor(DiagnosticsHandler):
         (err,) = self.driver.cuMemcpyHtoD(dst, data, len(data))
         return int(err)
 
+    @HOST.serves("cuMemcpyHtoD", "cuMemcpyHtoDAsync")
     def _htod(self, call: DriverCall, payload: bytes) -> Reply:
         if not payload:  # it was staged: the sink already moved the bytes
             state = self._htod_state or (INVALID_VALUE, 0)
             self._htod_state = None
             return Reply(state[0])
-        prefix = self._copy_prefix(call)
-        fields = prefix.unpack_from(payload, 0)
-        data = memoryview(payload)[prefix.size:]
+        *fields, data = call.request.decode(payload)
         if len(data) != fields[1]:
             return Reply(INVALID_VALUE)
         status = self._start_copy(fields[0], fields[1], fields[2] if len(fields) > 2 else None)
@@ -570,8 +557,9 @@ class CudaExecutor(DiagnosticsHandler):
             return Reply(status)
         return Reply(self._copy_in(fields[0], data))
 
+    @HOST.serves("cuMemcpyDtoH", "cuMemcpyDtoHAsync")
     def _dtoh(self, call: DriverCall, payload: bytes) -> Reply:
-        fields = self._copy_prefix(call).unpack(payload)
+        fields = call.request.decode(payload)
         src, size = fields[0], fields[1]
         status = self._start_copy(src, size, fields[2] if len(fields) > 2 else None)
         if status != SUCCESS:
@@ -598,12 +586,14 @@ class CudaExecutor(DiagnosticsHandler):
             self._register_channel()
         return Reply(SUCCESS, Streamed(size, fill))
 
+    @HOST.serves("cuModuleLoadData")
     def _module_load(self, call: DriverCall, payload: bytes) -> Reply:
+        (image,) = call.request.decode(payload)
         before = self._usage_before()
-        err, module = self.driver.cuModuleLoadData(payload)
-        return self._loaded(before, err, module, "CUmodule")
+        err, module = self.driver.cuModuleLoadData(image)
+        return self._loaded(call, before, err, module, "CUmodule")
 
-    def _loaded(self, before: dict[int, int | None], err: Any, handle: Any, kind: str) -> Reply:
+    def _loaded(self, call: DriverCall, before: dict[int, int | None], err: Any, handle: Any, kind: str) -> Reply:
         """A module or library load's reply: refused and unloaded if its globals and code pushed a GPU past the
         session's quota (the driver API allocates a module's globals at load, cuModuleLoad's documentation)."""
         if int(err) != SUCCESS:
@@ -612,12 +602,11 @@ class CudaExecutor(DiagnosticsHandler):
         if self._past_quota(before, None, lambda: unload(handle)):
             return Reply(OUT_OF_MEMORY)
         self.state.handles[kind].add(int(handle))
-        return Reply(SUCCESS, struct.pack("<Q", int(handle)))
+        return Reply(SUCCESS, call.reply.encode(int(handle)))
 
+    @HOST.serves("cuMemPoolGetAttribute", "cuMemPoolSetAttribute")
     def _pool_attribute(self, call: DriverCall, payload: bytes) -> Reply:
-        if len(payload) != (12 if call.name == "cuMemPoolGetAttribute" else 20):
-            return Reply(Status.MALFORMED, f"{call.name}: a {len(payload)}-byte payload".encode())
-        pool, attribute = struct.unpack_from("<Qi", payload, 0)
+        pool, attribute, *value = call.request.decode(payload)
         if pool not in self.state.handles["CUmemoryPool"]:
             return Reply(INVALID_HANDLE)
         try:
@@ -625,13 +614,14 @@ class CudaExecutor(DiagnosticsHandler):
         except ValueError:
             return Reply(INVALID_VALUE)
         if call.name == "cuMemPoolGetAttribute":
-            err, value = self.driver.cuMemPoolGetAttribute(pool, which)
-            return Reply(int(err), struct.pack("<Q", int(value)) if int(err) == SUCCESS else b"")
-        (number,) = struct.unpack_from("<Q", payload, 12)
-        value = self.driver.cuuint64_t(number) if attribute in POOL_ATTRIBUTES_64 else number
-        (err,) = self.driver.cuMemPoolSetAttribute(pool, which, value)
+            err, got = self.driver.cuMemPoolGetAttribute(pool, which)
+            return _answer(call, err, lambda: (int(got),))
+        number = value[0]
+        (err,) = self.driver.cuMemPoolSetAttribute(
+            pool, which, self.driver.cuuint64_t(number) if attribute in POOL_ATTRIBUTES_64 else number)
         return Reply(int(err))
 
+    @HOST.serves("cuLibraryLoadData")
     def _library_load(self, call: DriverCall, payload: bytes) -> Reply:
         """As cuModuleLoadDataEx's payload: JIT options, then the image (library options stay in the guest)."""
         parsed = self._jit_options(call, payload)
@@ -641,12 +631,13 @@ class CudaExecutor(DiagnosticsHandler):
         before = self._usage_before()
         err, library = self.driver.cuLibraryLoadData(image, options or None, values or None, len(options), None,
                                                      None, 0)
-        return self._loaded(before, err, library, "CUlibrary")
+        return self._loaded(call, before, err, library, "CUlibrary")
 
+    @HOST.serves("cuModuleGetFunction", "cuModuleGetGlobal", "cuLibraryGetKernel", "cuLibraryGetGlobal")
     def _by_name(self, call: DriverCall, payload: bytes) -> Reply:
         """cuModuleGetFunction/GetGlobal, cuLibraryGetKernel/GetGlobal: a handle and a NUL-free name."""
-        (owner,) = struct.unpack_from("<Q", payload, 0)
-        name = payload[8:]
+        owner, name = call.request.decode(payload)
+        name = bytes(name)
         kind = "CUmodule" if call.name.startswith("cuModule") else "CUlibrary"
         if owner not in self.state.handles[kind] or b"\0" in name:
             return Reply(INVALID_HANDLE if owner not in self.state.handles[kind] else INVALID_VALUE)
@@ -665,28 +656,32 @@ class CudaExecutor(DiagnosticsHandler):
         self.state.children.setdefault(owner, []).append(child)
         return Reply(SUCCESS, call.outputs.pack(*outs))
 
+    @HOST.serves("cuLaunchKernel", "cuLaunchKernelEx")
     def _launch(self, call: DriverCall, payload: bytes) -> Reply:
-        """cuLaunchKernel: `LAUNCH_HEAD, packed parameters`; cuLaunchKernelEx has `I count, count attributes`
-        between the two (Forwarder._launch_payload). Without attributes both are one cuLaunchKernel."""
-        f, gx, gy, gz, bx, by, bz, shmem, stream = LAUNCH_HEAD.unpack_from(payload, 0)
+        """The launch configuration, cuLaunchKernelEx's attributes, then the packed parameters as the tail
+        (Forwarder._launch_payload). Without attributes both are one cuLaunchKernel."""
+        attributes = b""
+        if call.name == "cuLaunchKernelEx":
+            *head, items, params = call.request.decode(payload)
+            if len(items) > MAX_LAUNCH_ATTRIBUTES:
+                return Reply(Status.MALFORMED, f"cuLaunchKernelEx: {len(items)} attributes, more than "
+                                               f"{MAX_LAUNCH_ATTRIBUTES}".encode())
+            attributes = b"".join(LAUNCH_ATTRIBUTE.pack(*item) for item in items)
+        else:  # the hot path: the fixed part, then the tail
+            fixed = call.request.fixed
+            head, params = list(fixed.unpack_from(payload, 0)), memoryview(payload)[fixed.size:]
+        f, gx, gy, gz, bx, by, bz, shmem, stream = head
         if f not in self.state.handles["CUfunction"] and f not in self.state.handles["CUkernel"]:
             return Reply(INVALID_HANDLE)  # a CUkernel may be launched where a CUfunction is expected
         if stream and stream not in self.state.handles["CUstream"]:
             return Reply(INVALID_HANDLE)
         if f not in self._launched:
             self._first_launch(f)
-        start, attributes = LAUNCH_HEAD.size, b""
-        if call.name == "cuLaunchKernelEx":
-            (count,) = struct.unpack_from("<I", payload, start)
-            start += 4 + count * LAUNCH_ATTRIBUTE.size
-            attributes = payload[start - count * LAUNCH_ATTRIBUTE.size:start]
-            if len(attributes) != count * LAUNCH_ATTRIBUTE.size or count > MAX_LAUNCH_ATTRIBUTES:
-                return Reply(Status.MALFORMED, f"cuLaunchKernelEx: {count} attributes do not fit".encode())
-        size = len(payload) - start
+        size = len(params)
         if size > len(self._launch_params):
             return Reply(INVALID_VALUE)
         # The driver copies the parameters before the launch returns, so one buffer serves every launch.
-        ctypes.memmove(self._launch_params, payload[start:], size)
+        ctypes.memmove(self._launch_params, bytes(params), size)
         self._launch_size.value = size
         if attributes:
             return Reply(self._launch_ex(f, (gx, gy, gz, bx, by, bz, shmem, stream), attributes))
@@ -718,10 +713,10 @@ class CudaExecutor(DiagnosticsHandler):
         (err,) = self.driver.cuLaunchKernelEx(wrapped, f, None, self._launch_extra_at)
         return int(err)
 
-
+    @HOST.serves("cuPointerGetAttribute")
     def _pointer_attribute(self, call: DriverCall, payload: bytes) -> Reply:
-        """`i attribute, Q pointer` -> `Q value, I width`. Only pointers into this session's own ranges."""
-        attribute, pointer = struct.unpack("<iQ", payload)
+        """The value and its width in bytes. Only pointers into this session's own ranges."""
+        attribute, pointer = call.request.decode(payload)
         if attribute == POINTER_P2P_TOKENS:
             return Reply(NOT_SUPPORTED)  # a struct, not a value: not forwarded
         width = POINTER_ATTRIBUTE_WIDTHS.get(attribute)
@@ -746,55 +741,53 @@ class CudaExecutor(DiagnosticsHandler):
             self.state.handles["CUcontext"].add(number)  # the context of its own memory
         elif attribute == POINTER_MEMPOOL_HANDLE and number:
             self.state.handles["CUmemoryPool"].add(number)  # the pool its own memory came from
-        return Reply(SUCCESS, struct.pack("<QI", number & 0xFFFFFFFFFFFFFFFF, width))
+        return Reply(SUCCESS, call.reply.encode(number & 0xFFFFFFFFFFFFFFFF, width))
 
     # --- page-locked host memory (pinned_pool.py) ----------------------------------------------------------
     def _pool_map(self, payload: bytes) -> Reply:
-        """POOL_MAP: `Q guest address of the slice` -> `Q host address, Q slice size`."""
-        if len(payload) != 8:
-            return Reply(Status.MALFORMED, f"POOL_MAP carries the 8-byte address of the pool slice, not "
-                                           f"{len(payload)} bytes".encode())
+        """POOL_MAP: the guest's address of the slice -> the host's address and the slice's size."""
+        try:
+            (proposed,) = POOL_MAP_REQUEST.decode(payload)
+        except RecordError as exc:
+            return Reply(Status.MALFORMED, str(exc).encode())
         if self.pool is None:
             return Reply(NOT_SUPPORTED)
-        (proposed,) = struct.unpack("<Q", payload)
         err, host = self.pool.map(proposed)
-        return Reply(err, struct.pack("<QQ", host, self.pool.size))
+        return Reply(err, POOL_MAP_REPLY.encode(host, self.pool.size))
 
+    @HOST.serves("cuMemAllocHost", "cuMemHostAlloc")
     def _host_alloc(self, call: DriverCall, payload: bytes) -> Reply:
-        """cuMemAllocHost `Q size`, cuMemHostAlloc `Q size, I flags` -> `Q pointer` in the guest's view."""
-        if call.name == "cuMemHostAlloc":
-            size, flags = struct.unpack("<QI", payload)
-        else:
-            (size,), flags = struct.unpack("<Q", payload), 0
-        if flags & ~CU_MEMHOSTALLOC_FLAGS:
+        """A pointer into the pool, in the guest's view."""
+        size, *flags = call.request.decode(payload)
+        if flags and flags[0] & ~CU_MEMHOSTALLOC_FLAGS:
             return Reply(INVALID_VALUE)
         if self.pool is None:
             return Reply(NOT_SUPPORTED)
-        err, pointer = self.pool.allocate(size, flags, self.driver)
-        return Reply(err, struct.pack("<Q", pointer) if err == SUCCESS else b"")
+        err, pointer = self.pool.allocate(size, flags[0] if flags else 0, self.driver)
+        return _answer(call, err, lambda: (pointer,))
 
+    @HOST.serves("cuMemFreeHost")
     def _host_free(self, call: DriverCall, payload: bytes) -> Reply:
-        (pointer,) = struct.unpack("<Q", payload)
+        (pointer,) = call.request.decode(payload)
         return Reply(INVALID_VALUE if self.pool is None else self.pool.free(pointer))
 
+    @HOST.serves("cuMemHostGetDevicePointer")
     def _host_device_pointer(self, call: DriverCall, payload: bytes) -> Reply:
-        pointer, flags = struct.unpack("<QI", payload)
+        pointer, flags = call.request.decode(payload)
         device = None if self.pool is None or flags else self.pool.device_pointer(pointer)
-        return Reply(INVALID_VALUE) if device is None else Reply(SUCCESS, struct.pack("<Q", device))
+        return Reply(INVALID_VALUE) if device is None else Reply(SUCCESS, call.reply.encode(device))
 
+    @HOST.serves("cuMemHostGetFlags")
     def _host_flags(self, call: DriverCall, payload: bytes) -> Reply:
-        (pointer,) = struct.unpack("<Q", payload)
+        (pointer,) = call.request.decode(payload)
         flags = None if self.pool is None else self.pool.flags(pointer)
-        return Reply(INVALID_VALUE) if flags is None else Reply(SUCCESS, struct.pack("<I", flags))
+        return Reply(INVALID_VALUE) if flags is None else Reply(SUCCESS, call.reply.encode(flags))
 
-    def _pinned_copy(self, call: DriverCall, payload: bytes) -> Reply:
-        """A copy whose host side is page-locked pool memory, named by its guest address after the usual
-        prefix: no bytes travel, and an async one is truly asynchronous (the pages stay valid until freed)."""
-        prefix = self._copy_prefix(call)
-        fields = prefix.unpack_from(payload, 0)
-        (pointer,) = struct.unpack_from("<Q", payload, prefix.size)
-        device, size = fields[0], fields[1]
-        stream = fields[2] if len(fields) > 2 else None
+    def _pinned_copy(self, call: DriverCall, device: int, size: int, *rest: int) -> Reply:
+        """A copy whose host side is page-locked pool memory, named by its guest address (the call's pinned
+        request): no bytes travel, and an async one is truly asynchronous (the pages stay valid until freed)."""
+        *streams, pointer = rest
+        stream = streams[0] if streams else None
         host = None if self.pool is None else self.pool.host_address(pointer, size)
         if host is None or not self._owns(device, max(size, 1)):
             return Reply(INVALID_VALUE)
@@ -807,17 +800,14 @@ class CudaExecutor(DiagnosticsHandler):
         (err,) = function(*ends, size, stream) if stream is not None else function(*ends, size)
         return Reply(int(err))
 
+    @HOST.serves("cuOccupancyMaxPotentialBlockSize", "cuOccupancyMaxPotentialBlockSizeWithFlags")
     def _potential_block_size(self, call: DriverCall, payload: bytes) -> Reply:
-        """`Q function, Q dynamic shared memory, i block size limit[, I flags]` -> `i min grid, i block`: only
-        without a block-size-to-shared-memory callback (the guest runs those itself)."""
-        with_flags = call.name.endswith("WithFlags")
-        fields = struct.unpack("<QQiI" if with_flags else "<QQi", payload)
-        function = fields[0]
+        """Only without a block-size-to-shared-memory callback (the guest runs those itself)."""
+        function, *rest = call.request.decode(payload)
         if function not in self.state.handles["CUfunction"]:
             return Reply(INVALID_HANDLE)
-        result = getattr(self.driver, call.name)(function, None, *fields[1:])
-        err = int(result[0])
-        return Reply(err, struct.pack("<ii", int(result[1]), int(result[2])) if err == SUCCESS else b"")
+        result = getattr(self.driver, call.name)(function, None, *rest)
+        return _answer(call, result[0], lambda: (int(result[1]), int(result[2])))
 
     def _param_layout(self, function: int) -> tuple[int, list[tuple[int, int]]]:
         """(error, (offset, size) per parameter) of a function or kernel, asked of the driver once each."""
@@ -836,11 +826,11 @@ class CudaExecutor(DiagnosticsHandler):
         self._param_layouts[function] = layout
         return SUCCESS, layout
 
+    @HOST.serves("cuLaunchCooperativeKernel")
     def _launch_cooperative(self, call: DriverCall, payload: bytes) -> Reply:
         """cuLaunchCooperativeKernel has no `extra`: rebuild `void **kernelParams` into a copy of the packed
         parameters, at the offsets the driver reports for the function."""
-        head = LAUNCH_HEAD
-        f, gx, gy, gz, bx, by, bz, shmem, stream = head.unpack_from(payload, 0)
+        f, gx, gy, gz, bx, by, bz, shmem, stream, packed = call.request.decode(payload)
         if f not in self.state.handles["CUfunction"] and f not in self.state.handles["CUkernel"]:
             return Reply(INVALID_HANDLE)
         if stream and stream not in self.state.handles["CUstream"]:
@@ -850,10 +840,9 @@ class CudaExecutor(DiagnosticsHandler):
         err, layout = self._param_layout(f)
         if err != SUCCESS:
             return Reply(err)
-        packed = payload[head.size:]
         if len(packed) != max((o + s for o, s in layout), default=0):
             return Reply(INVALID_VALUE)  # not packed for this function's parameters
-        buffer = ctypes.create_string_buffer(packed, max(len(packed), 1))
+        buffer = ctypes.create_string_buffer(bytes(packed), max(len(packed), 1))
         base = ctypes.addressof(buffer)
         pointers = (ctypes.c_void_p * max(len(layout), 1))(*[base + offset for offset, _ in layout])
         params = ctypes.addressof(pointers) if layout else None
@@ -861,16 +850,12 @@ class CudaExecutor(DiagnosticsHandler):
         del buffer, pointers  # kept alive until the driver has copied the values (it does before returning)
         return Reply(int(err))
 
-    def _jit_options(self, call: DriverCall, payload: bytes) -> tuple[list[Any], list[Any], bytes] | Reply:
-        """`I count`, count × `i option, Q value`, then the image (cuModuleLoadDataEx, cuLibraryLoadData): the
-        options as the wheel takes them, or the Reply that refuses them. Only scalar JIT options travel."""
-        (count,) = struct.unpack_from("<I", payload, 0)
-        pair = struct.Struct("<iQ")
-        end = 4 + count * pair.size
-        if end > len(payload):
-            return Reply(Status.MALFORMED, f"{call.name}: {count} options in a {len(payload)}-byte payload".encode())
+    def _jit_options(self, call: DriverCall, payload: bytes) -> tuple[list[Any], list[Any], memoryview] | Reply:
+        """JIT options, then the image (cuModuleLoadDataEx, cuLibraryLoadData): the options as the wheel takes
+        them, or the Reply that refuses them. Only scalar JIT options travel."""
+        pairs, image = call.request.decode(payload)
         options, values = [], []
-        for option, value in (pair.unpack_from(payload, 4 + i * pair.size) for i in range(count)):
+        for option, value in pairs:
             if option not in JIT_SCALAR_OPTIONS:
                 return Reply(NOT_SUPPORTED)
             kind, word = JIT_SCALAR_OPTIONS[option], value & 0xFFFFFFFF
@@ -884,8 +869,9 @@ class CudaExecutor(DiagnosticsHandler):
                     values.append(getattr(self.driver, kind)(word))
             except ValueError:  # no such enum value
                 return Reply(INVALID_VALUE)
-        return options, values, payload[end:]
+        return options, values, image
 
+    @HOST.serves("cuModuleLoadDataEx")
     def _module_load_ex(self, call: DriverCall, payload: bytes) -> Reply:
         parsed = self._jit_options(call, payload)
         if isinstance(parsed, Reply):
@@ -896,11 +882,17 @@ class CudaExecutor(DiagnosticsHandler):
             err, module = self.driver.cuModuleLoadDataEx(image, len(options), options, values)
         else:
             err, module = self.driver.cuModuleLoadData(image)
-        return self._loaded(before, err, module, "CUmodule")
+        return self._loaded(call, before, err, module, "CUmodule")
 
 
 def _ok(call: DriverCall, *outs: int) -> Reply:
     return Reply(SUCCESS, call.outputs.pack(*outs))
+
+
+def _answer(call: DriverCall, err: Any, outputs: Callable[[], tuple[Any, ...]]) -> Reply:
+    """The driver's result as a reply: on success the call's declared reply, else the status alone."""
+    status = int(err)
+    return Reply(status, call.reply.encode(*outputs()) if status == SUCCESS else b"")
 
 
 def _refused(why: str) -> Reply:

@@ -1,87 +1,147 @@
 """Payload codec shared by every transport (ivshmem rings now, TCP and RDMA streams later).
 
-A payload is a fixed struct of scalars followed by the variable-length fields in declaration order, each
-a u32 length (an item count for arrays) and its bytes. Decoding checks every length against the bytes
-actually present, so a hostile payload can make a reader raise RecordError but never over-read.
+A payload is a fixed struct of scalars followed by the variable-length fields in declaration order:
+`bytes`, `str` and `u64[]` as a u32 length (an item count for arrays) and their bytes; a struct array
+`[fmt]` (e.g. `[iQ]`) as a u32 item count and the packed items; and at most one `tail`, the last field,
+which is the rest of the payload with no length (a copy's data, a module image, a kernel's parameters:
+what a sender may stream straight from its source and a receiver take straight into its destination).
+Decoding checks every length against the bytes actually present, so a hostile payload can make a reader
+raise RecordError but never over-read.
+
+The fixed part is a compiled `struct.Struct` (`Schema.fixed`): hot paths pack and unpack it directly.
 """
 from __future__ import annotations
 
+import re
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import RecordError
 
-SCALARS = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "i32": "i", "i64": "q", "f64": "d"}
-VARIABLE = ("bytes", "str", "u64[]")
+SCALARS = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "i32": "i", "i64": "q", "f32": "f", "f64": "d"}
+VARIABLE = ("bytes", "str", "u64[]", "tail")
+_ARRAY = re.compile(r"\[([bBhHiIqQfdx0-9s]+)\]")  # a struct array: its item's struct codes
 _LEN = struct.Struct("<I")
+
+
+def _is_variable(kind: str) -> bool:
+    return kind in VARIABLE or _ARRAY.fullmatch(kind) is not None
 
 
 class Schema:
     """The shape of one payload, e.g. ``Schema("HELLO", ("protocol", "u32"), ("host", "str"))``."""
 
     def __init__(self, name: str, *fields: tuple[str, str]) -> None:
-        for field, kind in fields:
-            if kind not in SCALARS and kind not in VARIABLE:
+        for position, (field, kind) in enumerate(fields):
+            if kind not in SCALARS and not _is_variable(kind):
                 raise ValueError(f"{name}.{field}: unknown kind {kind!r}")
+            if kind == "tail" and position != len(fields) - 1:
+                raise ValueError(f"{name}.{field}: a tail must be the last field")
         self.name = name
         self.fields = fields
         self._order = [i for i, (_, k) in enumerate(fields) if k in SCALARS] + \
-                      [i for i, (_, k) in enumerate(fields) if k in VARIABLE]
-        self._fixed = struct.Struct("<" + "".join(SCALARS[k] for _, k in fields if k in SCALARS))
-        self._variable = [k for _, k in fields if k in VARIABLE]
+                      [i for i, (_, k) in enumerate(fields) if k not in SCALARS]
+        self.fixed = struct.Struct("<" + "".join(SCALARS[k] for _, k in fields if k in SCALARS))
+        self._nfixed = sum(1 for _, k in fields if k in SCALARS)
+        self._variable = [k for _, k in fields if k not in SCALARS]
+        self._items = {k: struct.Struct("<" + m.group(1)) for k in self._variable if (m := _ARRAY.fullmatch(k))}
+        self.scalars_only = not self._variable
+        self.has_tail = bool(fields) and fields[-1][1] == "tail"
 
     def encode(self, *values: Any) -> bytes:
         if len(values) != len(self.fields):
             raise TypeError(f"{self.name} takes {len(self.fields)} values, got {len(values)}")
         ordered = [values[i] for i in self._order]
-        nfixed = len(self._fixed.format) - 1
         try:
-            parts = [self._fixed.pack(*ordered[:nfixed])]
+            parts = [self.fixed.pack(*ordered[:self._nfixed])]
         except struct.error as exc:
             raise RecordError(f"{self.name}: value out of range: {exc}") from None
-        for kind, value in zip(self._variable, ordered[nfixed:], strict=True):
+        for kind, value in zip(self._variable, ordered[self._nfixed:], strict=True):
             try:
-                if kind == "u64[]":
-                    parts.append(_LEN.pack(len(value)))
-                    parts.append(struct.pack(f"<{len(value)}Q", *value))
-                    continue
-                raw = value.encode() if kind == "str" else bytes(value)  # bytes() of a typed view: its bytes
-            except (struct.error, UnicodeEncodeError, TypeError) as exc:
+                parts.extend(self._encode_variable(kind, value))
+            except (struct.error, UnicodeEncodeError, TypeError, ValueError) as exc:
                 raise RecordError(f"{self.name}: cannot encode a {kind} field: {exc}") from None
-            parts.append(_LEN.pack(len(raw)))
-            parts.append(raw)
         return b"".join(parts)
 
+    def _encode_variable(self, kind: str, value: Any) -> list[bytes]:
+        if kind == "tail":
+            return [bytes(value)]
+        if kind == "u64[]":
+            return [_LEN.pack(len(value)), struct.pack(f"<{len(value)}Q", *value)]
+        item = self._items.get(kind)
+        if item is not None:  # items as tuples, or already packed as bytes
+            if isinstance(value, bytes | bytearray | memoryview):
+                raw = bytes(value)
+                if len(raw) % item.size:
+                    raise ValueError(f"{len(raw)} bytes are not whole {item.size}-byte items")
+                return [_LEN.pack(len(raw) // item.size), raw]
+            return [_LEN.pack(len(value)), b"".join(item.pack(*v) for v in value)]
+        raw = value.encode() if kind == "str" else bytes(value)  # bytes() of a typed view: its bytes
+        return [_LEN.pack(len(raw)), raw]
+
+    def encode_head(self, *values: Any) -> bytes:
+        """Every field but the tail, encoded: what precedes a tail its sender streams from where it lies."""
+        if not self.has_tail:
+            raise TypeError(f"{self.name} has no tail")
+        return self.encode(*values, b"")
+
     def decode(self, payload: bytes | bytearray | memoryview) -> tuple[Any, ...]:
+        """The field values in declaration order. A `tail` is a view of `payload` (no copy)."""
         view = memoryview(payload)
-        size = self._fixed.size
+        size = self.fixed.size
         if len(view) < size:
             raise RecordError(f"{self.name}: payload of {len(view)} bytes is shorter than its {size} fixed bytes")
-        out: list[Any] = list(self._fixed.unpack_from(view, 0))
+        out: list[Any] = list(self.fixed.unpack_from(view, 0))
         pos = size
         for kind in self._variable:
+            if kind == "tail":
+                out.append(view[pos:])
+                pos = len(view)
+                continue
             if pos + 4 > len(view):
                 raise RecordError(f"{self.name}: payload ends inside a length field at byte {pos}")
             (count,) = _LEN.unpack_from(view, pos)
             pos += 4
-            width = count * 8 if kind == "u64[]" else count
+            item = self._items.get(kind)
+            width = count * (8 if kind == "u64[]" else item.size if item is not None else 1)
             if pos + width > len(view):
                 raise RecordError(f"{self.name}: a field of {width} bytes at byte {pos} runs past the "
                                   f"{len(view)}-byte payload")
-            chunk = view[pos:pos + width]
+            out.append(self._decode_variable(kind, item, count, view[pos:pos + width]))
             pos += width
-            if kind == "bytes":
-                out.append(bytes(chunk))
-            elif kind == "str":
-                try:
-                    out.append(str(chunk, "utf-8"))
-                except UnicodeDecodeError:
-                    raise RecordError(f"{self.name}: a text field is not UTF-8") from None
-            else:
-                out.append(list(struct.unpack_from(f"<{count}Q", chunk)))
         if pos != len(view):
             raise RecordError(f"{self.name}: {len(view) - pos} unexpected bytes after the last field")
         result: list[Any] = [None] * len(out)
         for slot, value in zip(self._order, out, strict=True):
             result[slot] = value
         return tuple(result)
+
+    def _decode_variable(self, kind: str, item: struct.Struct | None, count: int, chunk: memoryview) -> Any:
+        if kind == "bytes":
+            return bytes(chunk)
+        if kind == "str":
+            try:
+                return str(chunk, "utf-8")
+            except UnicodeDecodeError:
+                raise RecordError(f"{self.name}: a text field is not UTF-8") from None
+        if item is not None:
+            return list(item.iter_unpack(chunk))
+        return list(struct.unpack_from(f"<{count}Q", chunk))
+
+    def describe(self) -> list[dict[str, str]]:
+        """The fields as data (name, kind), for generators and docs."""
+        return [{"name": field, "kind": kind} for field, kind in self.fields]
+
+
+def field_kind(code: str) -> str:
+    """The schema kind of a struct code ('i' -> 'i32')."""
+    for kind, scalar in SCALARS.items():
+        if scalar == code:
+            return kind
+    raise KeyError(code)
+
+
+def scalar_schema(name: str, names: Sequence[str], codes: str) -> Schema:
+    """A schema of scalars only, from struct codes (the generic calls' requests and replies)."""
+    return Schema(name, *[(n, field_kind(c)) for n, c in zip(names, codes, strict=True)])

@@ -1,11 +1,23 @@
-"""The table of forwarded CUDA driver calls: one entry drives the guest trampoline and the host dispatch.
+"""The table of forwarded CUDA driver calls: the one contract both sides of every forwarded call follow.
 
-Each entry names a driver function, its opcode, its exact C signature (as the capsule in
-`cuda.bindings.cydriver.__pyx_capi__` spells it; tests/unit/test_driver_api.py holds the table to the
-installed wheel) and the role of every parameter. Most calls need nothing more: scalars and handles go in,
-pointers to scalars come out, and the wire carries them as one packed struct each way. The few calls that
-move buffers, strings, images or kernel arguments name a role the generic code does not handle, and both
-sides implement them by hand (guest_runtime/forward.py, host_agent/executor.py).
+Each entry declares, once, everything the guest (guest_runtime/forward.py) and the host
+(host_agent/executor.py) must agree on:
+
+* the driver function, its opcode (its position: the table is append-only) and its exact C signature, as the
+  capsule in `cuda.bindings.cydriver.__pyx_capi__` spells it (tests/unit/test_driver_api.py holds every entry
+  to the installed wheel);
+* the role of every parameter: scalars and handles go `in`, pointers to them come `out`; any other role marks a
+  call that one side or both write out by hand;
+* the request and the reply payload, as `codec.Schema`s. For a generic call both are derived from the roles
+  (the `in` values packed, the `out` values packed); a hand-written call declares them;
+* whether it may be posted without waiting, its pinned-pool variant's request (the four host copies), and its
+  effects: what it creates, frees or changes, which both sides track (`EFFECTS` says what each word means).
+
+Each side serves hand-written calls through an explicit `Handlers` registry, checked against this table at
+import and by the tests. `describe()` gives the table as data (`python -m ivshmem.driver_api json`) for the
+generator of the native guest library and for docs/api-table.md (`python -m ivshmem.driver_api markdown`), and
+`TABLE_DIGEST`, a digest of all of it, is compared at HELLO: a guest and an agent built from different tables
+refuse each other in one line.
 
 This module imports no CUDA: the guest, the host and the tests all read it.
 """
@@ -13,11 +25,16 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import re
 import struct
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, TypeVar
 
+from .codec import Schema, field_kind
 from .record import CUDA_OPCODE_BASE
 
 # Scalar C types and their struct codes. Handles are opaque pointers: they travel as their value.
@@ -72,6 +89,21 @@ class Param:
         return wire_code(self.base)
 
 
+# What a call does besides its reply, tracked by both sides (the guest for unified addressing and its caches,
+# the host for what a session owns and its quota).
+EFFECTS = {
+    "initializes": "the driver is initialised for this process",
+    "allocates": "its first output is device memory of its first input's size",
+    "frees": "its first input is device memory that is given back",
+    "destroys": "its first input, a handle, is no longer valid",
+    "loads": "its output is a module or library whose code and globals now take GPU memory",
+    "unloads": "what was taken from the module or library (functions, kernels, globals) goes with it",
+    "child": "its outputs belong to its first input, a module or library, and go when it is unloaded",
+    "makes_context": "it may create a context (a quota counts every one after the first)",
+    "measures": "the process may hold more or less GPU memory outside its allocations afterwards",
+}
+
+
 @dataclass(frozen=True)
 class DriverCall:
     name: str
@@ -79,9 +111,14 @@ class DriverCall:
     signature: str
     params: tuple[Param, ...]
     posted: bool  # returns only an error code and may be posted without waiting (errors surface later)
+    request: Schema  # the request payload
+    reply: Schema  # the reply payload on success (a failed call replies with its status and no payload)
+    effects: frozenset[str]
+    pinned: Schema | None  # the request of its pinned-pool variant (opcode + PINNED_COPY), if it has one
 
     @cached_property
     def generic(self) -> bool:
+        """Marshalled from the table alone: every parameter a scalar, a handle or a pointer to one."""
         return all(p.role in GENERIC_ROLES for p in self.params)
 
     @cached_property
@@ -89,14 +126,14 @@ class DriverCall:
         """The guest turns this call into others (cuMemcpy with unified addressing): its opcode never travels."""
         return any(p.role in GUEST_ROLES for p in self.params)
 
-    @cached_property
+    @property
     def inputs(self) -> struct.Struct:
-        """The request payload of a generic call: its `in` parameters, packed (computed once)."""
-        return struct.Struct("<" + "".join(p.code for p in self.params if p.role == IN))
+        """The request's packed scalars (all of a generic call's request): what hot paths pack directly."""
+        return self.request.fixed
 
-    @cached_property
+    @property
     def outputs(self) -> struct.Struct:
-        return struct.Struct("<" + "".join(p.code for p in self.params if p.role == OUT))
+        return self.reply.fixed
 
     @cached_property
     def input_types(self) -> tuple[str, ...]:
@@ -105,6 +142,17 @@ class DriverCall:
     @cached_property
     def output_types(self) -> tuple[str, ...]:
         return tuple(p.base for p in self.params if p.role == OUT)
+
+    def describe(self) -> dict[str, Any]:
+        """The entry as data, for generators and docs."""
+        return {
+            "name": self.name, "opcode": self.opcode, "signature": self.signature,
+            "params": [{"ctype": p.ctype, "role": p.role} for p in self.params],
+            "generic": self.generic, "answered_in_guest": self.answered_in_guest, "posted": self.posted,
+            "request": self.request.describe(), "reply": self.reply.describe(),
+            "pinned_request": self.pinned.describe() if self.pinned is not None else None,
+            "effects": sorted(self.effects),
+        }
 
 
 def _derive(name: str, signature: str, roles: str | None) -> tuple[Param, ...]:
@@ -126,124 +174,186 @@ def _derive(name: str, signature: str, roles: str | None) -> tuple[Param, ...]:
     return tuple(params)
 
 
-# name, signature, explicit roles (None: derived), posted.
-# Append only: a call's opcode is its position, and both sides must agree (TABLE_DIGEST is checked at HELLO).
-_SPEC: list[tuple[str, str, str | None, bool]] = [
-    ("cuInit", "CUresult (unsigned int)", None, False),
-    ("cuDriverGetVersion", "CUresult (int *)", None, False),
-    ("cuDeviceGet", "CUresult (CUdevice *, int)", None, False),
-    ("cuDeviceGetCount", "CUresult (int *)", None, False),
-    ("cuDeviceGetName", "CUresult (char *, int, CUdevice)", "name_out in in", False),
-    ("cuDeviceGetUuid", "CUresult (CUuuid *, CUdevice)", "uuid_out in", False),
-    ("cuDeviceGetAttribute", "CUresult (int *, CUdevice_attribute, CUdevice)", None, False),
-    ("cuDeviceTotalMem", "CUresult (size_t *, CUdevice)", None, False),
-    ("cuDeviceCanAccessPeer", "CUresult (int *, CUdevice, CUdevice)", None, False),
-    ("cuGetErrorName", "CUresult (CUresult, char const **)", "in static_str_out", False),
-    ("cuGetErrorString", "CUresult (CUresult, char const **)", "in static_str_out", False),
-    ("cuDevicePrimaryCtxRetain", "CUresult (CUcontext *, CUdevice)", None, False),
-    ("cuDevicePrimaryCtxRelease", "CUresult (CUdevice)", None, False),
-    ("cuDevicePrimaryCtxReset", "CUresult (CUdevice)", None, False),
-    ("cuDevicePrimaryCtxGetState", "CUresult (CUdevice, unsigned int *, int *)", None, False),
-    ("cuDevicePrimaryCtxSetFlags", "CUresult (CUdevice, unsigned int)", None, False),
-    ("cuCtxCreate", "CUresult (CUcontext *, CUctxCreateParams *, unsigned int, CUdevice)",
-     "out null in in", False),
-    ("cuCtxDestroy", "CUresult (CUcontext)", None, False),
-    ("cuCtxGetCurrent", "CUresult (CUcontext *)", "thread_ctx", False),
-    ("cuCtxSetCurrent", "CUresult (CUcontext)", None, False),
-    ("cuCtxPushCurrent", "CUresult (CUcontext)", "thread_ctx", False),
-    ("cuCtxPopCurrent", "CUresult (CUcontext *)", "thread_ctx", False),
-    ("cuCtxGetDevice", "CUresult (CUdevice *)", None, False),
-    ("cuCtxSynchronize", "CUresult (void)", None, False),
-    ("cuCtxGetStreamPriorityRange", "CUresult (int *, int *)", None, False),
-    ("cuCtxGetFlags", "CUresult (unsigned int *)", None, False),
-    ("cuCtxGetApiVersion", "CUresult (CUcontext, unsigned int *)", None, False),
-    ("cuCtxGetId", "CUresult (CUcontext, unsigned PY_LONG_LONG *)", None, False),
-    ("cuMemAlloc", "CUresult (CUdeviceptr *, size_t)", None, False),
-    ("cuMemFree", "CUresult (CUdeviceptr)", None, False),
-    ("cuMemGetInfo", "CUresult (size_t *, size_t *)", None, False),
-    ("cuMemGetAddressRange", "CUresult (CUdeviceptr *, size_t *, CUdeviceptr)", None, False),
-    ("cuMemcpyHtoD", "CUresult (CUdeviceptr, void const *, size_t)", "in host_in in", False),
-    ("cuMemcpyDtoH", "CUresult (void *, CUdeviceptr, size_t)", "host_out in in", False),
-    ("cuMemcpyDtoD", "CUresult (CUdeviceptr, CUdeviceptr, size_t)", None, False),
-    ("cuMemcpyHtoDAsync", "CUresult (CUdeviceptr, void const *, size_t, CUstream)", "in host_in in in", False),
-    ("cuMemcpyDtoHAsync", "CUresult (void *, CUdeviceptr, size_t, CUstream)", "host_out in in in", False),
-    ("cuMemcpyDtoDAsync", "CUresult (CUdeviceptr, CUdeviceptr, size_t, CUstream)", None, True),
-    ("cuMemsetD8", "CUresult (CUdeviceptr, unsigned char, size_t)", None, False),
-    ("cuMemsetD16", "CUresult (CUdeviceptr, unsigned short, size_t)", None, False),
-    ("cuMemsetD32", "CUresult (CUdeviceptr, unsigned int, size_t)", None, False),
-    ("cuMemsetD8Async", "CUresult (CUdeviceptr, unsigned char, size_t, CUstream)", None, True),
-    ("cuMemsetD16Async", "CUresult (CUdeviceptr, unsigned short, size_t, CUstream)", None, True),
-    ("cuMemsetD32Async", "CUresult (CUdeviceptr, unsigned int, size_t, CUstream)", None, True),
-    ("cuModuleLoadData", "CUresult (CUmodule *, void const *)", "out image", False),
-    ("cuModuleGetFunction", "CUresult (CUfunction *, CUmodule, char const *)", "out in cstr", False),
-    ("cuModuleGetGlobal", "CUresult (CUdeviceptr *, size_t *, CUmodule, char const *)", "out out in cstr", False),
-    ("cuModuleUnload", "CUresult (CUmodule)", None, False),
-    ("cuLibraryGetKernel", "CUresult (CUkernel *, CUlibrary, char const *)", "out in cstr", False),
-    ("cuLibraryGetGlobal", "CUresult (CUdeviceptr *, size_t *, CUlibrary, char const *)", "out out in cstr", False),
-    ("cuLibraryUnload", "CUresult (CUlibrary)", None, False),
-    ("cuKernelGetFunction", "CUresult (CUfunction *, CUkernel)", None, False),
-    ("cuKernelGetAttribute", "CUresult (int *, CUfunction_attribute, CUkernel, CUdevice)", None, False),
-    ("cuKernelSetAttribute", "CUresult (CUfunction_attribute, int, CUkernel, CUdevice)", None, False),
-    ("cuKernelSetCacheConfig", "CUresult (CUkernel, CUfunc_cache, CUdevice)", None, False),
-    ("cuFuncGetAttribute", "CUresult (int *, CUfunction_attribute, CUfunction)", None, False),
-    ("cuFuncGetParamInfo", "CUresult (CUfunction, size_t, size_t *, size_t *)", None, False),
-    ("cuKernelGetParamInfo", "CUresult (CUkernel, size_t, size_t *, size_t *)", None, False),
-    ("cuOccupancyMaxActiveBlocksPerMultiprocessor", "CUresult (int *, CUfunction, int, size_t)", None, False),
+def _schema(name: str, fields: str) -> Schema:
+    """'device:u64 size:u64 data:tail' -> a Schema."""
+    pairs = [field.split(":", 1) for field in fields.split()]
+    return Schema(name, *[(field, kind) for field, kind in pairs])
+
+
+def _role_schema(name: str, params: tuple[Param, ...], role: str) -> Schema:
+    """A generic call's request (role "in") or reply ("out"): those parameters, named by their position."""
+    return Schema(name, *[(f"arg{i}", field_kind(p.code)) for i, p in enumerate(params) if p.role == role])
+
+
+def _entry(opcode: int, name: str, signature: str, roles: str | None = None, *, posted: bool = False,
+           request: str | None = None, reply: str | None = None, effects: str = "",
+           pinned: str | None = None) -> DriverCall:
+    params = _derive(name, signature, roles)
+    generic = all(p.role in GENERIC_ROLES for p in params)
+    if generic and (request is not None or reply is not None):
+        raise ValueError(f"{name}: a generic call's payloads come from its roles; it declares none")
+    unknown = set(effects.split()) - set(EFFECTS)
+    if unknown:
+        raise ValueError(f"{name}: unknown effects {sorted(unknown)}")
+    return DriverCall(
+        name, opcode, signature, params, posted,
+        _role_schema(name, params, IN) if generic else _schema(name, request or ""),
+        _role_schema(f"{name} reply", params, OUT) if generic else _schema(f"{name} reply", reply or ""),
+        frozenset(effects.split()), _schema(f"{name} pinned", pinned) if pinned else None)
+
+
+LAUNCH = ("function:u64 grid_x:u32 grid_y:u32 grid_z:u32 block_x:u32 block_y:u32 block_z:u32 shared_bytes:u32 "
+          "stream:u64")
+# A CUlaunchAttribute as it travels: `i id, 4 pad, 64-byte value union`.
+LAUNCH_ATTRIBUTE_KIND = "[i4x64s]"
+JIT_OPTIONS_KIND = "[iQ]"  # (option, the integer in its optionValues slot): scalar JIT options only
+
+# Append only: a call's opcode is its position, and both sides must agree (TABLE_DIGEST is compared at HELLO).
+_SPEC: list[tuple[Any, ...]] = [
+    ("cuInit", "CUresult (unsigned int)", None, {"effects": "initializes"}),
+    ("cuDriverGetVersion", "CUresult (int *)"),
+    ("cuDeviceGet", "CUresult (CUdevice *, int)"),
+    ("cuDeviceGetCount", "CUresult (int *)"),
+    ("cuDeviceGetName", "CUresult (char *, int, CUdevice)", "name_out in in",
+     {"request": "length:i32 device:i32", "reply": "name:tail"}),
+    ("cuDeviceGetUuid", "CUresult (CUuuid *, CUdevice)", "uuid_out in",
+     {"request": "device:i32", "reply": "uuid:tail"}),
+    ("cuDeviceGetAttribute", "CUresult (int *, CUdevice_attribute, CUdevice)"),
+    ("cuDeviceTotalMem", "CUresult (size_t *, CUdevice)"),
+    ("cuDeviceCanAccessPeer", "CUresult (int *, CUdevice, CUdevice)"),
+    ("cuGetErrorName", "CUresult (CUresult, char const **)", "in static_str_out",
+     {"request": "error:i32", "reply": "text:tail"}),
+    ("cuGetErrorString", "CUresult (CUresult, char const **)", "in static_str_out",
+     {"request": "error:i32", "reply": "text:tail"}),
+    ("cuDevicePrimaryCtxRetain", "CUresult (CUcontext *, CUdevice)", None, {"effects": "makes_context"}),
+    ("cuDevicePrimaryCtxRelease", "CUresult (CUdevice)", None, {"effects": "measures"}),
+    ("cuDevicePrimaryCtxReset", "CUresult (CUdevice)", None, {"effects": "measures"}),
+    ("cuDevicePrimaryCtxGetState", "CUresult (CUdevice, unsigned int *, int *)"),
+    ("cuDevicePrimaryCtxSetFlags", "CUresult (CUdevice, unsigned int)"),
+    ("cuCtxCreate", "CUresult (CUcontext *, CUctxCreateParams *, unsigned int, CUdevice)", "out null in in",
+     {"request": "flags:u32 device:i32", "reply": "context:u64", "effects": "makes_context"}),
+    ("cuCtxDestroy", "CUresult (CUcontext)", None, {"effects": "destroys measures"}),
+    ("cuCtxGetCurrent", "CUresult (CUcontext *)", "thread_ctx"),
+    ("cuCtxSetCurrent", "CUresult (CUcontext)"),
+    ("cuCtxPushCurrent", "CUresult (CUcontext)", "thread_ctx"),
+    ("cuCtxPopCurrent", "CUresult (CUcontext *)", "thread_ctx"),
+    ("cuCtxGetDevice", "CUresult (CUdevice *)"),
+    ("cuCtxSynchronize", "CUresult (void)"),
+    ("cuCtxGetStreamPriorityRange", "CUresult (int *, int *)"),
+    ("cuCtxGetFlags", "CUresult (unsigned int *)"),
+    ("cuCtxGetApiVersion", "CUresult (CUcontext, unsigned int *)"),
+    ("cuCtxGetId", "CUresult (CUcontext, unsigned PY_LONG_LONG *)"),
+    ("cuMemAlloc", "CUresult (CUdeviceptr *, size_t)", None, {"effects": "allocates"}),
+    ("cuMemFree", "CUresult (CUdeviceptr)", None, {"effects": "frees"}),
+    ("cuMemGetInfo", "CUresult (size_t *, size_t *)"),
+    ("cuMemGetAddressRange", "CUresult (CUdeviceptr *, size_t *, CUdeviceptr)"),
+    ("cuMemcpyHtoD", "CUresult (CUdeviceptr, void const *, size_t)", "in host_in in",
+     {"request": "device:u64 size:u64 data:tail", "pinned": "device:u64 size:u64 host:u64"}),
+    ("cuMemcpyDtoH", "CUresult (void *, CUdeviceptr, size_t)", "host_out in in",
+     {"request": "device:u64 size:u64", "reply": "data:tail", "pinned": "device:u64 size:u64 host:u64"}),
+    ("cuMemcpyDtoD", "CUresult (CUdeviceptr, CUdeviceptr, size_t)"),
+    ("cuMemcpyHtoDAsync", "CUresult (CUdeviceptr, void const *, size_t, CUstream)", "in host_in in in",
+     {"request": "device:u64 size:u64 stream:u64 data:tail", "pinned": "device:u64 size:u64 stream:u64 host:u64"}),
+    ("cuMemcpyDtoHAsync", "CUresult (void *, CUdeviceptr, size_t, CUstream)", "host_out in in in",
+     {"request": "device:u64 size:u64 stream:u64", "reply": "data:tail",
+      "pinned": "device:u64 size:u64 stream:u64 host:u64"}),
+    ("cuMemcpyDtoDAsync", "CUresult (CUdeviceptr, CUdeviceptr, size_t, CUstream)", None, {"posted": True}),
+    ("cuMemsetD8", "CUresult (CUdeviceptr, unsigned char, size_t)"),
+    ("cuMemsetD16", "CUresult (CUdeviceptr, unsigned short, size_t)"),
+    ("cuMemsetD32", "CUresult (CUdeviceptr, unsigned int, size_t)"),
+    ("cuMemsetD8Async", "CUresult (CUdeviceptr, unsigned char, size_t, CUstream)", None, {"posted": True}),
+    ("cuMemsetD16Async", "CUresult (CUdeviceptr, unsigned short, size_t, CUstream)", None, {"posted": True}),
+    ("cuMemsetD32Async", "CUresult (CUdeviceptr, unsigned int, size_t, CUstream)", None, {"posted": True}),
+    ("cuModuleLoadData", "CUresult (CUmodule *, void const *)", "out image",
+     {"request": "image:tail", "reply": "module:u64", "effects": "loads"}),
+    ("cuModuleGetFunction", "CUresult (CUfunction *, CUmodule, char const *)", "out in cstr",
+     {"request": "module:u64 name:tail", "reply": "function:u64", "effects": "child measures"}),
+    ("cuModuleGetGlobal", "CUresult (CUdeviceptr *, size_t *, CUmodule, char const *)", "out out in cstr",
+     {"request": "module:u64 name:tail", "reply": "pointer:u64 size:u64", "effects": "child measures"}),
+    ("cuModuleUnload", "CUresult (CUmodule)", None, {"effects": "destroys unloads measures"}),
+    ("cuLibraryGetKernel", "CUresult (CUkernel *, CUlibrary, char const *)", "out in cstr",
+     {"request": "library:u64 name:tail", "reply": "kernel:u64", "effects": "child measures"}),
+    ("cuLibraryGetGlobal", "CUresult (CUdeviceptr *, size_t *, CUlibrary, char const *)", "out out in cstr",
+     {"request": "library:u64 name:tail", "reply": "pointer:u64 size:u64", "effects": "child measures"}),
+    ("cuLibraryUnload", "CUresult (CUlibrary)", None, {"effects": "destroys unloads measures"}),
+    ("cuKernelGetFunction", "CUresult (CUfunction *, CUkernel)", None, {"effects": "measures"}),
+    ("cuKernelGetAttribute", "CUresult (int *, CUfunction_attribute, CUkernel, CUdevice)"),
+    ("cuKernelSetAttribute", "CUresult (CUfunction_attribute, int, CUkernel, CUdevice)"),
+    ("cuKernelSetCacheConfig", "CUresult (CUkernel, CUfunc_cache, CUdevice)"),
+    ("cuFuncGetAttribute", "CUresult (int *, CUfunction_attribute, CUfunction)"),
+    ("cuFuncGetParamInfo", "CUresult (CUfunction, size_t, size_t *, size_t *)"),
+    ("cuKernelGetParamInfo", "CUresult (CUkernel, size_t, size_t *, size_t *)"),
+    ("cuOccupancyMaxActiveBlocksPerMultiprocessor", "CUresult (int *, CUfunction, int, size_t)"),
     ("cuLaunchKernel", "CUresult (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, "
      "unsigned int, unsigned int, unsigned int, CUstream, void **, void **)",
-     "in in in in in in in in in kernel_params launch_extra", True),
-    ("cuStreamCreate", "CUresult (CUstream *, unsigned int)", None, False),
-    ("cuStreamCreateWithPriority", "CUresult (CUstream *, unsigned int, int)", None, False),
-    ("cuStreamDestroy", "CUresult (CUstream)", None, False),
-    ("cuStreamSynchronize", "CUresult (CUstream)", None, False),
-    ("cuStreamQuery", "CUresult (CUstream)", None, False),
-    ("cuStreamWaitEvent", "CUresult (CUstream, CUevent, unsigned int)", None, True),
-    ("cuStreamIsCapturing", "CUresult (CUstream, CUstreamCaptureStatus *)", None, False),
-    ("cuStreamGetCtx", "CUresult (CUstream, CUcontext *)", None, False),
-    ("cuEventCreate", "CUresult (CUevent *, unsigned int)", None, False),
-    ("cuEventRecord", "CUresult (CUevent, CUstream)", None, True),
-    ("cuEventSynchronize", "CUresult (CUevent)", None, False),
-    ("cuEventQuery", "CUresult (CUevent)", None, False),
-    ("cuEventElapsedTime", "CUresult (float *, CUevent, CUevent)", None, False),
-    ("cuEventDestroy", "CUresult (CUevent)", None, False),
-    ("cuDeviceGetMemPool", "CUresult (CUmemoryPool *, CUdevice)", None, False),
-    ("cuDeviceGetDefaultMemPool", "CUresult (CUmemoryPool *, CUdevice)", None, False),
-    ("cuMemAllocAsync", "CUresult (CUdeviceptr *, size_t, CUstream)", None, False),
-    ("cuMemAllocFromPoolAsync", "CUresult (CUdeviceptr *, size_t, CUmemoryPool, CUstream)", None, False),
-    ("cuMemFreeAsync", "CUresult (CUdeviceptr, CUstream)", None, False),
+     "in in in in in in in in in kernel_params launch_extra",
+     {"posted": True, "request": f"{LAUNCH} params:tail"}),
+    ("cuStreamCreate", "CUresult (CUstream *, unsigned int)"),
+    ("cuStreamCreateWithPriority", "CUresult (CUstream *, unsigned int, int)"),
+    ("cuStreamDestroy", "CUresult (CUstream)", None, {"effects": "destroys"}),
+    ("cuStreamSynchronize", "CUresult (CUstream)"),
+    ("cuStreamQuery", "CUresult (CUstream)"),
+    ("cuStreamWaitEvent", "CUresult (CUstream, CUevent, unsigned int)", None, {"posted": True}),
+    ("cuStreamIsCapturing", "CUresult (CUstream, CUstreamCaptureStatus *)"),
+    ("cuStreamGetCtx", "CUresult (CUstream, CUcontext *)"),
+    ("cuEventCreate", "CUresult (CUevent *, unsigned int)"),
+    ("cuEventRecord", "CUresult (CUevent, CUstream)", None, {"posted": True}),
+    ("cuEventSynchronize", "CUresult (CUevent)"),
+    ("cuEventQuery", "CUresult (CUevent)"),
+    ("cuEventElapsedTime", "CUresult (float *, CUevent, CUevent)"),
+    ("cuEventDestroy", "CUresult (CUevent)", None, {"effects": "destroys"}),
+    ("cuDeviceGetMemPool", "CUresult (CUmemoryPool *, CUdevice)"),
+    ("cuDeviceGetDefaultMemPool", "CUresult (CUmemoryPool *, CUdevice)"),
+    ("cuMemAllocAsync", "CUresult (CUdeviceptr *, size_t, CUstream)", None, {"effects": "allocates"}),
+    ("cuMemAllocFromPoolAsync", "CUresult (CUdeviceptr *, size_t, CUmemoryPool, CUstream)", None,
+     {"effects": "allocates"}),
+    ("cuMemFreeAsync", "CUresult (CUdeviceptr, CUstream)", None, {"effects": "frees"}),
     ("cuLibraryLoadData", "CUresult (CUlibrary *, void const *, CUjit_option *, void **, unsigned int, "
      "CUlibraryOption *, void **, unsigned int)", "out image options option_values in options option_values in",
-     False),
+     {"request": f"options:{JIT_OPTIONS_KIND} image:tail", "reply": "library:u64", "effects": "loads"}),
     ("cuLaunchKernelEx", "CUresult (CUlaunchConfig const *, CUfunction, void **, void **)",
-     "launch_config in kernel_params launch_extra", True),
-    ("cuMemPoolGetAttribute", "CUresult (CUmemoryPool, CUmemPool_attribute, void *)", "in in pool_value_out", False),
-    ("cuMemPoolSetAttribute", "CUresult (CUmemoryPool, CUmemPool_attribute, void *)", "in in pool_value_in", False),
+     "launch_config in kernel_params launch_extra",
+     {"posted": True, "request": f"{LAUNCH} attributes:{LAUNCH_ATTRIBUTE_KIND} params:tail"}),
+    ("cuMemPoolGetAttribute", "CUresult (CUmemoryPool, CUmemPool_attribute, void *)", "in in pool_value_out",
+     {"request": "pool:u64 attribute:i32", "reply": "value:u64"}),
+    ("cuMemPoolSetAttribute", "CUresult (CUmemoryPool, CUmemPool_attribute, void *)", "in in pool_value_in",
+     {"request": "pool:u64 attribute:i32 value:u64"}),
     # Unified addressing: the guest decides which way each copy goes and sends HtoD/DtoH/DtoD (never these).
-    ("cuMemcpy", "CUresult (CUdeviceptr, CUdeviceptr, size_t)", "uva uva in", False),
-    ("cuMemcpyAsync", "CUresult (CUdeviceptr, CUdeviceptr, size_t, CUstream)", "uva uva in in", False),
-    ("cuPointerGetAttribute", "CUresult (void *, CUpointer_attribute, CUdeviceptr)", "pointer_value_out in in", False),
+    ("cuMemcpy", "CUresult (CUdeviceptr, CUdeviceptr, size_t)", "uva uva in"),
+    ("cuMemcpyAsync", "CUresult (CUdeviceptr, CUdeviceptr, size_t, CUstream)", "uva uva in in"),
+    ("cuPointerGetAttribute", "CUresult (void *, CUpointer_attribute, CUdeviceptr)", "pointer_value_out in in",
+     {"request": "attribute:i32 pointer:u64", "reply": "value:u64 width:u32"}),
     ("cuLaunchCooperativeKernel", "CUresult (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, "
-     "unsigned int, unsigned int, unsigned int, CUstream, void **)", "in in in in in in in in in kernel_params", True),
+     "unsigned int, unsigned int, unsigned int, CUstream, void **)", "in in in in in in in in in kernel_params",
+     {"posted": True, "request": f"{LAUNCH} params:tail"}),
     ("cuModuleLoadDataEx", "CUresult (CUmodule *, void const *, unsigned int, CUjit_option *, void **)",
-     "out image in options option_values", False),
+     "out image in options option_values",
+     {"request": f"options:{JIT_OPTIONS_KIND} image:tail", "reply": "module:u64", "effects": "loads"}),
     # Page-locked host memory: carved from this channel's slice of the region's pool (pinned_pool.py on both
     # sides); a pointer into it travels as its value and the host translates it.
-    ("cuMemAllocHost", "CUresult (void **, size_t)", "pinned_out in", False),
-    ("cuMemHostAlloc", "CUresult (void **, size_t, unsigned int)", "pinned_out in in", False),
-    ("cuMemFreeHost", "CUresult (void *)", "pinned_in", False),
-    ("cuMemHostGetDevicePointer", "CUresult (CUdeviceptr *, void *, unsigned int)", "out pinned_in in", False),
-    ("cuMemHostGetFlags", "CUresult (unsigned int *, void *)", "out pinned_in", False),
+    ("cuMemAllocHost", "CUresult (void **, size_t)", "pinned_out in",
+     {"request": "size:u64", "reply": "pointer:u64"}),
+    ("cuMemHostAlloc", "CUresult (void **, size_t, unsigned int)", "pinned_out in in",
+     {"request": "size:u64 flags:u32", "reply": "pointer:u64"}),
+    ("cuMemFreeHost", "CUresult (void *)", "pinned_in", {"request": "pointer:u64"}),
+    ("cuMemHostGetDevicePointer", "CUresult (CUdeviceptr *, void *, unsigned int)", "out pinned_in in",
+     {"request": "pointer:u64 flags:u32", "reply": "device_pointer:u64"}),
+    ("cuMemHostGetFlags", "CUresult (unsigned int *, void *)", "out pinned_in",
+     {"request": "pointer:u64", "reply": "flags:u32"}),
     ("cuGetProcAddress", "CUresult (char const *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *)",
-     "symbol symbol in in symbol", False),
-    ("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "CUresult (int *, CUfunction, int, size_t, unsigned int)",
-     None, False),
-    ("cuOccupancyAvailableDynamicSMemPerBlock", "CUresult (size_t *, CUfunction, int, int)", None, False),
+     "symbol symbol in in symbol"),
+    ("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "CUresult (int *, CUfunction, int, size_t, unsigned int)"),
+    ("cuOccupancyAvailableDynamicSMemPerBlock", "CUresult (size_t *, CUfunction, int, int)"),
     ("cuOccupancyMaxPotentialBlockSize", "CUresult (int *, int *, CUfunction, CUoccupancyB2DSize, size_t, int)",
-     "out out in callback in in", False),
+     "out out in callback in in",
+     {"request": "function:u64 dynamic_shared_bytes:u64 block_limit:i32", "reply": "min_grid:i32 block:i32"}),
     ("cuOccupancyMaxPotentialBlockSizeWithFlags",
      "CUresult (int *, int *, CUfunction, CUoccupancyB2DSize, size_t, int, unsigned int)",
-     "out out in callback in in in", False),
+     "out out in callback in in in",
+     {"request": "function:u64 dynamic_shared_bytes:u64 block_limit:i32 flags:u32",
+      "reply": "min_grid:i32 block:i32"}),
 ]
+
 # CUmemPool_attribute values whose value is a cuuint64_t (the others are int): thresholds and byte counts.
 POOL_ATTRIBUTES_64 = frozenset({4, 5, 6, 7, 8, 13})
 
@@ -306,8 +416,6 @@ JIT_GUEST_OPTIONS = frozenset({JIT_WALL_TIME, JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_
 # first 8 bytes of the value, which the host checks against the session's events. DEVICE_UPDATABLE_KERNEL_NODE (13)
 # writes a graph node through a pointer: not forwarded.
 LAUNCH_ATTRIBUTE = struct.Struct("<i4x64s")
-# A launch record starts with: function, grid xyz, block xyz, shared memory bytes, stream.
-LAUNCH_HEAD = struct.Struct("<QIIIIIIIQ")
 
 
 class LaunchConfig(ctypes.Structure):
@@ -323,7 +431,7 @@ LAUNCH_ATTRIBUTES_PLAIN = frozenset({0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 14, 16, 
 LAUNCH_ATTRIBUTES_EVENT = frozenset({7, 12})  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT
 
 # Opcodes of the forwarding layer that are not driver calls, far above any table position.
-POOL_MAP_OPCODE = CUDA_OPCODE_BASE + 0x0F00  # map this channel's pinned-pool slice: `Q proposed guest address`
+POOL_MAP_OPCODE = CUDA_OPCODE_BASE + 0x0F00  # map this channel's pinned-pool slice (POOL_MAP_REQUEST below)
 # Added to a copy call's opcode: its host buffer lies in the pinned pool and travels as its address, not its bytes.
 PINNED_COPY = 0x2000
 # Answered from the host worker's pool bookkeeping (host_agent/pinned_pool.py), not by the driver function.
@@ -333,9 +441,111 @@ PINNED_COPIES = frozenset({"cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyHtoDAsync", 
 
 CALLS: dict[str, DriverCall] = {}
 BY_OPCODE: dict[int, DriverCall] = {}
-for _i, (_name, _sig, _roles, _posted) in enumerate(_SPEC):
-    _call = DriverCall(_name, CUDA_OPCODE_BASE + _i, _sig, _derive(_name, _sig, _roles), _posted)
+for _i, (_name, _sig, *_rest) in enumerate(_SPEC):
+    _roles = _rest[0] if _rest else None
+    _call = _entry(CUDA_OPCODE_BASE + _i, _name, _sig, _roles, **(_rest[1] if len(_rest) > 1 else {}))
     CALLS[_name] = BY_OPCODE[_call.opcode] = _call
 
-TABLE_DIGEST = hashlib.sha256("\n".join(f"{c.opcode} {c.name} {c.signature}" for c in CALLS.values())
-                              .encode()).hexdigest()[:16]
+LAUNCH_HEAD = CALLS["cuLaunchKernel"].request.fixed  # function, grid xyz, block xyz, shared bytes, stream
+POOL_MAP_REQUEST = Schema("POOL_MAP", ("guest_address", "u64"))
+POOL_MAP_REPLY = Schema("POOL_MAP reply", ("host_address", "u64"), ("size", "u64"))
+
+
+def describe() -> dict[str, Any]:
+    """The whole contract as data: every call, and the forwarding layer's own opcodes."""
+    return {
+        "opcode_base": CUDA_OPCODE_BASE, "pinned_copy": PINNED_COPY,
+        "pool_map": {"opcode": POOL_MAP_OPCODE, "request": POOL_MAP_REQUEST.describe(),
+                     "reply": POOL_MAP_REPLY.describe()},
+        "effects": EFFECTS, "calls": [call.describe() for call in CALLS.values()],
+    }
+
+
+TABLE_DIGEST = hashlib.sha256(json.dumps(describe(), sort_keys=True).encode()).hexdigest()[:16]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Handlers:
+    """One side's explicit registry of the calls it writes out by hand: call name -> the function serving it.
+
+    Registration checks the name against the table at import, so a handler can never serve a call that does
+    not exist, and a call can never be served twice; tests/unit/test_driver_api.py checks that every call the
+    table cannot marshal by itself has its handler on each side that sees it."""
+
+    def __init__(self, side: str) -> None:
+        self.side = side
+        self.by_name: dict[str, Callable[..., Any]] = {}
+
+    def serves(self, *names: str) -> Callable[[F], F]:
+        def register(function: F) -> F:
+            for name in names:
+                if name not in CALLS:
+                    raise KeyError(f"{self.side}: {function.__name__} serves {name}, which is not in the call table")
+                if name in self.by_name:
+                    raise ValueError(f"{self.side}: {name} is served by both {self.by_name[name].__name__} and "
+                                     f"{function.__name__}")
+                self.by_name[name] = function
+            return function
+        return register
+
+
+def _fields_text(schema: Schema | None) -> str:
+    if schema is None:
+        return ""
+    return ", ".join(f"`{kind} {name}`" for name, kind in schema.fields) or "—"
+
+
+def markdown() -> str:
+    """docs/api-table.md: the table as a page, generated so that it cannot drift from the code."""
+    lines = [
+        "# Forwarded CUDA driver calls",
+        "",
+        "Generated from `ivshmem/driver_api.py` by `python -m ivshmem.driver_api markdown > docs/api-table.md`;",
+        "tests/unit/test_driver_api.py fails when this page is stale. Do not edit it by hand.",
+        "",
+        f"Table digest `{TABLE_DIGEST}` (compared at HELLO: docs/wire-protocol.md). {len(CALLS)} calls, "
+        f"{sum(c.generic for c in CALLS.values())} of them generic (marshalled from the table alone), "
+        f"{sum(c.answered_in_guest for c in CALLS.values())} answered in the guest. A driver function that is "
+        "not in this table answers `CUDA_ERROR_NOT_SUPPORTED` (801) in the guest and is named once in its log "
+        "(docs/cuda-forwarding.md).",
+        "",
+        "Payload fields are in the order they travel within their kind: scalars packed first (little-endian, "
+        "no padding), then variable fields in order (`bytes`/`str`: u32 length and bytes; `[fmt]`: u32 count and "
+        "packed items; `tail`: the rest of the payload). A generic call's request is its `in` parameters "
+        "(`argN` is the N-th C parameter) and its reply its `out` parameters. A failed call's reply carries its "
+        "CUresult as the record status and no payload. A copy with a pinned variant also travels as opcode "
+        f"+ {PINNED_COPY:#x} when its host buffer lies in the region's page-locked pool.",
+        "",
+        "| opcode | call | C signature | request | reply | posted | effects |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for call in CALLS.values():
+        if call.answered_in_guest:
+            request, reply = "answered in the guest", ""
+        else:
+            request, reply = _fields_text(call.request), _fields_text(call.reply)
+            if call.pinned is not None:
+                request += f"; pinned: {_fields_text(call.pinned)}"
+        lines.append(f"| {call.opcode:#x} | `{call.name}` | `{call.signature}` | {request} | {reply} | "
+                     f"{'yes' if call.posted else ''} | {', '.join(sorted(call.effects))} |")
+    lines += ["", f"Forwarding-layer opcode: POOL_MAP `{POOL_MAP_OPCODE:#x}`, request "
+              f"{_fields_text(POOL_MAP_REQUEST)}, reply {_fields_text(POOL_MAP_REPLY)}.", "",
+              "Effects: " + "; ".join(f"`{word}`: {meaning}" for word, meaning in EFFECTS.items()) + ".", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["json"]:
+        print(json.dumps(describe(), indent=1))
+    elif args == ["markdown"]:
+        print(markdown(), end="")
+    else:
+        print("usage: python -m ivshmem.driver_api json|markdown", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -13,7 +13,8 @@ from ivshmem.errors import RecordError
 from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, HELLO_REPLY, HELLO_REQUEST
 
 SETTINGS = settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-KINDS = sorted(SCALARS) + list(VARIABLE)
+ARRAY = "[iQ]"  # a struct array: (i32, u64) items
+KINDS = sorted(SCALARS) + [k for k in VARIABLE if k != "tail"] + [ARRAY]  # a tail may only end a schema: below
 
 VALUES = {
     "u8": st.integers(0, 2**8 - 1),
@@ -22,10 +23,12 @@ VALUES = {
     "u64": st.integers(0, 2**64 - 1),
     "i32": st.integers(-(2**31), 2**31 - 1),
     "i64": st.integers(-(2**63), 2**63 - 1),
+    "f32": st.floats(width=32, allow_nan=False),
     "f64": st.floats(allow_nan=True, allow_infinity=True),
     "bytes": st.binary(max_size=300),
     "str": st.text(max_size=100),
     "u64[]": st.lists(st.integers(0, 2**64 - 1), max_size=40),
+    ARRAY: st.lists(st.tuples(st.integers(-(2**31), 2**31 - 1), st.integers(0, 2**64 - 1)), max_size=20),
 }
 
 
@@ -52,8 +55,8 @@ def test_round_trip(sv: tuple[Schema, tuple]) -> None:
     assert len(decoded) == len(values)
     for (_, kind), a, b in zip(schema.fields, values, decoded, strict=True):
         assert same(kind, a, b), (kind, a, b)
-        if kind in ("bytes", "str", "u64[]"):
-            assert type(b) is type(a) or (kind == "u64[]" and isinstance(b, list))
+        if kind in ("bytes", "str", "u64[]", ARRAY):
+            assert type(b) is type(a) or (kind in ("u64[]", ARRAY) and isinstance(b, list))
     assert schema.decode(memoryview(encoded)) == decoded or any(k == "f64" for _, k in schema.fields)
 
 
@@ -95,18 +98,17 @@ def test_trailing_bytes_are_refused(sv: tuple[Schema, tuple], extra: bytes) -> N
 @given(schemas_and_values(), st.data())
 def test_a_length_running_past_the_end_is_refused(sv: tuple[Schema, tuple], data: st.DataObject) -> None:
     schema, values = sv
-    variable = [i for i, (_, kind) in enumerate(schema.fields) if kind in VARIABLE]
-    assume(variable)
+    kinds = [kind for _, kind in schema.fields if kind not in SCALARS]
+    assume(kinds)
     encoded = bytearray(schema.encode(*values))
     # walk to the length word of the chosen variable field
-    which = data.draw(st.integers(0, len(variable) - 1), label="field")
-    pos = schema._fixed.size
-    kinds = [kind for _, kind in schema.fields if kind in VARIABLE]
+    which = data.draw(st.integers(0, len(kinds) - 1), label="field")
+    widths = {"u64[]": 8, ARRAY: 12}
+    pos = schema.fixed.size
     for kind in kinds[:which]:
         (count,) = struct.unpack_from("<I", encoded, pos)
-        pos += 4 + (count * 8 if kind == "u64[]" else count)
-    (count,) = struct.unpack_from("<I", encoded, pos)
-    width = 8 if kinds[which] == "u64[]" else 1
+        pos += 4 + count * widths.get(kind, 1)
+    width = widths.get(kinds[which], 1)
     remaining = len(encoded) - pos - 4
     lie = data.draw(st.integers(remaining // width + 1, 2**32 - 1), label="lie")
     struct.pack_into("<I", encoded, pos, lie)
@@ -126,7 +128,7 @@ def test_arbitrary_bytes_raise_only_record_error(kinds: list[str], raw: bytes) -
     values = tuple(decoded)
     assert len(values) == len(kinds)
     reencoded = schema.encode(*values)
-    assert reencoded == raw or any(k == "f64" and math.isnan(v) for k, v in zip(kinds, values, strict=True))
+    assert reencoded == raw or any(k in ("f32", "f64") and math.isnan(v) for k, v in zip(kinds, values, strict=True))
 
 
 @pytest.mark.parametrize("raw", [b"", b"\x01", b"\x01\x00\x00", b"\x05\x00\x00\x00abcd", b"\xff\xff\xff\xff"])
@@ -177,3 +179,28 @@ def test_encode_refuses_out_of_range_u64_array_items_like_scalars() -> None:
     except struct.error as exc:
         raise AssertionError(f"struct.error leaked out of Schema.encode: {exc}") from None
     raise AssertionError("an out-of-range u64[] item was encoded")
+
+
+def test_a_tail_is_the_rest_of_the_payload_without_a_length() -> None:
+    schema = Schema("T", ("dst", "u64"), ("options", ARRAY), ("data", "tail"))
+    raw = schema.encode(5, [(1, 2)], b"payload")
+    assert raw == struct.pack("<QI", 5, 1) + struct.pack("<iQ", 1, 2) + b"payload"
+    dst, options, data = schema.decode(raw)
+    assert (dst, options, bytes(data)) == (5, [(1, 2)], b"payload")
+    assert isinstance(data, memoryview)  # a view of the payload: a large copy is not copied again
+    assert bytes(schema.decode(raw + b"more")[2]) == b"payloadmore"  # everything after the fields is the tail
+    with pytest.raises(RecordError, match="runs past"):
+        schema.decode(raw[:13])  # cut inside the array
+
+
+def test_a_struct_array_encodes_from_packed_items_too() -> None:
+    schema = Schema("A", ("items", ARRAY))
+    packed = struct.pack("<iQiQ", 1, 2, 3, 4)
+    assert schema.encode(packed) == schema.encode([(1, 2), (3, 4)])
+    with pytest.raises(RecordError, match="whole 12-byte items"):
+        schema.encode(packed[:-1])
+
+
+def test_a_tail_must_be_the_last_field() -> None:
+    with pytest.raises(ValueError, match="last field"):
+        Schema("T", ("data", "tail"), ("n", "u32"))
