@@ -1,5 +1,5 @@
-"""Turning forwarding on: `activate()` explicitly, or automatically from the `.pth` hook when Orion's
-environment is present (ORION_VGPU, ORION_CONTROLLER or ORION_SHM).
+"""Turning forwarding on: `activate()` explicitly, or automatically from the `.pth` hook (startup.py) when
+Orion's environment is present (ORION_VGPU, ORION_CONTROLLER or ORION_SHM).
 
 It must run before anything imports cuda.bindings.driver, cuda.core or numba.cuda: those copy the driver's
 function pointers when first imported (docs/cuda-forwarding.md). Nothing connects to the host agent here;
@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import sys
-from collections.abc import Mapping
 
 from ivshmem.channel import ClientChannel
 from ivshmem.errors import WireError
@@ -30,16 +28,13 @@ from . import allocation, capsule_hook
 from .client_config import ClientConfigError, controller_setting
 from .forward import Forwarder
 from .runtime_shim import RuntimeShim
+from .startup import autoload, runs_host_side, wanted
+
+__all__ = ["activate", "autoload", "runs_host_side", "take_up_vgpus", "wanted"]  # start-up's, for the tests
 
 log = logging.getLogger(__name__)
-TRIGGERS = ("ORION_VGPU", "ORION_CONTROLLER", "ORION_SHM")
 _forwarder: Forwarder | None = None
 _without_allocation = False  # a controller was asked and gave nothing: Orion's exit line says so
-
-
-def wanted(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether Orion's environment asks for forwarding in this process."""
-    return any(environ.get(name) for name in TRIGGERS)
 
 
 class NoAllocation(WireError):
@@ -120,40 +115,3 @@ def activate() -> Forwarder:
         except (capsule_hook.HookError, ImportError) as exc:  # the driver API still works: say what does not
             log.warning("orion: the CUDA runtime API (cuda.bindings.runtime) is not forwarded: %s", exc)
     return _forwarder
-
-
-# The host side's packages and commands: they read ORION_CONTROLLER themselves (oriond: server.conf's override),
-# and on a GPU host that also has orion-guest's .pth installed (setup.sh's environment), Orion's variables in
-# their environment must never turn forwarding on inside them (oriond would forward its own CUDA calls).
-HOST_PACKAGES = ("host_agent", "controller", "libvirt_hooks", "xml_templates")
-HOST_COMMANDS = ("oriond", "orion-controller", "orion-wire-demo", "orion-hooks", "orion-domain", "orion-smi",
-                 "orion-shm")
-_OPTIONS_WITH_VALUE = ("-W", "-X", "-Q")
-
-
-def runs_host_side(argv: list[str] | None = None) -> bool:
-    """Whether this interpreter was started to run a host-side command or module (from sys.orig_argv)."""
-    args = list(sys.orig_argv if argv is None else argv)[1:]
-    while args:
-        arg = args.pop(0)
-        if arg == "-m":
-            return bool(args) and args[0].split(".")[0] in HOST_PACKAGES
-        if arg == "-c" or arg == "-":
-            return False
-        if arg in _OPTIONS_WITH_VALUE:
-            args = args[1:]
-        elif not arg.startswith("-"):
-            return os.path.basename(arg) in HOST_COMMANDS
-    return False
-
-
-def autoload() -> None:
-    """Called from orion_guest.pth at interpreter start-up: cheap unless Orion's environment is set, and never
-    in a host-side command."""
-    if not wanted() or runs_host_side():
-        return
-    try:
-        activate()
-    except Exception as exc:  # never break the interpreter's start-up
-        import sys
-        print(f"orion: CUDA forwarding is not active: {exc}", file=sys.stderr)

@@ -16,7 +16,7 @@ Each entry declares, once, everything the guest (guest_runtime/forward.py) and t
 Each side serves hand-written calls through an explicit `Handlers` registry, checked against this table at
 import and by the tests. `describe()` gives the table as data (`python -m ivshmem.driver_api json`) for the
 generator of the native guest library and for docs/api-table.md (`python -m ivshmem.driver_api markdown`), and
-`TABLE_DIGEST`, a digest of all of it, is compared at HELLO: a guest and an agent built from different tables
+`table_digest()`, a digest of all of it, is compared at HELLO: a guest and an agent built from different tables
 refuse each other in one line.
 
 This module imports no CUDA: the guest, the host and the tests all read it.
@@ -24,6 +24,7 @@ This module imports no CUDA: the guest, the host and the tests all read it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import re
@@ -208,7 +209,7 @@ LAUNCH = ("function:u64 grid_x:u32 grid_y:u32 grid_z:u32 block_x:u32 block_y:u32
 LAUNCH_ATTRIBUTE_KIND = "[i4x64s]"
 JIT_OPTIONS_KIND = "[iQ]"  # (option, the integer in its optionValues slot): scalar JIT options only
 
-# Append only: a call's opcode is its position, and both sides must agree (TABLE_DIGEST is compared at HELLO).
+# Append only: a call's opcode is its position, and both sides must agree (table_digest() is compared at HELLO).
 _SPEC: list[tuple[Any, ...]] = [
     ("cuInit", "CUresult (unsigned int)", None, {"effects": "initializes"}),
     ("cuDriverGetVersion", "CUresult (int *)"),
@@ -461,7 +462,10 @@ def describe() -> dict[str, Any]:
     }
 
 
-TABLE_DIGEST = hashlib.sha256(json.dumps(describe(), sort_keys=True).encode()).hexdigest()[:16]
+@functools.cache
+def table_digest() -> str:
+    """A digest of the whole contract (compared at HELLO); computed when first asked, not at import."""
+    return hashlib.sha256(json.dumps(describe(), sort_keys=True).encode()).hexdigest()[:16]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -504,7 +508,7 @@ def markdown() -> str:
         "Generated from `ivshmem/driver_api.py` by `python -m ivshmem.driver_api markdown > docs/api-table.md`;",
         "tests/unit/test_driver_api.py fails when this page is stale. Do not edit it by hand.",
         "",
-        f"Table digest `{TABLE_DIGEST}` (compared at HELLO: docs/wire-protocol.md). {len(CALLS)} calls, "
+        f"Table digest `{table_digest()}` (compared at HELLO: docs/wire-protocol.md). {len(CALLS)} calls, "
         f"{sum(c.generic for c in CALLS.values())} of them generic (marshalled from the table alone), "
         f"{sum(c.answered_in_guest for c in CALLS.values())} answered in the guest. A driver function that is "
         "not in this table answers `CUDA_ERROR_NOT_SUPPORTED` (801) in the guest and is named once in its log "

@@ -266,7 +266,7 @@ def _setup(rig: Rig) -> None:
     rig.run("./setup.sh --demo-please", "unknown argument '--demo-please'", codes=(2,))
     rig.run("orion-hooks status", "runs qemu hooks")  # the hook is in place and libvirtd runs it
     rig.run(".venv/bin/python -c 'import sysconfig; print(open(sysconfig.get_paths()[\"purelib\"] + "
-            "\"/orion_guest.pth\").read())'", "guest_runtime.activate")
+            "\"/orion_guest.pth\").read())'", "guest_runtime.startup")
 
 
 @smoke("sudo make test")

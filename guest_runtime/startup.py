@@ -1,0 +1,56 @@
+"""The interpreter start-up hook that orion_guest.pth runs in every Python process of an environment with
+orion-guest installed: cheap (the standard library's os and sys only) unless Orion's environment asks for
+forwarding, and never in a host-side command.
+
+Everything that forwarding needs (the wire, the call table, the capsule hook, cuda.bindings' capsules) is
+imported by guest_runtime.activate, and only when forwarding is wanted: a program that does not use Orion
+must not pay for it at start-up.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+TRIGGERS = ("ORION_VGPU", "ORION_CONTROLLER", "ORION_SHM")
+
+# The host side's packages and commands: they read ORION_CONTROLLER themselves (oriond: server.conf's override),
+# and on a GPU host that also has orion-guest's .pth installed (setup.sh's environment), Orion's variables in
+# their environment must never turn forwarding on inside them (oriond would forward its own CUDA calls).
+HOST_PACKAGES = ("host_agent", "controller", "libvirt_hooks", "xml_templates")
+HOST_COMMANDS = ("oriond", "orion-controller", "orion-wire-demo", "orion-hooks", "orion-domain", "orion-smi",
+                 "orion-shm")
+_OPTIONS_WITH_VALUE = ("-W", "-X", "-Q")
+
+
+def wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether Orion's environment asks for forwarding in this process."""
+    return any(environ.get(name) for name in TRIGGERS)
+
+
+def runs_host_side(argv: list[str] | None = None) -> bool:
+    """Whether this interpreter was started to run a host-side command or module (from sys.orig_argv)."""
+    args = list(sys.orig_argv if argv is None else argv)[1:]
+    while args:
+        arg = args.pop(0)
+        if arg == "-m":
+            return bool(args) and args[0].split(".")[0] in HOST_PACKAGES
+        if arg == "-c" or arg == "-":
+            return False
+        if arg in _OPTIONS_WITH_VALUE:
+            args = args[1:]
+        elif not arg.startswith("-"):
+            return os.path.basename(arg) in HOST_COMMANDS
+    return False
+
+
+def autoload() -> None:
+    """Turn forwarding on if Orion's environment is set and this is not a host-side command; a failure is one
+    line on stderr, never a broken start-up."""
+    if not wanted() or runs_host_side():
+        return
+    try:
+        from . import activate
+        activate.activate()
+    except Exception as exc:  # never break the interpreter's start-up
+        print(f"orion: CUDA forwarding is not active: {exc}", file=sys.stderr)
