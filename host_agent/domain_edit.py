@@ -2,9 +2,10 @@
 
 This is the policy half of the in-place editor (Nova's designer beside its host): libvirt_gateway.py reads a
 domain's live and persistent XML, this module reads them and answers "which definition needs our device,
-which needs a new metadata record, and is anything in the way", and the gateway carries that out through
-libvirt's own calls (attachDeviceFlags, detachDeviceAlias, setMetadata). libvirt, not us, rewrites the
-domain, so nothing we do not model is ever re-serialised by us: everything that is not ours survives as it was.
+which needs a new metadata record, and is anything in the way", and the workflows of region_attach.py carry
+that out through the gateway, with libvirt's own calls (attachDeviceFlags, detachDeviceAlias, setMetadata).
+libvirt, not us, rewrites the domain, so nothing we do not model is ever re-serialised by us: everything that
+is not ours survives as it was.
 
 Ours is recognised only by marks we set: the `ua-orion-orionsock<N>` alias of the `<shmem>` device
 (xml_templates/devices.py builds it) and the `<orion:regions>` metadata record (xml_templates/metadata.py).
@@ -17,14 +18,16 @@ from dataclasses import dataclass, field
 
 from lxml import etree
 
-from xml_templates.devices import region_name, shmem_alias
+from xml_templates.devices import region_name, shmem_alias, shmem_size_mib
+from xml_templates.errors import DomainXmlError
 from xml_templates.metadata import REGIONS_TAG, RegionRecord, read_regions
 
 LIVE, CONFIG = "live", "config"  # the two definitions of a domain, as virsh names its flags
-# libvirt's scaled-integer units (docs: formatdomain.html#memory-allocation), to MiB.
-_UNIT_BYTES = {"b": 1, "bytes": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
-               "mb": 1000**2, "g": 1 << 30, "gib": 1 << 30, "gb": 1000**3, "t": 1 << 40, "tib": 1 << 40,
-               "tb": 1000**4}
+
+
+def scope_text(scope: str) -> str:
+    """A definition as messages name it: the running domain (LIVE) or the persistent definition (CONFIG)."""
+    return "running domain" if scope == LIVE else "persistent definition"
 
 
 class EditConflict(Exception):
@@ -50,7 +53,7 @@ def read_state(domain_xml: str, index: int) -> RegionState:
     domain = etree.fromstring(domain_xml.encode())
     ours = our_shmem(domain, index)
     foreign = [s for s in domain.iterfind("devices/shmem") if s.get("name") == region_name(index) and s is not ours]
-    return RegionState(index=index, device_size_mib=None if ours is None else shmem_size_mib(ours),
+    return RegionState(index=index, device_size_mib=None if ours is None else _device_size_mib(ours),
                        foreign=bool(foreign), records=tuple(read_regions(domain)))
 
 
@@ -61,13 +64,13 @@ def our_shmem(domain: etree._Element, index: int) -> etree._Element | None:
                 None)
 
 
-def shmem_size_mib(shmem: etree._Element) -> int | None:
-    """The device's `<size>` in MiB (libvirt writes unit='M'; any of its units is read), None if unreadable."""
-    size = shmem.find("size")
-    if size is None or not (size.text or "").strip().isdigit():
+def _device_size_mib(shmem: etree._Element) -> int | None:
+    """Our device's size in MiB; None, as if absent, when libvirt's XML holds a size we cannot read (libvirt
+    writes whole MiB, unit='M', so that is a domain edited by hand)."""
+    try:
+        return shmem_size_mib(shmem)
+    except DomainXmlError:
         return None
-    factor = _UNIT_BYTES.get(size.get("unit", "b").lower())
-    return None if factor is None else int(size.text or "0") * factor // (1 << 20)
 
 
 def without_our_metadata(domain_xml: str) -> str | None:
@@ -123,7 +126,7 @@ def plan_attach(states: Mapping[str, RegionState], index: int, size_mib: int | N
     `persistent` None keeps what the record says (attaching twice changes nothing)."""
     for scope, state in states.items():
         if state.foreign:
-            raise EditConflict(f"the {_scope_text(scope)} already has a <shmem name='{region_name(index)}'> that "
+            raise EditConflict(f"the {scope_text(scope)} already has a <shmem name='{region_name(index)}'> that "
                                f"orion-shm did not attach (no alias {shmem_alias(index)}); remove it with "
                                "'virsh detach-device', or use another index (-i)")
     attached = {s.device_size_mib for s in states.values() if s.device_size_mib is not None}
@@ -131,7 +134,7 @@ def plan_attach(states: Mapping[str, RegionState], index: int, size_mib: int | N
     size = size_mib if size_mib is not None else min(attached | recorded, default=default_size_mib)
     for scope, state in states.items():
         if state.device_size_mib not in (None, size):
-            raise EditConflict(f"{region_name(index)} is already attached to the {_scope_text(scope)} with "
+            raise EditConflict(f"{region_name(index)} is already attached to the {scope_text(scope)} with "
                                f"{state.device_size_mib} MiB, not {size} MiB; detach it first to change its size")
     steps = []
     for scope, state in states.items():
@@ -153,7 +156,7 @@ def plan_detach(states: Mapping[str, RegionState], index: int) -> Plan:
     plan = Plan(index, 0, tuple(steps))
     foreign = [scope for scope, state in states.items() if state.foreign]
     if foreign and not plan.changes:
-        raise EditConflict(f"the <shmem name='{region_name(index)}'> in the {_scope_text(foreign[0])} was not "
+        raise EditConflict(f"the <shmem name='{region_name(index)}'> in the {scope_text(foreign[0])} was not "
                            f"attached by orion-shm (no alias {shmem_alias(index)}), so it is left alone; "
                            "remove it with 'virsh detach-device' if it must go")
     return plan
@@ -172,6 +175,3 @@ def _with(records: Iterable[RegionRecord], wanted: RegionRecord) -> tuple[Region
         out.append(wanted)
     return tuple(out)
 
-
-def _scope_text(scope: str) -> str:
-    return "running domain" if scope == LIVE else "persistent definition"

@@ -279,22 +279,22 @@ def _libvirt_command(name: str, args: argparse.Namespace) -> int:
     """attach/detach; the gateway (libvirt, lxml) is imported here only, so create/list/inspect/remove start
     fast and work on a host without libvirt-python."""
     try:
-        from . import libvirt_gateway as gw
+        from . import libvirt_gateway, region_attach
     except ImportError as exc:
         print(f"Error. '{PROG} {name}' needs the host side (libvirt-python, lxml): {exc}; install the orion-vgpu "
               "package (./setup.sh)", file=sys.stderr)
         return 1
     try:
         if name == "attach":
-            done = gw.attach_region(args.domain, args.index, args.size, live=args.live, config=args.config,
-                                    persistent=True if args.persistent else None,
-                                    settings=ShmSettings.load(args.server_conf), uri=args.connect)
+            done = region_attach.attach_region(args.domain, args.index, args.size, live=args.live,
+                                               config=args.config, persistent=True if args.persistent else None,
+                                               settings=ShmSettings.load(args.server_conf), uri=args.connect)
         else:
             if args.wait < 0:
                 raise UsageError(f"{PROG} detach: --wait must be 0 or more seconds, not {args.wait:g}")
-            done = gw.detach_region(args.domain, args.index, live=args.live, config=args.config,
-                                    wait_s=args.wait, uri=args.connect)
-    except gw.GatewayError as exc:
+            done = region_attach.detach_region(args.domain, args.index, live=args.live, config=args.config,
+                                               wait_s=args.wait, uri=args.connect)
+    except libvirt_gateway.GatewayError as exc:
         print(f"Error. {exc}", file=sys.stderr)
         return next((code for code, error, _ in _LIBVIRT_EXITS if error == type(exc).__name__), 7)
     except ValueError as exc:  # xml_templates' DomainXmlError: a size or index QEMU cannot take

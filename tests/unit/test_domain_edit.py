@@ -19,7 +19,7 @@ from host_agent.domain_edit import (
     plan_attach,
     plan_detach,
     read_state,
-    shmem_size_mib,
+    scope_text,
     without_our_metadata,
 )
 from xml_templates.devices import ORION_NS, shmem_xml
@@ -58,9 +58,17 @@ def test_a_shmem_of_our_name_without_our_alias_is_foreign() -> None:
 
 
 @pytest.mark.parametrize(("size", "unit", "mib"), [("16", "M", 16), ("1", "G", 1024), ("33554432", "b", 32),
-                                                    ("65536", "KiB", 64), ("x", "M", None), ("1", "parsec", None)])
-def test_shmem_size_units(size: str, unit: str, mib: int | None) -> None:
-    assert shmem_size_mib(etree.fromstring(f"<shmem><size unit='{unit}'>{size}</size></shmem>")) == mib
+                                                    ("65536", "KiB", 64), ("x", "M", None), ("1", "parsec", None),
+                                                    ("\u00b2", "M", None)])
+def test_our_device_size_in_any_unit_and_unreadable_as_absent(size: str, unit: str, mib: int | None) -> None:
+    """The units themselves are tests/unit/test_shmem_size.py's; here: an unreadable size reads as no device."""
+    device = (f"<shmem name='orionsock100'><size unit='{unit}'>{size}</size>"
+              "<alias name='ua-orion-orionsock100'/></shmem>")
+    assert read_state(domain(device), 100).device_size_mib == mib
+
+
+def test_scope_text_names_both_definitions() -> None:
+    assert (scope_text(LIVE), scope_text(CONFIG)) == ("running domain", "persistent definition")
 
 
 # --- attach -----------------------------------------------------------------------------------------------

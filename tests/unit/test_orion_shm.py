@@ -626,7 +626,7 @@ def test_remove_while_the_agent_serves_says_how_to_stop_it(regions: Path, nobody
 def test_detach_says_how_to_remove_a_region_the_agent_still_serves(regions: Path, nobody_conf: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """detach keeps the file and used to advise a plain 'orion-shm remove N', which oriond's serving refuses."""
-    gw = pytest.importorskip("host_agent.libvirt_gateway")
+    gw = pytest.importorskip("host_agent.region_attach")
     assert shm("create", "-i", "1", "-s", "16", "-d", str(regions), "--config", nobody_conf).returncode == 0
     path = regions / "orionsock1"
     done = gw.Outcome(domain="g1", index=1, size_mib=16, path=str(path), scopes=("config",), changed=True)
