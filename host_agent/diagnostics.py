@@ -23,7 +23,7 @@ from ivshmem.record import (
     fill_pattern,
 )
 
-from .region_server import Reply, Session
+from .handler import Reply, Session
 
 AGENT_NAME = "orion-vgpu host agent"
 _DRAIN = int(Op.DRAIN)

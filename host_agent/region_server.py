@@ -7,7 +7,8 @@ runs in its own worker process, so one tenant's crash or hostile records end tha
 beats its channel's host heartbeat, which is what the client watches. The client is not trusted: session
 starts are rate-limited per channel and per region, a staged payload is bounded and may not stall, and
 malformed records are logged a few at a time (limits.py). What a worker does with records is the handler's
-business (diagnostics.py, or the CUDA executor); this module never looks inside a payload.
+business (handler.py's protocol: diagnostics.py, or the CUDA executor); this module never looks inside a
+payload.
 
 A supervisor maps its region, so if the file is truncated under it, it dies of SIGBUS; oriond therefore runs
 each region's supervisor in a process of its own (region_process.py) and this module never assumes it is
@@ -23,19 +24,19 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import NamedTuple, Protocol
 
 from ivshmem import layout, liveness
-from ivshmem.channel import Ctrl, HostChannel, HostReason, HostStatus, Sink, Streamed
+from ivshmem.channel import Ctrl, HostChannel, HostReason, HostStatus
 from ivshmem.errors import ChannelCorrupt, RecordError, RegionError, WireError
 from ivshmem.record import Flag, Record, Status
 from ivshmem.region import Region
 from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
 
 from . import region_file
+from .handler import Handler, HandlerFactory, Reply, Session, notes_for, route_notes
+from .handler import note as note  # executor.py's import of it, until that imports .handler
 from .limits import LogLimiter, TokenBucket
 from .stop import StopRequest
 
@@ -47,45 +48,12 @@ EXIT_PROTOCOL_VIOLATION = 3
 EXIT_REGION_FAILED = 4
 
 
-class Reply(NamedTuple):
-    status: int = 0
-    payload: bytes | bytearray | Streamed = b""
-
-
-class Session(NamedTuple):
-    number: int
-    region: str
-    channel: int
-    generation: int
-
-
-class Handler(Protocol):
-    """What a worker calls for each request of its session."""
-
-    def sink_for(self, opcode: int, length: int) -> Sink | None: ...
-
-    def handle(self, record: Record) -> Reply: ...
-
-
-HandlerFactory = Callable[[Session], Handler]
-_events: Connection | None = None  # where note() and the session-ended events go (oriond's region process)
-_session_number = 0  # in a worker process: its session
-
-
 class RegionRefused(RegionError):
     """region_file.py's rules forbid serving (or formatting) this file; the message says why and what to do."""
 
 
 class RegionShrunk(RegionError):
     """The region's file became smaller than its mapping while served (truncated by whoever can write it)."""
-
-
-def note(text: str) -> None:
-    """From a worker: tell oriond something it must act on when this session ends, however it ends (the worker
-    may be killed, and so may its supervisor). The executor notes the allocation it took up, so that oriond gives
-    it back. Sent at once on the region's event pipe (a small write on a pipe is atomic), never held here."""
-    if _events is not None:
-        _events.send(("note", _session_number, text))
 
 
 def die_with_parent(signum: int) -> None:
@@ -151,7 +119,8 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, o
         while True:
             try:
                 record = endpoint.receive(sink_for=sink_for)
-                assert record is not None
+                if record is None:  # receive() waits for a record, so this is never so: nothing to answer
+                    continue
                 reply = _answer(record, endpoint.generation, handler, session)
                 call_id, flags = record.call_id, record.flags
             except RecordError as exc:  # malformed header: answered, and the session goes on
@@ -183,11 +152,10 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, o
 
 
 def _worker_main(region_path: str, session: Session, factory: HandlerFactory, options: ServerOptions) -> None:
-    global _session_number
     die_with_parent(signal.SIGKILL)  # a supervisor that dies (SIGBUS on a truncated region) takes us along
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which ends us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _session_number = session.number
+    notes_for(session.number)
     try:
         code = serve_session(region_path, session, factory, options)
     except WireError as exc:  # the region became unusable under us (its header overwritten): this session ends
@@ -204,12 +172,12 @@ class RegionServer:
         """With `events` (oriond's region process), what workers note() and each ended session go there, as
         ("note", session, text) and ("ended", session, ""). `agent_pid` is the pid the region shows for its
         agent (oriond's, whose region process this is); by default this process's."""
-        global _events
         self.path = path
         self.factory = factory
         self.options = options or ServerOptions()
         self._stop = stop or StopRequest()
-        self._events = _events = events
+        self._events = events
+        route_notes(events)
         verdict = region_file.examine(path, self.options.channels)
         if verdict.action == region_file.REFUSE:
             raise RegionRefused(verdict.reason)

@@ -1,0 +1,61 @@
+"""What a session worker and the handler of its records share: `Session`, `Reply`, the `Handler` protocol, and
+`note()`, by which a handler tells oriond what it must act on when the session ends.
+
+region_server.py runs the workers and calls a handler for each record; diagnostics.py and executor.py are
+handlers. Both sides import this module and neither imports the other, so they form no import cycle. Nothing
+here serves a region or looks inside a payload.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import NamedTuple, Protocol
+
+from ivshmem.channel import Sink, Streamed
+from ivshmem.record import Record
+
+_events: Connection | None = None  # where note() goes (oriond's region process); inherited by forked workers
+_session_number = 0  # in a worker process: its session
+
+
+class Reply(NamedTuple):
+    status: int = 0
+    payload: bytes | bytearray | Streamed = b""
+
+
+class Session(NamedTuple):
+    number: int
+    region: str
+    channel: int
+    generation: int
+
+
+class Handler(Protocol):
+    """What a worker calls for each request of its session."""
+
+    def sink_for(self, opcode: int, length: int) -> Sink | None: ...
+
+    def handle(self, record: Record) -> Reply: ...
+
+
+HandlerFactory = Callable[[Session], Handler]
+
+
+def route_notes(events: Connection | None) -> None:
+    """In a supervisor, before it forks workers: where their note()s go (None: nowhere)."""
+    global _events
+    _events = events
+
+
+def notes_for(session_number: int) -> None:
+    """In a worker: the session its note()s are about."""
+    global _session_number
+    _session_number = session_number
+
+
+def note(text: str) -> None:
+    """From a worker: tell oriond something it must act on when this session ends, however it ends (the worker
+    may be killed, and so may its supervisor). The executor notes the allocation it took up, so that oriond gives
+    it back. Sent at once on the region's event pipe (a small write on a pipe is atomic), never held here."""
+    if _events is not None:
+        _events.send(("note", _session_number, text))
