@@ -1,13 +1,14 @@
 """Single-producer/single-consumer rings and staging arenas over shared memory.
 
 Only index arithmetic lives here: what goes in a slot is record.py's business, who waits and how is
-wait.py's. One process writes each index:
+wait.py's, where the words are is layout.py's (its offsets are bound once, when a ring is built, so the hot
+path does the same arithmetic as with literals). One process writes each index:
 
-| word            | offset in block | written by | read by  |
-|-----------------|-----------------|------------|----------|
-| head            | 0               | consumer   | producer |
-| tail            | 64              | producer   | consumer |
-| slots / chunks  | 128 / 4096      | producer   | consumer |
+| word            | offset in block (layout.py, the header's offsets table) | written by | read by  |
+|-----------------|----------------------------------------------------------|------------|----------|
+| head            | RING_HEAD, STAGING_HEAD (0)                              | consumer   | producer |
+| tail            | RING_TAIL, STAGING_TAIL (64)                             | producer   | consumer |
+| slots / chunks  | RING_SLOTS (128) / STAGING_CHUNKS (4096)                 | producer   | consumer |
 
 Memory ordering: Python has no atomics or fences. Slot bytes are written with memoryview slice assignment
 and indices with item assignment on a memoryview cast to 'I', which CPython performs as one aligned 4-byte
@@ -19,6 +20,7 @@ only writer), so the hot path loads one shared word per operation.
 from __future__ import annotations
 
 from .errors import ChannelCorrupt
+from .layout import RING_HEAD, RING_SLOTS, RING_TAIL, STAGING_CHUNKS, STAGING_HEAD, STAGING_TAIL
 
 U32 = 0xFFFFFFFF
 
@@ -98,7 +100,7 @@ class Ring(_Spsc):
     """A ring of `entries` slots of `slot_size` bytes (one record each)."""
 
     def __init__(self, words: memoryview, base: int, entries: int, slot_size: int, name: str,
-                 head: int = 0, tail: int = 64, slots: int = 128) -> None:
+                 head: int = RING_HEAD, tail: int = RING_TAIL, slots: int = RING_SLOTS) -> None:
         super().__init__(words, base, head, tail, slots, slot_size, entries, name)
 
 
@@ -106,5 +108,5 @@ class StagingArena(_Spsc):
     """A pipe of `count` chunks of `chunk_size` bytes for payloads larger than a slot."""
 
     def __init__(self, words: memoryview, base: int, chunk_size: int, count: int, name: str,
-                 head: int = 0, tail: int = 64, chunks: int = 4096) -> None:
+                 head: int = STAGING_HEAD, tail: int = STAGING_TAIL, chunks: int = STAGING_CHUNKS) -> None:
         super().__init__(words, base, head, tail, chunks, chunk_size, count, name)
