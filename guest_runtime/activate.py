@@ -20,6 +20,7 @@ import logging
 import sys
 
 from ivshmem.channel import ClientChannel
+from ivshmem.driver_api import table_digest
 from ivshmem.errors import WireError
 from ivshmem.record import AGENT_INFO_REPLY, BIND_REQUEST, Op, Status
 from ivshmem.region import Region
@@ -92,6 +93,7 @@ def _connect() -> ClientChannel:
     region = Region.discover()  # $ORION_SHM, an ivshmem PCI device, or /dev/shm/orionsock<N>
     channel = ClientChannel.claim(region)
     try:
+        channel.hello(table_digest())  # an agent built from another call table refuses here, in one line
         take_up_vgpus(channel)
     except BaseException:
         channel.close()

@@ -31,6 +31,10 @@ __all__ = ["DiagnosticsHandler", "fill_pattern"]
 
 
 class DiagnosticsHandler:
+    # The digest of the forwarded-call table this handler serves (driver_api.table_digest()); "" for the wire
+    # alone. A client whose HELLO names another table is refused (CudaExecutor sets it).
+    call_table = ""
+
     def __init__(self, session: Session) -> None:
         self.session = session
         self._drained = (0, 0)
@@ -72,13 +76,24 @@ class DiagnosticsHandler:
         return Reply(0, _streamed_pattern(length, seed))
 
     def _hello(self, record: Record) -> Reply:
-        protocol, _pid, _host = HELLO_REQUEST.decode(record.payload)
+        """Refuse, in one line that says what to do, a client of another wire protocol or call table."""
+        protocol = int.from_bytes(bytes(record.payload[:4]), "little")  # read first: older HELLOs differ after it
         if protocol != PROTOCOL:
-            return Reply(Status.MALFORMED, f"protocol {protocol} is not {PROTOCOL}".encode())
+            return _refused(f"the client speaks wire protocol {protocol}, this agent {PROTOCOL}: install the "
+                            f"orion-guest of the same release as oriond")
+        _protocol, _pid, _host, calls = HELLO_REQUEST.decode(record.payload)
+        if calls and calls != self.call_table:
+            mine = f"table {self.call_table}" if self.call_table else "none (it runs the wire alone)"
+            return _refused(f"the client forwards CUDA calls by call table {calls[:32]!r}; this agent serves "
+                            f"{mine}: install the orion-guest of the same release as oriond")
         return Reply(0, HELLO_REPLY.encode(AGENT_NAME, self.session.number))
 
 
 _OK = Reply(0)
+
+
+def _refused(why: str) -> Reply:
+    return Reply(Status.REFUSED, why.encode())
 
 
 def _streamed_pattern(length: int, seed: int) -> Streamed:

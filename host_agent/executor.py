@@ -56,6 +56,7 @@ from ivshmem.driver_api import (
     DriverCall,
     Handlers,
     LaunchConfig,
+    table_digest,
 )
 from ivshmem.errors import RecordError
 from ivshmem.record import AGENT_INFO_REPLY, BIND_REPLY, BIND_REQUEST, CUDA_OPCODE_BASE, Op, Record, Status
@@ -130,6 +131,8 @@ class _State:
 
 class CudaExecutor(DiagnosticsHandler):
     """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
+
+    call_table = table_digest()  # what a forwarding client's HELLO must name
 
     def __init__(self, session: Session, options: ExecutorOptions | None = None, driver: Any = None) -> None:
         """`driver` replaces cuda.bindings.driver (tests without a GPU pass a stand-in with its API)."""

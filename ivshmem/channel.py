@@ -524,10 +524,14 @@ class ClientChannel:
                 return record
             self.inbox.append(record)
 
-    def hello(self) -> tuple[str, int]:
-        reply = self.call(Op.HELLO, HELLO_REQUEST.encode(PROTOCOL, os.getpid(), socket.gethostname()))
+    def hello(self, calls: str = "") -> tuple[str, int]:
+        """Introduce this client: the wire protocol, and `calls`, the digest of the forwarded-call table it
+        speaks ("" for the wire alone). An agent that speaks another protocol or serves another table refuses,
+        and its one-line reason becomes this ChannelError's."""
+        reply = self.call(Op.HELLO, HELLO_REQUEST.encode(PROTOCOL, os.getpid(), socket.gethostname(), calls))
         if not reply.ok:
-            raise ChannelError(f"{self.region.where}: the host refused HELLO with status {reply.status}")
+            reason = bytes(reply.payload[:300]).decode(errors="replace") or f"status {reply.status}"
+            raise ChannelError(f"{self.region.where}: the host agent refused this client: {reason}")
         agent, session = HELLO_REPLY.decode(reply.payload)
         return agent, session
 

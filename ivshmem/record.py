@@ -17,7 +17,7 @@ from .errors import RecordError
 HEADER = struct.Struct("<QIIIIiI")
 assert HEADER.size == 32
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: HELLO names the call table the client forwards with
 CUDA_OPCODE_BASE = 0x100
 MAX_OPCODE = 0xFFFF
 
@@ -55,7 +55,9 @@ class Op(IntEnum):
     BIND = 7
 
 
-HELLO_REQUEST = Schema("HELLO", ("protocol", "u32"), ("pid", "u32"), ("hostname", "str"))
+# `calls`: the digest of the forwarded-call table the client speaks (driver_api.table_digest()), "" for a client
+# that uses the wire alone (orion-guest probe): an agent serving another table refuses it in one line.
+HELLO_REQUEST = Schema("HELLO", ("protocol", "u32"), ("pid", "u32"), ("hostname", "str"), ("calls", "str"))
 HELLO_REPLY = Schema("HELLO reply", ("agent", "str"), ("session", "u64"))
 AGENT_INFO_REPLY = Schema("AGENT_INFO reply", ("host", "str"), ("controller", "str"))
 BIND_REQUEST = Schema("BIND", ("allocation", "str"))

@@ -69,7 +69,7 @@ def test_layout_is_fixed_scalars_then_variable_fields_in_order() -> None:
 
 
 def test_wire_schemas_match_the_doc() -> None:
-    assert HELLO_REQUEST.encode(1, 42, "h") == struct.pack("<III", 1, 42, 1) + b"h"
+    assert HELLO_REQUEST.encode(2, 42, "h", "t") == struct.pack("<IIIs", 2, 42, 1, b"h") + struct.pack("<I", 1) + b"t"
     assert HELLO_REPLY.encode("agent", 9) == struct.pack("<QI", 9, 5) + b"agent"
     assert DRAIN_REPLY.encode(10, 0xDEADBEEF) == struct.pack("<QI", 10, 0xDEADBEEF)
     assert FILL_REQUEST.encode(1 << 33, 7) == struct.pack("<QI", 1 << 33, 7)

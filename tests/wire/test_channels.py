@@ -33,7 +33,7 @@ from ivshmem import layout, liveness
 from ivshmem.channel import ClientChannel, Ctrl, HostChannel, HostReason, HostStatus
 from ivshmem.errors import NoFreeChannel, PeerGone, RegionNotFormatted
 from ivshmem.layout import Geometry
-from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, HEADER, HELLO_REQUEST, Flag, Op, Record, Status
+from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, HEADER, HELLO_REQUEST, PROTOCOL, Flag, Op, Record, Status
 from ivshmem.region import Region
 
 MIB = 1 << 20
@@ -419,8 +419,11 @@ def test_fill_drain_and_handler_errors(served_region: str) -> None:
         # handler-level refusals: an error completion, and the session goes on
         assert call(ch, Op.FILL, FILL_REQUEST.encode((1 << 30) + 1, 0)).status == Status.TOO_LARGE
         assert call(ch, Op.FILL, b"\x01\x02").status == Status.MALFORMED
-        assert call(ch, Op.HELLO, HELLO_REQUEST.encode(2, 1, "h")).status == Status.MALFORMED
-        assert call(ch, Op.HELLO, HELLO_REQUEST.encode(1, 1, "h")[:-1]).status == Status.MALFORMED
+        other = call(ch, Op.HELLO, HELLO_REQUEST.encode(PROTOCOL + 1, 1, "h", ""))
+        assert other.status == Status.REFUSED and b"wire protocol" in bytes(other.payload)
+        assert call(ch, Op.HELLO, HELLO_REQUEST.encode(PROTOCOL, 1, "h", "")[:-1]).status == Status.MALFORMED
+        table = call(ch, Op.HELLO, HELLO_REQUEST.encode(PROTOCOL, 1, "h", "0123456789abcdef"))
+        assert table.status == Status.REFUSED and b"runs the wire alone" in bytes(table.payload)  # no CUDA here
         unknown = call(ch, 0x00FE, b"?")
         assert unknown.status == Status.UNKNOWN_OPCODE and unknown.payload
         assert call(ch, Op.ECHO, b"still serving").payload == b"still serving"
