@@ -29,9 +29,6 @@ from . import allocation, capsule_hook
 from .client_config import ClientConfigError, controller_setting
 from .forward import Forwarder
 from .runtime_shim import RuntimeShim
-from .startup import autoload, runs_host_side, wanted
-
-__all__ = ["activate", "autoload", "runs_host_side", "take_up_vgpus", "wanted"]  # start-up's, for the tests
 
 log = logging.getLogger(__name__)
 _forwarder: Forwarder | None = None

@@ -936,7 +936,7 @@ def test_without_a_quota_each_vgpu_gets_its_share_of_its_own_device(start: Calla
 
 CORE_PROGRAM = """
 import json
-import guest_runtime.activate as orion
+import guest_runtime.startup as orion
 orion.autoload()
 from cuda.core import Device
 device = Device(0)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from guest_runtime.activate import runs_host_side
+from guest_runtime.startup import runs_host_side
 from tests.processes import REPO, python_path
 
 

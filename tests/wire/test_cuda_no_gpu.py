@@ -2,7 +2,7 @@
 
 No fake anywhere: `python -m host_agent.oriond` runs as its own process on a region file `orionsock<N>` in a
 temporary directory (its server.conf points shm_path_base there); each guest is a fresh interpreter that calls
-`guest_runtime.activate.autoload()` (what the orion_guest.pth hook does) before any CUDA import, with ORION_SHM
+`guest_runtime.startup.autoload()` (what the orion_guest.pth hook does) before any CUDA import, with ORION_SHM
 naming the region. This host has no libcuda, so the agent's sessions answer as CUDA does after a failed cuInit,
 and the programs must see CUDA errors — never a crash, a hang or a Python exception from a trampoline.
 
@@ -128,7 +128,7 @@ def run_guest(script: str, **env: str) -> tuple[dict, subprocess.CompletedProces
 
 FORWARDED = """
     import json
-    import guest_runtime.activate as orion
+    import guest_runtime.startup as orion
     orion.autoload()  # what the .pth hook does at start-up: before any CUDA import
     from guest_runtime import capsule_hook
     from cuda.bindings import driver
@@ -174,7 +174,7 @@ def test_unmodified_programs_get_cuda_errors_from_an_agent_without_gpu(oriond: O
 
 NO_AGENT = """
     import json
-    import guest_runtime.activate as orion
+    import guest_runtime.startup as orion
     orion.autoload()
     from cuda.bindings import driver
     out = {"init": int(driver.cuInit(0)[0]), "count": int(driver.cuDeviceGetCount()[0])}
@@ -203,7 +203,7 @@ def test_a_formatted_region_without_agent_answers_no_device_and_says_why(tmp_pat
 
 WITHOUT_ORION = """
     import json
-    import guest_runtime.activate as orion
+    import guest_runtime.startup as orion
     orion.autoload()
     from guest_runtime import capsule_hook
     from cuda.bindings import driver

@@ -64,7 +64,7 @@ def result_of(result: subprocess.CompletedProcess[str], tag: str = "RESULT") -> 
 
 LAZY_MODULE_BLOCKS = """
     import json, os
-    import guest_runtime.activate as orion
+    import guest_runtime.startup as orion
     orion.autoload()
     from cuda.bindings import driver
     lazy("orion_lazy_probe", os.environ["PROBE"])
@@ -92,7 +92,7 @@ NOTHING_IMPORTED = """
         print("IMPORTED " + json.dumps(sorted(set(sys.modules) - seen["before"])), flush=True)
     atexit.register(after_orion)
     os.environ["ORION_SHM"] = os.environ["REGION"]  # not at start-up: the .pth would activate before us
-    import guest_runtime.activate as orion
+    import guest_runtime.startup as orion
     orion.autoload()
     lazy("orion_lazy_probe", os.environ["PROBE"])
     from cuda.bindings import driver, runtime
@@ -131,7 +131,7 @@ LATE_CALL = """
         print("LATE " + json.dumps([int(driver.cuInit(0)[0]), int(driver.cuDeviceGetCount()[0])]), flush=True)
     atexit.register(after_orion)
     os.environ["ORION_SHM"] = os.environ["REGION"]  # not at start-up: the .pth would activate before us
-    import guest_runtime.activate as orion
+    import guest_runtime.startup as orion
     orion.autoload()
     from cuda.bindings import driver
     print("RESULT " + json.dumps({"init": int(driver.cuInit(0)[0])}), flush=True)
