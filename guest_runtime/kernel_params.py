@@ -4,7 +4,7 @@
 nothing on the host. Two forms exist:
 
 * `kernelParams`: an array of N pointers, each at one argument's value. Their sizes are not in the call: the
-  host answers `cuFuncGetParamInfo(func, i)` -> (offset, size) for each parameter, and `pack_params` copies each
+  host answers `cuFuncGetParamInfo(func, i)` -> (offset, size) for each parameter, and `pack_checked` copies each
   value to its offset in a zeroed buffer (the padding between parameters stays zero).
 * `extra`: a list of pointer-sized (key, value) pairs ending with CU_LAUNCH_PARAM_END (0):
   CU_LAUNCH_PARAM_BUFFER_POINTER (1) -> the already packed buffer, CU_LAUNCH_PARAM_BUFFER_SIZE (2) -> a pointer
@@ -47,16 +47,12 @@ def check_layout(layout: Sequence[tuple[int, int]]) -> int:
     return total
 
 
-def pack_params(kernel_params_address: int, layout: Sequence[tuple[int, int]]) -> bytes:
-    """Pack the values `kernelParams[i]` points at into one buffer, value i at layout[i]'s offset.
-
-    `layout` is in parameter order (what cuFuncGetParamInfo reports for index 0, 1, ...). A kernel without
-    parameters packs to b"" and may have kernelParams NULL."""
-    return pack_checked(kernel_params_address, layout, check_layout(layout))
-
-
 def pack_checked(kernel_params_address: int, layout: Sequence[tuple[int, int]], total: int) -> bytes:
-    """pack_params for a layout already validated (total = check_layout(layout)): the per-launch fast path."""
+    """Pack the values `kernelParams[i]` points at into one buffer of `total` bytes, value i at layout[i]'s offset.
+
+    `layout` is in parameter order (what cuFuncGetParamInfo reports for index 0, 1, ...) and already validated:
+    `total` is check_layout(layout), computed once per function, not per launch. A kernel without parameters
+    packs to b"" and may have kernelParams NULL."""
     if not layout:
         return b""
     if not kernel_params_address:

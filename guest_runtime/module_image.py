@@ -193,7 +193,7 @@ def _measure(kind: Kind, read: Reader, peek: Peeker, ptx_limit: int) -> int:
         return _fatbin_length(read)
     if kind == "ptx":
         return _ptx_length(peek, ptx_limit)
-    raise ImageError("a fatbin wrapper points at its image: measure it from its address (locate/image_length)")
+    raise ImageError("a fatbin wrapper points at its image: measure it from its address (locate)")
 
 
 # --- bytes-level core (tests, and anything that already holds the bytes) -------------------------------------
@@ -309,15 +309,6 @@ def locate(address: int) -> ImageSpan:
     if _kind(_magic(peek)) != "fatbin":
         raise ImageError(f"fatbin wrapper at {address:#x} points at no fatbin ({start:#x})")
     return ImageSpan(kind, start, _fatbin_length(read))
-
-
-def image_length(address: int) -> int:
-    """How many bytes at `address` make up the image. A fatbin wrapper raises ImageError: its image lies elsewhere,
-    and shipping `length` bytes from the wrapper's address would be wrong; `locate` and `read_image` handle it."""
-    span = locate(address)
-    if span.address != address:
-        raise ImageError(f"{address:#x} holds a fatbin wrapper; its fatbin is at {span.address:#x} (use locate)")
-    return span.length
 
 
 def read_image(address: int) -> bytes:

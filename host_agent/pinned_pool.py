@@ -41,10 +41,6 @@ class HostPool:
         self.device_base = 0  # device pointer of host_base once registered
         self.allocations: dict[int, tuple[int, int]] = {}  # offset in the slice -> (size, flags)
 
-    @property
-    def same_address(self) -> bool:
-        return self.host_base != 0 and self.host_base == self.guest_base
-
     def map(self, proposed: int) -> tuple[int, int]:
         """POOL_MAP: the guest's slice is at `proposed`. Returns (CUresult, host address of the slice): equal to
         `proposed` when the host now maps it there too. Not once pages are allocated (they are registered)."""

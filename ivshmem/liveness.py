@@ -31,10 +31,6 @@ def try_lock(fd: int, offset: int) -> bool:
         raise
 
 
-def unlock(fd: int, offset: int) -> None:
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, offset, 1, 0))
-
-
 def is_locked(fd: int, offset: int) -> bool:
     """True if some open file description other than `fd`'s holds a lock on byte `offset`."""
     raw = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))

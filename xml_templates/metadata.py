@@ -28,8 +28,6 @@ from .errors import DomainXmlError
 REGIONS_TAG = f"{{{ORION_NS}}}regions"
 REGION_TAG = f"{{{ORION_NS}}}region"
 _NSMAP = {ORION_PREFIX: ORION_NS}
-# Elements libvirt puts before <metadata>; a new <metadata> goes after the last of them present.
-_BEFORE_METADATA = ("name", "uuid", "genid", "title", "description")
 
 
 @dataclass(frozen=True, order=True)
@@ -91,26 +89,3 @@ def read_regions(tree: etree._Element) -> list[RegionRecord]:
             raise DomainXmlError(f"unreadable Orion metadata: persistent={persistent!r} (want 'yes' or 'no')")
         records.append(RegionRecord(index, size_mib, persistent == "yes"))
     return records
-
-
-def set_regions(domain: etree._Element, regions: Iterable[RegionRecord]) -> etree._Element | None:
-    """Replace (or add) our record in `domain`'s `<metadata>`, in place; everything else stays as it was.
-
-    Returns the new element; an empty `regions` removes our record (leaving `<metadata>`) and returns None."""
-    new = regions_element(regions)
-    metadata = domain.find("metadata")
-    if metadata is None:
-        metadata = etree.Element("metadata")
-        anchors = [child for child in domain if child.tag in _BEFORE_METADATA]
-        position = domain.index(anchors[-1]) + 1 if anchors else 0
-        domain.insert(position, metadata)
-    old = metadata.find(REGIONS_TAG)
-    if old is not None:
-        new.tail = old.tail
-        metadata.replace(old, new)
-    else:
-        metadata.append(new)
-    if not len(new):
-        metadata.remove(new)
-        return None
-    return new

@@ -26,7 +26,7 @@ from xml_templates import domain
 from xml_templates.cli import main
 from xml_templates.devices import ORION_NS, shmem_alias, shmem_element
 from xml_templates.errors import DomainXmlError
-from xml_templates.metadata import RegionRecord, read_regions, regions_element, regions_xml, set_regions
+from xml_templates.metadata import RegionRecord, read_regions, regions_element, regions_xml
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
@@ -225,19 +225,3 @@ def test_read_regions_refuses_unreadable(region: str) -> None:
         read_regions(tree)
 
 
-def test_set_regions_in_place_keeps_the_rest() -> None:
-    other = '<app:x xmlns:app="urn:other">keep</app:x>'
-    text = f"<domain type='qemu'><name>g</name><metadata>{other}</metadata><memory>1</memory></domain>"
-    tree = etree.fromstring(text)
-    set_regions(tree, [RegionRecord(1, 32)])
-    set_regions(tree, [RegionRecord(1, 32), RegionRecord(2, 64)])  # replaces, never adds a second record
-    assert read_regions(tree) == [RegionRecord(1, 32), RegionRecord(2, 64)]
-    assert len(tree.findall(f"metadata/{{{ORION_NS}}}regions")) == 1
-    assert set_regions(tree, []) is None
-    assert etree.tostring(tree, encoding="unicode") == text.replace("'", '"')
-
-
-def test_set_regions_adds_metadata_after_the_name() -> None:
-    tree = etree.fromstring("<domain><name>g</name><uuid>u</uuid><memory>1</memory></domain>")
-    set_regions(tree, [RegionRecord(0, 16)])
-    assert [child.tag for child in tree] == ["name", "uuid", "metadata", "memory"]

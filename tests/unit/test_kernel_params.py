@@ -19,7 +19,7 @@ from guest_runtime.kernel_params import (
     MAX_EXTRA_ENTRIES,
     MAX_PARAM_BYTES,
     check_layout,
-    pack_params,
+    pack_checked,
     params_from_extra,
 )
 
@@ -30,6 +30,11 @@ class Float4(ctypes.Structure):
 
 class Pair(ctypes.Structure):  # 16 bytes: double + long long
     _fields_ = [("a", ctypes.c_double), ("b", ctypes.c_longlong)]
+
+
+def pack_params(kernel_params_address: int, layout: Sequence[tuple[int, int]]) -> bytes:
+    """What forward.py does per launch: the layout checked (once per function there), then packed."""
+    return pack_checked(kernel_params_address, layout, check_layout(layout))
 
 
 def kernel_params(values: Sequence[ctypes._CData]) -> ctypes.Array[ctypes.c_void_p]:
@@ -113,7 +118,7 @@ def test_bad_layouts_raise(layout: list[tuple[int, int]]) -> None:
     with pytest.raises(ValueError):
         check_layout(layout)
     with pytest.raises(ValueError):
-        pack_params(ctypes.addressof(array), layout)
+        pack_params(ctypes.addressof(array), layout)  # forward.py never packs a layout check_layout refused
 
 
 def test_null_pointers_raise() -> None:
