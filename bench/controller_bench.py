@@ -33,10 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from controller.client import ControllerClient  # noqa: E402
 from controller.keys import Keys  # noqa: E402
 from controller.pool import GpuPool, GpuSpec  # noqa: E402
 from controller.store import EtcdStore  # noqa: E402
+from guest_runtime.controller_client import ControllerClient  # noqa: E402
 from tests.controller.rig import ControllerProcess, EtcdServer, call, etcd_binary  # noqa: E402
 
 CONCURRENT_REQUESTS = 500

@@ -1,10 +1,10 @@
 """vGPUs for this process from the Orion Controller: request, keep alive, release at exit.
 
 Orion's client asks the controller for ``ORION_VGPU`` vGPUs of ``ORION_GMEM`` MiB when the application
-initialises CUDA and gives them back when it exits (ORION-COMPAT.md §4.5, §4.7). This module does the same
-through the controller's JSON API (docs/controller.md) with the standard library only: the ``orion-guest``
-wheel must not import ``controller``, so this is a small client of its own rather than
-``controller.client.ControllerClient``.
+initialises CUDA and gives them back when it exits, with Orion's stderr lines (``[INFO] Using Orion resource
+…``, ``Client exits with allocation ID …``). This module does the same through the controller's JSON API
+(docs/controller.md) with the one controller client (controller_client.py, standard library only), on a fresh
+connection per request: requests are rare (one per keep-alive period).
 
 * The lease is kept alive by a daemon thread (every TTL/3, the controller's rule), with its own connection,
   so a process that dies for any reason stops the keep-alives and the controller reclaims the vGPUs when
@@ -22,17 +22,17 @@ opcodes AGENT_INFO and BIND). Reaching another host's agent over the network is 
 """
 from __future__ import annotations
 
-import http.client
-import json
 import os
-import socket
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TextIO
+from typing import Any, TextIO
+
+from .controller_client import Answer, ControllerClient, ControllerClientError, quote
+from .ini import whole_number
 
 REQUEST_TIMEOUT_S = 5.0
 EXIT_TIMEOUT_S = 2.0  # the release at exit: a program's end waits no longer than this per socket operation
@@ -46,50 +46,28 @@ def stamp() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
 
 
-class _Answer(NamedTuple):
-    status: int
-    body: dict[str, Any]
-    peer: str  # ``ip:port`` that answered: where later requests can go without resolving a name
+CONFIGURED_BY = "ORION_CONTROLLER / controller_addr in client.conf"
 
 
 def _request(address: str, method: str, path: str, body: Any = None, timeout_s: float = REQUEST_TIMEOUT_S,
-             via: str = "") -> _Answer:
-    """One JSON request to the controller at ``address`` (connecting to ``via`` instead when given) on a fresh
-    connection (requests are rare: one per keep-alive period)."""
-    host, _, port = (via or address).rpartition(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+             via: str = "") -> Answer:
+    """One request to the controller at ``address`` (connecting to ``via`` instead when given: an ``ip:port``
+    that answered before) on a fresh connection; AllocationError, one line, when nothing answered."""
     try:
-        data = None if body is None else json.dumps(body).encode()
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
-        peer = _address_of(conn.sock.getpeername()) if conn.sock is not None else ""
-        resp = conn.getresponse()
-        raw = resp.read()
-    except (OSError, http.client.HTTPException) as exc:
-        why = "timed out" if isinstance(exc, socket.timeout | TimeoutError) else str(exc) or type(exc).__name__
-        raise AllocationError(f"cannot reach the Orion Controller at {address} ({why}); check that it runs "
-                              f"there and ORION_CONTROLLER / controller_addr in client.conf") from None
-    finally:
-        conn.close()
-    try:
-        answer = json.loads(raw) if raw else {}
-    except ValueError:
-        answer = {"reason": raw.decode(errors="replace")[:200]}
-    return _Answer(resp.status, answer if isinstance(answer, dict) else {}, peer)
-
-
-def _address_of(sockaddr: tuple[Any, ...]) -> str:
-    ip, port = sockaddr[0], sockaddr[1]
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+        with ControllerClient(address, timeout_s, via=via, configured_by=CONFIGURED_BY) as client:
+            return client.request(method, path, body)
+    except ControllerClientError as exc:
+        raise AllocationError(exc.reason) from None
+    except ValueError as exc:  # a malformed address
+        raise AllocationError(str(exc)) from None
 
 
 def _positive(environ: Mapping[str, str], name: str) -> int | None:
+    """ASCII digits only, as Orion's C client reads them (ini.whole_number): ``int`` would take '١' or '1_0'."""
     text = environ.get(name, "").strip()
     if not text:
         return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+    value = whole_number(text) or 0
     if value < 1:
         raise AllocationError(f"{name}={text!r} is not a positive whole number"
                               + (" of MiB" if name == "ORION_GMEM" else " of vGPUs"))
@@ -130,14 +108,14 @@ class Allocation:
             body["memory_mib"] = memory_mib
         if host:
             body["host"] = host
-        status, answer, peer = _request(controller, "POST", "/api/v1/allocations", body)
-        if status != 201:
-            raise AllocationError(f"Fail to get resource from controller {controller}: "
-                                  f"{answer.get('reason') or f'HTTP {status}'}")
+        granted = _request(controller, "POST", "/api/v1/allocations", body)
+        answer = granted.json()
+        if granted.status != 201:
+            raise AllocationError(f"Fail to get resource from controller {controller}: {granted.reason()}")
         try:
             return cls(controller, str(answer["id"]), str(answer["host"]), str(answer["address"]),
                        int(answer["port"]), list(answer["vgpus"]), int(answer["ttl_s"]),
-                       _release_to=peer)
+                       _release_to=granted.peer)
         except (KeyError, TypeError, ValueError):
             raise AllocationError(f"the controller at {controller} gave a malformed answer: {answer!r:.200}") from None
 
@@ -154,12 +132,12 @@ class Allocation:
         period = max(0.5, self.ttl_s / 3)
         while not self._stop.wait(period):
             try:
-                status, answer, _ = _request(self.controller, "POST", f"/api/v1/allocations/{self.id}/keepalive")
+                kept = _request(self.controller, "POST", f"/api/v1/allocations/{quote(self.id)}/keepalive")
             except AllocationError as exc:  # a hiccup: try again next period; the lease covers three of them
                 print(f"orion: keep-alive of allocation {self.id} failed: {exc}", file=sys.stderr)
                 continue
-            if status == 404:
-                self.lost = answer.get("reason") or "the controller no longer knows it"
+            if kept.status == 404:
+                self.lost = kept.json().get("reason") or "the controller no longer knows it"
                 print(f"orion: allocation {self.id} was lost ({self.lost}); its vGPUs may be given to others",
                       file=sys.stderr)
                 return
@@ -176,10 +154,10 @@ class Allocation:
         if self.lost is None:
             why = ""
             try:
-                status, answer, _ = _request(self.controller, "DELETE", f"/api/v1/allocations/{self.id}",
-                                             timeout_s=timeout_s, via=self._release_to)
-                if status not in (200, 404):
-                    why = f"{answer.get('reason') or f'HTTP {status}'}"
+                done = _request(self.controller, "DELETE", f"/api/v1/allocations/{quote(self.id)}",
+                                timeout_s=timeout_s, via=self._release_to)
+                if done.status not in (200, 404):
+                    why = done.reason()
             except AllocationError as exc:
                 why = str(exc)
             if why:

@@ -1,34 +1,21 @@
-"""The "Checking Orion Controller" part of ``orion-check``, with Orion's wording (ORION-COMPAT.md §6.2, §4.6).
+"""The "Checking Orion Controller" part of ``orion-check``, with the wording of Orion's bash tool.
 
 Like the original (``nc -zv`` then ``curl``), it talks only Orion's plain-text REST endpoints, ``/info`` and
-``/devices``, so it diagnoses any Orion-compatible controller, ours included. Standard library only: it ships
-in the ``orion-guest`` wheel, where ``controller`` must not be imported. The typos ("addrress",
-"Infomation", "managered") are Orion's and kept, so scripts that grep its output keep working.
+``/devices`` (with the headers ``data_version`` and ``api_version``; the last ``=N`` of a ``/devices`` answer
+is the count), so it diagnoses any Orion-compatible controller, ours included, through the one controller
+client (controller_client.py). The typos ("addrress", "Infomation", "managered") are Orion's and kept, so
+scripts that grep its output keep working.
 """
 from __future__ import annotations
 
-import http.client
 from typing import TextIO
 
 from .client_config import ControllerSetting
+from .controller_client import ControllerClient, ControllerClientError
 
 HEADERS = {"data_version": "0.2", "api_version": "0.2"}
 TIMEOUT_S = 5.0
 DEFAULT_SOURCE = "default"  # ControllerSetting.source when nothing is configured and Orion's default is tried
-
-
-def _get(address: str, path: str) -> str:
-    host, _, port = address.rpartition(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
-    try:
-        conn.request("GET", path, headers=HEADERS)
-        resp = conn.getresponse()
-        body = resp.read().decode(errors="replace").strip()
-        if resp.status != 200:
-            raise OSError(f"HTTP {resp.status}: {body[:200]}")
-        return body
-    finally:
-        conn.close()
 
 
 def check_controller(setting: ControllerSetting, out: TextIO) -> bool:
@@ -43,17 +30,23 @@ def check_controller(setting: ControllerSetting, out: TextIO) -> bool:
     print("[Info] Environment variable ORION_CONTROLLER has the first priority.", file=out)
     print(file=out)
     try:
-        version = _get(address, "/info?data_version&api_version")
-    except (OSError, http.client.HTTPException, ValueError):
-        print(f"[Error] Can not reach {address}. Please make sure Orion Controller is launched at the address, "
-              f"and the firewall is correctly set.", file=out)
+        client = ControllerClient(address, TIMEOUT_S)
+    except ValueError as exc:  # not HOST:PORT (client_config checked it, so only a caller's mistake)
+        print(f"[Error] {exc}", file=out)
         return False
-    print(f"Orion Controller Version Infomation : {version}", file=out)
-    try:
-        total = _get(address, "/devices?res=nvidia_cuda").rsplit("=", 1)[-1]
-        free = _get(address, "/devices?res=nvidia_cuda&used=true").rsplit("=", 1)[-1]
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        print(f"[Error] Fail to get vGPU information from Orion Controller at {address}: {exc}", file=out)
-        return False
+    with client:
+        try:
+            version = client.text("/info?data_version&api_version", HEADERS)
+        except ControllerClientError:
+            print(f"[Error] Can not reach {address}. Please make sure Orion Controller is launched at the "
+                  f"address, and the firewall is correctly set.", file=out)
+            return False
+        print(f"Orion Controller Version Infomation : {version}", file=out)
+        try:
+            total = client.text("/devices?res=nvidia_cuda", HEADERS).rsplit("=", 1)[-1]
+            free = client.text("/devices?res=nvidia_cuda&used=true", HEADERS).rsplit("=", 1)[-1]
+        except ControllerClientError as exc:
+            print(f"[Error] Fail to get vGPU information from Orion Controller at {address}: {exc}", file=out)
+            return False
     print(f"There are {total} vGPU under managered by Orion Controller. {free} vGPU are free now.", file=out)
     return True

@@ -26,7 +26,7 @@ import signal
 import threading
 from multiprocessing.connection import Connection
 
-from controller.client import ControllerClient, ControllerClientError
+from guest_runtime.controller_client import ControllerClient, ControllerClientError
 
 from .gpu_inventory import GpuInfo
 from .region_server import die_with_parent
@@ -99,7 +99,7 @@ class ControllerLink:
         self._client.register_host(self.host, [g.as_json() for g in self.gpus], port=self.port,
                                    vgpu_count=self.vgpu_count, address=self.host)
         ttl = self._client.heartbeat(self.host)
-        log.info("Successfully connect to Orion Controller.")  # sic: Orion's words (ORION-COMPAT.md §4.4)
+        log.info("Successfully connect to Orion Controller.")  # sic: Orion's own words; scripts grep them
         log.info("Report Orion compatible resource to %s", self.address)
         for g in self.gpus:
             log.info("%s (ID: %s) is reported to Orion Controller.", g.name, g.uuid)

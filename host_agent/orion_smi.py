@@ -1,7 +1,8 @@
 """`orion-smi`: the pool's vGPUs as the Orion Controller sees them, in the shape of Orion's orion-smi.
 
-Orion's tool (ORION-COMPAT.md §4.8) prints an nvidia-smi-like table: two rows per vGPU (host IP, then pGPU,
-vGPU, physical GPU name and Memory-Usage), then a process table. Ours reads the controller's JSON API, so it
+Orion's tool (shipped with its client runtime, known from a screenshot in Orion's PyTorch blog post) prints an
+nvidia-smi-like table: two rows per vGPU (host IP, then pGPU, vGPU, physical GPU name and Memory-Usage), then a
+process table. Ours reads the controller's JSON API, so it
 shows what the controller knows: every vGPU of every live host, and for each its reserved memory out of its
 share (a claimed vGPU: the allocation's memory; a free one: 0 of the default share, GPU memory / vgpu_count).
 The controller does not see processes, so the lower table lists allocations (id and client) where Orion's
@@ -16,7 +17,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from controller.client import ControllerClient, ControllerClientError
+from guest_runtime.controller_client import ControllerClient, ControllerClientError
 
 from .config import DEFAULT_PATH, ServerConfig
 from .server_conf import ConfigError
@@ -80,7 +81,7 @@ class AddressError(ValueError):
 
 def _address(explicit: str | None, config_path: str) -> str:
     """--controller, else ORION_CONTROLLER, else server.conf's controller_addr, else Orion's default; checked
-    here, because the client reads port 0 as "no port" (so 9123) and a word as a port is a raw parse error."""
+    here, so that a bad one is one line naming where it came from (and an address without a port means 9123)."""
     if explicit:
         return checked_address(explicit, "--controller")
     if os.environ.get("ORION_CONTROLLER"):

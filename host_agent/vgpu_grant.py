@@ -2,7 +2,7 @@
 
 A guest runtime that asked the Orion Controller for vGPUs sends the allocation id (wire opcode BIND). The
 session worker then confirms the allocation with the controller oriond reports to, naming this host, as
-Orion's oriond does with ``PUT /service/confirm`` (ORION-COMPAT.md §4.6). The controller refuses an id it does
+Orion's oriond does with ``PUT /service/confirm/<id>``. The controller refuses an id it does
 not know and one granted on another host, so a guest cannot pick its own GPUs or quota: only oriond's own
 controller is asked, never an address the guest sends. The granted GPUs are found here by UUID (the
 controller's GPU indexes are the registering host's, but the UUID is what cannot be mistaken), in grant order,
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from controller.client import ControllerClient, ControllerClientError
 from controller.keys import valid_name
+from guest_runtime.controller_client import ControllerClient, ControllerClientError
 
 from .gpu_inventory import of_driver
 

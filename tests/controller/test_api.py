@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.client import ControllerClient, ControllerClientError
+from guest_runtime.controller_client import ControllerClient, ControllerClientError
 from tests.controller.rig import REPO, ControllerProcess, EtcdServer, call, free_port
 
 pytestmark = pytest.mark.functional

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from controller.client import ControllerClient, ControllerClientError
+from guest_runtime.controller_client import ControllerClient, ControllerClientError
 from tests.controller.rig import ControllerProcess, call
 
 pytestmark = pytest.mark.functional

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.client import ControllerClient
+from guest_runtime.controller_client import ControllerClient
 from ivshmem.channel import ClientChannel
 from ivshmem.record import AGENT_INFO_REPLY, BIND_REQUEST, Op, Status
 from ivshmem.region import Region

@@ -11,9 +11,9 @@ from urllib.parse import quote
 
 import pytest
 
-from controller.client import ControllerClient
 from controller.keys import valid_name
 from controller.service import LogrusFormatter
+from guest_runtime.controller_client import ControllerClient
 from tests.controller.rig import ControllerProcess, call
 
 pytestmark = pytest.mark.functional

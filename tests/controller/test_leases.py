@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.client import ControllerClient, ControllerClientError
+from guest_runtime.controller_client import ControllerClient, ControllerClientError
 from tests.controller.rig import ControllerProcess, call, wait_until
 from tests.processes import stop_process
 

@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import pytest
 
-from controller.client import ControllerClient
 from controller.errors import BadRequest, EtcdRefused
 from controller.keys import Keys
 from controller.pool import ETCD_DEFAULT_MAX_TXN_OPS, GpuPool, GpuSpec
 from controller.store import EtcdStore
+from guest_runtime.controller_client import ControllerClient
 from tests.controller.rig import REPO, ControllerProcess, EtcdServer, call, free_port
 
 pytestmark = pytest.mark.functional

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.client import ControllerClient
+from guest_runtime.controller_client import ControllerClient
 from tests.controller.rig import REPO, ControllerProcess, free_port
 from tests.controller.test_leases import register
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from controller.client import ControllerClient
+from guest_runtime.controller_client import ControllerClient
 from tests.controller.oriond_proc import Oriond
 from tests.controller.rig import REPO, ControllerProcess, free_port, wait_until
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from controller.client import ControllerClient, ControllerClientError
+from guest_runtime.controller_client import ControllerClient, ControllerClientError
 from tests.controller.rig import ControllerProcess, EtcdServer, call, wait_until
 
 pytestmark = pytest.mark.functional
