@@ -85,17 +85,14 @@ def json_object(body: bytes) -> dict[str, Any]:
     return data
 
 
-def integer(data: Mapping[str, Any], key: str, lo: int, hi: int, required: bool = True,
-            what: str = "", note: str = "") -> int | None:
-    """``data[key]`` as an int in [lo, hi]; strings of digits are accepted (query strings are all strings).
-    ``note`` says why ``hi`` is the limit, for a value over it."""
-    label = what or key
+def optional_integer(data: Mapping[str, Any], key: str, lo: int, hi: int, what: str = "",
+                     note: str = "") -> int | None:
+    """``data[key]`` as an int in [lo, hi], or None when it is absent, null or ""; strings of digits are
+    accepted (query strings are all strings). ``note`` says why ``hi`` is the limit, for a value over it."""
     if key not in data or data[key] is None or data[key] == "":
-        if required:
-            raise BadRequest(f"{label} is required: an integer from {lo} to {hi}")
         return None
     raw = data[key]
-    wanted = f"{label} must be an integer from {lo} to {hi}"
+    wanted = f"{what or key} must be an integer from {lo} to {hi}"
     if isinstance(raw, bool) or not isinstance(raw, int | str):
         raise BadRequest(f"{wanted}, got {shown(raw)}")
     try:
@@ -104,6 +101,14 @@ def integer(data: Mapping[str, Any], key: str, lo: int, hi: int, required: bool 
         raise BadRequest(f"{wanted}, got {shown(raw)}") from None
     if not lo <= value <= hi:
         raise BadRequest(f"{wanted}, got {shown(value)}{f' ({note})' if note and value > hi else ''}")
+    return value
+
+
+def integer(data: Mapping[str, Any], key: str, lo: int, hi: int, what: str = "", note: str = "") -> int:
+    """:func:`optional_integer` for a field that must be there: BadRequest when it is absent."""
+    value = optional_integer(data, key, lo, hi, what, note)
+    if value is None:
+        raise BadRequest(f"{what or key} is required: an integer from {lo} to {hi}")
     return value
 
 
@@ -155,9 +160,8 @@ def allocation_request(data: Mapping[str, Any], max_vgpus: int) -> AllocationReq
         raise BadRequest(f"unknown field(s) {_fields(unknown)}; allowed: vgpus, memory_mib, "
                          f"ttl_s, client, host")
     count = integer(data, "vgpus", 1, max_vgpus, note=_vgpu_limit_note(max_vgpus))
-    assert count is not None
-    return AllocationRequest(count, integer(data, "memory_mib", 1, MAX_MEMORY_MIB, required=False),
-                             integer(data, "ttl_s", 1, MAX_TTL_S, required=False),
+    return AllocationRequest(count, optional_integer(data, "memory_mib", 1, MAX_MEMORY_MIB),
+                             optional_integer(data, "ttl_s", 1, MAX_TTL_S),
                              label(data, "client"), optional_host(data))
 
 
@@ -173,8 +177,7 @@ def orion_service_query(query: Mapping[str, str], max_vgpus: int) -> AllocationR
     """Orion's ``GET /service?nvidia_vgpu=N[&memory=M]`` (ORION_VGPU, ORION_GMEM); N at most ``max_vgpus``."""
     count = integer(query, "nvidia_vgpu", 1, max_vgpus, what="nvidia_vgpu (ORION_VGPU)",
                     note=_vgpu_limit_note(max_vgpus))
-    assert count is not None
-    memory = integer(query, "memory", 1, MAX_MEMORY_MIB, required=False, what="memory (ORION_GMEM, MiB)")
+    memory = optional_integer(query, "memory", 1, MAX_MEMORY_MIB, what="memory (ORION_GMEM, MiB)")
     return AllocationRequest(count, memory, None)
 
 
@@ -190,11 +193,10 @@ def orion_resource(query: Mapping[str, str], required: bool = True) -> None:
 def _gpu(item: Any, position: int) -> GpuSpec:
     if not isinstance(item, dict):
         raise BadRequest(f"gpus[{position}] must be an object with uuid, name, memory_mib")
-    index = integer(item, "index", 0, 9999, required=False, what=f"gpus[{position}].index")
+    index = optional_integer(item, "index", 0, 9999, what=f"gpus[{position}].index")
     memory = integer(item, "memory_mib", 1, MAX_MEMORY_MIB, what=f"gpus[{position}].memory_mib")
-    vgpus = integer(item, "vgpu_count", 1, MAX_VGPU_COUNT, required=False, what=f"gpus[{position}].vgpu_count")
+    vgpus = optional_integer(item, "vgpu_count", 1, MAX_VGPU_COUNT, what=f"gpus[{position}].vgpu_count")
     uuid = name(text(item, "uuid"), f"gpus[{position}].uuid")
-    assert memory is not None
     return GpuSpec(position if index is None else index, uuid,
                    label(item, "name", default=uuid, what=f"gpus[{position}].name"), memory, vgpus)
 
@@ -210,11 +212,11 @@ def host_registration(data: Mapping[str, Any]) -> HostRegistration:
     indices = [g.index for g in gpus]
     if len(set(indices)) != len(indices):
         raise BadRequest(f"gpus have duplicate indices {sorted(indices)}; each GPU needs its own index")
-    port = integer(data, "port", 1, 65535, required=False)
-    vgpu_count = integer(data, "vgpu_count", 1, MAX_VGPU_COUNT, required=False)
+    port = optional_integer(data, "port", 1, 65535)
+    vgpu_count = optional_integer(data, "vgpu_count", 1, MAX_VGPU_COUNT)
     return HostRegistration(host, name(text(data, "address", required=False, default=host), "address"),
                             port or DEFAULT_PORT, vgpu_count or DEFAULT_VGPU_COUNT, gpus,
-                            integer(data, "ttl_s", 1, MAX_TTL_S, required=False))
+                            optional_integer(data, "ttl_s", 1, MAX_TTL_S))
 
 
 def _flatten(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -245,8 +247,7 @@ def device_info(data: Mapping[str, Any]) -> DeviceInfo:
     host = name(text(flat, "device_ip"), "device_ip")
     memory = integer(flat, "memory", 1, MAX_MEMORY_MIB, what="memory (MiB)")
     index = integer(flat, "device_index", 0, 9999)
-    vgpus = integer(flat, "vdevice_num", 1, MAX_VGPU_COUNT, required=False)
-    port = integer(flat, "device_port", 1, 65535, required=False)
+    vgpus = optional_integer(flat, "vdevice_num", 1, MAX_VGPU_COUNT)
+    port = optional_integer(flat, "device_port", 1, 65535)
     uuid = name(text(flat, "device_id"), "device_id")
-    assert memory is not None and index is not None
     return DeviceInfo(host, GpuSpec(index, uuid, label(flat, "device_name", default=uuid), memory, vgpus), port)
