@@ -1,1 +1,2 @@
-"""orion-controller: the vGPU pool in etcd and Orion's REST API on :9123 (the controller issue builds it)."""
+"""orion-controller: the vGPU pool in etcd, Orion's REST API and a JSON API on :9123 (docs/controller.md).
+Its client is guest_runtime/controller_client.py, which the guest wheel ships too."""

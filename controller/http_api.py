@@ -293,7 +293,8 @@ def build_app(pool: GpuPool, executor: ThreadPoolExecutor) -> web.Application:
     app[METRICS] = Metrics(pool)
     app[EXECUTOR] = executor
     r = app.router
-    # Orion's endpoints (ORION-COMPAT.md §4.6); confirm and release before the generic /service/{a}/{b}
+    # Orion's endpoints (as its oriond, client and orion-check call them); confirm and release before the
+    # generic /service/{a}/{b}
     r.add_get("/info", orion_info)
     r.add_get("/devices", orion_devices)
     r.add_post("/heartbeat/{host}", orion_heartbeat)

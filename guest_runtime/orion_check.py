@@ -1,4 +1,4 @@
-"""``orion-check``: Orion's health check tool (ORION-COMPAT.md §6.2), against this project's components.
+"""``orion-check``: Orion's health check tool (a bash script in its packages), against this project's components.
 
 ``orion-check install [server|client|controller|all]`` prints the installation summary (``all`` when no
 target is given: the README's bare ``orion-check install``, which Orion refused), ``orion-check runtime
