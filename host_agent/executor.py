@@ -2,9 +2,11 @@
 
 One instance lives in each session worker process (region_server.py), so a tenant's GPU context, memory and
 crashes stay its own. Every handle and device pointer the client sends is checked against what this session
-created before it reaches the driver; a call that fails the check gets a CUDA error code, never an
-exception. A vGPU quota caps what the session's process holds on the GPU (quota.py counts it) and is what
-cuMemGetInfo/cuDeviceTotalMem report. Guest device ordinals map to the physical devices given to the session.
+created before it reaches the driver (session_ledger.py keeps what it created); a call that fails the check
+gets a CUDA error code, never an exception. A vGPU quota caps what the session's process holds on the GPU
+(vgpu_quota.py decides, quota.py counts) and is what cuMemGetInfo/cuDeviceTotalMem report. Guest device
+ordinals map to the physical devices given to the session. This module decodes, dispatches and encodes; it
+composes the ledger and the quota and keeps neither's state.
 
 Calls whose parameters are all scalars, handles or pointers to them run through one generic path driven by
 ivshmem.driver_api; the few that move buffers, strings or images are written out below, registered in `HOST`
@@ -19,12 +21,11 @@ import logging
 import os
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ivshmem.channel import Sink, Streamed
 from ivshmem.cuda_status import (
-    INVALID_CONTEXT,
     INVALID_DEVICE,
     INVALID_HANDLE,
     INVALID_VALUE,
@@ -37,7 +38,6 @@ from ivshmem.cuda_status import (
 from ivshmem.driver_api import (
     BY_OPCODE,
     ENUMS,
-    HANDLES,
     JIT_SCALAR_OPTIONS,
     LAUNCH_ATTRIBUTE,
     LAUNCH_ATTRIBUTES_EVENT,
@@ -63,12 +63,13 @@ from ivshmem.record import AGENT_INFO_REPLY, BIND_REPLY, BIND_REQUEST, CUDA_OPCO
 from ivshmem.region import Region
 
 from .diagnostics import DiagnosticsHandler
-from .gpu_memory import MemoryMeter, MeterFactory, open_nvml
+from .gpu_memory import MeterFactory
 from .limits import one_line
 from .pinned_pool import HostPool
-from .quota import UsageAccount
 from .region_server import Reply, Session, note
+from .session_ledger import CHECKED, SessionLedger
 from .vgpu_grant import GrantRefused, take_up
+from .vgpu_quota import VgpuQuota, initial_limits
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,8 @@ POLICY = Handlers("host policy")
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 CU_MEMHOSTREGISTER_PORTABLE = 1
 CU_MEMHOSTALLOC_FLAGS = 0x7  # PORTABLE | DEVICEMAP | WRITECOMBINED
-# Handles a guest may pass as 0 (NULL) meaning "the default": the legacy stream, no current context.
-NULL_ALLOWED = {"CUstream", "CUcontext"}
 MIB = 1 << 20
 MAX_LAUNCH_ATTRIBUTES = 64
-CHECKED = HANDLES | {"CUdevice", "CUdeviceptr"}  # input types checked against what the session owns
 CONVERTED = ENUMS | {"CUdevice"}  # input types the driver API wants as its own objects
 
 
@@ -111,24 +109,6 @@ def _load_driver() -> Any:
     return driver
 
 
-@dataclass
-class _State:
-    """What this session created: the only handles and device memory it may name."""
-
-    handles: dict[str, set[int]] = field(default_factory=lambda: {name: set() for name in HANDLES})
-    allocations: dict[int, int] = field(default_factory=dict)  # base -> size (cuMemAlloc*)
-    globals: dict[int, int] = field(default_factory=dict)  # base -> size (module/library globals)
-    children: dict[int, list[tuple[str, int]]] = field(default_factory=dict)  # module/library -> what it gave
-    placed: dict[int, int] = field(default_factory=dict)  # base -> physical device (cuMemAlloc*)
-
-    def owns_range(self, pointer: int, size: int) -> bool:
-        for table in (self.allocations, self.globals):
-            for base, length in table.items():
-                if base <= pointer and pointer + size <= base + length:
-                    return True
-        return False
-
-
 class CudaExecutor(DiagnosticsHandler):
     """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
 
@@ -139,19 +119,20 @@ class CudaExecutor(DiagnosticsHandler):
         super().__init__(session)
         self.options = options or ExecutorOptions()
         self.driver = driver if driver is not None else _load_driver()
-        self.state = _State()
-        self.devices: tuple[int, ...] = ()
+        devices: tuple[int, ...] = ()  # physical ordinals in guest order
         if self.driver is not None:
             err, count = self.driver.cuDeviceGetCount()
             physical = tuple(range(count)) if int(err) == SUCCESS else ()
             wanted = self.options.devices if self.options.devices is not None else physical
-            self.devices = tuple(d for d in wanted if d in physical)
-        self.quota = self._initial_quota()  # bytes per guest device, or None: no quota
-        self.account = UsageAccount(self._open_meter, session.number)  # what counts against the quota
-        self._launched: set[int] = set()  # functions/kernels launched once (a first launch may load code)
+            devices = tuple(d for d in wanted if d in physical)
+        limits = initial_limits(self.driver, devices, self.options.gmem_mib, self.options.vgpu_count)
+        self.quota = VgpuQuota(self.driver, session.number, devices, limits, self.options.meter)
+        self.ledger = SessionLedger(devices, self.quota)  # what the session created: all it may name
+        # The ledger's checks and effects, bound once: the generic path and launches call them per call.
+        self._check, self._record = self.ledger.check, self.ledger.record
+        self._owns, self._launchable = self.ledger.owns, self.ledger.launchable
         self.allocation = ""  # the controller allocation this session took up (BIND), if any
         self.pool: HostPool | None = None  # this session's slice of the page-locked pool (attach_channel)
-        self._param_layouts: dict[int, list[tuple[int, int]]] = {}  # function/kernel -> (offset, size) per param
         self._htod_state: tuple[int, int] | None = None
         self._to_register: tuple[int, int] | None = None  # (address, size) of the channel, until page-locked
         self._launch_params = ctypes.create_string_buffer(32768)  # the driver's parameter limit, 32764 bytes
@@ -172,7 +153,12 @@ class CudaExecutor(DiagnosticsHandler):
         geometry = region.geometry
         address = ctypes.addressof(ctypes.c_char.from_buffer(region.buf, geometry.channel_base(index)))
         self._to_register = (address, geometry.channel_stride)
-        self.pool = HostPool(region, index)
+        self.pool = self.ledger.pool = HostPool(region, index)
+
+    def _place(self, devices: tuple[int, ...], limits: tuple[int, ...] | None) -> None:
+        """The session's vGPUs: which physical GPU each guest ordinal is, and its quota (bytes, or None)."""
+        self.ledger.devices = devices
+        self.quota.assign(devices, limits)
 
     def _register_channel(self) -> None:
         """Page-lock the channel at the first staged copy: registration needs a current context, which the
@@ -232,8 +218,8 @@ class CudaExecutor(DiagnosticsHandler):
             return Reply(Status.MALFORMED, f"{call.name}: {len(payload)}-byte payload does not match".encode())
         policy = POLICY.by_name.get(call.name)
         reply = policy(self, call, args) if policy is not None else None
-        if reply is None and "allocates" in call.effects:
-            reply = self._allocation_check(call, args)
+        if reply is None and "allocates" in call.effects and not self.quota.allocation_fits(args[0]):
+            reply = Reply(OUT_OF_MEMORY)  # past the vGPU's quota: as a full GPU would
         if reply is not None:
             return reply
         converted = []
@@ -247,200 +233,61 @@ class CudaExecutor(DiagnosticsHandler):
             except ValueError:  # no such enum value: what the driver itself answers for it
                 return Reply(INVALID_VALUE)
         retain = "makes_context" in call.effects  # cuDevicePrimaryCtxRetain: a context counts past the first
-        before = self._usage_before() if retain else {}
+        before = self.quota.usage_before() if retain else {}
         result = getattr(self.driver, call.name)(*converted)
         err = int(result[0])
         if err != SUCCESS:
             return Reply(err)
-        if retain and self._past_quota(before, converted[0],
-                                       lambda: self.driver.cuDevicePrimaryCtxRelease(converted[0])):
+        if retain and self.quota.past_quota(before, converted[0],
+                                            lambda: self.driver.cuDevicePrimaryCtxRelease(converted[0])):
             return Reply(OUT_OF_MEMORY)
         outs = [_from_driver(v) for v in result[1:]]
         for i, ctype in enumerate(call.output_types):
             if ctype == "CUdevice":  # the guest knows devices by its own ordinals
-                outs[i] = self.devices.index(outs[i]) if outs[i] in self.devices else -1
-        self._record_effects(call, args, outs)
+                outs[i] = self.ledger.guest_ordinal(outs[i])
+        self._record(call, args, outs)
         return Reply(SUCCESS, call.outputs.pack(*outs) if outs else b"")
 
-    def _check(self, call: DriverCall, ctype: str, value: int, args: tuple[int, ...]) -> int | None:
-        """A CUDA error code if `value` names something this session does not own."""
-        if ctype in HANDLES:
-            if value == 0 and ctype in NULL_ALLOWED:
-                return None
-            if value not in self.state.handles[ctype]:
-                return INVALID_CONTEXT if ctype == "CUcontext" else INVALID_HANDLE
-        elif ctype == "CUdevice":
-            if not 0 <= value < len(self.devices):
-                return INVALID_DEVICE
-        elif ctype == "CUdeviceptr":
-            size = _device_span(call, args)
-            if "frees" in call.effects:
-                return None if value in self.state.allocations else INVALID_VALUE
-            if not self._owns(value, max(size, 1)):
-                return INVALID_VALUE
-        return None
-
-    def _owns(self, pointer: int, size: int) -> bool:
-        """Whether a device range lies in this session's memory: its allocations, module globals, or the device
-        mapping of its page-locked host allocations."""
-        return self.state.owns_range(pointer, size) or (self.pool is not None and self.pool.owns_device(pointer, size))
-
     def _to_driver(self, ctype: str, value: int) -> Any:
+        """An input as the driver API takes it: its enum member, or the physical GPU of a guest ordinal."""
         if ctype in ENUMS:
             return getattr(self.driver, ctype)(value)
         if ctype == "CUdevice":
-            return self.devices[value]
+            return self.ledger.devices[value]
         return value
 
-    def _record_effects(self, call: DriverCall, args: tuple[int, ...], outs: list[Any]) -> None:
-        """Remember what the call created or destroyed, so later calls can be checked."""
-        state = self.state
-        for ctype, value in zip(call.output_types, outs, strict=True):
-            if ctype in HANDLES and value:
-                state.handles[ctype].add(value)
-        effects = call.effects
-        if "destroys" in effects:
-            state.handles[call.input_types[0]].discard(args[0])
-            if "unloads" in effects:
-                self._param_layouts.clear()  # their functions' handles may be reused
-                self._launched.clear()
-            for kind, value in state.children.pop(args[0], ()):  # an unloaded module's functions and globals
-                if kind == "global":
-                    state.globals.pop(value, None)
-                else:
-                    state.handles[kind].discard(value)
-        elif "allocates" in effects:
-            device = self._current_device() if self.quota is not None else -1  # only a quota needs to know
-            state.allocations[outs[0]] = args[0]
-            state.placed[outs[0]] = device
-            self.account.allocated(device, args[0])
-        elif "frees" in effects:
-            size = state.allocations.pop(args[0], 0)
-            self.account.freed(state.placed.pop(args[0], -1), size)
-        if "measures" in effects:
-            self.account.may_have_changed()
-
-    # --- quota ----------------------------------------------------------------------------------------------
-    # A quota is per vGPU (guest device). Two vGPUs of a session may share a physical GPU; memory is counted per
-    # physical GPU (the driver does not say which of two contexts on one GPU an allocation is for), against the
-    # sum of the quotas of the session's vGPUs there. What counts is what the worker process really holds there
-    # beyond its first context (quota.py): allocations exactly, the rest measured with NVML when it may change.
-    def _open_meter(self) -> MemoryMeter | None:
-        """The session's GPU memory meter, opened at its first context (in the worker): none without a quota."""
-        if self.quota is None:
-            return None
-        return (self.options.meter or open_nvml)(self.driver)
-
-    def _initial_quota(self) -> tuple[int, ...] | None:
-        if self.options.gmem_mib is not None:
-            return (self.options.gmem_mib * MIB,) * len(self.devices)
-        if not self.devices or self.options.vgpu_count <= 1:
-            return None
-        quota = []
-        for device in self.devices:
-            err, total = self.driver.cuDeviceTotalMem(device)
-            if int(err) != SUCCESS:
-                return None
-            quota.append(int(total) // self.options.vgpu_count)
-        return tuple(quota)
-
-    def _current_device(self) -> int:
-        """The physical GPU of the current context (asked only when the session spans several)."""
-        if len(set(self.devices)) <= 1:
-            return self.devices[0] if self.devices else -1
-        err, device = self.driver.cuCtxGetDevice()
-        return int(device) if int(err) == SUCCESS else -1
-
-    def _device_quota(self, device: int) -> int | None:
-        """The session's quota on a physical GPU; None without quotas or without a current context there (the
-        driver then answers for itself, e.g. CUDA_ERROR_INVALID_CONTEXT)."""
-        if self.quota is None or device not in self.devices:
-            return None
-        return sum(q for d, q in zip(self.devices, self.quota, strict=True) if d == device)
-
+    # --- policies: generic calls the session's vGPUs answer (vgpu_quota.py) ----------------------------------
     @POLICY.serves("cuDeviceGetCount")
     def _device_count(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
-        return _ok(call, len(self.devices))
+        return _ok(call, len(self.ledger.devices))
 
     @POLICY.serves("cuDeviceGet")
     def _device_get(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
-        return _ok(call, args[0]) if 0 <= args[0] < len(self.devices) else Reply(INVALID_DEVICE)
+        return _ok(call, args[0]) if 0 <= args[0] < len(self.ledger.devices) else Reply(INVALID_DEVICE)
 
     @POLICY.serves("cuMemGetInfo")
     def _mem_get_info(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
-        device = self._current_device()
-        quota = self._device_quota(device)
-        if quota is None:
+        info = self.quota.memory_info()
+        if info is None:
             return None
-        err, free, _total = self.driver.cuMemGetInfo()
-        if int(err) != SUCCESS:
-            return Reply(int(err))
-        return _ok(call, min(int(free), max(quota - self.account.counted(device), 0)), quota)
+        err, free, total = info
+        return Reply(err) if err != SUCCESS else _ok(call, free, total)
 
     @POLICY.serves("cuDeviceTotalMem")
     def _device_total_mem(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
-        if not 0 <= args[0] < len(self.devices):
+        if not 0 <= args[0] < len(self.ledger.devices):
             return Reply(INVALID_DEVICE)
-        if self.quota is None:
+        total = self.quota.total_memory(args[0])
+        if total is None:
             return None
-        err, total = self.driver.cuDeviceTotalMem(self.devices[args[0]])
-        return Reply(int(err)) if int(err) != SUCCESS else _ok(call, min(int(total), self.quota[args[0]]))
-
-    def _allocation_check(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
-        """Past the vGPU's quota an allocation fails as a full GPU would: CUDA_ERROR_OUT_OF_MEMORY.
-
-        The ledger keeps this exact without a measurement; only an allocation that would be refused measures
-        again first, since what the process holds beyond it may have shrunk (a pool trimmed, say)."""
-        if self.quota is None:
-            return None
-        device = self._current_device()
-        quota = self._device_quota(device)
-        if quota is None or self.account.counted(device) + args[0] <= quota:
-            return None
-        counted = self.account.refresh(device) + args[0]
-        if counted <= quota:
-            return None
-        self._log_exceeded(device, counted)
-        return Reply(OUT_OF_MEMORY)
-
-    def _log_exceeded(self, device: int, counted: int) -> None:
-        log.info("session %d: memory %d MB exceeds <vgpu %d, pgpu %d> quota", self.session.number, counted >> 20,
-                 self.devices.index(device), device)  # Orion's words
-
-    def _usage_before(self) -> dict[int, int | None]:
-        """Before a call that may make the process hold more GPU memory outside the ledger (a context, a
-        module, a library): what it holds on each measured GPU now ({} when nothing is measured)."""
-        return {device: self.account.held(device) for device in self.account.measured_devices()}
-
-    def _past_quota(self, before: dict[int, int | None], made_context_on: int | None,
-                    undo: Callable[[], object]) -> bool:
-        """After such a call succeeded: whether it pushed a GPU past the session's quota there; if so it has
-        been undone (a full GPU would have failed it with CUDA_ERROR_OUT_OF_MEMORY).
-
-        A session's first context on a GPU is its baseline there, never counted."""
-        if self.quota is None:
-            return False
-        if made_context_on is not None:
-            self.account.context_made(made_context_on)
-        for device, held_before in before.items():
-            quota = self._device_quota(device)
-            held = self.account.held(device)
-            self.account.note(device, held)
-            if (quota is None or held is None or held_before is None or held <= held_before
-                    or self.account.counted(device) <= quota):
-                continue
-            self._log_exceeded(device, self.account.counted(device))
-            undo()
-            self.account.may_have_changed()
-            return True
-        return False
+        return Reply(total[0]) if total[0] != SUCCESS else _ok(call, total[1])
 
     # --- a controller allocation (BIND) ---------------------------------------------------------------------
     def _bind(self, allocation: str) -> Reply:
         """Take up the guest's allocation: its vGPUs become this session's devices, their sizes its quotas."""
         if self.allocation:
             return _refused(f"this session already took up allocation {self.allocation}")
-        if any(self.state.handles.values()) or self.state.allocations:
+        if not self.ledger.empty:
             return _refused("BIND must come before the session's first context or allocation")
         try:
             grant = take_up(self.options.controller, self.options.host, allocation, self.driver)
@@ -450,7 +297,7 @@ class CudaExecutor(DiagnosticsHandler):
             return _refused(reason)
         self.allocation = allocation
         note(f"allocation {allocation}")  # oriond gives it back when the session ends, however it ends
-        self.devices, self.quota = grant.devices, tuple(m * MIB for m in grant.memory_mib)
+        self._place(grant.devices, tuple(m * MIB for m in grant.memory_mib))
         log.info("Resource successfully confirmed with controller")
         for number, device in enumerate(grant.devices):
             log.info("Registered v-GPU %d on p-GPU %d.", number, device)
@@ -460,17 +307,17 @@ class CudaExecutor(DiagnosticsHandler):
     @HOST.serves("cuDeviceGetName")
     def _device_get_name(self, call: DriverCall, payload: bytes) -> Reply:
         length, dev = call.request.decode(payload)
-        if not 0 <= dev < len(self.devices) or length <= 0:
+        if not 0 <= dev < len(self.ledger.devices) or length <= 0:
             return Reply(INVALID_DEVICE if length > 0 else INVALID_VALUE)
-        err, name = self.driver.cuDeviceGetName(min(length, 256), self.devices[dev])
+        err, name = self.driver.cuDeviceGetName(min(length, 256), self.ledger.devices[dev])
         return _answer(call, err, lambda: (bytes(name).split(b"\0", 1)[0],))
 
     @HOST.serves("cuDeviceGetUuid")
     def _device_get_uuid(self, call: DriverCall, payload: bytes) -> Reply:
         (dev,) = call.request.decode(payload)
-        if not 0 <= dev < len(self.devices):
+        if not 0 <= dev < len(self.ledger.devices):
             return Reply(INVALID_DEVICE)
-        err, uuid = self.driver.cuDeviceGetUuid(self.devices[dev])
+        err, uuid = self.driver.cuDeviceGetUuid(self.ledger.devices[dev])
         return _answer(call, err, lambda: (bytes(uuid.bytes),))
 
     @HOST.serves("cuGetErrorName", "cuGetErrorString")
@@ -486,15 +333,15 @@ class CudaExecutor(DiagnosticsHandler):
     @HOST.serves("cuCtxCreate")
     def _ctx_create(self, call: DriverCall, payload: bytes) -> Reply:
         flags, dev = call.request.decode(payload)
-        if not 0 <= dev < len(self.devices):
+        if not 0 <= dev < len(self.ledger.devices):
             return Reply(INVALID_DEVICE)
-        before = self._usage_before()
-        err, ctx = self.driver.cuCtxCreate(None, flags, self.devices[dev])
+        before = self.quota.usage_before()
+        err, ctx = self.driver.cuCtxCreate(None, flags, self.ledger.devices[dev])
         if int(err) != SUCCESS:
             return Reply(int(err))
-        if self._past_quota(before, self.devices[dev], lambda: self.driver.cuCtxDestroy(ctx)):
+        if self.quota.past_quota(before, self.ledger.devices[dev], lambda: self.driver.cuCtxDestroy(ctx)):
             return Reply(OUT_OF_MEMORY)  # destroyed: the context current before is current again, as in the guest
-        self.state.handles["CUcontext"].add(int(ctx))
+        self._record(call, (flags, dev), [int(ctx)])
         return Reply(SUCCESS, call.reply.encode(int(ctx)))
 
     def _start_copy(self, device_pointer: int, size: int, stream: int | None) -> int:
@@ -502,7 +349,7 @@ class CudaExecutor(DiagnosticsHandler):
 
         The copy itself runs synchronously (the staging chunk is reused right after), so an async copy first
         waits for its stream: on a non-blocking stream a synchronous copy would not."""
-        if stream and stream not in self.state.handles["CUstream"]:
+        if stream and stream not in self.ledger.handles["CUstream"]:
             return INVALID_HANDLE
         if not self._owns(device_pointer, max(size, 1)):
             return INVALID_VALUE
@@ -592,7 +439,7 @@ class CudaExecutor(DiagnosticsHandler):
     @HOST.serves("cuModuleLoadData")
     def _module_load(self, call: DriverCall, payload: bytes) -> Reply:
         (image,) = call.request.decode(payload)
-        before = self._usage_before()
+        before = self.quota.usage_before()
         err, module = self.driver.cuModuleLoadData(image)
         return self._loaded(call, before, err, module, "CUmodule")
 
@@ -602,15 +449,15 @@ class CudaExecutor(DiagnosticsHandler):
         if int(err) != SUCCESS:
             return Reply(int(err))
         unload = self.driver.cuModuleUnload if kind == "CUmodule" else self.driver.cuLibraryUnload
-        if self._past_quota(before, None, lambda: unload(handle)):
+        if self.quota.past_quota(before, None, lambda: unload(handle)):
             return Reply(OUT_OF_MEMORY)
-        self.state.handles[kind].add(int(handle))
+        self._record(call, (), [int(handle)])  # the module or library handle: the call's one output
         return Reply(SUCCESS, call.reply.encode(int(handle)))
 
     @HOST.serves("cuMemPoolGetAttribute", "cuMemPoolSetAttribute")
     def _pool_attribute(self, call: DriverCall, payload: bytes) -> Reply:
         pool, attribute, *value = call.request.decode(payload)
-        if pool not in self.state.handles["CUmemoryPool"]:
+        if pool not in self.ledger.handles["CUmemoryPool"]:
             return Reply(INVALID_HANDLE)
         try:
             which = self.driver.CUmemPool_attribute(attribute)
@@ -631,7 +478,7 @@ class CudaExecutor(DiagnosticsHandler):
         if isinstance(parsed, Reply):
             return parsed
         options, values, image = parsed
-        before = self._usage_before()
+        before = self.quota.usage_before()
         err, library = self.driver.cuLibraryLoadData(image, options or None, values or None, len(options), None,
                                                      None, 0)
         return self._loaded(call, before, err, library, "CUlibrary")
@@ -642,21 +489,16 @@ class CudaExecutor(DiagnosticsHandler):
         owner, name = call.request.decode(payload)
         name = bytes(name)
         kind = "CUmodule" if call.name.startswith("cuModule") else "CUlibrary"
-        if owner not in self.state.handles[kind] or b"\0" in name:
-            return Reply(INVALID_HANDLE if owner not in self.state.handles[kind] else INVALID_VALUE)
+        if owner not in self.ledger.handles[kind] or b"\0" in name:
+            return Reply(INVALID_HANDLE if owner not in self.ledger.handles[kind] else INVALID_VALUE)
         result = getattr(self.driver, call.name)(owner, name)
         err = int(result[0])
         if err != SUCCESS:
             return Reply(err)
-        self.account.may_have_changed()  # lazy loading: a function's code, a library's globals in this context
         outs = [_from_driver(v) for v in result[1:]]
-        if call.name.endswith("GetGlobal"):
-            self.state.globals[outs[0]] = outs[1]
-            child = ("global", outs[0])
-        else:
-            child = ("CUfunction" if call.name == "cuModuleGetFunction" else "CUkernel", outs[0])
-            self.state.handles[child[0]].add(outs[0])
-        self.state.children.setdefault(owner, []).append(child)
+        # A child of its module or library; lazy loading: a function's code, a library's globals may now take
+        # memory in this context (the table's effects: child, measures).
+        self._record(call, (owner,), outs)
         return Reply(SUCCESS, call.outputs.pack(*outs))
 
     @HOST.serves("cuLaunchKernel", "cuLaunchKernelEx")
@@ -674,12 +516,9 @@ class CudaExecutor(DiagnosticsHandler):
             fixed = call.request.fixed
             head, params = list(fixed.unpack_from(payload, 0)), memoryview(payload)[fixed.size:]
         f, gx, gy, gz, bx, by, bz, shmem, stream = head
-        if f not in self.state.handles["CUfunction"] and f not in self.state.handles["CUkernel"]:
-            return Reply(INVALID_HANDLE)  # a CUkernel may be launched where a CUfunction is expected
-        if stream and stream not in self.state.handles["CUstream"]:
-            return Reply(INVALID_HANDLE)
-        if f not in self._launched:
-            self._first_launch(f)
+        err = self._launchable(f, stream)
+        if err != SUCCESS:
+            return Reply(err)
         size = len(params)
         if size > len(self._launch_params):
             return Reply(INVALID_VALUE)
@@ -691,17 +530,11 @@ class CudaExecutor(DiagnosticsHandler):
         (err,) = self.driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, None, self._launch_extra_at)
         return Reply(int(err))
 
-    def _first_launch(self, function: int) -> None:
-        """A function's first launch may load its code (lazy loading) or grow the context's local memory: the
-        quota measures again at its next use. Later launches cost one set lookup."""
-        self._launched.add(function)
-        self.account.may_have_changed()
-
     def _launch_ex(self, f: int, head: tuple[int, ...], attributes: bytes) -> int:
         """cuLaunchKernelEx with launch attributes: only the kinds driver_api lists, events only the session's."""
         for identifier, value in LAUNCH_ATTRIBUTE.iter_unpack(attributes):
             if identifier in LAUNCH_ATTRIBUTES_EVENT:
-                if struct.unpack_from("<Q", value)[0] not in self.state.handles["CUevent"]:
+                if struct.unpack_from("<Q", value)[0] not in self.ledger.handles["CUevent"]:
                     return INVALID_HANDLE
             elif identifier not in LAUNCH_ATTRIBUTES_PLAIN:
                 return NOT_SUPPORTED
@@ -739,11 +572,11 @@ class CudaExecutor(DiagnosticsHandler):
         if host is not None and attribute == POINTER_HOST_POINTER:  # in the guest's view
             number += pointer - host
         elif attribute == POINTER_DEVICE_ORDINAL:  # the guest knows devices by its own ordinals
-            number = self.devices.index(number) if number in self.devices else -1
+            number = self.ledger.guest_ordinal(number)
         elif attribute == POINTER_CONTEXT and number:
-            self.state.handles["CUcontext"].add(number)  # the context of its own memory
+            self.ledger.handles["CUcontext"].add(number)  # the context of its own memory
         elif attribute == POINTER_MEMPOOL_HANDLE and number:
-            self.state.handles["CUmemoryPool"].add(number)  # the pool its own memory came from
+            self.ledger.handles["CUmemoryPool"].add(number)  # the pool its own memory came from
         return Reply(SUCCESS, call.reply.encode(number & 0xFFFFFFFFFFFFFFFF, width))
 
     # --- page-locked host memory (pinned_pool.py) ----------------------------------------------------------
@@ -794,7 +627,7 @@ class CudaExecutor(DiagnosticsHandler):
         host = None if self.pool is None else self.pool.host_address(pointer, size)
         if host is None or not self._owns(device, max(size, 1)):
             return Reply(INVALID_VALUE)
-        if stream and stream not in self.state.handles["CUstream"]:
+        if stream and stream not in self.ledger.handles["CUstream"]:
             return Reply(INVALID_HANDLE)
         if not size:
             return Reply(SUCCESS)
@@ -807,16 +640,16 @@ class CudaExecutor(DiagnosticsHandler):
     def _potential_block_size(self, call: DriverCall, payload: bytes) -> Reply:
         """Only without a block-size-to-shared-memory callback (the guest runs those itself)."""
         function, *rest = call.request.decode(payload)
-        if function not in self.state.handles["CUfunction"]:
+        if function not in self.ledger.handles["CUfunction"]:
             return Reply(INVALID_HANDLE)
         result = getattr(self.driver, call.name)(function, None, *rest)
         return _answer(call, result[0], lambda: (int(result[1]), int(result[2])))
 
     def _param_layout(self, function: int) -> tuple[int, list[tuple[int, int]]]:
         """(error, (offset, size) per parameter) of a function or kernel, asked of the driver once each."""
-        if function in self._param_layouts:
-            return SUCCESS, self._param_layouts[function]
-        kernel = function in self.state.handles["CUkernel"] and function not in self.state.handles["CUfunction"]
+        if function in self.ledger.param_layouts:
+            return SUCCESS, self.ledger.param_layouts[function]
+        kernel = function in self.ledger.handles["CUkernel"] and function not in self.ledger.handles["CUfunction"]
         query = self.driver.cuKernelGetParamInfo if kernel else self.driver.cuFuncGetParamInfo
         layout: list[tuple[int, int]] = []
         while len(layout) < 4096:
@@ -826,7 +659,7 @@ class CudaExecutor(DiagnosticsHandler):
             if int(err) != SUCCESS:
                 return int(err), []
             layout.append((int(offset), int(size)))
-        self._param_layouts[function] = layout
+        self.ledger.param_layouts[function] = layout
         return SUCCESS, layout
 
     @HOST.serves("cuLaunchCooperativeKernel")
@@ -834,12 +667,9 @@ class CudaExecutor(DiagnosticsHandler):
         """cuLaunchCooperativeKernel has no `extra`: rebuild `void **kernelParams` into a copy of the packed
         parameters, at the offsets the driver reports for the function."""
         f, gx, gy, gz, bx, by, bz, shmem, stream, packed = call.request.decode(payload)
-        if f not in self.state.handles["CUfunction"] and f not in self.state.handles["CUkernel"]:
-            return Reply(INVALID_HANDLE)
-        if stream and stream not in self.state.handles["CUstream"]:
-            return Reply(INVALID_HANDLE)
-        if f not in self._launched:
-            self._first_launch(f)
+        err = self._launchable(f, stream)
+        if err != SUCCESS:
+            return Reply(err)
         err, layout = self._param_layout(f)
         if err != SUCCESS:
             return Reply(err)
@@ -880,7 +710,7 @@ class CudaExecutor(DiagnosticsHandler):
         if isinstance(parsed, Reply):
             return parsed
         options, values, image = parsed
-        before = self._usage_before()
+        before = self.quota.usage_before()
         if options:
             err, module = self.driver.cuModuleLoadDataEx(image, len(options), options, values)
         else:
@@ -906,17 +736,6 @@ def _from_driver(value: Any) -> Any:
     if isinstance(value, float | int):
         return value
     return int(value)
-
-
-def _device_span(call: DriverCall, args: tuple[int, ...]) -> int:
-    """Bytes a memset/copy call touches from its device pointer, from its arguments."""
-    name = call.name
-    if name.startswith("cuMemsetD"):
-        width = {"8": 1, "16": 2, "32": 4}[name[len("cuMemsetD"):].removesuffix("Async")]
-        return args[2] * width
-    if name.startswith(("cuMemcpyDtoD", "cuMemcpy")) and len(args) >= 3:
-        return args[2]
-    return 1
 
 
 def executor_factory(options: ExecutorOptions) -> Callable[[Session], CudaExecutor]:

@@ -10,11 +10,11 @@ cost of its first context there:
 * `ledger`: the bytes of the session's live cuMemAlloc* allocations, kept exactly at every allocation and free,
   so the hot path (an allocation's check) needs no measurement;
 * `beyond`: everything else the process holds — module and library globals, extra contexts, lazily loaded
-  code, local memory, allocation rounding — measured only when something may have changed it (the executor
-  marks those calls; the account then measures at its next use).
+  code, local memory, allocation rounding — measured only when something may have changed it (the session's
+  ledger marks those calls from their effects; the account then measures at its next use).
 
 Without a meter (no NVML) `beyond` stays 0: allocations alone are counted, as before this module existed.
-This module keeps the numbers; deciding what to refuse and undoing calls is the executor's business.
+This module keeps the numbers; deciding what to refuse and undoing calls is vgpu_quota.py's business.
 """
 from __future__ import annotations
 

@@ -1,0 +1,158 @@
+"""The ownership ledger of one client session: what it created on the GPU, and so the only things it may name.
+
+A session's CUDA executor (executor.py) runs a tenant's calls in a process of its own, but the driver would
+still accept any handle or device pointer that process holds, including ones a hostile client guessed. So
+every handle, device ordinal and device pointer a request carries is checked here before it reaches the
+driver, and what fails answers the CUDA error the driver gives for a handle it never gave out. What a call
+created or gave back is recorded after it succeeded, from the call table's effects (`EFFECTS` in
+ivshmem/driver_api.py), never from the call's name: a new call with declared effects needs no code here.
+
+Kept here: the session's handles, its allocations and module/library globals, what each module or library
+gave out (it goes when unloaded), where each allocation was placed, which guest ordinal is which physical
+GPU, and the per-function facts that go with a module (launched once, parameter layouts).
+Not kept here: decoding requests and calling the driver (executor.py), and what memory costs: the vGPU
+quota (vgpu_quota.py) decides that, and is told of each allocation, free and possible change through `Usage`.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ivshmem.cuda_status import INVALID_CONTEXT, INVALID_DEVICE, INVALID_HANDLE, INVALID_VALUE, SUCCESS
+from ivshmem.driver_api import HANDLES, DriverCall
+
+from .pinned_pool import HostPool
+
+# Handles a guest may pass as 0 (NULL) meaning "the default": the legacy stream, no current context.
+NULL_ALLOWED = frozenset({"CUstream", "CUcontext"})
+CHECKED = HANDLES | {"CUdevice", "CUdeviceptr"}  # input types checked against what the session owns
+
+
+class Usage(Protocol):
+    """What the ledger tells whoever counts the session's GPU memory (vgpu_quota.VgpuQuota)."""
+
+    def allocated(self, size: int) -> int:
+        """An allocation of `size` bytes was made; the physical GPU it counts on (-1: not told)."""
+        ...
+
+    def freed(self, device: int, size: int) -> None:
+        """An allocation of `size` bytes on `device` was given back."""
+        ...
+
+    def may_have_changed(self) -> None:
+        """The process may hold more or less GPU memory outside its allocations."""
+        ...
+
+
+class SessionLedger:
+    """What one session created: the only handles and device memory it may name."""
+
+    def __init__(self, devices: tuple[int, ...], usage: Usage) -> None:
+        self.devices = devices  # the physical GPU of each guest ordinal
+        self.handles: dict[str, set[int]] = {name: set() for name in HANDLES}
+        self.allocations: dict[int, int] = {}  # base -> size (cuMemAlloc*)
+        self.globals: dict[int, int] = {}  # base -> size (module/library globals)
+        self.children: dict[int, list[tuple[str, int]]] = {}  # module/library -> what it gave
+        self.placed: dict[int, int] = {}  # base -> physical device (cuMemAlloc*)
+        self.pool: HostPool | None = None  # the session's page-locked pool slice, once its channel is attached
+        self.launched: set[int] = set()  # functions/kernels launched once (a first launch may load code)
+        self.param_layouts: dict[int, list[tuple[int, int]]] = {}  # function/kernel -> (offset, size) per param
+        self._usage = usage
+
+    @property
+    def empty(self) -> bool:
+        """Nothing created yet (a BIND must come before anything is)."""
+        return not any(self.handles.values()) and not self.allocations
+
+    # --- the checks a request must pass ---------------------------------------------------------------------
+    def check(self, call: DriverCall, ctype: str, value: int, args: tuple[int, ...]) -> int | None:
+        """A CUDA error code if `value`, an input of type `ctype`, names something this session does not own."""
+        if ctype in HANDLES:
+            if value == 0 and ctype in NULL_ALLOWED:
+                return None
+            if value not in self.handles[ctype]:
+                return INVALID_CONTEXT if ctype == "CUcontext" else INVALID_HANDLE
+        elif ctype == "CUdevice":
+            if not 0 <= value < len(self.devices):
+                return INVALID_DEVICE
+        elif ctype == "CUdeviceptr":
+            size = _device_span(call, args)
+            if "frees" in call.effects:
+                return None if value in self.allocations else INVALID_VALUE
+            if not self.owns(value, max(size, 1)):
+                return INVALID_VALUE
+        return None
+
+    def owns(self, pointer: int, size: int) -> bool:
+        """Whether a device range lies in this session's memory: its allocations, module globals, or the device
+        mapping of its page-locked host allocations."""
+        for table in (self.allocations, self.globals):
+            for base, length in table.items():
+                if base <= pointer and pointer + size <= base + length:
+                    return True
+        return self.pool is not None and self.pool.owns_device(pointer, size)
+
+    def launchable(self, function: int, stream: int) -> int:
+        """SUCCESS if the session may launch `function` (a CUkernel where a CUfunction is expected too) on
+        `stream`, else INVALID_HANDLE. A function's first launch may load its code (lazy loading) or grow the
+        context's local memory, so the quota is told; later launches cost one set lookup."""
+        handles = self.handles
+        if function not in handles["CUfunction"] and function not in handles["CUkernel"]:
+            return INVALID_HANDLE
+        if stream and stream not in handles["CUstream"]:
+            return INVALID_HANDLE
+        if function not in self.launched:
+            self.launched.add(function)
+            self._usage.may_have_changed()
+        return SUCCESS
+
+    # --- guest ordinals -------------------------------------------------------------------------------------
+    def guest_ordinal(self, device: int) -> int:
+        """The guest's ordinal of a physical GPU (-1: not one of the session's)."""
+        return self.devices.index(device) if device in self.devices else -1
+
+    # --- effects, after a call succeeded --------------------------------------------------------------------
+    def record(self, call: DriverCall, args: tuple[int, ...], outs: list[Any]) -> None:
+        """Remember what the call created or destroyed (its effects), so later calls can be checked."""
+        handles = self.handles
+        for ctype, value in zip(call.output_types, outs, strict=True):
+            if ctype in HANDLES and value:
+                handles[ctype].add(value)
+        effects = call.effects
+        if not effects:
+            return
+        if "destroys" in effects:
+            handles[call.input_types[0]].discard(args[0])
+            if "unloads" in effects:
+                self.param_layouts.clear()  # their functions' handles may be reused
+                self.launched.clear()
+            for kind, value in self.children.pop(args[0], ()):  # an unloaded module's functions and globals
+                if kind == "global":
+                    self.globals.pop(value, None)
+                else:
+                    handles[kind].discard(value)
+        elif "allocates" in effects:
+            self.allocations[outs[0]] = args[0]
+            self.placed[outs[0]] = self._usage.allocated(args[0])
+        elif "frees" in effects:
+            size = self.allocations.pop(args[0], 0)
+            self._usage.freed(self.placed.pop(args[0], -1), size)
+        elif "child" in effects:  # (handle) or (global's base, its size), of the module or library args[0]
+            if call.output_types[0] == "CUdeviceptr":
+                self.globals[outs[0]] = outs[1]
+                child = ("global", outs[0])
+            else:
+                child = (call.output_types[0], outs[0])
+            self.children.setdefault(args[0], []).append(child)
+        if "measures" in effects:
+            self._usage.may_have_changed()
+
+
+def _device_span(call: DriverCall, args: tuple[int, ...]) -> int:
+    """Bytes a memset/copy call touches from its device pointer, from its arguments."""
+    name = call.name
+    if name.startswith("cuMemsetD"):
+        width = {"8": 1, "16": 2, "32": 4}[name[len("cuMemsetD"):].removesuffix("Async")]
+        return args[2] * width
+    if name.startswith(("cuMemcpyDtoD", "cuMemcpy")) and len(args) >= 3:
+        return args[2]
+    return 1

@@ -1,0 +1,167 @@
+"""The vGPU memory quota of one session: what its vGPUs report, and whether what it asks for fits.
+
+A quota is per vGPU (guest device). Two vGPUs of a session may share a physical GPU; memory is counted per
+physical GPU (the driver does not say which of two contexts on one GPU an allocation is for), against the sum
+of the quotas of the session's vGPUs there. What counts is what the worker process really holds there beyond
+its first context (quota.py keeps those numbers): allocations exactly, the rest measured with NVML when it
+may have changed.
+
+This module makes the decisions on those numbers: what cuMemGetInfo and cuDeviceTotalMem report, whether an
+allocation fits (past the quota it fails as on a full GPU, CUDA_ERROR_OUT_OF_MEMORY), and whether a context,
+module or library that was just made pushed a GPU past the quota, in which case it is undone. It logs Orion's
+line for a refusal, `session N: memory M MB exceeds <vgpu i, pgpu p> quota`. It answers numbers and yes or
+no; requests, replies and which handles a session owns are the executor's (executor.py) and the ledger's
+(session_ledger.py), which tells it of every allocation and free (`session_ledger.Usage`).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ivshmem.cuda_status import SUCCESS
+
+from .gpu_memory import MemoryMeter, MeterFactory, open_nvml
+from .quota import UsageAccount
+
+log = logging.getLogger(__name__)
+
+
+def initial_limits(driver: Any, devices: tuple[int, ...], gmem_mib: int | None,
+                   vgpu_count: int) -> tuple[int, ...] | None:
+    """Bytes per guest device before any BIND, or None: no quota. `gmem_mib` gives each vGPU that much; without
+    it a vGPU's quota is its device's memory / `vgpu_count` (Orion), and a whole GPU has none."""
+    if gmem_mib is not None:
+        return (gmem_mib << 20,) * len(devices)
+    if not devices or vgpu_count <= 1:
+        return None
+    limits = []
+    for device in devices:
+        err, total = driver.cuDeviceTotalMem(device)
+        if int(err) != SUCCESS:
+            return None
+        limits.append(int(total) // vgpu_count)
+    return tuple(limits)
+
+
+class VgpuQuota:
+    """One session's vGPUs (the physical GPU and the quota of each) and the usage counted against them."""
+
+    def __init__(self, driver: Any, session: int, devices: tuple[int, ...], limits: tuple[int, ...] | None,
+                 meter: MeterFactory | None = None) -> None:
+        """`meter` measures the worker's GPU memory (gpu_memory.py); None: NVML."""
+        self.driver = driver
+        self.session = session
+        self.devices = devices  # the physical GPU of each vGPU, in guest order
+        self.limits = limits  # bytes per vGPU, or None: no quota
+        self._meter = meter
+        self.account = UsageAccount(self._open_meter, session)  # what counts against the quota
+
+    def assign(self, devices: tuple[int, ...], limits: tuple[int, ...] | None) -> None:
+        """The session's vGPUs changed (it took up a controller allocation)."""
+        self.devices, self.limits = devices, limits
+
+    def _open_meter(self) -> MemoryMeter | None:
+        """The session's GPU memory meter, opened at its first context (in the worker): none without a quota."""
+        if self.limits is None:
+            return None
+        return (self._meter or open_nvml)(self.driver)
+
+    def current_device(self) -> int:
+        """The physical GPU of the current context (asked only when the session spans several)."""
+        if len(set(self.devices)) <= 1:
+            return self.devices[0] if self.devices else -1
+        err, device = self.driver.cuCtxGetDevice()
+        return int(device) if int(err) == SUCCESS else -1
+
+    def device_limit(self, device: int) -> int | None:
+        """The session's quota on a physical GPU; None without quotas or without a current context there (the
+        driver then answers for itself, e.g. CUDA_ERROR_INVALID_CONTEXT)."""
+        if self.limits is None or device not in self.devices:
+            return None
+        return sum(q for d, q in zip(self.devices, self.limits, strict=True) if d == device)
+
+    # --- what the vGPUs report ------------------------------------------------------------------------------
+    def memory_info(self) -> tuple[int, int, int] | None:
+        """cuMemGetInfo under the quota: (status, free, total) of the current context's GPU; None: the driver
+        answers for itself."""
+        device = self.current_device()
+        limit = self.device_limit(device)
+        if limit is None:
+            return None
+        err, free, _total = self.driver.cuMemGetInfo()
+        if int(err) != SUCCESS:
+            return int(err), 0, 0
+        return SUCCESS, min(int(free), max(limit - self.account.counted(device), 0)), limit
+
+    def total_memory(self, ordinal: int) -> tuple[int, int] | None:
+        """cuDeviceTotalMem of a vGPU (a valid guest ordinal): (status, bytes); None: the driver answers."""
+        if self.limits is None:
+            return None
+        err, total = self.driver.cuDeviceTotalMem(self.devices[ordinal])
+        if int(err) != SUCCESS:
+            return int(err), 0
+        return SUCCESS, min(int(total), self.limits[ordinal])
+
+    # --- decisions ------------------------------------------------------------------------------------------
+    def allocation_fits(self, size: int) -> bool:
+        """Whether an allocation of `size` bytes stays within the quota of the current context's GPU.
+
+        The ledger keeps this exact without a measurement; only an allocation that would be refused measures
+        again first, since what the process holds beyond it may have shrunk (a pool trimmed, say)."""
+        if self.limits is None:
+            return True
+        device = self.current_device()
+        limit = self.device_limit(device)
+        if limit is None or self.account.counted(device) + size <= limit:
+            return True
+        counted = self.account.refresh(device) + size
+        if counted <= limit:
+            return True
+        self._log_exceeded(device, counted)
+        return False
+
+    def usage_before(self) -> dict[int, int | None]:
+        """Before a call that may make the process hold more GPU memory outside the ledger (a context, a
+        module, a library): what it holds on each measured GPU now ({} when nothing is measured)."""
+        return {device: self.account.held(device) for device in self.account.measured_devices()}
+
+    def past_quota(self, before: dict[int, int | None], made_context_on: int | None,
+                   undo: Callable[[], object]) -> bool:
+        """After such a call succeeded: whether it pushed a GPU past the session's quota there; if so it has
+        been undone (a full GPU would have failed it with CUDA_ERROR_OUT_OF_MEMORY).
+
+        A session's first context on a GPU is its baseline there, never counted."""
+        if self.limits is None:
+            return False
+        account = self.account
+        if made_context_on is not None:
+            account.context_made(made_context_on)
+        for device, held_before in before.items():
+            limit = self.device_limit(device)
+            held = account.held(device)
+            account.note(device, held)
+            if (limit is None or held is None or held_before is None or held <= held_before
+                    or account.counted(device) <= limit):
+                continue
+            self._log_exceeded(device, account.counted(device))
+            undo()
+            account.may_have_changed()
+            return True
+        return False
+
+    def _log_exceeded(self, device: int, counted: int) -> None:
+        log.info("session %d: memory %d MB exceeds <vgpu %d, pgpu %d> quota", self.session, counted >> 20,
+                 self.devices.index(device), device)  # Orion's words
+
+    # --- what the ledger tells it (session_ledger.Usage) ----------------------------------------------------
+    def allocated(self, size: int) -> int:
+        device = self.current_device() if self.limits is not None else -1  # only a quota needs to know
+        self.account.allocated(device, size)
+        return device
+
+    def freed(self, device: int, size: int) -> None:
+        self.account.freed(device, size)
+
+    def may_have_changed(self) -> None:
+        self.account.may_have_changed()
