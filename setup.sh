@@ -101,7 +101,7 @@ start_libvirt() {
   if [ -d /run/systemd/system ]; then
     must_restart_libvirtd && { echo "   restarting libvirtd so that it runs the hook"; systemctl restart libvirtd; }
     systemctl start virtlogd libvirtd || die "systemctl could not start virtlogd/libvirtd (journalctl -u libvirtd)"
-  else  # no systemd (containers, CI): the daemons run as themselves (TESTBED.md)
+  else  # no systemd (containers, CI): the daemons run as themselves (libvirtd/virtlogd started directly)
     pgrep -x virtlogd >/dev/null || virtlogd -d || die "virtlogd -d failed"
     local pid; pid=$(pgrep -xo libvirtd || true)
     if [ -n "$pid" ] && must_restart_libvirtd; then

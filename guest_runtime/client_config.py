@@ -1,4 +1,4 @@
-"""Where the Orion Controller is, read the way Orion's client reads it (ORION-COMPAT.md §4.5).
+"""Where the Orion Controller is, read the way Orion's client reads it.
 
 Priority: the ``ORION_CONTROLLER`` environment variable, then ``~/.orion/client.conf``, then
 ``/etc/orion/client.conf`` (key ``controller_addr`` in ``[controller]``). The files are read by the one INI

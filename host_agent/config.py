@@ -6,7 +6,7 @@ yet (RDMA, NCCL, the log switches), so a wrong value is reported now, not when t
 Orion does not know is listed in `unknown_keys` for oriond to warn about (a typo must not pass silently).
 The parsers of oriond's flag values live here too, so that a flag and its server.conf key accept the same
 values. Errors are ConfigError (or ValueError for a flag value) with one line that names the file, key or
-flag, the bad value and what to write instead; Orion's own wording where it had one (ORION-COMPAT.md §4.4).
+flag, the bad value and what to write instead; Orion's own wording where it had one (its server.conf messages).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ DEFAULT_CONTROLLER = "127.0.0.1:9123"
 LOG_LEVELS = ("ERROR", "WARNING", "INFO", "DEBUG")
 PORT_RANGE = (1, 65533)  # Orion's: the server uses listen_port and the two ports after it
 VGPU_RANGE = (1, 100)
-# Orion's keys (ORION-COMPAT.md §4.4); [dev] is an internal section of Orion's binary, accepted as it is.
+# Orion's server.conf keys; [dev] is an internal section of Orion's binary, accepted as it is.
 KNOWN_KEYS = {
     "server": {"listen_port", "bind_addr", "enable_shm", "enable_rdma", "enable_kvm", "vgpu_count",
                "enable_ibverbs", "ibverbs_device"},

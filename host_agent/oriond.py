@@ -1,6 +1,6 @@
 """`oriond`: the Orion host agent (thin: parses flags, loads the config, runs the agent).
 
-Orion's flags are kept (-n -b -p -r -i -m -k -d, ORION-COMPAT.md §6.3); `--config`, `--region`, `--gmem`,
+Orion's flags are kept (-n -b -p -r -i -m -k -d, as Orion's oriond takes them); `--config`, `--region`, `--gmem`,
 `--devices`, `--pid-file` and `--rescan-interval` are ours. SIGHUP asks the agent to rescan its regions at
 once: the libvirt qemu hook sends it, through the pid file, after creating or removing a region.
 

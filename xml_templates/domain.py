@@ -2,7 +2,7 @@
 
 This is the generator behind `orion-domain render`: what the user gives (name, memory, vCPUs, a disk image and/or
 a kernel, regions, network, console, read-only 9p shares) becomes a `<domain>` that `virsh define` takes as it
-is. The shape follows what works on our machines (TESTBED.md): `<features><acpi/>` so a guest power-off ends the
+is. The shape follows what works on our machines (no KVM: TCG): `<features><acpi/>` so a guest power-off ends the
 domain, and no `<cpu>` element (libvirt's default model works under TCG and KVM alike). Orion's own pieces come
 from devices.py (the `<shmem>` device) and metadata.py (the `orion:` record), so generated and edited domains
 carry the same bytes. Turning options into a spec (checking files, detecting the disk format, parsing `--region`)
@@ -163,7 +163,7 @@ def kernel_boot(kernel: str, initrd: str | None = None, cmdline: str | None = No
 def default_domain_type(kvm_device: str = "/dev/kvm") -> str:
     """'kvm' when /dev/kvm can be opened read-write, else 'qemu' (TCG).
 
-    Note: on our PVM-backed machines /dev/kvm opens but a stock kernel never boots under it (TESTBED.md);
+    Note: on our PVM-backed machines /dev/kvm opens but a stock kernel never boots under it;
     pass --type qemu there."""
     try:
         os.close(os.open(kvm_device, os.O_RDWR | os.O_CLOEXEC))

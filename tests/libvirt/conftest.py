@@ -1,7 +1,7 @@
 """Fixtures for tests against the real libvirtd (qemu:///system): the connection and throw-away domains.
 
 * `libvirt_conn` (session): makes sure virtlogd and libvirtd run — started by hand with `-d` when they do not,
-  as TESTBED.md says (no systemd here) — waits until `libvirt.open('qemu:///system')` answers, and yields that
+  as on machines without systemd — waits until `libvirt.open('qemu:///system')` answers, and yields that
   connection. The daemons are never stopped or restarted: other tests (and other engineers' runs) share them.
   Without libvirt-python or the daemons installed the tests skip with the reason; under CI (env CI set) that
   is a failure instead, because the set-up must provide them.

@@ -1,5 +1,5 @@
 """Where the guest runtime and orion-check find the controller: ORION_CONTROLLER, then ~/.orion/client.conf,
-then /etc/orion/client.conf (ORION-COMPAT.md §4.5), read from real files in a temporary directory."""
+then /etc/orion/client.conf (Orion's client's order), read from real files in a temporary directory."""
 from __future__ import annotations
 
 import re

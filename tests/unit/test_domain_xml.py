@@ -104,7 +104,7 @@ def test_regions_are_devices_and_metadata(images: Path, capsysbinary: pytest.Cap
         ("orionsock0", "64", shmem_alias(0)), ("orionsock1", "256", shmem_alias(1))]
     assert [_c14n(s) for s in shmems] == [_c14n(shmem_element(i, size)) for i, size in ((0, 64), (1, 256))]
     assert read_regions(tree) == [RegionRecord(0, 64), RegionRecord(1, 256)]
-    assert tree.find("features/acpi") is not None and tree.find("cpu") is None  # TESTBED.md's two rules
+    assert tree.find("features/acpi") is not None and tree.find("cpu") is None  # ACPI on, no <cpu>: boots under TCG
 
 
 def test_disk_format_detected_or_given(images: Path) -> None:
