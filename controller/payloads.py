@@ -20,6 +20,7 @@ from typing import Any
 from controller.errors import BadRequest
 from controller.keys import valid_name
 from controller.pool import GpuSpec
+from guest_runtime.ini import whole_number
 
 MAX_MEMORY_MIB = 1 << 24
 MAX_TTL_S = 3600
@@ -95,10 +96,9 @@ def optional_integer(data: Mapping[str, Any], key: str, lo: int, hi: int, what: 
     wanted = f"{what or key} must be an integer from {lo} to {hi}"
     if isinstance(raw, bool) or not isinstance(raw, int | str):
         raise BadRequest(f"{wanted}, got {shown(raw)}")
-    try:
-        value = int(raw)
-    except ValueError:  # not digits, or more digits than int() converts
-        raise BadRequest(f"{wanted}, got {shown(raw)}") from None
+    value = raw if isinstance(raw, int) else whole_number(raw)  # ASCII digits only: not '1_0', '١', ' 2'
+    if value is None:
+        raise BadRequest(f"{wanted}, got {shown(raw)}")
     if not lo <= value <= hi:
         raise BadRequest(f"{wanted}, got {shown(value)}{f' ({note})' if note and value > hi else ''}")
     return value

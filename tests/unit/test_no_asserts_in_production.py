@@ -1,8 +1,8 @@
 """`python -O` removes every assert statement, so none may decide what a production path does.
 
 The controller's payload checks used asserts after `integer(...)` to tell the type checker a required field was
-there; they now have a function that returns an int. This test keeps asserts out of the modules that were
-reviewed (issue 12), and runs the controller's payload parsing under -O with bad input: still one BadRequest.
+there; they now have a function that returns an int. This test keeps asserts out of every production
+module (issue 12), and runs the controller's payload parsing under -O with bad input: still one BadRequest.
 """
 from __future__ import annotations
 
@@ -15,16 +15,18 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CHECKED = sorted({*REPO.glob("controller/*.py"), REPO / "guest_runtime/allocation.py",
-                  REPO / "guest_runtime/controller_client.py", REPO / "guest_runtime/check_controller.py",
-                  REPO / "host_agent/controller_link.py", REPO / "host_agent/vgpu_grant.py",
-                  REPO / "host_agent/orion_smi.py"})
+PACKAGES = ("ivshmem", "guest_runtime", "host_agent", "controller", "libvirt_hooks", "xml_templates")
+# Module-level invariants of constants, checked at import: they decide nothing at run time.
+INVARIANTS = {"ivshmem/record.py": 'assert HEADER.size == 32'}
+CHECKED = sorted(path for package in PACKAGES for path in REPO.glob(f"{package}/*.py"))
 
 
 @pytest.mark.parametrize("path", CHECKED, ids=lambda p: str(p.relative_to(REPO)))
 def test_no_assert_statement(path: Path) -> None:
     tree = ast.parse(path.read_text(), str(path))
-    lines = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
+    allowed = INVARIANTS.get(str(path.relative_to(REPO)))
+    lines = [node.lineno for node in ast.walk(tree)
+             if isinstance(node, ast.Assert) and ast.unparse(node) != allowed]
     assert lines == [], f"{path.relative_to(REPO)}: assert on line(s) {lines} vanishes under python -O"
 
 
