@@ -27,7 +27,8 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from host_agent.region_server import Reply, ServerOptions, Session, serve  # noqa: E402
+from host_agent.handler import Reply, Session  # noqa: E402
+from host_agent.region_server import ServerOptions, serve  # noqa: E402
 from ivshmem import ClientChannel, Op, Region, Streamed, layout  # noqa: E402
 from ivshmem.channel import BufferCursor, Ctrl, HostChannel, Sink  # noqa: E402
 from ivshmem.codec import Schema  # noqa: E402

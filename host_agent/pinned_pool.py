@@ -21,12 +21,12 @@ import logging
 from typing import Any
 
 from ivshmem import fixed_map
+from ivshmem.cuda_status import INVALID_VALUE, OUT_OF_MEMORY, SUCCESS
 from ivshmem.layout import PAGE
 from ivshmem.region import Region
 
 log = logging.getLogger(__name__)
 
-SUCCESS, INVALID_VALUE, OUT_OF_MEMORY = 0, 1, 2
 CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP = 1, 2
 
 
