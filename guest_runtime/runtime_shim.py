@@ -74,9 +74,11 @@ log = logging.getLogger(__name__)
 
 Driver = Mapping[str, Callable[..., int]]
 
-# cudaError_t values answered here directly.
-SUCCESS, INVALID_VALUE, INVALID_MEMCPY_DIRECTION, INVALID_DEVICE = 0, 1, 21, 101
-NOT_SUPPORTED, UNKNOWN = 801, 999
+# cudaError_t values answered here directly: the same numbers as their CUresult (ERROR_TABLE below pins that),
+# but for cudaErrorInvalidMemcpyDirection, which the driver API has no counterpart for.
+SUCCESS, INVALID_VALUE, INVALID_DEVICE = cu.SUCCESS, cu.INVALID_VALUE, cu.INVALID_DEVICE
+NOT_SUPPORTED, UNKNOWN = cu.NOT_SUPPORTED, cu.UNKNOWN
+INVALID_MEMCPY_DIRECTION = 21
 # CUresult values the shim looks at.
 CU_SUCCESS, CU_INVALID_VALUE, CU_INVALID_CONTEXT = cu.SUCCESS, cu.INVALID_VALUE, cu.INVALID_CONTEXT
 # enum cudaMemcpyKind
