@@ -16,11 +16,13 @@ an import at exit once hung a CuPy program for 300 s (capsule_hook.py).
 from __future__ import annotations
 
 import atexit
+import importlib
 import logging
 import sys
+from collections.abc import Callable, Mapping
 
 from ivshmem.channel import ClientChannel
-from ivshmem.driver_api import table_digest
+from ivshmem.driver_api import CALLS, table_digest
 from ivshmem.errors import WireError
 from ivshmem.record import AGENT_INFO_REPLY, BIND_REQUEST, Op, Status
 from ivshmem.region import Region
@@ -98,6 +100,23 @@ def _connect() -> ClientChannel:
     return channel
 
 
+def same_signature(implementations: Mapping[str, Callable[..., int]],
+                   wheel: Mapping[str, str]) -> dict[str, Callable[..., int]]:
+    """The implementations whose C signature in the installed cuda-bindings (`wheel`: name -> signature) is the
+    one the call table forwards. Another wheel's version of a function (other parameters) would hand it
+    arguments it misreads, so that function is left to the fallback (CUDA_ERROR_NOT_SUPPORTED), said once."""
+    kept = {}
+    for name, implementation in implementations.items():
+        theirs = wheel.get(name)
+        if theirs is not None and theirs != CALLS[name].signature:
+            log.warning("orion: %s is %s in this cuda-bindings, but Orion forwards %s: not forwarded (install "
+                        "orion-guest[cuda], the cuda-bindings it was built for)", name, theirs,
+                        CALLS[name].signature)
+            continue
+        kept[name] = implementation
+    return kept
+
+
 def activate() -> Forwarder:
     """Route every CUDA driver call of this process to the host agent, and the runtime API (cuda.bindings.runtime)
     through a shim built on those calls. Idempotent."""
@@ -105,7 +124,9 @@ def activate() -> Forwarder:
     if _forwarder is None:
         forwarder = Forwarder(_connect)
         driver = forwarder.implementations()
-        capsule_hook.install("cuda.bindings.cydriver", driver)
+        wheel = importlib.import_module("cuda.bindings.cydriver").__pyx_capi__
+        capsule_hook.install("cuda.bindings.cydriver",
+                             same_signature(driver, {n: capsule_hook.capsule_signature(c) for n, c in wheel.items()}))
         _forwarder = forwarder
         atexit.register(_at_exit)  # after the hook's own handler, so it runs before that one
         shim = RuntimeShim(driver)  # cyruntime's statically linked cudart would bypass the driver hook
