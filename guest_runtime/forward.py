@@ -7,6 +7,11 @@ others are written out here, registered in `GUEST` by name, and encode and decod
 reply the table declares for them (host_agent/executor.py serves the same declarations). What a call
 allocates, frees or unloads comes from the table's effects too.
 
+The session state the guest keeps lives apart, so that this module is marshalling: the calling threads'
+context stacks (contexts.py), the page-locked pool (pinned_pool.py), the device memory this process got
+(device_ranges.py), the kernel-parameter layouts it learned (param_layouts.py) and the error texts it handed
+out (error_texts.py).
+
 The channel is claimed at the first call, not at import, so a program that never touches CUDA never needs
 the host agent. If the agent cannot be reached, cuInit answers CUDA_ERROR_NO_DEVICE and says why once.
 `close()` ends the session at exit; every call after it answers CUDA_ERROR_DEINITIALIZED at once.
@@ -63,9 +68,12 @@ from ivshmem.record import Record
 
 from .contexts import UNKNOWN as UNKNOWN_CONTEXT
 from .contexts import ContextStacks
-from .kernel_params import check_layout, pack_checked, params_from_extra
+from .device_ranges import DeviceRanges
+from .error_texts import ErrorTexts, local_error_name
+from .kernel_params import pack_checked, params_from_extra
 from .module_image import ImageError, locate
 from .occupancy import PotentialBlockSize
+from .param_layouts import ParamLayouts
 from .pinned_pool import GuestPool
 
 log = logging.getLogger(__name__)
@@ -89,10 +97,10 @@ class Forwarder:
         self._channel: ClientChannel | None = None
         self._unreachable: str | None = None
         self._closed = False  # close() ran: the program is exiting
-        self._layouts: dict[int, tuple[list[tuple[int, int]], int]] = {}  # function -> (layout, packed size)
-        self._kernels: set[int] = set()  # CUkernel handles (launchable as functions)
-        self._strings: dict[tuple[str, int], ctypes.Array[ctypes.c_char]] = {}  # kept alive: static strings
-        self._device: dict[int, int] = {}  # base -> size of device memory this process got (for cuMemcpy)
+        self._error_texts = ErrorTexts()  # cuGetErrorName/String's, valid for the life of the process
+        self._device_memory = DeviceRanges()  # what cuMemcpy with unified addressing treats as device memory
+        self._param_layouts = ParamLayouts(self._call, self.channel)  # kernel parameters, asked once per function
+        self._layout = self._param_layouts.layout  # bound once: every launch with kernelParams asks it
         self._impls: dict[str, Callable[..., int]] = {}
         self._named: set[str] = set()  # what was refused as not forwarded, logged once each
         self._lock = threading.RLock()  # one channel per process: one call on it at a time, whichever thread
@@ -190,6 +198,7 @@ class Forwarder:
         forgets = "unloads" in call.effects  # its functions' handles may be reused
         allocates = "allocates" in call.effects  # (CUdeviceptr *out, size_t size, ...)
         frees = "frees" in call.effects
+        device_memory = self._device_memory
 
         def forward(*args: Any) -> int:
             if any(not args[i] for i, _ in outs):
@@ -202,11 +211,11 @@ class Forwarder:
                 if initializes:
                     self._initialized = True
                 elif forgets:
-                    self._layouts.clear()
+                    self._param_layouts.forget()
                 elif allocates:
-                    self._device[ctypes.c_uint64.from_address(args[0]).value] = args[1]
+                    device_memory.add(ctypes.c_uint64.from_address(args[0]).value, args[1])
                 elif frees:
-                    self._device.pop(args[0] or 0, None)
+                    device_memory.discard(args[0] or 0)
             return status
         return forward
 
@@ -245,15 +254,16 @@ class Forwarder:
             if not out:
                 return INVALID_VALUE
             key = (call.name, code)
-            if key not in self._strings:
+            address = self._error_texts.address(key)
+            if address is None:
                 status, reply = (self._call(call, call.request.encode(code), fold=False)
                                  if self.channel() is not None else (NOT_INITIALIZED, None))
-                local = _local_error_name(code)  # no agent to ask: the enum's name still says what happened
+                local = local_error_name(code)  # no agent to ask: the enum's name still says what happened
                 text = bytes(call.reply.decode(reply.payload)[0]) if status == SUCCESS and reply is not None else local
                 if text is None:
                     return INVALID_VALUE
-                self._strings[key] = ctypes.create_string_buffer(text)
-            ctypes.c_void_p.from_address(out).value = ctypes.addressof(self._strings[key])
+                address = self._error_texts.keep(key, text)
+            ctypes.c_void_p.from_address(out).value = address
             return SUCCESS
         return forward
 
@@ -504,9 +514,9 @@ class Forwarder:
                     if pointer:
                         ctype.from_address(pointer).value = value
                 if call.name == "cuLibraryGetKernel":
-                    self._kernels.add(values[0])
+                    self._param_layouts.kernel_made(values[0])
                 elif call.name.endswith("GetGlobal"):
-                    self._device[values[0]] = values[1]
+                    self._device_memory.add(values[0], values[1])
             return status
         return forward
 
@@ -586,20 +596,17 @@ class Forwarder:
             return status
         return forward
 
-    def _is_device(self, pointer: int) -> bool:
-        """Whether `pointer` lies in device memory this process allocated or a module global it looked up."""
-        return any(base <= pointer < base + size for base, size in self._device.items())
-
     @GUEST.serves("cuMemcpy", "cuMemcpyAsync")
     def _uva_copy(self, call: DriverCall) -> Callable[..., int]:
         """cuMemcpy(Async) with unified addressing: pick the direction from where each pointer lies."""
         is_async = call.name.endswith("Async")
+        is_device = self._device_memory.contains
 
         def forward(dst: int | None, src: int | None, size: int, stream: int | None = None) -> int:
             dst, src = dst or 0, src or 0
             if not size:
                 return SUCCESS
-            on_device = (self._is_device(dst), self._is_device(src))
+            on_device = (is_device(dst), is_device(src))
             if on_device == (False, False):
                 if not dst or not src:
                     return INVALID_VALUE
@@ -610,27 +617,6 @@ class Forwarder:
             target = self._impls[name]
             return target(dst, src, size, stream) if is_async else target(dst, src, size)
         return forward
-
-    def _layout(self, function: int) -> tuple[list[tuple[int, int]], int] | None:
-        """(offset, size) of each kernel parameter and their packed size, asked of the host once per function."""
-        if function not in self._layouts:
-            name = "cuKernelGetParamInfo" if function in self._kernels else "cuFuncGetParamInfo"
-            query = CALLS[name]
-            layout: list[tuple[int, int]] = []
-            status = SUCCESS
-            while len(layout) < 4096:
-                status, reply = self._call(query, query.inputs.pack(function, len(layout)), fold=False)
-                if status != SUCCESS or reply is None:
-                    break  # past the last parameter the driver answers CUDA_ERROR_INVALID_VALUE
-                offset, size = query.outputs.unpack(reply.payload)
-                layout.append((offset, size))
-            if not layout and self.channel() is None:
-                return None
-            known = (layout, check_layout(layout))
-            if status != INVALID_VALUE:  # refused (not this session's function): the launch will say so; and
-                return known  # the handle number may name one of ours later, so nothing is remembered
-            self._layouts[function] = known
-        return self._layouts[function]
 
     def _launch_payload(self, call: DriverCall, function: int, head: tuple[int, ...], params: int | None,
                         extra: int | None, attributes: bytes | None = None) -> bytes | None:
@@ -800,11 +786,3 @@ def _jit_option_name(option: int) -> str:
         return f"{driver.CUjit_option(option).name} ({option})"
     except (ImportError, ValueError):
         return str(option)
-
-
-def _local_error_name(code: int) -> bytes | None:
-    try:
-        from cuda.bindings import driver  # already imported: we are called from it
-        return driver.CUresult(code).name.encode()
-    except (ImportError, ValueError):
-        return None

@@ -335,4 +335,4 @@ def test_a_refused_parameter_layout_is_not_remembered(rig: Rig) -> None:
     status = g.fn["cuLaunchKernel"](function, 1, 1, 1, 1, 1, 1, 0, 0, ctypes.addressof(params), None)
     assert status == 0  # posted: the refusal surfaces at the next synchronising call
     assert g.sync() != 0
-    assert function not in g.forwarder._layouts  # noqa: SLF001 - the cache itself is what is under test
+    assert function not in g.forwarder._param_layouts  # noqa: SLF001 - the cache itself is what is under test
