@@ -64,9 +64,9 @@ from ivshmem.region import Region
 
 from .diagnostics import DiagnosticsHandler
 from .gpu_memory import MeterFactory
+from .handler import Reply, Session, note
 from .limits import one_line
 from .pinned_pool import HostPool
-from .region_server import Reply, Session, note
 from .session_ledger import CHECKED, SessionLedger
 from .vgpu_grant import GrantRefused, take_up
 from .vgpu_quota import VgpuQuota, initial_limits
