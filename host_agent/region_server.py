@@ -36,7 +36,6 @@ from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
 
 from . import region_file
 from .handler import Handler, HandlerFactory, Reply, Session, notes_for, route_notes
-from .handler import note as note  # executor.py's import of it, until that imports .handler
 from .limits import LogLimiter, TokenBucket
 from .stop import StopRequest
 
