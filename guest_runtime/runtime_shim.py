@@ -66,8 +66,8 @@ from ivshmem import cuda_status as cu
 
 from . import capsule_hook
 
-__all__ = ["ERROR_TABLE", "NOT_RUNTIME_ATTRIBUTES", "PROPERTY_ATTRIBUTES", "PROPERTY_FIELDS_LEFT_ZERO",
-           "RUNTIME_ATTRIBUTE_END", "RuntimeShim", "is_runtime_attribute", "runtime_error",
+__all__ = ["ERROR_TABLE", "PROPERTY_ATTRIBUTES", "PROPERTY_FIELDS_LEFT_ZERO",
+           "RuntimeShim", "is_runtime_attribute", "runtime_attributes", "runtime_error",
            "runtime_implementations", "runtime_version"]
 
 log = logging.getLogger(__name__)
@@ -198,11 +198,6 @@ _TO_RUNTIME: dict[int, int] = {cu: rt for cu, _, rt, _ in ERROR_TABLE}
 _CU_NAMES: dict[int, str] = {cu: name for cu, name, _, _ in ERROR_TABLE}
 _SAID_UNKNOWN: set[int] = set()
 
-# cudaDeviceAttr: the values 1 .. RUNTIME_ATTRIBUTE_END - 1 (cudaDevAttrMax) except these, which are CUdevice_attribute
-# values the runtime enum does not have. Every cudaDeviceAttr value is the CUdevice_attribute of the same value
-# (the tests check both statements against the wheel), so a runtime attribute is passed to the driver unchanged.
-RUNTIME_ATTRIBUTE_END = 158
-NOT_RUNTIME_ATTRIBUTES = frozenset({44, 102, 103, 104, 105, 107, 110, 136, 137, 146, 152, 153, 154, 155, 156})
 
 # cudaDeviceProp field -> the cudaDeviceAttr name(s) it is read from (an int[n] field: n names, in order). The
 # fields not listed come from cuDeviceGetName, cuDeviceGetUuid and cuDeviceTotalMem, or stay 0
@@ -320,9 +315,19 @@ def runtime_error(status: int) -> int:
     return mapped
 
 
+@functools.cache
+def runtime_attributes() -> frozenset[int]:
+    """The cudaDeviceAttr values of the installed wheel, cudaDevAttrMax excluded: each newer wheel adds some
+    (13.4 ends at 158, 13.5 at 161), so they are read from it, not written here. Every one is the
+    CUdevice_attribute of the same value (the tests check it against the wheel), so a runtime attribute is
+    passed to the driver unchanged. Imported at the first query, after the hook is installed (see above)."""
+    from cuda.bindings import runtime
+    return frozenset(int(m) for m in runtime.cudaDeviceAttr if m.name != "cudaDevAttrMax")
+
+
 def is_runtime_attribute(attribute: int) -> bool:
     """Whether `attribute` is a cudaDeviceAttr value of the installed wheel (cudaDevAttrMax excluded)."""
-    return 0 < attribute < RUNTIME_ATTRIBUTE_END and attribute not in NOT_RUNTIME_ATTRIBUTES
+    return attribute in runtime_attributes()
 
 
 @functools.lru_cache(maxsize=1)
