@@ -73,6 +73,26 @@ def setup_logging(config: ControllerConfig) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
+ETCD_RETRY_S = 0.5
+
+
+async def _wait_for_etcd(store: EtcdStore, executor: ThreadPoolExecutor, within_s: float) -> None:
+    """Return once etcd answers a status request, asking again every half second for `within_s` (--etcd-timeout)
+    before giving up: an etcd starting alongside the controller, or one busy for a moment (a single member on a
+    loaded 2-core machine refused one connection in a CI run), is not a failed start; a missing one still is,
+    within seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while True:
+        try:
+            await loop.run_in_executor(executor, store.healthy)
+            return
+        except EtcdUnavailable:
+            if loop.time() + ETCD_RETRY_S > deadline:
+                raise
+            await asyncio.sleep(ETCD_RETRY_S)
+
+
 async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM (or ``stop`` is set)."""
     log.info("Creating database connection to %s", config.etcd_url)
@@ -81,7 +101,7 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
     loop = asyncio.get_running_loop()
     try:
         try:
-            await loop.run_in_executor(executor, store.healthy)
+            await _wait_for_etcd(store, executor, config.etcd_timeout_s)
         except EtcdUnavailable as exc:
             raise StartError(exc.message) from None
         log.info("Database connection is created.")

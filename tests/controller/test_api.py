@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from guest_runtime.controller_client import ControllerClient, ControllerClientError
-from tests.controller.rig import REPO, ControllerProcess, EtcdServer, call, free_port
+from tests.controller.rig import REPO, ControllerProcess, EtcdServer, call, free_port, wait_until
 
 pytestmark = pytest.mark.functional
 
@@ -208,3 +208,20 @@ def test_cli_errors_are_one_line(etcd: EtcdServer, controllers: Callable[..., Co
     assert taken.returncode == 1 and f"cannot listen on {busy.address}" in taken.stderr
     for result in (bad_listen, bad_etcd, no_etcd, taken):
         assert "Traceback" not in result.stderr
+
+
+def test_a_controller_started_just_before_its_etcd_waits_for_it(controllers: Callable[..., ControllerProcess],
+                                                                 tmp_path: Path) -> None:
+    """Within --etcd-timeout the controller asks etcd again: an etcd starting alongside it (or one that refused
+    a single connection, as a loaded CI machine's once did) is not a failed start."""
+    from tests.controller.conftest import _need_etcd
+
+    late = EtcdServer(_need_etcd(), tmp_path / "late-etcd")
+    ctl = controllers(etcd_url=late.url, extra=["--etcd-timeout", "20"], wait=False)
+    try:
+        wait_until("the controller to ask for etcd", lambda: "Creating database connection" in ctl.log())
+        late.start()  # only now: the controller's first status request has failed (etcd takes ~1 s to come up)
+        ctl.wait_ready()
+        assert ControllerClient(ctl.address).pool()["vgpus_free"] == 0
+    finally:
+        late.stop()
