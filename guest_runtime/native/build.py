@@ -1,0 +1,73 @@
+"""Build the native wire client (orion_wire.c) into a shared library with the system C compiler.
+
+    python guest_runtime/native/build.py OUTPUT.so
+
+Stdlib only: the guest image and the host (setup.sh installs gcc) have a compiler, pip does not need one of its
+own. `$CC` wins over `cc` and `gcc`. A missing compiler or a failed compile is one line and exit status 1.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).resolve().parent
+SOURCES = ("orion_wire.c",)
+CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-fPIC", "-shared")
+LIBS = ("-lpthread",)
+
+
+class BuildError(Exception):
+    """The library could not be built; the message is one line that says why."""
+
+
+def find_compiler() -> list[str] | None:
+    """The C compiler command: $CC (it may carry flags), else cc, else gcc; None when there is none."""
+    configured = os.environ.get("CC", "").strip()
+    if configured:
+        words = shlex.split(configured)
+        return words if shutil.which(words[0]) else None
+    for name in ("cc", "gcc"):
+        found = shutil.which(name)
+        if found:
+            return [found]
+    return None
+
+
+def build_library(output: str | os.PathLike[str]) -> Path:
+    """Compile the sources into `output` (its directory is created); raises BuildError with one line."""
+    compiler = find_compiler()
+    if compiler is None:
+        raise BuildError("no C compiler found (set CC, or install gcc: apt-get install gcc) to build the Orion "
+                         "native library")
+    target = Path(output)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    command = [*compiler, *CFLAGS, "-o", str(target), *(str(SOURCE_DIR / s) for s in SOURCES), *LIBS]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"{compiler[0]} could not run: {exc}") from None
+    if done.returncode != 0:
+        first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:300])
+        raise BuildError(f"{compiler[0]} failed to build {target.name}: {first}")
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: build.py OUTPUT.so", file=sys.stderr)
+        return 2
+    try:
+        print(build_library(args[0]))
+    except BuildError as exc:
+        print(f"build.py: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+/* orion_wire.h: the Orion wire client in C (issue 13's first brick: no CUDA here).
+ *
+ * It speaks exactly the wire of docs/wire-protocol.md as ivshmem/ implements it in Python: it opens a host or
+ * container region file (ivshmem/region.py, layout.py), claims a channel as ClientChannel.claim does (an OFD
+ * lock on the channel's first byte, the control words in the same order, liveness mode LOCK), says HELLO, and
+ * moves INLINE records over the SPSC rings of ivshmem/ring.py. Payloads larger than a ring slot (staging) are
+ * refused for now with ORION_E_TOO_LARGE.
+ *
+ * Every wait spins briefly, then sleeps with back-off, and checks the host (ClientChannel._check_host) every
+ * 0.1 s, so an agent that died or stopped is an error within the agent timeout, never a hang.
+ *
+ * Threads: one channel is used by one thread at a time (the caller serialises); two channels (two
+ * orion_open calls) are independent, even in one process.
+ *
+ * Errors: functions return ORION_OK (0) or a negative ORION_E_* code. orion_open writes its reason into `err`;
+ * once a channel exists, orion_error(channel) holds the last reason, one line. After ORION_E_PEER_GONE or
+ * ORION_E_PROTOCOL the channel is broken: every later call returns the same code (close it and open another).
+ */
+#ifndef ORION_WIRE_H
+#define ORION_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    ORION_OK = 0,
+    ORION_E_ARG = -1,        /* a bad argument (NULL pointer, opcode out of range) */
+    ORION_E_REGION = -2,     /* the path is not a usable Orion region (missing, link, foreign, bad header) */
+    ORION_E_PEER_GONE = -3,  /* no host agent serves us (never, stopped, died, session ended) */
+    ORION_E_NO_CHANNEL = -4, /* every channel is held by a live process */
+    ORION_E_TOO_LARGE = -5,  /* a request beyond the inline capacity, or a reply beyond the caller's buffer */
+    ORION_E_PROTOCOL = -6,   /* the peer broke the ring protocol (impossible indices, bad record, staged) */
+    ORION_E_REFUSED = -7,    /* the agent refused our HELLO (another protocol or call table) */
+    ORION_E_CLOSED = -8,     /* the channel was closed */
+    ORION_E_SYSTEM = -9      /* a system call failed (the text names it) */
+};
+
+/* Wire-control opcodes (ivshmem/record.py Op) and record flags. */
+enum { ORION_OP_HELLO = 1, ORION_OP_ECHO = 2, ORION_OP_NOP = 3 };
+enum { ORION_FLAG_NO_REPLY = 1, ORION_FLAG_STAGED = 2, ORION_FLAG_ASYNC_ERROR = 4 };
+#define ORION_PROTOCOL 2u
+
+typedef struct orion_channel orion_channel;
+
+/* Open the region file at `path` (O_RDWR|O_NOFOLLOW, a regular file, a valid header), claim the first free
+ * channel and wait up to 2 s for the host agent to accept it. Agent timeout: 5 s (ClientChannel's defaults). */
+int orion_open(const char *path, orion_channel **channel, char *err, size_t errlen);
+
+/* The same with explicit bounds, in seconds (accept_timeout: the wait for the accept; agent_timeout: how long
+ * a silent host heartbeat is tolerated during any wait). */
+int orion_open_ex(const char *path, double accept_timeout, double agent_timeout, orion_channel **channel,
+                  char *err, size_t errlen);
+
+/* HELLO: protocol 2, this pid, this host name and `calls` (the forwarded-call table's digest, "" for the wire
+ * alone). `session` (may be NULL) receives the agent's session number. ORION_E_REFUSED carries the agent's
+ * reason in orion_error(). */
+int orion_hello(orion_channel *channel, const char *calls, uint64_t *session);
+
+/* Send `opcode` with `len` bytes of `req` and wait for its reply: its wire/CUDA status in *status, its payload
+ * copied into `reply` (capacity `cap`), its length in *reply_len. A reply longer than `cap` is consumed, its
+ * length reported and ORION_E_TOO_LARGE returned. Async errors that arrive meanwhile are kept (see below). */
+int orion_call(orion_channel *channel, uint32_t opcode, const void *req, size_t len, int32_t *status,
+               void *reply, size_t cap, size_t *reply_len);
+
+/* Send `opcode` with NO_REPLY: no wait for the agent; a failure comes back later as an async error. */
+int orion_post(orion_channel *channel, uint32_t opcode, const void *req, size_t len);
+
+/* The oldest async error (a failed posted record) not yet taken: returns 1 and fills the non-NULL outputs, or
+ * 0 when there is none. The queue keeps the first 256; later ones are counted in orion_async_dropped(). */
+int orion_take_async_error(orion_channel *channel, uint64_t *call_id, uint32_t *opcode, int32_t *status);
+uint64_t orion_async_dropped(const orion_channel *channel);
+
+/* Release the channel (CLIENT_ACTIVE 0, the lock dropped) and unmap the region; NULL is fine. */
+void orion_close(orion_channel *channel);
+
+const char *orion_error(const orion_channel *channel);
+int orion_channel_index(const orion_channel *channel);
+uint32_t orion_generation(const orion_channel *channel);
+size_t orion_inline_capacity(const orion_channel *channel);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,242 @@
+"""The native wire client (guest_runtime/native/orion_wire.c) against a real host agent over a real region.
+
+The library is built into a temporary directory with the system C compiler (skipped, with the reason, only
+where there is none: setup.sh installs gcc, so CI runs these), loaded with ctypes and driven against
+tests/wire/serve_region.py. Every wait is bounded: each native call runs in a daemon thread joined with a
+timeout, so a client that hangs fails the test instead of stalling the suite.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from guest_runtime.native.build import build_library, find_compiler
+from guest_runtime.native.ctypes_client import NativeChannel, NativeWireError, load
+from ivshmem import layout
+from ivshmem.channel import ClientChannel, Ctrl, HostChannel, HostReason, HostStatus
+from ivshmem.layout import Geometry
+from ivshmem.record import Op, Status
+from ivshmem.region import Region
+
+T = TypeVar("T")
+BOUND_S = 30.0
+
+
+def bounded(fn: Callable[[], T], timeout: float = BOUND_S) -> T:
+    """fn() in a daemon thread; fails the test if it has not returned within `timeout`."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the test thread
+            box["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        pytest.fail(f"the native client did not return within {timeout} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if find_compiler() is None:
+        pytest.skip("no C compiler (cc/gcc/$CC) to build the native wire client; setup.sh installs gcc")
+    return load(build_library(tmp_path_factory.mktemp("native") / "liborion_wire.so"))
+
+
+@pytest.fixture
+def native(lib: ctypes.CDLL, served_region: str) -> Iterator[NativeChannel]:
+    channel = bounded(lambda: NativeChannel(lib, served_region))
+    yield channel
+    channel.close()
+
+
+def open_error(lib: ctypes.CDLL, path: str, **kwargs: float) -> NativeWireError:
+    with pytest.raises(NativeWireError) as caught:
+        bounded(lambda: NativeChannel(lib, path, **kwargs))
+    return caught.value
+
+
+# --- talking ---------------------------------------------------------------------------------------------------
+def test_hello_then_echo_round_trips_of_random_sizes(native: NativeChannel) -> None:
+    session = bounded(lambda: native.hello(""))
+    assert session > 0
+    rng = random.Random(13)
+    sizes = [0, 1, native.capacity - 1, native.capacity] + [rng.randrange(native.capacity + 1) for _ in range(300)]
+    for size in sizes:
+        payload = rng.randbytes(size)
+        assert bounded(lambda data=payload: native.call(Op.ECHO, data)) == (0, payload)  # type: ignore[misc]
+
+
+def test_hello_naming_another_call_table_is_refused_in_one_line(native: NativeChannel) -> None:
+    with pytest.raises(NativeWireError) as caught:
+        bounded(lambda: native.hello("not-the-served-table"))
+    assert caught.value.code == "REFUSED" and "refused this client" in str(caught.value)
+
+
+def test_a_payload_beyond_the_slot_is_refused_and_the_channel_goes_on(native: NativeChannel) -> None:
+    with pytest.raises(NativeWireError) as caught:
+        bounded(lambda: native.call(Op.ECHO, bytes(native.capacity + 1)))
+    assert caught.value.code == "TOO_LARGE" and "inline capacity" in str(caught.value)
+    assert bounded(lambda: native.call(Op.ECHO, b"still here")) == (0, b"still here")
+
+
+def test_posted_nops_then_a_call_and_a_failed_post_kept_as_an_async_error(native: NativeChannel,
+                                                                         served_region: str) -> None:
+    entries = Region.open(served_region)
+    try:
+        ring_entries = entries.geometry.ring_entries
+    finally:
+        entries.close()
+    for _ in range(3 * ring_entries):  # more than the ring holds: the client waits for room, bounded
+        bounded(lambda: native.post(Op.NOP))
+    bounded(lambda: native.post(0x7777))  # not served: the agent answers with an async error
+    assert bounded(lambda: native.call(Op.ECHO, b"after")) == (0, b"after")
+    # kept by call id (the posts were numbered 1, 2, ...); the successful NOPs produced no completion at all
+    assert [(call_id, status) for call_id, _, status in native.async_errors()] == [
+        (3 * ring_entries + 1, Status.UNKNOWN_OPCODE)]
+
+
+def test_two_native_clients_get_two_channels(lib: ctypes.CDLL, served_region: str) -> None:
+    with bounded(lambda: NativeChannel(lib, served_region)) as one, \
+            bounded(lambda: NativeChannel(lib, served_region)) as two:
+        assert one.index != two.index
+        assert bounded(lambda: one.call(Op.ECHO, b"one")) == (0, b"one")
+        assert bounded(lambda: two.call(Op.ECHO, b"two")) == (0, b"two")
+
+
+def test_a_native_and_a_python_client_share_the_region(native: NativeChannel, served_region: str) -> None:
+    with Region.open(served_region) as region, bounded(lambda: ClientChannel.claim(region)) as python:
+        assert python.index != native.index
+        assert bounded(lambda: python.call(Op.ECHO, b"py")).payload == b"py"
+        assert bounded(lambda: native.call(Op.ECHO, b"c")) == (0, b"c")
+
+
+def test_close_releases_the_channel_and_the_next_claim_has_a_higher_generation(lib: ctypes.CDLL,
+                                                                              served_region: str) -> None:
+    channel = bounded(lambda: NativeChannel(lib, served_region))
+    index, generation = channel.index, channel.generation
+    bounded(channel.hello)
+    channel.close()
+    with Region.open(served_region) as observer:
+        ctrl = HostChannel(observer, index).ctrl
+        wait_until(lambda: ctrl[Ctrl.HOST_STATUS] == HostStatus.IDLE, 15, "the host to see the channel released")
+        assert ctrl[Ctrl.HOST_REASON] == HostReason.CLIENT_RELEASED
+        assert ctrl[Ctrl.CLIENT_ACTIVE] == 0
+    with bounded(lambda: NativeChannel(lib, served_region)) as again:
+        assert again.index == index and again.generation == generation + 1
+        assert bounded(lambda: again.call(Op.ECHO, b"z")) == (0, b"z")
+
+
+# --- regions it must refuse, in one line, without crashing ----------------------------------------------------
+def test_paths_that_are_not_regions(lib: ctypes.CDLL, tmp_path: Path) -> None:
+    missing = open_error(lib, str(tmp_path / "absent"))
+    assert missing.code == "REGION" and "does not exist" in str(missing)
+    assert "cannot open" in str(open_error(lib, str(tmp_path)))  # a directory
+    (tmp_path / "target").write_bytes(bytes(1 << 20))
+    os.symlink(tmp_path / "target", tmp_path / "link")
+    assert "symbolic link" in str(open_error(lib, str(tmp_path / "link")))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert "not a regular file" in str(open_error(lib, str(fifo)))
+    foreign = tmp_path / "foreign"
+    foreign.write_bytes(random.Random(1).randbytes(1 << 20))
+    assert "not an Orion region" in str(open_error(lib, str(foreign)))
+    (tmp_path / "small").write_bytes(b"ORIONSHM" + bytes(100))
+    assert "too small" in str(open_error(lib, str(tmp_path / "small")))
+
+
+def test_damaged_headers_are_refused_with_their_field(lib: ctypes.CDLL, served_region: str, tmp_path: Path) -> None:
+    good = Path(served_region).read_bytes()
+
+    def variant(name: str, edit: Callable[[bytearray], None]) -> str:
+        raw = bytearray(good)
+        edit(raw)
+        path = tmp_path / name
+        path.write_bytes(raw)
+        return str(open_error(lib, str(path)))
+    assert "checksum mismatch" in variant("crc", lambda raw: raw.__setitem__(40, raw[40] ^ 1))
+    assert "version" in variant("version", lambda raw: raw.__setitem__(8, 9))
+    assert "no header yet" in variant("zeros", lambda raw: raw.__setitem__(slice(0, 4096), bytes(4096)))
+
+    def resealed_ring_entries(raw: bytearray) -> None:
+        fields = layout.unpack_header(bytes(raw[:layout.CRC_SPAN]), "copy", len(raw))
+        bad = Geometry(**{**fields.__dict__, "ring_entries": 3})
+        raw[:layout.CRC_SPAN] = layout.pack_header(bad)
+    assert "ring_entries 3" in variant("entries", resealed_ring_entries)
+    truncated = tmp_path / "truncated"
+    truncated.write_bytes(good[:1 << 20])  # a valid header that says 32 MiB over a 1 MiB file
+    assert "are mapped" in str(open_error(lib, str(truncated)))
+
+
+def test_an_unserved_region_says_to_start_oriond(lib: ctypes.CDLL, region_path: str) -> None:
+    assert "start the host agent" in str(open_error(lib, region_path))
+    with Region.open(region_path) as region:
+        region.format(Geometry.build(region.size, name="never-served"))
+    error = open_error(lib, region_path)
+    assert error.code == "PEER_GONE" and "start oriond" in str(error)
+
+
+# --- the agent goes away ------------------------------------------------------------------------------------
+def test_agent_killed_is_an_error_within_the_bound(lib: ctypes.CDLL, region_path: str,
+                                                   server_factory: Callable[..., Any]) -> None:
+    server = server_factory(region_path)
+    with bounded(lambda: NativeChannel(lib, region_path, agent_timeout=1.0)) as channel:
+        bounded(channel.hello)
+        server.kill()  # SIGKILL the supervisor; its worker notices and goes, nobody answers any more
+
+        def call_until_gone() -> NativeWireError:
+            end = time.monotonic() + 20
+            while time.monotonic() < end:
+                try:
+                    channel.call(Op.ECHO, b"x")
+                except NativeWireError as exc:
+                    return exc
+            raise AssertionError("calls kept succeeding after the agent was killed")
+        error = bounded(call_until_gone)
+        assert error.code == "PEER_GONE", error
+        with pytest.raises(NativeWireError):  # the channel stays broken
+            bounded(lambda: channel.call(Op.NOP))
+    wait_until(lambda: not server.leftovers(), 10, "the dead agent's workers exiting")
+    assert open_error(lib, region_path, accept_timeout=0.5).code == "PEER_GONE"
+
+
+def test_agent_stopped_cleanly_is_an_error_naming_it(lib: ctypes.CDLL, region_path: str,
+                                                     server_factory: Callable[..., Any]) -> None:
+    server = server_factory(region_path)
+    with bounded(lambda: NativeChannel(lib, region_path, agent_timeout=1.0)) as channel:
+        assert server.stop() == 0
+        with pytest.raises(NativeWireError) as caught:
+            bounded(lambda: channel.call(Op.ECHO, b"x"))
+        assert caught.value.code == "PEER_GONE" and "stopped" in str(caught.value)
+    assert "it stopped" in str(open_error(lib, region_path))
+
+
+def test_the_build_says_in_one_line_when_there_is_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from guest_runtime.native import build
+    monkeypatch.setenv("CC", "orion-no-such-compiler")
+    assert build.find_compiler() is None
+    assert build.main([str(tmp_path / "lib.so")]) == 1
+    assert not (tmp_path / "lib.so").exists()
+    assert shutil.which("orion-no-such-compiler") is None
