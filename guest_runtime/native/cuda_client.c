@@ -1,0 +1,117 @@
+/* cuda_client.c: the process's one channel to the host agent, for the generated entry points (cuda_client.h),
+ * and cuGetProcAddress over the generated name table. */
+#include "cuda_client.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "orion_wire.h"
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static orion_channel *channel;
+static int unreachable; /* the agent could not be reached (said once); every later call answers at once */
+
+/* Under `lock`. */
+static int connect_once(void) {
+    if (channel) return 1;
+    if (unreachable) return 0;
+    char err[512] = "";
+    const char *path = getenv("ORION_SHM");
+    int rc = ORION_E_REGION;
+    if (!path || !*path) {
+        snprintf(err, sizeof err, "ORION_SHM is not set: name the region file (e.g. /dev/shm/orionsock0)");
+    } else if ((rc = orion_open(path, &channel, err, sizeof err)) == ORION_OK &&
+               (rc = orion_hello(channel, orion_table_digest, NULL)) != ORION_OK) {
+        snprintf(err, sizeof err, "%s", orion_error(channel));
+        orion_close(channel);
+        channel = NULL;
+    }
+    if (rc != ORION_OK) {
+        unreachable = 1;
+        fprintf(stderr, "orion: no GPU through Orion: %s\n", err);
+        return 0;
+    }
+    return 1;
+}
+
+static int failed(const char *what, int rc) {
+    static int said;
+    if (!said) {
+        said = 1;
+        fprintf(stderr, "orion: %s failed (%d): %s\n", what, rc, channel ? orion_error(channel) : "no channel");
+    }
+    return CUDA_ERROR_UNKNOWN;
+}
+
+int orion_forward(uint32_t opcode, const void *req, size_t len, void *rep, size_t cap, int flags) {
+    pthread_mutex_lock(&lock);
+    int result;
+    if (!connect_once()) {
+        result = (flags & ORION_CALL_INIT) ? CUDA_ERROR_NO_DEVICE : CUDA_ERROR_NOT_INITIALIZED;
+    } else {
+        int32_t status = 0;
+        size_t got = 0;
+        int rc = orion_call(channel, opcode, req, len, &status, rep, cap, &got);
+        if (rc != ORION_OK) {
+            result = failed("a forwarded call", rc);
+        } else if (status < 0) {
+            result = failed("the agent refused a call: wire status", status);
+        } else if (status == CUDA_SUCCESS && orion_take_async_error(channel, NULL, NULL, &status)) {
+            result = status > 0 ? status : CUDA_ERROR_UNKNOWN; /* an earlier posted call failed: say it now */
+        } else if (status == CUDA_SUCCESS && got != cap) {
+            result = failed("a reply of the wrong size", (int)got);
+        } else {
+            result = status;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+int orion_forward_post(uint32_t opcode, const void *req, size_t len) {
+    pthread_mutex_lock(&lock);
+    int result = CUDA_ERROR_NOT_INITIALIZED;
+    if (connect_once()) {
+        int rc = orion_post(channel, opcode, req, len);
+        result = rc == ORION_OK ? CUDA_SUCCESS : failed("a posted call", rc);
+    }
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+int orion_not_forwarded(const char *name) {
+    static const char *said[256];
+    static size_t count;
+    pthread_mutex_lock(&lock);
+    size_t i = 0;
+    while (i < count && said[i] != name) i++;
+    if (i == count) {
+        if (count < sizeof said / sizeof *said) said[count++] = name;
+        fprintf(stderr, "orion: %s is not forwarded by Orion's native driver yet: returning 801 "
+                        "(CUDA_ERROR_NOT_SUPPORTED)\n", name);
+    }
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* cuda.h's cuGetProcAddress (the _v2 ABI): the entry point of any table call by its API name. */
+int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status) {
+    (void)version;
+    (void)flags;
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    for (const struct orion_entry *e = orion_entries; e->name; e++) {
+        if (strcmp(e->name, symbol) == 0) {
+            *pfn = e->function;
+            break;
+        }
+    }
+    if (status) *status = *pfn ? 0 : 1; /* CU_GET_PROC_ADDRESS_SUCCESS, _SYMBOL_NOT_FOUND */
+    return *pfn || status ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+/* The legacy four-argument ABI of the same name. */
+int cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags) {
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}

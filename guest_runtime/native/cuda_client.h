@@ -1,0 +1,53 @@
+/* cuda_client.h: what the generated entry points of the native guest driver (gen_libcuda.py) call.
+ *
+ * One channel per process, opened at the first forwarded call from $ORION_SHM (a region file) and introduced
+ * with the call table's digest (HELLO), exactly as the Python guest runtime does; calls are serialised on it.
+ * A process the agent cannot serve gets CUDA_ERROR_NO_DEVICE from cuInit and CUDA_ERROR_NOT_INITIALIZED from the
+ * rest, with one line on stderr saying why.
+ */
+#ifndef ORION_CUDA_CLIENT_H
+#define ORION_CUDA_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_NO_DEVICE 100
+#define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define CUDA_ERROR_UNKNOWN 999
+
+enum { ORION_CALL_INIT = 1 }; /* cuInit: an unreachable agent is CUDA_ERROR_NO_DEVICE, not NOT_INITIALIZED */
+
+struct orion_entry { const char *name; void *function; };
+extern const struct orion_entry orion_entries[]; /* every table call, by its API name (generated) */
+extern const char orion_table_digest[];          /* driver_api.table_digest() (generated) */
+
+/* Send one call and wait: its CUresult; on success the reply (exactly `cap` bytes) is in `rep`. */
+int orion_forward(uint32_t opcode, const void *req, size_t len, void *rep, size_t cap, int flags);
+/* Send a posted call (no wait): CUDA_SUCCESS, or the error that keeps it from being sent. */
+int orion_forward_post(uint32_t opcode, const void *req, size_t len);
+/* CUDA_ERROR_NOT_SUPPORTED for a call this library does not forward yet, named once on stderr. */
+int orion_not_forwarded(const char *name);
+
+static inline void orion_put_u8(uint8_t *p, uint8_t v) { *p = v; }
+static inline void orion_put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+static inline void orion_put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void orion_put_i32(uint8_t *p, int32_t v) { memcpy(p, &v, 4); }
+static inline void orion_put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static inline void orion_put_f32(uint8_t *p, float v) { memcpy(p, &v, 4); }
+static inline uint8_t orion_get_u8(const uint8_t *p) { return *p; }
+static inline uint16_t orion_get_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t orion_get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline int32_t orion_get_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t orion_get_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline float orion_get_f32(const uint8_t *p) { float v; memcpy(&v, p, 4); return v; }
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the Orion wire is little-endian; this library packs values in host order"
+#endif
+
+#endif

@@ -1,0 +1,170 @@
+"""Generate the entry points of the native guest driver (`libcuda.so.1`) from the one call table.
+
+    python -m guest_runtime.native.gen_libcuda OUT.c            the entry points
+    python -m guest_runtime.native.gen_libcuda --check OUT.c    a file that compiles only if cuda.h agrees
+
+The table (ivshmem/driver_api.py, as `describe()` gives it) stays the definition of every forwarded call: this
+writes, for each generic call, the whole C entry point (NULL checks of its outputs, the request packed in schema
+order, one record through cuda_client.c's `orion_forward`, the reply unpacked into the outputs; a posted call
+sent without waiting), and for every other call of the table, for now, a stub that answers
+CUDA_ERROR_NOT_SUPPORTED and names itself once (the hand-written calls come next: docs/native-driver.md). It
+also writes `cuGetProcAddress`'s name table and the table digest HELLO sends. Standard library and ivshmem only.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ivshmem.driver_api import describe, split_signature, table_digest
+
+# The C type each table parameter type is declared as (cuda.h's own types, in ABI terms), and the wire codes'
+# C types. Handles are opaque pointers; enums are ints.
+PREAMBLE = """\
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long cuuint64_t;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUkern_st *CUkernel;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef int CUdevice_attribute, CUpointer_attribute, CUmemPool_attribute, CUfunction_attribute, CUfunc_cache,
+    CUstreamCaptureStatus, CUjit_option, CUlibraryOption, CUdriverProcAddressQueryResult;
+typedef struct CUuuid_st CUuuid;
+typedef struct CUctxCreateParams_st CUctxCreateParams;
+typedef struct CUlaunchConfig_st CUlaunchConfig;
+typedef size_t (*CUoccupancyB2DSize)(int);
+"""
+HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmodule", "CUfunction", "CUlibrary", "CUkernel", "CUmemoryPool"}
+WIRE_C = {"i32": "int32_t", "u32": "uint32_t", "u64": "uint64_t", "u8": "uint8_t", "u16": "uint16_t",
+          "f32": "float"}
+# Written in cuda_client.c, under their ABI symbol: the name table maps the API name to it.
+IN_CLIENT = {"cuGetProcAddress": "cuGetProcAddress_v2"}
+WIDTH = {"i32": 4, "u32": 4, "u64": 8, "u8": 1, "u16": 2, "f32": 4}
+
+
+def c_type(ctype: str) -> str:
+    """The table's spelling of a C type as C: `unsigned PY_LONG_LONG` is Cython's `unsigned long long`."""
+    return ctype.replace("unsigned PY_LONG_LONG", "unsigned long long").replace("char const", "const char")
+
+
+def _prototype(call: dict[str, Any]) -> tuple[str, list[str]]:
+    _restype, params = split_signature(call["signature"])
+    names = [f"arg{i}" for i in range(len(params))]
+    args = ", ".join(f"{c_type(t)} {n}" for t, n in zip(params, names, strict=True)) or "void"
+    return f"CUresult {call['name']}({args})", names
+
+
+def _generic(call: dict[str, Any]) -> str:
+    """A generic call: `in` parameters packed in order, `out` parameters filled from the reply."""
+    proto, names = _prototype(call)
+    params = call["params"]
+    lines = [proto + " {"]
+    outs = [(i, p) for i, p in enumerate(params) if p["role"] == "out"]
+    for i, _p in outs:
+        lines.append(f"    if (!{names[i]}) return CUDA_ERROR_INVALID_VALUE;")
+    req_size = sum(WIDTH[f["kind"]] for f in call["request"])
+    rep_size = sum(WIDTH[f["kind"]] for f in call["reply"])
+    if req_size:
+        lines.append(f"    uint8_t req[{req_size}];")
+    offset = 0
+    for field in call["request"]:
+        index = int(field["name"][3:])
+        ctype, kind = params[index]["ctype"], field["kind"]
+        value = f"(uint64_t)(uintptr_t){names[index]}" if ctype in HANDLES else f"({WIRE_C[kind]}){names[index]}"
+        lines.append(f"    orion_put_{kind}(req + {offset}, {value});")
+        offset += WIDTH[kind]
+    flags = "ORION_CALL_INIT" if "initializes" in call["effects"] else "0"
+    req = "req" if req_size else "NULL"
+    if call["posted"]:
+        lines.append(f"    return orion_forward_post({call['opcode']:#x}, {req}, {req_size});")
+        lines.append("}")
+        return "\n".join(lines)
+    if rep_size:
+        lines.append(f"    uint8_t rep[{rep_size}];")
+    rep = "rep" if rep_size else "NULL"
+    lines.append(f"    CUresult status = orion_forward({call['opcode']:#x}, {req}, {req_size}, {rep}, {rep_size}, "
+                 f"{flags});")
+    lines.append("    if (status != CUDA_SUCCESS) return status;")
+    offset = 0
+    for field in call["reply"]:
+        index = int(field["name"][3:])
+        base = c_type(params[index]["ctype"][:-1].strip())
+        kind = field["kind"]
+        got = f"orion_get_{kind}(rep + {offset})"
+        value = f"({base})(uintptr_t){got}" if base in HANDLES else f"({base}){got}"
+        lines.append(f"    *{names[index]} = {value};")
+        offset += WIDTH[kind]
+    lines.append("    return CUDA_SUCCESS;")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _not_yet(call: dict[str, Any]) -> str:
+    proto, names = _prototype(call)
+    unused = "".join(f" (void){n};" for n in names)
+    return f"{proto} {{{unused}\n    return orion_not_forwarded(\"{call['name']}\");\n}}"
+
+
+def generate() -> str:
+    table = describe()
+    calls = table["calls"]
+    parts = [
+        "/* Generated by guest_runtime/native/gen_libcuda.py from ivshmem/driver_api.py: do not edit. */",
+        "#include <stddef.h>",
+        "#include <stdint.h>",
+        "#include <string.h>",
+        PREAMBLE,
+        '#include "cuda_client.h"',
+        "",
+        "int cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);",
+        f'const char orion_table_digest[] = "{table_digest()}";',
+        "",
+    ]
+    for call in calls:
+        if call["name"] in IN_CLIENT:
+            continue
+        if call["answered_in_guest"] or not call["generic"]:
+            parts.append(_not_yet(call))
+        else:
+            parts.append(_generic(call))
+        parts.append("")
+    parts.append("const struct orion_entry orion_entries[] = {")
+    parts += [f'    {{"{call["name"]}", (void *){IN_CLIENT.get(call["name"], call["name"])}}},' for call in calls]
+    parts.append("    {NULL, NULL}\n};")
+    return "\n".join(parts) + "\n"
+
+
+def type_check() -> str:
+    """A C file that compiles only if every table call's signature is the one cuda.h declares (the same
+    function, under cuda.h's versioned names): the CPU-CI check that no entry point is mis-typed."""
+    parts = ["/* Generated by gen_libcuda.py --check: compiles only where cuda.h agrees with the call table. */",
+             "#include <cuda.h>", ""]
+    for call in describe()["calls"]:
+        _restype, params = split_signature(call["signature"])
+        name = call["name"]
+        parts.append(f"typedef CUresult orion_t_{name}({', '.join(c_type(t) for t in params) or 'void'});")
+        parts.append(f'_Static_assert(__builtin_types_compatible_p(__typeof__({name}), orion_t_{name}), '
+                     f'"{name}: the call table and cuda.h disagree");')
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    check = args[:1] == ["--check"]
+    if check:
+        args = args[1:]
+    if len(args) != 1:
+        print("usage: python -m guest_runtime.native.gen_libcuda [--check] OUT.c", file=sys.stderr)
+        return 2
+    with open(args[0], "w") as out:
+        out.write(type_check() if check else generate())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,121 @@
+"""The native guest driver's first form (issue 13): `libcuda.so.1` generated from the call table, built with the
+system compiler, loaded with ctypes, talking to a real agent (tests/forwarding_rig.py: a RegionServer whose
+sessions run the CUDA executor over the fake driver). CPU only: no GPU, no real libcuda."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guest_runtime.native import gen_libcuda
+from guest_runtime.native.build import find_compiler
+from ivshmem.driver_api import CALLS
+from tests.forwarding_rig import Rig, bounded, rig, start  # noqa: F401 (fixtures)
+
+NATIVE = Path(gen_libcuda.__file__).resolve().parent
+REPO = NATIVE.parents[1]
+CUDA_H = next((p for p in (Path("/usr/local/cuda/include"), *sorted(Path("/usr/local").glob("cuda-*/include")))
+               if (p / "cuda.h").exists()), None)
+
+
+def _compiler() -> list[str]:
+    compiler = find_compiler()
+    if compiler is None:
+        pytest.skip("no C compiler (setup.sh installs gcc)")
+    return compiler
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("native")
+    source = out / "libcuda_calls.c"
+    source.write_text(gen_libcuda.generate())
+    target = out / "libcuda.so.1"
+    subprocess.run([*_compiler(), "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared",
+                    "-Wl,-soname,libcuda.so.1", f"-I{NATIVE}", "-o", str(target), str(source),
+                    str(NATIVE / "cuda_client.c"), str(NATIVE / "orion_wire.c"), "-lpthread"],
+                   check=True, capture_output=True, text=True, timeout=300)
+    return target
+
+
+def test_every_table_call_is_exported_and_found_through_get_proc_address(library: Path) -> None:
+    lib = ctypes.CDLL(str(library))
+    lookup = lib.cuGetProcAddress_v2
+    lookup.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_ulonglong,
+                       ctypes.POINTER(ctypes.c_int)]
+    found, status = ctypes.c_void_p(), ctypes.c_int(-1)
+    for name in CALLS:
+        assert lookup(name.encode(), ctypes.byref(found), 13000, 0, ctypes.byref(status)) == 0, name
+        assert status.value == 0 and found.value, name
+        symbol = "cuGetProcAddress_v2" if name == "cuGetProcAddress" else name
+        assert found.value == ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value, name
+    assert lookup(b"cuNoSuchThing", ctypes.byref(found), 13000, 0, ctypes.byref(status)) == 0
+    assert status.value == 1 and not found.value  # CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, as the driver answers
+
+
+@pytest.mark.skipif(CUDA_H is None, reason="no cuda.h (the CUDA toolkit's headers) on this machine")
+def test_every_entry_point_has_cuda_hs_signature(tmp_path: Path) -> None:
+    check = tmp_path / "check.c"
+    check.write_text(gen_libcuda.type_check())
+    done = subprocess.run([*_compiler(), "-std=c11", "-fsyntax-only", f"-I{CUDA_H}", str(check)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[:2000]
+
+
+CLIENT = r"""
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+out = {}
+version, count, attr, name = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.create_string_buffer(64)
+out["cuInit"] = lib.cuInit(0)
+out["cuDriverGetVersion"] = [lib.cuDriverGetVersion(ctypes.byref(version)), version.value]
+out["cuDeviceGetCount"] = [lib.cuDeviceGetCount(ctypes.byref(count)), count.value]
+out["null_output"] = lib.cuDeviceGetCount(None)
+out["cuDeviceGetAttribute"] = [lib.cuDeviceGetAttribute(ctypes.byref(attr), 16, 0), attr.value]
+ctx, pointer = ctypes.c_void_p(), ctypes.c_uint64()
+out["retain"] = lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+out["set_current"] = lib.cuCtxSetCurrent(ctx)
+out["alloc"] = [lib.cuMemAlloc(ctypes.byref(pointer), ctypes.c_size_t(1 << 20)), pointer.value != 0]
+out["memset_posted"] = lib.cuMemsetD8Async(ctypes.c_uint64(pointer.value), 7, ctypes.c_size_t(1 << 20), None)
+out["synchronize"] = lib.cuCtxSynchronize()
+out["free"] = lib.cuMemFree(ctypes.c_uint64(pointer.value))
+out["foreign_free"] = lib.cuMemFree(ctypes.c_uint64(0xdead0000))
+out["not_yet"] = lib.cuDeviceGetName(name, 64, 0)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _run(library: Path, environ: dict[str, str]) -> tuple[dict[str, object], str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | environ
+    done = subprocess.run([sys.executable, "-c", CLIENT, str(library)], env=env, capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):]), done.stderr
+
+
+def test_generic_calls_reach_a_real_agent(library: Path, rig: Rig) -> None:  # noqa: F811
+    result, err = _run(library, {"ORION_SHM": rig.path})
+    assert result["cuInit"] == 0
+    assert result["cuDriverGetVersion"][0] == 0 and result["cuDriverGetVersion"][1] > 0  # type: ignore[index]
+    assert result["cuDeviceGetCount"] == [0, 2]  # the rig's two guest devices
+    assert result["null_output"] == 1  # CUDA_ERROR_INVALID_VALUE, never a write through NULL
+    assert result["cuDeviceGetAttribute"][0] == 0  # type: ignore[index]
+    assert result["retain"] == 0 and result["set_current"] == 0
+    assert result["alloc"] == [0, True] and result["memset_posted"] == 0 and result["synchronize"] == 0
+    assert result["free"] == 0
+    assert result["foreign_free"] == 1  # not this session's memory: the host's ledger refuses it
+    assert result["not_yet"] == 801 and err.count("cuDeviceGetName is not forwarded") == 1
+    names = [e["name"] for e in rig.entries()]
+    assert {"cuInit", "cuMemAlloc", "cuMemsetD8Async", "cuMemFree"} <= set(names)  # they reached the driver
+
+
+def test_without_an_agent_cuinit_is_no_device_in_one_line(library: Path) -> None:
+    result, err = _run(library, {})
+    assert result["cuInit"] == 100 and result["cuDeviceGetCount"][0] == 3  # type: ignore[index]
+    assert err.count("orion: no GPU through Orion: ORION_SHM is not set") == 1
