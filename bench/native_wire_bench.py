@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Native wire benchmark: host-local round trips through the C client (guest_runtime/native/orion_wire.c) next to
+the Python ClientChannel, against the same served region, in one run. Not a test.
+
+* C client: a small C program (embedded below, built with the system compiler together with orion_wire.c)
+  claims a channel, says HELLO and times each ECHO / NOP call with clock_gettime: no Python on the client side;
+* C client through ctypes: the same library called from Python (what a ctypes user would pay);
+* Python client: ClientChannel.call;
+* floor: two C processes ping-ponging one shared word (what any host-local round trip costs on this machine).
+
+The host side is the Python agent (RegionServer + DiagnosticsHandler) in its own process for every row, so the
+ratio shows what the client side alone saves; issue 13's aim (host-local p50 <= 1 us) also needs a native host.
+Run: `.venv/bin/python bench/native_wire_bench.py`.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from guest_runtime.native.build import SOURCE_DIR, BuildError, find_compiler  # noqa: E402
+from guest_runtime.native.ctypes_client import NativeChannel, load  # noqa: E402
+from host_agent.diagnostics import DiagnosticsHandler  # noqa: E402
+from host_agent.region_server import ServerOptions, serve  # noqa: E402
+from ivshmem import ClientChannel, Op, Region, layout  # noqa: E402
+
+MIB = 1 << 20
+_MP = multiprocessing.get_context("fork")
+
+HARNESS = r"""
+#define _GNU_SOURCE
+#include "orion_wire.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static long long ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+static int cmp(const void *a, const void *b) {
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+static void report(const char *what, long long *v, int n) {
+    qsort(v, n, sizeof *v, cmp);
+    printf("%s %lld %lld\n", what, v[n / 2], v[(int)(n * 0.99)]);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    int n = atoi(argv[2]);
+    long long *v = calloc(n, sizeof *v);
+    if (strcmp(argv[1], "floor") == 0) {  /* two processes, one shared word each way */
+        volatile unsigned *w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        pid_t pid = fork();
+        if (pid == 0) {
+            for (unsigned i = 1; i <= (unsigned)n; i++) {
+                while (__atomic_load_n(&w[0], __ATOMIC_ACQUIRE) != i) {}
+                __atomic_store_n(&w[16], i, __ATOMIC_RELEASE);
+            }
+            _exit(0);
+        }
+        for (unsigned i = 1; i <= (unsigned)n; i++) {
+            long long t = ns();
+            __atomic_store_n(&w[0], i, __ATOMIC_RELEASE);
+            while (__atomic_load_n(&w[16], __ATOMIC_ACQUIRE) != i) {}
+            v[i - 1] = ns() - t;
+        }
+        waitpid(pid, NULL, 0);
+        report("floor", v, n);
+        return 0;
+    }
+    char err[1024];
+    orion_channel *ch;
+    if (orion_open(argv[1], &ch, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+    if (orion_hello(ch, "", NULL)) { fprintf(stderr, "%s\n", orion_error(ch)); return 1; }
+    char req[64] = "12345678", rep[65536];
+    int32_t status; size_t got;
+    for (int pass = 0; pass < 2; pass++) {
+        unsigned op = pass ? ORION_OP_NOP : ORION_OP_ECHO;
+        size_t len = pass ? 0 : 8;
+        for (int i = 0; i < n / 10; i++) orion_call(ch, op, req, len, &status, rep, sizeof rep, &got);  /* warm */
+        for (int i = 0; i < n; i++) {
+            long long t = ns();
+            if (orion_call(ch, op, req, len, &status, rep, sizeof rep, &got)) {
+                fprintf(stderr, "%s\n", orion_error(ch));
+                return 1;
+            }
+            v[i] = ns() - t;
+        }
+        report(pass ? "nop" : "echo", v, n);
+    }
+    orion_close(ch);
+    return 0;
+}
+"""
+
+
+def build_harness(directory: Path) -> tuple[Path, Path]:
+    """(harness executable, shared library), both built with the system compiler."""
+    compiler = find_compiler()
+    if compiler is None:
+        raise BuildError("no C compiler found (set CC, or install gcc) to build the native benchmark")
+    source = directory / "harness.c"
+    source.write_text(HARNESS)
+    exe, lib = directory / "harness", directory / "liborion_wire.so"
+    flags = ["-std=c11", "-O2", "-Wall", "-Wextra", f"-I{SOURCE_DIR}"]
+    subprocess.run([*compiler, *flags, "-o", str(exe), str(source), str(SOURCE_DIR / "orion_wire.c"), "-lpthread"],
+                   check=True)
+    subprocess.run([*compiler, *flags, "-fPIC", "-shared", "-o", str(lib), str(SOURCE_DIR / "orion_wire.c"),
+                    "-lpthread"], check=True)
+    return exe, lib
+
+
+def percentiles(values: list[int]) -> tuple[float, float]:
+    values = sorted(values)
+    return values[len(values) // 2] / 1e3, values[min(len(values) - 1, int(len(values) * 0.99))] / 1e3
+
+
+def timed(call: object, n: int) -> tuple[float, float]:
+    clock, out = time.perf_counter_ns, []
+    for _ in range(n // 10):
+        call()  # type: ignore[operator]
+    for _ in range(n):
+        start = clock()
+        call()  # type: ignore[operator]
+        out.append(clock() - start)
+    return percentiles(out)
+
+
+def harness_rows(exe: Path, *args: str) -> dict[str, tuple[float, float]]:
+    done = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode:
+        raise SystemExit(f"native harness failed: {done.stderr.strip()}")
+    rows = {}
+    for line in done.stdout.splitlines():
+        name, p50, p99 = line.split()
+        rows[name] = (int(p50) / 1e3, int(p99) / 1e3)
+    return rows
+
+
+def _serve(path: str) -> None:
+    serve(path, DiagnosticsHandler, ServerOptions(channels=4))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--round-trips", type=int, default=50000)
+    args = parser.parse_args()
+    n = args.round_trips
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            exe, lib_path = build_harness(Path(tmp))
+        except BuildError as exc:
+            print(f"native_wire_bench: {exc}", file=sys.stderr)
+            return 1
+        path = f"/dev/shm/orion-bench-{uuid.uuid4().hex[:8]}"
+        with open(path, "wb") as f:
+            f.truncate(32 * MIB)
+        server = _MP.Process(target=_serve, args=(path,))
+        server.start()
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                with open(path, "rb") as f:
+                    head = f.read(layout.HEADER_SIZE)
+                if head[:8] == layout.MAGIC and int.from_bytes(head[layout.AGENT_STATE:layout.AGENT_STATE + 4],
+                                                                "little") == layout.AGENT_SERVING:
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit("the region server did not start")
+                time.sleep(0.05)
+            native = harness_rows(exe, path, str(n))
+            floor = harness_rows(exe, "floor", str(n))["floor"]
+            lib = load(lib_path)
+            with NativeChannel(lib, path) as channel:
+                channel.hello()
+                via_ctypes = {"echo": timed(lambda: channel.call(Op.ECHO, b"12345678"), n),
+                              "nop": timed(lambda: channel.call(Op.NOP), n)}
+            with Region.open(path) as region, ClientChannel.claim(region) as py:
+                py.hello()
+                python = {"echo": timed(lambda: py.call(Op.ECHO, b"12345678"), n),
+                          "nop": timed(lambda: py.call(Op.NOP), n)}
+        finally:
+            if server.pid:
+                os.kill(server.pid, signal.SIGINT)
+            server.join(10)
+            os.unlink(path)
+    print(f"## host-local round trip, {n} calls each, p50 / p99 in us (host: the Python agent)")
+    print(f"{'':22}{'C client':>18}{'C via ctypes':>18}{'Python client':>18}{'p50 Python/C':>14}")
+    for name, label in (("echo", "ECHO 8 B"), ("nop", "NOP")):
+        c, t, p = native[name], via_ctypes[name], python[name]
+        print(f"{label:22}{c[0]:9.2f} /{c[1]:7.2f}{t[0]:9.2f} /{t[1]:7.2f}{p[0]:9.2f} /{p[1]:7.2f}"
+              f"{p[0] / c[0]:13.2f}x")
+    print(f"{'floor (C word ping-pong)':22}{floor[0]:9.2f} /{floor[1]:7.2f}")
+    print("aim (issue 13): host-local round trip p50 <= 1 us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
