@@ -534,26 +534,29 @@ int orion_hello(orion_channel *ch, const char *calls, uint64_t *session) {
     if (len > ch->capacity)
         return FAIL(ch, ORION_E_TOO_LARGE, "HELLO of %zu bytes exceeds the %u-byte inline capacity", len,
                     ch->capacity);
-    uint8_t req[65536], reply[65536];
+    uint8_t *req = malloc(2 * (size_t)ch->capacity), *reply = req ? req + ch->capacity : NULL;  /* not the stack */
+    if (req == NULL) return FAIL(ch, ORION_E_SYSTEM, "HELLO: out of memory");
     uint32_t words[2] = { ORION_PROTOCOL, (uint32_t)getpid() }, n;
     memcpy(req, words, 8);
     n = (uint32_t)hl; memcpy(req + 8, &n, 4); memcpy(req + 12, host, hl);
     n = (uint32_t)cl; memcpy(req + 12 + hl, &n, 4); memcpy(req + 16 + hl, calls, cl);
     int32_t status = 0;
     size_t got = 0;
-    int rc = orion_call(ch, ORION_OP_HELLO, req, len, &status, reply, sizeof reply, &got);
-    if (rc) return rc;
-    if (status != 0) {
-        size_t shown = got < 300 ? got : 300;
+    int rc = orion_call(ch, ORION_OP_HELLO, req, len, &status, reply, ch->capacity, &got);
+    if (rc == ORION_OK && status != 0) {
+        int shown = (int)(got < 300 ? got : 300);
         if (shown)
-            return FAIL(ch, ORION_E_REFUSED, "%s: the host agent refused this client: %.*s", ch->where, (int)shown,
-                        (const char *)reply);
-        return FAIL(ch, ORION_E_REFUSED, "%s: the host agent refused this client: status %d", ch->where, status);
+            rc = FAIL(ch, ORION_E_REFUSED, "%s: the host agent refused this client: %.*s", ch->where, shown,
+                      (const char *)reply);
+        else
+            rc = FAIL(ch, ORION_E_REFUSED, "%s: the host agent refused this client: status %d", ch->where, status);
+    } else if (rc == ORION_OK && (got < 12 || 12 + (size_t)rd32(reply + 8) != got)) {
+        rc = FAIL(ch, ORION_E_PROTOCOL, "%s: malformed HELLO reply of %zu bytes", ch->where, got);
+    } else if (rc == ORION_OK && session) {
+        *session = rd64(reply);
     }
-    if (got < 12 || 12 + (size_t)rd32(reply + 8) != got)
-        return FAIL(ch, ORION_E_PROTOCOL, "%s: malformed HELLO reply of %zu bytes", ch->where, got);
-    if (session) *session = rd64(reply);
-    return ORION_OK;
+    free(req);
+    return rc;
 }
 
 int orion_take_async_error(orion_channel *ch, uint64_t *call_id, uint32_t *opcode, int32_t *status) {

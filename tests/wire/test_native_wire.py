@@ -11,6 +11,7 @@ import ctypes
 import os
 import random
 import shutil
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -147,6 +148,40 @@ def test_close_releases_the_channel_and_the_next_claim_has_a_higher_generation(l
     with bounded(lambda: NativeChannel(lib, served_region)) as again:
         assert again.index == index and again.generation == generation + 1
         assert bounded(lambda: again.call(Op.ECHO, b"z")) == (0, b"z")
+
+
+# --- a peer that breaks the protocol ------------------------------------------------------------------------
+def forge_completion(served_region: str, index: int, slot: bytes | None, tail_ahead: int) -> None:
+    """Write what a broken host would into channel `index`'s completion ring: optionally a slot at the tail,
+    then the tail moved `tail_ahead` past the head. Only while no call is outstanding (the host is idle)."""
+    with Region.open(served_region) as region:
+        g = region.geometry
+        ring = g.channel_base(index) + g.off_cpl_ring
+        head = region.u32[(ring + layout.RING_HEAD) >> 2]
+        if slot is not None:
+            cell = ring + layout.RING_SLOTS + (head % g.ring_entries) * g.slot_size
+            region.buf[cell:cell + len(slot)] = slot
+        region.u32[(ring + layout.RING_TAIL) >> 2] = (head + tail_ahead) & 0xFFFFFFFF
+
+
+def test_a_malformed_completion_breaks_the_channel_with_an_error(native: NativeChannel, served_region: str) -> None:
+    assert bounded(lambda: native.call(Op.ECHO, b"a")) == (0, b"a")
+    forged = struct.pack("<QIIIIiI", 99, 0, 0x80, 0, native.generation, 0, 0)  # an unknown flag
+    forge_completion(served_region, native.index, forged, 1)
+    with pytest.raises(NativeWireError) as caught:
+        bounded(lambda: native.call(Op.ECHO, b"b"))
+    assert caught.value.code == "PROTOCOL" and "malformed" in str(caught.value)
+    with pytest.raises(NativeWireError) as again:  # broken for good: close it and open another
+        bounded(lambda: native.call(Op.NOP))
+    assert again.value.code == "PROTOCOL"
+
+
+def test_impossible_completion_indices_are_an_error(native: NativeChannel, served_region: str) -> None:
+    assert bounded(lambda: native.call(Op.NOP)) == (0, b"")
+    forge_completion(served_region, native.index, None, 100000)
+    with pytest.raises(NativeWireError) as caught:
+        bounded(lambda: native.call(Op.NOP))
+    assert caught.value.code == "PROTOCOL" and "broke the protocol" in str(caught.value)
 
 
 # --- regions it must refuse, in one line, without crashing ----------------------------------------------------
