@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Per-call cost of a synchronous driver call three ways, in one run on the GPU machine: natively, forwarded
+through the Python capsule path, and forwarded through the generated native libcuda.so.1 (issue 13). Prints
+microseconds and the ratios to native.
+
+Run: python3 bench/native_driver_bench.py   (from the repository root; needs gcc and a GPU)
+The calls timed are generic ones the native library forwards today: cuCtxSynchronize (an empty stream: a pure
+round trip to the driver) and cuDeviceGetAttribute (a query the native library will later answer in the guest).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from guest_runtime.native import gen_libcuda  # noqa: E402
+from guest_runtime.native.build import find_compiler  # noqa: E402
+
+MEASURE = r"""
+import ctypes, json, sys, time
+if sys.argv[1] == "native-lib":
+    ctypes.CDLL(sys.argv[2], mode=ctypes.RTLD_GLOBAL)
+elif sys.argv[1] == "capsule":
+    import guest_runtime.activate as orion; orion.activate()
+from cuda.bindings import driver as cu
+cu.cuInit(0)
+err, dev = cu.cuDeviceGet(0)
+err, ctx = cu.cuDevicePrimaryCtxRetain(dev)
+cu.cuCtxSetCurrent(ctx)
+attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+def timed(fn, n=20000):
+    for _ in range(1000): fn()
+    samples = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(n): fn()
+        samples.append((time.perf_counter() - t) / n * 1e6)
+    return sorted(samples)[2]
+print("RESULT " + json.dumps({"sync": timed(cu.cuCtxSynchronize),
+                              "attribute": timed(lambda: cu.cuDeviceGetAttribute(attr, dev))}))
+"""
+
+
+def run(kind: str, *args: str, **env: str) -> dict[str, float]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | env
+    environ["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, "-c", MEASURE, kind, *args], capture_output=True, text=True,
+                          timeout=600, env=environ, cwd=REPO, check=True)
+    return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def main() -> int:
+    compiler = find_compiler()
+    if compiler is None:
+        print("native_driver_bench: no C compiler (install gcc)", file=sys.stderr)
+        return 1
+    work = Path(tempfile.mkdtemp(prefix="orion-native-bench-"))
+    shm = Path(tempfile.mkdtemp(prefix="orion-native-bench-", dir="/dev/shm"))
+    source, lib = work / "libcuda_calls.c", work / "libcuda.so.1"
+    source.write_text(gen_libcuda.generate())
+    native_dir = Path(gen_libcuda.__file__).resolve().parent
+    subprocess.run([*compiler, "-std=c11", "-O2", "-fPIC", "-shared", "-Wl,-soname,libcuda.so.1", f"-I{native_dir}",
+                    "-o", str(lib), str(source), str(native_dir / "cuda_client.c"), str(native_dir / "orion_wire.c"),
+                    "-lpthread"], check=True)
+    region = shm / "orionsock7"
+    with open(region, "wb") as f:
+        f.truncate(256 << 20)
+    conf = work / "server.conf"
+    conf.write_text(f'[server]\n    vgpu_count = 1\n[server-shm]\n    shm_path_base = "{shm}/"\n')
+    log = work / "oriond.log"
+    with open(log, "wb") as out:
+        oriond = subprocess.Popen([sys.executable, "-m", "host_agent.oriond", "--config", str(conf), "--pid-file",
+                                   str(shm / "oriond.pid")], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 30
+        while b"Using SHM orionsock7" not in log.read_bytes():
+            if oriond.poll() is not None or time.monotonic() > deadline:
+                print(log.read_text(), file=sys.stderr)
+                return 1
+            time.sleep(0.1)
+        native = run("native")
+        capsule = run("capsule", ORION_SHM=str(region))
+        library = run("native-lib", str(lib), ORION_SHM=str(region))
+    finally:
+        oriond.terminate()
+        oriond.wait(30)
+    print(f"# native driver benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs; median of 5 x 20000")
+    print(f"{'call':22} {'native us':>10} {'capsule us':>11} {'native lib us':>14} {'capsule/nat':>12} {'lib/nat':>8}")
+    for key, name in (("sync", "cuCtxSynchronize"), ("attribute", "cuDeviceGetAttribute")):
+        n, c, lb = native[key], capsule[key], library[key]
+        print(f"{name:22} {n:10.2f} {c:11.2f} {lb:14.2f} {c / n:12.2f} {lb / n:8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
