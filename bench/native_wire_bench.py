@@ -6,10 +6,12 @@ the Python ClientChannel, against the same served region, in one run. Not a test
   claims a channel, says HELLO and times each ECHO / NOP call with clock_gettime: no Python on the client side;
 * C client through ctypes: the same library called from Python (what a ctypes user would pay);
 * Python client: ClientChannel.call;
-* floor: two C processes ping-ponging one shared word (what any host-local round trip costs on this machine).
+* floor: two C processes ping-ponging one shared word (what any host-local round trip costs on this machine);
+* C host: the C client against a minimal C host in the harness (accept, echo) on a region formatted here, with
+  no agent process: the wire alone, what a native host dispatch could reach.
 
-The host side is the Python agent (RegionServer + DiagnosticsHandler) in its own process for every row, so the
-ratio shows what the client side alone saves; issue 13's aim (host-local p50 <= 1 us) also needs a native host.
+Every other row's host is the Python agent (RegionServer + DiagnosticsHandler) in its own process, so the
+Python/C ratio shows what the client side alone saves; issue 13's aim (host-local p50 <= 1 us) needs both.
 Run: `.venv/bin/python bench/native_wire_bench.py`.
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ from guest_runtime.native.ctypes_client import NativeChannel, load  # noqa: E402
 from host_agent.diagnostics import DiagnosticsHandler  # noqa: E402
 from host_agent.region_server import ServerOptions, serve  # noqa: E402
 from ivshmem import ClientChannel, Op, Region, layout  # noqa: E402
+from ivshmem.layout import Geometry  # noqa: E402
 
 MIB = 1 << 20
 _MP = multiprocessing.get_context("fork")
@@ -46,6 +49,8 @@ HARNESS = r"""
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <signal.h>
 
 static long long ns(void) {
     struct timespec t;
@@ -61,10 +66,70 @@ static void report(const char *what, long long *v, int n) {
     printf("%s %lld %lld\n", what, v[n / 2], v[(int)(n * 0.99)]);
 }
 
+/* A minimal native host for channel 0 of a region Python formatted (argv: "wire" PATH N CHANNEL_OFFSET OFF_REQ
+ * OFF_CPL SLOT ENTRIES): accept the claim, then echo every request until the parent is gone. */
+static pid_t parent, host_pid;
+
+static void native_host(unsigned char *ch, unsigned req, unsigned cpl, unsigned slot, unsigned entries) {
+    unsigned *ctrl = (unsigned *)ch, gen;
+    while (!(__atomic_load_n(&ctrl[1], __ATOMIC_ACQUIRE) && (gen = __atomic_load_n(&ctrl[0], __ATOMIC_ACQUIRE))
+             && gen != __atomic_load_n(&ctrl[16], __ATOMIC_ACQUIRE))) {}
+    unsigned *rq_head = (unsigned *)(ch + req), *rq_tail = (unsigned *)(ch + req + 64);
+    unsigned *cp_head = (unsigned *)(ch + cpl), *cp_tail = (unsigned *)(ch + cpl + 64);
+    __atomic_store_n(rq_head, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(cp_tail, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&ctrl[17], 1, __ATOMIC_RELEASE);  /* HOST_STATUS SERVING */
+    __atomic_store_n(&ctrl[16], gen, __ATOMIC_RELEASE);  /* HOST_GEN */
+    unsigned head = 0, tail = 0;
+    unsigned long long beat = 0, spins = 0;
+    for (;;) {
+        if (__atomic_load_n(rq_tail, __ATOMIC_ACQUIRE) == head) {
+            if (++spins % 100000 == 0) {
+                __atomic_store_n((unsigned long long *)&ctrl[20], ++beat, __ATOMIC_RELEASE);  /* HOST_HEARTBEAT */
+                if (getppid() != parent) _exit(0);
+            }
+            continue;
+        }
+        unsigned char *in = ch + req + 128 + (size_t)(head & (entries - 1)) * slot;
+        while (tail - __atomic_load_n(cp_head, __ATOMIC_ACQUIRE) >= entries) {}
+        unsigned char *out = ch + cpl + 128 + (size_t)(tail & (entries - 1)) * slot;
+        unsigned length, flags;
+        memcpy(&flags, in + 12, 4);
+        memcpy(&length, in + 16, 4);
+        if (!(flags & 1)) {
+            memcpy(out, in, 32 + length);
+            memset(out + 28, 0, 4);
+            unsigned opcode;
+            memcpy(&opcode, in + 8, 4);
+            if (opcode == 1) {  /* HELLO: session 1, agent "" */
+                unsigned long long session = 1;
+                length = 12;
+                memcpy(out + 16, &length, 4);
+                memcpy(out + 32, &session, 8);
+                memset(out + 40, 0, 4);
+            }
+            __atomic_store_n(cp_tail, ++tail, __ATOMIC_RELEASE);
+        }
+        __atomic_store_n(rq_head, ++head, __ATOMIC_RELEASE);
+    }
+}
+
 int main(int argc, char **argv) {
-    if (argc != 3) return 2;
+    if (argc != 3 && argc != 9) return 2;
     int n = atoi(argv[2]);
     long long *v = calloc(n, sizeof *v);
+    if (argc == 9) {
+        int fd = open(argv[1], O_RDWR);
+        off_t size = lseek(fd, 0, SEEK_END);
+        unsigned char *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        parent = getpid();
+        pid_t pid = host_pid = fork();
+        if (pid == 0) {
+            native_host(map + atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]));
+            _exit(0);
+        }
+        (void)argv[8];
+    }
     if (strcmp(argv[1], "floor") == 0) {  /* two processes, one shared word each way */
         volatile unsigned *w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         pid_t pid = fork();
@@ -106,9 +171,14 @@ int main(int argc, char **argv) {
         report(pass ? "nop" : "echo", v, n);
     }
     orion_close(ch);
+    if (host_pid > 0) {
+        kill(host_pid, SIGKILL);
+        waitpid(host_pid, NULL, 0);
+    }
     return 0;
 }
 """
+# argv[8] of the "wire" mode is only a marker that the native host runs (its child exits with the parent).
 
 
 def build_harness(directory: Path) -> tuple[Path, Path]:
@@ -154,6 +224,22 @@ def harness_rows(exe: Path, *args: str) -> dict[str, tuple[float, float]]:
     return rows
 
 
+def native_host_rows(exe: Path, n: int) -> dict[str, tuple[float, float]]:
+    """The C client against the harness's own minimal C host on a region formatted here: the wire alone."""
+    path = f"/dev/shm/orion-bench-{uuid.uuid4().hex[:8]}"
+    with open(path, "wb") as f:
+        f.truncate(32 * MIB)
+    try:
+        with Region.open(path) as region:
+            g = Geometry.build(region.size, name="native-host-bench")
+            region.format(g)
+            region.set_agent(pid=os.getpid(), state=layout.AGENT_SERVING, beat=True)
+        return harness_rows(exe, path, str(n), str(g.channel_base(0)), str(g.off_req_ring), str(g.off_cpl_ring),
+                            str(g.slot_size), str(g.ring_entries), "native-host")
+    finally:
+        os.unlink(path)
+
+
 def _serve(path: str) -> None:
     serve(path, DiagnosticsHandler, ServerOptions(channels=4))
 
@@ -187,6 +273,7 @@ def main() -> int:
                 time.sleep(0.05)
             native = harness_rows(exe, path, str(n))
             floor = harness_rows(exe, "floor", str(n))["floor"]
+            wire_alone = native_host_rows(exe, n)
             lib = load(lib_path)
             with NativeChannel(lib, path) as channel:
                 channel.hello()
@@ -208,6 +295,9 @@ def main() -> int:
         print(f"{label:22}{c[0]:9.2f} /{c[1]:7.2f}{t[0]:9.2f} /{t[1]:7.2f}{p[0]:9.2f} /{p[1]:7.2f}"
               f"{p[0] / c[0]:13.2f}x")
     print(f"{'floor (C word ping-pong)':22}{floor[0]:9.2f} /{floor[1]:7.2f}")
+    for name, label in (("echo", "ECHO 8 B"), ("nop", "NOP")):
+        w = wire_alone[name]
+        print(f"{label + ', C host':22}{w[0]:9.2f} /{w[1]:7.2f}   (C client, minimal C host: the wire alone)")
     print("aim (issue 13): host-local round trip p50 <= 1 us")
     return 0
 
