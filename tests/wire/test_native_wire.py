@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -275,3 +276,14 @@ def test_the_build_says_in_one_line_when_there_is_no_compiler(tmp_path: Path, mo
     assert build.main([str(tmp_path / "lib.so")]) == 1
     assert not (tmp_path / "lib.so").exists()
     assert shutil.which("orion-no-such-compiler") is None
+
+
+def test_the_sources_compile_without_a_warning(tmp_path: Path) -> None:
+    from guest_runtime.native import build
+    compiler = build.find_compiler()
+    if compiler is None:
+        pytest.skip("no C compiler (cc/gcc/$CC) to build the native wire client; setup.sh installs gcc")
+    done = subprocess.run([*compiler, *build.CFLAGS, "-Werror", "-o", str(tmp_path / "lib.so"),
+                           *(str(build.SOURCE_DIR / s) for s in build.SOURCES), *build.LIBS],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
