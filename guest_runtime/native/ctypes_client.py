@@ -37,6 +37,8 @@ def load(path: str | os.PathLike[str]) -> ctypes.CDLL:
     lib.orion_take_async_error.argtypes = [p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32),
                                            ctypes.POINTER(ctypes.c_int32)]
     lib.orion_take_async_error.restype = ctypes.c_int
+    lib.orion_last_call_id.argtypes = [p]
+    lib.orion_last_call_id.restype = ctypes.c_uint64
     lib.orion_close.argtypes = [p]
     lib.orion_close.restype = None
     lib.orion_error.argtypes = [p]
@@ -83,8 +85,10 @@ class NativeChannel:
                                         self._reply, len(self._reply), ctypes.byref(self._length)))
         return self._status.value, self._reply.raw[:self._length.value]
 
-    def post(self, opcode: int, payload: bytes = b"") -> None:
+    def post(self, opcode: int, payload: bytes = b"") -> int:
+        """The post's call id (what an async error about it will carry)."""
         self._check(self.lib.orion_post(self.handle, opcode, payload, len(payload)))
+        return int(self.lib.orion_last_call_id(self.handle))
 
     def async_errors(self) -> list[tuple[int, int, int]]:
         """(call_id, opcode, status) of every async error received so far."""

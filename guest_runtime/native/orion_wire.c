@@ -576,6 +576,7 @@ int orion_take_async_error(orion_channel *ch, uint64_t *call_id, uint32_t *opcod
     return 1;
 }
 
+uint64_t orion_last_call_id(const orion_channel *ch) { return ch && ch->next_id ? ch->next_id - 1 : 0; }
 uint64_t orion_async_dropped(const orion_channel *ch) { return ch ? ch->async_dropped : 0; }
 const char *orion_error(const orion_channel *ch) { return ch ? ch->error : "no channel"; }
 int orion_channel_index(const orion_channel *ch) { return ch ? ch->index : -1; }

@@ -66,11 +66,14 @@ int orion_hello(orion_channel *channel, const char *calls, uint64_t *session);
 int orion_call(orion_channel *channel, uint32_t opcode, const void *req, size_t len, int32_t *status,
                void *reply, size_t cap, size_t *reply_len);
 
-/* Send `opcode` with NO_REPLY: no wait for the agent; a failure comes back later as an async error. */
+/* Send `opcode` with NO_REPLY: no wait for the agent; a failure comes back later as an async error, named by
+ * the call id orion_last_call_id() gives right after this call (ids count 1, 2, ... per channel). */
 int orion_post(orion_channel *channel, uint32_t opcode, const void *req, size_t len);
+uint64_t orion_last_call_id(const orion_channel *channel);
 
 /* The oldest async error (a failed posted record) not yet taken: returns 1 and fills the non-NULL outputs, or
- * 0 when there is none. The queue keeps the first 256; later ones are counted in orion_async_dropped(). */
+ * 0 when there is none. `opcode` is the completion's as the agent wrote it (today's agent writes 0); the call
+ * id names the post. The queue keeps the first 256; later ones are counted in orion_async_dropped(). */
 int orion_take_async_error(orion_channel *channel, uint64_t *call_id, uint32_t *opcode, int32_t *status);
 uint64_t orion_async_dropped(const orion_channel *channel);
 

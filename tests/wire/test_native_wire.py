@@ -113,11 +113,11 @@ def test_posted_nops_then_a_call_and_a_failed_post_kept_as_an_async_error(native
         entries.close()
     for _ in range(3 * ring_entries):  # more than the ring holds: the client waits for room, bounded
         bounded(lambda: native.post(Op.NOP))
-    bounded(lambda: native.post(0x7777))  # not served: the agent answers with an async error
+    bad = bounded(lambda: native.post(0x7777))  # not served: the agent answers with an async error
+    assert bad == 3 * ring_entries + 1  # call ids count 1, 2, ... per channel
     assert bounded(lambda: native.call(Op.ECHO, b"after")) == (0, b"after")
-    # kept by call id (the posts were numbered 1, 2, ...); the successful NOPs produced no completion at all
-    assert [(call_id, status) for call_id, _, status in native.async_errors()] == [
-        (3 * ring_entries + 1, Status.UNKNOWN_OPCODE)]
+    # kept by call id; the successful NOPs produced no completion at all
+    assert [(call_id, status) for call_id, _, status in native.async_errors()] == [(bad, Status.UNKNOWN_OPCODE)]
 
 
 def test_two_native_clients_get_two_channels(lib: ctypes.CDLL, served_region: str) -> None:
