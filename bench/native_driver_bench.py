@@ -20,8 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from guest_runtime.native import gen_libcuda  # noqa: E402
-from guest_runtime.native.build import find_compiler  # noqa: E402
+from guest_runtime.native.build import build_driver, find_compiler  # noqa: E402
 
 MEASURE = r"""
 import ctypes, json, sys, time
@@ -63,12 +62,7 @@ def main() -> int:
         return 1
     work = Path(tempfile.mkdtemp(prefix="orion-native-bench-"))
     shm = Path(tempfile.mkdtemp(prefix="orion-native-bench-", dir="/dev/shm"))
-    source, lib = work / "libcuda_calls.c", work / "libcuda.so.1"
-    source.write_text(gen_libcuda.generate())
-    native_dir = Path(gen_libcuda.__file__).resolve().parent
-    subprocess.run([*compiler, "-std=c11", "-O2", "-fPIC", "-shared", "-Wl,-soname,libcuda.so.1", f"-I{native_dir}",
-                    "-o", str(lib), str(source), str(native_dir / "cuda_client.c"), str(native_dir / "orion_wire.c"),
-                    "-lpthread"], check=True)
+    lib = build_driver(work / "libcuda.so.1")
     region = shm / "orionsock7"
     with open(region, "wb") as f:
         f.truncate(256 << 20)

@@ -1,6 +1,7 @@
-"""Build the native wire client (orion_wire.c) into a shared library with the system C compiler.
+"""Build the native wire client, or the whole native guest driver, with the system C compiler.
 
-    python guest_runtime/native/build.py OUTPUT.so
+    python guest_runtime/native/build.py OUTPUT.so            the wire client alone
+    python -m guest_runtime.native.build --driver libcuda.so.1  the native guest driver (docs/native-driver.md)
 
 Stdlib only: the guest image and the host (setup.sh installs gcc) have a compiler, pip does not need one of its
 own. `$CC` wins over `cc` and `gcc`. A missing compiler or a failed compile is one line and exit status 1.
@@ -38,14 +39,30 @@ def find_compiler() -> list[str] | None:
 
 
 def build_library(output: str | os.PathLike[str]) -> Path:
-    """Compile the sources into `output` (its directory is created); raises BuildError with one line."""
+    """Compile the wire client alone into `output` (its directory is created); raises BuildError with one line."""
+    return _compile(Path(output), [SOURCE_DIR / s for s in SOURCES], [])
+
+
+def build_driver(output: str | os.PathLike[str]) -> Path:
+    """The native guest driver: the entry points generated from the call table (gen_libcuda.py, written beside
+    `output`), the process's channel and the wire client, as a library whose SONAME is libcuda.so.1."""
+    from guest_runtime.native.gen_libcuda import generate
+
+    target = Path(output)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    calls = target.with_name(target.name + ".calls.c")
+    calls.write_text(generate())
+    return _compile(target, [calls, SOURCE_DIR / "cuda_client.c", *(SOURCE_DIR / s for s in SOURCES)],
+                    ["-Wl,-soname,libcuda.so.1", f"-I{SOURCE_DIR}"])
+
+
+def _compile(target: Path, sources: list[Path], extra: list[str]) -> Path:
     compiler = find_compiler()
     if compiler is None:
         raise BuildError("no C compiler found (set CC, or install gcc: apt-get install gcc) to build the Orion "
                          "native library")
-    target = Path(output)
     target.parent.mkdir(parents=True, exist_ok=True)
-    command = [*compiler, *CFLAGS, "-o", str(target), *(str(SOURCE_DIR / s) for s in SOURCES), *LIBS]
+    command = [*compiler, *CFLAGS, *extra, "-o", str(target), *(str(s) for s in sources), *LIBS]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -58,11 +75,13 @@ def build_library(output: str | os.PathLike[str]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    driver = args[:1] == ["--driver"]
+    args = args[1:] if driver else args
     if len(args) != 1:
-        print("usage: build.py OUTPUT.so", file=sys.stderr)
+        print("usage: build.py [--driver] OUTPUT.so", file=sys.stderr)
         return 2
     try:
-        print(build_library(args[0]))
+        print(build_driver(args[0]) if driver else build_library(args[0]))
     except BuildError as exc:
         print(f"build.py: {exc}", file=sys.stderr)
         return 1

@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from guest_runtime.native import gen_libcuda
-from guest_runtime.native.build import find_compiler
+from guest_runtime.native.build import build_driver, find_compiler
 from tests.gpu.test_forwarded_programs import HAS_GPU, REPO, Oriond, oriond  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (device machine)")]
-NATIVE = Path(gen_libcuda.__file__).resolve().parent
 
 PROGRAM = r"""
 import ctypes, json, os, sys
@@ -49,13 +47,8 @@ def _run(*args: str, **env: str) -> dict[str, object]:
 
 
 def test_a_cuda_python_program_runs_through_the_native_driver(oriond: Oriond, tmp_path: Path) -> None:  # noqa: F811
-    compiler = find_compiler()
-    assert compiler is not None, "the GPU machine has gcc"
-    source, lib = tmp_path / "libcuda_calls.c", tmp_path / "libcuda.so.1"
-    source.write_text(gen_libcuda.generate())
-    subprocess.run([*compiler, "-std=c11", "-O2", "-fPIC", "-shared", "-Wl,-soname,libcuda.so.1", f"-I{NATIVE}",
-                    "-o", str(lib), str(source), str(NATIVE / "cuda_client.c"), str(NATIVE / "orion_wire.c"),
-                    "-lpthread"], check=True, timeout=300)
+    assert find_compiler() is not None, "the GPU machine has gcc"
+    lib = build_driver(tmp_path / "libcuda.so.1")
     native = _run()
     forwarded = _run(str(lib), ORION_SHM=str(oriond.region))
     assert native["real_libcuda_mapped"] is True and forwarded["real_libcuda_mapped"] is False

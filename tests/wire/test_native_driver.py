@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from guest_runtime.native import gen_libcuda
-from guest_runtime.native.build import find_compiler
+from guest_runtime.native.build import build_driver, find_compiler
 from ivshmem.driver_api import CALLS
 from tests.forwarding_rig import Rig, bounded, rig, start  # noqa: F401 (fixtures)
 
@@ -32,15 +32,8 @@ def _compiler() -> list[str]:
 
 @pytest.fixture(scope="module")
 def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("native")
-    source = out / "libcuda_calls.c"
-    source.write_text(gen_libcuda.generate())
-    target = out / "libcuda.so.1"
-    subprocess.run([*_compiler(), "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared",
-                    "-Wl,-soname,libcuda.so.1", f"-I{NATIVE}", "-o", str(target), str(source),
-                    str(NATIVE / "cuda_client.c"), str(NATIVE / "orion_wire.c"), "-lpthread"],
-                   check=True, capture_output=True, text=True, timeout=300)
-    return target
+    _compiler()
+    return build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1")
 
 
 def test_every_table_call_is_exported_and_found_through_get_proc_address(library: Path) -> None:
