@@ -601,6 +601,9 @@ class Forwarder:
         """cuMemcpy(Async) with unified addressing: pick the direction from where each pointer lies."""
         is_async = call.name.endswith("Async")
         is_device = self._device_memory.contains
+        suffix = "Async" if is_async else ""
+        names = {(True, False): "cuMemcpyHtoD" + suffix, (False, True): "cuMemcpyDtoH" + suffix,
+                 (True, True): "cuMemcpyDtoD" + suffix}
 
         def forward(dst: int | None, src: int | None, size: int, stream: int | None = None) -> int:
             dst, src = dst or 0, src or 0
@@ -612,9 +615,7 @@ class Forwarder:
                     return INVALID_VALUE
                 ctypes.memmove(dst, src, size)  # host to host: nothing for the GPU to do
                 return SUCCESS
-            name = {(True, False): "cuMemcpyHtoD", (False, True): "cuMemcpyDtoH",
-                    (True, True): "cuMemcpyDtoD"}[on_device] + ("Async" if is_async else "")
-            target = self._impls[name]
+            target = self._impls[names[on_device]]
             return target(dst, src, size, stream) if is_async else target(dst, src, size)
         return forward
 
@@ -635,29 +636,17 @@ class Forwarder:
             return call.request.fixed.pack(function, *head) + packed
         return call.request.encode_head(function, *head, attributes) + packed
 
-    @GUEST.serves("cuLaunchKernel")
+    @GUEST.serves("cuLaunchKernel", "cuLaunchCooperativeKernel")
     def _launch(self, call: DriverCall) -> Callable[..., int]:
+        """cuLaunchCooperativeKernel (no `extra`) is posted as cuLaunchKernel is, with the same payload; the host
+        rebuilds a kernelParams array."""
         def forward(f: int | None, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
-                    stream: int | None, params: int | None, extra: int | None) -> int:
+                    stream: int | None, params: int | None, extra: int | None = None) -> int:
             try:
                 payload = self._launch_payload(call, f or 0, (gx, gy, gz, bx, by, bz, shmem, stream or 0), params,
                                                extra)
             except ValueError as exc:  # NULL or malformed kernelParams/extra: what the driver would refuse too
-                log.warning("orion: cuLaunchKernel: %s", exc)
-                return INVALID_VALUE
-            return NOT_INITIALIZED if payload is None else self._post(call, payload)
-        return forward
-
-    @GUEST.serves("cuLaunchCooperativeKernel")
-    def _launch_cooperative(self, call: DriverCall) -> Callable[..., int]:
-        """Posted as cuLaunchKernel is, with the same payload; the host rebuilds a kernelParams array."""
-        def forward(f: int | None, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
-                    stream: int | None, params: int | None) -> int:
-            try:
-                payload = self._launch_payload(call, f or 0, (gx, gy, gz, bx, by, bz, shmem, stream or 0), params,
-                                               None)
-            except ValueError as exc:
-                log.warning("orion: cuLaunchCooperativeKernel: %s", exc)
+                log.warning("orion: %s: %s", call.name, exc)
                 return INVALID_VALUE
             return NOT_INITIALIZED if payload is None else self._post(call, payload)
         return forward
