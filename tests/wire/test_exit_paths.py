@@ -12,12 +12,14 @@ import json
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.wire import test_cuda_no_gpu
 from tests.wire.test_cuda_no_gpu import CUDA_ERROR_NO_DEVICE, REPO, Oriond, _env, _libcuda_loadable
+
+oriond = test_cuda_no_gpu.oriond  # the fixture: an oriond without GPU on one region, which must stop cleanly
 
 pytestmark = pytest.mark.skipif(_libcuda_loadable(), reason="this host has a CUDA driver (tests/gpu covers it)")
 EXIT_BOUND_S = 60.0  # a program that exits takes about a second; one that hangs at exit never ends
@@ -35,14 +37,6 @@ def lazy(name, path):
     sys.modules[name] = module
     loader.exec_module(module)
 """
-
-
-@pytest.fixture
-def oriond(tmp_path: Path) -> Iterator[Oriond]:
-    agent = Oriond(tmp_path, 5)
-    yield agent
-    code = agent.stop()
-    assert code == 0, f"oriond exited with {code}:\n{agent.log()}"
 
 
 def run_to_exit(script: str, **env: str) -> subprocess.CompletedProcess[str]:
