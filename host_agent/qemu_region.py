@@ -20,9 +20,7 @@ Nothing here talks to libvirt (the hook must never load it) or parses XML; the c
 from __future__ import annotations
 
 import errno
-import grp
 import os
-import pwd
 import stat
 from dataclasses import dataclass
 
@@ -112,11 +110,12 @@ def _usable_size(path: str, file_size: int) -> int:
 
 def _qemu_ids(settings: ShmSettings) -> tuple[int, int, list[int]] | None:
     """(uid, gid, all its groups) of the user QEMU runs as, or None when that user or group is unknown here."""
+    ids = shm_admin.qemu_owner_ids(settings)
+    if ids is None:
+        return None
     try:
-        uid = pwd.getpwnam(settings.user).pw_uid
-        gid = grp.getgrnam(settings.group).gr_gid
-        return uid, gid, os.getgrouplist(settings.user, gid)
-    except (KeyError, OSError):
+        return ids[0], ids[1], os.getgrouplist(settings.user, ids[1])
+    except OSError:
         return None
 
 
@@ -148,15 +147,10 @@ def _hand_over(path: str, st: os.stat_result, uid: int, gid: int, settings: ShmS
         os.fchown(fd, uid, gid)
         os.fchmod(fd, 0o660)
     except PermissionError:
-        raise RegionNotReady(f"{path} (owner {_name(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}) cannot be "
+        owner = shm_admin.user_name(st.st_uid)
+        raise RegionNotReady(f"{path} (owner {owner}, mode {stat.S_IMODE(st.st_mode):04o}) cannot be "
                              f"opened by QEMU's user {settings.user}:{settings.group}, and only root may give it "
                              f"to them: run as root, or '{chown}'") from None
     finally:
         os.close(fd)
 
-
-def _name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)

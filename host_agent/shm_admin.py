@@ -185,7 +185,7 @@ def create(index: int, size_mib: int, directory: str = SHM_DIR, channels: int = 
     warning = ""
     if mode is not None and access_of(final_mode) != TENANT_ONLY:
         warning = access_warning(path, final_mode)
-    return CreatedRegion(path=path, size=st.st_size, owner=_user_name(st.st_uid), group=_group_name(st.st_gid),
+    return CreatedRegion(path=path, size=st.st_size, owner=user_name(st.st_uid), group=_group_name(st.st_gid),
                          mode=stat.S_IMODE(st.st_mode), channels=geometry.channel_count, note=note,
                          warning=warning)
 
@@ -199,10 +199,10 @@ def _hand_over(fd: int, path: str, index: int, tenant: Tenant | None, settings: 
             raise ShmError(f"Error. Cannot give {path} to {tenant.uid}:{tenant.gid} ({exc.strerror}); run as "
                            "root to give a region to another user.") from None
         return (0o660 if tenant.shared_group else 0o600), ""
-    me = _user_name(os.geteuid())
+    me = user_name(os.geteuid())
     advice = (f"to give it to a container or local user, create it with --owner USER[:GROUP] ('orion-shm remove "
               f"{index}' first) or chown it")
-    qemu = _owner_ids(settings)
+    qemu = qemu_owner_ids(settings)
     if qemu is None:
         return 0o600, (f"only {me} can open {path} (mode 0600): QEMU's user {settings.user}:{settings.group} "
                        f"of server.conf [server-shm] does not exist here; {advice}")
@@ -214,7 +214,7 @@ def _hand_over(fd: int, path: str, index: int, tenant: Tenant | None, settings: 
     return 0o660, ""
 
 
-def _owner_ids(settings: ShmSettings) -> tuple[int, int] | None:
+def qemu_owner_ids(settings: ShmSettings) -> tuple[int, int] | None:
     """(uid, gid) of the configured QEMU user and group, or None unless both exist on this host."""
     try:
         return pwd.getpwnam(settings.user).pw_uid, grp.getgrnam(settings.group).gr_gid
@@ -383,7 +383,7 @@ def _examine(path: str, users: Users, detail: bool) -> dict:
     kind = "file" if stat.S_ISREG(st.st_mode) else "directory" if stat.S_ISDIR(st.st_mode) else "other"
     info: dict = {
         "index": int(os.path.basename(path)[len(SHM_PREFIX):]), "path": path, "type": kind,
-        "size": st.st_size, "owner": _user_name(st.st_uid), "group": _group_name(st.st_gid),
+        "size": st.st_size, "owner": user_name(st.st_uid), "group": _group_name(st.st_gid),
         "mode": stat.S_IMODE(st.st_mode), "access": access_of(st.st_mode), "status": "invalid", "reason": None,
         "geometry": None, "agent": None, "channel_count": None, "channels_in_use": None, "channels": [], "users": users,
     }
@@ -437,7 +437,7 @@ def _without_path(message: str, path: str) -> str:
     return message[len(path) + 2:] if message.startswith(path + ": ") else message
 
 
-def _user_name(uid: int) -> str:
+def user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
