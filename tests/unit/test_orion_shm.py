@@ -670,39 +670,6 @@ def test_users_of_skips_this_process(regions: Path) -> None:
 
 
 # --- configuration -------------------------------------------------------------------------------------------
-ORION_TEMPLATE = """\
-; this is an example of orion configuration
-[server]
-    listen_port = 9960
-    bind_addr = 127.0.0.1
-    enable_kvm = "false"
-    enable_shm = "true"
-
-[server-nccl]
-    comm_id = "127.0.0.1:9970"
-
-[server-shm]
-    shm_path_base = "/dev/shm/"
-    shm_group_name = "kvm"
-    shm_user_name = "libvirt-qemu"
-    shm_buffer_size = 128
-
-[controller]
-\tcontroller_addr = 127.0.0.1:9123
-"""
-
-
-def test_load_ini_reads_orions_template(tmp_path: Path) -> None:
-    conf = tmp_path / "server.conf"
-    conf.write_text(ORION_TEMPLATE)
-    data = load_ini(str(conf))
-    assert data["server"] == {"listen_port": "9960", "bind_addr": "127.0.0.1", "enable_kvm": "false",
-                              "enable_shm": "true"}
-    assert data["server-nccl"]["comm_id"] == "127.0.0.1:9970"
-    assert data["controller"]["controller_addr"] == "127.0.0.1:9123"
-    assert ShmSettings.load(str(conf)) == ShmSettings()
-
-
 def test_load_ini_uneven_indentation_is_not_a_continuation(tmp_path: Path) -> None:
     conf = tmp_path / "c.conf"
     conf.write_text('[server-shm]\n  shm_user_name = "qemu"\n      shm_group_name = qemu   ; comment\n')

@@ -65,6 +65,16 @@ def test_orions_template_loads_as_its_defaults_with_no_unknown_keys(tmp_path: Pa
     assert config.shm == ShmSettings() and config.unknown_keys == ()
 
 
+def test_load_ini_reads_orions_template(tmp_path: Path) -> None:
+    path = write(tmp_path, ORION_TEMPLATE)
+    data = load_ini(path)
+    assert data["server"] == {"listen_port": "9960", "bind_addr": "127.0.0.1", "enable_kvm": "false",
+                              "enable_shm": "true", "enable_rdma": "false", "vgpu_count": "4"}
+    assert data["server-nccl"]["comm_id"] == "127.0.0.1:9970"
+    assert data["controller"]["controller_addr"] == "127.0.0.1:9123"
+    assert ShmSettings.load(path) == ShmSettings()
+
+
 def test_a_missing_file_is_orions_defaults(tmp_path: Path) -> None:
     config = ServerConfig.load(str(tmp_path / "none.conf"), environ={})
     assert config.path is None and config.vgpu_count == 4 and not config.controller_configured
