@@ -68,7 +68,7 @@ class Schema:
 
     def _encode_tailed(self, *values: Any) -> bytes:
         try:
-            return self.fixed.pack(*values[:-1]) + bytes(values[-1])
+            return b"".join((self.fixed.pack(*values[:-1]), values[-1]))  # the tail copied once, not twice
         except (struct.error, TypeError, IndexError):
             return self._encode_all(*values)
 
