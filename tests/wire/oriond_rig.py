@@ -12,7 +12,7 @@ deadline, so a hang is a failure with a message, never a stuck test. Every wait 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from host_agent import region_server
 from ivshmem import layout
 from ivshmem.channel import ClientChannel
 from ivshmem.record import Op
@@ -39,7 +40,6 @@ START_TIMEOUT_S = 30.0  # oriond's start, including its first pass over the dire
 WAIT_S = 30.0  # any other state the tests wait for; a bound on waiting, never a measured time
 CALL_BOUND_S = 20.0  # a round trip (claim, ECHO, release): the client's own timeouts are 2 s and 5 s
 RESCAN_S = 0.2
-PR_SET_PDEATHSIG = 1
 T = TypeVar("T")
 
 
@@ -52,10 +52,9 @@ def env() -> dict[str, str]:
 
 
 def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None]:
-    """A preexec_fn: the child gets `signum` when the test process dies without stopping it."""
-    def arm() -> None:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
-    return arm
+    """A preexec_fn: the child gets `signum` when the test process dies without stopping it (oriond's own
+    region_server.die_with_parent, which its workers use)."""
+    return functools.partial(region_server.die_with_parent, signum)
 
 
 def until(probe: Callable[[], T], what: str, bound: float = WAIT_S, detail: Callable[[], str] = lambda: "") -> T:
