@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Sequence
 from typing import Any
 
 from .errors import RecordError
@@ -177,7 +176,3 @@ def field_kind(code: str) -> str:
             return kind
     raise KeyError(code)
 
-
-def scalar_schema(name: str, names: Sequence[str], codes: str) -> Schema:
-    """A schema of scalars only, from struct codes (the generic calls' requests and replies)."""
-    return Schema(name, *[(n, field_kind(c)) for n, c in zip(names, codes, strict=True)])
