@@ -23,7 +23,7 @@ from ivshmem.record import (
     fill_pattern,
 )
 
-from .handler import Reply, Session
+from .handler import Reply, Session, refused
 
 AGENT_NAME = "orion-vgpu host agent"
 _DRAIN = int(Op.DRAIN)
@@ -79,21 +79,17 @@ class DiagnosticsHandler:
         """Refuse, in one line that says what to do, a client of another wire protocol or call table."""
         protocol = int.from_bytes(bytes(record.payload[:4]), "little")  # read first: older HELLOs differ after it
         if protocol != PROTOCOL:
-            return _refused(f"the client speaks wire protocol {protocol}, this agent {PROTOCOL}: install the "
-                            f"orion-guest of the same release as oriond")
+            return refused(f"the client speaks wire protocol {protocol}, this agent {PROTOCOL}: install the "
+                           f"orion-guest of the same release as oriond")
         _protocol, _pid, _host, calls = HELLO_REQUEST.decode(record.payload)
         if calls and calls != self.call_table:
             mine = f"table {self.call_table}" if self.call_table else "none (it runs the wire alone)"
-            return _refused(f"the client forwards CUDA calls by call table {calls[:32]!r}; this agent serves "
-                            f"{mine}: install the orion-guest of the same release as oriond")
+            return refused(f"the client forwards CUDA calls by call table {calls[:32]!r}; this agent serves "
+                           f"{mine}: install the orion-guest of the same release as oriond")
         return Reply(0, HELLO_REPLY.encode(AGENT_NAME, self.session.number))
 
 
 _OK = Reply(0)
-
-
-def _refused(why: str) -> Reply:
-    return Reply(Status.REFUSED, why.encode())
 
 
 def _streamed_pattern(length: int, seed: int) -> Streamed:

@@ -64,7 +64,7 @@ from ivshmem.region import Region
 
 from .diagnostics import DiagnosticsHandler
 from .gpu_memory import MeterFactory
-from .handler import Reply, Session, note
+from .handler import Reply, Session, note, refused
 from .limits import one_line
 from .pinned_pool import HostPool
 from .session_ledger import CHECKED, SessionLedger
@@ -286,15 +286,15 @@ class CudaExecutor(DiagnosticsHandler):
     def _bind(self, allocation: str) -> Reply:
         """Take up the guest's allocation: its vGPUs become this session's devices, their sizes its quotas."""
         if self.allocation:
-            return _refused(f"this session already took up allocation {self.allocation}")
+            return refused(f"this session already took up allocation {self.allocation}")
         if not self.ledger.empty:
-            return _refused("BIND must come before the session's first context or allocation")
+            return refused("BIND must come before the session's first context or allocation")
         try:
             grant = take_up(self.options.controller, self.options.host, allocation, self.driver)
         except GrantRefused as exc:  # its text may quote the client's id: one bounded, escaped line
             reason = one_line(str(exc))
             log.warning("session %d: %s", self.session.number, reason)
-            return _refused(reason)
+            return refused(reason)
         self.allocation = allocation
         note(f"allocation {allocation}")  # oriond gives it back when the session ends, however it ends
         self._place(grant.devices, tuple(m * MIB for m in grant.memory_mib))
@@ -726,10 +726,6 @@ def _answer(call: DriverCall, err: Any, outputs: Callable[[], tuple[Any, ...]]) 
     """The driver's result as a reply: on success the call's declared reply, else the status alone."""
     status = int(err)
     return Reply(status, call.reply.encode(*outputs()) if status == SUCCESS else b"")
-
-
-def _refused(why: str) -> Reply:
-    return Reply(Status.REFUSED, why.encode())
 
 
 def _from_driver(value: Any) -> Any:

@@ -12,7 +12,7 @@ from multiprocessing.connection import Connection
 from typing import NamedTuple, Protocol
 
 from ivshmem.channel import Sink, Streamed
-from ivshmem.record import Record
+from ivshmem.record import Record, Status
 
 _events: Connection | None = None  # where note() goes (oriond's region process); inherited by forked workers
 _session_number = 0  # in a worker process: its session
@@ -21,6 +21,11 @@ _session_number = 0  # in a worker process: its session
 class Reply(NamedTuple):
     status: int = 0
     payload: bytes | bytearray | Streamed = b""
+
+
+def refused(why: str) -> Reply:
+    """A well-formed request the agent will not carry out, and why (Status.REFUSED)."""
+    return Reply(Status.REFUSED, why.encode())
 
 
 class Session(NamedTuple):
