@@ -75,10 +75,9 @@ class SessionLedger:
             if not 0 <= value < len(self.devices):
                 return INVALID_DEVICE
         elif ctype == "CUdeviceptr":
-            size = _device_span(call, args)
             if "frees" in call.effects:
                 return None if value in self.allocations else INVALID_VALUE
-            if not self.owns(value, max(size, 1)):
+            if not self.owns(value, max(_device_span(call, args), 1)):
                 return INVALID_VALUE
         return None
 
@@ -153,6 +152,6 @@ def _device_span(call: DriverCall, args: tuple[int, ...]) -> int:
     if name.startswith("cuMemsetD"):
         width = {"8": 1, "16": 2, "32": 4}[name[len("cuMemsetD"):].removesuffix("Async")]
         return args[2] * width
-    if name.startswith(("cuMemcpyDtoD", "cuMemcpy")) and len(args) >= 3:
+    if name.startswith("cuMemcpy") and len(args) >= 3:
         return args[2]
     return 1
