@@ -57,14 +57,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from guest_runtime.ctypes_signature import Signature, UnsupportedSignature, parse_signature
-from ivshmem.cuda_status import NOT_SUPPORTED, SUCCESS, UNKNOWN
+from ivshmem.cuda_status import NOT_SUPPORTED, UNKNOWN
 
 __all__ = ["CONSUMER_MODULES", "CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_UNKNOWN", "HookError", "HookReport",
            "capsule_signature", "install", "installed", "not_supported"]
 
 log = logging.getLogger(__name__)
 
-CUDA_SUCCESS, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_UNKNOWN = SUCCESS, NOT_SUPPORTED, UNKNOWN  # cudaError_t: the same
+CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_UNKNOWN = NOT_SUPPORTED, UNKNOWN  # cudaError_t: the same
 STATUS_TYPES = frozenset({"CUresult", "cudaError_t", "enum cudaError"})
 
 # Modules that copy capsule pointers at import: once one of them is loaded, replacing the capsules changes nothing
