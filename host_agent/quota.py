@@ -48,11 +48,6 @@ class UsageAccount:
     def _gpu(self, device: int) -> _Gpu:
         return self._gpus.setdefault(device, _Gpu())
 
-    @property
-    def metered(self) -> bool:
-        """Whether real usage is measured (else only the ledger counts)."""
-        return self._meter is not None
-
     def measured_devices(self) -> list[int]:
         """The GPUs whose usage is measured: those where the session has made its first context."""
         if self._meter is None:
@@ -65,9 +60,6 @@ class UsageAccount:
 
     def freed(self, device: int, size: int) -> None:
         self._gpu(device).ledger -= size
-
-    def ledger(self, device: int) -> int:
-        return self._gpu(device).ledger
 
     # --- measurements ---------------------------------------------------------------------------------------
     def held(self, device: int) -> int | None:
