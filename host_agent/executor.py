@@ -20,7 +20,7 @@ import ctypes
 import logging
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -506,15 +506,17 @@ class CudaExecutor(DiagnosticsHandler):
         """The launch configuration, cuLaunchKernelEx's attributes, then the packed parameters as the tail
         (Forwarder._launch_payload). Without attributes both are one cuLaunchKernel."""
         attributes = b""
+        head: Sequence[int]
         if call.name == "cuLaunchKernelEx":
             *head, items, params = call.request.decode(payload)
             if len(items) > MAX_LAUNCH_ATTRIBUTES:
                 return Reply(Status.MALFORMED, f"cuLaunchKernelEx: {len(items)} attributes, more than "
                                                f"{MAX_LAUNCH_ATTRIBUTES}".encode())
             attributes = b"".join(LAUNCH_ATTRIBUTE.pack(*item) for item in items)
-        else:  # the hot path: the fixed part, then the tail
+            params = bytes(params)
+        else:  # the hot path: the fixed part, then the tail (one copy, which memmove takes as it is)
             fixed = call.request.fixed
-            head, params = list(fixed.unpack_from(payload, 0)), memoryview(payload)[fixed.size:]
+            head, params = fixed.unpack_from(payload, 0), payload[fixed.size:]
         f, gx, gy, gz, bx, by, bz, shmem, stream = head
         err = self._launchable(f, stream)
         if err != SUCCESS:
@@ -523,7 +525,7 @@ class CudaExecutor(DiagnosticsHandler):
         if size > len(self._launch_params):
             return Reply(INVALID_VALUE)
         # The driver copies the parameters before the launch returns, so one buffer serves every launch.
-        ctypes.memmove(self._launch_params, bytes(params), size)
+        ctypes.memmove(self._launch_params, params, size)
         self._launch_size.value = size
         if attributes:
             return Reply(self._launch_ex(f, (gx, gy, gz, bx, by, bz, shmem, stream), attributes))
