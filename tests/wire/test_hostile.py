@@ -370,7 +370,7 @@ def test_a_client_reclaiming_in_a_loop_starts_sessions_within_the_rate_limit(rig
 
 
 def test_a_header_corrupted_while_served_refuses_new_clients_with_one_line_and_spares_the_rest(rig: Rig) -> None:
-    """KNOWN BUG (found by this test): a client that opened the region before the corruption (its geometry is
+    """Found by this test, and fixed: a client that opened the region before the corruption (its geometry is
     cached) still claims a channel; the supervisor (geometry cached too) starts a worker, whose Region.geometry
     raises RegionFormatError uncaught: a traceback in oriond's log ("Process orion-session-N: Traceback ...")."""
     mark = rig.mark()
@@ -408,7 +408,7 @@ def test_a_header_corrupted_while_served_refuses_new_clients_with_one_line_and_s
 
 
 def test_text_a_client_sends_cannot_flood_or_forge_oriond_log(rig: Rig) -> None:
-    """KNOWN BUG (found by this test): a refused BIND logs the client's allocation string verbatim (the executor's
+    """Found by this test, and fixed: a refused BIND logs the client's allocation string verbatim (the executor's
     "session N: ..." warning and vgpu_grant's GrantRefused text), so 64 KiB of it per request reaches the log, and
     a newline in it writes a line of the client's choosing."""
     mark = rig.mark()
@@ -429,7 +429,7 @@ def test_text_a_client_sends_cannot_flood_or_forge_oriond_log(rig: Rig) -> None:
 
 
 def test_a_clean_release_then_a_quick_reclaim_is_not_logged_as_a_protocol_violation(rig: Rig) -> None:
-    """KNOWN BUG (found by this test): a client that releases its channel and claims again before the supervisor's
+    """Found by this test, and fixed: a client that releases its channel and claims again before the supervisor's
     next pass resets the ring indices it owns while the old session's worker still runs; that worker reads
     "head 1 and tail 0 ... the peer broke the protocol", logs it as an ERROR and exits 3, blaming a well-behaved
     client."""
