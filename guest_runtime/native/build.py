@@ -45,15 +45,15 @@ def build_library(output: str | os.PathLike[str]) -> Path:
 
 def build_driver(output: str | os.PathLike[str]) -> Path:
     """The native guest driver: the entry points generated from the call table (gen_libcuda.py, written beside
-    `output`), the process's channel and the wire client, as a library whose SONAME is libcuda.so.1."""
+    `output`) and every C file of this directory (the process's channel, the wire client, the hand-written calls,
+    the export tables), as a library whose SONAME is libcuda.so.1."""
     from guest_runtime.native.gen_libcuda import generate
 
     target = Path(output)
     target.parent.mkdir(parents=True, exist_ok=True)
     calls = target.with_name(target.name + ".calls.c")
     calls.write_text(generate())
-    return _compile(target, [calls, SOURCE_DIR / "cuda_client.c", *(SOURCE_DIR / s for s in SOURCES)],
-                    ["-Wl,-soname,libcuda.so.1", f"-I{SOURCE_DIR}"])
+    return _compile(target, [calls, *sorted(SOURCE_DIR.glob("*.c"))], ["-Wl,-soname,libcuda.so.1", f"-I{SOURCE_DIR}"])
 
 
 def _compile(target: Path, sources: list[Path], extra: list[str]) -> Path:

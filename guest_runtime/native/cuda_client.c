@@ -44,24 +44,27 @@ static int failed(const char *what, int rc) {
     return CUDA_ERROR_UNKNOWN;
 }
 
-int orion_forward(uint32_t opcode, const void *req, size_t len, void *rep, size_t cap, int flags) {
+int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, void *rep, size_t cap, void *tail,
+                   size_t tail_cap, size_t *tail_len, int flags) {
     pthread_mutex_lock(&lock);
     int result;
+    if (tail_len) *tail_len = 0;
     if (!connect_once()) {
         result = (flags & ORION_CALL_INIT) ? CUDA_ERROR_NO_DEVICE : CUDA_ERROR_NOT_INITIALIZED;
     } else {
         int32_t status = 0;
         size_t got = 0;
-        int rc = orion_call(channel, opcode, req, len, &status, rep, cap, &got);
+        int rc = orion_callv(channel, opcode, req, nreq, &status, rep, cap, tail, tail_cap, &got);
         if (rc != ORION_OK) {
             result = failed("a forwarded call", rc);
         } else if (status < 0) {
             result = failed("the agent refused a call: wire status", status);
         } else if (status == CUDA_SUCCESS && orion_take_async_error(channel, NULL, NULL, &status)) {
             result = status > 0 ? status : CUDA_ERROR_UNKNOWN; /* an earlier posted call failed: say it now */
-        } else if (status == CUDA_SUCCESS && got != cap) {
+        } else if (status == CUDA_SUCCESS && (got < cap || (!tail && got != cap))) {
             result = failed("a reply of the wrong size", (int)got);
         } else {
+            if (tail_len && got > cap) *tail_len = got - cap;
             result = status;
         }
     }
@@ -69,15 +72,25 @@ int orion_forward(uint32_t opcode, const void *req, size_t len, void *rep, size_
     return result;
 }
 
-int orion_forward_post(uint32_t opcode, const void *req, size_t len) {
+int orion_forward(uint32_t opcode, const void *req, size_t len, void *rep, size_t cap, int flags) {
+    struct orion_piece piece = { req, len };
+    return orion_forwardv(opcode, &piece, 1, rep, cap, NULL, 0, NULL, flags);
+}
+
+int orion_forward_postv(uint32_t opcode, const struct orion_piece *req, int nreq) {
     pthread_mutex_lock(&lock);
     int result = CUDA_ERROR_NOT_INITIALIZED;
     if (connect_once()) {
-        int rc = orion_post(channel, opcode, req, len);
+        int rc = orion_postv(channel, opcode, req, nreq);
         result = rc == ORION_OK ? CUDA_SUCCESS : failed("a posted call", rc);
     }
     pthread_mutex_unlock(&lock);
     return result;
+}
+
+int orion_forward_post(uint32_t opcode, const void *req, size_t len) {
+    struct orion_piece piece = { req, len };
+    return orion_forward_postv(opcode, &piece, 1);
 }
 
 int orion_not_forwarded(const char *name) {

@@ -28,6 +28,12 @@ extern const char orion_table_digest[];          /* driver_api.table_digest() (g
 
 /* Send one call and wait: its CUresult; on success the reply (exactly `cap` bytes) is in `rep`. */
 int orion_forward(uint32_t opcode, const void *req, size_t len, void *rep, size_t cap, int flags);
+/* The same with the request in pieces (a packed head, then a tail where it lies) and the reply split: its first
+ * `cap` bytes (exactly) into `rep`, the rest (at most `tail_cap`) into `tail`, their count in *tail_len. */
+struct orion_piece;
+int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, void *rep, size_t cap, void *tail,
+                   size_t tail_cap, size_t *tail_len, int flags);
+int orion_forward_postv(uint32_t opcode, const struct orion_piece *req, int nreq);
 /* Send a posted call (no wait): CUDA_SUCCESS, or the error that keeps it from being sent. */
 int orion_forward_post(uint32_t opcode, const void *req, size_t len);
 /* CUDA_ERROR_NOT_SUPPORTED for a call this library does not forward yet, named once on stderr. */

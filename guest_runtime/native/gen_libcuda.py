@@ -105,9 +105,11 @@ def _generic(call: dict[str, Any]) -> str:
 
 
 def _not_yet(call: dict[str, Any]) -> str:
+    """A weak stub answering 801 (named once): a hand-written C definition of the same name replaces it at link
+    time, so hand-written calls land one by one and the generated table still names every call."""
     proto, names = _prototype(call)
     unused = "".join(f" (void){n};" for n in names)
-    return f"{proto} {{{unused}\n    return orion_not_forwarded(\"{call['name']}\");\n}}"
+    return f"__attribute__((weak)) {proto} {{{unused}\n    return orion_not_forwarded(\"{call['name']}\");\n}}"
 
 
 def generate() -> str:

@@ -419,7 +419,17 @@ static void async_keep(orion_channel *ch, const record_header *r) {
 }
 
 /* Take the next completion; its payload is copied into `out` when it is the one `want` names (0: none). */
-static int receive(orion_channel *ch, int wait, uint64_t want, record_header *r, void *out, size_t cap, int *got) {
+/* Where a reply's payload goes: its first `head_cap` bytes into `head`, the rest into `tail` (orion_callv). */
+typedef struct { void *head; size_t head_cap; void *tail; size_t tail_cap; } reply_dest;
+
+static void deliver(const reply_dest *d, const uint8_t *payload, size_t len) {
+    size_t first = len < d->head_cap ? len : d->head_cap;
+    if (first) memcpy(d->head, payload, first);
+    size_t rest = len - first;
+    if (rest && d->tail) memcpy(d->tail, payload + first, rest < d->tail_cap ? rest : d->tail_cap);
+}
+
+static int receive(orion_channel *ch, int wait, uint64_t want, record_header *r, const reply_dest *out, int *got) {
     int code = ORION_OK, bad = 0;
     *got = 0;
     uint8_t *cell = spsc_readable(&ch->in, &bad);
@@ -445,7 +455,7 @@ static int receive(orion_channel *ch, int wait, uint64_t want, record_header *r,
         async_keep(ch, r);
         *got = 0;
     } else if (want && r->call_id == want && out && r->length) {
-        memcpy(out, cell + RECORD_HEADER, r->length < cap ? r->length : cap);
+        deliver(out, cell + RECORD_HEADER, r->length);
     }
     spsc_release(&ch->in);
     return ORION_OK;
@@ -457,13 +467,13 @@ static uint8_t *probe_out_or_drain(orion_channel *ch, int *bad) {
     if (cell || *bad) return cell;
     record_header r;
     int got;
-    while (receive(ch, 0, 0, &r, NULL, 0, &got) == ORION_OK && got) {}
+    while (receive(ch, 0, 0, &r, NULL, &got) == ORION_OK && got) {}
     if (ch->broken) { *bad = 2; return NULL; }  /* the drain met a broken record: already reported */
     return spsc_writable(&ch->out, bad);
 }
 
-static int send_record(orion_channel *ch, uint64_t call_id, uint32_t opcode, uint32_t flags, const void *payload,
-                       size_t len) {
+static int send_record(orion_channel *ch, uint64_t call_id, uint32_t opcode, uint32_t flags,
+                       const struct orion_piece *parts, int nparts, size_t len) {
     if (len > ch->capacity)
         return FAIL(ch, ORION_E_TOO_LARGE, "%s channel %d: a payload of %zu bytes exceeds the %u-byte inline "
                     "capacity; staging is not in this client yet", ch->where, ch->index, len, ch->capacity);
@@ -480,48 +490,72 @@ static int send_record(orion_channel *ch, uint64_t call_id, uint32_t opcode, uin
     uint32_t words[6] = { opcode, flags, (uint32_t)len, ch->generation, 0, 0 };
     memcpy(cell, &call_id, 8);
     memcpy(cell + 8, words, sizeof words);
-    if (len) memcpy(cell + RECORD_HEADER, payload, len);
+    uint8_t *at = cell + RECORD_HEADER;
+    for (int i = 0; i < nparts; i++) {
+        if (parts[i].len) memcpy(at, parts[i].data, parts[i].len);
+        at += parts[i].len;
+    }
     spsc_publish(&ch->out);
     return ORION_OK;
 }
 
-static int usable(orion_channel *ch, uint32_t opcode, const void *req, size_t len) {
+/* The payload's size, or an error when the channel cannot send or a piece is NULL. */
+static int usable(orion_channel *ch, uint32_t opcode, const struct orion_piece *parts, int nparts, size_t *len) {
     if (ch->broken) return ch->broken;
     if (ch->fd < 0) return FAIL(ch, ORION_E_CLOSED, "%s: this channel was released; open another", ch->where);
-    if (opcode > MAX_OPCODE || (len && req == NULL))
-        return FAIL(ch, ORION_E_ARG, "opcode %#x beyond %#x or a NULL payload", opcode, MAX_OPCODE);
+    *len = 0;
+    for (int i = 0; i < nparts; i++) {
+        if (parts[i].len && parts[i].data == NULL) return FAIL(ch, ORION_E_ARG, "a NULL payload piece");
+        *len += parts[i].len;
+    }
+    if (opcode > MAX_OPCODE || nparts < 0 || *len > ORION_MAX_PAYLOAD)
+        return FAIL(ch, ORION_E_ARG, "opcode %#x beyond %#x, or a payload beyond 1 GiB", opcode, MAX_OPCODE);
     return ORION_OK;
 }
 
 /* --- the API ------------------------------------------------------------------------------------------------ */
-int orion_call(orion_channel *ch, uint32_t opcode, const void *req, size_t len, int32_t *status, void *reply,
-               size_t cap, size_t *reply_len) {
+int orion_callv(orion_channel *ch, uint32_t opcode, const struct orion_piece *req, int nreq, int32_t *status,
+                void *reply, size_t cap, void *tail, size_t tail_cap, size_t *reply_len) {
     if (ch == NULL) return ORION_E_ARG;
-    int rc = usable(ch, opcode, req, len);
+    size_t len;
+    int rc = usable(ch, opcode, req, nreq, &len);
     if (rc) return rc;
     uint64_t id = ch->next_id++;
-    rc = send_record(ch, id, opcode, 0, req, len);
+    rc = send_record(ch, id, opcode, 0, req, nreq, len);
     if (rc) return rc;
+    reply_dest dest = { reply, reply ? cap : 0, tail, tail ? tail_cap : 0 };
     for (;;) {
         record_header r;
         int got;
-        rc = receive(ch, 1, id, &r, reply, cap, &got);
+        rc = receive(ch, 1, id, &r, &dest, &got);
         if (rc) return rc;
         if (!got || r.call_id != id) continue;  /* an earlier call's reply cannot be pending: calls wait */
         if (status) *status = r.status;
         if (reply_len) *reply_len = r.length;
-        if (r.length > cap)
+        if (r.length > dest.head_cap + dest.tail_cap)
             return FAIL(ch, ORION_E_TOO_LARGE, "%s channel %d: a reply of %u bytes does not fit the %zu-byte "
-                        "buffer", ch->where, ch->index, r.length, cap);
+                        "buffer", ch->where, ch->index, r.length, dest.head_cap + dest.tail_cap);
         return ORION_OK;
     }
 }
 
-int orion_post(orion_channel *ch, uint32_t opcode, const void *req, size_t len) {
+int orion_call(orion_channel *ch, uint32_t opcode, const void *req, size_t len, int32_t *status, void *reply,
+               size_t cap, size_t *reply_len) {
+    struct orion_piece piece = { req, len };
+    return orion_callv(ch, opcode, &piece, 1, status, reply, cap, NULL, 0, reply_len);
+}
+
+int orion_postv(orion_channel *ch, uint32_t opcode, const struct orion_piece *req, int nreq) {
     if (ch == NULL) return ORION_E_ARG;
-    int rc = usable(ch, opcode, req, len);
+    size_t len;
+    int rc = usable(ch, opcode, req, nreq, &len);
     if (rc) return rc;
-    return send_record(ch, ch->next_id++, opcode, ORION_FLAG_NO_REPLY, req, len);
+    return send_record(ch, ch->next_id++, opcode, ORION_FLAG_NO_REPLY, req, nreq, len);
+}
+
+int orion_post(orion_channel *ch, uint32_t opcode, const void *req, size_t len) {
+    struct orion_piece piece = { req, len };
+    return orion_postv(ch, opcode, &piece, 1);
 }
 
 int orion_hello(orion_channel *ch, const char *calls, uint64_t *session) {
@@ -564,7 +598,7 @@ int orion_take_async_error(orion_channel *ch, uint64_t *call_id, uint32_t *opcod
     if (ch->async_count == 0 && !ch->broken && ch->fd >= 0) {  /* pick up what already arrived */
         record_header r;
         int got;
-        while (receive(ch, 0, 0, &r, NULL, 0, &got) == ORION_OK && got) {}
+        while (receive(ch, 0, 0, &r, NULL, &got) == ORION_OK && got) {}
     }
     if (ch->async_count == 0) return 0;
     async_error *e = &ch->async_q[ch->async_head];

@@ -66,9 +66,21 @@ int orion_hello(orion_channel *channel, const char *calls, uint64_t *session);
 int orion_call(orion_channel *channel, uint32_t opcode, const void *req, size_t len, int32_t *status,
                void *reply, size_t cap, size_t *reply_len);
 
+/* A request payload in pieces, sent back to back as one record (a head the caller packed, then a tail where it
+ * lies: a copy's bytes, an image), so nothing is copied first. */
+struct orion_piece { const void *data; size_t len; };
+#define ORION_MAX_PAYLOAD ((size_t)1 << 30) /* docs/wire-protocol.md: MAX_PAYLOAD */
+
+/* orion_call with the request in `nreq` pieces and the reply split: its first `cap` bytes into `reply`, the rest
+ * into `tail` (capacity `tail_cap`; NULL for none). *reply_len is the whole payload's length; one longer than
+ * cap + tail_cap is consumed and ORION_E_TOO_LARGE returned. */
+int orion_callv(orion_channel *channel, uint32_t opcode, const struct orion_piece *req, int nreq, int32_t *status,
+                void *reply, size_t cap, void *tail, size_t tail_cap, size_t *reply_len);
+
 /* Send `opcode` with NO_REPLY: no wait for the agent; a failure comes back later as an async error, named by
  * the call id orion_last_call_id() gives right after this call (ids count 1, 2, ... per channel). */
 int orion_post(orion_channel *channel, uint32_t opcode, const void *req, size_t len);
+int orion_postv(orion_channel *channel, uint32_t opcode, const struct orion_piece *req, int nreq);
 uint64_t orion_last_call_id(const orion_channel *channel);
 
 /* The oldest async error (a failed posted record) not yet taken: returns 1 and fills the non-NULL outputs, or
