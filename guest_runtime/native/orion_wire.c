@@ -809,3 +809,21 @@ void orion_close(orion_channel *ch) {
     release_region(ch);  /* closing the lock's description drops the lock */
     free(ch);
 }
+
+int orion_pool_slice(const orion_channel *ch, uint8_t **map, size_t *mapped, int *fd, uint64_t *offset,
+                     uint64_t *size) {
+    if (ch == NULL || ch->map == NULL || ch->index < 0) return ORION_E_ARG;
+    uint64_t pool_offset = rd64(ch->map + 72), pool_size = rd64(ch->map + 80);
+    uint32_t channels = rd32(ch->map + 32);
+    if (channels < 1 || channels > MAX_CHANNELS || (uint32_t)ch->index >= channels) return ORION_E_PROTOCOL;
+    uint64_t share = pool_size / channels / PAGE * PAGE;
+    uint64_t start = pool_offset + (uint64_t)ch->index * share;
+    if (share && (start < pool_offset || start % PAGE || start > ch->size || share > ch->size - start))
+        return ORION_E_PROTOCOL;
+    if (map) *map = ch->map;
+    if (mapped) *mapped = ch->size;
+    if (fd) *fd = ch->fd;
+    if (offset) *offset = share ? start : 0;
+    if (size) *size = share;
+    return ORION_OK;
+}

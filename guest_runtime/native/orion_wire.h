@@ -97,6 +97,14 @@ int orion_channel_index(const orion_channel *channel);
 uint32_t orion_generation(const orion_channel *channel);
 size_t orion_inline_capacity(const orion_channel *channel);
 
+/* Read-only, for the page-locked pool (guest_runtime/pinned_pool.py): where this process maps the region (its
+ * first byte, its length), the region file's descriptor (to map part of it again at another address) and this
+ * channel's slice of the pool as layout.Geometry.pool_slice computes it (offset from the region's start, size; a
+ * size of 0: the region has no pool). Any output may be NULL. ORION_OK, ORION_E_ARG (no channel) or
+ * ORION_E_PROTOCOL (the header's pool no longer lies inside the mapping). */
+int orion_pool_slice(const orion_channel *channel, uint8_t **map, size_t *mapped, int *fd, uint64_t *offset,
+                     uint64_t *size);
+
 #ifdef __cplusplus
 }
 #endif
