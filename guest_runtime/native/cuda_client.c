@@ -128,3 +128,10 @@ int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned lo
 int cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags) {
     return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
 }
+
+orion_channel *orion_process_channel(void) {
+    pthread_mutex_lock(&lock);
+    orion_channel *connected = connect_once() ? channel : NULL;
+    pthread_mutex_unlock(&lock);
+    return connected;
+}

@@ -56,4 +56,9 @@ static inline float orion_get_f32(const uint8_t *p) { float v; memcpy(&v, p, 4);
 #error "the Orion wire is little-endian; this library packs values in host order"
 #endif
 
+/* The process's one channel (connected at the first call, as a forwarded call would): NULL when the agent cannot
+ * be reached. For read-only questions about the region (orion_pool_slice); records go through orion_forward*. */
+struct orion_channel;
+struct orion_channel *orion_process_channel(void);
+
 #endif
