@@ -2,7 +2,8 @@
  *
  * Each function mirrors a piece of ivshmem/: header checks (layout.unpack_header, Geometry.check), opening
  * (region.open_region_file), claim and accept (channel.ClientChannel.claim/_accept), host checks
- * (ClientChannel._check_host), rings (ring._Spsc) and waiting (wait.WaitPolicy). Python relies on x86-64 TSO
+ * (ClientChannel._check_host), rings and staging arenas (ring._Spsc), records inline and staged (channel.Endpoint
+ * send/_send_staged/_stream_out, receive/_stream_in) and waiting (wait.WaitPolicy). Python relies on x86-64 TSO
  * for the order of its plain stores and loads; here every index and control word that orders other memory is
  * a C11 atomic with release (store) / acquire (load), so the order holds on any architecture.
  */
@@ -62,13 +63,23 @@ enum { HOST_IDLE = 0, HOST_SERVING = 1, HOST_FAILED = 2, HOST_RECLAIMED = 3 };
 #define ASYNC_KEEP 256u
 
 typedef struct {
-    uint8_t *base;      /* the block: head at +0, tail at +64, cells at +data */
+    uint8_t *base;      /* the block: head at +0, tail at +64, cells at +128 (ring) or +4096 (staging arena) */
     uint8_t *data;
     uint32_t cell, capacity, mask;
     uint32_t own;       /* private copy of the index this side writes (tail producing, head consuming) */
 } spsc;
 
 typedef struct { uint64_t call_id; uint32_t opcode; int32_t status; } async_error;
+
+typedef struct {
+    uint64_t call_id;
+    uint32_t opcode, flags, length, generation;
+    int32_t status;
+    uint32_t reserved;
+} record_header;
+
+/* Where a reply's payload goes: its first `head_cap` bytes into `head`, the rest into `tail` (orion_callv). */
+typedef struct { void *head; size_t head_cap; void *tail; size_t tail_cap; } reply_dest;
 
 struct orion_channel {
     char where[256];
@@ -80,6 +91,7 @@ struct orion_channel {
     uint64_t features;
     uint32_t slot_size, capacity, generation;
     spsc out, in;            /* request ring (we produce), completion ring (we consume) */
+    spsc out_st, in_st;      /* request staging arena (we produce), completion staging arena (we consume) */
     uint64_t next_id;
     double agent_timeout;
     uint64_t agent_seen;  double agent_since;
@@ -88,6 +100,11 @@ struct orion_channel {
     async_error async_q[ASYNC_KEEP];
     uint32_t async_head, async_count;
     uint64_t async_dropped;
+    /* The call in flight (0: none) and where its reply goes, for a drain that meets its reply early. */
+    uint64_t call_id;
+    const reply_dest *call_dest;
+    int answered;
+    record_header answer;
 };
 
 /* --- small helpers -------------------------------------------------------------------------------------- */
@@ -246,9 +263,9 @@ static int check_header(const uint8_t *h, size_t mapped, const char *where, geom
 }
 
 /* --- rings (ring._Spsc) ----------------------------------------------------------------------------------- */
-static void spsc_init(spsc *r, uint8_t *block, uint32_t cell, uint32_t capacity) {
+static void spsc_init(spsc *r, uint8_t *block, uint32_t cells_at, uint32_t cell, uint32_t capacity) {
     r->base = block;
-    r->data = block + RING_SLOTS;
+    r->data = block + cells_at;
     r->cell = cell;
     r->capacity = capacity;
     r->mask = capacity - 1;
@@ -385,9 +402,8 @@ done:
         return NULL;
     }
     if (bad) {
-        *code = broken(ch, FAIL(ch, ORION_E_PROTOCOL, "%s channel %d: %s: head and tail are further apart than its "
-                                "%u cells; the peer broke the protocol", ch->where, ch->index, what,
-                                ch->out.capacity));
+        *code = broken(ch, FAIL(ch, ORION_E_PROTOCOL, "%s channel %d: waiting for %s: its head and tail are further "
+                                "apart than it has cells; the peer broke the protocol", ch->where, ch->index, what));
         return NULL;
     }
     return cell;
@@ -403,13 +419,6 @@ static uint8_t *probe_accept(orion_channel *ch, int *bad) {
 }
 
 /* --- records ---------------------------------------------------------------------------------------------- */
-typedef struct {
-    uint64_t call_id;
-    uint32_t opcode, flags, length, generation;
-    int32_t status;
-    uint32_t reserved;
-} record_header;
-
 static void async_keep(orion_channel *ch, const record_header *r) {
     if (ch->async_count == ASYNC_KEEP) { ch->async_dropped++; return; }
     async_error *e = &ch->async_q[(ch->async_head + ch->async_count++) % ASYNC_KEEP];
@@ -418,17 +427,52 @@ static void async_keep(orion_channel *ch, const record_header *r) {
     e->status = r->status;
 }
 
-/* Take the next completion; its payload is copied into `out` when it is the one `want` names (0: none). */
-/* Where a reply's payload goes: its first `head_cap` bytes into `head`, the rest into `tail` (orion_callv). */
-typedef struct { void *head; size_t head_cap; void *tail; size_t tail_cap; } reply_dest;
+static size_t smaller(size_t a, size_t b) { return a < b ? a : b; }
 
-static void deliver(const reply_dest *d, const uint8_t *payload, size_t len) {
-    size_t first = len < d->head_cap ? len : d->head_cap;
-    if (first) memcpy(d->head, payload, first);
-    size_t rest = len - first;
-    if (rest && d->tail) memcpy(d->tail, payload + first, rest < d->tail_cap ? rest : d->tail_cap);
+/* Copy `n` payload bytes that start at payload offset `at` into the parts of head and tail they fall in; what
+ * lies beyond head_cap + tail_cap is dropped (orion_callv then reports ORION_E_TOO_LARGE). */
+static void deliver_at(const reply_dest *d, size_t at, const uint8_t *src, size_t n) {
+    if (at < d->head_cap) {
+        size_t take = smaller(n, d->head_cap - at);
+        memcpy((uint8_t *)d->head + at, src, take);
+        at += take;
+        src += take;
+        n -= take;
+    }
+    if (n == 0) return;
+    size_t in_tail = at - d->head_cap;  /* at >= head_cap here */
+    if (in_tail < d->tail_cap) memcpy((uint8_t *)d->tail + in_tail, src, smaller(n, d->tail_cap - in_tail));
 }
 
+static uint8_t *probe_in_chunk(orion_channel *ch, int *bad) { return spsc_readable(&ch->in_st, bad); }
+
+/* Take a staged payload of `length` bytes chunk by chunk (channel.Endpoint._stream_in), into `dest` when there is
+ * one, else dropped: either way every chunk is released, so the chunk stream stays in step with the records. */
+static int stream_in(orion_channel *ch, size_t length, const reply_dest *dest) {
+    size_t size = ch->in_st.cell;
+    for (size_t at = 0; at < length; at += size) {
+        int bad = 0, code = ORION_OK;
+        uint8_t *chunk = spsc_readable(&ch->in_st, &bad);
+        if (!chunk) {
+            chunk = wait_for(ch, probe_in_chunk, 1, -1, "the next chunk on the completion staging arena", &code);
+            if (!chunk) return code;
+        }
+        if (dest) deliver_at(dest, at, chunk, smaller(length - at, size));
+        spsc_release(&ch->in_st);
+    }
+    return ORION_OK;
+}
+
+/* Known flags, reserved 0, an opcode in range, and a length its slot holds (inline) or the wire allows (staged:
+ * checked before any chunk is touched, as record.check_header does). */
+static int well_formed(const orion_channel *ch, const record_header *r) {
+    if (r->reserved || (r->flags & ~KNOWN_FLAGS) || r->opcode > MAX_OPCODE) return 0;
+    if (r->flags & ORION_FLAG_STAGED) return r->length <= ORION_MAX_PAYLOAD;
+    return r->length <= ch->capacity;
+}
+
+/* Take the next completion (waiting for one when `wait`). *got says it is a reply of this generation; its payload
+ * goes to `out` when it is the one `want` names (0: none), async errors are kept, anything else is dropped. */
 static int receive(orion_channel *ch, int wait, uint64_t want, record_header *r, const reply_dest *out, int *got) {
     int code = ORION_OK, bad = 0;
     *got = 0;
@@ -441,76 +485,150 @@ static int receive(orion_channel *ch, int wait, uint64_t want, record_header *r,
     memcpy(&r->call_id, cell, 8);
     r->opcode = rd32(cell + 8); r->flags = rd32(cell + 12); r->length = rd32(cell + 16);
     r->generation = rd32(cell + 20); memcpy(&r->status, cell + 24, 4); r->reserved = rd32(cell + 28);
-    if (r->reserved || (r->flags & ~KNOWN_FLAGS) || r->opcode > MAX_OPCODE || (r->flags & ORION_FLAG_STAGED)
-        || r->length > ch->capacity) {
+    if (!well_formed(ch, r)) {
         spsc_release(&ch->in);
         return broken(ch, FAIL(ch, ORION_E_PROTOCOL, "%s channel %d: completion %llu (flags %#x, %u bytes) is "
-                               "malformed or staged, which this client does not take yet", ch->where, ch->index,
-                               (unsigned long long)r->call_id, r->flags, r->length));
+                               "malformed", ch->where, ch->index, (unsigned long long)r->call_id, r->flags,
+                               r->length));
     }
-    *got = 1;
-    if (r->generation != ch->generation) {  /* left over from an earlier owner: never delivered */
-        *got = 0;
-    } else if (r->flags & ORION_FLAG_ASYNC_ERROR) {
-        async_keep(ch, r);
-        *got = 0;
-    } else if (want && r->call_id == want && out && r->length) {
-        deliver(out, cell + RECORD_HEADER, r->length);
+    int ours = r->generation == ch->generation;  /* else left over from an earlier owner: never delivered */
+    if (ours && (r->flags & ORION_FLAG_ASYNC_ERROR)) async_keep(ch, r);
+    *got = ours && !(r->flags & ORION_FLAG_ASYNC_ERROR);
+    const reply_dest *dest = *got && want && r->call_id == want ? out : NULL;
+    if (!(r->flags & ORION_FLAG_STAGED)) {
+        if (dest && r->length) deliver_at(dest, 0, cell + RECORD_HEADER, r->length);
+        spsc_release(&ch->in);
+        return ORION_OK;
     }
-    spsc_release(&ch->in);
-    return ORION_OK;
+    spsc_release(&ch->in);  /* a staged record's slot holds no payload: the host may reuse it meanwhile */
+    return stream_in(ch, r->length, dest);
 }
 
-/* Move waiting completions aside (async errors kept) so a full request ring never deadlocks the host. */
-static uint8_t *probe_out_or_drain(orion_channel *ch, int *bad) {
-    uint8_t *cell = spsc_writable(&ch->out, bad);
-    if (cell || *bad) return cell;
+/* Move waiting completions aside (async errors kept) so a full request ring or arena never deadlocks the host.
+ * The reply to the call in flight, should the host answer before taking all of a staged request, is kept. */
+static void drain_completions(orion_channel *ch) {
     record_header r;
     int got;
-    while (receive(ch, 0, 0, &r, NULL, &got) == ORION_OK && got) {}
-    if (ch->broken) { *bad = 2; return NULL; }  /* the drain met a broken record: already reported */
-    return spsc_writable(&ch->out, bad);
+    while (receive(ch, 0, ch->call_id, &r, ch->call_dest, &got) == ORION_OK && got) {
+        if (ch->call_id && r.call_id == ch->call_id) {
+            ch->answer = r;
+            ch->answered = 1;
+        }
+    }
 }
 
-static int send_record(orion_channel *ch, uint64_t call_id, uint32_t opcode, uint32_t flags,
-                       const struct orion_piece *parts, int nparts, size_t len) {
-    if (len > ch->capacity)
-        return FAIL(ch, ORION_E_TOO_LARGE, "%s channel %d: a payload of %zu bytes exceeds the %u-byte inline "
-                    "capacity; staging is not in this client yet", ch->where, ch->index, len, ch->capacity);
-    int bad = 0, code = ORION_OK;
-    uint8_t *cell = spsc_writable(&ch->out, &bad);
-    if (!cell) {
-        if (bad)
-            return broken(ch, FAIL(ch, ORION_E_PROTOCOL, "%s channel %d: request ring head and tail are further "
-                                   "apart than its %u cells; the peer broke the protocol", ch->where, ch->index,
-                                   ch->out.capacity));
-        cell = wait_for(ch, probe_out_or_drain, 1, -1, "room in the request ring", &code);
-        if (!cell) return ch->broken ? ch->broken : code;
+/* The next free cell of `r`, draining completions once when it is full; *bad = 2 when the drain broke the channel. */
+static uint8_t *room_or_drain(orion_channel *ch, spsc *r, int *bad) {
+    uint8_t *cell = spsc_writable(r, bad);
+    if (cell || *bad) return cell;
+    drain_completions(ch);
+    if (ch->broken) { *bad = 2; return NULL; }  /* the drain met a broken record: already reported */
+    return spsc_writable(r, bad);
+}
+
+static uint8_t *probe_out_or_drain(orion_channel *ch, int *bad) { return room_or_drain(ch, &ch->out, bad); }
+static uint8_t *probe_chunk_or_drain(orion_channel *ch, int *bad) { return room_or_drain(ch, &ch->out_st, bad); }
+
+/* A free cell of `r` now, or after a bounded wait (host checked, completions drained); NULL with *code. */
+static uint8_t *wait_room(orion_channel *ch, spsc *r, probe_fn probe, const char *what, int *code) {
+    int bad = 0;
+    uint8_t *cell = spsc_writable(r, &bad);
+    if (cell) return cell;
+    cell = wait_for(ch, probe, 1, -1, what, code);  /* impossible indices: its first probe reports them */
+    if (!cell && ch->broken) *code = ch->broken;
+    return cell;
+}
+
+/* Walks the request's pieces in step with where their bytes go (a slot's payload, then chunk after chunk), so a
+ * request in pieces is copied once, from where it lies. */
+typedef struct { const struct orion_piece *parts; int index; size_t at; } piece_cursor;
+
+/* Copy the next `n` bytes of the pieces to `to`; the caller never asks for more than the pieces hold. */
+static void cursor_copy(piece_cursor *c, uint8_t *to, size_t n) {
+    while (n) {
+        const struct orion_piece *p = &c->parts[c->index];
+        size_t take = smaller(p->len - c->at, n);
+        if (take) memcpy(to, (const uint8_t *)p->data + c->at, take);
+        to += take;
+        n -= take;
+        c->at += take;
+        if (c->at == p->len) { c->index++; c->at = 0; }
     }
-    uint32_t words[6] = { opcode, flags, (uint32_t)len, ch->generation, 0, 0 };
-    memcpy(cell, &call_id, 8);
-    memcpy(cell + 8, words, sizeof words);
-    uint8_t *at = cell + RECORD_HEADER;
-    for (int i = 0; i < nparts; i++) {
-        if (parts[i].len) memcpy(at, parts[i].data, parts[i].len);
-        at += parts[i].len;
+}
+
+/* Stream `len` bytes from the pieces through the request staging arena, one chunk at a time, in order
+ * (channel.Endpoint._stream_out). */
+static int stream_out(orion_channel *ch, piece_cursor *from, size_t len) {
+    size_t size = ch->out_st.cell;
+    for (size_t at = 0; at < len; at += size) {
+        int code = ORION_OK;
+        uint8_t *chunk = wait_room(ch, &ch->out_st, probe_chunk_or_drain, "a free chunk in the request staging "
+                                   "arena", &code);
+        if (!chunk) return code;
+        cursor_copy(from, chunk, smaller(len - at, size));
+        spsc_publish(&ch->out_st);
     }
-    spsc_publish(&ch->out);
     return ORION_OK;
 }
 
-/* The payload's size, or an error when the channel cannot send or a piece is NULL. */
+static void write_header(uint8_t *cell, uint64_t call_id, uint32_t opcode, uint32_t flags, uint32_t length,
+                         uint32_t generation) {
+    uint32_t words[6] = { opcode, flags, length, generation, 0, 0 };  /* status 0, reserved 0 */
+    memcpy(cell, &call_id, 8);
+    memcpy(cell + 8, words, sizeof words);
+}
+
+/* Publish one record (channel.Endpoint.send): inline when the payload fits its slot, else staged: the record
+ * (flag STAGED, length = payload size, no inline payload) first, so the host starts on the chunks while we fill
+ * the next ones, then the payload through the arena. `len` <= ORION_MAX_PAYLOAD (usable() checked it). */
+static int send_record(orion_channel *ch, uint64_t call_id, uint32_t opcode, uint32_t flags,
+                       const struct orion_piece *parts, size_t len) {
+    int code = ORION_OK;
+    uint8_t *cell = wait_room(ch, &ch->out, probe_out_or_drain, "room in the request ring", &code);
+    if (!cell) return code;
+    piece_cursor from = { parts, 0, 0 };
+    if (len <= ch->capacity) {
+        write_header(cell, call_id, opcode, flags, (uint32_t)len, ch->generation);
+        cursor_copy(&from, cell + RECORD_HEADER, len);
+        spsc_publish(&ch->out);
+        return ORION_OK;
+    }
+    write_header(cell, call_id, opcode, flags | ORION_FLAG_STAGED, (uint32_t)len, ch->generation);
+    spsc_publish(&ch->out);
+    return stream_out(ch, &from, len);
+}
+
+/* The payload's size, or an error when the channel cannot send, an argument is bad or the payload is beyond
+ * ORION_MAX_PAYLOAD (the sum is checked piece by piece, so lengths that would wrap around are refused too). */
 static int usable(orion_channel *ch, uint32_t opcode, const struct orion_piece *parts, int nparts, size_t *len) {
     if (ch->broken) return ch->broken;
     if (ch->fd < 0) return FAIL(ch, ORION_E_CLOSED, "%s: this channel was released; open another", ch->where);
+    if (opcode > MAX_OPCODE || nparts < 0 || (nparts > 0 && parts == NULL))
+        return FAIL(ch, ORION_E_ARG, "opcode %#x beyond %#x, or no pieces for a request of %d", opcode, MAX_OPCODE,
+                    nparts);
     *len = 0;
     for (int i = 0; i < nparts; i++) {
         if (parts[i].len && parts[i].data == NULL) return FAIL(ch, ORION_E_ARG, "a NULL payload piece");
+        if (parts[i].len > ORION_MAX_PAYLOAD - *len)
+            return FAIL(ch, ORION_E_TOO_LARGE, "%s channel %d: a request payload beyond the %zu-byte record limit; "
+                        "split it", ch->where, ch->index, ORION_MAX_PAYLOAD);
         *len += parts[i].len;
     }
-    if (opcode > MAX_OPCODE || nparts < 0 || *len > ORION_MAX_PAYLOAD)
-        return FAIL(ch, ORION_E_ARG, "opcode %#x beyond %#x, or a payload beyond 1 GiB", opcode, MAX_OPCODE);
     return ORION_OK;
+}
+
+/* The reply to call `id` (drained early, or the next record that names it); its payload already lies in `dest`. */
+static int await_reply(orion_channel *ch, uint64_t id, const reply_dest *dest, record_header *r) {
+    if (ch->answered) {
+        *r = ch->answer;
+        return ORION_OK;
+    }
+    for (;;) {
+        int got;
+        int rc = receive(ch, 1, id, r, dest, &got);
+        if (rc) return rc;
+        if (got && r->call_id == id) return ORION_OK;  /* an earlier call's reply cannot be pending: calls wait */
+    }
 }
 
 /* --- the API ------------------------------------------------------------------------------------------------ */
@@ -521,22 +639,22 @@ int orion_callv(orion_channel *ch, uint32_t opcode, const struct orion_piece *re
     int rc = usable(ch, opcode, req, nreq, &len);
     if (rc) return rc;
     uint64_t id = ch->next_id++;
-    rc = send_record(ch, id, opcode, 0, req, nreq, len);
-    if (rc) return rc;
     reply_dest dest = { reply, reply ? cap : 0, tail, tail ? tail_cap : 0 };
-    for (;;) {
-        record_header r;
-        int got;
-        rc = receive(ch, 1, id, &r, &dest, &got);
-        if (rc) return rc;
-        if (!got || r.call_id != id) continue;  /* an earlier call's reply cannot be pending: calls wait */
-        if (status) *status = r.status;
-        if (reply_len) *reply_len = r.length;
-        if (r.length > dest.head_cap + dest.tail_cap)
-            return FAIL(ch, ORION_E_TOO_LARGE, "%s channel %d: a reply of %u bytes does not fit the %zu-byte "
-                        "buffer", ch->where, ch->index, r.length, dest.head_cap + dest.tail_cap);
-        return ORION_OK;
-    }
+    ch->call_id = id;
+    ch->call_dest = &dest;
+    ch->answered = 0;
+    record_header r;
+    rc = send_record(ch, id, opcode, 0, req, len);
+    if (rc == ORION_OK) rc = await_reply(ch, id, &dest, &r);
+    ch->call_id = 0;
+    ch->call_dest = NULL;
+    if (rc) return rc;
+    if (status) *status = r.status;
+    if (reply_len) *reply_len = r.length;
+    if (r.length > dest.head_cap + dest.tail_cap)  /* its chunks were consumed: the channel goes on */
+        return FAIL(ch, ORION_E_TOO_LARGE, "%s channel %d: a reply of %u bytes does not fit the %zu-byte buffer",
+                    ch->where, ch->index, r.length, dest.head_cap + dest.tail_cap);
+    return ORION_OK;
 }
 
 int orion_call(orion_channel *ch, uint32_t opcode, const void *req, size_t len, int32_t *status, void *reply,
@@ -550,7 +668,7 @@ int orion_postv(orion_channel *ch, uint32_t opcode, const struct orion_piece *re
     size_t len;
     int rc = usable(ch, opcode, req, nreq, &len);
     if (rc) return rc;
-    return send_record(ch, ch->next_id++, opcode, ORION_FLAG_NO_REPLY, req, nreq, len);
+    return send_record(ch, ch->next_id++, opcode, ORION_FLAG_NO_REPLY, req, len);
 }
 
 int orion_post(orion_channel *ch, uint32_t opcode, const void *req, size_t len) {
@@ -747,8 +865,10 @@ int orion_open_ex(const char *path, double accept_timeout, double agent_timeout,
 #endif
     (void)madvise(base, g.channel_stride, MADV_POPULATE_WRITE);  /* Region.prefault */
     ch->ctrl = base + g.o_ctrl;
-    spsc_init(&ch->out, base + g.o_req, g.slot, g.entries);
-    spsc_init(&ch->in, base + g.o_cpl, g.slot, g.entries);
+    spsc_init(&ch->out, base + g.o_req, RING_SLOTS, g.slot, g.entries);
+    spsc_init(&ch->in, base + g.o_cpl, RING_SLOTS, g.slot, g.entries);
+    spsc_init(&ch->out_st, base + g.o_reqst, STAGING_CHUNKS, g.chunk, g.chunks);
+    spsc_init(&ch->in_st, base + g.o_cplst, STAGING_CHUNKS, g.chunk, g.chunks);
     ch->next_id = 1;
     ch->agent_seen = load64(ch->map + AGENT_HEARTBEAT);
     ch->agent_since = now_s();
@@ -790,6 +910,8 @@ int orion_open_ex(const char *path, double accept_timeout, double agent_timeout,
     /* resync: the private copies of our indices from shared memory (both zero after the accept) */
     ch->out.own = load32(ch->out.base + RING_TAIL);
     ch->in.own = load32(ch->in.base + RING_HEAD);
+    ch->out_st.own = load32(ch->out_st.base + STAGING_TAIL);
+    ch->in_st.own = load32(ch->in_st.base + STAGING_HEAD);
     ch->busy = 0;
     *out = ch;
     return ORION_OK;

@@ -3,11 +3,15 @@
  * It speaks exactly the wire of docs/wire-protocol.md as ivshmem/ implements it in Python: it opens a host or
  * container region file (ivshmem/region.py, layout.py), claims a channel as ClientChannel.claim does (an OFD
  * lock on the channel's first byte, the control words in the same order, liveness mode LOCK), says HELLO, and
- * moves INLINE records over the SPSC rings of ivshmem/ring.py. Payloads larger than a ring slot (staging) are
- * refused for now with ORION_E_TOO_LARGE.
+ * moves records over the SPSC rings of ivshmem/ring.py. A payload larger than a ring slot is STAGED as
+ * ivshmem/channel.py's Endpoint does it (docs/wire-protocol.md, "Staging arena"): the record (flag STAGED, length =
+ * payload size, no inline payload) first, then the payload chunk by chunk through the direction's staging arena,
+ * copied once, from the caller's pieces into the chunks and from the chunks into the caller's reply buffers.
+ * Payloads are at most ORION_MAX_PAYLOAD (1 GiB) each way.
  *
- * Every wait spins briefly, then sleeps with back-off, and checks the host (ClientChannel._check_host) every
- * 0.1 s, so an agent that died or stopped is an error within the agent timeout, never a hang.
+ * Every wait (room in a ring, a free chunk, a record, the next chunk) spins briefly, then sleeps with back-off,
+ * and checks the host (ClientChannel._check_host) every 0.1 s, so an agent that died or stopped is an error
+ * within the agent timeout, never a hang, even in the middle of a staged payload.
  *
  * Threads: one channel is used by one thread at a time (the caller serialises); two channels (two
  * orion_open calls) are independent, even in one process.
@@ -32,15 +36,15 @@ enum {
     ORION_E_REGION = -2,     /* the path is not a usable Orion region (missing, link, foreign, bad header) */
     ORION_E_PEER_GONE = -3,  /* no host agent serves us (never, stopped, died, session ended) */
     ORION_E_NO_CHANNEL = -4, /* every channel is held by a live process */
-    ORION_E_TOO_LARGE = -5,  /* a request beyond the inline capacity, or a reply beyond the caller's buffer */
-    ORION_E_PROTOCOL = -6,   /* the peer broke the ring protocol (impossible indices, bad record, staged) */
+    ORION_E_TOO_LARGE = -5,  /* a request beyond ORION_MAX_PAYLOAD, or a reply beyond the caller's buffers */
+    ORION_E_PROTOCOL = -6,   /* the peer broke the ring or arena protocol (impossible indices, a bad record) */
     ORION_E_REFUSED = -7,    /* the agent refused our HELLO (another protocol or call table) */
     ORION_E_CLOSED = -8,     /* the channel was closed */
     ORION_E_SYSTEM = -9      /* a system call failed (the text names it) */
 };
 
 /* Wire-control opcodes (ivshmem/record.py Op) and record flags. */
-enum { ORION_OP_HELLO = 1, ORION_OP_ECHO = 2, ORION_OP_NOP = 3 };
+enum { ORION_OP_HELLO = 1, ORION_OP_ECHO = 2, ORION_OP_NOP = 3, ORION_OP_DRAIN = 4, ORION_OP_FILL = 5 };
 enum { ORION_FLAG_NO_REPLY = 1, ORION_FLAG_STAGED = 2, ORION_FLAG_ASYNC_ERROR = 4 };
 #define ORION_PROTOCOL 2u
 
@@ -60,9 +64,10 @@ int orion_open_ex(const char *path, double accept_timeout, double agent_timeout,
  * reason in orion_error(). */
 int orion_hello(orion_channel *channel, const char *calls, uint64_t *session);
 
-/* Send `opcode` with `len` bytes of `req` and wait for its reply: its wire/CUDA status in *status, its payload
- * copied into `reply` (capacity `cap`), its length in *reply_len. A reply longer than `cap` is consumed, its
- * length reported and ORION_E_TOO_LARGE returned. Async errors that arrive meanwhile are kept (see below). */
+/* Send `opcode` with `len` bytes of `req` (inline or staged) and wait for its reply: its wire/CUDA status in
+ * *status, its payload copied into `reply` (capacity `cap`), its length in *reply_len. A reply longer than `cap` is
+ * consumed (a staged one's chunks drained, so the channel stays usable), its length reported and ORION_E_TOO_LARGE
+ * returned. Async errors that arrive meanwhile are kept (see below). */
 int orion_call(orion_channel *channel, uint32_t opcode, const void *req, size_t len, int32_t *status,
                void *reply, size_t cap, size_t *reply_len);
 
@@ -72,8 +77,9 @@ struct orion_piece { const void *data; size_t len; };
 #define ORION_MAX_PAYLOAD ((size_t)1 << 30) /* docs/wire-protocol.md: MAX_PAYLOAD */
 
 /* orion_call with the request in `nreq` pieces and the reply split: its first `cap` bytes into `reply`, the rest
- * into `tail` (capacity `tail_cap`; NULL for none). *reply_len is the whole payload's length; one longer than
- * cap + tail_cap is consumed and ORION_E_TOO_LARGE returned. */
+ * into `tail` (capacity `tail_cap`; NULL for none). A staged request is streamed from the pieces where they lie, a
+ * staged reply straight into `reply` then `tail`. *reply_len is the whole payload's length; one longer than
+ * cap + tail_cap is consumed (what fits is copied, the rest drained) and ORION_E_TOO_LARGE returned. */
 int orion_callv(orion_channel *channel, uint32_t opcode, const struct orion_piece *req, int nreq, int32_t *status,
                 void *reply, size_t cap, void *tail, size_t tail_cap, size_t *reply_len);
 
