@@ -6,11 +6,36 @@ exists so Python can drive the C client against a real served region and compare
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
+from collections.abc import Sequence
 
 ERRORS = {-1: "ARG", -2: "REGION", -3: "PEER_GONE", -4: "NO_CHANNEL", -5: "TOO_LARGE", -6: "PROTOCOL",
           -7: "REFUSED", -8: "CLOSED", -9: "SYSTEM"}
 ERRLEN = 1024
+# What a request piece or a reply buffer may be: bytes are read in place, the others must be writable buffers
+# (bytearray, a writable memoryview, an mmap) or ctypes arrays; none is copied.
+Buffer = bytes | bytearray | memoryview | mmap.mmap | ctypes.Array  # type: ignore[type-arg]
+
+
+class Piece(ctypes.Structure):
+    """struct orion_piece: one piece of a request payload, where it lies."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def _address(buffer: Buffer) -> tuple[int, int, object]:
+    """(address, length, the object that keeps the memory alive) of `buffer`, without copying it."""
+    if isinstance(buffer, bytes):
+        pointer = ctypes.c_char_p(buffer)  # points into the bytes object itself
+        return ctypes.cast(pointer, ctypes.c_void_p).value or 0, len(buffer), pointer
+    if isinstance(buffer, ctypes.Array):
+        return ctypes.addressof(buffer), ctypes.sizeof(buffer), buffer
+    view = memoryview(buffer).cast("B")
+    if view.readonly:
+        raise TypeError("a read-only buffer other than bytes cannot be passed without a copy; pass bytes")
+    array = (ctypes.c_char * len(view)).from_buffer(view)
+    return ctypes.addressof(array), len(view), array
 
 
 class NativeWireError(Exception):
@@ -34,6 +59,11 @@ def load(path: str | os.PathLike[str]) -> ctypes.CDLL:
     lib.orion_call.restype = ctypes.c_int
     lib.orion_post.argtypes = [p, ctypes.c_uint32, p, size_t]
     lib.orion_post.restype = ctypes.c_int
+    lib.orion_callv.argtypes = [p, ctypes.c_uint32, ctypes.POINTER(Piece), ctypes.c_int,
+                                ctypes.POINTER(ctypes.c_int32), p, size_t, p, size_t, ctypes.POINTER(size_t)]
+    lib.orion_callv.restype = ctypes.c_int
+    lib.orion_postv.argtypes = [p, ctypes.c_uint32, ctypes.POINTER(Piece), ctypes.c_int]
+    lib.orion_postv.restype = ctypes.c_int
     lib.orion_take_async_error.argtypes = [p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32),
                                            ctypes.POINTER(ctypes.c_int32)]
     lib.orion_take_async_error.restype = ctypes.c_int
@@ -79,11 +109,45 @@ class NativeChannel:
         self._check(self.lib.orion_hello(self.handle, calls.encode(), ctypes.byref(session)))
         return session.value
 
-    def call(self, opcode: int, payload: bytes = b"") -> tuple[int, bytes]:
-        """(status, reply payload)."""
+    def call(self, opcode: int, payload: bytes = b"", reply_cap: int | None = None) -> tuple[int, bytes]:
+        """(status, reply payload); the reply may be up to `reply_cap` bytes (default: the inline capacity)."""
+        reply = self._reply
+        if reply_cap is not None and reply_cap > len(reply):
+            reply = ctypes.create_string_buffer(reply_cap)
         self._check(self.lib.orion_call(self.handle, opcode, payload, len(payload), ctypes.byref(self._status),
-                                        self._reply, len(self._reply), ctypes.byref(self._length)))
-        return self._status.value, self._reply.raw[:self._length.value]
+                                        reply, len(reply), ctypes.byref(self._length)))
+        return self._status.value, reply.raw[:self._length.value]
+
+    def callv(self, opcode: int, pieces: Sequence[Buffer] = (), head: Buffer | None = None,
+              tail: Buffer | None = None) -> tuple[int, int]:
+        """orion_callv: the request in `pieces`, the reply written into `head` then `tail` where they lie;
+        returns (status, the reply's length)."""
+        parts, keep = self._pieces(pieces)
+        head_at, head_len, keep_head = _address(head) if head is not None else (0, 0, None)
+        tail_at, tail_len, keep_tail = _address(tail) if tail is not None else (0, 0, None)
+        rc = self.lib.orion_callv(self.handle, opcode, parts, len(pieces), ctypes.byref(self._status),
+                                  head_at or None, head_len, tail_at or None, tail_len, ctypes.byref(self._length))
+        del keep, keep_head, keep_tail  # the memory had to live until the call returned
+        self._check(rc)
+        return self._status.value, self._length.value
+
+    def postv(self, opcode: int, pieces: Sequence[Buffer] = ()) -> int:
+        """orion_postv; returns the post's call id."""
+        parts, keep = self._pieces(pieces)
+        rc = self.lib.orion_postv(self.handle, opcode, parts, len(pieces))
+        del keep
+        self._check(rc)
+        return int(self.lib.orion_last_call_id(self.handle))
+
+    @staticmethod
+    def _pieces(pieces: Sequence[Buffer]) -> tuple[ctypes.Array[Piece], list[object]]:
+        parts = (Piece * max(len(pieces), 1))()
+        keep = []
+        for i, piece in enumerate(pieces):
+            at, length, alive = _address(piece)
+            parts[i] = Piece(at, length)
+            keep.append(alive)
+        return parts, keep
 
     def post(self, opcode: int, payload: bytes = b"") -> int:
         """The post's call id (what an async error about it will carry)."""

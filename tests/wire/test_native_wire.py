@@ -8,13 +8,16 @@ timeout, so a client that hangs fails the test instead of stalling the suite.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import random
 import shutil
+import signal
 import struct
 import subprocess
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,34 +25,44 @@ from typing import Any, TypeVar
 import pytest
 
 from guest_runtime.native.build import build_library, find_compiler
-from guest_runtime.native.ctypes_client import NativeChannel, NativeWireError, load
+from guest_runtime.native.ctypes_client import ERRORS, NativeChannel, NativeWireError, Piece, load
 from ivshmem import layout
 from ivshmem.channel import ClientChannel, Ctrl, HostChannel, HostReason, HostStatus
 from ivshmem.layout import Geometry
-from ivshmem.record import Op, Status
+from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, Op, Status, fill_pattern
 from ivshmem.region import Region
 
 T = TypeVar("T")
 BOUND_S = 30.0
 
 
+class Background:
+    """fn() running in a daemon thread from now on; result() waits for it, bounded."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.box: dict[str, Any] = {}
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.box["value"] = fn()
+        except BaseException as exc:  # handed to the test thread
+            self.box["error"] = exc
+
+    def result(self, timeout: float = BOUND_S) -> Any:
+        """fn's value (or its exception, raised here); fails the test if fn has not returned within `timeout`."""
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            pytest.fail(f"the native client did not return within {timeout} s")
+        if "error" in self.box:
+            raise self.box.pop("error")
+        return self.box["value"]
+
+
 def bounded(fn: Callable[[], T], timeout: float = BOUND_S) -> T:
     """fn() in a daemon thread; fails the test if it has not returned within `timeout`."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the test thread
-            box["error"] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        pytest.fail(f"the native client did not return within {timeout} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    return Background(fn).result(timeout)  # type: ignore[no-any-return]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -97,13 +110,6 @@ def test_hello_naming_another_call_table_is_refused_in_one_line(native: NativeCh
     assert caught.value.code == "REFUSED" and "refused this client" in str(caught.value)
 
 
-def test_a_payload_beyond_the_slot_is_refused_and_the_channel_goes_on(native: NativeChannel) -> None:
-    with pytest.raises(NativeWireError) as caught:
-        bounded(lambda: native.call(Op.ECHO, bytes(native.capacity + 1)))
-    assert caught.value.code == "TOO_LARGE" and "inline capacity" in str(caught.value)
-    assert bounded(lambda: native.call(Op.ECHO, b"still here")) == (0, b"still here")
-
-
 def test_posted_nops_then_a_call_and_a_failed_post_kept_as_an_async_error(native: NativeChannel,
                                                                          served_region: str) -> None:
     entries = Region.open(served_region)
@@ -149,6 +155,189 @@ def test_close_releases_the_channel_and_the_next_claim_has_a_higher_generation(l
     with bounded(lambda: NativeChannel(lib, served_region)) as again:
         assert again.index == index and again.generation == generation + 1
         assert bounded(lambda: again.call(Op.ECHO, b"z")) == (0, b"z")
+
+
+# --- staged records (payloads beyond a slot, through the staging arenas) -------------------------------------
+MIB = 1 << 20
+DRAIN_REPLY_SIZE = 12  # u64 length, u32 crc32
+
+
+def geometry_of(path: str) -> Geometry:
+    with Region.open(path) as region:
+        return region.geometry
+
+
+def pattern(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def echo_split(native: NativeChannel, payload: bytes, head_cap: int) -> bytes:
+    """ECHO `payload` with its reply split: `head_cap` bytes into one buffer, the rest into another."""
+    head, tail = bytearray(head_cap), bytearray(len(payload) - head_cap)
+    assert bounded(lambda: native.callv(Op.ECHO, [payload], head, tail)) == (0, len(payload))
+    return bytes(head + tail)
+
+
+def test_staged_echo_is_byte_exact_around_every_boundary(native: NativeChannel, served_region: str) -> None:
+    g = geometry_of(served_region)
+    cap, chunk, arena = native.capacity, g.chunk_size, g.chunk_size * g.chunk_count
+    sizes = [cap - 1, cap, cap + 1, chunk - 1, chunk, chunk + 1, 3 * chunk + 7, arena, arena + 1, 2 * arena + 5]
+    for size in sizes:
+        payload = pattern(size, size)
+        for head_cap in (size, size // 3, 0):  # all in head; split mid-chunk; all in the tail
+            assert echo_split(native, payload, head_cap) == payload, f"ECHO of {size} bytes, head {head_cap}"
+
+
+def test_a_64_mib_echo_is_byte_exact(native: NativeChannel) -> None:
+    payload = pattern(64 * MIB, 64)
+    head = bytearray(64 * MIB)
+    assert bounded(lambda: native.callv(Op.ECHO, [payload], head)) == (0, len(payload))
+    assert head == payload
+
+
+def test_drain_of_a_staged_request_in_three_pieces(native: NativeChannel, served_region: str) -> None:
+    g = geometry_of(served_region)
+    pieces: list[bytes | bytearray | memoryview] = [
+        pattern(100, 1), bytearray(pattern(3 * g.chunk_size + 7, 2)), memoryview(bytearray(pattern(333, 3)))]
+    whole = b"".join(bytes(piece) for piece in pieces)  # piece boundaries fall mid-chunk
+    reply = bytearray(64)
+    status, length = bounded(lambda: native.callv(Op.DRAIN, pieces, reply))
+    assert (status, length) == (0, DRAIN_REPLY_SIZE)
+    assert DRAIN_REPLY.decode(bytes(reply[:length])) == (len(whole), zlib.crc32(whole))
+    empty_ends: list[bytes | bytearray | memoryview] = [b"", whole, b""]  # empty pieces take no room
+    assert bounded(lambda: native.callv(Op.DRAIN, empty_ends, reply)) == (0, DRAIN_REPLY_SIZE)
+    assert DRAIN_REPLY.decode(bytes(reply[:DRAIN_REPLY_SIZE])) == (len(whole), zlib.crc32(whole))
+
+
+def test_fill_streams_its_pattern_into_head_and_tail(native: NativeChannel, served_region: str) -> None:
+    g = geometry_of(served_region)
+    arena = g.chunk_size * g.chunk_count
+    cases = [(10, 1, 4), (native.capacity + 1, 2, 0), (5 * g.chunk_size + 17, 3, 12345),
+             (arena + 1, 4, g.chunk_size), (3 * arena, 5, arena + 9)]
+    for length, seed, head_cap in cases:  # a FILL reply is always staged, even a short one
+        head, tail = bytearray(head_cap), bytearray(length - head_cap)
+        request = FILL_REQUEST.encode(length, seed)
+        assert bounded(lambda: native.callv(Op.FILL, [request], head, tail)) == (0, length)  # noqa: B023
+        assert bytes(head + tail) == fill_pattern(seed, length), f"FILL {length} seed {seed} head {head_cap}"
+
+
+def test_a_reply_beyond_the_buffers_is_too_large_and_the_channel_goes_on(native: NativeChannel,
+                                                                        served_region: str) -> None:
+    g = geometry_of(served_region)
+    length = 3 * g.chunk_size * g.chunk_count + 5  # more than the arena holds: the host needs it drained
+    head, tail = bytearray(1000), bytearray(2000)
+    with pytest.raises(NativeWireError) as caught:
+        bounded(lambda: native.callv(Op.FILL, [FILL_REQUEST.encode(length, 3)], head, tail))
+    assert caught.value.code == "TOO_LARGE" and f"{length} bytes" in str(caught.value)
+    expected = fill_pattern(3, 3000)
+    assert head == expected[:1000] and tail == expected[1000:]  # what fits is delivered
+    assert bounded(lambda: native.call(Op.ECHO, b"next")) == (0, b"next")
+    payload = pattern(2 * g.chunk_size + 1, 5)
+    assert echo_split(native, payload, 17) == payload  # the chunk stream is still in step
+    with pytest.raises(NativeWireError) as inline:  # an inline reply beyond the buffer: the same
+        bounded(lambda: native.callv(Op.ECHO, [bytes(100)], bytearray(10)))
+    assert inline.value.code == "TOO_LARGE"
+    assert bounded(lambda: native.call(Op.ECHO, b"again")) == (0, b"again")
+
+
+def test_posted_staged_records_then_a_call(native: NativeChannel, served_region: str) -> None:
+    g = geometry_of(served_region)
+    big = pattern(2 * g.chunk_size * g.chunk_count + 3, 11)
+    posted = [bounded(lambda: native.postv(Op.DRAIN, [big[:100], big[100:]])) for _ in range(3)]
+    bad = bounded(lambda: native.postv(0x7777, [big]))  # not served: an async error once its chunks are taken
+    assert bad == posted[-1] + 1
+    payload = pattern(g.chunk_size + 1, 12)
+    assert echo_split(native, payload, 7) == payload
+    reply = bytearray(64)
+    assert bounded(lambda: native.callv(Op.DRAIN, [big], reply)) == (0, DRAIN_REPLY_SIZE)
+    assert DRAIN_REPLY.decode(bytes(reply[:DRAIN_REPLY_SIZE])) == (len(big), zlib.crc32(big))
+    assert [(call_id, status) for call_id, _, status in native.async_errors()] == [(bad, Status.UNKNOWN_OPCODE)]
+
+
+def test_a_request_beyond_one_gib_is_refused_before_anything_is_sent(native: NativeChannel) -> None:
+    huge = mmap.mmap(-1, (1 << 30) + 1)  # reserved, never touched: the refusal reads none of it
+    with pytest.raises(NativeWireError) as caught:
+        bounded(lambda: native.callv(Op.DRAIN, [huge]))
+    assert caught.value.code == "TOO_LARGE" and "record limit" in str(caught.value)
+    small = ctypes.create_string_buffer(8)
+    wrapping = (Piece * 2)(Piece(ctypes.addressof(small), (1 << 64) - 1), Piece(ctypes.addressof(small), 2))
+    rc = bounded(lambda: native.lib.orion_postv(native.handle, Op.DRAIN, wrapping, 2))  # lengths that wrap size_t
+    assert ERRORS[rc] == "TOO_LARGE"
+    assert ERRORS[bounded(lambda: native.lib.orion_postv(native.handle, Op.DRAIN, None, 2))] == "ARG"
+    assert ERRORS[bounded(lambda: native.lib.orion_postv(native.handle, Op.DRAIN, wrapping, -1))] == "ARG"
+    assert bounded(lambda: native.call(Op.ECHO, b"fine")) == (0, b"fine")
+    del caught
+    huge.close()
+
+
+def test_agent_killed_in_the_middle_of_a_staged_transfer(lib: ctypes.CDLL, region_path: str,
+                                                         server_factory: Callable[..., Any]) -> None:
+    server = server_factory(region_path)
+    g = geometry_of(region_path)
+    block = pattern(64 * MIB, 7)
+    total_chunks = 16 * len(block) // g.chunk_size
+    with bounded(lambda: NativeChannel(lib, region_path, agent_timeout=1.0)) as channel, \
+            Region.open(region_path) as observer:
+        bounded(channel.hello)
+        worker = HostChannel(observer, channel.index).ctrl[Ctrl.HOST_WORKER]
+        assert worker > 0
+        chunks_sent = (g.channel_base(channel.index) + g.off_req_staging + layout.STAGING_TAIL) >> 2
+        transfer = Background(lambda: channel.callv(Op.DRAIN, [block] * 16, bytearray(64)))  # 1 GiB, one buffer
+        wait_until(lambda: observer.u32[chunks_sent] > 0, 10, "the staged request's first chunk")
+        os.kill(worker, signal.SIGSTOP)  # the worker freezes mid-transfer ...
+        assert 0 < observer.u32[chunks_sent] < total_chunks
+        server.kill()  # ... and the whole agent dies
+        os.kill(worker, signal.SIGKILL)
+        with pytest.raises(NativeWireError) as caught:
+            transfer.result()
+        assert caught.value.code == "PEER_GONE", caught.value
+        with pytest.raises(NativeWireError):  # the channel stays broken
+            bounded(lambda: channel.call(Op.NOP))
+    wait_until(lambda: not server.leftovers(), 10, "the dead agent's workers exiting")
+
+
+def forge_staging(served_region: str, index: int, block: str, word: int, ahead: int) -> None:
+    """Move one index of channel `index`'s staging arena `block` (off_req_staging / off_cpl_staging) `ahead` past
+    the other one, as a broken host would. Only while the host is idle."""
+    with Region.open(served_region) as region:
+        g = region.geometry
+        arena = g.channel_base(index) + getattr(g, block)
+        other = layout.STAGING_TAIL if word == layout.STAGING_HEAD else layout.STAGING_HEAD
+        region.u32[(arena + word) >> 2] = (region.u32[(arena + other) >> 2] + ahead) & 0xFFFFFFFF
+
+
+def staged_completion(native: NativeChannel, length: int) -> bytes:
+    return struct.pack("<QIIIIiI", 99, 0, 2, length, native.generation, 0, 0)  # flag STAGED
+
+
+def test_a_staged_completion_declaring_more_than_the_limit_is_malformed(native: NativeChannel,
+                                                                         served_region: str) -> None:
+    assert bounded(lambda: native.call(Op.ECHO, b"a")) == (0, b"a")
+    forge_completion(served_region, native.index, staged_completion(native, (1 << 30) + 1), 1)
+    assert bounded(native.async_errors) == []  # takes what arrived: the forged record, refused unread
+    with pytest.raises(NativeWireError) as caught:
+        bounded(lambda: native.call(Op.NOP))
+    assert caught.value.code == "PROTOCOL" and "malformed" in str(caught.value)
+
+
+@pytest.mark.parametrize("ahead", [100000, -1])
+def test_impossible_completion_arena_counters_are_an_error(native: NativeChannel, served_region: str,
+                                                           ahead: int) -> None:
+    assert bounded(lambda: native.call(Op.ECHO, b"a")) == (0, b"a")
+    forge_staging(served_region, native.index, "off_cpl_staging", layout.STAGING_TAIL, ahead)
+    forge_completion(served_region, native.index, staged_completion(native, 3 * native.capacity), 1)
+    assert bounded(native.async_errors) == []  # the forged record's chunks: impossible counters, nothing read
+    with pytest.raises(NativeWireError) as caught:
+        bounded(lambda: native.call(Op.NOP))
+    assert caught.value.code == "PROTOCOL" and "broke the protocol" in str(caught.value)
+
+
+def test_impossible_request_arena_counters_are_an_error(native: NativeChannel, served_region: str) -> None:
+    assert bounded(lambda: native.call(Op.ECHO, b"a")) == (0, b"a")
+    forge_staging(served_region, native.index, "off_req_staging", layout.STAGING_HEAD, 5)  # head past our tail
+    with pytest.raises(NativeWireError) as caught:
+        bounded(lambda: native.call(Op.ECHO, bytes(native.capacity + 1)))
+    assert caught.value.code == "PROTOCOL" and "request staging arena" in str(caught.value)
 
 
 # --- a peer that breaks the protocol ------------------------------------------------------------------------
