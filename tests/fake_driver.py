@@ -108,6 +108,10 @@ CUdevice_attribute = IntEnum("CUdevice_attribute", [  # type: ignore[misc]
     ("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR", 39),
     ("CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING", 41), ("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR", 75),
     ("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR", 76), ("CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED", 115),
+    ("CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID", 34), ("CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID", 50),
+    # the rest of CUDA 13's 1..161, unnamed here: a CUDA runtime reads them all at start-up
+    *((f"CU_DEVICE_ATTRIBUTE_{n}", n) for n in range(1, 162)
+      if n not in (1, 2, 5, 8, 10, 13, 16, 33, 34, 39, 41, 50, 75, 76, 115)),
 ])
 CUmemPool_attribute = IntEnum("CUmemPool_attribute", [  # type: ignore[misc]
     ("CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES", 1), ("CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC", 2),
@@ -440,6 +444,16 @@ def _recorded(method: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any
     return wrapper
 
 
+
+# CUdevice_attribute values as an H100 answers them (attribute number: value), for the attributes a CUDA runtime
+# relies on; the rest answer 0 (FakeDriver.device_attribute).
+H100_ATTRIBUTES = {
+    1: 1024, 2: 1024, 3: 1024, 4: 64, 5: 0x7FFFFFFF, 6: 65535, 7: 65535, 8: 49152, 9: 65536, 10: 32,
+    11: 2147483647, 12: 65536, 14: 512, 15: 1, 19: 1, 31: 1, 32: 1, 36: 2_619_000, 37: 5120, 38: 52_428_800,
+    39: 2048, 40: 3, 41: 1, 75: 9, 76: 0, 78: 1, 79: 1, 80: 1, 81: 233_472, 82: 65536, 83: 1, 86: 2, 88: 1,
+    95: 1, 97: 232_448, 102: 1, 106: 32, 111: 1024, 115: 1,
+}
+
 class FakeDriver:
     """The subset of cuda.bindings.driver's API that host_agent/executor.py uses; see the module docstring."""
 
@@ -459,10 +473,15 @@ class FakeDriver:
     CUlaunchConfig = CUlaunchConfig
 
     def __init__(self, devices: int = 2, total_mem: tuple[int, ...] | None = None, journal: str | None = None,
-                 initialized: bool = False, context_bytes: int = CONTEXT_BYTES) -> None:
+                 initialized: bool = False, context_bytes: int = CONTEXT_BYTES,
+                 lacks_attributes: tuple[int, ...] = ()) -> None:
         """`devices` fake GPUs; device d has total_mem[d] bytes (default (16 + 8 d) GiB) and the name
-        "Orion Fake GPU <d>". Each context holds `context_bytes` of its device (process_memory)."""
+        "Orion Fake GPU <d>". Each context holds `context_bytes` of its device (process_memory). Device
+        attributes in `lacks_attributes` are refused as an older driver refuses one it does not know."""
         self.device_count = devices
+        if lacks_attributes:  # this driver's enum lacks them, as an older wheel's does
+            self.CUdevice_attribute = IntEnum(  # type: ignore[misc]
+                "CUdevice_attribute", [(m.name, m.value) for m in CUdevice_attribute if m not in lacks_attributes])
         self.context_bytes = context_bytes
         self.total_mem = total_mem or tuple((16 + 8 * d) << 30 for d in range(devices))
         self.journal = journal
@@ -660,15 +679,15 @@ class FakeDriver:
         return CUresult(0), CUuuid(self.device_uuid(device))
 
     def device_attribute(self, attribute: int, device: int) -> int:
-        """Fixed values per attribute; those that differ between real GPUs differ between fake devices."""
-        fixed = {1: 1024, 2: 1024, 5: 0x7FFFFFFF, 8: 49152, 10: 32, 39: 2048, 41: 1, 75: 9, 76: 0, 115: 1}
-        if attribute in fixed:
-            return fixed[attribute]
-        return {13: 1_980_000 - 1000 * device, 16: 132 - 2 * device, 33: 0x18 + device}[attribute]
+        """Fixed values per attribute, an H100's where it has one (the CUDA runtime of PyTorch, CuPy and JAX reads
+        them all at start-up); those that differ between real GPUs differ between fake devices; any other
+        attribute of the enum answers 0, as the driver does for a feature the device lacks."""
+        varying = {13: 1_980_000 - 1000 * device, 16: 132 - 2 * device, 33: 0x18 + device}
+        return varying.get(attribute, H100_ATTRIBUTES.get(attribute, 0))
 
     @_recorded
     def cuDeviceGetAttribute(self, attrib: Any, dev: Any) -> tuple[Any, ...]:
-        attribute = self._enum(attrib, CUdevice_attribute, "attrib")
+        attribute = self._enum(attrib, self.CUdevice_attribute, "attrib")
         device = self._device(dev)
         if not self.initialized:
             return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)

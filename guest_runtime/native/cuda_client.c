@@ -9,6 +9,15 @@
 #include "orion_wire.h"
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+int orion_tracing(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("ORION_NATIVE_TRACE");
+        on = v && *v && strcmp(v, "0") != 0;
+    }
+    return on;
+}
 static orion_channel *channel;
 static int unreachable; /* the agent could not be reached (said once); every later call answers at once */
 
@@ -69,6 +78,8 @@ int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, voi
         }
     }
     pthread_mutex_unlock(&lock);
+    if (result != CUDA_SUCCESS && orion_tracing())
+        fprintf(stderr, "orion-native: call %#x answered %d\n", opcode, result);
     return result;
 }
 
@@ -120,6 +131,7 @@ int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned lo
             break;
         }
     }
+    if (!*pfn && orion_tracing()) fprintf(stderr, "orion-native: cuGetProcAddress %s: not found\n", symbol);
     if (status) *status = *pfn ? 0 : 1; /* CU_GET_PROC_ADDRESS_SUCCESS, _SYMBOL_NOT_FOUND */
     return *pfn || status ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }

@@ -36,6 +36,8 @@ int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, voi
 int orion_forward_postv(uint32_t opcode, const struct orion_piece *req, int nreq);
 /* Send a posted call (no wait): CUDA_SUCCESS, or the error that keeps it from being sent. */
 int orion_forward_post(uint32_t opcode, const void *req, size_t len);
+/* ORION_NATIVE_TRACE=1: the library says on stderr what it answers besides success (development aid). */
+int orion_tracing(void);
 /* CUDA_ERROR_NOT_SUPPORTED for a call this library does not forward yet, named once on stderr. */
 int orion_not_forwarded(const char *name);
 

@@ -2,6 +2,7 @@
 
     python -m guest_runtime.native.gen_libcuda OUT.c            the entry points
     python -m guest_runtime.native.gen_libcuda --check OUT.c    a file that compiles only if cuda.h agrees
+    python -m guest_runtime.native.gen_libcuda --symbols        refresh driver_symbols.txt from cuda-bindings
 
 The table (ivshmem/driver_api.py, as `describe()` gives it) stays the definition of every forwarded call: this
 writes, for each generic call, the whole C entry point (NULL checks of its outputs, the request packed in schema
@@ -13,6 +14,7 @@ also writes `cuGetProcAddress`'s name table and the table digest HELLO sends. St
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from ivshmem.driver_api import describe, split_signature, table_digest
@@ -135,10 +137,42 @@ def generate() -> str:
         else:
             parts.append(_generic(call))
         parts.append("")
+    table_names = {call["name"] for call in calls}
+    others = [name for name in driver_symbols() if name not in table_names]
+    parts += [_outside_table(name) for name in others]
+    parts.append("")
     parts.append("const struct orion_entry orion_entries[] = {")
     parts += [f'    {{"{call["name"]}", (void *){IN_CLIENT.get(call["name"], call["name"])}}},' for call in calls]
+    parts += [f'    {{"{name}", (void *){name}}},' for name in others]
     parts.append("    {NULL, NULL}\n};")
     return "\n".join(parts) + "\n"
+
+
+def driver_symbols() -> list[str]:
+    """Every driver entry point the CUDA 13 headers declare (driver_symbols.txt, from cuda-bindings' capsules):
+    the CUDA runtime resolves 346-361 of them at start-up and refuses to start if one is missing."""
+    text = (Path(__file__).with_name("driver_symbols.txt")).read_text()
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def _outside_table(name: str) -> str:
+    """An entry point the table does not forward: a weak symbol answering 801 (named once). A C definition of
+    the same name (cuGetExportTable in export_tables.c) replaces it; arguments are ignored, which the x86-64
+    calling convention allows (the caller owns its arguments)."""
+    return f"__attribute__((weak)) CUresult {name}(void) {{ return orion_not_forwarded(\"{name}\"); }}"
+
+
+def write_symbols(path: Path) -> int:
+    """Regenerate driver_symbols.txt from the installed cuda-bindings (a superset is kept: names only grow)."""
+    from cuda import bindings
+    from cuda.bindings import cydriver
+
+    names = set(driver_symbols()) | {k for k in cydriver.__pyx_capi__ if k.startswith("cu")}
+    header = [line for line in path.read_text().splitlines() if line.startswith("#")]
+    header[0] = (f"# The CUDA driver entry points cuda.bindings {bindings.__version__} declares (cydriver capsules): "
+                 "the names cuGetProcAddress")
+    path.write_text("\n".join([*header, *sorted(names)]) + "\n")
+    return 0
 
 
 def type_check() -> str:
@@ -157,6 +191,8 @@ def type_check() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--symbols"]:
+        return write_symbols(Path(__file__).with_name("driver_symbols.txt"))
     check = args[:1] == ["--check"]
     if check:
         args = args[1:]

@@ -557,7 +557,8 @@ print("RESULT " + json.dumps(out), flush=True)
 
 
 @needs_wheel
-def test_cuda_bindings_runtime_through_the_real_hooks_reaches_the_fake_agent(rig: Rig) -> None:
+def test_cuda_bindings_runtime_through_the_real_hooks_reaches_the_fake_agent(start: Callable[..., Rig]) -> None:
+    rig = start(lacks_attributes=(3,))  # CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: a driver older than the runtime
     out = run_child(HOOKED_PROGRAM, env={"ORION_SHM": rig.path})
     assert set(out["implemented"]) == IMPLEMENTED
     assert set(out["kept"]) == NON_STATUS  # pure host-side helpers keep cudart's own code
@@ -580,9 +581,9 @@ def test_cuda_bindings_runtime_through_the_real_hooks_reaches_the_fake_agent(rig
         "err": SUCCESS, "name": fake.device_name(physical).decode(), "uuid": fake.device_uuid(physical).hex(),
         "totalGlobalMem": total.ok("cuDeviceTotalMem", 0),  # the vGPU's quota, as the executor reports it
         "major": 9, "minor": 0, "multiProcessorCount": fake.device_attribute(16, physical),
-        "maxThreadsDim": [1024, 0, 0], "maxGridSize": [0x7FFFFFFF, 0, 0],  # Y and Z: attributes the fake lacks
+        "maxThreadsDim": [1024, 0, 64], "maxGridSize": [0x7FFFFFFF, 65535, 65535],  # Y: the attribute it lacks
         "warpSize": 32, "sharedMemPerBlock": 49152, "pciBusID": fake.device_attribute(33, physical),
-        "unifiedAddressing": 1, "memoryPoolsSupported": 1, "maxThreadsPerBlock": 1024, "l2CacheSize": 0}
+        "unifiedAddressing": 1, "memoryPoolsSupported": 1, "maxThreadsPerBlock": 1024, "l2CacheSize": 52_428_800}
     said_unknown = [m for m in out["logged"] if "the driver does not know" in m]
     assert len(said_unknown) == 1 and "cudaDevAttrMaxBlockDimY" in said_unknown[0]
 
