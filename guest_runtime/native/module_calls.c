@@ -1,0 +1,181 @@
+/* module_calls.c: the native guest driver's module and library calls (guest_runtime/forward.py's hand-written
+ * versions in C): loads that measure the image and send it from where it lies after their JIT options, and the
+ * look-ups of functions, kernels and globals by name. */
+#include "module_calls.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hand_calls.h"
+#include "module_image.h"
+#include "param_layouts.h"
+
+/* CUjit_option values that name guest memory (logs, wall time): answered in the guest, never sent. */
+enum { JIT_WALL_TIME = 2, JIT_INFO_LOG_BUFFER = 3, JIT_INFO_LOG_SIZE = 4, JIT_ERROR_LOG_BUFFER = 5,
+       JIT_ERROR_LOG_SIZE = 6, JIT_LOG_VERBOSE = 12, JIT_GUEST_OPTIONS = 13 };
+#define LIBRARY_BINARY_IS_PRESERVED 1 /* CUlibraryOption: a promise about the guest's copy, which stays home */
+
+/* driver_api.JIT_SCALAR_OPTIONS: the options that travel as (option, the integer in its value slot). */
+static int jit_scalar(int option) {
+    switch (option) {
+    case 0: case 7: case 8: case 9: case 10: case 11: case 13: case 14:
+    case 30: case 31: case 32: case 33: case 34: case 35:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int jit_guest(int option) {
+    return (option >= JIT_WALL_TIME && option <= JIT_ERROR_LOG_SIZE) || option == JIT_LOG_VERBOSE;
+}
+
+/* Send the image at `image` as the request's tail, after `head` (the JIT options, when the request has them), and
+ * store the new handle. */
+static int load_image(uint32_t opcode, uint64_t *handle, const void *image, const uint8_t *head, size_t head_len) {
+    struct orion_image_span span;
+    char why[256] = "";
+    if (orion_image_locate(image, &span, why, sizeof why)) {
+        fprintf(stderr, "orion: not a module image CUDA would load: %s\n", why);
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    struct orion_piece pieces[2] = { { head, head_len }, { span.start, span.size } };
+    uint8_t reply[8];
+    int status = hand_forwardv(opcode, head ? pieces : pieces + 1, head ? 2 : 1, reply, sizeof reply);
+    if (status == CUDA_SUCCESS) *handle = orion_get_u64(reply);
+    return status;
+}
+
+int orion_module_load_image(struct CUmod_st **module, const void *image) {
+    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t handle;
+    int status = load_image(ORION_OP_cuModuleLoadData, &handle, image, NULL, 0);
+    if (status == CUDA_SUCCESS) *module = (struct CUmod_st *)(uintptr_t)handle;
+    return status;
+}
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    return orion_module_load_image(module, image);
+}
+
+/* After the load: the guest's log buffers hold an empty NUL-terminated log, their sizes 0 and CU_JIT_WALL_TIME
+ * 0.0 ms (a float in its slot: all zero bits). `guest[option]` is the option's slot, or -1. */
+static void empty_logs(void **values, const int *guest) {
+    static const int logs[2][2] = { { JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_SIZE },
+                                    { JIT_ERROR_LOG_BUFFER, JIT_ERROR_LOG_SIZE } };
+    for (int i = 0; i < 2; i++) {
+        int buffer = guest[logs[i][0]], size = guest[logs[i][1]];
+        if (buffer >= 0 && size >= 0 && values[buffer] && (uint32_t)(uintptr_t)values[size])
+            *(char *)values[buffer] = '\0';
+        if (size >= 0) values[size] = NULL;
+    }
+    if (guest[JIT_WALL_TIME] >= 0) values[guest[JIT_WALL_TIME]] = NULL;
+}
+
+/* Scalar JIT options travel as `[iQ]` pairs before the image; log and wall-time options are answered here after
+ * the call; any other is not forwarded (801, named once as `call`). */
+static int load_with_jit_options(uint32_t opcode, const char *unsupported, uint64_t *handle, const void *image,
+                                 unsigned count, const CUjit_option *options, void **values) {
+    int guest[JIT_GUEST_OPTIONS];
+    for (int i = 0; i < JIT_GUEST_OPTIONS; i++) guest[i] = -1;
+    uint8_t *head = malloc(4 + 12 * (size_t)count);
+    if (!head) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    uint32_t pairs = 0;
+    for (unsigned i = 0; i < count; i++) {
+        int option = options[i];
+        if (jit_scalar(option)) {
+            orion_put_i32(head + 4 + 12 * (size_t)pairs, option);
+            orion_put_u64(head + 8 + 12 * (size_t)pairs, (uint64_t)(uintptr_t)values[i]);
+            pairs++;
+        } else if (jit_guest(option)) {
+            guest[option] = (int)i;
+        } else {
+            free(head);
+            return orion_not_forwarded(unsupported);
+        }
+    }
+    orion_put_u32(head, pairs);
+    int status = load_image(opcode, handle, image, head, 4 + 12 * (size_t)pairs);
+    free(head);
+    if (values) empty_logs(values, guest);
+    return status;
+}
+
+CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int count, CUjit_option *options,
+                            void **values) {
+    if (!module || !image || (count && (!options || !values))) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t handle;
+    int status = load_with_jit_options(ORION_OP_cuModuleLoadDataEx,
+                                       "cuModuleLoadDataEx with a JIT option other than the scalar, log and "
+                                       "wall-time ones", &handle, image, count, options, values);
+    if (status == CUDA_SUCCESS) *module = (CUmodule)(uintptr_t)handle;
+    return status;
+}
+
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jit_options, void **jit_values,
+                           unsigned int jit_count, CUlibraryOption *library_options, void **library_values,
+                           unsigned int library_count) {
+    (void)library_values;
+    if (!library || !code || (jit_count && (!jit_options || !jit_values)) || (library_count && !library_options))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < library_count; i++)
+        if (library_options[i] != LIBRARY_BINARY_IS_PRESERVED) /* names host function tables */
+            return orion_not_forwarded("cuLibraryLoadData with a library option other than "
+                                       "CU_LIBRARY_BINARY_IS_PRESERVED");
+    uint64_t handle;
+    int status = load_with_jit_options(ORION_OP_cuLibraryLoadData,
+                                       "cuLibraryLoadData with a JIT option other than the scalar, log and "
+                                       "wall-time ones", &handle, code, jit_count, jit_options, jit_values);
+    if (status == CUDA_SUCCESS) *library = (CUlibrary)(uintptr_t)handle;
+    return status;
+}
+
+/* A handle and a NUL-free name (the request's tail); the reply is `reply_len` bytes. */
+static int by_name(uint32_t opcode, uint64_t owner, const char *name, uint8_t *reply, size_t reply_len) {
+    uint8_t head[8];
+    orion_put_u64(head, owner);
+    struct orion_piece pieces[2] = { { head, sizeof head }, { name, strlen(name) } };
+    return hand_forwardv(opcode, pieces, 2, reply, reply_len);
+}
+
+CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
+    if (!function || !name) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t reply[8];
+    int status = by_name(ORION_OP_cuModuleGetFunction, (uint64_t)(uintptr_t)module, name, reply, sizeof reply);
+    if (status == CUDA_SUCCESS) *function = (CUfunction)(uintptr_t)orion_get_u64(reply);
+    return status;
+}
+
+CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name) {
+    if (!kernel || !name) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t reply[8];
+    int status = by_name(ORION_OP_cuLibraryGetKernel, (uint64_t)(uintptr_t)library, name, reply, sizeof reply);
+    if (status == CUDA_SUCCESS) {
+        uint64_t handle = orion_get_u64(reply);
+        orion_param_layouts_kernel_made(handle); /* launched as a function, its layout is a kernel's query */
+        *kernel = (CUkernel)(uintptr_t)handle;
+    }
+    return status;
+}
+
+/* cuModuleGetGlobal, cuLibraryGetGlobal: either output may be NULL. */
+static int get_global(uint32_t opcode, CUdeviceptr *pointer, size_t *size, uint64_t owner, const char *name) {
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t reply[16];
+    int status = by_name(opcode, owner, name, reply, sizeof reply);
+    if (status == CUDA_SUCCESS) {
+        hand_device_range(orion_get_u64(reply), orion_get_u64(reply + 8));
+        if (pointer) *pointer = orion_get_u64(reply);
+        if (size) *size = (size_t)orion_get_u64(reply + 8);
+    }
+    return status;
+}
+
+CUresult cuModuleGetGlobal(CUdeviceptr *pointer, size_t *size, CUmodule module, const char *name) {
+    return get_global(ORION_OP_cuModuleGetGlobal, pointer, size, (uint64_t)(uintptr_t)module, name);
+}
+
+CUresult cuLibraryGetGlobal(CUdeviceptr *pointer, size_t *size, CUlibrary library, const char *name) {
+    return get_global(ORION_OP_cuLibraryGetGlobal, pointer, size, (uint64_t)(uintptr_t)library, name);
+}
