@@ -170,7 +170,7 @@ print(json.dumps(out))
 """
 
 
-def test_the_runtime_gets_its_tables_and_a_verifiable_integrity_answer(library: Path, rig: Rig) -> None:
+def test_the_runtime_gets_its_tables_and_a_verifiable_integrity_answer(library: Path, rig: Rig) -> None:  # noqa: F811
     env = {**os.environ, "ORION_SHM": rig.path}
     args = [json.dumps([u.hex() for u in KNOWN]), INTEGRITY_CHECK.hex(), CUDART_INTERFACE.hex(),
             CONTEXT_LOCAL_STORAGE.hex()]
