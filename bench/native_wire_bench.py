@@ -12,7 +12,13 @@ the Python ClientChannel, against the same served region, in one run. Not a test
 
 Every other row's host is the Python agent (RegionServer + DiagnosticsHandler) in its own process, so the
 Python/C ratio shows what the client side alone saves; issue 13's aim (host-local p50 <= 1 us) needs both.
-Run: `.venv/bin/python bench/native_wire_bench.py`.
+
+Bulk throughput (staged records): ECHO, DRAIN and FILL of 1, 16 and 64 MiB through the C client (orion_callv via
+ctypes, the request sent from one buffer, the reply written into one preallocated buffer; ctypes adds about a
+microsecond per call, nothing per byte) next to the Python client (ClientChannel.call, a staged reply handed to a
+BufferCursor over a preallocated buffer: the same one copy per side). The host is the same Python agent, so the
+ratio is what the client side's chunk copies and waits cost; no thresholds.
+Run: `.venv/bin/python bench/native_wire_bench.py` (`--bulk-only` skips the round trips).
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,8 +40,9 @@ from guest_runtime.native.build import SOURCE_DIR, BuildError, find_compiler  # 
 from guest_runtime.native.ctypes_client import NativeChannel, load  # noqa: E402
 from host_agent.diagnostics import DiagnosticsHandler  # noqa: E402
 from host_agent.region_server import ServerOptions, serve  # noqa: E402
-from ivshmem import ClientChannel, Op, Region, layout  # noqa: E402
+from ivshmem import BufferCursor, ClientChannel, Op, Region, layout  # noqa: E402
 from ivshmem.layout import Geometry  # noqa: E402
+from ivshmem.record import FILL_REQUEST  # noqa: E402
 
 MIB = 1 << 20
 _MP = multiprocessing.get_context("fork")
@@ -240,6 +248,84 @@ def native_host_rows(exe: Path, n: int) -> dict[str, tuple[float, float]]:
         os.unlink(path)
 
 
+BULK_OPS = ("ECHO", "DRAIN", "FILL")
+BULK_BYTES = 512 * MIB  # per row and client, at least 5 calls: enough calls that the median is steady
+BULK_WARMUP = 3  # calls per client before timing: the first ones fault in the agent's and the reply's pages
+
+
+def native_bulk(channel: NativeChannel, op: str, payload: bytes, reply: bytearray) -> Callable[[], object]:
+    """One bulk call through the C client: the request from `payload`, the reply into `reply`, where they lie."""
+    size = len(payload)
+    if op == "ECHO":
+        return lambda: _expect(channel.callv(Op.ECHO, [payload], reply), size)
+    if op == "DRAIN":
+        small = bytearray(64)
+        return lambda: _expect(channel.callv(Op.DRAIN, [payload], small), 12)
+    request = FILL_REQUEST.encode(size, 1)
+    return lambda: _expect(channel.callv(Op.FILL, [request], reply), size)
+
+
+def _expect(result: tuple[int, int], length: int) -> None:
+    if result != (0, length):
+        raise SystemExit(f"native bulk call answered (status, length) {result}, expected (0, {length})")
+
+
+def python_bulk(channel: ClientChannel, op: str, payload: bytes, reply: bytearray) -> Callable[[], object]:
+    """The same call through ClientChannel, a staged reply landing in `reply` (one copy, as the C client does)."""
+    size = len(payload)
+    if op == "ECHO":
+        return lambda: channel.call(Op.ECHO, payload, sink=BufferCursor(reply).sink)
+    if op == "DRAIN":
+        return lambda: channel.call(Op.DRAIN, payload)
+    request = FILL_REQUEST.encode(size, 1)
+    return lambda: channel.call(Op.FILL, request, sink=BufferCursor(reply).sink)
+
+
+def median_seconds(calls: list[Callable[[], object]], size: int) -> list[float]:
+    """The median wall time of one call of each of `calls`, taken in turns (so a noisy moment on this machine
+    hits them alike), over enough calls to move BULK_BYTES each, after BULK_WARMUP calls of each."""
+    for call in calls:
+        for _ in range(BULK_WARMUP):
+            call()
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(max(5, BULK_BYTES // size)):
+        for call, taken in zip(calls, times, strict=True):
+            start = time.perf_counter()
+            call()
+            taken.append(time.perf_counter() - start)
+    return [sorted(taken)[len(taken) // 2] for taken in times]
+
+
+def bulk_rows(path: str, lib_path: Path, sizes: list[int]) -> list[tuple[str, int, float, float]]:
+    """(op, size, C seconds, Python seconds) per op and size: the two clients take turns on one served region."""
+    rows = []
+    with NativeChannel(load(lib_path), path) as native, Region.open(path) as region, \
+            ClientChannel.claim(region) as python:
+        native.hello()
+        python.hello()
+        for size in sizes:
+            payload, reply = os.urandom(size), bytearray(size)
+            for op in BULK_OPS:
+                c, py = median_seconds([native_bulk(native, op, payload, reply),
+                                        python_bulk(python, op, payload, reply)], size)
+                rows.append((op, size, c, py))
+    return rows
+
+
+def print_bulk(rows: list[tuple[str, int, float, float]], geometry: str) -> None:
+    print(f"## bulk throughput through the staging arenas, GB/s of payload (median call; {geometry}; host: the "
+          "Python agent)")
+    print(f"{'':16}{'C client':>12}{'Python client':>16}{'Python/C time':>16}")
+    for op, size, c, py in rows:
+        print(f"{op + f' {size // MIB} MiB':16}{size / c / 1e9:12.2f}{size / py / 1e9:16.2f}{py / c:15.2f}x")
+
+
+def describe_geometry(path: str) -> str:
+    with Region.open(path) as region:
+        g = region.geometry
+    return f"{g.chunk_count} chunks of {g.chunk_size // 1024} KiB per arena, {g.slot_size}-byte slots"
+
+
 def _serve(path: str) -> None:
     serve(path, DiagnosticsHandler, ServerOptions(channels=4))
 
@@ -247,8 +333,11 @@ def _serve(path: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--round-trips", type=int, default=50000)
+    parser.add_argument("--bulk-sizes", default="1,16,64", help="bulk sizes in MiB")
+    parser.add_argument("--bulk-only", action="store_true", help="skip the round-trip rows")
     args = parser.parse_args()
     n = args.round_trips
+    sizes = [int(mib) * MIB for mib in args.bulk_sizes.split(",") if mib]
     with tempfile.TemporaryDirectory() as tmp:
         try:
             exe, lib_path = build_harness(Path(tmp))
@@ -271,23 +360,30 @@ def main() -> int:
                 if time.monotonic() > deadline:
                     raise SystemExit("the region server did not start")
                 time.sleep(0.05)
-            native = harness_rows(exe, path, str(n))
-            floor = harness_rows(exe, "floor", str(n))["floor"]
-            wire_alone = native_host_rows(exe, n)
-            lib = load(lib_path)
-            with NativeChannel(lib, path) as channel:
-                channel.hello()
-                via_ctypes = {"echo": timed(lambda: channel.call(Op.ECHO, b"12345678"), n),
-                              "nop": timed(lambda: channel.call(Op.NOP), n)}
-            with Region.open(path) as region, ClientChannel.claim(region) as py:
-                py.hello()
-                python = {"echo": timed(lambda: py.call(Op.ECHO, b"12345678"), n),
-                          "nop": timed(lambda: py.call(Op.NOP), n)}
+            geometry = describe_geometry(path)
+            bulk = bulk_rows(path, lib_path, sizes)
+            if not args.bulk_only:
+                native = harness_rows(exe, path, str(n))
+                floor = harness_rows(exe, "floor", str(n))["floor"]
+                wire_alone = native_host_rows(exe, n)
+                lib = load(lib_path)
+                with NativeChannel(lib, path) as channel:
+                    channel.hello()
+                    via_ctypes = {"echo": timed(lambda: channel.call(Op.ECHO, b"12345678"), n),
+                                  "nop": timed(lambda: channel.call(Op.NOP), n)}
+                with Region.open(path) as region, ClientChannel.claim(region) as py:
+                    py.hello()
+                    python = {"echo": timed(lambda: py.call(Op.ECHO, b"12345678"), n),
+                              "nop": timed(lambda: py.call(Op.NOP), n)}
         finally:
             if server.pid:
                 os.kill(server.pid, signal.SIGINT)
             server.join(10)
             os.unlink(path)
+    print_bulk(bulk, geometry)
+    if args.bulk_only:
+        return 0
+    print()
     print(f"## host-local round trip, {n} calls each, p50 / p99 in us (host: the Python agent)")
     print(f"{'':22}{'C client':>18}{'C via ctypes':>18}{'Python client':>18}{'p50 Python/C':>14}")
     for name, label in (("echo", "ECHO 8 B"), ("nop", "NOP")):
