@@ -61,11 +61,45 @@ def _prototype(call: dict[str, Any]) -> tuple[str, list[str]]:
     return f"CUresult {call['name']}({args})", names
 
 
+# The C hooks of the guest's state (orion_guest.h) a generic call uses, declared before it (the generated file
+# includes only cuda_client.h). Every call goes out as the calling thread (its context made the host's first).
+HOOKS = {
+    "forward": "int orion_thread_forward(uint32_t, const void *, size_t, void *, size_t, int);",
+    "post": "int orion_thread_post(uint32_t, const void *, size_t);",
+    "initializes": "void orion_initialized(void);",
+    "allocates": "void orion_range_add(uint64_t, uint64_t);",
+    "frees": "void orion_range_remove(uint64_t);",
+}
+
+
+def _effect_hooks(call: dict[str, Any], names: list[str]) -> tuple[list[str], list[str]]:
+    """The hooks a generic call's table effects need: (their declarations, the statements run after success) —
+    the device ranges that unified addressing reads (allocates: the first output and the first input's size;
+    frees: the first input) and cuInit's success, as forward.py's `_generic` keeps them."""
+    declared: list[str] = []
+    after: list[str] = []
+    effects = call["effects"]
+    if "initializes" in effects:
+        declared.append(HOOKS["initializes"])
+        after.append("    orion_initialized();")
+    if "allocates" in effects:
+        declared.append(HOOKS["allocates"])
+        after.append(f"    orion_range_add((uint64_t)*{names[0]}, (uint64_t){names[1]});")
+    if "frees" in effects:
+        declared.append(HOOKS["frees"])
+        after.append(f"    orion_range_remove((uint64_t){names[0]});")
+    return declared, after
+
+
 def _generic(call: dict[str, Any]) -> str:
-    """A generic call: `in` parameters packed in order, `out` parameters filled from the reply."""
+    """A generic call: `in` parameters packed in order, `out` parameters filled from the reply. Weak, so that a
+    hand-written C definition of the same name replaces it (a call whose guest state needs more than its
+    effects, such as cuCtxSetCurrent and cuCtxDestroy: context_calls.c)."""
     proto, names = _prototype(call)
     params = call["params"]
-    lines = [proto + " {"]
+    declared, after = _effect_hooks(call, names)
+    declared.insert(0, HOOKS["post" if call["posted"] else "forward"])
+    lines = [*declared, f"__attribute__((weak)) {proto} {{"]
     outs = [(i, p) for i, p in enumerate(params) if p["role"] == "out"]
     for i, _p in outs:
         lines.append(f"    if (!{names[i]}) return CUDA_ERROR_INVALID_VALUE;")
@@ -83,14 +117,14 @@ def _generic(call: dict[str, Any]) -> str:
     flags = "ORION_CALL_INIT" if "initializes" in call["effects"] else "0"
     req = "req" if req_size else "NULL"
     if call["posted"]:
-        lines.append(f"    return orion_forward_post({call['opcode']:#x}, {req}, {req_size});")
+        lines.append(f"    return orion_thread_post({call['opcode']:#x}, {req}, {req_size});")
         lines.append("}")
         return "\n".join(lines)
     if rep_size:
         lines.append(f"    uint8_t rep[{rep_size}];")
     rep = "rep" if rep_size else "NULL"
-    lines.append(f"    CUresult status = orion_forward({call['opcode']:#x}, {req}, {req_size}, {rep}, {rep_size}, "
-                 f"{flags});")
+    lines.append(f"    CUresult status = orion_thread_forward({call['opcode']:#x}, {req}, {req_size}, {rep}, "
+                 f"{rep_size}, {flags});")
     lines.append("    if (status != CUDA_SUCCESS) return status;")
     offset = 0
     for field in call["reply"]:
@@ -101,6 +135,7 @@ def _generic(call: dict[str, Any]) -> str:
         value = f"({base})(uintptr_t){got}" if base in HANDLES else f"({base}){got}"
         lines.append(f"    *{names[index]} = {value};")
         offset += WIDTH[kind]
+    lines += after
     lines.append("    return CUDA_SUCCESS;")
     lines.append("}")
     return "\n".join(lines)

@@ -1,0 +1,96 @@
+/* copy_calls.c: cuMemcpyHtoD, cuMemcpyDtoH, their Async forms, and cuMemcpy / cuMemcpyAsync with unified
+ * addressing, as guest_runtime/forward.py writes them.
+ *
+ * A copy's request is its device range (and stream) packed as the table's fixed part, then the program's bytes as
+ * the tail, sent where they lie (a second piece, never copied first); a copy to the host gets the reply's tail
+ * written straight into the program's buffer. When the host side lies in this channel's page-locked pool slice
+ * (pinned_pool.c), the copy is the table's pinned variant (opcode + 0x2000) naming the pool address instead: no
+ * bytes travel, and an async one is posted to run in stream order on the host, as natively.
+ */
+#include <string.h>
+
+#include "orion_guest.h"
+
+typedef struct CUstream_st *CUstream;
+typedef unsigned long long CUdeviceptr;
+
+int cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t size);                        /* generated */
+int cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream stream); /* generated */
+
+/* The fixed part: (device, size) and the stream of an async copy; its length. */
+static size_t head_of(uint8_t head[32], uint64_t device, size_t size, const CUstream *stream) {
+    orion_put_u64(head, device);
+    orion_put_u64(head + 8, size);
+    if (!stream) return 16;
+    orion_put_u64(head + 16, (uint64_t)(uintptr_t)*stream);
+    return 24;
+}
+
+/* The pinned request (the fixed part, then the pool address): awaited, or posted for an async copy. */
+static int pinned_copy(uint32_t opcode, uint8_t head[32], size_t len, const void *host, int is_async) {
+    orion_put_u64(head + len, (uint64_t)(uintptr_t)host);
+    if (is_async) return orion_thread_post(opcode + ORION_PINNED_COPY, head, len + 8);
+    return orion_thread_forward(opcode + ORION_PINNED_COPY, head, len + 8, NULL, 0, 0);
+}
+
+static int htod(uint32_t opcode, CUdeviceptr dst, const void *src, size_t size, const CUstream *stream) {
+    if (size && !src) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t head[32];
+    size_t len = head_of(head, dst, size, stream);
+    if (orion_pool_contains((uint64_t)(uintptr_t)src, size)) /* the host reads the shared pages */
+        return pinned_copy(opcode, head, len, src, stream != NULL);
+    struct orion_piece pieces[2] = { { head, len }, { src, size } };
+    return orion_thread_forwardv(opcode, pieces, size ? 2 : 1, NULL, 0, NULL, 0, NULL, 0);
+}
+
+static int dtoh(uint32_t opcode, void *dst, CUdeviceptr src, size_t size, const CUstream *stream) {
+    if (size && !dst) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t head[32];
+    size_t len = head_of(head, src, size, stream);
+    if (orion_pool_contains((uint64_t)(uintptr_t)dst, size)) /* the host writes the shared pages */
+        return pinned_copy(opcode, head, len, dst, stream != NULL);
+    struct orion_piece piece = { head, len };
+    size_t got;
+    return orion_thread_forwardv(opcode, &piece, 1, NULL, 0, size ? dst : NULL, size, &got, 0);
+}
+
+int cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t size) {
+    return htod(ORION_OP_cuMemcpyHtoD, dst, src, size, NULL);
+}
+
+int cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t size, CUstream stream) {
+    return htod(ORION_OP_cuMemcpyHtoDAsync, dst, src, size, &stream);
+}
+
+int cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t size) {
+    return dtoh(ORION_OP_cuMemcpyDtoH, dst, src, size, NULL);
+}
+
+int cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t size, CUstream stream) {
+    return dtoh(ORION_OP_cuMemcpyDtoHAsync, dst, src, size, &stream);
+}
+
+/* Unified addressing: the direction from where each pointer lies (device_ranges.c). */
+static int uva_copy(CUdeviceptr dst, CUdeviceptr src, size_t size, const CUstream *stream) {
+    if (!size) return CUDA_SUCCESS;
+    int to_device = orion_range_contains(dst), from_device = orion_range_contains(src);
+    if (to_device && from_device)
+        return stream ? cuMemcpyDtoDAsync(dst, src, size, *stream) : cuMemcpyDtoD(dst, src, size);
+    if (to_device)
+        return stream ? htod(ORION_OP_cuMemcpyHtoDAsync, dst, (const void *)(uintptr_t)src, size, stream)
+                      : htod(ORION_OP_cuMemcpyHtoD, dst, (const void *)(uintptr_t)src, size, NULL);
+    if (from_device)
+        return stream ? dtoh(ORION_OP_cuMemcpyDtoHAsync, (void *)(uintptr_t)dst, src, size, stream)
+                      : dtoh(ORION_OP_cuMemcpyDtoH, (void *)(uintptr_t)dst, src, size, NULL);
+    if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, size); /* host to host: nothing for the GPU */
+    return CUDA_SUCCESS;
+}
+
+int cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t size) {
+    return uva_copy(dst, src, size, NULL);
+}
+
+int cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream stream) {
+    return uva_copy(dst, src, size, &stream);
+}

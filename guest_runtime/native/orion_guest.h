@@ -1,0 +1,95 @@
+/* orion_guest.h: the state the native guest driver keeps in the guest, shared by its hand-written calls.
+ *
+ * Private to guest_runtime/native/ (not a CUDA header). The Python guest runtime keeps the same state in
+ * guest_runtime/contexts.py (per-thread context stacks), device_ranges.py (what unified addressing treats as
+ * device memory) and pinned_pool.py (the channel's slice of the region's page-locked pool); each part here has
+ * one C file: context_stacks.c, device_ranges.c, pinned_pool.c.
+ *
+ * Every forwarded call must go out through orion_thread_forward* / orion_thread_post*: they first make the calling
+ * thread's current context the host's (Forwarder._sync_context), under one lock, so two threads with different
+ * contexts never run a call under each other's context.
+ */
+#ifndef ORION_GUEST_H
+#define ORION_GUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda_client.h"
+#include "orion_wire.h"
+
+typedef struct CUctx_st *CUcontext; /* as cuda.h declares it */
+
+/* Opcodes of the calls the hand-written code sends (ivshmem/driver_api.py; the tests compare them with the
+ * table), and the forwarding layer's variants: a pinned copy is its call's opcode + ORION_PINNED_COPY. */
+enum {
+    ORION_OP_cuDeviceGetName = 0x104,
+    ORION_OP_cuDeviceGetUuid = 0x105,
+    ORION_OP_cuGetErrorName = 0x109,
+    ORION_OP_cuGetErrorString = 0x10a,
+    ORION_OP_cuCtxCreate = 0x110,
+    ORION_OP_cuCtxDestroy = 0x111,
+    ORION_OP_cuCtxSetCurrent = 0x113,
+    ORION_OP_cuMemcpyHtoD = 0x120,
+    ORION_OP_cuMemcpyDtoH = 0x121,
+    ORION_OP_cuMemcpyHtoDAsync = 0x123,
+    ORION_OP_cuMemcpyDtoHAsync = 0x124,
+    ORION_OP_cuMemPoolGetAttribute = 0x151,
+    ORION_OP_cuMemPoolSetAttribute = 0x152,
+    ORION_OP_cuPointerGetAttribute = 0x155,
+    ORION_OP_cuMemAllocHost = 0x158,
+    ORION_OP_cuMemHostAlloc = 0x159,
+    ORION_OP_cuMemFreeHost = 0x15a,
+    ORION_OP_cuMemHostGetDevicePointer = 0x15b,
+    ORION_OP_cuMemHostGetFlags = 0x15c,
+    ORION_OP_POOL_MAP = 0x1000,
+    ORION_PINNED_COPY = 0x2000
+};
+
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_INVALID_CONTEXT 201
+
+/* --- context_stacks.c: the calling thread's contexts and the host's ------------------------------------------- */
+
+/* The calling thread's current context (the top of its stack; NULL for none), without a round trip. */
+CUcontext orion_current_context(void);
+/* Make `ctx` the calling thread's current context, as cuCtxSetCurrent does (a non-NULL one is checked by the host,
+ * synchronously; NULL pops the thread's top). A CUresult. */
+int orion_set_current_context(CUcontext ctx);
+
+/* cuInit succeeded (the generated cuInit calls it: effect `initializes`), and whether it has. */
+void orion_initialized(void);
+int orion_is_initialized(void);
+
+/* Forward a call as the calling thread: its context made the host's first (one posted cuCtxSetCurrent when it is
+ * not already), then cuda_client.h's orion_forward / orion_forwardv / orion_forward_post / _postv. */
+int orion_thread_forward(uint32_t opcode, const void *req, size_t len, void *rep, size_t cap, int flags);
+int orion_thread_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, void *rep, size_t cap,
+                          void *tail, size_t tail_cap, size_t *tail_len, int flags);
+int orion_thread_post(uint32_t opcode, const void *req, size_t len);
+int orion_thread_postv(uint32_t opcode, const struct orion_piece *req, int nreq);
+
+/* For context_calls.c: one call with its stack change as one step (the lock the forwards above take). */
+void orion_turn_take(void);
+void orion_turn_give(void);
+/* Check `ctx` is the session's by making it the host's current context (synchronously): a CUresult. */
+int orion_make_current_on_host(uint64_t ctx);
+int orion_sync_context(void);               /* in the turn: the calling thread's context made the host's */
+void orion_host_current_is(uint64_t ctx);   /* in the turn: what the host thread now has current */
+void orion_host_current_unknown(void);      /* in the turn: it may have changed (set before the next call) */
+int orion_stack_push(uint64_t ctx);         /* CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY */
+int orion_stack_pop(uint64_t *ctx);         /* 1 and the popped top, or 0 for an empty stack */
+int orion_stack_replace_top(uint64_t ctx);  /* cuCtxSetCurrent: the top replaced (NULL pops it) */
+void orion_stack_destroyed(uint64_t ctx);   /* cuCtxDestroy: popped if it is the calling thread's top */
+
+/* --- device_ranges.c: device memory this process got (cuMemcpy with unified addressing) ---------------------- */
+void orion_range_add(uint64_t base, uint64_t size);
+void orion_range_remove(uint64_t base);
+int orion_range_contains(uint64_t pointer);
+
+/* --- pinned_pool.c: this channel's slice of the region's page-locked pool -------------------------------------- */
+int orion_pool_ready(void);                            /* agree on the slice's address with the host (once) */
+int orion_pool_contains(uint64_t pointer, uint64_t size); /* [pointer, pointer+size) lies in the slice */
+uint64_t orion_pool_size(void);
+
+#endif
