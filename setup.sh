@@ -55,6 +55,10 @@ install_venv() {
   [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV" || die "could not create $VENV (is python3-venv installed?)"
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
   "$VENV/bin/python" -m pip install -q -e "$REPO[test]" || die "pip install of the project failed (see above)"
+  # The native guest driver for programs forwarded from this checkout (pip install ./guest_runtime builds its own).
+  (cd "$REPO" && "$VENV/bin/python" -m guest_runtime.native.build --driver guest_runtime/native/lib/libcuda.so.1 \
+    >/dev/null) && echo "   native guest driver built (guest_runtime/native/lib/libcuda.so.1)" \
+    || echo "   warning: the native guest driver was not built; forwarded programs take the capsule path" >&2
   local site; site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   ln -sfn /usr/lib/python3/dist-packages/pyverbs "$site/pyverbs"
   "$VENV/bin/python" -c 'import pyverbs.device' 2>/dev/null && echo "   pyverbs visible in the venv" \

@@ -8,6 +8,7 @@ from ivshmem.errors import WireError
 from ivshmem.region import Region
 
 from .probe import run_probe
+from .startup import native_library
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ORION-PROBE round-trip n={r.round_trips} p50={r.p50_us:.2f}us p99={r.p99_us:.2f}us")
     print(f"ORION-PROBE bulk bytes={r.bulk_bytes} to-host={r.to_host_mb_s:.0f}MB/s "
           f"from-host={r.from_host_mb_s:.0f}MB/s")
+    native, why = native_library()
+    print(f"ORION-PROBE path={'native' if native else 'capsule'} ({why})")
     print("ORION-PROBE ok")
     return 0
 

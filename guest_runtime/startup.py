@@ -44,11 +44,46 @@ def runs_host_side(argv: list[str] | None = None) -> bool:
     return False
 
 
+NATIVE_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "lib", "libcuda.so.1")
+
+
+def native_library(environ: Mapping[str, str] = os.environ) -> tuple[str | None, str]:
+    """The native guest driver this process would load (docs/native-driver.md), or None, and why in words.
+
+    It is used wherever it was built (`pip install` compiles it; setup.sh in a checkout), unless ORION_NATIVE=0
+    asks for the capsule path, or the process asks the Orion Controller for vGPUs (ORION_VGPU), which only the
+    capsule path does so far. ORION_NATIVE_LIB names another build."""
+    if environ.get("ORION_NATIVE") == "0":
+        return None, "ORION_NATIVE=0 asks for the capsule path"
+    if environ.get("ORION_VGPU"):
+        return None, "ORION_VGPU: vGPUs from the Orion Controller are requested by the capsule path only"
+    path = environ.get("ORION_NATIVE_LIB") or NATIVE_LIBRARY
+    if not os.path.isfile(path):
+        return None, f"no native driver at {path} (built by pip install with a C compiler)"
+    return path, f"native driver {path}"
+
+
+def load_native(path: str) -> None:
+    """Load the native driver under its SONAME libcuda.so.1 before any framework opens the CUDA driver: the
+    dynamic loader then answers every later dlopen("libcuda.so.1") with it (checked on the GPU machine with
+    cuda-python, PyTorch, CuPy and JAX)."""
+    import ctypes
+    ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+
+
 def autoload() -> None:
-    """Turn forwarding on if Orion's environment is set and this is not a host-side command; a failure is one
-    line on stderr, never a broken start-up."""
+    """Turn forwarding on if Orion's environment is set and this is not a host-side command: the native driver
+    where it is installed, else the capsule path; a failure is one line on stderr, never a broken start-up."""
     if not wanted() or runs_host_side():
         return
+    native, _why = native_library()
+    if native:
+        try:
+            load_native(native)
+            return
+        except OSError as exc:
+            print(f"orion: the native driver {native} did not load ({exc}); using the capsule path",
+                  file=sys.stderr)
     try:
         from . import activate
         activate.activate()

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from guest_runtime.native.build import find_compiler
+
 REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = ["libvirt", "lxml", "etcd3", "pyetcd", "etcd3gw", "pyverbs", "cuda", "host_agent", "controller"]
 PROJECT = ("ivshmem", "guest_runtime", "host_agent", "controller", "libvirt_hooks", "xml_templates", "tests", "bench")
@@ -34,6 +36,8 @@ DISTRIBUTION = {
 # Declared though no module of ours imports them, each with the reason (checked below where it can be).
 NEEDED_BY_OTHERS = {"protobuf": "etcd-sdk-python's generated etcdrpc modules import google.protobuf, and "
                                 "etcd-sdk-python does not declare it"}
+# Run by the build backend at `pip install`, not shipped: their imports are the build system's requirements.
+BUILD_HOOKS = {"guest_runtime/hatch_build.py"}
 # Imported by the tests only where the test tool or the device machine brings them: never a dependency.
 TEST_TOOLING = {"numba-cuda": "tests/gpu/programs/numba_program.py runs on the device machine, which has numba-cuda"}
 
@@ -58,6 +62,8 @@ def _imported(packages: tuple[str, ...]) -> dict[str, str]:
     found: dict[str, str] = {}
     for package in packages:
         for path in sorted((REPO / package).rglob("*.py")):
+            if str(path.relative_to(REPO)) in BUILD_HOOKS:
+                continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
                 if isinstance(node, ast.Import):
                     names = [alias.name for alias in node.names]
@@ -114,6 +120,16 @@ def test_the_guest_distribution_declares_exactly_what_its_code_imports() -> None
     assert not wrong, "guest_runtime/pyproject.toml [project.optional-dependencies]:\n" + "\n".join(wrong)
 
 
+def test_the_guest_build_hook_needs_only_the_build_systems_requirements() -> None:
+    requires = {_name(r) for r in tomllib.loads((REPO / "guest_runtime" / "pyproject.toml").read_text())
+                ["build-system"]["requires"]}
+    for hook in BUILD_HOOKS:
+        tree = ast.parse((REPO / hook).read_text())
+        third_party = {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                       and not n.level} - set(sys.stdlib_module_names) - set(PROJECT) - {"__future__"}
+        assert third_party <= requires, f"{hook} imports {sorted(third_party - requires)}"
+
+
 def test_both_distributions_ask_for_the_same_cuda_bindings() -> None:
     def spec(pyproject: Path, extra: str | None) -> set[str]:
         project = tomllib.loads(pyproject.read_text())["project"]
@@ -141,8 +157,11 @@ def guest_wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
 
 def test_guest_wheel_holds_exactly_the_guest_runtime_and_the_wire(guest_wheel: zipfile.ZipFile) -> None:
     names = {n for n in guest_wheel.namelist() if ".dist-info/" not in n}
-    expected = {f"{pkg}/{p.name}" for pkg in ("guest_runtime", "ivshmem") for p in (REPO / pkg).glob("*.py")}
+    expected = {f"{pkg}/{p.name}" for pkg in ("guest_runtime", "ivshmem") for p in (REPO / pkg).glob("*.py")
+                if f"{pkg}/{p.name}" not in BUILD_HOOKS}
     expected.add("orion_guest.pth")  # the start-up hook that activates forwarding under Orion's environment
+    if find_compiler() is not None:  # the native driver, compiled by the build hook (docs/native-driver.md)
+        expected.add("guest_runtime/native/lib/libcuda.so.1")
     assert names == expected, f"missing: {sorted(expected - names)}, unexpected: {sorted(names - expected)}"
 
 
@@ -157,7 +176,7 @@ def test_guest_wheel_requires_nothing_but_offers_cuda_bindings(guest_wheel: zipf
 
 def test_guest_code_imports_without_any_host_side_module() -> None:
     modules = [f"{pkg}.{p.stem}" for pkg in ("ivshmem", "guest_runtime") for p in (REPO / pkg).glob("*.py")
-               if p.stem != "__init__"]
+               if p.stem != "__init__" and f"{pkg}/{p.name}" not in BUILD_HOOKS]
     script = f"""
 import importlib, importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):

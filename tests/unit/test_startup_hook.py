@@ -11,6 +11,8 @@ import sys
 import pytest
 
 from guest_runtime.activate import same_signature
+from guest_runtime.native.build import build_driver, find_compiler
+from guest_runtime.startup import native_library
 from ivshmem.driver_api import CALLS
 
 LOADED = ("import sys; print(' '.join(sorted(m for m in sys.modules "
@@ -29,8 +31,38 @@ def test_without_orions_environment_start_up_imports_only_the_hook() -> None:
 
 
 def test_with_orions_environment_forwarding_is_on_at_start_up() -> None:
-    loaded = _modules(ORION_SHM="/nonexistent/orionsock0")  # nothing connects before the first CUDA call
+    loaded = _modules(ORION_SHM="/nonexistent/orionsock0", ORION_NATIVE="0")  # nothing connects yet
     assert {"guest_runtime.activate", "guest_runtime.forward", "ivshmem.driver_api"} <= loaded
+
+
+@pytest.fixture(scope="module")
+def native_driver(tmp_path_factory: pytest.TempPathFactory) -> str:
+    if find_compiler() is None:
+        pytest.skip("no C compiler (setup.sh installs gcc)")
+    return str(build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1"))
+
+
+OPENS_LIBCUDA = ("import ctypes, sys; lib = ctypes.CDLL('libcuda.so.1'); "
+                 "print(hasattr(lib, 'orion_integrity_digest'), ' '.join(sorted(m for m in sys.modules "
+                 "if m.split('.')[0] in ('guest_runtime', 'ivshmem'))))")
+
+
+def test_with_the_native_driver_installed_every_dlopen_of_libcuda_gets_it(native_driver: str) -> None:
+    """What a framework's CUDA runtime does (dlopen by SONAME) gets the native driver the hook loaded, and no
+    Python forwarding layer is imported (one path per process); this machine has no other libcuda."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+    env |= {"ORION_SHM": "/nonexistent/orionsock0", "ORION_NATIVE_LIB": native_driver}
+    done = subprocess.run([sys.executable, "-c", OPENS_LIBCUDA], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "guest_runtime", "guest_runtime.startup"]
+
+
+def test_which_path_a_process_takes(native_driver: str, tmp_path: object) -> None:
+    assert native_library({"ORION_NATIVE_LIB": native_driver}) == (native_driver, f"native driver {native_driver}")
+    assert native_library({"ORION_NATIVE_LIB": native_driver, "ORION_NATIVE": "0"})[0] is None
+    assert native_library({"ORION_NATIVE_LIB": native_driver, "ORION_VGPU": "1"})[0] is None  # controller: capsule
+    path, why = native_library({"ORION_NATIVE_LIB": "/nonexistent/libcuda.so.1"})
+    assert path is None and "no native driver at /nonexistent/libcuda.so.1" in why
 
 
 def test_a_function_whose_wheel_signature_differs_is_left_to_the_fallback(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,0 +1,35 @@
+"""Build hook of the orion-guest wheel: compile the native guest driver (libcuda.so.1) into it.
+
+`pip install ./guest_runtime` runs this: the library is generated from the call table and compiled with the
+system compiler (docs/native-driver.md), and ships as guest_runtime/native/lib/libcuda.so.1, where the start-up
+hook finds it. Without a compiler the install still succeeds, says so in one line, and programs take the
+capsule path (`orion-guest probe` says which path a program will use).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+
+class NativeDriverHook(BuildHookInterface):  # type: ignore[misc]
+    PLUGIN_NAME = "custom"
+
+    def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        if self.target_name != "wheel":
+            return
+        sys.path.insert(0, str(Path(self.root).resolve().parent))  # the checkout: ivshmem and guest_runtime
+        from guest_runtime.native.build import BuildError, build_driver
+
+        output = Path(self.directory) / "orion-native" / "libcuda.so.1"
+        try:
+            build_driver(output)
+        except BuildError as exc:
+            print(f"orion-guest: the native CUDA driver was not built ({exc}); forwarded programs will use the "
+                  "capsule path", file=sys.stderr)
+            return
+        build_data["force_include"][str(output)] = "guest_runtime/native/lib/libcuda.so.1"
+        build_data["pure_python"] = False
+        build_data["infer_tag"] = True
