@@ -367,9 +367,10 @@ typedef uint8_t *(*probe_fn)(orion_channel *ch, int *bad);
  * (< 0: none) bounds the whole wait; the accept wait checks nothing but its timeout (as in Python). Returns the probe's cell, or NULL with ch->error set and *code. */
 static uint8_t *wait_for(orion_channel *ch, probe_fn probe, int check, double timeout, const char *what, int *code) {
     int bad = 0;
+    double start = now_s();
     uint8_t *cell = probe(ch, &bad);
     if (cell || bad) goto done;
-    double start = now_s(), spin_until = start + (ch->busy ? BUSY_SPIN_S : SPIN_S);
+    double spin_until = start + (ch->busy ? BUSY_SPIN_S : SPIN_S);
     for (;;) {
         for (int i = 0; i < 64; i++) {
             cell = probe(ch, &bad);
@@ -395,8 +396,9 @@ static uint8_t *wait_for(orion_channel *ch, probe_fn probe, int check, double ti
         sleep_s(sleep);
         sleep = sleep * 2 < MAX_SLEEP_S ? sleep * 2 : MAX_SLEEP_S;
     }
-    ch->busy = now_s() - start < BUSY_SPIN_S;
 done:
+    /* Endpoint._wait: a wait that ended within the busy spin, in whichever phase, means the peer is active. */
+    ch->busy = now_s() - start < BUSY_SPIN_S;
     if (bad == 2) {
         *code = ch->broken;
         return NULL;
