@@ -32,6 +32,7 @@ DISTRIBUTION = {
     "aiohttp": "aiohttp", "cuda.bindings": "cuda-bindings", "cuda.core": "cuda-core", "grpc": "grpcio",
     "hypothesis": "hypothesis", "libvirt": "libvirt-python", "lxml": "lxml", "numba": "numba-cuda", "numpy": "numpy",
     "prometheus_client": "prometheus-client", "pyetcd": "etcd-sdk-python", "pytest": "pytest", "pyverbs": "pyverbs",
+    "torch": "torch", "cupy": "cupy-cuda13x", "jax": "jax",
 }
 # Declared though no module of ours imports them, each with the reason (checked below where it can be).
 NEEDED_BY_OTHERS = {"protobuf": "etcd-sdk-python's generated etcdrpc modules import google.protobuf, and "
@@ -39,7 +40,9 @@ NEEDED_BY_OTHERS = {"protobuf": "etcd-sdk-python's generated etcdrpc modules imp
 # Run by the build backend at `pip install`, not shipped: their imports are the build system's requirements.
 BUILD_HOOKS = {"guest_runtime/hatch_build.py"}
 # Imported by the tests only where the test tool or the device machine brings them: never a dependency.
-TEST_TOOLING = {"numba-cuda": "tests/gpu/programs/numba_program.py runs on the device machine, which has numba-cuda"}
+TEST_TOOLING = {"numba-cuda": "tests/gpu/programs/numba_program.py runs on the device machine, which has numba-cuda",
+                **{name: "tests/gpu/programs/ (PyTorch, CuPy, JAX programs) run on the device machine, which has it"
+                   for name in ("torch", "cupy-cuda13x", "jax")}}
 
 
 def _name(requirement: str) -> str:
