@@ -83,7 +83,7 @@ int orion_make_current_on_host(uint64_t ctx) {
     uint8_t req[8];
     orion_put_u64(req, ctx);
     orion_turn_take();
-    int status = orion_forward(ORION_OP_cuCtxSetCurrent, req, sizeof req, NULL, 0, 0);
+    int status = orion_forward(ORION_OP_cuCtxSetCurrent, req, sizeof req, NULL, 0, ORION_CALL_NO_FOLD);
     host_current = status == CUDA_SUCCESS ? ctx : HOST_UNKNOWN;
     orion_turn_give();
     return status;

@@ -68,7 +68,8 @@ int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, voi
             result = failed("a forwarded call", rc);
         } else if (status < 0) {
             result = failed("the agent refused a call: wire status", status);
-        } else if (status == CUDA_SUCCESS && orion_take_async_error(channel, NULL, NULL, &status)) {
+        } else if (status == CUDA_SUCCESS && !(flags & ORION_CALL_NO_FOLD)
+                   && orion_take_async_error(channel, NULL, NULL, &status)) {
             result = status > 0 ? status : CUDA_ERROR_UNKNOWN; /* an earlier posted call failed: say it now */
         } else if (status == CUDA_SUCCESS && (got < cap || (!tail && got != cap))) {
             result = failed("a reply of the wrong size", (int)got);

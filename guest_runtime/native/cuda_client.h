@@ -20,7 +20,11 @@
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_UNKNOWN 999
 
-enum { ORION_CALL_INIT = 1 }; /* cuInit: an unreachable agent is CUDA_ERROR_NO_DEVICE, not NOT_INITIALIZED */
+enum {
+    ORION_CALL_INIT = 1,    /* cuInit: an unreachable agent is CUDA_ERROR_NO_DEVICE, not NOT_INITIALIZED */
+    ORION_CALL_NO_FOLD = 2, /* a call of the library's own (a context switch, an error text, the pool): an earlier
+                               posted call's failure stays pending for the program's next call */
+};
 
 struct orion_entry { const char *name; void *function; };
 extern const struct orion_entry orion_entries[]; /* every table call, by its API name (generated) */

@@ -158,7 +158,7 @@ static int static_text(uint32_t opcode, int code, const char **out) {
         uint8_t req[4];
         orion_put_i32(req, code);
         int asked = orion_process_channel() ? orion_thread_forwardv(opcode, &(struct orion_piece){ req, sizeof req },
-                                                                    1, NULL, 0, reply, sizeof reply, &got, 0)
+                                                                    1, NULL, 0, reply, sizeof reply, &got, ORION_CALL_NO_FOLD)
                                             : CUDA_ERROR_NOT_INITIALIZED;
         const char *local = local_name(code); /* no agent to ask: the enum's name still says what happened */
         if (asked == CUDA_SUCCESS) {

@@ -27,7 +27,7 @@ static _Atomic uint64_t pool_size;
 static int map_call(uint64_t address, uint64_t *host) {
     uint8_t req[8], rep[16];
     orion_put_u64(req, address);
-    int status = orion_thread_forward(ORION_OP_POOL_MAP, req, sizeof req, rep, sizeof rep, 0);
+    int status = orion_thread_forward(ORION_OP_POOL_MAP, req, sizeof req, rep, sizeof rep, ORION_CALL_NO_FOLD);
     *host = status == CUDA_SUCCESS ? orion_get_u64(rep) : 0;
     return status;
 }
