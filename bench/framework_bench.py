@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Frameworks natively and through the native guest driver (issue 13), in one run on the GPU machine: PyTorch
+per-op latency (a tiny in-place add, synchronised every 100 ops) and a training step of a small CNN, a CuPy
+elementwise loop and a JAX jitted loop. Each is timed inside its own process after a warm-up, natively and with
+the native driver as its libcuda talking to a real oriond on the same machine; prints microseconds per item
+and the ratio to native (no thresholds: docs/performance.md records the results).
+
+Run: python3 bench/framework_bench.py   (from the repository root; needs gcc, a GPU, torch/cupy/jax)
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from guest_runtime.native.build import build_driver  # noqa: E402
+from tests.gpu.test_forwarded_programs import Oriond  # noqa: E402
+
+WORKLOADS = {
+    "torch_op": ("torch", r"""
+import torch, time
+x = torch.zeros(1024, device="cuda")
+def run(n):
+    for i in range(n):
+        x.add_(1)
+        if i % 100 == 99: torch.cuda.synchronize()
+    torch.cuda.synchronize()
+"""),
+    "torch_step": ("torch", r"""
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1),
+                      nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(256, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+images, labels = torch.randn(64, 1, 28, 28).cuda(), torch.randint(0, 10, (64,)).cuda()
+def run(n):
+    for _ in range(n):
+        opt.zero_grad(); nn.functional.cross_entropy(model(images), labels).backward(); opt.step()
+    torch.cuda.synchronize()
+"""),
+    "cupy_loop": ("cupy", r"""
+import cupy as cp
+x = cp.zeros(1 << 16, dtype=cp.float32)
+def run(n):
+    for _ in range(n):
+        cp.multiply(x, 1.0001, out=x); cp.add(x, 1, out=x)
+    cp.cuda.Device().synchronize()
+"""),
+    "jax_loop": ("jax", r"""
+import jax, jax.numpy as jnp
+step = jax.jit(lambda v: jnp.tanh(v) * 1.0001 + 1)
+x = jnp.zeros(1 << 16)
+def run(n):
+    global x
+    for _ in range(n):
+        x = step(x)
+    x.block_until_ready()
+"""),
+}
+ITEMS = {"torch_op": 2000, "torch_step": 50, "cupy_loop": 1000, "jax_loop": 1000}
+TIMER = r"""
+import time, json
+run(max(1, N // 10))
+best = None
+for _ in range(3):
+    t = time.perf_counter(); run(N); dt = (time.perf_counter() - t) / N * 1e6
+    best = dt if best is None else min(best, dt)
+print("RESULT " + json.dumps(best))
+"""
+LOAD = "import sys; from guest_runtime.startup import load_native; load_native(sys.argv[1])\n"
+
+
+def measure(name: str, agent: Oriond | None, library: Path | None) -> float:
+    _module, body = WORKLOADS[name]
+    code = (LOAD if library else "") + body + TIMER.replace("N", str(ITEMS[name]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {
+        "PYTHONPATH": str(REPO), "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
+    if agent is not None:
+        env |= {"ORION_SHM": str(agent.region), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", code, *([str(library)] if library else [])], capture_output=True,
+                          text=True, timeout=600, env=env, cwd=REPO)
+    line = next((t for t in done.stdout.splitlines() if t.startswith("RESULT ")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"{name} failed: {done.stderr[-1500:]}")
+    return float(json.loads(line[7:]))
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        library = build_driver(Path(tmp) / "libcuda.so.1")
+        agent = Oriond(Path(tmp))
+        try:
+            print(f"{'workload':<12} {'native us':>10} {'forwarded us':>13} {'ratio':>7}")
+            for name, (module, _body) in WORKLOADS.items():
+                if importlib.util.find_spec(module) is None:
+                    print(f"{name:<12} skipped: {module} is not installed")
+                    continue
+                try:
+                    native, forwarded = measure(name, None, None), measure(name, agent, library)
+                except RuntimeError as exc:
+                    print(f"{name:<12} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
+                    continue
+                print(f"{name:<12} {native:10.1f} {forwarded:13.1f} {forwarded / native:7.2f}x")
+        finally:
+            agent.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
