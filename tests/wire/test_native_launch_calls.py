@@ -42,6 +42,10 @@ ret;
 {
 ret;
 }
+.visible .entry wide(.param .u32 wide_0, .param .align 8 .b8 wide_1[3000])
+{
+ret;
+}
 """
 # What cuFuncGetParamInfo answers for `mix` (PTX alignment): (offset, size) per parameter; bytes 13-15 are padding.
 MIX_LAYOUT = [(0, 8), (8, 4), (12, 1), (16, 8), (24, 12)]
@@ -201,6 +205,35 @@ out["sync"] = lib.cuCtxSynchronize()
     assert out["noargs"] == out["noargs_empty_array"] == SUCCESS
     assert [(r["kernel"], r["params"]) for r in rest] == [("noargs", ""), ("noargs", "")]  # a NULL entry: not sent
     assert len([e for e in infos if e["args"][0] != out["mix"]]) == 1  # noargs: asked once, with its array
+
+
+def test_forgotten_layouts_are_asked_again_and_wide_or_unknown_functions(library: Path, rig: Rig) -> None:  # noqa: F811
+    """orion_param_layouts_forget (what an unload must call) makes the next launch ask again; parameters past the
+    stack buffer (3008 bytes, a staged record) are packed whole; a function the host does not know answers the
+    layout query's error at the launch, and nothing is launched."""
+    body = r"""
+status, module = load(PTX + b"\0")
+mix, wide = function(module, b"mix"), function(module, b"wide")
+args = Mix()
+out["before"] = launch(mix, args.params)
+lib.orion_param_layouts_forget()
+out["after"] = launch(mix, args.params)
+number, blob = c_uint(0xA1B2C3D4), (c_uint8 * 3000)(*[i % 251 for i in range(3000)])
+out["wide"] = launch(wide, (c_void_p * 2)(addressof(number), addressof(blob)))
+out["unknown"] = launch(0xBAD0, args.params)
+out["sync"] = lib.cuCtxSynchronize()
+"""
+    out, _ = run(library, rig, body)
+    assert out["before"] == out["after"] == out["wide"] == out["sync"] == SUCCESS
+    infos = [e["args"] for e in rig.entries(name="cuFuncGetParamInfo")]
+    mix = infos[0][0]
+    assert [i for f, i in infos if f == mix] == [0, 1, 2, 3, 4, 5] * 2, "asked again after the layouts were forgotten"
+    assert out["unknown"] == 400  # CUDA_ERROR_INVALID_HANDLE, from the host's answer to the layout query
+    first, second, wide = launches(rig)
+    assert bytes.fromhex(first["params"]) == bytes.fromhex(second["params"]) == packed()
+    assert wide["kernel"] == "wide"
+    assert bytes.fromhex(wide["params"]) == struct.pack("<I", 0xA1B2C3D4) + bytes(4) + bytes(i % 251 for i in
+                                                                                             range(3000))
 
 
 def test_a_launch_with_extra_sends_the_buffer_it_names(library: Path, rig: Rig) -> None:  # noqa: F811
@@ -431,6 +464,116 @@ out["size_of_truncated"] = lib.orion_image_size(base + page - 64)
     assert out["size_of_truncated"] == 0
     assert "not a module image CUDA would load" in err
     assert not rig.entries(name="cuModuleLoadData") and not rig.entries(name="cuLibraryLoadData")
+
+
+# Measured by both module_image.py's locate() and module_image.c's orion_image_locate, in one process, at the same
+# addresses: each image followed by garbage, and ending right before a PROT_NONE page (a read one byte too far
+# faults); real NVRTC images where NVRTC is installed, tests/unit/test_module_image.py's synthetic and corrupt
+# ones, and a few hundred seeded mutations of a cubin's headers.
+SAME_AS_PYTHON = r"""
+import ctypes, json, mmap, random, struct, sys
+from ctypes import byref, c_int, c_size_t, c_void_p
+from guest_runtime.module_image import ImageError, locate
+from tests.unit import test_module_image as t
+
+lib = ctypes.CDLL(sys.argv[1])
+
+class Span(ctypes.Structure):
+    _fields_ = [("kind", c_int), ("start", c_void_p), ("size", c_size_t)]
+
+lib.orion_image_locate.argtypes = [c_void_p, ctypes.POINTER(Span), ctypes.c_char_p, c_size_t]
+lib.orion_image_size.argtypes = [c_void_p]
+lib.orion_image_size.restype = c_size_t
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = c_void_p
+libc.mmap.argtypes = [c_void_p, c_size_t, c_int, c_int, c_int, ctypes.c_long]
+libc.mprotect.argtypes = [c_void_p, c_size_t, c_int]
+PAGE = mmap.PAGESIZE
+keep = []
+
+def guarded(data):
+    size = ((len(data) + PAGE - 1) // PAGE + 1) * PAGE
+    base = libc.mmap(None, size, 3, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert libc.mprotect(base + size - PAGE, PAGE, 0) == 0
+    ctypes.memmove(base + size - PAGE - len(data), data, len(data))
+    return base + size - PAGE - len(data)
+
+def followed(data):
+    buffer = t.with_garbage(data)
+    keep.append(buffer)
+    return ctypes.addressof(buffer)
+
+def both(address):
+    try:
+        span = locate(address)
+        python = [span.address, span.length]
+    except ImageError:
+        python = None
+    span, why = Span(), ctypes.create_string_buffer(256)
+    native = [span.start, span.size] if lib.orion_image_locate(address, byref(span), why, 256) == 0 else None
+    return python, native
+
+images = []
+try:
+    for name in t.COMPILES:
+        images += list(t.compiled(name))
+    ptx, cubin = t.compiled("small-sm90")
+except BaseException:  # no NVRTC here: pytest.skip's exception outside pytest
+    ptx, cubin = None, None
+real = len(images)
+for is64 in (True, False):
+    for big in (False, True):
+        for extended in (False, True):
+            for tail in (False, True):
+                images.append(t.elf(is64, big, extended, tail))
+base_elf = cubin or t.elf()
+fatbin = t.handmade_fatbin([(2, base_elf)] + ([(1, ptx)] if ptx else []))
+images += [fatbin, fatbin[:-1], fatbin[:10], base_elf[:-1], base_elf[:40], b"\0", b"\0\0\0\0\0",
+           bytes(range(256)) * 4, b"hello world\0", b".version 8.0\n\x01\x02\0", b".version 8.0\n.target sm_90\n" * 10,
+           b"// no code\n.version 8.0\n.target sm_90\n\0more", b".ver.version 8.0\0", b".versio\0"]
+shoff, = struct.unpack_from("<Q", base_elf, 40)
+for offset, fmt, value in ((40, "<Q", 1 << 40), (32, "<Q", 2 << 30), (60, "<H", 0xFFFF), (58, "<H", 1), (52, "<H", 0),
+                           (4, "B", 3), (40, "<Q", len(base_elf) + 65536), (shoff + 64 + 32, "<Q", 1 << 33)):
+    images.append(t._patched(base_elf, offset, fmt, value))
+for offset, fmt, value in ((8, "<Q", 2 << 30), (8, "<Q", 0), (6, "<H", 0), (6, "<H", 60000),
+                           (8, "<Q", len(fatbin) * 4)):
+    images.append(t._patched(fatbin, offset, fmt, value))
+rng = random.Random(13)
+for _ in range(300):
+    mutated = bytearray(base_elf)
+    for _ in range(rng.randint(1, 4)):
+        at = rng.randrange(64) if rng.random() < 0.6 else rng.randrange(shoff, min(len(mutated), shoff + 4 * 64))
+        mutated[at] = rng.randrange(256)
+    images.append(bytes(mutated))
+
+mismatches, measured = [], 0
+for index, data in enumerate(images):
+    for address in ((guarded(data), followed(data)) if data else (guarded(data),)):
+        python, native = both(address)
+        measured += python is not None
+        if python != native:
+            mismatches.append([index, python, native])
+        size = lib.orion_image_size(address)
+        if (python is not None and python[0] == address and size != python[1]) or (python is None and size):
+            mismatches.append([index, "orion_image_size", python, size])
+fat = followed(fatbin)
+for wrapper in (t.wrapper_for(fat), t.wrapper_for(fat, version=7), t.wrapper_for(0), t.wrapper_for(fat + 1)):
+    python, native = both(ctypes.addressof(wrapper))
+    measured += python is not None
+    if python != native:
+        mismatches.append(["wrapper", python, native])
+print("RESULT " + json.dumps({"cases": len(images), "real": real, "measured": measured, "mismatches": mismatches}))
+"""
+
+
+def test_images_are_measured_exactly_as_module_image_py_measures_them(library: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+    done = subprocess.run([sys.executable, "-c", SAME_AS_PYTHON, str(library)], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["mismatches"] == [], result["mismatches"][:10]
+    assert result["cases"] > 300 and result["measured"] > 40, result  # both agree on good images, not only bad
 
 
 def test_potential_block_size_with_a_callback_is_searched_in_the_guest(library: Path, rig: Rig) -> None:  # noqa: F811
