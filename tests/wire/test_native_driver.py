@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +113,21 @@ def test_without_an_agent_cuinit_is_no_device_in_one_line(library: Path) -> None
     result, err = _run(library, {})
     assert result["cuInit"] == 100 and result["cuDeviceGetCount"][0] == 3  # type: ignore[index]
     assert err.count("orion: no GPU through Orion: ORION_SHM is not set") == 1
+
+
+def test_every_hand_written_call_has_its_c_definition(library: Path) -> None:
+    """The generator emits each table call weak; a call the generator cannot write (a hand-written one) must be
+    replaced by a C definition of its own, or it would answer 801 at run time: the C twin of the Python GUEST
+    registry's coverage check. Read from the library's dynamic symbols (W weak, T defined)."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm (binutils comes with gcc)")
+    listed = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
+    binding = {line.split()[2]: line.split()[1] for line in listed.stdout.splitlines() if len(line.split()) == 3}
+    table = json.loads(subprocess.run([sys.executable, "-m", "ivshmem.driver_api", "json"], capture_output=True,
+                                      text=True, check=True, cwd=REPO).stdout)["calls"]
+    hand_written = [c["name"] for c in table if (c["answered_in_guest"] or not c["generic"])]
+    missing = [name for name in hand_written if binding.get(name) != "T"]
+    assert not missing, f"hand-written calls without a C definition (still the generated 801 stub): {missing}"
+    assert binding["cuGetExportTable"] == binding["cuModuleGetLoadingMode"] == "T"
+    assert binding["cuStreamBeginCapture"] == "W"  # outside the table, not forwarded: the generated stub
