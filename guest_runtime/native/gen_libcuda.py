@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ivshmem.driver_api import describe, split_signature, table_digest
+from ivshmem.driver_api import POINTER_ATTRIBUTE_WIDTHS, describe, split_signature, table_digest
 
 # The C type each table parameter type is declared as (cuda.h's own types, in ABI terms), and the wire codes'
 # C types. Handles are opaque pointers; enums are ints.
@@ -69,6 +69,7 @@ HOOKS = {
     "initializes": "void orion_initialized(void);",
     "allocates": "void orion_range_add(uint64_t, uint64_t);",
     "frees": "void orion_range_remove(uint64_t);",
+    "unloads": "void orion_param_layouts_forget(void);",
 }
 
 
@@ -85,6 +86,9 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> tuple[list[str], li
     if "allocates" in effects:
         declared.append(HOOKS["allocates"])
         after.append(f"    orion_range_add((uint64_t)*{names[0]}, (uint64_t){names[1]});")
+    if "unloads" in effects:  # its functions' handles may name others later: their layouts are asked again
+        declared.append(HOOKS["unloads"])
+        after.append("    orion_param_layouts_forget();")
     if "frees" in effects:
         declared.append(HOOKS["frees"])
         after.append(f"    orion_range_remove((uint64_t){names[0]});")
@@ -172,6 +176,10 @@ def generate() -> str:
         else:
             parts.append(_generic(call))
         parts.append("")
+    widths = POINTER_ATTRIBUTE_WIDTHS
+    parts.append(f"const unsigned orion_pointer_attributes = {max(widths) + 1};")
+    parts.append("const unsigned char orion_pointer_attribute_width[] = {"
+                 + ", ".join(str(widths.get(a, 0)) for a in range(max(widths) + 1)) + "};")
     table_names = {call["name"] for call in calls}
     others = [name for name in driver_symbols() if name not in table_names]
     parts += [_outside_table(name) for name in others]

@@ -67,9 +67,9 @@ static int check(struct layout *l) {
 /* Ask the host for the layout of `function`, one parameter at a time, until it answers CUDA_ERROR_INVALID_VALUE
  * (past the last one). *keep: whether the answer may be remembered (the host said where the list ends).
  *
- * Unlike param_layouts.py, any other failure is the launch's result and nothing is launched: orion_forward
- * reports an earlier posted call's failure as the result of the call it is folded into, so a query that failed
- * may not say the layout is short, and a launch with a truncated layout would hand the kernel wrong arguments. */
+ * Unlike param_layouts.py, any other failure is the launch's result and nothing is launched: a launch with a
+ * truncated layout would hand the kernel wrong arguments. The queries leave an earlier posted call's failure
+ * pending (ORION_CALL_NO_FOLD), as param_layouts.py's do. */
 static int ask(uint64_t function, int is_kernel, struct layout **out, int *keep) {
     uint32_t opcode = is_kernel ? ORION_OP_cuKernelGetParamInfo : ORION_OP_cuFuncGetParamInfo;
     size_t capacity = 8;
@@ -81,7 +81,8 @@ static int ask(uint64_t function, int is_kernel, struct layout **out, int *keep)
         uint8_t request[16], reply[16];
         orion_put_u64(request, function);
         orion_put_u64(request + 8, l->count);
-        status = hand_forward(opcode, request, sizeof request, reply, sizeof reply);
+        struct orion_piece piece = { request, sizeof request };  /* a pending async error stays the program's */
+        status = orion_thread_forwardv(opcode, &piece, 1, reply, sizeof reply, NULL, 0, NULL, ORION_CALL_NO_FOLD);
         if (status != CUDA_SUCCESS) break;
         if (l->count == capacity) {
             capacity *= 2;

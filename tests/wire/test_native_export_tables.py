@@ -188,3 +188,38 @@ def test_the_runtime_gets_its_tables_and_a_verifiable_integrity_answer(library: 
     devices = [(bytes.fromhex(u), dom, bus, dev) for u, dom, bus, dev in out["devices"]]
     assert out["check"] == [0, _expected(lib, tuple(out["inputs"]), devices).hex()]
     assert out["storage"] == [0, 0, 0xABCD, 400, 0, 400, 1]  # a missing key is CUDA_ERROR_INVALID_HANDLE
+
+
+COMPOSED = r"""
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+out = {"init": lib.cuInit(0)}
+bus = ctypes.create_string_buffer(32)
+out["bus_id"] = [lib.cuDeviceGetPCIBusId(bus, 32, 0), bus.value.decode()]
+ctx, pointer = ctypes.c_void_p(), ctypes.c_uint64()
+lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0); lib.cuCtxSetCurrent(ctx)
+lib.cuMemAlloc(ctypes.byref(pointer), ctypes.c_size_t(4096))
+kind, ordinal, start = ctypes.c_uint32(7), ctypes.c_int32(7), ctypes.c_uint64(7)
+attributes = (ctypes.c_int * 3)(2, 9, 11)  # MEMORY_TYPE, DEVICE_ORDINAL, RANGE_START_ADDR
+data = (ctypes.c_void_p * 3)(*(ctypes.addressof(v) for v in (kind, ordinal, start)))
+rc = lib.cuPointerGetAttributes(3, attributes, data, ctypes.c_uint64(pointer.value + 100))
+out["device"] = [rc, kind.value, ordinal.value, start.value == pointer.value]
+host = ctypes.create_string_buffer(64)  # not CUDA memory: no error, every attribute zero
+rc = lib.cuPointerGetAttributes(3, attributes, data, ctypes.c_uint64(ctypes.addressof(host)))
+out["host"] = [rc, kind.value, ordinal.value, start.value]
+out["bad_attribute"] = lib.cuPointerGetAttributes(1, (ctypes.c_int * 1)(5000), data, ctypes.c_uint64(0))
+print(json.dumps(out))
+"""
+
+
+def test_calls_outside_the_table_composed_of_forwarded_ones(library: Path, rig: Rig) -> None:  # noqa: F811
+    """cuDeviceGetPCIBusId (JAX) from the PCI attributes; cuPointerGetAttributes (CuPy) from cuPointerGetAttribute,
+    with cuda.h's rule that a pointer CUDA does not know reads as zeros, not an error."""
+    done = subprocess.run([sys.executable, "-c", COMPOSED, str(library)], env={**os.environ, "ORION_SHM": rig.path},
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["bus_id"] == [0, f"00000000:{0x18 + GUEST_DEVICES[0]:02x}:00.0"]
+    assert out["device"] == [0, 2, 0, True]  # CU_MEMORYTYPE_DEVICE, guest device 0, the allocation's start
+    assert out["host"] == [0, 0, 0, 0]
+    assert out["bad_attribute"] == 1
