@@ -75,8 +75,8 @@ class SessionLedger:
             if not 0 <= value < len(self.devices):
                 return INVALID_DEVICE
         elif ctype == "CUdeviceptr":
-            if "frees" in call.effects:
-                return None if value in self.allocations else INVALID_VALUE
+            if "frees" in call.effects:  # freeing 0 frees nothing and succeeds, as the driver answers (cuBLAS does)
+                return None if value == 0 or value in self.allocations else INVALID_VALUE
             if not self.owns(value, max(_device_span(call, args), 1)):
                 return INVALID_VALUE
         return None
@@ -132,7 +132,7 @@ class SessionLedger:
         elif "allocates" in effects:
             self.allocations[outs[0]] = args[0]
             self.placed[outs[0]] = self._usage.allocated(args[0])
-        elif "frees" in effects:
+        elif "frees" in effects and args[0]:
             size = self.allocations.pop(args[0], 0)
             self._usage.freed(self.placed.pop(args[0], -1), size)
         elif "child" in effects:  # (handle) or (global's base, its size), of the module or library args[0]

@@ -100,6 +100,17 @@ ERROR_STRINGS = {  # cuGetErrorString's texts (CUDA 13) for the codes above
     713: "pointer does not correspond to a registered memory region",
     800: "operation not permitted", 801: "operation not supported", 999: "unknown error",
 }
+def _other_device_attributes(named: set[int]) -> list[tuple[str, int]]:
+    """CUdevice_attribute members beyond the few named here: the installed wheel's (names and values), else
+    1..161 under numbered names (a machine without cuda-bindings)."""
+    try:
+        from cuda.bindings import driver as wheel
+    except ImportError:
+        return [(f"CU_DEVICE_ATTRIBUTE_{n}", n) for n in range(1, 162) if n not in named]
+    return [(m.name, int(m)) for m in wheel.CUdevice_attribute
+            if int(m) not in named and m.name != "CU_DEVICE_ATTRIBUTE_MAX"]
+
+
 CUdevice_attribute = IntEnum("CUdevice_attribute", [  # type: ignore[misc]
     ("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK", 1), ("CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X", 2),
     ("CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X", 5), ("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK", 8),
@@ -109,9 +120,8 @@ CUdevice_attribute = IntEnum("CUdevice_attribute", [  # type: ignore[misc]
     ("CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING", 41), ("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR", 75),
     ("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR", 76), ("CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED", 115),
     ("CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID", 34), ("CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID", 50),
-    # the rest of CUDA 13's 1..161, unnamed here: a CUDA runtime reads them all at start-up
-    *((f"CU_DEVICE_ATTRIBUTE_{n}", n) for n in range(1, 162)
-      if n not in (1, 2, 5, 8, 10, 13, 16, 33, 34, 39, 41, 50, 75, 76, 115)),
+    # the rest of CUDA 13's attributes, which a CUDA runtime reads at start-up: the wheel's names where it is here
+    *_other_device_attributes({1, 2, 5, 8, 10, 13, 16, 33, 34, 39, 41, 50, 75, 76, 115}),
 ])
 CUmemPool_attribute = IntEnum("CUmemPool_attribute", [  # type: ignore[misc]
     ("CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES", 1), ("CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC", 2),
@@ -925,6 +935,8 @@ class FakeDriver:
 
     @_recorded
     def cuMemFree(self, dptr: Any) -> tuple[Any, ...]:
+        if int(dptr) == 0 and not self._context_error():  # frees nothing, as the driver answers (H100, 2026-11-24)
+            return _result(CUresult(0))
         return _result(self._free(dptr))
 
     @_recorded

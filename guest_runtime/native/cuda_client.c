@@ -79,8 +79,12 @@ int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, voi
         }
     }
     pthread_mutex_unlock(&lock);
-    if (result != CUDA_SUCCESS && orion_tracing())
-        fprintf(stderr, "orion-native: call %#x answered %d\n", opcode, result);
+    if (result != CUDA_SUCCESS && orion_tracing()) {
+        uint64_t first = 0; /* the request's first word: which pointer or handle it named */
+        if (nreq > 0 && req[0].len) memcpy(&first, req[0].data, req[0].len < 8 ? req[0].len : 8);
+        fprintf(stderr, "orion-native: call %#x answered %d (request begins %#llx)\n", opcode, result,
+                (unsigned long long)first);
+    }
     return result;
 }
 

@@ -79,6 +79,7 @@ out["memset_posted"] = lib.cuMemsetD8Async(ctypes.c_uint64(pointer.value), 7, ct
 out["synchronize"] = lib.cuCtxSynchronize()
 out["free"] = lib.cuMemFree(ctypes.c_uint64(pointer.value))
 out["foreign_free"] = lib.cuMemFree(ctypes.c_uint64(0xdead0000))
+out["free_null"] = lib.cuMemFree(ctypes.c_uint64(0))
 out["not_yet"] = lib.cuStreamBeginCapture(None, 0)  # outside the table: 801, named once
 print("RESULT " + json.dumps(out))
 """
@@ -104,6 +105,7 @@ def test_generic_calls_reach_a_real_agent(library: Path, rig: Rig) -> None:  # n
     assert result["alloc"] == [0, True] and result["memset_posted"] == 0 and result["synchronize"] == 0
     assert result["free"] == 0
     assert result["foreign_free"] == 1  # not this session's memory: the host's ledger refuses it
+    assert result["free_null"] == 0  # frees nothing and succeeds, as the driver answers (cuBLAS relies on it)
     assert result["not_yet"] == 801 and err.count("cuStreamBeginCapture is not forwarded") == 1
     names = [e["name"] for e in rig.entries()]
     assert {"cuInit", "cuMemAlloc", "cuMemsetD8Async", "cuMemFree"} <= set(names)  # they reached the driver
