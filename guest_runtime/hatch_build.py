@@ -31,5 +31,6 @@ class NativeDriverHook(BuildHookInterface):  # type: ignore[misc]
                   "capsule path", file=sys.stderr)
             return
         build_data["force_include"][str(output)] = "guest_runtime/native/lib/libcuda.so.1"
+        build_data["force_include"][str(output.with_name("libcuda.so"))] = "guest_runtime/native/lib/libcuda.so"
         build_data["pure_python"] = False
         build_data["infer_tag"] = True

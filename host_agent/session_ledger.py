@@ -69,8 +69,8 @@ class SessionLedger:
         if ctype in HANDLES:
             if value == 0 and ctype in NULL_ALLOWED:
                 return None
-            if value not in self.handles[ctype]:
-                return INVALID_CONTEXT if ctype == "CUcontext" else INVALID_HANDLE
+            if value not in self.handles[ctype] and not (ctype == "CUfunction" and value in self.handles["CUkernel"]):
+                return INVALID_CONTEXT if ctype == "CUcontext" else INVALID_HANDLE  # (a CUkernel is a CUfunction)
         elif ctype == "CUdevice":
             if not 0 <= value < len(self.devices):
                 return INVALID_DEVICE

@@ -353,6 +353,9 @@ _SPEC: list[tuple[Any, ...]] = [
      "out out in callback in in in",
      {"request": "function:u64 dynamic_shared_bytes:u64 block_limit:i32 flags:u32",
       "reply": "min_grid:i32 block:i32"}),
+    # issue 13: what PyTorch's kernels set before their first launch (measured on the H100)
+    ("cuFuncSetAttribute", "CUresult (CUfunction, CUfunction_attribute, int)"),
+    ("cuFuncSetCacheConfig", "CUresult (CUfunction, CUfunc_cache)"),
 ]
 
 # CUmemPool_attribute values whose value is a cuuint64_t (the others are int): thresholds and byte counts.

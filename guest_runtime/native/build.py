@@ -53,7 +53,20 @@ def build_driver(output: str | os.PathLike[str]) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     calls = target.with_name(target.name + ".calls.c")
     calls.write_text(generate())
-    return _compile(target, [calls, *sorted(SOURCE_DIR.glob("*.c"))], ["-Wl,-soname,libcuda.so.1", f"-I{SOURCE_DIR}"])
+    _compile(target, [calls, *sorted(SOURCE_DIR.glob("*.c"))], ["-Wl,-soname,libcuda.so.1", f"-I{SOURCE_DIR}"])
+    build_unversioned_alias(target)
+    return target
+
+
+def build_unversioned_alias(library: Path) -> Path:
+    """`libcuda.so` beside the driver: an empty library of that SONAME that needs libcuda.so.1. Some libraries
+    (cuBLAS's, on the H100) open the driver as "libcuda.so", a name the loader does not match against the
+    driver's SONAME; once this alias is loaded too, that dlopen gets it, and every symbol looked up through it
+    resolves in its dependency, the driver, so the process still has one driver (one channel)."""
+    alias = library.with_name("libcuda.so")
+    empty = library.with_name("libcuda.so.c")
+    empty.write_text("/* the unversioned alias of the Orion native driver (build.py): no code of its own */\n")
+    return _compile(alias, [empty, library], ["-Wl,-soname,libcuda.so", "-Wl,--no-as-needed"])
 
 
 def _compile(target: Path, sources: list[Path], extra: list[str]) -> Path:

@@ -42,19 +42,21 @@ def native_driver(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1"))
 
 
-OPENS_LIBCUDA = ("import ctypes, sys; lib = ctypes.CDLL('libcuda.so.1'); "
-                 "print(hasattr(lib, 'orion_integrity_digest'), ' '.join(sorted(m for m in sys.modules "
-                 "if m.split('.')[0] in ('guest_runtime', 'ivshmem'))))")
+OPENS_LIBCUDA = ("import ctypes, sys; lib, alias = ctypes.CDLL('libcuda.so.1'), ctypes.CDLL('libcuda.so'); "
+                 "print(hasattr(lib, 'orion_integrity_digest'), "
+                 "ctypes.cast(alias.cuInit, ctypes.c_void_p).value == ctypes.cast(lib.cuInit, ctypes.c_void_p).value, "
+                 "' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('guest_runtime', 'ivshmem'))))")
 
 
 def test_with_the_native_driver_installed_every_dlopen_of_libcuda_gets_it(native_driver: str) -> None:
-    """What a framework's CUDA runtime does (dlopen by SONAME) gets the native driver the hook loaded, and no
-    Python forwarding layer is imported (one path per process); this machine has no other libcuda."""
+    """What a framework's CUDA runtime does (dlopen by SONAME, or of "libcuda.so" as cuBLAS does) gets the native
+    driver the hook loaded, the same one by both names, and no Python forwarding layer is imported (one path per
+    process); this machine has no other libcuda."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
     env |= {"ORION_SHM": "/nonexistent/orionsock0", "ORION_NATIVE_LIB": native_driver}
     done = subprocess.run([sys.executable, "-c", OPENS_LIBCUDA], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "guest_runtime", "guest_runtime.startup"]
+    assert done.stdout.split() == ["True", "True", "guest_runtime", "guest_runtime.startup"]  # one driver
 
 
 def test_which_path_a_process_takes(native_driver: str, tmp_path: object) -> None:
