@@ -1498,6 +1498,24 @@ class FakeDriver:
         return _result(0 if int(kernel) in self.kernels else CUresult.CUDA_ERROR_INVALID_HANDLE)
 
     @_recorded
+    def cuFuncSetAttribute(self, hfunc: Any, attrib: Any, value: Any) -> tuple[Any, ...]:
+        """The settable attributes (8, 9) of a function, on its context's device (0 here): what
+        cuFuncGetAttribute then reads."""
+        attribute = int(self._enum(attrib, CUfunction_attribute, "attrib"))
+        function = self.functions.get(int(hfunc))
+        if function is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        if attribute not in (8, 9):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        function.attributes[(attribute, 0)] = int(value)
+        return _result(0)
+
+    @_recorded
+    def cuFuncSetCacheConfig(self, hfunc: Any, config: Any) -> tuple[Any, ...]:
+        self._enum(config, CUfunc_cache, "config")
+        return _result(0 if int(hfunc) in self.functions else CUresult.CUDA_ERROR_INVALID_HANDLE)
+
+    @_recorded
     def cuFuncGetAttribute(self, attrib: Any, hfunc: Any) -> tuple[Any, ...]:
         attribute = int(self._enum(attrib, CUfunction_attribute, "attrib"))
         function = self.functions.get(int(hfunc))

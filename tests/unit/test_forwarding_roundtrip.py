@@ -306,6 +306,8 @@ GENERIC_INPUTS: dict[str, Callable[[Env], tuple[Any, ...]]] = {
     "cuKernelSetAttribute": lambda e: (8, 2048, e.kernel, 1),  # MAX_DYNAMIC_SHARED_SIZE_BYTES on guest device 1
     "cuKernelSetCacheConfig": lambda e: (e.kernel, 1, 0),
     "cuFuncGetAttribute": lambda e: (0, e.function),
+    "cuFuncSetAttribute": lambda e: (e.function, 8, 4096),  # MAX_DYNAMIC_SHARED_SIZE_BYTES
+    "cuFuncSetCacheConfig": lambda e: (e.function, 2),  # CU_FUNC_CACHE_PREFER_SHARED
     "cuFuncGetParamInfo": lambda e: (e.function, 6),
     "cuKernelGetParamInfo": lambda e: (e.kernel, 2),
     "cuOccupancyMaxActiveBlocksPerMultiprocessor": lambda e: (e.function, 256, 1024),
