@@ -28,10 +28,6 @@ import pytest
 from ivshmem import layout
 from tests.processes import stop_process
 
-# Forwarded programs started by the tests take the capsule path (the Python guest runtime) unless the run asks
-# for the native driver: ORION_NATIVE=1 runs them all through it (with ORION_NATIVE_LIB naming the build).
-os.environ.setdefault("ORION_NATIVE", "0")
-
 REGION_SIZE = 32 << 20
 SERVE_SCRIPT = Path(__file__).resolve().parent / "wire" / "serve_region.py"
 SERVING_TIMEOUT_S = 20.0

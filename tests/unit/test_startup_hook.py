@@ -31,7 +31,7 @@ def test_without_orions_environment_start_up_imports_only_the_hook() -> None:
 
 
 def test_with_orions_environment_forwarding_is_on_at_start_up() -> None:
-    loaded = _modules(ORION_SHM="/nonexistent/orionsock0", ORION_NATIVE="0")  # nothing connects yet
+    loaded = _modules(ORION_SHM="/nonexistent/orionsock0")  # nothing connects yet; the capsule path by default
     assert {"guest_runtime.activate", "guest_runtime.forward", "ivshmem.driver_api"} <= loaded
 
 
@@ -53,17 +53,19 @@ def test_with_the_native_driver_installed_every_dlopen_of_libcuda_gets_it(native
     driver the hook loaded, the same one by both names, and no Python forwarding layer is imported (one path per
     process); this machine has no other libcuda."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
-    env |= {"ORION_SHM": "/nonexistent/orionsock0", "ORION_NATIVE_LIB": native_driver}
+    env |= {"ORION_SHM": "/nonexistent/orionsock0", "ORION_NATIVE": "1", "ORION_NATIVE_LIB": native_driver}
     done = subprocess.run([sys.executable, "-c", OPENS_LIBCUDA], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True", "guest_runtime", "guest_runtime.startup"]  # one driver
 
 
 def test_which_path_a_process_takes(native_driver: str, tmp_path: object) -> None:
-    assert native_library({"ORION_NATIVE_LIB": native_driver}) == (native_driver, f"native driver {native_driver}")
-    assert native_library({"ORION_NATIVE_LIB": native_driver, "ORION_NATIVE": "0"})[0] is None
-    assert native_library({"ORION_NATIVE_LIB": native_driver, "ORION_VGPU": "1"})[0] is None  # controller: capsule
-    path, why = native_library({"ORION_NATIVE_LIB": "/nonexistent/libcuda.so.1"})
+    chosen = {"ORION_NATIVE": "1", "ORION_NATIVE_LIB": native_driver}
+    assert native_library(chosen) == (native_driver, f"native driver {native_driver}")
+    assert native_library({"ORION_NATIVE_LIB": native_driver})[0] is None  # opt-in
+    assert native_library(chosen | {"ORION_NATIVE": "0"})[0] is None
+    assert native_library(chosen | {"ORION_VGPU": "1"})[0] is None  # vGPUs from the controller: the capsule path
+    path, why = native_library(chosen | {"ORION_NATIVE_LIB": "/nonexistent/libcuda.so.1"})
     assert path is None and "no native driver at /nonexistent/libcuda.so.1" in why
 
 
