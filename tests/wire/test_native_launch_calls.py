@@ -22,6 +22,7 @@ import pytest
 from guest_runtime.native.build import build_driver, find_compiler
 from ivshmem.driver_api import CALLS
 from tests.forwarding_rig import Rig, bounded, rig, start  # noqa: F401 (fixtures)
+from tests.unit.test_forwarding_roundtrip import fatbin, minimal_elf
 
 REPO = Path(__file__).resolve().parents[2]
 HAND_CALLS_H = REPO / "guest_runtime" / "native" / "hand_calls.h"
@@ -361,34 +362,6 @@ out["null_module"] = lib.cuModuleLoadDataEx(None, image, 0, None, None)
     assert first["image"]["sha256"] == second["image"]["sha256"] == sha(PTX + b"\0")  # no options: a plain load
     assert out["unsupported"] == NOT_SUPPORTED and "cuModuleLoadDataEx with a JIT option" in err
     assert out["null_values"] == INVALID_VALUE and out["null_module"] == INVALID_VALUE
-
-
-def minimal_elf(kernel: bytes = b"elfkernel") -> bytes:
-    """A little-endian ELF64 with null, .shstrtab and .text.<kernel> sections, the section header table last."""
-    names = b"\0.shstrtab\0.text." + kernel + b"\0"
-    code = bytes(range(32))
-    names_at = 64
-    code_at = names_at + len(names)
-    code_at += -code_at % 8
-    table_at = code_at + len(code)
-    table_at += -table_at % 8
-    header = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)
-    header += struct.pack("<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, table_at, 0x5A, 64, 0, 0, 64, 3, 1)
-    sections = bytes(64)
-    sections += struct.pack("<IIQQQQIIQQ", 1, 3, 0, 0, names_at, len(names), 0, 0, 1, 0)
-    sections += struct.pack("<IIQQQQIIQQ", 11, 1, 6, 0, code_at, len(code), 0, 0, 128, 0)
-    image = bytearray(table_at + len(sections))
-    image[:len(header)] = header
-    image[names_at:names_at + len(names)] = names
-    image[code_at:code_at + len(code)] = code
-    image[table_at:] = sections
-    return bytes(image)
-
-
-def fatbin(image: bytes) -> bytes:
-    """A fatbin (magic, version 1, header size 16, payload size) carrying `image` after a 64-byte entry header."""
-    entry = struct.pack("<HHIQ", 2, 0x101, 64, len(image)).ljust(64, b"\0")
-    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(entry) + len(image)) + entry + image
 
 
 def test_each_image_shape_ships_exactly_the_image(library: Path, rig: Rig) -> None:  # noqa: F811
