@@ -6,17 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_client.h"
-
 #include <stdio.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef int CUmoduleLoadingMode;
-typedef unsigned long long CUdeviceptr;
+#include "orion_guest.h"
 
-CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device);
-CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr pointer);
+typedef int CUmoduleLoadingMode;
 extern const unsigned char orion_pointer_attribute_width[]; /* generated from driver_api.POINTER_ATTRIBUTE_WIDTHS */
 extern const unsigned orion_pointer_attributes;
 enum { CU_MODULE_EAGER_LOADING = 1, CU_MODULE_LAZY_LOADING = 2 };

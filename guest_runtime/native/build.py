@@ -47,13 +47,15 @@ def build_driver(output: str | os.PathLike[str]) -> Path:
     """The native guest driver: the entry points generated from the call table (gen_libcuda.py, written beside
     `output`) and every C file of this directory (the process's channel, the wire client, the hand-written calls,
     the export tables), as a library whose SONAME is libcuda.so.1."""
-    from guest_runtime.native.gen_libcuda import generate
+    from guest_runtime.native.gen_libcuda import generate, generate_header
 
     target = Path(output)
     target.parent.mkdir(parents=True, exist_ok=True)
     calls = target.with_name(target.name + ".calls.c")
     calls.write_text(generate())
-    _compile(target, [calls, *sorted(SOURCE_DIR.glob("*.c"))], ["-Wl,-soname,libcuda.so.1", f"-I{SOURCE_DIR}"])
+    target.with_name("orion_calls.h").write_text(generate_header())
+    _compile(target, [calls, *sorted(SOURCE_DIR.glob("*.c"))],
+             ["-Wl,-soname,libcuda.so.1", f"-I{SOURCE_DIR}", f"-I{target.parent}"])
     build_unversioned_alias(target)
     return target
 

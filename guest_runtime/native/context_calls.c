@@ -9,8 +9,6 @@
 
 #include "orion_guest.h"
 
-typedef struct CUctxCreateParams_st CUctxCreateParams;
-typedef int CUdevice;
 
 /* CUctxCreateParams {CUexecAffinityParam *, int count, CUctxCigParam *}: only an empty one is forwarded. */
 static int names_parameters(const CUctxCreateParams *params) {

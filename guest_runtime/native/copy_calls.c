@@ -11,8 +11,6 @@
 
 #include "orion_guest.h"
 
-typedef struct CUstream_st *CUstream;
-typedef unsigned long long CUdeviceptr;
 
 int cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t size);                        /* generated */
 int cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream stream); /* generated */

@@ -15,27 +15,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cuda_client.h"
 #include "integrity.h"
+#include "orion_guest.h"
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUctxCreateParams_st CUctxCreateParams;
-typedef struct { unsigned char bytes[16]; } CUuuid;
+struct CUuuid_st { unsigned char bytes[16]; };
 
-/* The forwarded calls these entries are made of (generated or hand-written in this library). */
-CUresult cuModuleLoadData(CUmodule *module, const void *image);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device);
-CUresult cuCtxCreate(CUcontext *context, CUctxCreateParams *params, unsigned int flags, CUdevice device);
-CUresult cuCtxGetCurrent(CUcontext *context);
-CUresult cuDriverGetVersion(int *version);
-CUresult cuDeviceGetCount(int *count);
-CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice device);
-CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device);
-
-enum { CUDA_ERROR_OUT_OF_MEMORY = 2, CUDA_ERROR_INVALID_CONTEXT = 201, CUDA_ERROR_INVALID_HANDLE = 400 };
 enum { ATTRIBUTE_PCI_BUS_ID = 33, ATTRIBUTE_PCI_DEVICE_ID = 34, ATTRIBUTE_PCI_DOMAIN_ID = 50 };
 
 #define TRACE(...) do { if (orion_tracing()) fprintf(stderr, "orion-native: " __VA_ARGS__); } while (0)

@@ -5,7 +5,8 @@
     python -m guest_runtime.native.gen_libcuda --symbols        refresh driver_symbols.txt from cuda-bindings
 
 The table (ivshmem/driver_api.py, as `describe()` gives it) stays the definition of every forwarded call: this
-writes, for each generic call, the whole C entry point (NULL checks of its outputs, the request packed in schema
+writes orion_calls.h (cuda.h's types, every call's opcode and prototype) and, for each generic call, the whole C
+entry point (NULL checks of its outputs, the request packed in schema
 order, one record through cuda_client.c's `orion_forward`, the reply unpacked into the outputs; a posted call
 sent without waiting), and for every other call of the table, for now, a stub that answers
 CUDA_ERROR_NOT_SUPPORTED and names itself once (the hand-written calls come next: docs/native-driver.md). It
@@ -61,38 +62,22 @@ def _prototype(call: dict[str, Any]) -> tuple[str, list[str]]:
     return f"CUresult {call['name']}({args})", names
 
 
-# The C hooks of the guest's state (orion_guest.h) a generic call uses, declared before it (the generated file
-# includes only cuda_client.h). Every call goes out as the calling thread (its context made the host's first).
-HOOKS = {
-    "forward": "int orion_thread_forward(uint32_t, const void *, size_t, void *, size_t, int);",
-    "post": "int orion_thread_post(uint32_t, const void *, size_t);",
-    "initializes": "void orion_initialized(void);",
-    "allocates": "void orion_range_add(uint64_t, uint64_t);",
-    "frees": "void orion_range_remove(uint64_t);",
-    "unloads": "void orion_param_layouts_forget(void);",
-}
-
-
-def _effect_hooks(call: dict[str, Any], names: list[str]) -> tuple[list[str], list[str]]:
-    """The hooks a generic call's table effects need: (their declarations, the statements run after success) —
-    the device ranges that unified addressing reads (allocates: the first output and the first input's size;
-    frees: the first input) and cuInit's success, as forward.py's `_generic` keeps them."""
-    declared: list[str] = []
+def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
+    """The statements a generic call's table effects run after success (hooks of orion_guest.h and
+    param_layouts.h): the device ranges unified addressing reads (allocates: the first output and the first
+    input's size; frees: the first input), forgotten parameter layouts (unloads: the handles may name other
+    functions later) and cuInit's success, as forward.py's `_generic` keeps them."""
     after: list[str] = []
     effects = call["effects"]
     if "initializes" in effects:
-        declared.append(HOOKS["initializes"])
         after.append("    orion_initialized();")
     if "allocates" in effects:
-        declared.append(HOOKS["allocates"])
         after.append(f"    orion_range_add((uint64_t)*{names[0]}, (uint64_t){names[1]});")
-    if "unloads" in effects:  # its functions' handles may name others later: their layouts are asked again
-        declared.append(HOOKS["unloads"])
+    if "unloads" in effects:
         after.append("    orion_param_layouts_forget();")
     if "frees" in effects:
-        declared.append(HOOKS["frees"])
         after.append(f"    orion_range_remove((uint64_t){names[0]});")
-    return declared, after
+    return after
 
 
 def _generic(call: dict[str, Any]) -> str:
@@ -101,9 +86,8 @@ def _generic(call: dict[str, Any]) -> str:
     effects, such as cuCtxSetCurrent and cuCtxDestroy: context_calls.c)."""
     proto, names = _prototype(call)
     params = call["params"]
-    declared, after = _effect_hooks(call, names)
-    declared.insert(0, HOOKS["post" if call["posted"] else "forward"])
-    lines = [*declared, f"__attribute__((weak)) {proto} {{"]
+    after = _effect_hooks(call, names)
+    lines = [f"__attribute__((weak)) {proto} {{"]
     outs = [(i, p) for i, p in enumerate(params) if p["role"] == "out"]
     for i, _p in outs:
         lines.append(f"    if (!{names[i]}) return CUDA_ERROR_INVALID_VALUE;")
@@ -121,13 +105,13 @@ def _generic(call: dict[str, Any]) -> str:
     flags = "ORION_CALL_INIT" if "initializes" in call["effects"] else "0"
     req = "req" if req_size else "NULL"
     if call["posted"]:
-        lines.append(f"    return orion_thread_post({call['opcode']:#x}, {req}, {req_size});")
+        lines.append(f"    return orion_thread_post(ORION_OP_{call['name']}, {req}, {req_size});")
         lines.append("}")
         return "\n".join(lines)
     if rep_size:
         lines.append(f"    uint8_t rep[{rep_size}];")
     rep = "rep" if rep_size else "NULL"
-    lines.append(f"    CUresult status = orion_thread_forward({call['opcode']:#x}, {req}, {req_size}, {rep}, "
+    lines.append(f"    CUresult status = orion_thread_forward(ORION_OP_{call['name']}, {req}, {req_size}, {rep}, "
                  f"{rep_size}, {flags});")
     lines.append("    if (status != CUDA_SUCCESS) return status;")
     offset = 0
@@ -158,13 +142,9 @@ def generate() -> str:
     calls = table["calls"]
     parts = [
         "/* Generated by guest_runtime/native/gen_libcuda.py from ivshmem/driver_api.py: do not edit. */",
-        "#include <stddef.h>",
-        "#include <stdint.h>",
-        "#include <string.h>",
-        PREAMBLE,
-        '#include "cuda_client.h"',
+        '#include "orion_guest.h"',
+        '#include "param_layouts.h"',
         "",
-        "int cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);",
         f'const char orion_table_digest[] = "{table_digest()}";',
         "",
     ]
@@ -188,6 +168,24 @@ def generate() -> str:
     parts += [f'    {{"{call["name"]}", (void *){IN_CLIENT.get(call["name"], call["name"])}}},' for call in calls]
     parts += [f'    {{"{name}", (void *){name}}},' for name in others]
     parts.append("    {NULL, NULL}\n};")
+    return "\n".join(parts) + "\n"
+
+
+def generate_header() -> str:
+    """orion_calls.h, which every C file of the library includes (through orion_guest.h): cuda.h's types in ABI
+    terms, the opcode of every table call (ORION_OP_<name>; ORION_POSTED_<name> for a posted one) and every table
+    call's prototype, so a hand-written definition that differs from the table does not compile."""
+    calls = describe()["calls"]
+    parts = ["/* Generated by guest_runtime/native/gen_libcuda.py from ivshmem/driver_api.py: do not edit. */",
+             "#ifndef ORION_CALLS_H", "#define ORION_CALLS_H", "", "#include <stddef.h>", "#include <stdint.h>",
+             "", PREAMBLE, "enum {"]
+    parts += [f"    ORION_OP_{call['name']} = {call['opcode']:#x}," for call in calls]
+    parts.append("};")
+    parts += [f"#define ORION_POSTED_{call['name']} 1" for call in calls if call["posted"]]
+    parts.append("")
+    parts += [_prototype(call)[0] + ";" for call in calls if call["name"] not in IN_CLIENT]
+    parts.append("int cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);")
+    parts.append("\n#endif")
     return "\n".join(parts) + "\n"
 
 

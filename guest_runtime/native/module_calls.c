@@ -165,7 +165,7 @@ static int get_global(uint32_t opcode, CUdeviceptr *pointer, size_t *size, uint6
     uint8_t reply[16];
     int status = by_name(opcode, owner, name, reply, sizeof reply);
     if (status == CUDA_SUCCESS) {
-        hand_device_range(orion_get_u64(reply), orion_get_u64(reply + 8));
+        orion_range_add(orion_get_u64(reply), orion_get_u64(reply + 8)); /* a global: unified addressing copies it */
         if (pointer) *pointer = orion_get_u64(reply);
         if (size) *size = (size_t)orion_get_u64(reply + 8);
     }

@@ -18,36 +18,11 @@
 #include "cuda_client.h"
 #include "orion_wire.h"
 
-typedef struct CUctx_st *CUcontext; /* as cuda.h declares it */
+#include "orion_calls.h" /* generated: cuda.h's types, every table call's opcode (ORION_OP_<name>) and prototype */
 
-/* Opcodes of the calls the hand-written code sends (ivshmem/driver_api.py; the tests compare them with the
- * table), and the forwarding layer's variants: a pinned copy is its call's opcode + ORION_PINNED_COPY. */
-enum {
-    ORION_OP_cuDeviceGetName = 0x104,
-    ORION_OP_cuDeviceGetUuid = 0x105,
-    ORION_OP_cuGetErrorName = 0x109,
-    ORION_OP_cuGetErrorString = 0x10a,
-    ORION_OP_cuCtxCreate = 0x110,
-    ORION_OP_cuCtxDestroy = 0x111,
-    ORION_OP_cuCtxSetCurrent = 0x113,
-    ORION_OP_cuMemcpyHtoD = 0x120,
-    ORION_OP_cuMemcpyDtoH = 0x121,
-    ORION_OP_cuMemcpyHtoDAsync = 0x123,
-    ORION_OP_cuMemcpyDtoHAsync = 0x124,
-    ORION_OP_cuMemPoolGetAttribute = 0x151,
-    ORION_OP_cuMemPoolSetAttribute = 0x152,
-    ORION_OP_cuPointerGetAttribute = 0x155,
-    ORION_OP_cuMemAllocHost = 0x158,
-    ORION_OP_cuMemHostAlloc = 0x159,
-    ORION_OP_cuMemFreeHost = 0x15a,
-    ORION_OP_cuMemHostGetDevicePointer = 0x15b,
-    ORION_OP_cuMemHostGetFlags = 0x15c,
-    ORION_OP_POOL_MAP = 0x1000,
-    ORION_PINNED_COPY = 0x2000
-};
+/* The forwarding layer's own opcodes: the pool's mapping, and a pinned copy (its call's opcode + ORION_PINNED_COPY). */
+enum { ORION_OP_POOL_MAP = 0x1000, ORION_PINNED_COPY = 0x2000 };
 
-#define CUDA_ERROR_OUT_OF_MEMORY 2
-#define CUDA_ERROR_INVALID_CONTEXT 201
 
 /* --- context_stacks.c: the calling thread's contexts and the host's ------------------------------------------- */
 

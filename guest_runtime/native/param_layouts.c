@@ -11,7 +11,6 @@
 #include "handle_map.h"
 
 #define MAX_PARAMS 4096 /* asked no further: a bound on a host that never says "past the last parameter" */
-#define CUDA_ERROR_OUT_OF_MEMORY 2
 
 struct param { uint64_t offset, size; };
 struct layout {

@@ -6,10 +6,6 @@
 
 #include "orion_guest.h"
 
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUuuid_st CUuuid;
-typedef struct CUmemPoolHandle_st *CUmemoryPool;
 
 /* ivshmem/driver_api.py POOL_ATTRIBUTES_64: the pool attributes whose value is a cuuint64_t (the others: int). */
 static int pool_attribute_is_64(int attribute) {

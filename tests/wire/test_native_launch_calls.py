@@ -10,7 +10,6 @@ import ctypes
 import hashlib
 import json
 import os
-import re
 import struct
 import subprocess
 import sys
@@ -20,12 +19,10 @@ from typing import Any
 import pytest
 
 from guest_runtime.native.build import build_driver, find_compiler
-from ivshmem.driver_api import CALLS
 from tests.forwarding_rig import Rig, bounded, rig, start  # noqa: F401 (fixtures)
 from tests.unit.test_forwarding_roundtrip import fatbin, minimal_elf
 
 REPO = Path(__file__).resolve().parents[2]
-HAND_CALLS_H = REPO / "guest_runtime" / "native" / "hand_calls.h"
 SUCCESS, INVALID_VALUE, NOT_INITIALIZED, INVALID_IMAGE, NOT_FOUND, NOT_SUPPORTED = 0, 1, 3, 200, 500, 801
 
 # Small enough for one ring slot (480 bytes): the fake parses `.entry` parameters and `.global`s for real.
@@ -146,14 +143,6 @@ def launches(rig: Rig, name: str = "cuLaunchKernel") -> list[dict[str, Any]]:  #
 def handle(value: Any) -> int:
     """A journal value as a number: handle objects and enum members are [type, value]."""
     return value[1] if isinstance(value, list) else value
-
-
-def test_the_opcodes_written_in_hand_calls_h_are_the_tables() -> None:
-    text = HAND_CALLS_H.read_text()
-    opcodes = {m[0]: int(m[1], 16) for m in re.findall(r"#define ORION_OP_(\w+) (0x[0-9a-f]+)", text)}
-    posted = set(re.findall(r"#define ORION_POSTED_(\w+) 1", text))
-    assert opcodes and all(CALLS[name].opcode == opcode for name, opcode in opcodes.items()), opcodes
-    assert posted == {name for name in opcodes if CALLS[name].posted}
 
 
 def test_module_function_global_and_a_launch_packed_by_the_functions_layout(library: Path, rig: Rig) -> None:  # noqa: F811

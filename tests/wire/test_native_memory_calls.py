@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 
 from guest_runtime.native import gen_libcuda
 from guest_runtime.native.build import build_driver, find_compiler
-from ivshmem.driver_api import CALLS, PINNED_COPY, POOL_MAP_OPCODE
+from ivshmem.driver_api import PINNED_COPY, POOL_MAP_OPCODE
 from ivshmem.layout import DEFAULT_SLOT_SIZE, RECORD_HEADER_SIZE
 from tests import forwarding_rig
 from tests.fake_driver import ERROR_STRINGS, FakeDriver
@@ -297,13 +296,9 @@ def _number(value: Any) -> int:
     return int(value[1]) if isinstance(value, list) else int(value or 0)
 
 
-def test_the_opcodes_written_in_c_are_the_tables() -> None:
-    """orion_guest.h writes the opcodes by hand: each must be the table's."""
+def test_the_forwarding_layers_own_opcodes_written_in_c_are_the_wires() -> None:
+    """The table calls' opcodes are generated (orion_calls.h); the forwarding layer's two are written by hand."""
     text = (NATIVE / "orion_guest.h").read_text()
-    written = dict(re.findall(r"ORION_OP_(cu\w+) = (0x[0-9a-f]+)", text))
-    assert len(written) == 19
-    for name, opcode in written.items():
-        assert CALLS[name].opcode == int(opcode, 16), name
     assert f"ORION_OP_POOL_MAP = {POOL_MAP_OPCODE:#x}" in text and f"ORION_PINNED_COPY = {PINNED_COPY:#x}" in text
 
 
