@@ -94,11 +94,7 @@ static pthread_mutex_t storage_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct stored *storage;
 static size_t storage_count, storage_capacity;
 
-static CUcontext context_or_current(CUcontext context) {
-    if (context) return context;
-    CUcontext current = NULL;
-    return cuCtxGetCurrent(&current) == CUDA_SUCCESS ? current : NULL;
-}
+static CUcontext context_or_current(CUcontext context) { return context ? context : orion_current_context(); }
 
 static struct stored *stored_at(CUcontext context, void *key) {
     for (size_t i = 0; i < storage_count; i++)
