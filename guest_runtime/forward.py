@@ -79,6 +79,11 @@ from .pinned_pool import GuestPool
 log = logging.getLogger(__name__)
 
 GUEST = Handlers("guest")  # the calls written out below, by name
+# Hand-written calls that only the native driver (libcuda.so.1) writes out. What needs them (cuBLAS's cluster
+# launches and TMA descriptors, JAX's virtual-memory allocator) loads its own CUDA runtime, which only the native
+# driver forwards; through the capsule they answer CUDA_ERROR_NOT_SUPPORTED, named once (docs/native-driver.md).
+NATIVE_ONLY = frozenset({"cuOccupancyMaxActiveClusters", "cuTensorMapEncodeTiled", "cuMemGetAllocationGranularity",
+                         "cuMemCreate", "cuMemSetAccess"})
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
 LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption
 FORWARDED_LAUNCH_ATTRIBUTES = LAUNCH_ATTRIBUTES_PLAIN | LAUNCH_ATTRIBUTES_EVENT
@@ -173,6 +178,9 @@ class Forwarder:
     def implementations(self) -> dict[str, Callable[..., int]]:
         impls = self._impls
         for call in CALLS.values():
+            if call.name in NATIVE_ONLY:
+                impls[call.name] = lambda *_args, name=call.name: self._not_forwarded(name)
+                continue
             written = GUEST.by_name.get(call.name)
             impls[call.name] = self._serialised(written(self, call) if written is not None else self._generic(call))
         return dict(impls)

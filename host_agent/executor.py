@@ -65,11 +65,13 @@ from ivshmem.region import Region
 from .diagnostics import DiagnosticsHandler
 from .gpu_memory import MeterFactory
 from .handler import Reply, Session, note, refused
+from .launch_extras import LaunchExtraCalls
 from .limits import one_line
 from .pinned_pool import HostPool
 from .session_ledger import CHECKED, SessionLedger
 from .vgpu_grant import GrantRefused, take_up
 from .vgpu_quota import VgpuQuota, initial_limits
+from .vmm_calls import VirtualMemoryCalls
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +111,7 @@ def _load_driver() -> Any:
     return driver
 
 
-class CudaExecutor(DiagnosticsHandler):
+class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
     """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
 
     call_table = table_digest()  # what a forwarding client's HELLO must name

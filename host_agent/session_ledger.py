@@ -154,4 +154,6 @@ def _device_span(call: DriverCall, args: tuple[int, ...]) -> int:
         return args[2] * width
     if name.startswith("cuMemcpy") and len(args) >= 3:
         return args[2]
+    if name.startswith("cuStream") and name.endswith("Value32"):  # cuStreamWaitValue32, cuStreamWriteValue32
+        return 4
     return 1

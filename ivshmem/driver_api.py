@@ -42,12 +42,15 @@ from .record import CUDA_OPCODE_BASE
 SCALARS = {
     "int": "i", "CUresult": "i", "CUdevice": "i",
     "unsigned int": "I", "unsigned char": "B", "unsigned short": "H",
-    "size_t": "Q", "CUdeviceptr": "Q", "cuuint64_t": "Q", "unsigned PY_LONG_LONG": "Q",
+    "size_t": "Q", "CUdeviceptr": "Q", "cuuint64_t": "Q", "unsigned PY_LONG_LONG": "Q", "cuuint32_t": "I",
     "float": "f",
 }
 ENUMS = {"CUdevice_attribute", "CUpointer_attribute", "CUmemPool_attribute", "CUfunction_attribute",
-         "CUfunc_cache", "CUstreamCaptureStatus", "CUjit_option", "CUlibraryOption"}
-HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmodule", "CUfunction", "CUlibrary", "CUkernel", "CUmemoryPool"}
+         "CUfunc_cache", "CUstreamCaptureStatus", "CUjit_option", "CUlibraryOption", "CUlimit",
+         "CUmemAllocationGranularity_flags", "CUtensorMapDataType", "CUtensorMapInterleave", "CUtensorMapSwizzle",
+         "CUtensorMapL2promotion", "CUtensorMapFloatOOBfill"}
+HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmodule", "CUfunction", "CUlibrary", "CUkernel", "CUmemoryPool",
+           "CUmemGenericAllocationHandle"}
 
 # Roles the generic marshalling handles; anything else marks a hand-written call.
 IN, OUT = "in", "out"
@@ -102,6 +105,10 @@ EFFECTS = {
     "child": "its outputs belong to its first input, a module or library, and go when it is unloaded",
     "makes_context": "it may create a context (a quota counts every one after the first)",
     "measures": "the process may hold more or less GPU memory outside its allocations afterwards",
+    "reserves": "its first output is a device address range of its first input's size, which the session may map",
+    "unreserves": "its first input is the base of a reserved address range (of its second input's size), given back",
+    "creates_physical": "its first output is physical GPU memory of its first input's size, counted until released",
+    "releases_physical": "its first input, physical GPU memory, is given back once no range maps it",
 }
 
 
@@ -208,6 +215,10 @@ LAUNCH = ("function:u64 grid_x:u32 grid_y:u32 grid_z:u32 block_x:u32 block_y:u32
 # A CUlaunchAttribute as it travels: `i id, 4 pad, 64-byte value union`.
 LAUNCH_ATTRIBUTE_KIND = "[i4x64s]"
 JIT_OPTIONS_KIND = "[iQ]"  # (option, the integer in its optionValues slot): scalar JIT options only
+# A CUmemAllocationProp as it travels: its type, requested handle types, location (type, id: a guest ordinal for a
+# device) and allocation flags; win32HandleMetaData is Windows-only and never travels.
+ALLOCATION_PROP = ("kind:i32 handle_types:i32 location_kind:i32 location:i32 compression:u8 rdma_capable:u8 "
+                   "usage:u16")
 
 # Append only: a call's opcode is its position, and both sides must agree (table_digest() is compared at HELLO).
 _SPEC: list[tuple[Any, ...]] = [
@@ -356,6 +367,37 @@ _SPEC: list[tuple[Any, ...]] = [
     # issue 13: what PyTorch's kernels set before their first launch (measured on the H100)
     ("cuFuncSetAttribute", "CUresult (CUfunction, CUfunction_attribute, int)"),
     ("cuFuncSetCacheConfig", "CUresult (CUfunction, CUfunc_cache)"),
+    # issue 13: the rest of what PyTorch, CuPy and JAX call (docs/native-driver.md). cuBLAS sizes its cluster
+    # launches with cuOccupancyMaxActiveClusters and encodes TMA descriptors on Hopper.
+    ("cuOccupancyMaxActiveClusters", "CUresult (int *, CUfunction, CUlaunchConfig const *)",
+     "out in launch_config", {"request": f"{LAUNCH} attributes:{LAUNCH_ATTRIBUTE_KIND}", "reply": "clusters:i32"}),
+    ("cuTensorMapEncodeTiled", "CUresult (CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, "
+     "cuuint64_t const *, cuuint64_t const *, cuuint32_t const *, cuuint32_t const *, CUtensorMapInterleave, "
+     "CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill)",
+     "tensor_map_out in in device_address dims strides box element_strides in in in in",
+     {"request": "data_type:i32 rank:u32 address:u64 interleave:i32 swizzle:i32 l2_promotion:i32 oob_fill:i32 "
+                 "dims:[Q] strides:[Q] box:[I] element_strides:[I]", "reply": "map:tail"}),
+    ("cuCtxGetLimit", "CUresult (size_t *, CUlimit)"),
+    ("cuCtxSetLimit", "CUresult (CUlimit, size_t)", None, {"effects": "measures"}),
+    # Stream memory operations; the guest also builds cuLaunchHostFunc from them (a host function runs in the
+    # guest, in stream order: docs/native-driver.md).
+    ("cuStreamWaitValue32", "CUresult (CUstream, CUdeviceptr, cuuint32_t, unsigned int)", None, {"posted": True}),
+    ("cuStreamWriteValue32", "CUresult (CUstream, CUdeviceptr, cuuint32_t, unsigned int)", None, {"posted": True}),
+    # Virtual memory management (JAX's allocator): reserved ranges, physical memory mapped into them.
+    ("cuMemGetAllocationGranularity", "CUresult (size_t *, CUmemAllocationProp const *, "
+     "CUmemAllocationGranularity_flags)", "out allocation_prop in",
+     {"request": f"{ALLOCATION_PROP} option:i32", "reply": "granularity:u64"}),
+    ("cuMemAddressReserve", "CUresult (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned PY_LONG_LONG)", None,
+     {"effects": "reserves"}),
+    ("cuMemAddressFree", "CUresult (CUdeviceptr, size_t)", None, {"effects": "unreserves"}),
+    ("cuMemCreate", "CUresult (CUmemGenericAllocationHandle *, size_t, CUmemAllocationProp const *, "
+     "unsigned PY_LONG_LONG)", "out in allocation_prop in",
+     {"request": f"size:u64 flags:u64 {ALLOCATION_PROP}", "reply": "handle:u64", "effects": "creates_physical"}),
+    ("cuMemRelease", "CUresult (CUmemGenericAllocationHandle)", None, {"effects": "destroys releases_physical"}),
+    ("cuMemMap", "CUresult (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned PY_LONG_LONG)"),
+    ("cuMemUnmap", "CUresult (CUdeviceptr, size_t)"),
+    ("cuMemSetAccess", "CUresult (CUdeviceptr, size_t, CUmemAccessDesc const *, size_t)", "in in access_descs count",
+     {"request": "pointer:u64 size:u64 descs:[iii]"}),
 ]
 
 # CUmemPool_attribute values whose value is a cuuint64_t (the others are int): thresholds and byte counts.

@@ -41,6 +41,29 @@ typedef struct CUuuid_st CUuuid;
 typedef struct CUctxCreateParams_st CUctxCreateParams;
 typedef struct CUlaunchConfig_st CUlaunchConfig;
 typedef size_t (*CUoccupancyB2DSize)(int);
+typedef unsigned int cuuint32_t;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef int CUlimit, CUmemAllocationGranularity_flags, CUtensorMapDataType, CUtensorMapInterleave,
+    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill;
+typedef struct CUmemLocation_st { int type; int id; } CUmemLocation;
+typedef struct CUmemAllocationProp_st {
+    int type;
+    int requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct CUmemAccessDesc_st { CUmemLocation location; int flags; } CUmemAccessDesc;
+typedef struct CUtensorMap_st { _Alignas(64) cuuint64_t opaque[16]; } CUtensorMap;
+typedef void (*CUhostFn)(void *userData);
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphEdgeData_st CUgraphEdgeData;
 """
 HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmodule", "CUfunction", "CUlibrary", "CUkernel", "CUmemoryPool"}
 WIRE_C = {"i32": "int32_t", "u32": "uint32_t", "u64": "uint64_t", "u8": "uint8_t", "u16": "uint16_t",
