@@ -54,7 +54,6 @@ from ivshmem.driver_api import (
     POOL_MAP_REPLY,
     POOL_MAP_REQUEST,
     DriverCall,
-    Handlers,
     LaunchConfig,
     table_digest,
 )
@@ -62,6 +61,7 @@ from ivshmem.errors import RecordError
 from ivshmem.record import AGENT_INFO_REPLY, BIND_REPLY, BIND_REQUEST, CUDA_OPCODE_BASE, Op, Record, Status
 from ivshmem.region import Region
 
+from .call_handlers import HOST, POLICY  # the calls written out here and in the mixins
 from .diagnostics import DiagnosticsHandler
 from .gpu_memory import MeterFactory
 from .handler import Reply, Session, note, refused
@@ -74,10 +74,6 @@ from .vgpu_quota import VgpuQuota, initial_limits
 from .vmm_calls import VirtualMemoryCalls
 
 log = logging.getLogger(__name__)
-
-HOST = Handlers("host")  # the calls written out below, by name
-# Generic calls whose answer the session's devices and quota decide, before (or instead of) the driver.
-POLICY = Handlers("host policy")
 
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 CU_MEMHOSTREGISTER_PORTABLE = 1
