@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an 
 # Load the driver as guest_runtime/startup.py does, then run the program; report whether a real libcuda mapped.
 NATIVE = ("import atexit, os, sys, runpy; from guest_runtime.startup import load_native; ours = sys.argv[1]; "
           "load_native(ours); here = os.path.dirname(ours) + '/'; atexit.register(lambda: print('REAL_LIBCUDA', "
-          "any('libcuda' in l and here not in l for l in open('/proc/self/maps')))); sys.argv = sys.argv[2:]; "
+          "any('/libcuda.so' in l and here not in l for l in open('/proc/self/maps')))); sys.argv = sys.argv[2:]; "
           "runpy.run_path(sys.argv[0], run_name='__main__')")  # (ours: the driver and its libcuda.so alias)
 # JAX's default allocator reserves with the virtual-memory API, which the call table does not forward yet.
 JAX_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
