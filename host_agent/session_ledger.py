@@ -9,7 +9,8 @@ ivshmem/driver_api.py), never from the call's name: a new call with declared eff
 
 Kept here: the session's handles, its allocations and module/library globals, what each module or library
 gave out (it goes when unloaded), where each allocation was placed, which guest ordinal is which physical
-GPU, and the per-function facts that go with a module (launched once, parameter layouts).
+GPU, the per-function facts that go with a module (launched once, parameter layouts), and its virtual memory
+(cuMemAddressReserve's ranges, cuMemCreate's physical memory and the mappings between them: `Reservations`).
 Not kept here: decoding requests and calling the driver (executor.py), and what memory costs: the vGPU
 quota (vgpu_quota.py) decides that, and is told of each allocation, free and possible change through `Usage`.
 """
@@ -30,8 +31,9 @@ CHECKED = HANDLES | {"CUdevice", "CUdeviceptr"}  # input types checked against w
 class Usage(Protocol):
     """What the ledger tells whoever counts the session's GPU memory (vgpu_quota.VgpuQuota)."""
 
-    def allocated(self, size: int) -> int:
-        """An allocation of `size` bytes was made; the physical GPU it counts on (-1: not told)."""
+    def allocated(self, size: int, device: int | None = None) -> int:
+        """An allocation of `size` bytes was made on `device` (None: the current context's GPU); the physical GPU
+        it counts on (-1: not told)."""
         ...
 
     def freed(self, device: int, size: int) -> None:
@@ -56,12 +58,13 @@ class SessionLedger:
         self.pool: HostPool | None = None  # the session's page-locked pool slice, once its channel is attached
         self.launched: set[int] = set()  # functions/kernels launched once (a first launch may load code)
         self.param_layouts: dict[int, list[tuple[int, int]]] = {}  # function/kernel -> (offset, size) per param
+        self.vmm = Reservations(usage)  # reserved ranges, physical memory, mappings (cuMemAddressReserve ...)
         self._usage = usage
 
     @property
     def empty(self) -> bool:
         """Nothing created yet (a BIND must come before anything is)."""
-        return not any(self.handles.values()) and not self.allocations
+        return not any(self.handles.values()) and not self.allocations and not self.vmm.reserved
 
     # --- the checks a request must pass ---------------------------------------------------------------------
     def check(self, call: DriverCall, ctype: str, value: int, args: tuple[int, ...]) -> int | None:
@@ -70,6 +73,8 @@ class SessionLedger:
             if value == 0 and ctype in NULL_ALLOWED:
                 return None
             if value not in self.handles[ctype] and not (ctype == "CUfunction" and value in self.handles["CUkernel"]):
+                if ctype == "CUmemGenericAllocationHandle":  # cuMemRelease/cuMemMap document INVALID_VALUE for it
+                    return INVALID_VALUE
                 return INVALID_CONTEXT if ctype == "CUcontext" else INVALID_HANDLE  # (a CUkernel is a CUfunction)
         elif ctype == "CUdevice":
             if not 0 <= value < len(self.devices):
@@ -77,14 +82,19 @@ class SessionLedger:
         elif ctype == "CUdeviceptr":
             if "frees" in call.effects:  # freeing 0 frees nothing and succeeds, as the driver answers (cuBLAS does)
                 return None if value == 0 or value in self.allocations else INVALID_VALUE
+            if "reserves" in call.effects:  # an address hint, not memory: the driver never reserves over a range
+                return None                 # in use, and allocators pass one to grow a range contiguously
+            if "unreserves" in call.effects:  # only a whole reservation of the session, base and size
+                return None if self.vmm.reserved.get(value) == args[1] else INVALID_VALUE
             if not self.owns(value, max(_device_span(call, args), 1)):
                 return INVALID_VALUE
         return None
 
     def owns(self, pointer: int, size: int) -> bool:
-        """Whether a device range lies in this session's memory: its allocations, module globals, or the device
-        mapping of its page-locked host allocations."""
-        for table in (self.allocations, self.globals):
+        """Whether a device range lies in this session's memory: its allocations, module globals, reserved
+        virtual ranges (whatever is mapped there is its own physical memory; an unmapped part the driver refuses),
+        or the device mapping of its page-locked host allocations."""
+        for table in (self.allocations, self.globals, self.vmm.reserved):
             for base, length in table.items():
                 if base <= pointer and pointer + size <= base + length:
                     return True
@@ -110,8 +120,9 @@ class SessionLedger:
         return self.devices.index(device) if device in self.devices else -1
 
     # --- effects, after a call succeeded --------------------------------------------------------------------
-    def record(self, call: DriverCall, args: tuple[int, ...], outs: list[Any]) -> None:
-        """Remember what the call created or destroyed (its effects), so later calls can be checked."""
+    def record(self, call: DriverCall, args: tuple[int, ...], outs: list[Any], placed: int | None = None) -> None:
+        """Remember what the call created or destroyed (its effects), so later calls can be checked. `placed`:
+        the physical GPU of the memory it made, where the call names it (cuMemCreate's location)."""
         handles = self.handles
         for ctype, value in zip(call.output_types, outs, strict=True):
             if ctype in HANDLES and value:
@@ -144,6 +155,8 @@ class SessionLedger:
             self.children.setdefault(args[0], []).append(child)
         if "measures" in effects:
             self._usage.may_have_changed()
+        if effects & VMM_EFFECTS:
+            self.vmm.record(effects, args, outs, placed)
 
 
 def _device_span(call: DriverCall, args: tuple[int, ...]) -> int:
@@ -157,3 +170,61 @@ def _device_span(call: DriverCall, args: tuple[int, ...]) -> int:
     if name.startswith("cuStream") and name.endswith("Value32"):  # cuStreamWaitValue32, cuStreamWriteValue32
         return 4
     return 1
+
+
+VMM_EFFECTS = frozenset({"reserves", "unreserves", "creates_physical", "releases_physical"})
+
+
+class Reservations:
+    """A session's virtual memory (cuMemAddressReserve, cuMemCreate, cuMemMap): the address ranges it reserved,
+    the physical memory it created and which ranges map which physical memory.
+
+    Physical memory counts against the quota from cuMemCreate until it is both released (cuMemRelease) and mapped
+    nowhere: the driver frees it only then (cuMemRelease's documentation), so a release while still mapped must not
+    hand its bytes back to the quota, or a guest could map far more than its quota by releasing as it goes.
+    Reserved ranges cost no GPU memory and are not counted."""
+
+    def __init__(self, usage: Usage) -> None:
+        self.reserved: dict[int, int] = {}  # base -> size (cuMemAddressReserve)
+        self.physical: dict[int, tuple[int, int]] = {}  # handle -> (size, physical GPU) until given back
+        self.released: set[int] = set()  # handles released (cuMemRelease) while still mapped
+        self.mappings: dict[int, tuple[int, int]] = {}  # mapped address -> (size, handle) (cuMemMap)
+        self._usage = usage
+
+    def reservation_holds(self, pointer: int, size: int) -> bool:
+        """Whether [pointer, pointer + size) lies inside one of the session's reserved ranges (size > 0)."""
+        return size > 0 and any(base <= pointer and pointer + size <= base + length
+                                for base, length in self.reserved.items())
+
+    def record(self, effects: frozenset[str], args: tuple[int, ...], outs: list[Any], placed: int | None) -> None:
+        """The table's virtual-memory effects of a call that succeeded (EFFECTS in ivshmem/driver_api.py)."""
+        if "reserves" in effects:
+            self.reserved[outs[0]] = args[0]
+        elif "unreserves" in effects:
+            size = self.reserved.pop(args[0], 0)
+            self.unmapped(args[0], size)  # nothing can stay mapped in a range that is gone
+        elif "creates_physical" in effects:
+            self.physical[outs[0]] = (args[0], self._usage.allocated(args[0], placed))
+        if "releases_physical" in effects:
+            self.released.add(args[0])
+            self._give_back_unmapped(args[0])
+
+    def mapped(self, pointer: int, size: int, handle: int) -> None:
+        """cuMemMap succeeded: [pointer, pointer + size) maps `handle`'s memory."""
+        self.mappings[pointer] = (size, handle)
+
+    def unmapped(self, pointer: int, size: int) -> None:
+        """cuMemUnmap (or cuMemAddressFree) succeeded over [pointer, pointer + size): the mappings inside are gone,
+        and released physical memory mapped nowhere else any more is given back to the quota."""
+        end = pointer + size
+        gone = [base for base, (length, _h) in self.mappings.items() if pointer <= base and base + length <= end]
+        handles = {self.mappings.pop(base)[1] for base in gone}
+        for handle in handles:
+            self._give_back_unmapped(handle)
+
+    def _give_back_unmapped(self, handle: int) -> None:
+        if handle in self.released and not any(h == handle for _s, h in self.mappings.values()):
+            self.released.discard(handle)
+            if handle in self.physical:
+                size, device = self.physical.pop(handle)
+                self._usage.freed(device, size)

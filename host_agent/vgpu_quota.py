@@ -104,14 +104,16 @@ class VgpuQuota:
         return SUCCESS, min(int(total), self.limits[ordinal])
 
     # --- decisions ------------------------------------------------------------------------------------------
-    def allocation_fits(self, size: int) -> bool:
-        """Whether an allocation of `size` bytes stays within the quota of the current context's GPU.
+    def allocation_fits(self, size: int, device: int | None = None) -> bool:
+        """Whether an allocation of `size` bytes stays within the quota of `device`, a physical GPU (None: the
+        current context's; cuMemCreate names its GPU itself).
 
         The ledger keeps this exact without a measurement; only an allocation that would be refused measures
         again first, since what the process holds beyond it may have shrunk (a pool trimmed, say)."""
         if self.limits is None:
             return True
-        device = self.current_device()
+        if device is None:
+            device = self.current_device()
         limit = self.device_limit(device)
         if limit is None or self.account.counted(device) + size <= limit:
             return True
@@ -155,8 +157,9 @@ class VgpuQuota:
                  self.devices.index(device), device)  # Orion's words
 
     # --- what the ledger tells it (session_ledger.Usage) ----------------------------------------------------
-    def allocated(self, size: int) -> int:
-        device = self.current_device() if self.limits is not None else -1  # only a quota needs to know
+    def allocated(self, size: int, device: int | None = None) -> int:
+        if device is None:
+            device = self.current_device() if self.limits is not None else -1  # only a quota needs to know
         self.account.allocated(device, size)
         return device
 
