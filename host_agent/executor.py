@@ -38,10 +38,12 @@ from ivshmem.cuda_status import (
 from ivshmem.driver_api import (
     BY_OPCODE,
     ENUMS,
+    IMAGE_BY_DIGEST,
+    IMAGE_BY_DIGEST_REQUEST,
+    IMAGE_LOADS,
+    IMAGE_NOT_CACHED,
     JIT_SCALAR_OPTIONS,
     LAUNCH_ATTRIBUTE,
-    LAUNCH_ATTRIBUTES_EVENT,
-    LAUNCH_ATTRIBUTES_PLAIN,
     PINNED_COPY,
     POINTER_ATTRIBUTE_WIDTHS,
     POINTER_CONTEXT,
@@ -65,7 +67,8 @@ from .call_handlers import HOST, POLICY  # the calls written out here and in the
 from .diagnostics import DiagnosticsHandler
 from .gpu_memory import MeterFactory
 from .handler import Reply, Session, note, refused
-from .launch_extras import LaunchExtraCalls
+from .image_cache import CacheSettings, ImageCache
+from .launch_extras import MAX_LAUNCH_ATTRIBUTES, LaunchExtraCalls
 from .limits import one_line
 from .pinned_pool import HostPool
 from .session_ledger import CHECKED, SessionLedger
@@ -79,7 +82,6 @@ CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE
 CU_MEMHOSTREGISTER_PORTABLE = 1
 CU_MEMHOSTALLOC_FLAGS = 0x7  # PORTABLE | DEVICEMAP | WRITECOMBINED
 MIB = 1 << 20
-MAX_LAUNCH_ATTRIBUTES = 64
 CONVERTED = ENUMS | {"CUdevice"}  # input types the driver API wants as its own objects
 
 
@@ -91,6 +93,7 @@ class ExecutorOptions:
     controller: str = ""  # the Orion Controller oriond reports to: where a guest's allocation is confirmed
     host: str = ""  # this host's name in that controller's pool
     meter: MeterFactory | None = None  # how a worker measures its GPU memory (gpu_memory.py); None: NVML
+    image_cache: CacheSettings = CacheSettings()  # the per-host module image cache (image_cache.py); off by default
 
 
 def _load_driver() -> Any:
@@ -141,6 +144,8 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
         self._launch_extra_at = ctypes.addressof(self._launch_extra)
         self._launch_config = LaunchConfig()
         self._launch_attributes = ctypes.create_string_buffer(MAX_LAUNCH_ATTRIBUTES * LAUNCH_ATTRIBUTE.size)
+        self.images = ImageCache(self.options.image_cache)  # module images by digest, shared by the host's sessions
+        self._image_from_cache = False  # the load in progress got its image from the cache (not stored again)
 
     def attach_channel(self, region: Region, index: int) -> None:
         """Page-lock this session's channel (cuMemHostRegister), so copies between its staging chunks and
@@ -187,6 +192,8 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
             if record.opcode == Op.BIND:
                 return self._bind(BIND_REQUEST.decode(record.payload)[0])
             return super().handle(record)
+        if record.opcode & IMAGE_BY_DIGEST:
+            return self._image_by_digest(record.opcode & ~IMAGE_BY_DIGEST, bytes(record.payload))
         pinned = bool(record.opcode & PINNED_COPY)
         call = BY_OPCODE.get(record.opcode & ~PINNED_COPY)
         if record.opcode == POOL_MAP_OPCODE:
@@ -439,17 +446,46 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
         (image,) = call.request.decode(payload)
         before = self.quota.usage_before()
         err, module = self.driver.cuModuleLoadData(image)
-        return self._loaded(call, before, err, module, "CUmodule")
+        return self._loaded(call, before, err, module, "CUmodule", image)
 
-    def _loaded(self, call: DriverCall, before: dict[int, int | None], err: Any, handle: Any, kind: str) -> Reply:
+    def _image_by_digest(self, opcode: int, payload: bytes) -> Reply:
+        """A load's IMAGE_BY_DIGEST variant: the image from the host's cache, then the load as if the guest had
+        sent it; IMAGE_NOT_CACHED (the guest sends it whole) when the cache does not hold exactly that image."""
+        call = BY_OPCODE.get(opcode)
+        if call is None or call.name not in IMAGE_LOADS:
+            return Reply(Status.UNKNOWN_OPCODE, f"opcode {opcode | IMAGE_BY_DIGEST:#x} is not a forwarded CUDA "
+                                                f"call".encode())
+        if self.driver is None:
+            return Reply(NOT_INITIALIZED)
+        try:
+            size, digest, head = IMAGE_BY_DIGEST_REQUEST.decode(payload)
+        except RecordError as exc:
+            return Reply(Status.MALFORMED, str(exc).encode())
+        image = self.images.load(bytes(digest), size)
+        if image is None:
+            return Reply(IMAGE_NOT_CACHED)
+        self._image_from_cache = True
+        try:
+            return HOST.by_name[call.name](self, call, bytes(head) + image)
+        except RecordError as exc:  # JIT options not of the declared shape
+            return Reply(Status.MALFORMED, str(exc).encode())
+        finally:
+            self._image_from_cache = False
+
+    def _loaded(self, call: DriverCall, before: dict[int, int | None], err: Any, handle: Any, kind: str,
+                image: bytes | memoryview) -> Reply:
         """A module or library load's reply: refused and unloaded if its globals and code pushed a GPU past the
-        session's quota (the driver API allocates a module's globals at load, cuModuleLoad's documentation)."""
+        session's quota (the driver API allocates a module's globals at load, cuModuleLoad's documentation).
+        An image the guest sent whole and the driver took is kept in the host's cache, under the digest computed
+        here, for the next load of it by any session."""
         if int(err) != SUCCESS:
             return Reply(int(err))
         unload = self.driver.cuModuleUnload if kind == "CUmodule" else self.driver.cuLibraryUnload
         if self.quota.past_quota(before, None, lambda: unload(handle)):
             return Reply(OUT_OF_MEMORY)
         self._record(call, (), [int(handle)])  # the module or library handle: the call's one output
+        if not self._image_from_cache:
+            self.images.store(image)
         return Reply(SUCCESS, call.reply.encode(int(handle)))
 
     @HOST.serves("cuMemPoolGetAttribute", "cuMemPoolSetAttribute")
@@ -479,7 +515,7 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
         before = self.quota.usage_before()
         err, library = self.driver.cuLibraryLoadData(image, options or None, values or None, len(options), None,
                                                      None, 0)
-        return self._loaded(call, before, err, library, "CUlibrary")
+        return self._loaded(call, before, err, library, "CUlibrary", image)
 
     @HOST.serves("cuModuleGetFunction", "cuModuleGetGlobal", "cuLibraryGetKernel", "cuLibraryGetGlobal")
     def _by_name(self, call: DriverCall, payload: bytes) -> Reply:
@@ -531,21 +567,10 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
         return Reply(int(err))
 
     def _launch_ex(self, f: int, head: tuple[int, ...], attributes: bytes) -> int:
-        """cuLaunchKernelEx with launch attributes: only the kinds driver_api lists, events only the session's."""
-        for identifier, value in LAUNCH_ATTRIBUTE.iter_unpack(attributes):
-            if identifier in LAUNCH_ATTRIBUTES_EVENT:
-                if struct.unpack_from("<Q", value)[0] not in self.ledger.handles["CUevent"]:
-                    return INVALID_HANDLE
-            elif identifier not in LAUNCH_ATTRIBUTES_PLAIN:
-                return NOT_SUPPORTED
-        count = len(attributes) // LAUNCH_ATTRIBUTE.size
-        ctypes.memmove(self._launch_attributes, attributes, len(attributes))
-        config = self._launch_config
-        (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY, config.blockDimZ,
-         config.sharedMemBytes, config.hStream) = head
-        config.attrs, config.numAttrs = ctypes.addressof(self._launch_attributes), count
-        # The wheel's CUlaunchConfig over our own struct: its C call reads `attrs` from there
-        wrapped = self.driver.CUlaunchConfig(_ptr=ctypes.addressof(config))
+        """cuLaunchKernelEx with launch attributes (checked and laid out by launch_extras.launch_config_for)."""
+        err, wrapped = self.launch_config_for(head, attributes)
+        if err != SUCCESS:
+            return err
         (err,) = self.driver.cuLaunchKernelEx(wrapped, f, None, self._launch_extra_at)
         return int(err)
 
@@ -715,7 +740,7 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
             err, module = self.driver.cuModuleLoadDataEx(image, len(options), options, values)
         else:
             err, module = self.driver.cuModuleLoadData(image)
-        return self._loaded(call, before, err, module, "CUmodule")
+        return self._loaded(call, before, err, module, "CUmodule", image)
 
 
 def _ok(call: DriverCall, *outs: int) -> Reply:

@@ -66,6 +66,7 @@ import json
 import os
 import re
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -85,7 +86,8 @@ CUresult = IntEnum("CUresult", [  # type: ignore[misc]
     ("CUDA_ERROR_ILLEGAL_ADDRESS", 700), ("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", 701),
     ("CUDA_ERROR_LAUNCH_FAILED", 719), ("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", 712),
     ("CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", 713), ("CUDA_ERROR_NOT_PERMITTED", 800),
-    ("CUDA_ERROR_NOT_SUPPORTED", 801),
+    ("CUDA_ERROR_NOT_SUPPORTED", 801), ("CUDA_ERROR_UNSUPPORTED_LIMIT", 215), ("CUDA_ERROR_LAUNCH_TIMEOUT", 702),
+    ("CUDA_ERROR_INVALID_CLUSTER_SIZE", 912),
     ("CUDA_ERROR_UNKNOWN", 999),
 ])
 ERROR_STRINGS = {  # cuGetErrorString's texts (CUDA 13) for the codes above
@@ -99,6 +101,8 @@ ERROR_STRINGS = {  # cuGetErrorString's texts (CUDA 13) for the codes above
     712: "part or all of the requested memory range is already mapped",
     713: "pointer does not correspond to a registered memory region",
     800: "operation not permitted", 801: "operation not supported", 999: "unknown error",
+    215: "limit is not supported on this architecture", 702: "the launch timed out and was terminated",
+    912: "invalid cluster size",
 }
 def _other_device_attributes(named: set[int]) -> list[tuple[str, int]]:
     """CUdevice_attribute members beyond the few named here: the installed wheel's (names and values), else
@@ -182,9 +186,71 @@ CUjit_fallback = IntEnum("CUjit_fallback", [  # type: ignore[misc]
 CUjit_cacheMode = IntEnum("CUjit_cacheMode", [  # type: ignore[misc]
     ("CU_JIT_CACHE_OPTION_NONE", 0), ("CU_JIT_CACHE_OPTION_CG", 1), ("CU_JIT_CACHE_OPTION_CA", 2),
 ])
+CUlimit = IntEnum("CUlimit", [  # type: ignore[misc]
+    ("CU_LIMIT_STACK_SIZE", 0), ("CU_LIMIT_PRINTF_FIFO_SIZE", 1), ("CU_LIMIT_MALLOC_HEAP_SIZE", 2),
+    ("CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH", 3), ("CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT", 4),
+    ("CU_LIMIT_MAX_L2_FETCH_GRANULARITY", 5), ("CU_LIMIT_PERSISTING_L2_CACHE_SIZE", 6), ("CU_LIMIT_SHMEM_SIZE", 7),
+    ("CU_LIMIT_CIG_ENABLED", 8), ("CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED", 9), ("CU_LIMIT_PER_BLOCK_MEMORY_SIZE", 10),
+])
+CUtensorMapDataType = IntEnum("CUtensorMapDataType", [  # type: ignore[misc]
+    ("CU_TENSOR_MAP_DATA_TYPE_UINT8", 0), ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 1), ("CU_TENSOR_MAP_DATA_TYPE_UINT32", 2),
+    ("CU_TENSOR_MAP_DATA_TYPE_INT32", 3), ("CU_TENSOR_MAP_DATA_TYPE_UINT64", 4), ("CU_TENSOR_MAP_DATA_TYPE_INT64", 5),
+    ("CU_TENSOR_MAP_DATA_TYPE_FLOAT16", 6), ("CU_TENSOR_MAP_DATA_TYPE_FLOAT32", 7),
+    ("CU_TENSOR_MAP_DATA_TYPE_FLOAT64", 8), ("CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", 9),
+    ("CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ", 10), ("CU_TENSOR_MAP_DATA_TYPE_TFLOAT32", 11),
+    ("CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ", 12), ("CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B", 13),
+    ("CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B", 14), ("CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B", 15),
+])
+CUtensorMapInterleave = IntEnum("CUtensorMapInterleave", [  # type: ignore[misc]
+    ("CU_TENSOR_MAP_INTERLEAVE_NONE", 0), ("CU_TENSOR_MAP_INTERLEAVE_16B", 1), ("CU_TENSOR_MAP_INTERLEAVE_32B", 2),
+])
+CUtensorMapSwizzle = IntEnum("CUtensorMapSwizzle", [  # type: ignore[misc]
+    ("CU_TENSOR_MAP_SWIZZLE_NONE", 0), ("CU_TENSOR_MAP_SWIZZLE_32B", 1), ("CU_TENSOR_MAP_SWIZZLE_64B", 2),
+    ("CU_TENSOR_MAP_SWIZZLE_128B", 3),
+])
+CUtensorMapL2promotion = IntEnum("CUtensorMapL2promotion", [  # type: ignore[misc]
+    ("CU_TENSOR_MAP_L2_PROMOTION_NONE", 0), ("CU_TENSOR_MAP_L2_PROMOTION_L2_64B", 1),
+    ("CU_TENSOR_MAP_L2_PROMOTION_L2_128B", 2), ("CU_TENSOR_MAP_L2_PROMOTION_L2_256B", 3),
+])
+CUtensorMapFloatOOBfill = IntEnum("CUtensorMapFloatOOBfill", [  # type: ignore[misc]
+    ("CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE", 0), ("CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA", 1),
+])
+# Virtual memory management (cuMemCreate and friends).
+CUmemAllocationType = IntEnum("CUmemAllocationType", [  # type: ignore[misc]
+    ("CU_MEM_ALLOCATION_TYPE_INVALID", 0), ("CU_MEM_ALLOCATION_TYPE_PINNED", 1), ("CU_MEM_ALLOCATION_TYPE_MANAGED", 2),
+])
+CUmemLocationType = IntEnum("CUmemLocationType", [  # type: ignore[misc]
+    ("CU_MEM_LOCATION_TYPE_INVALID", 0), ("CU_MEM_LOCATION_TYPE_DEVICE", 1), ("CU_MEM_LOCATION_TYPE_HOST", 2),
+    ("CU_MEM_LOCATION_TYPE_HOST_NUMA", 3), ("CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT", 4),
+])
+CUmemAllocationHandleType = IntEnum("CUmemAllocationHandleType", [  # type: ignore[misc]
+    ("CU_MEM_HANDLE_TYPE_NONE", 0), ("CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR", 1), ("CU_MEM_HANDLE_TYPE_WIN32", 2),
+    ("CU_MEM_HANDLE_TYPE_WIN32_KMT", 4), ("CU_MEM_HANDLE_TYPE_FABRIC", 8),
+])
+CUmemAccess_flags = IntEnum("CUmemAccess_flags", [  # type: ignore[misc]
+    ("CU_MEM_ACCESS_FLAGS_PROT_NONE", 0), ("CU_MEM_ACCESS_FLAGS_PROT_READ", 1),
+    ("CU_MEM_ACCESS_FLAGS_PROT_READWRITE", 3),
+])
+CUmemAllocationGranularity_flags = IntEnum("CUmemAllocationGranularity_flags", [  # type: ignore[misc]
+    ("CU_MEM_ALLOC_GRANULARITY_MINIMUM", 0), ("CU_MEM_ALLOC_GRANULARITY_RECOMMENDED", 1),
+])
+VMM_GRANULARITY = 2 * 1024 * 1024  # minimum and recommended, as an H100 answers for device memory
 ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUmemPool_attribute, CUfunction_attribute,
                                            CUfunc_cache, CUstreamCaptureStatus, CUpointer_attribute, CUjit_option,
-                                           CUjit_target, CUjit_fallback, CUjit_cacheMode)
+                                           CUjit_target, CUjit_fallback, CUjit_cacheMode, CUlimit,
+                                           CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                           CUtensorMapL2promotion, CUtensorMapFloatOOBfill, CUmemAllocationType,
+                                           CUmemLocationType, CUmemAllocationHandleType, CUmemAccess_flags,
+                                           CUmemAllocationGranularity_flags)
+# cuCtxGetLimit's answers in a new context, as an H100 gives them (SHMEM_SIZE and PER_BLOCK_MEMORY_SIZE are not
+# modelled: CUDA_ERROR_UNSUPPORTED_LIMIT); cuCtxSetLimit's ceilings where the driver has one.
+LIMIT_DEFAULTS = {0: 1024, 1: 1 * 1024 * 1024, 2: 8 * 1024 * 1024, 3: 2, 4: 2048, 5: 64, 6: 0, 8: 0, 9: 0}
+LIMIT_CEILINGS = {3: 24, 5: 128, 6: 78643200, 8: 0, 9: 1}  # sync depth, fetch granularity, persisting L2, CIG
+# Element sizes in bytes of the tensor-map data types (the packed 4- and 6-bit ones: 0, not whole bytes).
+TENSOR_ELEMENT_BYTES = {0: 1, 1: 2, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 4, 11: 4, 12: 4,
+                        13: 0, 14: 0, 15: 0}
+CU_STREAM_WAIT_VALUE_FLUSH = 1 << 30
+WAIT_HOST_POLL_S = 10.0  # how long a synchronize polls host memory for a write the wait needs (another process's)
 # How the wheel takes each JIT option's value (utils.pxi _HelperCUjit_option): an int, or a member of an enum.
 JIT_VALUE_ENUMS: dict[int, type[IntEnum]] = {9: CUjit_target, 10: CUjit_fallback, 14: CUjit_cacheMode}
 CU_MEMORYTYPE_DEVICE = 2
@@ -265,6 +331,54 @@ class CUmemoryPool(_Handle):
     pass
 
 
+class CUmemGenericAllocationHandle(_Handle):
+    pass
+
+
+class CUmemLocation:
+    """The wheel's CUmemLocation: a location type and id (a device ordinal for a device)."""
+
+    def __init__(self) -> None:
+        self.type: Any = CUmemLocationType.CU_MEM_LOCATION_TYPE_INVALID
+        self.id = 0
+
+    def __repr__(self) -> str:
+        return f"CUmemLocation(type={int(self.type)}, id={self.id})"
+
+
+class _MemAllocFlags:
+    """CUmemAllocationProp.allocFlags (an anonymous struct in the wheel)."""
+
+    def __init__(self) -> None:
+        self.compressionType, self.gpuDirectRDMACapable, self.usage = 0, 0, 0
+
+
+class CUmemAllocationProp:
+    """The wheel's CUmemAllocationProp: nested `location` and `allocFlags` set field by field."""
+
+    def __init__(self) -> None:
+        self.type: Any = CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_INVALID
+        self.requestedHandleTypes: Any = CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
+        self.location = CUmemLocation()
+        self.win32HandleMetaData = 0
+        self.allocFlags = _MemAllocFlags()
+
+    def __repr__(self) -> str:
+        return (f"CUmemAllocationProp(type={int(self.type)}, requestedHandleTypes={int(self.requestedHandleTypes)}, "
+                f"location={self.location!r})")
+
+
+class CUmemAccessDesc:
+    """The wheel's CUmemAccessDesc: a location and its access flags."""
+
+    def __init__(self) -> None:
+        self.location = CUmemLocation()
+        self.flags: Any = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE
+
+    def __repr__(self) -> str:
+        return f"CUmemAccessDesc(location={self.location!r}, flags={int(self.flags)})"
+
+
 class cuuint64_t:  # noqa: N801 - the wheel's name
     __slots__ = ("_value",)
 
@@ -278,6 +392,28 @@ class cuuint64_t:  # noqa: N801 - the wheel's name
 
     def __repr__(self) -> str:
         return f"<cuuint64_t {self._value}>"
+
+
+class cuuint32_t:  # noqa: N801 - the wheel's name
+    __slots__ = ("_value",)
+
+    def __init__(self, value: int = 0) -> None:
+        if not 0 <= int(value) < 1 << 32:
+            raise OverflowError(f"{value} does not fit a cuuint32_t")
+        self._value = int(value)
+
+    def __int__(self) -> int:
+        return self._value
+
+
+class CUtensorMap:
+    """The wheel's 128-byte opaque descriptor (64-byte aligned in C): its bytes at getPtr()."""
+
+    def __init__(self, data: bytes = bytes(128)) -> None:
+        self._buffer = ctypes.create_string_buffer(bytes(data), 128)
+
+    def getPtr(self) -> int:  # noqa: N802 - the wheel's name
+        return ctypes.addressof(self._buffer)
 
 
 class CUlaunchConfig:
@@ -464,6 +600,22 @@ H100_ATTRIBUTES = {
     95: 1, 97: 232_448, 102: 1, 106: 32, 111: 1024, 115: 1,
 }
 
+@dataclass
+class _Physical:
+    """Physical memory of cuMemCreate: its bytes (shared by every mapping of it), its device, whether released."""
+    data: bytearray
+    device: int
+    released: bool = False
+
+
+@dataclass
+class _Mapping:
+    size: int
+    handle: int
+    offset: int
+    access: int = 0  # CUmemAccess_flags granted by cuMemSetAccess (0: none yet)
+
+
 class FakeDriver:
     """The subset of cuda.bindings.driver's API that host_agent/executor.py uses; see the module docstring."""
 
@@ -478,9 +630,18 @@ class FakeDriver:
     CUjit_fallback, CUjit_cacheMode = CUjit_fallback, CUjit_cacheMode
     CUdevice, CUdeviceptr, CUcontext, CUstream, CUevent = CUdevice, CUdeviceptr, CUcontext, CUstream, CUevent
     CUmodule, CUfunction, CUlibrary, CUkernel, CUmemoryPool = CUmodule, CUfunction, CUlibrary, CUkernel, CUmemoryPool
-    cuuint64_t = cuuint64_t
+    cuuint64_t, cuuint32_t, CUtensorMap = cuuint64_t, cuuint32_t, CUtensorMap
+    CUlimit = CUlimit
+    CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle = (CUtensorMapDataType, CUtensorMapInterleave,
+                                                                      CUtensorMapSwizzle)
+    CUtensorMapL2promotion, CUtensorMapFloatOOBfill = CUtensorMapL2promotion, CUtensorMapFloatOOBfill
     CUuuid = CUuuid
     CUlaunchConfig = CUlaunchConfig
+    CUmemAllocationType, CUmemLocationType, CUmemAllocationHandleType = (CUmemAllocationType, CUmemLocationType,
+                                                                         CUmemAllocationHandleType)
+    CUmemAccess_flags, CUmemAllocationGranularity_flags = CUmemAccess_flags, CUmemAllocationGranularity_flags
+    CUmemGenericAllocationHandle, CUmemLocation = CUmemGenericAllocationHandle, CUmemLocation
+    CUmemAllocationProp, CUmemAccessDesc = CUmemAllocationProp, CUmemAccessDesc
 
     def __init__(self, devices: int = 2, total_mem: tuple[int, ...] | None = None, journal: str | None = None,
                  initialized: bool = False, context_bytes: int = CONTEXT_BYTES,
@@ -522,8 +683,14 @@ class FakeDriver:
         self.default_pool: dict[int, int] = {}  # device -> pool
         self.launches: list[dict[str, Any]] = []
         self.registered: dict[int, int] = {}  # page-locked host ranges: address -> size
-        self.pending: dict[int, list[Callable[[], None]]] = {}  # non-blocking stream -> work not yet done
+        # stream -> work not yet done: a non-blocking stream's, or any stream's held back by an unsatisfied
+        # cuStreamWaitValue32 (an action answering False is that wait: it and what follows stay queued)
+        self.pending: dict[int, list[Callable[[], bool | None]]] = {}
+        self.limits: dict[int, dict[int, int]] = {}  # context -> limit -> value set with cuCtxSetLimit
         self.origin: dict[int, tuple[int, int]] = {}  # base -> (context it was made in, pool it came from or 0)
+        self.reserved: dict[int, int] = {}  # virtual address ranges (cuMemAddressReserve): base -> size
+        self.physical: dict[int, _Physical] = {}  # cuMemCreate's memory, until released and unmapped
+        self.mappings: dict[int, _Mapping] = {}  # mapped address -> what it maps (cuMemMap)
 
     # --- bookkeeping --------------------------------------------------------------------------------------------
     def _record(self, name: str, args: tuple[Any, ...], result: tuple[Any, ...]) -> None:
@@ -580,18 +747,49 @@ class FakeDriver:
         value = 0 if stream is None else int(stream)
         return value in self.streams and bool(self.streams[value][1] & CU_STREAM_NON_BLOCKING)
 
-    def _enqueue(self, stream: Any, action: Callable[[], None]) -> None:
-        """Run `action` now, or (non-blocking stream) when something waits for that stream."""
-        if self._nonblocking(stream):
-            self.pending.setdefault(int(stream), []).append(action)
-        else:
-            action()
+    def _enqueue(self, stream: Any, action: Callable[[], bool | None]) -> None:
+        """Run `action` now, or (non-blocking stream, or one held back by a wait) when something waits for that
+        stream. An action answering False is a wait not yet satisfied: it stays queued, and so does later work."""
+        key = int(stream or 0)
+        if self._nonblocking(stream) or self.pending.get(key):
+            self.pending.setdefault(key, []).append(action)
+        elif action() is False:
+            self.pending[key] = [action]
 
-    def _drain(self, stream: Any = None) -> None:
-        """Complete the queued work of `stream` (None: of every stream)."""
-        for key in [int(stream)] if stream is not None else list(self.pending):
-            for action in self.pending.pop(key, []):
-                action()
+    def _run_queued(self, keys: list[int]) -> bool:
+        """Run the queued work of `keys` in order, each up to a wait not yet satisfied; whether any ran."""
+        ran = False
+        for key in keys:
+            work = self.pending.pop(key, [])
+            for i, action in enumerate(work):
+                if action() is False:
+                    self.pending[key] = work[i:]
+                    break
+                ran = True
+        return ran
+
+    def _drain(self, stream: Any = None) -> int:
+        """Complete the queued work of `stream` (None: of every stream). A wait holding a stream back first lets
+        the other streams' queued work run (their writes may satisfy it); one on host memory is then polled, as
+        another process (the guest) may write it; 0, or CUDA_ERROR_LAUNCH_TIMEOUT where a GPU would wait
+        forever (the fake's stand-in for a hang: nothing can write the value any more, or WAIT_HOST_POLL_S ran
+        out)."""
+        keys = [int(stream)] if stream is not None else list(self.pending)
+        deadline = None
+        while True:
+            self._run_queued(keys)
+            held = [key for key in keys if self.pending.get(key)]
+            if not held:
+                return 0
+            if self._run_queued([key for key in list(self.pending) if key not in held]):
+                continue
+            host = any(getattr(self.pending[key][0], "on_host", False) for key in held)
+            if not host:
+                return CUresult.CUDA_ERROR_LAUNCH_TIMEOUT
+            deadline = deadline if deadline is not None else time.monotonic() + WAIT_HOST_POLL_S
+            if time.monotonic() > deadline:
+                return CUresult.CUDA_ERROR_LAUNCH_TIMEOUT
+            time.sleep(0.0005)
 
     def _stream_ok(self, stream: Any) -> bool:
         value = 0 if stream is None else int(stream)
@@ -861,8 +1059,7 @@ class FakeDriver:
     def cuCtxSynchronize(self) -> tuple[Any, ...]:
         if err := self._context_error():
             return _result(err)
-        self._drain()
-        return _result(0)
+        return _result(self._drain())
 
     @_recorded
     def cuCtxGetStreamPriorityRange(self) -> tuple[Any, ...]:
@@ -1219,8 +1416,8 @@ class FakeDriver:
     def cuStreamSynchronize(self, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
         if err := self._stream_error(hStream):
             return _result(err)
-        self._drain(hStream if hStream else None)  # the legacy stream waits for the blocking streams: all run
-        return _result(0)
+        # the legacy stream waits for the blocking streams: all run
+        return _result(self._drain(hStream if hStream else None))
 
     @_recorded
     def cuStreamQuery(self, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
@@ -1276,8 +1473,7 @@ class FakeDriver:
     def cuEventSynchronize(self, hEvent: Any) -> tuple[Any, ...]:  # noqa: N803
         if int(hEvent) not in self.events:
             return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
-        self._drain(self.events[int(hEvent)]["stream"] or None)
-        return _result(0)
+        return _result(self._drain(self.events[int(hEvent)]["stream"] or None))
 
     @_recorded
     def cuEventQuery(self, hEvent: Any) -> tuple[Any, ...]:  # noqa: N803
@@ -1718,6 +1914,168 @@ class FakeDriver:
         self.launches.append(launch)
         self._note = {"launch": launch}
         return _result(0)
+
+    # --- context limits ----------------------------------------------------------------------------------------
+    @_recorded
+    def cuCtxGetLimit(self, limit: Any) -> tuple[Any, ...]:
+        """LIMIT_DEFAULTS until set in the current context; an unmodelled limit: CUDA_ERROR_UNSUPPORTED_LIMIT."""
+        if err := self._context_error():
+            return _result(err, 1)
+        which = int(self._enum(limit, CUlimit, "limit"))
+        value = self.limits.get(self._current() or 0, {}).get(which, LIMIT_DEFAULTS.get(which))
+        if value is None:
+            return _result(CUresult.CUDA_ERROR_UNSUPPORTED_LIMIT, 1)
+        return CUresult(0), value
+
+    @_recorded
+    def cuCtxSetLimit(self, limit: Any, value: int) -> tuple[Any, ...]:
+        """Per context. Past its ceiling: the two L2 hints are clamped, as the driver documents; the rest are
+        refused (CUDA_ERROR_INVALID_VALUE)."""
+        if err := self._context_error():
+            return _result(err)
+        which = int(self._enum(limit, CUlimit, "limit"))
+        if which not in LIMIT_DEFAULTS:
+            return _result(CUresult.CUDA_ERROR_UNSUPPORTED_LIMIT)
+        number = int(value)
+        ceiling = LIMIT_CEILINGS.get(which)
+        if ceiling is not None and number > ceiling:
+            if which not in (5, 6):
+                return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+            number = ceiling
+        self.limits.setdefault(self._current() or 0, {})[which] = number
+        return _result(0)
+
+    # --- stream memory operations -------------------------------------------------------------------------------
+    def _word(self, address: int) -> tuple[Callable[[], int], Callable[[int], None], bool] | None:
+        """Reader and writer of the 32-bit word at a device address (device memory, or registered host memory,
+        which maps at its own address), and whether it is host memory; None where no memory is."""
+        span = self._span(address, 4)
+        if span is not None:
+            data, offset = span
+
+            def write_device(value: int) -> None:
+                data[offset:offset + 4] = value.to_bytes(4, "little")
+            return (lambda: int.from_bytes(data[offset:offset + 4], "little")), write_device, False
+        if any(base <= address and address + 4 <= base + size for base, size in self.registered.items()):
+            cell = ctypes.c_uint32.from_address(address)
+
+            def write_host(value: int) -> None:
+                cell.value = value
+            return (lambda: cell.value), write_host, True
+        return None
+
+    @staticmethod
+    def wait_satisfied(word: int, value: int, condition: int) -> bool:
+        """CU_STREAM_WAIT_VALUE_GEQ (a cyclic comparison: (int32_t)(word - value) >= 0), EQ, AND, NOR."""
+        if condition == 0:
+            return (word - value) & 0xFFFFFFFF < 0x80000000
+        if condition == 1:
+            return word == value
+        if condition == 2:
+            return bool(word & value)
+        return bool(~(word | value) & 0xFFFFFFFF)
+
+    def _value_op(self, stream: Any, addr: Any, value: Any) -> tuple[int, Any]:
+        """(error, the word's accessors) for a stream memory operation's common checks."""
+        if err := self._stream_error(stream):
+            return err, None
+        address = int(addr or 0)
+        word = self._word(address) if address % 4 == 0 else None
+        if word is None or not 0 <= int(value) < 1 << 32:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        return 0, word
+
+    @_recorded
+    def cuStreamWriteValue32(self, stream: Any, addr: Any, value: Any, flags: int) -> tuple[Any, ...]:
+        """Writes `value` in stream order (device memory, or registered host memory by its device pointer)."""
+        err, word = self._value_op(stream, addr, value)
+        if err or int(flags) & ~1:  # CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER is the only flag
+            return _result(err or CUresult.CUDA_ERROR_INVALID_VALUE)
+        number = int(value)
+        self._enqueue(stream, lambda: word[1](number))
+        return _result(0)
+
+    @_recorded
+    def cuStreamWaitValue32(self, stream: Any, addr: Any, value: Any, flags: int) -> tuple[Any, ...]:
+        """Holds back the stream's later work until the word satisfies the condition (flags: GEQ 0, EQ 1, AND 2,
+        NOR 3, optionally | FLUSH). A wait on host memory may be satisfied by another process: see `_drain`."""
+        err, word = self._value_op(stream, addr, value)
+        condition = int(flags) & ~CU_STREAM_WAIT_VALUE_FLUSH
+        if err or not 0 <= condition <= 3:
+            return _result(err or CUresult.CUDA_ERROR_INVALID_VALUE)
+        number, read = int(value), word[0]
+
+        def wait() -> bool:
+            return self.wait_satisfied(read(), number, condition)
+        wait.on_host = word[2]  # type: ignore[attr-defined]
+        self._enqueue(stream, wait)
+        return _result(0)
+
+    # --- cluster occupancy and tensor maps -------------------------------------------------------------------------
+    @_recorded
+    def cuOccupancyMaxActiveClusters(self, func: Any, config: Any) -> tuple[Any, ...]:
+        """From the C CUlaunchConfig behind `config`: its CLUSTER_DIMENSION attribute (4) is required (a fake
+        kernel has no compiled cluster size: CUDA_ERROR_INVALID_CLUSTER_SIZE without it, and past 8 blocks, the
+        portable limit); clusters = blocks per SM (as cuOccupancyMaxActiveBlocksPerMultiprocessor) x SMs / size."""
+        if err := self._context_error():
+            return _result(err, 1)
+        if int(func) not in self.functions and int(func) not in self.kernels:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        c = LaunchConfig.from_address(config.getPtr())
+        if not self._stream_ok(c.hStream):
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        threads = c.blockDimX * c.blockDimY * c.blockDimZ
+        if not 0 < threads <= 1024 or min(c.blockDimX, c.blockDimY, c.blockDimZ) == 0 or c.sharedMemBytes > 228 * 1024:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        raw = ctypes.string_at(c.attrs, c.numAttrs * LAUNCH_ATTRIBUTE.size) if c.numAttrs else b""
+        cluster = [struct.unpack_from("<3I", value) for identifier, value in LAUNCH_ATTRIBUTE.iter_unpack(raw)
+                   if identifier == 4]
+        size = cluster[-1][0] * cluster[-1][1] * cluster[-1][2] if cluster else 0
+        if not 0 < size <= 8:
+            return _result(CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE, 1)
+        per_sm = max(1, 2048 // threads) - (1 if c.sharedMemBytes else 0)
+        return CUresult(0), per_sm * self.device_attribute(16, self._device_of_current()) // size
+
+    @_recorded
+    def cuTensorMapEncodeTiled(self, tensorDataType: Any, tensorRank: int, globalAddress: Any,  # noqa: N803
+                               globalDim: Any, globalStrides: Any, boxDim: Any, elementStrides: Any,  # noqa: N803
+                               interleave: Any, swizzle: Any, l2Promotion: Any, oobFill: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The driver's documented requirements (rank 1-5, 3-5 interleaved; a 16-byte aligned address, 32 with
+        32-byte interleave; dims 1..2^32; strides multiples of 16 below 2^40; box 1..256 with an inner extent of
+        whole 16 bytes; element strides 1..8); the map's 128 bytes pack the arguments (`tensor_map_bytes`).
+        Lists of cuuint64_t/cuuint32_t, as the wheel takes them (plain ints raise TypeError)."""
+        dtype = int(self._enum(tensorDataType, CUtensorMapDataType, "tensorDataType"))
+        modes = [int(self._enum(v, cls, name)) for v, cls, name in (
+            (interleave, CUtensorMapInterleave, "interleave"), (swizzle, CUtensorMapSwizzle, "swizzle"),
+            (l2Promotion, CUtensorMapL2promotion, "l2Promotion"), (oobFill, CUtensorMapFloatOOBfill, "oobFill"))]
+        lists = []
+        for items, cls in ((globalDim, cuuint64_t), (globalStrides, cuuint64_t), (boxDim, cuuint32_t),
+                           (elementStrides, cuuint32_t)):
+            for item in items:
+                if not isinstance(item, cls):
+                    raise TypeError(f"Cannot convert {type(item).__name__} to cuda.bindings.driver.{cls.__name__}")
+            lists.append([int(item) for item in items])
+        dims, strides, box, steps = lists
+        rank, address = int(tensorRank), int(globalAddress or 0)
+        size = TENSOR_ELEMENT_BYTES[dtype] or 1
+        problems = [
+            not (3 if modes[0] else 1) <= rank <= 5, address % (32 if modes[0] == 2 else 16) != 0,
+            (len(dims), len(strides), len(box), len(steps)) != (rank, rank - 1, rank, rank),
+            any(not 1 <= d <= 1 << 32 for d in dims), any(s % 16 or s >= 1 << 40 for s in strides),
+            any(not 1 <= b <= 256 for b in box), any(not 1 <= e <= 8 for e in steps),
+            not modes[0] and bool(box) and box[0] * size % 16 != 0,
+        ]
+        if any(problems):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return CUresult(0), CUtensorMap(tensor_map_bytes(dtype, rank, address, dims, strides, box, steps, modes))
+
+
+def tensor_map_bytes(dtype: int, rank: int, address: int, dims: list[int], strides: list[int], box: list[int],
+                     steps: list[int], modes: list[int]) -> bytes:
+    """The fake's 128-byte tensor map: its arguments packed (a real one is opaque; tests compare these bytes)."""
+    padded = [*dims, *[0] * (5 - len(dims))], [*strides, *[0] * (4 - len(strides))]
+    return struct.pack("<QI6i5Q4Q5B5B", address, rank, dtype, *modes, 0, *padded[0], *padded[1],
+                       *[b - 1 for b in box] + [0] * (5 - len(box)), *steps + [0] * (5 - len(steps))).ljust(128, b"\0")
 
 
 # Names of every driver function the fake implements.
