@@ -7,8 +7,11 @@ round trips, then DRAIN/FILL bulk through the staging arenas) in two places:
 * in-guest: a libvirt guest (TCG: KVM does not boot a stock kernel on our machines) started from
   `orion-domain render`, the region made by the qemu hook, the probe reaching it through the ivshmem BAR
   (tests/guest/libvirt_guest.py, the same path as the end-to-end tests).
-Both sides also time their own interpreter (an empty loop step, a perf_counter_ns call), which shows how much of
-the guest's round trip is TCG emulating Python rather than the ring.
+The C wire client (guest_runtime/native/orion_wire.c, as the native guest driver uses it) is timed in both places
+too, by bench/native_wire_bench.py's harness (timed in C: ECHO of 8 bytes and NOP), built here into build/ of the
+checkout, which the guest sees through its share. Both sides also time their own interpreter (an empty loop step,
+a perf_counter_ns call), which shows how much of the guest's round trip is TCG emulating Python rather than the
+ring.
 
 Run as root after setup.sh: `.venv/bin/python bench/kvm_bench.py [--round-trips N] [--bulk-mib M]`.
 """
@@ -25,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.native_wire_bench import build_harness, harness_rows  # noqa: E402
 from host_agent import pidfile  # noqa: E402
 from host_agent.server_conf import ShmSettings  # noqa: E402
 from ivshmem.region import region_path  # noqa: E402
@@ -35,6 +39,8 @@ from tests.guest.libvirt_guest import LibvirtGuest  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 PROBE = re.compile(r"round-trip n=(\d+) p50=([\d.]+)us p99=([\d.]+)us|to-host=(\d+)MB/s from-host=(\d+)MB/s")
 SPEED = re.compile(r"KVM-PYTHON loop=(\d+)ns clock=(\d+)ns")
+NATIVE = re.compile(r"KVM-NATIVE \S+ rc=0 echo (\d+) (\d+) \| nop (\d+) (\d+)")
+HARNESS_DIR = REPO / "build" / "kvm-bench"
 
 
 def parse_probe(text: str) -> dict[str, float]:
@@ -49,7 +55,7 @@ def parse_probe(text: str) -> dict[str, float]:
     return out
 
 
-def host_local(round_trips: int, bulk_mib: int, directory: str) -> dict[str, float]:
+def host_local(round_trips: int, bulk_mib: int, directory: str, harness: Path) -> dict[str, float]:
     index = free_index(directory)
     subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "create", "-i", str(index), "-s", "256"], check=True,
                    cwd=REPO, capture_output=True)
@@ -60,25 +66,31 @@ def host_local(round_trips: int, bulk_mib: int, directory: str) -> dict[str, flo
                                  "--bulk-mib", str(bulk_mib)], capture_output=True, text=True, cwd=REPO, timeout=300)
         if result.returncode:
             raise SystemExit(f"kvm_bench: host-local probe failed: {result.stderr.strip()}")
-        return parse_probe(result.stdout)
+        native = harness_rows(harness, region_path(index, directory), str(round_trips))
+        return {**parse_probe(result.stdout), "native_p50": native["nop"][0], "native_p99": native["nop"][1]}
     finally:
         subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "remove", str(index), "--force"], cwd=REPO,
                        capture_output=True)
 
 
-def in_guest(round_trips: int, bulk_mib: int, directory: str) -> tuple[dict[str, float], tuple[float, float]]:
+def in_guest(round_trips: int, bulk_mib: int, directory: str,
+             harness: Path) -> tuple[dict[str, float], tuple[float, float]]:
     import libvirt
 
     conn = libvirt.open("qemu:///system")
-    with LibvirtGuest(conn, "tests/guest/cuda_guest.py", (str(round_trips), str(bulk_mib)), memory_mib=1024,
+    relative = str(harness.relative_to(REPO))
+    with LibvirtGuest(conn, "tests/guest/cuda_guest.py", (str(round_trips), str(bulk_mib), relative), memory_mib=1024,
                       prefix="orion-bench-") as guest:
         guest.define([(free_index(directory), 256)])
         run = guest.run(900)
     if run.rc != 0 or not run.line("ORION-PROBE ok"):
         raise SystemExit(f"kvm_bench: the guest did not complete its probe:\n{run.serial[-3000:]}")
-    speed = SPEED.search(run.serial)
-    assert speed is not None
-    return parse_probe(run.serial), (float(speed.group(1)), float(speed.group(2)))
+    speed, native = SPEED.search(run.serial), NATIVE.search(run.serial)
+    if speed is None or native is None:
+        raise SystemExit(f"kvm_bench: the guest did not time its interpreter or the C client:\n{run.serial[-3000:]}")
+    figures = {**parse_probe(run.serial), "native_p50": int(native.group(3)) / 1e3,
+               "native_p99": int(native.group(4)) / 1e3}
+    return figures, (float(speed.group(1)), float(speed.group(2)))
 
 
 def main() -> int:
@@ -87,10 +99,12 @@ def main() -> int:
     parser.add_argument("--bulk-mib", type=int, default=32)
     args = parser.parse_args()
     directory = ShmSettings.load().path_base
+    HARNESS_DIR.mkdir(parents=True, exist_ok=True)
+    harness, _library = build_harness(HARNESS_DIR)
     agent = start_agent()
     try:
-        local = host_local(args.round_trips, args.bulk_mib, directory)
-        guest, (guest_loop, guest_clock) = in_guest(args.round_trips, args.bulk_mib, directory)
+        local = host_local(args.round_trips, args.bulk_mib, directory, harness)
+        guest, (guest_loop, guest_clock) = in_guest(args.round_trips, args.bulk_mib, directory, harness)
     finally:
         stop_agent(agent)
     host_loop, host_clock = python_speed()
@@ -100,6 +114,7 @@ def main() -> int:
           f"type qemu (TCG), 1 vCPU; {args.round_trips} round trips, {args.bulk_mib} MiB bulk each way")
     print(f"{'':24}{'host-local':>12}{'in-guest':>12}{'guest/host':>12}")
     rows = [("round trip p50 (us)", "p50"), ("round trip p99 (us)", "p99"),
+            ("C client p50 (us)", "native_p50"), ("C client p99 (us)", "native_p99"),
             ("bulk to host (MB/s)", "to_host"), ("bulk from host (MB/s)", "from_host")]
     for label, key in rows:
         print(f"{label:24}{local[key]:>12.2f}{guest[key]:>12.2f}{guest[key] / local[key]:>11.2f}x")

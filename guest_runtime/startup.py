@@ -50,8 +50,8 @@ NATIVE_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nativ
 def native_library(environ: Mapping[str, str] = os.environ) -> tuple[str | None, str]:
     """The native guest driver this process would load (docs/native-driver.md), or None, and why in words.
 
-    Opt-in (ORION_NATIVE=1) while it lacks what the capsule path has: a QEMU guest's BAR2 region and vGPUs from
-    the Orion Controller (ORION_VGPU). It is where it was built (`pip install` compiles it; setup.sh in a
+    Opt-in (ORION_NATIVE=1) while it lacks what the capsule path has: vGPUs from the Orion Controller
+    (ORION_VGPU). It is where it was built (`pip install` compiles it; setup.sh in a
     checkout) unless ORION_NATIVE_LIB names another build."""
     if environ.get("ORION_NATIVE") != "1":
         return None, "the capsule path (ORION_NATIVE=1 selects the native driver)"

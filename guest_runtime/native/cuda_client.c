@@ -27,9 +27,12 @@ static int connect_once(void) {
     if (unreachable) return 0;
     char err[512] = "";
     const char *path = getenv("ORION_SHM");
+    char found[256];
     int rc = ORION_E_REGION;
+    if ((!path || !*path) && orion_discover(found, sizeof found)) path = found;
     if (!path || !*path) {
-        snprintf(err, sizeof err, "ORION_SHM is not set: name the region file (e.g. /dev/shm/orionsock0)");
+        snprintf(err, sizeof err, "no Orion region found: no ivshmem device and no /dev/shm/orionsock<N>; set "
+                 "ORION_SHM, or create one with 'orion-shm create' and start oriond");
     } else if ((rc = orion_open(path, &channel, err, sizeof err)) == ORION_OK &&
                (rc = orion_hello(channel, orion_table_digest, NULL)) != ORION_OK) {
         snprintf(err, sizeof err, "%s", orion_error(channel));
@@ -66,6 +69,8 @@ int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, voi
         int rc = orion_callv(channel, opcode, req, nreq, &status, rep, cap, tail, tail_cap, &got);
         if (rc != ORION_OK) {
             result = failed("a forwarded call", rc);
+        } else if (status == ORION_IMAGE_NOT_CACHED && (flags & ORION_CALL_BY_DIGEST)) {
+            result = status; /* module_calls.c sends the image whole */
         } else if (status < 0) {
             result = failed("the agent refused a call: wire status", status);
         } else if (status == CUDA_SUCCESS && !(flags & ORION_CALL_NO_FOLD)

@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "orion_wire.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -23,6 +24,12 @@
 #include <unistd.h>
 
 /* --- layout.py ---------------------------------------------------------------------------------------- */
+#define PCI_ROOT "/sys/bus/pci/devices"
+#define IVSHMEM_VENDOR "0x1af4"
+#define IVSHMEM_DEVICE "0x1110"
+#define GUEST_LOCK_DIR "/dev/shm"
+#define SHM_DIR "/dev/shm"
+#define SHM_PREFIX "orionsock"
 #define HEADER_SIZE 4096u
 #define PAGE 4096u
 #define CACHE_LINE 64u
@@ -760,6 +767,96 @@ static int open_region_file(const char *path, char *err, size_t el) {
     return fd;
 }
 
+/* A QEMU guest's region: BAR2 of the ivshmem-plain PCI device `bdf` (1af4:1110), enabled and mapped from sysfs
+ * `resource2`, as ivshmem/region.py's Region.open_pci does (no guest kernel driver). Its channel locks live in a
+ * file of GUEST_LOCK_DIR named after the device, shared by every process of the guest (mode 0666: any of them may
+ * take a channel). Returns the resource's descriptor and sets *lock_fd, or -1 with the reason in err. */
+static int open_region_pci(const char *bdf, int *lock_fd, char *err, size_t el) {
+#if !defined(__x86_64__)
+    (void)bdf; (void)lock_fd;
+    say(err, el, "the Orion rings rely on x86-64 memory ordering; this machine is not x86-64");
+    return -1;
+#else
+    char path[256];
+    if (strchr(bdf, '/') || strlen(bdf) > 64) {
+        say(err, el, "ORION_SHM=%s is neither a region file (an absolute path) nor a PCI address such as "
+            "0000:00:04.0", bdf);
+        return -1;
+    }
+    snprintf(path, sizeof path, PCI_ROOT "/%s/enable", bdf);
+    int enable = open(path, O_WRONLY | O_CLOEXEC);
+    if (enable >= 0) {  /* already enabled, or a kernel that does not need it: mapping tells us for sure */
+        if (write(enable, "1", 1) < 0) { /* ignored, as region.py does */ }
+        close(enable);
+    }
+    snprintf(path, sizeof path, PCI_ROOT "/%s/resource2", bdf);
+    int fd = open(path, O_RDWR | O_SYNC | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            say(err, el, "no ivshmem PCI device at %s; attach a region to this guest on the host (docs/kvm.md)", bdf);
+        else
+            say(err, el, "ivshmem %s: cannot open %s: %s; run as root or give the user read/write access to it", bdf,
+                path, strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof path, GUEST_LOCK_DIR "/orion-lock-%s", bdf);
+    *lock_fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (*lock_fd < 0) {
+        say(err, el, "ivshmem %s: cannot open its lock file %s: %s", bdf, path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    (void)fchmod(*lock_fd, 0666);  /* our umask may have narrowed it; only its creator can widen it */
+    return fd;
+#endif
+}
+
+static int is_ivshmem(const char *dev) {
+    char path[512], id[16] = "";
+    const char *files[2] = {"vendor", "device"}, *want[2] = {IVSHMEM_VENDOR, IVSHMEM_DEVICE};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, PCI_ROOT "/%s/%s", dev, files[i]);
+        FILE *f = fopen(path, "re");
+        if (!f) return 0;
+        int ok = fgets(id, sizeof id, f) != NULL;
+        fclose(f);
+        id[strcspn(id, "\n")] = 0;
+        if (!ok || strcmp(id, want[i]) != 0) return 0;
+    }
+    return 1;
+}
+
+static int by_name(const struct dirent **a, const struct dirent **b) { return strcmp((*a)->d_name, (*b)->d_name); }
+
+int orion_discover(char *out, size_t len) {
+    struct dirent **names;
+    int n = scandir(PCI_ROOT, &names, NULL, by_name), found = 0;
+    for (int i = 0; i < n; i++) {
+        if (!found && names[i]->d_name[0] != '.' && is_ivshmem(names[i]->d_name)) {
+            snprintf(out, len, "%s", names[i]->d_name);
+            found = 1;
+        }
+        free(names[i]);
+    }
+    if (n >= 0) free(names);
+    if (found) return 1;
+    long best = -1;
+    DIR *dir = opendir(SHM_DIR);
+    struct dirent *entry;
+    while (dir && (entry = readdir(dir)) != NULL) {  /* orionsock<N>, N in canonical decimal: the lowest */
+        const char *digits = entry->d_name + strlen(SHM_PREFIX);
+        if (strncmp(entry->d_name, SHM_PREFIX, strlen(SHM_PREFIX)) != 0 || !*digits || strlen(digits) > 9 ||
+            (digits[0] == '0' && digits[1]) || strspn(digits, "0123456789") != strlen(digits))
+            continue;
+        long index = strtol(digits, NULL, 10);
+        if (best < 0 || index < best) best = index;
+    }
+    if (dir) closedir(dir);
+    if (best < 0) return 0;
+    snprintf(out, len, SHM_DIR "/" SHM_PREFIX "%ld", best);
+    return 1;
+}
+
 /* The agent's state word, trusting a moving heartbeat over a stray write (channel._agent_state). */
 static uint32_t agent_state(const uint8_t *map) {
     uint64_t beat = load64(map + AGENT_HEARTBEAT);
@@ -809,8 +906,11 @@ int orion_open_ex(const char *path, double accept_timeout, double agent_timeout,
     snprintf(ch->where, sizeof ch->where, "%s", path);
     ch->agent_timeout = agent_timeout;
     int rc = ORION_E_REGION;
-    ch->fd = open_region_file(path, err, el);
+    int pci = path[0] != '/';
+    if (pci) snprintf(ch->where, sizeof ch->where, "ivshmem %s", path);
+    ch->fd = pci ? open_region_pci(path, &ch->lock_fd, err, el) : open_region_file(path, err, el);
     if (ch->fd < 0) goto fail;
+    path = ch->where;  /* what every later message names */
     struct stat st;
     if (fstat(ch->fd, &st) != 0 || (size_t)st.st_size < HEADER_SIZE) {
         say(err, el, "%s: %lld bytes is too small to be an Orion region; recreate it with 'orion-shm create'",
@@ -840,7 +940,7 @@ int orion_open_ex(const char *path, double accept_timeout, double agent_timeout,
     /* Our own open file description (a lock never conflicts with its own), so two opens take two channels. */
     char self[64];
     snprintf(self, sizeof self, "/proc/self/fd/%d", ch->fd);
-    ch->lock_fd = open(self, O_RDWR | O_CLOEXEC);
+    if (!pci) ch->lock_fd = open(self, O_RDWR | O_CLOEXEC);
     if (ch->lock_fd < 0) {
         say(err, el, "%s: cannot reopen the region for its lock: %s", path, strerror(errno));
         rc = ORION_E_SYSTEM;

@@ -50,9 +50,14 @@ enum { ORION_FLAG_NO_REPLY = 1, ORION_FLAG_STAGED = 2, ORION_FLAG_ASYNC_ERROR = 
 
 typedef struct orion_channel orion_channel;
 
-/* Open the region file at `path` (O_RDWR|O_NOFOLLOW, a regular file, a valid header), claim the first free
- * channel and wait up to 2 s for the host agent to accept it. Agent timeout: 5 s (ClientChannel's defaults). */
+/* Open the region at `path` and claim the first free channel, waiting up to 2 s for the host agent to accept it
+ * (agent timeout: 5 s, ClientChannel's defaults). `path` is a region file (an absolute path: O_RDWR|O_NOFOLLOW,
+ * a regular file) or, in a QEMU guest, the PCI address of an ivshmem device (0000:00:04.0), whose BAR2 is mapped
+ * from sysfs as ivshmem/region.py does; either must hold a valid header. */
 int orion_open(const char *path, orion_channel **channel, char *err, size_t errlen);
+/* Where a process's region is when ORION_SHM does not say (Region.discover): the first ivshmem PCI device, else
+ * the lowest-numbered /dev/shm/orionsock<N>. Writes it into `out`; 0 when there is none. */
+int orion_discover(char *out, size_t len);
 
 /* The same with explicit bounds, in seconds (accept_timeout: the wait for the accept; agent_timeout: how long
  * a silent host heartbeat is tolerated during any wait). */

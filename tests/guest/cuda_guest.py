@@ -8,10 +8,13 @@ orion-guest's autoload hook. Then, for what the host end of the test reads:
                                       under TCG every Python step is emulated, which bounds the round trip
   KVM-DEVICES <n> <bdf>...            the ivshmem devices the guest's PCI bus shows
   KVM-PROBE <bdf> rc=<rc> <line>      `orion-guest probe --region <bdf>` on each (its ORION-PROBE lines follow)
+  KVM-NATIVE <bdf> rc=<rc> <lines>    with a third argument, the C wire client's round trips through the same BAR
+                                      (bench/kvm_bench.py builds that harness in the share): "echo|nop P50 P99" ns
   CUDA-PROGRAM init=... / KVM-CUDA rc=<rc> stderr=<what the runtime said>
                                       the unmodified program cuda_program.py, with ORION_VGPU=1 as Orion's
                                       users set it; the runtime finds the ivshmem device by itself
-Usage: cuda_guest.py [ROUND_TRIPS [BULK_MIB]]   (probe sizes; defaults 2000 and 8)
+Usage: cuda_guest.py [ROUND_TRIPS [BULK_MIB [NATIVE_HARNESS]]]   (probe sizes; defaults 2000 and 8; the harness's
+path relative to the share)
 Every child is bounded by a timeout, so the guest always reaches its power-off.
 """
 import os
@@ -60,7 +63,7 @@ def one_line(text: str) -> str:
 
 
 def main() -> int:
-    round_trips, bulk_mib = (sys.argv[1:] + ["2000", "8"])[:2]
+    round_trips, bulk_mib, native = (sys.argv[1:] + ["2000", "8", ""][len(sys.argv) - 1:])[:3]
     install_runtime()
     loop_ns, clock_ns = python_speed()
     print(f"KVM-PYTHON loop={loop_ns:.0f}ns clock={clock_ns:.0f}ns", flush=True)
@@ -73,6 +76,10 @@ def main() -> int:
                      "--round-trips", round_trips, "--bulk-mib", bulk_mib])
         print(f"KVM-PROBE {bdf} rc={probe.returncode} {one_line(probe.stderr)}", flush=True)
         sys.stdout.write(probe.stdout)
+        if native:
+            timed = run([os.path.join(SHARE, native), bdf, round_trips])
+            print(f"KVM-NATIVE {bdf} rc={timed.returncode} {one_line(timed.stdout)} {one_line(timed.stderr)}",
+                  flush=True)
     program = run([sys.executable, os.path.join(SHARE, "tests", "guest", "cuda_program.py")], {"ORION_VGPU": "1"})
     sys.stdout.write(program.stdout)
     print(f"KVM-CUDA rc={program.returncode} stderr={one_line(program.stderr)}", flush=True)

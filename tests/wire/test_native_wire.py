@@ -392,6 +392,14 @@ def test_paths_that_are_not_regions(lib: ctypes.CDLL, tmp_path: Path) -> None:
     assert "too small" in str(open_error(lib, str(tmp_path / "small")))
 
 
+def test_a_pci_address_names_an_ivshmem_bar_and_says_when_there_is_none(lib: ctypes.CDLL) -> None:
+    """Not an absolute path: the PCI address of an ivshmem device, whose BAR2 a QEMU guest maps from sysfs (the
+    TCG guest of tests/guest maps a real one: bench/kvm_bench.py). Here there is no such device."""
+    absent = open_error(lib, "0000:00:1f.7")
+    assert absent.code == "REGION" and "no ivshmem PCI device at 0000:00:1f.7" in str(absent)
+    assert "neither a region file" in str(open_error(lib, "../etc/passwd"))
+
+
 def test_damaged_headers_are_refused_with_their_field(lib: ctypes.CDLL, served_region: str, tmp_path: Path) -> None:
     good = Path(served_region).read_bytes()
 
