@@ -1788,6 +1788,183 @@ class FakeDriver:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 2)
         return self._potential_block_size(func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit)
 
+    # --- virtual memory management ------------------------------------------------------------------------------
+    # Reserved ranges, physical memory (counted in `used`, so process_memory and a quota see it from cuMemCreate
+    # until it is released and mapped nowhere) and mappings, which join `memory` once cuMemSetAccess grants access
+    # (a copy before that fails, as an access fault would), as views of their physical memory's bytes, so two
+    # mappings of one allocation share them. A copy must lie within one mapping here (the driver lets it span
+    # adjacent ones). Errors are those cuda.h documents for each call: INVALID_VALUE for sizes and addresses off
+    # the granularity, ranges outside a reservation or over a mapping, and handles never given out.
+    def _vmm_access_location(self, location: Any) -> int:
+        """0 for a CUmemLocation cuMemSetAccess takes (a device this driver has), else its CUresult (host
+        locations are not modelled)."""
+        kind = int(self._enum(location.type, CUmemLocationType, "type"))
+        if kind != CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE:
+            return CUresult.CUDA_ERROR_NOT_SUPPORTED
+        return 0 if self._device(location.id) is not None else CUresult.CUDA_ERROR_INVALID_DEVICE
+
+    def _vmm_prop(self, prop: Any) -> tuple[int, int]:
+        """(CUresult, device) of a CUmemAllocationProp: pinned device memory of a device this driver has."""
+        if not isinstance(prop, CUmemAllocationProp):
+            raise TypeError(f"Argument 'prop' has incorrect type (expected CUmemAllocationProp, got "
+                            f"{type(prop).__name__})")
+        if int(self._enum(prop.type, CUmemAllocationType, "type")) != CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, -1
+        self._enum(prop.requestedHandleTypes, CUmemAllocationHandleType, "requestedHandleTypes")
+        kind = int(self._enum(prop.location.type, CUmemLocationType, "type"))
+        if kind != CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE:
+            return CUresult.CUDA_ERROR_NOT_SUPPORTED, -1  # host-located memory: not modelled
+        device = self._device(prop.location.id)
+        return (CUresult.CUDA_ERROR_INVALID_DEVICE, -1) if device is None else (0, device)
+
+    @staticmethod
+    def _off_granularity(*values: int) -> bool:
+        return any(int(v) % VMM_GRANULARITY for v in values)
+
+    def _reservation_of(self, pointer: int, size: int) -> int | None:
+        return next((b for b, n in self.reserved.items() if b <= pointer and pointer + size <= b + n), None)
+
+    @_recorded
+    def cuMemGetAllocationGranularity(self, prop: Any, option: Any) -> tuple[Any, ...]:
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        self._enum(option, CUmemAllocationGranularity_flags, "option")
+        err, _device = self._vmm_prop(prop)
+        if err:  # a device it does not have is an invalid property here (cuda.h lists no INVALID_DEVICE)
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE if err == CUresult.CUDA_ERROR_INVALID_DEVICE else err, 1)
+        return CUresult(0), VMM_GRANULARITY
+
+    @_recorded
+    def cuMemAddressReserve(self, size: int, alignment: int, addr: Any, flags: int) -> tuple[Any, ...]:
+        """At the hint when it is free and aligned, else at a fresh address (a hint is only a hint)."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        size, alignment, hint = int(size), int(alignment), int(addr or 0)
+        if not size or int(flags) or self._off_granularity(size) or alignment & (alignment - 1):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        align = max(alignment, VMM_GRANULARITY)
+        taken = list(self.reserved.items()) + [(b, max(len(d), 1) + GUARD) for b, d in self.memory.items()]
+        if not (hint and hint % align == 0 and all(hint + size <= b or b + n <= hint for b, n in taken)):
+            hint = _align(self._next_pointer, align)
+            self._next_pointer = hint + size + GUARD
+        self.reserved[hint] = size
+        return CUresult(0), CUdeviceptr(hint)
+
+    @_recorded
+    def cuMemAddressFree(self, ptr: Any, size: int) -> tuple[Any, ...]:
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        base = int(ptr or 0)
+        if self.reserved.get(base) != int(size) or any(base <= p < base + int(size) for p in self.mappings):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)  # not a whole reservation, or still mapped
+        del self.reserved[base]
+        return _result(0)
+
+    @_recorded
+    def cuMemCreate(self, size: int, prop: Any, flags: int) -> tuple[Any, ...]:
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        err, device = self._vmm_prop(prop)
+        if err:
+            return _result(err, 1)
+        size = int(size)
+        if not size or int(flags) or self._off_granularity(size):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if self.used[device] + size > self.total_mem[device]:
+            return _result(CUresult.CUDA_ERROR_OUT_OF_MEMORY, 1)
+        handle = self._handle()
+        self.physical[handle] = _Physical(bytearray(size), device)
+        self.used[device] += size
+        self._note = {"device": device}
+        return CUresult(0), CUmemGenericAllocationHandle(handle)
+
+    def _vmm_give_back(self, handle: int) -> None:
+        """Physical memory goes once released and mapped nowhere (cuMemRelease's documentation)."""
+        physical = self.physical.get(handle)
+        if physical is not None and physical.released and all(m.handle != handle for m in self.mappings.values()):
+            del self.physical[handle]
+            self.used[physical.device] -= len(physical.data)
+
+    @_recorded
+    def cuMemRelease(self, handle: Any) -> tuple[Any, ...]:
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        physical = self.physical.get(int(handle or 0))
+        if physical is None or physical.released:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        physical.released = True
+        self._vmm_give_back(int(handle))
+        return _result(0)
+
+    @_recorded
+    def cuMemMap(self, ptr: Any, size: int, offset: int, handle: Any, flags: int) -> tuple[Any, ...]:
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        pointer, size, offset = int(ptr or 0), int(size), int(offset)
+        physical = self.physical.get(int(handle or 0))
+        if (physical is None or physical.released or int(flags) or not size
+                or self._off_granularity(pointer, size, offset) or offset + size > len(physical.data)
+                or self._reservation_of(pointer, size) is None
+                or any(pointer < p + m.size and p < pointer + size for p, m in self.mappings.items())):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        self.mappings[pointer] = _Mapping(size, int(handle), offset)
+        return _result(0)
+
+    @_recorded
+    def cuMemUnmap(self, ptr: Any, size: int) -> tuple[Any, ...]:
+        """Whole mappings only (a sub-range of one is refused, as cuda.h says)."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        pointer, size = int(ptr or 0), int(size)
+        touched = [p for p, m in self.mappings.items() if pointer < p + m.size and p < pointer + size]
+        if (not size or self._off_granularity(pointer, size) or self._reservation_of(pointer, size) is None
+                or not touched or any(p < pointer or p + self.mappings[p].size > pointer + size for p in touched)):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        self._drain()  # the driver waits for work that may use the range
+        for p in touched:
+            mapping = self.mappings.pop(p)
+            self.memory.pop(p, None)
+            self.origin.pop(p, None)
+            self._vmm_give_back(mapping.handle)
+        return _result(0)
+
+    @_recorded
+    def cuMemSetAccess(self, ptr: Any, size: int, desc: Any, count: int) -> tuple[Any, ...]:
+        """The range must be mapped all through; device locations only."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        pointer, size = int(ptr or 0), int(size)
+        descs = list(desc or [])
+        if not size or not descs or int(count) != len(descs):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        inside = sorted(p for p, m in self.mappings.items() if pointer < p + m.size and p < pointer + size)
+        covered = pointer
+        for p in inside:
+            if p > covered:
+                break
+            covered = max(covered, p + self.mappings[p].size)
+        if covered < pointer + size or any(p < pointer for p in inside):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)  # not fully mapped, or not from a mapping's start
+        access = 0
+        for item in descs:
+            if not isinstance(item, CUmemAccessDesc):
+                raise TypeError(f"Argument 'desc' has incorrect type (expected CUmemAccessDesc, got "
+                                f"{type(item).__name__})")
+            flags = int(self._enum(item.flags, CUmemAccess_flags, "flags"))
+            if err := self._vmm_access_location(item.location):
+                return _result(err)
+            access |= flags
+        for p in inside:
+            mapping = self.mappings[p]
+            mapping.access = access
+            if access:  # now addressable: copies and memsets reach the physical bytes
+                view = memoryview(self.physical[mapping.handle].data)[mapping.offset:mapping.offset + mapping.size]
+                self.memory[p] = view  # type: ignore[assignment]  # a view aliases the physical bytes
+                self.origin[p] = (0, 0)
+            else:
+                self.memory.pop(p, None)
+        return _result(0)
+
     # --- pointer attributes ---------------------------------------------------------------------------------------
     @_recorded
     def cuPointerGetAttribute(self, attribute: Any, ptr: Any) -> tuple[Any, ...]:

@@ -87,18 +87,18 @@ def _prototype(call: dict[str, Any]) -> tuple[str, list[str]]:
 
 def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
     """The statements a generic call's table effects run after success (hooks of orion_guest.h and
-    param_layouts.h): the device ranges unified addressing reads (allocates: the first output and the first
-    input's size; frees: the first input), forgotten parameter layouts (unloads: the handles may name other
-    functions later) and cuInit's success, as forward.py's `_generic` keeps them."""
+    param_layouts.h): the device ranges unified addressing reads (allocates, reserves: the first output and the
+    first input's size; frees, unreserves: the first input), forgotten parameter layouts (unloads: the handles
+    may name other functions later) and cuInit's success, as forward.py's `_generic` keeps them."""
     after: list[str] = []
     effects = call["effects"]
     if "initializes" in effects:
         after.append("    orion_initialized();")
-    if "allocates" in effects:
+    if "allocates" in effects or "reserves" in effects:  # a reserved range is device memory once mapped
         after.append(f"    orion_range_add((uint64_t)*{names[0]}, (uint64_t){names[1]});")
     if "unloads" in effects:
         after.append("    orion_param_layouts_forget();")
-    if "frees" in effects:
+    if "frees" in effects or "unreserves" in effects:
         after.append(f"    orion_range_remove((uint64_t){names[0]});")
     return after
 
