@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from guest_runtime.ini import ConfigError, host_name_or_ip, host_port, load_ini, whole_number
 
+from .image_cache import CacheSettings
 from .server_conf import ShmSettings
 
 DEFAULT_PATH = "/etc/orion/server.conf"
@@ -35,7 +36,12 @@ KNOWN_KEYS = {
     "server-shm": {"shm_path_base", "shm_group_name", "shm_user_name", "shm_buffer_size"},
     "controller": {"controller_addr"},
     "dev": {f"dev_{n}" for n in range(1, 6)},
+    "server-image-cache": {"image_cache_dir", "image_cache_mib"},  # Orion vGPU's own: module images by digest
 }
+# The per-host cache of module images (host_agent/image_cache.py): FHS's place for data that can be made again.
+DEFAULT_IMAGE_CACHE_DIR = "/var/cache/orion/images"
+DEFAULT_IMAGE_CACHE_MIB = 2048
+IMAGE_CACHE_MIB_RANGE = (0, 1 << 20)  # 0 turns the cache off
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class ServerConfig:
     controller_addr: str = DEFAULT_CONTROLLER
     controller_configured: bool = False  # ORION_CONTROLLER or [controller] controller_addr given: oriond registers
     shm: ShmSettings = ShmSettings()
+    image_cache: CacheSettings = CacheSettings(DEFAULT_IMAGE_CACHE_DIR, DEFAULT_IMAGE_CACHE_MIB << 20)
     unknown_keys: tuple[str, ...] = ()  # "[section] key" of keys Orion does not know: ignored, worth a warning
 
     @classmethod
@@ -112,6 +119,7 @@ class ServerConfig:
             controller_addr=controller or DEFAULT_CONTROLLER,
             controller_configured=bool(controller),
             shm=ShmSettings.load(path),
+            image_cache=_image_cache(path, sections.get("server-image-cache", {})),
             unknown_keys=_unknown(sections),
         )
         if config.enable_shm and config.enable_rdma:
@@ -140,6 +148,21 @@ class ServerConfig:
         if not os.access(directory, os.R_OK | os.X_OK):
             raise ConfigError(f"{where}: this user cannot list it; run oriond as a user who can (root), or fix "
                               "the directory's permissions")
+
+
+def _image_cache(path: str, section: Mapping[str, str]) -> CacheSettings:
+    """[server-image-cache]: an absolute directory and a size bound in MiB (0: no cache)."""
+    directory = section.get("image_cache_dir", DEFAULT_IMAGE_CACHE_DIR).strip()
+    if not directory.startswith("/"):
+        raise ConfigError(f"{path}: [server-image-cache] image_cache_dir = {directory!r} is not a valid value; "
+                          f"write an absolute path, e.g. {DEFAULT_IMAGE_CACHE_DIR}")
+    raw = section.get("image_cache_mib")
+    mib = DEFAULT_IMAGE_CACHE_MIB if raw is None else whole_number(raw)
+    low, high = IMAGE_CACHE_MIB_RANGE
+    if mib is None or not low <= mib <= high:
+        raise ConfigError(f"{path}: [server-image-cache] image_cache_mib = {raw!r} is not a valid value; write a "
+                          f"whole number of MiB from {low} (no cache) to {high}, e.g. {DEFAULT_IMAGE_CACHE_MIB}")
+    return CacheSettings(directory, mib << 20)
 
 
 def _unknown(sections: dict[str, dict[str, str]]) -> tuple[str, ...]:

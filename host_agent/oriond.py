@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         link = controller_link.start(config.controller_addr, config.bind_addr, config.listen_port,
                                      config.vgpu_count)
     executor = ExecutorOptions(devices=devices, gmem_mib=args.gmem, vgpu_count=config.vgpu_count,
-                               controller=config.controller_addr if link else "", host=config.bind_addr)
+                               controller=config.controller_addr if link else "", host=config.bind_addr,
+                               image_cache=config.image_cache)
     agent = Agent(config, executor, regions=args.region, options=ServerOptions(), stop=stop,
                   rescan_s=args.rescan_interval, release=link.release_later if link else None)
     # Before the pid file exists: SIGHUP's default action would end the process.

@@ -484,6 +484,16 @@ PINNED_COPY = 0x2000
 PINNED_POOL_CALLS = frozenset({"cuMemAllocHost", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostGetDevicePointer",
                                "cuMemHostGetFlags"})
 PINNED_COPIES = frozenset({"cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync"})
+# Added to a module or library load's opcode: the image travels as its SHA-256 and size (IMAGE_BY_DIGEST_REQUEST
+# below), for the agent to load from its per-host cache (host_agent/image_cache.py) instead of receiving megabytes
+# of fatbin again. An agent that does not hold it answers the wire status IMAGE_NOT_CACHED, and the guest then sends
+# the usual request with the whole image, which the agent hashes itself and keeps (docs/wire-protocol.md).
+IMAGE_BY_DIGEST = 0x4000
+IMAGE_LOADS = frozenset({"cuModuleLoadData", "cuModuleLoadDataEx", "cuLibraryLoadData"})
+IMAGE_NOT_CACHED = -16  # a wire status (negative, as ivshmem.record.Status's) of IMAGE_BY_DIGEST requests only
+# Images smaller than this always travel whole (a few ring slots: a digest round trip would cost more than it
+# saves) and are never kept; both sides hold to it.
+IMAGE_BY_DIGEST_MIN = 64 * 1024
 
 CALLS: dict[str, DriverCall] = {}
 BY_OPCODE: dict[int, DriverCall] = {}
@@ -495,6 +505,9 @@ for _i, (_name, _sig, *_rest) in enumerate(_SPEC):
 LAUNCH_HEAD = CALLS["cuLaunchKernel"].request.fixed  # function, grid xyz, block xyz, shared bytes, stream
 POOL_MAP_REQUEST = Schema("POOL_MAP", ("guest_address", "u64"))
 POOL_MAP_REPLY = Schema("POOL_MAP reply", ("host_address", "u64"), ("size", "u64"))
+# The request of a load's IMAGE_BY_DIGEST variant: the image's size and SHA-256 (32 bytes), then the load's own
+# request with an empty image (its JIT options, if any): the usual request is `request` + the image's bytes.
+IMAGE_BY_DIGEST_REQUEST = Schema("IMAGE_BY_DIGEST", ("size", "u64"), ("digest", "bytes"), ("request", "tail"))
 
 
 def describe() -> dict[str, Any]:
@@ -503,6 +516,8 @@ def describe() -> dict[str, Any]:
         "opcode_base": CUDA_OPCODE_BASE, "pinned_copy": PINNED_COPY,
         "pool_map": {"opcode": POOL_MAP_OPCODE, "request": POOL_MAP_REQUEST.describe(),
                      "reply": POOL_MAP_REPLY.describe()},
+        "image_by_digest": {"added": IMAGE_BY_DIGEST, "calls": sorted(IMAGE_LOADS), "not_cached": IMAGE_NOT_CACHED,
+                            "min_size": IMAGE_BY_DIGEST_MIN, "request": IMAGE_BY_DIGEST_REQUEST.describe()},
         "effects": EFFECTS, "calls": [call.describe() for call in CALLS.values()],
     }
 
@@ -580,6 +595,11 @@ def markdown() -> str:
                      f"{'yes' if call.posted else ''} | {', '.join(sorted(call.effects))} |")
     lines += ["", f"Forwarding-layer opcode: POOL_MAP `{POOL_MAP_OPCODE:#x}`, request "
               f"{_fields_text(POOL_MAP_REQUEST)}, reply {_fields_text(POOL_MAP_REPLY)}.", "",
+              f"Image by digest: {', '.join(f'`{name}`' for name in sorted(IMAGE_LOADS))} also travel as opcode "
+              f"+ {IMAGE_BY_DIGEST:#x}, request {_fields_text(IMAGE_BY_DIGEST_REQUEST)} (`digest` the image's "
+              "SHA-256, `request` the call's own request without the image), for images of at least "
+              f"{IMAGE_BY_DIGEST_MIN} bytes; the reply is the call's, or wire status {IMAGE_NOT_CACHED} (image not "
+              "cached: send the usual request).", "",
               "Effects: " + "; ".join(f"`{word}`: {meaning}" for word, meaning in EFFECTS.items()) + ".", ""]
     return "\n".join(lines)
 

@@ -28,7 +28,10 @@ enum {
     ORION_CALL_INIT = 1,    /* cuInit: an unreachable agent is CUDA_ERROR_NO_DEVICE, not NOT_INITIALIZED */
     ORION_CALL_NO_FOLD = 2, /* a call of the library's own (a context switch, an error text, the pool): an earlier
                                posted call's failure stays pending for the program's next call */
+    ORION_CALL_BY_DIGEST = 4, /* a load by image digest: ORION_IMAGE_NOT_CACHED comes back as itself */
 };
+/* driver_api.IMAGE_NOT_CACHED: the wire status of a load by digest whose image the agent does not hold. */
+#define ORION_IMAGE_NOT_CACHED (-16)
 
 struct orion_entry { const char *name; void *function; };
 extern const struct orion_entry orion_entries[]; /* every table call, by its API name (generated) */

@@ -1,8 +1,9 @@
 /* module_calls.c: the native guest driver's module and library calls (guest_runtime/forward.py's hand-written
- * versions in C): loads that measure the image and send it from where it lies after their JIT options, and the
- * look-ups of functions, kernels and globals by name. */
+ * versions in C): loads that measure the image and send it from where it lies after their JIT options (or only its
+ * SHA-256, when the agent already holds it), and the look-ups of functions, kernels and globals by name. */
 #include "module_calls.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,11 @@
 #include "hand_calls.h"
 #include "module_image.h"
 #include "param_layouts.h"
+#include "sha256.h"
+
+/* driver_api.IMAGE_BY_DIGEST (added to a load's opcode) and IMAGE_BY_DIGEST_MIN (smaller images always travel
+ * whole: a few ring slots cost less than a second round trip); tests/wire/test_image_cache.py holds them to it. */
+enum { IMAGE_BY_DIGEST = 0x4000, IMAGE_BY_DIGEST_MIN = 64 * 1024 };
 
 /* CUjit_option values that name guest memory (logs, wall time): answered in the guest, never sent. */
 enum { JIT_WALL_TIME = 2, JIT_INFO_LOG_BUFFER = 3, JIT_INFO_LOG_SIZE = 4, JIT_ERROR_LOG_BUFFER = 5,
@@ -31,8 +37,67 @@ static int jit_guest(int option) {
     return (option >= JIT_WALL_TIME && option <= JIT_ERROR_LOG_SIZE) || option == JIT_LOG_VERBOSE;
 }
 
+/* The process's note of the digests the agent was seen to hold (a load by digest it answered, or a whole image it
+ * loaded, which it keeps). A noted digest answered "not cached" means the agent dropped it (evicted, or its cache
+ * is off, unusable or smaller than the image); after DROPS_TO_STOP of those this process stops asking by digest,
+ * and each load saves the round trip a miss costs. */
+enum { NOTED = 256, DROPS_TO_STOP = 2 };
+static pthread_mutex_t note_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t noted[NOTED][ORION_SHA256_BYTES];
+static unsigned noted_count, noted_next, drops;
+
+static int noted_at(const uint8_t *digest) { /* under note_lock: its slot, or -1 */
+    for (unsigned i = 0; i < noted_count; i++)
+        if (!memcmp(noted[i], digest, ORION_SHA256_BYTES)) return (int)i;
+    return -1;
+}
+
+static void note_held(const uint8_t *digest) {
+    pthread_mutex_lock(&note_lock);
+    if (noted_at(digest) < 0) { /* the oldest note goes when full */
+        memcpy(noted[noted_next], digest, ORION_SHA256_BYTES);
+        noted_next = (noted_next + 1) % NOTED;
+        if (noted_count < NOTED) noted_count++;
+    }
+    pthread_mutex_unlock(&note_lock);
+}
+
+/* A miss: if the digest was noted, the agent dropped it (counted; the note forgets it). */
+static void note_missed(const uint8_t *digest) {
+    pthread_mutex_lock(&note_lock);
+    int at = noted_at(digest);
+    if (at >= 0) {
+        memset(noted[at], 0, ORION_SHA256_BYTES);
+        drops++;
+    }
+    pthread_mutex_unlock(&note_lock);
+}
+
+static int asking_by_digest(void) {
+    pthread_mutex_lock(&note_lock);
+    int asking = drops < DROPS_TO_STOP;
+    pthread_mutex_unlock(&note_lock);
+    return asking;
+}
+
+/* Ask for the load by the image's digest and size, the request's usual head after them (IMAGE_BY_DIGEST_REQUEST:
+ * u64 size, a u32 length and the 32-byte digest, then the head as the tail): the call's status, or
+ * ORION_IMAGE_NOT_CACHED. */
+static int load_by_digest(uint32_t opcode, const uint8_t *digest, size_t size, const uint8_t *head, size_t head_len,
+                          uint8_t *reply, size_t reply_len) {
+    uint8_t fixed[8 + 4 + ORION_SHA256_BYTES];
+    orion_put_u64(fixed, (uint64_t)size);
+    orion_put_u32(fixed + 8, ORION_SHA256_BYTES);
+    memcpy(fixed + 12, digest, ORION_SHA256_BYTES);
+    struct orion_piece pieces[2] = { { fixed, sizeof fixed }, { head, head_len } };
+    return orion_thread_forwardv(opcode + IMAGE_BY_DIGEST, pieces, head ? 2 : 1, reply, reply_len, NULL, 0, NULL,
+                                 ORION_CALL_BY_DIGEST);
+}
+
 /* Send the image at `image` as the request's tail, after `head` (the JIT options, when the request has them), and
- * store the new handle. */
+ * store the new handle. An image of IMAGE_BY_DIGEST_MIN bytes or more is first asked for by its SHA-256: the agent
+ * keeps every image a guest sent it whole (under the digest it computes itself), so a second load of it, by this
+ * process or any other on the host, sends 44 bytes instead of the image. */
 static int load_image(uint32_t opcode, uint64_t *handle, const void *image, const uint8_t *head, size_t head_len) {
     struct orion_image_span span;
     char why[256] = "";
@@ -40,9 +105,20 @@ static int load_image(uint32_t opcode, uint64_t *handle, const void *image, cons
         fprintf(stderr, "orion: not a module image CUDA would load: %s\n", why);
         return CUDA_ERROR_INVALID_IMAGE;
     }
-    struct orion_piece pieces[2] = { { head, head_len }, { span.start, span.size } };
-    uint8_t reply[8];
-    int status = hand_forwardv(opcode, head ? pieces : pieces + 1, head ? 2 : 1, reply, sizeof reply);
+    uint8_t reply[8], digest[ORION_SHA256_BYTES];
+    int by_digest = span.size >= IMAGE_BY_DIGEST_MIN && asking_by_digest();
+    int status = ORION_IMAGE_NOT_CACHED;
+    if (by_digest) {
+        orion_sha256(span.start, span.size, digest);
+        status = load_by_digest(opcode, digest, span.size, head, head_len, reply, sizeof reply);
+        if (status == ORION_IMAGE_NOT_CACHED) note_missed(digest);
+        else note_held(digest); /* an answer from the image the agent holds (a load error included) */
+    }
+    if (status == ORION_IMAGE_NOT_CACHED) {
+        struct orion_piece pieces[2] = { { head, head_len }, { span.start, span.size } };
+        status = hand_forwardv(opcode, head ? pieces : pieces + 1, head ? 2 : 1, reply, sizeof reply);
+        if (by_digest && status == CUDA_SUCCESS) note_held(digest); /* the agent keeps what it loaded */
+    }
     if (status == CUDA_SUCCESS) *handle = orion_get_u64(reply);
     return status;
 }
