@@ -1,13 +1,15 @@
 /* context_calls.c: cuCtxCreate, cuCtxDestroy, cuCtxGetCurrent, cuCtxSetCurrent, cuCtxPushCurrent and
  * cuCtxPopCurrent over the guest's per-thread context stacks (context_stacks.c), exactly as guest_runtime/forward.py
- * writes them: the host is told a context only to check that the session may use it, and before calls.
+ * writes them: the host is told a context only to check that the session may use it, and before calls. A context
+ * this process made (or the host already checked) needs no check: making it current sends nothing
+ * (context_answers.c keeps which contexts those are, and each one's device).
  *
  * cuCtxDestroy and cuCtxSetCurrent are generic in the call table; their generated entry points are weak, so these
  * definitions replace them (the stacks must follow what they do).
  */
 #include <string.h>
 
-#include "orion_guest.h"
+#include "answer_cache.h"
 
 
 /* CUctxCreateParams {CUexecAffinityParam *, int count, CUctxCigParam *}: only an empty one is forwarded. */
@@ -31,6 +33,7 @@ int cuCtxCreate(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, 
         uint64_t ctx = orion_get_u64(rep);
         *pctx = (CUcontext)(uintptr_t)ctx;
         orion_host_current_is(ctx); /* the new context is current to the calling thread, on the host too */
+        orion_context_made(ctx, dev);
         status = orion_stack_push(ctx);
     }
     orion_turn_give();
@@ -45,6 +48,7 @@ int cuCtxDestroy(CUcontext ctx) {
     if (status == CUDA_SUCCESS) status = orion_forward(ORION_OP_cuCtxDestroy, req, sizeof req, NULL, 0, 0);
     if (status == CUDA_SUCCESS) {
         orion_stack_destroyed((uint64_t)(uintptr_t)ctx);
+        orion_context_gone((uint64_t)(uintptr_t)ctx);
         orion_host_current_unknown();
     }
     orion_turn_give();
@@ -64,7 +68,7 @@ int cuCtxSetCurrent(CUcontext ctx) {
 
 int cuCtxPushCurrent(CUcontext ctx) {
     if (!ctx) return CUDA_ERROR_INVALID_VALUE;
-    int status = orion_make_current_on_host((uint64_t)(uintptr_t)ctx);
+    int status = orion_check_context((uint64_t)(uintptr_t)ctx);
     return status == CUDA_SUCCESS ? orion_stack_push((uint64_t)(uintptr_t)ctx) : status;
 }
 

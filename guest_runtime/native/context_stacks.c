@@ -2,15 +2,17 @@
  *
  * A process has one channel and the host runs its calls on one thread, which has one current context. CUDA's
  * contexts are current per thread, so each thread's stack lives here: cuCtxGetCurrent, Push and Pop are answered
- * without a round trip, and before a call goes out the host's current context is made the calling thread's (one
- * posted cuCtxSetCurrent, only when threads with different contexts take turns: Forwarder._sync_context). The
- * "turn" lock makes that set and the call one step, so another thread's set cannot slip in between.
+ * without a round trip, and so are SetCurrent and Push of a context the host knows is this session's (made here,
+ * or checked once: context_answers.c). Before a call goes out the host's current context is made the calling
+ * thread's (one posted cuCtxSetCurrent, only when threads with different contexts take turns:
+ * Forwarder._sync_context). The "turn" lock makes that set and the call one step, so another thread's set cannot
+ * slip in between.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "orion_guest.h"
+#include "answer_cache.h"
 
 #define HOST_UNKNOWN UINT64_MAX /* the host's current context may have changed: set it before the next call */
 #define MAX_DEPTH ((size_t)1 << 20)
@@ -89,9 +91,17 @@ int orion_make_current_on_host(uint64_t ctx) {
     return status;
 }
 
+int orion_check_context(uint64_t ctx) {
+    if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (orion_context_known(ctx)) return CUDA_SUCCESS; /* the host's current one follows before the next call */
+    int status = orion_make_current_on_host(ctx);
+    if (status == CUDA_SUCCESS) orion_context_checked(ctx);
+    return status;
+}
+
 int orion_set_current_context(CUcontext ctx) {
     uint64_t wanted = (uint64_t)(uintptr_t)ctx;
-    int status = wanted ? orion_make_current_on_host(wanted)
+    int status = wanted ? orion_check_context(wanted)
                         : (orion_is_initialized() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED);
     return status == CUDA_SUCCESS ? orion_stack_replace_top(wanted) : status;
 }

@@ -98,6 +98,7 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
         after.append(f"    orion_range_add((uint64_t)*{names[0]}, (uint64_t){names[1]});")
     if "unloads" in effects:
         after.append("    orion_param_layouts_forget();")
+        after.append("    orion_function_answers_forget();")
     if "frees" in effects or "unreserves" in effects:
         after.append(f"    orion_range_remove((uint64_t){names[0]});")
     return after

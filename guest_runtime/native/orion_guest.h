@@ -49,6 +49,8 @@ void orion_turn_take(void);
 void orion_turn_give(void);
 /* Check `ctx` is the session's by making it the host's current context (synchronously): a CUresult. */
 int orion_make_current_on_host(uint64_t ctx);
+/* The same, without a round trip for a context made here or checked before (context_answers.c): a CUresult. */
+int orion_check_context(uint64_t ctx);
 int orion_sync_context(void);               /* in the turn: the calling thread's context made the host's */
 void orion_host_current_is(uint64_t ctx);   /* in the turn: what the host thread now has current */
 void orion_host_current_unknown(void);      /* in the turn: it may have changed (set before the next call) */
@@ -56,6 +58,9 @@ int orion_stack_push(uint64_t ctx);         /* CUDA_SUCCESS or CUDA_ERROR_OUT_OF
 int orion_stack_pop(uint64_t *ctx);         /* 1 and the popped top, or 0 for an empty stack */
 int orion_stack_replace_top(uint64_t ctx);  /* cuCtxSetCurrent: the top replaced (NULL pops it) */
 void orion_stack_destroyed(uint64_t ctx);   /* cuCtxDestroy: popped if it is the calling thread's top */
+
+/* --- function_answers.c (answer_cache.h): an unload forgets every function's and kernel's kept answers -------- */
+void orion_function_answers_forget(void);
 
 /* --- device_ranges.c: device memory this process got (cuMemcpy with unified addressing) ---------------------- */
 void orion_range_add(uint64_t base, uint64_t size);

@@ -1,6 +1,6 @@
-/* query_calls.c: cuDeviceGetName, cuDeviceGetUuid, cuPointerGetAttribute, cuMemPoolGetAttribute and
- * cuMemPoolSetAttribute: calls whose output is not a fixed scalar (a name, 16 bytes, a value of 4 or 8 bytes by
- * attribute), with the request and reply schemas the call table declares, as guest_runtime/forward.py writes them.
+/* query_calls.c: cuPointerGetAttribute, cuMemPoolGetAttribute and cuMemPoolSetAttribute: calls whose output is
+ * not a fixed scalar (a value of 4 or 8 bytes by attribute), with the request and reply schemas the call table
+ * declares, as guest_runtime/forward.py writes them. (A device's name and UUID: device_answers.c, kept.)
  */
 #include <string.h>
 
@@ -10,31 +10,6 @@
 /* ivshmem/driver_api.py POOL_ATTRIBUTES_64: the pool attributes whose value is a cuuint64_t (the others: int). */
 static int pool_attribute_is_64(int attribute) {
     return attribute == 4 || attribute == 5 || attribute == 6 || attribute == 7 || attribute == 8 || attribute == 13;
-}
-
-int cuDeviceGetName(char *name, int length, CUdevice dev) {
-    if (!name || length <= 0) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[8];
-    orion_put_i32(req, length);
-    orion_put_i32(req + 4, dev);
-    size_t got = 0;
-    int status = orion_thread_forwardv(ORION_OP_cuDeviceGetName, &(struct orion_piece){ req, sizeof req }, 1, NULL, 0,
-                                       name, (size_t)length, &got, 0);
-    if (status == CUDA_SUCCESS) name[got < (size_t)length ? got : (size_t)length - 1] = '\0';
-    return status;
-}
-
-int cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
-    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[4], raw[16];
-    orion_put_i32(req, dev);
-    size_t got = 0;
-    int status = orion_thread_forwardv(ORION_OP_cuDeviceGetUuid, &(struct orion_piece){ req, sizeof req }, 1, NULL, 0,
-                                       raw, sizeof raw, &got, 0);
-    if (status != CUDA_SUCCESS) return status;
-    if (got != sizeof raw) return CUDA_ERROR_UNKNOWN;
-    memcpy(uuid, raw, sizeof raw);
-    return CUDA_SUCCESS;
 }
 
 /* The host answers the value and its width; `width` bytes of it go to `data`. */
