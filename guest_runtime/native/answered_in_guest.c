@@ -53,3 +53,52 @@ CUresult cuPointerGetAttributes(unsigned int count, int *attributes, void **data
     }
     return CUDA_SUCCESS;
 }
+
+/* Stream capture is not forwarded (cuStreamBeginCapture answers 801), so no stream can be capturing: the answer is
+ * cuStreamIsCapturing's (forwarded, which checks the stream is the session's) with no graph. Should the host ever
+ * say a stream is capturing, there is no graph here to describe: CUDA_ERROR_NOT_SUPPORTED. */
+static CUresult capture_info(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+                             const CUgraphNode **dependencies, const CUgraphEdgeData **edges, size_t *count) {
+    enum { CAPTURE_STATUS_NONE = 0 };
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureStatus answer = CAPTURE_STATUS_NONE;
+    CUresult rc = cuStreamIsCapturing(stream, &answer);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (answer != CAPTURE_STATUS_NONE) return CUDA_ERROR_NOT_SUPPORTED;
+    *status = answer;
+    if (id) *id = 0;
+    if (graph) *graph = NULL;
+    if (dependencies) *dependencies = NULL;
+    if (edges) *edges = NULL;
+    if (count) *count = 0;
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 13's cuStreamGetCaptureInfo (the _v3 ABI of CUDA 12.3+: with edge data). */
+CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+                                const CUgraphNode **dependencies, const CUgraphEdgeData **edges, size_t *count) {
+    return capture_info(stream, status, id, graph, dependencies, edges, count);
+}
+
+/* The _v2 ABI (CUDA 11.3 to 12.2): no edge data. */
+CUresult cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+                                   const CUgraphNode **dependencies, size_t *count) {
+    return capture_info(stream, status, id, graph, dependencies, NULL, count);
+}
+
+/* The first ABI (before CUDA 11.3): status and id only. Reached through cuGetProcAddress (orion_versioned_entry). */
+static CUresult capture_info_v1(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id) {
+    return capture_info(stream, status, id, NULL, NULL, NULL, NULL);
+}
+
+/* cuGetProcAddress's answer for an API name whose ABI changed across CUDA versions, for a caller built against
+ * `version` (cudaVersion, e.g. 12020): the entry point with that caller's ABI, or NULL where the name's current
+ * one (the name table's) serves every version. Names whose versions kept one signature (cuStreamWaitValue32 and
+ * its _v2, which only lifted a device-attribute requirement) need no entry. */
+void *orion_versioned_entry(const char *symbol, int version) {
+    if (strcmp(symbol, "cuStreamGetCaptureInfo") == 0) {
+        if (version < 11030) return (void *)capture_info_v1;
+        if (version < 12030) return (void *)cuStreamGetCaptureInfo_v2;
+    }
+    return NULL;
+}

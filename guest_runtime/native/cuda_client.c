@@ -129,13 +129,15 @@ int orion_not_forwarded(const char *name) {
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-/* cuda.h's cuGetProcAddress (the _v2 ABI): the entry point of any table call by its API name. */
+void *orion_versioned_entry(const char *symbol, int version); /* answered_in_guest.c */
+
+/* cuda.h's cuGetProcAddress (the _v2 ABI): the entry point of any table call by its API name; for the few names
+ * whose ABI changed, the one a caller built against `version` expects (orion_versioned_entry). */
 int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status) {
-    (void)version;
     (void)flags;
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
-    *pfn = NULL;
-    for (const struct orion_entry *e = orion_entries; e->name; e++) {
+    *pfn = orion_versioned_entry(symbol, version);
+    for (const struct orion_entry *e = orion_entries; e->name && !*pfn; e++) {
         if (strcmp(e->name, symbol) == 0) {
             *pfn = e->function;
             break;

@@ -26,6 +26,20 @@ struct CUlaunchConfig_st {
     unsigned int numAttrs;
 };
 
+/* A launch configuration as the wire carries it (driver_api LAUNCH head: u64 function, u32 grid x y z, block x y z,
+ * shared bytes, u64 stream; then, where the request has attributes, their u32 count): launch_calls.c writes it for
+ * cuLaunchKernel* and cuOccupancyMaxActiveClusters alike. */
+#define ORION_LAUNCH_HEAD 44
+#define ORION_LAUNCH_ATTRIBUTE_SIZE 72 /* CUlaunchAttribute: i32 id, 4 bytes of padding, a 64-byte value */
+/* The head into `head` (ORION_LAUNCH_HEAD + 4 bytes): its length, with the count only where `count` is given. */
+size_t orion_launch_head(uint8_t *head, uint64_t function, const unsigned int dims[7], uint64_t stream,
+                         const unsigned int *count);
+/* A CUlaunchConfig's request pieces: the head (in `head`) and its attributes array, after checking it as the driver
+ * does (non-NULL, attributes where counted) and that each attribute travels (driver_api.LAUNCH_ATTRIBUTES_PLAIN and
+ * _EVENT; another answers 801, named once for `caller`). A CUresult; on success `*count` pieces. */
+int orion_launch_config_pieces(const char *caller, uint64_t function, const CUlaunchConfig *config, uint8_t *head,
+                               struct orion_piece pieces[2], int *count);
+
 /* One call, waited for, as the calling thread: its CUresult; on success exactly `cap` reply bytes in `rep`. */
 static inline int hand_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, void *rep, size_t cap) {
     return orion_thread_forwardv(opcode, req, nreq, rep, cap, NULL, 0, NULL, 0);

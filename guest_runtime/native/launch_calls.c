@@ -5,12 +5,13 @@
  * synchronising call, as CUDA's asynchronous errors do. */
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "hand_calls.h"
 #include "param_layouts.h"
 
-#define LAUNCH_HEAD 44      /* u64 function, u32 grid x y z, block x y z, shared bytes, u64 stream */
-#define ATTRIBUTE_SIZE 72   /* CUlaunchAttribute: i32 id, 4 bytes of padding, a 64-byte value */
+#define LAUNCH_HEAD ORION_LAUNCH_HEAD
+#define ATTRIBUTE_SIZE ORION_LAUNCH_ATTRIBUTE_SIZE
 #define MAX_EXTRA_PAIRS 64  /* an `extra` list longer than this (without END) is not a list */
 #define PACKED_ON_STACK 1024
 enum { PARAM_END = 0, PARAM_BUFFER_POINTER = 1, PARAM_BUFFER_SIZE = 2 }; /* CU_LAUNCH_PARAM_* */
@@ -62,16 +63,19 @@ struct launch {
     unsigned int count;
 };
 
+size_t orion_launch_head(uint8_t *head, uint64_t function, const unsigned int dims[7], uint64_t stream,
+                         const unsigned int *count) {
+    orion_put_u64(head, function);
+    for (int i = 0; i < 7; i++) orion_put_u32(head + 8 + 4 * i, dims[i]);
+    orion_put_u64(head + 36, stream);
+    if (!count) return LAUNCH_HEAD;
+    orion_put_u32(head + LAUNCH_HEAD, *count);
+    return LAUNCH_HEAD + 4;
+}
+
 static int launch(const struct launch *l, void **params, void **extra) {
     uint8_t head[LAUNCH_HEAD + 4];
-    orion_put_u64(head, l->function);
-    for (int i = 0; i < 7; i++) orion_put_u32(head + 8 + 4 * i, l->dims[i]);
-    orion_put_u64(head + 36, l->stream);
-    size_t head_len = LAUNCH_HEAD;
-    if (l->with_attributes) {
-        orion_put_u32(head + LAUNCH_HEAD, l->count);
-        head_len += 4;
-    }
+    size_t head_len = orion_launch_head(head, l->function, l->dims, l->stream, l->with_attributes ? &l->count : NULL);
     uint8_t small[PACKED_ON_STACK];
     uint8_t *packed = small;
     const void *tail = NULL;
@@ -124,12 +128,39 @@ static int forwarded_attribute(int id) {
     }
 }
 
-CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
+/* Names for orion_not_forwarded, said once each (it keeps the pointer). */
+static const char *unforwarded_attribute(const char *caller) {
+    return strcmp(caller, "cuLaunchKernelEx") == 0
+        ? "cuLaunchKernelEx with a launch attribute other than the plain and event ones "
+          "(DEVICE_UPDATABLE_KERNEL_NODE, or one newer than this library)"
+        : "cuOccupancyMaxActiveClusters with a launch attribute other than the plain and event ones";
+}
+
+static int check_config(const char *caller, const CUlaunchConfig *config) {
     if (!config || (config->numAttrs && !config->attrs)) return CUDA_ERROR_INVALID_VALUE;
     for (unsigned int i = 0; i < config->numAttrs; i++)
-        if (!forwarded_attribute(config->attrs[i].id))
-            return orion_not_forwarded("cuLaunchKernelEx with a launch attribute other than the plain and event "
-                                       "ones (DEVICE_UPDATABLE_KERNEL_NODE, or one newer than this library)");
+        if (!forwarded_attribute(config->attrs[i].id)) return orion_not_forwarded(unforwarded_attribute(caller));
+    return CUDA_SUCCESS;
+}
+
+int orion_launch_config_pieces(const char *caller, uint64_t function, const CUlaunchConfig *config, uint8_t *head,
+                               struct orion_piece pieces[2], int *count) {
+    int status = check_config(caller, config);
+    if (status != CUDA_SUCCESS) return status;
+    const unsigned int dims[7] = { config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+                                   config->blockDimY, config->blockDimZ, config->sharedMemBytes };
+    pieces[0] = (struct orion_piece){ head, orion_launch_head(head, function, dims,
+                                                              (uint64_t)(uintptr_t)config->hStream,
+                                                              &config->numAttrs) };
+    *count = 1;
+    if (config->numAttrs)
+        pieces[(*count)++] = (struct orion_piece){ config->attrs, (size_t)config->numAttrs * ATTRIBUTE_SIZE };
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
+    int status = check_config("cuLaunchKernelEx", config);
+    if (status != CUDA_SUCCESS) return status;
     struct launch l = { ORION_OP_cuLaunchKernelEx, ORION_POSTED_cuLaunchKernelEx, (uint64_t)(uintptr_t)f,
                         { config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
                           config->blockDimY, config->blockDimZ, config->sharedMemBytes },

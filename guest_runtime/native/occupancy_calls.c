@@ -92,3 +92,18 @@ CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, int *block_siz
     return potential_block_size(ORION_OP_cuOccupancyMaxPotentialBlockSizeWithFlags, min_grid, block_size, function,
                                 callback, dynamic, limit, &flags);
 }
+
+/* The configuration as cuLaunchKernelEx sends it (launch_calls.c packs both), without parameters; the host checks
+ * the function, stream and event attributes are the session's and asks the driver. */
+CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction function, const CUlaunchConfig *config) {
+    if (!clusters) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t head[ORION_LAUNCH_HEAD + 4], reply[4];
+    struct orion_piece pieces[2];
+    int count = 0;
+    int status = orion_launch_config_pieces("cuOccupancyMaxActiveClusters", (uint64_t)(uintptr_t)function, config,
+                                            head, pieces, &count);
+    if (status == CUDA_SUCCESS)
+        status = hand_forwardv(ORION_OP_cuOccupancyMaxActiveClusters, pieces, count, reply, sizeof reply);
+    if (status == CUDA_SUCCESS) *clusters = orion_get_i32(reply);
+    return status;
+}

@@ -1,0 +1,250 @@
+/* host_functions.c: cuLaunchHostFunc for the native guest driver. A host function is guest code, so it runs here, in
+ * stream order, with no round trip per call (docs/native-driver.md, "Host functions and stream memory operations"):
+ *
+ *   - a page-locked block from this channel's pool (page_locked_calls.c) holds, per slot, a "reached" and a
+ *     "release" word; the GPU reaches both through the block's device pointer, this process through its own;
+ *   - cuLaunchHostFunc(stream, fn, data) takes the stream's slot and its next sequence number `seq`, queues
+ *     (seq, fn, data) for the slot and posts two stream memory operations: cuStreamWriteValue32(reached, seq) then
+ *     cuStreamWaitValue32(release, seq, GEQ). The stream's earlier work is done when the write lands; its later work
+ *     waits until the release word reaches seq;
+ *   - a watcher thread (started at the first call) polls the reached words of slots with queued functions, runs
+ *     each function whose seq was reached, in order, and then stores release = seq (a release store: what fn
+ *     wrote is visible before the stream goes on). It spins briefly after activity, then backs off with sleeps, and
+ *     sleeps on a condition variable while nothing is queued.
+ *
+ * A slot belongs to one stream at a time (the NULL and legacy streams: per context). Sequence numbers only grow
+ * within a slot (compared cyclically, as GEQ does), so a slot whose queue is empty may pass to another stream: the
+ * last wait of its previous stream is already satisfied. A stream the session does not own: the posted write fails
+ * on the host and the error surfaces at the next synchronising call, as the driver's would; its function never
+ * runs (and holds its slot). At exit every slot is released, so no stream stays blocked on a function that will
+ * not run; in a fork child, the parent's queue is dropped (CUDA does not carry over a fork).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "orion_guest.h"
+
+#define SLOTS 256       /* streams with host functions at once: one page of words */
+#define SLOT_BYTES 16   /* reached (u32), release (u32), padding */
+#define SPINS 2000      /* polls without sleeping after a function ran or was queued */
+#define MAX_SLEEP_NS 1000000L
+#define WAIT_GEQ 0      /* CU_STREAM_WAIT_VALUE_GEQ */
+#define STREAM_PER_THREAD 2 /* CU_STREAM_PER_THREAD; 0 (NULL) and 1 (CU_STREAM_LEGACY) are the legacy stream */
+#define DEINITIALIZED 4     /* CUDA_ERROR_DEINITIALIZED: the process is exiting */
+
+struct call {
+    struct call *next;
+    uint32_t seq;
+    CUhostFn fn;
+    void *data;
+};
+
+struct slot {
+    uint64_t stream, context; /* the stream it serves; the context too for the NULL/legacy/per-thread ones */
+    int used;
+    uint32_t seq;             /* the last sequence number given out */
+    struct call *head, *tail; /* queued, in order */
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t queued = PTHREAD_COND_INITIALIZER;
+static struct slot slots[SLOTS];
+static uint8_t *block;          /* this process's view of the words (NULL: not allocated yet) */
+static uint64_t block_device;   /* the device pointer of the same words */
+static int watching;            /* the watcher thread runs */
+static unsigned pending_calls;  /* queued functions, over all slots */
+static atomic_int exiting;
+
+static _Atomic uint32_t *reached_word(int i) { return (_Atomic uint32_t *)(block + (size_t)i * SLOT_BYTES); }
+static _Atomic uint32_t *release_word(int i) { return (_Atomic uint32_t *)(block + (size_t)i * SLOT_BYTES + 4); }
+
+/* (int32_t)(word - seq) >= 0: the cyclic comparison CU_STREAM_WAIT_VALUE_GEQ makes. */
+static int reached(uint32_t word, uint32_t seq) { return (int32_t)(word - seq) >= 0; }
+
+/* Run every queued function whose sequence number its stream reached, in order; whether one ran. Called by the
+ * watcher only; `lock` is dropped around each function, which may queue more (even on its own stream). */
+static int run_reached(void) {
+    int ran = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < SLOTS; i++) {
+        struct slot *s = &slots[i];
+        while (s->head && !atomic_load(&exiting) &&
+               reached(atomic_load_explicit(reached_word(i), memory_order_acquire), s->head->seq)) {
+            struct call *c = s->head;
+            s->head = c->next;
+            if (!s->head) s->tail = NULL;
+            pending_calls--;
+            pthread_mutex_unlock(&lock);
+            c->fn(c->data);
+            atomic_store_explicit(release_word(i), c->seq, memory_order_release); /* the stream goes on */
+            free(c);
+            ran = 1;
+            pthread_mutex_lock(&lock);
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return ran;
+}
+
+static void *watch(void *unused) {
+    (void)unused;
+    long sleep_ns = 0;
+    int spins = 0;
+    while (!atomic_load(&exiting)) {
+        if (run_reached()) {
+            spins = sleep_ns = 0;
+            continue;
+        }
+        pthread_mutex_lock(&lock);
+        while (!pending_calls && !atomic_load(&exiting)) { /* nothing queued: no polling at all */
+            pthread_cond_wait(&queued, &lock);
+            spins = sleep_ns = 0;
+        }
+        pthread_mutex_unlock(&lock);
+        if (spins < SPINS) {
+            spins++;
+            sched_yield();
+            continue;
+        }
+        sleep_ns = sleep_ns ? (sleep_ns * 2 > MAX_SLEEP_NS ? MAX_SLEEP_NS : sleep_ns * 2) : 20000L;
+        struct timespec pause = { 0, sleep_ns };
+        nanosleep(&pause, NULL);
+    }
+    return NULL;
+}
+
+/* At exit: functions no longer run, and every slot is released up to its last sequence number, so no stream on the
+ * host stays blocked waiting for one (the session's teardown then finds no stuck stream). Never waits. */
+static void release_all(void) {
+    atomic_store(&exiting, 1);
+    if (!block) return;
+    for (int i = 0; i < SLOTS; i++)
+        if (slots[i].used) atomic_store_explicit(release_word(i), slots[i].seq, memory_order_release);
+}
+
+/* In a fork child: the parent's functions are the parent's; start afresh (lock and all). */
+static void forget_in_child(void) {
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t fresh_cond = PTHREAD_COND_INITIALIZER;
+    lock = fresh;
+    queued = fresh_cond;
+    for (int i = 0; i < SLOTS; i++) {
+        for (struct call *c = slots[i].head, *next; c; c = next) {
+            next = c->next;
+            free(c);
+        }
+        slots[i] = (struct slot){ 0 };
+    }
+    block = NULL;
+    block_device = 0;
+    watching = 0;
+    pending_calls = 0;
+}
+
+static void take_lock(void) { pthread_mutex_lock(&lock); }
+static void give_lock(void) { pthread_mutex_unlock(&lock); }
+
+static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
+static void install_hooks(void) {
+    (void)pthread_atfork(take_lock, give_lock, forget_in_child);
+    (void)atexit(release_all);
+}
+
+/* Under `lock`: the block and the watcher, at first use. A CUresult. */
+static int start(void) {
+    if (!block) {
+        void *words = NULL;
+        unsigned long long device = 0;
+        int status = cuMemAllocHost(&words, SLOTS * SLOT_BYTES);
+        if (status == CUDA_SUCCESS) status = cuMemHostGetDevicePointer(&device, words, 0);
+        if (status != CUDA_SUCCESS) {
+            if (words) (void)cuMemFreeHost(words);
+            return status;
+        }
+        block = words; /* zeroed: the host clears a session's pool when it maps it */
+        block_device = device;
+    }
+    if (!watching) {
+        pthread_t thread;
+        pthread_attr_t attributes;
+        pthread_attr_init(&attributes);
+        pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+        int failed = pthread_create(&thread, &attributes, watch, NULL);
+        pthread_attr_destroy(&attributes);
+        if (failed) return CUDA_ERROR_OUT_OF_MEMORY;
+        watching = 1;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Under `lock`: the slot of (stream, context), a new one, or one whose queue is empty passed on; -1 if none. */
+static int slot_of(uint64_t stream, uint64_t context) {
+    int free_slot = -1, idle = -1;
+    for (int i = 0; i < SLOTS; i++) {
+        struct slot *s = &slots[i];
+        if (s->used && s->stream == stream && s->context == context) return i;
+        if (!s->used && free_slot < 0) free_slot = i;
+        if (s->used && !s->head && idle < 0) idle = i;
+    }
+    int i = free_slot >= 0 ? free_slot : idle;
+    if (i >= 0) {
+        slots[i].used = 1;
+        slots[i].stream = stream;
+        slots[i].context = context;
+    }
+    return i;
+}
+
+static int post_value(uint32_t opcode, uint64_t stream, uint64_t address, uint32_t value, uint32_t flags) {
+    uint8_t request[24];
+    orion_put_u64(request, stream);
+    orion_put_u64(request + 8, address);
+    orion_put_u32(request + 16, value);
+    orion_put_u32(request + 20, flags);
+    return orion_thread_post(opcode, request, sizeof request);
+}
+
+CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *data) {
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!orion_current_context()) return CUDA_ERROR_INVALID_CONTEXT;
+    if (atomic_load(&exiting)) return DEINITIALIZED;
+    (void)pthread_once(&hooks_once, install_hooks);
+    uint64_t stream = (uint64_t)(uintptr_t)hStream;
+    uint64_t context = stream <= STREAM_PER_THREAD ? (uint64_t)(uintptr_t)orion_current_context() : 0;
+    if (stream == 1) stream = 0; /* CU_STREAM_LEGACY is the NULL stream of a legacy-default program */
+    struct call *c = malloc(sizeof *c);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    int status = start();
+    int i = status == CUDA_SUCCESS ? slot_of(stream, context) : -1;
+    if (status == CUDA_SUCCESS && i < 0) {
+        fprintf(stderr, "orion: cuLaunchHostFunc: %d streams have host functions pending; no slot is free\n", SLOTS);
+        status = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (status == CUDA_SUCCESS) {
+        uint32_t seq = slots[i].seq + 1;
+        uint64_t words = block_device + (uint64_t)i * SLOT_BYTES;
+        /* Both in one step under `lock`: another thread's pair for the same slot cannot come in between. */
+        status = post_value(ORION_OP_cuStreamWriteValue32, stream, words, seq, 0);
+        if (status == CUDA_SUCCESS) status = post_value(ORION_OP_cuStreamWaitValue32, stream, words + 4, seq, WAIT_GEQ);
+        if (status == CUDA_SUCCESS) {
+            slots[i].seq = seq;
+            *c = (struct call){ NULL, seq, fn, data };
+            if (slots[i].tail) slots[i].tail->next = c;
+            else slots[i].head = c;
+            slots[i].tail = c;
+            pending_calls++;
+            pthread_cond_signal(&queued);
+            c = NULL;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    free(c);
+    return status;
+}
