@@ -19,6 +19,7 @@ the host agent. If the agent cannot be reached, cuInit answers CUDA_ERROR_NO_DEV
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import logging
 import struct
 import sys
@@ -42,6 +43,10 @@ from ivshmem.cuda_status import (
 )
 from ivshmem.driver_api import (
     CALLS,
+    IMAGE_BY_DIGEST,
+    IMAGE_BY_DIGEST_MIN,
+    IMAGE_BY_DIGEST_REQUEST,
+    IMAGE_NOT_CACHED,
     IN,
     JIT_ERROR_LOG_BUFFER,
     JIT_ERROR_LOG_SIZE,
@@ -112,6 +117,10 @@ class Forwarder:
         self._contexts = ContextStacks()
         self._initialized = False  # cuInit succeeded
         self._pool = GuestPool()
+        # Digests of module images the agent was seen to hold, and how often a noted one was answered "not cached"
+        # (the agent dropped it): after IMAGE_DROPS_TO_STOP such answers, images travel whole without asking.
+        self._images_held: set[bytes] = set()
+        self._image_drops = 0
 
     # --- the channel ---------------------------------------------------------------------------------------
     def channel(self) -> ClientChannel | None:
@@ -157,6 +166,8 @@ class Forwarder:
         self._sync_context(channel)
         reply = channel.call(call.opcode if opcode is None else opcode, payload, sink=sink)
         status = reply.status
+        if status == IMAGE_NOT_CACHED and opcode is not None and opcode & IMAGE_BY_DIGEST:
+            return status, None  # a load by digest the agent cannot serve: _load_image sends the image whole
         if status < 0:
             log.error("orion: the host refused %s (wire status %d): %s", call.name, status,
                       bytes(reply.payload[:200]).decode(errors="replace"))
@@ -485,7 +496,21 @@ class Forwarder:
         if image is None:
             return INVALID_IMAGE
         prefix = call.request.encode_head(*head) if head else b""
-        status, reply = self._call(call, _Prefixed(prefix, image).payload() if prefix else image)
+        status, reply, digest = IMAGE_NOT_CACHED, None, b""
+        if len(image) >= IMAGE_BY_DIGEST_MIN and self._image_drops < IMAGE_DROPS_TO_STOP:
+            # The agent keeps every image sent whole (under the digest it computes): ask for it by digest first.
+            digest = hashlib.sha256(image).digest()
+            status, reply = self._call(call, IMAGE_BY_DIGEST_REQUEST.encode(len(image), digest, prefix),
+                                       opcode=call.opcode + IMAGE_BY_DIGEST)
+            if status != IMAGE_NOT_CACHED:
+                self._images_held.add(digest)
+            elif digest in self._images_held:
+                self._images_held.discard(digest)
+                self._image_drops += 1
+        if status == IMAGE_NOT_CACHED:
+            status, reply = self._call(call, _Prefixed(prefix, image).payload() if prefix else image)
+            if digest and status == SUCCESS:
+                self._images_held.add(digest)
         if status == SUCCESS and reply is not None:
             ctypes.c_uint64.from_address(out).value = call.reply.decode(reply.payload)[0]
         return status
@@ -719,6 +744,9 @@ class Forwarder:
                 return INVALID_VALUE
             return NOT_INITIALIZED if payload is None else self._post(call, payload)
         return forward
+
+
+IMAGE_DROPS_TO_STOP = 2  # noted digests answered "not cached": the agent is not keeping images (cache off or full)
 
 
 def _image_view(address: int) -> memoryview | None:

@@ -99,8 +99,7 @@ class ImageCache:
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_size != size:
-                self._bad(path, info, f"holds {info.st_size} bytes, not the {size} asked for")
-                return None
+                return None  # a guest's wrong size, or a truncated file (replaced by the next store): a miss
             data = _read_all(fd, size)
         except OSError as exc:
             self._once("read", "cannot read a cached image (%s)", exc.strerror or exc)
@@ -115,8 +114,9 @@ class ImageCache:
         return data
 
     def _bad(self, path: str, info: os.stat_result, why: str) -> None:
-        """A file under a digest's name that is not that image: removed (if it is still the same file), so the
-        guest's full image replaces it."""
+        """A file of the right size under a digest's name that is not that image (only corruption makes one: the
+        name is what this module computed): removed if it is still the same file. A file of another size is left
+        to the next store, which replaces it: a guest naming a wrong size must not make anyone's image go."""
         self._once("corrupt", "%s %s; removed", os.path.basename(path), why)
         with contextlib.suppress(OSError):
             now = os.stat(path, follow_symlinks=False)
@@ -131,10 +131,8 @@ class ImageCache:
             return None
         digest = hashlib.sha256(image).digest()
         path = os.path.join(self.settings.directory, digest.hex())
-        if os.path.exists(path):
-            with contextlib.suppress(OSError):
-                os.utime(path)  # another worker filed it (verified when read): recently used
-            return digest
+        # Written even when a file of that name exists: a store follows a miss, so what is there is missing,
+        # truncated or corrupt, or another worker's identical copy that the rename replaces harmlessly.
         temp = os.path.join(self.settings.directory, f"{TEMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

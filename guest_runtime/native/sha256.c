@@ -93,7 +93,7 @@ static int has_sha_ni(void) {
 #endif
 
 /* ORION_SHA256_PORTABLE=1 forces the portable rounds (the tests compare both). */
-static void compress(uint32_t state[8], const uint8_t block[64]) {
+int orion_sha256_accelerated(void) {
 #ifdef ORION_SHA_NI
     static int use_ni = -1; /* chosen once; threads racing to choose all write the same answer */
     int choice = __atomic_load_n(&use_ni, __ATOMIC_RELAXED);
@@ -102,7 +102,15 @@ static void compress(uint32_t state[8], const uint8_t block[64]) {
         choice = !(forced && *forced && strcmp(forced, "0") != 0) && has_sha_ni();
         __atomic_store_n(&use_ni, choice, __ATOMIC_RELAXED);
     }
-    if (choice) {
+    return choice;
+#else
+    return 0;
+#endif
+}
+
+static void compress(uint32_t state[8], const uint8_t block[64]) {
+#ifdef ORION_SHA_NI
+    if (orion_sha256_accelerated()) {
         compress_ni(state, block);
         return;
     }

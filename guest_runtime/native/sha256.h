@@ -21,6 +21,8 @@ struct orion_sha256 {
 void orion_sha256_init(struct orion_sha256 *ctx);
 void orion_sha256_update(struct orion_sha256 *ctx, const void *data, size_t len);
 void orion_sha256_final(struct orion_sha256 *ctx, uint8_t digest[ORION_SHA256_BYTES]);
+/* Whether the CPU's SHA instructions do the rounds (x86 SHA-NI; ORION_SHA256_PORTABLE=1 turns them off). */
+int orion_sha256_accelerated(void);
 /* All at once. */
 void orion_sha256(const void *data, size_t len, uint8_t digest[ORION_SHA256_BYTES]);
 
