@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from ivshmem import layout, liveness
-from ivshmem.channel import Ctrl, HostChannel, HostReason, HostStatus
+from ivshmem.channel import Ctrl, Endpoint, HostChannel, HostReason, HostStatus
 from ivshmem.errors import ChannelCorrupt, RecordError, RegionError, WireError
 from ivshmem.record import Flag, Record, Status
 from ivshmem.region import Region
 from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
 
-from . import region_file
+from . import hot_path, region_file
 from .handler import Handler, HandlerFactory, Reply, Session, notes_for, route_notes
 from .limits import LogLimiter, TokenBucket
 from .stop import StopRequest
@@ -93,6 +93,67 @@ def _answer(record: Record, generation: int, handler: Handler, session: Session)
         return Reply(Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}".encode())
 
 
+class RecordLoop:
+    """Answers one session's records: the worker's loop, and its state (how many asynchronous errors were sent).
+
+    With `hot`, the compiled hot path (hot_path.py) takes the records it serves straight from the ring and hands
+    back the others, which this loop answers as it answers everything without it: the Python path is the
+    reference. A posted record (NO_REPLY) gets no reply unless it failed; then an ASYNC_ERROR reply, the first
+    MAX_ASYNC_ERRORS_REPORTED of the session's."""
+
+    def __init__(self, endpoint: Endpoint, handler: Handler, session: Session, options: ServerOptions,
+                 hot: hot_path.HotPath | None = None) -> None:
+        self.endpoint, self.handler, self.session, self.hot = endpoint, handler, session, hot
+        self.malformed = LogLimiter(log, first=options.malformed_logged)
+        self.async_errors = 0
+
+    def run(self, until_idle: bool = False) -> None:
+        """Answer records forever (with `until_idle`, until none is waiting: the tests). Raises ChannelCorrupt
+        when the peer broke the ring protocol."""
+        endpoint, handler, session, hot = self.endpoint, self.handler, self.session, self.hot
+        sink_for = lambda _call, opcode, length: handler.sink_for(opcode, length)  # noqa: E731
+        while True:
+            if hot is not None:
+                code, failed_id, failed_status = hot.serve(not until_idle)
+                if code == hot.CHECK:  # the compiled wait's slow phase: the liveness checks the Python wait makes
+                    if endpoint.check is not None:
+                        endpoint.check()
+                    continue
+                if code == hot.IDLE:
+                    return
+            try:
+                if hot is not None and code == hot.POSTED_FAILED:  # a posted call that failed, answered in C
+                    reply, call_id, flags = Reply(failed_status), failed_id, Flag.NO_REPLY
+                else:
+                    record = endpoint.receive(sink_for=sink_for, wait=not until_idle)
+                    if record is None:  # receive() waits for a record unless until_idle: nothing is there
+                        if until_idle:
+                            return
+                        continue
+                    reply = _answer(record, endpoint.generation, handler, session)
+                    call_id, flags = record.call_id, record.flags
+            except RecordError as exc:  # malformed header: answered, and the session goes on
+                self.malformed.log(logging.WARNING, "malformed records", "session %d: malformed record: %s",
+                                   session.number, exc)
+                reply = Reply(exc.status, str(exc).encode())
+                call_id, flags = getattr(exc, "call_id", 0), getattr(exc, "flags", 0)
+            if flags & Flag.NO_REPLY:
+                if reply.status == 0:
+                    continue
+                self.async_errors += 1
+                if self.async_errors > MAX_ASYNC_ERRORS_REPORTED:  # a client failing forever gets its first 64
+                    if self.async_errors == MAX_ASYNC_ERRORS_REPORTED + 1:
+                        log.warning("session %d: more than %d asynchronous errors; reporting no more",
+                                    session.number, MAX_ASYNC_ERRORS_REPORTED)
+                    continue
+            reply_flags = Flag.ASYNC_ERROR if flags & Flag.NO_REPLY else 0
+            try:
+                endpoint.send(call_id, 0, reply_flags, reply.payload, reply.status)
+            except RecordError as exc:  # the handler produced a reply too large to send
+                log.error("session %d: %s", session.number, exc)
+                endpoint.send(call_id, 0, reply_flags, str(exc).encode(), Status.HANDLER_FAILED)
+
+
 def serve_session(region_path: str, session: Session, factory: HandlerFactory, options: ServerOptions) -> int:
     """Body of a worker process: serve one session until the supervisor ends it. Returns an exit code."""
     parent = os.getppid()
@@ -107,41 +168,16 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, o
     endpoint = channel.endpoint(options.policy, parent_alive)
     endpoint.stall_timeout = options.stall_timeout
     endpoint.max_assembled = options.max_assembled
-    malformed = LogLimiter(log, first=options.malformed_logged)
     handler = factory(session)
     attach = getattr(handler, "attach_channel", None)
     if attach is not None:  # a handler that wants the worker's own mapping (the executor pins its channel)
         attach(region, session.channel)
-    sink_for = lambda _call, opcode, length: handler.sink_for(opcode, length)  # noqa: E731
-    async_errors = 0
+    hot = hot_path.attach(endpoint, handler)  # the compiled hot records, if this host can build it
+    if hot is not None:
+        log.info("session %d: compiled hot path serves %s", session.number, ", ".join(hot.calls))
     try:
-        while True:
-            try:
-                record = endpoint.receive(sink_for=sink_for)
-                if record is None:  # receive() waits for a record, so this is never so: nothing to answer
-                    continue
-                reply = _answer(record, endpoint.generation, handler, session)
-                call_id, flags = record.call_id, record.flags
-            except RecordError as exc:  # malformed header: answered, and the session goes on
-                malformed.log(logging.WARNING, "malformed records", "session %d: malformed record: %s",
-                              session.number, exc)
-                reply = Reply(exc.status, str(exc).encode())
-                call_id, flags = getattr(exc, "call_id", 0), getattr(exc, "flags", 0)
-            if flags & Flag.NO_REPLY:
-                if reply.status == 0:
-                    continue
-                async_errors += 1
-                if async_errors > MAX_ASYNC_ERRORS_REPORTED:  # a client failing forever gets its first 64
-                    if async_errors == MAX_ASYNC_ERRORS_REPORTED + 1:
-                        log.warning("session %d: more than %d asynchronous errors; reporting no more",
-                                    session.number, MAX_ASYNC_ERRORS_REPORTED)
-                    continue
-            reply_flags = Flag.ASYNC_ERROR if flags & Flag.NO_REPLY else 0
-            try:
-                endpoint.send(call_id, 0, reply_flags, reply.payload, reply.status)
-            except RecordError as exc:  # the handler produced a reply too large to send
-                log.error("session %d: %s", session.number, exc)
-                endpoint.send(call_id, 0, reply_flags, str(exc).encode(), Status.HANDLER_FAILED)
+        RecordLoop(endpoint, handler, session, options, hot).run()
+        return 0  # not reached: only an exception ends the loop
     except ChannelCorrupt as exc:  # the peer broke the ring protocol: this session cannot go on
         if channel.ctrl[Ctrl.CLIENT_GEN] != session.generation or not channel.ctrl[Ctrl.CLIENT_ACTIVE]:
             return 0  # not a violation: the client released and re-claimed (reset its indices) before we ended

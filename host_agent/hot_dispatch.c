@@ -1,0 +1,440 @@
+/* hot_dispatch.c: the session worker's hot records, served in C (CPython extension `_orion_hot_dispatch`).
+ *
+ * Why: a forwarded call spent ~4 us in the worker's Python (receive 0.8, the generic dispatch 2.6, send 0.7 us,
+ * docs/performance.md) on top of cuda-python's wrapper, against a driver call of ~1 us. This module takes the
+ * records that dominate a CUDA program's steady state (launches, async memsets/copies, stream/event record,
+ * query and synchronise) straight from the request ring, checks them against the session's ledger and calls the
+ * driver function (cuda.bindings.cydriver's C pointer, no Python wrapper), and writes the reply.
+ *
+ * It never refuses anything itself. A record it is not *sure* the Python path would run as it does -- another
+ * opcode, flags other than NO_REPLY, a payload of another length, another generation, a handle or pointer not
+ * found in the ledger, a full completion ring, a ring whose indices make no sense -- is left at the head of the
+ * ring and serve() returns so that the Python path (region_server.py, executor.py: the reference) answers it,
+ * errors and messages included. So what C accepts is a subset of what Python accepts, and every refusal a
+ * hostile guest can see is Python's. The ledger is not mirrored: its Python sets and dicts are consulted
+ * directly (under the GIL, a few set lookups), so nothing can drift out of sync.
+ *
+ * Threads: the worker has a heartbeat thread in Python, so the GIL is released while waiting for a record and
+ * during the driver call (a cuCtxSynchronize may last seconds); it is held only for the ledger lookups.
+ * Memory order: indices are loaded with acquire and stored with release, as in guest_runtime/native/orion_wire.c.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define RECORD_HEADER 32u
+#define FLAG_NO_REPLY 1u
+#define MAX_PARAMS 32768u /* the executor's launch parameter buffer (the driver's limit is 32764 bytes) */
+#define LAUNCH_FIXED 44u  /* <QIIIIIIIQ: function, grid x3, block x3, shared memory, stream */
+#define CUDA_SUCCESS 0
+#define CU_LAUNCH_PARAM_END ((void *)0x00)
+#define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
+#define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
+
+/* serve()'s answers: why it gave control back to Python. */
+enum { RET_PYTHON = 0, RET_CHECK = 1, RET_POSTED_FAILED = 2, RET_IDLE = 3 };
+
+/* What a hot opcode is; set_call() names it. The payload layouts are driver_api's request structs (hot_path.py
+ * checks each against the table before registering it). */
+enum {
+    K_NONE = 0, K_NOP, K_VOID, K_STREAM, K_EVENT, K_CONTEXT, K_EVENT_STREAM, K_STREAM_EVENT_FLAGS,
+    K_MEMSET8, K_MEMSET16, K_MEMSET32, K_DTOD, K_LAUNCH, K_COUNT
+};
+static const uint32_t payload_size[K_COUNT] = {
+    [K_NOP] = UINT32_MAX, [K_VOID] = 0, [K_STREAM] = 8, [K_EVENT] = 8, [K_CONTEXT] = 8, [K_EVENT_STREAM] = 16,
+    [K_STREAM_EVENT_FLAGS] = 20, [K_MEMSET8] = 25, [K_MEMSET16] = 26, [K_MEMSET32] = 28, [K_DTOD] = 32,
+    [K_LAUNCH] = UINT32_MAX,
+};
+
+typedef int (*fn_void)(void);
+typedef int (*fn_handle)(void *);
+typedef int (*fn_handle2)(void *, void *);
+typedef int (*fn_wait_event)(void *, void *, unsigned int);
+typedef int (*fn_memset8)(unsigned long long, unsigned char, size_t, void *);
+typedef int (*fn_memset16)(unsigned long long, unsigned short, size_t, void *);
+typedef int (*fn_memset32)(unsigned long long, unsigned int, size_t, void *);
+typedef int (*fn_dtod)(unsigned long long, unsigned long long, size_t, void *);
+typedef int (*fn_launch)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+                         unsigned int, unsigned int, void *, void **, void **);
+
+typedef struct {
+    uint8_t *head, *tail, *data; /* index words and first slot */
+    uint32_t cell, mask, capacity;
+} ring;
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    int have_view;
+    ring in, out; /* request ring (we consume), completion ring (we produce) */
+    uint32_t generation, inline_capacity;
+    double spin_s, busy_spin_s, min_sleep, max_sleep, check_every_s;
+    uint8_t kind[65536];
+    void *fn[65536];
+    PyObject *ledger; /* SessionLedger or None */
+    /* the wait in progress, kept across serve() calls so that a liveness check does not restart the spin */
+    int waiting, busy;
+    double wait_start, sleep, next_check;
+    unsigned long long served, failed_call_id;
+    int failed_status;
+    /* launch parameters: copied here (the driver copies them again before cuLaunchKernel returns) */
+    size_t launch_size;
+    void *launch_extra[5];
+    _Alignas(16) uint8_t launch_params[MAX_PARAMS];
+} Dispatcher;
+
+static inline uint32_t load32(const uint8_t *p) { return atomic_load_explicit((_Atomic uint32_t *)p, memory_order_acquire); }
+static inline void store32(uint8_t *p, uint32_t v) { atomic_store_explicit((_Atomic uint32_t *)p, v, memory_order_release); }
+static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s) {
+    struct timespec ts = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
+    nanosleep(&ts, NULL);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* --- the ledger (SessionLedger), read under the GIL ------------------------------------------------------ */
+typedef struct { PyObject *handles, *launched, *allocations, *globals; } ledger_view;
+
+static int in_set(PyObject *set, uint64_t value) {
+    if (set == NULL || !PyAnySet_Check(set)) return 0;
+    PyObject *key = PyLong_FromUnsignedLongLong(value);
+    if (key == NULL) { PyErr_Clear(); return 0; }
+    int found = PySet_Contains(set, key);
+    Py_DECREF(key);
+    if (found < 0) { PyErr_Clear(); return 0; }
+    return found;
+}
+
+static int owns_handle(const ledger_view *l, const char *kind, uint64_t value) {
+    PyObject *set = PyDict_GetItemString(l->handles, kind); /* borrowed */
+    return in_set(set, value);
+}
+
+/* SessionLedger.owns over allocations and module globals (the page-locked pool is left to Python). */
+static int owns_range(PyObject *table, uint64_t pointer, unsigned __int128 size) {
+    if (table == NULL || !PyDict_Check(table)) return 0;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(table, &pos, &key, &value)) {
+        unsigned long long base = PyLong_AsUnsignedLongLong(key);
+        unsigned long long length = PyLong_AsUnsignedLongLong(value);
+        if (PyErr_Occurred()) { PyErr_Clear(); continue; }
+        if (base <= pointer && (unsigned __int128)pointer + size <= (unsigned __int128)base + length) return 1;
+    }
+    return 0;
+}
+
+static int owns_memory(const ledger_view *l, uint64_t pointer, unsigned __int128 size) {
+    if (size == 0) size = 1;
+    return owns_range(l->allocations, pointer, size) || owns_range(l->globals, pointer, size);
+}
+
+static int stream_ok(const ledger_view *l, uint64_t stream) { return stream == 0 || owns_handle(l, "CUstream", stream); }
+
+static void ledger_release(ledger_view *l) {
+    Py_CLEAR(l->handles); Py_CLEAR(l->launched); Py_CLEAR(l->allocations); Py_CLEAR(l->globals);
+}
+
+/* The ledger's tables as they are now (the Python path may have replaced or changed them since last time). */
+static int ledger_fetch(Dispatcher *self, ledger_view *l) {
+    memset(l, 0, sizeof *l);
+    if (self->ledger == NULL || self->ledger == Py_None) return 0;
+    l->handles = PyObject_GetAttrString(self->ledger, "handles");
+    l->launched = PyObject_GetAttrString(self->ledger, "launched");
+    l->allocations = PyObject_GetAttrString(self->ledger, "allocations");
+    l->globals = PyObject_GetAttrString(self->ledger, "globals");
+    if (PyErr_Occurred() || !PyDict_Check(l->handles)) {
+        PyErr_Clear();
+        ledger_release(l);
+        return 0;
+    }
+    return 1;
+}
+
+/* Whether the session may make this call: the checks of SessionLedger.check/launchable, as far as C can be
+ * sure. 0 sends the record to Python, which answers (and refuses) it. */
+static int allowed(const ledger_view *l, int kind, const uint8_t *p) {
+    switch (kind) {
+    case K_STREAM: return stream_ok(l, rd64(p));
+    case K_EVENT: return owns_handle(l, "CUevent", rd64(p));
+    case K_CONTEXT: return rd64(p) == 0 || owns_handle(l, "CUcontext", rd64(p));
+    case K_EVENT_STREAM: return owns_handle(l, "CUevent", rd64(p)) && stream_ok(l, rd64(p + 8));
+    case K_STREAM_EVENT_FLAGS: return stream_ok(l, rd64(p)) && owns_handle(l, "CUevent", rd64(p + 8));
+    case K_MEMSET8: case K_MEMSET16: case K_MEMSET32: {
+        unsigned width = kind == K_MEMSET8 ? 1 : kind == K_MEMSET16 ? 2 : 4;
+        const uint8_t *rest = p + 8 + width;
+        return owns_memory(l, rd64(p), (unsigned __int128)rd64(rest) * width) && stream_ok(l, rd64(rest + 8));
+    }
+    case K_DTOD:
+        return owns_memory(l, rd64(p), rd64(p + 16)) && owns_memory(l, rd64(p + 8), rd64(p + 16))
+               && stream_ok(l, rd64(p + 24));
+    case K_LAUNCH: {
+        uint64_t f = rd64(p);
+        /* a first launch is the Python path's: it tells the quota (lazy loading) and records the function */
+        return (owns_handle(l, "CUfunction", f) || owns_handle(l, "CUkernel", f)) && in_set(l->launched, f)
+               && stream_ok(l, rd64(p + 36));
+    }
+    default: return 0;
+    }
+}
+
+static int needs_ledger(int kind) { return kind != K_NOP && kind != K_VOID; }
+
+/* --- the driver call, without the GIL ---------------------------------------------------------------------- */
+static int call_driver(Dispatcher *self, int kind, void *fn, const uint8_t *p, uint32_t length) {
+    switch (kind) {
+    case K_NOP: return CUDA_SUCCESS;
+    case K_VOID: return ((fn_void)fn)();
+    case K_STREAM: case K_EVENT: case K_CONTEXT: return ((fn_handle)fn)((void *)(uintptr_t)rd64(p));
+    case K_EVENT_STREAM: return ((fn_handle2)fn)((void *)(uintptr_t)rd64(p), (void *)(uintptr_t)rd64(p + 8));
+    case K_STREAM_EVENT_FLAGS:
+        return ((fn_wait_event)fn)((void *)(uintptr_t)rd64(p), (void *)(uintptr_t)rd64(p + 8), rd32(p + 16));
+    case K_MEMSET8: return ((fn_memset8)fn)(rd64(p), p[8], rd64(p + 9), (void *)(uintptr_t)rd64(p + 17));
+    case K_MEMSET16: return ((fn_memset16)fn)(rd64(p), rd16(p + 8), rd64(p + 10), (void *)(uintptr_t)rd64(p + 18));
+    case K_MEMSET32: return ((fn_memset32)fn)(rd64(p), rd32(p + 8), rd64(p + 12), (void *)(uintptr_t)rd64(p + 20));
+    case K_DTOD: return ((fn_dtod)fn)(rd64(p), rd64(p + 8), rd64(p + 16), (void *)(uintptr_t)rd64(p + 24));
+    case K_LAUNCH:
+        self->launch_size = length - LAUNCH_FIXED;
+        memcpy(self->launch_params, p + LAUNCH_FIXED, self->launch_size);
+        return ((fn_launch)fn)((void *)(uintptr_t)rd64(p), rd32(p + 8), rd32(p + 12), rd32(p + 16), rd32(p + 20),
+                               rd32(p + 24), rd32(p + 28), rd32(p + 32), (void *)(uintptr_t)rd64(p + 36), NULL,
+                               self->launch_extra);
+    default: return -4; /* not reached: set_call() accepts known kinds only */
+    }
+}
+
+/* --- rings --------------------------------------------------------------------------------------------------- */
+static int ring_from(Dispatcher *self, ring *r, PyObject *spec) {
+    unsigned long long head, tail, data, cell, capacity;
+    if (!PyArg_ParseTuple(spec, "KKKKK", &head, &tail, &data, &cell, &capacity)) return -1;
+    uint64_t size = (uint64_t)self->view.len;
+    if (capacity == 0 || (capacity & (capacity - 1)) || cell < RECORD_HEADER || head + 4 > size || tail + 4 > size
+        || head % 4 || tail % 4 || data > size || capacity * cell > size - data) {
+        PyErr_SetString(PyExc_ValueError, "ring outside the region or of a bad shape");
+        return -1;
+    }
+    uint8_t *base = (uint8_t *)self->view.buf;
+    r->head = base + head; r->tail = base + tail; r->data = base + data;
+    r->cell = (uint32_t)cell; r->capacity = (uint32_t)capacity; r->mask = (uint32_t)capacity - 1;
+    return 0;
+}
+
+static int Dispatcher_init(Dispatcher *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"buffer", "requests", "completions", "generation", "policy", NULL};
+    PyObject *buffer, *requests, *completions;
+    unsigned int generation;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!I(ddddd)", names, &buffer, &PyTuple_Type, &requests,
+                                     &PyTuple_Type, &completions, &generation, &self->spin_s, &self->busy_spin_s,
+                                     &self->min_sleep, &self->max_sleep, &self->check_every_s))
+        return -1;
+    if (self->have_view) { PyBuffer_Release(&self->view); self->have_view = 0; }
+    if (PyObject_GetBuffer(buffer, &self->view, PyBUF_WRITABLE) < 0) return -1;
+    self->have_view = 1;
+    if (ring_from(self, &self->in, requests) < 0 || ring_from(self, &self->out, completions) < 0) return -1;
+    self->generation = generation;
+    self->inline_capacity = self->in.cell - RECORD_HEADER;
+    memset(self->kind, 0, sizeof self->kind);
+    memset(self->fn, 0, sizeof self->fn);
+    self->launch_extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+    self->launch_extra[1] = self->launch_params;
+    self->launch_extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+    self->launch_extra[3] = &self->launch_size;
+    self->launch_extra[4] = CU_LAUNCH_PARAM_END;
+    Py_XSETREF(self->ledger, Py_NewRef(Py_None));
+    return 0;
+}
+
+static void Dispatcher_dealloc(Dispatcher *self) {
+    if (self->have_view) PyBuffer_Release(&self->view);
+    Py_XDECREF(self->ledger);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Dispatcher_set_call(Dispatcher *self, PyObject *args) {
+    unsigned int opcode;
+    int kind;
+    unsigned long long address;
+    if (!PyArg_ParseTuple(args, "IiK", &opcode, &kind, &address)) return NULL;
+    if (opcode > 0xFFFF || kind <= K_NONE || kind >= K_COUNT || (kind != K_NOP && address == 0)) {
+        PyErr_SetString(PyExc_ValueError, "bad opcode, kind or function address");
+        return NULL;
+    }
+    self->kind[opcode] = (uint8_t)kind;
+    self->fn[opcode] = (void *)(uintptr_t)address;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Dispatcher_set_ledger(Dispatcher *self, PyObject *ledger) {
+    Py_XSETREF(self->ledger, Py_NewRef(ledger));
+    Py_RETURN_NONE;
+}
+
+static PyObject *Dispatcher_close(Dispatcher *self, PyObject *unused) {
+    (void)unused;
+    if (self->have_view) { PyBuffer_Release(&self->view); self->have_view = 0; }
+    Py_RETURN_NONE;
+}
+
+static PyObject *answer(int code, unsigned long long call_id, int status) {
+    return Py_BuildValue("(iKi)", code, call_id, status);
+}
+
+/* Serve hot records until Python must act: (RET_PYTHON, 0, 0) a record the Python path answers is at the head
+ * of the request ring; (RET_CHECK, 0, 0) a liveness check is due (the wait goes on at the next call);
+ * (RET_POSTED_FAILED, call_id, status) a posted call failed (it was consumed; Python reports it);
+ * (RET_IDLE, 0, 0) with block=False, no record is there. */
+static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
+    int block = 1;
+    if (!PyArg_ParseTuple(args, "|p", &block)) return NULL;
+    if (!self->have_view) { PyErr_SetString(PyExc_ValueError, "closed"); return NULL; }
+    ledger_view l;
+    int have_ledger = ledger_fetch(self, &l);
+    uint32_t head = load32(self->in.head), tail_out = load32(self->out.tail); /* ours: Python may have moved them */
+    int code = RET_PYTHON, status = 0;
+    unsigned long long failed_id = 0;
+    PyThreadState *saved = PyEval_SaveThread();
+    for (;;) {
+        uint32_t fill = load32(self->in.tail) - head;
+        if (fill == 0) {
+            double t = now_s();
+            if (!block) { code = RET_IDLE; break; }
+            if (!self->waiting) {
+                self->waiting = 1;
+                self->wait_start = t;
+                self->sleep = 0.0;
+            }
+            double spin = self->busy ? self->busy_spin_s : self->spin_s;
+            if (t - self->wait_start < spin) { cpu_relax(); continue; }
+            if (t >= self->next_check) { /* WaitPolicy.wait_for: checks from the sleeping phase only */
+                self->next_check = t + self->check_every_s;
+                code = RET_CHECK;
+                break;
+            }
+            self->sleep = self->sleep == 0.0 ? self->min_sleep
+                          : (self->sleep * 2 < self->max_sleep ? self->sleep * 2 : self->max_sleep);
+            sleep_s(self->sleep);
+            continue;
+        }
+        if (self->waiting) {
+            self->waiting = 0;
+            self->busy = now_s() - self->wait_start < self->busy_spin_s;
+        }
+        if (fill > self->in.capacity) break; /* a broken peer: Python's receive says so (ChannelCorrupt) */
+        const uint8_t *slot = self->in.data + (size_t)(head & self->in.mask) * self->in.cell;
+        uint64_t call_id = rd64(slot);
+        uint32_t opcode = rd32(slot + 8), flags = rd32(slot + 12), length = rd32(slot + 16);
+        uint32_t generation = rd32(slot + 20), reserved = rd32(slot + 28);
+        if (reserved || (flags & ~FLAG_NO_REPLY) || generation != self->generation || opcode > 0xFFFF
+            || length > self->inline_capacity)
+            break;
+        int kind = self->kind[opcode];
+        if (kind == K_NONE) break;
+        if (kind == K_LAUNCH ? (length < LAUNCH_FIXED || length - LAUNCH_FIXED > MAX_PARAMS)
+                             : (payload_size[kind] != UINT32_MAX && length != payload_size[kind]))
+            break;
+        int wants_reply = !(flags & FLAG_NO_REPLY);
+        if (wants_reply && tail_out - load32(self->out.head) >= self->out.capacity) break; /* Python waits for room */
+        const uint8_t *payload = slot + RECORD_HEADER;
+        if (needs_ledger(kind)) {
+            PyEval_RestoreThread(saved);
+            int ok = have_ledger && allowed(&l, kind, payload);
+            saved = PyEval_SaveThread();
+            if (!ok) break;
+        }
+        int result = call_driver(self, kind, self->fn[opcode], payload, length);
+        head += 1;
+        store32(self->in.head, head);
+        self->served += 1;
+        if (wants_reply) {
+            uint8_t *out = self->out.data + (size_t)(tail_out & self->out.mask) * self->out.cell;
+            uint32_t words[6] = { 0, 0, 0, self->generation, (uint32_t)result, 0 }; /* opcode, flags, length */
+            memcpy(out, &call_id, 8);
+            memcpy(out + 8, words, sizeof words);
+            tail_out += 1;
+            store32(self->out.tail, tail_out);
+        } else if (result != CUDA_SUCCESS) {
+            code = RET_POSTED_FAILED;
+            failed_id = call_id;
+            status = result;
+            break;
+        }
+    }
+    PyEval_RestoreThread(saved);
+    if (have_ledger) ledger_release(&l);
+    if (PyErr_Occurred()) PyErr_Clear(); /* a driver stub (cydriver) that raised: its status already says so */
+    return answer(code, failed_id, status);
+}
+
+static PyObject *Dispatcher_served(Dispatcher *self, void *closure) {
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(self->served);
+}
+
+static PyMethodDef Dispatcher_methods[] = {
+    {"set_call", (PyCFunction)Dispatcher_set_call, METH_VARARGS,
+     "set_call(opcode, kind, address): serve `opcode` as `kind` by the C function at `address`."},
+    {"set_ledger", (PyCFunction)Dispatcher_set_ledger, METH_O,
+     "set_ledger(ledger): the SessionLedger whose tables the checks consult (None: only unchecked calls)."},
+    {"serve", (PyCFunction)Dispatcher_serve, METH_VARARGS,
+     "serve(block=True) -> (code, call_id, status): serve hot records until Python must act."},
+    {"close", (PyCFunction)Dispatcher_close, METH_NOARGS, "Release the region's buffer."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Dispatcher_getset[] = {
+    {"served", (getter)Dispatcher_served, NULL, "records answered here", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject DispatcherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_orion_hot_dispatch.Dispatcher",
+    .tp_basicsize = sizeof(Dispatcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One session's hot records, served from its request ring (host_agent/hot_path.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Dispatcher_init,
+    .tp_dealloc = (destructor)Dispatcher_dealloc,
+    .tp_methods = Dispatcher_methods,
+    .tp_getset = Dispatcher_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_orion_hot_dispatch", "The session worker's hot records in C.", -1, NULL,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__orion_hot_dispatch(void) {
+    if (PyType_Ready(&DispatcherType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "Dispatcher", (PyObject *)&DispatcherType) < 0) { Py_DECREF(m); return NULL; }
+    static const struct { const char *name; int value; } constants[] = {
+        {"PYTHON", RET_PYTHON}, {"CHECK", RET_CHECK}, {"POSTED_FAILED", RET_POSTED_FAILED}, {"IDLE", RET_IDLE},
+        {"K_NOP", K_NOP}, {"K_VOID", K_VOID}, {"K_STREAM", K_STREAM}, {"K_EVENT", K_EVENT},
+        {"K_CONTEXT", K_CONTEXT}, {"K_EVENT_STREAM", K_EVENT_STREAM}, {"K_STREAM_EVENT_FLAGS", K_STREAM_EVENT_FLAGS},
+        {"K_MEMSET8", K_MEMSET8}, {"K_MEMSET16", K_MEMSET16}, {"K_MEMSET32", K_MEMSET32}, {"K_DTOD", K_DTOD},
+        {"K_LAUNCH", K_LAUNCH},
+    };
+    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) { Py_DECREF(m); return NULL; }
+    return m;
+}

@@ -1,0 +1,273 @@
+"""The session worker's compiled hot path: builds and loads hot_dispatch.c, and binds it to one session.
+
+    python -m host_agent.hot_path      build it now (setup.sh does), print where it is
+
+A forwarded call's host side was ~4 µs of Python (docs/performance.md: receive, the generic dispatch, send)
+around a driver call of about a microsecond. `HotPath` serves the records that dominate a CUDA program's steady
+state — launches, async memsets and device copies, stream/event record, wait, query and synchronise, the
+context switch a multi-threaded guest posts, and the wire NOP — in C, calling cuda.bindings.cydriver's C
+functions directly; everything else, and every record C is not sure of, is answered by the Python path
+(region_server.RecordLoop, executor.py), which stays the reference: C never refuses a record itself, so every
+error a guest can provoke is the Python path's (hot_dispatch.c says how).
+
+The module is compiled with the system C compiler on first use into a cache directory (a file named after the
+source's hash and the interpreter) and reused; without a compiler or Python's headers, or when
+ORION_HOT_PATH=0, the worker serves everything in Python and says so in one log line.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ivshmem.channel import Endpoint
+from ivshmem.driver_api import BY_OPCODE, DriverCall
+from ivshmem.record import Op
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).resolve().with_name("hot_dispatch.c")
+MODULE = "_orion_hot_dispatch"
+CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-fPIC", "-shared")
+
+# name -> (kind in hot_dispatch.c, the request struct and input types it decodes). A call is served in C only
+# while the table still declares exactly this (checked at bind time), so a changed entry falls back to Python.
+HOT_CALLS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "cuCtxSynchronize": ("K_VOID", "<", ()),
+    "cuStreamSynchronize": ("K_STREAM", "<Q", ("CUstream",)),
+    "cuStreamQuery": ("K_STREAM", "<Q", ("CUstream",)),
+    "cuEventQuery": ("K_EVENT", "<Q", ("CUevent",)),
+    "cuEventSynchronize": ("K_EVENT", "<Q", ("CUevent",)),
+    "cuCtxSetCurrent": ("K_CONTEXT", "<Q", ("CUcontext",)),
+    "cuEventRecord": ("K_EVENT_STREAM", "<QQ", ("CUevent", "CUstream")),
+    "cuStreamWaitEvent": ("K_STREAM_EVENT_FLAGS", "<QQI", ("CUstream", "CUevent", "unsigned int")),
+    "cuMemsetD8Async": ("K_MEMSET8", "<QBQQ", ("CUdeviceptr", "unsigned char", "size_t", "CUstream")),
+    "cuMemsetD16Async": ("K_MEMSET16", "<QHQQ", ("CUdeviceptr", "unsigned short", "size_t", "CUstream")),
+    "cuMemsetD32Async": ("K_MEMSET32", "<QIQQ", ("CUdeviceptr", "unsigned int", "size_t", "CUstream")),
+    "cuMemcpyDtoDAsync": ("K_DTOD", "<QQQQ", ("CUdeviceptr", "CUdeviceptr", "size_t", "CUstream")),
+    "cuLaunchKernel": ("K_LAUNCH", "<QIIIIIIIQ", ("CUfunction",) + ("unsigned int",) * 7 + ("CUstream",)),
+}
+# hand-written in executor.py, and mirrored in C: the qualified name of the handler C stands in for
+MIRRORED = {"cuLaunchKernel": "CudaExecutor._launch"}
+
+_loaded: ModuleType | None | bool = False  # False: not tried yet in this process
+
+
+class Unavailable(Exception):
+    """The compiled hot path cannot be had here; the message says why, in one line."""
+
+
+def cache_dir() -> Path:
+    """Where the built module is kept: $ORION_CACHE_DIR, else $XDG_CACHE_HOME/orion, else ~/.cache/orion."""
+    configured = os.environ.get("ORION_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "orion"
+
+
+def _compiler() -> list[str] | None:
+    """$CC (it may carry flags), else cc, else gcc; None when there is none (as guest_runtime/native/build.py)."""
+    configured = os.environ.get("CC", "").strip()
+    if configured:
+        words = shlex.split(configured)
+        return words if shutil.which(words[0]) else None
+    for name in ("cc", "gcc"):
+        found = shutil.which(name)
+        if found:
+            return [found]
+    return None
+
+
+def build(directory: Path | None = None) -> Path:
+    """The compiled module's path, compiling it first unless this source was built for this interpreter already.
+    Raises Unavailable with one line."""
+    source = SOURCE.read_bytes()
+    include = sysconfig.get_paths()["include"]
+    tag = hashlib.sha256(source + sys.version.encode() + include.encode()).hexdigest()[:16]
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    target = (directory or cache_dir()) / f"{MODULE}-{tag}{suffix}"
+    if target.exists():
+        return target
+    compiler = _compiler()
+    if compiler is None:
+        raise Unavailable("no C compiler (set CC, or install gcc)")
+    if not os.path.exists(os.path.join(include, "Python.h")):
+        raise Unavailable(f"no Python headers in {include} (install python3-dev)")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Unavailable(f"cannot create {target.parent}: {exc.strerror}") from None
+    # Built beside its final name and renamed: workers of other sessions may build or load it at the same time.
+    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{MODULE}-", suffix=suffix)
+    os.close(fd)
+    try:
+        done = subprocess.run([*compiler, *CFLAGS, f"-I{include}", "-o", partial, str(SOURCE)],
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            first = (done.stderr.strip().splitlines() or ["(no message)"])[0]
+            raise Unavailable(f"{compiler[0]} failed on {SOURCE.name}: {first}")
+        os.replace(partial, target)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Unavailable(f"could not compile {SOURCE.name}: {exc}") from None
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target
+
+
+def load() -> ModuleType | None:
+    """The compiled module, built on first use; None (and one log line per process) where it cannot be had."""
+    global _loaded
+    if _loaded is not False:
+        return _loaded or None  # type: ignore[return-value]
+    _loaded = None
+    if os.environ.get("ORION_HOT_PATH", "1") == "0":
+        log.info("compiled hot path off (ORION_HOT_PATH=0): session workers serve every record in Python")
+        return None
+    try:
+        path = build()
+        spec = importlib.util.spec_from_file_location(MODULE, path)
+        if spec is None or spec.loader is None:
+            raise Unavailable(f"{path} is not a loadable module")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (Unavailable, ImportError) as exc:
+        log.warning("compiled hot path unavailable (%s): session workers serve every record in Python", exc)
+        return None
+    _loaded = module
+    return module
+
+
+def reset() -> None:
+    """Forget what load() found (tests that simulate a host without a compiler)."""
+    global _loaded
+    _loaded = False
+
+
+# --- the driver's C functions -------------------------------------------------------------------------------------
+def _capsule_pointer(capsule: object) -> int:
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return int(get_pointer(capsule, get_name(capsule)) or 0)
+
+
+def driver_functions(handler: Any) -> dict[str, int]:
+    """name -> address of the C function the hot path calls for it: cuda.bindings.cydriver's (the functions
+    cuda-python's wrappers call, without the wrappers) when the handler runs the real driver; a handler with a
+    stand-in driver (the tests) names its own C-callable stand-ins in `hot_functions`."""
+    given = getattr(handler, "hot_functions", None)
+    if given is not None:
+        return dict(given)
+    driver = getattr(handler, "driver", None)
+    if driver is None or getattr(driver, "__name__", "") != "cuda.bindings.driver":
+        return {}
+    try:
+        from cuda.bindings import cydriver
+    except ImportError:
+        return {}
+    capi = getattr(cydriver, "__pyx_capi__", {})
+    return {name: _capsule_pointer(capi[name]) for name in HOT_CALLS if name in capi}
+
+
+def _servable(call: DriverCall, executor_module: Any) -> bool:
+    """Whether C still decodes and checks `call` exactly as the Python path does (else it stays Python's)."""
+    kind, layout, types = HOT_CALLS[call.name]
+    if call.inputs.format != layout or call.input_types != types or call.effects or call.output_types:
+        return False
+    if call.name in executor_module.POLICY.by_name:
+        return False
+    written = executor_module.HOST.by_name.get(call.name)
+    if written is None:
+        return call.name not in MIRRORED
+    return getattr(written, "__qualname__", "") == MIRRORED.get(call.name)
+
+
+class HotPath:
+    """One session's compiled dispatcher, bound to its endpoint (rings), handler and ledger."""
+
+    def __init__(self, module: ModuleType, endpoint: Endpoint, handler: Any) -> None:
+        self.endpoint = endpoint
+        policy = endpoint.policy
+        self.dispatcher = module.Dispatcher(
+            endpoint.buf, _ring(endpoint.in_ring), _ring(endpoint.out_ring), endpoint.generation,
+            (policy.spin_s, policy.busy_spin_s, policy.min_sleep, policy.max_sleep, policy.check_every_s))
+        self.PYTHON, self.CHECK, self.POSTED_FAILED, self.IDLE = (module.PYTHON, module.CHECK, module.POSTED_FAILED,
+                                                                  module.IDLE)
+        self.calls: list[str] = []
+        from .diagnostics import DiagnosticsHandler
+        if isinstance(handler, DiagnosticsHandler):  # NOP: answered OK, whatever it carries (DiagnosticsHandler._nop)
+            self.dispatcher.set_call(int(Op.NOP), module.K_NOP, 0)
+            self.calls.append("NOP")
+        ledger = getattr(handler, "ledger", None)
+        functions = driver_functions(handler) if ledger is not None else {}
+        if functions:
+            from . import executor
+            by_name = {call.name: call for call in BY_OPCODE.values()}
+            for name, address in functions.items():
+                call = by_name.get(name)
+                if call is None or name not in HOT_CALLS or not address or not _servable(call, executor):
+                    continue
+                self.dispatcher.set_call(call.opcode, getattr(module, HOT_CALLS[name][0]), address)
+                self.calls.append(name)
+            self.dispatcher.set_ledger(ledger)
+
+    @property
+    def served(self) -> int:
+        """Records answered in C so far."""
+        return int(self.dispatcher.served)
+
+    def serve(self, block: bool = True) -> tuple[int, int, int]:
+        """Serve hot records until Python must act; (code, call_id, status) as hot_dispatch.c's serve(). The
+        Python endpoint's private ring indices are reloaded afterwards (C moved the shared ones)."""
+        result: tuple[int, int, int] = self.dispatcher.serve(block)
+        self.endpoint.in_ring.resync()
+        self.endpoint.out_ring.resync()
+        return result
+
+    def close(self) -> None:
+        self.dispatcher.close()
+
+
+def _ring(ring: Any) -> tuple[int, int, int, int, int]:
+    """(head word, tail word, first slot, slot size, slots) of a ring, as byte offsets in the region."""
+    return ring._head_i * 4, ring._tail_i * 4, ring.data, ring.cell, ring.capacity
+
+
+def attach(endpoint: Endpoint, handler: Any) -> HotPath | None:
+    """The compiled hot path for a session served over `endpoint` by `handler`, or None (Python serves all)."""
+    module = load()
+    if module is None:
+        return None
+    hot = HotPath(module, endpoint, handler)
+    if not hot.calls:
+        hot.close()
+        return None
+    return hot
+
+
+def main() -> int:
+    try:
+        print(build())
+    except Unavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""The compiled hot path (host_agent/hot_dispatch.c, hot_path.py) answers exactly as the Python path does.
+
+One session is served in this process over a real region: a client Endpoint queues records on the request ring,
+`region_server.RecordLoop` (the worker's loop) answers them with a CudaExecutor over tests.fake_driver.FakeDriver,
+and the replies are read back from the completion ring. The same corpus of records -- the hot calls well-formed,
+and hostile
+(handles and pointers the session does not own, truncated and oversized payloads, another generation, unknown
+flags, posted calls that fail) -- is served once by the Python path alone and once with the compiled path, whose
+driver functions are C-callable stand-ins (ctypes callbacks) for the same fake's methods. Replies, what reached
+the driver and the launches it saw must be identical, and the compiled path must have answered the hot part.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from host_agent import hot_path
+from host_agent.executor import CudaExecutor
+from host_agent.handler import Session
+from host_agent.region_server import RecordLoop, ServerOptions
+from ivshmem.channel import Endpoint
+from ivshmem.cuda_status import INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, SUCCESS
+from ivshmem.driver_api import BY_OPCODE, PINNED_COPY, DriverCall
+from ivshmem.layout import Geometry
+from ivshmem.record import Flag, Op, Status
+from ivshmem.region import Region
+from ivshmem.wait import WaitPolicy
+from tests.fake_driver import FakeDriver
+from tests.unit.test_forwarding_roundtrip import fatbin, minimal_elf
+
+CALLS: dict[str, DriverCall] = {call.name: call for call in BY_OPCODE.values()}
+GENERATION = 7
+OPTIONS = ServerOptions()
+U = ctypes.c_uint
+P = ctypes.c_void_p
+Q = ctypes.c_uint64
+
+pytestmark = pytest.mark.skipif(hot_path.load() is None, reason="no C compiler or Python headers here")
+
+
+def stand_ins(fake: FakeDriver) -> tuple[dict[str, int], list[Any]]:
+    """C-callable stand-ins for the hot calls: ctypes callbacks into the fake, with the arguments as the Python
+    path gives them (handles as ints, NULL as 0; a launch's `kernelParams` as None, `extra` as its address)."""
+    def plain(method: Any, *types: Any) -> Any:
+        return ctypes.CFUNCTYPE(ctypes.c_int, *types)(lambda *a: int(method(*[v or 0 for v in a])[0]))
+
+    def launch(f: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, stream: int | None,
+               params: int | None, extra: int | None) -> int:
+        return int(fake.cuLaunchKernel(f or 0, gx, gy, gz, bx, by, bz, shared, stream or 0, params, extra)[0])
+    made = {
+        "cuCtxSynchronize": plain(fake.cuCtxSynchronize),
+        "cuStreamSynchronize": plain(fake.cuStreamSynchronize, P),
+        "cuStreamQuery": plain(fake.cuStreamQuery, P),
+        "cuEventQuery": plain(fake.cuEventQuery, P),
+        "cuEventSynchronize": plain(fake.cuEventSynchronize, P),
+        "cuCtxSetCurrent": plain(fake.cuCtxSetCurrent, P),
+        "cuEventRecord": plain(fake.cuEventRecord, P, P),
+        "cuStreamWaitEvent": plain(fake.cuStreamWaitEvent, P, P, U),
+        "cuMemsetD8Async": plain(fake.cuMemsetD8Async, Q, ctypes.c_ubyte, ctypes.c_size_t, P),
+        "cuMemsetD16Async": plain(fake.cuMemsetD16Async, Q, ctypes.c_ushort, ctypes.c_size_t, P),
+        "cuMemsetD32Async": plain(fake.cuMemsetD32Async, Q, U, ctypes.c_size_t, P),
+        "cuMemcpyDtoDAsync": plain(fake.cuMemcpyDtoDAsync, Q, Q, ctypes.c_size_t, P),
+        "cuLaunchKernel": ctypes.CFUNCTYPE(ctypes.c_int, P, U, U, U, U, U, U, U, P, P, P)(launch),
+    }
+    return {name: ctypes.cast(fn, ctypes.c_void_p).value or 0 for name, fn in made.items()}, list(made.values())
+
+
+class Served:
+    """One session over a fresh region: a client endpoint, the executor, and (with `compiled`) the hot path."""
+
+    def __init__(self, compiled: bool, policy: WaitPolicy | None = None) -> None:
+        self.path = f"/dev/shm/orion-hot-{uuid.uuid4().hex[:10]}"
+        with open(self.path, "wb") as f:
+            f.truncate(16 << 20)
+        self.region = Region.open(self.path)
+        self.region.format(Geometry.build(self.region.size, 1, name="hot"))
+        self.client = Endpoint(self.region, 0, "client")
+        self.host = Endpoint(self.region, 0, "host", policy or WaitPolicy())
+        for side in (self.client, self.host):
+            side.reset_owned()
+            side.resync()
+            side.generation = GENERATION
+        self.fake = FakeDriver(devices=2)
+        self.fake.cuInit(0)
+        self.executor = CudaExecutor(Session(1, self.path, 0, GENERATION), driver=self.fake)
+        self.hot: hot_path.HotPath | None = None
+        self._keep: list[Any] = []
+        if compiled:
+            functions, self._keep = stand_ins(self.fake)
+            self.executor.hot_functions = functions  # type: ignore[attr-defined]
+            self.hot = hot_path.attach(self.host, self.executor)
+            assert self.hot is not None and len(self.hot.calls) == len(hot_path.HOT_CALLS) + 1  # every one, NOP
+        self.loop = RecordLoop(self.host, self.executor, self.executor.session, OPTIONS, self.hot)
+        self.next_id = 0
+        self.replies: list[tuple[int, int, int, bytes]] = []  # the corpus's, in order
+
+    def send(self, opcode: int, payload: bytes = b"", flags: int = 0, generation: int | None = None) -> int:
+        self.next_id += 1
+        saved = self.client.generation
+        self.client.generation = GENERATION if generation is None else generation
+        self.client.send(self.next_id, opcode, flags, payload)
+        self.client.generation = saved
+        return self.next_id
+
+    def request(self, name: str, *args: int, posted: bool = False, payload: bytes | None = None) -> int:
+        call = CALLS[name]
+        body = payload if payload is not None else call.request.encode(*args)
+        return self.send(call.opcode, bytes(body), Flag.NO_REPLY if posted else 0)
+
+    def serve(self) -> list[tuple[int, int, int, bytes]]:
+        """Answer what is queued; the replies as (call_id, flags, status, payload)."""
+        self.loop.run(until_idle=True)
+        replies = []
+        while (record := self.client.receive(wait=False)) is not None:
+            replies.append((record.call_id, record.flags, record.status, bytes(record.payload)))
+        return replies
+
+    def call(self, name: str, *args: int) -> list[int]:
+        """A setup call: must succeed; its outputs."""
+        self.request(name, *args)
+        ((_, _, status, payload),) = self.serve()
+        assert status == SUCCESS, f"{name}: {status}"
+        return list(CALLS[name].reply.decode(payload)) if payload else []
+
+    def close(self) -> None:
+        if self.hot is not None:
+            self.hot.close()
+        self.region.close()
+        os.unlink(self.path)
+
+
+@pytest.fixture
+def make() -> Iterator[Any]:
+    made: list[Served] = []
+
+    def build(compiled: bool, policy: WaitPolicy | None = None) -> Served:
+        made.append(Served(compiled, policy))
+        return made[-1]
+    yield build
+    for served in made:
+        served.close()
+
+
+def setup_session(s: Served) -> dict[str, int]:
+    """A context, a stream, an event, two allocations, a function launched once: what the corpus names."""
+    (context,) = s.call("cuDevicePrimaryCtxRetain", 0)
+    s.call("cuCtxSetCurrent", context)
+    (stream,) = s.call("cuStreamCreate", 1)
+    (event,) = s.call("cuEventCreate", 0)
+    (a,) = s.call("cuMemAlloc", 256)
+    (b,) = s.call("cuMemAlloc", 256)
+    (module,) = s.call("cuModuleLoadData", fatbin(minimal_elf()))
+    (function,) = s.call("cuModuleGetFunction", module, b"elfkernel")
+    return {"context": context, "stream": stream, "event": event, "a": a, "b": b, "function": function}
+
+
+def launch_payload(function: int, stream: int, params: bytes = b"\x01\x02\x03\x04", grid: int = 1) -> bytes:
+    return CALLS["cuLaunchKernel"].request.fixed.pack(function, grid, 1, 1, 32, 1, 1, 0, stream) + params
+
+
+def corpus(s: Served, h: dict[str, int]) -> None:
+    """Queue the hot calls, well-formed and hostile, in batches the ring holds; serve after each."""
+    stream, event, a, b, f, ctx = h["stream"], h["event"], h["a"], h["b"], h["function"], h["context"]
+    bogus = 0xDEAD0000
+    batches: list[list[tuple[Any, ...]]] = [[
+        ("cuCtxSynchronize",), ("cuCtxSynchronize", "posted"),
+        ("cuStreamQuery", stream), ("cuStreamQuery", 0), ("cuStreamQuery", bogus),
+        ("cuStreamSynchronize", stream), ("cuStreamSynchronize", 0, "posted"), ("cuStreamSynchronize", bogus, "posted"),
+        ("cuEventRecord", event, stream, "posted"), ("cuEventRecord", bogus, stream, "posted"),
+        ("cuEventRecord", event, bogus), ("cuEventRecord", event, 0),
+        ("cuEventQuery", event), ("cuEventQuery", bogus), ("cuEventSynchronize", event),
+        ("cuStreamWaitEvent", stream, event, 0, "posted"), ("cuStreamWaitEvent", stream, event, 5, "posted"),
+        ("cuStreamWaitEvent", stream, event, 5), ("cuStreamWaitEvent", bogus, event, 0, "posted"),
+        ("cuCtxSetCurrent", ctx), ("cuCtxSetCurrent", 0), ("cuCtxSetCurrent", bogus), ("cuCtxSetCurrent", ctx),
+    ], [
+        ("cuMemsetD8Async", a, 7, 256, stream, "posted"), ("cuMemsetD8Async", a + 250, 7, 7, stream, "posted"),
+        ("cuMemsetD8Async", a, 7, 0, 0), ("cuMemsetD8Async", bogus, 7, 1, 0),
+        ("cuMemsetD16Async", a, 0xBEEF, 128, 0, "posted"), ("cuMemsetD16Async", a, 1, 129, 0),
+        ("cuMemsetD32Async", a, 0xCAFEF00D, 64, stream), ("cuMemsetD32Async", a + 1, 1, 4, stream, "posted"),
+        ("cuMemsetD32Async", a, 1, 1 << 62, stream), ("cuMemsetD32Async", a, 1, 4, bogus),
+        ("cuMemcpyDtoDAsync", b, a, 256, stream, "posted"), ("cuMemcpyDtoDAsync", b, a, 257, stream),
+        ("cuMemcpyDtoDAsync", b, bogus, 16, stream), ("cuMemcpyDtoDAsync", bogus, a, 16, 0, "posted"),
+        ("cuMemcpyDtoDAsync", b + 128, a, 128, 0),
+        ("cuStreamSynchronize", stream), ("cuCtxSynchronize",),
+    ], [
+        ("launch", f, stream, "posted"), ("launch", f, stream), ("launch", f, 0, "posted"),
+        ("launch", bogus, stream), ("launch", f, bogus, "posted"), ("launch-grid0", f, stream, "posted"),
+        ("raw", "cuLaunchKernel", launch_payload(f, stream)[:40]),
+        ("raw", "cuStreamQuery", b"\0\0\0\0"), ("raw", "cuStreamQuery", (stream).to_bytes(8, "little") + bytes(8)),
+        ("raw", "cuCtxSynchronize", b"\0"), ("raw-posted", "cuEventQuery", b"\1\2"),
+        ("generation", "cuStreamQuery", stream), ("flags", "cuStreamQuery", stream),
+        ("async-flag", "cuStreamQuery", stream), ("pinned", "cuMemsetD8Async", a, 1, 1, 0),
+        ("nop",), ("nop-payload",), ("nop-posted",), ("cuCtxSynchronize",),
+    ]]
+    for batch in batches:
+        for item in batch:
+            name, *rest = item
+            posted = bool(rest) and rest[-1] == "posted"
+            args = [v for v in rest if v != "posted"]
+            if name == "launch":
+                s.send(CALLS["cuLaunchKernel"].opcode, launch_payload(args[0], args[1]), Flag.NO_REPLY if posted else 0)
+            elif name == "launch-grid0":
+                s.send(CALLS["cuLaunchKernel"].opcode, launch_payload(args[0], args[1], grid=0), Flag.NO_REPLY)
+            elif name in ("raw", "raw-posted"):
+                s.send(CALLS[args[0]].opcode, args[1], Flag.NO_REPLY if name == "raw-posted" else 0)
+            elif name == "generation":
+                s.send(CALLS[args[0]].opcode, CALLS[args[0]].request.encode(*args[1:]), generation=GENERATION + 1)
+            elif name == "flags":
+                s.send(CALLS[args[0]].opcode, CALLS[args[0]].request.encode(*args[1:]), flags=1 << 5)
+            elif name == "async-flag":
+                s.send(CALLS[args[0]].opcode, CALLS[args[0]].request.encode(*args[1:]), flags=Flag.ASYNC_ERROR)
+            elif name == "pinned":
+                s.send(CALLS[args[0]].opcode | PINNED_COPY, CALLS[args[0]].request.encode(*args[1:]))
+            elif name.startswith("nop"):
+                s.send(Op.NOP, b"xyz" if name == "nop-payload" else b"", Flag.NO_REPLY if name == "nop-posted" else 0)
+            else:
+                s.request(name, *args, posted=posted)
+        s.replies.extend(s.serve())
+
+
+def driver_view(fake: FakeDriver) -> list[tuple[str, tuple[Any, ...], tuple[int, ...]]]:
+    """What reached the driver, in order; a launch's `extra` (an address in either path) by its contents."""
+    seen = []
+    for call in fake.calls:
+        args = tuple(int(a) if isinstance(a, int) or hasattr(a, "__int__") else a for a in call.args)
+        if call.name == "cuLaunchKernel":
+            args = args[:-1] + (FakeDriver.decode_extra(int(call.args[-1])) if call.args[-1] else None,)
+        seen.append((call.name, args, tuple(int(r) for r in call.result[:1])))
+    return seen
+
+
+def run_corpus(s: Served) -> tuple[list[Any], Any, Any, int]:
+    handles = setup_session(s)
+    # the function's first launch: always the Python path's (it tells the quota); the corpus launches it again
+    s.send(CALLS["cuLaunchKernel"].opcode, launch_payload(handles["function"], 0))
+    assert s.serve()[0][2] == SUCCESS
+    s.replies = []
+    before = s.hot.served if s.hot is not None else 0
+    corpus(s, handles)
+    memory = bytes(s.fake.memory[handles["b"]])
+    return s.replies, driver_view(s.fake), (memory, s.fake.launches), (s.hot.served if s.hot else 0) - before
+
+
+def test_the_compiled_path_answers_the_corpus_exactly_as_the_python_path(make: Any) -> None:
+    python_replies, python_driver, python_state, _ = run_corpus(make(False))
+    c_replies, c_driver, c_state, served_in_c = run_corpus(make(True))
+    assert c_replies == python_replies
+    assert c_driver == python_driver
+    assert c_state == python_state
+    # the corpus is hostile half the time; the well-formed, owned half must have been C's
+    assert served_in_c >= 30, served_in_c
+    statuses = {status for _, _, status, _ in python_replies}
+    assert {SUCCESS, INVALID_HANDLE, INVALID_VALUE, Status.MALFORMED} <= statuses  # the corpus reaches the refusals
+
+
+def test_unowned_handles_and_pointers_never_reach_the_driver_through_the_compiled_path(make: Any) -> None:
+    s = make(True)
+    h = setup_session(s)
+    served, calls = s.hot.served, len(s.fake.calls)
+    s.request("cuStreamQuery", 0xBAD0)
+    s.request("cuEventRecord", 0xBAD0, 0, posted=True)
+    s.request("cuMemsetD8Async", h["a"] + 200, 1, 57, 0, posted=True)  # one byte past the allocation
+    s.request("cuMemcpyDtoDAsync", h["a"], h["b"] + 0x10000, 4, 0)
+    s.send(CALLS["cuLaunchKernel"].opcode, launch_payload(h["function"] + 0x10, 0))
+    replies = s.serve()
+    assert [r[2] for r in replies] == [INVALID_HANDLE, INVALID_HANDLE, INVALID_VALUE, INVALID_VALUE, INVALID_HANDLE]
+    assert [r[1] for r in replies] == [0, Flag.ASYNC_ERROR, Flag.ASYNC_ERROR, 0, 0]
+    assert s.hot.served == served  # every one answered by the Python path
+    assert len(s.fake.calls) == calls  # and none reached the driver
+
+
+def test_a_freed_allocation_is_refused_at_once(make: Any) -> None:
+    s = make(True)
+    h = setup_session(s)
+    s.request("cuMemsetD8Async", h["a"], 1, 16, 0)
+    assert [r[2] for r in s.serve()] == [SUCCESS]
+    served = s.hot.served
+    s.call("cuMemFree", h["a"])  # the Python path changes the ledger; C reads it, not a copy
+    s.request("cuMemsetD8Async", h["a"], 1, 16, 0)
+    assert [r[2] for r in s.serve()] == [INVALID_VALUE]
+    assert s.hot.served == served  # the free and the refused memset: both the Python path's
+
+
+def test_posted_calls_reply_only_when_they_fail_with_an_async_error(make: Any) -> None:
+    s = make(True)
+    h = setup_session(s)
+    served = s.hot.served
+    first = s.request("cuStreamWaitEvent", h["stream"], h["event"], 0, posted=True)
+    failed = s.request("cuStreamWaitEvent", h["stream"], h["event"], 5, posted=True)  # the driver refuses flags 5
+    s.request("cuCtxSynchronize", posted=True)
+    replies = s.serve()
+    assert s.hot.served == served + 3  # all three C's, the failure included
+    assert replies == [(failed, Flag.ASYNC_ERROR, INVALID_VALUE, b"")]
+    assert first not in [r[0] for r in replies]
+
+
+def test_posted_failures_are_reported_64_times_then_no_more(make: Any) -> None:
+    s = make(True)
+    h = setup_session(s)
+    replies = []
+    for _ in range(3):
+        for _ in range(30):
+            s.request("cuStreamWaitEvent", h["stream"], h["event"], 5, posted=True)
+        replies += s.serve()
+    assert len(replies) == 64 and all(r[1] == Flag.ASYNC_ERROR for r in replies)
+
+
+def test_the_compiled_wait_hands_back_for_liveness_checks(make: Any) -> None:
+    """With no record, serve() returns to Python within the policy's check interval (the worker then runs
+    parent_alive), and the wait goes on where it was: it does not spin again."""
+    s = make(True, WaitPolicy(spin_s=0.0, busy_spin_s=0.0, min_sleep=1e-4, max_sleep=1e-3, check_every_s=0.01))
+    assert s.hot is not None
+    codes = [s.hot.serve(True)[0] for _ in range(3)]
+    assert codes == [s.hot.CHECK] * 3
+    s.request("cuCtxSynchronize")  # no context was made: the driver's answer, from C
+    assert s.serve() == [(1, 0, INVALID_CONTEXT, b"")] and s.hot.served == 1
+
+
+def test_a_ring_the_peer_broke_is_left_to_the_python_path(make: Any) -> None:
+    from ivshmem.errors import ChannelCorrupt
+    s = make(True)
+    s.request("cuCtxSynchronize")
+    s.region.u32[s.host.in_ring._tail_i] = 1000  # tail far beyond head: more records than slots
+    with pytest.raises(ChannelCorrupt):
+        s.serve()
+
+
+def test_without_a_compiler_the_worker_serves_in_python_and_says_so_once(
+        make: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))  # nothing built here yet
+    hot_path.reset()
+    try:
+        with caplog.at_level(logging.WARNING, logger="host_agent.hot_path"):
+            s = make(False)
+            assert hot_path.attach(s.host, s.executor) is None
+            assert hot_path.attach(s.host, s.executor) is None
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and "no C compiler" in lines[0] and "in Python" in lines[0]
+        assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+        h = setup_session(s)  # and the session is served all the same
+        s.request("cuStreamQuery", h["stream"])
+        assert [r[2] for r in s.serve()] == [SUCCESS]
+    finally:
+        hot_path.reset()
+
+
+def test_a_changed_table_entry_is_left_to_the_python_path(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """C decodes the layouts hot_path.HOT_CALLS names; an entry the table no longer declares so is not C's."""
+    monkeypatch.setitem(hot_path.HOT_CALLS, "cuStreamQuery", ("K_STREAM", "<I", ("CUstream",)))
+    served = make(False)
+    functions, keep = stand_ins(served.fake)
+    served.executor.hot_functions = functions  # type: ignore[attr-defined]
+    hot = hot_path.attach(served.host, served.executor)
+    assert hot is not None and "cuStreamQuery" not in hot.calls and "cuStreamSynchronize" in hot.calls
+    hot.close()
+    del keep
