@@ -8,7 +8,6 @@ host translated.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
