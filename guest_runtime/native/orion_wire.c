@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -59,6 +60,8 @@ enum { CLIENT_GEN = 0, CLIENT_ACTIVE = 4, CLIENT_PID = 8, LIVENESS = 12, CLIENT_
        HOST_GEN = 64, HOST_STATUS = 68, HOST_REASON = 72, HOST_WORKER = 76, HOST_HEARTBEAT = 80 };
 enum { HOST_IDLE = 0, HOST_SERVING = 1, HOST_FAILED = 2, HOST_RECLAIMED = 3 };
 #define LOCK_MODE 1u
+#define HEARTBEAT_MODE 2u
+#define HEARTBEAT_PERIOD_S 0.5
 
 /* --- wait.py WaitPolicy defaults ------------------------------------------------------------------------ */
 #define SPIN_S 200e-6
@@ -112,6 +115,12 @@ struct orion_channel {
     const reply_dest *call_dest;
     int answered;
     record_header answer;
+    /* A guest's liveness (HEARTBEAT_MODE): its locks live in the guest, where the host cannot see them, so a
+     * thread counts CLIENT_HEARTBEAT up every HEARTBEAT_PERIOD_S while the channel is open (liveness.Heartbeat). */
+    int beating, beat_stop;
+    pthread_t beat_thread;
+    pthread_mutex_t beat_lock;
+    pthread_cond_t beat_wake;
 };
 
 /* --- small helpers -------------------------------------------------------------------------------------- */
@@ -881,7 +890,44 @@ static int try_lock(int fd, uint64_t offset) {
     return (errno == EAGAIN || errno == EACCES) ? 0 : -1;
 }
 
+static void *beat(void *arg) {
+    orion_channel *ch = arg;
+    pthread_mutex_lock(&ch->beat_lock);
+    while (!ch->beat_stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += (long)(HEARTBEAT_PERIOD_S * 1e9);
+        if (until.tv_nsec >= 1000000000L) { until.tv_sec += 1; until.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&ch->beat_wake, &ch->beat_lock, &until);
+        if (!ch->beat_stop) store64(ch->ctrl + CLIENT_HEARTBEAT, load64(ch->ctrl + CLIENT_HEARTBEAT) + 1);
+    }
+    pthread_mutex_unlock(&ch->beat_lock);
+    return NULL;
+}
+
+static int start_heartbeat(orion_channel *ch) {
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&ch->beat_wake, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_mutex_init(&ch->beat_lock, NULL);
+    ch->beating = pthread_create(&ch->beat_thread, NULL, beat, ch) == 0;
+    return ch->beating;
+}
+
+static void stop_heartbeat(orion_channel *ch) {
+    if (!ch->beating) return;
+    pthread_mutex_lock(&ch->beat_lock);
+    ch->beat_stop = 1;
+    pthread_cond_signal(&ch->beat_wake);
+    pthread_mutex_unlock(&ch->beat_lock);
+    pthread_join(ch->beat_thread, NULL);
+    ch->beating = 0;
+}
+
 static void release_region(orion_channel *ch) {
+    stop_heartbeat(ch);
     if (ch->map) munmap(ch->map, ch->size);
     if (ch->lock_fd >= 0) close(ch->lock_fd);
     if (ch->fd >= 0) close(ch->fd);
@@ -983,8 +1029,13 @@ int orion_open_ex(const char *path, double accept_timeout, double agent_timeout,
     store32(base + g.o_cpl + RING_HEAD, 0);
     store32(base + g.o_cplst + STAGING_HEAD, 0);
     store32(c + CLIENT_PID, (uint32_t)getpid());
-    store32(c + LIVENESS, LOCK_MODE);
+    store32(c + LIVENESS, pci ? HEARTBEAT_MODE : LOCK_MODE);
     store64(c + CLIENT_HEARTBEAT, 0);
+    if (pci && !start_heartbeat(ch)) {
+        say(err, el, "%s: cannot start the heartbeat thread: %s", path, strerror(errno));
+        rc = ORION_E_SYSTEM;
+        goto fail;
+    }
     store32(c + CLIENT_ACTIVE, 1);
     uint32_t generation = load32(c + CLIENT_GEN) + 1;
     if (generation == 0) generation = 1;

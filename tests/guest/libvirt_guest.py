@@ -94,6 +94,9 @@ def stage_share(target: Path, repo: Path = REPO_ROOT) -> Path:
     scripts.mkdir(parents=True)
     for script in (repo / "tests" / "guest").glob("*.py"):
         shutil.copy2(script, scripts / script.name)
+    harness = repo / "build" / "kvm-bench"  # bench/kvm_bench.py's C client harness, when it built one
+    if harness.is_dir():
+        shutil.copytree(harness, target / "build" / "kvm-bench")
     import cuda.bindings  # the host venv's: the guest runs the same cuda-python
 
     cuda_dir = Path(cuda.bindings.__file__).resolve().parents[1]
