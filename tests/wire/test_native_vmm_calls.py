@@ -189,6 +189,9 @@ out["still_counted"] = create(10 * MIB)[0]   # the first is still mapped: the dr
 out["unmap_first"] = lib.cuMemUnmap(base, 8 * MIB)
 out["after_unmap"], third = create(16 * MIB)
 out["plain_alloc_over"] = lib.cuMemAlloc(byref(c_uint64()), MIB)  # cuMemCreate's memory counts for cuMemAlloc too
+out["other_vgpu"], fourth = create(16 * MIB, prop(device=1))  # counted on the GPU it names, not the current one
+out["other_vgpu_full"] = create(2 * MIB, prop(device=1))[0]
+out["release_fourth"] = lib.cuMemRelease(fourth)
 out["release_third"] = lib.cuMemRelease(third)
 out["free"] = lib.cuMemAddressFree(base, 64 * MIB)
 """,
@@ -272,6 +275,8 @@ def test_physical_memory_counts_against_the_vgpu_quota_until_released_and_unmapp
     assert out["still_counted"] == OUT_OF_MEMORY
     assert [out["unmap_first"], out["after_unmap"]] == [SUCCESS, SUCCESS]
     assert out["plain_alloc_over"] == OUT_OF_MEMORY
-    assert [out["release_third"], out["free"]] == [SUCCESS, SUCCESS]
-    created = [e for e in _names(rig, "cuMemCreate") if e["result"][0][1] == SUCCESS]
-    assert [e["args"][0] for e in created] == [8 * MIB, 8 * MIB, 16 * MIB]  # the refused ones never reached it
+    assert out["other_vgpu"] == SUCCESS and out["other_vgpu_full"] == OUT_OF_MEMORY  # each vGPU its own quota
+    assert [out["release_fourth"], out["release_third"], out["free"]] == [SUCCESS] * 3
+    created = _names(rig, "cuMemCreate")
+    assert [(e["args"][0], e["device"]) for e in created] == \
+        [(8 * MIB, 2), (8 * MIB, 2), (16 * MIB, 2), (16 * MIB, 0)]  # the refused ones never reached the driver
