@@ -3,9 +3,8 @@
 One session is served in this process over a real region: a client Endpoint queues records on the request ring,
 `region_server.RecordLoop` (the worker's loop) answers them with a CudaExecutor over tests.fake_driver.FakeDriver,
 and the replies are read back from the completion ring. The same corpus of records -- the hot calls well-formed,
-and hostile
-(handles and pointers the session does not own, truncated and oversized payloads, another generation, unknown
-flags, posted calls that fail) -- is served once by the Python path alone and once with the compiled path, whose
+and hostile (handles and pointers the session does not own, truncated and oversized payloads, another generation,
+unknown flags, posted calls that fail) -- is served once by the Python path alone and once with the compiled path, whose
 driver functions are C-callable stand-ins (ctypes callbacks) for the same fake's methods. Replies, what reached
 the driver and the launches it saw must be identical, and the compiled path must have answered the hot part.
 """
@@ -109,7 +108,7 @@ class Served:
         self.client.generation = saved
         return self.next_id
 
-    def request(self, name: str, *args: int, posted: bool = False, payload: bytes | None = None) -> int:
+    def request(self, name: str, *args: Any, posted: bool = False, payload: bytes | None = None) -> int:
         call = CALLS[name]
         body = payload if payload is not None else call.request.encode(*args)
         return self.send(call.opcode, bytes(body), Flag.NO_REPLY if posted else 0)
@@ -122,7 +121,7 @@ class Served:
             replies.append((record.call_id, record.flags, record.status, bytes(record.payload)))
         return replies
 
-    def call(self, name: str, *args: int) -> list[int]:
+    def call(self, name: str, *args: Any) -> list[int]:
         """A setup call: must succeed; its outputs."""
         self.request(name, *args)
         ((_, _, status, payload),) = self.serve()
