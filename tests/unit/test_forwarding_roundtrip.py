@@ -256,6 +256,20 @@ class Env:
         assert status == SUCCESS
         return module
 
+    def physical(self, size: int = 2 << 20) -> int:
+        """A cuMemCreate handle on guest device 0, sent as its record: the capsule path answers 801 for cuMemCreate
+        (a native-only call), but cuMemRelease and cuMemMap are generic and need one."""
+        call = CALLS["cuMemCreate"]
+        reply = self.g.channel.call(call.opcode, call.request.encode(size, 0, 1, 0, 1, 0, 0, 0, 0))
+        assert reply.status == SUCCESS, reply.status
+        return int(call.reply.decode(reply.payload)[0])
+
+    def mapped(self, size: int = 2 << 20) -> tuple[int, int]:
+        """A reserved range with physical memory mapped over all of it: (base, size)."""
+        base = self.g.ok("cuMemAddressReserve", size, 0, 0, 0)
+        assert self.g.call("cuMemMap", base, size, 0, self.physical(size), 0)[0] == SUCCESS
+        return base, size
+
     def retained(self, device: int) -> tuple[int]:
         self.g.ok("cuDevicePrimaryCtxRetain", device)
         return (device,)
@@ -332,6 +346,11 @@ GENERIC_INPUTS: dict[str, Callable[[Env], tuple[Any, ...]]] = {
     "cuMemAllocAsync": lambda e: (4096, e.stream),
     "cuMemAllocFromPoolAsync": lambda e: (8192, e.pool, e.stream),
     "cuMemFreeAsync": lambda e: (e.g.ok("cuMemAllocAsync", 1024, e.stream), e.stream),
+    "cuMemAddressReserve": lambda e: (4 << 20, 0, 0, 0),
+    "cuMemAddressFree": lambda e: (e.g.ok("cuMemAddressReserve", 4 << 20, 0, 0, 0), 4 << 20),
+    "cuMemRelease": lambda e: (e.physical(),),
+    "cuMemMap": lambda e: (e.g.ok("cuMemAddressReserve", 2 << 20, 0, 0, 0), 2 << 20, 0, e.physical(), 0),
+    "cuMemUnmap": lambda e: e.mapped(),
 }
 # Generic calls the executor answers itself (guest ordinals): inputs and the outputs the guest must get.
 ANSWERED_BY_EXECUTOR: dict[str, tuple[tuple[Any, ...], list[Any]]] = {
