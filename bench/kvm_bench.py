@@ -28,19 +28,18 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.native_wire_bench import build_harness, harness_rows  # noqa: E402
+from bench.native_wire_bench import harness_rows  # noqa: E402
 from host_agent import pidfile  # noqa: E402
 from host_agent.server_conf import ShmSettings  # noqa: E402
 from ivshmem.region import region_path  # noqa: E402
 from tests.guest.cuda_guest import python_speed  # noqa: E402
 from tests.guest.kvm_demo import free_index, start_agent, stop_agent  # noqa: E402
-from tests.guest.libvirt_guest import LibvirtGuest  # noqa: E402
+from tests.guest.libvirt_guest import LibvirtGuest, build_native_harness  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = re.compile(r"round-trip n=(\d+) p50=([\d.]+)us p99=([\d.]+)us|to-host=(\d+)MB/s from-host=(\d+)MB/s")
 SPEED = re.compile(r"KVM-PYTHON loop=(\d+)ns clock=(\d+)ns")
 NATIVE = re.compile(r"KVM-NATIVE \S+ rc=0 echo (\d+) (\d+) \| nop (\d+) (\d+)")
-HARNESS_DIR = REPO / "build" / "kvm-bench"
 
 
 def parse_probe(text: str) -> dict[str, float]:
@@ -99,8 +98,7 @@ def main() -> int:
     parser.add_argument("--bulk-mib", type=int, default=32)
     args = parser.parse_args()
     directory = ShmSettings.load().path_base
-    HARNESS_DIR.mkdir(parents=True, exist_ok=True)
-    harness, _library = build_harness(HARNESS_DIR)
+    harness = REPO / build_native_harness()
     agent = start_agent()
     try:
         local = host_local(args.round_trips, args.bulk_mib, directory, harness)

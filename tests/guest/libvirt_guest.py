@@ -85,6 +85,20 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
+NATIVE_HARNESS_DIR = Path("build") / "kvm-bench"
+
+
+def build_native_harness() -> str:
+    """Build bench/native_wire_bench.py's harness (the C wire client, timed in C) where stage_share copies it into
+    the guest's share; returns its path relative to the share, for cuda_guest.py's third argument."""
+    from bench.native_wire_bench import build_harness
+
+    directory = REPO_ROOT / NATIVE_HARNESS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    exe, _library = build_harness(directory)
+    return str(exe.relative_to(REPO_ROOT))
+
+
 def stage_share(target: Path, repo: Path = REPO_ROOT) -> Path:
     """Copy what the guest runs into `target` (created, mode 0755 all the way): the QEMU user reads it."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -94,9 +108,9 @@ def stage_share(target: Path, repo: Path = REPO_ROOT) -> Path:
     scripts.mkdir(parents=True)
     for script in (repo / "tests" / "guest").glob("*.py"):
         shutil.copy2(script, scripts / script.name)
-    harness = repo / "build" / "kvm-bench"  # bench/kvm_bench.py's C client harness, when it built one
+    harness = repo / NATIVE_HARNESS_DIR  # the C client harness (build_native_harness), when one was built
     if harness.is_dir():
-        shutil.copytree(harness, target / "build" / "kvm-bench")
+        shutil.copytree(harness, target / NATIVE_HARNESS_DIR)
     import cuda.bindings  # the host venv's: the guest runs the same cuda-python
 
     cuda_dir = Path(cuda.bindings.__file__).resolve().parents[1]

@@ -17,6 +17,7 @@ import contextlib
 import os
 import pwd
 import random
+import re
 import stat
 import subprocess
 import sys
@@ -29,7 +30,7 @@ import pytest
 
 from host_agent import pidfile
 from host_agent.server_conf import ShmSettings
-from tests.guest.libvirt_guest import GuestRun, LibvirtGuest, start_system_agent
+from tests.guest.libvirt_guest import GuestRun, LibvirtGuest, build_native_harness, start_system_agent
 from tests.guest.vm import image_ready
 from tests.processes import stop_process
 
@@ -157,7 +158,7 @@ def test_guest_reaches_the_agent_through_a_libvirt_region(guest: Callable[..., L
                                                            system_agent: SystemAgent,
                                                            free_indices: Callable[[], int]) -> None:
     generated, attached = free_indices(), free_indices()
-    vm = guest("300", "2")
+    vm = guest("300", "2", build_native_harness())  # the C wire client too, as the native guest driver opens it
     vm.define([(generated, 32)])  # from orion-domain render
     attach = cli("host_agent.shm_cli", "attach", vm.name, "-i", str(attached), "-s", "16")
     assert attach.returncode == 0, attach.stderr
@@ -176,6 +177,9 @@ def test_guest_reaches_the_agent_through_a_libvirt_region(guest: Callable[..., L
     probes = run.lines("KVM-PROBE")
     assert len(probes) == 2 and all(" rc=0 " in probe for probe in probes), diagnose(run)
     assert len(run.lines("ORION-PROBE ok")) == 2, diagnose(run)
+    natives = run.lines("KVM-NATIVE")  # its BAR2 mapped from sysfs, kept alive by its heartbeat, timed in C
+    assert len(natives) == 2 and all(re.search(r" rc=0 echo \d+ \d+ \| nop \d+ \d+", n) for n in natives), \
+        diagnose(run)
     assert run.line(CUDA_NO_DEVICE), diagnose(run)
     assert run.line("KVM-CUDA rc=0"), diagnose(run)
     assert "Traceback" not in run.serial, diagnose(run)
