@@ -645,10 +645,13 @@ class FakeDriver:
 
     def __init__(self, devices: int = 2, total_mem: tuple[int, ...] | None = None, journal: str | None = None,
                  initialized: bool = False, context_bytes: int = CONTEXT_BYTES,
-                 lacks_attributes: tuple[int, ...] = ()) -> None:
+                 lacks_attributes: tuple[int, ...] = (), reuse_handles: bool = False) -> None:
         """`devices` fake GPUs; device d has total_mem[d] bytes (default (16 + 8 d) GiB) and the name
         "Orion Fake GPU <d>". Each context holds `context_bytes` of its device (process_memory). Device
-        attributes in `lacks_attributes` are refused as an older driver refuses one it does not know."""
+        attributes in `lacks_attributes` are refused as an older driver refuses one it does not know. With
+        `reuse_handles`, an unloaded module's or library's handles (its own, its functions', its kernels') are
+        given out again (the unloaded handle first, then its children in the order they were made), as the real
+        driver reuses the memory behind them."""
         self.device_count = devices
         if lacks_attributes:  # this driver's enum lacks them, as an older wheel's does
             self.CUdevice_attribute = IntEnum(  # type: ignore[misc]
@@ -660,6 +663,7 @@ class FakeDriver:
         self._note: dict[str, Any] = {}
         self.initialized = initialized
         self._next_handle = 0x1000
+        self._freed: list[int] | None = [] if reuse_handles else None  # handles to give out again
         self._next_pointer = ALLOCATION_BASE
         self.memory: dict[int, bytearray] = {}  # base -> bytes (allocations and module globals)
         self.allocations: dict[int, int] = {}  # base -> device (cuMemAlloc*; globals are not in here)
@@ -702,6 +706,8 @@ class FakeDriver:
             f.write(json.dumps(entry) + "\n")
 
     def _handle(self) -> int:
+        if self._freed:
+            return self._freed.pop()
         self._next_handle += 0x10
         return self._next_handle
 
@@ -1159,11 +1165,11 @@ class FakeDriver:
         span = self._span(dst, int(size))
         if span is None or not self._stream_ok(stream):
             return CUresult.CUDA_ERROR_INVALID_VALUE if span is None else CUresult.CUDA_ERROR_INVALID_HANDLE
-        data = self._host_read(src, int(size))
+        if stream or self.pending.get(0):  # (the legacy stream has queued work only behind a wait)
+            self._drain(stream or 0)  # a copy from pageable memory on a stream runs after that stream's earlier work
+        data = self._host_read(src, int(size))  # read once that work is done (it may write the source)
         if data is None:
             return CUresult.CUDA_ERROR_INVALID_VALUE
-        if stream:
-            self._drain(stream)  # a copy from pageable memory on a stream runs after that stream's earlier work
         buffer, offset = span
         buffer[offset:offset + len(data)] = data
         self._note = {"data": plain(data), "dst": int(dst)}
@@ -1175,8 +1181,8 @@ class FakeDriver:
         span = self._span(src, int(size))
         if span is None or not self._stream_ok(stream):
             return CUresult.CUDA_ERROR_INVALID_VALUE if span is None else CUresult.CUDA_ERROR_INVALID_HANDLE
-        if stream:
-            self._drain(stream)  # ... and a copy to pageable memory too, before the call returns
+        if stream or self.pending.get(0):
+            self._drain(stream or 0)  # ... and a copy to pageable memory too, before the call returns
         buffer, offset = span
         data = bytes(buffer[offset:offset + int(size)])
         if not self._host_write(dst, data):
@@ -1560,8 +1566,11 @@ class FakeDriver:
         return seen
 
     def _unload(self, handle: int, table: dict[int, dict[bytes, int]], handles: dict[int, _Kernel]) -> None:
-        for child in table.pop(handle).values():
+        children = list(table.pop(handle).values())
+        for child in children:
             handles.pop(child, None)
+        if self._freed is not None:
+            self._freed += [*reversed(children), handle]  # next given out: the handle, then its first child
         for pointer in self.module_globals.pop(handle, {}).values():
             self.memory.pop(pointer, None)
             self.global_device.pop(pointer, None)
