@@ -111,10 +111,12 @@ def test_generic_calls_reach_a_real_agent(library: Path, rig: Rig) -> None:  # n
     assert {"cuInit", "cuMemAlloc", "cuMemsetD8Async", "cuMemFree"} <= set(names)  # they reached the driver
 
 
-def test_without_an_agent_cuinit_is_no_device_in_one_line(library: Path) -> None:
-    result, err = _run(library, {})
+def test_without_an_agent_cuinit_is_no_device_in_one_line(library: Path, tmp_path: Path) -> None:
+    """(Without ORION_SHM the library would look for the machine's own region, as Region.discover does.)"""
+    absent = tmp_path / "orionsock9"
+    result, err = _run(library, {"ORION_SHM": str(absent)})
     assert result["cuInit"] == 100 and result["cuDeviceGetCount"][0] == 3  # type: ignore[index]
-    assert err.count("orion: no GPU through Orion: ORION_SHM is not set") == 1
+    assert err.count(f"orion: no GPU through Orion: {absent} does not exist") == 1
 
 
 def test_every_hand_written_call_has_its_c_definition(library: Path) -> None:
