@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """CUDA forwarding benchmark: the same cuda.bindings measurements natively and forwarded, as ratios.
 
-Runs itself twice as a child process, once plain and once with forwarding activated against an oriond it
-starts on a fresh region, and prints forwarded/native for: launch+sync round trip, async launch issue cost,
+Runs itself three times as a child process: plain, forwarded through the Python capsule path, and forwarded
+through the native guest driver (libcuda.so.1, built here), both against an oriond it starts on a fresh region;
+prints each forwarded/native ratio for: launch+sync round trip, async launch issue cost,
 4-byte copies, pageable and page-locked (cuMemAllocHost: in the forwarded run, the region's pool) bulk copies
 (1-256 MiB) both ways, and a small end-to-end workload. GPU machine only.
 
@@ -115,26 +116,36 @@ def measure() -> dict:
     return out
 
 
-def child(forwarded: bool, region: str | None) -> dict:
-    prelude = "import guest_runtime.activate as orion; orion.activate()\n" if forwarded else ""
-    code = prelude + "import json, bench.cuda_bench as b; print('RESULT ' + json.dumps(b.measure()))"
+# How each run reaches the GPU: the real driver, the Python capsule path, or the native guest driver loaded as
+# its libcuda (as guest_runtime/startup.py loads it: the path is argv[1] of the child).
+PRELUDES = {
+    "native": "",
+    "capsule": "import guest_runtime.activate as orion; orion.activate()\n",
+    "native-lib": "import sys; from guest_runtime.startup import load_native; load_native(sys.argv[1])\n",
+}
+
+
+def child(mode: str, region: str | None, library: str = "") -> dict:
+    code = PRELUDES[mode] + "import json, bench.cuda_bench as b; print('RESULT ' + json.dumps(b.measure()))"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     if region:
         env["ORION_SHM"] = region
-        env["CUDA_VISIBLE_DEVICES"] = ""  # the forwarded run has no GPU of its own
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=900)
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a forwarded run has no GPU of its own
+    result = subprocess.run([sys.executable, "-c", code, library], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=900)
     line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
-        raise SystemExit(f"{'forwarded' if forwarded else 'native'} run failed:\n{result.stderr[-4000:]}")
+        raise SystemExit(f"{mode} run failed:\n{result.stderr[-4000:]}")
     return json.loads(line[7:])
 
 
 def main() -> int:
     sys.path.insert(0, str(REPO))
+    from guest_runtime.native.build import build_driver
     from host_agent.shm_admin import create
 
     with tempfile.TemporaryDirectory(dir="/dev/shm") as work:  # tmpfs: the pool's pages can be page-locked
+        library = str(build_driver(Path(work) / "native" / "libcuda.so.1"))
         region = create(0, 2048, work, channels=2).path  # a 256 MiB page-locked buffer fits a channel's slice
         conf = os.path.join(work, "server.conf")
         Path(conf).write_text(f'[server]\n    vgpu_count = 1\n[server-shm]\n    shm_path_base = "{work}/"\n')
@@ -144,15 +155,17 @@ def main() -> int:
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             time.sleep(2)
-            native = child(False, None)
-            forwarded = child(True, region)
+            native = child("native", None)
+            capsule = child("capsule", region)
+            native_lib = child("native-lib", region, library)
         finally:
             agent.send_signal(signal.SIGINT)
             agent.wait(20)
     print(f"# CUDA forwarding benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs")
-    print(f"{'measure':<26} {'native':>10} {'forwarded':>10} {'fwd/native':>10}")
+    print(f"{'measure':<26} {'native':>10} {'capsule':>10} {'native-lib':>10} {'capsule/n':>10} {'nlib/n':>10}")
     for key, value in native.items():
-        print(f"{key:<26} {value:10.2f} {forwarded[key]:10.2f} {forwarded[key] / value:10.2f}")
+        print(f"{key:<26} {value:10.2f} {capsule[key]:10.2f} {native_lib[key]:10.2f} {capsule[key] / value:10.2f} "
+              f"{native_lib[key] / value:10.2f}")
     return 0
 
 
