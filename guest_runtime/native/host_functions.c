@@ -12,7 +12,8 @@
  *     wrote is visible before the stream goes on). It spins briefly after activity, then backs off with sleeps, and
  *     sleeps on a condition variable while nothing is queued.
  *
- * A slot belongs to one stream at a time (the NULL and legacy streams: per context). Sequence numbers only grow
+ * A host function may not call CUDA (as the driver documents); cuLaunchHostFunc from inside one answers
+ * CUDA_ERROR_NOT_PERMITTED. A slot belongs to one stream at a time (the NULL and legacy streams: per context). Sequence numbers only grow
  * within a slot (compared cyclically, as GEQ does), so a slot whose queue is empty may pass to another stream: the
  * last wait of its previous stream is already satisfied. A stream the session does not own: the posted write fails
  * on the host and the error surfaces at the next synchronising call, as the driver's would; its function never
@@ -36,6 +37,7 @@
 #define WAIT_GEQ 0      /* CU_STREAM_WAIT_VALUE_GEQ */
 #define STREAM_PER_THREAD 2 /* CU_STREAM_PER_THREAD; 0 (NULL) and 1 (CU_STREAM_LEGACY) are the legacy stream */
 #define DEINITIALIZED 4     /* CUDA_ERROR_DEINITIALIZED: the process is exiting */
+#define NOT_PERMITTED 800   /* CUDA_ERROR_NOT_PERMITTED: an API call from inside a host function */
 
 struct call {
     struct call *next;
@@ -59,6 +61,7 @@ static uint64_t block_device;   /* the device pointer of the same words */
 static int watching;            /* the watcher thread runs */
 static unsigned pending_calls;  /* queued functions, over all slots */
 static atomic_int exiting;
+static _Thread_local int in_host_function; /* the watcher thread: functions run there */
 
 static _Atomic uint32_t *reached_word(int i) { return (_Atomic uint32_t *)(block + (size_t)i * SLOT_BYTES); }
 static _Atomic uint32_t *release_word(int i) { return (_Atomic uint32_t *)(block + (size_t)i * SLOT_BYTES + 4); }
@@ -93,6 +96,7 @@ static int run_reached(void) {
 
 static void *watch(void *unused) {
     (void)unused;
+    in_host_function = 1;
     long sleep_ns = 0;
     int spins = 0;
     while (!atomic_load(&exiting)) {
@@ -211,6 +215,10 @@ static int post_value(uint32_t opcode, uint64_t stream, uint64_t address, uint32
 
 CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *data) {
     if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    /* From inside a host function: CUDA forbids API calls there ("may return CUDA_ERROR_NOT_PERMITTED"), and here
+     * one could never go out while another thread waits in a synchronising call for this function's stream (that
+     * call holds the channel): refused rather than deadlocked. */
+    if (in_host_function) return NOT_PERMITTED;
     if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!orion_current_context()) return CUDA_ERROR_INVALID_CONTEXT;
     if (atomic_load(&exiting)) return DEINITIALIZED;
