@@ -361,3 +361,45 @@ def test_a_changed_table_entry_is_left_to_the_python_path(make: Any, monkeypatch
     assert hot is not None and "cuStreamQuery" not in hot.calls and "cuStreamSynchronize" in hot.calls
     hot.close()
     del keep
+
+
+def test_the_worker_loop_runs_its_liveness_check_while_the_compiled_path_waits(make: Any) -> None:
+    """The worker's check (parent_alive: a dead supervisor ends the worker) runs from the compiled wait's slow
+    phase as from the Python wait's."""
+    s = make(True, WaitPolicy(spin_s=0.0, busy_spin_s=0.0, min_sleep=1e-4, max_sleep=1e-3, check_every_s=0.01))
+    checks = []
+
+    class SupervisorGone(Exception):
+        pass
+
+    def check() -> None:
+        checks.append(1)
+        if len(checks) == 3:
+            raise SupervisorGone
+    s.host.check = check
+    with pytest.raises(SupervisorGone):
+        s.loop.run()  # blocks in C: only the check can end it
+    assert len(checks) == 3
+
+
+def test_with_the_real_driver_the_functions_are_cydrivers() -> None:
+    """The addresses the hot path calls are those cuda.bindings.cydriver exports (its __pyx_capi__ capsules, the
+    functions cuda-python's own wrappers call), one per hot call."""
+    cydriver = pytest.importorskip("cuda.bindings.cydriver")
+    from cuda.bindings import driver
+
+    class Real:
+        pass
+    handler = Real()
+    handler.driver = driver  # type: ignore[attr-defined]
+    functions = hot_path.driver_functions(handler)
+    assert set(functions) == set(hot_path.HOT_CALLS)
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    for name, address in functions.items():
+        capsule = cydriver.__pyx_capi__[name]
+        assert get_name(capsule).startswith(b"CUresult (")  # a C function returning the driver's status
+        assert address and address == get_pointer(capsule, get_name(capsule))
+    assert len(set(functions.values())) == len(functions)
