@@ -4,8 +4,11 @@ through the Python capsule path, and forwarded through the generated native libc
 microseconds and the ratios to native.
 
 Run: python3 bench/native_driver_bench.py   (from the repository root; needs gcc and a GPU)
-The calls timed are generic ones the native library forwards today: cuCtxSynchronize (an empty stream: a pure
-round trip to the driver) and cuDeviceGetAttribute (a query the native library will later answer in the guest).
+The calls timed: cuCtxSynchronize (an empty stream: a pure round trip to the driver, forwarded by both paths) and
+the hot queries the native library answers in the guest after the first time (docs/native-driver.md "Queries
+answered in the guest"): cuDeviceGetAttribute, cuCtxGetDevice, cuDevicePrimaryCtxGetState, cuFuncGetAttribute (of
+a kernel JIT-compiled from PTX), cuCtxSetCurrent of the current context, cuCtxGetFlags and cuDeviceTotalMem. The
+capsule path forwards every one of them; its column is what each costs as a round trip.
 """
 from __future__ import annotations
 
@@ -34,6 +37,11 @@ err, dev = cu.cuDeviceGet(0)
 err, ctx = cu.cuDevicePrimaryCtxRetain(dev)
 cu.cuCtxSetCurrent(ctx)
 attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+PTX = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry noop()\n{\nret;\n}\n\0"
+err, module = cu.cuModuleLoadData(PTX)
+assert int(err) == 0, err
+err, function = cu.cuModuleGetFunction(module, b"noop")
+regs = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
 def timed(fn, n=20000):
     for _ in range(1000): fn()
     samples = []
@@ -43,8 +51,19 @@ def timed(fn, n=20000):
         samples.append((time.perf_counter() - t) / n * 1e6)
     return sorted(samples)[2]
 print("RESULT " + json.dumps({"sync": timed(cu.cuCtxSynchronize),
-                              "attribute": timed(lambda: cu.cuDeviceGetAttribute(attr, dev))}))
+                              "attribute": timed(lambda: cu.cuDeviceGetAttribute(attr, dev)),
+                              "ctx_device": timed(cu.cuCtxGetDevice),
+                              "primary_state": timed(lambda: cu.cuDevicePrimaryCtxGetState(dev)),
+                              "func_attribute": timed(lambda: cu.cuFuncGetAttribute(regs, function)),
+                              "set_current": timed(lambda: cu.cuCtxSetCurrent(ctx)),
+                              "ctx_flags": timed(cu.cuCtxGetFlags),
+                              "total_mem": timed(lambda: cu.cuDeviceTotalMem(dev))}))
 """
+
+
+CALLS = (("sync", "cuCtxSynchronize"), ("attribute", "cuDeviceGetAttribute"), ("ctx_device", "cuCtxGetDevice"),
+         ("primary_state", "cuDevicePrimaryCtxGetState"), ("func_attribute", "cuFuncGetAttribute"),
+         ("set_current", "cuCtxSetCurrent"), ("ctx_flags", "cuCtxGetFlags"), ("total_mem", "cuDeviceTotalMem"))
 
 
 def run(kind: str, *args: str, **env: str) -> dict[str, float]:
@@ -82,15 +101,17 @@ def main() -> int:
             time.sleep(0.1)
         native = run("native")
         capsule = run("capsule", ORION_SHM=str(region))
-        library = run("native-lib", str(lib), ORION_SHM=str(region))
+        # ORION_NATIVE=1 and the library's path: else the start-up hook would take the capsule path for
+        # ORION_SHM before the measurement loads the library (guest_runtime/startup.py)
+        library = run("native-lib", str(lib), ORION_SHM=str(region), ORION_NATIVE="1", ORION_NATIVE_LIB=str(lib))
     finally:
         oriond.terminate()
         oriond.wait(30)
     print(f"# native driver benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs; median of 5 x 20000")
-    print(f"{'call':22} {'native us':>10} {'capsule us':>11} {'native lib us':>14} {'capsule/nat':>12} {'lib/nat':>8}")
-    for key, name in (("sync", "cuCtxSynchronize"), ("attribute", "cuDeviceGetAttribute")):
+    print(f"{'call':26} {'native us':>10} {'capsule us':>11} {'native lib us':>14} {'capsule/nat':>12} {'lib/nat':>8}")
+    for key, name in CALLS:
         n, c, lb = native[key], capsule[key], library[key]
-        print(f"{name:22} {n:10.2f} {c:11.2f} {lb:14.2f} {c / n:12.2f} {lb / n:8.2f}")
+        print(f"{name:26} {n:10.2f} {c:11.2f} {lb:14.2f} {c / n:12.2f} {lb / n:8.2f}")
     return 0
 
 
