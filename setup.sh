@@ -59,6 +59,10 @@ install_venv() {
   (cd "$REPO" && "$VENV/bin/python" -m guest_runtime.native.build --driver guest_runtime/native/lib/libcuda.so.1 \
     >/dev/null) && echo "   native guest driver built (guest_runtime/native/lib/libcuda.so.1)" \
     || echo "   warning: the native guest driver was not built; forwarded programs take the capsule path" >&2
+  # The session worker's compiled hot path (host_agent/hot_dispatch.c), into the cache oriond loads it from.
+  (cd "$REPO" && "$VENV/bin/python" -m host_agent.hot_path >/dev/null) \
+    && echo "   compiled host hot path built (host_agent/hot_dispatch.c)" \
+    || echo "   warning: the compiled host hot path was not built; session workers serve every call in Python" >&2
   local site; site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   ln -sfn /usr/lib/python3/dist-packages/pyverbs "$site/pyverbs"
   "$VENV/bin/python" -c 'import pyverbs.device' 2>/dev/null && echo "   pyverbs visible in the venv" \

@@ -230,6 +230,7 @@ class RegionServer:
         self._channel_starts: dict[int, TokenBucket] = {}
         self._deferred = LogLimiter(log, first=1, every=10.0)
         self._prepare(verdict)
+        hot_path.load()  # built (once, cached) and loaded here, so every forked worker has it at once
         self.channels = [HostChannel(self.region, i) for i in range(self.region.geometry.channel_count)]
 
     def _prepare(self, verdict: region_file.Verdict) -> None:
