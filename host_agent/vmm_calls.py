@@ -9,12 +9,15 @@ ledger must know which range maps which physical memory (for the quota: session_
 (cuMemAddressReserve, cuMemAddressFree, cuMemRelease) are generic, checked and recorded from their table effects.
 
 What is not forwarded: memory located on the host (CU_MEM_LOCATION_TYPE_HOST*: the guest's host memory is not
-the agent's) and shareable handles (requestedHandleTypes other than NONE: a file descriptor or fabric handle of
-the agent's worker process means nothing in the guest, and exporting one would hand the tenant a way into the
-host process's memory). Both answer CUDA_ERROR_NOT_SUPPORTED.
+the agent's; CUDA_ERROR_NOT_SUPPORTED) and the export or import of shareable handles (cuMemExportToShareableHandle
+and its kin are not in the call table: 801 in the guest), since a file descriptor or fabric handle of the agent's
+worker process means nothing in the guest and would hand the tenant a way into the host process's memory. The
+handle types a program requests (XLA asks for POSIX file descriptors, and fabric handles, at start) are passed to
+the driver as they came, which judges them; nothing can be exported with them.
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 from ivshmem.cuda_status import INVALID_DEVICE, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS
@@ -26,7 +29,7 @@ from .session_ledger import SessionLedger
 from .vgpu_quota import VgpuQuota
 
 CU_MEM_ALLOCATION_TYPE_PINNED = 1
-CU_MEM_HANDLE_TYPE_NONE = 0
+REQUESTED_HANDLE_TYPES_AT = 4  # offsetof(CUmemAllocationProp, requestedHandleTypes)
 CU_MEM_LOCATION_TYPE_DEVICE = 1
 # CU_MEM_LOCATION_TYPE_HOST, _HOST_NUMA, _HOST_NUMA_CURRENT: valid for the driver, memory of the agent's host.
 HOST_LOCATIONS = frozenset({2, 3, 4})
@@ -57,15 +60,18 @@ class VirtualMemoryCalls:
         kind, handle_types, location_kind, location, compression, rdma_capable, usage = fields
         if kind != CU_MEM_ALLOCATION_TYPE_PINNED:
             return Reply(INVALID_VALUE)
-        if handle_types != CU_MEM_HANDLE_TYPE_NONE:  # a shareable handle would be the host process's
-            return Reply(NOT_SUPPORTED)
         device = self._location(location_kind, location, bad_ordinal)
         if isinstance(device, Reply):
             return device
         driver = self.driver
         prop = driver.CUmemAllocationProp()
         prop.type = driver.CUmemAllocationType(kind)
-        prop.requestedHandleTypes = driver.CUmemAllocationHandleType(handle_types)
+        try:
+            prop.requestedHandleTypes = driver.CUmemAllocationHandleType(handle_types)
+        except ValueError:  # a combination of flags (XLA asks for 9), which the wheel's enum cannot hold
+            if handle_types < 0 or not hasattr(prop, "getPtr"):
+                return Reply(INVALID_VALUE)
+            ctypes.c_int.from_address(int(prop.getPtr()) + REQUESTED_HANDLE_TYPES_AT).value = handle_types
         prop.location.type = driver.CUmemLocationType(location_kind)
         prop.location.id = device
         # compression and usage go as they came: the driver judges them (an H100 answers for compressible memory)
