@@ -100,6 +100,8 @@ def build(directory: Path | None = None) -> Path:
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     target = (directory or cache_dir()) / f"{MODULE}-{tag}{suffix}"
     if target.exists():
+        _trusted(target.parent)
+        _trusted(target)
         return target
     compiler = _compiler()
     if compiler is None:
@@ -107,9 +109,10 @@ def build(directory: Path | None = None) -> Path:
     if not os.path.exists(os.path.join(include, "Python.h")):
         raise Unavailable(f"no Python headers in {include} (install python3-dev)")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise Unavailable(f"cannot create {target.parent}: {exc.strerror}") from None
+    _trusted(target.parent)
     # Built beside its final name and renamed: workers of other sessions may build or load it at the same time.
     fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{MODULE}-", suffix=suffix)
     os.close(fd)
@@ -126,6 +129,14 @@ def build(directory: Path | None = None) -> Path:
         if os.path.exists(partial):
             os.unlink(partial)
     return target
+
+
+def _trusted(path: Path) -> None:
+    """Refuse code another user could have put there: the agent runs what it loads from the cache as itself."""
+    info = path.stat()
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise Unavailable(f"{path} is owned by uid {info.st_uid} or writable by others; the agent loads no code "
+                          "from it (set ORION_CACHE_DIR to a directory only this user can write)")
 
 
 def load() -> ModuleType | None:

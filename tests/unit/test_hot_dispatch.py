@@ -403,3 +403,21 @@ def test_with_the_real_driver_the_functions_are_cydrivers() -> None:
         assert get_name(capsule).startswith(b"CUresult (")  # a C function returning the driver's status
         assert address and address == get_pointer(capsule, get_name(capsule))
     assert len(set(functions.values())) == len(functions)
+
+
+def test_no_code_is_loaded_from_a_cache_others_can_write(
+        make: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The agent runs what it loads as itself: a cache directory another user could write is refused."""
+    cache = tmp_path / "shared-cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    monkeypatch.setenv("ORION_CACHE_DIR", str(cache))
+    hot_path.reset()
+    try:
+        with caplog.at_level(logging.WARNING, logger="host_agent.hot_path"):
+            s = make(False)
+            assert hot_path.attach(s.host, s.executor) is None
+        assert "writable by others" in caplog.text
+        assert list(cache.iterdir()) == []  # nothing was built there either
+    finally:
+        hot_path.reset()
