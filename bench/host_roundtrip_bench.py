@@ -3,15 +3,17 @@
 
 Two parts, both printing medians / percentiles and ratios, no thresholds:
 
-* in-process breakdown (`--breakdown`, on by default): one session's host side over a real region in this
+* in-process breakdown (on unless `--no-breakdown`): one session's host side over a real region in this
   process — a client Endpoint queues a record, the worker's stages run one by one: `Endpoint.receive`,
   `CudaExecutor.handle` (behind region_server's `_answer`), `Endpoint.send`; then the same record served by the
   compiled path (`HotPath.serve`), which does all three. The driver is tests.fake_driver.FakeDriver with its
-  cuCtxSynchronize replaced by a null function (Python for the Python path, C for the compiled one), so the
-  figures are the host's own cost, without the driver and without cuda-python's wrapper.
+  cuCtxSynchronize, cuStreamQuery and cuMemcpyHtoD/DtoH replaced by null functions (Python ones for the Python
+  path, C ones for the compiled one), so the figures are the host's own cost, without the driver and without
+  cuda-python's wrapper (the copies move no bytes).
 * round trips through the real ring: a C client (guest_runtime/native/orion_wire.c, timing with clock_gettime:
   no Python on the client side) against a real RegionServer + session worker process, once with the worker's
-  Python path (ORION_HOT_PATH=0) and once with the compiled path; NOP, cuCtxSynchronize and cuStreamQuery(0).
+  Python path (ORION_HOT_PATH=0) and once with the compiled path; NOP, cuCtxSynchronize, cuStreamQuery(0), and
+  4-byte cuMemcpyHtoD and cuMemcpyDtoH into a 64-byte allocation.
   `--driver null` (default, any machine): the fake driver with null functions as above. `--driver real` (a GPU
   host): cuda.bindings.driver; the client retains device 0's primary context and makes it current first.
 
@@ -54,8 +56,11 @@ _MP = multiprocessing.get_context("fork")
 OPCODES = {call.name: call.opcode for call in BY_OPCODE.values()}
 
 NULL_FUNCTIONS = r"""
+#include <stddef.h>
 int orion_null0(void) { return 0; }
 int orion_null1(void *handle) { (void)handle; return 0; }
+int orion_null_htod(unsigned long long dst, const void *src, size_t n) { (void)dst; (void)src; (void)n; return 0; }
+int orion_null_dtoh(void *dst, unsigned long long src, size_t n) { (void)dst; (void)src; (void)n; return 0; }
 """
 
 CLIENT = r"""
@@ -75,13 +80,14 @@ static int cmp(const void *a, const void *b) {
     long long x = *(const long long *)a, y = *(const long long *)b;
     return (x > y) - (x < y);
 }
-/* argv: PATH N OP_INIT OP_RETAIN OP_SETCURRENT OP_SYNC OP_QUERY */
+/* argv: PATH N OP_INIT OP_RETAIN OP_SETCURRENT OP_SYNC OP_QUERY OP_ALLOC OP_HTOD OP_DTOH */
 int main(int argc, char **argv) {
-    if (argc != 8) return 2;
+    if (argc != 11) return 2;
     int n = atoi(argv[2]);
-    unsigned op_init = atoi(argv[3]), op_retain = atoi(argv[4]), op_set = atoi(argv[5]);
-    unsigned ops[3] = { 3u /* NOP */, (unsigned)atoi(argv[6]), (unsigned)atoi(argv[7]) };
-    const char *names[3] = { "nop", "cuCtxSynchronize", "cuStreamQuery" };
+    unsigned op_init = atoi(argv[3]), op_retain = atoi(argv[4]), op_set = atoi(argv[5]), op_alloc = atoi(argv[8]);
+    unsigned ops[5] = { 3u /* NOP */, (unsigned)atoi(argv[6]), (unsigned)atoi(argv[7]), (unsigned)atoi(argv[9]),
+                        (unsigned)atoi(argv[10]) };
+    const char *names[5] = { "nop", "cuCtxSynchronize", "cuStreamQuery", "htod-4B", "dtoh-4B" };
     long long *v = calloc(n, sizeof *v);
     char err[1024], rep[4096];
     orion_channel *ch;
@@ -96,12 +102,19 @@ int main(int argc, char **argv) {
     if (status) { fprintf(stderr, "cuDevicePrimaryCtxRetain: %d\n", status); return 1; }
     orion_call(ch, op_set, &context, 8, &status, rep, sizeof rep, &got);
     if (status) { fprintf(stderr, "cuCtxSetCurrent: %d\n", status); return 1; }
-    for (int k = 0; k < 3; k++) {
-        size_t len = k == 2 ? 8 : 0;
-        for (int i = 0; i < n / 10; i++) orion_call(ch, ops[k], &stream, len, &status, rep, sizeof rep, &got);
+    unsigned long long size = 64, device = 0;
+    orion_call(ch, op_alloc, &size, 8, &status, &device, sizeof device, &got);
+    if (status) { fprintf(stderr, "cuMemAlloc: %d\n", status); return 1; }
+    /* each request: the stream (cuStreamQuery), or device, size[, the 4 bytes] (the copies) */
+    unsigned long long copy[3] = { device, 4, 0x01020304 };
+    const void *req[5] = { &stream, &stream, &stream, copy, copy };
+    size_t lens[5] = { 0, 0, 8, 20, 16 };
+    for (int k = 0; k < 5; k++) {
+        size_t len = lens[k];
+        for (int i = 0; i < n / 10; i++) orion_call(ch, ops[k], req[k], len, &status, rep, sizeof rep, &got);
         for (int i = 0; i < n; i++) {
             long long t = ns();
-            if (orion_call(ch, ops[k], &stream, len, &status, rep, sizeof rep, &got) || status) {
+            if (orion_call(ch, ops[k], req[k], len, &status, rep, sizeof rep, &got) || status) {
                 fprintf(stderr, "%s: %s (status %d)\n", names[k], orion_error(ch), status);
                 return 1;
             }
@@ -139,11 +152,15 @@ def null_executor(session: Session, null_library: Path) -> CudaExecutor:
     nothing = (0,)
     fake.cuCtxSynchronize = lambda: nothing  # type: ignore[method-assign]
     fake.cuStreamQuery = lambda stream: nothing  # type: ignore[method-assign]
+    fake.cuMemcpyHtoD = lambda dst, src, size: nothing  # type: ignore[method-assign]
+    fake.cuMemcpyDtoH = lambda dst, src, size: nothing  # type: ignore[method-assign]
     executor = CudaExecutor(session, driver=fake)
     library = ctypes.CDLL(str(null_library))
     executor.hot_functions = {  # type: ignore[attr-defined]
         "cuCtxSynchronize": ctypes.cast(library.orion_null0, ctypes.c_void_p).value,
-        "cuStreamQuery": ctypes.cast(library.orion_null1, ctypes.c_void_p).value}
+        "cuStreamQuery": ctypes.cast(library.orion_null1, ctypes.c_void_p).value,
+        "cuMemcpyHtoD": ctypes.cast(library.orion_null_htod, ctypes.c_void_p).value,
+        "cuMemcpyDtoH": ctypes.cast(library.orion_null_dtoh, ctypes.c_void_p).value}
     return executor
 
 
@@ -243,7 +260,8 @@ def round_trips(client: Path, null_library: Path, driver: str, compiled: bool,
             time.sleep(0.02)
         region.close()
         opcodes = [str(OPCODES[name]) for name in ("cuInit", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
-                                                   "cuCtxSynchronize", "cuStreamQuery")]
+                                                   "cuCtxSynchronize", "cuStreamQuery", "cuMemAlloc", "cuMemcpyHtoD",
+                                                   "cuMemcpyDtoH")]
         done = subprocess.run([str(client), path, str(n), *opcodes], capture_output=True, text=True, timeout=600,
                               check=False)
         if done.returncode:

@@ -42,13 +42,15 @@ enum { RET_PYTHON = 0, RET_CHECK = 1, RET_POSTED_FAILED = 2, RET_IDLE = 3 };
  * checks each against the table before registering it). */
 enum {
     K_NONE = 0, K_NOP, K_VOID, K_STREAM, K_EVENT, K_CONTEXT, K_EVENT_STREAM, K_STREAM_EVENT_FLAGS,
-    K_MEMSET8, K_MEMSET16, K_MEMSET32, K_DTOD, K_LAUNCH, K_COUNT
+    K_MEMSET8, K_MEMSET16, K_MEMSET32, K_DTOD, K_LAUNCH, K_HTOD, K_HTOD_ASYNC, K_DTOH, K_DTOH_ASYNC, K_COUNT
 };
 static const uint32_t payload_size[K_COUNT] = {
     [K_NOP] = UINT32_MAX, [K_VOID] = 0, [K_STREAM] = 8, [K_EVENT] = 8, [K_CONTEXT] = 8, [K_EVENT_STREAM] = 16,
     [K_STREAM_EVENT_FLAGS] = 20, [K_MEMSET8] = 25, [K_MEMSET16] = 26, [K_MEMSET32] = 28, [K_DTOD] = 32,
-    [K_LAUNCH] = UINT32_MAX,
+    [K_LAUNCH] = UINT32_MAX, [K_HTOD] = UINT32_MAX, [K_HTOD_ASYNC] = UINT32_MAX, [K_DTOH] = 16, [K_DTOH_ASYNC] = 24,
 };
+/* the fixed part of a copy's request: device pointer, size[, stream]; a host-to-device copy's bytes follow it */
+#define COPY_FIXED(kind) ((kind) == K_HTOD_ASYNC || (kind) == K_DTOH_ASYNC ? 24u : 16u)
 
 typedef int (*fn_void)(void);
 typedef int (*fn_handle)(void *);
@@ -58,6 +60,8 @@ typedef int (*fn_memset8)(unsigned long long, unsigned char, size_t, void *);
 typedef int (*fn_memset16)(unsigned long long, unsigned short, size_t, void *);
 typedef int (*fn_memset32)(unsigned long long, unsigned int, size_t, void *);
 typedef int (*fn_dtod)(unsigned long long, unsigned long long, size_t, void *);
+typedef int (*fn_htod)(unsigned long long, const void *, size_t);
+typedef int (*fn_dtoh)(void *, unsigned long long, size_t);
 typedef int (*fn_launch)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
                          unsigned int, unsigned int, void *, void **, void **);
 
@@ -76,6 +80,8 @@ typedef struct {
     uint8_t kind[65536];
     void *fn[65536];
     PyObject *ledger; /* SessionLedger or None */
+    PyObject *executor; /* its `_to_register` is not None until the channel was page-locked (a first copy's job) */
+    fn_handle stream_sync; /* cuStreamSynchronize: an async copy first waits for its stream (executor._start_copy) */
     /* the wait in progress, kept across serve() calls so that a liveness check does not restart the spin */
     int waiting, busy;
     double wait_start, sleep, next_check;
@@ -186,6 +192,10 @@ static int allowed(const ledger_view *l, int kind, const uint8_t *p) {
     case K_DTOD:
         return owns_memory(l, rd64(p), rd64(p + 16)) && owns_memory(l, rd64(p + 8), rd64(p + 16))
                && stream_ok(l, rd64(p + 24));
+    case K_HTOD: case K_HTOD_ASYNC: case K_DTOH: case K_DTOH_ASYNC: {
+        int async = kind == K_HTOD_ASYNC || kind == K_DTOH_ASYNC;
+        return (!async || stream_ok(l, rd64(p + 16))) && owns_memory(l, rd64(p), rd64(p + 8));
+    }
     case K_LAUNCH: {
         uint64_t f = rd64(p);
         /* a first launch is the Python path's: it tells the quota (lazy loading) and records the function */
@@ -197,10 +207,45 @@ static int allowed(const ledger_view *l, int kind, const uint8_t *p) {
 }
 
 static int needs_ledger(int kind) { return kind != K_NOP && kind != K_VOID; }
+static int is_copy(int kind) { return kind >= K_HTOD && kind <= K_DTOH_ASYNC; }
+static int is_htod(int kind) { return kind == K_HTOD || kind == K_HTOD_ASYNC; }
+
+/* A copy C runs as executor._htod/_dtoh would: its bytes travel inline (a host-to-device copy carries exactly the
+ * size it declares; a device-to-host one fits a completion slot and is at most the 4 KiB the executor sends from
+ * one buffer), it moves at least one byte (a copy of nothing is Python's), and it wants its reply. */
+static int copy_is_plain(const Dispatcher *self, int kind, const uint8_t *p, uint32_t length, int wants_reply) {
+    uint32_t fixed = COPY_FIXED(kind);
+    if (length < fixed || !wants_reply) return 0;
+    if ((kind == K_HTOD_ASYNC || kind == K_DTOH_ASYNC) && self->stream_sync == NULL) return 0;
+    uint64_t size = rd64(p + 8);
+    if (size == 0) return 0;
+    if (is_htod(kind)) return size == length - fixed;
+    return length == fixed && size <= 4096 && size <= self->out.cell - RECORD_HEADER;
+}
+
+/* The executor page-locks its channel at the first host-to-device copy (_copy_in): until then, copies are Python's. */
+static int channel_registered(const Dispatcher *self) {
+    if (self->executor == NULL) return 1;
+    PyObject *pending = PyObject_GetAttrString(self->executor, "_to_register");
+    if (pending == NULL) { PyErr_Clear(); return 1; } /* an executor without the attribute never registers */
+    int done = pending == Py_None;
+    Py_DECREF(pending);
+    return done;
+}
 
 /* --- the driver call, without the GIL ---------------------------------------------------------------------- */
-static int call_driver(Dispatcher *self, int kind, void *fn, const uint8_t *p, uint32_t length) {
+static int call_driver(Dispatcher *self, int kind, void *fn, const uint8_t *p, uint32_t length, uint8_t *reply) {
     switch (kind) {
+    case K_HTOD: case K_HTOD_ASYNC: case K_DTOH: case K_DTOH_ASYNC: {
+        /* executor._htod/_dtoh: an async copy waits for its stream, then runs synchronously, so the ring slot it
+         * reads from (or the completion slot it writes into) may be reused as soon as it returns */
+        if (kind == K_HTOD_ASYNC || kind == K_DTOH_ASYNC) {
+            int err = self->stream_sync((void *)(uintptr_t)rd64(p + 16));
+            if (err != CUDA_SUCCESS) return err;
+        }
+        if (kind == K_HTOD || kind == K_HTOD_ASYNC) return ((fn_htod)fn)(rd64(p), p + COPY_FIXED(kind), rd64(p + 8));
+        return ((fn_dtoh)fn)(reply, rd64(p), rd64(p + 8));
+    }
     case K_NOP: return CUDA_SUCCESS;
     case K_VOID: return ((fn_void)fn)();
     case K_STREAM: case K_EVENT: case K_CONTEXT: return ((fn_handle)fn)((void *)(uintptr_t)rd64(p));
@@ -265,6 +310,7 @@ static int Dispatcher_init(Dispatcher *self, PyObject *args, PyObject *kwds) {
 static void Dispatcher_dealloc(Dispatcher *self) {
     if (self->have_view) PyBuffer_Release(&self->view);
     Py_XDECREF(self->ledger);
+    Py_XDECREF(self->executor);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -284,6 +330,15 @@ static PyObject *Dispatcher_set_call(Dispatcher *self, PyObject *args) {
 
 static PyObject *Dispatcher_set_ledger(Dispatcher *self, PyObject *ledger) {
     Py_XSETREF(self->ledger, Py_NewRef(ledger));
+    Py_RETURN_NONE;
+}
+
+static PyObject *Dispatcher_set_copies(Dispatcher *self, PyObject *args) {
+    PyObject *executor;
+    unsigned long long stream_sync;
+    if (!PyArg_ParseTuple(args, "OK", &executor, &stream_sync)) return NULL;
+    Py_XSETREF(self->executor, Py_NewRef(executor));
+    self->stream_sync = (fn_handle)(uintptr_t)stream_sync;
     Py_RETURN_NONE;
 }
 
@@ -351,21 +406,24 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
                              : (payload_size[kind] != UINT32_MAX && length != payload_size[kind]))
             break;
         int wants_reply = !(flags & FLAG_NO_REPLY);
-        if (wants_reply && tail_out - load32(self->out.head) >= self->out.capacity) break; /* Python waits for room */
         const uint8_t *payload = slot + RECORD_HEADER;
+        if (is_copy(kind) && !copy_is_plain(self, kind, payload, length, wants_reply)) break;
+        if (wants_reply && tail_out - load32(self->out.head) >= self->out.capacity) break; /* Python waits for room */
         if (needs_ledger(kind)) {
             PyEval_RestoreThread(saved);
-            int ok = have_ledger && allowed(&l, kind, payload);
+            int ok = have_ledger && allowed(&l, kind, payload) && (!is_htod(kind) || channel_registered(self));
             saved = PyEval_SaveThread();
             if (!ok) break;
         }
-        int result = call_driver(self, kind, self->fn[opcode], payload, length);
+        uint8_t *out = self->out.data + (size_t)(tail_out & self->out.mask) * self->out.cell;
+        int result = call_driver(self, kind, self->fn[opcode], payload, length, out + RECORD_HEADER);
         head += 1;
         store32(self->in.head, head);
         self->served += 1;
         if (wants_reply) {
-            uint8_t *out = self->out.data + (size_t)(tail_out & self->out.mask) * self->out.cell;
-            uint32_t words[6] = { 0, 0, 0, self->generation, (uint32_t)result, 0 }; /* opcode, flags, length */
+            /* a device-to-host copy's bytes are in the completion slot already; its length says they count */
+            uint32_t sent = is_copy(kind) && !is_htod(kind) && result == CUDA_SUCCESS ? (uint32_t)rd64(payload + 8) : 0;
+            uint32_t words[6] = { 0, 0, sent, self->generation, (uint32_t)result, 0 }; /* opcode, flags, length */
             memcpy(out, &call_id, 8);
             memcpy(out + 8, words, sizeof words);
             tail_out += 1;
@@ -395,6 +453,8 @@ static PyMethodDef Dispatcher_methods[] = {
      "set_ledger(ledger): the SessionLedger whose tables the checks consult (None: only unchecked calls)."},
     {"serve", (PyCFunction)Dispatcher_serve, METH_VARARGS,
      "serve(block=True) -> (code, call_id, status): serve hot records until Python must act."},
+    {"set_copies", (PyCFunction)Dispatcher_set_copies, METH_VARARGS,
+     "set_copies(executor, cuStreamSynchronize address): what copies need besides their own function."},
     {"close", (PyCFunction)Dispatcher_close, METH_NOARGS, "Release the region's buffer."},
     {NULL, NULL, 0, NULL},
 };
@@ -432,7 +492,8 @@ PyMODINIT_FUNC PyInit__orion_hot_dispatch(void) {
         {"K_NOP", K_NOP}, {"K_VOID", K_VOID}, {"K_STREAM", K_STREAM}, {"K_EVENT", K_EVENT},
         {"K_CONTEXT", K_CONTEXT}, {"K_EVENT_STREAM", K_EVENT_STREAM}, {"K_STREAM_EVENT_FLAGS", K_STREAM_EVENT_FLAGS},
         {"K_MEMSET8", K_MEMSET8}, {"K_MEMSET16", K_MEMSET16}, {"K_MEMSET32", K_MEMSET32}, {"K_DTOD", K_DTOD},
-        {"K_LAUNCH", K_LAUNCH},
+        {"K_LAUNCH", K_LAUNCH}, {"K_HTOD", K_HTOD}, {"K_HTOD_ASYNC", K_HTOD_ASYNC}, {"K_DTOH", K_DTOH},
+        {"K_DTOH_ASYNC", K_DTOH_ASYNC},
     };
     for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
         if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) { Py_DECREF(m); return NULL; }

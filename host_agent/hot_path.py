@@ -30,7 +30,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 from ivshmem.channel import Endpoint
 from ivshmem.driver_api import BY_OPCODE, DriverCall
@@ -42,25 +42,47 @@ SOURCE = Path(__file__).resolve().with_name("hot_dispatch.c")
 MODULE = "_orion_hot_dispatch"
 CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-fPIC", "-shared")
 
-# name -> (kind in hot_dispatch.c, the request struct and input types it decodes). A call is served in C only
-# while the table still declares exactly this (checked at bind time), so a changed entry falls back to Python.
-HOT_CALLS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "cuCtxSynchronize": ("K_VOID", "<", ()),
-    "cuStreamSynchronize": ("K_STREAM", "<Q", ("CUstream",)),
-    "cuStreamQuery": ("K_STREAM", "<Q", ("CUstream",)),
-    "cuEventQuery": ("K_EVENT", "<Q", ("CUevent",)),
-    "cuEventSynchronize": ("K_EVENT", "<Q", ("CUevent",)),
-    "cuCtxSetCurrent": ("K_CONTEXT", "<Q", ("CUcontext",)),
-    "cuEventRecord": ("K_EVENT_STREAM", "<QQ", ("CUevent", "CUstream")),
-    "cuStreamWaitEvent": ("K_STREAM_EVENT_FLAGS", "<QQI", ("CUstream", "CUevent", "unsigned int")),
-    "cuMemsetD8Async": ("K_MEMSET8", "<QBQQ", ("CUdeviceptr", "unsigned char", "size_t", "CUstream")),
-    "cuMemsetD16Async": ("K_MEMSET16", "<QHQQ", ("CUdeviceptr", "unsigned short", "size_t", "CUstream")),
-    "cuMemsetD32Async": ("K_MEMSET32", "<QIQQ", ("CUdeviceptr", "unsigned int", "size_t", "CUstream")),
-    "cuMemcpyDtoDAsync": ("K_DTOD", "<QQQQ", ("CUdeviceptr", "CUdeviceptr", "size_t", "CUstream")),
-    "cuLaunchKernel": ("K_LAUNCH", "<QIIIIIIIQ", ("CUfunction",) + ("unsigned int",) * 7 + ("CUstream",)),
+class Hot(NamedTuple):
+    """How hot_dispatch.c serves one call: its kind there, the request it decodes (the fixed struct, and the input
+    types of a generic call or the request's fields of a hand-written one), and the driver function it calls
+    when that is not the call's own (an async copy runs as a stream synchronise, then the synchronous copy, as
+    executor._start_copy does)."""
+
+    kind: str
+    layout: str
+    shape: tuple[Any, ...]
+    function: str = ""
+
+
+_COPY = (("device", "u64"), ("size", "u64"))
+# A call is served in C only while the table still declares exactly this (checked when a session starts), so a
+# changed entry falls back to the Python path.
+HOT_CALLS: dict[str, Hot] = {
+    "cuCtxSynchronize": Hot("K_VOID", "<", ()),
+    "cuStreamSynchronize": Hot("K_STREAM", "<Q", ("CUstream",)),
+    "cuStreamQuery": Hot("K_STREAM", "<Q", ("CUstream",)),
+    "cuEventQuery": Hot("K_EVENT", "<Q", ("CUevent",)),
+    "cuEventSynchronize": Hot("K_EVENT", "<Q", ("CUevent",)),
+    "cuCtxSetCurrent": Hot("K_CONTEXT", "<Q", ("CUcontext",)),
+    "cuEventRecord": Hot("K_EVENT_STREAM", "<QQ", ("CUevent", "CUstream")),
+    "cuStreamWaitEvent": Hot("K_STREAM_EVENT_FLAGS", "<QQI", ("CUstream", "CUevent", "unsigned int")),
+    "cuMemsetD8Async": Hot("K_MEMSET8", "<QBQQ", ("CUdeviceptr", "unsigned char", "size_t", "CUstream")),
+    "cuMemsetD16Async": Hot("K_MEMSET16", "<QHQQ", ("CUdeviceptr", "unsigned short", "size_t", "CUstream")),
+    "cuMemsetD32Async": Hot("K_MEMSET32", "<QIQQ", ("CUdeviceptr", "unsigned int", "size_t", "CUstream")),
+    "cuMemcpyDtoDAsync": Hot("K_DTOD", "<QQQQ", ("CUdeviceptr", "CUdeviceptr", "size_t", "CUstream")),
+    "cuLaunchKernel": Hot("K_LAUNCH", "<QIIIIIIIQ", (
+        ("function", "u64"), ("grid_x", "u32"), ("grid_y", "u32"), ("grid_z", "u32"), ("block_x", "u32"),
+        ("block_y", "u32"), ("block_z", "u32"), ("shared_bytes", "u32"), ("stream", "u64"), ("params", "tail"))),
+    "cuMemcpyHtoD": Hot("K_HTOD", "<QQ", (*_COPY, ("data", "tail"))),
+    "cuMemcpyHtoDAsync": Hot("K_HTOD_ASYNC", "<QQQ", (*_COPY, ("stream", "u64"), ("data", "tail")), "cuMemcpyHtoD"),
+    "cuMemcpyDtoH": Hot("K_DTOH", "<QQ", _COPY),
+    "cuMemcpyDtoHAsync": Hot("K_DTOH_ASYNC", "<QQQ", (*_COPY, ("stream", "u64")), "cuMemcpyDtoH"),
 }
-# hand-written in executor.py, and mirrored in C: the qualified name of the handler C stands in for
-MIRRORED = {"cuLaunchKernel": "CudaExecutor._launch"}
+# Hand-written in executor.py and mirrored in C: the qualified name of the handler C stands in for.
+MIRRORED = {"cuLaunchKernel": "CudaExecutor._launch", "cuMemcpyHtoD": "CudaExecutor._htod",
+            "cuMemcpyHtoDAsync": "CudaExecutor._htod", "cuMemcpyDtoH": "CudaExecutor._dtoh",
+            "cuMemcpyDtoHAsync": "CudaExecutor._dtoh"}
+DRIVER_FUNCTIONS = frozenset(HOT_CALLS) | {"cuStreamSynchronize"}  # what C may call
 
 _loaded: ModuleType | None | bool = False  # False: not tried yet in this process
 
@@ -192,20 +214,20 @@ def driver_functions(handler: Any) -> dict[str, int]:
     except ImportError:
         return {}
     capi = getattr(cydriver, "__pyx_capi__", {})
-    return {name: _capsule_pointer(capi[name]) for name in HOT_CALLS if name in capi}
+    return {name: _capsule_pointer(capi[name]) for name in DRIVER_FUNCTIONS if name in capi}
 
 
 def _servable(call: DriverCall, executor_module: Any) -> bool:
     """Whether C still decodes and checks `call` exactly as the Python path does (else it stays Python's)."""
-    kind, layout, types = HOT_CALLS[call.name]
-    if call.inputs.format != layout or call.input_types != types or call.effects or call.output_types:
+    hot = HOT_CALLS[call.name]
+    if call.inputs.format != hot.layout or call.effects or call.output_types:
         return False
     if call.name in executor_module.POLICY.by_name:
         return False
     written = executor_module.HOST.by_name.get(call.name)
     if written is None:
-        return call.name not in MIRRORED
-    return getattr(written, "__qualname__", "") == MIRRORED.get(call.name)
+        return call.name not in MIRRORED and call.input_types == hot.shape
+    return getattr(written, "__qualname__", "") == MIRRORED.get(call.name) and call.request.fields == hot.shape
 
 
 class HotPath:
@@ -229,13 +251,14 @@ class HotPath:
         if functions:
             from . import executor
             by_name = {call.name: call for call in BY_OPCODE.values()}
-            for name, address in functions.items():
-                call = by_name.get(name)
-                if call is None or name not in HOT_CALLS or not address or not _servable(call, executor):
+            for name, hot in HOT_CALLS.items():
+                call, address = by_name.get(name), functions.get(hot.function or name, 0)
+                if call is None or not address or not _servable(call, executor):
                     continue
-                self.dispatcher.set_call(call.opcode, getattr(module, HOT_CALLS[name][0]), address)
+                self.dispatcher.set_call(call.opcode, getattr(module, hot.kind), address)
                 self.calls.append(name)
             self.dispatcher.set_ledger(ledger)
+            self.dispatcher.set_copies(handler, functions.get("cuStreamSynchronize", 0))
 
     @property
     def served(self) -> int:

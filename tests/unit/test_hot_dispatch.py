@@ -67,6 +67,8 @@ def stand_ins(fake: FakeDriver) -> tuple[dict[str, int], list[Any]]:
         "cuMemsetD32Async": plain(fake.cuMemsetD32Async, Q, U, ctypes.c_size_t, P),
         "cuMemcpyDtoDAsync": plain(fake.cuMemcpyDtoDAsync, Q, Q, ctypes.c_size_t, P),
         "cuLaunchKernel": ctypes.CFUNCTYPE(ctypes.c_int, P, U, U, U, U, U, U, U, P, P, P)(launch),
+        "cuMemcpyHtoD": plain(fake.cuMemcpyHtoD, Q, P, ctypes.c_size_t),  # the host side as an address: the fake
+        "cuMemcpyDtoH": plain(fake.cuMemcpyDtoH, P, Q, ctypes.c_size_t),  # reads and writes it there
     }
     return {name: ctypes.cast(fn, ctypes.c_void_p).value or 0 for name, fn in made.items()}, list(made.values())
 
@@ -197,6 +199,17 @@ def corpus(s: Served, h: dict[str, int]) -> None:
         ("generation", "cuStreamQuery", stream), ("flags", "cuStreamQuery", stream),
         ("async-flag", "cuStreamQuery", stream), ("pinned", "cuMemsetD8Async", a, 1, 1, 0),
         ("nop",), ("nop-payload",), ("nop-posted",), ("cuCtxSynchronize",),
+    ], [
+        ("cuMemcpyHtoD", a, 4, b"\x11\x22\x33\x44"), ("cuMemcpyHtoD", a + 252, 4, b"\x55\x66\x77\x88"),
+        ("cuMemcpyHtoD", a + 253, 4, b"abcd"), ("cuMemcpyHtoD", a, 8, b"abcd"), ("cuMemcpyHtoD", bogus, 4, b"abcd"),
+        ("cuMemcpyHtoD", a, 0, b""), ("cuMemcpyHtoD", b, 400, bytes(range(200)) * 2),
+        ("cuMemcpyHtoD", a + 16, 4, b"post", "posted"),
+        ("cuMemcpyHtoDAsync", a + 8, 4, stream, b"wxyz"), ("cuMemcpyHtoDAsync", a + 8, 4, 0, b"WXYZ"),
+        ("cuMemcpyHtoDAsync", a + 8, 4, bogus, b"nope"),
+        ("cuMemcpyDtoH", a, 4), ("cuMemcpyDtoH", b, 256), ("cuMemcpyDtoH", a, 257), ("cuMemcpyDtoH", bogus, 4),
+        ("cuMemcpyDtoH", a, 0), ("cuMemcpyDtoH", a, 4, "posted"),
+        ("cuMemcpyDtoHAsync", a, 16, stream), ("cuMemcpyDtoHAsync", a, 16, 0), ("cuMemcpyDtoHAsync", a, 16, bogus),
+        ("cuMemcpyDtoHAsync", b + 250, 16, stream),
     ]]
     for batch in batches:
         for item in batch:
@@ -225,9 +238,13 @@ def corpus(s: Served, h: dict[str, int]) -> None:
 
 
 def driver_view(fake: FakeDriver) -> list[tuple[str, tuple[Any, ...], tuple[int, ...]]]:
-    """What reached the driver, in order; a launch's `extra` (an address in either path) by its contents."""
+    """What reached the driver, in order; a launch's `extra` (an address in either path) by its contents, a copy's
+    host side (a buffer in Python, an address in C) left out: the bytes it moved are in the replies and memory."""
     seen = []
     for call in fake.calls:
+        if call.name in ("cuMemcpyHtoD", "cuMemcpyDtoH"):
+            call = call._replace(args=tuple("host" if i == (1 if call.name == "cuMemcpyHtoD" else 0) else a
+                                            for i, a in enumerate(call.args)))
         args = tuple(int(a) if isinstance(a, int) or hasattr(a, "__int__") else a for a in call.args)
         if call.name == "cuLaunchKernel":
             args = args[:-1] + (FakeDriver.decode_extra(int(call.args[-1])) if call.args[-1] else None,)
@@ -243,7 +260,7 @@ def run_corpus(s: Served) -> tuple[list[Any], Any, Any, int]:
     s.replies = []
     before = s.hot.served if s.hot is not None else 0
     corpus(s, handles)
-    memory = bytes(s.fake.memory[handles["b"]])
+    memory = bytes(s.fake.memory[handles["a"]]) + bytes(s.fake.memory[handles["b"]])
     return s.replies, driver_view(s.fake), (memory, s.fake.launches), (s.hot.served if s.hot else 0) - before
 
 
@@ -254,7 +271,7 @@ def test_the_compiled_path_answers_the_corpus_exactly_as_the_python_path(make: A
     assert c_driver == python_driver
     assert c_state == python_state
     # the corpus is hostile half the time; the well-formed, owned half must have been C's
-    assert served_in_c >= 30, served_in_c
+    assert served_in_c >= 40, served_in_c
     statuses = {status for _, _, status, _ in python_replies}
     assert {SUCCESS, INVALID_HANDLE, INVALID_VALUE, Status.MALFORMED} <= statuses  # the corpus reaches the refusals
 
@@ -353,12 +370,14 @@ def test_without_a_compiler_the_worker_serves_in_python_and_says_so_once(
 
 def test_a_changed_table_entry_is_left_to_the_python_path(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """C decodes the layouts hot_path.HOT_CALLS names; an entry the table no longer declares so is not C's."""
-    monkeypatch.setitem(hot_path.HOT_CALLS, "cuStreamQuery", ("K_STREAM", "<I", ("CUstream",)))
+    monkeypatch.setitem(hot_path.HOT_CALLS, "cuStreamQuery", hot_path.Hot("K_STREAM", "<I", ("CUstream",)))
+    monkeypatch.setitem(hot_path.HOT_CALLS, "cuMemcpyDtoH", hot_path.Hot("K_DTOH", "<QQ", (("device", "u64"),)))
     served = make(False)
     functions, keep = stand_ins(served.fake)
     served.executor.hot_functions = functions  # type: ignore[attr-defined]
     hot = hot_path.attach(served.host, served.executor)
-    assert hot is not None and "cuStreamQuery" not in hot.calls and "cuStreamSynchronize" in hot.calls
+    assert hot is not None and "cuStreamSynchronize" in hot.calls and "cuMemcpyHtoD" in hot.calls
+    assert "cuStreamQuery" not in hot.calls and "cuMemcpyDtoH" not in hot.calls
     hot.close()
     del keep
 
@@ -421,3 +440,19 @@ def test_no_code_is_loaded_from_a_cache_others_can_write(
         assert list(cache.iterdir()) == []  # nothing was built there either
     finally:
         hot_path.reset()
+
+
+def test_copies_wait_for_the_channel_to_be_page_locked_by_the_python_path(make: Any) -> None:
+    """The executor page-locks its channel at the first host-to-device copy; until then, copies are Python's."""
+    s = make(True)
+    h = setup_session(s)
+    s.executor._to_register = (0x7F0000000000, 4096)
+    served = s.hot.served
+    s.request("cuMemcpyHtoD", h["a"], 4, b"abcd")
+    assert [r[2] for r in s.serve()] == [SUCCESS]
+    assert s.hot.served == served and s.executor._to_register is None
+    assert [c.name for c in s.fake.calls[-2:]] == ["cuMemHostRegister", "cuMemcpyHtoD"]
+    s.request("cuMemcpyHtoD", h["a"], 4, b"efgh")
+    s.request("cuMemcpyDtoH", h["a"], 4)
+    assert s.serve() == [(s.next_id - 1, 0, SUCCESS, b""), (s.next_id, 0, SUCCESS, b"efgh")]
+    assert s.hot.served == served + 2
