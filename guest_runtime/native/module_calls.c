@@ -14,7 +14,7 @@
 #include "sha256.h"
 
 /* driver_api.IMAGE_BY_DIGEST (added to a load's opcode) and IMAGE_BY_DIGEST_MIN (smaller images always travel
- * whole: a few ring slots cost less than a second round trip); tests/wire/test_image_cache.py holds them to it. */
+ * whole: a few ring slots cost less than a second round trip); tests/wire/test_images_by_digest.py holds them to it. */
 enum { IMAGE_BY_DIGEST = 0x4000, IMAGE_BY_DIGEST_MIN = 64 * 1024 };
 
 /* CUjit_option values that name guest memory (logs, wall time): answered in the guest, never sent. */
