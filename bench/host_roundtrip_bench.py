@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import multiprocessing
 import os
 import platform
@@ -278,6 +279,44 @@ def round_trips(client: Path, null_library: Path, driver: str, compiled: bool,
         os.unlink(path)
 
 
+NATIVE = r"""
+import json, statistics, sys, time
+from cuda.bindings import driver
+n = int(sys.argv[1])
+driver.cuInit(0)
+err, dev = driver.cuDeviceGet(0)
+err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+driver.cuCtxSetCurrent(ctx)
+err, device = driver.cuMemAlloc(64)
+host = bytearray(4)
+calls = {"cuCtxSynchronize": lambda: driver.cuCtxSynchronize(), "cuStreamQuery": lambda: driver.cuStreamQuery(0),
+         "htod-4B": lambda: driver.cuMemcpyHtoD(device, host, 4),
+         "dtoh-4B": lambda: driver.cuMemcpyDtoH(host, device, 4)}
+out = {}
+for name, call in calls.items():
+    for _ in range(n // 10):
+        call()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter_ns()
+        call()
+        times.append(time.perf_counter_ns() - start)
+    out[name] = statistics.median(times) / 1e3
+print(json.dumps(out))
+"""
+
+
+def native_p50(n: int) -> dict[str, float]:
+    """The same calls made natively by a cuda-python program (its wrapper included), in a process of their own:
+    CUDA must not be initialised in this one, which forks the agents."""
+    done = subprocess.run([sys.executable, "-c", NATIVE, str(n)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    if done.returncode:
+        print(f"  (native run failed: {done.stderr.strip()[-300:]})")
+        return {}
+    return {name: float(value) for name, value in json.loads(done.stdout).items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=50000, help="round trips per row")
@@ -307,6 +346,14 @@ def main() -> int:
             print(f"{name:<18} {p50_py:10.2f} {max(q for _, q in python):7.2f} {p50_c:13.2f} "
                   f"{max(q for _, q in compiled_rows):7.2f} {p50_py / p50_c:15.1f}x")
         print("  (p50: median over rounds; p99: the worst round's)")
+        if args.driver == "real":
+            native = native_p50(args.n)
+            print("\n## against the same calls made natively (cuda-python, its wrapper included; p50, µs)")
+            for name, value in native.items():
+                in_c = statistics.median(r[name][0] for r in results[True])
+                in_python = statistics.median(r[name][0] for r in results[False])
+                print(f"{name:<18} native {value:6.2f}   compiled {in_c:6.2f} ({in_c / value:4.2f}x)   "
+                      f"Python {in_python:6.2f} ({in_python / value:4.2f}x)")
     return 0
 
 
