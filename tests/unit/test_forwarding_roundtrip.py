@@ -351,6 +351,10 @@ GENERIC_INPUTS: dict[str, Callable[[Env], tuple[Any, ...]]] = {
     "cuMemRelease": lambda e: (e.physical(),),
     "cuMemMap": lambda e: (e.g.ok("cuMemAddressReserve", 2 << 20, 0, 0, 0), 2 << 20, 0, e.physical(), 0),
     "cuMemUnmap": lambda e: e.mapped(),
+    "cuCtxGetLimit": lambda e: (0,),  # CU_LIMIT_STACK_SIZE
+    "cuCtxSetLimit": lambda e: (0, 2048),
+    "cuStreamWaitValue32": lambda e: (e.stream, e.ptr, 0, 0),  # CU_STREAM_WAIT_VALUE_GEQ 0: already true
+    "cuStreamWriteValue32": lambda e: (e.stream, e.ptr + 8, 7, 0),
 }
 # Generic calls the executor answers itself (guest ordinals): inputs and the outputs the guest must get.
 ANSWERED_BY_EXECUTOR: dict[str, tuple[tuple[Any, ...], list[Any]]] = {
@@ -456,6 +460,9 @@ POSTED_FAILURES: dict[str, tuple[Callable[[Guest, Any], int], int]] = {
     "cuLaunchKernelEx": (lambda g, e: _launch_ex(g, e.function, stream=BAD_HANDLE), INVALID_HANDLE),
     "cuLaunchCooperativeKernel": (lambda g, e: g.fn["cuLaunchCooperativeKernel"](BAD_HANDLE, 1, 1, 1, 32, 1, 1, 0,
                                                                                    e.stream, None), INVALID_HANDLE),
+    "cuStreamWaitValue32": (lambda g, e: g.call("cuStreamWaitValue32", e.stream, FOREIGN, 0, 0)[0], INVALID_VALUE),
+    "cuStreamWriteValue32": (lambda g, e: g.call("cuStreamWriteValue32", BAD_HANDLE, e.ptr, 1, 0)[0],
+                             INVALID_HANDLE),
 }
 
 
