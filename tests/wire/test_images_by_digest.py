@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from guest_runtime.native.build import build_driver, find_compiler
 from host_agent.executor import CudaExecutor, ExecutorOptions
 from host_agent.image_cache import CacheSettings
 from ivshmem.driver_api import (
@@ -288,13 +287,6 @@ for _ in range(int(sys.argv[3])):
     out.append([status, found, launched, lib.cuCtxSynchronize()])
 print("RESULT " + json.dumps(out))
 """
-
-
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if find_compiler() is None:
-        pytest.skip("no C compiler (setup.sh installs gcc)")
-    return build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1")
 
 
 def native_loads(library: Path, rig: Rig, image: Path, times: int) -> list[list[int]]:  # noqa: F811

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from guest_runtime.native.build import build_driver, find_compiler
 from tests.forwarding_rig import GUEST_DEVICES, Rig, rig, start  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,13 +32,6 @@ KNOWN = {  # UUID: entries, as the table's first word gives them (CONTEXT_LOCAL_
     bytes.fromhex("195bcbf4d67d024aacc51d29cea631ae"): 3, bytes.fromhex("b10541e1f7c7c74a9f64f223be99f1e2"): 26,
     INTEGRITY_CHECK: 3, bytes.fromhex("263e88607cd2614392f6bbd5006dfa7e"): 4,
 }
-
-
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if find_compiler() is None:
-        pytest.skip("no C compiler (setup.sh installs gcc)")
-    return build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1")
 
 
 def _md2(lib: ctypes.CDLL, data: bytes) -> bytes:

@@ -16,9 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from guest_runtime.native.build import build_driver, find_compiler
 from tests.forwarding_rig import Rig, bounded, rig, start  # noqa: F401 (fixtures)
 from tests.unit.test_forwarding_roundtrip import fatbin, minimal_elf
 
@@ -117,13 +114,6 @@ assert lib.cuCtxSetCurrent(context) == 0
 EPILOGUE = r"""
 print("RESULT " + json.dumps(out))
 """
-
-
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if find_compiler() is None:
-        pytest.skip("no C compiler (setup.sh installs gcc)")
-    return build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1")
 
 
 def run(library: Path, rig: Rig, body: str) -> tuple[dict[str, Any], str]:  # noqa: F811

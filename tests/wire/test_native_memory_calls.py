@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from guest_runtime.native import gen_libcuda
-from guest_runtime.native.build import build_driver, find_compiler
 from ivshmem.driver_api import PINNED_COPY, POOL_MAP_OPCODE
 from ivshmem.layout import DEFAULT_SLOT_SIZE, RECORD_HEADER_SIZE
 from tests import forwarding_rig
@@ -31,13 +30,6 @@ bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_r
 NATIVE = Path(gen_libcuda.__file__).resolve().parent
 REPO = NATIVE.parents[1]
 INLINE = DEFAULT_SLOT_SIZE - RECORD_HEADER_SIZE  # the largest payload one ring slot carries
-
-
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if find_compiler() is None:
-        pytest.skip("no C compiler (setup.sh installs gcc)")
-    return build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1")
 
 
 PRELUDE = r"""

@@ -19,9 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from guest_runtime.native.build import build_driver, find_compiler
 from tests import forwarding_rig
 from tests.fake_driver import FakeDriver
 from tests.forwarding_rig import GUEST_DEVICES, Rig
@@ -34,13 +31,6 @@ SUCCESS, INVALID_VALUE, INVALID_DEVICE, INVALID_CONTEXT, INVALID_HANDLE = 0, 1, 
 MAX_THREADS_PER_BLOCK, MULTIPROCESSOR_COUNT, PCI_BUS_ID = 1, 16, 33  # CUdevice_attribute
 NUM_REGS, MAX_DYNAMIC_SHARED_SIZE_BYTES = 4, 8  # CUfunction_attribute
 UNKNOWN_ATTRIBUTE = 75  # COMPUTE_CAPABILITY_MAJOR, refused by a fake built with lacks_attributes=(75,)
-
-
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if find_compiler() is None:
-        pytest.skip("no C compiler (setup.sh installs gcc)")
-    return build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1")
 
 
 # Run in the subprocess: the library, cuInit, and helpers; each test appends its body, which fills `out`.

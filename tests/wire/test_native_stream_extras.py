@@ -14,9 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from guest_runtime.native.build import build_driver, find_compiler
 from tests.fake_driver import CUtensorMapDataType, FakeDriver, cuuint32_t, cuuint64_t, tensor_map_bytes
 from tests.forwarding_rig import Rig, bounded, rig, start  # noqa: F401 (fixtures)
 from tests.wire.test_native_launch_calls import EPILOGUE, PRELUDE, PTX
@@ -59,13 +56,6 @@ def device(size):
 def word(address):
     return c_uint32.from_address(address)
 """
-
-
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if find_compiler() is None:
-        pytest.skip("no C compiler (setup.sh installs gcc)")
-    return build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1")
 
 
 def launch_program(library: Path, rig: Rig, body: str, epilogue: str = EPILOGUE) -> subprocess.CompletedProcess[str]:  # noqa: F811

@@ -15,10 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from guest_runtime.native import gen_libcuda
-from guest_runtime.native.build import build_driver, find_compiler
 from host_agent.executor import ExecutorOptions
 from tests import forwarding_rig
 from tests.fake_driver import VMM_GRANULARITY
@@ -29,13 +26,6 @@ bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_r
 REPO = Path(gen_libcuda.__file__).resolve().parents[2]
 MIB = 1 << 20
 SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, INVALID_DEVICE, NOT_SUPPORTED = 0, 1, 2, 101, 801
-
-
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if find_compiler() is None:
-        pytest.skip("no C compiler (setup.sh installs gcc)")
-    return build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1")
 
 
 PRELUDE = r"""
