@@ -22,8 +22,6 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
-import shlex
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -32,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from guest_runtime.compiler import find_compiler
 from ivshmem.channel import Endpoint
 from ivshmem.driver_api import BY_OPCODE, DriverCall
 from ivshmem.record import Op
@@ -100,19 +99,6 @@ def cache_dir() -> Path:
     return Path(base) / "orion"
 
 
-def _compiler() -> list[str] | None:
-    """$CC (it may carry flags), else cc, else gcc; None when there is none (as guest_runtime/native/build.py)."""
-    configured = os.environ.get("CC", "").strip()
-    if configured:
-        words = shlex.split(configured)
-        return words if shutil.which(words[0]) else None
-    for name in ("cc", "gcc"):
-        found = shutil.which(name)
-        if found:
-            return [found]
-    return None
-
-
 def build(directory: Path | None = None) -> Path:
     """The compiled module's path, compiling it first unless this source was built for this interpreter already.
     Raises Unavailable with one line."""
@@ -125,7 +111,7 @@ def build(directory: Path | None = None) -> Path:
         _trusted(target.parent)
         _trusted(target)
         return target
-    compiler = _compiler()
+    compiler = find_compiler()
     if compiler is None:
         raise Unavailable("no C compiler (set CC, or install gcc)")
     if not os.path.exists(os.path.join(include, "Python.h")):

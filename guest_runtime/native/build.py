@@ -9,11 +9,11 @@ own. `$CC` wins over `cc` and `gcc`. A missing compiler or a failed compile is o
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from guest_runtime.compiler import find_compiler
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("orion_wire.c",)
@@ -23,19 +23,6 @@ LIBS = ("-lpthread",)
 
 class BuildError(Exception):
     """The library could not be built; the message is one line that says why."""
-
-
-def find_compiler() -> list[str] | None:
-    """The C compiler command: $CC (it may carry flags), else cc, else gcc; None when there is none."""
-    configured = os.environ.get("CC", "").strip()
-    if configured:
-        words = shlex.split(configured)
-        return words if shutil.which(words[0]) else None
-    for name in ("cc", "gcc"):
-        found = shutil.which(name)
-        if found:
-            return [found]
-    return None
 
 
 def build_library(output: str | os.PathLike[str]) -> Path:

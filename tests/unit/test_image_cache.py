@@ -1,6 +1,6 @@
 """The agent's module image cache (host_agent/image_cache.py), its server.conf keys, and the native guest's SHA-256
-(guest_runtime/native/sha256.c) against FIPS 180-2's test vectors. CPU only; no agent (tests/wire/test_images_by_digest.py
-runs the cache behind a real agent)."""
+(guest_runtime/native/sha256.c) against FIPS 180-2's test vectors. CPU only; no agent
+(tests/wire/test_images_by_digest.py runs the cache behind a real agent)."""
 from __future__ import annotations
 
 import hashlib

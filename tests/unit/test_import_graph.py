@@ -4,7 +4,7 @@
 * No import cycle among the project's modules, counting imports inside functions (a cycle is a cycle, even
   when a lazy import hides it until the day someone moves that import to the top).
 * guest_runtime/ imports only ivshmem and itself. The host side (host_agent, controller, libvirt_hooks,
-  xml_templates) may import exactly two guest_runtime modules, ini and controller_client, which import only
+  xml_templates) may import exactly three guest_runtime modules, ini, controller_client and compiler, which import only
   the standard library and each other (so importing them drags no other guest module, no cuda, no forwarding).
 * controller/ imports no host_agent, libvirt or cuda; libvirt_hooks/ never libvirt (a hook runs while libvirt
   holds its locks).
@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("ivshmem", "guest_runtime", "host_agent", "controller", "libvirt_hooks", "xml_templates", "tests", "bench")
 HOST_SIDE = ("host_agent", "controller", "libvirt_hooks", "xml_templates")
-SHARED = frozenset({"guest_runtime.ini", "guest_runtime.controller_client"})
+SHARED = frozenset({"guest_runtime.ini", "guest_runtime.controller_client", "guest_runtime.compiler"})
 GUEST_WHEEL = ("guest_runtime", "ivshmem")
 GUEST_OPTIONAL = frozenset({"cuda", "pyverbs"})
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
