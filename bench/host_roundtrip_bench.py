@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.native_wire_bench import TIMING_C  # noqa: E402
 from guest_runtime.native.build import SOURCE_DIR, find_compiler  # noqa: E402
 from host_agent import hot_path  # noqa: E402
 from host_agent.executor import CudaExecutor, ExecutorOptions  # noqa: E402
@@ -64,23 +65,7 @@ int orion_null_htod(unsigned long long dst, const void *src, size_t n) { (void)d
 int orion_null_dtoh(void *dst, unsigned long long src, size_t n) { (void)dst; (void)src; (void)n; return 0; }
 """
 
-CLIENT = r"""
-#define _GNU_SOURCE
-#include "orion_wire.h"
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-static long long ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-static int cmp(const void *a, const void *b) {
-    long long x = *(const long long *)a, y = *(const long long *)b;
-    return (x > y) - (x < y);
-}
+CLIENT = TIMING_C + r"""
 /* argv: PATH N OP_INIT OP_RETAIN OP_SETCURRENT OP_SYNC OP_QUERY OP_ALLOC OP_HTOD OP_DTOH */
 int main(int argc, char **argv) {
     if (argc != 11) return 2;

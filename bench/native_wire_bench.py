@@ -47,18 +47,15 @@ from ivshmem.record import FILL_REQUEST  # noqa: E402
 MIB = 1 << 20
 _MP = multiprocessing.get_context("fork")
 
-HARNESS = r"""
+# What every C client of the benches starts with: the wire client's header, a monotonic clock in ns, and the
+# comparison that sorts samples for their percentiles (bench/host_roundtrip_bench.py's client too).
+TIMING_C = r"""
 #define _GNU_SOURCE
 #include "orion_wire.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
-#include <fcntl.h>
-#include <signal.h>
 
 static long long ns(void) {
     struct timespec t;
@@ -69,6 +66,15 @@ static int cmp(const void *a, const void *b) {
     long long x = *(const long long *)a, y = *(const long long *)b;
     return (x > y) - (x < y);
 }
+"""
+
+HARNESS = TIMING_C + r"""
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <fcntl.h>
+#include <signal.h>
+
 static void report(const char *what, long long *v, int n) {
     qsort(v, n, sizeof *v, cmp);
     printf("%s %lld %lld\n", what, v[n / 2], v[(int)(n * 0.99)]);
