@@ -63,7 +63,8 @@ def one_line(text: str) -> str:
 
 
 def main() -> int:
-    round_trips, bulk_mib, native = (sys.argv[1:] + ["2000", "8", ""][len(sys.argv) - 1:])[:3]
+    given, defaults = sys.argv[1:4], ["2000", "8", ""]
+    round_trips, bulk_mib, native = given + defaults[len(given):]
     install_runtime()
     loop_ns, clock_ns = python_speed()
     print(f"KVM-PYTHON loop={loop_ns:.0f}ns clock={clock_ns:.0f}ns", flush=True)
