@@ -143,9 +143,12 @@ int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned lo
             break;
         }
     }
-    if (!*pfn && orion_tracing()) fprintf(stderr, "orion-native: cuGetProcAddress %s: not found\n", symbol);
+    if (!*pfn && *symbol && orion_tracing())
+        fprintf(stderr, "orion-native: cuGetProcAddress %s: not found\n", symbol);
     if (status) *status = *pfn ? 0 : 1; /* CU_GET_PROC_ADDRESS_SUCCESS, _SYMBOL_NOT_FOUND */
-    return *pfn || status ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+    /* The real driver answers the CUDA runtime's start-up lookup of the empty name with success and no entry
+     * point (measured on the H100); any other unknown name without a status to say so is NOT_FOUND. */
+    return *pfn || status || !*symbol ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 /* The legacy four-argument ABI of the same name. */

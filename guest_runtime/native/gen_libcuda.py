@@ -3,6 +3,7 @@
     python -m guest_runtime.native.gen_libcuda OUT.c            the entry points
     python -m guest_runtime.native.gen_libcuda --check OUT.c    a file that compiles only if cuda.h agrees
     python -m guest_runtime.native.gen_libcuda --symbols        refresh driver_symbols.txt from cuda-bindings
+    python -m guest_runtime.native.gen_libcuda --aliases CUDA_H refresh driver_aliases.txt from cuda.h
 
 The table (ivshmem/driver_api.py, as `describe()` gives it) stays the definition of every forwarded call: this
 writes orion_calls.h (cuda.h's types, every call's opcode and prototype) and, for each generic call, the whole C
@@ -14,6 +15,7 @@ also writes `cuGetProcAddress`'s name table and the table digest HELLO sends. St
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -227,6 +229,43 @@ def _outside_table(name: str) -> str:
     return f"__attribute__((weak)) CUresult {name}(void) {{ return orion_not_forwarded(\"{name}\"); }}"
 
 
+def abi_aliases() -> list[tuple[str, str]]:
+    """(exported name, entry point) for each name cuda.h's macros give an entry point (driver_aliases.txt):
+    cuMemAlloc_v2, cuMemcpyHtoD_v2_ptds, cuGraphInstantiateWithFlags... The real libcuda exports them, and a
+    caller that links with -lcuda or looks names up with dlsym asks for them: cuBLASLt refuses to start ("Driver
+    API initialization failed") and XLA's stubs answer CUDA_ERROR_SHARED_OBJECT_INIT_FAILED without them.
+    Every entry point here has the ABI of its versioned name (type_check holds the table to cuda.h's macros), so
+    each versioned name is the same function; a name that exists in its own right (driver_symbols) keeps it.
+    A per-thread-default-stream name (_ptds, _ptsz) is the legacy-stream one: its stream 0 is the legacy
+    default stream, which orders at least as strictly (docs/native-driver.md)."""
+    text = (Path(__file__).with_name("driver_aliases.txt")).read_text()
+    pairs = [tuple(line.split()) for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    own = set(driver_symbols()) | {call["name"] for call in describe()["calls"]}
+    return [(alias, IN_CLIENT.get(name, name)) for alias, name in pairs
+            if alias not in own and name in own and alias != IN_CLIENT.get(name, name)]
+
+
+# cuda.h: `#define cuMemAlloc cuMemAlloc_v2`, `#define cuMemcpyHtoD __CUDA_API_PTDS(cuMemcpyHtoD_v2)`
+_CUDA_H_ALIAS = re.compile(r"^\s*#\s*define\s+(cu\w+)\s+(?:__CUDA_API_(PTDS|PTSZ)\((cu\w+)\)|(cu\w+))\s*$")
+
+
+def write_aliases(cuda_h: Path, path: Path) -> int:
+    """Regenerate driver_aliases.txt from a CUDA toolkit's cuda.h (a superset is kept: names only grow)."""
+    pairs = {tuple(line.split()) for line in path.read_text().splitlines() if line.strip()
+             and not line.startswith("#")}
+    for line in cuda_h.read_text().splitlines():
+        match = _CUDA_H_ALIAS.match(line)
+        if match:
+            name, stream, versioned = match[1], match[2], match[3] or match[4]
+            if versioned != name:
+                pairs.add((versioned, name))
+            if stream:
+                pairs.add((f"{versioned}_{stream.lower()}", name))
+    header = [line for line in path.read_text().splitlines() if line.startswith("#")]
+    path.write_text("\n".join([*header, *(f"{a} {n}" for a, n in sorted(pairs))]) + "\n")
+    return 0
+
+
 def write_symbols(path: Path) -> int:
     """Regenerate driver_symbols.txt from the installed cuda-bindings (a superset is kept: names only grow)."""
     from cuda import bindings
@@ -258,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args == ["--symbols"]:
         return write_symbols(Path(__file__).with_name("driver_symbols.txt"))
+    if len(args) == 2 and args[0] == "--aliases":
+        return write_aliases(Path(args[1]), Path(__file__).with_name("driver_aliases.txt"))
     check = args[:1] == ["--check"]
     if check:
         args = args[1:]

@@ -3,7 +3,7 @@ its libcuda (as the start-up hook loads it), run on the H100 through a real orio
 natively: every tests/gpu program, and stock PyTorch (a matmul; a CNN trained 20 steps: the same losses), CuPy
 (elementwise, cuBLAS, cuRAND, FFT) and JAX (a jitted matmul and gradient).
 
-The client process never maps the real libcuda (checked) and sees no GPU of its own (CUDA_VISIBLE_DEVICES="").
+The client process sees no GPU of its own: it never maps the real libcuda (checked) and has no NVML (NO_NVML).
 """
 from __future__ import annotations
 
@@ -13,48 +13,75 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
+from guest_runtime.compiler import find_compiler
 from guest_runtime.native.build import build_driver
 from tests.gpu.test_forwarded_programs import HAS_GPU, PROGRAMS, REPO, Oriond, _env, oriond  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (device machine)")]
 
-# Load the driver as guest_runtime/startup.py does, then run the program; report whether a real libcuda mapped.
+# Load the driver as guest_runtime/startup.py does, then run the program; report whether a real libcuda or NVML
+# mapped.
 NATIVE = ("import atexit, os, sys, runpy; from guest_runtime.startup import load_native; ours = sys.argv[1]; "
-          "load_native(ours); here = os.path.dirname(ours) + '/'; atexit.register(lambda: print('REAL_LIBCUDA', "
-          "any('/libcuda.so' in l and here not in l for l in open('/proc/self/maps')))); sys.argv = sys.argv[2:]; "
+          "load_native(ours); here = os.path.dirname(ours) + '/'; maps = lambda: open('/proc/self/maps').readlines(); "
+          "atexit.register(lambda: print('REAL_LIBCUDA', any('/libcuda.so' in l and here not in l for l in maps()), "
+          "'NVML', any('libnvidia-ml' in l for l in maps()))); sys.argv = sys.argv[2:]; "
           "runpy.run_path(sys.argv[0], run_name='__main__')")  # (ours: the driver and its libcuda.so alias)
+# A GPU-less machine has no NVML either; PyTorch and XLA count devices through it where it loads, and this
+# machine's would show them the H100. Preloaded into the forwarded process, this makes it absent there.
+NO_NVML = """#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <string.h>
+void *dlopen(const char *file, int mode) {
+    static void *(*next)(const char *, int);
+    if (!next) next = (void *(*)(const char *, int))dlsym(RTLD_NEXT, "dlopen");
+    return file && strstr(file, "libnvidia-ml") ? NULL : next(file, mode);
+}
+"""
 # JAX's default allocator (the virtual-memory API, forwarded), without taking 75 % of the GPU at start.
 JAX_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 
+class GuestLibraries(NamedTuple):
+    driver: Path  # the native driver (libcuda.so.1)
+    no_nvml: Path  # NO_NVML, preloaded
+
+
 @pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1")
+def library(tmp_path_factory: pytest.TempPathFactory) -> GuestLibraries:
+    where = tmp_path_factory.mktemp("native")
+    (where / "nvml.c").write_text(NO_NVML)
+    compiler = find_compiler()
+    assert compiler, "no C compiler"
+    subprocess.run([*compiler, "-shared", "-fPIC", "-o", str(where / "no_nvml.so"), str(where / "nvml.c"), "-ldl"],
+                   check=True, timeout=120)
+    return GuestLibraries(build_driver(where / "libcuda.so.1"), where / "no_nvml.so")
 
 
-def _run(program: Path, forwarded: tuple[Oriond, Path] | None, **extra: str) -> dict:
+def _run(program: Path, forwarded: tuple[Oriond, GuestLibraries] | None, **extra: str) -> dict:
     if forwarded is None:
         command, env = [sys.executable, str(program)], _env(**extra)
     else:
         agent, library = forwarded
-        command = [sys.executable, "-c", NATIVE, str(library), str(program)]
-        env = _env(ORION_SHM=str(agent.region), CUDA_VISIBLE_DEVICES="", **extra)
+        command = [sys.executable, "-c", NATIVE, str(library.driver), str(program)]
+        # (not CUDA_VISIBLE_DEVICES="": PyTorch reads it too, and counts no device)
+        env = _env(ORION_SHM=str(agent.region), LD_PRELOAD=str(library.no_nvml), **extra)
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     line = next((t for t in done.stdout.splitlines() if t.startswith("RESULT ")), None)
     assert done.returncode == 0 and line, f"{program.name} {'forwarded' if forwarded else 'native'} failed:\n" \
                                           f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     if forwarded is not None:
-        assert "REAL_LIBCUDA False" in done.stdout, "the real libcuda was mapped in the forwarded process"
+        assert "REAL_LIBCUDA False NVML False" in done.stdout, "the forwarded process mapped the real libcuda or NVML"
     return json.loads(line[len("RESULT "):])
 
 
 @pytest.mark.parametrize("name", ["driver_program.py", "core_program.py", "stream_order_program.py",
                                   "runtime_program.py", "pinned_threads_program.py"])
 def test_every_gpu_program_gives_the_same_results_through_the_native_driver(name: str, oriond: Oriond,  # noqa: F811
-                                                                            library: Path) -> None:
+                                                                            library: GuestLibraries) -> None:
     assert _run(PROGRAMS / name, (oriond, library)) == _run(PROGRAMS / name, None)
 
 
@@ -63,14 +90,14 @@ def _needs(module: str) -> None:
         pytest.skip(f"{module} is not installed here (the GPU machine has it)")
 
 
-def test_pytorch_matmul(oriond: Oriond, library: Path) -> None:  # noqa: F811
+def test_pytorch_matmul(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
     _needs("torch")
     native, forwarded = _run(PROGRAMS / "torch_matmul_program.py", None), \
         _run(PROGRAMS / "torch_matmul_program.py", (oriond, library))
     assert forwarded == native and native["max_error"] < 1e-3 and native["count"] == 1
 
 
-def test_pytorch_cnn_training_gives_the_native_losses(oriond: Oriond, library: Path) -> None:  # noqa: F811
+def test_pytorch_cnn_training_gives_the_native_losses(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
     """Same seed and deterministic cuDNN algorithms: the losses agree to 1e-5 relative (the same kernels on the
     same GPU; the tolerance only allows for a different reduction order, which we have not seen)."""
     _needs("torch")
@@ -81,14 +108,14 @@ def test_pytorch_cnn_training_gives_the_native_losses(oriond: Oriond, library: P
         (forwarded["losses"], native["losses"])
 
 
-def test_cupy_elementwise_cublas_curand_fft(oriond: Oriond, library: Path) -> None:  # noqa: F811
+def test_cupy_elementwise_cublas_curand_fft(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
     _needs("cupy")
     native = _run(PROGRAMS / "cupy_program.py", None)
     assert _run(PROGRAMS / "cupy_program.py", (oriond, library)) == native
     assert all(v for k, v in native.items() if k.endswith("_ok"))
 
 
-def test_jax_jitted_matmul_and_gradient(oriond: Oriond, library: Path) -> None:  # noqa: F811
+def test_jax_jitted_matmul_and_gradient(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
     _needs("jax")
     native = _run(PROGRAMS / "jax_program.py", None, **JAX_ENV)
     assert _run(PROGRAMS / "jax_program.py", (oriond, library), **JAX_ENV) == native

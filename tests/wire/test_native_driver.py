@@ -50,6 +50,45 @@ def test_every_table_call_is_exported_and_found_through_get_proc_address(library
         assert found.value == ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value, name
     assert lookup(b"cuNoSuchThing", ctypes.byref(found), 13000, 0, ctypes.byref(status)) == 0
     assert status.value == 1 and not found.value  # CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, as the driver answers
+    assert lookup(b"cuNoSuchThing", ctypes.byref(found), 13000, 0, None) == 500  # CUDA_ERROR_NOT_FOUND
+    # The CUDA runtime's start-up lookup of the empty name: success and no entry point, as the H100's driver answers
+    assert lookup(b"", ctypes.byref(found), 0, 0, None) == 0 and not found.value
+
+
+# What cuBLASLt (PyTorch's and CuPy's) and XLA looked up with dlsym on the H100 under their versioned names; without
+# them cuBLASLt said "Driver API initialization failed" and XLA's cuMemGetInfo stub answered
+# CUDA_ERROR_SHARED_OBJECT_INIT_FAILED.
+DLSYM_BY_VERSIONED_NAME = {
+    "cuCtxPopCurrent_v2", "cuCtxPushCurrent_v2", "cuDeviceTotalMem_v2", "cuEventDestroy_v2", "cuEventElapsedTime_v2",
+    "cuLinkAddData_v2", "cuLinkAddFile_v2", "cuLinkCreate_v2", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2",
+    "cuMemcpy2DAsync_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoH_v2", "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyHtoD_v2", "cuMemsetD8_v2", "cuModuleGetGlobal_v2", "cuStreamBeginCapture_v2", "cuStreamDestroy_v2"}
+
+
+def test_cuda_hs_versioned_names_are_exported_as_the_same_entry_points(library: Path) -> None:
+    lib = ctypes.CDLL(str(library))
+
+    def address(symbol: str) -> int | None:
+        return ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value
+
+    aliases = gen_libcuda.abi_aliases()
+    assert {alias for alias, _ in aliases} >= DLSYM_BY_VERSIONED_NAME
+    for alias, name in aliases:
+        assert address(alias) == address(name), alias
+    # A name with its own ABI keeps its own entry point (cuStreamGetCaptureInfo_v2: no edge data)
+    assert address("cuStreamGetCaptureInfo_v3") == address("cuStreamGetCaptureInfo") != \
+        address("cuStreamGetCaptureInfo_v2")
+    assert address("cuGetProcAddress_v2") != address("cuGetProcAddress")  # the legacy ABI keeps its own
+
+
+@pytest.mark.skipif(CUDA_H is None, reason="no cuda.h (the CUDA toolkit's headers) on this machine")
+def test_driver_aliases_txt_has_every_versioned_name_of_cuda_h(tmp_path: Path) -> None:
+    assert CUDA_H is not None
+    kept = NATIVE / "driver_aliases.txt"
+    fresh = tmp_path / "driver_aliases.txt"
+    fresh.write_text(kept.read_text())
+    gen_libcuda.write_aliases(CUDA_H / "cuda.h", fresh)
+    assert fresh.read_text() == kept.read_text(), "regenerate: python -m guest_runtime.native.gen_libcuda --aliases"
 
 
 @pytest.mark.skipif(CUDA_H is None, reason="no cuda.h (the CUDA toolkit's headers) on this machine")

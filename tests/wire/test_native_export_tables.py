@@ -26,8 +26,11 @@ KEY = bytes.fromhex("146addae53a9a752aa0841360bf55a9f")
 CUDART_INTERFACE = bytes.fromhex("6bd5fb6c5bf4e74a8987d93912fd9df9")
 INTEGRITY_CHECK = bytes.fromhex("d4082055bde6704b8d34ba123c66e1f2")
 CONTEXT_LOCAL_STORAGE = bytes.fromhex("c693336e1121df11a8c368f355d89593")
+TOOLS_TLS = bytes.fromhex("42d85a8123f6cb478298f6e78a3aecdc")
+CONTEXT_IDENTITY = bytes.fromhex("21318c60971432488ca641ff7324c8f2")
+CUFFT_TABLE = bytes.fromhex("6e163fbeb958444d835ce182aff1991e")
 KNOWN = {  # UUID: entries, as the table's first word gives them (CONTEXT_LOCAL_STORAGE's is a function)
-    CUDART_INTERFACE: 10, bytes.fromhex("42d85a8123f6cb478298f6e78a3aecdc"): 4,
+    CUDART_INTERFACE: 10, TOOLS_TLS: 3, CONTEXT_IDENTITY: 93, CUFFT_TABLE: 99,
     bytes.fromhex("a094798c2e742e7493f20800200c0a66"): 7, bytes.fromhex("0ca50b8c1004929a89a7d0df10e77286"): 2,
     bytes.fromhex("195bcbf4d67d024aacc51d29cea631ae"): 3, bytes.fromhex("b10541e1f7c7c74a9f64f223be99f1e2"): 26,
     INTEGRITY_CHECK: 3, bytes.fromhex("263e88607cd2614392f6bbd5006dfa7e"): 4,
@@ -158,6 +161,24 @@ lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
 out["storage"] = [put(ctx, 0x1234, 0xABCD, None), get(ctypes.byref(value), ctx, 0x1234), value.value,
                   get(ctypes.byref(value), ctx, 0x9999), delete(ctx, 0x1234), get(ctypes.byref(value), ctx, 0x1234),
                   get(None, ctx, 0x1234)]
+
+# cuBLASLt's context lookup: TOOLS_TLS entry 2 (the current context), CONTEXT_IDENTITY entry 4 (its ID)
+_, tools = table(sys.argv[6])
+_, identity = table(sys.argv[7])
+current = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(ctypes.c_void_p.from_address(tools + 16).value)
+context_id = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
+    ctypes.c_void_p.from_address(identity + 32).value)
+other = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.c_void_p.from_address(identity + 8).value)
+seen, real, ident, real_id = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_ulonglong(), ctypes.c_ulonglong()
+out["no_context"] = [current(ctypes.byref(seen)), seen.value]
+lib.cuCtxSetCurrent(ctx)
+out["tools_current"] = [current(ctypes.byref(seen)), lib.cuCtxGetCurrent(ctypes.byref(real)), seen.value == real.value,
+                        seen.value == ctx.value]
+out["identity"] = [context_id(seen, ctypes.byref(ident)), lib.cuCtxGetId(ctx, ctypes.byref(real_id)),
+                   ident.value == real_id.value]
+out["identity_other"] = [other(), other()]
+_, cufft = table(sys.argv[8])
+out["cufft_7"] = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(ctypes.c_void_p.from_address(cufft + 56).value)(ctx)
 print(json.dumps(out))
 """
 
@@ -165,7 +186,7 @@ print(json.dumps(out))
 def test_the_runtime_gets_its_tables_and_a_verifiable_integrity_answer(library: Path, rig: Rig) -> None:  # noqa: F811
     env = {**os.environ, "ORION_SHM": rig.path}
     args = [json.dumps([u.hex() for u in KNOWN]), INTEGRITY_CHECK.hex(), CUDART_INTERFACE.hex(),
-            CONTEXT_LOCAL_STORAGE.hex()]
+            CONTEXT_LOCAL_STORAGE.hex(), TOOLS_TLS.hex(), CONTEXT_IDENTITY.hex(), CUFFT_TABLE.hex()]
     done = subprocess.run([sys.executable, "-c", CHILD, str(library), *args], env=env, capture_output=True,
                           text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -180,6 +201,12 @@ def test_the_runtime_gets_its_tables_and_a_verifiable_integrity_answer(library: 
     devices = [(bytes.fromhex(u), dom, bus, dev) for u, dom, bus, dev in out["devices"]]
     assert out["check"] == [0, _expected(lib, tuple(out["inputs"]), devices).hex()]
     assert out["storage"] == [0, 0, 0xABCD, 400, 0, 400, 1]  # a missing key is CUDA_ERROR_INVALID_HANDLE
+    assert out["no_context"] == [0, None]  # no context current on this thread yet, as cuCtxGetCurrent answers
+    assert out["tools_current"] == [0, 0, True, True]
+    assert out["identity"] == [0, 0, True]
+    assert out["identity_other"] == [801, 801]  # an entry nothing was seen to call: 801, named once
+    assert done.stderr.count("export table 21318c60, an entry other than 4") == 1
+    assert out["cufft_7"] == 1  # CUDA_ERROR_INVALID_VALUE, as the H100's driver answered cuFFT
 
 
 COMPOSED = r"""
