@@ -21,7 +21,7 @@ class NativeDriverHook(BuildHookInterface):  # type: ignore[misc]
         if self.target_name != "wheel":
             return
         sys.path.insert(0, str(Path(self.root).resolve().parent))  # the checkout: ivshmem and guest_runtime
-        from guest_runtime.native.build import BuildError, build_driver
+        from guest_runtime.native.build import ALIASES, BuildError, build_driver
 
         output = Path(self.directory) / "orion-native" / "libcuda.so.1"
         try:
@@ -31,6 +31,7 @@ class NativeDriverHook(BuildHookInterface):  # type: ignore[misc]
                   "capsule path", file=sys.stderr)
             return
         build_data["force_include"][str(output)] = "guest_runtime/native/lib/libcuda.so.1"
-        build_data["force_include"][str(output.with_name("libcuda.so"))] = "guest_runtime/native/lib/libcuda.so"
+        for alias in ALIASES:
+            build_data["force_include"][str(output.with_name(alias))] = f"guest_runtime/native/lib/{alias}"
         build_data["pure_python"] = False
         build_data["infer_tag"] = True

@@ -69,9 +69,10 @@ def load_native(path: str) -> None:
     cuda-python, PyTorch, CuPy and JAX)."""
     import ctypes
     ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
-    alias = os.path.join(os.path.dirname(path), "libcuda.so")  # for dlopen("libcuda.so") (build.py)
-    if os.path.isfile(alias):
-        ctypes.CDLL(alias, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    for name in ("libcuda.so", "libnvidia-ml.so.1"):  # for dlopen by those names (build.py's ALIASES)
+        alias = os.path.join(os.path.dirname(path), name)
+        if os.path.isfile(alias):
+            ctypes.CDLL(alias, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
 
 
 def autoload() -> None:

@@ -45,19 +45,25 @@ def build_driver(output: str | os.PathLike[str]) -> Path:
     aliases = [f"-Wl,--defsym,{alias}={name}" for alias, name in abi_aliases()]  # cuMemAlloc_v2 = cuMemAlloc
     _compile(target, [calls, *sorted(SOURCE_DIR.glob("*.c"))],
              ["-Wl,-soname,libcuda.so.1", f"-I{SOURCE_DIR}", f"-I{target.parent}", *aliases])
-    build_unversioned_alias(target)
+    for name in ALIASES:
+        build_alias(target, name)
     return target
 
 
-def build_unversioned_alias(library: Path) -> Path:
-    """`libcuda.so` beside the driver: an empty library of that SONAME that needs libcuda.so.1. Some libraries
-    (cuBLAS's, on the H100) open the driver as "libcuda.so", a name the loader does not match against the
-    driver's SONAME; once this alias is loaded too, that dlopen gets it, and every symbol looked up through it
-    resolves in its dependency, the driver, so the process still has one driver (one channel)."""
-    alias = library.with_name("libcuda.so")
-    empty = library.with_name("libcuda.so.c")
-    empty.write_text("/* the unversioned alias of the Orion native driver (build.py): no code of its own */\n")
-    return _compile(alias, [empty, library], ["-Wl,-soname,libcuda.so", "-Wl,--no-as-needed"])
+# The other names the driver is opened by, each an alias library beside it (build_alias): "libcuda.so" (cuBLAS on
+# the H100 opens that) and "libnvidia-ml.so.1", the NVML it also answers (nvml.c).
+ALIASES = ("libcuda.so", "libnvidia-ml.so.1")
+
+
+def build_alias(library: Path, name: str) -> Path:
+    """`name` beside the driver: an empty library of that SONAME that needs libcuda.so.1. The loader does not
+    match a dlopen of another name against the driver's SONAME; once this alias is loaded too, that dlopen gets
+    it, and every symbol looked up through it resolves in its dependency, the driver, so the process still has one
+    driver (one channel)."""
+    alias = library.with_name(name)
+    empty = library.with_name(name + ".c")
+    empty.write_text(f"/* {name}, an alias of the Orion native driver (build.py): no code of its own */\n")
+    return _compile(alias, [empty, library], [f"-Wl,-soname,{name}", "-Wl,--no-as-needed"])
 
 
 def _compile(target: Path, sources: list[Path], extra: list[str]) -> Path:

@@ -164,7 +164,8 @@ def test_guest_wheel_holds_exactly_the_guest_runtime_and_the_wire(guest_wheel: z
                 if f"{pkg}/{p.name}" not in BUILD_HOOKS}
     expected.add("orion_guest.pth")  # the start-up hook that activates forwarding under Orion's environment
     if find_compiler() is not None:  # the native driver, compiled by the build hook (docs/native-driver.md)
-        expected |= {"guest_runtime/native/lib/libcuda.so.1", "guest_runtime/native/lib/libcuda.so"}
+        expected |= {"guest_runtime/native/lib/libcuda.so.1", "guest_runtime/native/lib/libcuda.so",
+                     "guest_runtime/native/lib/libnvidia-ml.so.1"}
     assert names == expected, f"missing: {sorted(expected - names)}, unexpected: {sorted(names - expected)}"
 
 

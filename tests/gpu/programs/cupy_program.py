@@ -1,4 +1,5 @@
-"""Stock CuPy: an elementwise kernel, a cuBLAS matmul, cuRAND numbers and an FFT, each checked against NumPy."""
+"""Stock CuPy: an elementwise kernel, a cuBLAS matmul and cuRAND numbers, each checked against NumPy (the FFT is
+cupy_fft_program.py)."""
 import json
 
 import cupy as cp
@@ -11,11 +12,8 @@ b = np.random.default_rng(1).standard_normal((128, 64)).astype(np.float32)
 product = cp.asnumpy(cp.asarray(a) @ cp.asarray(b))
 cp.random.seed(7)
 uniform = cp.asnumpy(cp.random.random(1 << 14, dtype=cp.float32))
-signal = np.random.default_rng(2).standard_normal(4096)
-spectrum = cp.asnumpy(cp.fft.fft(cp.asarray(signal)))
 print("RESULT " + json.dumps({
     "elementwise_ok": bool(np.allclose(elementwise, np.sin(x) * 2 + 1, atol=1e-5)),
     "matmul_ok": bool(np.allclose(product, a @ b, atol=1e-3)),
     "random_sum": round(float(uniform.sum()), 2), "random_ok": bool(uniform.min() >= 0 and uniform.max() < 1),
-    "fft_ok": bool(np.allclose(spectrum, np.fft.fft(signal), atol=1e-8)),
 }))

@@ -1,0 +1,267 @@
+/* nvml.c: the NVML a forwarded process sees, answered from its vGPUs (docs/native-driver.md, "NVML").
+ *
+ * A GPU-less guest has no NVML, and a container on the GPU host has the host's, which counts the host's GPUs, not
+ * the session's. Frameworks ask it anyway: PyTorch counts devices through NVML where it loads, and JAX's CUDA
+ * plugin (XLA) finds no GPU at all without it ("No visible GPU devices", measured on the H100 with NVML hidden and
+ * the real driver). So the native driver exports the part of NVML they call, under the SONAME libnvidia-ml.so.1
+ * too (build.py's alias), answered from the forwarded CUDA queries: devices, handles by index, PCI bus ID and UUID,
+ * names, the CUDA driver version, MIG off. What a vGPU has no answer for (its PCIe link, NVLink fields, fabric)
+ * answers NVML_ERROR_NOT_SUPPORTED, as NVML does for a feature a device lacks. A name not exported here is absent,
+ * as it would be from an older NVML.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "orion_guest.h"
+
+struct CUuuid_st { unsigned char bytes[16]; };
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2, NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6, NVML_ERROR_INSUFFICIENT_SIZE = 7, NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_UNKNOWN = 999,
+};
+enum { MAX_DEVICES = 64, UUID_TEXT = 41 /* "GPU-" and 36 characters and a NUL */ };
+
+/* A handle is the address of its slot: stable for the process, and nothing the caller can forge into another. */
+typedef struct nvmlDevice_st { int ordinal; } *nvmlDevice_t;
+static struct nvmlDevice_st handles[MAX_DEVICES];
+
+/* nvml.h's nvmlFieldValue_t (40 bytes): only its per-value status is written here. */
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType;
+    nvmlReturn_t nvmlReturn;
+    unsigned long long value;
+} nvmlFieldValue_t;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int initialized; /* nvmlInit calls not yet matched by nvmlShutdown */
+
+static nvmlReturn_t from_cuda(CUresult rc) {
+    switch (rc) {
+    case CUDA_SUCCESS: return NVML_SUCCESS;
+    case CUDA_ERROR_INVALID_VALUE: case 101 /* CUDA_ERROR_INVALID_DEVICE */: return NVML_ERROR_INVALID_ARGUMENT;
+    case CUDA_ERROR_NO_DEVICE: case CUDA_ERROR_NOT_INITIALIZED: return NVML_ERROR_DRIVER_NOT_LOADED;
+    default: return NVML_ERROR_UNKNOWN;
+    }
+}
+
+static int ready(void) {
+    pthread_mutex_lock(&lock);
+    int on = initialized > 0;
+    pthread_mutex_unlock(&lock);
+    return on;
+}
+
+/* --- initialisation: Orion reachable (cuInit of the forwarded driver) or the driver is "not loaded" ------------ */
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    nvmlReturn_t rc = from_cuda(cuInit(0));
+    if (rc == NVML_SUCCESS) {
+        pthread_mutex_lock(&lock);
+        initialized++;
+        pthread_mutex_unlock(&lock);
+    }
+    return rc;
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&lock);
+    nvmlReturn_t rc = initialized > 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (initialized > 0) initialized--;
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    default: return "Unknown Error";
+    }
+}
+
+/* --- the system ---------------------------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    if (!ready()) return NVML_ERROR_UNINITIALIZED;
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    return from_cuda(cuDriverGetVersion(version));
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) { return nvmlSystemGetCudaDriverVersion_v2(version); }
+
+/* The kernel module's version is the host's, which the wire does not carry. */
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    (void)version; (void)length;
+    return ready() ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_UNINITIALIZED;
+}
+
+/* --- devices and their handles ------------------------------------------------------------------------------- */
+
+static nvmlReturn_t count(unsigned int *devices) {
+    int n = 0;
+    nvmlReturn_t rc = from_cuda(cuDeviceGetCount(&n));
+    if (rc == NVML_SUCCESS) *devices = (unsigned)(n < MAX_DEVICES ? n : MAX_DEVICES);
+    return rc;
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *devices) {
+    if (!ready()) return NVML_ERROR_UNINITIALIZED;
+    if (!devices) return NVML_ERROR_INVALID_ARGUMENT;
+    return count(devices);
+}
+
+nvmlReturn_t nvmlDeviceGetCount(unsigned int *devices) { return nvmlDeviceGetCount_v2(devices); }
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (!ready()) return NVML_ERROR_UNINITIALIZED;
+    unsigned int n = 0;
+    nvmlReturn_t rc = device ? count(&n) : NVML_ERROR_INVALID_ARGUMENT;
+    if (rc != NVML_SUCCESS) return rc;
+    if (index >= n) return NVML_ERROR_INVALID_ARGUMENT;
+    handles[index].ordinal = (int)index;
+    *device = &handles[index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+/* The ordinal of a handle this library gave, or -1. */
+static int ordinal_of(nvmlDevice_t device) {
+    if (device < handles || device >= handles + MAX_DEVICES) return -1;
+    return (int)(device - handles);
+}
+
+#define DEVICE_OR_RETURN(device, ordinal)                                                  \
+    int ordinal = ordinal_of(device);                                                      \
+    if (!ready()) return NVML_ERROR_UNINITIALIZED;                                         \
+    if (ordinal < 0) return NVML_ERROR_INVALID_ARGUMENT
+
+static nvmlReturn_t uuid_text(int ordinal, char text[UUID_TEXT]) {
+    CUuuid uuid;
+    nvmlReturn_t rc = from_cuda(cuDeviceGetUuid(&uuid, ordinal));
+    if (rc != NVML_SUCCESS) return rc;
+    const unsigned char *b = uuid.bytes;
+    snprintf(text, UUID_TEXT, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    return NVML_SUCCESS;
+}
+
+/* A device whose property, written by `describe` into `text`, equals `wanted` under `same`. */
+static nvmlReturn_t find(const char *wanted, nvmlReturn_t (*describe)(int, char *), int (*same)(const char *,
+                                                                                                 const char *),
+                         nvmlDevice_t *device) {
+    if (!ready()) return NVML_ERROR_UNINITIALIZED;
+    if (!wanted || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int n = 0;
+    nvmlReturn_t rc = count(&n);
+    for (unsigned int i = 0; rc == NVML_SUCCESS && i < n; i++) {
+        char text[64];
+        rc = describe((int)i, text);
+        if (rc == NVML_SUCCESS && same(text, wanted)) return nvmlDeviceGetHandleByIndex_v2(i, device);
+    }
+    return rc == NVML_SUCCESS ? NVML_ERROR_NOT_FOUND : rc;
+}
+
+static nvmlReturn_t bus_id_text(int ordinal, char *text) { return from_cuda(cuDeviceGetPCIBusId(text, 64, ordinal)); }
+
+/* PCI bus IDs match by value: NVML writes the domain in 8 digits, callers often in 4, either case. */
+static int same_bus(const char *a, const char *b) {
+    unsigned x[4], y[4];
+    return sscanf(a, "%x:%x:%x.%x", &x[0], &x[1], &x[2], &x[3]) == 4 &&
+           sscanf(b, "%x:%x:%x.%x", &y[0], &y[1], &y[2], &y[3]) == 4 && memcmp(x, y, sizeof x) == 0;
+}
+
+static int same_text(const char *a, const char *b) { return strcasecmp(a, b) == 0; }
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *device) {
+    return find(bus_id, bus_id_text, same_bus, device);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *bus_id, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByPciBusId_v2(bus_id, device);
+}
+
+static nvmlReturn_t uuid_describe(int ordinal, char *text) { return uuid_text(ordinal, text); }
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    return find(uuid, uuid_describe, same_text, device);
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    DEVICE_OR_RETURN(device, ordinal);
+    if (!index) return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned)ordinal;
+    return NVML_SUCCESS;
+}
+
+/* Copies `text` into the caller's buffer of `length` bytes, as NVML does: INSUFFICIENT_SIZE if it does not fit. */
+static nvmlReturn_t give_text(const char *text, char *out, unsigned int length) {
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(text) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(out, text, strlen(text) + 1);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    DEVICE_OR_RETURN(device, ordinal);
+    char text[UUID_TEXT];
+    nvmlReturn_t rc = uuid_text(ordinal, text);
+    return rc == NVML_SUCCESS ? give_text(text, uuid, length) : rc;
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    DEVICE_OR_RETURN(device, ordinal);
+    char text[256];
+    nvmlReturn_t rc = from_cuda(cuDeviceGetName(text, sizeof text, ordinal));
+    return rc == NVML_SUCCESS ? give_text(text, name, length) : rc;
+}
+
+/* A vGPU is never a MIG device from inside the session: current and pending mode NVML_DEVICE_MIG_DISABLE. */
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
+    DEVICE_OR_RETURN(device, ordinal);
+    (void)ordinal;
+    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    *current = *pending = 0;
+    return NVML_SUCCESS;
+}
+
+/* Fields (NVLink counters and the like): each value says NOT_SUPPORTED; the call itself succeeds, as NVML's does. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count_, nvmlFieldValue_t *values) {
+    DEVICE_OR_RETURN(device, ordinal);
+    (void)ordinal;
+    if (count_ < 0 || (count_ && !values)) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < count_; i++) values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+/* What a vGPU has no answer for: the PCIe link and NVLink fabric of the host's GPU. */
+#define NOT_SUPPORTED_FOR_A_VGPU(name, type)                   \
+    nvmlReturn_t name(nvmlDevice_t device, type *out) {        \
+        DEVICE_OR_RETURN(device, ordinal);                     \
+        (void)ordinal;                                         \
+        return out ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT; \
+    }
+NOT_SUPPORTED_FOR_A_VGPU(nvmlDeviceGetCurrPcieLinkGeneration, unsigned int)
+NOT_SUPPORTED_FOR_A_VGPU(nvmlDeviceGetCurrPcieLinkWidth, unsigned int)
+NOT_SUPPORTED_FOR_A_VGPU(nvmlDeviceGetMaxPcieLinkGeneration, unsigned int)
+NOT_SUPPORTED_FOR_A_VGPU(nvmlDeviceGetMaxPcieLinkWidth, unsigned int)
+NOT_SUPPORTED_FOR_A_VGPU(nvmlDeviceGetGpuFabricInfoV, void)
+NOT_SUPPORTED_FOR_A_VGPU(nvmlDeviceGetGpuFabricInfo, void)

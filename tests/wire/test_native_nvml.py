@@ -1,0 +1,98 @@
+"""The NVML the native guest driver answers (guest_runtime/native/nvml.c) from a real agent's devices (the fake
+driver's two guest devices, tests/forwarding_rig.py): loaded as startup.py loads the driver, a dlopen of
+"libnvidia-ml.so.1" gets it, and its answers agree with the CUDA queries they come from. That JAX starts with it
+and without the machine's NVML is tested on the GPU machine (tests/gpu/test_native_frameworks.py)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.forwarding_rig import GUEST_DEVICES, Rig, rig, start  # noqa: F401 (fixtures)
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHILD = r"""
+import ctypes, json, sys
+from guest_runtime.startup import load_native
+load_native(sys.argv[1])
+nvml = ctypes.CDLL("libnvidia-ml.so.1")  # the loader's answer: the alias of the driver loaded above
+cuda = ctypes.CDLL(sys.argv[1])
+out = {"same_function": ctypes.cast(nvml.nvmlInit_v2, ctypes.c_void_p).value
+                        == ctypes.cast(cuda.nvmlInit_v2, ctypes.c_void_p).value}
+count, handle, other, index = ctypes.c_uint(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint()
+out["before_init"] = nvml.nvmlDeviceGetCount_v2(ctypes.byref(count))
+out["init"] = nvml.nvmlInit_v2()
+if out["init"] == 0:
+    out["count"] = [nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)), count.value]
+    out["past_the_end"] = nvml.nvmlDeviceGetHandleByIndex_v2(count.value, ctypes.byref(handle))
+    devices = []
+    for i in range(count.value):
+        assert nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) == 0
+        name, uuid, cuda_name = (ctypes.create_string_buffer(96) for _ in range(3))
+        raw, bus = ctypes.create_string_buffer(16), ctypes.create_string_buffer(32)
+        cuda.cuDeviceGetName(cuda_name, 96, i); cuda.cuDeviceGetUuid(raw, i); cuda.cuDeviceGetPCIBusId(bus, 32, i)
+        d = {"index": [nvml.nvmlDeviceGetIndex(handle, ctypes.byref(index)), index.value],
+             "name": [nvml.nvmlDeviceGetName(handle, name, 96), name.value.decode() == cuda_name.value.decode()],
+             "uuid": [nvml.nvmlDeviceGetUUID(handle, uuid, 96), uuid.value.decode()],
+             "cuda_uuid": raw.raw.hex(), "short_buffer": nvml.nvmlDeviceGetUUID(handle, uuid, 8)}
+        short_bus = bus.value.decode()[4:].upper()  # "0000:18:00.0": a 4-digit domain, upper case
+        d["by_bus"] = [nvml.nvmlDeviceGetHandleByPciBusId_v2(short_bus.encode(), ctypes.byref(other)),
+                       other.value == handle.value]
+        d["by_uuid"] = [nvml.nvmlDeviceGetHandleByUUID(uuid.value, ctypes.byref(other)), other.value == handle.value]
+        current, pending = ctypes.c_uint(7), ctypes.c_uint(7)
+        d["mig"] = [nvml.nvmlDeviceGetMigMode(handle, ctypes.byref(current), ctypes.byref(pending)), current.value,
+                    pending.value]
+        fields = (ctypes.c_byte * 80)()  # two nvmlFieldValue_t; each value's status at offset 28
+        d["fields"] = [nvml.nvmlDeviceGetFieldValues(handle, 2, fields), ctypes.c_int.from_buffer(fields, 28).value,
+                       ctypes.c_int.from_buffer(fields, 68).value]
+        d["pcie"] = nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle, ctypes.byref(index))
+        devices.append(d)
+    out["devices"] = devices
+    out["foreign_handle"] = nvml.nvmlDeviceGetIndex(ctypes.c_void_p(0x1000), ctypes.byref(index))
+    out["unknown_bus"] = nvml.nvmlDeviceGetHandleByPciBusId_v2(b"0000:ee:00.0", ctypes.byref(other))
+    version, cuda_version = ctypes.c_int(), ctypes.c_int()
+    cuda.cuDriverGetVersion(ctypes.byref(cuda_version))
+    out["cuda_version"] = [nvml.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(version)),
+                           version.value == cuda_version.value > 0]
+    nvml.nvmlErrorString.restype = ctypes.c_char_p
+    out["error_string"] = nvml.nvmlErrorString(3).decode()
+    out["shutdown"] = [nvml.nvmlShutdown(), nvml.nvmlShutdown()]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _child(library: Path, region: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"ORION_SHM": region}
+    done = subprocess.run([sys.executable, "-c", CHILD, str(library)], env=env, capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(t for t in done.stdout.splitlines() if t.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def test_nvml_answers_from_the_sessions_devices(library: Path, rig: Rig) -> None:  # noqa: F811
+    out = _child(library, rig.path)
+    assert out["same_function"]  # one library: NVML and the driver share the process's channel
+    assert out["before_init"] == 1  # NVML_ERROR_UNINITIALIZED
+    assert out["init"] == 0
+    assert out["count"] == [0, len(GUEST_DEVICES)] and out["past_the_end"] == 2  # INVALID_ARGUMENT
+    for i, d in enumerate(out["devices"]):
+        assert d["index"] == [0, i] and d["name"] == [0, True]
+        raw = d["cuda_uuid"]
+        assert d["uuid"] == [0, f"GPU-{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:]}"]
+        assert d["short_buffer"] == 7  # NVML_ERROR_INSUFFICIENT_SIZE
+        assert d["by_bus"] == [0, True] and d["by_uuid"] == [0, True]
+        assert d["mig"] == [0, 0, 0]  # MIG disabled, current and pending
+        assert d["fields"] == [0, 3, 3] and d["pcie"] == 3  # a vGPU's link and fields: NOT_SUPPORTED
+    assert len({d["uuid"][1] for d in out["devices"]}) == len(GUEST_DEVICES)
+    assert out["foreign_handle"] == 2 and out["unknown_bus"] == 6  # INVALID_ARGUMENT, NOT_FOUND
+    assert out["cuda_version"] == [0, True] and out["error_string"] == "Not Supported"
+    assert out["shutdown"] == [0, 1]  # the second has no nvmlInit left to match
+
+
+def test_without_an_agent_nvml_says_the_driver_is_not_loaded(library: Path, tmp_path: Path) -> None:
+    out = _child(library, str(tmp_path / "orionsock9"))
+    assert out["init"] == 9  # NVML_ERROR_DRIVER_NOT_LOADED, as on a machine without a GPU driver
