@@ -68,10 +68,10 @@ def run(n):
 ITEMS = {"torch_op": 2000, "torch_step": 50, "cupy_loop": 1000, "jax_loop": 1000}
 TIMER = r"""
 import time, json
-run(max(1, N // 10))
+run(max(1, ITEMS // 10))
 best = None
 for _ in range(3):
-    t = time.perf_counter(); run(N); dt = (time.perf_counter() - t) / N * 1e6
+    t = time.perf_counter(); run(ITEMS); dt = (time.perf_counter() - t) / ITEMS * 1e6
     best = dt if best is None else min(best, dt)
 print("RESULT " + json.dumps(best))
 """
@@ -80,11 +80,11 @@ LOAD = "import sys; from guest_runtime.startup import load_native; load_native(s
 
 def measure(name: str, agent: Oriond | None, library: Path | None) -> float:
     _module, body = WORKLOADS[name]
-    code = (LOAD if library else "") + body + TIMER.replace("N", str(ITEMS[name]))
+    code = (LOAD if library else "") + body + f"ITEMS = {ITEMS[name]}\n" + TIMER
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {
-        "PYTHONPATH": str(REPO), "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
-    if agent is not None:
-        env |= {"ORION_SHM": str(agent.region), "CUDA_VISIBLE_DEVICES": ""}
+        "PYTHONPATH": str(REPO), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # JAX's default allocator otherwise
+    if agent is not None:  # (the driver's NVML answers device counts; CUDA_VISIBLE_DEVICES="" would hide them)
+        env |= {"ORION_SHM": str(agent.region)}
     done = subprocess.run([sys.executable, "-c", code, *([str(library)] if library else [])], capture_output=True,
                           text=True, timeout=600, env=env, cwd=REPO)
     line = next((t for t in done.stdout.splitlines() if t.startswith("RESULT ")), None)
