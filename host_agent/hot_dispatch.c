@@ -2,8 +2,9 @@
  *
  * Why: a forwarded call spent ~4 us in the worker's Python (receive 0.8, the generic dispatch 2.6, send 0.7 us,
  * docs/performance.md) on top of cuda-python's wrapper, against a driver call of ~1 us. This module takes the
- * records that dominate a CUDA program's steady state (launches, async memsets/copies, stream/event record,
- * query and synchronise) straight from the request ring, checks them against the session's ledger and calls the
+ * records that dominate a CUDA program's steady state (launches with and without attributes, async
+ * memsets/copies, stream/event record, query and synchronise, the stream memory operations that carry a guest's
+ * host functions) straight from the request ring, checks them against the session's ledger and calls the
  * driver function (cuda.bindings.cydriver's C pointer, no Python wrapper), and writes the reply.
  *
  * It never refuses anything itself. A record it is not *sure* the Python path would run as it does -- another
@@ -30,6 +31,8 @@
 #define FLAG_NO_REPLY 1u
 #define MAX_PARAMS 32768u /* the executor's launch parameter buffer (the driver's limit is 32764 bytes) */
 #define LAUNCH_FIXED 44u  /* <QIIIIIIIQ: function, grid x3, block x3, shared memory, stream */
+#define ATTRIBUTE_SIZE 72u /* a CUlaunchAttribute (<i4x64s): its ID, padding, its 64-byte value */
+#define MAX_ATTRIBUTES 64u /* launch_extras.MAX_LAUNCH_ATTRIBUTES: more is MALFORMED, Python's answer */
 #define CUDA_SUCCESS 0
 #define CU_LAUNCH_PARAM_END ((void *)0x00)
 #define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
@@ -42,12 +45,14 @@ enum { RET_PYTHON = 0, RET_CHECK = 1, RET_POSTED_FAILED = 2, RET_IDLE = 3 };
  * checks each against the table before registering it). */
 enum {
     K_NONE = 0, K_NOP, K_VOID, K_STREAM, K_EVENT, K_CONTEXT, K_EVENT_STREAM, K_STREAM_EVENT_FLAGS,
-    K_MEMSET8, K_MEMSET16, K_MEMSET32, K_DTOD, K_LAUNCH, K_HTOD, K_HTOD_ASYNC, K_DTOH, K_DTOH_ASYNC, K_COUNT
+    K_MEMSET8, K_MEMSET16, K_MEMSET32, K_DTOD, K_LAUNCH, K_HTOD, K_HTOD_ASYNC, K_DTOH, K_DTOH_ASYNC,
+    K_STREAM_VALUE, K_LAUNCH_EX, K_COUNT
 };
 static const uint32_t payload_size[K_COUNT] = {
     [K_NOP] = UINT32_MAX, [K_VOID] = 0, [K_STREAM] = 8, [K_EVENT] = 8, [K_CONTEXT] = 8, [K_EVENT_STREAM] = 16,
     [K_STREAM_EVENT_FLAGS] = 20, [K_MEMSET8] = 25, [K_MEMSET16] = 26, [K_MEMSET32] = 28, [K_DTOD] = 32,
     [K_LAUNCH] = UINT32_MAX, [K_HTOD] = UINT32_MAX, [K_HTOD_ASYNC] = UINT32_MAX, [K_DTOH] = 16, [K_DTOH_ASYNC] = 24,
+    [K_STREAM_VALUE] = 24, [K_LAUNCH_EX] = UINT32_MAX,
 };
 /* the fixed part of a copy's request: device pointer, size[, stream]; a host-to-device copy's bytes follow it */
 #define COPY_FIXED(kind) ((kind) == K_HTOD_ASYNC || (kind) == K_DTOH_ASYNC ? 24u : 16u)
@@ -64,6 +69,15 @@ typedef int (*fn_htod)(unsigned long long, const void *, size_t);
 typedef int (*fn_dtoh)(void *, unsigned long long, size_t);
 typedef int (*fn_launch)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
                          unsigned int, unsigned int, void *, void **, void **);
+typedef int (*fn_stream_value)(void *, unsigned long long, unsigned int, unsigned int);
+/* cuda.h's CUlaunchConfig (cuLaunchKernelEx's first argument) */
+typedef struct {
+    unsigned int grid[3], block[3], shared;
+    void *stream;
+    void *attrs;
+    unsigned int count;
+} launch_config;
+typedef int (*fn_launch_ex)(const launch_config *, void *, void **, void **);
 
 typedef struct {
     uint8_t *head, *tail, *data; /* index words and first slot */
@@ -82,6 +96,7 @@ typedef struct {
     PyObject *ledger; /* SessionLedger or None */
     PyObject *executor; /* its `_to_register` is not None until the channel was page-locked (a first copy's job) */
     fn_handle stream_sync; /* cuStreamSynchronize: an async copy first waits for its stream (executor._start_copy) */
+    fn_launch launch_kernel; /* cuLaunchKernel: a cuLaunchKernelEx without attributes is one (executor._launch) */
     /* the wait in progress, kept across serve() calls so that a liveness check does not restart the spin */
     int waiting, busy;
     double wait_start, sleep, next_check;
@@ -91,6 +106,8 @@ typedef struct {
     size_t launch_size;
     void *launch_extra[5];
     _Alignas(16) uint8_t launch_params[MAX_PARAMS];
+    launch_config config; /* cuLaunchKernelEx's, with its attributes copied here */
+    _Alignas(16) uint8_t launch_attributes[MAX_ATTRIBUTES * ATTRIBUTE_SIZE];
 } Dispatcher;
 
 static inline uint32_t load32(const uint8_t *p) { return atomic_load_explicit((_Atomic uint32_t *)p, memory_order_acquire); }
@@ -117,7 +134,7 @@ static inline void cpu_relax(void) {
 }
 
 /* --- the ledger (SessionLedger), read under the GIL ------------------------------------------------------ */
-typedef struct { PyObject *handles, *launched, *allocations, *globals; } ledger_view;
+typedef struct { PyObject *handles, *launched, *allocations, *globals, *ledger; } ledger_view;
 
 static int in_set(PyObject *set, uint64_t value) {
     if (set == NULL || !PyAnySet_Check(set)) return 0;
@@ -148,9 +165,18 @@ static int owns_range(PyObject *table, uint64_t pointer, unsigned __int128 size)
     return 0;
 }
 
+/* SessionLedger.owns: allocations and module globals read here, then the ledger's own answer (reserved virtual
+ * ranges, the page-locked pool's device mapping), a method call under the GIL. */
 static int owns_memory(const ledger_view *l, uint64_t pointer, unsigned __int128 size) {
     if (size == 0) size = 1;
-    return owns_range(l->allocations, pointer, size) || owns_range(l->globals, pointer, size);
+    if (owns_range(l->allocations, pointer, size) || owns_range(l->globals, pointer, size)) return 1;
+    if (l->ledger == NULL || size > UINT64_MAX) return 0;
+    PyObject *answer = PyObject_CallMethod(l->ledger, "owns", "KK", (unsigned long long)pointer,
+                                           (unsigned long long)size);
+    int owned = answer != NULL && PyObject_IsTrue(answer) == 1;
+    Py_XDECREF(answer);
+    if (PyErr_Occurred()) PyErr_Clear();
+    return owned;
 }
 
 static int stream_ok(const ledger_view *l, uint64_t stream) { return stream == 0 || owns_handle(l, "CUstream", stream); }
@@ -167,12 +193,22 @@ static int ledger_fetch(Dispatcher *self, ledger_view *l) {
     l->launched = PyObject_GetAttrString(self->ledger, "launched");
     l->allocations = PyObject_GetAttrString(self->ledger, "allocations");
     l->globals = PyObject_GetAttrString(self->ledger, "globals");
+    l->ledger = self->ledger; /* borrowed: set_ledger holds it */
     if (PyErr_Occurred() || !PyDict_Check(l->handles)) {
         PyErr_Clear();
         ledger_release(l);
         return 0;
     }
     return 1;
+}
+
+/* driver_api.LAUNCH_ATTRIBUTES_PLAIN: the attributes whose value is plain data */
+static int attribute_is_plain(int id) {
+    switch (id) {
+    case 0: case 1: case 2: case 3: case 4: case 5: case 6: case 8: case 9: case 10: case 11: case 14: case 16:
+    case 17: case 18: return 1;
+    default: return 0;
+    }
 }
 
 /* Whether the session may make this call: the checks of SessionLedger.check/launchable, as far as C can be
@@ -196,12 +232,28 @@ static int allowed(const ledger_view *l, int kind, const uint8_t *p) {
         int async = kind == K_HTOD_ASYNC || kind == K_DTOH_ASYNC;
         return (!async || stream_ok(l, rd64(p + 16))) && owns_memory(l, rd64(p), rd64(p + 8));
     }
-    case K_LAUNCH: {
+    case K_LAUNCH: case K_LAUNCH_EX: {
         uint64_t f = rd64(p);
         /* a first launch is the Python path's: it tells the quota (lazy loading) and records the function */
-        return (owns_handle(l, "CUfunction", f) || owns_handle(l, "CUkernel", f)) && in_set(l->launched, f)
-               && stream_ok(l, rd64(p + 36));
+        if (!((owns_handle(l, "CUfunction", f) || owns_handle(l, "CUkernel", f)) && in_set(l->launched, f)
+              && stream_ok(l, rd64(p + 36))))
+            return 0;
+        if (kind == K_LAUNCH) return 1;
+        /* launch_extras.launch_config_for: attributes of the plain kinds travel as they are, an event one only
+         * with one of the session's events */
+        uint32_t count = rd32(p + LAUNCH_FIXED);
+        for (uint32_t i = 0; i < count; i++) {
+            const uint8_t *a = p + LAUNCH_FIXED + 4 + (size_t)i * ATTRIBUTE_SIZE;
+            int id = (int)rd32(a);
+            if (id == 7 || id == 12) { /* PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT */
+                if (!owns_handle(l, "CUevent", rd64(a + 8))) return 0;
+            } else if (!attribute_is_plain(id)) {
+                return 0;
+            }
+        }
+        return 1;
     }
+    case K_STREAM_VALUE: return stream_ok(l, rd64(p)) && owns_memory(l, rd64(p + 8), 4);
     default: return 0;
     }
 }
@@ -233,6 +285,16 @@ static int channel_registered(const Dispatcher *self) {
     return done;
 }
 
+/* A cuLaunchKernelEx record C can lay out: the fixed part, an attribute count the executor takes, the attributes
+ * whole, and parameters that fit its buffer. */
+static int launch_ex_fits(const Dispatcher *self, const uint8_t *p, uint32_t length) {
+    if (length < LAUNCH_FIXED + 4) return 0;
+    uint32_t count = rd32(p + LAUNCH_FIXED);
+    if (count > MAX_ATTRIBUTES || (count == 0 && self->launch_kernel == NULL)) return 0;
+    size_t head = LAUNCH_FIXED + 4 + (size_t)count * ATTRIBUTE_SIZE;
+    return length >= head && length - head <= MAX_PARAMS;
+}
+
 /* --- the driver call, without the GIL ---------------------------------------------------------------------- */
 static int call_driver(Dispatcher *self, int kind, void *fn, const uint8_t *p, uint32_t length, uint8_t *reply) {
     switch (kind) {
@@ -262,6 +324,29 @@ static int call_driver(Dispatcher *self, int kind, void *fn, const uint8_t *p, u
         return ((fn_launch)fn)((void *)(uintptr_t)rd64(p), rd32(p + 8), rd32(p + 12), rd32(p + 16), rd32(p + 20),
                                rd32(p + 24), rd32(p + 28), rd32(p + 32), (void *)(uintptr_t)rd64(p + 36), NULL,
                                self->launch_extra);
+    case K_LAUNCH_EX: {
+        uint32_t count = rd32(p + LAUNCH_FIXED);
+        size_t attributes = (size_t)count * ATTRIBUTE_SIZE, params = LAUNCH_FIXED + 4 + attributes;
+        memcpy(self->launch_attributes, p + LAUNCH_FIXED + 4, attributes);
+        self->launch_size = length - params;
+        memcpy(self->launch_params, p + params, self->launch_size);
+        if (count == 0)
+            return self->launch_kernel((void *)(uintptr_t)rd64(p), rd32(p + 8), rd32(p + 12), rd32(p + 16),
+                                       rd32(p + 20), rd32(p + 24), rd32(p + 28), rd32(p + 32),
+                                       (void *)(uintptr_t)rd64(p + 36), NULL, self->launch_extra);
+        launch_config *c = &self->config;
+        for (int i = 0; i < 3; i++) {
+            c->grid[i] = rd32(p + 8 + 4 * i);
+            c->block[i] = rd32(p + 20 + 4 * i);
+        }
+        c->shared = rd32(p + 32);
+        c->stream = (void *)(uintptr_t)rd64(p + 36);
+        c->attrs = count ? self->launch_attributes : NULL;
+        c->count = count;
+        return ((fn_launch_ex)fn)(c, (void *)(uintptr_t)rd64(p), NULL, self->launch_extra);
+    }
+    case K_STREAM_VALUE:
+        return ((fn_stream_value)fn)((void *)(uintptr_t)rd64(p), rd64(p + 8), rd32(p + 16), rd32(p + 20));
     default: return -4; /* not reached: set_call() accepts known kinds only */
     }
 }
@@ -325,6 +410,7 @@ static PyObject *Dispatcher_set_call(Dispatcher *self, PyObject *args) {
     }
     self->kind[opcode] = (uint8_t)kind;
     self->fn[opcode] = (void *)(uintptr_t)address;
+    if (kind == K_LAUNCH) self->launch_kernel = (fn_launch)(uintptr_t)address;
     Py_RETURN_NONE;
 }
 
@@ -403,7 +489,8 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
         int kind = self->kind[opcode];
         if (kind == K_NONE) break;
         if (kind == K_LAUNCH ? (length < LAUNCH_FIXED || length - LAUNCH_FIXED > MAX_PARAMS)
-                             : (payload_size[kind] != UINT32_MAX && length != payload_size[kind]))
+            : kind == K_LAUNCH_EX ? !launch_ex_fits(self, slot + RECORD_HEADER, length)
+            : (payload_size[kind] != UINT32_MAX && length != payload_size[kind]))
             break;
         int wants_reply = !(flags & FLAG_NO_REPLY);
         const uint8_t *payload = slot + RECORD_HEADER;
@@ -493,7 +580,7 @@ PyMODINIT_FUNC PyInit__orion_hot_dispatch(void) {
         {"K_CONTEXT", K_CONTEXT}, {"K_EVENT_STREAM", K_EVENT_STREAM}, {"K_STREAM_EVENT_FLAGS", K_STREAM_EVENT_FLAGS},
         {"K_MEMSET8", K_MEMSET8}, {"K_MEMSET16", K_MEMSET16}, {"K_MEMSET32", K_MEMSET32}, {"K_DTOD", K_DTOD},
         {"K_LAUNCH", K_LAUNCH}, {"K_HTOD", K_HTOD}, {"K_HTOD_ASYNC", K_HTOD_ASYNC}, {"K_DTOH", K_DTOH},
-        {"K_DTOH_ASYNC", K_DTOH_ASYNC},
+        {"K_DTOH_ASYNC", K_DTOH_ASYNC}, {"K_STREAM_VALUE", K_STREAM_VALUE}, {"K_LAUNCH_EX", K_LAUNCH_EX},
     };
     for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
         if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) { Py_DECREF(m); return NULL; }

@@ -4,8 +4,9 @@
 
 A forwarded call's host side was ~4 µs of Python (docs/performance.md: receive, the generic dispatch, send)
 around a driver call of about a microsecond. `HotPath` serves the records that dominate a CUDA program's steady
-state — launches, async memsets and device copies, stream/event record, wait, query and synchronise, the
-context switch a multi-threaded guest posts, and the wire NOP — in C, calling cuda.bindings.cydriver's C
+state — launches (with launch attributes too), async memsets and device copies, stream/event record, wait,
+query and synchronise, the stream memory operations a guest's host functions are made of, the context switch a
+multi-threaded guest posts, and the wire NOP — in C, calling cuda.bindings.cydriver's C
 functions directly; everything else, and every record C is not sure of, is answered by the Python path
 (region_server.RecordLoop, executor.py), which stays the reference: C never refuses a record itself, so every
 error a guest can provoke is the Python path's (hot_dispatch.c says how).
@@ -54,6 +55,8 @@ class Hot(NamedTuple):
 
 
 _COPY = (("device", "u64"), ("size", "u64"))
+_LAUNCH = (("function", "u64"), ("grid_x", "u32"), ("grid_y", "u32"), ("grid_z", "u32"), ("block_x", "u32"),
+           ("block_y", "u32"), ("block_z", "u32"), ("shared_bytes", "u32"), ("stream", "u64"))
 # A call is served in C only while the table still declares exactly this (checked when a session starts), so a
 # changed entry falls back to the Python path.
 HOT_CALLS: dict[str, Hot] = {
@@ -69,16 +72,18 @@ HOT_CALLS: dict[str, Hot] = {
     "cuMemsetD16Async": Hot("K_MEMSET16", "<QHQQ", ("CUdeviceptr", "unsigned short", "size_t", "CUstream")),
     "cuMemsetD32Async": Hot("K_MEMSET32", "<QIQQ", ("CUdeviceptr", "unsigned int", "size_t", "CUstream")),
     "cuMemcpyDtoDAsync": Hot("K_DTOD", "<QQQQ", ("CUdeviceptr", "CUdeviceptr", "size_t", "CUstream")),
-    "cuLaunchKernel": Hot("K_LAUNCH", "<QIIIIIIIQ", (
-        ("function", "u64"), ("grid_x", "u32"), ("grid_y", "u32"), ("grid_z", "u32"), ("block_x", "u32"),
-        ("block_y", "u32"), ("block_z", "u32"), ("shared_bytes", "u32"), ("stream", "u64"), ("params", "tail"))),
+    "cuLaunchKernel": Hot("K_LAUNCH", "<QIIIIIIIQ", (*_LAUNCH, ("params", "tail"))),
+    "cuLaunchKernelEx": Hot("K_LAUNCH_EX", "<QIIIIIIIQ", (*_LAUNCH, ("attributes", "[i4x64s]"), ("params", "tail"))),
+    "cuStreamWriteValue32": Hot("K_STREAM_VALUE", "<QQII", ("CUstream", "CUdeviceptr", "cuuint32_t", "unsigned int")),
+    "cuStreamWaitValue32": Hot("K_STREAM_VALUE", "<QQII", ("CUstream", "CUdeviceptr", "cuuint32_t", "unsigned int")),
     "cuMemcpyHtoD": Hot("K_HTOD", "<QQ", (*_COPY, ("data", "tail"))),
     "cuMemcpyHtoDAsync": Hot("K_HTOD_ASYNC", "<QQQ", (*_COPY, ("stream", "u64"), ("data", "tail")), "cuMemcpyHtoD"),
     "cuMemcpyDtoH": Hot("K_DTOH", "<QQ", _COPY),
     "cuMemcpyDtoHAsync": Hot("K_DTOH_ASYNC", "<QQQ", (*_COPY, ("stream", "u64")), "cuMemcpyDtoH"),
 }
 # Hand-written in executor.py and mirrored in C: the qualified name of the handler C stands in for.
-MIRRORED = {"cuLaunchKernel": "CudaExecutor._launch", "cuMemcpyHtoD": "CudaExecutor._htod",
+MIRRORED = {"cuLaunchKernel": "CudaExecutor._launch", "cuLaunchKernelEx": "CudaExecutor._launch",
+            "cuMemcpyHtoD": "CudaExecutor._htod",
             "cuMemcpyHtoDAsync": "CudaExecutor._htod", "cuMemcpyDtoH": "CudaExecutor._dtoh",
             "cuMemcpyDtoHAsync": "CudaExecutor._dtoh"}
 DRIVER_FUNCTIONS = frozenset(HOT_CALLS) | {"cuStreamSynchronize"}  # what C may call

@@ -31,7 +31,7 @@ from ivshmem.layout import Geometry
 from ivshmem.record import Flag, Op, Status
 from ivshmem.region import Region
 from ivshmem.wait import WaitPolicy
-from tests.fake_driver import FakeDriver
+from tests.fake_driver import CUlaunchConfig, FakeDriver
 from tests.unit.test_forwarding_roundtrip import fatbin, minimal_elf
 
 CALLS: dict[str, DriverCall] = {call.name: call for call in BY_OPCODE.values()}
@@ -53,6 +53,9 @@ def stand_ins(fake: FakeDriver) -> tuple[dict[str, int], list[Any]]:
     def launch(f: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, stream: int | None,
                params: int | None, extra: int | None) -> int:
         return int(fake.cuLaunchKernel(f or 0, gx, gy, gz, bx, by, bz, shared, stream or 0, params, extra)[0])
+
+    def launch_ex(config: int, f: int | None, params: int | None, extra: int | None) -> int:
+        return int(fake.cuLaunchKernelEx(CUlaunchConfig(_ptr=config), f or 0, params, extra)[0])
     made = {
         "cuCtxSynchronize": plain(fake.cuCtxSynchronize),
         "cuStreamSynchronize": plain(fake.cuStreamSynchronize, P),
@@ -67,6 +70,9 @@ def stand_ins(fake: FakeDriver) -> tuple[dict[str, int], list[Any]]:
         "cuMemsetD32Async": plain(fake.cuMemsetD32Async, Q, U, ctypes.c_size_t, P),
         "cuMemcpyDtoDAsync": plain(fake.cuMemcpyDtoDAsync, Q, Q, ctypes.c_size_t, P),
         "cuLaunchKernel": ctypes.CFUNCTYPE(ctypes.c_int, P, U, U, U, U, U, U, U, P, P, P)(launch),
+        "cuLaunchKernelEx": ctypes.CFUNCTYPE(ctypes.c_int, P, P, P, P)(launch_ex),
+        "cuStreamWriteValue32": plain(fake.cuStreamWriteValue32, P, Q, U, U),
+        "cuStreamWaitValue32": plain(fake.cuStreamWaitValue32, P, Q, U, U),
         "cuMemcpyHtoD": plain(fake.cuMemcpyHtoD, Q, P, ctypes.c_size_t),  # the host side as an address: the fake
         "cuMemcpyDtoH": plain(fake.cuMemcpyDtoH, P, Q, ctypes.c_size_t),  # reads and writes it there
     }
@@ -159,16 +165,23 @@ def setup_session(s: Served) -> dict[str, int]:
     (b,) = s.call("cuMemAlloc", 256)
     (module,) = s.call("cuModuleLoadData", fatbin(minimal_elf()))
     (function,) = s.call("cuModuleGetFunction", module, b"elfkernel")
-    return {"context": context, "stream": stream, "event": event, "a": a, "b": b, "function": function}
+    (reserved,) = s.call("cuMemAddressReserve", 1 << 21, 0, 0, 0)  # the ledger's own answer (SessionLedger.owns)
+    return {"context": context, "stream": stream, "event": event, "a": a, "b": b, "function": function,
+            "reserved": reserved}
 
 
 def launch_payload(function: int, stream: int, params: bytes = b"\x01\x02\x03\x04", grid: int = 1) -> bytes:
     return CALLS["cuLaunchKernel"].request.fixed.pack(function, grid, 1, 1, 32, 1, 1, 0, stream) + params
 
 
+def launch_ex_payload(function: int, stream: int, attributes: list[tuple[int, bytes]]) -> bytes:
+    return CALLS["cuLaunchKernelEx"].request.encode(function, 2, 1, 1, 32, 1, 1, 0, stream, attributes, b"\x05\x06")
+
+
 def corpus(s: Served, h: dict[str, int]) -> None:
     """Queue the hot calls, well-formed and hostile, in batches the ring holds; serve after each."""
     stream, event, a, b, f, ctx = h["stream"], h["event"], h["a"], h["b"], h["function"], h["context"]
+    priority, completion = (8, (3).to_bytes(64, "little")), (12, event.to_bytes(8, "little") + bytes(56))
     bogus = 0xDEAD0000
     batches: list[list[tuple[Any, ...]]] = [[
         ("cuCtxSynchronize",), ("cuCtxSynchronize", "posted"),
@@ -200,6 +213,19 @@ def corpus(s: Served, h: dict[str, int]) -> None:
         ("async-flag", "cuStreamQuery", stream), ("pinned", "cuMemsetD8Async", a, 1, 1, 0),
         ("nop",), ("nop-payload",), ("nop-posted",), ("cuCtxSynchronize",),
     ], [
+        ("launch-ex", f, stream, [], "posted"), ("launch-ex", f, stream, [priority]),
+        ("launch-ex", f, 0, [priority, completion], "posted"),
+        ("launch-ex", f, stream, [(12, (0xDEAD0000).to_bytes(8, "little") + bytes(56))]),
+        ("launch-ex", f, stream, [(99, bytes(64))]), ("launch-ex", bogus, stream, []),
+        ("launch-ex", f, bogus, [], "posted"),
+        ("raw", "cuLaunchKernelEx", launch_ex_payload(f, stream, [priority])[:100]),
+        ("raw", "cuLaunchKernelEx", launch_ex_payload(f, stream, [])[:44] + (65).to_bytes(4, "little")),
+        ("cuStreamWriteValue32", stream, a, 5, 0, "posted"), ("cuStreamWriteValue32", stream, a + 254, 5, 0),
+        ("cuStreamWriteValue32", bogus, a, 1, 0), ("cuStreamWriteValue32", stream, a + 4, 1, 2),
+        ("cuStreamWriteValue32", 0, h["reserved"], 9, 0), ("cuStreamWriteValue32", 0, h["reserved"] - 4, 9, 0),
+        ("cuStreamWaitValue32", stream, a, 0, 0, "posted"), ("cuStreamWaitValue32", stream, bogus, 0, 0),
+        ("cuStreamSynchronize", stream), ("cuCtxSynchronize",),
+    ], [
         ("cuMemcpyHtoD", a, 4, b"\x11\x22\x33\x44"), ("cuMemcpyHtoD", a + 252, 4, b"\x55\x66\x77\x88"),
         ("cuMemcpyHtoD", a + 253, 4, b"abcd"), ("cuMemcpyHtoD", a, 8, b"abcd"), ("cuMemcpyHtoD", bogus, 4, b"abcd"),
         ("cuMemcpyHtoD", a, 0, b""), ("cuMemcpyHtoD", b, 400, bytes(range(200)) * 2),
@@ -216,7 +242,9 @@ def corpus(s: Served, h: dict[str, int]) -> None:
             name, *rest = item
             posted = bool(rest) and rest[-1] == "posted"
             args = [v for v in rest if v != "posted"]
-            if name == "launch":
+            if name == "launch-ex":
+                s.send(CALLS["cuLaunchKernelEx"].opcode, launch_ex_payload(*args), Flag.NO_REPLY if posted else 0)
+            elif name == "launch":
                 s.send(CALLS["cuLaunchKernel"].opcode, launch_payload(args[0], args[1]), Flag.NO_REPLY if posted else 0)
             elif name == "launch-grid0":
                 s.send(CALLS["cuLaunchKernel"].opcode, launch_payload(args[0], args[1], grid=0), Flag.NO_REPLY)
@@ -246,8 +274,10 @@ def driver_view(fake: FakeDriver) -> list[tuple[str, tuple[Any, ...], tuple[int,
             call = call._replace(args=tuple("host" if i == (1 if call.name == "cuMemcpyHtoD" else 0) else a
                                             for i, a in enumerate(call.args)))
         args = tuple(int(a) if isinstance(a, int) or hasattr(a, "__int__") else a for a in call.args)
-        if call.name == "cuLaunchKernel":
+        if call.name in ("cuLaunchKernel", "cuLaunchKernelEx"):
             args = args[:-1] + (FakeDriver.decode_extra(int(call.args[-1])) if call.args[-1] else None,)
+        if call.name == "cuLaunchKernelEx":  # its configuration's contents are in the launch records
+            args = ("config",) + args[1:]
         seen.append((call.name, args, tuple(int(r) for r in call.result[:1])))
     return seen
 
@@ -290,6 +320,29 @@ def test_unowned_handles_and_pointers_never_reach_the_driver_through_the_compile
     assert [r[1] for r in replies] == [0, Flag.ASYNC_ERROR, Flag.ASYNC_ERROR, 0, 0]
     assert s.hot.served == served  # every one answered by the Python path
     assert len(s.fake.calls) == calls  # and none reached the driver
+
+
+def test_attributed_launches_and_stream_memory_operations_are_served_in_c(make: Any) -> None:
+    """JAX's steady state (docs/performance.md): cuLaunchKernelEx, and the cuStreamWriteValue32/WaitValue32 pair
+    a guest's cuLaunchHostFunc is made of, on page-locked or reserved memory the ledger itself answers for."""
+    s = make(True)
+    h = setup_session(s)
+    s.send(CALLS["cuLaunchKernel"].opcode, launch_payload(h["function"], 0))  # the first launch: Python's
+    assert [r[2] for r in s.serve()] == [SUCCESS]
+    served = s.hot.served
+    event = h["event"].to_bytes(8, "little") + bytes(56)
+    for attributes in ([(8, (3).to_bytes(64, "little"))], [(12, event)], []):
+        s.send(CALLS["cuLaunchKernelEx"].opcode, launch_ex_payload(h["function"], h["stream"], attributes),
+               Flag.NO_REPLY)
+    s.request("cuStreamWriteValue32", h["stream"], h["a"], 5, 0, posted=True)
+    s.request("cuStreamWaitValue32", h["stream"], h["a"], 5, 1, posted=True)  # EQ: met by the write before it
+    s.request("cuStreamWriteValue32", 0, h["reserved"], 9, 0)  # reserved, unmapped: the driver refuses it
+    s.request("cuStreamSynchronize", h["stream"])
+    replies = s.serve()
+    assert [r[2] for r in replies] == [INVALID_VALUE, SUCCESS]
+    assert s.hot.served - served == 7
+    assert [[a[0] for a in launch.get("attributes", [])] for launch in s.fake.launches[-3:]] == [[8], [12], []]
+    assert s.fake.launches[-1]["params"] == "0506"
 
 
 def test_a_freed_allocation_is_refused_at_once(make: Any) -> None:
