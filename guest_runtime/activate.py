@@ -28,7 +28,7 @@ from ivshmem.record import AGENT_INFO_REPLY, BIND_REQUEST, Op, Status
 from ivshmem.region import Region
 
 from . import allocation, capsule_hook
-from .client_config import ClientConfigError, controller_setting
+from .client_config import ClientConfigError
 from .forward import Forwarder
 from .runtime_shim import RuntimeShim
 
@@ -57,16 +57,13 @@ def take_up_vgpus(channel: ClientChannel) -> allocation.Allocation | None:
     ORION_VGPU is unset: then nothing changes, the session gets the agent's default devices and quota."""
     global _without_allocation
     try:
-        setting = controller_setting()
-        wanted = allocation.wanted_request() if setting is not None else None
-        if setting is None or wanted is None:
+        alloc = allocation.acquire_configured(lambda: _agent_host(channel))
+        if alloc is None:
             return None
-        host = _agent_host(channel)
-        alloc = allocation.acquire(setting.address, *wanted, host=host)
         reply = channel.call(Op.BIND, BIND_REQUEST.encode(alloc.id))
         if not reply.ok:
             allocation.abandon()
-            raise allocation.AllocationError(f"host {host} did not take up allocation {alloc.id}: "
+            raise allocation.AllocationError(f"host {alloc.host} did not take up allocation {alloc.id}: "
                                              f"{bytes(reply.payload).decode(errors='replace')}")
         return alloc
     except (ClientConfigError, allocation.AllocationError) as exc:
@@ -77,15 +74,8 @@ def take_up_vgpus(channel: ClientChannel) -> allocation.Allocation | None:
 def _agent_host(channel: ClientChannel) -> str:
     """The name, in the controller's pool, of the host whose oriond serves this channel."""
     reply = channel.call(Op.AGENT_INFO)
-    if reply.status == Status.UNKNOWN_OPCODE:
-        raise allocation.AllocationError(f"the host agent serving {channel.region.where} predates vGPU allocation; "
-                                         f"update oriond there")
     host, _controller = AGENT_INFO_REPLY.decode(reply.payload) if reply.ok else ("", "")
-    if not host:
-        raise allocation.AllocationError(f"the host agent serving {channel.region.where} is not linked to an Orion "
-                                         f"Controller, so it cannot take up vGPUs: set controller_addr in its "
-                                         f"server.conf, or unset ORION_VGPU to use it without an allocation")
-    return host
+    return allocation.serving_host(host, channel.region.where, reply.status != Status.UNKNOWN_OPCODE)
 
 
 def _connect() -> ClientChannel:

@@ -27,10 +27,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from .client_config import controller_setting
 from .controller_client import Answer, ControllerClient, ControllerClientError, quote
 from .ini import whole_number
 
@@ -188,6 +189,29 @@ def acquire(controller: str, vgpus: int, memory_mib: int | None, host: str = "")
                   file=sys.stderr, flush=True)
             _current = alloc
         return _current
+
+
+def serving_host(host: str, where: str, knows_agent_info: bool = True) -> str:
+    """The controller's name for the host whose oriond serves the region at `where`, from its AGENT_INFO answer
+    (`host`; `knows_agent_info` False: the agent did not know the opcode); AllocationError when it has none."""
+    if not knows_agent_info:
+        raise AllocationError(f"the host agent serving {where} predates vGPU allocation; update oriond there")
+    if not host:
+        raise AllocationError(f"the host agent serving {where} is not linked to an Orion Controller, so it cannot "
+                              f"take up vGPUs: set controller_addr in its server.conf, or unset ORION_VGPU to use it "
+                              f"without an allocation")
+    return host
+
+
+def acquire_configured(host_of: Callable[[], str]) -> Allocation | None:
+    """ORION_VGPU vGPUs of ORION_GMEM MiB from the configured controller, on the host `host_of()` names (asked
+    only then); None when no controller is configured or ORION_VGPU is unset (nothing changes: the session gets
+    the agent's default devices and quota). AllocationError or ClientConfigError, one line, otherwise."""
+    setting = controller_setting()
+    wanted = wanted_request() if setting is not None else None
+    if setting is None or wanted is None:
+        return None
+    return acquire(setting.address, *wanted, host=host_of())
 
 
 def release_at_exit() -> None:

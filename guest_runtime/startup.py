@@ -50,13 +50,10 @@ NATIVE_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nativ
 def native_library(environ: Mapping[str, str] = os.environ) -> tuple[str | None, str]:
     """The native guest driver this process would load (docs/native-driver.md), or None, and why in words.
 
-    Opt-in (ORION_NATIVE=1) while it lacks what the capsule path has: vGPUs from the Orion Controller
-    (ORION_VGPU). It is where it was built (`pip install` compiles it; setup.sh in a
+    Opt-in (ORION_NATIVE=1). It is where it was built (`pip install` compiles it; setup.sh in a
     checkout) unless ORION_NATIVE_LIB names another build."""
     if environ.get("ORION_NATIVE") != "1":
         return None, "the capsule path (ORION_NATIVE=1 selects the native driver)"
-    if environ.get("ORION_VGPU"):
-        return None, "ORION_VGPU: vGPUs from the Orion Controller are requested by the capsule path only"
     path = environ.get("ORION_NATIVE_LIB") or NATIVE_LIBRARY
     if not os.path.isfile(path):
         return None, f"no native driver at {path} (built by pip install with a C compiler)"
@@ -68,6 +65,9 @@ def load_native(path: str) -> None:
     dynamic loader then answers every later dlopen("libcuda.so.1") with it (checked on the GPU machine with
     cuda-python, PyTorch, CuPy and JAX)."""
     import ctypes
+    # for its vGPU lease helper (guest_runtime/vgpu_lease.py): this interpreter, and where guest_runtime is
+    os.environ.setdefault("ORION_PYTHON", sys.executable)
+    os.environ.setdefault("ORION_GUEST_ROOT", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
     for name in ("libcuda.so", "libnvidia-ml.so.1"):  # for dlopen by those names (build.py's ALIASES)
         alias = os.path.join(os.path.dirname(path), name)

@@ -19,6 +19,9 @@ int orion_tracing(void) {
     return on;
 }
 static orion_channel *channel;
+
+int orion_vgpus_wanted(void); /* vgpu_lease.c */
+int orion_take_up_vgpus(orion_channel *channel, const char *where, char *err, size_t errlen);
 static int unreachable; /* the agent could not be reached (said once); every later call answers at once */
 
 /* Under `lock`. */
@@ -33,11 +36,15 @@ static int connect_once(void) {
     if (!path || !*path) {
         snprintf(err, sizeof err, "no Orion region found: no ivshmem device and no /dev/shm/orionsock<N>; set "
                  "ORION_SHM, or create one with 'orion-shm create' and start oriond");
-    } else if ((rc = orion_open(path, &channel, err, sizeof err)) == ORION_OK &&
-               (rc = orion_hello(channel, orion_table_digest, NULL)) != ORION_OK) {
-        snprintf(err, sizeof err, "%s", orion_error(channel));
-        orion_close(channel);
-        channel = NULL;
+    } else if ((rc = orion_open(path, &channel, err, sizeof err)) == ORION_OK) {
+        if ((rc = orion_hello(channel, orion_table_digest, NULL)) != ORION_OK)
+            snprintf(err, sizeof err, "%s", orion_error(channel));
+        else if (orion_vgpus_wanted() && orion_take_up_vgpus(channel, path, err, sizeof err) != 0)
+            rc = ORION_E_REFUSED; /* vgpu_lease.c: no vGPUs for this process, `err` says why */
+        if (rc != ORION_OK) {
+            orion_close(channel);
+            channel = NULL;
+        }
     }
     if (rc != ORION_OK) {
         unreachable = 1;

@@ -4,7 +4,8 @@ null), and, when cuInit succeeded, the device count, each device's total memory,
 one byte more than device 0's memory and for 1 MiB, and cuMemGetInfo after that. Then it waits for a line on
 stdin (or EOF) and exits normally, so atexit runs.
 
-``python tests/controller/allocating_guest.py`` — run with ORION_CONTROLLER / ORION_VGPU / ORION_GMEM set.
+``python tests/controller/allocating_guest.py [--native LIBCUDA]`` — run with ORION_CONTROLLER / ORION_VGPU /
+ORION_GMEM set; with --native, through the native guest driver instead.
 """
 from __future__ import annotations
 
@@ -37,10 +38,24 @@ def devices(fn: dict[str, Any]) -> dict[str, Any]:
             "mem_info": [free.value, total.value]}
 
 
+def native(library: str) -> dict[str, Any]:
+    """The native guest driver's entry points, loaded as the start-up hook loads it (every argument a 64-bit
+    word: addresses, handles, sizes and ordinals alike)."""
+    from guest_runtime.startup import load_native
+    load_native(library)
+    lib = ctypes.CDLL(library)
+
+    def words(function: Any) -> Any:
+        return lambda *args: function(*(ctypes.c_uint64(a) for a in args))
+    return {name: words(getattr(lib, name)) for name in ("cuInit", "cuDeviceGetCount", "cuDeviceTotalMem",
+                                                          "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc",
+                                                          "cuMemGetInfo")}
+
+
 def main() -> int:
-    fn = activate().implementations()
+    fn = native(sys.argv[2]) if sys.argv[1:2] == ["--native"] else activate().implementations()
     result = fn["cuInit"](0)
-    alloc = allocation.current()
+    alloc = allocation.current()  # (on the native driver its lease helper holds it: None here)
     seen: dict[str, Any] = {"cuInit": result, "id": alloc.id if alloc else None, "host": alloc.host if alloc else None}
     if result == 0:
         seen.update(devices(fn))

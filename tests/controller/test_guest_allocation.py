@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from guest_runtime.compiler import find_compiler
 from guest_runtime.controller_client import ControllerClient
+from guest_runtime.native.build import build_driver
 from ivshmem.channel import ClientChannel
 from ivshmem.record import AGENT_INFO_REPLY, BIND_REQUEST, Op, Status
 from ivshmem.region import Region
@@ -71,11 +73,19 @@ def gpu_host(tmp_path: Path) -> Iterator[Callable[..., FakeGpuHost]]:
         agent.stop()
 
 
-def guest(env: dict[str, str], tmp_path: Path, region: Path) -> subprocess.Popen[str]:
+def guest(env: dict[str, str], tmp_path: Path, region: Path, native: Path | None = None) -> subprocess.Popen[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
     full.update(HOME=str(tmp_path), ORION_SHM=str(region), **env)
-    return subprocess.Popen([sys.executable, str(GUEST)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=full, start_new_session=True)
+    return subprocess.Popen([sys.executable, str(GUEST), *(["--native", str(native)] if native else [])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
+                            start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def native_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if find_compiler() is None:
+        pytest.skip("no C compiler (setup.sh installs gcc)")
+    return build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1")
 
 
 def first_line(proc: subprocess.Popen[str]) -> dict[str, object]:
@@ -116,6 +126,55 @@ def test_a_guest_gets_vgpus_of_its_host_with_their_quota_and_releases_them_at_ex
         log = agent.log()
         assert "Resource successfully confirmed with controller" in log and "Registered v-GPU 1 on p-GPU" in log
         assert "exceeds <vgpu 0, pgpu" in log
+    finally:
+        stop_process(proc, 5)
+
+
+def test_a_native_driver_guest_gets_its_vgpus_and_its_lease_helper_releases_them_at_exit(
+        controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost], tmp_path: Path,
+        native_driver: Path) -> None:
+    """The same through the native guest driver: its lease helper (guest_runtime/vgpu_lease.py) asks the controller
+    on the host AGENT_INFO names, the driver BINDs the grant, and the helper's end of file releases it."""
+    ctl = controllers()
+    client = ControllerClient(ctl.address)
+    agent = gpu_host(ctl.address, client=client)
+    free = client.pool()["vgpus_free"]
+    env = {"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "2", "ORION_GMEM": "13000"}
+    proc = guest(env, tmp_path, agent.region, native_driver)
+    try:
+        seen = first_line(proc)
+        assert seen["cuInit"] == 0, seen
+        (held,) = client.allocations()
+        assert held["confirmed"] is True and held["host"] == "h1" and len(held["vgpus"]) == 2
+        quota = 13000 * MIB
+        assert seen["count"] == 2 and seen["total"] == [quota, quota]
+        assert (seen["alloc_too_much"], seen["alloc_1mib"]) == (OUT_OF_MEMORY, 0)
+        assert seen["mem_info"] == [quota - MIB, quota]
+        _, err = proc.communicate("\n", timeout=30)  # (the helper shares the guest's stderr: its exit line too)
+        assert proc.returncode == 0, err
+        assert "[INFO] Using Orion resource (" in err and EXIT_LINE.findall(err) == [held["id"]], err
+        wait_until("the lease to be given back", lambda: gone(client, str(held["id"])))
+        assert client.pool()["vgpus_free"] == free
+    finally:
+        stop_process(proc, 5)
+
+
+def test_a_native_driver_guest_refused_vgpus_is_one_line_and_no_device(
+        controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost], tmp_path: Path,
+        native_driver: Path) -> None:
+    ctl = controllers()
+    client = ControllerClient(ctl.address)
+    agent = gpu_host(ctl.address, client=client)
+    env = {"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "3", "ORION_GMEM": "99999"}
+    proc = guest(env, tmp_path, agent.region, native_driver)
+    try:
+        assert first_line(proc)["cuInit"] == NO_DEVICE
+        _, err = proc.communicate("\n", timeout=30)
+        lines = err.splitlines()
+        assert lines[0].startswith("orion: no GPU through Orion: ") and "Fail to get resource from controller" in \
+            lines[0], err
+        assert lines[1].endswith("[INFO] Client exits without allocation ID.") and len(lines) == 2, err
+        assert client.allocations() == []
     finally:
         stop_process(proc, 5)
 

@@ -64,7 +64,7 @@ def test_which_path_a_process_takes(native_driver: str, tmp_path: object) -> Non
     assert native_library(chosen) == (native_driver, f"native driver {native_driver}")
     assert native_library({"ORION_NATIVE_LIB": native_driver})[0] is None  # opt-in
     assert native_library(chosen | {"ORION_NATIVE": "0"})[0] is None
-    assert native_library(chosen | {"ORION_VGPU": "1"})[0] is None  # vGPUs from the controller: the capsule path
+    assert native_library(chosen | {"ORION_VGPU": "1"})[0] == native_driver  # its lease helper asks the controller
     path, why = native_library(chosen | {"ORION_NATIVE_LIB": "/nonexistent/libcuda.so.1"})
     assert path is None and "no native driver at /nonexistent/libcuda.so.1" in why
 
