@@ -131,6 +131,8 @@ def child(mode: str, region: str | None, library: str = "") -> dict:
     if region:
         env["ORION_SHM"] = region
         env["CUDA_VISIBLE_DEVICES"] = ""  # a forwarded run has no GPU of its own
+        # the path under measurement, whatever the start-up hook would choose by itself
+        env |= {"ORION_NATIVE": "1", "ORION_NATIVE_LIB": library} if library else {"ORION_NATIVE": "0"}
     result = subprocess.run([sys.executable, "-c", code, library], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=900)
     line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)

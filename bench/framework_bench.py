@@ -84,7 +84,7 @@ def measure(name: str, agent: Oriond | None, library: Path | None) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {
         "PYTHONPATH": str(REPO), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # JAX's default allocator otherwise
     if agent is not None:  # (the driver's NVML answers device counts; CUDA_VISIBLE_DEVICES="" would hide them)
-        env |= {"ORION_SHM": str(agent.region)}
+        env |= {"ORION_SHM": str(agent.region), "ORION_NATIVE": "1", "ORION_NATIVE_LIB": str(library)}
     done = subprocess.run([sys.executable, "-c", code, *([str(library)] if library else [])], capture_output=True,
                           text=True, timeout=600, env=env, cwd=REPO)
     line = next((t for t in done.stdout.splitlines() if t.startswith("RESULT ")), None)

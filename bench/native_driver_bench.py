@@ -100,9 +100,9 @@ def main() -> int:
                 return 1
             time.sleep(0.1)
         native = run("native")
-        capsule = run("capsule", ORION_SHM=str(region))
-        # ORION_NATIVE=1 and the library's path: else the start-up hook would take the capsule path for
-        # ORION_SHM before the measurement loads the library (guest_runtime/startup.py)
+        capsule = run("capsule", ORION_SHM=str(region), ORION_NATIVE="0")
+        # ORION_NATIVE=1 and the library's path: the start-up hook loads the build under measurement (not the
+        # checkout's, nor the capsule path) before the measurement loads it again (guest_runtime/startup.py)
         library = run("native-lib", str(lib), ORION_SHM=str(region), ORION_NATIVE="1", ORION_NATIVE_LIB=str(lib))
     finally:
         oriond.terminate()

@@ -50,10 +50,10 @@ NATIVE_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nativ
 def native_library(environ: Mapping[str, str] = os.environ) -> tuple[str | None, str]:
     """The native guest driver this process would load (docs/native-driver.md), or None, and why in words.
 
-    Opt-in (ORION_NATIVE=1). It is where it was built (`pip install` compiles it; setup.sh in a
-    checkout) unless ORION_NATIVE_LIB names another build."""
-    if environ.get("ORION_NATIVE") != "1":
-        return None, "the capsule path (ORION_NATIVE=1 selects the native driver)"
+    The default wherever it was built (`pip install` compiles it; setup.sh in a checkout), or the build
+    ORION_NATIVE_LIB names; ORION_NATIVE=0 asks for the capsule path instead."""
+    if environ.get("ORION_NATIVE") == "0":
+        return None, "the capsule path (ORION_NATIVE=0)"
     path = environ.get("ORION_NATIVE_LIB") or NATIVE_LIBRARY
     if not os.path.isfile(path):
         return None, f"no native driver at {path} (built by pip install with a C compiler)"

@@ -68,6 +68,14 @@ def bounded() -> Iterator[None]:
 
 # --- the host: a RegionServer with the fake driver, in a forked child ---------------------------------------------
 
+def native_child_env(library: str | os.PathLike[str], region: str) -> dict[str, str]:
+    """The environment of a child process that drives the native driver under test at `region`: none of Orion's
+    variables but these, and that build pinned as the one the start-up hook loads (ORION_NATIVE=1,
+    ORION_NATIVE_LIB), so the process holds exactly one driver whatever the checkout has built."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {
+        "ORION_SHM": region, "ORION_NATIVE": "1", "ORION_NATIVE_LIB": str(library)}
+
+
 def _serve(path: str, journal: str, options: ExecutorOptions, fake: dict[str, Any]) -> None:
     """Child process body: serve `path` until SIGTERM, each session an executor over a fresh FakeDriver."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: never outlive the tests

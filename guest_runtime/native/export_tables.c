@@ -90,22 +90,6 @@ static const void *context_identity[CONTEXT_IDENTITY_WORDS] = {
     [4] = (void *)context_identity_id,
 };
 
-/* --- 6e163fbe: cuFFT asks for it at plan creation and will not plan without it (CUFFT_INTERNAL_ERROR). Of its
- * 98 entries cuFFT called one, entry 7, once, with the current context, and the H100's driver answered
- * CUDA_ERROR_INVALID_VALUE; cuFFT went on. So does this one. Every other entry answers 801, named once. ---- */
-
-static CUresult cufft_table_other(void) { return orion_not_forwarded("export table 6e163fbe, an entry other "
-                                                                     "than 7"); }
-
-static CUresult cufft_table_7(void) { return CUDA_ERROR_INVALID_VALUE; }
-
-#define CUFFT_TABLE_WORDS 99 /* the driver's first word: 0x318 bytes */
-static const void *cufft_table[CUFFT_TABLE_WORDS] = {
-    [0] = (void *)(CUFFT_TABLE_WORDS * sizeof(void *)),
-    [1 ... CUFFT_TABLE_WORDS - 1] = (void *)cufft_table_other,
-    [7] = (void *)cufft_table_7,
-};
-
 /* --- TOOLS_RUNTIME_CALLBACK_HOOKS: tools' hooks; no tool is attached, so their buffers stay zero ----------- */
 
 static uint32_t hooks_buffer_a[1024], hooks_buffer_b[14];
@@ -301,8 +285,6 @@ static const struct export_table TABLES[] = {
       context_checks, "CONTEXT_CHECKS" },
     { UUID(0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2),
       context_identity, "CONTEXT_IDENTITY" },
-    { UUID(0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e),
-      cufft_table, "6e163fbe (cuFFT's)" },
 };
 
 CUresult cuGetExportTable(const void **table, const CUuuid *id) {

@@ -26,8 +26,9 @@ enum {
 };
 enum { MAX_DEVICES = 64, UUID_TEXT = 41 /* "GPU-" and 36 characters and a NUL */ };
 
-/* A handle is the address of its slot: stable for the process, and nothing the caller can forge into another. */
-typedef struct nvmlDevice_st { int ordinal; } *nvmlDevice_t;
+/* A handle is the address of its ordinal's slot (only the address matters): stable for the process, and an
+ * address outside the slots is refused, so a caller cannot forge one into another device. */
+typedef struct nvmlDevice_st { char slot; } *nvmlDevice_t;
 static struct nvmlDevice_st handles[MAX_DEVICES];
 
 /* nvml.h's nvmlFieldValue_t (40 bytes): only its per-value status is written here. */
@@ -134,7 +135,6 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     nvmlReturn_t rc = device ? count(&n) : NVML_ERROR_INVALID_ARGUMENT;
     if (rc != NVML_SUCCESS) return rc;
     if (index >= n) return NVML_ERROR_INVALID_ARGUMENT;
-    handles[index].ordinal = (int)index;
     *device = &handles[index];
     return NVML_SUCCESS;
 }

@@ -75,7 +75,9 @@ def gpu_host(tmp_path: Path) -> Iterator[Callable[..., FakeGpuHost]]:
 
 def guest(env: dict[str, str], tmp_path: Path, region: Path, native: Path | None = None) -> subprocess.Popen[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
-    full.update(HOME=str(tmp_path), ORION_SHM=str(region), **env)
+    full.update(HOME=str(tmp_path), ORION_SHM=str(region), ORION_NATIVE="1" if native else "0", **env)
+    if native:
+        full["ORION_NATIVE_LIB"] = str(native)  # the build under test, the one the start-up hook loads
     return subprocess.Popen([sys.executable, str(GUEST), *(["--native", str(native)] if native else [])],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
                             start_new_session=True)

@@ -56,7 +56,9 @@ class Oriond:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    """The repository importable, the capsule path pinned (these programs' forwarded runs are about it; the native
+    driver's tests pass ORION_NATIVE=1 and their build), plus `extra`."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), ORION_NATIVE="0")
     env.update(extra)
     return env
 

@@ -40,8 +40,9 @@ print("RESULT " + json.dumps(out))
 
 
 def _run(*args: str, **env: str) -> dict[str, object]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
     done = subprocess.run([sys.executable, "-c", PROGRAM, *args], capture_output=True, text=True, timeout=120,
-                          env={k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | env, cwd=REPO)
+                          env=base | env, cwd=REPO)
     assert done.returncode == 0, done.stderr
     return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
@@ -50,7 +51,7 @@ def test_a_cuda_python_program_runs_through_the_native_driver(oriond: Oriond, tm
     assert find_compiler() is not None, "the GPU machine has gcc"
     lib = build_driver(tmp_path / "libcuda.so.1")
     native = _run()
-    forwarded = _run(str(lib), ORION_SHM=str(oriond.region))
+    forwarded = _run(str(lib), ORION_SHM=str(oriond.region), ORION_NATIVE="1", ORION_NATIVE_LIB=str(lib))
     assert native["real_libcuda_mapped"] is True and forwarded["real_libcuda_mapped"] is False
     for key in ("init", "count", "sms", "retain", "set_current", "alloc", "memset", "sync", "free"):
         assert forwarded[key] == native[key], (key, forwarded, native)

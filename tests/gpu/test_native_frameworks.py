@@ -74,8 +74,8 @@ def _run(program: Path, forwarded: tuple[Oriond, GuestLibraries] | None, **extra
         agent, library = forwarded
         command = [sys.executable, "-c", NATIVE, str(library.driver), str(program)]
         # (not CUDA_VISIBLE_DEVICES="": PyTorch reads it too, and counts no device)
-        env = _env(ORION_SHM=str(agent.region), LD_PRELOAD=str(library.no_nvml),
-                   NO_NVML_EXCEPT=str(library.driver.parent), **extra)
+        env = _env(ORION_SHM=str(agent.region), ORION_NATIVE="1", ORION_NATIVE_LIB=str(library.driver),
+                   LD_PRELOAD=str(library.no_nvml), NO_NVML_EXCEPT=str(library.driver.parent), **extra)
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     line = next((t for t in done.stdout.splitlines() if t.startswith("RESULT ")), None)
     assert done.returncode == 0 and line, f"{program.name} {'forwarded' if forwarded else 'native'} failed:\n" \

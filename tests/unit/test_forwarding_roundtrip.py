@@ -980,7 +980,7 @@ def test_an_unmodified_cuda_core_program_through_the_hook_runs_and_exits_cleanly
     this program dies with SIGSEGV)."""
     result = subprocess.run([sys.executable, "-c", CORE_PROGRAM], cwd=REPO, capture_output=True, text=True,
                             timeout=TEST_TIMEOUT_S - 10,
-                            env={**os.environ, "ORION_SHM": rig.path, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "ORION_SHM": rig.path, "PYTHONPATH": str(REPO), "ORION_NATIVE": "0"})
     assert result.returncode == 0, f"exit {result.returncode}:\n{result.stderr[-4000:]}"
     line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))
     name, capability = json.loads(line[len("RESULT "):])

@@ -101,7 +101,7 @@ def run_child(script: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run `script` in a fresh interpreter (cwd = the repository) and return the JSON of its last RESULT line."""
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, capture_output=True,
                             text=True, timeout=CHILD_TIMEOUT_S,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+                            env={**os.environ, "PYTHONPATH": str(REPO), "ORION_NATIVE": "0", **(env or {})})
     assert result.returncode == 0, f"exit {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     lines = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")]
     assert lines, result.stdout[-2000:] + result.stderr[-2000:]

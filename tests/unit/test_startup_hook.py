@@ -31,7 +31,7 @@ def test_without_orions_environment_start_up_imports_only_the_hook() -> None:
 
 
 def test_with_orions_environment_forwarding_is_on_at_start_up() -> None:
-    loaded = _modules(ORION_SHM="/nonexistent/orionsock0")  # nothing connects yet; the capsule path by default
+    loaded = _modules(ORION_SHM="/nonexistent/orionsock0", ORION_NATIVE="0")  # nothing connects yet
     assert {"guest_runtime.activate", "guest_runtime.forward", "ivshmem.driver_api"} <= loaded
 
 
@@ -62,8 +62,8 @@ def test_with_the_native_driver_installed_every_dlopen_of_libcuda_gets_it(native
 def test_which_path_a_process_takes(native_driver: str, tmp_path: object) -> None:
     chosen = {"ORION_NATIVE": "1", "ORION_NATIVE_LIB": native_driver}
     assert native_library(chosen) == (native_driver, f"native driver {native_driver}")
-    assert native_library({"ORION_NATIVE_LIB": native_driver})[0] is None  # opt-in
-    assert native_library(chosen | {"ORION_NATIVE": "0"})[0] is None
+    assert native_library({"ORION_NATIVE_LIB": native_driver})[0] == native_driver  # the default where built
+    assert native_library(chosen | {"ORION_NATIVE": "0"})[0] is None  # the capsule path asked for
     assert native_library(chosen | {"ORION_VGPU": "1"})[0] == native_driver  # its lease helper asks the controller
     path, why = native_library(chosen | {"ORION_NATIVE_LIB": "/nonexistent/libcuda.so.1"})
     assert path is None and "no native driver at /nonexistent/libcuda.so.1" in why

@@ -50,8 +50,9 @@ pytestmark = pytest.mark.skipif(_libcuda_loadable(), reason="this host has a CUD
 
 
 def _env(**extra: str) -> dict[str, str]:
-    """This environment without any Orion variable, the repository importable, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+    """This environment without any Orion variable, the repository importable, the capsule path pinned (the one
+    these tests are about: the native driver's are tests/wire/test_native_*), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"ORION_NATIVE": "0"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)

@@ -29,7 +29,7 @@ from ivshmem.driver_api import (
     IMAGE_NOT_CACHED,
 )
 from ivshmem.record import Record, Status
-from tests.forwarding_rig import GUEST_DEVICES, SENTINELS, Rig, bounded, start  # noqa: F401 (fixtures)
+from tests.forwarding_rig import GUEST_DEVICES, SENTINELS, Rig, bounded, native_child_env, start  # noqa: F401 (fixtures)
 from tests.unit.test_forwarding_roundtrip import fatbin, minimal_elf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -290,7 +290,7 @@ print("RESULT " + json.dumps(out))
 
 
 def native_loads(library: Path, rig: Rig, image: Path, times: int) -> list[list[int]]:  # noqa: F811
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"ORION_SHM": rig.path}
+    env = native_child_env(library, rig.path)
     done = subprocess.run([sys.executable, "-c", NATIVE, str(library), str(image), str(times)], env=env,
                           capture_output=True, text=True, timeout=50, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 from guest_runtime.native import gen_libcuda
 from guest_runtime.native.build import build_driver, find_compiler
 from ivshmem.driver_api import CALLS
-from tests.forwarding_rig import Rig, bounded, rig, start  # noqa: F401 (fixtures)
+from tests.forwarding_rig import Rig, bounded, native_child_env, rig, start  # noqa: F401 (fixtures)
 
 NATIVE = Path(gen_libcuda.__file__).resolve().parent
 REPO = NATIVE.parents[1]
@@ -125,7 +124,7 @@ print("RESULT " + json.dumps(out))
 
 
 def _run(library: Path, environ: dict[str, str]) -> tuple[dict[str, object], str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | environ
+    env = native_child_env(library, environ["ORION_SHM"])
     done = subprocess.run([sys.executable, "-c", CLIENT, str(library)], env=env, capture_output=True, text=True,
                           timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.forwarding_rig import Rig, bounded, rig, start  # noqa: F401 (fixtures)
+from tests.forwarding_rig import Rig, bounded, native_child_env, rig, start  # noqa: F401 (fixtures)
 from tests.unit.test_forwarding_roundtrip import fatbin, minimal_elf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ print("RESULT " + json.dumps(out))
 
 def run(library: Path, rig: Rig, body: str) -> tuple[dict[str, Any], str]:  # noqa: F811
     """The body after PRELUDE in a fresh process speaking to the rig's agent: its `out`, and its stderr."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"ORION_SHM": rig.path}
+    env = native_child_env(library, rig.path)
     done = subprocess.run([sys.executable, "-c", PRELUDE + body + EPILOGUE, str(library), PTX.hex()], env=env,
                           capture_output=True, text=True, timeout=50, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]

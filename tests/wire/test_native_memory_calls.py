@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from ivshmem.driver_api import PINNED_COPY, POOL_MAP_OPCODE
 from ivshmem.layout import DEFAULT_SLOT_SIZE, RECORD_HEADER_SIZE
 from tests import forwarding_rig
 from tests.fake_driver import ERROR_STRINGS, FakeDriver
-from tests.forwarding_rig import GUEST_DEVICES, Rig
+from tests.forwarding_rig import GUEST_DEVICES, Rig, native_child_env
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 
@@ -245,7 +244,7 @@ out["free_again"] = lib.cuMemFreeHost(first)
 
 
 def _run(library: Path, rig: Rig, scenario: str, *extra: str) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"ORION_SHM": rig.path}
+    env = native_child_env(library, rig.path)
     script = PRELUDE + SCENARIOS[scenario] + 'print("RESULT " + json.dumps(out))\n'
     done = subprocess.run([sys.executable, "-c", script, str(library), scenario, *extra],
                           env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
@@ -256,7 +255,7 @@ def _run(library: Path, rig: Rig, scenario: str, *extra: str) -> dict[str, Any]:
 
 def _run_marked(library: Path, rig: Rig, scenario: str) -> tuple[dict[str, Any], int, int]:
     """Run a scenario that stops twice: returns its result and the journal's length at its MARK and at its end."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"ORION_SHM": rig.path}
+    env = native_child_env(library, rig.path)
     script = PRELUDE + SCENARIOS[scenario] + "\n"
     with subprocess.Popen([sys.executable, "-c", script, str(library), scenario], env=env, stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO) as child:

@@ -5,12 +5,11 @@ and without the machine's NVML is tested on the GPU machine (tests/gpu/test_nati
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.forwarding_rig import GUEST_DEVICES, Rig, rig, start  # noqa: F401 (fixtures)
+from tests.forwarding_rig import GUEST_DEVICES, Rig, native_child_env, rig, start  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,7 +64,7 @@ print("RESULT " + json.dumps(out))
 
 
 def _child(library: Path, region: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"ORION_SHM": region}
+    env = native_child_env(library, region)
     done = subprocess.run([sys.executable, "-c", CHILD, str(library)], env=env, capture_output=True, text=True,
                           timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]

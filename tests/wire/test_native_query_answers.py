@@ -12,7 +12,6 @@ next query ask again. CPU only.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from typing import Any
 
 from tests import forwarding_rig
 from tests.fake_driver import FakeDriver
-from tests.forwarding_rig import GUEST_DEVICES, Rig
+from tests.forwarding_rig import GUEST_DEVICES, Rig, native_child_env
 from tests.wire.test_native_launch_calls import PTX
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
@@ -82,7 +81,7 @@ print("RESULT " + json.dumps(out))
 
 def run(library: Path, rig: Rig, body: str) -> dict[str, Any]:
     """The body after PRELUDE in a fresh process speaking to the rig's agent: its `out`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"ORION_SHM": rig.path}
+    env = native_child_env(library, rig.path)
     done = subprocess.run([sys.executable, "-c", PRELUDE + body + EPILOGUE, str(library), PTX.hex()], env=env,
                           capture_output=True, text=True, timeout=50, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fake_driver import CUtensorMapDataType, FakeDriver, cuuint32_t, cuuint64_t, tensor_map_bytes
-from tests.forwarding_rig import Rig, bounded, rig, start  # noqa: F401 (fixtures)
+from tests.forwarding_rig import Rig, bounded, native_child_env, rig, start  # noqa: F401 (fixtures)
 from tests.wire.test_native_launch_calls import EPILOGUE, PRELUDE, PTX
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +58,7 @@ def word(address):
 
 
 def launch_program(library: Path, rig: Rig, body: str, epilogue: str = EPILOGUE) -> subprocess.CompletedProcess[str]:  # noqa: F811
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"ORION_SHM": rig.path}
+    env = native_child_env(library, rig.path)
     return subprocess.run([sys.executable, "-c", PRELUDE + EXTRAS + body + epilogue, str(library), PTX.hex()],
                           env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
 

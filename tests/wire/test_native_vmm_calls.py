@@ -9,7 +9,6 @@ host translated.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from guest_runtime.native import gen_libcuda
 from host_agent.executor import ExecutorOptions
 from tests import forwarding_rig
 from tests.fake_driver import VMM_GRANULARITY
-from tests.forwarding_rig import GUEST_DEVICES, Rig
+from tests.forwarding_rig import GUEST_DEVICES, Rig, native_child_env
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 
@@ -189,7 +188,7 @@ out["free"] = lib.cuMemAddressFree(base, 64 * MIB)
 
 
 def _run(library: Path, rig: Rig, scenario: str) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"ORION_SHM": rig.path}
+    env = native_child_env(library, rig.path)
     script = PRELUDE + SCENARIOS[scenario] + 'print("RESULT " + json.dumps(out))\n'
     done = subprocess.run([sys.executable, "-c", script, str(library), scenario],
                           env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
