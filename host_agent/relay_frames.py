@@ -1,0 +1,106 @@
+"""Records over a byte stream: the framing a relay connection carries (docs/remote.md, docs/wire-protocol.md).
+
+A relayed session's records travel between two oriond processes exactly as they travel on a ring: the same
+32-byte header (ivshmem.record.HEADER: call id, opcode, flags, length, generation, status) followed by `length`
+payload bytes. On a stream there are no slots and no staging arena, so a payload is always contiguous and the
+STAGED flag never appears. The relay's own control records use opcodes of their own (RELAY_HELLO,
+RELAY_ACCEPT, BEAT), below the CUDA opcodes and outside the ring's control opcodes, so neither side can
+mistake one for a ring record.
+
+Every read is bounded: `receive` waits at most its timeout for a frame to begin, and a frame that has begun must
+arrive whole within `stall_s` (a peer that sends half a frame and stops holds nothing for longer). A header the
+ring would refuse (unknown flags, a reserved word, an opcode out of range, a length beyond the limit) is a
+RecordError before any payload is read; an end of stream, whole or mid-frame, is ConnectionLost.
+"""
+from __future__ import annotations
+
+import select
+import socket
+import time
+
+from ivshmem.channel import MAX_PAYLOAD
+from ivshmem.codec import Schema
+from ivshmem.errors import RecordError, WireError
+from ivshmem.record import HEADER, Flag, Record, check_header
+
+# The relay's control opcodes (docs/wire-protocol.md, "Relay frames").
+RELAY_HELLO = 0x80
+RELAY_ACCEPT = 0x81
+BEAT = 0x82
+
+# RELAY_HELLO: the relay's protocol, the forwarded-call table's digest, whose session it relays (for logs), the
+# allocation it brings (or ""), and its RDMA offer (empty: TCP only). RELAY_ACCEPT: the GPU host's session, the
+# transport it chose and why, and its RDMA answer.
+RELAY_HELLO_REQUEST = Schema("RELAY_HELLO", ("protocol", "u32"), ("pid", "u32"), ("client_host", "str"),
+                             ("calls", "str"), ("allocation", "str"), ("rdma", "bytes"))
+RELAY_ACCEPT_REPLY = Schema("RELAY_ACCEPT", ("session", "u64"), ("transport", "str"), ("why", "str"),
+                            ("rdma", "bytes"))
+
+STALL_S = 10.0  # a begun frame must arrive whole within this (the ring's staged-request bound)
+
+
+class ConnectionLost(WireError):
+    """The peer closed the stream, reset it, or stopped in the middle of a frame."""
+
+
+class FrameStream:
+    """One connected stream socket carrying records both ways. Not thread-safe: one reader, one writer."""
+
+    def __init__(self, sock: socket.socket, max_payload: int = MAX_PAYLOAD, stall_s: float = STALL_S) -> None:
+        self.sock = sock
+        self.max_payload = max_payload
+        self.stall_s = stall_s
+        self._header = bytearray(HEADER.size)
+
+    def send(self, call_id: int, opcode: int, payload: bytes | bytearray | memoryview = b"", flags: int = 0,
+             status: int = 0, generation: int = 0) -> None:
+        """One record, header and payload in one gathered write (the payload is not copied first)."""
+        if flags & Flag.STAGED:
+            raise RecordError("a stream record is never staged")
+        header = HEADER.pack(call_id, opcode, flags, len(payload), generation, status, 0)
+        try:
+            sent = self.sock.sendmsg([header, payload])
+            total = HEADER.size + len(payload)
+            if sent < total:  # a short gathered write: the rest, in order
+                rest = memoryview(header + bytes(payload))[sent:]
+                self.sock.sendall(rest)
+        except OSError as exc:
+            raise ConnectionLost(f"sending to the relay peer failed: {exc}") from None
+
+    def receive(self, timeout: float | None = None) -> Record | None:
+        """The next record, or None when none began within `timeout` seconds (None: wait as long as it takes).
+        RecordError for a header the ring would refuse; ConnectionLost for an end of stream or a stalled frame."""
+        try:
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+        except (OSError, ValueError) as exc:
+            raise ConnectionLost(f"the relay connection is unusable: {exc}") from None
+        if not ready:
+            return None
+        deadline = time.monotonic() + self.stall_s
+        self._fill(memoryview(self._header), deadline, first=True)
+        fields = HEADER.unpack(self._header)
+        check_header(fields, self.max_payload, self.max_payload)
+        call_id, opcode, flags, length, generation, status, _reserved = fields
+        if flags & Flag.STAGED:
+            raise RecordError(f"record {call_id}: a stream record is never staged")
+        payload = bytearray(length)
+        self._fill(memoryview(payload), deadline, first=False)
+        return Record(call_id, opcode, flags, length, generation, status, payload)
+
+    def _fill(self, view: memoryview, deadline: float, first: bool) -> None:
+        got = 0
+        while got < len(view):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConnectionLost(f"the relay peer stopped mid-frame ({got} of {len(view)} bytes in "
+                                     f"{self.stall_s:g} s)")
+            try:
+                ready, _, _ = select.select([self.sock], [], [], left)
+                n = self.sock.recv_into(view[got:]) if ready else -1
+            except OSError as exc:
+                raise ConnectionLost(f"the relay connection failed: {exc}") from None
+            if n == 0:
+                where = "" if first and got == 0 else f" mid-frame ({got} of {len(view)} bytes)"
+                raise ConnectionLost(f"the relay peer closed the connection{where}")
+            if n > 0:
+                got += n
