@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import select
 import socket
+import threading
 import time
 
 from ivshmem.channel import MAX_PAYLOAD
@@ -44,13 +45,15 @@ class ConnectionLost(WireError):
 
 
 class FrameStream:
-    """One connected stream socket carrying records both ways. Not thread-safe: one reader, one writer."""
+    """One connected stream socket carrying records both ways: one reader, any number of writers (a session's
+    replies and its heartbeat thread), each record written whole under a lock."""
 
     def __init__(self, sock: socket.socket, max_payload: int = MAX_PAYLOAD, stall_s: float = STALL_S) -> None:
         self.sock = sock
         self.max_payload = max_payload
         self.stall_s = stall_s
         self._header = bytearray(HEADER.size)
+        self._writing = threading.Lock()
 
     def send(self, call_id: int, opcode: int, payload: bytes | bytearray | memoryview = b"", flags: int = 0,
              status: int = 0, generation: int = 0) -> None:
@@ -59,11 +62,10 @@ class FrameStream:
             raise RecordError("a stream record is never staged")
         header = HEADER.pack(call_id, opcode, flags, len(payload), generation, status, 0)
         try:
-            sent = self.sock.sendmsg([header, payload])
-            total = HEADER.size + len(payload)
-            if sent < total:  # a short gathered write: the rest, in order
-                rest = memoryview(header + bytes(payload))[sent:]
-                self.sock.sendall(rest)
+            with self._writing:
+                sent = self.sock.sendmsg([header, payload])
+                if sent < HEADER.size + len(payload):  # a short gathered write: the rest, in order
+                    self.sock.sendall(memoryview(header + bytes(payload))[sent:])
         except OSError as exc:
             raise ConnectionLost(f"sending to the relay peer failed: {exc}") from None
 
