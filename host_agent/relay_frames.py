@@ -99,7 +99,7 @@ class FrameStream:
             try:
                 ready, _, _ = select.select([self.sock], [], [], left)
                 n = self.sock.recv_into(view[got:]) if ready else -1
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: the socket was closed under us
                 raise ConnectionLost(f"the relay connection failed: {exc}") from None
             if n == 0:
                 where = "" if first and got == 0 else f" mid-frame ({got} of {len(view)} bytes)"

@@ -1,0 +1,96 @@
+"""The relaying end of a remote session (docs/remote.md): its ring's records go to the GPU host's oriond over a
+relay connection, and the answers come back to the ring.
+
+Records are forwarded in ring order as they arrive, posted ones without waiting for anything, and each answer is
+written to the completion ring when it comes, by a second thread: so a program's async launches stay pipelined,
+with no round trip per launch. The relay neither decodes nor judges a CUDA record (the GPU host's worker does,
+with the same ledger as a local session); it answers itself only what the ring refuses (a malformed record,
+as the worker's loop does) and every call once the GPU host is gone: CUDA_ERROR_DEVICE_UNAVAILABLE, for the calls
+still waiting and for every later one, within the relay connection's silence bound (StreamEndpoint: 5 s).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from ivshmem.channel import Endpoint
+from ivshmem.errors import RecordError
+from ivshmem.record import Flag
+
+from .relay_frames import ConnectionLost
+from .stream_endpoint import StreamEndpoint
+
+log = logging.getLogger(__name__)
+
+DEVICE_UNAVAILABLE = 46  # CUDA_ERROR_DEVICE_UNAVAILABLE: a session whose GPU host is gone
+MAX_ASYNC_ERRORS_REPORTED = 64  # as the worker's loop (region_server.RecordLoop)
+
+
+class Relay:
+    """One relayed session: `ring` is the host side of its channel, `remote` its relay connection."""
+
+    def __init__(self, ring: Endpoint, remote: StreamEndpoint, session: int) -> None:
+        self.ring, self.remote, self.session = ring, remote, session
+        self.lost: str | None = None  # why the GPU host is gone, once it is
+        self._pending: set[int] = set()  # call ids sent that still wait for their answer
+        self._lock = threading.Lock()  # the completion ring has two writers: answers and the relay's own
+        self._async_errors = 0
+        self._answers = threading.Thread(target=self._carry_answers, name=f"relay-{session}", daemon=True)
+
+    def run(self) -> None:
+        """Forward the ring's records until the ring ends the session (its errors end it, as a worker's)."""
+        self._answers.start()
+        while True:
+            try:
+                record = self.ring.receive()
+            except RecordError as exc:  # answered here, as the worker's loop answers it; the session goes on
+                self._answer(getattr(exc, "call_id", 0), getattr(exc, "flags", 0), exc.status, str(exc).encode())
+                continue
+            if record is None:
+                continue
+            posted = bool(record.flags & Flag.NO_REPLY)
+            with self._lock:
+                lost = self.lost
+                if lost is None and not posted:
+                    self._pending.add(record.call_id)
+            if lost is not None:
+                self._answer(record.call_id, record.flags, DEVICE_UNAVAILABLE, b"")
+                continue
+            try:
+                self.remote.send(record.call_id, record.opcode, record.flags & Flag.NO_REPLY, record.payload)
+            except ConnectionLost as exc:
+                self._lose(str(exc))
+
+    def _carry_answers(self) -> None:
+        try:
+            while True:
+                answer = self.remote.receive()
+                if answer is None:
+                    continue
+                with self._lock:
+                    self._pending.discard(answer.call_id)
+                    self.ring.send(answer.call_id, 0, answer.flags & Flag.ASYNC_ERROR, answer.payload, answer.status)
+        except (ConnectionLost, RecordError) as exc:
+            self._lose(str(exc))
+
+    def _lose(self, why: str) -> None:
+        """The GPU host is gone: every call still waiting answers DEVICE_UNAVAILABLE now, every later one at once."""
+        with self._lock:
+            if self.lost is not None:
+                return
+            self.lost = why
+            waiting, self._pending = sorted(self._pending), set()
+        log.warning("session %d: the GPU host is gone (%s); its calls answer CUDA_ERROR_DEVICE_UNAVAILABLE",
+                    self.session, why)
+        for call_id in waiting:
+            self._answer(call_id, 0, DEVICE_UNAVAILABLE, b"")
+
+    def _answer(self, call_id: int, flags: int, status: int, payload: bytes) -> None:
+        """The relay's own answer to a record: a reply, or for a posted record one of the session's first
+        MAX_ASYNC_ERRORS_REPORTED asynchronous errors."""
+        if flags & Flag.NO_REPLY:
+            self._async_errors += 1
+            if self._async_errors > MAX_ASYNC_ERRORS_REPORTED:
+                return
+        with self._lock:
+            self.ring.send(call_id, 0, Flag.ASYNC_ERROR if flags & Flag.NO_REPLY else 0, payload, status)

@@ -1,0 +1,120 @@
+"""A session relayed end to end in one process: a client on a real region's channel, the relay
+(host_agent/relay_session.py) on the host side of that channel, a socket pair as the network, and on the far
+end the worker's own loop with a real handler (the wire diagnostics) behind a StreamEndpoint, as the GPU host
+runs it. Payloads larger than a slot cross the staging arenas on the relay's side and one frame on the wire.
+When the far end goes, every waiting and later call answers CUDA_ERROR_DEVICE_UNAVAILABLE within the bound."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from host_agent.diagnostics import DiagnosticsHandler
+from host_agent.handler import Session
+from host_agent.region_server import RecordLoop, ServerOptions
+from host_agent.relay_frames import FrameStream
+from host_agent.relay_session import DEVICE_UNAVAILABLE, Relay
+from host_agent.stream_endpoint import StreamEndpoint
+from ivshmem.channel import Endpoint
+from ivshmem.layout import Geometry
+from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, Flag, Op, Record, Status, fill_pattern
+from ivshmem.region import Region
+
+RING_GENERATION, REMOTE_GENERATION = 5, 9
+
+
+class Relayed:
+    def __init__(self, dead_s: float = 5.0) -> None:
+        self.path = f"/dev/shm/orion-relay-{uuid.uuid4().hex[:10]}"
+        with open(self.path, "wb") as f:
+            f.truncate(16 << 20)
+        self.region = Region.open(self.path)
+        self.region.format(Geometry.build(self.region.size, 1, name="relay"))
+        self.client = Endpoint(self.region, 0, "client")
+        host = Endpoint(self.region, 0, "host")
+        for side in (self.client, host):
+            side.reset_owned()
+            side.resync()
+            side.generation = RING_GENERATION
+        here, there = socket.socketpair()
+        self.sockets = (here, there)
+        self.gpu_side = StreamEndpoint(FrameStream(there), REMOTE_GENERATION, beat_s=0.1, dead_s=dead_s)
+        session = Session(1, "relayed", 0, REMOTE_GENERATION)
+        loop = RecordLoop(self.gpu_side, DiagnosticsHandler(session), session, ServerOptions())  # type: ignore[arg-type]
+        self.gpu_thread = threading.Thread(target=self._quietly, args=(loop.run,), daemon=True)
+        self.gpu_thread.start()
+        self.relay_side = StreamEndpoint(FrameStream(here), REMOTE_GENERATION, beat_s=0.1, dead_s=dead_s)
+        self.relay = Relay(host, self.relay_side, 1)
+        threading.Thread(target=self._quietly, args=(self.relay.run,), daemon=True).start()
+        self.next_id = 0
+
+    @staticmethod
+    def _quietly(run: Callable[[], None]) -> None:
+        with contextlib.suppress(Exception):  # a thread of the test rig ends with its session
+            run()
+
+    def call(self, opcode: int, payload: bytes = b"", flags: int = 0) -> int:
+        self.next_id += 1
+        self.client.send(self.next_id, opcode, flags, payload)
+        return self.next_id
+
+    def reply(self, call_id: int) -> Record:
+        record = self.client.receive()
+        assert record is not None and record.call_id == call_id, record
+        return record
+
+    def close(self) -> None:
+        self.relay_side.close()
+        self.gpu_side.close()
+        for s in self.sockets:
+            s.close()
+        self.region.close()
+        os.unlink(self.path)
+
+
+@pytest.fixture
+def relayed() -> Iterator[Relayed]:
+    r = Relayed()
+    yield r
+    r.close()
+
+
+def test_records_are_answered_through_the_relay_as_by_a_local_worker(relayed: Relayed) -> None:
+    big = bytes(range(256)) * (3 << 12)  # 3 MiB: staged on the ring, one frame on the wire
+    assert bytes(relayed.reply(relayed.call(Op.ECHO, b"hello")).payload) == b"hello"
+    assert bytes(relayed.reply(relayed.call(Op.ECHO, big)).payload) == big
+    assert DRAIN_REPLY.decode(relayed.reply(relayed.call(Op.DRAIN, big)).payload) == (len(big), zlib.crc32(big))
+    length = (5 << 20) + 4096
+    assert bytes(relayed.reply(relayed.call(Op.FILL, FILL_REQUEST.encode(length, 3))).payload) == \
+        fill_pattern(3, length)
+    for _ in range(100):  # posted and fine: no answer, and nothing waits for them
+        relayed.call(Op.NOP, flags=Flag.NO_REPLY)
+    unknown = relayed.reply(relayed.call(0x7777))
+    assert unknown.status == Status.UNKNOWN_OPCODE and b"not served" in bytes(unknown.payload)
+    posted_unknown = relayed.call(0x7777, flags=Flag.NO_REPLY)  # fails: an asynchronous error comes back
+    failed = relayed.reply(posted_unknown)
+    assert failed.flags & Flag.ASYNC_ERROR and failed.status == Status.UNKNOWN_OPCODE
+
+
+def test_when_the_gpu_host_goes_every_call_answers_device_unavailable_within_the_bound() -> None:
+    r = Relayed(dead_s=0.5)
+    try:
+        assert bytes(r.reply(r.call(Op.ECHO, b"up")).payload) == b"up"
+        r.gpu_side.close()  # the GPU host's beats stop, and then the host itself
+        r.sockets[1].shutdown(socket.SHUT_RDWR)
+        start = time.monotonic()
+        answer = r.reply(r.call(Op.ECHO, b"down"))
+        assert answer.status == DEVICE_UNAVAILABLE and time.monotonic() - start < 5
+        assert r.reply(r.call(Op.ECHO, b"later")).status == DEVICE_UNAVAILABLE  # at once from now on
+        posted = r.reply(r.call(Op.NOP, flags=Flag.NO_REPLY))
+        assert posted.flags & Flag.ASYNC_ERROR and posted.status == DEVICE_UNAVAILABLE
+        assert r.relay.lost is not None
+    finally:
+        r.close()
