@@ -1,0 +1,95 @@
+"""The GPU host's side of one relayed session (docs/remote.md): judge the relay's RELAY_HELLO, answer it, then
+serve the session's records with the worker's own loop and handler.
+
+The handshake asks the handler exactly what a session on a region is asked: RELAY_HELLO's protocol and
+call-table digest go through the handler's HELLO (so an agent of another release or table refuses in the same
+one line), and an allocation the relay brings goes through its BIND (confirmed with this oriond's own controller,
+granted to this host, before any context; refused with the reason otherwise). Then the session is the handler's
+like any other: same ledger, same quotas, same device mapping. It ends when the connection does (the relay closed
+it, or fell silent for the bound): the worker process exits, and the driver frees what the session held.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+
+from ivshmem.channel import Streamed
+from ivshmem.errors import RecordError
+from ivshmem.record import BIND_REQUEST, HELLO_REQUEST, Op, Record, Status
+
+from .handler import Handler, Session
+from .region_server import RecordLoop, ServerOptions
+from .relay_frames import (
+    RELAY_ACCEPT,
+    RELAY_ACCEPT_REPLY,
+    RELAY_HELLO,
+    RELAY_HELLO_REQUEST,
+    ConnectionLost,
+    FrameStream,
+)
+from .stream_endpoint import StreamEndpoint
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = 10.0  # a connection that says nothing is closed after this
+
+
+def _ask(handler: Handler, opcode: int, payload: bytes, generation: int) -> tuple[int, bytes]:
+    """(status, payload) of the handler's answer to a wire-control record (HELLO, BIND: never a Streamed one)."""
+    reply = handler.handle(Record(0, opcode, 0, len(payload), generation, 0, payload))
+    return reply.status, b"" if isinstance(reply.payload, Streamed) else bytes(reply.payload)
+
+
+def accept_relay(frames: FrameStream, handler: Handler, session: Session,
+                 hello_timeout_s: float = HELLO_TIMEOUT_S) -> bool:
+    """Judge the connection's first record, RELAY_HELLO, and answer it: RELAY_ACCEPT (True) or a refusal with the
+    reason (False). ConnectionLost when nothing came within `hello_timeout_s`."""
+    record = frames.receive(timeout=hello_timeout_s)
+    if record is None:
+        raise ConnectionLost(f"no RELAY_HELLO within {hello_timeout_s:g} s")
+    status, payload = _judge(record, handler, session)
+    frames.send(record.call_id, RELAY_ACCEPT, payload, status=status, generation=session.generation)
+    if status != Status.OK:
+        log.warning("session %d: relay refused: %s", session.number, payload.decode(errors="replace"))
+        return False
+    log.info("Client supports TCP mode, then server also falls back to TCP mode.")
+    log.info("session %d: relayed over tcp (%s)", session.number, RELAY_ACCEPT_REPLY.decode(payload)[2])
+    return True
+
+
+def _judge(record: Record, handler: Handler, session: Session) -> tuple[int, bytes]:
+    """RELAY_ACCEPT's status and payload for the connection's first record."""
+    if record.opcode != RELAY_HELLO:
+        return Status.REFUSED, f"a relay connection begins with RELAY_HELLO, not opcode {record.opcode:#x}".encode()
+    try:
+        protocol, pid, client_host, calls, allocation, rdma = RELAY_HELLO_REQUEST.decode(record.payload)
+    except RecordError as exc:
+        return Status.MALFORMED, str(exc).encode()
+    hello = _ask(handler, Op.HELLO, HELLO_REQUEST.encode(protocol, pid, client_host, calls), session.generation)
+    if hello[0] != Status.OK:
+        return hello
+    if allocation:
+        bound = _ask(handler, Op.BIND, BIND_REQUEST.encode(allocation), session.generation)
+        if bound[0] != Status.OK:
+            return bound
+    why = "the relay offered no RDMA" if not rdma else "RDMA relaying is not built yet"
+    return Status.OK, RELAY_ACCEPT_REPLY.encode(session.number, "tcp", why, b"")
+
+
+def serve_relayed(sock: socket.socket, handler: Handler, session: Session, options: ServerOptions) -> int:
+    """Body of a relayed session's worker: the handshake, then records until the connection ends. Exit code 0."""
+    frames = FrameStream(sock)
+    try:
+        if not accept_relay(frames, handler, session):
+            return 0
+    except (ConnectionLost, RecordError) as exc:
+        log.warning("session %d: relay connection dropped before its handshake: %s", session.number, exc)
+        return 0
+    endpoint = StreamEndpoint(frames, session.generation)
+    try:
+        RecordLoop(endpoint, handler, session, options).run()  # type: ignore[arg-type]
+    except ConnectionLost as exc:
+        log.info("session %d ended: %s", session.number, exc)
+    finally:
+        endpoint.close()
+    return 0

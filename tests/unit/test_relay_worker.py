@@ -1,0 +1,119 @@
+"""The GPU host's side of a relayed session (host_agent/relay_worker.py) over a real socket pair: RELAY_HELLO
+judged by the handler's own HELLO and BIND (the CUDA executor over the fake driver), RELAY_ACCEPT, then
+forwarded calls answered as on a region; refusals carry the reason; a silent connection is closed."""
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from host_agent.executor import CudaExecutor
+from host_agent.handler import Session
+from host_agent.region_server import ServerOptions
+from host_agent.relay_frames import (
+    RELAY_ACCEPT,
+    RELAY_ACCEPT_REPLY,
+    RELAY_HELLO,
+    RELAY_HELLO_REQUEST,
+    ConnectionLost,
+    FrameStream,
+)
+from host_agent.relay_worker import accept_relay, serve_relayed
+from ivshmem.driver_api import CALLS, table_digest
+from ivshmem.record import PROTOCOL, Status
+from tests.fake_driver import FakeDriver
+
+SESSION = Session(7, "relay 127.0.0.1", 0, 11)
+
+
+class Worker:
+    """serve_relayed in a thread, as the worker process runs it; the test is the relay."""
+
+    def __init__(self) -> None:
+        self.relay_socket, worker_socket = socket.socketpair()
+        self.relay = FrameStream(self.relay_socket, stall_s=5)
+        fake = FakeDriver(devices=2)
+        fake.cuInit(0)  # as oriond's worker finds the driver (tests/unit/test_hot_dispatch.py does the same)
+        self.executor = CudaExecutor(SESSION, driver=fake)
+        self.code: list[int] = []
+        self.thread = threading.Thread(target=lambda: self.code.append(
+            serve_relayed(worker_socket, self.executor, SESSION, ServerOptions())), daemon=True)
+        self.thread.start()
+        self._worker_socket = worker_socket
+
+    def hello(self, protocol: int = PROTOCOL, calls: str | None = None, allocation: str = "") -> Any:
+        payload = RELAY_HELLO_REQUEST.encode(protocol, 4321, "guest-7", table_digest() if calls is None else calls,
+                                             allocation, b"")
+        self.relay.send(1, RELAY_HELLO, payload)
+        return self.answer(1)
+
+    def answer(self, call_id: int) -> Any:
+        while True:
+            record = self.relay.receive(timeout=10)
+            assert record is not None, "no answer within 10 s"
+            if record.opcode != 0x82:  # a BEAT
+                assert record.call_id == call_id
+                return record
+
+    def call(self, call_id: int, name: str, *args: Any) -> Any:
+        call = CALLS[name]
+        self.relay.send(call_id, call.opcode, call.request.encode(*args), generation=SESSION.generation)
+        return self.answer(call_id)
+
+    def close(self) -> None:
+        self.relay_socket.close()
+        self.thread.join(10)
+        self._worker_socket.close()
+
+
+@pytest.fixture
+def worker() -> Iterator[Worker]:
+    w = Worker()
+    yield w
+    w.close()
+
+
+def test_an_accepted_relay_is_served_as_a_session_on_a_region(worker: Worker) -> None:
+    accepted = worker.hello()
+    assert accepted.opcode == RELAY_ACCEPT and accepted.status == 0
+    session, transport, why, rdma = RELAY_ACCEPT_REPLY.decode(accepted.payload)
+    assert (session, transport, rdma) == (SESSION.number, "tcp", b"") and "no RDMA" in why
+    assert worker.call(2, "cuInit", 0).status == 0
+    count = worker.call(3, "cuDeviceGetCount")
+    assert count.status == 0 and CALLS["cuDeviceGetCount"].reply.decode(count.payload) == (2,)
+    assert worker.call(4, "cuMemFree", 0xDEAD0000).status != 0  # not this session's: the same ledger refuses it
+    worker.relay_socket.shutdown(socket.SHUT_RDWR)  # the relay goes: the session ends, the worker returns 0
+    worker.thread.join(10)
+    assert worker.code == [0]
+
+
+@pytest.mark.parametrize(("hello", "reason"), [
+    ({"protocol": PROTOCOL + 1}, "install the orion-guest of the same release"),
+    ({"calls": "another-table"}, "table"),
+    ({"allocation": "alloc-1"}, "controller"),  # this oriond has no controller: it cannot take up a grant
+])
+def test_a_relay_hello_the_session_would_refuse_is_refused_with_the_reason(worker: Worker, hello: dict[str, Any],
+                                                                           reason: str) -> None:
+    refused = worker.hello(**hello)
+    assert refused.opcode == RELAY_ACCEPT and refused.status == Status.REFUSED
+    assert reason in bytes(refused.payload).decode()
+    worker.thread.join(10)
+    assert worker.code == [0]  # and the connection is closed: nothing more is served
+
+
+def test_a_connection_that_begins_otherwise_or_says_nothing_is_closed() -> None:
+    near, far = socket.socketpair()
+    try:
+        FrameStream(near).send(1, CALLS["cuInit"].opcode, CALLS["cuInit"].request.encode(0))
+        executor = CudaExecutor(SESSION, driver=FakeDriver(devices=1))
+        assert accept_relay(FrameStream(far), executor, SESSION) is False
+        answer = FrameStream(near).receive(timeout=5)
+        assert answer is not None and answer.status == Status.REFUSED and b"RELAY_HELLO" in bytes(answer.payload)
+        with pytest.raises(ConnectionLost, match="no RELAY_HELLO"):
+            accept_relay(FrameStream(far), executor, SESSION, hello_timeout_s=0.2)
+    finally:
+        near.close()
+        far.close()
