@@ -1,0 +1,106 @@
+"""The GPU host's listener for relay connections (docs/remote.md): accepts on `bind_addr:listen_port` and gives
+each connection a worker process of its own (relay_worker.serve_relayed), as a region supervisor gives each
+claimed channel one: tenants never share an address space, and a crash or a hostile record ends one session.
+
+What a peer can make it do is bounded: at most `max_sessions` relayed sessions at once (a connection beyond
+that is refused with the reason and closed), a connection that sends no RELAY_HELLO is closed after
+relay_worker.HELLO_TIMEOUT_S, and every record then goes through the same checks as on a region. The listener
+itself never initialises CUDA (a worker does, after its fork), and dies with its parent.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import signal
+import socket
+
+from .handler import HandlerFactory, Session
+from .region_server import ServerOptions, die_with_parent
+from .relay_frames import RELAY_ACCEPT, FrameStream
+from .relay_worker import serve_relayed
+from .stop import StopRequest
+
+log = logging.getLogger(__name__)
+
+ACCEPT_POLL_S = 0.5
+MAX_SESSIONS = 64
+
+
+class RelayListener:
+    def __init__(self, bind_addr: str, port: int, factory: HandlerFactory, options: ServerOptions | None = None,
+                 stop: StopRequest | None = None, max_sessions: int = MAX_SESSIONS) -> None:
+        self.factory, self.options = factory, options or ServerOptions()
+        self._stop = stop or StopRequest()
+        self.max_sessions = max_sessions
+        self.workers: dict[int, str] = {}  # pid -> peer
+        self._next_session = 0
+        family = socket.AF_INET6 if ":" in bind_addr else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((bind_addr, port))
+        self.sock.listen(16)
+        self.sock.settimeout(ACCEPT_POLL_S)
+        self.address = self.sock.getsockname()
+
+    def serve_forever(self) -> None:
+        log.info("Orion Server listens on %s:%d for relayed sessions", self.address[0], self.address[1])
+        try:
+            while not self._stop.is_set():
+                self._reap()
+                try:
+                    conn, peer = self.sock.accept()
+                except TimeoutError:
+                    continue
+                except OSError as exc:  # a connection reset before it was accepted: the next one
+                    log.warning("relay listener: accept failed: %s", exc)
+                    continue
+                self._start(conn, f"{peer[0]}:{peer[1]}")
+        finally:
+            self.sock.close()
+            for pid in list(self.workers):
+                _end(pid)
+            self._reap(wait=True)
+
+    def _start(self, conn: socket.socket, peer: str) -> None:
+        if len(self.workers) >= self.max_sessions:
+            log.warning("relay listener: refusing %s: %d relayed sessions already", peer, self.max_sessions)
+            with conn:
+                conn.settimeout(1.0)
+                reason = f"this host serves {self.max_sessions} relayed sessions already; try another host"
+                with contextlib.suppress(OSError):
+                    FrameStream(conn).send(0, RELAY_ACCEPT, reason.encode(), status=-6)
+            return
+        self._next_session += 1
+        session = Session(self._next_session, f"relay {peer}", 0, random.randrange(1, 1 << 31))
+        pid = os.fork()
+        if pid == 0:  # the worker: this connection only
+            code = 1
+            try:
+                die_with_parent(signal.SIGKILL)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                self.sock.close()
+                conn.settimeout(None)
+                log.info("Creating session %d (relayed from %s)", session.number, peer)
+                code = serve_relayed(conn, self.factory(session), session, self.options)
+            finally:
+                os._exit(code)
+        conn.close()
+        self.workers[pid] = peer
+
+    def _reap(self, wait: bool = False) -> None:
+        for pid in list(self.workers):
+            try:
+                done, status = os.waitpid(pid, 0 if wait else os.WNOHANG)
+            except ChildProcessError:
+                done, status = pid, 0
+            if done:
+                peer = self.workers.pop(pid)
+                log.info("relayed session from %s ended (exit %d)", peer, os.waitstatus_to_exitcode(status))
+
+
+def _end(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)

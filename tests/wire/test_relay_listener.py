@@ -1,0 +1,153 @@
+"""The GPU host's relay listener (host_agent/relay_listener.py) in its own process on a real TCP port of this
+machine: a worker process per connection (the CUDA executor over the fake driver), sessions independent of each
+other, a bounded number of them, and a hostile or vanished peer costing only its own session."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pytest
+
+from host_agent.executor import CudaExecutor
+from host_agent.handler import Session
+from host_agent.relay_frames import (
+    BEAT,
+    RELAY_ACCEPT,
+    RELAY_ACCEPT_REPLY,
+    RELAY_HELLO,
+    RELAY_HELLO_REQUEST,
+    FrameStream,
+)
+from host_agent.relay_listener import RelayListener
+from host_agent.stop import StopRequest
+from ivshmem.driver_api import CALLS, table_digest
+from ivshmem.record import PROTOCOL, Status
+from tests.fake_driver import FakeDriver
+
+
+def _listen(report: Connection, max_sessions: int) -> None:
+    """Child process body: the listener on an ephemeral port of 127.0.0.1 until SIGTERM."""
+    stop = StopRequest().on_signals()
+
+    def factory(session: Session) -> CudaExecutor:
+        driver = FakeDriver(devices=2)
+        driver.cuInit(0)
+        return CudaExecutor(session, driver=driver)
+    listener = RelayListener("127.0.0.1", 0, factory, stop=stop, max_sessions=max_sessions)
+    report.send(listener.address[1])
+    listener.serve_forever()
+
+
+@pytest.fixture
+def listener() -> Iterator[Callable[..., int]]:
+    started: list[multiprocessing.process.BaseProcess] = []
+
+    def start(max_sessions: int = 8) -> int:
+        ours, theirs = multiprocessing.Pipe()
+        proc = multiprocessing.get_context("fork").Process(target=_listen, args=(theirs, max_sessions), daemon=True)
+        proc.start()
+        started.append(proc)
+        assert ours.poll(30), "the listener did not start"
+        return int(ours.recv())
+    yield start
+    for proc in started:
+        proc.terminate()
+        proc.join(10)
+
+
+class Relay:
+    """A relay's end of one connection, as the relaying oriond will hold it."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.frames = FrameStream(self.sock)
+        self.generation = 0
+
+    def hello(self) -> Any:
+        self.frames.send(1, RELAY_HELLO, RELAY_HELLO_REQUEST.encode(PROTOCOL, os.getpid(), "here", table_digest(),
+                                                                     "", b""))
+        return self.answer(None)  # the worker's RELAY_ACCEPT (call 1), or the listener's refusal (call 0)
+
+    def answer(self, call_id: int | None) -> Any:
+        while True:
+            record = self.frames.receive(timeout=10)
+            assert record is not None, "no answer within 10 s"
+            if record.opcode != BEAT:
+                assert call_id is None or record.call_id == call_id, record
+                self.generation = record.generation
+                return record
+
+    def call(self, call_id: int, name: str, *args: Any) -> Any:
+        call = CALLS[name]
+        self.frames.send(call_id, call.opcode, call.request.encode(*args), generation=self.generation)
+        return self.answer(call_id)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _session(accepted: Any) -> int:
+    assert accepted.opcode == RELAY_ACCEPT and accepted.status == 0, bytes(accepted.payload)
+    return int(RELAY_ACCEPT_REPLY.decode(accepted.payload)[0])
+
+
+def test_each_connection_is_a_session_of_its_own(listener: Callable[..., int]) -> None:
+    port = listener()
+    a, b = Relay(port), Relay(port)
+    try:
+        assert _session(a.hello()) != _session(b.hello())
+        for relay in (a, b):
+            assert relay.call(2, "cuInit", 0).status == 0
+            assert CALLS["cuDeviceGetCount"].reply.decode(relay.call(3, "cuDeviceGetCount").payload) == (2,)
+        a.close()  # one session ends; the other goes on
+        assert CALLS["cuDeviceGetCount"].reply.decode(b.call(4, "cuDeviceGetCount").payload) == (2,)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_sessions_beyond_the_bound_are_refused_with_the_reason_until_one_ends(listener: Callable[..., int]) -> None:
+    port = listener(max_sessions=1)
+    first = Relay(port)
+    try:
+        _session(first.hello())
+        second = Relay(port)
+        refused = second.answer(0)
+        assert refused.status == Status.REFUSED and b"relayed sessions already" in bytes(refused.payload)
+        second.close()
+        first.close()
+        deadline = time.monotonic() + 10
+        while True:  # the listener reaps the ended worker within its accept poll
+            third = Relay(port)
+            answer = third.hello()
+            third.close()
+            if answer.status == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert answer.status == 0, bytes(answer.payload)
+    finally:
+        first.close()
+
+
+def test_a_hostile_peer_costs_only_its_own_session(listener: Callable[..., int]) -> None:
+    port = listener()
+    junk = socket.create_connection(("127.0.0.1", port), timeout=10)
+    junk.sendall(struct.pack("<QIIIIiI", 1, RELAY_HELLO, 1 << 9, 0, 0, 0, 0) + os.urandom(64))  # an unknown flag
+    try:
+        closed = junk.recv(1) == b""  # its worker closed the connection: no handshake, nothing served
+    except ConnectionResetError:  # closed with our junk unread: a reset
+        closed = True
+    assert closed
+    junk.close()
+    victim = Relay(port)
+    try:
+        _session(victim.hello())
+        assert victim.call(2, "cuInit", 0).status == 0  # the listener and other sessions go on
+    finally:
+        victim.close()
