@@ -134,7 +134,7 @@ static inline void cpu_relax(void) {
 }
 
 /* --- the ledger (SessionLedger), read under the GIL ------------------------------------------------------ */
-typedef struct { PyObject *handles, *launched, *allocations, *globals, *ledger; } ledger_view;
+typedef struct { PyObject *handles, *launched, *ranges, *pool; } ledger_view;
 
 static int in_set(PyObject *set, uint64_t value) {
     if (set == NULL || !PyAnySet_Check(set)) return 0;
@@ -151,7 +151,7 @@ static int owns_handle(const ledger_view *l, const char *kind, uint64_t value) {
     return in_set(set, value);
 }
 
-/* SessionLedger.owns over allocations and module globals (the page-locked pool is left to Python). */
+/* One of SessionLedger.ranges()' tables (base -> size). */
 static int owns_range(PyObject *table, uint64_t pointer, unsigned __int128 size) {
     if (table == NULL || !PyDict_Check(table)) return 0;
     Py_ssize_t pos = 0;
@@ -165,13 +165,14 @@ static int owns_range(PyObject *table, uint64_t pointer, unsigned __int128 size)
     return 0;
 }
 
-/* SessionLedger.owns: allocations and module globals read here, then the ledger's own answer (reserved virtual
- * ranges, the page-locked pool's device mapping), a method call under the GIL. */
+/* SessionLedger.owns: its range tables read here, then the page-locked pool's own answer (pinned_pool.py,
+ * a method call under the GIL), only for memory in none of them. */
 static int owns_memory(const ledger_view *l, uint64_t pointer, unsigned __int128 size) {
     if (size == 0) size = 1;
-    if (owns_range(l->allocations, pointer, size) || owns_range(l->globals, pointer, size)) return 1;
-    if (l->ledger == NULL || size > UINT64_MAX) return 0;
-    PyObject *answer = PyObject_CallMethod(l->ledger, "owns", "KK", (unsigned long long)pointer,
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(l->ranges); i++)
+        if (owns_range(PyTuple_GET_ITEM(l->ranges, i), pointer, size)) return 1;
+    if (l->pool == NULL || l->pool == Py_None || size > UINT64_MAX) return 0;
+    PyObject *answer = PyObject_CallMethod(l->pool, "owns_device", "KK", (unsigned long long)pointer,
                                            (unsigned long long)size);
     int owned = answer != NULL && PyObject_IsTrue(answer) == 1;
     Py_XDECREF(answer);
@@ -182,7 +183,7 @@ static int owns_memory(const ledger_view *l, uint64_t pointer, unsigned __int128
 static int stream_ok(const ledger_view *l, uint64_t stream) { return stream == 0 || owns_handle(l, "CUstream", stream); }
 
 static void ledger_release(ledger_view *l) {
-    Py_CLEAR(l->handles); Py_CLEAR(l->launched); Py_CLEAR(l->allocations); Py_CLEAR(l->globals);
+    Py_CLEAR(l->handles); Py_CLEAR(l->launched); Py_CLEAR(l->ranges); Py_CLEAR(l->pool);
 }
 
 /* The ledger's tables as they are now (the Python path may have replaced or changed them since last time). */
@@ -191,10 +192,9 @@ static int ledger_fetch(Dispatcher *self, ledger_view *l) {
     if (self->ledger == NULL || self->ledger == Py_None) return 0;
     l->handles = PyObject_GetAttrString(self->ledger, "handles");
     l->launched = PyObject_GetAttrString(self->ledger, "launched");
-    l->allocations = PyObject_GetAttrString(self->ledger, "allocations");
-    l->globals = PyObject_GetAttrString(self->ledger, "globals");
-    l->ledger = self->ledger; /* borrowed: set_ledger holds it */
-    if (PyErr_Occurred() || !PyDict_Check(l->handles)) {
+    l->ranges = PyObject_CallMethod(self->ledger, "ranges", NULL);
+    l->pool = PyObject_GetAttrString(self->ledger, "pool");
+    if (PyErr_Occurred() || !PyDict_Check(l->handles) || !PyTuple_Check(l->ranges)) {
         PyErr_Clear();
         ledger_release(l);
         return 0;

@@ -90,11 +90,16 @@ class SessionLedger:
                 return INVALID_VALUE
         return None
 
+    def ranges(self) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+        """The session's device ranges as base -> size tables: allocations, module globals and reserved virtual
+        ranges (whatever is mapped there is its own physical memory; an unmapped part the driver refuses). The
+        compiled hot path reads these same tables (hot_dispatch.c)."""
+        return self.allocations, self.globals, self.vmm.reserved
+
     def owns(self, pointer: int, size: int) -> bool:
-        """Whether a device range lies in this session's memory: its allocations, module globals, reserved
-        virtual ranges (whatever is mapped there is its own physical memory; an unmapped part the driver refuses),
-        or the device mapping of its page-locked host allocations."""
-        for table in (self.allocations, self.globals, self.vmm.reserved):
+        """Whether a device range lies in this session's memory: one of its ranges, or the device mapping of its
+        page-locked host allocations."""
+        for table in self.ranges():
             for base, length in table.items():
                 if base <= pointer and pointer + size <= base + length:
                     return True
