@@ -97,6 +97,7 @@ typedef struct {
     PyObject *executor; /* its `_to_register` is not None until the channel was page-locked (a first copy's job) */
     fn_handle stream_sync; /* cuStreamSynchronize: an async copy first waits for its stream (executor._start_copy) */
     fn_launch launch_kernel; /* cuLaunchKernel: a cuLaunchKernelEx without attributes is one (executor._launch) */
+    uint64_t plain_attributes, event_attributes; /* launch attribute IDs C forwards: none until set */
     /* the wait in progress, kept across serve() calls so that a liveness check does not restart the spin */
     int waiting, busy;
     double wait_start, sleep, next_check;
@@ -134,7 +135,10 @@ static inline void cpu_relax(void) {
 }
 
 /* --- the ledger (SessionLedger), read under the GIL ------------------------------------------------------ */
-typedef struct { PyObject *handles, *launched, *ranges, *pool; } ledger_view;
+typedef struct {
+    PyObject *handles, *launched, *ranges, *pool;
+    uint64_t plain_attributes, event_attributes; /* the dispatcher's (set_launch_attributes) */
+} ledger_view;
 
 static int in_set(PyObject *set, uint64_t value) {
     if (set == NULL || !PyAnySet_Check(set)) return 0;
@@ -193,6 +197,8 @@ static int ledger_fetch(Dispatcher *self, ledger_view *l) {
     l->handles = PyObject_GetAttrString(self->ledger, "handles");
     l->launched = PyObject_GetAttrString(self->ledger, "launched");
     l->ranges = PyObject_CallMethod(self->ledger, "ranges", NULL);
+    l->plain_attributes = self->plain_attributes;
+    l->event_attributes = self->event_attributes;
     l->pool = PyObject_GetAttrString(self->ledger, "pool");
     if (PyErr_Occurred() || !PyDict_Check(l->handles) || !PyTuple_Check(l->ranges)) {
         PyErr_Clear();
@@ -202,14 +208,8 @@ static int ledger_fetch(Dispatcher *self, ledger_view *l) {
     return 1;
 }
 
-/* driver_api.LAUNCH_ATTRIBUTES_PLAIN: the attributes whose value is plain data */
-static int attribute_is_plain(int id) {
-    switch (id) {
-    case 0: case 1: case 2: case 3: case 4: case 5: case 6: case 8: case 9: case 10: case 11: case 14: case 16:
-    case 17: case 18: return 1;
-    default: return 0;
-    }
-}
+/* Whether `id` is in a mask of attribute IDs (set_launch_attributes: driver_api's sets, one bit per ID). */
+static int attribute_in(uint64_t mask, int id) { return id >= 0 && id < 64 && (mask >> id) & 1; }
 
 /* Whether the session may make this call: the checks of SessionLedger.check/launchable, as far as C can be
  * sure. 0 sends the record to Python, which answers (and refuses) it. */
@@ -245,9 +245,9 @@ static int allowed(const ledger_view *l, int kind, const uint8_t *p) {
         for (uint32_t i = 0; i < count; i++) {
             const uint8_t *a = p + LAUNCH_FIXED + 4 + (size_t)i * ATTRIBUTE_SIZE;
             int id = (int)rd32(a);
-            if (id == 7 || id == 12) { /* PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT */
+            if (attribute_in(l->event_attributes, id)) { /* an event in the value's first 8 bytes */
                 if (!owns_handle(l, "CUevent", rd64(a + 8))) return 0;
-            } else if (!attribute_is_plain(id)) {
+            } else if (!attribute_in(l->plain_attributes, id)) {
                 return 0;
             }
         }
@@ -428,6 +428,14 @@ static PyObject *Dispatcher_set_copies(Dispatcher *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Dispatcher_set_launch_attributes(Dispatcher *self, PyObject *args) {
+    unsigned long long plain, event;
+    if (!PyArg_ParseTuple(args, "KK", &plain, &event)) return NULL;
+    self->plain_attributes = plain;
+    self->event_attributes = event;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Dispatcher_close(Dispatcher *self, PyObject *unused) {
     (void)unused;
     if (self->have_view) { PyBuffer_Release(&self->view); self->have_view = 0; }
@@ -540,6 +548,9 @@ static PyMethodDef Dispatcher_methods[] = {
      "set_ledger(ledger): the SessionLedger whose tables the checks consult (None: only unchecked calls)."},
     {"serve", (PyCFunction)Dispatcher_serve, METH_VARARGS,
      "serve(block=True) -> (code, call_id, status): serve hot records until Python must act."},
+    {"set_launch_attributes", (PyCFunction)Dispatcher_set_launch_attributes, METH_VARARGS,
+     "set_launch_attributes(plain, event): the launch attribute IDs forwarded as their bytes, and those whose value "
+     "names an event, as bit masks (driver_api's sets); any other attribute is the Python path's."},
     {"set_copies", (PyCFunction)Dispatcher_set_copies, METH_VARARGS,
      "set_copies(executor, cuStreamSynchronize address): what copies need besides their own function."},
     {"close", (PyCFunction)Dispatcher_close, METH_NOARGS, "Release the region's buffer."},

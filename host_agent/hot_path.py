@@ -33,7 +33,13 @@ from typing import Any, NamedTuple
 
 from guest_runtime.compiler import find_compiler
 from ivshmem.channel import Endpoint
-from ivshmem.driver_api import BY_OPCODE, DriverCall
+from ivshmem.driver_api import (
+    BY_OPCODE,
+    LAUNCH_ATTRIBUTES_EVENT,
+    LAUNCH_ATTRIBUTES_PLAIN,
+    DriverCall,
+    attribute_mask,
+)
 from ivshmem.record import Op
 
 log = logging.getLogger(__name__)
@@ -249,6 +255,8 @@ class HotPath:
                 self.dispatcher.set_call(call.opcode, getattr(module, hot.kind), address)
                 self.calls.append(name)
             self.dispatcher.set_ledger(ledger)
+            self.dispatcher.set_launch_attributes(attribute_mask(LAUNCH_ATTRIBUTES_PLAIN),
+                                                  attribute_mask(LAUNCH_ATTRIBUTES_EVENT))
             self.dispatcher.set_copies(handler, functions.get("cuStreamSynchronize", 0))
 
     @property

@@ -476,6 +476,12 @@ class LaunchConfig(ctypes.Structure):
 LAUNCH_ATTRIBUTES_PLAIN = frozenset({0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 14, 16, 17, 18})
 LAUNCH_ATTRIBUTES_EVENT = frozenset({7, 12})  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT
 
+
+def attribute_mask(ids: frozenset[int]) -> int:
+    """Launch attribute IDs as a bit mask (IDs below 64): how the C sides (the native driver's generated header,
+    the host's compiled hot path) test membership in the sets above."""
+    return sum(1 << i for i in ids if 0 <= i < 64)
+
 # Opcodes of the forwarding layer that are not driver calls, far above any table position.
 POOL_MAP_OPCODE = CUDA_OPCODE_BASE + 0x0F00  # map this channel's pinned-pool slice (POOL_MAP_REQUEST below)
 # Added to a copy call's opcode: its host buffer lies in the pinned pool and travels as its address, not its bytes.

@@ -20,7 +20,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ivshmem.driver_api import POINTER_ATTRIBUTE_WIDTHS, describe, split_signature, table_digest
+from ivshmem.driver_api import (
+    LAUNCH_ATTRIBUTES_EVENT,
+    LAUNCH_ATTRIBUTES_PLAIN,
+    POINTER_ATTRIBUTE_WIDTHS,
+    attribute_mask,
+    describe,
+    split_signature,
+    table_digest,
+)
 
 # The C type each table parameter type is declared as (cuda.h's own types, in ABI terms), and the wire codes'
 # C types. Handles are opaque pointers; enums are ints.
@@ -208,6 +216,9 @@ def generate_header() -> str:
     parts += [f"    ORION_OP_{call['name']} = {call['opcode']:#x}," for call in calls]
     parts.append("};")
     parts += [f"#define ORION_POSTED_{call['name']} 1" for call in calls if call["posted"]]
+    # driver_api.LAUNCH_ATTRIBUTES_PLAIN and _EVENT, one bit per attribute ID: the kinds a launch forwards
+    forwarded = attribute_mask(LAUNCH_ATTRIBUTES_PLAIN | LAUNCH_ATTRIBUTES_EVENT)
+    parts.append(f"#define ORION_LAUNCH_ATTRIBUTES_FORWARDED {forwarded:#x}ULL")
     parts.append("")
     parts += [_prototype(call)[0] + ";" for call in calls if call["name"] not in IN_CLIENT]
     parts.append("int cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);")

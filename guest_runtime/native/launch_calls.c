@@ -116,16 +116,10 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int g
     return launch(&l, params, NULL);
 }
 
-/* driver_api.LAUNCH_ATTRIBUTES_PLAIN and _EVENT: the attributes that travel as their bytes. */
+/* driver_api.LAUNCH_ATTRIBUTES_PLAIN and _EVENT (generated into orion_calls.h): the attributes that travel as
+ * their bytes; an event one carries an event the host checks is the session's. */
 static int forwarded_attribute(int id) {
-    switch (id) {
-    case 0: case 1: case 2: case 3: case 4: case 5: case 6: case 8: case 9: case 10: case 11: case 14: case 16:
-    case 17: case 18: /* plain values */
-    case 7: case 12:  /* an event in the value's first 8 bytes, which the host checks is the session's */
-        return 1;
-    default:
-        return 0;
-    }
+    return id >= 0 && id < 64 && (ORION_LAUNCH_ATTRIBUTES_FORWARDED >> id) & 1;
 }
 
 /* Names for orion_not_forwarded, said once each (it keeps the pointer). */
