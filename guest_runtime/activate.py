@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import importlib
 import logging
-import sys
 from collections.abc import Callable, Mapping
 
 from ivshmem.channel import ClientChannel
@@ -47,7 +46,7 @@ def _at_exit() -> None:
     if _forwarder is not None:
         _forwarder.close()
     if _without_allocation:
-        print(f"{allocation.stamp()} [INFO] Client exits without allocation ID.", file=sys.stderr, flush=True)
+        allocation.say_exit_without_allocation()
     allocation.release_at_exit()
 
 

@@ -214,6 +214,11 @@ def acquire_configured(host_of: Callable[[], str]) -> Allocation | None:
     return acquire(setting.address, *wanted, host=host_of())
 
 
+def say_exit_without_allocation() -> None:
+    """Orion's exit line for a process that asked for vGPUs and got none."""
+    print(f"{stamp()} [INFO] Client exits without allocation ID.", file=sys.stderr, flush=True)
+
+
 def release_at_exit() -> None:
     """Give this process's grant back, if it has one, with Orion's exit line: bounded (EXIT_TIMEOUT_S) and without
     ``_lock``, which a thread still inside :func:`acquire` may hold."""

@@ -44,6 +44,9 @@ def runs_host_side(argv: list[str] | None = None) -> bool:
     return False
 
 
+# The other names the native driver is opened by, each an alias library beside it (native/build.py builds them):
+# "libcuda.so" (cuBLAS on the H100 opens that) and "libnvidia-ml.so.1", the NVML it also answers (native/nvml.c).
+NATIVE_ALIASES = ("libcuda.so", "libnvidia-ml.so.1")
 NATIVE_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "lib", "libcuda.so.1")
 
 
@@ -69,7 +72,7 @@ def load_native(path: str) -> None:
     os.environ.setdefault("ORION_PYTHON", sys.executable)
     os.environ.setdefault("ORION_GUEST_ROOT", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
-    for name in ("libcuda.so", "libnvidia-ml.so.1"):  # for dlopen by those names (build.py's ALIASES)
+    for name in NATIVE_ALIASES:  # for a dlopen by those names
         alias = os.path.join(os.path.dirname(path), name)
         if os.path.isfile(alias):
             ctypes.CDLL(alias, mode=os.RTLD_NOW | os.RTLD_GLOBAL)

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             allocation.abandon()
             granted, failed = False, True
     if failed:
-        print(f"{allocation.stamp()} [INFO] Client exits without allocation ID.", file=sys.stderr, flush=True)
+        allocation.say_exit_without_allocation()
     allocation.release_at_exit()
     return 0
 

@@ -16,6 +16,8 @@ import random
 import signal
 import socket
 
+from ivshmem.record import Status
+
 from .handler import HandlerFactory, Session
 from .region_server import ServerOptions, die_with_parent
 from .relay_frames import RELAY_ACCEPT, FrameStream
@@ -70,7 +72,7 @@ class RelayListener:
                 conn.settimeout(1.0)
                 reason = f"this host serves {self.max_sessions} relayed sessions already; try another host"
                 with contextlib.suppress(OSError):
-                    FrameStream(conn).send(0, RELAY_ACCEPT, reason.encode(), status=-6)
+                    FrameStream(conn).send(0, RELAY_ACCEPT, reason.encode(), status=Status.REFUSED)
             return
         self._next_session += 1
         session = Session(self._next_session, f"relay {peer}", 0, random.randrange(1, 1 << 31))

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from guest_runtime.compiler import find_compiler
+from guest_runtime.startup import NATIVE_ALIASES
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("orion_wire.c",)
@@ -50,9 +51,7 @@ def build_driver(output: str | os.PathLike[str]) -> Path:
     return target
 
 
-# The other names the driver is opened by, each an alias library beside it (build_alias): "libcuda.so" (cuBLAS on
-# the H100 opens that) and "libnvidia-ml.so.1", the NVML it also answers (nvml.c).
-ALIASES = ("libcuda.so", "libnvidia-ml.so.1")
+ALIASES = NATIVE_ALIASES  # each built beside the driver by build_alias, and loaded with it by the start-up hook
 
 
 def build_alias(library: Path, name: str) -> Path:

@@ -133,24 +133,30 @@ CUresult cuKernelGetAttribute(int *value, CUfunction_attribute attribute, CUkern
 }
 
 /* The setters: sent as the generated calls send them, then the answers they may change forgotten (whatever the
- * host said: a failed set changed nothing, but forgetting costs one question). */
+ * host said: a failed set changed nothing, but forgetting costs one question): the handle's own, and every answer
+ * of the other kind (0 to forget(): a function's attributes are its kernel's, and the other way round). */
+static CUresult set_then_forget(uint32_t opcode, const uint8_t *req, size_t len, uint64_t function, uint64_t kernel) {
+    int status = orion_thread_forward(opcode, req, len, NULL, 0, 0);
+    forget(function, kernel);
+    return status;
+}
+
+/* A handle as forget() takes it: NULL names no kept answer (UINT64_MAX), never "all" (0). */
+static uint64_t named(const void *handle) { return handle ? (uint64_t)(uintptr_t)handle : UINT64_MAX; }
+
 CUresult cuFuncSetAttribute(CUfunction function, CUfunction_attribute attribute, int value) {
     uint8_t req[16];
     orion_put_u64(req, (uint64_t)(uintptr_t)function);
     orion_put_i32(req + 8, attribute);
     orion_put_i32(req + 12, value);
-    int status = orion_thread_forward(ORION_OP_cuFuncSetAttribute, req, sizeof req, NULL, 0, 0);
-    forget((uint64_t)(uintptr_t)function ? (uint64_t)(uintptr_t)function : UINT64_MAX, 0);
-    return status;
+    return set_then_forget(ORION_OP_cuFuncSetAttribute, req, sizeof req, named(function), 0);
 }
 
 CUresult cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {
     uint8_t req[12];
     orion_put_u64(req, (uint64_t)(uintptr_t)function);
     orion_put_i32(req + 8, config);
-    int status = orion_thread_forward(ORION_OP_cuFuncSetCacheConfig, req, sizeof req, NULL, 0, 0);
-    forget((uint64_t)(uintptr_t)function ? (uint64_t)(uintptr_t)function : UINT64_MAX, 0);
-    return status;
+    return set_then_forget(ORION_OP_cuFuncSetCacheConfig, req, sizeof req, named(function), 0);
 }
 
 CUresult cuKernelSetAttribute(CUfunction_attribute attribute, int value, CUkernel kernel, CUdevice device) {
@@ -159,9 +165,7 @@ CUresult cuKernelSetAttribute(CUfunction_attribute attribute, int value, CUkerne
     orion_put_i32(req + 4, value);
     orion_put_u64(req + 8, (uint64_t)(uintptr_t)kernel);
     orion_put_i32(req + 16, device);
-    int status = orion_thread_forward(ORION_OP_cuKernelSetAttribute, req, sizeof req, NULL, 0, 0);
-    forget(0, (uint64_t)(uintptr_t)kernel ? (uint64_t)(uintptr_t)kernel : UINT64_MAX);
-    return status;
+    return set_then_forget(ORION_OP_cuKernelSetAttribute, req, sizeof req, 0, named(kernel));
 }
 
 CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice device) {
@@ -169,7 +173,5 @@ CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice d
     orion_put_u64(req, (uint64_t)(uintptr_t)kernel);
     orion_put_i32(req + 8, config);
     orion_put_i32(req + 12, device);
-    int status = orion_thread_forward(ORION_OP_cuKernelSetCacheConfig, req, sizeof req, NULL, 0, 0);
-    forget(0, (uint64_t)(uintptr_t)kernel ? (uint64_t)(uintptr_t)kernel : UINT64_MAX);
-    return status;
+    return set_then_forget(ORION_OP_cuKernelSetCacheConfig, req, sizeof req, 0, named(kernel));
 }
