@@ -9,7 +9,6 @@ import contextlib
 import os
 import socket
 import threading
-import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from ivshmem.channel import Endpoint
 from ivshmem.layout import Geometry
 from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, Flag, Op, Record, Status, fill_pattern
 from ivshmem.region import Region
+from tests.forwarding_rig import bounded  # noqa: F401 (fixture)
 
 RING_GENERATION, REMOTE_GENERATION = 5, 9
 
@@ -103,15 +103,15 @@ def test_records_are_answered_through_the_relay_as_by_a_local_worker(relayed: Re
     assert failed.flags & Flag.ASYNC_ERROR and failed.status == Status.UNKNOWN_OPCODE
 
 
-def test_when_the_gpu_host_goes_every_call_answers_device_unavailable_within_the_bound() -> None:
+def test_when_the_gpu_host_goes_every_call_answers_device_unavailable_within_the_bound(bounded: None) -> None:  # noqa: F811
+    """(`bounded`: a TimeoutError, never a hang, if the relay failed to answer.)"""
     r = Relayed(dead_s=0.5)
     try:
         assert bytes(r.reply(r.call(Op.ECHO, b"up")).payload) == b"up"
         r.gpu_side.close()  # the GPU host's beats stop, and then the host itself
         r.sockets[1].shutdown(socket.SHUT_RDWR)
-        start = time.monotonic()
         answer = r.reply(r.call(Op.ECHO, b"down"))
-        assert answer.status == DEVICE_UNAVAILABLE and time.monotonic() - start < 5
+        assert answer.status == DEVICE_UNAVAILABLE
         assert r.reply(r.call(Op.ECHO, b"later")).status == DEVICE_UNAVAILABLE  # at once from now on
         posted = r.reply(r.call(Op.NOP, flags=Flag.NO_REPLY))
         assert posted.flags & Flag.ASYNC_ERROR and posted.status == DEVICE_UNAVAILABLE

@@ -16,15 +16,14 @@ from host_agent.region_server import ServerOptions
 from host_agent.relay_frames import (
     RELAY_ACCEPT,
     RELAY_ACCEPT_REPLY,
-    RELAY_HELLO,
-    RELAY_HELLO_REQUEST,
     ConnectionLost,
     FrameStream,
 )
 from host_agent.relay_worker import accept_relay, serve_relayed
-from ivshmem.driver_api import CALLS, table_digest
+from ivshmem.driver_api import CALLS
 from ivshmem.record import PROTOCOL, Status
 from tests.fake_driver import FakeDriver
+from tests.relay_peer import RelayPeer
 
 SESSION = Session(7, "relay 127.0.0.1", 0, 11)
 
@@ -34,7 +33,7 @@ class Worker:
 
     def __init__(self) -> None:
         self.relay_socket, worker_socket = socket.socketpair()
-        self.relay = FrameStream(self.relay_socket, stall_s=5)
+        self.relay = RelayPeer(FrameStream(self.relay_socket, stall_s=5), SESSION.generation)
         fake = FakeDriver(devices=2)
         fake.cuInit(0)  # as oriond's worker finds the driver (tests/unit/test_hot_dispatch.py does the same)
         self.executor = CudaExecutor(SESSION, driver=fake)
@@ -43,25 +42,6 @@ class Worker:
             serve_relayed(worker_socket, self.executor, SESSION, ServerOptions())), daemon=True)
         self.thread.start()
         self._worker_socket = worker_socket
-
-    def hello(self, protocol: int = PROTOCOL, calls: str | None = None, allocation: str = "") -> Any:
-        payload = RELAY_HELLO_REQUEST.encode(protocol, 4321, "guest-7", table_digest() if calls is None else calls,
-                                             allocation, b"")
-        self.relay.send(1, RELAY_HELLO, payload)
-        return self.answer(1)
-
-    def answer(self, call_id: int) -> Any:
-        while True:
-            record = self.relay.receive(timeout=10)
-            assert record is not None, "no answer within 10 s"
-            if record.opcode != 0x82:  # a BEAT
-                assert record.call_id == call_id
-                return record
-
-    def call(self, call_id: int, name: str, *args: Any) -> Any:
-        call = CALLS[name]
-        self.relay.send(call_id, call.opcode, call.request.encode(*args), generation=SESSION.generation)
-        return self.answer(call_id)
 
     def close(self) -> None:
         self.relay_socket.close()
@@ -77,14 +57,14 @@ def worker() -> Iterator[Worker]:
 
 
 def test_an_accepted_relay_is_served_as_a_session_on_a_region(worker: Worker) -> None:
-    accepted = worker.hello()
+    accepted = worker.relay.hello()
     assert accepted.opcode == RELAY_ACCEPT and accepted.status == 0
     session, transport, why, rdma = RELAY_ACCEPT_REPLY.decode(accepted.payload)
     assert (session, transport, rdma) == (SESSION.number, "tcp", b"") and "no RDMA" in why
-    assert worker.call(2, "cuInit", 0).status == 0
-    count = worker.call(3, "cuDeviceGetCount")
+    assert worker.relay.call(2, "cuInit", 0).status == 0
+    count = worker.relay.call(3, "cuDeviceGetCount")
     assert count.status == 0 and CALLS["cuDeviceGetCount"].reply.decode(count.payload) == (2,)
-    assert worker.call(4, "cuMemFree", 0xDEAD0000).status != 0  # not this session's: the same ledger refuses it
+    assert worker.relay.call(4, "cuMemFree", 0xDEAD0000).status != 0  # not this session's: the same ledger refuses it
     worker.relay_socket.shutdown(socket.SHUT_RDWR)  # the relay goes: the session ends, the worker returns 0
     worker.thread.join(10)
     assert worker.code == [0]
@@ -97,7 +77,7 @@ def test_an_accepted_relay_is_served_as_a_session_on_a_region(worker: Worker) ->
 ])
 def test_a_relay_hello_the_session_would_refuse_is_refused_with_the_reason(worker: Worker, hello: dict[str, Any],
                                                                            reason: str) -> None:
-    refused = worker.hello(**hello)
+    refused = worker.relay.hello(**hello)
     assert refused.opcode == RELAY_ACCEPT and refused.status == Status.REFUSED
     assert reason in bytes(refused.payload).decode()
     worker.thread.join(10)

@@ -17,18 +17,17 @@ import pytest
 from host_agent.executor import CudaExecutor
 from host_agent.handler import Session
 from host_agent.relay_frames import (
-    BEAT,
     RELAY_ACCEPT,
     RELAY_ACCEPT_REPLY,
     RELAY_HELLO,
-    RELAY_HELLO_REQUEST,
     FrameStream,
 )
 from host_agent.relay_listener import RelayListener
 from host_agent.stop import StopRequest
-from ivshmem.driver_api import CALLS, table_digest
-from ivshmem.record import PROTOCOL, Status
+from ivshmem.driver_api import CALLS
+from ivshmem.record import Status
 from tests.fake_driver import FakeDriver
+from tests.relay_peer import RelayPeer
 
 
 def _listen(report: Connection, max_sessions: int) -> None:
@@ -61,32 +60,12 @@ def listener() -> Iterator[Callable[..., int]]:
         proc.join(10)
 
 
-class Relay:
-    """A relay's end of one connection, as the relaying oriond will hold it."""
+class Relay(RelayPeer):
+    """A relay's end of one connection to the listener, as the relaying oriond will hold it."""
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.frames = FrameStream(self.sock)
-        self.generation = 0
-
-    def hello(self) -> Any:
-        self.frames.send(1, RELAY_HELLO, RELAY_HELLO_REQUEST.encode(PROTOCOL, os.getpid(), "here", table_digest(),
-                                                                     "", b""))
-        return self.answer(None)  # the worker's RELAY_ACCEPT (call 1), or the listener's refusal (call 0)
-
-    def answer(self, call_id: int | None) -> Any:
-        while True:
-            record = self.frames.receive(timeout=10)
-            assert record is not None, "no answer within 10 s"
-            if record.opcode != BEAT:
-                assert call_id is None or record.call_id == call_id, record
-                self.generation = record.generation
-                return record
-
-    def call(self, call_id: int, name: str, *args: Any) -> Any:
-        call = CALLS[name]
-        self.frames.send(call_id, call.opcode, call.request.encode(*args), generation=self.generation)
-        return self.answer(call_id)
+        super().__init__(FrameStream(self.sock))
 
     def close(self) -> None:
         self.sock.close()
