@@ -7,6 +7,10 @@ truncated, corrupted or otherwise broken ends its own sessions and nothing else.
 region; it only looks at files through region_file.py, which says whether a file may be served or formatted,
 and it logs each refusal once per state of the file, so a hostile file cannot fill the log either.
 
+With a listening socket (oriond binds listen_port), the relay listener runs in a process of its own too
+(relay_listener.py): sessions relayed here from other hosts. Its ended sessions give their allocations back as a
+region's do; if it ends by itself it is started again on the next rescan, on the same socket.
+
 Besides the periodic rescan, `request_refresh()` (oriond calls it on SIGHUP, which the libvirt hook sends
 after creating or removing a region) makes the next pass rescan at once. It only sets a plain attribute, so
 a signal handler may call it (see stop.py for why a handler must not take locks or set an Event).
@@ -17,16 +21,19 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from ivshmem.region import list_region_files
 
 from . import region_file
 from .config import ServerConfig
 from .executor import ExecutorOptions, executor_factory
-from .region_process import RegionProcess, describe_exit
+from .region_process import RegionProcess, SupervisedProcess, describe_exit
 from .region_server import HandlerFactory, ServerOptions
+from .relay_listener import ListenerProcess
 from .stop import StopRequest
 
 log = logging.getLogger(__name__)
@@ -51,10 +58,10 @@ class Agent:
     def __init__(self, config: ServerConfig, executor: ExecutorOptions, regions: list[str] | None = None,
                  options: ServerOptions | None = None, stop: StopRequest | None = None,
                  rescan_s: float = RESCAN_S, release: Callable[[str], None] | None = None,
-                 factory: HandlerFactory | None = None) -> None:
+                 factory: HandlerFactory | None = None, listen: socket.socket | None = None) -> None:
         """``release(allocation_id)`` gives back a controller allocation whose session ended (it must not
         block: the region loop calls it); None when oriond is not linked to a controller. `factory` replaces
-        the CUDA executor (tests, diagnostics)."""
+        the CUDA executor (tests, diagnostics). `listen`: the relay listener's socket, or None (no listener)."""
         self.config = config
         self.release = release
         self.factory = factory or executor_factory(executor)
@@ -66,6 +73,13 @@ class Agent:
         self._faults: dict[str, _Fault] = {}
         self.rescan_s = rescan_s
         self._refresh_requested = False
+        self.listen = listen
+        self.listener: ListenerProcess | None = None
+
+    def _start_listener(self) -> None:
+        """The relay listener's process; its sessions are never relayed on (no route: no relay loops)."""
+        if self.listen is not None and self.listener is None:
+            self.listener = ListenerProcess(self.listen, self.factory, replace(self.options, relay=None))
 
     def request_refresh(self) -> None:
         """Rescan the region directory on the next pass (signal-safe: one attribute store, no lock)."""
@@ -111,13 +125,22 @@ class Agent:
         self._started[path] = now
 
     def scan(self) -> None:
-        """Act on ended sessions and on supervisors that ended by themselves."""
+        """Act on ended sessions and on supervisors (and the listener) that ended by themselves."""
         for path, region in list(self.regions.items()):
             for _session, notes in region.ended_sessions():
                 self._release(notes)
             code = region.exitcode()
             if code is not None:
                 self._failed(path, code)
+        if self.listener is not None:
+            for _session, notes in self.listener.ended_sessions():
+                self._release(notes)
+            code = self.listener.exitcode()
+            if code is not None:
+                log.error("the relay listener ended (%s); its relayed sessions ended. It is started again",
+                          describe_exit(code))
+                self._let_go(self.listener, stop=False)
+                self.listener = None
 
     def _failed(self, path: str, code: int) -> None:
         """A supervisor ended without being asked: its sessions are over; look at the region again later."""
@@ -131,13 +154,16 @@ class Agent:
                   "once it is a sane region", path, describe_exit(code), fault.backoff)
 
     def _retire(self, path: str, stop: bool) -> None:
-        region = self.regions.pop(path)
+        self._let_go(self.regions.pop(path), stop)
+
+    def _let_go(self, process: SupervisedProcess, stop: bool) -> None:
+        """Stop `process` (or, it ended: only) give back what its sessions held."""
         if stop:
-            region.stop()
-        for _session, notes in region.ended_sessions():
+            process.stop()
+        for _session, notes in process.ended_sessions():
             self._release(notes)
-        self._release(region.orphaned_notes())
-        region.close()
+        self._release(process.orphaned_notes())
+        process.close()
 
     def _release(self, notes: list[str]) -> None:
         """A session that took up a controller allocation (executor BIND) hands it back as it ends."""
@@ -155,6 +181,7 @@ class Agent:
                 if now >= next_refresh or self._refresh_requested:
                     self._refresh_requested = False  # cleared first: a request arriving during refresh() stays
                     self.refresh()
+                    self._start_listener()
                     next_refresh = now + self.rescan_s
                 self.scan()
                 self.stop.wait(self.options.scan_interval)
@@ -164,11 +191,15 @@ class Agent:
 
     def shutdown(self) -> None:
         """Stop every supervisor at once, then wait for them (each ends its own sessions)."""
-        for region in self.regions.values():
+        processes: list[SupervisedProcess] = [*self.regions.values(), *([self.listener] if self.listener else [])]
+        for process in processes:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(region.pid, signal.SIGTERM)
+                os.kill(process.pid, signal.SIGTERM)
         for path in list(self.regions):
             self._retire(path, stop=True)
+        if self.listener is not None:
+            self._let_go(self.listener, stop=True)
+            self.listener = None
 
 
 def _still(path: str, identity: region_file.Identity) -> bool:

@@ -37,6 +37,7 @@ KNOWN_KEYS = {
     "controller": {"controller_addr"},
     "dev": {f"dev_{n}" for n in range(1, 6)},
     "server-image-cache": {"image_cache_dir", "image_cache_mib"},  # Orion vGPU's own: module images by digest
+    "server-relay": {"remote_addr"},  # Orion vGPU's own: relay every session to one GPU host (docs/remote.md)
 }
 # The per-host cache of module images (host_agent/image_cache.py): FHS's place for data that can be made again.
 DEFAULT_IMAGE_CACHE_DIR = "/var/cache/orion/images"
@@ -59,6 +60,8 @@ class ServerConfig:
     shm: ShmSettings = ShmSettings()
     image_cache: CacheSettings = CacheSettings(DEFAULT_IMAGE_CACHE_DIR, DEFAULT_IMAGE_CACHE_MIB << 20)
     unknown_keys: tuple[str, ...] = ()  # "[section] key" of keys Orion does not know: ignored, worth a warning
+    relay: bool = False  # a [server-relay] section: this oriond relays sessions to GPU hosts (docs/remote.md)
+    relay_addr: str = ""  # [server-relay] remote_addr: the one GPU host (HOST:PORT) every session is relayed to
 
     @classmethod
     def load(cls, path: str = DEFAULT_PATH, environ: Mapping[str, str] = os.environ) -> ServerConfig:
@@ -107,6 +110,8 @@ class ServerConfig:
             raise ConfigError(f"{path}: [server] bind_addr = {bind_addr!r} is not a valid value; write this host's "
                               "IP address (or host name), e.g. 127.0.0.1")
         controller = _controller(path, sections, environ)
+        relay = sections.get("server-relay")
+        remote = (relay or {}).get("remote_addr", "").strip()
         config = cls(
             path=path if os.path.exists(path) else None,
             listen_port=unsigned("listen_port", 9960, *PORT_RANGE),
@@ -121,9 +126,12 @@ class ServerConfig:
             shm=ShmSettings.load(path),
             image_cache=_image_cache(path, sections.get("server-image-cache", {})),
             unknown_keys=_unknown(sections),
+            relay=relay is not None,
+            relay_addr=_address(remote, f"{path}: [server-relay] remote_addr", "192.168.1.20:9960") if remote else "",
         )
-        if config.enable_shm and config.enable_rdma:
-            raise ConfigError(f"{path}: RDMA can not be enabled with SHM support.")
+        # Orion refused enable_shm with enable_rdma ("RDMA can not be enabled with SHM support."): its client spoke
+        # SHM locally or RDMA remotely. Here every oriond may do both, SHM towards its own guests and RDMA between
+        # hosts for relayed sessions (docs/remote.md), so the pair is accepted (docs/architecture.md).
         return config
 
     def check_region_dir(self) -> None:

@@ -7,6 +7,11 @@ once: the libvirt qemu hook sends it, through the pid file, after creating or re
 When server.conf's [controller] controller_addr (or ORION_CONTROLLER) names an Orion Controller, this host's
 GPUs are registered there and kept alive by heartbeats on a thread of their own (controller_link.py); without
 one, oriond only serves its regions, as before.
+
+Remote GPU hosts (docs/remote.md): oriond listens on bind_addr:listen_port for sessions other hosts' orionds relay
+here (a port already taken is one error line; the regions are served regardless). Its own sessions are relayed
+to another host when their controller allocation was granted there, or, with `[server-relay] remote_addr`,
+always to that host.
 """
 from __future__ import annotations
 
@@ -14,8 +19,10 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import NoReturn, TypeVar
 
 from . import controller_link, pidfile
@@ -23,6 +30,8 @@ from .agent import RESCAN_S, Agent
 from .config import DEFAULT_PATH, ServerConfig, flag_count, flag_devices, flag_host, flag_port, flag_seconds
 from .executor import ExecutorOptions
 from .region_server import ServerOptions
+from .relay_listener import listen_socket
+from .relay_route import RelayRoute
 from .server_conf import ConfigError
 from .stop import StopRequest
 
@@ -53,13 +62,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     count = _flag(lambda text: flag_count(text, "a number of clients"), "count")
     parser.add_argument("-n", type=count, metavar="N", help="the maximum number of clients (accepted, unused)")
     parser.add_argument("-b", type=_flag(flag_host, "address"), metavar="IP",
-                        help="bind IP address (TCP transport: not in this release)")
+                        help="bind IP address for relayed sessions (server.conf's bind_addr)")
     parser.add_argument("-p", type=_flag(flag_port, "port"), metavar="PORT",
-                        help="listen port (TCP transport: not in this release)")
+                        help="listen port for relayed sessions (server.conf's listen_port)")
     parser.add_argument("-m", action="store_true", help="enable shared memory acceleration (the default)")
     parser.add_argument("-k", action="store_true", help="enable shared memory for QEMU-KVM guests")
-    parser.add_argument("-r", action="store_true", help="enable RDMA (not in this release)")
-    parser.add_argument("-i", action="store_true", help="enable ibverbs for RDMA (not in this release)")
+    parser.add_argument("-r", action="store_true", help="enable RDMA (relay connections use TCP in this release)")
+    parser.add_argument("-i", action="store_true", help="enable ibverbs for RDMA (as -r)")
     parser.add_argument("-d", action="store_true", help="run as a daemon (use your service manager instead)")
     parser.add_argument("--config", metavar="FILE",
                         help=f"server configuration (default {DEFAULT_PATH}; Orion's defaults if that is missing)")
@@ -97,6 +106,37 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def relay_route(config: ServerConfig, link: object | None) -> RelayRoute | None:
+    """How this oriond's sessions may be relayed (relay_route.py): to `[server-relay] remote_addr`, or to the host
+    a controller allocation names; None when neither can happen (no relay address, no controller)."""
+    if not config.relay_addr and not config.controller_configured:
+        return None
+    why = ("enable_rdma is false" if not config.enable_rdma
+           else "RDMA relaying is not built in this release")  # docs/remote.md: pyverbs RC queue pairs, next
+    route = RelayRoute(fixed=config.relay_addr, controller=config.controller_addr if config.controller_configured
+                       else "", host=config.bind_addr if link is not None else "", transport_why=why)
+    if route.fixed:
+        logging.info("Relaying every session to the GPU host %s (server-relay remote_addr)", route.fixed)
+    elif not route.host:
+        logging.info("No GPU registered here: sessions are relayed to the GPU hosts of Orion Controller %s",
+                     route.controller)
+    return route
+
+
+def _listen(config: ServerConfig) -> socket.socket | None:
+    """The relay listener's socket on bind_addr:listen_port; None, said once, when it cannot be had."""
+    try:
+        sock = listen_socket(config.bind_addr, config.listen_port)
+    except OSError as exc:
+        logging.error("cannot listen on %s:%d for relayed sessions (%s): other hosts cannot relay sessions here; "
+                      "free the port or set listen_port (-p) and bind_addr (-b) in %s", config.bind_addr,
+                      config.listen_port, exc.strerror or exc, config.path or DEFAULT_PATH)
+        return None
+    logging.info("Orion Server listens on %s:%d for relayed sessions (transport: tcp%s)", config.bind_addr,
+                 config.listen_port, "; RDMA relaying is not built in this release" if config.enable_rdma else "")
+    return sock
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     try:
@@ -106,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"oriond: Error in orion.conf: {exc}", file=sys.stderr)
         return 1
-    if args.r or args.i:
-        print("oriond: RDMA is not available in this release; serving shared memory only", file=sys.stderr)
+    config = replace(config, bind_addr=args.b or config.bind_addr, listen_port=args.p or config.listen_port,
+                     enable_rdma=config.enable_rdma or args.r or args.i)
     logging.basicConfig(level=config.log_level, format="%(asctime)s [%(levelname)s] %(message)s")
     if config.path is None:
         logging.info("No configuration file is found. Use default settings and environment variables.")
@@ -122,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     executor = ExecutorOptions(devices=devices, gmem_mib=args.gmem, vgpu_count=config.vgpu_count,
                                controller=config.controller_addr if link else "", host=config.bind_addr,
                                image_cache=config.image_cache)
-    agent = Agent(config, executor, regions=args.region, options=ServerOptions(), stop=stop,
-                  rescan_s=args.rescan_interval, release=link.release_later if link else None)
+    agent = Agent(config, executor, regions=args.region, options=ServerOptions(relay=relay_route(config, link)),
+                  stop=stop, rescan_s=args.rescan_interval, release=link.release_later if link else None,
+                  listen=_listen(config))
     # Before the pid file exists: SIGHUP's default action would end the process.
     signal.signal(signal.SIGHUP, lambda *_: agent.request_refresh())
     try:

@@ -17,7 +17,9 @@ import logging
 import multiprocessing
 import os
 import signal
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
 from ivshmem.errors import WireError
 
@@ -55,15 +57,14 @@ def _supervise(path: str, factory: HandlerFactory, options: ServerOptions, event
     os._exit(0)
 
 
-class RegionProcess:
-    """oriond's side of one region's supervisor process."""
+class SupervisedProcess:
+    """oriond's side of a process that runs sessions (a region's supervisor, the relay listener): the process,
+    and the pipe on which its workers' notes and its ended sessions come."""
 
-    def __init__(self, path: str, identity: Identity, factory: HandlerFactory, options: ServerOptions) -> None:
-        self.path = path
-        self.identity = identity
+    def __init__(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> None:
+        """`target(*args, events)` is the process's body; `events` the sending end of the pipe."""
         self.events, events = _MP.Pipe(duplex=False)
-        self.process = _MP.Process(target=_supervise, name=f"orion-region-{os.path.basename(path)}",
-                                   args=(path, factory, options, events))
+        self.process = _MP.Process(target=target, name=name, args=(*args, events))
         self.process.start()
         events.close()
         self.pending: dict[int, list[str]] = {}  # session -> what its worker noted, until the session ends
@@ -97,18 +98,28 @@ class RegionProcess:
         return notes
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """Ask it to end its sessions and mark the region stopped; kill it if it does not within `timeout`."""
+        """Ask it to end its sessions (a region: and mark the region stopped); kill it if it does not within
+        `timeout`."""
         if self.process.exitcode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)
             self.process.join(timeout)
             if self.process.exitcode is None:
-                log.warning("%s: its supervisor did not stop within %g s; killed", self.path, timeout)
+                log.warning("%s did not stop within %g s; killed", self.process.name, timeout)
                 self.process.kill()
                 self.process.join(timeout)
 
     def close(self) -> None:
         self.events.close()
+
+
+class RegionProcess(SupervisedProcess):
+    """oriond's side of one region's supervisor process."""
+
+    def __init__(self, path: str, identity: Identity, factory: HandlerFactory, options: ServerOptions) -> None:
+        self.path = path
+        self.identity = identity
+        super().__init__(_supervise, (path, factory, options), f"orion-region-{os.path.basename(path)}")
 
 
 def describe_exit(code: int) -> str:

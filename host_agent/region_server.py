@@ -37,6 +37,7 @@ from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
 from . import hot_path, region_file
 from .handler import Handler, HandlerFactory, Reply, Session, notes_for, route_notes
 from .limits import LogLimiter, TokenBucket
+from .relay_route import RelayRoute, open_session
 from .stop import StopRequest
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class ServerOptions:
     channel_session_rate: float = 2.0  # the same per channel
     channel_session_burst: int = 4
     malformed_logged: int = 10  # malformed records logged one by one per session, then one line a minute
+    relay: RelayRoute | None = None  # sessions may be relayed to a GPU host (relay_route.py); None: all served here
 
 
 def _answer(record: Record, generation: int, handler: Handler, session: Session) -> Reply:
@@ -110,7 +112,7 @@ class RecordLoop:
     def run(self, until_idle: bool = False) -> None:
         """Answer records forever (with `until_idle`, until none is waiting: the tests). Raises ChannelCorrupt
         when the peer broke the ring protocol."""
-        endpoint, handler, session, hot = self.endpoint, self.handler, self.session, self.hot
+        endpoint, handler, hot = self.endpoint, self.handler, self.hot
         sink_for = lambda _call, opcode, length: handler.sink_for(opcode, length)  # noqa: E731
         while True:
             if hot is not None:
@@ -123,35 +125,49 @@ class RecordLoop:
                     return
             try:
                 if hot is not None and code == hot.POSTED_FAILED:  # a posted call that failed, answered in C
-                    reply, call_id, flags = Reply(failed_status), failed_id, Flag.NO_REPLY
-                else:
-                    record = endpoint.receive(sink_for=sink_for, wait=not until_idle)
-                    if record is None:  # receive() waits for a record unless until_idle: nothing is there
-                        if until_idle:
-                            return
-                        continue
-                    reply = _answer(record, endpoint.generation, handler, session)
-                    call_id, flags = record.call_id, record.flags
+                    self.send(failed_id, Flag.NO_REPLY, Reply(failed_status))
+                    continue
+                record = endpoint.receive(sink_for=sink_for, wait=not until_idle)
             except RecordError as exc:  # malformed header: answered, and the session goes on
-                self.malformed.log(logging.WARNING, "malformed records", "session %d: malformed record: %s",
-                                   session.number, exc)
-                reply = Reply(exc.status, str(exc).encode())
-                call_id, flags = getattr(exc, "call_id", 0), getattr(exc, "flags", 0)
-            if flags & Flag.NO_REPLY:
-                if reply.status == 0:
-                    continue
-                self.async_errors += 1
-                if self.async_errors > MAX_ASYNC_ERRORS_REPORTED:  # a client failing forever gets its first 64
-                    if self.async_errors == MAX_ASYNC_ERRORS_REPORTED + 1:
-                        log.warning("session %d: more than %d asynchronous errors; reporting no more",
-                                    session.number, MAX_ASYNC_ERRORS_REPORTED)
-                    continue
-            reply_flags = Flag.ASYNC_ERROR if flags & Flag.NO_REPLY else 0
-            try:
-                endpoint.send(call_id, 0, reply_flags, reply.payload, reply.status)
-            except RecordError as exc:  # the handler produced a reply too large to send
-                log.error("session %d: %s", session.number, exc)
-                endpoint.send(call_id, 0, reply_flags, str(exc).encode(), Status.HANDLER_FAILED)
+                self.answer_malformed(exc)
+                continue
+            if record is None:  # receive() waits for a record unless until_idle: nothing is there
+                if until_idle:
+                    return
+                continue
+            self.answer(record)
+
+    def answer(self, record: Record) -> Reply:
+        """Answer one well-formed record read from the endpoint; the reply (sent, unless it was a posted call's
+        success). A relayable session's opening records (relay_route.py) are answered through this too."""
+        reply = _answer(record, self.endpoint.generation, self.handler, self.session)
+        self.send(record.call_id, record.flags, reply)
+        return reply
+
+    def answer_malformed(self, exc: RecordError) -> None:
+        """Answer a record whose header the endpoint refused; the session goes on."""
+        self.malformed.log(logging.WARNING, "malformed records", "session %d: malformed record: %s",
+                           self.session.number, exc)
+        self.send(getattr(exc, "call_id", 0), getattr(exc, "flags", 0), Reply(exc.status, str(exc).encode()))
+
+    def send(self, call_id: int, flags: int, reply: Reply) -> None:
+        """Send `reply` to record `call_id` (a posted record's: only a failure, and only the session's first
+        MAX_ASYNC_ERRORS_REPORTED)."""
+        if flags & Flag.NO_REPLY:
+            if reply.status == 0:
+                return
+            self.async_errors += 1
+            if self.async_errors > MAX_ASYNC_ERRORS_REPORTED:  # a client failing forever gets its first 64
+                if self.async_errors == MAX_ASYNC_ERRORS_REPORTED + 1:
+                    log.warning("session %d: more than %d asynchronous errors; reporting no more",
+                                self.session.number, MAX_ASYNC_ERRORS_REPORTED)
+                return
+        reply_flags = Flag.ASYNC_ERROR if flags & Flag.NO_REPLY else 0
+        try:
+            self.endpoint.send(call_id, 0, reply_flags, reply.payload, reply.status)
+        except RecordError as exc:  # the handler produced a reply too large to send
+            log.error("session %d: %s", self.session.number, exc)
+            self.endpoint.send(call_id, 0, reply_flags, str(exc).encode(), Status.HANDLER_FAILED)
 
 
 def serve_session(region_path: str, session: Session, factory: HandlerFactory, options: ServerOptions) -> int:
@@ -172,11 +188,18 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, o
     attach = getattr(handler, "attach_channel", None)
     if attach is not None:  # a handler that wants the worker's own mapping (the executor pins its channel)
         attach(region, session.channel)
-    hot = hot_path.attach(endpoint, handler)  # the compiled hot records, if this host can build it
-    if hot is not None:
-        log.info("session %d: compiled hot path serves %s", session.number, ", ".join(hot.calls))
+    loop = RecordLoop(endpoint, handler, session, options)
     try:
-        RecordLoop(endpoint, handler, session, options, hot).run()
+        if options.relay is not None:
+            relayed = open_session(loop, options.relay)
+            if relayed is not None:
+                relay, first = relayed
+                relay.run(first)
+                return 0  # not reached: only an exception ends the relay
+        loop.hot = hot_path.attach(endpoint, handler)  # the compiled hot records, if this host can build it
+        if loop.hot is not None:
+            log.info("session %d: compiled hot path serves %s", session.number, ", ".join(loop.hot.calls))
+        loop.run()
         return 0  # not reached: only an exception ends the loop
     except ChannelCorrupt as exc:  # the peer broke the ring protocol: this session cannot go on
         if channel.ctrl[Ctrl.CLIENT_GEN] != session.generation or not channel.ctrl[Ctrl.CLIENT_ACTIVE]:

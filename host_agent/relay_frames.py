@@ -31,11 +31,12 @@ BEAT = 0x82
 
 # RELAY_HELLO: the relay's protocol, the forwarded-call table's digest, whose session it relays (for logs), the
 # allocation it brings (or ""), and its RDMA offer (empty: TCP only). RELAY_ACCEPT: the GPU host's session, the
-# transport it chose and why, and its RDMA answer.
+# transport it chose and why, its RDMA answer, and its BIND reply to the allocation (empty without one), which the
+# relay gives the guest as the answer to its own BIND.
 RELAY_HELLO_REQUEST = Schema("RELAY_HELLO", ("protocol", "u32"), ("pid", "u32"), ("client_host", "str"),
                              ("calls", "str"), ("allocation", "str"), ("rdma", "bytes"))
 RELAY_ACCEPT_REPLY = Schema("RELAY_ACCEPT", ("session", "u64"), ("transport", "str"), ("why", "str"),
-                            ("rdma", "bytes"))
+                            ("rdma", "bytes"), ("bound", "bytes"))
 
 STALL_S = 10.0  # a begun frame must arrive whole within this (the ring's staged-request bound)
 

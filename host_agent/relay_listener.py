@@ -6,6 +6,10 @@ What a peer can make it do is bounded: at most `max_sessions` relayed sessions a
 that is refused with the reason and closed), a connection that sends no RELAY_HELLO is closed after
 relay_worker.HELLO_TIMEOUT_S, and every record then goes through the same checks as on a region. The listener
 itself never initialises CUDA (a worker does, after its fork), and dies with its parent.
+
+oriond binds the socket itself (`listen_socket`), so that a port already taken is one line in its log at start-up
+and never a process failing in a loop, and runs the listener in a process of its own (`ListenerProcess`), whose
+events (an allocation a relayed session took up, each ended session) reach oriond as a region's do.
 """
 from __future__ import annotations
 
@@ -15,14 +19,19 @@ import os
 import random
 import signal
 import socket
+from typing import TYPE_CHECKING
 
 from ivshmem.record import Status
 
-from .handler import HandlerFactory, Session
+from .handler import HandlerFactory, Session, notes_for, route_notes
+from .region_process import SupervisedProcess
 from .region_server import ServerOptions, die_with_parent
 from .relay_frames import RELAY_ACCEPT, FrameStream
 from .relay_worker import serve_relayed
 from .stop import StopRequest
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -30,24 +39,38 @@ ACCEPT_POLL_S = 0.5
 MAX_SESSIONS = 64
 
 
+def listen_socket(bind_addr: str, port: int) -> socket.socket:
+    """A TCP socket listening on `bind_addr:port` (0: any free port); OSError when it cannot be had."""
+    family = socket.AF_INET6 if ":" in bind_addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bind_addr, port))
+        sock.listen(16)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class RelayListener:
-    def __init__(self, bind_addr: str, port: int, factory: HandlerFactory, options: ServerOptions | None = None,
-                 stop: StopRequest | None = None, max_sessions: int = MAX_SESSIONS) -> None:
+    def __init__(self, sock: socket.socket, factory: HandlerFactory, options: ServerOptions | None = None,
+                 stop: StopRequest | None = None, max_sessions: int = MAX_SESSIONS,
+                 events: Connection | None = None) -> None:
+        """`sock` is listening (listen_socket); `events`, when given, gets ("ended", session, "") for each ended
+        session, and its workers' note()s, as a region supervisor's pipe does."""
         self.factory, self.options = factory, options or ServerOptions()
         self._stop = stop or StopRequest()
         self.max_sessions = max_sessions
-        self.workers: dict[int, str] = {}  # pid -> peer
+        self.workers: dict[int, tuple[int, str]] = {}  # pid -> (session, peer)
         self._next_session = 0
-        family = socket.AF_INET6 if ":" in bind_addr else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((bind_addr, port))
-        self.sock.listen(16)
+        self._events = events
+        route_notes(events)
+        self.sock = sock
         self.sock.settimeout(ACCEPT_POLL_S)
         self.address = self.sock.getsockname()
 
     def serve_forever(self) -> None:
-        log.info("Orion Server listens on %s:%d for relayed sessions", self.address[0], self.address[1])
         try:
             while not self._stop.is_set():
                 self._reap()
@@ -84,13 +107,15 @@ class RelayListener:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 self.sock.close()
+                notes_for(session.number)
                 conn.settimeout(None)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # records are small; never delayed
                 log.info("Creating session %d (relayed from %s)", session.number, peer)
                 code = serve_relayed(conn, self.factory(session), session, self.options)
             finally:
                 os._exit(code)
         conn.close()
-        self.workers[pid] = peer
+        self.workers[pid] = (session.number, peer)
 
     def _reap(self, wait: bool = False) -> None:
         for pid in list(self.workers):
@@ -99,10 +124,32 @@ class RelayListener:
             except ChildProcessError:
                 done, status = pid, 0
             if done:
-                peer = self.workers.pop(pid)
-                log.info("relayed session from %s ended (exit %d)", peer, os.waitstatus_to_exitcode(status))
+                number, peer = self.workers.pop(pid)
+                log.info("relayed session %d from %s ended (exit %d)", number, peer,
+                         os.waitstatus_to_exitcode(status))
+                if self._events is not None:
+                    with contextlib.suppress(OSError):  # oriond is gone; nobody is left to act on it
+                        self._events.send(("ended", number, ""))
 
 
 def _end(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
+
+
+def _listen(sock: socket.socket, factory: HandlerFactory, options: ServerOptions, events: Connection) -> None:
+    """Body of the listener process: accept relay connections until SIGTERM (or oriond's end)."""
+    die_with_parent(signal.SIGTERM)
+    stop = StopRequest().on_signals()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # oriond's own wake-up signal; not ours
+    RelayListener(sock, factory, options, stop, events=events).serve_forever()
+    os._exit(0)
+
+
+class ListenerProcess(SupervisedProcess):
+    """oriond's side of the relay listener's process: ended sessions and their notes, as a region's."""
+
+    def __init__(self, sock: socket.socket, factory: HandlerFactory, options: ServerOptions) -> None:
+        host, port = sock.getsockname()[:2]
+        super().__init__(_listen, (sock, factory, options), f"orion-relay-listener-{port}")
+        self.address = f"{host}:{port}"

@@ -15,7 +15,7 @@ import threading
 
 from ivshmem.channel import Endpoint
 from ivshmem.errors import RecordError
-from ivshmem.record import Flag
+from ivshmem.record import Flag, Record
 
 from .relay_frames import ConnectionLost
 from .stream_endpoint import StreamEndpoint
@@ -29,39 +29,51 @@ MAX_ASYNC_ERRORS_REPORTED = 64  # as the worker's loop (region_server.RecordLoop
 class Relay:
     """One relayed session: `ring` is the host side of its channel, `remote` its relay connection."""
 
-    def __init__(self, ring: Endpoint, remote: StreamEndpoint, session: int) -> None:
+    def __init__(self, ring: Endpoint, remote: StreamEndpoint | None, session: int, lost: str | None = None) -> None:
+        """`remote` None: the GPU host could not be reached at all (`lost` says why), and every call of the
+        session answers CUDA_ERROR_DEVICE_UNAVAILABLE."""
         self.ring, self.remote, self.session = ring, remote, session
-        self.lost: str | None = None  # why the GPU host is gone, once it is
+        self.lost: str | None = lost if remote is not None else lost or "no relay connection"
         self._pending: set[int] = set()  # call ids sent that still wait for their answer
         self._lock = threading.Lock()  # the completion ring has two writers: answers and the relay's own
         self._async_errors = 0
         self._answers = threading.Thread(target=self._carry_answers, name=f"relay-{session}", daemon=True)
 
-    def run(self) -> None:
-        """Forward the ring's records until the ring ends the session (its errors end it, as a worker's)."""
-        self._answers.start()
+    def run(self, first: Record | None = None) -> None:
+        """Forward the ring's records, `first` (already read) first, until the ring ends the session (its errors
+        end it, as a worker's)."""
+        if self.remote is not None:
+            self._answers.start()
+        record = first
         while True:
-            try:
-                record = self.ring.receive()
-            except RecordError as exc:  # answered here, as the worker's loop answers it; the session goes on
-                self._answer(getattr(exc, "call_id", 0), getattr(exc, "flags", 0), exc.status, str(exc).encode())
-                continue
             if record is None:
-                continue
-            posted = bool(record.flags & Flag.NO_REPLY)
-            with self._lock:
-                lost = self.lost
-                if lost is None and not posted:
-                    self._pending.add(record.call_id)
-            if lost is not None:
-                self._answer(record.call_id, record.flags, DEVICE_UNAVAILABLE, b"")
-                continue
-            try:
-                self.remote.send(record.call_id, record.opcode, record.flags & Flag.NO_REPLY, record.payload)
-            except ConnectionLost as exc:
-                self._lose(str(exc))
+                try:
+                    record = self.ring.receive()
+                except RecordError as exc:  # answered here, as the worker's loop answers it; the session goes on
+                    self._answer(getattr(exc, "call_id", 0), getattr(exc, "flags", 0), exc.status,
+                                 str(exc).encode())
+                    continue
+                if record is None:
+                    continue
+            self._forward(record)
+            record = None
+
+    def _forward(self, record: Record) -> None:
+        posted = bool(record.flags & Flag.NO_REPLY)
+        with self._lock:
+            lost = self.lost
+            if lost is None and not posted:
+                self._pending.add(record.call_id)
+        if lost is not None or self.remote is None:
+            self._answer(record.call_id, record.flags, DEVICE_UNAVAILABLE, b"")
+            return
+        try:
+            self.remote.send(record.call_id, record.opcode, record.flags & Flag.NO_REPLY, record.payload)
+        except ConnectionLost as exc:
+            self._lose(str(exc))
 
     def _carry_answers(self) -> None:
+        assert self.remote is not None
         try:
             while True:
                 answer = self.remote.receive()

@@ -68,12 +68,13 @@ def _judge(record: Record, handler: Handler, session: Session) -> tuple[int, byt
     hello = _ask(handler, Op.HELLO, HELLO_REQUEST.encode(protocol, pid, client_host, calls), session.generation)
     if hello[0] != Status.OK:
         return hello
+    bound = b""
     if allocation:
-        bound = _ask(handler, Op.BIND, BIND_REQUEST.encode(allocation), session.generation)
-        if bound[0] != Status.OK:
-            return bound
+        status, bound = _ask(handler, Op.BIND, BIND_REQUEST.encode(allocation), session.generation)
+        if status != Status.OK:
+            return status, bound
     why = "the relay offered no RDMA" if not rdma else "RDMA relaying is not built yet"
-    return Status.OK, RELAY_ACCEPT_REPLY.encode(session.number, "tcp", why, b"")
+    return Status.OK, RELAY_ACCEPT_REPLY.encode(session.number, "tcp", why, b"", bound)
 
 
 def serve_relayed(sock: socket.socket, handler: Handler, session: Session, options: ServerOptions) -> int:

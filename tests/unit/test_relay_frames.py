@@ -98,5 +98,5 @@ def test_the_relay_handshake_schemas_round_trip(pair: tuple[FrameStream, FrameSt
     assert RELAY_HELLO_REQUEST.decode(record.payload) == (2, 4242, "guest-1", "digest", "alloc-9", b"")
     beat = far.receive(timeout=5)
     assert beat is not None and (beat.opcode, beat.length) == (BEAT, 0)
-    accept = RELAY_ACCEPT_REPLY.encode(17, "tcp", "no RDMA device on this host", b"")
-    assert RELAY_ACCEPT_REPLY.decode(accept) == (17, "tcp", "no RDMA device on this host", b"")
+    accept = RELAY_ACCEPT_REPLY.encode(17, "tcp", "no RDMA device on this host", b"", b"\x01")
+    assert RELAY_ACCEPT_REPLY.decode(accept) == (17, "tcp", "no RDMA device on this host", b"", b"\x01")

@@ -59,8 +59,8 @@ def worker() -> Iterator[Worker]:
 def test_an_accepted_relay_is_served_as_a_session_on_a_region(worker: Worker) -> None:
     accepted = worker.relay.hello()
     assert accepted.opcode == RELAY_ACCEPT and accepted.status == 0
-    session, transport, why, rdma = RELAY_ACCEPT_REPLY.decode(accepted.payload)
-    assert (session, transport, rdma) == (SESSION.number, "tcp", b"") and "no RDMA" in why
+    session, transport, why, rdma, bound = RELAY_ACCEPT_REPLY.decode(accepted.payload)
+    assert (session, transport, rdma, bound) == (SESSION.number, "tcp", b"", b"") and "no RDMA" in why
     assert worker.relay.call(2, "cuInit", 0).status == 0
     count = worker.relay.call(3, "cuDeviceGetCount")
     assert count.status == 0 and CALLS["cuDeviceGetCount"].reply.decode(count.payload) == (2,)

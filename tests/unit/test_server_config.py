@@ -122,7 +122,7 @@ def test_a_bad_server_value_names_the_file_and_key(line: str, wording: str, tmp_
     ("[controller]\n    controller_addr = a b:9123\n", "'a b' is not a host name or IP address"),
     ("[controller]\n    controller_addr = ::1:9123\n", "[ADDRESS]:PORT"),
     ('[controller]\n    controller_addr = "10.0.0.1:9123\n', "unterminated quote"),
-    ('[server]\n    enable_shm = "true"\n    enable_rdma = "true"\n', "RDMA can not be enabled with SHM support."),
+    ("[server-relay]\n    remote_addr = gpu-host\n", "[server-relay] remote_addr = 'gpu-host' is not a valid value"),
 ])
 def test_a_bad_value_of_another_section_names_the_file_and_key(text: str, wording: str, tmp_path: Path) -> None:
     path = write(tmp_path, text)
@@ -246,3 +246,13 @@ def test_a_line_that_is_not_ini_is_named_once_quoted(tmp_path: Path) -> None:
         load_ini(path)
     assert str(caught.value) == (f"{path}, line 2: cannot parse 'listen_port 9960'; expected 'key = value', "
                                  "'[section]' or a '; comment'")
+
+
+def test_a_relay_section_and_shm_with_rdma_are_accepted(tmp_path: Path) -> None:
+    """Orion refused enable_shm with enable_rdma; here an oriond serves its guests by SHM and relays by RDMA."""
+    path = write(tmp_path, '[server]\n    enable_shm = "true"\n    enable_rdma = "true"\n'
+                           "[server-relay]\n    remote_addr = 10.0.0.2:9960\n")
+    config = ServerConfig.load(path, environ={})
+    assert (config.enable_shm, config.enable_rdma, config.relay, config.relay_addr) == (True, True, True,
+                                                                                         "10.0.0.2:9960")
+    assert not config.unknown_keys

@@ -22,7 +22,7 @@ from host_agent.relay_frames import (
     RELAY_HELLO,
     FrameStream,
 )
-from host_agent.relay_listener import RelayListener
+from host_agent.relay_listener import RelayListener, listen_socket
 from host_agent.stop import StopRequest
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Status
@@ -38,7 +38,7 @@ def _listen(report: Connection, max_sessions: int) -> None:
         driver = FakeDriver(devices=2)
         driver.cuInit(0)
         return CudaExecutor(session, driver=driver)
-    listener = RelayListener("127.0.0.1", 0, factory, stop=stop, max_sessions=max_sessions)
+    listener = RelayListener(listen_socket("127.0.0.1", 0), factory, stop=stop, max_sessions=max_sessions)
     report.send(listener.address[1])
     listener.serve_forever()
 

@@ -1,0 +1,197 @@
+"""Whether a session on one of this host's regions is served here or relayed to a GPU host (docs/remote.md).
+
+A session's worker answers its opening records here, before anything can have touched a GPU: HELLO (checked by
+the session's own handler, as always), AGENT_INFO, the wire diagnostics, and BIND. The route is decided by the
+first of:
+- BIND naming a controller allocation: the controller says which host it was granted on (`GET
+  /api/v1/allocations/<id>`, asked of this oriond's own controller, never of an address the guest sends). This
+  host's grant is taken up here, as before; another host's is relayed to that host's oriond, at the address and
+  listen_port it registered, and that oriond confirms it with the controller;
+- the first CUDA record: with `[server-relay] remote_addr` every session is relayed there (with the allocation
+  its BIND brought, or none); otherwise the session is this host's, and the worker's loop serves the rest.
+
+A relay answers BIND with the GPU host's own answer (or its refusal, in one line), so a guest cannot tell a
+relayed session from a local one but by its speed. A GPU host that cannot be reached refuses BIND with the reason;
+a fixed route that cannot be reached makes every CUDA call of the session answer CUDA_ERROR_DEVICE_UNAVAILABLE,
+said once in the log.
+
+AGENT_INFO on a host that only relays (a controller, but no GPU registered there) names the host "*": the guest
+then asks the controller for vGPUs on any host (guest_runtime/allocation.serving_host).
+"""
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from guest_runtime.controller_client import ControllerClient, ControllerClientError, split_address
+from ivshmem.errors import RecordError
+from ivshmem.record import (
+    AGENT_INFO_REPLY,
+    BIND_REQUEST,
+    CUDA_OPCODE_BASE,
+    HELLO_REQUEST,
+    Op,
+    Record,
+    Status,
+)
+
+from .handler import Reply, refused
+from .relay_frames import (
+    RELAY_ACCEPT,
+    RELAY_ACCEPT_REPLY,
+    RELAY_HELLO,
+    RELAY_HELLO_REQUEST,
+    ConnectionLost,
+    FrameStream,
+)
+from .relay_session import Relay
+from .stream_endpoint import StreamEndpoint
+
+if TYPE_CHECKING:
+    from .region_server import RecordLoop
+
+log = logging.getLogger(__name__)
+
+ANY_HOST = "*"  # AGENT_INFO's host on an oriond that only relays: the guest's vGPUs may be on any host
+CONNECT_TIMEOUT_S = 5.0  # the relay's silence bound: a GPU host that does not answer in this is unreachable
+ACCEPT_TIMEOUT_S = 15.0  # RELAY_ACCEPT waits for the GPU host's controller to confirm the grant (5 s) and a worker
+LOOKUP_TIMEOUT_S = 5.0
+
+
+class RouteRefused(Exception):
+    """The session cannot be relayed where it must go; the message is one line for the guest's user."""
+
+
+@dataclass(frozen=True)
+class RelayRoute:
+    fixed: str = ""  # [server-relay] remote_addr (HOST:PORT): every session of this oriond is relayed there
+    controller: str = ""  # this oriond's controller, where a grant's host is looked up ("" : none)
+    host: str = ""  # this host's name in the controller's pool; "" when it registered no GPU (it only relays)
+    transport_why: str = "enable_rdma is false"  # why this host offers no RDMA (RDMA relaying: not built yet)
+
+    def agent_info(self) -> bytes:
+        return AGENT_INFO_REPLY.encode(self.host or (ANY_HOST if self.controller else ""), self.controller)
+
+    def target_of(self, allocation: str) -> tuple[str, int] | None:
+        """Where a session bringing `allocation` goes: the GPU host's (address, port), or None for this host."""
+        if self.fixed:
+            return split_address(self.fixed)
+        if not self.controller:
+            return None  # no controller to ask: the local BIND refuses the allocation in its own words
+        try:
+            with ControllerClient(self.controller, timeout_s=LOOKUP_TIMEOUT_S) as client:
+                grant = client.allocation(allocation)
+        except ControllerClientError as exc:
+            raise RouteRefused(f"the Orion Controller at {self.controller} cannot say where allocation "
+                               f"{allocation[:80]} is: {exc.reason}") from None
+        if str(grant.get("host", "")) == self.host and self.host:
+            return None
+        try:
+            return str(grant["address"]), int(grant["port"])
+        except (KeyError, TypeError, ValueError):
+            raise RouteRefused(f"the Orion Controller gave a malformed answer for allocation {allocation[:80]}") \
+                from None
+
+
+def _dial(target: tuple[str, int], hello: tuple[int, int, str, str], allocation: str,
+          route: RelayRoute, session: int) -> tuple[StreamEndpoint, bytes]:
+    """Open the relay connection for a session: RELAY_HELLO, then the GPU host's RELAY_ACCEPT. The connection and
+    the GPU host's BIND answer (empty without an allocation); RouteRefused with the reason otherwise."""
+    where = f"{target[0]}:{target[1]}"
+    try:
+        sock = socket.create_connection(target, timeout=CONNECT_TIMEOUT_S)
+    except OSError as exc:
+        raise RouteRefused(f"cannot reach the GPU host's oriond at {where}: {exc.strerror or exc}; check that it "
+                           f"runs and that its bind_addr and listen_port are reachable from here") from None
+    try:
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # records are small; never delayed
+        frames = FrameStream(sock)
+        protocol, pid, client_host, calls = hello
+        frames.send(1, RELAY_HELLO, RELAY_HELLO_REQUEST.encode(protocol, pid, client_host, calls, allocation, b""))
+        answer = frames.receive(timeout=ACCEPT_TIMEOUT_S)
+        if answer is None:
+            raise RouteRefused(f"the GPU host's oriond at {where} did not answer within {ACCEPT_TIMEOUT_S:g} s")
+        reason = bytes(answer.payload).decode(errors="replace")
+        if answer.opcode != RELAY_ACCEPT:
+            raise RouteRefused(f"{where} is not an Orion relay listener (it answered opcode {answer.opcode:#x})")
+        if answer.status != Status.OK:
+            raise RouteRefused(f"the GPU host {where} refused the session: {reason}")
+        number, transport, why, _rdma, bound = RELAY_ACCEPT_REPLY.decode(answer.payload)
+    except (ConnectionLost, RecordError) as exc:
+        sock.close()
+        raise RouteRefused(f"the relay connection to {where} failed: {exc}") from None
+    except RouteRefused:
+        sock.close()
+        raise
+    log.info("session %d: relayed to %s (its session %d) over %s: %s; %s", session, where, number, transport,
+             route.transport_why, why)
+    return StreamEndpoint(frames, answer.generation), bytes(bound)
+
+
+def open_session(loop: RecordLoop, route: RelayRoute) -> tuple[Relay, Record | None] | None:
+    """Answer the session's opening records until its route is known: the Relay to run and the record it must
+    forward first (the session is relayed), or None (the rest is this host's, for `loop` to serve; every record
+    read so far has been answered)."""
+    endpoint, session, handler = loop.endpoint, loop.session, loop.handler
+    sink_for = None if route.fixed else (lambda _call, opcode, length: handler.sink_for(opcode, length))
+    hello: tuple[int, int, str, str] | None = None
+    while True:
+        try:
+            record = endpoint.receive(sink_for=sink_for)
+        except RecordError as exc:
+            loop.answer_malformed(exc)
+            continue
+        if record is None:
+            continue
+        opcode = record.opcode
+        if opcode == Op.HELLO:
+            if loop.answer(record).status == Status.OK:
+                hello = HELLO_REQUEST.decode(record.payload)
+        elif opcode == Op.AGENT_INFO and not record.payload and record.generation == endpoint.generation:
+            loop.send(record.call_id, record.flags, Reply(Status.OK, route.agent_info()))
+        elif opcode == Op.BIND and hello is not None:
+            bound = _bind(loop, record, route, hello)
+            if bound is True:
+                return None
+            if bound is not False:
+                return bound, None
+        elif opcode < CUDA_OPCODE_BASE or hello is None or not route.fixed:
+            loop.answer(record)  # the wire's diagnostics, a session without HELLO, or this host's first CUDA call
+            if opcode >= CUDA_OPCODE_BASE:
+                return None
+        else:
+            try:
+                remote, _ = _dial(split_address(route.fixed), hello, "", route, session.number)
+            except RouteRefused as exc:
+                log.warning("session %d: %s; its calls answer CUDA_ERROR_DEVICE_UNAVAILABLE", session.number, exc)
+                return Relay(endpoint, None, session.number, str(exc)), record
+            return Relay(endpoint, remote, session.number), record
+
+
+def _bind(loop: RecordLoop, record: Record, route: RelayRoute, hello: tuple[int, int, str, str]) -> Relay | bool:
+    """BIND during the opening, answered: the Relay when the grant is another host's (the answer is that host's
+    BIND reply), True when it is this host's and taken up here, False when refused (the session stays in its
+    opening, as after a refused local BIND)."""
+    try:
+        (allocation,) = BIND_REQUEST.decode(record.payload)
+        target = route.target_of(allocation)
+    except RecordError:
+        loop.answer(record)  # the handler's own refusal of a malformed BIND
+        return False
+    except RouteRefused as exc:
+        log.warning("session %d: %s", loop.session.number, exc)
+        loop.send(record.call_id, record.flags, refused(str(exc)))
+        return False
+    if target is None:
+        return loop.answer(record).status == Status.OK
+    try:
+        remote, bound = _dial(target, hello, allocation, route, loop.session.number)
+    except RouteRefused as exc:
+        log.warning("session %d: %s", loop.session.number, exc)
+        loop.send(record.call_id, record.flags, refused(str(exc)))
+        return False
+    loop.send(record.call_id, record.flags, Reply(Status.OK, bound))
+    return Relay(loop.endpoint, remote, loop.session.number)
