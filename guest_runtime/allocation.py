@@ -18,7 +18,8 @@ connection per request: requests are rare (one per keep-alive period).
 
 Where the vGPUs are: the forwarding channel is a region one host's oriond serves (ORION_SHM, an ivshmem device,
 /dev/shm), so the request names that host and the session then takes the grant up there (activate.py, wire
-opcodes AGENT_INFO and BIND). Reaching another host's agent over the network is not in this release.
+opcodes AGENT_INFO and BIND). An oriond without GPUs of its own answers AGENT_INFO with the host "*": the request
+then names no host, and that oriond relays the session to wherever the grant is (docs/remote.md).
 """
 from __future__ import annotations
 
@@ -191,9 +192,16 @@ def acquire(controller: str, vgpus: int, memory_mib: int | None, host: str = "")
         return _current
 
 
+RELAYING_AGENT = "*"  # AGENT_INFO's host of an oriond that relays its sessions (host_agent/relay_route.py)
+
+
 def serving_host(host: str, where: str, knows_agent_info: bool = True) -> str:
     """The controller's name for the host whose oriond serves the region at `where`, from its AGENT_INFO answer
-    (`host`; `knows_agent_info` False: the agent did not know the opcode); AllocationError when it has none."""
+    (`host`; `knows_agent_info` False: the agent did not know the opcode); AllocationError when it has none.
+    "" (any host) when that oriond only relays: the grant may be on any GPU host, and it relays the session
+    there (docs/remote.md)."""
+    if host == RELAYING_AGENT:
+        return ""
     if not knows_agent_info:
         raise AllocationError(f"the host agent serving {where} predates vGPU allocation; update oriond there")
     if not host:

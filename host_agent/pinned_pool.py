@@ -86,7 +86,8 @@ class HostPool:
         return SUCCESS
 
     def allocate(self, size: int, flags: int, driver: Any) -> tuple[int, int]:
-        """(CUresult, guest pointer) of `size` page-aligned bytes (first fit)."""
+        """(CUresult, guest pointer) of `size` page-aligned bytes (first fit). `driver` None: the pages are not
+        registered with any GPU (a relayed session's pool, relay_pool.py)."""
         if not self.host_base:
             return INVALID_VALUE, 0  # the guest skipped POOL_MAP
         if size <= 0:
@@ -99,7 +100,7 @@ class HostPool:
             start = offset + -(-length // PAGE) * PAGE
         if start + rounded > self.size:
             return OUT_OF_MEMORY, 0
-        err = self.register(driver)
+        err = self.register(driver) if driver is not None else SUCCESS
         if err != SUCCESS:
             return err, 0
         self.allocations[start] = (size, flags)

@@ -25,13 +25,16 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from guest_runtime.allocation import RELAYING_AGENT
 from guest_runtime.controller_client import ControllerClient, ControllerClientError, split_address
+from ivshmem.driver_api import table_digest
 from ivshmem.errors import RecordError
 from ivshmem.record import (
     AGENT_INFO_REPLY,
     BIND_REQUEST,
     CUDA_OPCODE_BASE,
     HELLO_REQUEST,
+    PROTOCOL,
     Op,
     Record,
     Status,
@@ -46,6 +49,7 @@ from .relay_frames import (
     ConnectionLost,
     FrameStream,
 )
+from .relay_pool import PoolRelay
 from .relay_session import Relay
 from .stream_endpoint import StreamEndpoint
 
@@ -54,7 +58,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ANY_HOST = "*"  # AGENT_INFO's host on an oriond that only relays: the guest's vGPUs may be on any host
 CONNECT_TIMEOUT_S = 5.0  # the relay's silence bound: a GPU host that does not answer in this is unreachable
 ACCEPT_TIMEOUT_S = 15.0  # RELAY_ACCEPT waits for the GPU host's controller to confirm the grant (5 s) and a worker
 LOOKUP_TIMEOUT_S = 5.0
@@ -72,7 +75,7 @@ class RelayRoute:
     transport_why: str = "enable_rdma is false"  # why this host offers no RDMA (RDMA relaying: not built yet)
 
     def agent_info(self) -> bytes:
-        return AGENT_INFO_REPLY.encode(self.host or (ANY_HOST if self.controller else ""), self.controller)
+        return AGENT_INFO_REPLY.encode(self.host or (RELAYING_AGENT if self.controller else ""), self.controller)
 
     def target_of(self, allocation: str) -> tuple[str, int] | None:
         """Where a session bringing `allocation` goes: the GPU host's (address, port), or None for this host."""
@@ -137,7 +140,9 @@ def open_session(loop: RecordLoop, route: RelayRoute) -> tuple[Relay, Record | N
     read so far has been answered)."""
     endpoint, session, handler = loop.endpoint, loop.session, loop.handler
     sink_for = None if route.fixed else (lambda _call, opcode, length: handler.sink_for(opcode, length))
-    hello: tuple[int, int, str, str] | None = None
+    # What RELAY_HELLO says of the client: its HELLO's, or (a client that sent none, which the local handler serves
+    # too) this agent's own protocol and call table, for which the relay vouches.
+    hello = (PROTOCOL, 0, "", table_digest())
     while True:
         try:
             record = endpoint.receive(sink_for=sink_for)
@@ -152,14 +157,14 @@ def open_session(loop: RecordLoop, route: RelayRoute) -> tuple[Relay, Record | N
                 hello = HELLO_REQUEST.decode(record.payload)
         elif opcode == Op.AGENT_INFO and not record.payload and record.generation == endpoint.generation:
             loop.send(record.call_id, record.flags, Reply(Status.OK, route.agent_info()))
-        elif opcode == Op.BIND and hello is not None:
+        elif opcode == Op.BIND:
             bound = _bind(loop, record, route, hello)
             if bound is True:
                 return None
             if bound is not False:
                 return bound, None
-        elif opcode < CUDA_OPCODE_BASE or hello is None or not route.fixed:
-            loop.answer(record)  # the wire's diagnostics, a session without HELLO, or this host's first CUDA call
+        elif opcode < CUDA_OPCODE_BASE or not route.fixed:
+            loop.answer(record)  # the wire's diagnostics, or this host's first CUDA call
             if opcode >= CUDA_OPCODE_BASE:
                 return None
         else:
@@ -167,8 +172,8 @@ def open_session(loop: RecordLoop, route: RelayRoute) -> tuple[Relay, Record | N
                 remote, _ = _dial(split_address(route.fixed), hello, "", route, session.number)
             except RouteRefused as exc:
                 log.warning("session %d: %s; its calls answer CUDA_ERROR_DEVICE_UNAVAILABLE", session.number, exc)
-                return Relay(endpoint, None, session.number, str(exc)), record
-            return Relay(endpoint, remote, session.number), record
+                return _relay(loop, None, str(exc)), record
+            return _relay(loop, remote), record
 
 
 def _bind(loop: RecordLoop, record: Record, route: RelayRoute, hello: tuple[int, int, str, str]) -> Relay | bool:
@@ -194,4 +199,10 @@ def _bind(loop: RecordLoop, record: Record, route: RelayRoute, hello: tuple[int,
         loop.send(record.call_id, record.flags, refused(str(exc)))
         return False
     loop.send(record.call_id, record.flags, Reply(Status.OK, bound))
-    return Relay(loop.endpoint, remote, loop.session.number)
+    return _relay(loop, remote)
+
+
+def _relay(loop: RecordLoop, remote: StreamEndpoint | None, lost: str | None = None) -> Relay:
+    """The session's Relay, with its page-locked pool kept here (relay_pool.py)."""
+    number = loop.session.number
+    return Relay(loop.endpoint, remote, number, lost, PoolRelay(getattr(loop.handler, "pool", None), number))

@@ -18,6 +18,7 @@ from ivshmem.errors import RecordError
 from ivshmem.record import Flag, Record
 
 from .relay_frames import ConnectionLost
+from .relay_pool import Forward, PoolRelay
 from .stream_endpoint import StreamEndpoint
 
 log = logging.getLogger(__name__)
@@ -29,12 +30,13 @@ MAX_ASYNC_ERRORS_REPORTED = 64  # as the worker's loop (region_server.RecordLoop
 class Relay:
     """One relayed session: `ring` is the host side of its channel, `remote` its relay connection."""
 
-    def __init__(self, ring: Endpoint, remote: StreamEndpoint | None, session: int, lost: str | None = None) -> None:
+    def __init__(self, ring: Endpoint, remote: StreamEndpoint | None, session: int, lost: str | None = None,
+                 pool: PoolRelay | None = None) -> None:
         """`remote` None: the GPU host could not be reached at all (`lost` says why), and every call of the
-        session answers CUDA_ERROR_DEVICE_UNAVAILABLE."""
-        self.ring, self.remote, self.session = ring, remote, session
+        session answers CUDA_ERROR_DEVICE_UNAVAILABLE. `pool`: the session's page-locked pool (relay_pool.py)."""
+        self.ring, self.remote, self.session, self.pool = ring, remote, session, pool
         self.lost: str | None = lost if remote is not None else lost or "no relay connection"
-        self._pending: set[int] = set()  # call ids sent that still wait for their answer
+        self._pending: dict[int, int] = {}  # call id sent and still waiting for its answer -> the guest's flags
         self._lock = threading.Lock()  # the completion ring has two writers: answers and the relay's own
         self._async_errors = 0
         self._answers = threading.Thread(target=self._carry_answers, name=f"relay-{session}", daemon=True)
@@ -59,16 +61,27 @@ class Relay:
             record = None
 
     def _forward(self, record: Record) -> None:
-        posted = bool(record.flags & Flag.NO_REPLY)
+        opcode, flags, payload = record.opcode, record.flags & Flag.NO_REPLY, record.payload
+        if self.pool is not None:
+            own = self.pool.answer(record)
+            if own is None:
+                plain = self.pool.rewrite(record)
+                if isinstance(plain, Forward):
+                    opcode, flags, payload = plain
+                else:
+                    own = plain
+            if own is not None:
+                self._answer(record.call_id, record.flags, own.status, bytes(own.payload))  # type: ignore[arg-type]
+                return
         with self._lock:
             lost = self.lost
-            if lost is None and not posted:
-                self._pending.add(record.call_id)
+            if lost is None and not flags & Flag.NO_REPLY:
+                self._pending[record.call_id] = record.flags
         if lost is not None or self.remote is None:
             self._answer(record.call_id, record.flags, DEVICE_UNAVAILABLE, b"")
             return
         try:
-            self.remote.send(record.call_id, record.opcode, record.flags & Flag.NO_REPLY, record.payload)
+            self.remote.send(record.call_id, opcode, flags, payload)
         except ConnectionLost as exc:
             self._lose(str(exc))
 
@@ -80,7 +93,11 @@ class Relay:
                 if answer is None:
                     continue
                 with self._lock:
-                    self._pending.discard(answer.call_id)
+                    guest_flags = self._pending.pop(answer.call_id, 0)
+                if self.pool is not None and self.pool.land(answer.call_id, answer.status, answer.payload):
+                    self._answer(answer.call_id, guest_flags, answer.status, b"")  # the bytes are in the pool
+                    continue
+                with self._lock:
                     self.ring.send(answer.call_id, 0, answer.flags & Flag.ASYNC_ERROR, answer.payload, answer.status)
         except (ConnectionLost, RecordError) as exc:
             self._lose(str(exc))
@@ -91,16 +108,18 @@ class Relay:
             if self.lost is not None:
                 return
             self.lost = why
-            waiting, self._pending = sorted(self._pending), set()
+            waiting, self._pending = sorted(self._pending.items()), {}
         log.warning("session %d: the GPU host is gone (%s); its calls answer CUDA_ERROR_DEVICE_UNAVAILABLE",
                     self.session, why)
-        for call_id in waiting:
-            self._answer(call_id, 0, DEVICE_UNAVAILABLE, b"")
+        for call_id, flags in waiting:
+            self._answer(call_id, flags, DEVICE_UNAVAILABLE, b"")
 
-    def _answer(self, call_id: int, flags: int, status: int, payload: bytes) -> None:
+    def _answer(self, call_id: int, flags: int, status: int, payload: bytes | bytearray) -> None:
         """The relay's own answer to a record: a reply, or for a posted record one of the session's first
         MAX_ASYNC_ERRORS_REPORTED asynchronous errors."""
         if flags & Flag.NO_REPLY:
+            if status == 0:
+                return  # a posted call that succeeded: nothing to say
             self._async_errors += 1
             if self._async_errors > MAX_ASYNC_ERRORS_REPORTED:
                 return

@@ -7,6 +7,11 @@ cuda.bindings.driver; the guest half is `guest_runtime.forward.Forwarder(...).im
 with the raw C arguments a capsule trampoline would pass. The fake appends every call it sees to a JSON-lines
 journal (`Rig.entries`), which is how tests check what reached the "driver".
 
+With ORION_TEST_RELAYED=netns every session of every rig is relayed (docs/remote.md): the region's supervisor, in
+one network namespace (tests/relay_net.py), relays each session across a veth pair to a relay listener in
+another, whose workers run the executor over the fake driver; the same tests then check the relayed path (the
+README's test command runs them both ways: tests/wire/test_relayed_suite.py).
+
 A test module uses the fixtures by importing them: `bounded` (autouse: every test, waits included, is bounded by
 TEST_TIMEOUT_S through SIGALRM), `start` (make a Rig with options) and `rig` (the default Rig). The default
 executor maps guest devices (0, 1) to the fake's physical devices (2, 0) (GUEST_DEVICES), so every CUdevice
@@ -30,15 +35,18 @@ import pytest
 from guest_runtime.forward import Forwarder
 from host_agent.executor import CudaExecutor, ExecutorOptions
 from host_agent.region_server import RegionServer, ServerOptions
+from host_agent.relay_listener import RelayListener, listen_socket
+from host_agent.relay_route import RelayRoute
 from host_agent.stop import StopRequest
 from ivshmem import layout
 from ivshmem.channel import ClientChannel, Ctrl
 from ivshmem.driver_api import CALLS, OUT
 from ivshmem.region import Region
+from tests import relay_net
 from tests.fake_driver import FakeDriver, read_journal
 
-__all__ = ["CODES", "FAKE_DEVICES", "GUEST_DEVICES", "SENTINELS", "START_TIMEOUT_S", "STOP_TIMEOUT_S",
-           "TEST_TIMEOUT_S", "Guest", "Rig", "bounded", "rig", "start"]
+__all__ = ["CODES", "FAKE_DEVICES", "GUEST_DEVICES", "RELAYED", "SENTINELS", "START_TIMEOUT_S", "STOP_TIMEOUT_S",
+           "TEST_TIMEOUT_S", "Guest", "Rig", "bounded", "local_only", "rig", "start"]
 
 TEST_TIMEOUT_S = 60  # every test, waits included, is bounded by this (SIGALRM)
 START_TIMEOUT_S = 10.0
@@ -76,8 +84,20 @@ def native_child_env(library: str | os.PathLike[str], region: str) -> dict[str, 
         "ORION_SHM": region, "ORION_NATIVE": "1", "ORION_NATIVE_LIB": str(library)}
 
 
-def _serve(path: str, journal: str, options: ExecutorOptions, fake: dict[str, Any]) -> None:
-    """Child process body: serve `path` until SIGTERM, each session an executor over a fresh FakeDriver."""
+RELAYED_ENV = "ORION_TEST_RELAYED"
+RELAYED = os.environ.get(RELAYED_ENV) == "netns"
+
+
+def local_only(why: str) -> pytest.MarkDecorator:
+    """Mark a test of what only a session served on its own host does: skipped when RELAYED, saying why (the relayed
+    behaviour has its own test in tests/wire/test_relayed_sessions.py)."""
+    return pytest.mark.skipif(RELAYED, reason=f"relayed sessions differ here: {why}")
+
+
+def _serve(path: str, journal: str, options: ExecutorOptions, fake: dict[str, Any], relayed: bool,
+           relay_to: str) -> None:
+    """Child process body: serve `path` until SIGTERM, each session an executor over a fresh FakeDriver (`relayed`:
+    relayed to one in another network namespace, or to `relay_to` when given)."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: never outlive the tests
     stop = StopRequest().on_signals()  # never threading.Event in a signal handler (host_agent/stop.py)
     signal.signal(signal.SIGALRM, signal.SIG_IGN)
@@ -87,7 +107,33 @@ def _serve(path: str, journal: str, options: ExecutorOptions, fake: dict[str, An
         driver = FakeDriver(journal=journal, **fake)
         driver.cuInit(0)  # as executor._load_driver does before any session uses the real driver
         return CudaExecutor(session, options, driver=driver)
-    RegionServer(path, factory, ServerOptions(heartbeat_timeout=5.0, scan_interval=0.01), stop).serve_forever()
+    server = ServerOptions(heartbeat_timeout=5.0, scan_interval=0.01)
+    if relayed:
+        server.relay = RelayRoute(fixed=relay_to or _gpu_host(factory))
+        relay_net.enter(relay_net.RELAY_NS)
+        # The relaying side's own handler answers HELLO and keeps the pool; it never runs a CUDA call.
+        factory = lambda session: CudaExecutor(session, options, driver=FakeDriver(**fake))  # noqa: E731
+    RegionServer(path, factory, server, stop).serve_forever()
+
+
+def _gpu_host(factory: Callable[[Any], CudaExecutor]) -> str:
+    """Start the GPU host's relay listener in its network namespace, in a child process; its HOST:PORT."""
+    ours, theirs = multiprocessing.get_context("fork").Pipe(duplex=False)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+            stop = StopRequest().on_signals()
+            relay_net.enter(relay_net.GPU_NS)
+            sock = listen_socket(relay_net.GPU_IP, 0)
+            theirs.send(sock.getsockname()[1])
+            RelayListener(sock, factory, ServerOptions(heartbeat_timeout=5.0), stop).serve_forever()
+            code = 0
+        finally:
+            os._exit(code)
+    assert ours.poll(START_TIMEOUT_S), "the GPU host's relay listener did not start"
+    return f"{relay_net.GPU_IP}:{ours.recv()}"
 
 
 def _agent_words(path: str) -> tuple[int, int, int]:
@@ -195,7 +241,9 @@ class Guest:
         return status, [c.value for c in outs]
 
     def close(self) -> None:
-        for channel in self.channels:
+        """Release every channel this guest claimed (once: a test may close before the rig does)."""
+        channels, self.channels = self.channels, []
+        for channel in channels:
             channel.close()
             with contextlib.suppress(BufferError):
                 channel.region.close()
@@ -204,11 +252,14 @@ class Guest:
 class Rig:
     """A fake-driver host agent serving one region, and the guests (sessions) talking to it."""
 
-    def __init__(self, path: str, journal: Path, options: ExecutorOptions, fake: dict[str, Any]) -> None:
-        self.path, self.journal, self.options = path, journal, options
+    def __init__(self, path: str, journal: Path, options: ExecutorOptions, fake: dict[str, Any],
+                 relayed: bool = RELAYED, relay_to: str = "") -> None:
+        self.path, self.journal, self.options, self.relayed = path, journal, options, relayed
         self.guests: list[Guest] = []
+        if relayed:
+            relay_net.ensure()
         self.process = multiprocessing.get_context("fork").Process(
-            target=_serve, args=(path, str(journal), options, fake), name="fake-oriond")
+            target=_serve, args=(path, str(journal), options, fake, relayed, relay_to), name="fake-oriond")
         self.process.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -253,11 +304,14 @@ class Rig:
 def start(region_path: str, tmp_path: Path) -> Iterator[Callable[..., Rig]]:
     rigs: list[Rig] = []
 
-    def make(options: ExecutorOptions | None = None, devices: int = FAKE_DEVICES, **fake: Any) -> Rig:
+    def make(options: ExecutorOptions | None = None, devices: int = FAKE_DEVICES, relayed: bool = RELAYED,
+             relay_to: str = "", **fake: Any) -> Rig:
+        """`relayed`: sessions relayed across tests/relay_net.py's namespaces, to a GPU host started here or to
+        `relay_to` (HOST:PORT, none started)."""
         assert not rigs, "one agent per region"
         rig = Rig(region_path, tmp_path / "journal.jsonl",
                   options if options is not None else ExecutorOptions(devices=GUEST_DEVICES),
-                  {"devices": devices, **fake})
+                  {"devices": devices, **fake}, relayed, relay_to)
         rigs.append(rig)
         return rig
 

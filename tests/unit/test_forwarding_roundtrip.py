@@ -39,7 +39,7 @@ from ivshmem.driver_api import CALLS, ENUMS, IN, OUT, PINNED_POOL_CALLS
 from ivshmem.record import CUDA_OPCODE_BASE, Op, Status
 from tests import forwarding_rig
 from tests.fake_driver import ENUM_CLASSES, IMPLEMENTED, FakeDriver
-from tests.forwarding_rig import GUEST_DEVICES, SENTINELS, TEST_TIMEOUT_S, Guest, Rig
+from tests.forwarding_rig import GUEST_DEVICES, SENTINELS, TEST_TIMEOUT_S, Guest, Rig, local_only
 
 REPO = Path(__file__).resolve().parents[2]
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
@@ -545,6 +545,7 @@ def test_error_name_and_string_come_from_the_driver_and_stay_valid(rig: Rig) -> 
 
 
 @pytest.mark.parametrize("use_stream", [False, True], ids=["sync", "async"])
+@local_only("a copy crosses the relay connection as one frame, not in staging chunks")
 def test_copies_move_exact_bytes_both_ways(rig: Rig, use_stream: bool) -> None:
     """Inline (small), staged-reply (medium), the 4 KiB boundary and several staging chunks (3 MiB), at an odd
     offset inside the allocation; the fake's memory holds the bytes and they come back unchanged."""
@@ -1202,6 +1203,7 @@ def test_async_copies_are_ordered_on_a_non_blocking_stream(rig: Rig) -> None:
     assert g.dtoh(pointer, 4) == (SUCCESS, struct.pack("<I", 99)), "HtoDAsync ran before the memset"
 
 
+@local_only("the GPU host has no channel to page-lock")
 def test_the_sessions_channel_gets_page_locked(rig: Rig) -> None:
     g = rig.guest()
     g.setup()

@@ -22,7 +22,7 @@ from ivshmem.record import Status
 from ivshmem.region import Region
 from tests import forwarding_rig
 from tests.fake_driver import FakeDriver
-from tests.forwarding_rig import Guest, Rig
+from tests.forwarding_rig import Guest, Rig, local_only
 from tests.unit.test_forwarding_roundtrip import kernel_ptx
 
 SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, INVALID_CONTEXT, NOT_FOUND = 0, 1, 2, 201, 500
@@ -55,6 +55,7 @@ def slice_of(g: Guest) -> tuple[int, int]:
 
 # --- page-locked memory ------------------------------------------------------------------------------------------
 
+@local_only("pool memory has no device pointer on the GPU host")
 def test_page_locked_memory_is_carved_from_the_channels_pool_slice(rig: Rig) -> None:
     g = rig.guest()
     g.setup()
@@ -79,6 +80,7 @@ def test_page_locked_memory_is_carved_from_the_channels_pool_slice(rig: Rig) -> 
     assert g.call("cuMemHostGetFlags", pointer)[0] == INVALID_VALUE  # freed memory is no longer ours
 
 
+@local_only("pool bytes travel to the GPU host")
 def test_copies_with_page_locked_memory_move_no_bytes_through_the_ring(rig: Rig) -> None:
     g = rig.guest()
     g.setup()

@@ -22,7 +22,7 @@ from ivshmem.driver_api import PINNED_COPY, POOL_MAP_OPCODE
 from ivshmem.layout import DEFAULT_SLOT_SIZE, RECORD_HEADER_SIZE
 from tests import forwarding_rig
 from tests.fake_driver import ERROR_STRINGS, FakeDriver
-from tests.forwarding_rig import GUEST_DEVICES, Rig, native_child_env
+from tests.forwarding_rig import GUEST_DEVICES, Rig, local_only, native_child_env
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 
@@ -412,6 +412,7 @@ def test_device_name_uuid_error_texts_and_attributes(library: Path, rig: Rig) ->
                                          [pool, ["CUmemPool_attribute", 1], 0]]
 
 
+@local_only("the pool is not registered on the GPU host and its bytes travel")
 def test_page_locked_memory_and_pinned_copies(library: Path, rig: Rig) -> None:
     result = _run(library, rig, "page_locked")
     assert result["null"] == [1, 1]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fake_driver import CUtensorMapDataType, FakeDriver, cuuint32_t, cuuint64_t, tensor_map_bytes
-from tests.forwarding_rig import Rig, bounded, native_child_env, rig, start  # noqa: F401 (fixtures)
+from tests.forwarding_rig import Rig, bounded, local_only, native_child_env, rig, start  # noqa: F401 (fixtures)
 from tests.wire.test_native_launch_calls import EPILOGUE, PRELUDE, PTX
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,6 +70,7 @@ def run(library: Path, rig: Rig, body: str) -> dict[str, Any]:  # noqa: F811
     return json.loads(line[len("RESULT "):])
 
 
+@local_only("host functions need pool words the GPU can reach")
 def test_host_functions_run_in_stream_order_on_each_kind_of_stream(library: Path, rig: Rig) -> None:  # noqa: F811
     """Per stream: a memset and a copy into page-locked memory before the function (it must see the value), the
     function writes a new value, and a copy back to the device and out again after it (it must carry the function's
@@ -108,6 +109,7 @@ out["after"] = [word(page + 4096 * i + 8).value for i in range(len(streams))]
     assert all(e["args"][3] == 0 for e in waits)  # GEQ
 
 
+@local_only("host functions need pool words the GPU can reach")
 def test_many_functions_in_order_and_none_queued_from_inside_another(library: Path, rig: Rig) -> None:  # noqa: F811
     """300 functions on one stream run in order; one queued from inside a function is refused with
     CUDA_ERROR_NOT_PERMITTED (CUDA forbids API calls there) instead of deadlocking against the synchronize."""
@@ -129,6 +131,7 @@ out["order"], out["inner"] = order, inner
     assert out["order"] == list(range(1, 301)) and out["inner"] == [NOT_PERMITTED]
 
 
+@local_only("host functions need pool words the GPU can reach")
 def test_a_function_on_a_stream_the_session_does_not_own_fails_later_and_never_runs(library: Path, rig: Rig) -> None:  # noqa: F811
     body = r"""
 ran = []
@@ -145,6 +148,7 @@ out["null_fn"] = lib.cuLaunchHostFunc(None, None, None)
     assert out["ran"] == [] and out["null_fn"] == INVALID_VALUE
 
 
+@local_only("host functions need pool words the GPU can reach")
 def test_exit_with_functions_pending_does_not_hang(library: Path, rig: Rig) -> None:  # noqa: F811
     """One function blocks forever inside; another's stream waits on device memory nobody writes, so it is never
     reached; the program returns from main without synchronising. It must exit, and the agent must serve the next
@@ -171,6 +175,7 @@ print("EXITING", flush=True)
     assert run(library, rig, "out['limit'] = lib.cuCtxSynchronize()\n") == {"limit": SUCCESS}
 
 
+@local_only("stream memory operations on pool words need their device pointers")
 def test_stream_wait_and_write_value_between_streams_and_from_the_host(library: Path, rig: Rig) -> None:  # noqa: F811
     """A wait on one stream holds its later work back until another stream's write (device memory) or the program's
     own store into page-locked memory satisfies it."""

@@ -1,0 +1,120 @@
+"""A relayed session's page-locked pool (docs/remote.md, "What cannot be relayed byte for byte").
+
+A guest's cuMemAllocHost memory is its channel's slice of the region's pool, on the relaying host; the GPU host
+cannot DMA into it. So the relay keeps the pool's bookkeeping itself (the same HostPool as a local worker, never
+registered with a driver), answers the pool's calls here, and turns copies to and from pool memory into the plain
+copies the GPU host serves for any guest memory:
+- a pinned HtoD sends the pool's bytes as a plain cuMemcpyHtoD(Async) request;
+- a pinned DtoH asks for the bytes with a plain cuMemcpyDtoH(Async) request, which is answered (even when the
+  guest posted it) and whose answer the relay writes into the pool before the session's next answer is delivered:
+  the GPU host answers in order, so a later cuStreamSynchronize returns only after the bytes are in place.
+A device pointer of pool memory has no meaning on the GPU host: cuMemHostGetDevicePointer answers
+CUDA_ERROR_NOT_SUPPORTED (and with it the native driver's cuLaunchHostFunc, built on such pointers).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import NamedTuple
+
+from ivshmem.cuda_status import INVALID_VALUE, NOT_SUPPORTED, SUCCESS
+from ivshmem.driver_api import (
+    BY_OPCODE,
+    CALLS,
+    PINNED_COPY,
+    POOL_MAP_OPCODE,
+    POOL_MAP_REPLY,
+    POOL_MAP_REQUEST,
+)
+from ivshmem.errors import RecordError
+from ivshmem.record import Flag, Record, Status
+
+from .handler import Reply
+from .pinned_pool import HostPool
+
+log = logging.getLogger(__name__)
+
+CU_MEMHOSTALLOC_FLAGS = 0x7  # PORTABLE | DEVICEMAP | WRITECOMBINED: what cuMemHostAlloc accepts
+_ALLOC_HOST, _HOST_ALLOC = CALLS["cuMemAllocHost"], CALLS["cuMemHostAlloc"]
+_FREE_HOST, _HOST_FLAGS = CALLS["cuMemFreeHost"], CALLS["cuMemHostGetFlags"]
+_DEVICE_POINTER = CALLS["cuMemHostGetDevicePointer"]
+
+
+class Forward(NamedTuple):
+    """What the relay sends instead of a pinned copy: the plain call's opcode, flags and payload."""
+    opcode: int
+    flags: int
+    payload: bytes
+
+
+class PoolRelay:
+    def __init__(self, pool: HostPool | None, session: int) -> None:
+        self.pool, self.session = pool, session
+        self.landing: dict[int, tuple[int, int]] = {}  # call id of a DtoH in flight -> (host address, size)
+        self._said_device_pointer = False
+
+    def answer(self, record: Record) -> Reply | None:
+        """The relay's own answer to one of the pool's calls; None for every other record."""
+        opcode = record.opcode
+        try:
+            if opcode == POOL_MAP_OPCODE:
+                if self.pool is None:
+                    return Reply(NOT_SUPPORTED)
+                err, host = self.pool.map(POOL_MAP_REQUEST.decode(record.payload)[0])
+                return Reply(err, POOL_MAP_REPLY.encode(host, self.pool.size))
+            if opcode in (_ALLOC_HOST.opcode, _HOST_ALLOC.opcode):
+                size, *flags = BY_OPCODE[opcode].request.decode(record.payload)
+                if flags and flags[0] & ~CU_MEMHOSTALLOC_FLAGS:
+                    return Reply(INVALID_VALUE)
+                if self.pool is None:
+                    return Reply(NOT_SUPPORTED)
+                err, pointer = self.pool.allocate(size, flags[0] if flags else 0, None)
+                return Reply(err, BY_OPCODE[opcode].reply.encode(pointer) if err == SUCCESS else b"")
+            if opcode == _FREE_HOST.opcode:
+                (pointer,) = _FREE_HOST.request.decode(record.payload)
+                return Reply(INVALID_VALUE if self.pool is None else self.pool.free(pointer))
+            if opcode == _HOST_FLAGS.opcode:
+                (pointer,) = _HOST_FLAGS.request.decode(record.payload)
+                held = None if self.pool is None else self.pool.flags(pointer)
+                return Reply(INVALID_VALUE) if held is None else Reply(SUCCESS, _HOST_FLAGS.reply.encode(held))
+            if opcode == _DEVICE_POINTER.opcode:
+                if not self._said_device_pointer:
+                    self._said_device_pointer = True
+                    log.info("session %d: cuMemHostGetDevicePointer answers CUDA_ERROR_NOT_SUPPORTED: page-locked "
+                             "memory of a relayed session is not mapped on the GPU host", self.session)
+                return Reply(NOT_SUPPORTED)
+        except RecordError as exc:
+            return Reply(Status.MALFORMED, str(exc).encode())
+        return None
+
+    def rewrite(self, record: Record) -> Forward | Reply | None:
+        """A pinned copy as the plain copy to send (a DtoH's landing place is kept until its answer), or the
+        error Reply that refuses it; None for every other record."""
+        if not record.opcode & PINNED_COPY or record.opcode == POOL_MAP_OPCODE:
+            return None
+        call = BY_OPCODE.get(record.opcode & ~PINNED_COPY)
+        if call is None or call.pinned is None:
+            return None  # not a copy: the GPU host refuses the opcode in its own words
+        try:
+            device, size, *rest = call.pinned.decode(record.payload)
+        except RecordError as exc:
+            return Reply(Status.MALFORMED, str(exc).encode())
+        *stream, pointer = rest
+        host = None if self.pool is None else self.pool.host_address(pointer, size)
+        if host is None:
+            return Reply(INVALID_VALUE)
+        if call.name.startswith("cuMemcpyHtoD"):
+            data = ctypes.string_at(host, size) if size else b""
+            return Forward(call.opcode, record.flags & Flag.NO_REPLY, call.request.encode(device, size, *stream, data))
+        self.landing[record.call_id] = (host, size)
+        return Forward(call.opcode, 0, call.request.encode(device, size, *stream))  # always answered: it has bytes
+
+    def land(self, call_id: int, status: int, payload: bytes | bytearray) -> bool:
+        """Write a DtoH answer's bytes into the pool; False when `call_id` was no pinned DtoH."""
+        target = self.landing.pop(call_id, None)
+        if target is None:
+            return False
+        host, size = target
+        if status == SUCCESS and len(payload) == size and size:
+            ctypes.memmove(host, bytes(payload), size)
+        return True

@@ -1,0 +1,150 @@
+"""Relayed sessions (docs/remote.md), across two network namespaces joined by a veth pair (tests/relay_net.py): a
+guest on a region whose supervisor relays every session to a relay listener in the other namespace, whose workers
+run the executor over the fake driver. What only a relay does is tested here: the page-locked pool kept on the
+relaying side, and the faults (the link drops, either end dies, the GPU host cannot be reached, a partition heals
+too late). The forwarded-call suite itself runs relayed in tests/wire/test_relayed_suite.py.
+
+The bound every fault test holds to is the relay connection's: beats every 1 s, a peer silent for 5 s is gone
+(stream_endpoint.StreamEndpoint), so a guest's call never waits much longer than that for its error. Nothing here
+measures time against a threshold: a missing answer is a test timeout (forwarding_rig.bounded), and what the
+guest gets is CUDA_ERROR_DEVICE_UNAVAILABLE.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+
+from ivshmem.channel import Ctrl
+from tests import forwarding_rig, relay_net
+from tests.forwarding_rig import Guest, Rig
+from tests.unit.test_pinned_and_contexts import host_alloc
+
+SUCCESS, INVALID_VALUE, NOT_SUPPORTED, DEVICE_UNAVAILABLE = 0, 1, 801, 46
+bounded, start = forwarding_rig.bounded, forwarding_rig.start  # the rig's fixtures
+
+pytestmark = pytest.mark.skipif(bool(relay_net.why_not()), reason=relay_net.why_not() or "")
+
+
+@pytest.fixture
+def relayed(start: Callable[..., Rig]) -> Rig:
+    return start(relayed=True)
+
+
+def _gpu_worker(rig: Rig, mark: int = 0) -> int:
+    """The pid of the GPU host's worker that served the session (the fake driver notes the caller's pid)."""
+    pids = {e["pid"] for e in rig.entries(mark)}
+    assert len(pids) == 1, pids
+    return int(pids.pop())
+
+
+def _relaying_worker(g: Guest) -> int:
+    """The pid of the relaying side's worker of `g`'s session (read after the session is up: the supervisor notes
+    it just after accepting the claim)."""
+    pid = int(g.channel.ctrl[Ctrl.HOST_WORKER])
+    assert pid > 0, "the supervisor noted no worker"
+    return pid
+
+
+def _gone(pid: int, within_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if forwarding_rig._gone(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_relayed_session_runs_on_the_other_host_and_leaves_nothing_here(relayed: Rig) -> None:
+    g = relayed.guest()
+    g.setup()
+    device = g.alloc(4096)
+    assert g.htod(device, b"relayed" * 100) == SUCCESS
+    assert g.dtoh(device, 700) == (SUCCESS, b"relayed" * 100)
+    worker = _gpu_worker(relayed)
+    assert worker != _relaying_worker(g)  # the driver ran in the GPU host's worker, not in the relaying one
+    g.close()
+    assert _gone(worker)  # the guest released its channel: the relay closed, the GPU host's session ended
+
+
+def test_page_locked_memory_stays_on_the_relaying_host_and_its_bytes_travel(relayed: Rig) -> None:
+    g = relayed.guest()
+    g.setup()
+    device = g.alloc(1 << 20)
+    status, pinned = host_alloc(g, 1 << 20)
+    assert status == SUCCESS and pinned
+    assert g.ok("cuMemHostGetFlags", pinned) == 0
+    payload = bytes(range(256)) * 4096
+    ctypes.memmove(pinned, payload, len(payload))
+    mark = relayed.mark()
+    assert g.fn["cuMemcpyHtoD"](device, pinned, len(payload)) == SUCCESS
+    [htod] = relayed.entries(mark, "cuMemcpyHtoD")
+    assert htod["args"][1]["len"] == len(payload)  # the bytes, not an address, reached the GPU host's driver
+    assert g.dtoh(device, len(payload))[1] == payload
+
+    ctypes.memset(pinned, 0, len(payload))
+    stream = g.ok("cuStreamCreate", 1)
+    assert g.fn["cuMemcpyDtoHAsync"](pinned + 4096, device, 4096, stream) == SUCCESS  # posted by the guest
+    assert g.call("cuStreamSynchronize", stream)[0] == SUCCESS
+    assert ctypes.string_at(pinned + 4096, 4096) == payload[:4096]  # landed before the sync answered
+    assert ctypes.string_at(pinned, 4096) == bytes(4096)
+    assert g.call("cuMemHostGetDevicePointer", pinned, 0)[0] == NOT_SUPPORTED  # no meaning on the GPU host
+    assert g.fn["cuMemcpyHtoD"](device, pinned + (2 << 20), 16) == INVALID_VALUE  # past the allocation
+    assert g.call("cuMemFreeHost", pinned)[0] == SUCCESS
+    assert g.call("cuMemFreeHost", pinned)[0] == INVALID_VALUE
+
+
+def _relayed_guest(rig: Rig) -> tuple[Guest, int, int]:
+    g = rig.guest()
+    g.setup()
+    device = g.alloc(4096)
+    return g, device, _gpu_worker(rig)
+
+
+def test_the_link_drops_calls_fail_within_the_bound_and_both_ends_let_go(relayed: Rig) -> None:
+    g, device, worker = _relayed_guest(relayed)
+    try:
+        relay_net.link(False)
+        assert g.sync() == DEVICE_UNAVAILABLE  # waited for, then answered by the relay once the peer fell silent
+        assert g.htod(device, b"x") == DEVICE_UNAVAILABLE  # and every later call at once
+        assert _gone(worker)  # the GPU host heard nothing either: it ended the session (its memory freed)
+    finally:
+        relay_net.link(True)
+
+
+def test_a_partition_that_heals_too_late_leaves_the_session_gone_and_a_new_one_works(relayed: Rig) -> None:
+    g, device, worker = _relayed_guest(relayed)
+    relay_net.link(False)
+    try:
+        assert _gone(worker)
+    finally:
+        relay_net.link(True)
+    assert g.sync() == DEVICE_UNAVAILABLE  # no resumption
+    g.close()
+    fresh = relayed.guest()
+    fresh.setup()
+    assert fresh.htod(fresh.alloc(64), b"again") == SUCCESS
+
+
+def test_the_gpu_hosts_worker_dies_and_calls_fail_at_once(relayed: Rig) -> None:
+    g, device, worker = _relayed_guest(relayed)
+    os.kill(worker, signal.SIGKILL)
+    assert g.sync() == DEVICE_UNAVAILABLE  # the connection was reset: no need to wait for the silence bound
+    assert g.dtoh(device, 16)[0] == DEVICE_UNAVAILABLE
+
+
+def test_the_relaying_worker_dies_and_the_gpu_host_ends_the_session(relayed: Rig) -> None:
+    g, device, worker = _relayed_guest(relayed)
+    os.kill(_relaying_worker(g), signal.SIGKILL)  # the relaying side of this session
+    assert _gone(worker)
+
+
+def test_a_gpu_host_that_cannot_be_reached_fails_the_sessions_calls(start: Callable[..., Rig]) -> None:
+    rig = start(relayed=True, relay_to=f"{relay_net.GPU_IP}:1")  # nothing listens there
+    g = rig.guest()
+    assert g.call("cuInit", 0)[0] == DEVICE_UNAVAILABLE
+    assert g.call("cuDeviceGetCount")[0] == DEVICE_UNAVAILABLE
