@@ -5,6 +5,11 @@ whose sessions run the real CudaExecutor over tests/fake_driver.FakeDriver (two 
 links to it with the real ControllerLink: registers the fake GPUs under HOST (their UUIDs as the executor will
 read them), heartbeats, and gives back the allocations of sessions that end. It logs as oriond does, to
 stderr, and stops on SIGTERM. CI has no GPU; everything else a guest's allocation goes through is real here.
+
+``... REGION HOST [CONTROLLER] --listen PORT`` also runs the relay listener as oriond does: it listens on
+HOST:PORT (HOST is then an IP address: it is the bind address as well as the host's name) for sessions other
+hosts' orionds relay here, served by the same fake-driver executor, and registers PORT with the controller as
+the port those orionds dial (docs/remote.md). Without --listen it listens nowhere and registers port 9960.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from host_agent.controller_link import ControllerLink, LinkProcess  # noqa: E402
 from host_agent.executor import CudaExecutor, ExecutorOptions  # noqa: E402
 from host_agent.gpu_inventory import of_driver  # noqa: E402
 from host_agent.region_server import ServerOptions  # noqa: E402
+from host_agent.relay_listener import listen_socket  # noqa: E402
 from host_agent.stop import StopRequest  # noqa: E402
 from tests.fake_driver import FakeDriver  # noqa: E402
 
@@ -32,14 +38,18 @@ def fake_driver() -> FakeDriver:
     return driver
 
 
-def main(region: str, host: str, controller: str = "") -> int:
+def main(region: str, host: str, controller: str = "", listen_port: int | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(levelname)s] %(message)s", stream=sys.stderr)
     stop = StopRequest().on_signals()
+    listen = listen_socket(host, listen_port) if listen_port is not None else None
+    if listen is not None:
+        logging.info("Orion Server listens on %s:%d for relayed sessions (transport: tcp)", host, listen_port)
     # In a process of its own, as oriond runs it: this process forks the region's supervisor.
-    link = LinkProcess(ControllerLink(controller, host, 9960, 4, of_driver(fake_driver()))) if controller else None
+    port = listen_port if listen_port is not None else 9960
+    link = LinkProcess(ControllerLink(controller, host, port, 4, of_driver(fake_driver()))) if controller else None
     options = ExecutorOptions(controller=controller, host=host)
     agent = Agent(ServerConfig(None), options, regions=[region], options=ServerOptions(heartbeat_timeout=5.0),
-                  stop=stop, release=link.release_later if link else None)
+                  stop=stop, release=link.release_later if link else None, listen=listen)
     agent.factory = lambda session: CudaExecutor(session, options, driver=fake_driver())  # type: ignore[assignment]
     try:
         agent.run()
@@ -49,5 +59,19 @@ def main(region: str, host: str, controller: str = "") -> int:
     return 0
 
 
+def _arguments(argv: list[str]) -> tuple[str, str, str, int | None]:
+    """REGION, HOST, CONTROLLER ("" without it) and --listen's port (None without it)."""
+    port = None
+    if "--listen" in argv:
+        at = argv.index("--listen")
+        if at + 1 >= len(argv):
+            sys.exit("fake_gpu_agent.py: --listen needs a port")
+        argv, port = argv[:at] + argv[at + 2:], int(argv[at + 1])
+    if not 2 <= len(argv) <= 3:
+        sys.exit("usage: fake_gpu_agent.py REGION HOST [CONTROLLER] [--listen PORT]")
+    region, host, controller = (*argv, "")[:3]
+    return region, host, controller, port
+
+
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:]))
+    sys.exit(main(*_arguments(sys.argv[1:])))
