@@ -269,8 +269,8 @@ async def api_keepalive(request: web.Request) -> web.Response:
 
 async def api_confirm(request: web.Request) -> web.Response:
     alloc_id = payloads.name(request.match_info["alloc"], "allocation id")
-    host = payloads.confirmation_host(await _json_body(request)) if request.can_read_body else ""
-    alloc = await blocking(request, request.app[POOL].confirm, alloc_id, host)
+    said = payloads.confirmation(await _json_body(request)) if request.can_read_body else payloads.Confirmation()
+    alloc = await blocking(request, request.app[POOL].confirm, alloc_id, said.host, said.relay, said.transport)
     return web.json_response(alloc.to_dict())
 
 

@@ -12,6 +12,7 @@ Orion's plain-text answers and the log) all get a 400 with one line. Values are 
 from __future__ import annotations
 
 import json
+import re
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ MAX_VGPU_COUNT = 100
 DEFAULT_PORT = 9960
 DEFAULT_VGPU_COUNT = 4
 MAX_LABEL = 253  # a client label, a GPU's name
+MAX_PEER = 80  # a relaying oriond's IP:PORT: an IPv6 address with a zone and a port fits
+_PEER = re.compile(r"[0-9A-Za-z.:%\[\]_-]*[0-9A-Za-z.%\]_-]:[0-9]{1,5}")
+_TRANSPORT = re.compile(r"[a-z][a-z0-9-]{0,15}")
 
 _SHOWN = reprlib.Repr()
 _SHOWN.maxstring = _SHOWN.maxother = 60
@@ -165,12 +169,36 @@ def allocation_request(data: Mapping[str, Any], max_vgpus: int) -> AllocationReq
                              label(data, "client"), optional_host(data))
 
 
-def confirmation_host(data: Mapping[str, Any]) -> str:
-    """JSON API confirm: an optional ``{"host": "..."}``, the host whose oriond takes the allocation up."""
-    unknown = set(data) - {"host"}
+@dataclass(frozen=True)
+class Confirmation:
+    """What an oriond says when it takes an allocation up: its host, and for a relayed session (docs/remote.md)
+    the relaying oriond's address and the transport between the two."""
+
+    host: str = ""
+    relay: str = ""  # "IP:PORT" of the relaying oriond, as the GPU host's listener saw it; "" = a local session
+    transport: str = ""  # "tcp", "rdma": how the relayed session's records travel; only with relay
+
+
+def confirmation(data: Mapping[str, Any]) -> Confirmation:
+    """JSON API confirm: ``{"host"?: "...", "relay"?: "IP:PORT", "transport"?: "tcp"}``, all optional; a
+    transport is only said of a relayed session, so it needs ``relay``."""
+    unknown = set(data) - {"host", "relay", "transport"}
     if unknown:
-        raise BadRequest(f"unknown field(s) {_fields(unknown)}; allowed: host")
-    return optional_host(data)
+        raise BadRequest(f"unknown field(s) {_fields(unknown)}; allowed: host, relay, transport")
+    relay = text(data, "relay", required=False)
+    if relay and (len(relay) > MAX_PEER or not _PEER.fullmatch(relay)
+                  or not 1 <= int(relay.rpartition(":")[2]) <= 65535):
+        raise BadRequest(f"relay {shown(relay)} must be the relaying oriond's address as IP:PORT (e.g. "
+                         f"10.0.0.1:43210; letters, digits and . : % [ ] _ - only, port 1 to 65535, at most "
+                         f"{MAX_PEER} characters)")
+    transport = text(data, "transport", required=False)
+    if transport and not _TRANSPORT.fullmatch(transport):
+        raise BadRequest(f"transport {shown(transport)} must be a transport's name such as tcp or rdma (lower-case "
+                         f"letters, digits and '-', at most 16 characters)")
+    if transport and not relay:
+        raise BadRequest("transport is said only of a relayed session: give relay (the relaying oriond's "
+                         "IP:PORT) with it, or leave both out")
+    return Confirmation(optional_host(data), relay, transport)
 
 
 def orion_service_query(query: Mapping[str, str], max_vgpus: int) -> AllocationRequest:

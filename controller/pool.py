@@ -306,9 +306,12 @@ class GpuPool:
             raise NotFound(f"allocation {alloc_id}'s lease has expired; its vGPUs are back in the pool")
         return ttl
 
-    def confirm(self, alloc_id: str, host: str = "") -> Allocation:
+    def confirm(self, alloc_id: str, host: str = "", relay: str = "", transport: str = "") -> Allocation:
         """Mark an allocation as taken up by its host's oriond; from now on that host's heartbeats keep it.
-        ``host``, if given, is the confirming oriond's host: WrongHost if the vGPUs are on another."""
+        ``host``, if given, is the confirming oriond's host: WrongHost if the vGPUs are on another. ``relay``
+        ("IP:PORT" of the relaying oriond) and ``transport`` say that the session using it was relayed there
+        (docs/remote.md); they are kept in the allocation's ``extra`` until a later confirm says otherwise (a
+        confirm without them: a local session)."""
         k, t = self.keys, self.store.txn
         for _ in range(CLAIM_ATTEMPTS):
             entry = self.store.get(k.allocation(alloc_id))
@@ -318,7 +321,9 @@ class GpuPool:
             if host and host != alloc.host:
                 raise WrongHost(f"allocation {alloc_id} was granted on host {alloc.host}, not {host}; the client "
                                 f"must reach {alloc.host}'s oriond, or ask for vGPUs on {host}")
-            confirmed = replace(alloc, confirmed=True)
+            extra = {key: value for key, value in alloc.extra.items() if key not in ("relay", "transport")}
+            extra.update({key: value for key, value in (("relay", relay), ("transport", transport)) if value})
+            confirmed = replace(alloc, confirmed=True, extra=extra)
             ok, _ = self.store.transaction(
                 [t.mod(k.allocation(alloc_id)) == entry.mod_revision],
                 [t.put(k.allocation(alloc_id), confirmed.to_json(), lease=alloc.lease),
@@ -327,7 +332,8 @@ class GpuPool:
             if ok:
                 self.store.refresh(alloc.lease)
                 devices = ",".join(f"{alloc.address}/{v.gpu}/{v.vgpu}" for v in alloc.vgpus)
-                log.info("Confirm allocation %s with device : %s", alloc_id, devices)
+                log.info("Confirm allocation %s with device : %s%s", alloc_id, devices,
+                         f" (relayed from {relay}{f' over {transport}' if transport else ''})" if relay else "")
                 return confirmed
         raise Contention(f"allocation {alloc_id} kept changing while being confirmed; retry")
 

@@ -1,4 +1,5 @@
-"""What ``orion-check`` looks at on this machine: OS, the CUDA driver, GPUs, MPS, libvirt, Docker, oriond.
+"""What ``orion-check`` looks at on this machine: OS, the CUDA driver, GPUs, MPS, libvirt, Docker, oriond (and
+whether its listen port, where other hosts relay sessions to, accepts a connection).
 
 Each probe runs a bounded command or reads /proc and /etc, and answers a plain value; orion_check.py prints
 them in Orion's layout. Standard library only (it ships in the ``orion-guest`` wheel with orion-check, and must
@@ -9,11 +10,13 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 COMMAND_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 2.0  # oriond's listen port, on this host: it answers at once or not at all
 
 
 def run(argv: list[str]) -> str | None:
@@ -63,6 +66,19 @@ class Process:
         argv = self.argv
         return Path(argv[argv.index("--config") + 1]) if "--config" in argv[:-1] else default
 
+    def option(self, flag: str) -> str:
+        """The value of one of oriond's one-letter options (``-b IP``, ``-p9960``, ``-p=9960``; the last one
+        wins, as for argparse), "" when it was not given: ``-b`` and ``-p`` override server.conf."""
+        value = ""
+        own = [i for i, a in enumerate(self.argv[:3]) if os.path.basename(a) == "oriond" or a == "host_agent.oriond"]
+        start = own[0] + 1 if own else 1  # past the interpreter's own options (python3 -b -m host_agent.oriond)
+        for i, arg in enumerate(self.argv[start:], start):
+            if arg == flag:
+                value = self.argv[i + 1] if i + 1 < len(self.argv) else ""
+            elif arg.startswith(flag) and not arg.startswith("--"):
+                value = arg[len(flag):].removeprefix("=")
+        return value
+
 
 def _processes() -> list[tuple[int, list[str]]]:
     found = []
@@ -104,6 +120,27 @@ def libvirt_qemu() -> bool:
 
 def docker() -> bool:
     return run(["docker", "version"]) is not None
+
+
+def reach(address: str, port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
+    """None when a TCP connection to address:port is accepted within ``timeout_s``, else why not (a few words).
+    The connection is closed at once; oriond's relay listener takes it for a relay that said nothing."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            return None
+    except TimeoutError:
+        return f"no answer within {timeout_s:g} s"
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+
+
+def dialled(bind_addr: str) -> str:
+    """Where to connect to reach a server bound to ``bind_addr``: a wildcard address means this host's loopback."""
+    return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(bind_addr, bind_addr.strip("[]"))
+
+
+def host_port(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def rdma() -> bool:

@@ -214,9 +214,11 @@ class ControllerClient:
     def keepalive(self, alloc_id: str) -> int:
         return int(self._json("POST", f"/api/v1/allocations/{quote(alloc_id)}/keepalive")["ttl_s"])
 
-    def confirm(self, alloc_id: str, host: str = "") -> dict[str, Any]:
-        """Take the allocation up on ``host`` (409 wrong_host if it was granted elsewhere)."""
-        return self._json("POST", f"/api/v1/allocations/{quote(alloc_id)}/confirm", {"host": host} if host else None)
+    def confirm(self, alloc_id: str, host: str = "", *, relay: str = "", transport: str = "") -> dict[str, Any]:
+        """Take the allocation up on ``host`` (409 wrong_host if it was granted elsewhere); ``relay`` (the
+        relaying oriond's IP:PORT) and ``transport`` ("tcp") when the session using it was relayed here."""
+        body = {key: value for key, value in (("host", host), ("relay", relay), ("transport", transport)) if value}
+        return self._json("POST", f"/api/v1/allocations/{quote(alloc_id)}/confirm", body or None)
 
     def release(self, alloc_id: str) -> None:
         self._json("DELETE", f"/api/v1/allocations/{quote(alloc_id)}")

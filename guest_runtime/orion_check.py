@@ -2,9 +2,10 @@
 
 ``orion-check install [server|client|controller|all]`` prints the installation summary (``all`` when no
 target is given: the README's bare ``orion-check install``, which Orion refused), ``orion-check runtime
-server`` the GPU host's state (GPUs, MPS, oriond, its controller), ``orion-check runtime client`` the
-controller this client would use (ORION_CONTROLLER, else ``~/.orion/client.conf``, else
-``/etc/orion/client.conf``, else Orion's default 127.0.0.1:9123, said to be the default, not a file's).
+server`` the GPU host's state (GPUs, MPS, oriond, whether its listen port can be reached, its controller),
+``orion-check runtime client`` the controller this client would use (ORION_CONTROLLER, else
+``~/.orion/client.conf``, else ``/etc/orion/client.conf``, else Orion's default 127.0.0.1:9123, said to be the
+default, not a file's).
 
 It lives in guest_runtime, not on the host side, because Orion's client installer puts it into every VM and
 container; it therefore imports nothing from ``controller`` or ``host_agent`` (the orion-guest wheel forbids
@@ -80,6 +81,28 @@ def _gpu_section(out: TextIO) -> bool:
     return True
 
 
+def _network_section(bind_addr: str, listen_port: str, conf_path: Path, out: TextIO) -> bool:
+    """Orion's "Orion Server can be reached through IP:PORT": oriond's listen port, where the oriond of another
+    host relays sessions to this one (docs/remote.md), accepts a TCP connection."""
+    fix = (f"bind_addr and listen_port in {conf_path} (oriond's -b and -p) must be an address of this host and a "
+           f"free port")
+    if not (listen_port.isascii() and listen_port.isdigit() and 1 <= int(listen_port) <= 65535):
+        print(f"[Error] Listening Port {listen_port!r} is not a port number (1 to 65535): oriond cannot listen "
+              f"there, so other hosts cannot relay sessions to this host; {fix}.", file=out)
+        return False
+    address = check_host.dialled(bind_addr)
+    where = check_host.host_port(address, int(listen_port))
+    why = check_host.reach(address, int(listen_port))
+    if why is None:
+        wildcard = f" (bind_addr {bind_addr}: every address of this host)" if address != bind_addr.strip("[]") else ""
+        print(f"Orion Server can be reached through {where}{wildcard}", file=out)
+        return True
+    print(f"[Error] Orion Server cannot be reached through {where} ({why}): other hosts cannot relay sessions to "
+          f"this host (its local sessions are not affected). Check that oriond runs (its log says where it "
+          f"listens), that {fix}, and that no firewall drops the port.", file=out)
+    return False
+
+
 def runtime_server(out: TextIO) -> int:
     ok = _gpu_section(out)
     print(file=out)
@@ -100,8 +123,14 @@ def runtime_server(out: TextIO) -> int:
     print(f"{'Enable SHM':<40}[{yes.get(server.get('enable_shm', 'true'), 'No')}]", file=out)
     print(f"{'Enable RDMA':<40}[{yes.get(server.get('enable_rdma', 'false'), 'No')}]", file=out)
     print(f"{'Enable Local QEMU-KVM with SHM':<40}[{yes.get(server.get('enable_kvm', 'false'), 'No')}]", file=out)
-    print(f"{'Binding IP Address :':<40}{server.get('bind_addr', '127.0.0.1')}", file=out)
-    print(f"{'Listening Port :':<40}{server.get('listen_port', '9960')}", file=out)
+    # oriond's -b and -p override server.conf (host_agent/oriond.py); Orion's defaults otherwise
+    bind_addr = (proc.option("-b") if proc else "") or server.get("bind_addr", "127.0.0.1")
+    listen_port = (proc.option("-p") if proc else "") or server.get("listen_port", "9960")
+    print(f"{'Binding IP Address :':<40}{bind_addr}", file=out)
+    print(f"{'Listening Port :':<40}{listen_port}", file=out)
+    print(file=out)
+    print("Testing the Orion Server network ...", file=out)
+    ok = _network_section(bind_addr, listen_port, conf_path, out) and ok
     print(file=out)
     print("Checking Orion Controller status ...", file=out)
     env = proc.environ if proc is not None else {}

@@ -82,6 +82,8 @@ CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE
 CU_MEMHOSTREGISTER_PORTABLE = 1
 CU_MEMHOSTALLOC_FLAGS = 0x7  # PORTABLE | DEVICEMAP | WRITECOMBINED
 MIB = 1 << 20
+RELAYED = "relay "  # a relayed session's region: "relay IP:PORT" of the relaying oriond (relay_listener.py)
+RELAY_TRANSPORT = "tcp"  # the only transport relayed sessions have in this release (docs/remote.md)
 CONVERTED = ENUMS | {"CUdevice"}  # input types the driver API wants as its own objects
 
 
@@ -294,8 +296,11 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
             return refused(f"this session already took up allocation {self.allocation}")
         if not self.ledger.empty:
             return refused("BIND must come before the session's first context or allocation")
+        relayed = self.session.region.startswith(RELAYED)  # the relay listener's sessions: "relay IP:PORT"
         try:
-            grant = take_up(self.options.controller, self.options.host, allocation, self.driver)
+            grant = take_up(self.options.controller, self.options.host, allocation, self.driver,
+                            relay=self.session.region[len(RELAYED):] if relayed else "",
+                            transport=RELAY_TRANSPORT if relayed else "")
         except GrantRefused as exc:  # its text may quote the client's id: one bounded, escaped line
             reason = one_line(str(exc))
             log.warning("session %d: %s", self.session.number, reason)

@@ -6,7 +6,9 @@ process table. Ours reads the controller's JSON API, so it
 shows what the controller knows: every vGPU of every live host, and for each its reserved memory out of its
 share (a claimed vGPU: the allocation's memory; a free one: 0 of the default share, GPU memory / vgpu_count).
 The controller does not see processes, so the lower table lists allocations (id and client) where Orion's
-listed PIDs. Live per-process memory use is not reported (`N/A` columns stay `N/A`, as in Orion's).
+listed PIDs; an allocation whose session is relayed from another host (docs/remote.md) gets a line under its
+first vGPU: "relayed from IP:PORT (transport)". Live per-process memory use is not reported (`N/A` columns stay
+`N/A`, as in Orion's).
 """
 from __future__ import annotations
 
@@ -34,6 +36,17 @@ def _row(*cells: str) -> str:
 
 def _line(text: str) -> str:
     return "| " + text[:WIDTH - 4].ljust(WIDTH - 4) + " |"
+
+
+def relayed(alloc: dict[str, Any]) -> str:
+    """"relayed from IP:PORT (tcp)" for an allocation whose session another host's oriond relayed to its GPU
+    host (the confirm said so: docs/remote.md), "" for a local one."""
+    extra = alloc.get("extra") or {}
+    relay = str(extra.get("relay") or "") if isinstance(extra, dict) else ""
+    if not relay:
+        return ""
+    transport = str(extra.get("transport") or "")
+    return f"relayed from {relay}{f' ({transport})' if transport else ''}"
 
 
 def render(pool: dict[str, Any], allocations: list[dict[str, Any]], now: float) -> str:
@@ -66,10 +79,15 @@ def render(pool: dict[str, Any], allocations: list[dict[str, Any]], now: float) 
     out.append("")
     out.append(_line(f"{'Allocations:':<70}{'vGPU Memory':>20}"))
     out.append(_line(f"{'IP':<16}{'pGPU':>4}  {'vGPU':>4}   {'Allocation ID':<37} {'Client':<16}{'Usage':>8}"))
+    said: set[str] = set()
     for (_host, gpu_index, slot), (alloc, mib) in sorted(claimed.items()):
         client = str(alloc.get("client") or "-")
         out.append(_line(f"{alloc['address']:<16}{gpu_index:>4}  {slot:>4}   {alloc['id']:<37} {client[:16]:<16}"
                          f"{mib:>5}MiB"))
+        remote = relayed(alloc)
+        if remote and alloc["id"] not in said:  # once, under the allocation's first vGPU
+            said.add(alloc["id"])
+            out.append(_line(f"{'':<29}{remote}"))
     if not claimed:
         out.append(_line("No allocation."))
     return "\n".join(out)

@@ -32,8 +32,11 @@ class Grant:
     memory_mib: tuple[int, ...]  # each vGPU's quota
 
 
-def take_up(controller: str, host: str, allocation: str, driver: Any) -> Grant:
-    """Confirm ``allocation`` with ``controller`` as ``host``; the devices and quota it gives this session."""
+def take_up(controller: str, host: str, allocation: str, driver: Any, relay: str = "",
+            transport: str = "") -> Grant:
+    """Confirm ``allocation`` with ``controller`` as ``host``; the devices and quota it gives this session.
+    ``relay`` ("IP:PORT" of the oriond that relayed the session here) and ``transport`` ("tcp") tell the
+    controller that the session is a relayed one, for orion-smi; "" for a local session."""
     if not controller:
         raise GrantRefused(f"this host agent is not linked to an Orion Controller, so it cannot take up allocation "
                            f"{allocation}: set controller_addr in its server.conf (oriond registers its GPUs "
@@ -44,7 +47,7 @@ def take_up(controller: str, host: str, allocation: str, driver: Any) -> Grant:
         raise GrantRefused(f"host {host} has no usable CUDA driver, so allocation {allocation} cannot be served")
     try:
         with ControllerClient(controller, timeout_s=CONFIRM_TIMEOUT_S) as client:
-            answer = client.confirm(allocation, host)
+            answer = client.confirm(allocation, host, relay=relay, transport=transport)
     except ControllerClientError as exc:
         raise GrantRefused(f"the Orion Controller at {controller} did not confirm allocation {allocation} for "
                            f"host {host}: {exc.reason}") from None

@@ -53,6 +53,54 @@ def test_orion_smi_shows_every_vgpu_of_an_oriond_host_with_used_and_free(
         agent.stop()
 
 
+RELAY = "10.0.0.1:43210"  # the relaying oriond, as the GPU host's relay listener saw it
+
+
+def test_orion_smi_shows_a_relayed_allocation_and_its_transport(
+        controllers: Callable[..., ControllerProcess]) -> None:
+    """The GPU host's oriond confirms a relayed session's allocation with relay and transport (executor._bind);
+    orion-smi then says, under that allocation's row, where it is relayed from and over what. A later confirm
+    without them (a local session took the allocation up) clears them; bad values are a 400 and change nothing."""
+    ctl = controllers()
+    with ControllerClient(ctl.address) as client:
+        client.register_host("gpu-host-1", [GPU], address="127.0.0.41", vgpu_count=2, ttl_s=600)
+        local = client.allocate(1, 4000, ttl_s=600, client="local-job")
+        remote = client.allocate(1, 4000, ttl_s=600, client="python3")
+        assert client.confirm(local["id"], host="gpu-host-1")["extra"] == {}
+        held = client.confirm(remote["id"], host="gpu-host-1", relay=RELAY, transport="tcp")
+        assert held["confirmed"] is True and held["extra"] == {"relay": RELAY, "transport": "tcp"}
+        assert client.allocation(remote["id"])["extra"] == held["extra"]
+        for bad, reason in [({"relay": "10.0.0.1"}, "must be the relaying oriond's address as IP:PORT"),
+                            ({"relay": "10.0.0.1:65536"}, "port 1 to 65535"),
+                            ({"relay": "10.0.0.1:0"}, "port 1 to 65535"),
+                            ({"relay": ":43210"}, "IP:PORT"),
+                            ({"relay": "10.0.0.1 :43210"}, "IP:PORT"),
+                            ({"relay": "10.0.0.1\n:43210"}, "IP:PORT"),
+                            ({"relay": "1" * 80 + ":43210"}, "at most 80 characters"),
+                            ({"relay": RELAY, "transport": "TCP\n"}, "transport 'TCP\\n' must be"),
+                            ({"relay": RELAY, "transport": "t" * 17}, "at most 16 characters"),
+                            ({"relay": 43210}, "relay must be a string"),
+                            ({"transport": "tcp"}, "give relay"),
+                            ({"relayed": RELAY}, "allowed: host, relay, transport")]:
+            answer = client.request("POST", f"/api/v1/allocations/{remote['id']}/confirm",
+                                    {"host": "gpu-host-1", **bad})
+            assert answer.status == 400 and reason in answer.reason(), (bad, answer.reason())
+            assert len(answer.reason().splitlines()) == 1
+        assert client.allocation(remote["id"])["extra"] == held["extra"]  # refused: nothing changed
+    out = smi("--controller", ctl.address)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    lines = out.stdout.splitlines()
+    assert len({len(line) for line in lines if line}) == 1, "ragged table"
+    rows = {alloc["id"]: next(i for i, line in enumerate(lines) if alloc["id"] in line) for alloc in (local, remote)}
+    assert "python3" in lines[rows[remote["id"]]] and "local-job" in lines[rows[local["id"]]]
+    assert lines[rows[remote["id"]] + 1] == f"| {'':<29}{'relayed from ' + RELAY + ' (tcp)':<64} |"
+    assert "relayed" not in lines[rows[local["id"]] + 1]
+    assert out.stdout.count("relayed from") == 1
+    with ControllerClient(ctl.address) as client:
+        assert client.confirm(remote["id"], host="gpu-host-1")["extra"] == {}  # taken up by a local session now
+    assert "relayed from" not in smi("--controller", ctl.address).stdout
+
+
 def test_orion_smi_reads_the_address_from_orion_controller(controllers: Callable[..., ControllerProcess]) -> None:
     ctl = controllers()
     out = smi(ORION_CONTROLLER=ctl.address)

@@ -157,3 +157,78 @@ def test_runtime_server_without_a_controller_setting_says_so(tmp_path: Path,
     assert [s.source for s in checked] == ["default"]  # check_controller.DEFAULT_SOURCE: says "by default"
     info = [line for line in out.getvalue().splitlines() if line.startswith("[Info] No Orion Controller")]
     assert len(info) == 1 and str(tmp_path / "server.conf") in info[0] and "registers with none" in info[0]
+
+
+# --- runtime server: the Orion Server network -------------------------------------------------------------
+def runtime_server_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, conf_text: str,
+                         *flags: str) -> tuple[int, list[str]]:
+    """orion_check.runtime_server with an oriond running as `oriond --config <conf> <flags>` and a controller
+    that answers; the exit status and the lines printed."""
+    conf = tmp_path / "server.conf"
+    conf.write_text(conf_text)
+    proc = check_host.Process(4242, "root", ["/usr/bin/oriond", "--config", str(conf), *flags], {})
+    monkeypatch.setattr(check_host, "oriond", lambda: proc)
+    monkeypatch.setattr(check_host, "gpus", lambda: ("550.54.15", ["Tesla V100-PCIE-16GB"]))
+    monkeypatch.setattr(check_host, "mps_running", lambda: False)
+    monkeypatch.setattr(orion_check, "check_controller", lambda setting, out: True)
+    out = io.StringIO()
+    code = orion_check.runtime_server(out)
+    return code, out.getvalue().splitlines()
+
+
+def network_section(lines: list[str]) -> list[str]:
+    """Orion's lines from 'Binding IP Address :' to the network test's answer."""
+    start = next(i for i, line in enumerate(lines) if line.startswith("Binding IP Address :"))
+    return lines[start:start + 5]
+
+
+def test_runtime_server_reaches_orionds_listen_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code, lines = runtime_server_lines(tmp_path, monkeypatch,
+                                           f"[server]\n    bind_addr = 127.0.0.1\n    listen_port = {port}\n")
+        listener.settimeout(5)
+        listener.accept()[0].close()  # the check really connected to this socket
+    assert network_section(lines) == [f"{'Binding IP Address :':<40}127.0.0.1", f"{'Listening Port :':<40}{port}",
+                                      "", "Testing the Orion Server network ...",
+                                      f"Orion Server can be reached through 127.0.0.1:{port}"]
+    assert code == 0, lines
+
+
+def test_runtime_server_says_what_an_unreachable_listen_port_means(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    port = unreachable_address().rpartition(":")[2]
+    code, lines = runtime_server_lines(tmp_path, monkeypatch,
+                                       f"[server]\n    bind_addr = 127.0.0.1\n    listen_port = {port}\n")
+    section = network_section(lines)
+    assert section[:4] == [f"{'Binding IP Address :':<40}127.0.0.1", f"{'Listening Port :':<40}{port}", "",
+                           "Testing the Orion Server network ..."]
+    answer = section[4]
+    assert answer.startswith(f"[Error] Orion Server cannot be reached through 127.0.0.1:{port} (Connection refused): "
+                             f"other hosts cannot relay sessions to this host"), answer
+    assert "oriond runs" in answer and f"bind_addr and listen_port in {tmp_path / 'server.conf'}" in answer
+    assert "firewall" in answer and "Orion Server can be reached" not in "\n".join(lines)
+    assert code == 1
+
+
+def test_runtime_server_tests_the_address_orionds_flags_give(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """-b and -p override server.conf in oriond (so in the check too); a wildcard bind_addr is reached on the
+    loopback; a listen_port that is no port is said to be one, without trying it."""
+    closed = unreachable_address().rpartition(":")[2]
+    conf = f"[server]\n    bind_addr = 10.255.255.1\n    listen_port = {closed}\n"
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code, lines = runtime_server_lines(tmp_path, monkeypatch, conf, "-b", "0.0.0.0", f"-p{port}")
+    assert network_section(lines)[::4] == [f"{'Binding IP Address :':<40}0.0.0.0",
+                                           f"Orion Server can be reached through 127.0.0.1:{port} (bind_addr "
+                                           f"0.0.0.0: every address of this host)"]
+    assert code == 0, lines
+    code, lines = runtime_server_lines(tmp_path, monkeypatch, "[server]\n    listen_port = 99999\n")
+    answer = network_section(lines)[4]
+    assert answer.startswith("[Error] Listening Port '99999' is not a port number (1 to 65535)"), answer
+    assert code == 1
