@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,15 +31,20 @@ FORWARD = ("import sys, runpy, guest_runtime.activate as orion; orion.activate()
 
 
 class Oriond:
-    def __init__(self, workdir: Path, *flags: str) -> None:
+    def __init__(self, workdir: Path, *flags: str, listen_port: int = 0, relay_to: str = "") -> None:
         """Serves a 256 MiB region in a fresh directory of /dev/shm (tmpfs: its pages can be page-locked, as the
-        pinned pool needs; a disk-backed file's may not be)."""
+        pinned pool needs; a disk-backed file's may not be). `listen_port`: where it takes relayed sessions (0: a
+        free one); `relay_to`: relay every session to that HOST:PORT (docs/remote.md)."""
         self.shm_dir = Path(tempfile.mkdtemp(prefix="orion-gpu-test-", dir="/dev/shm"))
         self.region = self.shm_dir / "orionsock7"
         with open(self.region, "wb") as f:
             f.truncate(256 << 20)
+        self.listen_port = listen_port or _free_port()
+        workdir.mkdir(parents=True, exist_ok=True)
         conf = workdir / "server.conf"
-        conf.write_text(f'[server]\n    vgpu_count = 1\n[server-shm]\n    shm_path_base = "{self.shm_dir}/"\n')
+        conf.write_text(f'[server]\n    vgpu_count = 1\n    listen_port = {self.listen_port}\n'
+                        f'[server-shm]\n    shm_path_base = "{self.shm_dir}/"\n'
+                        + (f"[server-relay]\n    remote_addr = {relay_to}\n" if relay_to else ""))
         self.log = workdir / "oriond.log"
         with open(self.log, "wb") as log:
             command = [sys.executable, "-m", "host_agent.oriond", "--config", str(conf),
@@ -55,6 +61,12 @@ class Oriond:
         shutil.rmtree(self.shm_dir, ignore_errors=True)
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _env(**extra: str) -> dict[str, str]:
     """The repository importable, the capsule path pinned (these programs' forwarded runs are about it; the native
     driver's tests pass ORION_NATIVE=1 and their build), plus `extra`."""
@@ -69,6 +81,18 @@ def oriond(tmp_path: Path) -> Iterator[Oriond]:
     yield agent
     agent.stop()
     sys.stderr.write(agent.log.read_text()[-3000:])
+
+
+@pytest.fixture
+def relayed(tmp_path: Path) -> Iterator[Oriond]:
+    """A relaying oriond whose sessions all go over TCP loopback to a GPU oriond on this host (docs/remote.md)."""
+    gpu = Oriond(tmp_path / "gpu-host")
+    relay = Oriond(tmp_path / "relay-host", relay_to=f"127.0.0.1:{gpu.listen_port}")
+    yield relay
+    for agent in (relay, gpu):
+        agent.stop()
+        sys.stderr.write(agent.log.read_text()[-3000:])
+    assert "relayed to 127.0.0.1" in relay.log.read_text() and "relayed over tcp" in gpu.log.read_text()
 
 
 def run(program: Path | str, forwarded: Oriond | None, timeout: float = 300) -> dict:
@@ -100,6 +124,13 @@ def test_program_gives_the_same_results_forwarded(name: str, oriond: Oriond) -> 
     if name == "pinned_threads_program.py":  # a thread starts with no context, as natively
         assert (native["thread_current"], native["thread_alloc_without_context"]) == (0, 201)
         assert native["device_pointer_is_host_pointer"] and native["free_twice"]
+
+
+@pytest.mark.parametrize("name", ["driver_program.py", "core_program.py", "stream_order_program.py",
+                                  "runtime_program.py"])
+def test_program_gives_the_same_results_relayed(name: str, relayed: Oriond) -> None:
+    """The same programs, their sessions relayed to another oriond over TCP (the GPU host's)."""
+    assert run(PROGRAMS / name, relayed) == run(PROGRAMS / name, None)
 
 
 QUOTA = textwrap.dedent("""

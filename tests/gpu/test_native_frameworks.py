@@ -20,7 +20,15 @@ import pytest
 
 from guest_runtime.compiler import find_compiler
 from guest_runtime.native.build import build_driver
-from tests.gpu.test_forwarded_programs import HAS_GPU, PROGRAMS, REPO, Oriond, _env, oriond  # noqa: F401 (fixture)
+from tests.gpu.test_forwarded_programs import (  # noqa: F401 (fixtures)
+    HAS_GPU,
+    PROGRAMS,
+    REPO,
+    Oriond,
+    _env,
+    oriond,
+    relayed,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (device machine)")]
 
@@ -101,6 +109,14 @@ def test_pytorch_matmul(oriond: Oriond, library: GuestLibraries) -> None:  # noq
     _needs("torch")
     native, forwarded = _run(PROGRAMS / "torch_matmul_program.py", None), \
         _run(PROGRAMS / "torch_matmul_program.py", (oriond, library))
+    assert forwarded == native and native["max_error"] < 1e-3 and native["count"] == 1
+
+
+def test_pytorch_matmul_relayed(relayed: Oriond, library: GuestLibraries) -> None:  # noqa: F811
+    """PyTorch on the native driver, its session relayed over TCP to another oriond (docs/remote.md)."""
+    _needs("torch")
+    native, forwarded = _run(PROGRAMS / "torch_matmul_program.py", None), \
+        _run(PROGRAMS / "torch_matmul_program.py", (relayed, library))
     assert forwarded == native and native["max_error"] < 1e-3 and native["count"] == 1
 
 
