@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from ivshmem.record import RELAYING_AGENT
+
 from .client_config import controller_setting
 from .controller_client import Answer, ControllerClient, ControllerClientError, quote
 from .ini import whole_number
@@ -190,9 +192,6 @@ def acquire(controller: str, vgpus: int, memory_mib: int | None, host: str = "")
                   file=sys.stderr, flush=True)
             _current = alloc
         return _current
-
-
-RELAYING_AGENT = "*"  # AGENT_INFO's host of an oriond that relays its sessions (host_agent/relay_route.py)
 
 
 def serving_host(host: str, where: str, knows_agent_info: bool = True) -> str:

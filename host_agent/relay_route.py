@@ -25,7 +25,6 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from guest_runtime.allocation import RELAYING_AGENT
 from guest_runtime.controller_client import ControllerClient, ControllerClientError, split_address
 from ivshmem.driver_api import table_digest
 from ivshmem.errors import RecordError
@@ -35,6 +34,7 @@ from ivshmem.record import (
     CUDA_OPCODE_BASE,
     HELLO_REQUEST,
     PROTOCOL,
+    RELAYING_AGENT,
     Op,
     Record,
     Status,

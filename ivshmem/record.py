@@ -60,6 +60,7 @@ class Op(IntEnum):
 HELLO_REQUEST = Schema("HELLO", ("protocol", "u32"), ("pid", "u32"), ("hostname", "str"), ("calls", "str"))
 HELLO_REPLY = Schema("HELLO reply", ("agent", "str"), ("session", "u64"))
 AGENT_INFO_REPLY = Schema("AGENT_INFO reply", ("host", "str"), ("controller", "str"))
+RELAYING_AGENT = "*"  # AGENT_INFO's host of an oriond with no GPU of its own that relays its sessions (docs/remote.md)
 BIND_REQUEST = Schema("BIND", ("allocation", "str"))
 BIND_REPLY = Schema("BIND reply", ("vgpus", "u32"), ("memory_mib", "u32"))
 DRAIN_REPLY = Schema("DRAIN reply", ("length", "u64"), ("crc32", "u32"))
