@@ -53,8 +53,6 @@ from ivshmem.driver_api import (
     POINTER_P2P_TOKENS,
     POOL_ATTRIBUTES_64,
     POOL_MAP_OPCODE,
-    POOL_MAP_REPLY,
-    POOL_MAP_REQUEST,
     DriverCall,
     LaunchConfig,
     table_digest,
@@ -70,7 +68,7 @@ from .handler import Reply, Session, note, refused
 from .image_cache import CacheSettings, ImageCache
 from .launch_extras import MAX_LAUNCH_ATTRIBUTES, LaunchExtraCalls
 from .limits import one_line
-from .pinned_pool import HostPool
+from .pinned_pool import HostPool, answer_bookkeeping
 from .session_ledger import CHECKED, SessionLedger
 from .vgpu_grant import GrantRefused, take_up
 from .vgpu_quota import VgpuQuota, initial_limits
@@ -80,7 +78,6 @@ log = logging.getLogger(__name__)
 
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 CU_MEMHOSTREGISTER_PORTABLE = 1
-CU_MEMHOSTALLOC_FLAGS = 0x7  # PORTABLE | DEVICEMAP | WRITECOMBINED
 MIB = 1 << 20
 RELAYED = "relay "  # a relayed session's region: "relay IP:PORT" of the relaying oriond (relay_listener.py)
 RELAY_TRANSPORT = "tcp"  # the only transport relayed sessions have in this release (docs/remote.md)
@@ -613,41 +610,19 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
     def _pool_map(self, payload: bytes) -> Reply:
         """POOL_MAP: the guest's address of the slice -> the host's address and the slice's size."""
         try:
-            (proposed,) = POOL_MAP_REQUEST.decode(payload)
+            return Reply(*answer_bookkeeping(self.pool, POOL_MAP_OPCODE, payload, self.driver))
         except RecordError as exc:
             return Reply(Status.MALFORMED, str(exc).encode())
-        if self.pool is None:
-            return Reply(NOT_SUPPORTED)
-        err, host = self.pool.map(proposed)
-        return Reply(err, POOL_MAP_REPLY.encode(host, self.pool.size))
 
-    @HOST.serves("cuMemAllocHost", "cuMemHostAlloc")
-    def _host_alloc(self, call: DriverCall, payload: bytes) -> Reply:
-        """A pointer into the pool, in the guest's view."""
-        size, *flags = call.request.decode(payload)
-        if flags and flags[0] & ~CU_MEMHOSTALLOC_FLAGS:
-            return Reply(INVALID_VALUE)
-        if self.pool is None:
-            return Reply(NOT_SUPPORTED)
-        err, pointer = self.pool.allocate(size, flags[0] if flags else 0, self.driver)
-        return _answer(call, err, lambda: (pointer,))
-
-    @HOST.serves("cuMemFreeHost")
-    def _host_free(self, call: DriverCall, payload: bytes) -> Reply:
-        (pointer,) = call.request.decode(payload)
-        return Reply(INVALID_VALUE if self.pool is None else self.pool.free(pointer))
+    @HOST.serves("cuMemAllocHost", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostGetFlags")
+    def _pool_bookkeeping(self, call: DriverCall, payload: bytes) -> Reply:
+        return Reply(*answer_bookkeeping(self.pool, call.opcode, payload, self.driver))
 
     @HOST.serves("cuMemHostGetDevicePointer")
     def _host_device_pointer(self, call: DriverCall, payload: bytes) -> Reply:
         pointer, flags = call.request.decode(payload)
         device = None if self.pool is None or flags else self.pool.device_pointer(pointer)
         return Reply(INVALID_VALUE) if device is None else Reply(SUCCESS, call.reply.encode(device))
-
-    @HOST.serves("cuMemHostGetFlags")
-    def _host_flags(self, call: DriverCall, payload: bytes) -> Reply:
-        (pointer,) = call.request.decode(payload)
-        flags = None if self.pool is None else self.pool.flags(pointer)
-        return Reply(INVALID_VALUE) if flags is None else Reply(SUCCESS, call.reply.encode(flags))
 
     def _pinned_copy(self, call: DriverCall, device: int, size: int, *rest: int) -> Reply:
         """A copy whose host side is page-locked pool memory, named by its guest address (the call's pinned

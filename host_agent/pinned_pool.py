@@ -21,13 +21,18 @@ import logging
 from typing import Any
 
 from ivshmem import fixed_map
-from ivshmem.cuda_status import INVALID_VALUE, OUT_OF_MEMORY, SUCCESS
+from ivshmem.cuda_status import INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS
+from ivshmem.driver_api import CALLS, POOL_MAP_OPCODE, POOL_MAP_REPLY, POOL_MAP_REQUEST
 from ivshmem.layout import PAGE
 from ivshmem.region import Region
 
 log = logging.getLogger(__name__)
 
 CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP = 1, 2
+CU_MEMHOSTALLOC_FLAGS = 0x7  # PORTABLE | DEVICEMAP | WRITECOMBINED: what cuMemHostAlloc accepts
+_BOOKKEEPING = {CALLS[name].opcode: CALLS[name] for name in ("cuMemAllocHost", "cuMemHostAlloc", "cuMemFreeHost",
+                                                              "cuMemHostGetFlags")}
+BOOKKEEPING_OPCODES = frozenset({POOL_MAP_OPCODE, *_BOOKKEEPING})
 
 
 class HostPool:
@@ -142,3 +147,32 @@ class HostPool:
             driver.cuMemHostUnregister(self.host_base)
         self.device_base = 0
         self._drop_fixed()
+
+
+def answer_bookkeeping(pool: HostPool | None, opcode: int, payload: bytes | bytearray | memoryview,
+                       driver: Any) -> tuple[int, bytes]:
+    """(CUresult, reply payload) of POOL_MAP or a call the pool's bookkeeping answers alone (cuMemAllocHost,
+    cuMemHostAlloc, cuMemFreeHost, cuMemHostGetFlags; `opcode` in BOOKKEEPING_OPCODES): a local session's worker
+    and a relay (host_agent/relay_pool.py, `driver` None: the pages are registered with no GPU) answer them alike.
+    RecordError for a malformed request."""
+    if opcode == POOL_MAP_OPCODE:
+        (proposed,) = POOL_MAP_REQUEST.decode(payload)
+        if pool is None:
+            return NOT_SUPPORTED, b""
+        err, host = pool.map(proposed)
+        return err, POOL_MAP_REPLY.encode(host, pool.size)
+    call = _BOOKKEEPING[opcode]
+    if call.name == "cuMemFreeHost":
+        (pointer,) = call.request.decode(payload)
+        return (INVALID_VALUE if pool is None else pool.free(pointer)), b""
+    if call.name == "cuMemHostGetFlags":
+        (pointer,) = call.request.decode(payload)
+        flags = None if pool is None else pool.flags(pointer)
+        return (INVALID_VALUE, b"") if flags is None else (SUCCESS, call.reply.encode(flags))
+    size, *flags_given = call.request.decode(payload)  # cuMemAllocHost, cuMemHostAlloc: a pointer in the guest's view
+    if flags_given and flags_given[0] & ~CU_MEMHOSTALLOC_FLAGS:
+        return INVALID_VALUE, b""
+    if pool is None:
+        return NOT_SUPPORTED, b""
+    err, pointer = pool.allocate(size, flags_given[0] if flags_given else 0, driver)
+    return err, call.reply.encode(pointer) if err == SUCCESS else b""

@@ -1,9 +1,9 @@
 """A relayed session's page-locked pool (docs/remote.md, "What cannot be relayed byte for byte").
 
 A guest's cuMemAllocHost memory is its channel's slice of the region's pool, on the relaying host; the GPU host
-cannot DMA into it. So the relay keeps the pool's bookkeeping itself (the same HostPool as a local worker, never
-registered with a driver), answers the pool's calls here, and turns copies to and from pool memory into the plain
-copies the GPU host serves for any guest memory:
+cannot DMA into it. So the relay keeps the pool's bookkeeping itself and answers the pool's calls as a local
+worker does (the same HostPool and pinned_pool.answer_bookkeeping, never registered with a driver), and turns
+copies to and from pool memory into the plain copies the GPU host serves for any guest memory:
 - a pinned HtoD sends the pool's bytes as a plain cuMemcpyHtoD(Async) request;
 - a pinned DtoH asks for the bytes with a plain cuMemcpyDtoH(Async) request, which is answered (even when the
   guest posted it) and whose answer the relay writes into the pool before the session's next answer is delivered:
@@ -18,26 +18,16 @@ import logging
 from typing import NamedTuple
 
 from ivshmem.cuda_status import INVALID_VALUE, NOT_SUPPORTED, SUCCESS
-from ivshmem.driver_api import (
-    BY_OPCODE,
-    CALLS,
-    PINNED_COPY,
-    POOL_MAP_OPCODE,
-    POOL_MAP_REPLY,
-    POOL_MAP_REQUEST,
-)
+from ivshmem.driver_api import BY_OPCODE, CALLS, PINNED_COPY
 from ivshmem.errors import RecordError
 from ivshmem.record import Flag, Record, Status
 
 from .handler import Reply
-from .pinned_pool import HostPool
+from .pinned_pool import BOOKKEEPING_OPCODES, HostPool, answer_bookkeeping
 
 log = logging.getLogger(__name__)
 
-CU_MEMHOSTALLOC_FLAGS = 0x7  # PORTABLE | DEVICEMAP | WRITECOMBINED: what cuMemHostAlloc accepts
-_ALLOC_HOST, _HOST_ALLOC = CALLS["cuMemAllocHost"], CALLS["cuMemHostAlloc"]
-_FREE_HOST, _HOST_FLAGS = CALLS["cuMemFreeHost"], CALLS["cuMemHostGetFlags"]
-_DEVICE_POINTER = CALLS["cuMemHostGetDevicePointer"]
+_DEVICE_POINTER = CALLS["cuMemHostGetDevicePointer"].opcode
 
 
 class Forward(NamedTuple):
@@ -56,41 +46,23 @@ class PoolRelay:
     def answer(self, record: Record) -> Reply | None:
         """The relay's own answer to one of the pool's calls; None for every other record."""
         opcode = record.opcode
-        try:
-            if opcode == POOL_MAP_OPCODE:
-                if self.pool is None:
-                    return Reply(NOT_SUPPORTED)
-                err, host = self.pool.map(POOL_MAP_REQUEST.decode(record.payload)[0])
-                return Reply(err, POOL_MAP_REPLY.encode(host, self.pool.size))
-            if opcode in (_ALLOC_HOST.opcode, _HOST_ALLOC.opcode):
-                size, *flags = BY_OPCODE[opcode].request.decode(record.payload)
-                if flags and flags[0] & ~CU_MEMHOSTALLOC_FLAGS:
-                    return Reply(INVALID_VALUE)
-                if self.pool is None:
-                    return Reply(NOT_SUPPORTED)
-                err, pointer = self.pool.allocate(size, flags[0] if flags else 0, None)
-                return Reply(err, BY_OPCODE[opcode].reply.encode(pointer) if err == SUCCESS else b"")
-            if opcode == _FREE_HOST.opcode:
-                (pointer,) = _FREE_HOST.request.decode(record.payload)
-                return Reply(INVALID_VALUE if self.pool is None else self.pool.free(pointer))
-            if opcode == _HOST_FLAGS.opcode:
-                (pointer,) = _HOST_FLAGS.request.decode(record.payload)
-                held = None if self.pool is None else self.pool.flags(pointer)
-                return Reply(INVALID_VALUE) if held is None else Reply(SUCCESS, _HOST_FLAGS.reply.encode(held))
-            if opcode == _DEVICE_POINTER.opcode:
-                if not self._said_device_pointer:
-                    self._said_device_pointer = True
-                    log.info("session %d: cuMemHostGetDevicePointer answers CUDA_ERROR_NOT_SUPPORTED: page-locked "
-                             "memory of a relayed session is not mapped on the GPU host", self.session)
-                return Reply(NOT_SUPPORTED)
-        except RecordError as exc:
-            return Reply(Status.MALFORMED, str(exc).encode())
+        if opcode in BOOKKEEPING_OPCODES:
+            try:
+                return Reply(*answer_bookkeeping(self.pool, opcode, record.payload, None))
+            except RecordError as exc:
+                return Reply(Status.MALFORMED, str(exc).encode())
+        if opcode == _DEVICE_POINTER:
+            if not self._said_device_pointer:
+                self._said_device_pointer = True
+                log.info("session %d: cuMemHostGetDevicePointer answers CUDA_ERROR_NOT_SUPPORTED: page-locked "
+                         "memory of a relayed session is not mapped on the GPU host", self.session)
+            return Reply(NOT_SUPPORTED)
         return None
 
     def rewrite(self, record: Record) -> Forward | Reply | None:
         """A pinned copy as the plain copy to send (a DtoH's landing place is kept until its answer), or the
         error Reply that refuses it; None for every other record."""
-        if not record.opcode & PINNED_COPY or record.opcode == POOL_MAP_OPCODE:
+        if not record.opcode & PINNED_COPY:
             return None
         call = BY_OPCODE.get(record.opcode & ~PINNED_COPY)
         if call is None or call.pinned is None:
