@@ -37,15 +37,18 @@ EXIT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[INFO\] Client exits w
 
 
 class FakeGpuHost:
-    """fake_gpu_agent.py serving one region file, logging to a file the test can read."""
+    """fake_gpu_agent.py serving one region file, logging to a file the test can read; with `listen`, also taking
+    relayed sessions on host:port (registered with the controller so)."""
 
-    def __init__(self, tmp_path: Path, host: str, controller: str) -> None:
+    def __init__(self, tmp_path: Path, host: str, controller: str, listen: bool = False) -> None:
         self.region = tmp_path / f"orionsock-{host}"
         with open(self.region, "wb") as f:
             f.truncate(32 * MIB)  # blank: the region server formats it
         self.log_path = tmp_path / f"agent-{host}.log"
         self.log_file = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, str(AGENT), str(self.region), host, controller],
+        self.port = free_port() if listen else 0
+        self.proc = subprocess.Popen([sys.executable, str(AGENT), str(self.region), host, controller,
+                                      *(["--listen", str(self.port)] if listen else [])],
                                      stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True)
         wait_until("the fake GPU host agent to serve its region", lambda: "Using SHM" in self.log(), log=self.log)
 
@@ -61,8 +64,9 @@ class FakeGpuHost:
 def gpu_host(tmp_path: Path) -> Iterator[Callable[..., FakeGpuHost]]:
     started: list[FakeGpuHost] = []
 
-    def start(controller: str = "", host: str = "h1", client: ControllerClient | None = None) -> FakeGpuHost:
-        agent = FakeGpuHost(tmp_path, host, controller)
+    def start(controller: str = "", host: str = "h1", client: ControllerClient | None = None,
+              listen: bool = False) -> FakeGpuHost:
+        agent = FakeGpuHost(tmp_path, host, controller, listen)
         started.append(agent)
         if client is not None:
             wait_until(f"{host} to register", lambda: host in {h["host"] for h in client.pool()["hosts"]},

@@ -1,8 +1,8 @@
 """A guest on a host without GPUs gets vGPUs of another host: its oriond relays the session there, end to end.
 
-Real etcd, a real controller process, a GPU host (fake_gpu_agent.py --listen: the Agent, region server, executor,
-relay listener and ControllerLink of oriond over tests/fake_driver.py, registered as 127.0.0.2 with its listen
-port) and a relay-only host: a real oriond whose made-up GPU inventory is empty, so it registers nothing and
+Real etcd, a real controller process, a GPU host (test_guest_allocation's FakeGpuHost with `listen`:
+fake_gpu_agent.py --listen, the Agent, region server, executor, relay listener and ControllerLink of oriond over
+tests/fake_driver.py, registered as 127.0.0.2 with its listen port) and a relay-only host: a real oriond whose made-up GPU inventory is empty, so it registers nothing and
 answers AGENT_INFO with "*" (host_agent/relay_route.py). The guest (allocating_guest.py) talks to the relay's
 region only; the controller grants its vGPUs on the GPU host, the relay dials that host's registered
 address:port, and the GPU host confirms the grant with the controller (docs/remote.md). Waits are bounded and
@@ -11,8 +11,6 @@ assert state, never how long it took.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,7 +19,16 @@ import pytest
 from guest_runtime.controller_client import ControllerClient
 from tests.controller.oriond_proc import Oriond
 from tests.controller.rig import ControllerProcess, free_port, wait_until
-from tests.controller.test_guest_allocation import AGENT, EXIT_LINE, MIB, NO_DEVICE, OUT_OF_MEMORY, first_line, guest
+from tests.controller.test_guest_allocation import (  # noqa: F401 (gpu_host: a fixture)
+    EXIT_LINE,
+    MIB,
+    NO_DEVICE,
+    OUT_OF_MEMORY,
+    FakeGpuHost,
+    first_line,
+    gpu_host,
+    guest,
+)
 from tests.controller.test_leases import gone
 from tests.processes import stop_process
 
@@ -30,29 +37,6 @@ pytestmark = pytest.mark.functional
 GPU_HOST = "127.0.0.2"  # the GPU host's name in the pool, its bind address and where relays dial it
 DEAD_HOST = "127.0.0.3"  # a registered host where nothing listens
 QUOTA_MIB = 4000
-
-
-class ListeningGpuHost:
-    """fake_gpu_agent.py serving one region and listening for relayed sessions on GPU_HOST:port."""
-
-    def __init__(self, tmp_path: Path, controller: str) -> None:
-        self.port = free_port()
-        self.region = tmp_path / "orionsock-gpu-host"
-        with open(self.region, "wb") as f:
-            f.truncate(32 * MIB)  # blank: the region server formats it
-        self.log_path = tmp_path / "gpu-host.log"
-        self.log_file = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, str(AGENT), str(self.region), GPU_HOST, controller,
-                                      "--listen", str(self.port)],
-                                     stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_until("the GPU host agent to serve its region", lambda: "Using SHM" in self.log(), log=self.log)
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def stop(self) -> None:
-        stop_process(self.proc, 10)
-        self.log_file.close()
 
 
 class RelayHost:
@@ -75,28 +59,24 @@ class RelayHost:
 
 
 @pytest.fixture
-def hosts(tmp_path: Path) -> Iterator[Callable[..., object]]:
-    started: list[ListeningGpuHost | RelayHost] = []
+def relay_host(tmp_path: Path) -> Iterator[Callable[[str], RelayHost]]:
+    started: list[RelayHost] = []
 
-    def start(kind: type[ListeningGpuHost] | type[RelayHost], controller: str) -> object:
-        host = kind(tmp_path, controller)
-        started.append(host)
-        return host
+    def start(controller: str) -> RelayHost:
+        started.append(RelayHost(tmp_path, controller))
+        return started[-1]
     yield start
-    for host in reversed(started):
+    for host in started:
         host.stop()
 
 
 def test_a_guest_on_a_relay_only_host_gets_vgpus_of_the_gpu_host_and_gives_them_back(
-        controllers: Callable[..., ControllerProcess], hosts: Callable[..., object], tmp_path: Path) -> None:
+        controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost],  # noqa: F811
+        relay_host: Callable[[str], RelayHost], tmp_path: Path) -> None:
     ctl = controllers()
     client = ControllerClient(ctl.address)
-    gpu = hosts(ListeningGpuHost, ctl.address)
-    assert isinstance(gpu, ListeningGpuHost)
-    wait_until("the GPU host to register", lambda: [h["host"] for h in client.pool()["hosts"]] == [GPU_HOST],
-               log=gpu.log)
-    relay = hosts(RelayHost, ctl.address)
-    assert isinstance(relay, RelayHost)
+    gpu = gpu_host(ctl.address, GPU_HOST, client, listen=True)
+    relay = relay_host(ctl.address)
     assert [h["host"] for h in client.pool()["hosts"]] == [GPU_HOST]  # the relay registered nothing
     env = {"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "1", "ORION_GMEM": str(QUOTA_MIB)}
     proc = guest(env, tmp_path, relay.region)
@@ -128,16 +108,14 @@ def test_a_guest_on_a_relay_only_host_gets_vgpus_of_the_gpu_host_and_gives_them_
 
 
 def test_a_killed_guests_relayed_grant_is_given_back_by_the_gpu_host(
-        controllers: Callable[..., ControllerProcess], hosts: Callable[..., object], tmp_path: Path) -> None:
+        controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost],  # noqa: F811
+        relay_host: Callable[[str], RelayHost], tmp_path: Path) -> None:
     """No release from the guest: its session ends on the relay, the relay connection with it, and the GPU host's
     listener gives the grant its relayed session took up back to the controller (not the lease: 600 s)."""
     ctl = controllers(extra=["--lease-ttl", "600"])
     client = ControllerClient(ctl.address)
-    gpu = hosts(ListeningGpuHost, ctl.address)
-    assert isinstance(gpu, ListeningGpuHost)
-    wait_until("the GPU host to register", lambda: client.pool()["hosts"], log=gpu.log)
-    relay = hosts(RelayHost, ctl.address)
-    assert isinstance(relay, RelayHost)
+    gpu = gpu_host(ctl.address, GPU_HOST, client, listen=True)
+    relay = relay_host(ctl.address)
     proc = guest({"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "1"}, tmp_path, relay.region)
     try:
         seen = first_line(proc)
@@ -156,7 +134,7 @@ def test_a_killed_guests_relayed_grant_is_given_back_by_the_gpu_host(
 
 
 def test_a_grant_on_a_gpu_host_that_cannot_be_reached_is_one_line_and_no_device(
-        controllers: Callable[..., ControllerProcess], hosts: Callable[..., object], tmp_path: Path) -> None:
+        controllers: Callable[..., ControllerProcess], relay_host: Callable[[str], RelayHost], tmp_path: Path) -> None:
     """The controller's only host is registered at a port where nothing listens (its oriond died, or its
     listen_port is firewalled): the relay cannot dial it, so the guest's BIND is refused with the reason, the
     grant is given back, and the program sees no device, said once."""
@@ -165,8 +143,7 @@ def test_a_grant_on_a_gpu_host_that_cannot_be_reached_is_one_line_and_no_device(
     dead_port = free_port()
     client.register_host(DEAD_HOST, [{"uuid": "GPU-dead-0", "name": "V100", "memory_mib": 16160}], port=dead_port,
                          address=DEAD_HOST, ttl_s=600)
-    relay = hosts(RelayHost, ctl.address)
-    assert isinstance(relay, RelayHost)
+    relay = relay_host(ctl.address)
     proc = guest({"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "1", "ORION_GMEM": str(QUOTA_MIB)}, tmp_path,
                  relay.region)
     try:
