@@ -35,7 +35,6 @@ import pytest
 from guest_runtime.forward import Forwarder
 from host_agent.executor import CudaExecutor, ExecutorOptions
 from host_agent.region_server import RegionServer, ServerOptions
-from host_agent.relay_listener import RelayListener, listen_socket
 from host_agent.relay_route import RelayRoute
 from host_agent.stop import StopRequest
 from ivshmem import layout
@@ -44,6 +43,7 @@ from ivshmem.driver_api import CALLS, OUT
 from ivshmem.region import Region
 from tests import relay_net
 from tests.fake_driver import FakeDriver, read_journal
+from tests.relay_peer import start_listener
 
 __all__ = ["CODES", "FAKE_DEVICES", "GUEST_DEVICES", "RELAYED", "SENTINELS", "START_TIMEOUT_S", "STOP_TIMEOUT_S",
            "TEST_TIMEOUT_S", "Guest", "Rig", "bounded", "local_only", "rig", "start"]
@@ -117,23 +117,10 @@ def _serve(path: str, journal: str, options: ExecutorOptions, fake: dict[str, An
 
 
 def _gpu_host(factory: Callable[[Any], CudaExecutor]) -> str:
-    """Start the GPU host's relay listener in its network namespace, in a child process; its HOST:PORT."""
-    ours, theirs = multiprocessing.get_context("fork").Pipe(duplex=False)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-            stop = StopRequest().on_signals()
-            relay_net.enter(relay_net.GPU_NS)
-            sock = listen_socket(relay_net.GPU_IP, 0)
-            theirs.send(sock.getsockname()[1])
-            RelayListener(sock, factory, ServerOptions(heartbeat_timeout=5.0), stop).serve_forever()
-            code = 0
-        finally:
-            os._exit(code)
-    assert ours.poll(START_TIMEOUT_S), "the GPU host's relay listener did not start"
-    return f"{relay_net.GPU_IP}:{ours.recv()}"
+    """Start the GPU host's relay listener in its network namespace (it ends with this process); its HOST:PORT."""
+    _process, port = start_listener(factory, relay_net.GPU_IP, relay_net.GPU_NS,
+                                    options=ServerOptions(heartbeat_timeout=5.0))
+    return f"{relay_net.GPU_IP}:{port}"
 
 
 def _agent_words(path: str) -> tuple[int, int, int]:

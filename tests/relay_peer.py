@@ -1,13 +1,50 @@
-"""The relay's end of a relay connection, for the relay tests (host_agent/relay_*.py): records sent as a relaying
-oriond sends them, answers read with the GPU host's BEATs skipped."""
+"""Both ends of a relay connection for the relay tests (host_agent/relay_*.py): `start_listener`, the GPU host's
+listener in a child process, and `RelayPeer`, the relay's end (records sent as a relaying oriond sends them,
+answers read with the GPU host's BEATs skipped)."""
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
 import os
+import signal
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
+from host_agent.handler import HandlerFactory
+from host_agent.region_server import ServerOptions
 from host_agent.relay_frames import BEAT, RELAY_HELLO, RELAY_HELLO_REQUEST, FrameStream
+from host_agent.relay_listener import MAX_SESSIONS, RelayListener, listen_socket
+from host_agent.stop import StopRequest
 from ivshmem.driver_api import CALLS, table_digest
 from ivshmem.record import PROTOCOL, Record
+from tests import relay_net
+
+START_TIMEOUT_S = 30.0
+
+
+def _listen(factory: HandlerFactory, address: str, namespace: str, max_sessions: int, options: ServerOptions,
+            report: Connection) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: never outlive who started it
+    stop = StopRequest().on_signals()
+    if namespace:
+        relay_net.enter(namespace)
+    listener = RelayListener(listen_socket(address, 0), factory, options, stop, max_sessions)
+    report.send(listener.address[1])
+    listener.serve_forever()
+
+
+def start_listener(factory: HandlerFactory, address: str = "127.0.0.1", namespace: str = "",
+                   max_sessions: int = MAX_SESSIONS, options: ServerOptions | None = None) -> tuple[BaseProcess, int]:
+    """A relay listener over `factory` on a free port of `address` (in network namespace `namespace`, if given), in
+    a child process that ends on SIGTERM or with its parent: (the process, its port)."""
+    ours, theirs = multiprocessing.get_context("fork").Pipe(duplex=False)
+    process = multiprocessing.get_context("fork").Process(
+        target=_listen, args=(factory, address, namespace, max_sessions, options or ServerOptions(), theirs),
+        name="relay-listener", daemon=True)  # terminated, not waited for, when its parent exits
+    process.start()
+    assert ours.poll(START_TIMEOUT_S), "the relay listener did not start"
+    return process, int(ours.recv())
 
 
 class RelayPeer:

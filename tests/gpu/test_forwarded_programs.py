@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.controller.rig import free_port
 from tests.processes import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ class Oriond:
         self.region = self.shm_dir / "orionsock7"
         with open(self.region, "wb") as f:
             f.truncate(256 << 20)
-        self.listen_port = listen_port or _free_port()
+        self.listen_port = listen_port or free_port()
         workdir.mkdir(parents=True, exist_ok=True)
         conf = workdir / "server.conf"
         conf.write_text(f'[server]\n    vgpu_count = 1\n    listen_port = {self.listen_port}\n'
@@ -59,12 +59,6 @@ class Oriond:
     def stop(self) -> None:
         stop_process(self.proc)
         shutil.rmtree(self.shm_dir, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _env(**extra: str) -> dict[str, str]:

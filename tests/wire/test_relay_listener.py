@@ -3,13 +3,12 @@ machine: a worker process per connection (the CUDA executor over the fake driver
 other, a bounded number of them, and a hostile or vanished peer costing only its own session."""
 from __future__ import annotations
 
-import multiprocessing
 import os
 import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
-from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import pytest
@@ -22,38 +21,26 @@ from host_agent.relay_frames import (
     RELAY_HELLO,
     FrameStream,
 )
-from host_agent.relay_listener import RelayListener, listen_socket
-from host_agent.stop import StopRequest
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Status
 from tests.fake_driver import FakeDriver
-from tests.relay_peer import RelayPeer
+from tests.relay_peer import RelayPeer, start_listener
 
 
-def _listen(report: Connection, max_sessions: int) -> None:
-    """Child process body: the listener on an ephemeral port of 127.0.0.1 until SIGTERM."""
-    stop = StopRequest().on_signals()
-
-    def factory(session: Session) -> CudaExecutor:
-        driver = FakeDriver(devices=2)
-        driver.cuInit(0)
-        return CudaExecutor(session, driver=driver)
-    listener = RelayListener(listen_socket("127.0.0.1", 0), factory, stop=stop, max_sessions=max_sessions)
-    report.send(listener.address[1])
-    listener.serve_forever()
+def _fake_executor(session: Session) -> CudaExecutor:
+    driver = FakeDriver(devices=2)
+    driver.cuInit(0)
+    return CudaExecutor(session, driver=driver)
 
 
 @pytest.fixture
 def listener() -> Iterator[Callable[..., int]]:
-    started: list[multiprocessing.process.BaseProcess] = []
+    started: list[BaseProcess] = []
 
     def start(max_sessions: int = 8) -> int:
-        ours, theirs = multiprocessing.Pipe()
-        proc = multiprocessing.get_context("fork").Process(target=_listen, args=(theirs, max_sessions), daemon=True)
-        proc.start()
-        started.append(proc)
-        assert ours.poll(30), "the listener did not start"
-        return int(ours.recv())
+        process, port = start_listener(_fake_executor, max_sessions=max_sessions)
+        started.append(process)
+        return port
     yield start
     for proc in started:
         proc.terminate()

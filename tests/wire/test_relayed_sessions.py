@@ -14,13 +14,13 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import time
 from collections.abc import Callable
 
 import pytest
 
 from ivshmem.channel import Ctrl
 from tests import forwarding_rig, relay_net
+from tests.controller.rig import wait_until
 from tests.forwarding_rig import Guest, Rig
 from tests.unit.test_pinned_and_contexts import host_alloc
 
@@ -50,13 +50,8 @@ def _relaying_worker(g: Guest) -> int:
     return pid
 
 
-def _gone(pid: int, within_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if forwarding_rig._gone(pid):
-            return True
-        time.sleep(0.05)
-    return False
+def _wait_gone(pid: int, what: str) -> None:
+    wait_until(f"{what} (pid {pid}) to end", lambda: forwarding_rig._gone(pid))
 
 
 def test_a_relayed_session_runs_on_the_other_host_and_leaves_nothing_here(relayed: Rig) -> None:
@@ -68,7 +63,7 @@ def test_a_relayed_session_runs_on_the_other_host_and_leaves_nothing_here(relaye
     worker = _gpu_worker(relayed)
     assert worker != _relaying_worker(g)  # the driver ran in the GPU host's worker, not in the relaying one
     g.close()
-    assert _gone(worker)  # the guest released its channel: the relay closed, the GPU host's session ended
+    _wait_gone(worker, "the GPU host's session")  # the guest released: the relay closed, the session ended there
 
 
 def test_page_locked_memory_stays_on_the_relaying_host_and_its_bytes_travel(relayed: Rig) -> None:
@@ -111,7 +106,7 @@ def test_the_link_drops_calls_fail_within_the_bound_and_both_ends_let_go(relayed
         relay_net.link(False)
         assert g.sync() == DEVICE_UNAVAILABLE  # waited for, then answered by the relay once the peer fell silent
         assert g.htod(device, b"x") == DEVICE_UNAVAILABLE  # and every later call at once
-        assert _gone(worker)  # the GPU host heard nothing either: it ended the session (its memory freed)
+        _wait_gone(worker, "the GPU host's session")  # it heard nothing either: it ended the session (memory freed)
     finally:
         relay_net.link(True)
 
@@ -120,7 +115,7 @@ def test_a_partition_that_heals_too_late_leaves_the_session_gone_and_a_new_one_w
     g, device, worker = _relayed_guest(relayed)
     relay_net.link(False)
     try:
-        assert _gone(worker)
+        _wait_gone(worker, "the GPU host's session")
     finally:
         relay_net.link(True)
     assert g.sync() == DEVICE_UNAVAILABLE  # no resumption
@@ -140,7 +135,7 @@ def test_the_gpu_hosts_worker_dies_and_calls_fail_at_once(relayed: Rig) -> None:
 def test_the_relaying_worker_dies_and_the_gpu_host_ends_the_session(relayed: Rig) -> None:
     g, device, worker = _relayed_guest(relayed)
     os.kill(_relaying_worker(g), signal.SIGKILL)  # the relaying side of this session
-    assert _gone(worker)
+    _wait_gone(worker, "the GPU host's session")
 
 
 def test_a_gpu_host_that_cannot_be_reached_fails_the_sessions_calls(start: Callable[..., Rig]) -> None:
