@@ -38,6 +38,7 @@ from . import hot_path, region_file
 from .handler import Handler, HandlerFactory, Reply, Session, notes_for, route_notes
 from .limits import LogLimiter, TokenBucket
 from .relay_route import RelayRoute, open_session
+from .relay_session import SWITCH_INTERVAL_S
 from .stop import StopRequest
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,7 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, o
             relayed = open_session(loop, options.relay)
             if relayed is not None:
                 relay, first = relayed
+                sys.setswitchinterval(SWITCH_INTERVAL_S)  # this process: one session's relay and nothing else
                 relay.run(first)
                 return 0  # not reached: only an exception ends the relay
         loop.hot = hot_path.attach(endpoint, handler)  # the compiled hot records, if this host can build it

@@ -11,7 +11,6 @@ still waiting and for every later one, within the relay connection's silence bou
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 
 from ivshmem.channel import Endpoint
@@ -26,6 +25,10 @@ log = logging.getLogger(__name__)
 
 DEVICE_UNAVAILABLE = 46  # CUDA_ERROR_DEVICE_UNAVAILABLE: a session whose GPU host is gone
 MAX_ASYNC_ERRORS_REPORTED = 64  # as the worker's loop (region_server.RecordLoop)
+# Two threads share the GIL in a relaying worker: the ring thread spins while it waits, the answers thread wakes on
+# the socket. At CPython's default switch interval (5 ms) a woken answers thread can wait that long for the GIL;
+# measured on the H100, every synchronous relayed call then took 1.3 ms. The worker process runs one session and
+# nothing else, so it hands over far more often (region_server.serve_session sets it there, never in-process).
 SWITCH_INTERVAL_S = 20e-6
 
 
@@ -46,11 +49,6 @@ class Relay:
     def run(self, first: Record | None = None) -> None:
         """Forward the ring's records, `first` (already read) first, until the ring ends the session (its errors
         end it, as a worker's)."""
-        # Two threads share the GIL here: this one spins on the ring while it waits, the answers thread wakes on
-        # the socket. At CPython's default switch interval (5 ms) a woken answers thread can wait that long for
-        # the GIL; measured on the H100, every synchronous relayed call then took 1.3 ms. This process (one
-        # session's worker) runs nothing else, so it hands over far more often.
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         if self.remote is not None:
             self._answers.start()
         record = first
