@@ -27,6 +27,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -95,6 +96,7 @@ MIRRORED = {"cuLaunchKernel": "CudaExecutor._launch", "cuLaunchKernelEx": "CudaE
 DRIVER_FUNCTIONS = frozenset(HOT_CALLS) | {"cuStreamSynchronize"}  # what C may call
 
 _loaded: ModuleType | None | bool = False  # False: not tried yet in this process
+PUMP_RING, PUMP_SOCKET, PUMP_CHECK, PUMP_LOST = 0, 1, 2, 3  # why Pump.pump() returned (hot_dispatch.c)
 
 
 class Unavailable(Exception):
@@ -279,6 +281,24 @@ class HotPath:
 def _ring(ring: Any) -> tuple[int, int, int, int, int]:
     """(head word, tail word, first slot, slot size, slots) of a ring, as byte offsets in the region."""
     return ring._head_i * 4, ring._tail_i * 4, ring.data, ring.cell, ring.capacity
+
+
+def write_lock() -> Any:
+    """A relay connection's write lock: the compiled one, which the relay's pump takes too, where it can be had."""
+    module = load()
+    return module.WriteLock() if module is not None else threading.Lock()
+
+
+def relay_pump(ring: Endpoint, fd: int, lock: Any, remote_generation: int) -> Any:
+    """The compiled pump between a relayed session's ring and its relay connection (socket `fd`, written under
+    `lock`), or None where it cannot be had (relay_session.py then runs its Python threads)."""
+    module = load()
+    if module is None or not isinstance(lock, module.WriteLock):
+        return None
+    policy = ring.policy
+    return module.Pump(ring.buf, _ring(ring.in_ring), _ring(ring.out_ring), (ring.generation, remote_generation), fd,
+                       lock, (policy.spin_s, policy.busy_spin_s, policy.min_sleep, policy.max_sleep,
+                              policy.check_every_s))
 
 
 def attach(endpoint: Endpoint, handler: Any) -> HotPath | None:

@@ -11,18 +11,27 @@ Every read is bounded: `receive` waits at most its timeout for a frame to begin,
 arrive whole within `stall_s` (a peer that sends half a frame and stops holds nothing for longer). A header the
 ring would refuse (unknown flags, a reserved word, an opcode out of range, a length beyond the limit) is a
 RecordError before any payload is read; an end of stream, whole or mid-frame, is ConnectionLost.
+
+A large frame need not be held whole on either side (docs/wire-protocol.md, "Relay frames"): `open_frame` writes a
+frame's header, then its payload piece by piece as it is produced (a staged copy as its chunks come off the ring,
+a device-to-host reply as the GPU copies it), and `begin` + `read_payload` read a frame's header, then its payload
+into wherever it goes (the completion ring's staging chunks, a copy's sink). On the wire it is the same frame; the
+two ends overlap the socket with the work on either side, and no copy is limited by what one buffer may hold.
+Each piece `read_payload` reads has its own `stall_s` bound, so a frame of 1 GiB on a slow link is not given up.
 """
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
-import threading
 import time
 
 from ivshmem.channel import MAX_PAYLOAD
 from ivshmem.codec import Schema
 from ivshmem.errors import RecordError, WireError
 from ivshmem.record import HEADER, Flag, Record, check_header
+
+from . import hot_path
 
 # The relay's control opcodes (docs/wire-protocol.md, "Relay frames").
 RELAY_HELLO = 0x80
@@ -54,7 +63,15 @@ class FrameStream:
         self.max_payload = max_payload
         self.stall_s = stall_s
         self._header = bytearray(HEADER.size)
-        self._writing = threading.Lock()
+        self._writing = hot_path.write_lock()  # the relay's compiled pump writes under it too
+        self._left = 0  # payload bytes of the frame begun (begin) and not read yet
+        self._deadline = 0.0
+
+    def close(self) -> None:
+        """Close the connection (the peer's reads end with ConnectionLost)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
 
     def send(self, call_id: int, opcode: int, payload: bytes | bytearray | memoryview = b"", flags: int = 0,
              status: int = 0, generation: int = 0) -> None:
@@ -70,25 +87,61 @@ class FrameStream:
         except OSError as exc:
             raise ConnectionLost(f"sending to the relay peer failed: {exc}") from None
 
+    def open_frame(self, call_id: int, opcode: int, length: int, flags: int = 0, status: int = 0,
+                   generation: int = 0) -> FrameWriter:
+        """A frame whose `length` payload bytes are written piece by piece (FrameWriter.write), the stream held for
+        it until FrameWriter.close; the header leaves now."""
+        if flags & Flag.STAGED:
+            raise RecordError("a stream record is never staged")
+        self._writing.acquire()
+        writer = FrameWriter(self, length)
+        writer.write(HEADER.pack(call_id, opcode, flags, length, generation, status, 0), header=True)
+        return writer
+
     def receive(self, timeout: float | None = None) -> Record | None:
         """The next record, or None when none began within `timeout` seconds (None: wait as long as it takes).
         RecordError for a header the ring would refuse; ConnectionLost for an end of stream or a stalled frame."""
+        head = self.begin(timeout)
+        if head is None:
+            return None
+        payload = bytearray(head.length)
+        self._fill(memoryview(payload), self._deadline, first=False)
+        self._left = 0
+        return head._replace(payload=payload)
+
+    def begin(self, timeout: float | None = None) -> Record | None:
+        """The next record's header (its payload empty), or None as `receive`; its `length` payload bytes must then
+        be read, in order, with `read_payload` before anything else is read."""
+        if self._left:
+            raise RecordError(f"the frame begun has {self._left} payload bytes left to read")
         try:
             ready, _, _ = select.select([self.sock], [], [], timeout)
         except (OSError, ValueError) as exc:
             raise ConnectionLost(f"the relay connection is unusable: {exc}") from None
         if not ready:
             return None
-        deadline = time.monotonic() + self.stall_s
-        self._fill(memoryview(self._header), deadline, first=True)
+        self._deadline = time.monotonic() + self.stall_s
+        self._fill(memoryview(self._header), self._deadline, first=True)
         fields = HEADER.unpack(self._header)
         check_header(fields, self.max_payload, self.max_payload)
         call_id, opcode, flags, length, generation, status, _reserved = fields
         if flags & Flag.STAGED:
             raise RecordError(f"record {call_id}: a stream record is never staged")
-        payload = bytearray(length)
-        self._fill(memoryview(payload), deadline, first=False)
-        return Record(call_id, opcode, flags, length, generation, status, payload)
+        self._left = length
+        return Record(call_id, opcode, flags, length, generation, status, b"")
+
+    def read_payload(self, view: memoryview) -> None:
+        """Fill `view` with the next bytes of the frame begun (at most what is left of it), within `stall_s`."""
+        if len(view) > self._left:
+            raise RecordError(f"reading {len(view)} bytes of a frame with {self._left} left")
+        self._fill(view, time.monotonic() + self.stall_s, first=False)
+        self._left -= len(view)
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            raise ConnectionLost(f"sending to the relay peer failed: {exc}") from None
 
     def _fill(self, view: memoryview, deadline: float, first: bool) -> None:
         got = 0
@@ -107,3 +160,32 @@ class FrameStream:
                 raise ConnectionLost(f"the relay peer closed the connection{where}")
             if n > 0:
                 got += n
+
+
+class FrameWriter:
+    """One frame being written piece by piece (FrameStream.open_frame); `close` ends it. A frame left short (the
+    producer failed midway) cannot be completed: the connection is closed, and the peer sees it lost."""
+
+    def __init__(self, frames: FrameStream, length: int) -> None:
+        self.frames, self.left = frames, length
+        self._open = True
+
+    def write(self, data: bytes | bytearray | memoryview, header: bool = False) -> None:
+        if not header:
+            if len(data) > self.left:
+                self.close()
+                raise RecordError(f"{len(data)} bytes written to a frame with {self.left} left")
+            self.left -= len(data)
+        try:
+            self.frames._write(data)
+        except ConnectionLost:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        if self.left:
+            self.frames.close()
+        self.frames._writing.release()

@@ -27,14 +27,16 @@ from .pinned_pool import BOOKKEEPING_OPCODES, HostPool, answer_bookkeeping
 
 log = logging.getLogger(__name__)
 
-_DEVICE_POINTER = CALLS["cuMemHostGetDevicePointer"].opcode
+DEVICE_POINTER = CALLS["cuMemHostGetDevicePointer"].opcode
 
 
 class Forward(NamedTuple):
-    """What the relay sends instead of a pinned copy: the plain call's opcode, flags and payload."""
+    """What the relay sends instead of a pinned copy: the plain call's opcode, flags and payload, the payload's
+    tail (a pinned HtoD's bytes, where they lie in the pool: sent from there, never copied first) following it."""
     opcode: int
     flags: int
     payload: bytes
+    tail: memoryview | None = None
 
 
 class PoolRelay:
@@ -51,7 +53,7 @@ class PoolRelay:
                 return Reply(*answer_bookkeeping(self.pool, opcode, record.payload, None))
             except RecordError as exc:
                 return Reply(Status.MALFORMED, str(exc).encode())
-        if opcode == _DEVICE_POINTER:
+        if opcode == DEVICE_POINTER:
             if not self._said_device_pointer:
                 self._said_device_pointer = True
                 log.info("session %d: cuMemHostGetDevicePointer answers CUDA_ERROR_NOT_SUPPORTED: page-locked "
@@ -76,17 +78,21 @@ class PoolRelay:
         if host is None:
             return Reply(INVALID_VALUE)
         if call.name.startswith("cuMemcpyHtoD"):
-            data = ctypes.string_at(host, size) if size else b""
-            return Forward(call.opcode, record.flags & Flag.NO_REPLY, call.request.encode(device, size, *stream, data))
+            return Forward(call.opcode, record.flags & Flag.NO_REPLY, call.request.fixed.pack(device, size, *stream),
+                           pool_view(host, size))
         self.landing[record.call_id] = (host, size)
         return Forward(call.opcode, 0, call.request.encode(device, size, *stream))  # always answered: it has bytes
 
-    def land(self, call_id: int, status: int, payload: bytes | bytearray) -> bool:
-        """Write a DtoH answer's bytes into the pool; False when `call_id` was no pinned DtoH."""
+    def landing_for(self, call_id: int, status: int, length: int) -> memoryview | None:
+        """Where a DtoH answer's bytes go in the pool: the view to read them into, empty when they do not land (a
+        failure, or a length other than the copy's); None when `call_id` was no pinned DtoH."""
         target = self.landing.pop(call_id, None)
         if target is None:
-            return False
+            return None
         host, size = target
-        if status == SUCCESS and len(payload) == size and size:
-            ctypes.memmove(host, bytes(payload), size)
-        return True
+        return pool_view(host, size if status == SUCCESS and length == size else 0)
+
+
+def pool_view(host: int, size: int) -> memoryview:
+    """The pool's `size` bytes at address `host`, as a writable view."""
+    return memoryview((ctypes.c_char * size).from_address(host)).cast("B") if size else memoryview(b"")

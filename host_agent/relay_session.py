@@ -7,19 +7,29 @@ with no round trip per launch. The relay neither decodes nor judges a CUDA recor
 with the same ledger as a local session); it answers itself only what the ring refuses (a malformed record,
 as the worker's loop does) and every call once the GPU host is gone: CUDA_ERROR_DEVICE_UNAVAILABLE, for the calls
 still waiting and for every later one, within the relay connection's silence bound (StreamEndpoint: 5 s).
+
+Large payloads are never held whole on a FrameStream: a staged request is written to the socket chunk by chunk as
+it comes off the ring's staging arena, and a long answer is read from the socket straight into the completion
+ring's staging chunks (or, for a pinned DtoH, into the pool), so a copy of any size the ring carries (up to
+MAX_PAYLOAD) is relayed and the guest, the socket and the GPU host work at the same time. Over another frame
+stream a staged request is assembled (up to its max_payload) and sent as one frame.
 """
 from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
-from ivshmem.channel import Endpoint
+from ivshmem.channel import MAX_PAYLOAD, Endpoint, Sink, Streamed
+from ivshmem.driver_api import PINNED_COPY
 from ivshmem.errors import RecordError
-from ivshmem.record import Flag, Record
+from ivshmem.record import HEADER, Flag, Record
 
-from .relay_frames import ConnectionLost
-from .relay_pool import Forward, PoolRelay
-from .stream_endpoint import StreamEndpoint
+from . import hot_path
+from .pinned_pool import BOOKKEEPING_OPCODES
+from .relay_frames import ConnectionLost, FrameWriter
+from .relay_pool import DEVICE_POINTER, Forward, PoolRelay
+from .stream_endpoint import CHUNK, StreamEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -45,68 +55,190 @@ class Relay:
         self._lock = threading.Lock()  # the completion ring has two writers: answers and the relay's own
         self._async_errors = 0
         self._answers = threading.Thread(target=self._carry_answers, name=f"relay-{session}", daemon=True)
+        self._staged: _StagedForward | None = None  # the staged request being forwarded as it comes off the ring
+        self._pump: Any = None  # the compiled pump (hot_path.relay_pump), while it runs the session
 
     def run(self, first: Record | None = None) -> None:
         """Forward the ring's records, `first` (already read) first, until the ring ends the session (its errors
-        end it, as a worker's)."""
-        if self.remote is not None:
+        end it, as a worker's): through the compiled pump where it can be had, else with the answers thread."""
+        self._pump = self._start_pump()
+        if self._pump is None and self.remote is not None:
+            self.remote.spin = False  # two threads share the GIL here: the answers thread sleeps on the connection
             self._answers.start()
-        record = first
+        if first is not None:
+            self._forward(first)
+        if self._pump is not None:
+            self._run_pump(self._pump, self.remote)  # type: ignore[arg-type]
         while True:
-            if record is None:
-                try:
-                    record = self.ring.receive()
-                except RecordError as exc:  # answered here, as the worker's loop answers it; the session goes on
-                    self._answer(getattr(exc, "call_id", 0), getattr(exc, "flags", 0), exc.status,
-                                 str(exc).encode())
-                    continue
-                if record is None:
-                    continue
+            self._forward_next()
+
+    def _start_pump(self) -> Any:
+        """The compiled pump for this session's ring and FrameStream, told which opcodes it forwards as they are
+        (all but the pool's, which the relay answers or rewrites); None where it cannot be had."""
+        remote = self.remote
+        if remote is None or not remote.pieces or self.lost is not None:
+            return None
+        frames = remote.frames
+        pump = hot_path.relay_pump(self.ring, frames.sock.fileno(), frames._writing, remote.generation)
+        if pump is None:
+            return None
+        table = bytearray(b"\x01" * 0x10000)
+        if self.pool is not None:
+            for opcode in range(0x10000):
+                if opcode & PINNED_COPY or opcode in BOOKKEEPING_OPCODES or opcode == DEVICE_POINTER:
+                    table[opcode] = 0
+        pump.set_forward(bytes(table))
+        return pump
+
+    def _run_pump(self, pump: Any, remote: StreamEndpoint) -> None:
+        """Serve the session through `pump` until the GPU host is lost; what it hands back is done here."""
+        ring = self.ring
+        while self.lost is None:
+            code = pump.pump()
+            ring.in_ring.resync()  # the pump moved the indices the ring endpoint keeps copies of
+            ring.out_ring.resync()
+            try:
+                if code == hot_path.PUMP_RING:
+                    self._forward_next()
+                elif code == hot_path.PUMP_SOCKET:
+                    answer = remote.next(wait=False)
+                    if answer is not None:
+                        self._deliver(remote, answer, pump.take(answer.call_id))
+                elif code == hot_path.PUMP_CHECK:
+                    remote.heard(pump.heard)
+                    remote.check()
+                    if ring.check is not None:
+                        ring.check()
+                else:
+                    self._lose(f"sending to the relay peer failed: {pump.lost}")
+            except (ConnectionLost, RecordError) as exc:
+                self._lose(str(exc))
+        pump.close()
+
+    def _forward_next(self) -> None:
+        """Read the ring's next record and forward it (a staged one while it is read)."""
+        ring = self.ring
+        offset = ring.in_ring.readable()
+        if offset is None:
+            offset = ring._wait(ring.in_ring.readable, f"a record on the {ring.in_ring.name}")
+        flags = HEADER.unpack_from(ring.buf, offset)[2]  # a staged record's, needed before its payload is read
+        try:
+            record = ring.receive(sink_for=lambda call_id, opcode, length: self._stream(call_id, opcode, flags,
+                                                                                          length))
+        except RecordError as exc:  # answered here, as the worker's loop answers it; the session goes on
+            self._answer(getattr(exc, "call_id", 0), getattr(exc, "flags", 0), exc.status, str(exc).encode())
+            return
+        finally:
+            staged, self._staged = self._staged, None
+            if staged is not None:
+                staged.finish(self)
+        if record is not None and staged is None:
             self._forward(record)
-            record = None
+
+    def _stream(self, call_id: int, opcode: int, flags: int, length: int) -> Sink | None:
+        """The sink a staged request's chunks go to: the relay connection, as they come (None: a record the relay
+        reads whole, one of the pool's)."""
+        if self.pool is not None and (opcode in BOOKKEEPING_OPCODES or opcode & PINNED_COPY):
+            return None
+        self._staged = _StagedForward(self, call_id, opcode, flags, length)
+        return self._staged.sink
 
     def _forward(self, record: Record) -> None:
         opcode, flags, payload = record.opcode, record.flags & Flag.NO_REPLY, record.payload
+        tail = None
         if self.pool is not None:
             own = self.pool.answer(record)
             if own is None:
                 plain = self.pool.rewrite(record)
                 if isinstance(plain, Forward):
-                    opcode, flags, payload = plain
+                    opcode, flags, payload, tail = plain
                 else:
                     own = plain
             if own is not None:
                 self._answer(record.call_id, record.flags, own.status, bytes(own.payload))  # type: ignore[arg-type]
                 return
+        if not self._expect(record.call_id, record.flags):
+            return
+        try:
+            if tail is None:
+                self.remote.send(record.call_id, opcode, flags, payload)  # type: ignore[union-attr]
+            else:
+                self._send_pieces(record.call_id, opcode, flags, payload, tail)
+        except ConnectionLost as exc:
+            self._lose(str(exc))
+
+    def _expect(self, call_id: int, flags: int) -> bool:
+        """Note a record about to be sent as waiting for its answer; False (and the record answered
+        DEVICE_UNAVAILABLE) when the GPU host is gone."""
         with self._lock:
             lost = self.lost
             if lost is None and not flags & Flag.NO_REPLY:
-                self._pending[record.call_id] = record.flags
+                if self._pump is None:
+                    self._pending[call_id] = flags
+                else:  # the pump keeps them; a pinned DtoH's answer it leaves to Python (its bytes go to the pool)
+                    self._pump.expect(call_id, flags, self.pool is not None and call_id in self.pool.landing)
         if lost is not None or self.remote is None:
-            self._answer(record.call_id, record.flags, DEVICE_UNAVAILABLE, b"")
+            self._answer(call_id, flags, DEVICE_UNAVAILABLE, b"")
+            return False
+        return True
+
+    def _send_pieces(self, call_id: int, opcode: int, flags: int, head: bytes | bytearray, tail: memoryview) -> None:
+        remote = self.remote
+        if remote is None or not remote.pieces:
+            remote.send(call_id, opcode, flags, head + bytes(tail))  # type: ignore[union-attr]
             return
+        writer = remote.frames.open_frame(call_id, opcode, len(head) + len(tail), flags, 0, remote.generation)
         try:
-            self.remote.send(record.call_id, opcode, flags, payload)
-        except ConnectionLost as exc:
-            self._lose(str(exc))
+            writer.write(head)
+            writer.write(tail)
+        finally:
+            writer.close()
 
     def _carry_answers(self) -> None:
         if self.remote is None:
             return
+        remote = self.remote
         try:
             while True:
-                answer = self.remote.receive()
+                answer = remote.next()
                 if answer is None:
                     continue
                 with self._lock:
                     guest_flags = self._pending.pop(answer.call_id, 0)
-                if self.pool is not None and self.pool.land(answer.call_id, answer.status, answer.payload):
-                    self._answer(answer.call_id, guest_flags, answer.status, b"")  # the bytes are in the pool
-                    continue
-                with self._lock:
-                    self.ring.send(answer.call_id, 0, answer.flags & Flag.ASYNC_ERROR, answer.payload, answer.status)
+                self._deliver(remote, answer, guest_flags)
         except (ConnectionLost, RecordError) as exc:
             self._lose(str(exc))
+
+    def _deliver(self, remote: StreamEndpoint, answer: Record, guest_flags: int) -> None:
+        """Write one answer to the completion ring (a pinned DtoH's bytes into the pool first); on a FrameStream
+        its payload is still on the socket and read straight to where it goes."""
+        landing = None if self.pool is None else self.pool.landing_for(answer.call_id, answer.status, answer.length)
+        if landing is not None:  # the bytes are the pool's
+            if remote.pieces:
+                self._read_into(remote, landing, answer.length)
+            elif len(landing):
+                landing[:] = answer.payload
+            self._answer(answer.call_id, guest_flags, answer.status, b"")
+            return
+        payload: bytes | bytearray | Streamed = answer.payload
+        if remote.pieces:
+            if answer.length > self.ring.capacity:  # read from the socket into the ring's staging chunks
+                payload = Streamed(answer.length, remote.frames.read_payload)
+            else:
+                payload = bytearray(answer.length)
+                remote.frames.read_payload(memoryview(payload))
+        with self._lock:
+            self.ring.send(answer.call_id, 0, answer.flags & Flag.ASYNC_ERROR, payload, answer.status)
+
+    @staticmethod
+    def _read_into(remote: StreamEndpoint, landing: memoryview, length: int) -> None:
+        """Read an answer's `length` payload bytes into `landing` (all of it, or none when it is empty)."""
+        if len(landing):
+            remote.frames.read_payload(landing)
+            return
+        scratch = memoryview(bytearray(min(length, CHUNK)))
+        for start in range(0, length, CHUNK):
+            remote.frames.read_payload(scratch[:min(CHUNK, length - start)])
 
     def _lose(self, why: str) -> None:
         """The GPU host is gone: every call still waiting answers DEVICE_UNAVAILABLE now, every later one at once."""
@@ -115,6 +247,8 @@ class Relay:
                 return
             self.lost = why
             waiting, self._pending = sorted(self._pending.items()), {}
+            if self._pump is not None:
+                waiting = sorted(self._pump.take_pending())
         log.warning("session %d: the GPU host is gone (%s); its calls answer CUDA_ERROR_DEVICE_UNAVAILABLE",
                     self.session, why)
         for call_id, flags in waiting:
@@ -131,3 +265,49 @@ class Relay:
                 return
         with self._lock:
             self.ring.send(call_id, 0, Flag.ASYNC_ERROR if flags & Flag.NO_REPLY else 0, payload, status)
+
+
+class _StagedForward:
+    """A staged request forwarded while the ring reads it: on a FrameStream, its frame is written chunk by chunk
+    (the connection lost midway: the rest of the chunks are read and dropped, so the ring stays in step);
+    otherwise assembled and sent whole when complete."""
+
+    def __init__(self, relay: Relay, call_id: int, opcode: int, flags: int, length: int) -> None:
+        self.call_id, self.opcode, self.flags, self.length = call_id, opcode, flags, length
+        self.writer: FrameWriter | None = None
+        self.assembled: bytearray | None = None
+        self.lost: str | None = None
+        self.sent = 0
+        remote = relay.remote
+        if not relay._expect(call_id, flags):
+            return  # answered already: the chunks are dropped
+        try:
+            if remote is not None and remote.pieces:
+                self.writer = remote.frames.open_frame(call_id, opcode, length, flags & Flag.NO_REPLY, 0,
+                                                       remote.generation)
+            elif length <= getattr(getattr(remote, "frames", None), "max_payload", MAX_PAYLOAD):
+                self.assembled = bytearray(length)
+        except ConnectionLost as exc:
+            self.lost = str(exc)
+
+    def sink(self, chunk: memoryview) -> None:
+        if self.writer is not None and self.lost is None:
+            try:
+                self.writer.write(chunk)
+            except ConnectionLost as exc:
+                self.lost = str(exc)
+        elif self.assembled is not None:
+            self.assembled[self.sent:self.sent + len(chunk)] = chunk
+        self.sent += len(chunk)
+
+    def finish(self, relay: Relay) -> None:
+        """The ring is done with the record (whole, or it failed midway): end the frame, or send the assembled one."""
+        if self.writer is not None:
+            self.writer.close()  # short (the ring failed midway): the connection is closed with it
+        elif self.assembled is not None and self.sent == self.length and relay.remote is not None:
+            try:
+                relay.remote.send(self.call_id, self.opcode, self.flags & Flag.NO_REPLY, self.assembled)
+            except ConnectionLost as exc:
+                self.lost = str(exc)
+        if self.lost is not None or (self.writer is not None and self.sent != self.length):
+            relay._lose(self.lost or "a staged request stopped midway")

@@ -1,14 +1,18 @@
 """A relayed session's end of its connection, as a ring Endpoint to the worker's loop (docs/remote.md).
 
 On the GPU host a relayed session is served by the same loop (region_server.RecordLoop) and the same handler
-(the CUDA executor) as a session on a region; only its records come from a relay connection (relay_frames.py)
-instead of a ring. This adapter gives the loop what it uses of a ring Endpoint: `receive`, `send`, the
-session's `generation` and a liveness `check`.
+(the CUDA executor) as a session on a region; only its records come from a relay connection (a frame stream:
+relay_frames.FrameStream, or any object with its send/receive/close) instead of a ring. This adapter gives the
+loop what it uses of a ring Endpoint: `receive`, `send`, the session's `generation` and a liveness `check`.
 
 Liveness: a thread sends BEAT every `beat_s`, and a peer heard from for `dead_s` (any record counts, a BEAT
-included) is gone: `receive` raises ConnectionLost, which ends the session as a vanished client ends one on a
-region. A reply produced piece by piece (Streamed: FILL, a device-to-host copy) is produced into one buffer in
-steps of CHUNK, then sent as one frame (a stream has no staging arena).
+included) is gone: `receive` (and `check`, which the compiled hot path's wait calls) raises ConnectionLost, which
+ends the session as a vanished client ends one on a region.
+
+Large payloads on a FrameStream travel in pieces, as through a ring's staging arena: a request the handler has a
+sink for (a host-to-device copy) is read into it CHUNK by CHUNK, and a reply produced piece by piece (Streamed: a
+device-to-host copy, FILL) is sent as it is produced, so the socket and the GPU work overlap and no copy is held
+whole. Over another frame stream both are whole frames (up to its max_payload).
 """
 from __future__ import annotations
 
@@ -17,19 +21,27 @@ import time
 from collections.abc import Callable
 
 from ivshmem.channel import Payload, Sink, Streamed
-from ivshmem.record import Record
+from ivshmem.record import Flag, Record
+from ivshmem.wait import DEFAULT_POLICY
 
 from .relay_frames import BEAT, ConnectionLost, FrameStream
 
 CHUNK = 1 << 20  # a multiple of every producer's block (FILL's pattern repeats every 4 KiB)
+LEAD = 4096  # the first piece of a payload in pieces is at least this (a request's fixed part is in it whole)
+SINK_ABOVE = 64 << 10  # a request longer than this goes to the handler's sink, when it has one
 
 
 class StreamEndpoint:
     def __init__(self, frames: FrameStream, generation: int, beat_s: float = 1.0, dead_s: float = 5.0,
-                 check: Callable[[], None] | None = None) -> None:
-        self.frames, self.generation, self.check = frames, generation, check
+                 check: Callable[[], None] | None = None, spin: bool = True) -> None:
+        """`spin`: a waiting `receive` polls the connection briefly before it sleeps on it (a worker serving one
+        session has the CPU to spare; the next record of a busy session is then read without a wake-up)."""
+        self.frames, self.generation, self.user_check = frames, generation, check
         self.beat_s, self.dead_s = beat_s, dead_s
+        self.pieces = isinstance(frames, FrameStream)  # large payloads in pieces (above)
+        self.policy, self.spin, self._busy = DEFAULT_POLICY, spin, False
         self._heard = time.monotonic()
+        self._buffer: memoryview | None = None  # CHUNK bytes, for payloads in pieces
         self._stop = threading.Event()
         self._beater = threading.Thread(target=self._beat, name="relay-beat", daemon=True)
         self._beater.start()
@@ -41,33 +53,108 @@ class StreamEndpoint:
             except ConnectionLost:
                 return  # the reader sees the end of the stream, or the silence
 
-    def receive(self, sink: Sink | None = None, wait: bool = True,
-                sink_for: Callable[[int, int, int], Sink | None] | None = None) -> Record | None:
-        """The next record other than a BEAT (its payload always whole: `sink` and `sink_for` are not needed on a
-        stream), or None when `wait` is false and none is there. ConnectionLost when the peer is gone."""
+    def heard(self, when: float) -> None:
+        """The peer was heard from at `when` (time.monotonic()) by a reader other than `receive` (compiled code)."""
+        self._heard = max(self._heard, when)
+
+    def check(self) -> None:
+        """ConnectionLost when the peer has been silent for `dead_s`; then the owner's own check, if any."""
+        if time.monotonic() - self._heard > self.dead_s:
+            raise ConnectionLost(f"the relay peer has been silent for {self.dead_s:g} s")
+        if self.user_check is not None:
+            self.user_check()
+
+    def next(self, wait: bool = True) -> Record | None:
+        """The next record other than a BEAT, or None when `wait` is false and none is there; on a FrameStream
+        (`pieces`) only its header (payload empty): its `length` bytes are then the caller's to read, with
+        frames.read_payload. ConnectionLost when the peer is gone."""
+        timeout = min(self.beat_s, self.dead_s) if wait else 0
+        started = time.monotonic()
         while True:
-            record = self.frames.receive(timeout=min(self.beat_s, self.dead_s) if wait else 0)
-            now = time.monotonic()
+            record = self._poll() if wait and self.spin else None
             if record is None:
-                if now - self._heard > self.dead_s:
-                    raise ConnectionLost(f"the relay peer has been silent for {self.dead_s:g} s")
-                if self.check is not None:
-                    self.check()
+                record = self.frames.begin(timeout=timeout) if self.pieces else self.frames.receive(timeout=timeout)
+            if record is None:
+                self.check()
                 if not wait:
                     return None
                 continue
-            self._heard = now
+            self._heard = time.monotonic()
+            self._busy = self._heard - started < self.policy.busy_spin_s
             if record.opcode != BEAT:
                 return record
+            if self.pieces and record.length:
+                self._read(record.length, lambda chunk: None)
+
+    def receive(self, sink: Sink | None = None, wait: bool = True,
+                sink_for: Callable[[int, int, int], Sink | None] | None = None) -> Record | None:
+        """The next record other than a BEAT, or None when `wait` is false and none is there. A long payload goes to
+        `sink` (or what `sink_for(call_id, opcode, length)` gives) in pieces, as from a ring's staging arena (the
+        record's payload is then empty and its flags say STAGED); otherwise it is whole. ConnectionLost when the
+        peer is gone."""
+        record = self.next(wait)
+        if record is None or not self.pieces:
+            return record
+        if record.length > SINK_ABOVE:
+            target = sink or (sink_for(record.call_id, record.opcode, record.length) if sink_for else None)
+            if target is not None:
+                self._read(record.length, target)
+                return record._replace(flags=record.flags | Flag.STAGED)  # as a ring says a payload went to a sink
+        payload = bytearray(record.length)
+        self.frames.read_payload(memoryview(payload))
+        return record._replace(payload=payload)
+
+    def _poll(self) -> Record | None:
+        """A record that arrives while spinning (the ring's wait policy: spin_s, busy_spin_s after a short wait),
+        so a busy session's next record is taken without a sleep and a wake-up on the socket."""
+        spin = self.policy.busy_spin_s if self._busy else self.policy.spin_s
+        receive = self.frames.begin if self.pieces else self.frames.receive
+        deadline = time.monotonic() + spin
+        while time.monotonic() < deadline:
+            record = receive(timeout=0)
+            if record is not None:
+                return record
+        return None
+
+    def _chunk(self) -> memoryview:
+        if self._buffer is None:
+            self._buffer = memoryview(bytearray(CHUNK + LEAD))
+        return self._buffer
+
+    def _read(self, length: int, sink: Sink) -> None:
+        """Read `length` payload bytes into `sink`: the first piece what is over whole CHUNKs (at least LEAD bytes,
+        so a request's fixed part is whole in it), then whole CHUNKs, so a copy's data goes in aligned pieces."""
+        buffer = self._chunk()
+        first = length % CHUNK
+        if first < LEAD:
+            first = min(length, first + CHUNK)
+        start = 0
+        while start < length:
+            piece = buffer[:first if start == 0 else CHUNK]
+            self.frames.read_payload(piece)
+            sink(piece)
+            start += len(piece)
 
     def send(self, call_id: int, opcode: int, flags: int = 0, payload: Payload = b"", status: int = 0) -> None:
-        if isinstance(payload, Streamed):
+        if not isinstance(payload, Streamed):
+            self.frames.send(call_id, opcode, payload, flags=flags, status=status, generation=self.generation)
+            return
+        if not self.pieces:
             produced = bytearray(payload.length)
             view = memoryview(produced)
             for start in range(0, payload.length, CHUNK):
                 payload.fill(view[start:start + CHUNK])
-            payload = produced
-        self.frames.send(call_id, opcode, payload, flags=flags, status=status, generation=self.generation)
+            self.frames.send(call_id, opcode, produced, flags=flags, status=status, generation=self.generation)
+            return
+        buffer = self._chunk()
+        writer = self.frames.open_frame(call_id, opcode, payload.length, flags, status, self.generation)
+        try:
+            for start in range(0, payload.length, CHUNK):
+                piece = buffer[:min(CHUNK, payload.length - start)]
+                payload.fill(piece)
+                writer.write(piece)
+        finally:
+            writer.close()
 
     def close(self) -> None:
         self._stop.set()

@@ -9,6 +9,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -73,6 +74,11 @@ class Relayed:
     def close(self) -> None:
         self.relay_side.close()
         self.gpu_side.close()
+        for s in self.sockets:
+            s.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + 10
+        while self.relay.lost is None and time.monotonic() < deadline:  # the relay lets go of the ring (its pump)
+            time.sleep(0.01)
         for s in self.sockets:
             s.close()
         self.region.close()

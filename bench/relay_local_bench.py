@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""Relayed sessions without a GPU: where a synchronous relayed call's time goes, on any machine. Not a test.
+
+The same C client (guest_runtime/native/orion_wire.c, timed with clock_gettime: no Python on the guest side) runs
+against two host sides over the fake driver whose hot calls do nothing (bench/host_roundtrip_bench.null_executor):
+- local: a RegionServer whose session worker serves the region itself (compiled hot path where it builds);
+- relayed: a RegionServer relaying every session (`[server-relay] remote_addr`) over TCP loopback to a relay
+  listener whose workers run the same null executor: the relaying worker, the frames, the GPU host's worker.
+The baseline, measured in the same run: a raw 32-byte TCP ping-pong between two Python processes and a 256 MiB
+stream (bench/relay_bench.raw_baseline, the H100 benchmark's), and a ping-pong between two C threads' sockets
+(what a round trip costs without Python). Printed: p50/p99 per call, relayed - local, that against the raw round
+trips, and bulk copies (the null driver moves no bytes to a device: the figures are the wire's and the relay's)
+against the raw stream.
+
+Run: `.venv/bin/python bench/relay_local_bench.py [-n 20000] [--bulk-mib 64]`.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.host_roundtrip_bench import build as build_null  # noqa: E402
+from bench.host_roundtrip_bench import null_executor  # noqa: E402
+from bench.native_wire_bench import TIMING_C  # noqa: E402
+from bench.relay_bench import raw_baseline  # noqa: E402
+from guest_runtime.native.build import SOURCE_DIR, find_compiler  # noqa: E402
+from host_agent.executor import CudaExecutor  # noqa: E402
+from host_agent.handler import Session  # noqa: E402
+from host_agent.region_server import RegionServer, ServerOptions  # noqa: E402
+from host_agent.relay_route import RelayRoute  # noqa: E402
+from host_agent.stop import StopRequest  # noqa: E402
+from ivshmem import layout  # noqa: E402
+from ivshmem.driver_api import BY_OPCODE  # noqa: E402
+from ivshmem.region import Region  # noqa: E402
+from tests.fake_driver import FakeDriver  # noqa: E402
+from tests.relay_peer import start_listener  # noqa: E402
+
+MIB = 1 << 20
+_MP = multiprocessing.get_context("fork")
+OPCODES = {call.name: call.opcode for call in BY_OPCODE.values()}
+CALLS = ("cuInit", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuCtxSynchronize", "cuStreamQuery", "cuMemAlloc",
+         "cuMemcpyHtoD", "cuMemcpyDtoH")
+
+# argv: PATH N BULK_BYTES then the opcodes of CALLS. Prints "name p50_ns p99_ns" per row, bulk rows as the median
+# ns of one copy; any status but 0 is a failure (exit 1, the call named).
+CLIENT = TIMING_C + r"""
+static int fail(orion_channel *ch, const char *what, int32_t status) {
+    fprintf(stderr, "%s: %s (status %d)\n", what, orion_error(ch), status);
+    return 1;
+}
+int main(int argc, char **argv) {
+    if (argc != 12) return 2;
+    int n = atoi(argv[2]);
+    size_t bulk = strtoull(argv[3], NULL, 10);
+    unsigned op[8];
+    for (int i = 0; i < 8; i++) op[i] = (unsigned)atoi(argv[4 + i]);
+    long long *v = calloc(n, sizeof *v);
+    char err[1024], rep[4096];
+    orion_channel *ch;
+    int32_t status; size_t got;
+    if (orion_open(argv[1], &ch, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+    if (orion_hello(ch, "", NULL)) { fprintf(stderr, "%s\n", orion_error(ch)); return 1; }
+    unsigned zero = 0;
+    unsigned long long context = 0, stream = 0, device = 0, big = 0, size = 64;
+    if (orion_call(ch, op[0], &zero, 4, &status, rep, sizeof rep, &got) || status) return fail(ch, "cuInit", status);
+    if (orion_call(ch, op[1], &zero, 4, &status, &context, 8, &got) || status) return fail(ch, "retain", status);
+    if (orion_call(ch, op[2], &context, 8, &status, rep, sizeof rep, &got) || status) return fail(ch, "set", status);
+    if (orion_call(ch, op[5], &size, 8, &status, &device, 8, &got) || status) return fail(ch, "cuMemAlloc", status);
+    if (orion_call(ch, op[5], &bulk, 8, &status, &big, 8, &got) || status) return fail(ch, "cuMemAlloc", status);
+    unsigned long long copy[3] = { device, 4, 0x01020304 };
+    struct { const char *name; unsigned opcode; const void *req; size_t len; } rows[5] = {
+        { "nop", 3u, NULL, 0 }, { "cuCtxSynchronize", op[3], NULL, 0 }, { "cuStreamQuery", op[4], &stream, 8 },
+        { "htod-4B", op[6], copy, 20 }, { "dtoh-4B", op[7], copy, 16 } };
+    for (int k = 0; k < 5; k++) {
+        for (int i = 0; i < n / 10; i++)
+            orion_call(ch, rows[k].opcode, rows[k].req, rows[k].len, &status, rep, sizeof rep, &got);
+        for (int i = 0; i < n; i++) {
+            long long t = ns();
+            if (orion_call(ch, rows[k].opcode, rows[k].req, rows[k].len, &status, rep, sizeof rep, &got) || status)
+                return fail(ch, rows[k].name, status);
+            v[i] = ns() - t;
+        }
+        qsort(v, n, sizeof *v, cmp);
+        printf("%s %lld %lld\n", rows[k].name, v[n / 2], v[(int)(n * 0.99)]);
+    }
+    char *data = malloc(bulk);
+    memset(data, 7, bulk);
+    unsigned long long head[2] = { big, bulk };
+    struct orion_piece htod[2] = { { head, 16 }, { data, bulk } };
+    long long t[5];
+    for (int i = 0; i < 5; i++) {
+        long long s = ns();
+        if (orion_callv(ch, op[6], htod, 2, &status, rep, sizeof rep, NULL, 0, &got) || status)
+            return fail(ch, "bulk HtoD", status);
+        t[i] = ns() - s;
+    }
+    qsort(t, 5, sizeof t[0], cmp);
+    printf("bulk-htod %lld %lld\n", t[2], t[4]);
+    for (int i = 0; i < 5; i++) {
+        long long s = ns();
+        if (orion_callv(ch, op[7], (struct orion_piece[]){ { head, 16 } }, 1, &status, data, bulk, NULL, 0, &got)
+            || status || got != bulk)
+            return fail(ch, "bulk DtoH", status);
+        t[i] = ns() - s;
+    }
+    qsort(t, 5, sizeof t[0], cmp);
+    printf("bulk-dtoh %lld %lld\n", t[2], t[4]);
+    orion_close(ch);
+    return 0;
+}
+"""
+
+# Two threads, each with one end of a loopback TCP connection, ping-ponging 32 bytes: the round trip with no Python.
+RAW_C = TIMING_C + r"""
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+static int n;
+static void *echo(void *arg) {
+    int fd = *(int *)arg; char b[32];
+    for (int i = 0; i < n; i++) { if (recv(fd, b, 32, MSG_WAITALL) != 32 || send(fd, b, 32, 0) != 32) break; }
+    return NULL;
+}
+int main(int argc, char **argv) {
+    n = atoi(argv[1]);
+    int one = 1, l = socket(AF_INET, SOCK_STREAM, 0), c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof a;
+    bind(l, (struct sockaddr *)&a, sizeof a); listen(l, 1); getsockname(l, (struct sockaddr *)&a, &len);
+    connect(c, (struct sockaddr *)&a, sizeof a);
+    int s = accept(l, NULL, NULL);
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    pthread_t th; pthread_create(&th, NULL, echo, &s);
+    long long *v = calloc(n, sizeof *v); char b[32] = {0};
+    for (int i = 0; i < n; i++) {
+        long long t = ns();
+        if (send(c, b, 32, 0) != 32 || recv(c, b, 32, MSG_WAITALL) != 32) return 1;
+        v[i] = ns() - t;
+    }
+    pthread_join(th, NULL);
+    qsort(v, n, sizeof *v, cmp);
+    printf("%lld %lld\n", v[n / 2], v[(int)(n * 0.99)]);
+    return 0;
+}
+"""
+
+
+def build(directory: Path) -> tuple[Path, Path, Path]:
+    """(the C client, the raw C ping-pong, the null driver functions), built with the system compiler."""
+    compiler = find_compiler()
+    if compiler is None:
+        raise SystemExit("no C compiler: this benchmark needs one")
+    _client, null_library = build_null(directory)
+    (directory / "relay_client.c").write_text(CLIENT)
+    (directory / "raw.c").write_text(RAW_C)
+    flags = ["-std=gnu11", "-O2", f"-I{SOURCE_DIR}"]
+    subprocess.run([*compiler, *flags, "-o", str(directory / "relay_client"), str(directory / "relay_client.c"),
+                    str(SOURCE_DIR / "orion_wire.c"), "-lpthread"], check=True)
+    subprocess.run([*compiler, *flags, "-o", str(directory / "raw"), str(directory / "raw.c"), "-lpthread"],
+                   check=True)
+    return directory / "relay_client", directory / "raw", null_library
+
+
+def _serve(path: str, null_library: str, relay_to: str) -> None:
+    """A region server over the null executor: serving its sessions, or relaying them to `relay_to`."""
+    stop = StopRequest().on_signals()
+    options = ServerOptions(scan_interval=0.01)
+    if relay_to:
+        options.relay = RelayRoute(fixed=relay_to)
+
+        def factory(session: Session) -> CudaExecutor:  # the relaying side's own: HELLO and the pool only
+            driver = FakeDriver(devices=1)
+            driver.cuInit(0)
+            return CudaExecutor(session, driver=driver)
+    else:
+        factory = lambda session: null_executor(session, Path(null_library))  # noqa: E731
+    RegionServer(path, factory, options, stop).serve_forever()
+
+
+def round_trips(client: Path, null_library: Path, n: int, bulk: int, relay_to: str) -> dict[str, tuple[float, float]]:
+    path = f"/dev/shm/orion-bench-{uuid.uuid4().hex[:8]}"
+    with open(path, "wb") as f:
+        f.truncate(64 * MIB)
+    server = _MP.Process(target=_serve, args=(path, str(null_library), relay_to))
+    server.start()
+    try:
+        region = Region.open(path)
+        deadline = time.monotonic() + 20
+        while region.agent_words()[2] != layout.AGENT_SERVING or region.geometry is None:
+            if time.monotonic() > deadline:
+                raise SystemExit("the region server did not start")
+            time.sleep(0.02)
+        region.close()
+        done = subprocess.run([str(client), path, str(n), str(bulk), *(str(OPCODES[c]) for c in CALLS)],
+                              capture_output=True, text=True, timeout=600, check=False)
+        if done.returncode:
+            raise SystemExit(f"the C client failed ({'relayed' if relay_to else 'local'}): {done.stderr.strip()}")
+        return {name: (int(p50) / 1e3, int(p99) / 1e3) for name, p50, p99 in
+                (line.split() for line in done.stdout.splitlines())}
+    finally:
+        if server.pid:
+            os.kill(server.pid, signal.SIGINT)
+        server.join(10)
+        os.unlink(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=20000, help="round trips per row")
+    parser.add_argument("--bulk-mib", type=int, default=64, help="size of the bulk copies")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating local/relayed rounds")
+    args = parser.parse_args()
+    print(f"# relayed vs local, fake driver — {platform.node()}, {os.cpu_count()} CPUs, Python "
+          f"{platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}")
+    bulk = args.bulk_mib * MIB
+    with tempfile.TemporaryDirectory() as directory:
+        client, raw_c, null_library = build(Path(directory))
+
+        def gpu_host(session: Session) -> CudaExecutor:
+            return null_executor(session, null_library)
+        listener, port = start_listener(gpu_host)
+        try:
+            raw = raw_baseline()
+            results: dict[str, list[dict[str, tuple[float, float]]]] = {"local": [], "relayed": []}
+            for _ in range(args.rounds):
+                results["local"].append(round_trips(client, null_library, args.n, bulk, ""))
+                results["relayed"].append(round_trips(client, null_library, args.n, bulk, f"127.0.0.1:{port}"))
+            c_rtt = [int(x) / 1e3 for x in subprocess.run([str(raw_c), str(args.n)], capture_output=True, text=True,
+                                                          check=True).stdout.split()]
+        finally:
+            listener.terminate()
+            listener.join(10)
+    rtt, stream = raw["round trip us"], raw["stream GB/s"]
+    print(f"# raw loopback: Python ping-pong {rtt:.2f} us, C ping-pong {c_rtt[0]:.2f} us (p99 {c_rtt[1]:.2f}), "
+          f"Python stream {stream:.2f} GB/s")
+    print(f"{'call':<18} {'local p50':>9} {'p99':>7} {'relayed p50':>11} {'p99':>8} {'rel-local':>9} "
+          f"{'/ Py RTT':>8} {'/ C RTT':>8}")
+
+    def p50(side: str, name: str) -> float:
+        return statistics.median(r[name][0] for r in results[side])
+
+    def p99(side: str, name: str) -> float:
+        return max(r[name][1] for r in results[side])
+    for name in results["local"][0]:
+        if name.startswith("bulk"):
+            continue
+        local, relayed = p50("local", name), p50("relayed", name)
+        extra = relayed - local
+        print(f"{name:<18} {local:9.2f} {p99('local', name):7.2f} {relayed:11.2f} {p99('relayed', name):8.2f} "
+              f"{extra:9.2f} {extra / rtt:8.2f} {extra / c_rtt[0]:8.2f}")
+    print(f"(aim: rel-local <= 1 raw round trip, i.e. '/ Py RTT' <= 1)\n{'bulk ' + str(args.bulk_mib) + ' MiB':<18} "
+          f"{'local GB/s':>10} {'relayed GB/s':>13} {'relayed / raw stream':>21}")
+    for name in ("bulk-htod", "bulk-dtoh"):
+        local, relayed = bulk / p50("local", name) / 1e3, bulk / p50("relayed", name) / 1e3
+        print(f"{name:<18} {local:10.2f} {relayed:13.2f} {relayed / stream:21.2f}")
+    print("(aim: relayed / raw stream >= 0.8)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
