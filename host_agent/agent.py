@@ -34,6 +34,7 @@ from .executor import ExecutorOptions, executor_factory
 from .region_process import RegionProcess, SupervisedProcess, describe_exit
 from .region_server import HandlerFactory, ServerOptions
 from .relay_listener import ListenerProcess
+from .relay_transport import RdmaSettings
 from .stop import StopRequest
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,8 @@ class Agent:
     def _start_listener(self) -> None:
         """The relay listener's process; its sessions are never relayed on (no route: no relay loops)."""
         if self.listen is not None and self.listener is None:
-            self.listener = ListenerProcess(self.listen, self.factory, replace(self.options, relay=None))
+            rdma = RdmaSettings(self.config.enable_rdma, self.config.ibverbs_device)
+            self.listener = ListenerProcess(self.listen, self.factory, replace(self.options, relay=None), rdma)
 
     def request_refresh(self) -> None:
         """Rescan the region directory on the next pass (signal-safe: one attribute store, no lock)."""

@@ -51,7 +51,8 @@ class ServerConfig:
     listen_port: int = 9960
     bind_addr: str = "127.0.0.1"
     enable_shm: bool = True
-    enable_rdma: bool = False
+    enable_rdma: bool = False  # relay connections over RDMA where both hosts can (also Orion's enable_ibverbs)
+    ibverbs_device: str = ""  # the RDMA device relay connections use; "": the one with the connection's address
     enable_kvm: bool = False
     vgpu_count: int = 4
     log_level: str = "INFO"
@@ -98,7 +99,6 @@ class ServerConfig:
             if log.get(key, "0") not in ("0", "1"):
                 raise ConfigError(f"{path}: [server-log] {key} = {log[key]!r} is not a valid value; write 0 or 1")
         level("file_log_level")
-        boolean("enable_ibverbs", False)
         if "ibverbs_device" in server and not server["ibverbs_device"].strip():
             raise ConfigError(f"{path}: [server] ibverbs_device is empty; name an RDMA device (e.g. mlx5_0) or "
                               "remove the key")
@@ -117,7 +117,8 @@ class ServerConfig:
             listen_port=unsigned("listen_port", 9960, *PORT_RANGE),
             bind_addr=bind_addr,
             enable_shm=boolean("enable_shm", True),
-            enable_rdma=boolean("enable_rdma", False),
+            enable_rdma=boolean("enable_rdma", False) or boolean("enable_ibverbs", False),
+            ibverbs_device=server.get("ibverbs_device", "").strip(),
             enable_kvm=boolean("enable_kvm", False),
             vgpu_count=unsigned("vgpu_count", 4, *VGPU_RANGE),
             log_level=level("log_level"),

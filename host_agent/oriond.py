@@ -32,6 +32,7 @@ from .executor import ExecutorOptions
 from .region_server import ServerOptions
 from .relay_listener import listen_socket
 from .relay_route import RelayRoute
+from .relay_transport import RdmaSettings
 from .server_conf import ConfigError
 from .stop import StopRequest
 
@@ -111,10 +112,9 @@ def relay_route(config: ServerConfig, link: object | None) -> RelayRoute | None:
     a controller allocation names; None when neither can happen (no relay address, no controller)."""
     if not config.relay_addr and not config.controller_configured:
         return None
-    why = ("enable_rdma is false" if not config.enable_rdma
-           else "RDMA relaying is not built in this release")  # docs/remote.md: pyverbs RC queue pairs, next
     route = RelayRoute(fixed=config.relay_addr, controller=config.controller_addr if config.controller_configured
-                       else "", host=config.bind_addr if link is not None else "", transport_why=why)
+                       else "", host=config.bind_addr if link is not None else "",
+                       rdma=RdmaSettings(config.enable_rdma, config.ibverbs_device))
     if route.fixed:
         logging.info("Relaying every session to the GPU host %s (server-relay remote_addr)", route.fixed)
     elif not route.host:
@@ -132,8 +132,8 @@ def _listen(config: ServerConfig) -> socket.socket | None:
                       "free the port or set listen_port (-p) and bind_addr (-b) in %s", config.bind_addr,
                       config.listen_port, exc.strerror or exc, config.path or DEFAULT_PATH)
         return None
-    logging.info("Orion Server listens on %s:%d for relayed sessions (transport: tcp%s)", config.bind_addr,
-                 config.listen_port, "; RDMA relaying is not built in this release" if config.enable_rdma else "")
+    logging.info("Orion Server listens on %s:%d for relayed sessions; %s", config.bind_addr, config.listen_port,
+                 RdmaSettings(config.enable_rdma, config.ibverbs_device).startup_line())
     return sock
 
 

@@ -27,6 +27,7 @@ from .handler import HandlerFactory, Session, notes_for, route_notes
 from .region_process import SupervisedProcess
 from .region_server import ServerOptions, die_with_parent
 from .relay_frames import RELAY_ACCEPT, FrameStream
+from .relay_transport import TCP_ONLY, RdmaSettings
 from .relay_worker import serve_relayed
 from .stop import StopRequest
 
@@ -56,10 +57,11 @@ def listen_socket(bind_addr: str, port: int) -> socket.socket:
 class RelayListener:
     def __init__(self, sock: socket.socket, factory: HandlerFactory, options: ServerOptions | None = None,
                  stop: StopRequest | None = None, max_sessions: int = MAX_SESSIONS,
-                 events: Connection | None = None) -> None:
+                 events: Connection | None = None, rdma: RdmaSettings = TCP_ONLY) -> None:
         """`sock` is listening (listen_socket); `events`, when given, gets ("ended", session, "") for each ended
-        session, and its workers' note()s, as a region supervisor's pipe does."""
-        self.factory, self.options = factory, options or ServerOptions()
+        session, and its workers' note()s, as a region supervisor's pipe does; `rdma`: whether sessions may move
+        to RDMA (relay_transport.py)."""
+        self.factory, self.options, self.rdma = factory, options or ServerOptions(), rdma
         self._stop = stop or StopRequest()
         self.max_sessions = max_sessions
         self.workers: dict[int, tuple[int, str]] = {}  # pid -> (session, peer)
@@ -111,7 +113,7 @@ class RelayListener:
                 conn.settimeout(None)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # records are small; never delayed
                 log.info("Creating session %d (relayed from %s)", session.number, peer)
-                code = serve_relayed(conn, self.factory(session), session, self.options)
+                code = serve_relayed(conn, self.factory(session), session, self.options, self.rdma)
             finally:
                 os._exit(code)
         conn.close()
@@ -137,19 +139,21 @@ def _end(pid: int) -> None:
         os.kill(pid, signal.SIGTERM)
 
 
-def _listen(sock: socket.socket, factory: HandlerFactory, options: ServerOptions, events: Connection) -> None:
+def _listen(sock: socket.socket, factory: HandlerFactory, options: ServerOptions, rdma: RdmaSettings,
+            events: Connection) -> None:
     """Body of the listener process: accept relay connections until SIGTERM (or oriond's end)."""
     die_with_parent(signal.SIGTERM)
     stop = StopRequest().on_signals()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # oriond's own wake-up signal; not ours
-    RelayListener(sock, factory, options, stop, events=events).serve_forever()
+    RelayListener(sock, factory, options, stop, events=events, rdma=rdma).serve_forever()
     os._exit(0)
 
 
 class ListenerProcess(SupervisedProcess):
     """oriond's side of the relay listener's process: ended sessions and their notes, as a region's."""
 
-    def __init__(self, sock: socket.socket, factory: HandlerFactory, options: ServerOptions) -> None:
+    def __init__(self, sock: socket.socket, factory: HandlerFactory, options: ServerOptions,
+                 rdma: RdmaSettings = TCP_ONLY) -> None:
         host, port = sock.getsockname()[:2]
-        super().__init__(_listen, (sock, factory, options), f"orion-relay-listener-{port}")
+        super().__init__(_listen, (sock, factory, options, rdma), f"orion-relay-listener-{port}")
         self.address = f"{host}:{port}"

@@ -40,7 +40,9 @@ from ivshmem.record import (
     Status,
 )
 
+from . import relay_transport
 from .handler import Reply, refused
+from .rdma_stream import RdmaLink, RdmaStream, RdmaUnavailable
 from .relay_frames import (
     RELAY_ACCEPT,
     RELAY_ACCEPT_REPLY,
@@ -51,6 +53,7 @@ from .relay_frames import (
 )
 from .relay_pool import PoolRelay
 from .relay_session import Relay
+from .relay_transport import TCP_ONLY, RdmaSettings
 from .stream_endpoint import StreamEndpoint
 
 if TYPE_CHECKING:
@@ -72,7 +75,7 @@ class RelayRoute:
     fixed: str = ""  # [server-relay] remote_addr (HOST:PORT): every session of this oriond is relayed there
     controller: str = ""  # this oriond's controller, where a grant's host is looked up ("" : none)
     host: str = ""  # this host's name in the controller's pool; "" when it registered no GPU (it only relays)
-    transport_why: str = "enable_rdma is false"  # why this host offers no RDMA (RDMA relaying: not built yet)
+    rdma: RdmaSettings = TCP_ONLY  # whether this host offers RDMA for its relay connections
 
     def agent_info(self) -> bytes:
         return AGENT_INFO_REPLY.encode(self.host or (RELAYING_AGENT if self.controller else ""), self.controller)
@@ -108,12 +111,15 @@ def _dial(target: tuple[str, int], hello: tuple[int, int, str, str], allocation:
     except OSError as exc:
         raise RouteRefused(f"cannot reach the GPU host's oriond at {where}: {exc.strerror or exc}; check that it "
                            f"runs and that its bind_addr and listen_port are reachable from here") from None
+    link = None
     try:
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # records are small; never delayed
         frames = FrameStream(sock)
+        link, why_not = relay_transport.prepare(sock, route.rdma)
         protocol, pid, client_host, calls = hello
-        frames.send(1, RELAY_HELLO, RELAY_HELLO_REQUEST.encode(protocol, pid, client_host, calls, allocation, b""))
+        frames.send(1, RELAY_HELLO, RELAY_HELLO_REQUEST.encode(protocol, pid, client_host, calls, allocation,
+                                                               link.offer() if link else b""))
         answer = frames.receive(timeout=ACCEPT_TIMEOUT_S)
         if answer is None:
             raise RouteRefused(f"the GPU host's oriond at {where} did not answer within {ACCEPT_TIMEOUT_S:g} s")
@@ -122,16 +128,32 @@ def _dial(target: tuple[str, int], hello: tuple[int, int, str, str], allocation:
             raise RouteRefused(f"{where} is not an Orion relay listener (it answered opcode {answer.opcode:#x})")
         if answer.status != Status.OK:
             raise RouteRefused(f"the GPU host {where} refused the session: {reason}")
-        number, transport, why, _rdma, bound = RELAY_ACCEPT_REPLY.decode(answer.payload)
-    except (ConnectionLost, RecordError) as exc:
-        sock.close()
+        number, transport, their_why, offer, bound = RELAY_ACCEPT_REPLY.decode(answer.payload)
+        stream: FrameStream | RdmaStream = frames
+        if transport == "rdma" and link is not None:
+            stream = relay_transport.connect(link, offer, sock)
+            how = f"rdma ({relay_transport.describe(link)})"
+        elif transport == "tcp":
+            how = f"tcp: {why_not or their_why}"
+        else:
+            raise RouteRefused(f"the GPU host {where} chose transport {transport[:20]!r}, which this relay did not "
+                               "offer")
+    except (ConnectionLost, RecordError, RdmaUnavailable) as exc:
+        _close(sock, link)
         raise RouteRefused(f"the relay connection to {where} failed: {exc}") from None
     except RouteRefused:
-        sock.close()
+        _close(sock, link)
         raise
-    log.info("session %d: relayed to %s (its session %d) over %s: %s; %s", session, where, number, transport,
-             route.transport_why, why)
-    return StreamEndpoint(frames, answer.generation), bytes(bound)
+    if stream is frames and link is not None:
+        link.close()
+    log.info("session %d: relayed to %s (its session %d) over %s", session, where, number, how)
+    return StreamEndpoint(stream, answer.generation), bytes(bound)  # type: ignore[arg-type]
+
+
+def _close(sock: socket.socket, link: RdmaLink | None) -> None:
+    if link is not None:
+        link.close()
+    sock.close()
 
 
 def open_session(loop: RecordLoop, route: RelayRoute) -> tuple[Relay, Record | None] | None:

@@ -17,7 +17,9 @@ from ivshmem.channel import Streamed
 from ivshmem.errors import RecordError
 from ivshmem.record import BIND_REQUEST, HELLO_REQUEST, Op, Record, Status
 
+from . import relay_transport
 from .handler import Handler, Session
+from .rdma_stream import RdmaStream, RdmaUnavailable
 from .region_server import RecordLoop, ServerOptions
 from .relay_frames import (
     RELAY_ACCEPT,
@@ -27,6 +29,7 @@ from .relay_frames import (
     ConnectionLost,
     FrameStream,
 )
+from .relay_transport import TCP_ONLY, RdmaSettings
 from .stream_endpoint import StreamEndpoint
 
 log = logging.getLogger(__name__)
@@ -40,53 +43,78 @@ def _ask(handler: Handler, opcode: int, payload: bytes, generation: int) -> tupl
     return reply.status, b"" if isinstance(reply.payload, Streamed) else bytes(reply.payload)
 
 
-def accept_relay(frames: FrameStream, handler: Handler, session: Session,
-                 hello_timeout_s: float = HELLO_TIMEOUT_S) -> bool:
-    """Judge the connection's first record, RELAY_HELLO, and answer it: RELAY_ACCEPT (True) or a refusal with the
-    reason (False). ConnectionLost when nothing came within `hello_timeout_s`."""
+def accept_relay(frames: FrameStream, handler: Handler, session: Session, rdma: RdmaSettings = TCP_ONLY,
+                 hello_timeout_s: float = HELLO_TIMEOUT_S) -> FrameStream | RdmaStream | None:
+    """Judge the connection's first record, RELAY_HELLO, and answer it: RELAY_ACCEPT and the transport that carries
+    the session's records from now on (RDMA when both ends can, else `frames`), or a refusal with the reason
+    (None). ConnectionLost when nothing came within `hello_timeout_s`."""
     record = frames.receive(timeout=hello_timeout_s)
     if record is None:
         raise ConnectionLost(f"no RELAY_HELLO within {hello_timeout_s:g} s")
-    status, payload = _judge(record, handler, session)
-    frames.send(record.call_id, RELAY_ACCEPT, payload, status=status, generation=session.generation)
+    status, payload, offer = _judge(record, handler, session)
+    link, why = (None, "the relay offered no RDMA") if status != Status.OK or not offer else \
+        relay_transport.prepare(frames.sock, rdma)
+    stream: FrameStream | RdmaStream = frames
+    if link is not None:
+        try:
+            stream = relay_transport.connect(link, offer, frames.sock)
+        except RdmaUnavailable as exc:
+            link, why = None, str(exc)
+    if status == Status.OK:
+        bound = RELAY_ACCEPT_REPLY.decode(payload)[4]
+        payload = RELAY_ACCEPT_REPLY.encode(session.number, "rdma" if link else "tcp", why,
+                                            link.offer() if link else b"", bound)
+    try:
+        frames.send(record.call_id, RELAY_ACCEPT, payload, status=status, generation=session.generation)
+    except ConnectionLost:
+        if link is not None:
+            link.close()
+        raise
     if status != Status.OK:
         log.warning("session %d: relay refused: %s", session.number, payload.decode(errors="replace"))
-        return False
-    log.info("Client supports TCP mode, then server also falls back to TCP mode.")
-    log.info("session %d: relayed over tcp (%s)", session.number, RELAY_ACCEPT_REPLY.decode(payload)[2])
-    return True
+        return None
+    if link is not None:
+        log.info("RDMA ibverbs using device: %s.", link.port.device)
+        log.info("Client supports RDMA mode, then server runs in RDMA mode.")
+        log.info("session %d: relayed over rdma (%s)", session.number, relay_transport.describe(link))
+    else:
+        log.info("Client supports TCP mode, then server also falls back to TCP mode.")
+        log.info("session %d: relayed over tcp (%s)", session.number, why)
+    return stream
 
 
-def _judge(record: Record, handler: Handler, session: Session) -> tuple[int, bytes]:
-    """RELAY_ACCEPT's status and payload for the connection's first record."""
+def _judge(record: Record, handler: Handler, session: Session) -> tuple[int, bytes, bytes]:
+    """RELAY_ACCEPT's status and payload for the connection's first record (the transport yet to be chosen), and
+    the relay's RDMA offer."""
     if record.opcode != RELAY_HELLO:
-        return Status.REFUSED, f"a relay connection begins with RELAY_HELLO, not opcode {record.opcode:#x}".encode()
+        return (Status.REFUSED, f"a relay connection begins with RELAY_HELLO, not opcode {record.opcode:#x}".encode(),
+                b"")
     try:
         protocol, pid, client_host, calls, allocation, rdma = RELAY_HELLO_REQUEST.decode(record.payload)
     except RecordError as exc:
-        return Status.MALFORMED, str(exc).encode()
+        return Status.MALFORMED, str(exc).encode(), b""
     hello = _ask(handler, Op.HELLO, HELLO_REQUEST.encode(protocol, pid, client_host, calls), session.generation)
     if hello[0] != Status.OK:
-        return hello
+        return (*hello, b"")
     bound = b""
     if allocation:
         status, bound = _ask(handler, Op.BIND, BIND_REQUEST.encode(allocation), session.generation)
         if status != Status.OK:
-            return status, bound
-    why = "the relay offered no RDMA" if not rdma else "RDMA relaying is not built yet"
-    return Status.OK, RELAY_ACCEPT_REPLY.encode(session.number, "tcp", why, b"", bound)
+            return status, bound, b""
+    return Status.OK, RELAY_ACCEPT_REPLY.encode(session.number, "", "", b"", bound), bytes(rdma)
 
 
-def serve_relayed(sock: socket.socket, handler: Handler, session: Session, options: ServerOptions) -> int:
+def serve_relayed(sock: socket.socket, handler: Handler, session: Session, options: ServerOptions,
+                  rdma: RdmaSettings = TCP_ONLY) -> int:
     """Body of a relayed session's worker: the handshake, then records until the connection ends. Exit code 0."""
-    frames = FrameStream(sock)
     try:
-        if not accept_relay(frames, handler, session):
+        frames = accept_relay(FrameStream(sock), handler, session, rdma)
+        if frames is None:
             return 0
     except (ConnectionLost, RecordError) as exc:
         log.warning("session %d: relay connection dropped before its handshake: %s", session.number, exc)
         return 0
-    endpoint = StreamEndpoint(frames, session.generation)
+    endpoint = StreamEndpoint(frames, session.generation)  # type: ignore[arg-type]
     try:
         RecordLoop(endpoint, handler, session, options).run()  # type: ignore[arg-type]
     except ConnectionLost as exc:

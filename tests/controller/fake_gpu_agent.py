@@ -10,6 +10,7 @@ stderr, and stops on SIGTERM. CI has no GPU; everything else a guest's allocatio
 HOST:PORT (HOST is then an IP address: it is the bind address as well as the host's name) for sessions other
 hosts' orionds relay here, served by the same fake-driver executor, and registers PORT with the controller as
 the port those orionds dial (docs/remote.md). Without --listen it listens nowhere and registers port 9960.
+``--rdma DEVICE`` turns enable_rdma on with ibverbs_device DEVICE (``any``: none named), as server.conf does.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from host_agent.executor import CudaExecutor, ExecutorOptions  # noqa: E402
 from host_agent.gpu_inventory import of_driver  # noqa: E402
 from host_agent.region_server import ServerOptions  # noqa: E402
 from host_agent.relay_listener import listen_socket  # noqa: E402
+from host_agent.relay_transport import RdmaSettings  # noqa: E402
 from host_agent.stop import StopRequest  # noqa: E402
 from tests.fake_driver import FakeDriver  # noqa: E402
 
@@ -38,17 +40,19 @@ def fake_driver() -> FakeDriver:
     return driver
 
 
-def main(region: str, host: str, controller: str = "", listen_port: int | None = None) -> int:
+def main(region: str, host: str, controller: str = "", listen_port: int | None = None, rdma: str | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(levelname)s] %(message)s", stream=sys.stderr)
     stop = StopRequest().on_signals()
     listen = listen_socket(host, listen_port) if listen_port is not None else None
+    config = ServerConfig(None, enable_rdma=rdma is not None, ibverbs_device=rdma or "")
     if listen is not None:
-        logging.info("Orion Server listens on %s:%d for relayed sessions (transport: tcp)", host, listen_port)
+        logging.info("Orion Server listens on %s:%d for relayed sessions; %s", host, listen_port,
+                     RdmaSettings(config.enable_rdma, config.ibverbs_device).startup_line())
     # In a process of its own, as oriond runs it: this process forks the region's supervisor.
     port = listen_port if listen_port is not None else 9960
     link = LinkProcess(ControllerLink(controller, host, port, 4, of_driver(fake_driver()))) if controller else None
     options = ExecutorOptions(controller=controller, host=host)
-    agent = Agent(ServerConfig(None), options, regions=[region], options=ServerOptions(heartbeat_timeout=5.0),
+    agent = Agent(config, options, regions=[region], options=ServerOptions(heartbeat_timeout=5.0),
                   stop=stop, release=link.release_later if link else None, listen=listen)
     agent.factory = lambda session: CudaExecutor(session, options, driver=fake_driver())  # type: ignore[assignment]
     try:
@@ -59,8 +63,15 @@ def main(region: str, host: str, controller: str = "", listen_port: int | None =
     return 0
 
 
-def _arguments(argv: list[str]) -> tuple[str, str, str, int | None]:
-    """REGION, HOST, CONTROLLER ("" without it) and --listen's port (None without it)."""
+def _arguments(argv: list[str]) -> tuple[str, str, str, int | None, str | None]:
+    """REGION, HOST, CONTROLLER ("" without it), --listen's port (None without it) and --rdma's device (None
+    without --rdma, "" for any device)."""
+    rdma = None
+    if "--rdma" in argv:
+        at = argv.index("--rdma")
+        if at + 1 >= len(argv):
+            sys.exit("fake_gpu_agent.py: --rdma needs a device name, or 'any'")
+        argv, rdma = argv[:at] + argv[at + 2:], ("" if argv[at + 1] == "any" else argv[at + 1])
     port = None
     if "--listen" in argv:
         at = argv.index("--listen")
@@ -68,9 +79,9 @@ def _arguments(argv: list[str]) -> tuple[str, str, str, int | None]:
             sys.exit("fake_gpu_agent.py: --listen needs a port")
         argv, port = argv[:at] + argv[at + 2:], int(argv[at + 1])
     if not 2 <= len(argv) <= 3:
-        sys.exit("usage: fake_gpu_agent.py REGION HOST [CONTROLLER] [--listen PORT]")
+        sys.exit("usage: fake_gpu_agent.py REGION HOST [CONTROLLER] [--listen PORT] [--rdma DEVICE|any]")
     region, host, controller = (*argv, "")[:3]
-    return region, host, controller, port
+    return region, host, controller, port, rdma
 
 
 if __name__ == "__main__":

@@ -25,13 +25,19 @@ def _stop_with_parent() -> None:
 
 class Oriond:
     def __init__(self, tmp: Path, bind_addr: str, controller: str | None, gpus: list[dict[str, object]] | None,
-                 vgpu_count: int = 4, listen_port: int = 9960) -> None:
+                 vgpu_count: int = 4, listen_port: int = 9960, rdma: str | None = None, relay_to: str = "") -> None:
+        """`rdma`: enable_rdma, with that ibverbs_device ("": none named); `relay_to`: [server-relay] remote_addr."""
         tmp.mkdir(parents=True, exist_ok=True)
         self.shm = tmp / "shm"
         self.shm.mkdir(exist_ok=True)
         self.conf = tmp / "server.conf"
         text = (f"[server]\n    bind_addr = {bind_addr}\n    listen_port = {listen_port}\n"
-                f"    vgpu_count = {vgpu_count}\n[server-shm]\n    shm_path_base = \"{self.shm}/\"\n")
+                f"    vgpu_count = {vgpu_count}\n")
+        if rdma is not None:
+            text += "    enable_rdma = true\n" + (f"    ibverbs_device = {rdma}\n" if rdma else "")
+        text += f"[server-shm]\n    shm_path_base = \"{self.shm}/\"\n"
+        if relay_to:
+            text += f"[server-relay]\n    remote_addr = {relay_to}\n"
         if controller:
             text += f"[controller]\n\tcontroller_addr = {controller}\n"
         self.conf.write_text(text)

@@ -78,7 +78,7 @@ def _guest_path(script: str | os.PathLike, repo: Path) -> str:
 
 
 def run_guest(script: str, args: list[str] = (), shm: list[tuple[str, int]] = (), timeout: float = 240,
-              memory_mb: int = 512, repo: Path = REPO_ROOT) -> GuestResult:
+              memory_mb: int = 512, repo: Path = REPO_ROOT, cpus: int = 1) -> GuestResult:
     """Boot the guest, run `script` (relative to `repo`) with `args`, wait for power-off, return the result."""
     qemu = shutil.which(QEMU)
     if qemu is None:
@@ -95,7 +95,7 @@ def run_guest(script: str, args: list[str] = (), shm: list[tuple[str, int]] = ()
     if args:
         append += " orion_args=" + ",".join(args)
 
-    cmd = [qemu, "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", str(memory_mb),
+    cmd = [qemu, "-accel", "tcg", "-cpu", "max", "-smp", str(cpus), "-m", str(memory_mb),
            "-nodefaults", "-nographic", "-no-reboot",
            "-kernel", str(gd / "vmlinuz"), "-initrd", str(gd / "initrd.img"), "-append", append,
            "-drive", f"file={_q(gd / 'guest.img')},format=raw,if=virtio,snapshot=on",
@@ -135,10 +135,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="add an ivshmem-plain device backed by PATH of MIB MiB (repeatable)")
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--memory", type=int, default=512, help="guest memory in MiB")
+    ap.add_argument("--cpus", type=int, default=1, help="guest vCPUs")
     ns = ap.parse_args(argv)
     shm = [(p, int(s)) for p, s in (x.rsplit(":", 1) for x in ns.shm)]
     try:
-        r = run_guest(ns.script, ns.args, shm=shm, timeout=ns.timeout, memory_mb=ns.memory)
+        r = run_guest(ns.script, ns.args, shm=shm, timeout=ns.timeout, memory_mb=ns.memory, cpus=ns.cpus)
     except GuestError as e:
         print(f"vm.py: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,336 @@
+"""Runs inside the test guest (tests/guest/vm.py): the relay's RDMA transport on Soft-RoCE (rdma_rxe).
+
+  rdma_guest.py stream   two processes joined by a TCP connection move to RDMA (host_agent/relay_transport.py)
+                         and exchange records: small ones both ways, one larger than the whole inbox, a hostile
+                         piece; then the far end dies and the near end must see it
+  rdma_guest.py relay    a GPU host (tests/controller/fake_gpu_agent.py --listen --rdma: the real listener,
+                         workers and executor over the stand-in driver) and a relaying oriond (a real one, its
+                         server.conf with enable_rdma and [server-relay] remote_addr), a client on the relay's
+                         region: its calls go over RDMA; then the same with the GPU host's device missing
+                         (the TCP fallback, with its reason in both logs)
+
+Soft-RoCE: `rdma link add rxe0 type rxe netdev lo` (TESTBED.md: verbs work on loopback), so both ends use
+127.0.0.1 and the same device. Lines starting with RDMA- are what tests/guest/test_guest_rdma.py reads.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+for site in glob.glob("/mnt/orion/.venv/lib/python3*/site-packages"):
+    sys.path.append(site)  # the checkout's own environment (posix_ipc, ...): the guest's Python is the same 3.11
+
+from host_agent import relay_transport  # noqa: E402
+from host_agent.rdma_stream import PIECE, SLOTS  # noqa: E402
+from host_agent.relay_frames import ConnectionLost  # noqa: E402
+from host_agent.relay_transport import RdmaSettings  # noqa: E402
+
+
+def sh(command: str) -> str:
+    out = subprocess.run(command, shell=True, capture_output=True, text=True)
+    return (out.stdout + out.stderr).strip()
+
+
+def soft_roce() -> None:
+    sh("ip link set lo up")
+    print("RDMA-SETUP", sh("modprobe rdma_rxe && rdma link add rxe0 type rxe netdev lo && echo ok").splitlines()[-1])
+    gids = sorted(glob.glob("/sys/class/infiniband/rxe0/ports/1/gids/*"), key=lambda p: int(p.rsplit("/", 1)[1]))
+    print("RDMA-GIDS", " ".join(f"{p.rsplit('/', 1)[1]}={Path(p).read_text().strip()}" for p in gids[:4]))
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    near = socket.create_connection(listener.getsockname())
+    far, _ = listener.accept()
+    listener.close()
+    return near, far
+
+
+def _far(sock: socket.socket, offer_out: int, offer_in: int) -> None:
+    """The far end (a child): answers each record with its payload reversed; a record of opcode 9 ends it hard."""
+    link, why = relay_transport.prepare(sock, RdmaSettings(True))
+    if link is None:
+        print("RDMA-FAR no link:", why, flush=True)
+        os._exit(3)
+    os.write(offer_out, link.offer())
+    peer = os.read(offer_in, 4096)
+    stream = relay_transport.connect(link, peer, sock)
+    while True:
+        record = stream.receive()
+        if record is None:
+            continue
+        if record.opcode == 9:
+            os._exit(0)  # dies without a word: its kernel closes the TCP connection
+        stream.send(record.call_id, record.opcode, bytes(record.payload[::-1]), status=7)
+
+
+def stream() -> int:
+    soft_roce()
+    near_sock, far_sock = _pair()
+    to_far, from_near = os.pipe()
+    to_near, from_far = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        near_sock.close()
+        _far(far_sock, from_far, to_far)
+    far_sock.close()
+    link, why = relay_transport.prepare(near_sock, RdmaSettings(True))
+    if link is None:
+        print("RDMA-STREAM no link:", why)
+        return 1
+    print("RDMA-PORT", relay_transport.describe(link))
+    os.write(from_near, link.offer())
+    near = relay_transport.connect(link, os.read(to_near, 4096), near_sock)
+    ok = True
+    for size in (256, 0, 1, 100, PIECE - 32, PIECE, 3 * PIECE + 5, SLOTS * PIECE * 2 + 12345):
+        data = os.urandom(size)
+        near.send(size, 0x100, data)
+        answer = near.receive(timeout=60)
+        good = answer is not None and answer.call_id == size and answer.status == 7 and \
+            bytes(answer.payload) == data[::-1]
+        ok &= good
+        print(f"RDMA-ECHO size={size} {'ok' if good else 'WRONG'}")
+    t0 = time.perf_counter()
+    for i in range(200):
+        near.send(i, 0x100, b"x" * 32)
+        near.receive(timeout=10)
+    print(f"RDMA-RTT {1e6 * (time.perf_counter() - t0) / 200:.1f} us")
+    near.send(1, 9)
+    t0 = time.perf_counter()
+    try:
+        near.receive(timeout=20)
+        print("RDMA-DEATH not seen")
+        ok = False
+    except ConnectionLost as exc:
+        print(f"RDMA-DEATH seen in {time.perf_counter() - t0:.2f} s: {exc}")
+    os.waitpid(pid, 0)
+    near.close()
+    return 0 if ok else 1
+
+
+RAW_SIZE, RAW_WRITES, PINGS = 4 << 20, 32, 300
+
+
+def _raw_end(sock: socket.socket, serve: bool) -> None:
+    """Raw pyverbs between the two processes (the baseline): SEND/RECV ping-pong of 32 bytes, then RDMA WRITEs of
+    RAW_SIZE into the server's buffer. QP details go over `sock`."""
+    import json
+
+    import pyverbs.enums as e
+    from pyverbs.addr import GID, AHAttr, GlobalRoute
+    from pyverbs.cq import CQ
+    from pyverbs.device import Context
+    from pyverbs.mr import MR
+    from pyverbs.pd import PD
+    from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+    from pyverbs.wr import SGE, RecvWR, SendWR
+
+    from host_agent.rdma_stream import find_port
+    port = find_port("127.0.0.1")
+    ctx = Context(name=port.device)
+    pd, cq = PD(ctx), CQ(ctx, 256)
+    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(max_send_wr=64, max_recv_wr=64)))
+    access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+    mr = MR(pd, RAW_SIZE, access)
+    sock.sendall(json.dumps({"qpn": qp.qp_num, "addr": mr.buf, "rkey": mr.rkey}).encode().ljust(256))
+    peer = json.loads(sock.recv(256, socket.MSG_WAITALL))
+    attr = QPAttr()
+    attr.qp_access_flags, attr.pkey_index, attr.port_num = access, 0, 1
+    qp.to_init(attr)
+    attr.ah_attr = AHAttr(port_num=1, is_global=1, dlid=0, gr=GlobalRoute(
+        dgid=GID(":".join(port.gid[i:i + 2].hex() for i in range(0, 16, 2))), sgid_index=port.gid_index,
+        hop_limit=64))
+    attr.dest_qp_num, attr.path_mtu, attr.rq_psn, attr.max_dest_rd_atomic, attr.min_rnr_timer = \
+        peer["qpn"], e.IBV_MTU_1024, 0, 1, 12
+    qp.to_rtr(attr)
+    attr.sq_psn, attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.max_rd_atomic = 0, 14, 7, 7, 1
+    qp.to_rts(attr)
+
+    def recv() -> None:
+        qp.post_recv(RecvWR(wr_id=1, num_sge=1, sg=[SGE(mr.buf, 32, mr.lkey)]))
+
+    def send(opcode: int = e.IBV_WR_SEND, size: int = 32) -> None:
+        wr = SendWR(wr_id=2, opcode=opcode, num_sge=1, sg=[SGE(mr.buf, size, mr.lkey)],
+                    send_flags=e.IBV_SEND_SIGNALED)
+        if opcode == e.IBV_WR_RDMA_WRITE:
+            wr.set_wr_rdma(peer["rkey"], peer["addr"])
+        qp.post_send(wr)
+
+    def poll(n: int) -> None:
+        while n:
+            got, wcs = cq.poll(num_entries=n)
+            for wc in wcs[:got]:
+                if wc.status != e.IBV_WC_SUCCESS:
+                    raise RuntimeError(f"raw baseline: work completion status {wc.status}")
+            n -= got
+
+    sock.sendall(b"r")
+    sock.recv(1)  # both QPs are in RTS
+    if serve:
+        for _ in range(PINGS):
+            recv()
+            poll(1)
+            send()
+            poll(1)
+        sock.recv(1)  # the client's writes are done
+        return
+    t0 = time.perf_counter()
+    for _ in range(PINGS):
+        recv()
+        send()
+        poll(2)
+    rtt = (time.perf_counter() - t0) / PINGS
+    t0 = time.perf_counter()
+    for _ in range(RAW_WRITES):
+        send(e.IBV_WR_RDMA_WRITE, RAW_SIZE)
+        poll(1)
+    rate = RAW_WRITES * RAW_SIZE / (time.perf_counter() - t0)
+    sock.sendall(b"d")
+    print(f"RDMA-RAW rtt_us={1e6 * rtt:.1f} write_MBps={rate / 1e6:.1f}", flush=True)
+
+
+def bench() -> int:
+    """The raw baseline, then the relay's stream on the same device: record round trip and one-way bulk."""
+    soft_roce()
+    near_sock, far_sock = _pair()
+    pid = os.fork()
+    if pid == 0:
+        near_sock.close()
+        _raw_end(far_sock, serve=True)
+        os._exit(0)
+    far_sock.close()
+    _raw_end(near_sock, serve=False)
+    os.waitpid(pid, 0)
+    near_sock.close()
+
+    near_sock, far_sock = _pair()
+    to_far, from_near = os.pipe()
+    to_near, from_far = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        near_sock.close()
+        _far(far_sock, from_far, to_far)
+    far_sock.close()
+    link, why = relay_transport.prepare(near_sock, RdmaSettings(True))
+    if link is None:
+        print("RDMA-BENCH no link:", why)
+        return 1
+    os.write(from_near, link.offer())
+    near = relay_transport.connect(link, os.read(to_near, 4096), near_sock)
+    for i in range(20):
+        near.send(i, 0x100, b"x" * 32)
+        near.receive(timeout=10)
+    t0 = time.perf_counter()
+    for i in range(PINGS):
+        near.send(i, 0x100, b"x" * 32)
+        near.receive(timeout=10)
+    rtt = (time.perf_counter() - t0) / PINGS
+    bulk = os.urandom(16 << 20)
+    t0 = time.perf_counter()
+    for i in range(4):
+        near.send(i, 0x101, bulk)
+        near.receive(timeout=60)  # the far end's answer is the payload reversed: both ways
+    rate = 2 * 4 * len(bulk) / (time.perf_counter() - t0)
+    print(f"RDMA-STREAM rtt_us={1e6 * rtt:.1f} bulk_MBps={rate / 1e6:.1f}", flush=True)
+    near.send(1, 9)
+    os.waitpid(pid, 0)
+    near.close()
+    return 0
+
+
+class Hosts:
+    """A GPU host (fake_gpu_agent.py: listener, workers and executor of oriond over the stand-in driver, RDMA on
+    with `gpu_rdma` as its ibverbs_device) and a relaying oriond (a real one: enable_rdma, [server-relay]
+    remote_addr = the GPU host) in `work`; `relay_region` is the relay's region, `gpu_region` the GPU host's."""
+
+    def __init__(self, work: Path, gpu_rdma: str) -> None:
+        from tests.controller.oriond_proc import Oriond
+        from tests.controller.rig import free_port, wait_until
+        from tests.processes import python_path
+        work.mkdir(parents=True)
+        self.gpu_region, self.gpu_log = work / "gpu-region", work / "gpu.log"
+        with open(self.gpu_region, "wb") as f:
+            f.truncate(32 << 20)
+        port = free_port()
+        with open(self.gpu_log, "wb") as log:
+            self.gpu = subprocess.Popen(
+                [sys.executable, "tests/controller/fake_gpu_agent.py", str(self.gpu_region), "127.0.0.1", "--listen",
+                 str(port), "--rdma", gpu_rdma], stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": python_path() + os.pathsep + os.pathsep.join(sys.path[-1:])})
+        self.relay = Oriond(work / "relay", "127.0.0.1", None, gpus=[], listen_port=free_port(), rdma="",
+                            relay_to=f"127.0.0.1:{port}")
+        self.relay_region = self.relay.shm / "orionsock0"
+        with open(self.relay_region, "wb") as f:
+            f.truncate(32 << 20)
+        os.environ["PYTHONPATH"] = os.pathsep.join(sys.path[-1:])  # Oriond's child gets the checkout's site too
+        self.relay.start()
+        wait_until("the GPU host to listen", lambda: "listens on" in self.gpu_text(), 120, self.gpu_text)
+        wait_until("the relay to serve its region", lambda: "Using SHM" in self.relay.log(), 120, self.relay.log)
+        wait_until("the GPU host to serve its region", lambda: "Using SHM" in self.gpu_text(), 120, self.gpu_text)
+
+    def gpu_text(self) -> str:
+        return self.gpu_log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        from tests.processes import stop_process
+        self.relay.stop()
+        stop_process(self.gpu, 20)
+
+
+def _session(region: Path, copy: int) -> tuple[bool, float, float]:
+    """A client session on `region`: context, a `copy`-byte copy there and back (checked), then timings: (bytes
+    came back right, a synchronous call's round trip in us, copy MB/s both ways)."""
+    from tests.forwarding_rig import Guest
+    guest = Guest(str(region))
+    try:
+        guest.setup()
+        pointer = guest.alloc(copy)
+        data = os.urandom(copy)
+        good = guest.htod(pointer, data) == 0 and guest.dtoh(pointer, copy) == (0, data)
+        for _ in range(10):
+            guest.sync()
+        t0 = time.perf_counter()
+        for _ in range(PINGS):
+            guest.sync()
+        rtt = 1e6 * (time.perf_counter() - t0) / PINGS
+        t0 = time.perf_counter()
+        for _ in range(2):
+            guest.htod(pointer, data)
+            guest.dtoh(pointer, copy)
+        rate = 4 * copy / (time.perf_counter() - t0) / 1e6
+        return good, rtt, rate
+    finally:
+        guest.close()
+
+
+def relay() -> int:
+    """Relayed sessions over RDMA, then with the GPU host's device missing (TCP, and why), through real orionds."""
+    import tempfile
+    soft_roce()
+    ok = True
+    work = Path(tempfile.mkdtemp(prefix="orion-rdma-"))
+    for case, gpu_rdma in (("rdma", "any"), ("fallback", "rxe9")):
+        hosts = Hosts(work / case, gpu_rdma)
+        try:
+            good, rtt, rate = _session(hosts.relay_region, 3 << 20)
+            ok &= good
+            print(f"RDMA-RELAY {case} copy={'ok' if good else 'WRONG'} rtt_us={rtt:.0f} copy_MBps={rate:.1f}")
+            if case == "rdma":
+                good, rtt, rate = _session(hosts.gpu_region, 3 << 20)
+                print(f"RDMA-RELAY local copy={'ok' if good else 'WRONG'} rtt_us={rtt:.0f} copy_MBps={rate:.1f}")
+        finally:
+            hosts.stop()
+        for who, text in (("relay", hosts.relay.log()), ("gpu", hosts.gpu_text())):
+            for line in text.splitlines():
+                if any(w in line for w in ("relayed to", "relayed over", "RDMA", "TCP mode", "listens on")):
+                    print(f"RDMA-LOG {case} {who}: {line.split('] ', 1)[-1]}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit({"stream": stream, "bench": bench, "relay": relay}[sys.argv[1]]())
