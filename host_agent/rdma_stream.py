@@ -119,6 +119,21 @@ def _completion_channel(ctx: Any) -> tuple[Any, int | None]:
     return channel, new.pop() if len(new) == 1 else None
 
 
+def check_offer(payload: bytes | bytearray) -> dict[str, Any]:
+    """A peer's RDMA_OFFER, decoded and held to the bounds this end will stage for (its outbox is slots x piece);
+    RdmaUnavailable with the reason otherwise."""
+    try:
+        fields = dict(zip(("gid", "qpn", "psn", "mtu", "inbox", "inbox_rkey", "credit", "credit_rkey", "slots",
+                           "piece"), RDMA_OFFER.decode(payload), strict=True))
+    except RecordError as exc:
+        raise RdmaUnavailable(f"the peer's RDMA offer is malformed: {exc}") from None
+    if (len(fields["gid"]) != 16 or not 2 <= fields["slots"] <= MAX_SLOTS
+            or not MIN_PIECE <= fields["piece"] <= MAX_PIECE or fields["slots"] * fields["piece"] > MAX_INBOX
+            or not 1 <= fields["mtu"] <= 5):
+        raise RdmaUnavailable("the peer's RDMA offer is out of bounds (gid, slots, piece size or MTU)")
+    return fields
+
+
 class RdmaLink:
     """One end's verbs resources for one relay connection: its RC queue pair, its inbox (where the peer writes),
     its credit word (where the peer says how much it has consumed) and, once connected, its outbox (where a piece
@@ -179,15 +194,7 @@ class RdmaLink:
         from pyverbs.addr import GID, AHAttr, GlobalRoute
         from pyverbs.pyverbs_error import PyverbsError
         from pyverbs.qp import QPAttr
-        try:
-            fields = dict(zip(("gid", "qpn", "psn", "mtu", "inbox", "inbox_rkey", "credit", "credit_rkey", "slots",
-                               "piece"), RDMA_OFFER.decode(peer_offer), strict=True))
-        except RecordError as exc:
-            raise RdmaUnavailable(f"the peer's RDMA offer is malformed: {exc}") from None
-        if (len(fields["gid"]) != 16 or not 2 <= fields["slots"] <= MAX_SLOTS
-                or not MIN_PIECE <= fields["piece"] <= MAX_PIECE or fields["slots"] * fields["piece"] > MAX_INBOX
-                or not 1 <= fields["mtu"] <= 5):
-            raise RdmaUnavailable("the peer's RDMA offer is out of bounds (gid, slots, piece size or MTU)")
+        fields = check_offer(peer_offer)
         try:
             self.outbox = self._mr(self._pd, fields["slots"] * fields["piece"], self.e.IBV_ACCESS_LOCAL_WRITE)
             attr = QPAttr()

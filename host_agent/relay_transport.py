@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from .rdma_stream import SYSFS, RdmaLink, RdmaStream, RdmaUnavailable, find_port
 
@@ -22,11 +23,11 @@ class RdmaSettings:
     enabled: bool = False  # [server] enable_rdma (or -r / -i)
     device: str = ""  # [server] ibverbs_device: only this device; "" : the device that has the connection's address
 
-    def startup_line(self) -> str:
+    def startup_line(self, sysfs: Path = SYSFS) -> str:
         """What oriond says at start about relay transports."""
         if not self.enabled:
             return "relayed sessions use TCP (enable_rdma is false)"
-        names = sorted(p.name for p in SYSFS.iterdir()) if SYSFS.is_dir() else []
+        names = sorted(p.name for p in sysfs.iterdir()) if sysfs.is_dir() else []
         if not names:
             return "enable_rdma is true, but this host has no RDMA device: relayed sessions use TCP"
         if self.device and self.device not in names:
@@ -38,12 +39,12 @@ class RdmaSettings:
 TCP_ONLY = RdmaSettings()
 
 
-def prepare(sock: socket.socket, settings: RdmaSettings) -> tuple[RdmaLink | None, str]:
+def prepare(sock: socket.socket, settings: RdmaSettings, sysfs: Path = SYSFS) -> tuple[RdmaLink | None, str]:
     """This end's RDMA link for the connection on `sock`, ready to offer; or None and why not."""
     if not settings.enabled:
         return None, "enable_rdma is false here"
     try:
-        return RdmaLink(find_port(sock.getsockname()[0], settings.device)), ""
+        return RdmaLink(find_port(sock.getsockname()[0], settings.device, sysfs)), ""
     except RdmaUnavailable as exc:
         return None, str(exc)
 

@@ -1,13 +1,16 @@
 """Runs inside the test guest (tests/guest/vm.py): the relay's RDMA transport on Soft-RoCE (rdma_rxe).
 
   rdma_guest.py stream   two processes joined by a TCP connection move to RDMA (host_agent/relay_transport.py)
-                         and exchange records: small ones both ways, one larger than the whole inbox, a hostile
-                         piece; then the far end dies and the near end must see it
+                         and exchange records: small ones both ways, one larger than the whole inbox; then the
+                         far end dies and the near end must see it
   rdma_guest.py relay    a GPU host (tests/controller/fake_gpu_agent.py --listen --rdma: the real listener,
                          workers and executor over the stand-in driver) and a relaying oriond (a real one, its
                          server.conf with enable_rdma and [server-relay] remote_addr), a client on the relay's
                          region: its calls go over RDMA; then the same with the GPU host's device missing
                          (the TCP fallback, with its reason in both logs)
+  rdma_guest.py check    stream, then relay (one boot: what tests/guest/test_guest_rdma.py runs)
+  rdma_guest.py bench    the raw pyverbs baseline (SEND/RECV round trip, RDMA WRITE stream), the transport's
+                         record round trip and one-way bulk, then relay's sessions timed (bench/rdma_bench.py)
 
 Soft-RoCE: `rdma link add rxe0 type rxe netdev lo` (TESTBED.md: verbs work on loopback), so both ends use
 127.0.0.1 and the same device. Lines starting with RDMA- are what tests/guest/test_guest_rdma.py reads.
@@ -22,8 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-for site in glob.glob("/mnt/orion/.venv/lib/python3*/site-packages"):
+for site in glob.glob("/mnt/orion/.venv/lib/python3*/site-packages"):  # in the guest only
     sys.path.append(site)  # the checkout's own environment (posix_ipc, ...): the guest's Python is the same 3.11
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), site) if p)
 
 from host_agent import relay_transport  # noqa: E402
 from host_agent.rdma_stream import PIECE, SLOTS  # noqa: E402
@@ -34,6 +38,10 @@ from host_agent.relay_transport import RdmaSettings  # noqa: E402
 def sh(command: str) -> str:
     out = subprocess.run(command, shell=True, capture_output=True, text=True)
     return (out.stdout + out.stderr).strip()
+
+
+BULK = 0x101  # the far end answers this opcode with an empty payload
+PINGS = 300
 
 
 def soft_roce() -> None:
@@ -66,7 +74,8 @@ def _far(sock: socket.socket, offer_out: int, offer_in: int) -> None:
             continue
         if record.opcode == 9:
             os._exit(0)  # dies without a word: its kernel closes the TCP connection
-        stream.send(record.call_id, record.opcode, bytes(record.payload[::-1]), status=7)
+        answer = b"" if record.opcode == BULK else bytes(record.payload[::-1])
+        stream.send(record.call_id, record.opcode, answer, status=7)
 
 
 def stream() -> int:
@@ -113,7 +122,7 @@ def stream() -> int:
     return 0 if ok else 1
 
 
-RAW_SIZE, RAW_WRITES, PINGS = 4 << 20, 32, 300
+RAW_SIZE, RAW_WRITES, RAW_IN_FLIGHT = 4 << 20, 32, 4
 
 
 def _raw_end(sock: socket.socket, serve: bool) -> None:
@@ -186,9 +195,11 @@ def _raw_end(sock: socket.socket, serve: bool) -> None:
         poll(2)
     rtt = (time.perf_counter() - t0) / PINGS
     t0 = time.perf_counter()
-    for _ in range(RAW_WRITES):
+    for i in range(RAW_WRITES):
         send(e.IBV_WR_RDMA_WRITE, RAW_SIZE)
-        poll(1)
+        if i >= RAW_IN_FLIGHT - 1:
+            poll(1)
+    poll(RAW_IN_FLIGHT - 1)
     rate = RAW_WRITES * RAW_SIZE / (time.perf_counter() - t0)
     sock.sendall(b"d")
     print(f"RDMA-RAW rtt_us={1e6 * rtt:.1f} write_MBps={rate / 1e6:.1f}", flush=True)
@@ -233,14 +244,18 @@ def bench() -> int:
     bulk = os.urandom(16 << 20)
     t0 = time.perf_counter()
     for i in range(4):
-        near.send(i, 0x101, bulk)
-        near.receive(timeout=60)  # the far end's answer is the payload reversed: both ways
-    rate = 2 * 4 * len(bulk) / (time.perf_counter() - t0)
+        near.send(i, BULK, bulk)
+        near.receive(timeout=60)  # an empty answer: the bytes went one way
+    rate = 4 * len(bulk) / (time.perf_counter() - t0)
     print(f"RDMA-STREAM rtt_us={1e6 * rtt:.1f} bulk_MBps={rate / 1e6:.1f}", flush=True)
     near.send(1, 9)
     os.waitpid(pid, 0)
     near.close()
-    return 0
+    return relay()
+
+
+def check() -> int:
+    return stream() or relay(setup=False)
 
 
 class Hosts:
@@ -250,7 +265,7 @@ class Hosts:
 
     def __init__(self, work: Path, gpu_rdma: str) -> None:
         from tests.controller.oriond_proc import Oriond
-        from tests.controller.rig import free_port, wait_until
+        from tests.controller.rig import REPO, free_port, wait_until
         from tests.processes import python_path
         work.mkdir(parents=True)
         self.gpu_region, self.gpu_log = work / "gpu-region", work / "gpu.log"
@@ -261,13 +276,12 @@ class Hosts:
             self.gpu = subprocess.Popen(
                 [sys.executable, "tests/controller/fake_gpu_agent.py", str(self.gpu_region), "127.0.0.1", "--listen",
                  str(port), "--rdma", gpu_rdma], stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONPATH": python_path() + os.pathsep + os.pathsep.join(sys.path[-1:])})
+                cwd=REPO, env={**os.environ, "PYTHONPATH": python_path()})
         self.relay = Oriond(work / "relay", "127.0.0.1", None, gpus=[], listen_port=free_port(), rdma="",
                             relay_to=f"127.0.0.1:{port}")
         self.relay_region = self.relay.shm / "orionsock0"
         with open(self.relay_region, "wb") as f:
             f.truncate(32 << 20)
-        os.environ["PYTHONPATH"] = os.pathsep.join(sys.path[-1:])  # Oriond's child gets the checkout's site too
         self.relay.start()
         wait_until("the GPU host to listen", lambda: "listens on" in self.gpu_text(), 120, self.gpu_text)
         wait_until("the relay to serve its region", lambda: "Using SHM" in self.relay.log(), 120, self.relay.log)
@@ -282,7 +296,7 @@ class Hosts:
         stop_process(self.gpu, 20)
 
 
-def _session(region: Path, copy: int) -> tuple[bool, float, float]:
+def session_check(region: Path, copy: int) -> tuple[bool, float, float]:
     """A client session on `region`: context, a `copy`-byte copy there and back (checked), then timings: (bytes
     came back right, a synchronous call's round trip in us, copy MB/s both ways)."""
     from tests.forwarding_rig import Guest
@@ -308,20 +322,21 @@ def _session(region: Path, copy: int) -> tuple[bool, float, float]:
         guest.close()
 
 
-def relay() -> int:
+def relay(setup: bool = True) -> int:
     """Relayed sessions over RDMA, then with the GPU host's device missing (TCP, and why), through real orionds."""
     import tempfile
-    soft_roce()
+    if setup:
+        soft_roce()
     ok = True
     work = Path(tempfile.mkdtemp(prefix="orion-rdma-"))
     for case, gpu_rdma in (("rdma", "any"), ("fallback", "rxe9")):
         hosts = Hosts(work / case, gpu_rdma)
         try:
-            good, rtt, rate = _session(hosts.relay_region, 3 << 20)
+            good, rtt, rate = session_check(hosts.relay_region, 3 << 20)
             ok &= good
             print(f"RDMA-RELAY {case} copy={'ok' if good else 'WRONG'} rtt_us={rtt:.0f} copy_MBps={rate:.1f}")
             if case == "rdma":
-                good, rtt, rate = _session(hosts.gpu_region, 3 << 20)
+                good, rtt, rate = session_check(hosts.gpu_region, 3 << 20)
                 print(f"RDMA-RELAY local copy={'ok' if good else 'WRONG'} rtt_us={rtt:.0f} copy_MBps={rate:.1f}")
         finally:
             hosts.stop()
@@ -333,4 +348,4 @@ def relay() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit({"stream": stream, "bench": bench, "relay": relay}[sys.argv[1]]())
+    sys.exit({"stream": stream, "bench": bench, "relay": relay, "check": check}[sys.argv[1]]())

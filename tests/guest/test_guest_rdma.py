@@ -1,0 +1,65 @@
+"""Relay connections over RDMA, for real: Soft-RoCE (rdma_rxe) inside the test guest, since the CI machine's kernel
+has no RDMA (TESTBED.md). One boot runs tests/guest/rdma_guest.py check:
+- the transport alone (host_agent/rdma_stream.py): two processes move a TCP connection to an RC queue pair and
+  exchange records of every size class (empty, one piece, exactly a piece, several, twice the whole inbox), each
+  checked byte for byte; then the far end dies and the near end says so;
+- two real orionds relaying a client's session (a relay with enable_rdma and [server-relay] remote_addr, a GPU host
+  with its listener over the stand-in driver): the session's copy comes back intact over RDMA, both logs say
+  RDMA; then, with the GPU host's ibverbs_device naming a device it does not have, the same session over TCP, and
+  both logs say why.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from .vm import image_ready, run_guest
+
+pytestmark = [
+    pytest.mark.guest,
+    pytest.mark.skipif(not image_ready() and not os.environ.get("CI"),
+                       reason="guest image not built: run `bash tests/guest/build-image.sh` (make test does)"),
+]
+
+
+@pytest.fixture(scope="module")
+def guest_run() -> list[str]:
+    result = run_guest("tests/guest/rdma_guest.py", ["check"], timeout=480, memory_mb=1024, cpus=2)
+    assert result.rc == 0, result.serial[-6000:] + result.qemu_log
+    return result.lines("RDMA-")
+
+
+def test_soft_roce_is_up_in_the_guest(guest_run: list[str]) -> None:
+    assert "RDMA-SETUP ok" in guest_run
+    assert "RDMA-PORT rxe0 port 1, GID index 1" in guest_run  # the GID of 127.0.0.1 (::ffff:7f00:1), found by address
+
+
+def test_records_of_every_size_cross_the_rdma_transport_intact(guest_run: list[str]) -> None:
+    echoes = [line for line in guest_run if line.startswith("RDMA-ECHO")]
+    assert len(echoes) == 8 and all(line.endswith(" ok") for line in echoes), echoes
+
+
+def test_the_transport_sees_the_far_end_die(guest_run: list[str]) -> None:
+    death = next(line for line in guest_run if line.startswith("RDMA-DEATH"))
+    assert re.match(r"RDMA-DEATH seen in [0-9.]+ s: the relay peer closed the connection", death), death
+
+
+def test_a_relayed_session_runs_over_rdma_when_both_hosts_have_it(guest_run: list[str]) -> None:
+    assert any(line.startswith("RDMA-RELAY rdma copy=ok") for line in guest_run), guest_run
+    logs = [line for line in guest_run if line.startswith("RDMA-LOG rdma ")]
+    assert any("relayed to 127.0.0.1:" in line and "over rdma (rxe0 port 1, GID index 1)" in line
+               for line in logs), logs
+    assert "RDMA-LOG rdma gpu: RDMA ibverbs using device: rxe0." in logs
+    assert "RDMA-LOG rdma gpu: Client supports RDMA mode, then server runs in RDMA mode." in logs
+
+
+def test_without_a_device_on_the_gpu_host_the_session_falls_back_to_tcp_and_both_ends_say_why(
+        guest_run: list[str]) -> None:
+    assert any(line.startswith("RDMA-RELAY fallback copy=ok") for line in guest_run), guest_run
+    logs = [line for line in guest_run if line.startswith("RDMA-LOG fallback ")]
+    why = "ibverbs_device rxe9 is not an RDMA device here (there are: rxe0)"
+    assert any("over tcp: " + why in line for line in logs if " relay: " in line), logs
+    assert "RDMA-LOG fallback gpu: Client supports TCP mode, then server also falls back to TCP mode." in logs
+    assert any(why + ": relayed sessions use TCP" in line for line in logs if "listens on" in line), logs
