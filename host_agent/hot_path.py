@@ -11,6 +11,10 @@ functions directly; everything else, and every record C is not sure of, is answe
 (region_server.RecordLoop, executor.py), which stays the reference: C never refuses a record itself, so every
 error a guest can provoke is the Python path's (hot_dispatch.c says how).
 
+The same module carries the relaying host's pump (`relay_pump`: a relayed session's records between its ring and
+its TCP relay connection, relay_session.py) and the connection's write lock it shares with Python's writers
+(`write_lock`).
+
 The module is compiled with the system C compiler on first use into a cache directory (a file named after the
 source's hash and the interpreter) and reused; without a compiler or Python's headers, or when
 ORION_HOT_PATH=0, the worker serves everything in Python and says so in one log line.

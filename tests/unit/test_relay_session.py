@@ -92,6 +92,17 @@ def relayed() -> Iterator[Relayed]:
     r.close()
 
 
+def test_payloads_beyond_what_one_side_assembles_cross_in_pieces_both_ways(relayed: Relayed) -> None:
+    """A request and a reply larger than the worker's 256 MiB assembling bound (region_server.max_assembled): the
+    relay streams them between the ring's staging arena and the socket, and the far end's sink and producer take
+    and give them in pieces, so nobody holds them whole and nothing refuses them."""
+    length = (300 << 20) + 4096 * 3
+    big = fill_pattern(7, length)
+    assert DRAIN_REPLY.decode(relayed.reply(relayed.call(Op.DRAIN, big)).payload) == (length, zlib.crc32(big))
+    reply = relayed.reply(relayed.call(Op.FILL, FILL_REQUEST.encode(length, 7)))
+    assert reply.status == Status.OK and len(reply.payload) == length and zlib.crc32(reply.payload) == zlib.crc32(big)
+
+
 def test_records_are_answered_through_the_relay_as_by_a_local_worker(relayed: Relayed) -> None:
     big = bytes(range(256)) * (3 << 12)  # 3 MiB: staged on the ring, one frame on the wire
     assert bytes(relayed.reply(relayed.call(Op.ECHO, b"hello")).payload) == b"hello"
