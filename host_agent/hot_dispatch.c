@@ -22,9 +22,14 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #define RECORD_HEADER 32u
@@ -34,6 +39,10 @@
 #define ATTRIBUTE_SIZE 72u /* a CUlaunchAttribute (<i4x64s): its ID, padding, its 64-byte value */
 #define MAX_ATTRIBUTES 64u /* launch_extras.MAX_LAUNCH_ATTRIBUTES: more is MALFORMED, Python's answer */
 #define CUDA_SUCCESS 0
+#define OP_BEAT 0x82u /* relay_frames.BEAT */
+#define FLAG_ASYNC_ERROR 4u
+#define SOCKET_INLINE 65536u /* the largest request served from a relay connection here (stream_endpoint.SINK_ABOVE) */
+#define SOCKET_REPLY 4096u /* the largest device-to-host copy answered from here (as from a ring) */
 #define CU_LAUNCH_PARAM_END ((void *)0x00)
 #define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
 #define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
@@ -103,6 +112,12 @@ typedef struct {
     double wait_start, sleep, next_check;
     unsigned long long served, failed_call_id;
     int failed_status;
+    /* a relayed session (set_socket): records come from the relay connection `fd` instead of the request ring, and
+     * replies go back on it under `lock`; `frame` holds the one being served, `heard` when one last came */
+    int fd;
+    PyObject *lock;
+    uint8_t *frame;
+    double heard;
     /* launch parameters: copied here (the driver copies them again before cuLaunchKernel returns) */
     size_t launch_size;
     void *launch_extra[5];
@@ -132,6 +147,91 @@ static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
+}
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+
+/* --- a relay connection's write lock, and writes under it ---------------------------------------------------- */
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t mutex;
+} WriteLock;
+
+static PyObject *WriteLock_acquire(WriteLock *self, PyObject *unused) {
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mutex);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_TRUE;
+}
+
+static PyObject *WriteLock_release(WriteLock *self, PyObject *unused) {
+    (void)unused;
+    pthread_mutex_unlock(&self->mutex);
+    Py_RETURN_NONE;
+}
+
+static PyObject *WriteLock_exit(WriteLock *self, PyObject *args) {
+    (void)args;
+    return WriteLock_release(self, NULL);
+}
+
+static int WriteLock_init(WriteLock *self, PyObject *args, PyObject *kwds) {
+    (void)args; (void)kwds;
+    pthread_mutex_init(&self->mutex, NULL);
+    return 0;
+}
+
+static PyMethodDef WriteLock_methods[] = {
+    {"acquire", (PyCFunction)WriteLock_acquire, METH_NOARGS, "Take the lock (the GIL released while waiting)."},
+    {"release", (PyCFunction)WriteLock_release, METH_NOARGS, "Give it back."},
+    {"__enter__", (PyCFunction)WriteLock_acquire, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)WriteLock_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject WriteLockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_orion_hot_dispatch.WriteLock",
+    .tp_basicsize = sizeof(WriteLock),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A relay connection's write lock, shared by Python writers and the compiled pump.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)WriteLock_init,
+    .tp_methods = WriteLock_methods,
+};
+
+/* The whole of `iov` to socket `fd` (blocking), under `lock`; 0, or an errno. */
+static int send_locked(int fd, PyObject *lock, struct iovec *iov, int count) {
+    pthread_mutex_t *mutex = &((WriteLock *)lock)->mutex;
+    int err = 0;
+    pthread_mutex_lock(mutex);
+    while (count > 0) {
+        struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)count };
+        ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN) { struct pollfd p = { fd, POLLOUT, 0 }; poll(&p, 1, 100); continue; }
+            err = errno;
+            break;
+        }
+        while (count > 0 && (size_t)n >= iov->iov_len) { n -= (ssize_t)iov->iov_len; iov++; count--; }
+        if (count > 0) { iov->iov_base = (uint8_t *)iov->iov_base + n; iov->iov_len -= (size_t)n; }
+    }
+    pthread_mutex_unlock(mutex);
+    return err;
+}
+
+/* Wait up to `s` seconds for `fd` to be readable. */
+static void wait_readable(int fd, double s) {
+    struct pollfd p = { fd, POLLIN, 0 };
+    struct timespec ts = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
+    ppoll(&p, 1, &ts, NULL);
 }
 
 /* --- the ledger (SessionLedger), read under the GIL ------------------------------------------------------ */
@@ -354,6 +454,7 @@ static int call_driver(Dispatcher *self, int kind, void *fn, const uint8_t *p, u
 /* --- rings --------------------------------------------------------------------------------------------------- */
 static int ring_from(Dispatcher *self, ring *r, PyObject *spec) {
     unsigned long long head, tail, data, cell, capacity;
+    if (!PyTuple_Check(spec)) { PyErr_SetString(PyExc_TypeError, "a ring is a tuple"); return -1; }
     if (!PyArg_ParseTuple(spec, "KKKKK", &head, &tail, &data, &cell, &capacity)) return -1;
     uint64_t size = (uint64_t)self->view.len;
     if (capacity == 0 || (capacity & (capacity - 1)) || cell < RECORD_HEADER || head + 4 > size || tail + 4 > size
@@ -371,16 +472,22 @@ static int Dispatcher_init(Dispatcher *self, PyObject *args, PyObject *kwds) {
     static char *names[] = {"buffer", "requests", "completions", "generation", "policy", NULL};
     PyObject *buffer, *requests, *completions;
     unsigned int generation;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!I(ddddd)", names, &buffer, &PyTuple_Type, &requests,
-                                     &PyTuple_Type, &completions, &generation, &self->spin_s, &self->busy_spin_s,
-                                     &self->min_sleep, &self->max_sleep, &self->check_every_s))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOI(ddddd)", names, &buffer, &requests, &completions, &generation,
+                                     &self->spin_s, &self->busy_spin_s, &self->min_sleep, &self->max_sleep,
+                                     &self->check_every_s))
         return -1;
     if (self->have_view) { PyBuffer_Release(&self->view); self->have_view = 0; }
-    if (PyObject_GetBuffer(buffer, &self->view, PyBUF_WRITABLE) < 0) return -1;
-    self->have_view = 1;
-    if (ring_from(self, &self->in, requests) < 0 || ring_from(self, &self->out, completions) < 0) return -1;
+    self->fd = -1;
+    if (buffer == Py_None) { /* a relayed session: set_socket() says where its records come from */
+        self->out.cell = RECORD_HEADER + SOCKET_REPLY;
+        self->inline_capacity = SOCKET_INLINE;
+    } else {
+        if (PyObject_GetBuffer(buffer, &self->view, PyBUF_WRITABLE) < 0) return -1;
+        self->have_view = 1;
+        if (ring_from(self, &self->in, requests) < 0 || ring_from(self, &self->out, completions) < 0) return -1;
+        self->inline_capacity = self->in.cell - RECORD_HEADER;
+    }
     self->generation = generation;
-    self->inline_capacity = self->in.cell - RECORD_HEADER;
     memset(self->kind, 0, sizeof self->kind);
     memset(self->fn, 0, sizeof self->fn);
     self->launch_extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
@@ -394,6 +501,8 @@ static int Dispatcher_init(Dispatcher *self, PyObject *args, PyObject *kwds) {
 
 static void Dispatcher_dealloc(Dispatcher *self) {
     if (self->have_view) PyBuffer_Release(&self->view);
+    Py_XDECREF(self->lock);
+    free(self->frame);
     Py_XDECREF(self->ledger);
     Py_XDECREF(self->executor);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -450,9 +559,12 @@ static PyObject *answer(int code, unsigned long long call_id, int status) {
  * of the request ring; (RET_CHECK, 0, 0) a liveness check is due (the wait goes on at the next call);
  * (RET_POSTED_FAILED, call_id, status) a posted call failed (it was consumed; Python reports it);
  * (RET_IDLE, 0, 0) with block=False, no record is there. */
+static PyObject *serve_socket(Dispatcher *self, int block);
+
 static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
     int block = 1;
     if (!PyArg_ParseTuple(args, "|p", &block)) return NULL;
+    if (self->fd >= 0) return serve_socket(self, block);
     if (!self->have_view) { PyErr_SetString(PyExc_ValueError, "closed"); return NULL; }
     ledger_view l;
     int have_ledger = ledger_fetch(self, &l);
@@ -536,6 +648,96 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
     return answer(code, failed_id, status);
 }
 
+/* --- a relayed session's hot records, from its relay connection ------------------------------------------------
+ * The same records, checks and driver calls as from a ring, with a frame in place of a slot: a frame is peeked
+ * (MSG_PEEK) and taken only when C serves it, so whatever Python answers (another opcode, a BEAT, a frame not
+ * whole yet, an end of stream) it reads from the connection itself, from a frame boundary. */
+static PyObject *serve_socket(Dispatcher *self, int block) {
+    ledger_view l;
+    int have_ledger = ledger_fetch(self, &l);
+    int code = RET_PYTHON, status = 0;
+    unsigned long long failed_id = 0;
+    uint8_t *frame = self->frame, reply[RECORD_HEADER + SOCKET_REPLY];
+    PyThreadState *saved = PyEval_SaveThread();
+    for (;;) {
+        ssize_t n = recv(self->fd, frame, RECORD_HEADER + SOCKET_INLINE, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+            double t = now_s();
+            if (!block) { code = RET_IDLE; break; }
+            if (!self->waiting) { self->waiting = 1; self->wait_start = t; }
+            if (t - self->wait_start < (self->busy ? self->busy_spin_s : self->spin_s)) { cpu_relax(); continue; }
+            if (t >= self->next_check) { self->next_check = t + self->check_every_s; code = RET_CHECK; break; }
+            wait_readable(self->fd, self->next_check - t); /* a frame wakes it */
+            continue;
+        }
+        if (n < (ssize_t)RECORD_HEADER) break; /* an end, an error, a frame begun: Python reads it */
+        if (self->waiting) {
+            self->waiting = 0;
+            self->busy = now_s() - self->wait_start < self->busy_spin_s;
+        }
+        uint64_t call_id = rd64(frame);
+        uint32_t opcode = rd32(frame + 8), flags = rd32(frame + 12), length = rd32(frame + 16);
+        uint32_t generation = rd32(frame + 20), reserved = rd32(frame + 28);
+        if (reserved || (flags & ~FLAG_NO_REPLY) || generation != self->generation || opcode > 0xFFFF
+            || length > SOCKET_INLINE || (size_t)n < RECORD_HEADER + length)
+            break;
+        int kind = self->kind[opcode];
+        if (kind == K_NONE) break;
+        const uint8_t *payload = frame + RECORD_HEADER;
+        if (kind == K_LAUNCH ? (length < LAUNCH_FIXED || length - LAUNCH_FIXED > MAX_PARAMS)
+            : kind == K_LAUNCH_EX ? !launch_ex_fits(self, payload, length)
+            : (payload_size[kind] != UINT32_MAX && length != payload_size[kind]))
+            break;
+        int wants_reply = !(flags & FLAG_NO_REPLY);
+        if (is_copy(kind) && !copy_is_plain(self, kind, payload, length, wants_reply)) break;
+        if (needs_ledger(kind)) {
+            PyEval_RestoreThread(saved);
+            int ok = have_ledger && allowed(&l, kind, payload) && (!is_htod(kind) || channel_registered(self));
+            saved = PyEval_SaveThread();
+            if (!ok) break;
+        }
+        if (recv(self->fd, frame, RECORD_HEADER + length, MSG_DONTWAIT) != (ssize_t)(RECORD_HEADER + length))
+            break; /* not reached: what was peeked is there */
+        self->heard = now_s();
+        int result = call_driver(self, kind, self->fn[opcode], payload, length, reply + RECORD_HEADER);
+        self->served += 1;
+        if (wants_reply) {
+            uint32_t sent = is_copy(kind) && !is_htod(kind) && result == CUDA_SUCCESS ? (uint32_t)rd64(payload + 8) : 0;
+            uint32_t words[6] = { 0, 0, sent, self->generation, (uint32_t)result, 0 }; /* opcode, flags, length */
+            memcpy(reply, &call_id, 8);
+            memcpy(reply + 8, words, sizeof words);
+            struct iovec iov = { reply, RECORD_HEADER + sent };
+            if (send_locked(self->fd, self->lock, &iov, 1)) break; /* Python's next write says the peer is gone */
+        } else if (result != CUDA_SUCCESS) {
+            code = RET_POSTED_FAILED;
+            failed_id = call_id;
+            status = result;
+            break;
+        }
+    }
+    PyEval_RestoreThread(saved);
+    if (have_ledger) ledger_release(&l);
+    if (PyErr_Occurred()) PyErr_Clear();
+    return answer(code, failed_id, status);
+}
+
+static PyObject *Dispatcher_set_socket(Dispatcher *self, PyObject *args) {
+    int fd;
+    PyObject *lock;
+    if (!PyArg_ParseTuple(args, "iO!", &fd, &WriteLockType, &lock)) return NULL;
+    if (self->have_view) { PyErr_SetString(PyExc_ValueError, "this dispatcher serves a ring"); return NULL; }
+    if (self->frame == NULL && (self->frame = malloc(RECORD_HEADER + SOCKET_INLINE)) == NULL) return PyErr_NoMemory();
+    Py_XSETREF(self->lock, Py_NewRef(lock));
+    self->fd = fd;
+    self->heard = now_s();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Dispatcher_heard(Dispatcher *self, void *closure) {
+    (void)closure;
+    return PyFloat_FromDouble(self->heard);
+}
+
 static PyObject *Dispatcher_served(Dispatcher *self, void *closure) {
     (void)closure;
     return PyLong_FromUnsignedLongLong(self->served);
@@ -554,11 +756,14 @@ static PyMethodDef Dispatcher_methods[] = {
     {"set_copies", (PyCFunction)Dispatcher_set_copies, METH_VARARGS,
      "set_copies(executor, cuStreamSynchronize address): what copies need besides their own function."},
     {"close", (PyCFunction)Dispatcher_close, METH_NOARGS, "Release the region's buffer."},
+    {"set_socket", (PyCFunction)Dispatcher_set_socket, METH_VARARGS,
+     "set_socket(fd, lock): serve a relayed session's records from its relay connection (written under `lock`)."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef Dispatcher_getset[] = {
     {"served", (getter)Dispatcher_served, NULL, "records answered here", NULL},
+    {"heard", (getter)Dispatcher_heard, NULL, "when a frame was last taken here (CLOCK_MONOTONIC seconds)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -588,64 +793,6 @@ static PyTypeObject DispatcherType = {
  * (the reference) handles it. Frames are peeked (MSG_PEEK) before they are taken, so Python reads the socket from a
  * frame boundary. Socket writes hold the connection's WriteLock, which FrameStream's writers (the beat thread) hold
  * too. The call ids still waiting for an answer are kept here, for both paths (expect / take / take_pending). */
-#include <errno.h>
-#include <poll.h>
-#include <pthread.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
-
-#define OP_BEAT 0x82u
-#define FLAG_ASYNC_ERROR 4u
-
-typedef struct {
-    PyObject_HEAD
-    pthread_mutex_t mutex;
-} WriteLock;
-
-static PyObject *WriteLock_acquire(WriteLock *self, PyObject *unused) {
-    (void)unused;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&self->mutex);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_TRUE;
-}
-
-static PyObject *WriteLock_release(WriteLock *self, PyObject *unused) {
-    (void)unused;
-    pthread_mutex_unlock(&self->mutex);
-    Py_RETURN_NONE;
-}
-
-static PyObject *WriteLock_exit(WriteLock *self, PyObject *args) {
-    (void)args;
-    return WriteLock_release(self, NULL);
-}
-
-static int WriteLock_init(WriteLock *self, PyObject *args, PyObject *kwds) {
-    (void)args; (void)kwds;
-    pthread_mutex_init(&self->mutex, NULL);
-    return 0;
-}
-
-static PyMethodDef WriteLock_methods[] = {
-    {"acquire", (PyCFunction)WriteLock_acquire, METH_NOARGS, "Take the lock (the GIL released while waiting)."},
-    {"release", (PyCFunction)WriteLock_release, METH_NOARGS, "Give it back."},
-    {"__enter__", (PyCFunction)WriteLock_acquire, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)WriteLock_exit, METH_VARARGS, NULL},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyTypeObject WriteLockType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "_orion_hot_dispatch.WriteLock",
-    .tp_basicsize = sizeof(WriteLock),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A relay connection's write lock, shared by Python writers and the compiled pump.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)WriteLock_init,
-    .tp_methods = WriteLock_methods,
-};
-
 /* pump()'s answers: why it gave control back to Python */
 enum { PUMP_RING = 0, PUMP_SOCKET = 1, PUMP_CHECK = 2, PUMP_LOST = 3 };
 
@@ -693,27 +840,6 @@ static void pending_drop(Pump *self, pending_call *entry) {
     *entry = self->pending[--self->npending];
 }
 
-/* The whole of `iov` to the socket (blocking), under the connection's lock; 0, or an errno. */
-static int send_frame(Pump *self, struct iovec *iov, int count) {
-    WriteLock *lock = (WriteLock *)self->lock;
-    int err = 0;
-    pthread_mutex_lock(&lock->mutex);
-    while (count > 0) {
-        struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)count };
-        ssize_t n = sendmsg(self->fd, &msg, MSG_NOSIGNAL);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN) { struct pollfd p = { self->fd, POLLOUT, 0 }; poll(&p, 1, 100); continue; }
-            err = errno;
-            break;
-        }
-        while (count > 0 && (size_t)n >= iov->iov_len) { n -= (ssize_t)iov->iov_len; iov++; count--; }
-        if (count > 0) { iov->iov_base = (uint8_t *)iov->iov_base + n; iov->iov_len -= (size_t)n; }
-    }
-    pthread_mutex_unlock(&lock->mutex);
-    return err;
-}
-
 /* One ring record forwarded: 1, 0 when it is Python's, -1 when the socket failed (lost_errno). */
 static int forward_record(Pump *self, uint32_t *head) {
     const uint8_t *slot = self->in.data + (size_t)(*head & self->in.mask) * self->in.cell;
@@ -728,7 +854,7 @@ static int forward_record(Pump *self, uint32_t *head) {
     memcpy(header, &call_id, 8);
     memcpy(header + 8, words, sizeof words);
     struct iovec iov[2] = { { header, RECORD_HEADER }, { (void *)(slot + RECORD_HEADER), length } };
-    int err = send_frame(self, iov, length ? 2 : 1);
+    int err = send_locked(self->fd, self->lock, iov, length ? 2 : 1);
     *head += 1;
     store32(self->in.head, *head);
     if (err) { self->lost_errno = err; return -1; }
@@ -806,9 +932,7 @@ static PyObject *Pump_pump(Pump *self, PyObject *unused) {
         if (t >= self->next_check) { self->next_check = t + self->check_every_s; code = PUMP_CHECK; break; }
         self->sleep = self->sleep == 0.0 ? self->min_sleep
                       : (self->sleep * 2 < self->max_sleep ? self->sleep * 2 : self->max_sleep);
-        struct pollfd p = { self->fd, POLLIN, 0 };
-        struct timespec ts = { (time_t)self->sleep, (long)((self->sleep - (double)(time_t)self->sleep) * 1e9) };
-        ppoll(&p, 1, &ts, NULL); /* a frame wakes it; a ring record waits for the sleep, as a ring wait does */
+        wait_readable(self->fd, self->sleep); /* a frame wakes it; a ring record waits for the sleep, as a ring wait does */
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);

@@ -237,11 +237,19 @@ class HotPath:
     """One session's compiled dispatcher, bound to its endpoint (rings), handler and ledger."""
 
     def __init__(self, module: ModuleType, endpoint: Endpoint, handler: Any) -> None:
+        """`endpoint` is a ring's, or a relayed session's StreamEndpoint over a FrameStream (its relay connection
+        written under the compiled WriteLock: `relayed_frames`)."""
         self.endpoint = endpoint
         policy = endpoint.policy
-        self.dispatcher = module.Dispatcher(
-            endpoint.buf, _ring(endpoint.in_ring), _ring(endpoint.out_ring), endpoint.generation,
-            (policy.spin_s, policy.busy_spin_s, policy.min_sleep, policy.max_sleep, policy.check_every_s))
+        timing = (policy.spin_s, policy.busy_spin_s, policy.min_sleep, policy.max_sleep, policy.check_every_s)
+        frames = relayed_frames(endpoint, module)
+        self.relayed = frames is not None
+        if frames is None:
+            self.dispatcher = module.Dispatcher(endpoint.buf, _ring(endpoint.in_ring), _ring(endpoint.out_ring),
+                                                endpoint.generation, timing)
+        else:
+            self.dispatcher = module.Dispatcher(None, None, None, endpoint.generation, timing)
+            self.dispatcher.set_socket(frames.sock.fileno(), frames._writing)
         self.PYTHON, self.CHECK, self.POSTED_FAILED, self.IDLE = (module.PYTHON, module.CHECK, module.POSTED_FAILED,
                                                                   module.IDLE)
         self.calls: list[str] = []
@@ -274,12 +282,26 @@ class HotPath:
         """Serve hot records until Python must act; (code, call_id, status) as hot_dispatch.c's serve(). The
         Python endpoint's private ring indices are reloaded afterwards (C moved the shared ones)."""
         result: tuple[int, int, int] = self.dispatcher.serve(block)
-        self.endpoint.in_ring.resync()
-        self.endpoint.out_ring.resync()
+        if self.relayed:
+            self.endpoint.heard(self.dispatcher.heard)  # type: ignore[attr-defined]
+        else:
+            self.endpoint.in_ring.resync()
+            self.endpoint.out_ring.resync()
         return result
 
     def close(self) -> None:
         self.dispatcher.close()
+
+
+def relayed_frames(endpoint: Any, module: ModuleType) -> Any:
+    """The FrameStream of a relayed session's endpoint whose connection C may serve (a TCP socket written under the
+    compiled WriteLock); None for a ring's endpoint. Another transport (RDMA) has no such stream: Unavailable."""
+    frames = getattr(endpoint, "frames", None)
+    if frames is None:
+        return None
+    if getattr(endpoint, "pieces", False) and isinstance(getattr(frames, "_writing", None), module.WriteLock):
+        return frames
+    raise Unavailable("the relay connection is not a TCP FrameStream")
 
 
 def _ring(ring: Any) -> tuple[int, int, int, int, int]:
@@ -306,11 +328,15 @@ def relay_pump(ring: Endpoint, fd: int, lock: Any, remote_generation: int) -> An
 
 
 def attach(endpoint: Endpoint, handler: Any) -> HotPath | None:
-    """The compiled hot path for a session served over `endpoint` by `handler`, or None (Python serves all)."""
+    """The compiled hot path for a session served over `endpoint` (a ring's, or a relayed session's over TCP) by
+    `handler`, or None (Python serves all)."""
     module = load()
     if module is None:
         return None
-    hot = HotPath(module, endpoint, handler)
+    try:
+        hot = HotPath(module, endpoint, handler)
+    except Unavailable:
+        return None
     if not hot.calls:
         hot.close()
         return None

@@ -17,7 +17,7 @@ from ivshmem.channel import Streamed
 from ivshmem.errors import RecordError
 from ivshmem.record import BIND_REQUEST, HELLO_REQUEST, Op, Record, Status
 
-from . import relay_transport
+from . import hot_path, relay_transport
 from .handler import Handler, Session
 from .rdma_stream import RdmaStream, RdmaUnavailable
 from .region_server import RecordLoop, ServerOptions
@@ -115,8 +115,10 @@ def serve_relayed(sock: socket.socket, handler: Handler, session: Session, optio
         log.warning("session %d: relay connection dropped before its handshake: %s", session.number, exc)
         return 0
     endpoint = StreamEndpoint(frames, session.generation)  # type: ignore[arg-type]
+    loop = RecordLoop(endpoint, handler, session, options)  # type: ignore[arg-type]
+    loop.hot = hot_path.attach(endpoint, handler)  # type: ignore[arg-type]  # on TCP, the compiled hot records
     try:
-        RecordLoop(endpoint, handler, session, options).run()  # type: ignore[arg-type]
+        loop.run()
     except ConnectionLost as exc:
         log.info("session %d ended: %s", session.number, exc)
     finally:
