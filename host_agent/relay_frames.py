@@ -151,8 +151,11 @@ class FrameStream:
                 raise ConnectionLost(f"the relay peer stopped mid-frame ({got} of {len(view)} bytes in "
                                      f"{self.stall_s:g} s)")
             try:
-                ready, _, _ = select.select([self.sock], [], [], left)
-                n = self.sock.recv_into(view[got:]) if ready else -1
+                try:  # what is there already (a large payload's bytes, mostly) without a select first
+                    n = self.sock.recv_into(view[got:], 0, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    ready, _, _ = select.select([self.sock], [], [], left)
+                    n = self.sock.recv_into(view[got:]) if ready else -1
             except (OSError, ValueError) as exc:  # ValueError: the socket was closed under us
                 raise ConnectionLost(f"the relay connection failed: {exc}") from None
             if n == 0:

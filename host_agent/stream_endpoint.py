@@ -11,14 +11,16 @@ ends the session as a vanished client ends one on a region.
 
 Large payloads on a FrameStream travel in pieces, as through a ring's staging arena: a request the handler has a
 sink for (a host-to-device copy) is read into it CHUNK by CHUNK, and a reply produced piece by piece (Streamed: a
-device-to-host copy, FILL) is sent as it is produced, so the socket and the GPU work overlap and no copy is held
-whole. Over another frame stream both are whole frames (up to its max_payload).
+device-to-host copy, FILL) is sent as it is produced, through two buffers and a helper thread, so the socket
+and the GPU work overlap and no copy is held whole. Over another frame stream both are whole frames (up to its
+max_payload).
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from ivshmem.channel import Payload, Sink, Streamed
 from ivshmem.record import Flag, Record
@@ -41,7 +43,8 @@ class StreamEndpoint:
         self.pieces = isinstance(frames, FrameStream)  # large payloads in pieces (above)
         self.policy, self.spin, self._busy = DEFAULT_POLICY, spin, False
         self._heard = time.monotonic()
-        self._buffer: memoryview | None = None  # CHUNK bytes, for payloads in pieces
+        self._buffers: tuple[memoryview, memoryview] | None = None  # for payloads in pieces (_pieces)
+        self._helper: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
         self._beater = threading.Thread(target=self._beat, name="relay-beat", daemon=True)
         self._beater.start()
@@ -84,7 +87,7 @@ class StreamEndpoint:
             if record.opcode != BEAT:
                 return record
             if self.pieces and record.length:
-                self._read(record.length, lambda chunk: None)
+                self._read(record.length, lambda piece: None)
 
     def receive(self, sink: Sink | None = None, wait: bool = True,
                 sink_for: Callable[[int, int, int], Sink | None] | None = None) -> Record | None:
@@ -116,24 +119,45 @@ class StreamEndpoint:
                 return record
         return None
 
-    def _chunk(self) -> memoryview:
-        if self._buffer is None:
-            self._buffer = memoryview(bytearray(CHUNK + LEAD))
-        return self._buffer
+    def _pieces(self, length: int, first: int, produce: Callable[[memoryview], None],
+                consume: Callable[[memoryview], None], aside: str) -> None:
+        """Move `length` bytes in pieces (`first` bytes, then CHUNKs) through two buffers, `produce` filling one
+        while `consume` takes the other, in order, so the socket and the GPU work overlap. The helper thread runs the
+        socket's side (`aside`: "consume" when sending, "produce" when reading): the driver's side stays on this
+        thread, whose CUDA context is current. The first failure is raised once the piece in flight is done."""
+        if self._buffers is None:
+            self._buffers = (memoryview(bytearray(CHUNK + LEAD)), memoryview(bytearray(CHUNK + LEAD)))
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="relay-pieces")
+        helper, buffers = self._helper, self._buffers
+        sizes = [first, *(min(CHUNK, length - at) for at in range(first, length, CHUNK))] if length else []
+        pieces = [buffers[i % 2][:size] for i, size in enumerate(sizes)]
+        in_flight: Future[None] | None = None
+        try:
+            if aside == "consume":
+                for piece in pieces:
+                    produce(piece)  # the other buffer's consume may still run: this one's finished two pieces ago
+                    if in_flight is not None:
+                        in_flight.result()
+                    in_flight = helper.submit(consume, piece)  # type: ignore[union-attr]
+            else:
+                for i, piece in enumerate(pieces):
+                    if i == 0:
+                        helper.submit(produce, piece).result()  # type: ignore[union-attr]
+                    elif in_flight is not None:
+                        in_flight.result()
+                    in_flight = helper.submit(produce, pieces[i + 1]) if i + 1 < len(pieces) else None  # type: ignore[union-attr]
+                    consume(piece)
+        finally:
+            if in_flight is not None:
+                in_flight.result()
 
     def _read(self, length: int, sink: Sink) -> None:
         """Read `length` payload bytes into `sink`: the first piece what is over whole CHUNKs (at least LEAD bytes,
         so a request's fixed part is whole in it), then whole CHUNKs, so a copy's data goes in aligned pieces."""
-        buffer = self._chunk()
         first = length % CHUNK
         if first < LEAD:
             first = min(length, first + CHUNK)
-        start = 0
-        while start < length:
-            piece = buffer[:first if start == 0 else CHUNK]
-            self.frames.read_payload(piece)
-            sink(piece)
-            start += len(piece)
+        self._pieces(length, first, self.frames.read_payload, sink, aside="produce")
 
     def send(self, call_id: int, opcode: int, flags: int = 0, payload: Payload = b"", status: int = 0) -> None:
         if not isinstance(payload, Streamed):
@@ -146,16 +170,14 @@ class StreamEndpoint:
                 payload.fill(view[start:start + CHUNK])
             self.frames.send(call_id, opcode, produced, flags=flags, status=status, generation=self.generation)
             return
-        buffer = self._chunk()
         writer = self.frames.open_frame(call_id, opcode, payload.length, flags, status, self.generation)
         try:
-            for start in range(0, payload.length, CHUNK):
-                piece = buffer[:min(CHUNK, payload.length - start)]
-                payload.fill(piece)
-                writer.write(piece)
+            self._pieces(payload.length, min(CHUNK, payload.length), payload.fill, writer.write, aside="consume")
         finally:
             writer.close()
 
     def close(self) -> None:
         self._stop.set()
         self._beater.join(self.beat_s + 1)
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)
