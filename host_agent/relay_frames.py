@@ -56,7 +56,8 @@ class ConnectionLost(WireError):
 
 class FrameStream:
     """One connected stream socket carrying records both ways: one reader, any number of writers (a session's
-    replies and its heartbeat thread), each record written whole under a lock."""
+    replies and its heartbeat thread), each record written whole under a lock (the compiled WriteLock where
+    hot_path builds, which the relay's pump and the GPU host's hot path take for their writes too)."""
 
     def __init__(self, sock: socket.socket, max_payload: int = MAX_PAYLOAD, stall_s: float = STALL_S) -> None:
         self.sock = sock

@@ -36,12 +36,13 @@ SINK_ABOVE = 64 << 10  # a request longer than this goes to the handler's sink, 
 class StreamEndpoint:
     def __init__(self, frames: FrameStream, generation: int, beat_s: float = 1.0, dead_s: float = 5.0,
                  check: Callable[[], None] | None = None, spin: bool = True) -> None:
-        """`spin`: a waiting `receive` polls the connection briefly before it sleeps on it (a worker serving one
-        session has the CPU to spare; the next record of a busy session is then read without a wake-up)."""
+        """`spin`: on a FrameStream, a waiting `receive` polls the connection briefly before it sleeps on it (a
+        worker serving one session has the CPU to spare; a busy session's next record is read without a wake-up)."""
         self.frames, self.generation, self.user_check = frames, generation, check
         self.beat_s, self.dead_s = beat_s, dead_s
         self.pieces = isinstance(frames, FrameStream)  # large payloads in pieces (above)
-        self.policy, self.spin, self._busy = DEFAULT_POLICY, spin, False
+        self.policy, self._busy = DEFAULT_POLICY, False
+        self.spin = spin and self.pieces  # another transport waits its own way
         self._heard = time.monotonic()
         self._buffers: tuple[memoryview, memoryview] | None = None  # for payloads in pieces (_pieces)
         self._helper: ThreadPoolExecutor | None = None
