@@ -89,7 +89,7 @@ def test_a_connection_that_begins_otherwise_or_says_nothing_is_closed() -> None:
     try:
         FrameStream(near).send(1, CALLS["cuInit"].opcode, CALLS["cuInit"].request.encode(0))
         executor = CudaExecutor(SESSION, driver=FakeDriver(devices=1))
-        assert accept_relay(FrameStream(far), executor, SESSION) is False
+        assert accept_relay(FrameStream(far), executor, SESSION) is None
         answer = FrameStream(near).receive(timeout=5)
         assert answer is not None and answer.status == Status.REFUSED and b"RELAY_HELLO" in bytes(answer.payload)
         with pytest.raises(ConnectionLost, match="no RELAY_HELLO"):
