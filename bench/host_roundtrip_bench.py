@@ -22,6 +22,7 @@ Run: `.venv/bin/python bench/host_roundtrip_bench.py [--driver real] [-n 50000]`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import multiprocessing
@@ -34,7 +35,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -230,12 +233,14 @@ def _serve(path: str, driver: str, compiled: bool, null_library: str) -> None:
     RegionServer(path, factory, ServerOptions(scan_interval=0.01), stop).serve_forever()
 
 
-def round_trips(client: Path, null_library: Path, driver: str, compiled: bool,
-                n: int) -> dict[str, tuple[float, float]]:
+@contextlib.contextmanager
+def served_region(size: int, serve: Callable[..., None], args: tuple[Any, ...]) -> Iterator[str]:
+    """A fresh /dev/shm region of `size` bytes served by `serve(path, *args)` in a child process, once it serves;
+    the child stopped (SIGINT) and the file removed afterwards."""
     path = f"/dev/shm/orion-bench-{uuid.uuid4().hex[:8]}"
     with open(path, "wb") as f:
-        f.truncate(32 * MIB)
-    server = _MP.Process(target=_serve, args=(path, driver, compiled, str(null_library)))
+        f.truncate(size)
+    server = _MP.Process(target=serve, args=(path, *args))
     server.start()
     try:
         region = Region.open(path)
@@ -245,6 +250,17 @@ def round_trips(client: Path, null_library: Path, driver: str, compiled: bool,
                 raise SystemExit("the region server did not start")
             time.sleep(0.02)
         region.close()
+        yield path
+    finally:
+        if server.pid:
+            os.kill(server.pid, signal.SIGINT)
+        server.join(10)
+        os.unlink(path)
+
+
+def round_trips(client: Path, null_library: Path, driver: str, compiled: bool,
+                n: int) -> dict[str, tuple[float, float]]:
+    with served_region(32 * MIB, _serve, (driver, compiled, str(null_library))) as path:
         opcodes = [str(OPCODES[name]) for name in ("cuInit", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
                                                    "cuCtxSynchronize", "cuStreamQuery", "cuMemAlloc", "cuMemcpyHtoD",
                                                    "cuMemcpyDtoH")]
@@ -257,11 +273,6 @@ def round_trips(client: Path, null_library: Path, driver: str, compiled: bool,
             name, p50, p99 = line.split()
             rows[name] = (int(p50) / 1e3, int(p99) / 1e3)
         return rows
-    finally:
-        if server.pid:
-            os.kill(server.pid, signal.SIGINT)
-        server.join(10)
-        os.unlink(path)
 
 
 NATIVE = r"""

@@ -20,19 +20,17 @@ import argparse
 import multiprocessing
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.host_roundtrip_bench import build as build_null  # noqa: E402
-from bench.host_roundtrip_bench import null_executor  # noqa: E402
+from bench.host_roundtrip_bench import null_executor, served_region  # noqa: E402
 from bench.native_wire_bench import TIMING_C  # noqa: E402
 from bench.relay_bench import raw_baseline  # noqa: E402
 from guest_runtime.native.build import SOURCE_DIR, find_compiler  # noqa: E402
@@ -41,9 +39,7 @@ from host_agent.handler import Session  # noqa: E402
 from host_agent.region_server import RegionServer, ServerOptions  # noqa: E402
 from host_agent.relay_route import RelayRoute  # noqa: E402
 from host_agent.stop import StopRequest  # noqa: E402
-from ivshmem import layout  # noqa: E402
 from ivshmem.driver_api import BY_OPCODE  # noqa: E402
-from ivshmem.region import Region  # noqa: E402
 from tests.fake_driver import FakeDriver  # noqa: E402
 from tests.relay_peer import start_listener  # noqa: E402
 
@@ -194,30 +190,13 @@ def _serve(path: str, null_library: str, relay_to: str) -> None:
 
 
 def round_trips(client: Path, null_library: Path, n: int, bulk: int, relay_to: str) -> dict[str, tuple[float, float]]:
-    path = f"/dev/shm/orion-bench-{uuid.uuid4().hex[:8]}"
-    with open(path, "wb") as f:
-        f.truncate(64 * MIB)
-    server = _MP.Process(target=_serve, args=(path, str(null_library), relay_to))
-    server.start()
-    try:
-        region = Region.open(path)
-        deadline = time.monotonic() + 20
-        while region.agent_words()[2] != layout.AGENT_SERVING or region.geometry is None:
-            if time.monotonic() > deadline:
-                raise SystemExit("the region server did not start")
-            time.sleep(0.02)
-        region.close()
+    with served_region(64 * MIB, _serve, (str(null_library), relay_to)) as path:
         done = subprocess.run([str(client), path, str(n), str(bulk), *(str(OPCODES[c]) for c in CALLS)],
                               capture_output=True, text=True, timeout=600, check=False)
         if done.returncode:
             raise SystemExit(f"the C client failed ({'relayed' if relay_to else 'local'}): {done.stderr.strip()}")
         return {name: (int(p50) / 1e3, int(p99) / 1e3) for name, p50, p99 in
                 (line.split() for line in done.stdout.splitlines())}
-    finally:
-        if server.pid:
-            os.kill(server.pid, signal.SIGINT)
-        server.join(10)
-        os.unlink(path)
 
 
 def main() -> int:
