@@ -46,7 +46,7 @@ from tests.fake_driver import FakeDriver, read_journal
 from tests.relay_peer import start_listener
 
 __all__ = ["CODES", "FAKE_DEVICES", "GUEST_DEVICES", "RELAYED", "SENTINELS", "START_TIMEOUT_S", "STOP_TIMEOUT_S",
-           "TEST_TIMEOUT_S", "Guest", "Rig", "bounded", "local_only", "rig", "start"]
+           "TEST_TIMEOUT_S", "Guest", "Rig", "bounded", "local_only", "logged_hot_executor", "rig", "start"]
 
 TEST_TIMEOUT_S = 60  # every test, waits included, is bounded by this (SIGALRM)
 START_TIMEOUT_S = 10.0
@@ -92,6 +92,32 @@ def local_only(why: str) -> pytest.MarkDecorator:
     """Mark a test of what only a session served on its own host does: skipped when RELAYED, saying why (the relayed
     behaviour has its own test in tests/wire/test_relayed_sessions.py)."""
     return pytest.mark.skipif(RELAYED, reason=f"relayed sessions differ here: {why}")
+
+
+def logged_hot_executor(session: Any, log: str) -> CudaExecutor:
+    """A CudaExecutor over a one-GPU FakeDriver whose compiled hot path calls logging stand-ins (their names
+    appended to the file `log`, one a line): a test then sees which calls C made and which Python made."""
+    fake = FakeDriver(devices=1)
+    fake.cuInit(0)
+    executor = CudaExecutor(session, driver=fake)
+    keep = []
+    pointer, uint = ctypes.c_void_p, ctypes.c_uint
+
+    def stand_in(name: str, *types: Any) -> int:
+        method = getattr(fake, name)
+
+        def call(*args: Any) -> int:
+            with open(log, "a") as f:
+                f.write(name + "\n")
+            return int(method(*[a or 0 for a in args])[0])
+        keep.append(ctypes.CFUNCTYPE(ctypes.c_int, *types)(call))
+        return ctypes.cast(keep[-1], ctypes.c_void_p).value or 0
+    executor.hot_functions = {  # type: ignore[attr-defined]
+        "cuCtxSynchronize": stand_in("cuCtxSynchronize"), "cuStreamQuery": stand_in("cuStreamQuery", pointer),
+        "cuStreamWaitEvent": stand_in("cuStreamWaitEvent", pointer, pointer, uint),
+        "cuCtxSetCurrent": stand_in("cuCtxSetCurrent", pointer)}
+    executor._keep = keep  # type: ignore[attr-defined]
+    return executor
 
 
 def _serve(path: str, journal: str, options: ExecutorOptions, fake: dict[str, Any], relayed: bool,

@@ -27,12 +27,10 @@ from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, SUCCESS
 from ivshmem.driver_api import BY_OPCODE
 from ivshmem.record import Flag
 from ivshmem.region import Region
-from tests.fake_driver import FakeDriver
-from tests.forwarding_rig import bounded  # noqa: F401 (fixture: every test is bounded)
+from tests.forwarding_rig import bounded, logged_hot_executor  # noqa: F401 (bounded: a fixture)
 
 CALLS = {call.name: call for call in BY_OPCODE.values()}
 _MP = multiprocessing.get_context("fork")
-P, U = ctypes.c_void_p, ctypes.c_uint
 
 pytestmark = pytest.mark.skipif(hot_path.load() is None, reason="no C compiler or Python headers here")
 
@@ -44,26 +42,7 @@ def _serve(path: str, log: str) -> None:
     signal.setitimer(signal.ITIMER_REAL, 0)
 
     def factory(session: Any) -> CudaExecutor:
-        fake = FakeDriver(devices=1)
-        fake.cuInit(0)
-        executor = CudaExecutor(session, driver=fake)
-        keep = []
-
-        def stand_in(name: str, *types: Any) -> int:
-            method = getattr(fake, name)
-
-            def call(*args: Any) -> int:
-                with open(log, "a") as f:
-                    f.write(name + "\n")
-                return int(method(*[a or 0 for a in args])[0])
-            keep.append(ctypes.CFUNCTYPE(ctypes.c_int, *types)(call))
-            return ctypes.cast(keep[-1], ctypes.c_void_p).value or 0
-        executor.hot_functions = {  # type: ignore[attr-defined]
-            "cuCtxSynchronize": stand_in("cuCtxSynchronize"), "cuStreamQuery": stand_in("cuStreamQuery", P),
-            "cuStreamWaitEvent": stand_in("cuStreamWaitEvent", P, P, U),
-            "cuCtxSetCurrent": stand_in("cuCtxSetCurrent", P)}
-        executor._keep = keep  # type: ignore[attr-defined]
-        return executor
+        return logged_hot_executor(session, log)
     RegionServer(path, factory, ServerOptions(heartbeat_timeout=5.0, scan_interval=0.01), stop).serve_forever()
 
 

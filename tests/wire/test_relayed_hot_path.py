@@ -6,7 +6,6 @@ serves and what it leaves to Python are told apart by the log; Python's refusals
 as from a ring."""
 from __future__ import annotations
 
-import ctypes
 import socket
 import time
 from pathlib import Path
@@ -15,47 +14,20 @@ from typing import Any
 import pytest
 
 from host_agent import hot_path
-from host_agent.executor import CudaExecutor
 from host_agent.relay_frames import FrameStream
 from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, SUCCESS
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Flag
-from tests.fake_driver import FakeDriver
-from tests.forwarding_rig import bounded  # noqa: F401 (fixture: every test is bounded)
+from tests.forwarding_rig import bounded, logged_hot_executor  # noqa: F401 (bounded: a fixture)
 from tests.relay_peer import RelayPeer, start_listener
 
-P, U = ctypes.c_void_p, ctypes.c_uint
-
 pytestmark = pytest.mark.skipif(hot_path.load() is None, reason="no C compiler or Python headers here")
-
-
-def hot_executor(session: Any, log: str) -> CudaExecutor:
-    """A CudaExecutor over the fake driver whose hot calls the compiled path makes through logging stand-ins."""
-    fake = FakeDriver(devices=1)
-    fake.cuInit(0)
-    executor = CudaExecutor(session, driver=fake)
-    keep = []
-
-    def stand_in(name: str, *types: Any) -> int:
-        method = getattr(fake, name)
-
-        def call(*args: Any) -> int:
-            with open(log, "a") as f:
-                f.write(name + "\n")
-            return int(method(*[a or 0 for a in args])[0])
-        keep.append(ctypes.CFUNCTYPE(ctypes.c_int, *types)(call))
-        return ctypes.cast(keep[-1], ctypes.c_void_p).value or 0
-    executor.hot_functions = {  # type: ignore[attr-defined]
-        "cuCtxSynchronize": stand_in("cuCtxSynchronize"), "cuStreamQuery": stand_in("cuStreamQuery", P),
-        "cuStreamWaitEvent": stand_in("cuStreamWaitEvent", P, P, U), "cuCtxSetCurrent": stand_in("cuCtxSetCurrent", P)}
-    executor._keep = keep  # type: ignore[attr-defined]
-    return executor
 
 
 def test_hot_records_of_a_relayed_session_are_served_in_c_and_the_rest_by_python(tmp_path: Path) -> None:
     log = tmp_path / "hot-calls.log"
     log.touch()
-    listener, port = start_listener(lambda session: hot_executor(session, str(log)))
+    listener, port = start_listener(lambda session: logged_hot_executor(session, str(log)))
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.settimeout(None)
     try:
