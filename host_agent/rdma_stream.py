@@ -73,11 +73,16 @@ def gid_of(address: str) -> bytes:
     return ip.packed
 
 
+def device_names(sysfs: Path = SYSFS) -> list[str]:
+    """The RDMA devices the kernel has (none without RDMA in the kernel)."""
+    return sorted(p.name for p in sysfs.iterdir()) if sysfs.is_dir() else []
+
+
 def find_port(address: str, device: str = "", sysfs: Path = SYSFS) -> RdmaPort:
     """The RDMA device port that carries `address` (this host's end of the relay's TCP connection): a port with
     a GID for it, RoCE v2 preferred. `device` (ibverbs_device) limits the search to that device. RdmaUnavailable
     with the reason when there is none: no device at all, the named one missing, or none on that address."""
-    names = sorted(p.name for p in sysfs.iterdir()) if sysfs.is_dir() else []
+    names = device_names(sysfs)
     if not names:
         raise RdmaUnavailable("this host has no RDMA device")
     if device and device not in names:

@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from .rdma_stream import SYSFS, RdmaLink, RdmaStream, RdmaUnavailable, find_port
+from .rdma_stream import SYSFS, RdmaLink, RdmaStream, RdmaUnavailable, device_names, find_port
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class RdmaSettings:
         """What oriond says at start about relay transports."""
         if not self.enabled:
             return "relayed sessions use TCP (enable_rdma is false)"
-        names = sorted(p.name for p in sysfs.iterdir()) if sysfs.is_dir() else []
+        names = device_names(sysfs)
         if not names:
             return "enable_rdma is true, but this host has no RDMA device: relayed sessions use TCP"
         if self.device and self.device not in names:

@@ -51,28 +51,26 @@ def accept_relay(frames: FrameStream, handler: Handler, session: Session, rdma: 
     record = frames.receive(timeout=hello_timeout_s)
     if record is None:
         raise ConnectionLost(f"no RELAY_HELLO within {hello_timeout_s:g} s")
-    status, payload, offer = _judge(record, handler, session)
-    link, why = (None, "the relay offered no RDMA") if status != Status.OK or not offer else \
-        relay_transport.prepare(frames.sock, rdma)
+    status, answer, offer = _judge(record, handler, session)
+    if status != Status.OK:
+        frames.send(record.call_id, RELAY_ACCEPT, answer, status=status, generation=session.generation)
+        log.warning("session %d: relay refused: %s", session.number, answer.decode(errors="replace"))
+        return None
+    link, why = relay_transport.prepare(frames.sock, rdma) if offer else (None, "the relay offered no RDMA")
     stream: FrameStream | RdmaStream = frames
     if link is not None:
         try:
             stream = relay_transport.connect(link, offer, frames.sock)
         except RdmaUnavailable as exc:
             link, why = None, str(exc)
-    if status == Status.OK:
-        bound = RELAY_ACCEPT_REPLY.decode(payload)[4]
-        payload = RELAY_ACCEPT_REPLY.encode(session.number, "rdma" if link else "tcp", why,
-                                            link.offer() if link else b"", bound)
+    payload = RELAY_ACCEPT_REPLY.encode(session.number, "rdma" if link else "tcp", why,
+                                        link.offer() if link else b"", answer)
     try:
-        frames.send(record.call_id, RELAY_ACCEPT, payload, status=status, generation=session.generation)
+        frames.send(record.call_id, RELAY_ACCEPT, payload, generation=session.generation)
     except ConnectionLost:
         if link is not None:
             link.close()
         raise
-    if status != Status.OK:
-        log.warning("session %d: relay refused: %s", session.number, payload.decode(errors="replace"))
-        return None
     if link is not None:
         log.info("RDMA ibverbs using device: %s.", link.port.device)
         log.info("Client supports RDMA mode, then server runs in RDMA mode.")
@@ -84,8 +82,8 @@ def accept_relay(frames: FrameStream, handler: Handler, session: Session, rdma: 
 
 
 def _judge(record: Record, handler: Handler, session: Session) -> tuple[int, bytes, bytes]:
-    """RELAY_ACCEPT's status and payload for the connection's first record (the transport yet to be chosen), and
-    the relay's RDMA offer."""
+    """The connection's first record judged: (OK, the handler's BIND reply to the allocation it brings (empty
+    without one), the relay's RDMA offer), or (the refusing status, the reason, b"")."""
     if record.opcode != RELAY_HELLO:
         return (Status.REFUSED, f"a relay connection begins with RELAY_HELLO, not opcode {record.opcode:#x}".encode(),
                 b"")
@@ -101,7 +99,7 @@ def _judge(record: Record, handler: Handler, session: Session) -> tuple[int, byt
         status, bound = _ask(handler, Op.BIND, BIND_REQUEST.encode(allocation), session.generation)
         if status != Status.OK:
             return status, bound, b""
-    return Status.OK, RELAY_ACCEPT_REPLY.encode(session.number, "", "", b"", bound), bytes(rdma)
+    return Status.OK, bound, bytes(rdma)
 
 
 def serve_relayed(sock: socket.socket, handler: Handler, session: Session, options: ServerOptions,

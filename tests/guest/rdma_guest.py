@@ -30,7 +30,7 @@ for site in glob.glob("/mnt/orion/.venv/lib/python3*/site-packages"):  # in the 
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), site) if p)
 
 from host_agent import relay_transport  # noqa: E402
-from host_agent.rdma_stream import PIECE, SLOTS  # noqa: E402
+from host_agent.rdma_stream import PIECE, SLOTS, RdmaStream  # noqa: E402
 from host_agent.relay_frames import ConnectionLost  # noqa: E402
 from host_agent.relay_transport import RdmaSettings  # noqa: E402
 
@@ -78,8 +78,9 @@ def _far(sock: socket.socket, offer_out: int, offer_in: int) -> None:
         stream.send(record.call_id, record.opcode, answer, status=7)
 
 
-def stream() -> int:
-    soft_roce()
+def _transport_pair() -> tuple[RdmaStream, int]:
+    """This process's end of an RDMA transport connection (the handshake's offers go over pipes) and the pid of the
+    far end (_far); SystemExit when this end cannot offer RDMA."""
     near_sock, far_sock = _pair()
     to_far, from_near = os.pipe()
     to_near, from_far = os.pipe()
@@ -90,11 +91,15 @@ def stream() -> int:
     far_sock.close()
     link, why = relay_transport.prepare(near_sock, RdmaSettings(True))
     if link is None:
-        print("RDMA-STREAM no link:", why)
-        return 1
+        raise SystemExit(f"RDMA-NOLINK {why}")
     print("RDMA-PORT", relay_transport.describe(link))
     os.write(from_near, link.offer())
-    near = relay_transport.connect(link, os.read(to_near, 4096), near_sock)
+    return relay_transport.connect(link, os.read(to_near, 4096), near_sock), pid
+
+
+def stream() -> int:
+    soft_roce()
+    near, pid = _transport_pair()
     ok = True
     for size in (256, 0, 1, 100, PIECE - 32, PIECE, 3 * PIECE + 5, SLOTS * PIECE * 2 + 12345):
         data = os.urandom(size)
@@ -219,20 +224,7 @@ def bench() -> int:
     os.waitpid(pid, 0)
     near_sock.close()
 
-    near_sock, far_sock = _pair()
-    to_far, from_near = os.pipe()
-    to_near, from_far = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        near_sock.close()
-        _far(far_sock, from_far, to_far)
-    far_sock.close()
-    link, why = relay_transport.prepare(near_sock, RdmaSettings(True))
-    if link is None:
-        print("RDMA-BENCH no link:", why)
-        return 1
-    os.write(from_near, link.offer())
-    near = relay_transport.connect(link, os.read(to_near, 4096), near_sock)
+    near, pid = _transport_pair()
     for i in range(20):
         near.send(i, 0x100, b"x" * 32)
         near.receive(timeout=10)
