@@ -21,6 +21,7 @@ for credit, and a work completion in error (the peer's queue pair gone, its retr
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import os
 import random
@@ -173,7 +174,8 @@ class RdmaLink:
                 self.credit = MR(pd, 8, remote)
                 self.credit.write(bytes(8), 8)
                 self.credit_out = MR(pd, 8, enums.IBV_ACCESS_LOCAL_WRITE)
-                self._pd, self._mr, self.outbox = pd, MR, None
+                self._pd, self._mr = pd, MR
+                self.outbox: Any = None  # registered at connect, sized by the peer's offer
                 self.mtu = int(self.ctx.query_port(port.port).active_mtu)
                 attr = QPAttr()
                 attr.qp_access_flags, attr.pkey_index, attr.port_num = remote, 0, port.port
@@ -223,24 +225,41 @@ class RdmaLink:
             self.ctx.close()  # every resource made on it goes with it
 
 
+def _memory(mr: Any, size: int) -> memoryview:
+    """A registered buffer as a writable memoryview: pieces are copied in and out of it directly (pyverbs' MR.read
+    and MR.write go through a bytes object each time)."""
+    return memoryview((ctypes.c_char * size).from_address(mr.buf)).cast("B")
+
+
 class RdmaStream:
-    """A relay connection's records over a connected RdmaLink (the frame-stream interface of relay_frames'
-    FrameStream: `send`, `receive`, `close`): one reader, any number of writers, each record sent whole."""
+    """A relay connection's records over a connected RdmaLink, with relay_frames.FrameStream's interface (`send`,
+    `open_frame`, `receive`, `begin` + `read_payload`, `close`): one reader, any number of writers, one frame
+    written at a time. A frame's pieces are staged straight into the outbox as it is written and read straight out
+    of the inbox into where it goes, so a large payload is never held whole on either end."""
 
     def __init__(self, link: RdmaLink, peer: dict[str, Any], sock: socket.socket, max_payload: int = MAX_PAYLOAD,
                  stall_s: float = STALL_S) -> None:
         from pyverbs.wr import SGE, SendWR
+        if link.outbox is None:
+            raise RdmaUnavailable("the RDMA link is not connected")
         self.link, self.sock, self.max_payload, self.stall_s = link, sock, max_payload, stall_s
         self._sge, self._send_wr = SGE, SendWR
         self._peer_slots, self._peer_piece = peer["slots"], peer["piece"]
         self._peer_inbox, self._peer_rkey = peer["inbox"], peer["inbox_rkey"]
         self._peer_credit, self._peer_credit_rkey = peer["credit"], peer["credit_rkey"]
+        self._inbox = _memory(link.inbox, link.slots * link.piece)
+        self._outbox = _memory(link.outbox, self._peer_slots * self._peer_piece)
         self._sent = 0  # pieces written to the peer
+        self._filling = -1  # the outbox slot a frame's bytes are being staged in (-1: none)
+        self._filled = 0  # bytes staged in it
         self._received = 0  # pieces of the peer's taken out of our inbox
         self._reported = 0  # the last count of those written to the peer's credit word
+        self._current = memoryview(b"")  # what is left unread of the inbox piece being read
+        self._left = 0  # payload bytes of the frame begun not read yet
+        self._unarrived = 0  # of those, the bytes no piece has brought yet
         self._unsignaled = 0  # send work requests posted since the last one that asks for a completion
         self._signaled = 0  # work requests that ask for a completion and have not given it yet
-        self._sending = threading.Lock()  # one record's pieces at a time
+        self._sending = threading.Lock()  # one frame's pieces at a time
         self._posting = threading.Lock()  # the send queue: pieces and credit writes
         self._lost: str | None = None
 
@@ -248,32 +267,57 @@ class RdmaStream:
 
     def send(self, call_id: int, opcode: int, payload: bytes | bytearray | memoryview = b"", flags: int = 0,
              status: int = 0, generation: int = 0) -> None:
+        """One record, whole (a small one is a single RDMA WRITE WITH IMMEDIATE)."""
+        writer = self.open_frame(call_id, opcode, len(payload), flags, status, generation)
+        try:
+            writer.write(payload)
+        finally:
+            writer.close()
+
+    def open_frame(self, call_id: int, opcode: int, length: int, flags: int = 0, status: int = 0,
+                   generation: int = 0) -> RdmaFrameWriter:
+        """A frame whose `length` payload bytes are written piece by piece (RdmaFrameWriter.write), the connection
+        held for it until RdmaFrameWriter.close; each full piece leaves as soon as it is staged."""
         if flags & Flag.STAGED:
             raise RecordError("a stream record is never staged")
-        header = HEADER.pack(call_id, opcode, flags, len(payload), generation, status, 0)
-        piece = self._peer_piece
-        view = memoryview(payload).cast("B") if len(payload) else memoryview(b"")
-        with self._sending:
-            first = piece - len(header)
-            self._put(header + bytes(view[:first]))
-            for start in range(first, len(view), piece):
-                self._put(view[start:start + piece])
+        self._sending.acquire()
+        writer = RdmaFrameWriter(self, length)
+        writer.write(HEADER.pack(call_id, opcode, flags, length, generation, status, 0), header=True)
+        return writer
 
-    def _put(self, data: bytes | memoryview) -> None:
-        """One piece into the peer's next inbox slot, once the peer has consumed what was there."""
+    def _stage(self, data: bytes | bytearray | memoryview) -> None:
+        """Copy a frame's next bytes into outbox slots, writing each to the peer as it fills."""
+        view = memoryview(data).cast("B") if len(data) else memoryview(b"")
+        piece = self._peer_piece
+        while len(view):
+            if self._filling < 0:
+                self._claim()
+            at = self._filling * piece + self._filled
+            n = min(piece - self._filled, len(view))
+            self._outbox[at:at + n] = view[:n]
+            self._filled += n
+            view = view[n:]
+            if self._filled == piece:
+                self._flush()
+
+    def _claim(self) -> None:
+        """The next outbox slot, once the peer has consumed the piece last written from it (its credit says so)."""
         since = time.monotonic()
         while self._sent - self._peer_consumed() >= self._peer_slots:
             self._reap()
             self._nap(since, since + self.stall_s, "the relay peer took no data")
-        slot = self._sent % self._peer_slots
+        self._filling, self._filled = self._sent % self._peer_slots, 0
+
+    def _flush(self) -> None:
+        """Write the slot being filled to the same slot of the peer's inbox, its length as the immediate."""
+        if self._filling < 0:
+            return
+        at, length = self._filling * self._peer_piece, self._filled
         outbox = self.link.outbox
-        if outbox is None:
-            raise ConnectionLost("the RDMA link is not connected")
-        outbox.write(data if isinstance(data, bytes) else bytes(data), len(data), slot * self._peer_piece)
         wr = self._send_wr(wr_id=1, opcode=self.link.e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1,
-                           sg=[self._sge(outbox.buf + slot * self._peer_piece, len(data), outbox.lkey)],
-                           imm_data=len(data))
-        wr.set_wr_rdma(self._peer_rkey, self._peer_inbox + slot * self._peer_piece)
+                           sg=[self._sge(outbox.buf + at, length, outbox.lkey)], imm_data=length)
+        wr.set_wr_rdma(self._peer_rkey, self._peer_inbox + at)
+        self._filling = -1
         self._post(wr)
         self._sent += 1
 
@@ -331,9 +375,21 @@ class RdmaStream:
     def receive(self, timeout: float | None = None) -> Record | None:
         """The next record, or None when none began within `timeout` seconds (None: wait as long as it takes).
         RecordError for a header the ring would refuse; ConnectionLost for a peer that is gone or stalls."""
-        first = self._take(None if timeout is None else time.monotonic() + timeout)
-        if first is None:
+        head = self.begin(timeout)
+        if head is None:
             return None
+        payload = bytearray(head.length)
+        self.read_payload(memoryview(payload))
+        return head._replace(payload=payload)
+
+    def begin(self, timeout: float | None = None) -> Record | None:
+        """The next record's header (its payload empty), or None as `receive`; its `length` payload bytes must then
+        be read, in order, with `read_payload` before anything else is read."""
+        if self._left:
+            raise RecordError(f"the frame begun has {self._left} payload bytes left to read")
+        if not self._take(None if timeout is None else time.monotonic() + timeout):
+            return None
+        first = self._current
         if len(first) < HEADER.size:
             raise RecordError(f"an RDMA piece of {len(first)} bytes cannot begin a record")
         fields = HEADER.unpack_from(first)
@@ -341,25 +397,37 @@ class RdmaStream:
         call_id, opcode, flags, length, generation, status, _reserved = fields
         if flags & Flag.STAGED:
             raise RecordError(f"record {call_id}: a stream record is never staged")
-        payload = bytearray(length)
-        got = len(first) - HEADER.size
-        if got > length:
+        if len(first) - HEADER.size > length:
             raise RecordError(f"record {call_id}: its first piece is longer than the record")
-        payload[:got] = first[HEADER.size:]
-        deadline = time.monotonic() + self.stall_s
-        while got < length:
-            piece = self._take(deadline)
-            if piece is None:
-                raise ConnectionLost(f"the relay peer stopped mid-record ({got} of {length} bytes in "
-                                     f"{self.stall_s:g} s)")
-            if got + len(piece) > length:
-                raise RecordError(f"record {call_id}: a piece runs past the record's end")
-            payload[got:got + len(piece)] = piece
-            got += len(piece)
-        return Record(call_id, opcode, flags, length, generation, status, payload)
+        self._current = first[HEADER.size:]
+        self._left, self._unarrived = length, length - len(self._current)
+        if not len(self._current):
+            self._release()
+        return Record(call_id, opcode, flags, length, generation, status, b"")
 
-    def _take(self, deadline: float | None) -> bytes | None:
-        """The next piece's bytes (its slot given back), or None at `deadline`."""
+    def read_payload(self, view: memoryview) -> None:
+        """Fill `view` with the next bytes of the frame begun (at most what is left of it), within `stall_s`."""
+        if len(view) > self._left:
+            raise RecordError(f"reading {len(view)} bytes of a frame with {self._left} left")
+        deadline, got = time.monotonic() + self.stall_s, 0
+        while got < len(view):
+            if not len(self._current):
+                if not self._take(deadline):
+                    raise ConnectionLost(f"the relay peer stopped mid-record ({len(view) - got} bytes missing "
+                                         f"after {self.stall_s:g} s)")
+                if len(self._current) > self._unarrived:
+                    raise RecordError("a piece runs past its record's end")
+                self._unarrived -= len(self._current)
+            n = min(len(self._current), len(view) - got)
+            view[got:got + n] = self._current[:n]
+            self._current = self._current[n:]
+            got += n
+            if not len(self._current):
+                self._release()
+        self._left -= len(view)
+
+    def _take(self, deadline: float | None) -> bool:
+        """Wait for the next piece (False at `deadline`) and make it the one being read (`_current`)."""
         since, armed, link = time.monotonic(), False, self.link
         while True:
             count, completions = link.recv_cq.poll(num_entries=1)
@@ -367,7 +435,7 @@ class RdmaStream:
                 break
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                return None
+                return False
             if link.event_fd is None or now - since < SPIN_S:
                 self._nap(since, deadline, "")
             elif not armed:  # ask for an event, then poll once more: a piece may have come in between
@@ -380,16 +448,19 @@ class RdmaStream:
         wc = completions[0]
         if wc.status != self.link.e.IBV_WC_SUCCESS:
             raise self._lose(f"an RDMA receive failed (work completion status {wc.status})")
-        slot = self._received % self.link.slots
         length = wc.imm_data  # pyverbs hands the immediate through as it was given
         if not 0 < length <= self.link.piece:
             raise self._lose(f"the relay peer announced a piece of {length} bytes (at most {self.link.piece})")
-        data = self.link.inbox.read(length, slot * self.link.piece)
-        self.link.repost(slot)
+        at = self._received % self.link.slots * self.link.piece
+        self._current = self._inbox[at:at + length]
+        return True
+
+    def _release(self) -> None:
+        """The piece read is done with: its receive entry goes back, and the peer hears of it every quarter inbox."""
+        self.link.repost(self._received % self.link.slots)
         self._received += 1
         if self._received - self._reported >= max(1, self.link.slots // 4):
             self._report()
-        return data
 
     def _nap(self, since: float, deadline: float | None, stalled: str) -> None:
         """One step of a wait that began at `since`: spin for SPIN_S, then sleep on the TCP socket, a quarter of
@@ -429,3 +500,41 @@ class RdmaStream:
         self.link.close()
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+class RdmaFrameWriter:
+    """One frame being written piece by piece (RdmaStream.open_frame); `close` sends what is staged and ends it. A
+    frame left short (the producer failed midway) cannot be completed: the connection is ended (its TCP socket shut
+    down, so the peer sees it lost at once)."""
+
+    def __init__(self, stream: RdmaStream, length: int) -> None:
+        self.stream, self.left = stream, length
+        self._open = True
+
+    def write(self, data: bytes | bytearray | memoryview, header: bool = False) -> None:
+        if not header:
+            if len(data) > self.left:
+                self.close()
+                raise RecordError(f"{len(data)} bytes written to a frame with {self.left} left")
+            self.left -= len(data)
+        try:
+            self.stream._stage(data)
+        except ConnectionLost:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        stream = self.stream
+        try:
+            if self.left:
+                stream._lose(f"a frame was left {self.left} bytes short")
+                with contextlib.suppress(OSError):
+                    stream.sock.shutdown(socket.SHUT_RDWR)
+            else:
+                stream._flush()
+        finally:
+            stream._filling = -1
+            stream._sending.release()

@@ -147,7 +147,7 @@ def _dial(target: tuple[str, int], hello: tuple[int, int, str, str], allocation:
     if stream is frames and link is not None:
         link.close()
     log.info("session %d: relayed to %s (its session %d) over %s", session, where, number, how)
-    return StreamEndpoint(stream, answer.generation), bytes(bound)  # type: ignore[arg-type]  # RDMA: whole frames
+    return StreamEndpoint(stream, answer.generation), bytes(bound)
 
 
 def _close(sock: socket.socket, link: RdmaLink | None) -> None:

@@ -8,11 +8,10 @@ with the same ledger as a local session); it answers itself only what the ring r
 as the worker's loop does) and every call once the GPU host is gone: CUDA_ERROR_DEVICE_UNAVAILABLE, for the calls
 still waiting and for every later one, within the relay connection's silence bound (StreamEndpoint: 5 s).
 
-Large payloads are never held whole on a FrameStream: a staged request is written to the socket chunk by chunk as
-it comes off the ring's staging arena, and a long answer is read from the socket straight into the completion
-ring's staging chunks (or, for a pinned DtoH, into the pool), so a copy of any size the ring carries (up to
-MAX_PAYLOAD) is relayed and the guest, the socket and the GPU host work at the same time. Over another frame
-stream a staged request is assembled (up to its max_payload) and sent as one frame.
+Large payloads are never held whole: a staged request is written to the connection chunk by chunk as it comes
+off the ring's staging arena, and a long answer is read from the connection straight into the completion ring's
+staging chunks (or, for a pinned DtoH, into the pool), so a copy of any size the ring carries (up to MAX_PAYLOAD)
+is relayed and the guest, the connection and the GPU host work at the same time, on TCP and on RDMA alike.
 """
 from __future__ import annotations
 
@@ -20,14 +19,15 @@ import logging
 import threading
 from typing import Any
 
-from ivshmem.channel import MAX_PAYLOAD, Endpoint, Sink, Streamed
+from ivshmem.channel import Endpoint, Sink, Streamed
 from ivshmem.driver_api import PINNED_COPY
 from ivshmem.errors import RecordError
 from ivshmem.record import HEADER, Flag, Record
 
 from . import hot_path
 from .pinned_pool import BOOKKEEPING_OPCODES
-from .relay_frames import ConnectionLost, FrameWriter
+from .rdma_stream import RdmaFrameWriter
+from .relay_frames import ConnectionLost, FrameStream, FrameWriter
 from .relay_pool import DEVICE_POINTER, Forward, PoolRelay
 from .stream_endpoint import CHUNK, StreamEndpoint
 
@@ -76,8 +76,8 @@ class Relay:
         """The compiled pump for this session's ring and FrameStream, told which opcodes it forwards as they are
         (all but the pool's, which the relay answers or rewrites); None where it cannot be had."""
         remote = self.remote
-        if remote is None or not remote.pieces or self.lost is not None:
-            return None
+        if remote is None or not isinstance(remote.frames, FrameStream) or self.lost is not None:
+            return None  # RDMA: the Python path
         frames = remote.frames
         pump = hot_path.relay_pump(self.ring, frames.sock.fileno(), frames._writing, remote.generation)
         if pump is None:
@@ -184,8 +184,7 @@ class Relay:
 
     def _send_pieces(self, call_id: int, opcode: int, flags: int, head: bytes | bytearray, tail: memoryview) -> None:
         remote = self.remote
-        if remote is None or not remote.pieces:
-            remote.send(call_id, opcode, flags, head + bytes(tail))  # type: ignore[union-attr]
+        if remote is None:
             return
         writer = remote.frames.open_frame(call_id, opcode, len(head) + len(tail), flags, 0, remote.generation)
         try:
@@ -210,23 +209,19 @@ class Relay:
             self._lose(str(exc))
 
     def _deliver(self, remote: StreamEndpoint, answer: Record, guest_flags: int) -> None:
-        """Write one answer to the completion ring (a pinned DtoH's bytes into the pool first); on a FrameStream
-        its payload is still on the socket and read straight to where it goes."""
+        """Write one answer to the completion ring (a pinned DtoH's bytes into the pool first); its payload is still
+        on the connection and is read straight to where it goes."""
         landing = None if self.pool is None else self.pool.landing_for(answer.call_id, answer.status, answer.length)
         if landing is not None:  # the bytes are the pool's
-            if remote.pieces:
-                self._read_into(remote, landing, answer.length)
-            elif len(landing):
-                landing[:] = answer.payload
+            self._read_into(remote, landing, answer.length)
             self._answer(answer.call_id, guest_flags, answer.status, b"")
             return
-        payload: bytes | bytearray | Streamed = answer.payload
-        if remote.pieces:
-            if answer.length > self.ring.capacity:  # read from the socket into the ring's staging chunks
-                payload = Streamed(answer.length, remote.frames.read_payload)
-            else:
-                payload = bytearray(answer.length)
-                remote.frames.read_payload(memoryview(payload))
+        payload: bytearray | Streamed
+        if answer.length > self.ring.capacity:  # read from the connection into the ring's staging chunks
+            payload = Streamed(answer.length, remote.frames.read_payload)
+        else:
+            payload = bytearray(answer.length)
+            remote.frames.read_payload(memoryview(payload))
         with self._lock:
             self.ring.send(answer.call_id, 0, answer.flags & Flag.ASYNC_ERROR, payload, answer.status)
 
@@ -268,25 +263,21 @@ class Relay:
 
 
 class _StagedForward:
-    """A staged request forwarded while the ring reads it: on a FrameStream, its frame is written chunk by chunk
-    (the connection lost midway: the rest of the chunks are read and dropped, so the ring stays in step);
-    otherwise assembled and sent whole when complete."""
+    """A staged request forwarded while the ring reads it: its frame is written chunk by chunk (the connection lost
+    midway: the rest of the chunks are read and dropped, so the ring stays in step)."""
 
     def __init__(self, relay: Relay, call_id: int, opcode: int, flags: int, length: int) -> None:
-        self.call_id, self.opcode, self.flags, self.length = call_id, opcode, flags, length
-        self.writer: FrameWriter | None = None
-        self.assembled: bytearray | None = None
+        self.length = length
+        self.writer: FrameWriter | RdmaFrameWriter | None = None
         self.lost: str | None = None
         self.sent = 0
         remote = relay.remote
         if not relay._expect(call_id, flags):
             return  # answered already: the chunks are dropped
         try:
-            if remote is not None and remote.pieces:
+            if remote is not None:
                 self.writer = remote.frames.open_frame(call_id, opcode, length, flags & Flag.NO_REPLY, 0,
                                                        remote.generation)
-            elif length <= getattr(getattr(remote, "frames", None), "max_payload", MAX_PAYLOAD):
-                self.assembled = bytearray(length)
         except ConnectionLost as exc:
             self.lost = str(exc)
 
@@ -296,18 +287,11 @@ class _StagedForward:
                 self.writer.write(chunk)
             except ConnectionLost as exc:
                 self.lost = str(exc)
-        elif self.assembled is not None:
-            self.assembled[self.sent:self.sent + len(chunk)] = chunk
         self.sent += len(chunk)
 
     def finish(self, relay: Relay) -> None:
-        """The ring is done with the record (whole, or it failed midway): end the frame, or send the assembled one."""
+        """The ring is done with the record (whole, or it failed midway): end the frame."""
         if self.writer is not None:
             self.writer.close()  # short (the ring failed midway): the connection is closed with it
-        elif self.assembled is not None and self.sent == self.length and relay.remote is not None:
-            try:
-                relay.remote.send(self.call_id, self.opcode, self.flags & Flag.NO_REPLY, self.assembled)
-            except ConnectionLost as exc:
-                self.lost = str(exc)
         if self.lost is not None or (self.writer is not None and self.sent != self.length):
             relay._lose(self.lost or "a staged request stopped midway")

@@ -112,7 +112,7 @@ def serve_relayed(sock: socket.socket, handler: Handler, session: Session, optio
     except (ConnectionLost, RecordError) as exc:
         log.warning("session %d: relay connection dropped before its handshake: %s", session.number, exc)
         return 0
-    endpoint = StreamEndpoint(frames, session.generation)  # type: ignore[arg-type]  # RDMA: whole frames only
+    endpoint = StreamEndpoint(frames, session.generation)
     loop = RecordLoop(endpoint, handler, session, options)  # type: ignore[arg-type]
     loop.hot = hot_path.attach(endpoint, handler)  # type: ignore[arg-type]  # on TCP, the compiled hot records
     try:

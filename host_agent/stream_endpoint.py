@@ -2,18 +2,17 @@
 
 On the GPU host a relayed session is served by the same loop (region_server.RecordLoop) and the same handler
 (the CUDA executor) as a session on a region; only its records come from a relay connection (a frame stream:
-relay_frames.FrameStream, or any object with its send/receive/close) instead of a ring. This adapter gives the
+relay_frames.FrameStream on TCP, rdma_stream.RdmaStream on RDMA) instead of a ring. This adapter gives the
 loop what it uses of a ring Endpoint: `receive`, `send`, the session's `generation` and a liveness `check`.
 
 Liveness: a thread sends BEAT every `beat_s`, and a peer heard from for `dead_s` (any record counts, a BEAT
 included) is gone: `receive` (and `check`, which the compiled hot path's wait calls) raises ConnectionLost, which
 ends the session as a vanished client ends one on a region.
 
-Large payloads on a FrameStream travel in pieces, as through a ring's staging arena: a request the handler has a
-sink for (a host-to-device copy) is read into it CHUNK by CHUNK, and a reply produced piece by piece (Streamed: a
-device-to-host copy, FILL) is sent as it is produced, through two buffers and a helper thread, so the socket
-and the GPU work overlap and no copy is held whole. Over another frame stream both are whole frames (up to its
-max_payload).
+Large payloads travel in pieces, as through a ring's staging arena: a request the handler has a sink for (a
+host-to-device copy) is read into it CHUNK by CHUNK, and a reply produced piece by piece (Streamed: a
+device-to-host copy, FILL) is sent as it is produced, through two buffers and a helper thread, so the connection
+and the GPU work overlap and no copy is held whole.
 """
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from ivshmem.channel import Payload, Sink, Streamed
 from ivshmem.record import Flag, Record
 from ivshmem.wait import DEFAULT_POLICY
 
+from .rdma_stream import RdmaStream
 from .relay_frames import BEAT, ConnectionLost, FrameStream
 
 CHUNK = 1 << 20  # a multiple of every producer's block (FILL's pattern repeats every 4 KiB)
@@ -34,15 +34,15 @@ SINK_ABOVE = 64 << 10  # a request longer than this goes to the handler's sink, 
 
 
 class StreamEndpoint:
-    def __init__(self, frames: FrameStream, generation: int, beat_s: float = 1.0, dead_s: float = 5.0,
+    def __init__(self, frames: FrameStream | RdmaStream, generation: int, beat_s: float = 1.0, dead_s: float = 5.0,
                  check: Callable[[], None] | None = None, spin: bool = True) -> None:
         """`spin`: on a FrameStream, a waiting `receive` polls the connection briefly before it sleeps on it (a
-        worker serving one session has the CPU to spare; a busy session's next record is read without a wake-up)."""
+        worker serving one session has the CPU to spare; a busy session's next record is read without a wake-up).
+        An RdmaStream spins on its completion queue itself."""
         self.frames, self.generation, self.user_check = frames, generation, check
         self.beat_s, self.dead_s = beat_s, dead_s
-        self.pieces = isinstance(frames, FrameStream)  # large payloads in pieces (above)
         self.policy, self._busy = DEFAULT_POLICY, False
-        self.spin = spin and self.pieces  # another transport waits its own way
+        self.spin = spin and isinstance(frames, FrameStream)
         self._heard = time.monotonic()
         self._buffers: tuple[memoryview, memoryview] | None = None  # for payloads in pieces (_pieces)
         self._helper: ThreadPoolExecutor | None = None
@@ -69,15 +69,15 @@ class StreamEndpoint:
             self.user_check()
 
     def next(self, wait: bool = True) -> Record | None:
-        """The next record other than a BEAT, or None when `wait` is false and none is there; on a FrameStream
-        (`pieces`) only its header (payload empty): its `length` bytes are then the caller's to read, with
-        frames.read_payload. ConnectionLost when the peer is gone."""
+        """The header of the next record other than a BEAT (payload empty), or None when `wait` is false and none
+        is there: its `length` bytes are then the caller's to read, with frames.read_payload. ConnectionLost when
+        the peer is gone."""
         timeout = min(self.beat_s, self.dead_s) if wait else 0
         started = time.monotonic()
         while True:
             record = self._poll() if wait and self.spin else None
             if record is None:
-                record = self.frames.begin(timeout=timeout) if self.pieces else self.frames.receive(timeout=timeout)
+                record = self.frames.begin(timeout=timeout)
             if record is None:
                 self.check()
                 if not wait:
@@ -87,7 +87,7 @@ class StreamEndpoint:
             self._busy = self._heard - started < self.policy.busy_spin_s
             if record.opcode != BEAT:
                 return record
-            if self.pieces and record.length:
+            if record.length:
                 self._read(record.length, lambda piece: None)
 
     def receive(self, sink: Sink | None = None, wait: bool = True,
@@ -97,8 +97,8 @@ class StreamEndpoint:
         record's payload is then empty and its flags say STAGED); otherwise it is whole. ConnectionLost when the
         peer is gone."""
         record = self.next(wait)
-        if record is None or not self.pieces:
-            return record
+        if record is None:
+            return None
         if record.length > SINK_ABOVE:
             target = sink or (sink_for(record.call_id, record.opcode, record.length) if sink_for else None)
             if target is not None:
@@ -112,7 +112,7 @@ class StreamEndpoint:
         """A record that arrives while spinning (the ring's wait policy: spin_s, busy_spin_s after a short wait),
         so a busy session's next record is taken without a sleep and a wake-up on the socket."""
         spin = self.policy.busy_spin_s if self._busy else self.policy.spin_s
-        receive = self.frames.begin if self.pieces else self.frames.receive
+        receive = self.frames.begin
         deadline = time.monotonic() + spin
         while time.monotonic() < deadline:
             record = receive(timeout=0)
@@ -163,13 +163,6 @@ class StreamEndpoint:
     def send(self, call_id: int, opcode: int, flags: int = 0, payload: Payload = b"", status: int = 0) -> None:
         if not isinstance(payload, Streamed):
             self.frames.send(call_id, opcode, payload, flags=flags, status=status, generation=self.generation)
-            return
-        if not self.pieces:
-            produced = bytearray(payload.length)
-            view = memoryview(produced)
-            for start in range(0, payload.length, CHUNK):
-                payload.fill(view[start:start + CHUNK])
-            self.frames.send(call_id, opcode, produced, flags=flags, status=status, generation=self.generation)
             return
         writer = self.frames.open_frame(call_id, opcode, payload.length, flags, status, self.generation)
         try:

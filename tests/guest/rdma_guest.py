@@ -1,13 +1,14 @@
 """Runs inside the test guest (tests/guest/vm.py): the relay's RDMA transport on Soft-RoCE (rdma_rxe).
 
   rdma_guest.py stream   two processes joined by a TCP connection move to RDMA (host_agent/relay_transport.py)
-                         and exchange records: small ones both ways, one larger than the whole inbox; then the
-                         far end dies and the near end must see it
+                         and exchange records: small ones both ways, one larger than the whole inbox, one
+                         written and read in uneven pieces; then the far end dies and the near end must see it
   rdma_guest.py relay    a GPU host (tests/controller/fake_gpu_agent.py --listen --rdma: the real listener,
                          workers and executor over the stand-in driver) and a relaying oriond (a real one, its
                          server.conf with enable_rdma and [server-relay] remote_addr), a client on the relay's
-                         region: its calls go over RDMA; then the same with the GPU host's device missing
-                         (the TCP fallback, with its reason in both logs)
+                         region: its calls and a 12 MiB copy go over RDMA; the link drops under a session and
+                         comes back; then the same with the GPU host's device missing (the TCP fallback, with its
+                         reason in both logs)
   rdma_guest.py check    stream, then relay (one boot: what tests/guest/test_guest_rdma.py runs)
   rdma_guest.py bench    the raw pyverbs baseline (SEND/RECV round trip, RDMA WRITE stream), the transport's
                          record round trip and one-way bulk, then relay's sessions timed (bench/rdma_bench.py)
@@ -41,6 +42,8 @@ def sh(command: str) -> str:
 
 
 BULK = 0x101  # the far end answers this opcode with an empty payload
+ODD = 0x102  # the far end reads this one's payload in uneven pieces (begin + read_payload), then echoes it reversed
+ODD_READS = (1, 31, 4096, 70001, PIECE, PIECE + 3)  # cycled through
 PINGS = 300
 
 
@@ -69,11 +72,17 @@ def _far(sock: socket.socket, offer_out: int, offer_in: int) -> None:
     peer = os.read(offer_in, 4096)
     stream = relay_transport.connect(link, peer, sock)
     while True:
-        record = stream.receive()
+        record = stream.begin()
         if record is None:
             continue
         if record.opcode == 9:
             os._exit(0)  # dies without a word: its kernel closes the TCP connection
+        payload, at, i = bytearray(record.length), 0, 0
+        while at < record.length:
+            n = min(ODD_READS[i % len(ODD_READS)] if record.opcode == ODD else record.length, record.length - at)
+            stream.read_payload(memoryview(payload)[at:at + n])
+            at, i = at + n, i + 1
+        record = record._replace(payload=payload)
         answer = b"" if record.opcode == BULK else bytes(record.payload[::-1])
         stream.send(record.call_id, record.opcode, answer, status=7)
 
@@ -109,6 +118,7 @@ def stream() -> int:
             bytes(answer.payload) == data[::-1]
         ok &= good
         print(f"RDMA-ECHO size={size} {'ok' if good else 'WRONG'}")
+    ok &= _frame_in_pieces(near)
     t0 = time.perf_counter()
     for i in range(200):
         near.send(i, 0x100, b"x" * 32)
@@ -125,6 +135,28 @@ def stream() -> int:
     os.waitpid(pid, 0)
     near.close()
     return 0 if ok else 1
+
+
+def _frame_in_pieces(near: RdmaStream) -> bool:
+    """A frame written in uneven pieces (open_frame), read by the far end in other uneven pieces, and its answer
+    read here a third way: the bytes must come back reversed, whole."""
+    data = os.urandom(SLOTS * PIECE + 3 * PIECE + 777)  # more than the inbox holds: credit must flow mid-frame
+    writer = near.open_frame(77, ODD, len(data))
+    at, i, sizes = 0, 0, (5, 65536, PIECE - 1, 3 * PIECE + 11, 1 << 20)
+    while at < len(data):
+        n = min(sizes[i % len(sizes)], len(data) - at)
+        writer.write(memoryview(data)[at:at + n])
+        at, i = at + n, i + 1
+    writer.close()
+    head = near.begin(timeout=60)
+    answer = bytearray(len(data))
+    good = head is not None and head.call_id == 77 and head.length == len(data)
+    if good:
+        for start in range(0, len(data), 300007):
+            near.read_payload(memoryview(answer)[start:start + 300007])
+        good = bytes(answer) == data[::-1]
+    print(f"RDMA-PIECES size={len(data)} {'ok' if good else 'WRONG'}")
+    return good
 
 
 RAW_SIZE, RAW_WRITES, RAW_IN_FLIGHT = 4 << 20, 32, 4
@@ -314,6 +346,34 @@ def session_check(region: Path, copy: int) -> tuple[bool, float, float]:
         guest.close()
 
 
+COPY = 12 << 20  # more than the RDMA inbox, the relay's 1 MiB pieces and the rings' staging arenas
+
+
+def link_drop(hosts: Hosts) -> bool:
+    """The link under a relayed RDMA session drops (`ip link set lo down`: rxe0's port goes down with it): the
+    guest's call fails with CUDA_ERROR_DEVICE_UNAVAILABLE within the relay's silence bound and every later one at
+    once, and the GPU host ends its session; once the link is back, a new session works."""
+    from tests.controller.rig import wait_until
+    from tests.forwarding_rig import Guest
+    guest = Guest(str(hosts.relay_region))
+    guest.setup()
+    pointer = guest.alloc(4096)
+    print("RDMA-LINK", sh("ip link set lo down && echo down"))
+    try:
+        t0 = time.perf_counter()
+        first = guest.sync()
+        took = time.perf_counter() - t0
+        later = guest.htod(pointer, b"x")
+        wait_until("the GPU host to end the session", lambda: " ended: " in hosts.gpu_text(), 60, hosts.gpu_text)
+    finally:
+        print("RDMA-LINK", sh("ip link set lo up && echo up"))
+        guest.close()
+    print(f"RDMA-LINKDOWN sync={first} after {took:.1f} s, then {later}")
+    good = session_check(hosts.relay_region, 4096)[0]
+    print(f"RDMA-HEALED copy={'ok' if good else 'WRONG'}")
+    return first == later == 46 and good
+
+
 def relay(setup: bool = True) -> int:
     """Relayed sessions over RDMA, then with the GPU host's device missing (TCP, and why), through real orionds."""
     import tempfile
@@ -324,17 +384,19 @@ def relay(setup: bool = True) -> int:
     for case, gpu_rdma in (("rdma", "any"), ("fallback", "rxe9")):
         hosts = Hosts(work / case, gpu_rdma)
         try:
-            good, rtt, rate = session_check(hosts.relay_region, 3 << 20)
+            good, rtt, rate = session_check(hosts.relay_region, COPY)
             ok &= good
             print(f"RDMA-RELAY {case} copy={'ok' if good else 'WRONG'} rtt_us={rtt:.0f} copy_MBps={rate:.1f}")
             if case == "rdma":
-                good, rtt, rate = session_check(hosts.gpu_region, 3 << 20)
+                good, rtt, rate = session_check(hosts.gpu_region, COPY)
                 print(f"RDMA-RELAY local copy={'ok' if good else 'WRONG'} rtt_us={rtt:.0f} copy_MBps={rate:.1f}")
+                ok &= link_drop(hosts)
         finally:
             hosts.stop()
         for who, text in (("relay", hosts.relay.log()), ("gpu", hosts.gpu_text())):
             for line in text.splitlines():
-                if any(w in line for w in ("relayed to", "relayed over", "RDMA", "TCP mode", "listens on")):
+                if any(w in line for w in ("relayed to", "relayed over", "RDMA", "TCP mode", "listens on",
+                                           "GPU host is gone", " ended: ")):
                     print(f"RDMA-LOG {case} {who}: {line.split('] ', 1)[-1]}")
     return 0 if ok else 1
 

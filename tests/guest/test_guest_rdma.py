@@ -1,12 +1,14 @@
 """Relay connections over RDMA, for real: Soft-RoCE (rdma_rxe) inside the test guest, since the CI machine's kernel
 has no RDMA (TESTBED.md). One boot runs tests/guest/rdma_guest.py check:
 - the transport alone (host_agent/rdma_stream.py): two processes move a TCP connection to an RC queue pair and
-  exchange records of every size class (empty, one piece, exactly a piece, several, twice the whole inbox), each
-  checked byte for byte; then the far end dies and the near end says so;
+  exchange records of every size class (empty, one piece, exactly a piece, several, twice the whole inbox) and a
+  frame written and read in uneven pieces, each checked byte for byte; then the far end dies and the near end says
+  so;
 - two real orionds relaying a client's session (a relay with enable_rdma and [server-relay] remote_addr, a GPU host
-  with its listener over the stand-in driver): the session's copy comes back intact over RDMA, both logs say
-  RDMA; then, with the GPU host's ibverbs_device naming a device it does not have, the same session over TCP, and
-  both logs say why.
+  with its listener over the stand-in driver): the session's 12 MiB copy comes back intact over RDMA, both logs
+  say RDMA; the link drops under a session (the guest's calls fail, the GPU host ends the session) and a new
+  session works once it is back; then, with the GPU host's ibverbs_device naming a device it does not have, the
+  same session over TCP, and both logs say why.
 """
 from __future__ import annotations
 
@@ -41,6 +43,10 @@ def test_records_of_every_size_cross_the_rdma_transport_intact(guest_run: list[s
     assert len(echoes) == 8 and all(line.endswith(" ok") for line in echoes), echoes
 
 
+def test_a_frame_written_and_read_in_uneven_pieces_arrives_whole(guest_run: list[str]) -> None:
+    assert any(line.startswith("RDMA-PIECES size=") and line.endswith(" ok") for line in guest_run), guest_run
+
+
 def test_the_transport_sees_the_far_end_die(guest_run: list[str]) -> None:
     death = next(line for line in guest_run if line.startswith("RDMA-DEATH"))
     assert re.match(r"RDMA-DEATH seen in [0-9.]+ s: the relay peer closed the connection", death), death
@@ -53,6 +59,16 @@ def test_a_relayed_session_runs_over_rdma_when_both_hosts_have_it(guest_run: lis
                for line in logs), logs
     assert "RDMA-LOG rdma gpu: RDMA ibverbs using device: rxe0." in logs
     assert "RDMA-LOG rdma gpu: Client supports RDMA mode, then server runs in RDMA mode." in logs
+
+
+def test_the_link_drops_calls_fail_the_gpu_host_ends_the_session_and_a_new_one_works_once_it_heals(
+        guest_run: list[str]) -> None:
+    drop = next(line for line in guest_run if line.startswith("RDMA-LINKDOWN"))
+    assert re.match(r"RDMA-LINKDOWN sync=46 after [0-9.]+ s, then 46$", drop), drop  # CUDA_ERROR_DEVICE_UNAVAILABLE
+    logs = [line for line in guest_run if line.startswith("RDMA-LOG rdma ")]
+    assert any(" relay: " in line and "the GPU host is gone" in line for line in logs), logs
+    assert any(" gpu: " in line and " ended: " in line for line in logs), logs  # its GPU memory freed with it
+    assert "RDMA-HEALED copy=ok" in guest_run
 
 
 def test_without_a_device_on_the_gpu_host_the_session_falls_back_to_tcp_and_both_ends_say_why(

@@ -31,18 +31,10 @@ from tests.forwarding_rig import bounded  # noqa: F401 (fixture)
 RING_GENERATION, REMOTE_GENERATION = 5, 9
 
 
-class PlainStream:
-    """A frame stream with only the contract's send, receive and close (as another transport, RDMA, has): the
-    relay and the far end then take their Python paths, and large payloads travel whole."""
-
-    def __init__(self, frames: FrameStream) -> None:
-        self.send, self.receive, self.close = frames.send, frames.receive, frames.close
-
-
 class Relayed:
     def __init__(self, dead_s: float = 5.0, mode: str = "pump") -> None:
-        """`mode`: "pump" (the relay's compiled pump over a FrameStream, where it builds), "threads" (its Python
-        threads over a FrameStream) or "plain" (its Python threads over a PlainStream)."""
+        """`mode`: "pump" (the relay's compiled pump, where it builds) or "threads" (its Python threads, the path
+        an RDMA connection takes)."""
         self.path = f"/dev/shm/orion-relay-{uuid.uuid4().hex[:10]}"
         with open(self.path, "wb") as f:
             f.truncate(16 << 20)
@@ -56,14 +48,13 @@ class Relayed:
             side.generation = RING_GENERATION
         here, there = socket.socketpair()
         self.sockets = (here, there)
-        stream = PlainStream if mode == "plain" else lambda frames: frames
-        self.gpu_side = StreamEndpoint(stream(FrameStream(there)), REMOTE_GENERATION, beat_s=0.1,  # type: ignore[arg-type]
+        self.gpu_side = StreamEndpoint(FrameStream(there), REMOTE_GENERATION, beat_s=0.1,
                                        dead_s=dead_s)
         session = Session(1, "relayed", 0, REMOTE_GENERATION)
         loop = RecordLoop(self.gpu_side, DiagnosticsHandler(session), session, ServerOptions())  # type: ignore[arg-type]
         self.gpu_thread = threading.Thread(target=self._quietly, args=(loop.run,), daemon=True)
         self.gpu_thread.start()
-        self.relay_side = StreamEndpoint(stream(FrameStream(here)), REMOTE_GENERATION, beat_s=0.1,  # type: ignore[arg-type]
+        self.relay_side = StreamEndpoint(FrameStream(here), REMOTE_GENERATION, beat_s=0.1,
                                          dead_s=dead_s)
         self.relay = Relay(host, self.relay_side, 1)
         if mode != "pump":
@@ -100,7 +91,7 @@ class Relayed:
         os.unlink(self.path)
 
 
-@pytest.fixture(params=["pump", "threads", "plain"])
+@pytest.fixture(params=["pump", "threads"])
 def relayed(request: pytest.FixtureRequest) -> Iterator[Relayed]:
     r = Relayed(mode=request.param)
     yield r
