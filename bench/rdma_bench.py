@@ -8,8 +8,8 @@ its loopback and runs tests/guest/rdma_guest.py bench there:
 - the relay's RDMA transport (host_agent/rdma_stream.py) between two processes: a 32-byte record's round trip and
   a one-way stream of 16 MiB records;
 - a session relayed between two real orionds (enable_rdma on both) over RDMA, then over TCP (the GPU host's
-  device missing), and local (the GPU host's own region): a synchronous call's round trip and 3 MiB copies,
-  stand-in driver.
+  device missing), and local (the GPU host's own region): a synchronous call's round trip and 12 MiB copies,
+  stand-in driver; the link also drops under a relayed session (its calls must fail) and comes back.
 Printed: each figure and the issue's ratios (transport bulk / raw WRITE stream, aim >= 0.8; record RTT / raw
 SEND/RECV RTT; relayed / local). Everything runs under TCG: absolute figures say little, ratios more.
 

@@ -80,7 +80,6 @@ CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE
 CU_MEMHOSTREGISTER_PORTABLE = 1
 MIB = 1 << 20
 RELAYED = "relay "  # a relayed session's region: "relay IP:PORT" of the relaying oriond (relay_listener.py)
-RELAY_TRANSPORT = "tcp"  # the only transport relayed sessions have in this release (docs/remote.md)
 CONVERTED = ENUMS | {"CUdevice"}  # input types the driver API wants as its own objects
 
 
@@ -297,7 +296,7 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
         try:
             grant = take_up(self.options.controller, self.options.host, allocation, self.driver,
                             relay=self.session.region[len(RELAYED):] if relayed else "",
-                            transport=RELAY_TRANSPORT if relayed else "")
+                            transport=self.session.transport if relayed else "")
         except GrantRefused as exc:  # its text may quote the client's id: one bounded, escaped line
             reason = one_line(str(exc))
             log.warning("session %d: %s", self.session.number, reason)

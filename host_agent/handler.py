@@ -33,6 +33,7 @@ class Session(NamedTuple):
     region: str
     channel: int
     generation: int
+    transport: str = ""  # a relayed session's: "tcp" or "rdma" (relay_worker.accept_relay); a region's: ""
 
 
 class Handler(Protocol):

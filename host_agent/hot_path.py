@@ -299,7 +299,7 @@ def relayed_frames(endpoint: Any, module: ModuleType) -> Any:
     frames = getattr(endpoint, "frames", None)
     if frames is None:
         return None
-    if getattr(endpoint, "pieces", False) and isinstance(getattr(frames, "_writing", None), module.WriteLock):
+    if isinstance(getattr(frames, "_writing", None), module.WriteLock):
         return frames
     raise Unavailable("the relay connection is not a TCP FrameStream")
 

@@ -113,7 +113,7 @@ class RelayListener:
                 conn.settimeout(None)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # records are small; never delayed
                 log.info("Creating session %d (relayed from %s)", session.number, peer)
-                code = serve_relayed(conn, self.factory(session), session, self.options, self.rdma)
+                code = serve_relayed(conn, self.factory, session, self.options, self.rdma)
             finally:
                 os._exit(code)
         conn.close()

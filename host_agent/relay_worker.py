@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import socket
+from typing import NamedTuple
 
 from ivshmem.channel import Streamed
 from ivshmem.errors import RecordError
 from ivshmem.record import BIND_REQUEST, HELLO_REQUEST, Op, Record, Status
 
 from . import hot_path, relay_transport
-from .handler import Handler, Session
+from .handler import Handler, HandlerFactory, Session
 from .rdma_stream import RdmaStream, RdmaUnavailable
 from .region_server import RecordLoop, ServerOptions
 from .relay_frames import (
@@ -43,26 +44,37 @@ def _ask(handler: Handler, opcode: int, payload: bytes, generation: int) -> tupl
     return reply.status, b"" if isinstance(reply.payload, Streamed) else bytes(reply.payload)
 
 
-def accept_relay(frames: FrameStream, handler: Handler, session: Session, rdma: RdmaSettings = TCP_ONLY,
-                 hello_timeout_s: float = HELLO_TIMEOUT_S) -> FrameStream | RdmaStream | None:
-    """Judge the connection's first record, RELAY_HELLO, and answer it: RELAY_ACCEPT and the transport that carries
-    the session's records from now on (RDMA when both ends can, else `frames`), or a refusal with the reason
-    (None). ConnectionLost when nothing came within `hello_timeout_s`."""
+def accept_relay(frames: FrameStream, factory: HandlerFactory, session: Session, rdma: RdmaSettings = TCP_ONLY,
+                 hello_timeout_s: float = HELLO_TIMEOUT_S) -> tuple[FrameStream | RdmaStream, Handler] | None:
+    """Judge the connection's first record, RELAY_HELLO, and answer it: RELAY_ACCEPT, the transport that carries the
+    session's records from now on (RDMA when both ends can, else `frames`) and the session's handler; or a refusal
+    with the reason (None). ConnectionLost when nothing came within `hello_timeout_s`.
+
+    The transport is settled before the handler is made (`factory`, given the session with its transport), so the
+    session, and the controller's record of it through BIND's confirm, says which one carries it. A relay refused
+    by the handler holds its RDMA resources only until the refusal is sent; one whose first record is not a
+    well-formed RELAY_HELLO gets none."""
     record = frames.receive(timeout=hello_timeout_s)
     if record is None:
         raise ConnectionLost(f"no RELAY_HELLO within {hello_timeout_s:g} s")
-    status, answer, offer = _judge(record, handler, session)
-    if status != Status.OK:
-        frames.send(record.call_id, RELAY_ACCEPT, answer, status=status, generation=session.generation)
-        log.warning("session %d: relay refused: %s", session.number, answer.decode(errors="replace"))
+    hello = _hello(record)
+    if not isinstance(hello, _Hello):
+        _refuse(frames, record, session, *hello)
         return None
-    link, why = relay_transport.prepare(frames.sock, rdma) if offer else (None, "the relay offered no RDMA")
+    link, why = relay_transport.prepare(frames.sock, rdma) if hello.rdma else (None, "the relay offered no RDMA")
     stream: FrameStream | RdmaStream = frames
     if link is not None:
         try:
-            stream = relay_transport.connect(link, offer, frames.sock)
+            stream = relay_transport.connect(link, hello.rdma, frames.sock)
         except RdmaUnavailable as exc:
             link, why = None, str(exc)
+    handler = factory(session._replace(transport="rdma" if link else "tcp"))
+    status, answer = _judge(hello, handler, session)
+    if status != Status.OK:
+        if link is not None:
+            link.close()
+        _refuse(frames, record, session, status, answer)
+        return None
     payload = RELAY_ACCEPT_REPLY.encode(session.number, "rdma" if link else "tcp", why,
                                         link.offer() if link else b"", answer)
     try:
@@ -78,37 +90,51 @@ def accept_relay(frames: FrameStream, handler: Handler, session: Session, rdma: 
     else:
         log.info("Client supports TCP mode, then server also falls back to TCP mode.")
         log.info("session %d: relayed over tcp (%s)", session.number, why)
-    return stream
+    return stream, handler
 
 
-def _judge(record: Record, handler: Handler, session: Session) -> tuple[int, bytes, bytes]:
-    """The connection's first record judged: (OK, the handler's BIND reply to the allocation it brings (empty
-    without one), the relay's RDMA offer), or (the refusing status, the reason, b"")."""
+class _Hello(NamedTuple):
+    protocol: int
+    pid: int
+    client_host: str
+    calls: str
+    allocation: str
+    rdma: bytes
+
+
+def _hello(record: Record) -> _Hello | tuple[int, bytes]:
+    """The connection's first record as a RELAY_HELLO, or (the refusing status, the reason)."""
     if record.opcode != RELAY_HELLO:
-        return (Status.REFUSED, f"a relay connection begins with RELAY_HELLO, not opcode {record.opcode:#x}".encode(),
-                b"")
+        return Status.REFUSED, f"a relay connection begins with RELAY_HELLO, not opcode {record.opcode:#x}".encode()
     try:
-        protocol, pid, client_host, calls, allocation, rdma = RELAY_HELLO_REQUEST.decode(record.payload)
+        return _Hello(*RELAY_HELLO_REQUEST.decode(record.payload))
     except RecordError as exc:
-        return Status.MALFORMED, str(exc).encode(), b""
-    hello = _ask(handler, Op.HELLO, HELLO_REQUEST.encode(protocol, pid, client_host, calls), session.generation)
-    if hello[0] != Status.OK:
-        return (*hello, b"")
-    bound = b""
-    if allocation:
-        status, bound = _ask(handler, Op.BIND, BIND_REQUEST.encode(allocation), session.generation)
-        if status != Status.OK:
-            return status, bound, b""
-    return Status.OK, bound, bytes(rdma)
+        return Status.MALFORMED, str(exc).encode()
 
 
-def serve_relayed(sock: socket.socket, handler: Handler, session: Session, options: ServerOptions,
+def _judge(hello: _Hello, handler: Handler, session: Session) -> tuple[int, bytes]:
+    """RELAY_HELLO judged by the session's handler, as a region's session is: (OK, its BIND reply to the allocation
+    the relay brings, empty without one), or (the refusing status, the reason)."""
+    answer = _ask(handler, Op.HELLO, HELLO_REQUEST.encode(hello.protocol, hello.pid, hello.client_host, hello.calls),
+                  session.generation)
+    if answer[0] != Status.OK or not hello.allocation:
+        return answer[0], answer[1] if answer[0] != Status.OK else b""
+    return _ask(handler, Op.BIND, BIND_REQUEST.encode(hello.allocation), session.generation)
+
+
+def _refuse(frames: FrameStream, record: Record, session: Session, status: int, reason: bytes) -> None:
+    frames.send(record.call_id, RELAY_ACCEPT, reason, status=status, generation=session.generation)
+    log.warning("session %d: relay refused: %s", session.number, reason.decode(errors="replace"))
+
+
+def serve_relayed(sock: socket.socket, factory: HandlerFactory, session: Session, options: ServerOptions,
                   rdma: RdmaSettings = TCP_ONLY) -> int:
     """Body of a relayed session's worker: the handshake, then records until the connection ends. Exit code 0."""
     try:
-        frames = accept_relay(FrameStream(sock), handler, session, rdma)
-        if frames is None:
+        accepted = accept_relay(FrameStream(sock), factory, session, rdma)
+        if accepted is None:
             return 0
+        frames, handler = accepted
     except (ConnectionLost, RecordError) as exc:
         log.warning("session %d: relay connection dropped before its handshake: %s", session.number, exc)
         return 0

@@ -96,6 +96,8 @@ def test_a_guest_on_a_relay_only_host_gets_vgpus_of_the_gpu_host_and_gives_them_
         wait_until("the GPU host to log the relayed session",
                    lambda: "Resource successfully confirmed with controller" in gpu.log()
                    and "relayed over tcp" in gpu.log(), log=gpu.log)
+        extra = client.allocation(str(seen["id"]))["extra"]
+        assert extra["transport"] == "tcp" and extra["relay"].startswith("127.0.0.1:"), extra  # what orion-smi shows
         _, err = proc.communicate("\n", timeout=30)
         assert proc.returncode == 0, err
         assert EXIT_LINE.findall(err) == [seen["id"]], err

@@ -37,11 +37,16 @@ class Worker:
         fake = FakeDriver(devices=2)
         fake.cuInit(0)  # as oriond's worker finds the driver (tests/unit/test_hot_dispatch.py does the same)
         self.executor = CudaExecutor(SESSION, driver=fake)
+        self.made_for: list[Session] = []  # the sessions the handler factory was asked for
         self.code: list[int] = []
         self.thread = threading.Thread(target=lambda: self.code.append(
-            serve_relayed(worker_socket, self.executor, SESSION, ServerOptions())), daemon=True)
+            serve_relayed(worker_socket, self._handler, SESSION, ServerOptions())), daemon=True)
         self.thread.start()
         self._worker_socket = worker_socket
+
+    def _handler(self, session: Session) -> CudaExecutor:
+        self.made_for.append(session)
+        return self.executor
 
     def close(self) -> None:
         self.relay_socket.close()
@@ -61,6 +66,7 @@ def test_an_accepted_relay_is_served_as_a_session_on_a_region(worker: Worker) ->
     assert accepted.opcode == RELAY_ACCEPT and accepted.status == 0
     session, transport, why, rdma, bound = RELAY_ACCEPT_REPLY.decode(accepted.payload)
     assert (session, transport, rdma, bound) == (SESSION.number, "tcp", b"", b"") and "no RDMA" in why
+    assert worker.made_for == [SESSION._replace(transport="tcp")]  # the session knows its transport (BIND says it)
     assert worker.relay.call(2, "cuInit", 0).status == 0
     count = worker.relay.call(3, "cuDeviceGetCount")
     assert count.status == 0 and CALLS["cuDeviceGetCount"].reply.decode(count.payload) == (2,)
@@ -89,11 +95,11 @@ def test_a_connection_that_begins_otherwise_or_says_nothing_is_closed() -> None:
     try:
         FrameStream(near).send(1, CALLS["cuInit"].opcode, CALLS["cuInit"].request.encode(0))
         executor = CudaExecutor(SESSION, driver=FakeDriver(devices=1))
-        assert accept_relay(FrameStream(far), executor, SESSION) is None
+        assert accept_relay(FrameStream(far), lambda session: executor, SESSION) is None
         answer = FrameStream(near).receive(timeout=5)
         assert answer is not None and answer.status == Status.REFUSED and b"RELAY_HELLO" in bytes(answer.payload)
         with pytest.raises(ConnectionLost, match="no RELAY_HELLO"):
-            accept_relay(FrameStream(far), executor, SESSION, hello_timeout_s=0.2)
+            accept_relay(FrameStream(far), lambda session: executor, SESSION, hello_timeout_s=0.2)
     finally:
         near.close()
         far.close()
