@@ -48,6 +48,7 @@ RELAY_ACCEPT_REPLY = Schema("RELAY_ACCEPT", ("session", "u64"), ("transport", "s
                             ("rdma", "bytes"), ("bound", "bytes"))
 
 STALL_S = 10.0  # a begun frame must arrive whole within this (the ring's staged-request bound)
+RECV_MAX = 1 << 20  # one recv takes at most this: a huge one holds the socket while later segments queue behind it
 
 
 class ConnectionLost(WireError):
@@ -152,11 +153,12 @@ class FrameStream:
                 raise ConnectionLost(f"the relay peer stopped mid-frame ({got} of {len(view)} bytes in "
                                      f"{self.stall_s:g} s)")
             try:
+                target = view[got:got + RECV_MAX]
                 try:  # what is there already (a large payload's bytes, mostly) without a select first
-                    n = self.sock.recv_into(view[got:], 0, socket.MSG_DONTWAIT)
+                    n = self.sock.recv_into(target, 0, socket.MSG_DONTWAIT)
                 except BlockingIOError:
                     ready, _, _ = select.select([self.sock], [], [], left)
-                    n = self.sock.recv_into(view[got:]) if ready else -1
+                    n = self.sock.recv_into(target) if ready else -1
             except (OSError, ValueError) as exc:  # ValueError: the socket was closed under us
                 raise ConnectionLost(f"the relay connection failed: {exc}") from None
             if n == 0:
