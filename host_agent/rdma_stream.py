@@ -38,7 +38,7 @@ from ivshmem.codec import Schema
 from ivshmem.errors import RecordError
 from ivshmem.record import HEADER, Flag, Record, check_header
 
-from .relay_frames import STALL_S, ConnectionLost
+from .relay_frames import STALL_S, ConnectionLost, FrameWriter
 
 # Where the peer writes and how to reach its queue pair (docs/wire-protocol.md, "RDMA transport").
 RDMA_OFFER = Schema("RDMA_OFFER", ("gid", "bytes"), ("qpn", "u32"), ("psn", "u32"), ("mtu", "u32"),
@@ -259,7 +259,7 @@ class RdmaStream:
         self._unarrived = 0  # of those, the bytes no piece has brought yet
         self._unsignaled = 0  # send work requests posted since the last one that asks for a completion
         self._signaled = 0  # work requests that ask for a completion and have not given it yet
-        self._sending = threading.Lock()  # one frame's pieces at a time
+        self._writing = threading.Lock()  # one frame's pieces at a time
         self._posting = threading.Lock()  # the send queue: pieces and credit writes
         self._lost: str | None = None
 
@@ -275,17 +275,17 @@ class RdmaStream:
             writer.close()
 
     def open_frame(self, call_id: int, opcode: int, length: int, flags: int = 0, status: int = 0,
-                   generation: int = 0) -> RdmaFrameWriter:
-        """A frame whose `length` payload bytes are written piece by piece (RdmaFrameWriter.write), the connection
-        held for it until RdmaFrameWriter.close; each full piece leaves as soon as it is staged."""
+                   generation: int = 0) -> FrameWriter:
+        """A frame whose `length` payload bytes are written piece by piece (FrameWriter.write), the connection held
+        for it until FrameWriter.close; each full piece leaves as soon as it is staged."""
         if flags & Flag.STAGED:
             raise RecordError("a stream record is never staged")
-        self._sending.acquire()
-        writer = RdmaFrameWriter(self, length)
+        self._writing.acquire()
+        writer = FrameWriter(self, length)
         writer.write(HEADER.pack(call_id, opcode, flags, length, generation, status, 0), header=True)
         return writer
 
-    def _stage(self, data: bytes | bytearray | memoryview) -> None:
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
         """Copy a frame's next bytes into outbox slots, writing each to the peer as it fills."""
         view = memoryview(data).cast("B") if len(data) else memoryview(b"")
         piece = self._peer_piece
@@ -299,6 +299,19 @@ class RdmaStream:
             view = view[n:]
             if self._filled == piece:
                 self._flush()
+
+    def _end_frame(self, left: int) -> None:
+        """A frame ends (FrameWriter.close): its last piece leaves. One left `left` bytes short cannot be completed:
+        the connection ends (its TCP socket shut down, so the peer sees it at once)."""
+        try:
+            if left:
+                self._lose(f"a frame was left {left} bytes short")
+                with contextlib.suppress(OSError):
+                    self.sock.shutdown(socket.SHUT_RDWR)
+            else:
+                self._flush()
+        finally:
+            self._filling = -1
 
     def _claim(self) -> None:
         """The next outbox slot, once the peer has consumed the piece last written from it (its credit says so)."""
@@ -501,40 +514,3 @@ class RdmaStream:
         with contextlib.suppress(OSError):
             self.sock.close()
 
-
-class RdmaFrameWriter:
-    """One frame being written piece by piece (RdmaStream.open_frame); `close` sends what is staged and ends it. A
-    frame left short (the producer failed midway) cannot be completed: the connection is ended (its TCP socket shut
-    down, so the peer sees it lost at once)."""
-
-    def __init__(self, stream: RdmaStream, length: int) -> None:
-        self.stream, self.left = stream, length
-        self._open = True
-
-    def write(self, data: bytes | bytearray | memoryview, header: bool = False) -> None:
-        if not header:
-            if len(data) > self.left:
-                self.close()
-                raise RecordError(f"{len(data)} bytes written to a frame with {self.left} left")
-            self.left -= len(data)
-        try:
-            self.stream._stage(data)
-        except ConnectionLost:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        if not self._open:
-            return
-        self._open = False
-        stream = self.stream
-        try:
-            if self.left:
-                stream._lose(f"a frame was left {self.left} bytes short")
-                with contextlib.suppress(OSError):
-                    stream.sock.shutdown(socket.SHUT_RDWR)
-            else:
-                stream._flush()
-        finally:
-            stream._filling = -1
-            stream._sending.release()

@@ -25,6 +25,7 @@ import contextlib
 import select
 import socket
 import time
+from typing import TYPE_CHECKING
 
 from ivshmem.channel import MAX_PAYLOAD
 from ivshmem.codec import Schema
@@ -32,6 +33,9 @@ from ivshmem.errors import RecordError, WireError
 from ivshmem.record import HEADER, Flag, Record, check_header
 
 from . import hot_path
+
+if TYPE_CHECKING:
+    from .rdma_stream import RdmaStream
 
 # The relay's control opcodes (docs/wire-protocol.md, "Relay frames").
 RELAY_HELLO = 0x80
@@ -145,6 +149,11 @@ class FrameStream:
         except OSError as exc:
             raise ConnectionLost(f"sending to the relay peer failed: {exc}") from None
 
+    def _end_frame(self, left: int) -> None:
+        """A frame written piece by piece ends (FrameWriter.close); `left` bytes short: the connection ends."""
+        if left:
+            self.close()
+
     def _fill(self, view: memoryview, deadline: float, first: bool) -> None:
         got = 0
         while got < len(view):
@@ -169,10 +178,11 @@ class FrameStream:
 
 
 class FrameWriter:
-    """One frame being written piece by piece (FrameStream.open_frame); `close` ends it. A frame left short (the
-    producer failed midway) cannot be completed: the connection is closed, and the peer sees it lost."""
+    """One frame being written piece by piece (FrameStream.open_frame, RdmaStream.open_frame); `close` ends it. A
+    frame left short (the producer failed midway) cannot be completed: the connection is ended, and the peer sees
+    it lost."""
 
-    def __init__(self, frames: FrameStream, length: int) -> None:
+    def __init__(self, frames: FrameStream | RdmaStream, length: int) -> None:
         self.frames, self.left = frames, length
         self._open = True
 
@@ -192,6 +202,7 @@ class FrameWriter:
         if not self._open:
             return
         self._open = False
-        if self.left:
-            self.frames.close()
-        self.frames._writing.release()
+        try:
+            self.frames._end_frame(self.left)
+        finally:
+            self.frames._writing.release()

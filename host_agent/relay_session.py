@@ -26,7 +26,6 @@ from ivshmem.record import HEADER, Flag, Record
 
 from . import hot_path
 from .pinned_pool import BOOKKEEPING_OPCODES
-from .rdma_stream import RdmaFrameWriter
 from .relay_frames import ConnectionLost, FrameStream, FrameWriter
 from .relay_pool import DEVICE_POINTER, Forward, PoolRelay
 from .stream_endpoint import CHUNK, StreamEndpoint
@@ -268,7 +267,7 @@ class _StagedForward:
 
     def __init__(self, relay: Relay, call_id: int, opcode: int, flags: int, length: int) -> None:
         self.length = length
-        self.writer: FrameWriter | RdmaFrameWriter | None = None
+        self.writer: FrameWriter | None = None
         self.lost: str | None = None
         self.sent = 0
         remote = relay.remote
