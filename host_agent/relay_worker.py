@@ -115,10 +115,12 @@ def _hello(record: Record) -> _Hello | tuple[int, bytes]:
 def _judge(hello: _Hello, handler: Handler, session: Session) -> tuple[int, bytes]:
     """RELAY_HELLO judged by the session's handler, as a region's session is: (OK, its BIND reply to the allocation
     the relay brings, empty without one), or (the refusing status, the reason)."""
-    answer = _ask(handler, Op.HELLO, HELLO_REQUEST.encode(hello.protocol, hello.pid, hello.client_host, hello.calls),
-                  session.generation)
-    if answer[0] != Status.OK or not hello.allocation:
-        return answer[0], answer[1] if answer[0] != Status.OK else b""
+    status, said = _ask(handler, Op.HELLO, HELLO_REQUEST.encode(hello.protocol, hello.pid, hello.client_host,
+                                                              hello.calls), session.generation)
+    if status != Status.OK:
+        return status, said
+    if not hello.allocation:
+        return Status.OK, b""
     return _ask(handler, Op.BIND, BIND_REQUEST.encode(hello.allocation), session.generation)
 
 
