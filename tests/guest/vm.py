@@ -104,13 +104,17 @@ def run_guest(script: str, args: list[str] = (), shm: list[tuple[str, int]] = ()
     for i, (path, size_mib) in enumerate(shm):
         cmd += ["-object", f"memory-backend-file,id=shm{i},size={int(size_mib)}M,mem-path={_q(path)},share=on",
                 "-device", f"ivshmem-plain,memdev=shm{i}"]
+    return boot(cmd, timeout)
 
+
+def boot(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> GuestResult:
+    """Run a QEMU command line (its serial console added here) until the guest powers off or `timeout` passes."""
     with tempfile.TemporaryDirectory(prefix="orion-vm-") as tmp:
         serial_path, qemu_path = Path(tmp, "serial.log"), Path(tmp, "qemu.log")
         cmd += ["-serial", f"file:{_q(serial_path)}"]
         t0 = time.monotonic()
         with open(qemu_path, "wb") as qlog:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=qlog, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=qlog, stderr=subprocess.STDOUT, env=env)
             timed_out = False
             try:
                 proc.wait(timeout=timeout)
