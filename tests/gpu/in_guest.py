@@ -1,13 +1,16 @@
 """Runs inside the GPU machine's test guest (tests/gpu/gpu_guest.py boots it; the root is the host's own, read-only).
 
-Argument: a job file the host wrote (JSON: "programs", paths of tests/gpu programs; "env", what their processes
-get besides the guest's own environment). Printed, for the host's test to read:
+Argument: a job file the host wrote (JSON: "env", what every process gets besides the guest's own environment;
+"runs", each {"name", "argv": the interpreter's arguments, "env": more}: a tests/gpu program started forwarded, on
+the Python capsule path or the native guest driver, as the host's own tests start it). Printed, for the host's test
+to read:
 
   GUEST-NVIDIA <paths>|none     the /dev/nvidia* nodes the guest has (none: it cannot reach the GPU directly)
   GUEST-IVSHMEM <n>             the ivshmem-plain devices on its PCI bus (the Orion regions)
   GUEST-NATIVE <CUresult>       cuInit of the host's own driver library, without Orion: not CUDA_SUCCESS here
-  GUEST-RESULT <name> <json>    a program's RESULT line, run unmodified with Orion activated (ORION_VGPU=1: the
-                                runtime finds the ivshmem device by itself)
+  GUEST-RESULT <name> <json>    a run's RESULT line (ORION_VGPU=1: the runtime finds the ivshmem device itself)
+  GUEST-SAID <name> <line>      its other lines that start with REAL_LIBCUDA (which libraries it mapped)
+  GUEST-TIME <name> <s>         its wall time in the guest
   GUEST-FAILED <name> rc=<rc> <stderr's tail>
 Every child has a timeout, so the guest always reaches its power-off.
 """
@@ -18,8 +21,6 @@ import subprocess
 import sys
 import time
 
-FORWARD = ("import sys, runpy, guest_runtime.activate as orion; orion.activate(); "
-           "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
 NATIVE = "from cuda.bindings import driver; print(int(driver.cuInit(0)[0]))"
 CHILD_TIMEOUT_S = 400
 
@@ -43,11 +44,11 @@ def main() -> int:
                             timeout=CHILD_TIMEOUT_S)
     print("GUEST-NATIVE", native.stdout.strip() or f"failed: {native.stderr.strip()[-300:]}", flush=True)
     failed = 0
-    for program in job["programs"]:
-        name = os.path.basename(program)
+    for entry in job["runs"]:
+        name = entry["name"]
         started = time.monotonic()
         try:
-            run = subprocess.run([sys.executable, "-c", FORWARD, program], env={**env, "ORION_VGPU": "1"},
+            run = subprocess.run([sys.executable, *entry["argv"]], env={**env, "ORION_VGPU": "1", **entry["env"]},
                                  capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             print(f"GUEST-FAILED {name} rc=timeout after {CHILD_TIMEOUT_S} s", flush=True)
@@ -60,6 +61,9 @@ def main() -> int:
             failed += 1
             continue
         print(f"GUEST-RESULT {name} {line[len('RESULT '):]}", flush=True)
+        for said in run.stdout.splitlines():
+            if said.startswith("REAL_LIBCUDA"):
+                print(f"GUEST-SAID {name} {said}", flush=True)
         print(f"GUEST-TIME {name} {time.monotonic() - started:.1f} s", flush=True)
     return 1 if failed else 0
 

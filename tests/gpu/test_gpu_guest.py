@@ -9,20 +9,24 @@ along (.gpu-guest); skipped elsewhere.
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.gpu.gpu_guest import REPO, boot_script, bundle_dir, bundle_ready
-from tests.gpu.test_forwarded_programs import HAS_GPU, PROGRAMS, Oriond, run
+from tests.gpu.test_forwarded_programs import FORWARD, HAS_GPU, PROGRAMS, Oriond, run
+from tests.gpu.test_native_frameworks import build_libraries, on_native_driver, run_on_driver
+from tests.guest.vm import GuestResult
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (device machine)"),
               pytest.mark.skipif(not bundle_ready(), reason="no guest bundle: run bash tests/gpu/build-guest-bundle.sh "
                                                             "and carry .gpu-guest to the GPU machine")]
 NAMES = ["driver_program.py", "core_program.py", "stream_order_program.py", "runtime_program.py"]
-NO_DEVICE = 100  # CUDA_ERROR_NO_DEVICE
 
 
 @pytest.fixture
@@ -32,27 +36,59 @@ def oriond(tmp_path: Path) -> Iterator[Oriond]:
     agent.stop()
 
 
-def test_a_guest_runs_the_programs_on_the_gpu_through_its_region_and_gets_the_native_results(
-        oriond: Oriond, tmp_path: Path) -> None:
-    native = {name: run(PROGRAMS / name, None) for name in NAMES}
-    job = bundle_dir() / f"job-{os.getpid()}.json"  # the guest sees this machine's files, but not its /tmp
-    job.write_text(json.dumps({"programs": [str(PROGRAMS / name) for name in NAMES],
-                               "env": {"PYTHONPATH": str(REPO), "ORION_NATIVE": "0",
-                                       "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")}}))
-    try:
-        result = boot_script(REPO / "tests/gpu/in_guest.py", [str(job)], regions=[(str(oriond.region), 256)],
-                             timeout=540)
-    finally:
-        job.unlink()
-    (tmp_path / "serial.log").write_text(result.serial)
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A directory the guest sees (it has this machine's files, but its own /tmp)."""
+    where = bundle_dir() / f"shared-{os.getpid()}"
+    where.mkdir()
+    yield where
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def in_guest(oriond: Oriond, shared: Path, runs: list[dict[str, Any]]) -> tuple[GuestResult, dict[str, Any]]:
+    """Boot the guest with `oriond`'s region and run `runs` there (tests/gpu/in_guest.py's job); the result, and
+    each run's RESULT by name. The guest sees no GPU node and the driver library alone finds no device there."""
+    job = shared / "job.json"
+    job.write_text(json.dumps({"env": {"PYTHONPATH": str(REPO), "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH",
+                                                                                                   "")},
+                               "runs": runs}))
+    result = boot_script(REPO / "tests/gpu/in_guest.py", [str(job)], regions=[(str(oriond.region), 256)],
+                         timeout=540)
     print("\n".join(result.lines("GUEST-")), f"\nguest wall time {result.wall_s:.0f} s")
     assert result.rc is not None, result.serial[-4000:] + result.qemu_log[-2000:]
     assert result.line("GUEST-NVIDIA") == "GUEST-NVIDIA none"  # no GPU node in the guest
     assert result.line("GUEST-IVSHMEM") == "GUEST-IVSHMEM 1"  # only the region
     native_init = result.line("GUEST-NATIVE")
     assert native_init is not None and native_init != "GUEST-NATIVE 0", native_init  # the driver alone finds nothing
-    forwarded = {line.split(" ", 2)[1]: json.loads(line.split(" ", 2)[2]) for line in result.lines("GUEST-RESULT ")}
-    assert result.rc == 0 and set(forwarded) == set(NAMES), result.lines("GUEST-")
+    results = {line.split(" ", 2)[1]: json.loads(line.split(" ", 2)[2]) for line in result.lines("GUEST-RESULT ")}
+    assert result.rc == 0 and set(results) == {r["name"] for r in runs}, result.lines("GUEST-")
+    assert "Creating session" in oriond.log.read_text()  # the calls went through the host's oriond
+    return result, results
+
+
+def test_a_guest_runs_the_programs_on_the_gpu_through_its_region_and_gets_the_native_results(
+        oriond: Oriond, shared: Path) -> None:
+    native = {name: run(PROGRAMS / name, None) for name in NAMES}
+    _, forwarded = in_guest(oriond, shared, [{"name": name, "argv": ["-c", FORWARD, str(PROGRAMS / name)],
+                                              "env": {"ORION_NATIVE": "0"}} for name in NAMES])
     for name in NAMES:
         assert forwarded[name] == native[name], name
-    assert "Creating session" in oriond.log.read_text()  # the calls went through the host's oriond
+
+
+def test_pytorch_trains_in_a_guest_on_the_native_driver_with_the_native_losses(oriond: Oriond, shared: Path) -> None:
+    """The native guest driver as the guest's libcuda: a PyTorch matmul and the 20-step CNN training of issue 13,
+    inside the guest, give what they give natively (losses to 1e-5 relative, as on the host)."""
+    pytest.importorskip("torch")
+    arguments, env = on_native_driver(build_libraries(shared))
+    programs = ["torch_matmul_program.py", "torch_cnn_program.py"]
+    native = {name: run_on_driver(PROGRAMS / name, None) for name in programs}
+    result, forwarded = in_guest(oriond, shared, [{"name": name, "argv": [*arguments, str(PROGRAMS / name)],
+                                                   "env": env} for name in programs])
+    said = result.lines("GUEST-SAID ")
+    assert len(said) == 2 and all(line.endswith("REAL_LIBCUDA False NVML False") for line in said), said
+    matmul = forwarded["torch_matmul_program.py"]
+    assert matmul == native["torch_matmul_program.py"] and matmul["count"] == 1
+    cnn, cnn_native = forwarded["torch_cnn_program.py"], native["torch_cnn_program.py"]
+    assert cnn_native["learned"] and len(cnn["losses"]) == 20
+    assert all(math.isclose(f, n, rel_tol=1e-5) for f, n in zip(cnn["losses"], cnn_native["losses"], strict=True)), \
+        (cnn["losses"], cnn_native["losses"])

@@ -64,9 +64,8 @@ class GuestLibraries(NamedTuple):
     no_nvml: Path  # NO_NVML, preloaded
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> GuestLibraries:
-    where = tmp_path_factory.mktemp("native")
+def build_libraries(where: Path) -> GuestLibraries:
+    """The native driver and NO_NVML, built into `where`."""
     (where / "nvml.c").write_text(NO_NVML)
     compiler = find_compiler()
     assert compiler, "no C compiler"
@@ -75,15 +74,27 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> GuestLibraries:
     return GuestLibraries(build_driver(where / "libcuda.so.1"), where / "no_nvml.so")
 
 
-def _run(program: Path, forwarded: tuple[Oriond, GuestLibraries] | None, **extra: str) -> dict:
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> GuestLibraries:
+    return build_libraries(tmp_path_factory.mktemp("native"))
+
+
+def on_native_driver(library: GuestLibraries) -> tuple[list[str], dict[str, str]]:
+    """The interpreter's arguments before a program's path, and the environment, that run it on the native driver
+    (not CUDA_VISIBLE_DEVICES="": PyTorch reads it too, and counts no device)."""
+    return (["-c", NATIVE, str(library.driver)],
+            {"ORION_NATIVE": "1", "ORION_NATIVE_LIB": str(library.driver), "LD_PRELOAD": str(library.no_nvml),
+             "NO_NVML_EXCEPT": str(library.driver.parent)})
+
+
+def run_on_driver(program: Path, forwarded: tuple[Oriond, GuestLibraries] | None, **extra: str) -> dict:
     if forwarded is None:
         command, env = [sys.executable, str(program)], _env(**extra)
     else:
         agent, library = forwarded
-        command = [sys.executable, "-c", NATIVE, str(library.driver), str(program)]
-        # (not CUDA_VISIBLE_DEVICES="": PyTorch reads it too, and counts no device)
-        env = _env(ORION_SHM=str(agent.region), ORION_NATIVE="1", ORION_NATIVE_LIB=str(library.driver),
-                   LD_PRELOAD=str(library.no_nvml), NO_NVML_EXCEPT=str(library.driver.parent), **extra)
+        arguments, native_env = on_native_driver(library)
+        command = [sys.executable, *arguments, str(program)]
+        env = _env(ORION_SHM=str(agent.region), **native_env, **extra)
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     line = next((t for t in done.stdout.splitlines() if t.startswith("RESULT ")), None)
     assert done.returncode == 0 and line, f"{program.name} {'forwarded' if forwarded else 'native'} failed:\n" \
@@ -97,7 +108,7 @@ def _run(program: Path, forwarded: tuple[Oriond, GuestLibraries] | None, **extra
                                   "runtime_program.py", "pinned_threads_program.py"])
 def test_every_gpu_program_gives_the_same_results_through_the_native_driver(name: str, oriond: Oriond,  # noqa: F811
                                                                             library: GuestLibraries) -> None:
-    assert _run(PROGRAMS / name, (oriond, library)) == _run(PROGRAMS / name, None)
+    assert run_on_driver(PROGRAMS / name, (oriond, library)) == run_on_driver(PROGRAMS / name, None)
 
 
 def _needs(module: str) -> None:
@@ -107,16 +118,16 @@ def _needs(module: str) -> None:
 
 def test_pytorch_matmul(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
     _needs("torch")
-    native, forwarded = _run(PROGRAMS / "torch_matmul_program.py", None), \
-        _run(PROGRAMS / "torch_matmul_program.py", (oriond, library))
+    native, forwarded = run_on_driver(PROGRAMS / "torch_matmul_program.py", None), \
+        run_on_driver(PROGRAMS / "torch_matmul_program.py", (oriond, library))
     assert forwarded == native and native["max_error"] < 1e-3 and native["count"] == 1
 
 
 def test_pytorch_matmul_relayed(relayed: Oriond, library: GuestLibraries) -> None:  # noqa: F811
     """PyTorch on the native driver, its session relayed over TCP to another oriond (docs/remote.md)."""
     _needs("torch")
-    native, forwarded = _run(PROGRAMS / "torch_matmul_program.py", None), \
-        _run(PROGRAMS / "torch_matmul_program.py", (relayed, library))
+    native, forwarded = run_on_driver(PROGRAMS / "torch_matmul_program.py", None), \
+        run_on_driver(PROGRAMS / "torch_matmul_program.py", (relayed, library))
     assert forwarded == native and native["max_error"] < 1e-3 and native["count"] == 1
 
 
@@ -124,8 +135,8 @@ def test_pytorch_cnn_training_gives_the_native_losses(oriond: Oriond, library: G
     """Same seed and deterministic cuDNN algorithms: the losses agree to 1e-5 relative (the same kernels on the
     same GPU; the tolerance only allows for a different reduction order, which we have not seen)."""
     _needs("torch")
-    native = _run(PROGRAMS / "torch_cnn_program.py", None)
-    forwarded = _run(PROGRAMS / "torch_cnn_program.py", (oriond, library))
+    native = run_on_driver(PROGRAMS / "torch_cnn_program.py", None)
+    forwarded = run_on_driver(PROGRAMS / "torch_cnn_program.py", (oriond, library))
     assert native["learned"] and len(forwarded["losses"]) == 20
     assert all(math.isclose(f, n, rel_tol=1e-5) for f, n in zip(forwarded["losses"], native["losses"], strict=True)), \
         (forwarded["losses"], native["losses"])
@@ -133,8 +144,8 @@ def test_pytorch_cnn_training_gives_the_native_losses(oriond: Oriond, library: G
 
 def test_cupy_elementwise_cublas_curand(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
     _needs("cupy")
-    native = _run(PROGRAMS / "cupy_program.py", None)
-    assert _run(PROGRAMS / "cupy_program.py", (oriond, library)) == native
+    native = run_on_driver(PROGRAMS / "cupy_program.py", None)
+    assert run_on_driver(PROGRAMS / "cupy_program.py", (oriond, library)) == native
     assert all(v for k, v in native.items() if k.endswith("_ok"))
 
 
@@ -142,12 +153,12 @@ def test_cupy_elementwise_cublas_curand(oriond: Oriond, library: GuestLibraries)
                                        "answer yet (export table 6e163fbe, entry 7: docs/native-driver.md, Status)")
 def test_cupy_fft(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
     _needs("cupy")
-    native = _run(PROGRAMS / "cupy_fft_program.py", None)
-    assert native["fft_ok"] and _run(PROGRAMS / "cupy_fft_program.py", (oriond, library)) == native
+    native = run_on_driver(PROGRAMS / "cupy_fft_program.py", None)
+    assert native["fft_ok"] and run_on_driver(PROGRAMS / "cupy_fft_program.py", (oriond, library)) == native
 
 
 def test_jax_jitted_matmul_and_gradient(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
     _needs("jax")
-    native = _run(PROGRAMS / "jax_program.py", None, **JAX_ENV)
-    assert _run(PROGRAMS / "jax_program.py", (oriond, library), **JAX_ENV) == native
+    native = run_on_driver(PROGRAMS / "jax_program.py", None, **JAX_ENV)
+    assert run_on_driver(PROGRAMS / "jax_program.py", (oriond, library), **JAX_ENV) == native
     assert native["platform"] == "gpu" and native["matmul_ok"] and native["grad_ok"]
