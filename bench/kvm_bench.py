@@ -14,14 +14,21 @@ a perf_counter_ns call), which shows how much of the guest's round trip is TCG e
 ring.
 
 Run as root after setup.sh: `.venv/bin/python bench/kvm_bench.py [--round-trips N] [--bulk-mib M]`.
+
+On the GPU machine (`--gpu-machine`; no libvirt there): the guest is tests/gpu/gpu_guest.py's (QEMU from the bundle
+of tests/gpu/build-guest-bundle.sh, TCG, 2 vCPUs, the host's root over 9p), the host agent a fresh oriond on a region
+of its own, and one forwarded program (tests/gpu/programs/driver_program.py, on the Python capsule path) is timed
+natively, forwarded from a host process and forwarded from inside the guest, whole process each.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -92,24 +99,89 @@ def in_guest(round_trips: int, bulk_mib: int, directory: str,
     return figures, (float(speed.group(1)), float(speed.group(2)))
 
 
+def gpu_machine(round_trips: int, bulk_mib: int,
+                harness: Path) -> tuple[dict[str, float], dict[str, float], tuple[float, float], dict[str, float]]:
+    """The GPU machine's run: host-local and in-guest figures, the guest's interpreter speed, and the program's
+    seconds natively, forwarded from a host process and forwarded from inside the guest."""
+    import tempfile
+    import time
+
+    from tests.gpu.gpu_guest import boot_script, bundle_dir
+    from tests.gpu.test_forwarded_programs import FORWARD, PROGRAMS, Oriond, _env
+
+    program = str(PROGRAMS / "driver_program.py")
+
+    def timed(command: list[str], env: dict[str, str]) -> float:
+        started = time.monotonic()
+        subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
+        return time.monotonic() - started
+
+    agent = Oriond(Path(tempfile.mkdtemp(prefix="orion-kvm-bench-")))
+    shared = bundle_dir() / f"bench-{os.getpid()}"  # the guest sees this machine's files, not its /tmp
+    try:
+        region = str(agent.region)
+        probe = subprocess.run([sys.executable, "-m", "guest_runtime.cli", "probe", "--region", region,
+                                "--round-trips", str(round_trips), "--bulk-mib", str(bulk_mib)], capture_output=True,
+                               text=True, cwd=REPO, timeout=300, env=_env())
+        if probe.returncode:
+            raise SystemExit(f"kvm_bench: host-local probe failed: {probe.stderr.strip()}")
+        native = harness_rows(harness, region, str(round_trips))
+        local = {**parse_probe(probe.stdout), "native_p50": native["nop"][0], "native_p99": native["nop"][1]}
+        seconds = {"native": timed([sys.executable, program], _env()),
+                   "host": timed([sys.executable, "-c", FORWARD, program], _env(ORION_SHM=region,
+                                                                               CUDA_VISIBLE_DEVICES=""))}
+        shared.mkdir()
+        runs = [{"name": "probe", "raw": True, "env": {}, "argv": ["-m", "guest_runtime.cli", "probe", "--region",
+                                                                    "{bdf}", "--round-trips", str(round_trips),
+                                                                    "--bulk-mib", str(bulk_mib)]},
+                {"name": "speed", "raw": True, "env": {},
+                 "argv": ["-c", "from tests.guest.cuda_guest import python_speed; print('SPEED', *python_speed())"]},
+                {"name": "harness", "raw": True, "env": {}, "argv": [
+                    "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))", str(harness), "{bdf}",
+                    str(round_trips)]},
+                {"name": "program", "env": {"ORION_NATIVE": "0"}, "argv": ["-c", FORWARD, program]}]
+        (shared / "job.json").write_text(json.dumps({"env": {"PYTHONPATH": str(REPO)}, "runs": runs}))
+        run = boot_script(REPO / "tests/gpu/in_guest.py", [str(shared / "job.json")], regions=[(region, 256)],
+                          timeout=580)
+    finally:
+        agent.stop()
+        shutil.rmtree(shared, ignore_errors=True)
+    said = "\n".join(line.split(" ", 2)[2] for line in run.lines("GUEST-SAID "))
+    took = run.line("GUEST-TIME program")
+    speed = re.search(r"SPEED ([\d.]+) ([\d.]+)", said)
+    nop = re.search(r"^nop (\d+) (\d+)", said, re.M)
+    if run.rc != 0 or took is None or speed is None or nop is None:
+        raise SystemExit(f"kvm_bench: the guest run failed:\n{run.serial[-3000:]}")
+    guest = {**parse_probe(said), "native_p50": int(nop.group(1)) / 1e3, "native_p99": int(nop.group(2)) / 1e3}
+    seconds["guest"] = float(took.split()[2])
+    return local, guest, (float(speed.group(1)), float(speed.group(2))), seconds
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--round-trips", type=int, default=20000)
     parser.add_argument("--bulk-mib", type=int, default=32)
+    parser.add_argument("--gpu-machine", action="store_true", help="the GPU machine's guest (no libvirt there)")
     args = parser.parse_args()
-    directory = ShmSettings.load().path_base
     harness = REPO / build_native_harness()
-    agent = start_agent()
-    try:
-        local = host_local(args.round_trips, args.bulk_mib, directory, harness)
-        guest, (guest_loop, guest_clock) = in_guest(args.round_trips, args.bulk_mib, directory, harness)
-    finally:
-        stop_agent(agent)
+    seconds: dict[str, float] = {}
+    if args.gpu_machine:
+        local, guest, (guest_loop, guest_clock), seconds = gpu_machine(args.round_trips, args.bulk_mib, harness)
+        where = "QEMU from the bundle (TCG), 2 vCPUs, the host's root over 9p"
+    else:
+        directory = ShmSettings.load().path_base
+        agent = start_agent()
+        try:
+            local = host_local(args.round_trips, args.bulk_mib, directory, harness)
+            guest, (guest_loop, guest_clock) = in_guest(args.round_trips, args.bulk_mib, directory, harness)
+        finally:
+            stop_agent(agent)
+        where = "libvirt domain type qemu (TCG), 1 vCPU"
     host_loop, host_clock = python_speed()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.machine())
-    print(f"\nKVM benchmark, {datetime.date.today()}, {cpu}, {os.cpu_count()} cores; guest: libvirt domain "
-          f"type qemu (TCG), 1 vCPU; {args.round_trips} round trips, {args.bulk_mib} MiB bulk each way")
+    print(f"\nKVM benchmark, {datetime.datetime.now():%Y-%m-%d %H:%M}, {cpu}, {os.cpu_count()} cores; guest: {where}; "
+          f"{args.round_trips} round trips, {args.bulk_mib} MiB bulk each way")
     print(f"{'':24}{'host-local':>12}{'in-guest':>12}{'guest/host':>12}")
     rows = [("round trip p50 (us)", "p50"), ("round trip p99 (us)", "p99"),
             ("C client p50 (us)", "native_p50"), ("C client p99 (us)", "native_p99"),
@@ -118,6 +190,10 @@ def main() -> int:
         print(f"{label:24}{local[key]:>12.2f}{guest[key]:>12.2f}{guest[key] / local[key]:>11.2f}x")
     print(f"{'python loop step (ns)':24}{host_loop:>12.0f}{guest_loop:>12.0f}{guest_loop / host_loop:>11.2f}x")
     print(f"{'perf_counter_ns (ns)':24}{host_clock:>12.0f}{guest_clock:>12.0f}{guest_clock / host_clock:>11.2f}x")
+    if seconds:
+        print(f"driver_program.py, whole process: native {seconds['native']:.1f} s, forwarded from the host "
+              f"{seconds['host']:.1f} s, forwarded in the guest {seconds['guest']:.1f} s "
+              f"({seconds['guest'] / seconds['native']:.1f}x native)")
     return 0
 
 

@@ -1,15 +1,17 @@
 """Runs inside the GPU machine's test guest (tests/gpu/gpu_guest.py boots it; the root is the host's own, read-only).
 
 Argument: a job file the host wrote (JSON: "env", what every process gets besides the guest's own environment;
-"runs", each {"name", "argv": the interpreter's arguments, "env": more}: a tests/gpu program started forwarded, on
-the Python capsule path or the native guest driver, as the host's own tests start it). Printed, for the host's test
-to read:
+"runs", each {"name", "argv": the interpreter's arguments ("{bdf}" stands for the region's PCI address), "env":
+more, "raw": optional}: a tests/gpu program started forwarded, on the Python capsule path or the native guest driver,
+as the host's own tests start it, or for bench/kvm_bench.py a probe whose every line it wants, `raw`). Printed, for
+the host's test to read:
 
   GUEST-NVIDIA <paths>|none     the /dev/nvidia* nodes the guest has (none: it cannot reach the GPU directly)
   GUEST-IVSHMEM <n>             the ivshmem-plain devices on its PCI bus (the Orion regions)
   GUEST-NATIVE <CUresult>       cuInit of the host's own driver library, without Orion: not CUDA_SUCCESS here
   GUEST-RESULT <name> <json>    a run's RESULT line (ORION_VGPU=1: the runtime finds the ivshmem device itself)
-  GUEST-SAID <name> <line>      its other lines that start with REAL_LIBCUDA (which libraries it mapped)
+  GUEST-SAID <name> <line>      its other lines that start with REAL_LIBCUDA (which libraries it mapped); a raw
+                                run's every line
   GUEST-TIME <name> <s>         its wall time in the guest
   GUEST-FAILED <name> rc=<rc> <stderr's tail>
 Every child has a timeout, so the guest always reaches its power-off.
@@ -39,7 +41,8 @@ def main() -> int:
         job = json.load(f)
     env = {**os.environ, **job["env"]}
     print("GUEST-NVIDIA", " ".join(sorted(glob.glob("/dev/nvidia*"))) or "none", flush=True)
-    print("GUEST-IVSHMEM", len(ivshmem_devices()), flush=True)
+    devices = ivshmem_devices()
+    print("GUEST-IVSHMEM", len(devices), flush=True)
     native = subprocess.run([sys.executable, "-c", NATIVE], env=env, capture_output=True, text=True,
                             timeout=CHILD_TIMEOUT_S)
     print("GUEST-NATIVE", native.stdout.strip() or f"failed: {native.stderr.strip()[-300:]}", flush=True)
@@ -48,13 +51,16 @@ def main() -> int:
         name = entry["name"]
         started = time.monotonic()
         try:
-            run = subprocess.run([sys.executable, *entry["argv"]], env={**env, "ORION_VGPU": "1", **entry["env"]},
+            argv = [a.replace("{bdf}", devices[0] if devices else "none") for a in entry["argv"]]
+            run = subprocess.run([sys.executable, *argv], env={**env, "ORION_VGPU": "1", **entry["env"]},
                                  capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             print(f"GUEST-FAILED {name} rc=timeout after {CHILD_TIMEOUT_S} s", flush=True)
             failed += 1
             continue
         line = next((text for text in run.stdout.splitlines() if text.startswith("RESULT ")), None)
+        if entry.get("raw") and not run.returncode:
+            line = "RESULT {}"
         if run.returncode or line is None:
             tail = (run.stdout[-500:] + run.stderr[-1500:]).replace("\n", " | ")
             print(f"GUEST-FAILED {name} rc={run.returncode} {tail}", flush=True)
@@ -62,7 +68,7 @@ def main() -> int:
             continue
         print(f"GUEST-RESULT {name} {line[len('RESULT '):]}", flush=True)
         for said in run.stdout.splitlines():
-            if said.startswith("REAL_LIBCUDA"):
+            if said.startswith("REAL_LIBCUDA") or entry.get("raw"):
                 print(f"GUEST-SAID {name} {said}", flush=True)
         print(f"GUEST-TIME {name} {time.monotonic() - started:.1f} s", flush=True)
     return 1 if failed else 0
