@@ -38,6 +38,7 @@ APT_PACKAGES=(
   etcd-server etcd-client
   rdma-core ibverbs-providers ibverbs-utils rdmacm-utils python3-pyverbs iproute2
   debootstrap e2fsprogs psmisc procps libxml2-utils
+  cpio kmod xz-utils
 )
 
 install_apt() {
