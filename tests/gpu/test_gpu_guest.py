@@ -20,13 +20,14 @@ import pytest
 
 from tests.gpu.gpu_guest import REPO, boot_script, bundle_dir, bundle_ready
 from tests.gpu.test_forwarded_programs import FORWARD, HAS_GPU, PROGRAMS, Oriond, run
-from tests.gpu.test_native_frameworks import build_libraries, on_native_driver, run_on_driver
+from tests.gpu.test_native_frameworks import JAX_ENV, build_libraries, on_native_driver, run_on_driver
 from tests.guest.vm import GuestResult
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (device machine)"),
               pytest.mark.skipif(not bundle_ready(), reason="no guest bundle: run bash tests/gpu/build-guest-bundle.sh "
                                                             "and carry .gpu-guest to the GPU machine")]
-NAMES = ["driver_program.py", "core_program.py", "stream_order_program.py", "runtime_program.py"]
+NAMES = ["driver_program.py", "core_program.py", "stream_order_program.py", "runtime_program.py",
+         "pinned_threads_program.py"]
 
 
 @pytest.fixture
@@ -92,3 +93,19 @@ def test_pytorch_trains_in_a_guest_on_the_native_driver_with_the_native_losses(o
     assert cnn_native["learned"] and len(cnn["losses"]) == 20
     assert all(math.isclose(f, n, rel_tol=1e-5) for f, n in zip(cnn["losses"], cnn_native["losses"], strict=True)), \
         (cnn["losses"], cnn_native["losses"])
+
+
+def test_cupy_and_jax_in_a_guest_on_the_native_driver_give_the_native_results(oriond: Oriond, shared: Path) -> None:
+    """CuPy (elementwise, cuBLAS, cuRAND) and JAX (a jitted matmul and its gradient, XLA's default allocator on the
+    virtual-memory API) on the native guest driver, inside the guest."""
+    pytest.importorskip("cupy")
+    pytest.importorskip("jax")
+    arguments, env = on_native_driver(build_libraries(shared))
+    native = {"cupy_program.py": run_on_driver(PROGRAMS / "cupy_program.py", None),
+              "jax_program.py": run_on_driver(PROGRAMS / "jax_program.py", None, **JAX_ENV)}
+    runs = [{"name": "cupy_program.py", "argv": [*arguments, str(PROGRAMS / "cupy_program.py")], "env": env},
+            {"name": "jax_program.py", "argv": [*arguments, str(PROGRAMS / "jax_program.py")],
+             "env": {**env, **JAX_ENV}}]
+    _, forwarded = in_guest(oriond, shared, runs)
+    assert forwarded == native
+    assert native["jax_program.py"]["platform"] == "gpu" and native["jax_program.py"]["grad_ok"]
