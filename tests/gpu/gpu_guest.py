@@ -4,15 +4,18 @@ on the GPU machine"), with Orion regions as ivshmem-plain devices, and run one P
 That machine has no QEMU of its own: the bundle's qemu-system-x86_64 runs through the bundle's own loader and
 libraries, under TCG (its /dev/kvm does not boot a stock kernel). The guest's root is the host's own filesystem
 over 9p, read-only, so it runs the same Python and the same packages as the host; its /dev, /proc, /sys, /tmp and
-/run are its own (tests/gpu/guest_init.sh), so the GPU is not visible in it: only the regions are.
+/run are its own (tests/gpu/guest_init.sh), so the GPU is not visible in it: only the regions are. The checkout is
+shared once more and mounted at its own path, which a checkout under /tmp needs.
 
     result = boot_script(REPO / "tests/gpu/in_guest.py", ["arg"], regions=[("/dev/shm/x/orionsock0", 256)])
     assert result.rc == 0, result.serial
 """
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -37,6 +40,7 @@ def _qemu(bundle: Path) -> Path:
     """The bundle's QEMU tree, unpacked once per process into a temporary directory."""
     if bundle not in _unpacked:
         where = Path(tempfile.mkdtemp(prefix="orion-qemu-"))
+        atexit.register(shutil.rmtree, where, True)
         with tarfile.open(bundle / "qemu.tar.xz") as tar:
             tar.extractall(where, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))  # 3.12: checked
         _unpacked[bundle] = where / "qemu"
@@ -61,7 +65,8 @@ def boot_script(script: Path, args: list[str] = (), regions: list[tuple[str, int
            str(qemu / "bin" / "qemu-system-x86_64"), "-accel", "tcg", "-cpu", "max", "-smp", str(cpus),
            "-m", str(memory_mb), "-nodefaults", "-nographic", "-no-reboot", "-monitor", "none",
            "-L", str(qemu / "share"), "-kernel", str(bundle / "vmlinuz"), "-initrd", str(bundle / "initrd.gz"),
-           "-append", append, "-virtfs", "local,path=/,mount_tag=root,security_model=none,readonly=on,multidevs=remap"]
+           "-append", append, "-virtfs", "local,path=/,mount_tag=root,security_model=none,readonly=on,multidevs=remap",
+           "-virtfs", f"local,path={REPO},mount_tag=repo,security_model=none,readonly=on,multidevs=remap"]
     for i, (path, size_mib) in enumerate(regions):
         cmd += ["-object", f"memory-backend-file,id=region{i},size={int(size_mib)}M,mem-path={path},share=on",
                 "-device", f"ivshmem-plain,memdev=region{i}"]

@@ -5,6 +5,8 @@
 # devices: no /dev/nvidia*, only what QEMU gives it (the ivshmem BAR). Then it runs, chrooted there,
 #   orion_run=<absolute path of a Python script in the host's filesystem>
 #   orion_py=<absolute path of the interpreter>  orion_cwd=<directory>  orion_args=a,b,c (commas: separators)
+# with the checkout (9p, mount_tag "repo", read-only) mounted again at orion_cwd, so that a checkout under /tmp,
+# which the guest's own /tmp hides, is still there.
 # and prints ORION-GUEST-BEGIN / ORION-GUEST-END rc=N on the console before it powers off. Every failure path ends
 # in the power-off.
 /bin/busybox --install -s /bin
@@ -36,7 +38,7 @@ mount -t devtmpfs dev $N/dev && mkdir -p $N/dev/shm $N/dev/pts && mount -t tmpfs
     || { echo "ORION-GUEST-ERROR: could not mount the guest's own /dev, /proc, /sys, /tmp and /run"; finish 98; }
 
 set -f
-run=; py=; cwd=/; args=
+run=; py=; cwd=; args=
 for w in $(cat /proc/cmdline); do
     case "$w" in
         orion_run=*) run=${w#orion_run=} ;;
@@ -45,6 +47,9 @@ for w in $(cat /proc/cmdline); do
         orion_args=*) args=$(echo "${w#orion_args=}" | tr ',' ' ') ;;
     esac
 done
+[ -n "$cwd" ] && mkdir -p "$N$cwd" \
+    && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,ro repo "$N$cwd" \
+    || { echo "ORION-GUEST-ERROR: could not mount the 9p share 'repo' at $cwd"; finish 96; }
 chroot $N /bin/sh -c "[ -f $run ] && [ -x $py ]" || { echo "ORION-GUEST-ERROR: orion_run=$run or orion_py=$py is missing"; finish 97; }
 
 chroot $N /bin/sh -c "cd $cwd && exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 \
