@@ -21,7 +21,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tests.guest.vm import GuestError, GuestResult, boot
+from tests.guest.vm import GuestError, GuestResult, _q, boot
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE_FILES = ("qemu.tar.xz", "vmlinuz", "initrd.gz")
@@ -66,8 +66,8 @@ def boot_script(script: Path, args: list[str] = (), regions: list[tuple[str, int
            "-m", str(memory_mb), "-nodefaults", "-nographic", "-no-reboot", "-monitor", "none",
            "-L", str(qemu / "share"), "-kernel", str(bundle / "vmlinuz"), "-initrd", str(bundle / "initrd.gz"),
            "-append", append, "-virtfs", "local,path=/,mount_tag=root,security_model=none,readonly=on,multidevs=remap",
-           "-virtfs", f"local,path={REPO},mount_tag=repo,security_model=none,readonly=on,multidevs=remap"]
+           "-virtfs", f"local,path={_q(REPO)},mount_tag=repo,security_model=none,readonly=on,multidevs=remap"]
     for i, (path, size_mib) in enumerate(regions):
-        cmd += ["-object", f"memory-backend-file,id=region{i},size={int(size_mib)}M,mem-path={path},share=on",
+        cmd += ["-object", f"memory-backend-file,id=region{i},size={int(size_mib)}M,mem-path={_q(path)},share=on",
                 "-device", f"ivshmem-plain,memdev=region{i}"]
     return boot(cmd, timeout, env={**os.environ, "QEMU_MODULE_DIR": str(qemu / "modules")})
