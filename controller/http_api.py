@@ -202,12 +202,15 @@ async def api_health(request: web.Request) -> web.Response:
 
 async def api_pool(request: web.Request) -> web.Response:
     view = await blocking(request, request.app[POOL].view)
+    only = request.query.get("host")  # one host's part (orion-k8s-plugin asks for its node's); totals stay whole
+    if only is not None:
+        only = payloads.name(only, "host")
     hosts = [{"host": h.host.name, "address": h.host.address, "port": h.host.port, "vgpus_total": h.vgpus_total,
               "vgpus_free": h.vgpus_free,
               "gpus": [{"index": g.gpu.index, "uuid": g.gpu.uuid, "name": g.gpu.name, "memory_mib": g.gpu.memory_mib,
                         "memory_free_mib": g.free_memory_mib, "vgpu_count": g.gpu.vgpu_count,
                         "vgpus_free": len(g.free_slots), "vgpus_used": sorted(g.used_slots)} for g in h.gpus]}
-             for h in view.hosts]
+             for h in view.hosts if only is None or h.host.name == only]
     return web.json_response({"revision": view.revision, "vgpus_total": view.vgpus_total,
                               "vgpus_free": view.vgpus_free, "hosts": hosts})
 

@@ -172,8 +172,9 @@ class ControllerClient:
     def health(self) -> dict[str, Any]:
         return self._json("GET", "/api/v1/health")
 
-    def pool(self) -> dict[str, Any]:
-        return self._json("GET", "/api/v1/pool")
+    def pool(self, host: str = "") -> dict[str, Any]:
+        """The pool; with `host`, its ``hosts`` list holds that host alone (or nothing: not in the pool)."""
+        return self._json("GET", "/api/v1/pool" + (f"?host={quote(host)}" if host else ""))
 
     def register_host(self, host: str, gpus: Sequence[dict[str, Any]], port: int = 9960, vgpu_count: int = 4,
                       address: str | None = None, ttl_s: int | None = None) -> dict[str, Any]:

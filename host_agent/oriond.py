@@ -21,12 +21,11 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
 from dataclasses import replace
-from typing import NoReturn, TypeVar
 
 from . import controller_link, pidfile
 from .agent import RESCAN_S, Agent
+from .cli_args import OneLineParser, flag_type
 from .config import DEFAULT_PATH, ServerConfig, flag_count, flag_devices, flag_host, flag_port, flag_seconds
 from .executor import ExecutorOptions
 from .region_server import ServerOptions
@@ -36,35 +35,14 @@ from .relay_transport import RdmaSettings
 from .server_conf import ConfigError
 from .stop import StopRequest
 
-T = TypeVar("T")
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (no usage block): `oriond: argument --gmem: '-5' is not ...`."""
-
-    def error(self, message: str) -> NoReturn:
-        hint = " (oriond --help lists the flags)" if message.startswith("unrecognized arguments") else ""
-        self.exit(2, f"{self.prog}: {message}{hint}\n")
-
-
-def _flag(parse: Callable[[str], T], name: str) -> Callable[[str], T]:
-    """`parse` as an argparse type: its ValueError becomes argparse's one line naming the flag."""
-    def convert(text: str) -> T:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    convert.__name__ = name
-    return convert
-
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = _Parser(prog="oriond", description="Orion Server: runs forwarded CUDA calls on this host's GPUs")
-    count = _flag(lambda text: flag_count(text, "a number of clients"), "count")
+    parser = OneLineParser(prog="oriond", description="Orion Server: runs forwarded CUDA calls on this host's GPUs")
+    count = flag_type(lambda text: flag_count(text, "a number of clients"), "count")
     parser.add_argument("-n", type=count, metavar="N", help="the maximum number of clients (accepted, unused)")
-    parser.add_argument("-b", type=_flag(flag_host, "address"), metavar="IP",
+    parser.add_argument("-b", type=flag_type(flag_host, "address"), metavar="IP",
                         help="bind IP address for relayed sessions (server.conf's bind_addr)")
-    parser.add_argument("-p", type=_flag(flag_port, "port"), metavar="PORT",
+    parser.add_argument("-p", type=flag_type(flag_port, "port"), metavar="PORT",
                         help="listen port for relayed sessions (server.conf's listen_port)")
     parser.add_argument("-m", action="store_true", help="enable shared memory acceleration (the default)")
     parser.add_argument("-k", action="store_true", help="enable shared memory for QEMU-KVM guests")
@@ -74,14 +52,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", metavar="FILE",
                         help=f"server configuration (default {DEFAULT_PATH}; Orion's defaults if that is missing)")
     parser.add_argument("--region", action="append", help="serve this region file only (repeatable)")
-    mib = _flag(lambda text: flag_count(text, "MiB of memory"), "MiB")
+    mib = flag_type(lambda text: flag_count(text, "MiB of memory"), "MiB")
     parser.add_argument("--gmem", type=mib, metavar="MiB", help="memory quota of each vGPU of a session "
                         "without a controller allocation (default: device memory / vgpu_count)")
-    parser.add_argument("--devices", type=_flag(flag_devices, "devices"),
+    parser.add_argument("--devices", type=flag_type(flag_devices, "devices"),
                         help="comma-separated physical GPU ordinals sessions may use, e.g. 0,2")
     parser.add_argument("--pid-file", help=f"where to write our pid, for the libvirt hook's SIGHUP (default "
                         f"{pidfile.default_path()}; ORION_PID_FILE sets the default)")
-    parser.add_argument("--rescan-interval", type=_flag(flag_seconds, "seconds"), default=RESCAN_S, metavar="S",
+    parser.add_argument("--rescan-interval", type=flag_type(flag_seconds, "seconds"), default=RESCAN_S, metavar="S",
                         help="how often to look for new or removed regions (default %(default)s s); SIGHUP "
                              "rescans at once")
     args = parser.parse_args(argv)

@@ -7,7 +7,9 @@ truncates raises SIGBUS in the process touching it, and oriond's main process mu
 The rules (docs/security.md):
 * only a regular file, opened without following links (/dev/shm is writable by every local user);
 * a file that every local user may write is refused: whoever can write it can read and forge its sessions;
-  one that every local user may read is served with a warning;
+  one that every local user may read is served with a warning. Neither applies inside a sealed directory
+  (one that only its owner may pass through, e.g. orion-k8s-plugin's 0700 directory of per-container
+  regions): other users cannot reach a file there by any path, whatever its mode;
 * a valid Orion header is served as it is; a file of zeros (what QEMU or `truncate` makes) is formatted, and
   so is one whose Orion header was damaged (our magic, bad fields); a file holding any other bytes is not
   ours and is never written to.
@@ -68,8 +70,28 @@ def examine(path: str, channels: int = layout.DEFAULT_CHANNELS) -> Verdict:
         os.close(fd)
 
 
+def sealed_directory(path: str) -> str | None:
+    """The nearest directory on the way to `path` that gives neither its group nor others search permission
+    (so only its owner and root pass through it), or None. A file under one is out of reach of other local
+    users by any path: they cannot open it, nor link it elsewhere, whatever the file's own mode."""
+    directory = os.path.dirname(os.path.realpath(path))
+    while True:
+        try:
+            mode = os.stat(directory).st_mode
+        except OSError:
+            return None
+        if not mode & (stat.S_IXGRP | stat.S_IXOTH):
+            return directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+
+
 def _judge(path: str, fd: int, identity: Identity, channels: int) -> Verdict:
     mode = stat.S_IMODE(identity.mode)
+    if mode & (stat.S_IROTH | stat.S_IWOTH) and sealed_directory(path) is not None:
+        mode &= ~(stat.S_IROTH | stat.S_IWOTH)  # nobody but the directory's owner reaches the file
     if mode & stat.S_IWOTH:
         return Verdict(REFUSE, f"{path} is writable by every local user (mode {mode:04o}), who could then read and "
                                "forge its sessions' data; oriond does not serve it. Give it to its one tenant: "

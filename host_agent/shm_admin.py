@@ -28,6 +28,7 @@ from ivshmem.errors import RegionFormatError, RegionNotFormatted, WireError
 from ivshmem.layout import DEFAULT_CHANNELS, MIB, REGION_INDEX_RANGE, REGION_SIZE_RANGE_MIB, Geometry
 from ivshmem.region import SHM_DIR, SHM_PREFIX, Region, list_region_files, region_path
 
+from .region_file import sealed_directory
 from .server_conf import ShmSettings
 
 AGENT_STATES = {layout.AGENT_NEVER: "never", layout.AGENT_SERVING: "serving", layout.AGENT_STOPPED: "stopped"}
@@ -124,8 +125,11 @@ def _numeric_id(text: str, what: str) -> int | None:
 
 
 # --- who can reach a region ---------------------------------------------------------------------------------
-def access_of(mode: int) -> str:
-    """TENANT_ONLY, OTHERS_READ or OTHERS_WRITE: what the mode gives users who are neither owner nor group."""
+def access_of(mode: int, path: str) -> str:
+    """TENANT_ONLY, OTHERS_READ or OTHERS_WRITE: what the mode gives users who are neither owner nor group,
+    unless the file lies in a sealed directory (region_file.sealed_directory), which they cannot enter."""
+    if mode & (stat.S_IROTH | stat.S_IWOTH) and sealed_directory(path) is not None:
+        return TENANT_ONLY
     if mode & stat.S_IWOTH:
         return OTHERS_WRITE
     if mode & stat.S_IROTH:
@@ -135,7 +139,7 @@ def access_of(mode: int) -> str:
 
 def access_warning(path: str, mode: int) -> str:
     """One line for a region others than its tenant can reach, or "" when only the tenant can."""
-    access = access_of(mode)
+    access = access_of(mode, path)
     if access == TENANT_ONLY:
         return ""
     what = {(True, True): "read and write", (False, True): "write into", (True, False): "read"}[
@@ -183,7 +187,7 @@ def create(index: int, size_mib: int, directory: str = SHM_DIR, channels: int = 
     finally:
         os.close(fd)
     warning = ""
-    if mode is not None and access_of(final_mode) != TENANT_ONLY:
+    if mode is not None and access_of(final_mode, path) != TENANT_ONLY:
         warning = access_warning(path, final_mode)
     return CreatedRegion(path=path, size=st.st_size, owner=user_name(st.st_uid), group=_group_name(st.st_gid),
                          mode=stat.S_IMODE(st.st_mode), channels=geometry.channel_count, note=note,
@@ -384,7 +388,7 @@ def _examine(path: str, users: Users, detail: bool) -> dict:
     info: dict = {
         "index": int(os.path.basename(path)[len(SHM_PREFIX):]), "path": path, "type": kind,
         "size": st.st_size, "owner": user_name(st.st_uid), "group": _group_name(st.st_gid),
-        "mode": stat.S_IMODE(st.st_mode), "access": access_of(st.st_mode), "status": "invalid", "reason": None,
+        "mode": stat.S_IMODE(st.st_mode), "access": access_of(st.st_mode, path), "status": "invalid", "reason": None,
         "geometry": None, "agent": None, "channel_count": None, "channels_in_use": None, "channels": [], "users": users,
     }
     if kind != "file":

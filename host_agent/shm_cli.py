@@ -161,7 +161,7 @@ def _report_created(created: CreatedRegion, extra: bool) -> None:
     print(f"{created.path} is successfully created.")
     if extra:
         print(f"{created.size // MIB} MiB, {created.channels} channels, owner {created.owner}:{created.group}, "
-              f"mode {created.mode:04o} ({access_of(created.mode)})")
+              f"mode {created.mode:04o} ({access_of(created.mode, created.path)})")
     if created.note:
         print(f"Note: {created.note}", file=sys.stderr)
     if created.warning:

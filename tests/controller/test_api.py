@@ -150,6 +150,21 @@ MALFORMED = [
 ]
 
 
+def test_the_pool_can_be_asked_for_one_host(controllers: Callable[..., ControllerProcess]) -> None:
+    """orion-k8s-plugin asks for its node's part only; the totals stay the pool's."""
+    ctl = controllers()
+    client = ControllerClient(ctl.address)
+    client.register_host("node-a", two_v100("a"), vgpu_count=2)
+    client.register_host("node-b", two_v100("b"))
+    (only,) = client.pool("node-a")["hosts"]
+    assert (only["host"], only["vgpus_total"], [g["vgpu_count"] for g in only["gpus"]]) == ("node-a", 4, [2, 2])
+    assert client.pool("node-a")["vgpus_total"] == 12
+    assert client.pool("node-c")["hosts"] == []
+    assert [h["host"] for h in client.pool()["hosts"]] == ["node-a", "node-b"]
+    status, text = call(ctl, "GET", "/api/v1/pool?host=no%20such/host")
+    assert status == 400 and "host" in json.loads(text)["reason"], text
+
+
 def test_malformed_requests_get_4xx_with_a_reason(controllers: Callable[..., ControllerProcess]) -> None:
     ctl = controllers()
     problems = []

@@ -81,10 +81,15 @@ def root_conf(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def regions(tmp_path: Path) -> Path:
-    d = tmp_path / "regions"
-    d.mkdir()
-    return d
+def regions() -> Iterator[Path]:
+    """A region directory every user may enter, as /dev/shm is (pytest's tmp_path lies under a 0700 directory,
+    which would seal every region in it: region_file.sealed_directory)."""
+    d = Path(tempfile.mkdtemp(prefix="orion-test-", dir="/dev/shm"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -321,6 +326,18 @@ def test_a_mode_that_lets_others_in_warns_in_one_line(mode: str, words: str, reg
     assert len(warning.splitlines()) == 1 and warning.startswith("Warning: every local user can"), warning
     assert words in warning and f"mode {mode}" in warning
     assert (regions / "orionsock1").stat().st_mode & 0o7777 == int(mode, 8)
+
+
+def test_in_a_sealed_directory_an_open_mode_reaches_nobody_else(regions: Path, nobody_conf: str) -> None:
+    """orion-k8s-plugin's regions: 0666 files in a directory that only its owner may enter."""
+    sealed = regions / "k8s"
+    sealed.mkdir(mode=0o700)
+    result = shm("create", "-i", "1", "-s", "16", "-d", str(sealed), "--mode", "0666", "--config", nobody_conf,
+                 "--owner", str(os.geteuid()))
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    assert "mode 0666 (tenant only)" in result.stdout, result.stdout
+    listed = shm("list", "-d", str(sealed))
+    assert "tenant only" in listed.stdout and "Warning" not in listed.stdout + listed.stderr, listed
 
 
 def test_a_private_mode_does_not_warn(regions: Path, nobody_conf: str) -> None:

@@ -32,17 +32,17 @@ DISTRIBUTION = {
     "aiohttp": "aiohttp", "cuda.bindings": "cuda-bindings", "cuda.core": "cuda-core", "grpc": "grpcio",
     "hypothesis": "hypothesis", "libvirt": "libvirt-python", "lxml": "lxml", "numba": "numba-cuda", "numpy": "numpy",
     "prometheus_client": "prometheus-client", "pyetcd": "etcd-sdk-python", "pytest": "pytest", "pyverbs": "pyverbs",
-    "torch": "torch", "cupy": "cupy-cuda13x", "jax": "jax",
+    "torch": "torch", "cupy": "cupy-cuda13x", "jax": "jax", "google": "protobuf", "grpc_tools": "grpcio-tools",
+    "hatchling": "hatchling",
 }
 # Declared though no module of ours imports them, each with the reason (checked below where it can be).
-NEEDED_BY_OTHERS = {"protobuf": "etcd-sdk-python's generated etcdrpc modules import google.protobuf, and "
-                                "etcd-sdk-python does not declare it"}
+NEEDED_BY_OTHERS: dict[str, str] = {}
 # Imported, but installed by the system's package manager, never by pip: each with the reason.
 SYSTEM_PACKAGES = {"pyverbs": "rdma-core's python3-pyverbs (apt): PyPI's pyverbs builds and then fails to import "
                               "against Debian's libibverbs (TESTBED.md); setup.sh links Debian's into the venv, and "
                               "without it relay connections use TCP (host_agent/rdma_stream.py imports it lazily)"}
 # Run by the build backend at `pip install`, not shipped: their imports are the build system's requirements.
-BUILD_HOOKS = {"guest_runtime/hatch_build.py"}
+BUILD_HOOKS = {"guest_runtime/hatch_build.py": "guest_runtime/pyproject.toml", "hatch_build.py": "pyproject.toml"}
 # Imported by the tests only where the test tool or the device machine brings them: never a dependency.
 TEST_TOOLING = {"numba-cuda": "tests/gpu/programs/numba_program.py runs on the device machine, which has numba-cuda",
                 **{name: "tests/gpu/programs/ (PyTorch, CuPy, JAX programs) run on the device machine, which has it"
@@ -104,19 +104,33 @@ def test_the_host_distribution_declares_exactly_what_its_packages_import() -> No
     assert not wrong, "pyproject.toml [project] dependencies:\n" + "\n".join(wrong)
 
 
-def test_protobuf_is_declared_only_because_the_etcd_client_forgets_it() -> None:
-    """When etcd-sdk-python declares protobuf itself, our line goes; until then our floor is the protoc version its
-    generated modules were made with (they refuse an older runtime at import)."""
-    requires = importlib.metadata.requires("etcd-sdk-python") or []
-    assert not any(_name(r) == "protobuf" for r in requires), "etcd-sdk-python now declares protobuf: drop ours"
-    spec = importlib.util.find_spec("pyetcd.etcdrpc.kv_pb2")
-    assert spec is not None and spec.origin is not None
-    generated = Path(spec.origin).read_text()
-    assert "from google.protobuf import" in generated
-    made_with = re.search(r"^# Protobuf Python Version: (\S+)$", generated, re.M)
-    assert made_with is not None
+def _floor(requirement: str) -> tuple[int, ...]:
+    """The ``>=`` version of `requirement` among [project] dependencies, as numbers."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert f"protobuf>={made_with.group(1)}" in project["dependencies"]
+    (line,) = [r for r in project["dependencies"] if _name(r) == requirement]
+    match = re.search(r">=\s*([0-9.]+)", line)
+    assert match, line
+    return tuple(int(n) for n in match.group(1).split("."))
+
+
+def test_the_protobuf_and_grpcio_floors_admit_every_generated_module() -> None:
+    """Generated modules refuse, at import, a runtime older than what generated them: etcd-sdk-python's (which does
+    not declare protobuf itself) and ours, which hatch_build.py compiles with the pinned grpcio-tools."""
+    made_with = {}
+    for module in ("pyetcd.etcdrpc.kv_pb2", "host_agent.k8s.deviceplugin_pb2"):
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None, f"{module} is missing: pip install -e . generates ours"
+        found = re.search(r"^# Protobuf Python Version: (\S+)$", Path(spec.origin).read_text(), re.M)
+        assert found is not None, module
+        made_with[module] = tuple(int(n) for n in found.group(1).split("."))
+        assert made_with[module] <= _floor("protobuf"), (module, made_with[module])
+    spec = importlib.util.find_spec("host_agent.k8s.deviceplugin_pb2_grpc")
+    assert spec is not None and spec.origin is not None
+    found = re.search(r"^GRPC_GENERATED_VERSION = '(\S+)'$", Path(spec.origin).read_text(), re.M)
+    assert found is not None
+    assert tuple(int(n) for n in found.group(1).split(".")) <= _floor("grpcio")
+    build = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert f"grpcio-tools=={found.group(1)}" in build  # the pin is what made them
 
 
 def test_the_guest_distribution_declares_exactly_what_its_code_imports() -> None:
@@ -128,14 +142,14 @@ def test_the_guest_distribution_declares_exactly_what_its_code_imports() -> None
     assert not wrong, "guest_runtime/pyproject.toml [project.optional-dependencies]:\n" + "\n".join(wrong)
 
 
-def test_the_guest_build_hook_needs_only_the_build_systems_requirements() -> None:
-    requires = {_name(r) for r in tomllib.loads((REPO / "guest_runtime" / "pyproject.toml").read_text())
-                ["build-system"]["requires"]}
-    for hook in BUILD_HOOKS:
+def test_the_build_hooks_need_only_their_build_systems_requirements() -> None:
+    for hook, pyproject in BUILD_HOOKS.items():
+        requires = {_name(r) for r in tomllib.loads((REPO / pyproject).read_text())["build-system"]["requires"]}
         tree = ast.parse((REPO / hook).read_text())
         third_party = {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
                        and not n.level} - set(sys.stdlib_module_names) - set(PROJECT) - {"__future__"}
-        assert third_party <= requires, f"{hook} imports {sorted(third_party - requires)}"
+        needed = {DISTRIBUTION.get(name, name) for name in third_party}
+        assert needed <= requires, f"{hook} imports {sorted(needed - requires)}"
 
 
 def test_both_distributions_ask_for_the_same_cuda_bindings() -> None:
