@@ -33,7 +33,7 @@ DISTRIBUTION = {
     "hypothesis": "hypothesis", "libvirt": "libvirt-python", "lxml": "lxml", "numba": "numba-cuda", "numpy": "numpy",
     "prometheus_client": "prometheus-client", "pyetcd": "etcd-sdk-python", "pytest": "pytest", "pyverbs": "pyverbs",
     "torch": "torch", "cupy": "cupy-cuda13x", "jax": "jax", "google": "protobuf", "grpc_tools": "grpcio-tools",
-    "hatchling": "hatchling",
+    "hatchling": "hatchling", "yaml": "pyyaml",
 }
 # Declared though no module of ours imports them, each with the reason (checked below where it can be).
 NEEDED_BY_OTHERS: dict[str, str] = {}
