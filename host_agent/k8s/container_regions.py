@@ -18,7 +18,6 @@ oriond (shm_path_base set to the same directory) serves the regions; host_agent/
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import stat
@@ -46,14 +45,16 @@ class ContainerRegions:
     def prepare(self) -> None:
         """Make the directory if it is missing; refuse one that others could enter or that is not ours (in a
         /dev/shm that every user may write to, someone could have made it first to reach our regions)."""
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(self.directory, DIRECTORY_MODE)
             log.info("created %s (mode %04o) for the containers' regions", self.directory, DIRECTORY_MODE)
-        try:
-            st = os.lstat(self.directory)
+        except FileExistsError:
+            pass
         except OSError as exc:
-            raise RegionDirError(f"{self.directory}: {exc.strerror}; give -region-dir (or shm_path_base) a "
-                                 "directory this user can create") from None
+            raise RegionDirError(f"cannot create {self.directory} ({exc.strerror}); give -region-dir (or "
+                                 "shm_path_base) a directory this user can create, in a file system that "
+                                 "exists (e.g. /dev/shm/orion-k8s/)") from None
+        st = os.lstat(self.directory)
         where = f"{self.directory} (the containers' region directory)"
         if not stat.S_ISDIR(st.st_mode):
             raise RegionDirError(f"{where} is not a directory; remove it, or choose another -region-dir")
@@ -68,9 +69,13 @@ class ContainerRegions:
     def give(self, index: int) -> str:
         """A fresh, formatted region orionsock<index> for one container; its path. ShmError says why not."""
         path = region_path(index, self.directory)
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(path)  # the region of the container that had this device before: it has ended
             log.info("%s: made anew for the next container of its device", path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a directory in its place, or the file system gone: say so, make nothing
+            raise shm_admin.ShmError(f"cannot remove the old {path} ({exc.strerror}); remove it by hand") from None
         created = shm_admin.create(index, self.size_mib, self.directory, mode=REGION_MODE,
                                    owner=str(os.geteuid()))
         pidfile.notify(self.pid_file)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
@@ -118,8 +119,6 @@ class PluginServer:
             self._server, self._served = None, None
 
     def _register(self, kubelet: tuple[int, int, int]) -> None:
-        import time
-
         if time.monotonic() < self._retry_at:
             return
         request = pb.RegisterRequest(version=VERSION, endpoint=self.endpoint.name,

@@ -140,6 +140,14 @@ def test_the_plugin_registers_and_lists_exactly_the_hosts_vgpus(node: Node) -> N
     assert (options.pre_start_required, options.get_preferred_allocation_available) == (False, False)
 
 
+def test_the_device_list_follows_the_pool(node: Node) -> None:
+    node.kubelet.next_list(healthy)
+    with ControllerClient(node.ctl.address, timeout_s=10) as client:  # the host's GPUs as re-registered
+        client.register_host(NODE, GPUS[:1], vgpu_count=3, address=NODE)
+    devices = node.kubelet.next_list(lambda d: healthy(d) and len(d) == 3)
+    assert sorted(d for d, _ in devices) == ["vgpu-0-0", "vgpu-0-1", "vgpu-0-2"]
+
+
 def test_devices_go_unhealthy_when_oriond_or_the_controller_is_gone_and_come_back(node: Node) -> None:
     node.kubelet.next_list(healthy)
     node.agent.stop()  # a clean stop unregisters the host at once

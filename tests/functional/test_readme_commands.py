@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 import urllib.request
@@ -361,6 +362,27 @@ def _orion_smi(rig: Rig) -> None:
     rig.run(f"orion-smi --controller {address}")
     rig.run(f"ORION_CONTROLLER={address} orion-smi")
     rig.run(f"orion-smi --controller 127.0.0.1:{free_port()}", codes=(1,))
+
+
+@smoke("orion-k8s-plugin [-controller HOST:PORT]")
+def _k8s_plugin(rig: Rig) -> None:
+    """Beside this host's oriond, as on a node: the node's vGPUs Healthy, its socket served in kubelet's directory
+    (no kubelet here: tests/controller/test_k8s_plugin.py plays it)."""
+    rig.run("orion-k8s-plugin --help", "-controller", "-device-plugin-dir")
+    address = rig.controller()
+    rig.host(controller=address)  # oriond registers one made-up GPU as 127.0.0.1, server.conf's default bind_addr
+    rig.run(f"chmod 0700 {rig.tmp}/shm")  # the regions' directory must be sealed (docs/kubernetes.md)
+    kubelet_dir = Path(tempfile.mkdtemp(prefix="orion-kubelet-", dir="/tmp"))  # a socket path is at most 107 bytes
+    try:
+        log = rig.start(f"orion-k8s-plugin -controller {address} -config {rig.tmp}/server.conf "
+                        f"-device-plugin-dir {kubelet_dir}")
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while "4 vGPU(s) of this node are Healthy" not in log.read_text():
+            assert time.monotonic() < deadline, rig.logs()
+            time.sleep(0.1)
+        assert (kubelet_dir / "orion-vgpu.sock").is_socket(), rig.logs()
+    finally:
+        shutil.rmtree(kubelet_dir, ignore_errors=True)
 
 
 @smoke("orion-check install [server|client|controller|all] / orion-check runtime server|client")

@@ -263,6 +263,7 @@ def oriond_over(regions: dict[str, tuple[int, int]], log_path: Path) -> Iterator
     yields (oriond, directory). Afterwards oriond is stopped (it must exit 0 and leave no process behind) and
     the directory removed."""
     directory = Path(tempfile.mkdtemp(prefix="orion-test-", dir="/dev/shm"))
+    directory.chmod(0o755)  # others may enter, as in /dev/shm: mkdtemp's 0700 would seal every file in it
     agent = None
     try:
         for name, (size, mode) in regions.items():
