@@ -106,7 +106,8 @@ class PluginServer:
             if server.add_insecure_port(f"unix:{path}") == 0:
                 raise RuntimeError("grpc could not bind it")
             server.start()
-        except RuntimeError as exc:
+            os.chmod(path, 0o600)  # kubelet (root) alone may call Allocate, whatever the umask
+        except (RuntimeError, OSError) as exc:
             server.stop(None)
             self._problem(f"cannot serve {path}: {exc}")
             return

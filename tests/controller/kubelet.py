@@ -5,20 +5,25 @@ manager does: it serves Registration on <dir>/kubelet.sock and records each Regi
 kubelet does, a version it does not speak); after a registration it dials the plugin's endpoint in the same
 directory and keeps a ListAndWatch stream open, keeping every list it receives; it calls Allocate as it
 admits a container. ``restart()`` does what a restarting kubelet does to the directory: every socket in it
-is deleted (the plugin's too) and kubelet.sock is made anew.
+is deleted (the plugin's too) and kubelet.sock is made anew. ``Plugin`` runs orion-k8s-plugin as its own process.
 """
 from __future__ import annotations
 
 import os
 import queue
+import subprocess
+import sys
 import threading
 import time
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from host_agent.k8s.api import KUBELET_SOCKET, VERSION, pb, rpc
+from tests.controller.rig import REPO
+from tests.processes import python_path, stop_process
 
 
 class _Registration(rpc.RegistrationServicer):  # type: ignore[misc]
@@ -118,3 +123,29 @@ class Kubelet:
             seen.append(devices)
             if predicate(devices):
                 return devices
+
+
+class Plugin:
+    """``orion-k8s-plugin`` as its own process, reading the node's server.conf as it would in its DaemonSet."""
+
+    def __init__(self, log_path: Path, *args: str) -> None:
+        self.log_path, self.args = log_path, list(args)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Plugin:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+        env["PYTHONPATH"] = python_path()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "host_agent.k8s.cli", *self.args], cwd=REPO,
+                                         env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> int | None:
+        return None if self.proc is None else stop_process(self.proc, 15)

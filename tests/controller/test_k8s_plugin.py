@@ -24,10 +24,10 @@ import pytest
 
 from guest_runtime.controller_client import ControllerClient
 from host_agent.k8s.api import pb
-from tests.controller.kubelet import Kubelet
+from tests.controller.kubelet import Kubelet, Plugin
 from tests.controller.oriond_proc import Oriond
 from tests.controller.rig import REPO, ControllerProcess, free_port, wait_until
-from tests.processes import python_path, stop_process
+from tests.processes import python_path
 
 NODE = "127.0.0.31"
 GPUS = [{"uuid": "GPU-5a5a5a5a-1111-2222-3333-444444444444", "name": "Tesla T4", "memory_mib": 15360},
@@ -45,32 +45,6 @@ def healthy(devices: list[tuple[str, str]]) -> bool:
 
 def unhealthy(devices: list[tuple[str, str]]) -> bool:
     return bool(devices) and all(health == "Unhealthy" for _, health in devices)
-
-
-class Plugin:
-    """``orion-k8s-plugin`` as its own process, reading the node's server.conf as it would in its DaemonSet."""
-
-    def __init__(self, log_path: Path, *args: str) -> None:
-        self.log_path, self.args = log_path, list(args)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Plugin:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
-        env["PYTHONPATH"] = python_path()
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "host_agent.k8s.cli", *self.args], cwd=REPO,
-                                         env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        return self
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> int | None:
-        return None if self.proc is None else stop_process(self.proc, 15)
 
 
 @dataclass
@@ -176,6 +150,16 @@ def test_the_plugin_registers_again_when_kubelet_restarts(node: Node) -> None:
     answer = node.kubelet.allocate(node.devices[-1:])
     assert answer.container_responses[0].envs["ORION_VGPU"] == "1"
     assert "serving it again" in node.plugin.log()
+    socket = Path(node.plugin_dir) / node.kubelet.registrations[-1].endpoint
+    assert stat.S_IMODE(socket.stat().st_mode) == 0o600  # only kubelet's user may call it
+
+    region = Path(answer.container_responses[0].mounts[0].host_path)
+    assert node.plugin.stop() == 0  # the plugin itself restarts (a new DaemonSet pod): it registers again ...
+    node.plugin.start()
+    wait_until("no registration after the plugin's restart", lambda: len(node.kubelet.registrations) == 3,
+               log=node.logs)
+    assert sorted(d for d, _ in node.kubelet.next_list(healthy)) == node.devices
+    assert region.exists()  # ... and leaves the running containers' regions alone
 
 
 def test_bad_requests_are_refused_with_grpc_errors_and_make_nothing(node: Node) -> None:
