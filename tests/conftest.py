@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -139,6 +141,19 @@ def _stop_all(servers: list[ServerProcess]) -> list[str]:
             os.kill(pid, signal.SIGKILL)
     return [f"agent on {server.path}: process {pid} still running after stop:\n{server.log()}"
             for pid, server in left.items()]
+
+
+@pytest.fixture
+def open_shm_dir() -> Iterator[Path]:
+    """A directory under /dev/shm that every user may enter (0755), as /dev/shm itself: the files' own modes
+    decide who can open them. (pytest's tmp_path lies under a 0700 directory, which seals every file in it:
+    host_agent/region_file.sealed_directory.) Out of oriond's way: it serves only /dev/shm/orionsock<N>."""
+    directory = Path(tempfile.mkdtemp(prefix="orion-test-", dir="/dev/shm"))
+    directory.chmod(0o755)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -81,15 +81,8 @@ def root_conf(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def regions() -> Iterator[Path]:
-    """A region directory every user may enter, as /dev/shm is (pytest's tmp_path lies under a 0700 directory,
-    which would seal every region in it: region_file.sealed_directory)."""
-    d = Path(tempfile.mkdtemp(prefix="orion-test-", dir="/dev/shm"))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+def regions(open_shm_dir: Path) -> Path:
+    return open_shm_dir
 
 
 @contextlib.contextmanager

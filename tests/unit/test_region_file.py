@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -80,33 +77,21 @@ def test_a_file_too_small_for_a_region_is_refused_in_one_line(tmp_path: Path, si
     assert verdict.action == region_file.REFUSE and "\n" not in verdict.reason and "orion-shm create" in verdict.reason
 
 
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory every user can enter, on a path every user can walk (pytest's tmp_path lies under a 0700
-    directory, which seals everything in it)."""
-    directory = Path(tempfile.mkdtemp(prefix="orion-test-", dir="/dev/shm"))
-    directory.chmod(0o755)
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def test_who_may_reach_the_file_decides(open_dir: Path) -> None:
-    assert region_file.sealed_directory(str(open_dir / "orionsock1")) is None
-    writable = region_file.examine(str(_file(open_dir / "orionsock1", mode=0o666)))
+def test_who_may_reach_the_file_decides(open_shm_dir: Path) -> None:
+    assert region_file.sealed_directory(str(open_shm_dir / "orionsock1")) is None
+    writable = region_file.examine(str(_file(open_shm_dir / "orionsock1", mode=0o666)))
     assert writable.action == region_file.REFUSE and "writable by every local user" in writable.reason
-    readable = region_file.examine(str(_file(open_dir / "orionsock2", mode=0o644)))
+    readable = region_file.examine(str(_file(open_shm_dir / "orionsock2", mode=0o644)))
     assert readable.action == region_file.FORMAT and "readable by every local user" in readable.warning
-    tenant = region_file.examine(str(_file(open_dir / "orionsock3", mode=0o660)))
+    tenant = region_file.examine(str(_file(open_shm_dir / "orionsock3", mode=0o660)))
     assert (tenant.action, tenant.warning) == (region_file.FORMAT, "")
-    assert not any((open_dir / "orionsock1").read_bytes()), "a refused file was written"
+    assert not any((open_shm_dir / "orionsock1").read_bytes()), "a refused file was written"
 
 
 @pytest.mark.parametrize("directory_mode", [0o700, 0o744, 0o766])
-def test_in_a_sealed_directory_the_files_mode_does_not_let_others_in(open_dir: Path, directory_mode: int) -> None:
+def test_in_a_sealed_directory_the_files_mode_does_not_let_others_in(open_shm_dir: Path, directory_mode: int) -> None:
     """orion-k8s-plugin's regions: mode 0666 in a directory that neither group nor others may search."""
-    sealed = open_dir / "k8s"
+    sealed = open_shm_dir / "k8s"
     sealed.mkdir()
     sealed.chmod(directory_mode)
     region = _file(sealed / "orionsock1", mode=0o666)

@@ -48,15 +48,10 @@ exec setpriv --reuid "$TENANT" --regid "$TENANT" --clear-groups --pdeathsig keep
 
 
 @pytest.fixture
-def region_dir() -> Iterator[Path]:
-    """A directory for the tenants' regions, under /dev/shm but out of oriond's way (it serves only
-    /dev/shm/orionsock<N>); 0755, so that only the files' own modes keep tenants apart."""
-    directory = Path(tempfile.mkdtemp(prefix="orion-test-", dir="/dev/shm"))
-    directory.chmod(0o755)
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+def region_dir(open_shm_dir: Path) -> Path:
+    """The tenants' regions' directory: others may enter it, so that only the files' own modes keep tenants
+    apart."""
+    return open_shm_dir
 
 
 @pytest.fixture
