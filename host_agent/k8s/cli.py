@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("orion-k8s-plugin: node %s, Orion Controller %s, regions in %s, kubelet's directory %s", node,
              controller, regions.directory, args.device_plugin_dir)
+    if regions.directory != (config.shm.path_base.rstrip("/") or "/"):
+        log.warning("-region-dir %s is not shm_path_base %s of %s: oriond serves only the latter, so set them to the "
+                    "same directory", regions.directory, config.shm.path_base, args.config)
     stop = StopRequest().on_signals()
     board = DeviceBoard()
     watch = PoolWatch(controller, node, board, args.poll).start()

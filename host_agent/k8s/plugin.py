@@ -62,7 +62,6 @@ class PluginServer:
         self._retry_at = 0.0
         self._pause = WATCH_S
         self._last_problem = ""
-        self.registrations = 0
 
     def run(self) -> None:
         try:
@@ -134,7 +133,6 @@ class PluginServer:
                           f"({exc.code().name}: {exc.details()}); trying again")
             return
         self._registered_with, self._pause, self._last_problem = kubelet, WATCH_S, ""
-        self.registrations += 1
         log.info("registered %s with kubelet (%s, endpoint %s)", self.endpoint.resource, self.endpoint.kubelet,
                  self.endpoint.name)
 
