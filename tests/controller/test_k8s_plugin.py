@@ -162,6 +162,19 @@ def test_the_plugin_registers_again_when_kubelet_restarts(node: Node) -> None:
     assert region.exists()  # ... and leaves the running containers' regions alone
 
 
+def test_the_plugin_waits_for_a_kubelet_that_is_down_and_registers_when_it_is_back(node: Node) -> None:
+    node.kubelet.next_list(healthy)
+    node.kubelet.stop()
+    Path(node.kubelet.socket).unlink(missing_ok=True)  # kubelet down for a while: no kubelet.sock
+    wait_until("the plugin did not notice kubelet's absence", lambda: "kubelet stopped" in node.plugin.log(),
+               log=node.logs)
+    assert len(node.kubelet.registrations) == 1 and node.plugin.alive()
+    node.kubelet.start()
+    wait_until("no registration once kubelet is back", lambda: len(node.kubelet.registrations) == 2,
+               log=node.logs)
+    assert sorted(d for d, _ in node.kubelet.next_list(healthy)) == node.devices
+
+
 def test_bad_requests_are_refused_with_grpc_errors_and_make_nothing(node: Node) -> None:
     node.kubelet.next_list(healthy)
     count = len(node.devices)
