@@ -83,6 +83,12 @@ static int ask_helper(const char *where, const char *host, int predates, int *le
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, control[1], 0);
     posix_spawn_file_actions_adddup2(&actions, answer[1], 1);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+    /* Nothing of the program but stdin, stdout and stderr: an inheritable descriptor it holds (a pipe's write end,
+     * a listening socket) must not stay open in a helper that lives as long as the program. Older C libraries
+     * lack this action; there the helper inherits what the program did not mark close-on-exec. */
+    posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+#endif
     pid_t pid = 0;
     int spawned = posix_spawnp(&pid, python, &actions, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&actions);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,13 +53,34 @@ def native(library: str) -> dict[str, Any]:
                                                           "cuMemGetInfo")}
 
 
+def helper_holds(fd: int) -> list[int]:
+    """Pids of this process's children (the native driver's lease helper) that hold what `fd` is open on."""
+    target = os.readlink(f"/proc/self/fd/{fd}")
+    holders = []
+    for pid in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split():
+        try:
+            held = {os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
+        except OSError:
+            continue
+        if target in held:
+            holders.append(int(pid))
+    return holders
+
+
 def main() -> int:
-    fn = native(sys.argv[2]) if sys.argv[1:2] == ["--native"] else activate().implementations()
+    native_run = sys.argv[1:2] == ["--native"]
+    fn = native(sys.argv[2]) if native_run else activate().implementations()
+    # A descriptor the program leaves inheritable (as C programs do by default): the lease helper the native
+    # driver starts must not keep it open, or whoever waits for its end of file would wait for this process's.
+    _, leaky = os.pipe()
+    os.set_inheritable(leaky, True)
     result = fn["cuInit"](0)
     alloc = allocation.current()  # (on the native driver its lease helper holds it: None here)
     seen: dict[str, Any] = {"cuInit": result, "id": alloc.id if alloc else None, "host": alloc.host if alloc else None}
     if result == 0:
         seen.update(devices(fn))
+    if native_run:
+        seen["helper_holds_inherited_fd"] = helper_holds(leaky)
     print(json.dumps(seen), flush=True)
     sys.stdin.readline()
     return 0

@@ -156,6 +156,7 @@ def test_a_native_driver_guest_gets_its_vgpus_and_its_lease_helper_releases_them
         assert seen["count"] == 2 and seen["total"] == [quota, quota]
         assert (seen["alloc_too_much"], seen["alloc_1mib"]) == (OUT_OF_MEMORY, 0)
         assert seen["mem_info"] == [quota - MIB, quota]
+        assert seen["helper_holds_inherited_fd"] == [], seen  # only stdin, stdout, stderr reach the helper
         _, err = proc.communicate("\n", timeout=30)  # (the helper shares the guest's stderr: its exit line too)
         assert proc.returncode == 0, err
         assert "[INFO] Using Orion resource (" in err and EXIT_LINE.findall(err) == [held["id"]], err
