@@ -101,6 +101,23 @@ def relay_route(config: ServerConfig, link: object | None) -> RelayRoute | None:
     return route
 
 
+def missing_devices(devices: tuple[int, ...]) -> str:
+    """What is wrong with --devices on this host: ordinals it has no GPU for (one line), or "". A host whose
+    GPUs cannot be read (no driver) is not judged: its sessions have no device anyway, which they say."""
+    from .gpu_inventory import InventoryError, read
+
+    try:
+        gpus, _why = read()  # in a child interpreter: oriond itself never initialises CUDA
+    except InventoryError:
+        return ""
+    have = sorted(g.index for g in gpus)
+    missing = [d for d in devices if d not in have]
+    if not gpus or not missing:
+        return ""
+    return (f"{','.join(map(str, devices))}: this host has no GPU {','.join(map(str, missing))} (it has "
+            f"{len(have)}: {', '.join(map(str, have))}); name only GPUs it has, or leave --devices out to use all")
+
+
 def _listen(config: ServerConfig) -> socket.socket | None:
     """The relay listener's socket on bind_addr:listen_port; None, said once, when it cannot be had."""
     try:
@@ -132,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     for key in config.unknown_keys:
         logging.warning("%s: %s is not in Orion's server.conf; ignored (a typo?)", config.path, key)
     devices = args.devices
+    problem = missing_devices(devices) if devices is not None else ""
+    if problem:  # sessions would silently lose the missing GPUs: a typo must not pass
+        print(f"oriond: argument --devices: {problem}", file=sys.stderr)
+        return 2
     stop = StopRequest().on_signals()
     link = None
     if config.controller_configured:

@@ -8,6 +8,7 @@ configuration, started the same way, is the control: it gets as far as its pid f
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -174,13 +175,30 @@ def test_a_missing_shm_path_base_says_to_create_it_and_is_not_created(rig: Rig) 
     assert not missing.exists()
 
 
+def three_gpus(rig: Rig) -> str:
+    """A made-up inventory of GPUs 0, 1 and 2 (host_agent/gpu_inventory.py's test override), so that --devices
+    is judged the same on a machine with or without GPUs."""
+    path = rig.tmp / "gpus.json"
+    path.write_text(json.dumps([{"uuid": f"GPU-{i}", "name": "made-up", "memory_mib": 1024} for i in range(3)]))
+    return str(path)
+
+
+def test_devices_this_host_does_not_have_are_refused(rig: Rig) -> None:
+    """Sessions would otherwise lose the missing GPUs without a word."""
+    rig.conf.write_text(rig.fill(GOOD_CONF))
+    line = rig.refused(["--devices", "0,7,2,9"], {"ORION_TEST_GPU_INVENTORY": three_gpus(rig)})
+    assert line == ("oriond: argument --devices: 0,7,2,9: this host has no GPU 7,9 (it has 3: 0, 1, 2); name "
+                    "only GPUs it has, or leave --devices out to use all"), line
+
+
 def test_a_good_conf_with_the_same_rig_starts(rig: Rig) -> None:
     """The control: the cases above fail for what they change, not for the rig."""
     rig.conf.write_text(rig.fill(GOOD_CONF))
     log = rig.tmp / "oriond.log"
     flags = ["--devices", "0,2", "--gmem", "1024", "--rescan-interval", "0.5", "-n", "8", "-p", "9960", "-b", "::1"]
+    extra = {"ORION_CONTROLLER": "", "ORION_TEST_GPU_INVENTORY": three_gpus(rig)}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(rig.command(flags, {}), cwd=REPO, env=rig.env({"ORION_CONTROLLER": ""}),
+        proc = subprocess.Popen(rig.command(flags, {}), cwd=REPO, env=rig.env(extra),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
