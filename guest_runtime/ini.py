@@ -152,7 +152,10 @@ def host_port(text: str) -> tuple[str, int]:
 
     Raises ValueError saying what is wrong (a quote, a missing port, a port out of range, not a host name);
     callers put the file or variable and the value in front."""
-    host, port_text = _split(bare_address(text))
+    address = bare_address(text)
+    if "://" in address:
+        raise ValueError("only http:// may be written before HOST:PORT")
+    host, port_text = _split(address)
     if not port_text:
         raise ValueError("the port is missing")
     port = whole_number(port_text)

@@ -17,9 +17,9 @@ import os
 import sys
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 from guest_runtime.controller_client import ControllerClient, ControllerClientError
+from guest_runtime.ini import host_port
 
 from .config import DEFAULT_PATH, ServerConfig
 from .server_conf import ConfigError
@@ -99,7 +99,7 @@ class AddressError(ValueError):
 
 def _address(explicit: str | None, config_path: str) -> str:
     """--controller, else ORION_CONTROLLER, else server.conf's controller_addr, else Orion's default; checked
-    here, so that a bad one is one line naming where it came from (and an address without a port means 9123)."""
+    here, so that a bad one is one line naming where it came from."""
     if explicit:
         return checked_address(explicit, "--controller")
     if os.environ.get("ORION_CONTROLLER"):
@@ -110,23 +110,13 @@ def _address(explicit: str | None, config_path: str) -> str:
 
 
 def checked_address(text: str, where: str) -> str:
-    """`text` as HOST[:PORT] (an http:// prefix allowed; no port means Orion's 9123, as oriond reads it), the
-    port 1-65535; AddressError otherwise."""
-    hint = "give HOST:PORT, e.g. 127.0.0.1:9123"
-    split = urlsplit(text if "://" in text else f"http://{text}")
+    """`text` as HOST:PORT by the rule every Orion program reads a controller address with (guest_runtime.ini's
+    host_port: an http:// in front allowed, the port required, 1-65535); AddressError naming `where` otherwise."""
     try:
-        port = split.port
-    except ValueError:
-        port = -1
-    if split.scheme != "http" or not split.hostname or split.path.strip("/") or split.query:
-        raise AddressError(f"{where} is '{text}': not a controller address; {hint}")
-    if port is None:
-        if split.netloc.endswith(":"):
-            raise AddressError(f"{where} is '{text}': the port is missing; {hint}")
-        port = DEFAULT_PORT
-    if not 1 <= port <= 65535:
-        raise AddressError(f"{where} is '{text}': the port must be a number from 1 to 65535; {hint}")
-    return f"{split.hostname}:{port}" if ":" not in split.hostname else f"[{split.hostname}]:{port}"
+        host, port = host_port(text)
+    except ValueError as exc:
+        raise AddressError(f"{where} is '{text}': {exc}; give HOST:PORT, e.g. 127.0.0.1:9123") from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class _Parser(argparse.ArgumentParser):

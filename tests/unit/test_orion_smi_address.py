@@ -1,5 +1,6 @@
-"""orion-smi's controller address: a port it cannot use is one line naming where the address came from,
-never a silent :9123 (port 0 read as "no port") or a raw parse error (a word as the port). No controller is
+"""orion-smi's controller address, read by the rule every Orion program uses (guest_runtime.ini.host_port): a port
+it cannot use, or none, is one line naming where the address came from, never a silent :9123 or a raw parse
+error (a word as the port). No controller is
 needed: each case ends before any connection."""
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ def smi(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(("address", "words"), [
-    ("127.0.0.1:0", "port must be a number from 1 to 65535"),
-    ("127.0.0.1:65536", "port must be a number from 1 to 65535"),
-    ("127.0.0.1:abc", "port must be a number from 1 to 65535"),
-    (":abc", "not a controller address"),
-    ("127.0.0.1:", "port is missing"),
-    ("ftp://somewhere:9123", "not a controller address"),
-    ("somewhere:9123/path", "not a controller address"),
+    ("127.0.0.1:0", "is not a number from 1 to 65535"),
+    ("127.0.0.1:65536", "is not a number from 1 to 65535"),
+    ("127.0.0.1:abc", "is not a number from 1 to 65535"),
+    (":9123", "the host is missing"),
+    ("127.0.0.1:", "the port is missing"),
+    ("ctl.example", "the port is missing"),
+    ("ftp://somewhere:9123", "only http:// may be written before HOST:PORT"),
+    ("somewhere:9123/path", "is not a number from 1 to 65535"),
+    ("a b:1", "'a b' is not a host name or IP address"),
 ])
 def test_a_bad_controller_option_is_one_line(address: str, words: str) -> None:
     out = smi("--controller", address)
@@ -53,7 +56,7 @@ def test_a_bad_option_is_one_line() -> None:
 
 @pytest.mark.parametrize(("text", "address"), [
     ("10.0.0.1:9124", "10.0.0.1:9124"), ("http://10.0.0.1:9124/", "10.0.0.1:9124"),
-    ("ctl.example", "ctl.example:9123"), ("[::1]:9124", "[::1]:9124"),
+    ("ctl.example:9125", "ctl.example:9125"), ("[::1]:9124", "[::1]:9124"),
 ])
 def test_good_addresses(text: str, address: str) -> None:
     assert checked_address(text, "--controller") == address
