@@ -67,6 +67,8 @@ class Agent:
         self.release = release
         self.factory = factory or executor_factory(executor)
         self.fixed = regions  # serve exactly these, or (None) every region file of shm_path_base
+        # Whose files of shm_path_base are served without root's tenant mark; files named with --region, any.
+        self.owners = region_file.served_owners(config.shm) if regions is None else None
         self.options = options or ServerOptions()
         self.stop = stop or StopRequest()
         self.regions: dict[str, RegionProcess] = {}
@@ -109,7 +111,7 @@ class Agent:
             self._try_serve(path, now)
 
     def _try_serve(self, path: str, now: float) -> None:
-        verdict = region_file.examine(path, self.options.channels)
+        verdict = region_file.examine(path, self.options.channels, self.owners)
         fault = self._faults.get(path)
         if verdict.action == region_file.REFUSE:
             fault = self._faults.setdefault(path, _Fault())

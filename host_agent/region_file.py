@@ -10,14 +10,20 @@ The rules (docs/security.md):
   one that every local user may read is served with a warning. Neither applies inside a sealed directory
   (one that only its owner may pass through, e.g. orion-k8s-plugin's 0700 directory of per-container
   regions): other users cannot reach a file there by any path, whatever its mode;
+* a file of another user than root, oriond's own or QEMU's (server.conf [server-shm]) is served only when root
+  made it for that user: `orion-shm create --owner` marks it with the extended attribute TENANT_MARK, in the
+  `trusted.` namespace that only root can write. Otherwise any local user could plant an `orionsock<N>` of
+  their own in /dev/shm and be given GPU sessions;
 * a valid Orion header is served as it is; a file of zeros (what QEMU or `truncate` makes) is formatted, and
   so is one whose Orion header was damaged (our magic, bad fields); a file holding any other bytes is not
   ours and is never written to.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import pwd
 import stat
 from typing import NamedTuple
 
@@ -25,7 +31,10 @@ from ivshmem import layout
 from ivshmem.errors import RegionFormatError, RegionNotFormatted, WireError
 from ivshmem.region import open_region_file
 
+from .server_conf import ShmSettings
+
 SERVE, FORMAT, REFUSE = "serve", "format", "refuse"
+TENANT_MARK = "trusted.orion.tenant"  # the uid root made a region for (orion-shm create --owner); only root sets it
 _BLOCK = 1 << 20
 _ZEROS = bytes(_BLOCK)
 
@@ -56,14 +65,40 @@ class Verdict(NamedTuple):
     channels: int = 0  # channels it has (SERVE) or will have once formatted (FORMAT)
 
 
-def examine(path: str, channels: int = layout.DEFAULT_CHANNELS) -> Verdict:
-    """The verdict on `path`; never raises (a file oriond cannot even look at is refused with the reason)."""
+def served_owners(settings: ShmSettings) -> frozenset[int]:
+    """The uids whose region files oriond serves without a tenant mark: root, its own, and QEMU's user of
+    server.conf when that user exists (QEMU and the libvirt hook make its regions)."""
+    owners = {0, os.geteuid()}
+    with contextlib.suppress(KeyError):
+        owners.add(pwd.getpwnam(settings.user).pw_uid)
+    return frozenset(owners)
+
+
+def tenant_mark(fd: int) -> int | None:
+    """The uid in the file's tenant mark, or None (no mark, a malformed one, or xattrs not readable here)."""
+    try:
+        text = os.getxattr(fd, TENANT_MARK).decode("ascii")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and len(text) <= 10 else None
+
+
+def examine(path: str, channels: int = layout.DEFAULT_CHANNELS, owners: frozenset[int] | None = None) -> Verdict:
+    """The verdict on `path`; never raises (a file oriond cannot even look at is refused with the reason).
+    `owners`: the uids served without a tenant mark (served_owners); None serves any owner (a region named on
+    the command line)."""
     try:
         fd = open_region_file(path)
     except WireError as exc:
         return Verdict(REFUSE, str(exc))
     try:
-        return _judge(path, fd, Identity.of(os.fstat(fd)), channels)
+        identity = Identity.of(os.fstat(fd))
+        if owners is not None and identity.uid not in owners and tenant_mark(fd) != identity.uid:
+            return Verdict(REFUSE, f"{path} belongs to uid {identity.uid}, and root did not make it for that user: "
+                                   "oriond serves another user's region only when root created it with "
+                                   "'orion-shm create -i N --owner USER' (so that no local user can plant a "
+                                   "region and get GPU sessions; docs/security.md)", identity=identity)
+        return _judge(path, fd, identity, channels)
     except OSError as exc:
         return Verdict(REFUSE, f"{path}: cannot read it: {exc.strerror or exc}")
     finally:

@@ -28,7 +28,7 @@ from ivshmem.errors import RegionFormatError, RegionNotFormatted, WireError
 from ivshmem.layout import DEFAULT_CHANNELS, MIB, REGION_INDEX_RANGE, REGION_SIZE_RANGE_MIB, Geometry
 from ivshmem.region import SHM_DIR, SHM_PREFIX, Region, list_region_files, region_path
 
-from .region_file import sealed_directory
+from .region_file import TENANT_MARK, sealed_directory
 from .server_conf import ShmSettings
 
 AGENT_STATES = {layout.AGENT_NEVER: "never", layout.AGENT_SERVING: "serving", layout.AGENT_STOPPED: "stopped"}
@@ -195,17 +195,24 @@ def create(index: int, size_mib: int, directory: str = SHM_DIR, channels: int = 
 
 
 def _hand_over(fd: int, path: str, index: int, tenant: Tenant | None, settings: ShmSettings) -> tuple[int, str]:
-    """chown the new region to its tenant; returns the mode that follows and a note for the user."""
+    """chown the new region to its tenant, marked as made for them by root (region_file.TENANT_MARK, which oriond
+    asks of another user's region); returns the mode that follows and a note for the user."""
     if tenant is not None:
+        note = ""
+        try:
+            os.setxattr(fd, TENANT_MARK, str(tenant.uid).encode())
+        except OSError as exc:
+            note = (f"could not mark {path} as made by root for uid {tenant.uid} ({exc.strerror}): an oriond "
+                    "running as another user (root) will not serve it; create it as root")
         try:
             os.fchown(fd, tenant.uid, tenant.gid)
         except OSError as exc:
             raise ShmError(f"Error. Cannot give {path} to {tenant.uid}:{tenant.gid} ({exc.strerror}); run as "
                            "root to give a region to another user.") from None
-        return (0o660 if tenant.shared_group else 0o600), ""
+        return (0o660 if tenant.shared_group else 0o600), note
     me = user_name(os.geteuid())
     advice = (f"to give it to a container or local user, create it with --owner USER[:GROUP] ('orion-shm remove "
-              f"{index}' first) or chown it")
+              f"{index}' first; oriond serves another user's region only when root made it for them)")
     qemu = qemu_owner_ids(settings)
     if qemu is None:
         return 0o600, (f"only {me} can open {path} (mode 0600): QEMU's user {settings.user}:{settings.group} "

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,27 @@ def test_log_limiter_logs_the_first_then_one_line_per_period(caplog: pytest.LogC
     lines = [r.getMessage() for r in caplog.records]
     assert lines[:3] == ["bad thing 0", "bad thing 1", "bad thing 2"]
     assert len(lines) == 5 and lines[-1].startswith("998 more bad things (1001 in all)"), lines
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a file another user's and to mark it")
+def test_another_users_file_is_served_only_with_roots_mark_for_that_user(open_shm_dir: Path) -> None:
+    path = _file(open_shm_dir / "orionsock1")
+    os.chown(path, 4242, 4242)
+    owners = frozenset({0})
+    refused = region_file.examine(str(path), owners=owners)
+    assert refused.action == region_file.REFUSE and "belongs to uid 4242" in refused.reason
+    assert "orion-shm create -i N --owner USER" in refused.reason and "\n" not in refused.reason
+    assert region_file.examine(str(path)).action == region_file.FORMAT  # named on the command line: any owner
+    os.setxattr(path, region_file.TENANT_MARK, b"4243")  # made for someone else
+    assert region_file.examine(str(path), owners=owners).action == region_file.REFUSE
+    os.setxattr(path, region_file.TENANT_MARK, b"4242")
+    assert region_file.examine(str(path), owners=owners).action == region_file.FORMAT
+    assert region_file.examine(str(path), owners=frozenset({0, 4242})).action == region_file.FORMAT
+    # The premise: the user cannot write the mark on a file of their own.
+    own = _file(open_shm_dir / "orionsock2")
+    os.chown(own, 4242, 4242)
+    tried = subprocess.run(["setpriv", "--reuid", "4242", "--regid", "4242", "--clear-groups", sys.executable, "-c",
+                            f"import os; os.setxattr({str(own)!r}, {region_file.TENANT_MARK!r}, b'4242')"],
+                           capture_output=True, text=True, timeout=30)
+    assert tried.returncode != 0 and "Operation not permitted" in tried.stderr, tried.stderr
+    assert region_file.examine(str(own), owners=owners).action == region_file.REFUSE

@@ -245,3 +245,23 @@ def test_files_that_are_not_sane_regions_are_refused_once_and_left_unchanged(tmp
         answers(writable)
         assert agent.alive()
         no_traceback(agent)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a file another user's and to mark it")
+def test_a_region_planted_by_a_local_user_is_refused_and_one_root_made_for_them_is_served(tmp_path: Path) -> None:
+    """/dev/shm is everyone's: an orionsock<N> of a local user's own making must not get them GPU sessions. One
+    made by root for that user (orion-shm create --owner, which marks it) is served."""
+    with oriond_over({"orionsock0": (REGION_SIZE, 0o600)}, tmp_path / "oriond.log") as (agent, shm):
+        agent.wait_served(shm / "orionsock0")
+        planted = make_file(shm / "orionsock1", REGION_SIZE, 0o600)
+        os.chown(planted, 4242, 4242)  # what uid 4242 gets by creating the file itself
+        made = subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "create", "-i", "2", "-s", "16", "-d",
+                               str(shm), "--owner", "4242"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0 and made.stderr == "", made.stderr
+        agent.sighup()
+        (line,) = _wait_naming(agent, planted, "not serving")
+        assert "belongs to uid 4242, and root did not make it for that user" in line, line
+        agent.wait_served(shm / "orionsock2")
+        answers(shm / "orionsock2")
+        assert all_zero(planted) and agent.supervisor_of(planted) is None
+        no_traceback(agent)
