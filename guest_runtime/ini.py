@@ -168,6 +168,12 @@ def host_port(text: str) -> tuple[str, int]:
     return host, port
 
 
+def normal_address(text: str) -> str:
+    """`text` read by `host_port` and written back as HOST:PORT ([IPv6]:PORT); ValueError as `host_port`."""
+    host, port = host_port(text)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def address_problem(text: str) -> str | None:
     """What is wrong with ``text`` as a controller address (see `host_port`), or None when it is one."""
     try:

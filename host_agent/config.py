@@ -17,7 +17,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from guest_runtime.ini import ConfigError, host_name_or_ip, host_port, load_ini, whole_number
+from guest_runtime.ini import ConfigError, host_name_or_ip, load_ini, normal_address, whole_number
 
 from .image_cache import CacheSettings
 from .server_conf import ShmSettings
@@ -187,11 +187,10 @@ def _unknown(sections: dict[str, dict[str, str]]) -> tuple[str, ...]:
 def _address(value: str, where: str, example: str = DEFAULT_CONTROLLER) -> str:
     """`value` as HOST:PORT (an http:// in front is dropped); ConfigError naming `where` otherwise."""
     try:
-        host, port = host_port(value)
+        return normal_address(value)
     except ValueError as exc:
         raise ConfigError(f"{where} = {value!r} is not a valid value: {exc}; write HOST:PORT, "
                           f"e.g. {example}") from None
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _controller(path: str, sections: dict[str, dict[str, str]], environ: Mapping[str, str]) -> str | None:

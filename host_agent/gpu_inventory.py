@@ -9,6 +9,7 @@ It is not a deployment setting.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -86,8 +87,10 @@ def _from_file(path: str) -> list[GpuInfo]:
     return gpus
 
 
+@functools.cache
 def _from_driver_process() -> tuple[list[GpuInfo], str]:
-    """The driver's inventory, read in a child interpreter. oriond forks a worker per session, and CUDA does not
+    """The driver's inventory, read in a child interpreter, once per process (oriond asks at start, to check
+    --devices and to register with the controller). oriond forks a worker per session, and CUDA does not
     survive a fork: a parent that had called cuInit leaves every worker's cuInit failing with
     CUDA_ERROR_NOT_INITIALIZED. So the process that serves regions must never initialise CUDA itself."""
     try:

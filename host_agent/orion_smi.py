@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from guest_runtime.controller_client import ControllerClient, ControllerClientError
-from guest_runtime.ini import host_port
+from guest_runtime.ini import normal_address
 
 from .config import DEFAULT_PATH, ServerConfig
 from .server_conf import ConfigError
@@ -113,10 +113,9 @@ def checked_address(text: str, where: str) -> str:
     """`text` as HOST:PORT by the rule every Orion program reads a controller address with (guest_runtime.ini's
     host_port: an http:// in front allowed, the port required, 1-65535); AddressError naming `where` otherwise."""
     try:
-        host, port = host_port(text)
+        return normal_address(text)
     except ValueError as exc:
         raise AddressError(f"{where} is '{text}': {exc}; give HOST:PORT, e.g. 127.0.0.1:9123") from None
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class _Parser(argparse.ArgumentParser):

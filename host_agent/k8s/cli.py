@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from guest_runtime.ini import ConfigError, host_port
+from guest_runtime.ini import ConfigError, normal_address
 
 from ..cli_args import OneLineParser, flag_type
 from ..config import DEFAULT_PATH, ServerConfig, flag_host, flag_seconds
@@ -26,15 +26,11 @@ from .service import DevicePluginService
 log = logging.getLogger("orion-k8s-plugin")
 
 
-def _controller(text: str) -> str:
-    host, port = host_port(text)  # ValueError says what is wrong
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineParser(prog="orion-k8s-plugin", description=f"Advertise this node's Orion vGPUs to kubelet as "
                            f"{RESOURCE_NAME} and set up the containers that get them")
-    parser.add_argument("-controller", "--controller", type=flag_type(_controller, "controller"), metavar="HOST:PORT",
+    parser.add_argument("-controller", "--controller", type=flag_type(normal_address, "controller"),
+                        metavar="HOST:PORT",
                         help="the Orion Controller (default: ORION_CONTROLLER, else server.conf's controller_addr, "
                              "else 127.0.0.1:9123); containers are given the same address")
     parser.add_argument("-config", "--config", metavar="FILE", default=DEFAULT_PATH,

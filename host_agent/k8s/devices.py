@@ -17,7 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SLOTS_PER_GPU = 100  # vgpu_count's upper bound (host_agent/config.py VGPU_RANGE): keeps region indices apart
+from ..config import VGPU_RANGE
+
+SLOTS_PER_GPU = VGPU_RANGE[1]  # vgpu_count's upper bound: keeps the devices' region indices apart
 
 log = logging.getLogger(__name__)
 

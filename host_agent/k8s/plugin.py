@@ -33,7 +33,6 @@ STOP_GRACE_S = 1.0
 class Endpoint:
     directory: str  # kubelet's device-plugin directory
     name: str = ENDPOINT  # our socket's name in it
-    resource: str = RESOURCE_NAME
 
     @property
     def socket(self) -> str:
@@ -122,18 +121,18 @@ class PluginServer:
         if time.monotonic() < self._retry_at:
             return
         request = pb.RegisterRequest(version=VERSION, endpoint=self.endpoint.name,
-                                     resource_name=self.endpoint.resource, options=pb.DevicePluginOptions())
+                                     resource_name=RESOURCE_NAME, options=pb.DevicePluginOptions())
         try:
             with grpc.insecure_channel(f"unix:{self.endpoint.kubelet}") as channel:
                 rpc.RegistrationStub(channel).Register(request, timeout=REGISTER_TIMEOUT_S)
         except grpc.RpcError as exc:
             self._retry_at = time.monotonic() + self._pause
             self._pause = min(2 * self._pause, RETRY_MAX_S)
-            self._problem(f"kubelet refused or did not answer the registration of {self.endpoint.resource} "
+            self._problem(f"kubelet refused or did not answer the registration of {RESOURCE_NAME} "
                           f"({exc.code().name}: {exc.details()}); trying again")
             return
         self._registered_with, self._pause, self._last_problem = kubelet, WATCH_S, ""
-        log.info("registered %s with kubelet (%s, endpoint %s)", self.endpoint.resource, self.endpoint.kubelet,
+        log.info("registered %s with kubelet (%s, endpoint %s)", RESOURCE_NAME, self.endpoint.kubelet,
                  self.endpoint.name)
 
     def _problem(self, message: str) -> None:

@@ -20,7 +20,6 @@ CONFIGURED_BY = "orion-k8s-plugin's -controller (else ORION_CONTROLLER or server
 
 class PoolWatch:
     def __init__(self, controller: str, host: str, board: DeviceBoard, poll_s: float = POLL_S) -> None:
-        ControllerClient(controller)  # a malformed address is a ValueError now, not on every poll
         self.controller, self.host, self.board, self.poll_s = controller, host, board, poll_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="orion-pool-watch", daemon=True)

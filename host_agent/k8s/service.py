@@ -7,10 +7,12 @@ ask for them. The program's vGPUs are then granted on this host (the region's or
 with the pod's ORION_GMEM, when it initialises CUDA. A request kubelet should never send (unknown or repeated
 device ids, more devices than the node has) is refused with INVALID_ARGUMENT, and one for devices that are
 Unhealthy with UNAVAILABLE, each with one line that says why; nothing is made for a refused request.
+GetPreferredAllocation is the generated servicer's (UNIMPLEMENTED): the options say it is not offered.
 """
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -68,10 +70,6 @@ class DevicePluginService(rpc.DevicePluginServicer):  # type: ignore[misc]
             log.warning("Allocate refused (%s): %s", exc.code.name, exc)
             _abort(context, exc)
 
-    def GetPreferredAllocation(self, request: Any, context: grpc.ServicerContext) -> Any:
-        _abort(context, Refused(grpc.StatusCode.UNIMPLEMENTED, "orion-k8s-plugin has no preferred allocation: "
-                                "every vGPU of this node serves alike (it says so in its options)"))
-
     def PreStartContainer(self, request: Any, context: grpc.ServicerContext) -> Any:
         return pb.PreStartContainerResponse()
 
@@ -99,7 +97,7 @@ class DevicePluginService(rpc.DevicePluginServicer):  # type: ignore[misc]
             host_path = self.regions.give(index)
         except ShmError as exc:
             raise Refused(grpc.StatusCode.INTERNAL, f"could not make the container's region: {exc}") from None
-        inside = f"{CONTAINER_REGION_DIR}/{host_path.rsplit('/', 1)[1]}"
+        inside = os.path.join(CONTAINER_REGION_DIR, os.path.basename(host_path))
         log.info("Allocate: %s -> region %s (in the container %s), ORION_VGPU=%d", ", ".join(d.id for d in devices),
                  host_path, inside, len(devices))
         return pb.ContainerAllocateResponse(

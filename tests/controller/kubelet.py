@@ -83,7 +83,6 @@ class Kubelet:
         threading.Thread(target=self._watch, args=(request.endpoint,), daemon=True).start()
 
     def _watch(self, endpoint: str) -> None:
-        time.sleep(0.05)
         channel = grpc.insecure_channel(f"unix:{os.path.join(self.directory, endpoint)}")
         with self._lock:
             if self._channel is not None:
