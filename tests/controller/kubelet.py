@@ -42,7 +42,6 @@ class Kubelet:
         self.directory = directory
         self.registrations: list[Any] = []
         self.lists: queue.Queue[list[tuple[str, str]]] = queue.Queue()  # every ListAndWatch answer, in order
-        self.watch_errors: list[grpc.RpcError] = []
         self._server: grpc.Server | None = None
         self._channel: grpc.Channel | None = None
         self._lock = threading.Lock()
@@ -91,9 +90,7 @@ class Kubelet:
         try:
             for answer in rpc.DevicePluginStub(channel).ListAndWatch(pb.Empty()):
                 self.lists.put([(d.ID, d.health) for d in answer.devices])
-        except grpc.RpcError as exc:  # the plugin or this kubelet went away
-            self.watch_errors.append(exc)
-        except ValueError:  # the channel was closed under the stream
+        except (grpc.RpcError, ValueError):  # the plugin or this kubelet went away; a channel closed under it
             pass
 
     def plugin(self) -> Any:
