@@ -168,14 +168,17 @@ class Relay:
 
     def _expect(self, call_id: int, flags: int) -> bool:
         """Note a record about to be sent as waiting for its answer; False (and the record answered
-        DEVICE_UNAVAILABLE) when the GPU host is gone."""
+        DEVICE_UNAVAILABLE) when the GPU host is gone. A pinned DtoH is always answered (its bytes come back in the
+        answer), posted by the guest or not: it waits too, with the guest's flags, so that its bytes land in the
+        pool and the guest hears only what it asked for (a posted one: nothing, or its error)."""
         with self._lock:
             lost = self.lost
-            if lost is None and not flags & Flag.NO_REPLY:
+            landing = self.pool is not None and call_id in self.pool.landing
+            if lost is None and (landing or not flags & Flag.NO_REPLY):
                 if self._pump is None:
                     self._pending[call_id] = flags
                 else:  # the pump keeps them; a pinned DtoH's answer it leaves to Python (its bytes go to the pool)
-                    self._pump.expect(call_id, flags, self.pool is not None and call_id in self.pool.landing)
+                    self._pump.expect(call_id, flags, landing)
         if lost is not None or self.remote is None:
             self._answer(call_id, flags, DEVICE_UNAVAILABLE, b"")
             return False

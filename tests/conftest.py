@@ -6,6 +6,10 @@
   process on a region and, at teardown, stops every server it started (SIGINT, then SIGKILL after a timeout)
   and asserts that nothing of it (supervisor or forked session workers) is left running.
 * `served_region`: `region_path` served by one such server (heartbeat_timeout 2 s); yields the path.
+* `library`: the native guest driver (`libcuda.so.1`), built once per test session for the modules that drive it
+  through ctypes against a real agent (tests/wire, tests/differential); skipped where there is no C compiler
+  (setup.sh installs gcc). test_native_driver.py keeps its own build, which fails instead: CPU CI must show that
+  the library builds.
 
 Every wait here is bounded.
 """
@@ -27,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from guest_runtime.native.build import build_driver, find_compiler
 from ivshmem import layout
 from tests.processes import stop_process
 
@@ -195,3 +200,10 @@ def served_region(region_path: str, server_factory: Callable[..., ServerProcess]
     """`region_path`, served by a host agent in its own process (heartbeat_timeout 2 s)."""
     server_factory(region_path, heartbeat_timeout=2.0)
     yield region_path
+
+
+@pytest.fixture(scope="session")
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if find_compiler() is None:
+        pytest.skip("no C compiler (setup.sh installs gcc)")
+    return build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1")

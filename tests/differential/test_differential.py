@@ -1,0 +1,87 @@
+"""The differential corpus (tests/differential/corpus.py) through every path this machine has, each transcript
+compared value for value with the fake driver's own, called directly:
+
+- the capsule path (guest_runtime.forward.Forwarder, in this process) and the native `libcuda.so.1` (ctypes, in a
+  child process with ORION_SHM), each on a region served locally by a real agent over the fake driver
+  (tests/forwarding_rig.py), and each relayed across two network namespaces to a relay listener over TCP
+  (tests/relay_net.py);
+- relayed over RDMA: tests/guest/rdma_guest.py runs the same corpus inside the Soft-RoCE guest
+  (tests/guest/test_guest_rdma.py);
+- on the GPU: tests/gpu/test_forwarded_programs.py compares the programs' values native, local and relayed.
+
+Every difference fails with the first step that differs. 0 differences is the only pass.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests import forwarding_rig, relay_net
+from tests.differential.corpus import Runner, fake_table, first_difference, sequence
+from tests.fake_driver import FakeDriver
+from tests.forwarding_rig import Rig, native_child_env
+
+bounded, start = forwarding_rig.bounded, forwarding_rig.start  # the rig's fixtures
+
+REPO = Path(__file__).resolve().parents[2]
+SEEDS = range(1, 5)
+NATIVE_TIMEOUT_S = 50
+PATHS = ["local", "relayed-tcp"]
+
+
+def reference(seed: int) -> list[list[object]]:
+    return Runner(fake_table(FakeDriver(devices=1))).run(sequence(seed))
+
+
+@pytest.fixture(params=PATHS)
+def served(request: pytest.FixtureRequest, start: Callable[..., Rig]) -> Rig:
+    relayed = request.param == "relayed-tcp"
+    if relayed and relay_net.why_not():
+        pytest.skip(relay_net.why_not())
+    return start(relayed=relayed)
+
+
+def _report(differences: dict[int, str]) -> str:
+    return "\n".join(f"seed {seed}: {why}" for seed, why in differences.items())
+
+
+def test_the_capsule_path_gives_the_fake_drivers_own_transcript(served: Rig) -> None:
+    runner = Runner(served.guest().fn)
+    differences = {}
+    for seed in SEEDS:
+        ops = sequence(seed)
+        why = first_difference(reference(seed), runner.run(ops), ops)
+        if why:
+            differences[seed] = why
+    assert not differences, _report(differences)
+
+
+def test_the_native_driver_gives_the_fake_drivers_own_transcript(served: Rig, library: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "tests.differential.run_native", str(library), *map(str, SEEDS)],
+                          cwd=REPO, env=native_child_env(library, served.path), capture_output=True, text=True,
+                          timeout=NATIVE_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    transcripts = json.loads(done.stdout)
+    differences = {}
+    for seed, transcript in zip(SEEDS, transcripts, strict=True):
+        ops = sequence(seed)
+        why = first_difference(reference(seed), transcript, ops)
+        if why:
+            differences[seed] = why
+    assert not differences, _report(differences)
+
+
+def test_the_corpus_sees_a_wrong_byte() -> None:
+    """The comparison itself: a transcript of a driver that drops one byte of one copy is told apart."""
+    class Lossy(FakeDriver):
+        def cuMemcpyDtoHAsync(self, *args: object) -> tuple[object, ...]:  # noqa: N802
+            return (0,)  # claims success, copies nothing
+    seed = next(s for s in SEEDS if any(op.kind == "dtoh" and op.stream for op in sequence(s)))
+    ops = sequence(seed)
+    lossy = Runner(fake_table(Lossy(devices=1))).run(ops)
+    assert first_difference(reference(seed), lossy, ops).startswith("step ")
