@@ -64,7 +64,10 @@ class DiagnosticsHandler:
         return _OK
 
     def _drain(self, record: Record) -> Reply:
-        if not record.flags & Flag.STAGED:  # small enough to have travelled inline (or empty)
+        """The length and CRC-32 of what was drained: counted by the sink as it went (a staged payload, its record
+        then empty), else of the payload itself (inline, or staged but read whole: a relaying oriond's opening
+        reads a session's records whole, since it may have to forward them)."""
+        if record.payload or not record.flags & Flag.STAGED:
             self._drained = (len(record.payload), zlib.crc32(record.payload))
         total, crc = self._drained
         return Reply(0, DRAIN_REPLY.encode(total, crc))
