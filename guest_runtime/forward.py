@@ -30,6 +30,7 @@ from typing import Any
 from ivshmem.channel import BufferCursor, ClientChannel, Streamed
 from ivshmem.cuda_status import (
     DEINITIALIZED,
+    DEVICE_UNAVAILABLE,
     INVALID_CONTEXT,
     INVALID_IMAGE,
     INVALID_VALUE,
@@ -68,7 +69,7 @@ from ivshmem.driver_api import (
     Handlers,
     LaunchConfig,
 )
-from ivshmem.errors import WireError
+from ivshmem.errors import DeviceLost, WireError
 from ivshmem.record import Record
 
 from .contexts import UNKNOWN as UNKNOWN_CONTEXT
@@ -121,6 +122,7 @@ class Forwarder:
         # (the agent dropped it): after IMAGE_DROPS_TO_STOP such answers, images travel whole without asking.
         self._images_held: set[bytes] = set()
         self._image_drops = 0
+        self._said_lost = False  # the relayed GPU host's loss was logged
 
     # --- the channel ---------------------------------------------------------------------------------------
     def channel(self) -> ClientChannel | None:
@@ -163,8 +165,11 @@ class Forwarder:
         channel = self.channel()
         if channel is None:
             return self._no_channel(call), None
-        self._sync_context(channel)
-        reply = channel.call(call.opcode if opcode is None else opcode, payload, sink=sink)
+        try:
+            self._sync_context(channel)
+            reply = channel.call(call.opcode if opcode is None else opcode, payload, sink=sink)
+        except DeviceLost as exc:
+            return self._device_lost(exc), None
         status = reply.status
         if status == IMAGE_NOT_CACHED and opcode is not None and opcode & IMAGE_BY_DIGEST:
             return status, None  # a load by digest the agent cannot serve: _load_image sends the image whole
@@ -181,9 +186,20 @@ class Forwarder:
         channel = self.channel()
         if channel is None:
             return self._no_channel(call)
-        self._sync_context(channel)
-        channel.post(call.opcode if opcode is None else opcode, payload)
+        try:
+            self._sync_context(channel)
+            channel.post(call.opcode if opcode is None else opcode, payload)
+        except DeviceLost as exc:
+            return self._device_lost(exc)
         return SUCCESS
+
+    def _device_lost(self, exc: DeviceLost) -> int:
+        """A relayed session whose GPU host was lost in the middle of a reply (the relay ended the channel): this
+        and every later call answer what the relay answers for a lost GPU host, CUDA_ERROR_DEVICE_UNAVAILABLE."""
+        if not self._said_lost:
+            self._said_lost = True
+            log.error("orion: %s", exc)
+        return DEVICE_UNAVAILABLE
 
     # --- the table ------------------------------------------------------------------------------------------
     def implementations(self) -> dict[str, Callable[..., int]]:

@@ -206,7 +206,8 @@ static PyTypeObject WriteLockType = {
     .tp_methods = WriteLock_methods,
 };
 
-/* The whole of `iov` to socket `fd` (blocking), under `lock`; 0, or an errno. */
+/* The whole of `iov` to socket `fd` (blocking), under `lock`; 0, or an errno. A peer that takes nothing for the
+ * socket's SO_SNDTIMEO (relay_frames.FrameStream sets it to its stall bound) is ETIMEDOUT: the connection is lost. */
 static int send_locked(int fd, PyObject *lock, struct iovec *iov, int count) {
     pthread_mutex_t *mutex = &((WriteLock *)lock)->mutex;
     int err = 0;
@@ -216,8 +217,7 @@ static int send_locked(int fd, PyObject *lock, struct iovec *iov, int count) {
         ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR) continue;
-            if (errno == EAGAIN) { struct pollfd p = { fd, POLLOUT, 0 }; poll(&p, 1, 100); continue; }
-            err = errno;
+            err = errno == EAGAIN || errno == EWOULDBLOCK ? ETIMEDOUT : errno;
             break;
         }
         while (count > 0 && (size_t)n >= iov->iov_len) { n -= (ssize_t)iov->iov_len; iov++; count--; }
@@ -861,6 +861,13 @@ static int forward_record(Pump *self, uint32_t *head) {
     return 1;
 }
 
+/* Whether the peer has closed its end: a frame cut short by it stays short, and a peek (which sees its bytes, not
+ * the end behind them) would wait for the rest for ever. */
+static int peer_closed(int fd) {
+    struct pollfd p = { fd, POLLRDHUP, 0 };
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 /* One frame taken from the socket: 1, 0 when none is whole there yet, -1 when it is Python's. */
 static int take_frame(Pump *self, uint32_t *tail_out) {
     size_t want = RECORD_HEADER + (self->out.cell - RECORD_HEADER);
@@ -874,10 +881,11 @@ static int take_frame(Pump *self, uint32_t *tail_out) {
     if (reserved || (flags & ~FLAG_ASYNC_ERROR) || length > self->out.cell - RECORD_HEADER
         || (opcode != 0 && !(opcode == OP_BEAT && length == 0)))
         return -1;
-    if ((size_t)n < RECORD_HEADER + length) return 0;
+    if ((size_t)n < RECORD_HEADER + length) return peer_closed(self->fd) ? -1 : 0; /* closed mid-frame: Python says so */
     if (opcode == 0) {
         pending_call *entry = pending_find(self, call_id);
         if (entry != NULL && entry->python) return -1; /* a pinned DtoH: its bytes land in the pool */
+        if (entry == NULL && !(flags & FLAG_ASYNC_ERROR)) return -1; /* answers nothing asked: Python refuses it */
         if (*tail_out - load32(self->out.head) >= self->out.capacity) return -1; /* Python waits for room */
         if (entry != NULL) pending_drop(self, entry);
     }
@@ -994,7 +1002,7 @@ static PyObject *Pump_take(Pump *self, PyObject *arg) {
     unsigned long long call_id = PyLong_AsUnsignedLongLong(arg);
     if (PyErr_Occurred()) return NULL;
     pending_call *entry = pending_find(self, call_id);
-    if (entry == NULL) return PyLong_FromLong(0);
+    if (entry == NULL) Py_RETURN_NONE; /* nobody waits for it */
     uint32_t flags = entry->flags;
     pending_drop(self, entry);
     return PyLong_FromUnsignedLong(flags);
@@ -1031,7 +1039,7 @@ static PyMethodDef Pump_methods[] = {
      "set_forward(table): per opcode (65536 bytes), whether a ring record of it is forwarded here as it is."},
     {"expect", (PyCFunction)Pump_expect, METH_VARARGS,
      "expect(call_id, flags, python): a record sent by Python waits for its answer (python: Python takes it)."},
-    {"take", (PyCFunction)Pump_take, METH_O, "take(call_id) -> the guest's flags of a waiting call (0: none)."},
+    {"take", (PyCFunction)Pump_take, METH_O, "take(call_id) -> the guest's flags of a waiting call, forgotten (None: nobody waits for it)."},
     {"take_pending", (PyCFunction)Pump_take_pending, METH_NOARGS, "Every waiting (call_id, flags), forgotten."},
     {"close", (PyCFunction)Pump_close, METH_NOARGS, "Forget the region (pump() then refuses)."},
     {NULL, NULL, 0, NULL},

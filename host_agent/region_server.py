@@ -26,6 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import NoReturn
 
 from ivshmem import layout, liveness
 from ivshmem.channel import Ctrl, Endpoint, HostChannel, HostReason, HostStatus
@@ -47,6 +48,7 @@ MAX_ASYNC_ERRORS_REPORTED = 64
 PR_SET_PDEATHSIG = 1
 EXIT_PROTOCOL_VIOLATION = 3
 EXIT_REGION_FAILED = 4
+EXIT_GPU_HOST_LOST = 5  # a relayed session's reply was cut short: its channel ended with HostReason.GPU_HOST_LOST
 
 
 class RegionRefused(RegionError):
@@ -195,6 +197,7 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, o
             relayed = open_session(loop, options.relay)
             if relayed is not None:
                 relay, first = relayed
+                relay.cut_short = lambda why: _end_cut_short(channel, session, why)  # type: ignore[method-assign]
                 sys.setswitchinterval(SWITCH_INTERVAL_S)  # this process: one session's relay and nothing else
                 relay.run(first)
                 return 0  # not reached: only an exception ends the relay
@@ -209,6 +212,14 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, o
         log.error("session %d: %s", session.number, exc)
         channel.end(HostStatus.FAILED, HostReason.PROTOCOL_VIOLATION)
         return EXIT_PROTOCOL_VIOLATION
+
+
+def _end_cut_short(channel: HostChannel, session: Session, why: str) -> NoReturn:
+    """A relayed reply was cut short (relay_session.py): end the channel, saying why, and the worker with it (from
+    whichever of the relay's threads found it)."""
+    log.error("session %d: %s", session.number, why)
+    channel.end(HostStatus.FAILED, HostReason.GPU_HOST_LOST)
+    os._exit(EXIT_GPU_HOST_LOST)
 
 
 def _worker_main(region_path: str, session: Session, factory: HandlerFactory, options: ServerOptions) -> None:
@@ -340,8 +351,8 @@ class RegionServer:
         session, worker = self._workers[channel.index]
         if not worker.is_alive():
             log.warning("session %d: worker exited with code %s", session.number, worker.exitcode)
-            reason = (HostReason.PROTOCOL_VIOLATION if worker.exitcode == EXIT_PROTOCOL_VIOLATION
-                      else HostReason.WORKER_DIED)
+            reason = {EXIT_PROTOCOL_VIOLATION: HostReason.PROTOCOL_VIOLATION,
+                      EXIT_GPU_HOST_LOST: HostReason.GPU_HOST_LOST}.get(worker.exitcode or 0, HostReason.WORKER_DIED)
             self._end(channel, HostStatus.FAILED, reason)
             return
         alive, self._beats[channel.index] = channel.client_alive(self._beats[channel.index],

@@ -7,8 +7,10 @@ STAGED flag never appears. The relay's own control records use opcodes of their 
 RELAY_ACCEPT, BEAT), below the CUDA opcodes and outside the ring's control opcodes, so neither side can
 mistake one for a ring record.
 
-Every read is bounded: `receive` waits at most its timeout for a frame to begin, and a frame that has begun must
-arrive whole within `stall_s` (a peer that sends half a frame and stops holds nothing for longer). A header the
+Every read and every write is bounded: `receive` waits at most its timeout for a frame to begin, a frame that has
+begun must arrive whole within `stall_s` (a peer that sends half a frame and stops holds nothing for longer), and a
+write that makes no progress for `stall_s` (a peer that stops reading: the socket's SO_SNDTIMEO, which the compiled
+writers obey too) ends the connection. A header the
 ring would refuse (unknown flags, a reserved word, an opcode out of range, a length beyond the limit) is a
 RecordError before any payload is read; an end of stream, whole or mid-frame, is ConnectionLost.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import struct
 import time
 from typing import TYPE_CHECKING
 
@@ -51,7 +54,7 @@ RELAY_HELLO_REQUEST = Schema("RELAY_HELLO", ("protocol", "u32"), ("pid", "u32"),
 RELAY_ACCEPT_REPLY = Schema("RELAY_ACCEPT", ("session", "u64"), ("transport", "str"), ("why", "str"),
                             ("rdma", "bytes"), ("bound", "bytes"))
 
-STALL_S = 10.0  # a begun frame must arrive whole within this (the ring's staged-request bound)
+STALL_S = 5.0  # a begun frame's next bytes, or a write's progress: the relay's silence bound (StreamEndpoint.dead_s)
 RECV_MAX = 1 << 20  # one recv takes at most this: a huge one holds the socket while later segments queue behind it
 
 
@@ -68,6 +71,8 @@ class FrameStream:
         self.sock = sock
         self.max_payload = max_payload
         self.stall_s = stall_s
+        whole = int(stall_s)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", whole, int((stall_s - whole) * 1e6)))
         self._header = bytearray(HEADER.size)
         self._writing = hot_path.write_lock()  # the relay's compiled pump writes under it too
         self._left = 0  # payload bytes of the frame begun (begin) and not read yet

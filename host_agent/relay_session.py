@@ -8,6 +8,14 @@ with the same ledger as a local session); it answers itself only what the ring r
 as the worker's loop does) and every call once the GPU host is gone: CUDA_ERROR_DEVICE_UNAVAILABLE, for the calls
 still waiting and for every later one, within the relay connection's silence bound (StreamEndpoint: 5 s).
 
+The one answer the relay cannot give is to a call whose reply was cut short: a long reply's record is published to
+the completion ring before its bytes (which follow chunk by chunk as they arrive), so when the GPU host is lost
+midway the record can be neither finished (its bytes would be wrong under the GPU host's status) nor taken back.
+Then the relay ends the session (`cut_short`: the worker ends its channel with HostReason.GPU_HOST_LOST and exits),
+and the guest's wait for the next chunk sees it and answers CUDA_ERROR_DEVICE_UNAVAILABLE, as every later call.
+An answer the relay was not waiting for (a call id it never sent, a record that is no answer) is the GPU host
+breaking the protocol, and loses it as a death does.
+
 Large payloads are never held whole: a staged request is written to the connection chunk by chunk as it comes
 off the ring's staging arena, and a long answer is read from the connection straight into the completion ring's
 staging chunks (or, for a pinned DtoH, into the pool), so a copy of any size the ring carries (up to MAX_PAYLOAD)
@@ -17,9 +25,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from ivshmem.channel import Endpoint, Sink, Streamed
+from ivshmem.cuda_status import DEVICE_UNAVAILABLE
 from ivshmem.driver_api import PINNED_COPY
 from ivshmem.errors import RecordError
 from ivshmem.record import HEADER, Flag, Record
@@ -32,7 +42,6 @@ from .stream_endpoint import CHUNK, StreamEndpoint
 
 log = logging.getLogger(__name__)
 
-DEVICE_UNAVAILABLE = 46  # CUDA_ERROR_DEVICE_UNAVAILABLE: a session whose GPU host is gone
 MAX_ASYNC_ERRORS_REPORTED = 64  # as the worker's loop (region_server.RecordLoop)
 # Two threads share the GIL in a relaying worker: the ring thread spins while it waits, the answers thread wakes on
 # the socket. At CPython's default switch interval (5 ms) a woken answers thread can wait that long for the GIL;
@@ -41,8 +50,20 @@ MAX_ASYNC_ERRORS_REPORTED = 64  # as the worker's loop (region_server.RecordLoop
 SWITCH_INTERVAL_S = 20e-6
 
 
+class ReplyCutShort(Exception):
+    """The GPU host was lost while its answer was being written to the completion ring (see the module's text): the
+    session cannot go on. Raised by the default `Relay.cut_short`; a worker ends its channel instead."""
+
+
+def _raise_cut_short(why: str) -> NoReturn:
+    raise ReplyCutShort(why)
+
+
 class Relay:
     """One relayed session: `ring` is the host side of its channel, `remote` its relay connection."""
+
+    # What ends the session when a reply was cut short (a worker process ends its channel and exits: region_server)
+    cut_short: Callable[[str], NoReturn] = staticmethod(_raise_cut_short)
 
     def __init__(self, ring: Endpoint, remote: StreamEndpoint | None, session: int, lost: str | None = None,
                  pool: PoolRelay | None = None) -> None:
@@ -102,7 +123,7 @@ class Relay:
                 elif code == hot_path.PUMP_SOCKET:
                     answer = remote.next(wait=False)
                     if answer is not None:
-                        self._deliver(remote, answer, pump.take(answer.call_id))
+                        self._deliver(remote, answer, pump.take(answer.call_id))  # None: not waited for
                 elif code == hot_path.PUMP_CHECK:
                     remote.heard(pump.heard)
                     remote.check()
@@ -205,27 +226,43 @@ class Relay:
                 if answer is None:
                     continue
                 with self._lock:
-                    guest_flags = self._pending.pop(answer.call_id, 0)
+                    guest_flags = self._pending.pop(answer.call_id, None)
                 self._deliver(remote, answer, guest_flags)
         except (ConnectionLost, RecordError) as exc:
             self._lose(str(exc))
 
-    def _deliver(self, remote: StreamEndpoint, answer: Record, guest_flags: int) -> None:
+    def _deliver(self, remote: StreamEndpoint, answer: Record, guest_flags: int | None) -> None:
         """Write one answer to the completion ring (a pinned DtoH's bytes into the pool first); its payload is still
-        on the connection and is read straight to where it goes."""
+        on the connection and is read straight to where it goes. `guest_flags`: the flags the guest sent the call
+        with, None for a call nobody waits for (only a posted call's asynchronous error may answer one). The
+        connection lost while the payload is read: the call answers DEVICE_UNAVAILABLE (and ConnectionLost goes on
+        to the caller, which loses the GPU host), or, once a long answer's record is out, the session ends."""
+        if answer.opcode != 0 or (guest_flags is None and not answer.flags & Flag.ASYNC_ERROR):
+            raise RecordError(f"the GPU host sent record {answer.call_id} (opcode {answer.opcode:#x}), which answers "
+                              "no call of this session")
+        flags = Flag.NO_REPLY if guest_flags is None else guest_flags  # (an asynchronous error's call was posted)
         landing = None if self.pool is None else self.pool.landing_for(answer.call_id, answer.status, answer.length)
-        if landing is not None:  # the bytes are the pool's
-            self._read_into(remote, landing, answer.length)
-            self._answer(answer.call_id, guest_flags, answer.status, b"")
-            return
-        payload: bytearray | Streamed
-        if answer.length > self.ring.capacity:  # read from the connection into the ring's staging chunks
-            payload = Streamed(answer.length, remote.frames.read_payload)
-        else:
-            payload = bytearray(answer.length)
-            remote.frames.read_payload(memoryview(payload))
-        with self._lock:
-            self.ring.send(answer.call_id, 0, answer.flags & Flag.ASYNC_ERROR, payload, answer.status)
+        try:
+            if landing is not None:  # the bytes are the pool's
+                self._read_into(remote, landing, answer.length)
+                self._answer(answer.call_id, flags, answer.status, b"")
+                return
+            if answer.length <= self.ring.capacity:
+                payload = bytearray(answer.length)
+                remote.frames.read_payload(memoryview(payload))
+                with self._lock:
+                    self.ring.send(answer.call_id, 0, answer.flags & Flag.ASYNC_ERROR, payload, answer.status)
+                return
+        except (ConnectionLost, RecordError):
+            self._answer(answer.call_id, flags, DEVICE_UNAVAILABLE, b"")
+            raise
+        try:  # read from the connection into the ring's staging chunks, the record published first
+            with self._lock:
+                self.ring.send(answer.call_id, 0, answer.flags & Flag.ASYNC_ERROR,
+                               Streamed(answer.length, remote.frames.read_payload), answer.status)
+        except (ConnectionLost, RecordError) as exc:
+            self.cut_short(f"the GPU host was lost in the middle of the {answer.length}-byte answer to call "
+                           f"{answer.call_id} ({exc}): the session ends")
 
     @staticmethod
     def _read_into(remote: StreamEndpoint, landing: memoryview, length: int) -> None:

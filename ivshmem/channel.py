@@ -17,7 +17,7 @@ from enum import IntEnum
 from typing import Any, NamedTuple
 
 from . import layout, liveness
-from .errors import ChannelCorrupt, ChannelError, NoFreeChannel, PeerGone, RecordError
+from .errors import ChannelCorrupt, ChannelError, DeviceLost, NoFreeChannel, PeerGone, RecordError
 from .record import (
     HEADER,
     HELLO_REPLY,
@@ -80,6 +80,7 @@ class HostReason(IntEnum):
     AGENT_RESTARTED = 5
     PROTOCOL_VIOLATION = 6
     AGENT_STOPPED = 7
+    GPU_HOST_LOST = 8  # a relaying host's worker lost the GPU host in the middle of a reply (relay_session.py)
 
 
 REASON_TEXT: dict[int, str] = {
@@ -89,6 +90,7 @@ REASON_TEXT: dict[int, str] = {
     HostReason.AGENT_RESTARTED: "the host agent restarted and lost this session",
     HostReason.PROTOCOL_VIOLATION: "the host saw a broken ring protocol on this channel",
     HostReason.AGENT_STOPPED: "the host agent stopped",
+    HostReason.GPU_HOST_LOST: "the GPU host serving this relayed session is gone, in the middle of a reply",
 }
 
 
@@ -436,7 +438,8 @@ class ClientChannel:
                            f"({self.endpoint.generation}): its control words were overwritten; restart this program")
         if status in (HostStatus.FAILED, HostStatus.RECLAIMED):
             reason = REASON_TEXT.get(ctrl[Ctrl.HOST_REASON], f"reason {ctrl[Ctrl.HOST_REASON]}")
-            raise PeerGone(f"{where}: the host ended this session ({reason})")
+            gone = DeviceLost if ctrl[Ctrl.HOST_REASON] == HostReason.GPU_HOST_LOST else PeerGone
+            raise gone(f"{where}: the host ended this session ({reason})")
         if status != HostStatus.SERVING:
             raise PeerGone(f"{where}: the host ended this session (it saw the channel released: its control "
                            "words were overwritten); restart this program")

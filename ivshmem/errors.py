@@ -33,6 +33,11 @@ class PeerGone(ChannelError):
     """The other side of a channel stopped (agent stopped, client died, session reclaimed)."""
 
 
+class DeviceLost(PeerGone):
+    """The session's GPU is gone: the host that relayed it lost the GPU host in the middle of a reply, which it could
+    neither finish nor take back, so it ended the session (a client answers CUDA_ERROR_DEVICE_UNAVAILABLE)."""
+
+
 class ChannelCorrupt(ChannelError):
     """The peer broke the ring protocol (impossible indices); the session cannot continue."""
 

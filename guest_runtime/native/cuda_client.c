@@ -63,6 +63,13 @@ static int failed(const char *what, int rc) {
     return CUDA_ERROR_UNKNOWN;
 }
 
+/* A call the channel could not carry (an ORION_E_* code): a relayed session whose GPU host is gone answers what the
+ * relay itself answers once it knows (CUDA_ERROR_DEVICE_UNAVAILABLE), anything else CUDA_ERROR_UNKNOWN. */
+static int not_carried(const char *what, int rc) {
+    int result = failed(what, rc);
+    return rc == ORION_E_DEVICE_LOST ? CUDA_ERROR_DEVICE_UNAVAILABLE : result;
+}
+
 int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, void *rep, size_t cap, void *tail,
                    size_t tail_cap, size_t *tail_len, int flags) {
     pthread_mutex_lock(&lock);
@@ -75,7 +82,7 @@ int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, voi
         size_t got = 0;
         int rc = orion_callv(channel, opcode, req, nreq, &status, rep, cap, tail, tail_cap, &got);
         if (rc != ORION_OK) {
-            result = failed("a forwarded call", rc);
+            result = not_carried("a forwarded call", rc);
         } else if (status == ORION_IMAGE_NOT_CACHED && (flags & ORION_CALL_BY_DIGEST)) {
             result = status; /* module_calls.c sends the image whole */
         } else if (status < 0) {
@@ -110,7 +117,7 @@ int orion_forward_postv(uint32_t opcode, const struct orion_piece *req, int nreq
     int result = CUDA_ERROR_NOT_INITIALIZED;
     if (connect_once()) {
         int rc = orion_postv(channel, opcode, req, nreq);
-        result = rc == ORION_OK ? CUDA_SUCCESS : failed("a posted call", rc);
+        result = rc == ORION_OK ? CUDA_SUCCESS : not_carried("a posted call", rc);
     }
     pthread_mutex_unlock(&lock);
     return result;

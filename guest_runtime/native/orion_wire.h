@@ -17,8 +17,8 @@
  * orion_open calls) are independent, even in one process.
  *
  * Errors: functions return ORION_OK (0) or a negative ORION_E_* code. orion_open writes its reason into `err`;
- * once a channel exists, orion_error(channel) holds the last reason, one line. After ORION_E_PEER_GONE or
- * ORION_E_PROTOCOL the channel is broken: every later call returns the same code (close it and open another).
+ * once a channel exists, orion_error(channel) holds the last reason, one line. After ORION_E_PEER_GONE,
+ * ORION_E_DEVICE_LOST or ORION_E_PROTOCOL the channel is broken: every later call returns the same code (close it and open another).
  */
 #ifndef ORION_WIRE_H
 #define ORION_WIRE_H
@@ -40,7 +40,8 @@ enum {
     ORION_E_PROTOCOL = -6,   /* the peer broke the ring or arena protocol (impossible indices, a bad record) */
     ORION_E_REFUSED = -7,    /* the agent refused our HELLO (another protocol or call table) */
     ORION_E_CLOSED = -8,     /* the channel was closed */
-    ORION_E_SYSTEM = -9      /* a system call failed (the text names it) */
+    ORION_E_SYSTEM = -9,     /* a system call failed (the text names it) */
+    ORION_E_DEVICE_LOST = -10 /* as PEER_GONE, and why: the GPU host of a relayed session was lost mid-reply */
 };
 
 /* Wire-control opcodes (ivshmem/record.py Op) and record flags. */

@@ -25,6 +25,7 @@ import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # Sizes that sit on every boundary of the paths: one byte; under, at and over a ring slot's inline payload (512-byte
@@ -55,13 +56,24 @@ PROTOTYPES: dict[str, list[Any]] = {
     "cuMemsetD8Async": [U64, ctypes.c_ubyte, SZ, U64], "cuMemsetD32Async": [U64, ctypes.c_uint, SZ, U64],
 }
 Table = dict[str, Callable[..., int]]
+ALIASES = Path(__file__).resolve().parents[2] / "guest_runtime" / "native" / "driver_aliases.txt"
+
+
+def cuda_h_names() -> dict[str, str]:
+    """name -> name_v2 for every name cuda.h's macros give a _v2 entry point (driver_aliases.txt): what a program
+    built against cuda.h calls. The real libcuda exports the unversioned names too, as the entry points of CUDA
+    before 3.2 (32-bit pointers and sizes), so a C library is always called by these."""
+    pairs = [line.split() for line in ALIASES.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return {name: alias for alias, name in pairs if alias == name + "_v2"}
 
 
 def ctypes_table(library: ctypes.CDLL) -> Table:
-    """The corpus's functions of a C library (the native `libcuda.so.1`), with their prototypes set."""
+    """The corpus's functions of a C driver library (the real libcuda, or the native `libcuda.so.1`), looked up by
+    cuda.h's names, with their prototypes set."""
     table: Table = {}
+    versioned = cuda_h_names()
     for name, argtypes in PROTOTYPES.items():
-        function = getattr(library, name)
+        function = getattr(library, versioned.get(name, name))
         function.argtypes, function.restype = argtypes, ctypes.c_int
         table[name] = function
     return table

@@ -7,7 +7,9 @@ compared value for value with the fake driver's own, called directly:
   (tests/relay_net.py);
 - relayed over RDMA: tests/guest/rdma_guest.py runs the same corpus inside the Soft-RoCE guest
   (tests/guest/test_guest_rdma.py);
-- on the GPU: tests/gpu/test_forwarded_programs.py compares the programs' values native, local and relayed.
+- on the GPU: tests/gpu/test_differential_gpu.py runs the same corpus with the real driver as the reference, and
+  tests/gpu/test_forwarded_programs.py and test_native_frameworks.py compare the programs' values native, local
+  and relayed.
 
 Every difference fails with the first step that differs. 0 differences is the only pass.
 """
@@ -62,11 +64,11 @@ def test_the_capsule_path_gives_the_fake_drivers_own_transcript(served: Rig) -> 
 
 
 def test_the_native_driver_gives_the_fake_drivers_own_transcript(served: Rig, library: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "tests.differential.run_native", str(library), *map(str, SEEDS)],
-                          cwd=REPO, env=native_child_env(library, served.path), capture_output=True, text=True,
-                          timeout=NATIVE_TIMEOUT_S)
+    done = subprocess.run([sys.executable, "-m", "tests.differential.run_corpus", "driver", str(library),
+                           *map(str, SEEDS)], cwd=REPO, env=native_child_env(library, served.path),
+                          capture_output=True, text=True, timeout=NATIVE_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-4000:]
-    transcripts = json.loads(done.stdout)
+    transcripts = json.loads(done.stdout)["transcripts"]
     differences = {}
     for seed, transcript in zip(SEEDS, transcripts, strict=True):
         ops = sequence(seed)

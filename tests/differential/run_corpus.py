@@ -1,0 +1,43 @@
+"""Runs corpus sequences (tests/differential/corpus.py) in this process through one driver and prints one JSON
+object: the transcripts, one per seed, and every libcuda file mapped into the process at the end (so a caller can
+tell which driver answered).
+
+    python -m tests.differential.run_corpus driver LIBRARY SEED [SEED ...]
+    python -m tests.differential.run_corpus capsule SEED [SEED ...]
+
+`driver`: a C driver library -- the real libcuda (GPU machine: the reference) or the native guest driver, with
+ORION_SHM (or a guest's PCI region) in the environment as any program of it would have. `capsule`: the capsule
+path, guest_runtime.activate's Forwarder (the one a cuda-python program gets), on the region ORION_SHM names.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+
+from tests.differential.corpus import Runner, Table, ctypes_table, sequence
+
+
+def table(mode: str, argv: list[str]) -> tuple[Table, list[str]]:
+    """The driver table for `mode`, and the arguments left (the seeds)."""
+    if mode == "driver":
+        return ctypes_table(ctypes.CDLL(argv[0], mode=ctypes.RTLD_GLOBAL)), argv[1:]
+    if mode == "capsule":
+        import guest_runtime.activate as orion
+
+        return orion.activate().implementations(), argv
+    raise SystemExit(f"unknown mode {mode!r}: driver or capsule")
+
+
+def main(argv: list[str]) -> int:
+    driver, seeds = table(argv[0], argv[1:])
+    runner = Runner(driver)
+    transcripts = [runner.run(sequence(int(seed))) for seed in seeds]
+    with open("/proc/self/maps") as maps:
+        mapped = sorted({line.split()[-1] for line in maps if "/libcuda.so" in line})
+    print(json.dumps({"transcripts": transcripts, "libcuda": mapped}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
