@@ -13,6 +13,7 @@ Everything runs on loopback in one go, with its baselines measured in the same r
 * the concurrent run: two controller processes on one etcd, 500 requests for one vGPU each from 48 client
   threads alternating between them, on a pool big enough for all; throughput, latency under load, and how
   many claim transactions lost a race and were retried.
+No result check (bench/verify.py): it times control-plane calls that move no data.
 
 Run: ``.venv/bin/python bench/controller_bench.py [--iterations N]``. Needs /usr/bin/etcd.
 """

@@ -3,9 +3,15 @@
 
 Runs itself three times as a child process: plain, forwarded through the Python capsule path, and forwarded
 through the native guest driver (libcuda.so.1, built here), both against an oriond it starts on a fresh region;
-prints each forwarded/native ratio for: launch+sync round trip, async launch issue cost,
-4-byte copies, pageable and page-locked (cuMemAllocHost: in the forwarded run, the region's pool) bulk copies
-(1-256 MiB) both ways, and a small end-to-end workload. GPU machine only.
+prints each forwarded/native ratio for: launch+sync round trip, async launch issue cost, 4-byte and bulk (1-256 MiB)
+copies both ways, each from pageable and from page-locked memory (cuMemAllocHost: in the forwarded run, the
+region's pool), and a small end-to-end workload. GPU machine only.
+
+Every call's status is checked (a failed row prints its status, never a speed), and so is every result
+(bench/verify.py): each copy row's bytes, read back after the timed copies, must be its source's (native) and the
+native run's (forwarded); the workload's data after its last run must be the native run's, bit for bit. A ratio
+is printed only for a right result; otherwise a WRONG RESULT line, and the exit status is 1. The launch rows run
+an empty kernel: no data.
 
 Run: python3 bench/cuda_bench.py   (from the repository root)
 """
@@ -18,102 +24,158 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.verify import Checks  # noqa: E402
+
 EMPTY = rb'extern "C" __global__ void empty() {}'
 SCALE = rb"""extern "C" __global__ void scale(float *d, unsigned int n) {
     unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) d[i] = d[i] * 1.0001f + 1.0f; }"""
 MIB = 1 << 20
 
 
-def measure() -> dict:
+SIZES_MIB = (1, 16, 64, 256)
+SMALL = bytes.fromhex("04030201")  # what the 4-byte copies write and read back
+
+
+class Refused(Exception):
+    """A call of the row answered a status other than CUDA_SUCCESS."""
+
+
+def measure(sizes_mib: tuple[int, ...] = SIZES_MIB) -> dict[str, dict[str, Any]]:
+    """The rows (bulk copies at `sizes_mib`), each call's status checked, and what each row that moves data
+    delivered: {"rows": {measure: us, GB/s or ms, or the failed status as a string}, "results": {measure: [the
+    digest of what it must deliver (None: only the native run can tell), the digest of what it delivered]}}.
+
+    A copy row's source is its own pattern (bench/verify.py; one per size and kind of host memory, never zeros),
+    the device memory is cleared before its writes and the host buffer before its reads, so its result, the host
+    buffer after the timed reads, holds the timed writes' bytes brought back; the two rows of a copy share it. The
+    workload's result is its data after the last run (a deterministic kernel: the same bits as native). The launch
+    rows run an empty kernel: no data, nothing to check."""
+    import ctypes
+
     import numpy as np
     from cuda.bindings import driver, nvrtc
 
-    def ok(result):
-        assert int(result[0]) == 0, result
-        return result[1] if len(result) == 2 else result[1:]
+    from bench.verify import digest, pattern
+
+    def ok(result: tuple) -> Any:  # type: ignore[type-arg]
+        if int(result[0]) != 0:
+            raise Refused(f"refused ({int(result[0])})")
+        return result[1] if len(result) == 2 else result[1:] if len(result) > 2 else None
 
     def cubin(source: bytes, arch: str) -> bytes:
         prog = ok(nvrtc.nvrtcCreateProgram(source, b"k.cu", 0, [], []))
-        opts = [f"--gpu-architecture=sm_{arch}".encode()]
-        assert int(nvrtc.nvrtcCompileProgram(prog, 1, opts)[0]) == 0
+        ok(nvrtc.nvrtcCompileProgram(prog, 1, [f"--gpu-architecture=sm_{arch}".encode()]))
         data = b" " * ok(nvrtc.nvrtcGetCUBINSize(prog))
-        nvrtc.nvrtcGetCUBIN(prog, data)
+        ok(nvrtc.nvrtcGetCUBIN(prog, data))
         return data
 
-    ok((*driver.cuInit(0), None))
+    ok(driver.cuInit(0))
     dev = ok(driver.cuDeviceGet(0))
-    ok((*driver.cuCtxSetCurrent(ok(driver.cuDevicePrimaryCtxRetain(dev))), None))
+    ok(driver.cuCtxSetCurrent(ok(driver.cuDevicePrimaryCtxRetain(dev))))
     attr = driver.CUdevice_attribute
-    major = ok(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-    minor = ok(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-    arch = f"{major}{minor}"
+    arch = "".join(str(ok(driver.cuDeviceGetAttribute(a, dev))) for a in (
+        attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
     empty = ok(driver.cuModuleGetFunction(ok(driver.cuModuleLoadData(cubin(EMPTY, arch))), b"empty"))
     scale = ok(driver.cuModuleGetFunction(ok(driver.cuModuleLoadData(cubin(SCALE, arch))), b"scale"))
     stream = ok(driver.cuStreamCreate(0))
-    out: dict[str, float] = {}
+    out: dict[str, float | str] = {}
+    results: dict[str, list[str | None]] = {}
 
-    def per_op(fn, n: int, repeats: int = 3) -> float:
-        fn()
-        best = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(n):
-                fn()
-            best.append((time.perf_counter() - start) / n)
-        return sorted(best)[len(best) // 2] * 1e6
+    def row(key: str, fn: Callable[[], object], n: int, per: float = 1.0, bytes_: int = 0) -> bool:
+        """The median of 3 timings of n calls of fn after one (us per call / per, or GB/s with bytes_), or the
+        failed status; whether it ran."""
+        try:
+            fn()
+            times = []
+            for _ in range(3):
+                start = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                times.append((time.perf_counter() - start) / n)
+            seconds = sorted(times)[1]
+            out[key] = bytes_ / seconds / 1e9 if bytes_ else seconds * 1e6 / per
+            return True
+        except Refused as exc:
+            out[key] = str(exc)
+            return False
 
-    def launch_sync():
-        driver.cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, 0, 0)
-        driver.cuStreamSynchronize(stream)
-    out["launch+sync us"] = per_op(launch_sync, 2000)
+    row("launch+sync us", lambda: (ok(driver.cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, 0, 0)),
+                                   ok(driver.cuStreamSynchronize(stream))), 2000)
 
-    def launches():
+    def launches() -> None:
         for _ in range(1000):
-            driver.cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, 0, 0)
-        driver.cuStreamSynchronize(stream)
-    out["async launch us"] = per_op(launches, 3) / 1000
+            ok(driver.cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, 0, 0))
+        ok(driver.cuStreamSynchronize(stream))
+    row("async launch us", launches, 3, per=1000)
 
-    small = np.zeros(1, dtype=np.float32)
+    def copies(kind: str, what: str, source: bytes, dptr: int, n: int) -> None:
+        """The write row and the read row of `source` between host memory of `kind` ("" pageable, "pinned "
+        cuMemAllocHost's) and `dptr` (GB/s, or us per call for a small copy), and their result."""
+        size = len(source)
+        keys = (f"{kind}{what.format('HtoD')}", f"{kind}{what.format('DtoH')}")
+        if not kind:
+            host = np.empty(size, dtype=np.uint8)
+            timed_copies(keys, source, host, host.ctypes.data, dptr, n)
+            return
+        try:
+            address = int(ok(driver.cuMemAllocHost(size)))
+        except Refused as exc:
+            out[keys[0]] = out[keys[1]] = str(exc)
+            return
+        host = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+        timed_copies(keys, source, host, address, dptr, n)
+        del host  # (a view of the page-locked buffer, freed next)
+        ok(driver.cuMemFreeHost(address))
+
+    def timed_copies(keys: tuple[str, str], source: bytes, host: Any, address: int, dptr: int, n: int) -> None:
+        size = len(source)
+        rate = size if size >= MIB else 0
+        host[:] = np.frombuffer(source, dtype=np.uint8)
+        try:
+            ok(driver.cuMemsetD8(dptr, 0, size))  # no earlier bytes there can pass for this copy's
+        except Refused as exc:
+            out[keys[0]] = out[keys[1]] = f"cuMemsetD8 {exc}"
+            return
+        wrote = row(keys[0], lambda: ok(driver.cuMemcpyHtoD(dptr, address, size)), n, bytes_=rate)
+        host[:] = 0  # the reads must write every byte
+        read = row(keys[1], lambda: ok(driver.cuMemcpyDtoH(address, dptr, size)), n, bytes_=rate)
+        if wrote and read:
+            results[keys[0]] = results[keys[1]] = [digest(source), digest(host)]
+
     d_small = ok(driver.cuMemAlloc(4))
-    out["4-byte HtoD us"] = per_op(lambda: driver.cuMemcpyHtoD(d_small, small.ctypes.data, 4), 2000)
-    out["4-byte DtoH us"] = per_op(lambda: driver.cuMemcpyDtoH(small.ctypes.data, d_small, 4), 2000)
-
-    for size_mib in (1, 16, 64, 256):
+    for kind in ("", "pinned "):  # a small page-locked copy too: relayed, one once read zeros (issue 26)
+        copies(kind, "4-byte {} us", SMALL, int(d_small), 2000)
+    for size_mib in sizes_mib:
         size = size_mib * MIB
-        host = np.ones(size // 4, dtype=np.float32)
         dptr = ok(driver.cuMemAlloc(size))
-        n = max(2, 512 // size_mib)
-        address = host.ctypes.data
-        htod = lambda d=dptr, h=address, s=size: driver.cuMemcpyHtoD(d, h, s)  # noqa: E731
-        dtoh = lambda d=dptr, h=address, s=size: driver.cuMemcpyDtoH(h, d, s)  # noqa: E731
-        out[f"HtoD {size_mib} MiB GB/s"] = size / per_op(htod, n) / 1e3
-        out[f"DtoH {size_mib} MiB GB/s"] = size / per_op(dtoh, n) / 1e3
-        pinned = ok(driver.cuMemAllocHost(size))
-        htod = lambda d=dptr, h=pinned, s=size: driver.cuMemcpyHtoD(d, h, s)  # noqa: E731
-        dtoh = lambda d=dptr, h=pinned, s=size: driver.cuMemcpyDtoH(h, d, s)  # noqa: E731
-        out[f"pinned HtoD {size_mib} MiB GB/s"] = size / per_op(htod, n) / 1e3
-        out[f"pinned DtoH {size_mib} MiB GB/s"] = size / per_op(dtoh, n) / 1e3
-        driver.cuMemFreeHost(pinned)
-        driver.cuMemFree(dptr)
+        for index, kind in enumerate(("", "pinned ")):  # each size and kind its own bytes
+            copies(kind, f"{{}} {size_mib} MiB GB/s", pattern(size, seed=2 * size_mib + index), int(dptr),
+                   max(2, 512 // size_mib))
+        ok(driver.cuMemFree(dptr))
 
-    n = 1 << 20  # workload: copy in, 20 kernels, copy out, 30 times
-    data = np.ones(n, dtype=np.float32)
+    n = 1 << 20  # workload: copy in, 20 kernels, copy out, 30 times (the data not uniform: misplaced bytes show)
+    data = (np.arange(n, dtype=np.float32) / n + 1).astype(np.float32)
     d_data = ok(driver.cuMemAlloc(data.nbytes))
     count = np.array([n], dtype=np.uint32)
     pointer = np.array([int(d_data)], dtype=np.uint64)
     params = np.array([pointer.ctypes.data, count.ctypes.data], dtype=np.uint64)
 
-    def workload():
-        driver.cuMemcpyHtoD(d_data, data.ctypes.data, data.nbytes)
+    def workload() -> None:
+        ok(driver.cuMemcpyHtoD(d_data, data.ctypes.data, data.nbytes))
         for _ in range(20):
-            driver.cuLaunchKernel(scale, n // 256, 1, 1, 256, 1, 1, 0, stream, params.ctypes.data, 0)
-        driver.cuMemcpyDtoHAsync(data.ctypes.data, d_data, data.nbytes, stream)
-        driver.cuStreamSynchronize(stream)
-    out["workload ms"] = per_op(workload, 30) / 1e3
-    return out
+            ok(driver.cuLaunchKernel(scale, n // 256, 1, 1, 256, 1, 1, 0, stream, params.ctypes.data, 0))
+        ok(driver.cuMemcpyDtoHAsync(data.ctypes.data, d_data, data.nbytes, stream))
+        ok(driver.cuStreamSynchronize(stream))
+    if row("workload ms", workload, 30, per=1000):
+        results["workload ms"] = [None, digest(data)]
+    return {"rows": out, "results": results}
 
 
 # How each run reaches the GPU: the real driver, the Python capsule path, or the native guest driver loaded as
@@ -125,8 +187,11 @@ PRELUDES = {
 }
 
 
-def child(mode: str, region: str | None, library: str = "") -> dict:
-    code = PRELUDES[mode] + "import json, bench.cuda_bench as b; print('RESULT ' + json.dumps(b.measure()))"
+def child(mode: str, region: str | None, library: str = "", sizes_mib: tuple[int, ...] = SIZES_MIB) -> dict[str, Any]:
+    """measure() in a child process, on the machine's driver (region None) or forwarded through `region`, on the
+    capsule path or (`library`) the native guest driver."""
+    code = PRELUDES[mode] + ("import json, bench.cuda_bench as b; "
+                             f"print('RESULT ' + json.dumps(b.measure({tuple(sizes_mib)!r})))")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     if region:
         env["ORION_SHM"] = region
@@ -138,11 +203,26 @@ def child(mode: str, region: str | None, library: str = "") -> dict:
     line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
         raise SystemExit(f"{mode} run failed:\n{result.stderr[-4000:]}")
-    return json.loads(line[7:])
+    return dict(json.loads(line[7:]))
+
+
+def right_results(checks: Checks, key: str, runs: dict[str, dict[str, Any]]) -> dict[str, bool]:
+    """Per run (measure()'s output, by column name, "native" first), whether its result of row `key` is right:
+    the native run's must be what the row must deliver where that is known, the others' the native run's. A
+    row that moves no data is right everywhere."""
+    native = runs["native"]["results"].get(key)
+    if native is None:
+        return {name: True for name in runs}
+    want, native_got = native
+    right = {"native": want is None or checks.same(f"{key}, native run", want, native_got, "its source")}
+    for name, run in runs.items():
+        if name != "native":
+            got = run["results"].get(key, [None, None])[1]
+            right[name] = checks.same(f"{key}, {name}", native_got, got, "native") and right["native"]
+    return right
 
 
 def main() -> int:
-    sys.path.insert(0, str(REPO))
     from guest_runtime.native.build import build_driver
     from host_agent.shm_admin import create
 
@@ -165,10 +245,18 @@ def main() -> int:
             agent.wait(20)
     print(f"# CUDA forwarding benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs")
     print(f"{'measure':<26} {'native':>10} {'capsule':>10} {'native-lib':>10} {'capsule/n':>10} {'nlib/n':>10}")
-    for key, value in native.items():
-        print(f"{key:<26} {value:10.2f} {capsule[key]:10.2f} {native_lib[key]:10.2f} {capsule[key] / value:10.2f} "
-              f"{native_lib[key] / value:10.2f}")
-    return 0
+    checks = Checks()
+    runs = {"native": native, "capsule": capsule, "native-lib": native_lib}
+    for key, value in native["rows"].items():
+        cells = [run["rows"][key] for run in runs.values()]
+        if any(isinstance(cell, str) for cell in cells):
+            print(f"{key:<26} " + " ".join(f"{cell!s:>10}" for cell in cells) + "  (a failed status: no speed)")
+            continue
+        right = right_results(checks, key, runs)
+        ratios = " ".join(f"{cell / value:10.2f}" if right[name] else f"{'WRONG':>10}"
+                          for name, cell in zip(runs, cells, strict=True) if name != "native")
+        print(f"{key:<26} " + " ".join(f"{cell:10.2f}" for cell in cells) + f" {ratios}")
+    return checks.exit_status()
 
 
 if __name__ == "__main__":

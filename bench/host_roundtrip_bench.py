@@ -7,15 +7,19 @@ Two parts, both printing medians / percentiles and ratios, no thresholds:
   process — a client Endpoint queues a record, the worker's stages run one by one: `Endpoint.receive`,
   `CudaExecutor.handle` (behind region_server's `_answer`), `Endpoint.send`; then the same record served by the
   compiled path (`HotPath.serve`), which does all three. The driver is tests.fake_driver.FakeDriver with its
-  cuCtxSynchronize, cuStreamQuery and cuMemcpyHtoD/DtoH replaced by null functions (Python ones for the Python
-  path, C ones for the compiled one), so the figures are the host's own cost, without the driver and without
-  cuda-python's wrapper (the copies move no bytes).
+  cuCtxSynchronize and cuStreamQuery replaced by null functions and cuMemcpyHtoD/DtoH by ones that only move the
+  bytes to and from the fake's device memory (Python ones for the Python path, C ones for the compiled one), so
+  the figures are the host's own cost, without the driver's and without cuda-python's wrapper.
 * round trips through the real ring: a C client (guest_runtime/native/orion_wire.c, timing with clock_gettime:
   no Python on the client side) against a real RegionServer + session worker process, once with the worker's
   Python path (ORION_HOT_PATH=0) and once with the compiled path; NOP, cuCtxSynchronize, cuStreamQuery(0), and
   4-byte cuMemcpyHtoD and cuMemcpyDtoH into a 64-byte allocation.
   `--driver null` (default, any machine): the fake driver with null functions as above. `--driver real` (a GPU
   host): cuda.bindings.driver; the client retains device 0's primary context and makes it current first.
+  The copies are checked (bench/verify.py): each run writes its own 4-byte value (never zero) and every timed read
+  must deliver it (the C client compares each reply, untimed, and reports the first wrong one); with `--driver
+  real`, the native program's reads too. The copy rows print a ratio only for right bytes; otherwise a WRONG
+  RESULT line, and the exit status is 1. The other records carry no data.
 
 Run: `.venv/bin/python bench/host_roundtrip_bench.py [--driver real] [-n 50000]`.
 """
@@ -41,7 +45,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.native_wire_bench import TIMING_C  # noqa: E402
+from bench.native_wire_bench import TIMING_C, c_output  # noqa: E402
+from bench.verify import Checks  # noqa: E402
 from guest_runtime.native.build import SOURCE_DIR, find_compiler  # noqa: E402
 from host_agent import hot_path  # noqa: E402
 from host_agent.executor import CudaExecutor, ExecutorOptions  # noqa: E402
@@ -59,19 +64,50 @@ from tests.fake_driver import FakeDriver  # noqa: E402
 MIB = 1 << 20
 _MP = multiprocessing.get_context("fork")
 OPCODES = {call.name: call.opcode for call in BY_OPCODE.values()}
+COPY_ROWS = ("htod-4B", "dtoh-4B")  # the rows that move data: checked (the others carry none)
 
 NULL_FUNCTIONS = r"""
 #include <stddef.h>
+#include <string.h>
+/* The fake driver's device memory (its allocations' bytearrays, told by orion_null_track): a copy moves its bytes
+ * to or from there, so that what it delivers can be checked; anything else does nothing. */
+#define SPANS 256
+static struct { unsigned long long base, size; unsigned char *bytes; } spans[SPANS];
+static int span_count;
+void orion_null_track(unsigned long long base, unsigned long long size, unsigned char *bytes) {
+    if (span_count < SPANS) {
+        spans[span_count].base = base;
+        spans[span_count].size = size;
+        spans[span_count++].bytes = bytes;
+    }
+}
+static unsigned char *device_at(unsigned long long address, size_t n) {
+    for (int i = span_count - 1; i >= 0; i--)
+        if (address >= spans[i].base && address + n <= spans[i].base + spans[i].size)
+            return spans[i].bytes + (address - spans[i].base);
+    return NULL;
+}
 int orion_null0(void) { return 0; }
 int orion_null1(void *handle) { (void)handle; return 0; }
-int orion_null_htod(unsigned long long dst, const void *src, size_t n) { (void)dst; (void)src; (void)n; return 0; }
-int orion_null_dtoh(void *dst, unsigned long long src, size_t n) { (void)dst; (void)src; (void)n; return 0; }
+int orion_null_htod(unsigned long long dst, const void *src, size_t n) {
+    unsigned char *at = device_at(dst, n);
+    if (at == NULL) return 1;  /* CUDA_ERROR_INVALID_VALUE */
+    memcpy(at, src, n);
+    return 0;
+}
+int orion_null_dtoh(void *dst, unsigned long long src, size_t n) {
+    unsigned char *at = device_at(src, n);
+    if (at == NULL) return 1;
+    memcpy(dst, at, n);
+    return 0;
+}
 """
 
 CLIENT = TIMING_C + r"""
-/* argv: PATH N OP_INIT OP_RETAIN OP_SETCURRENT OP_SYNC OP_QUERY OP_ALLOC OP_HTOD OP_DTOH */
+/* argv: PATH N OP_INIT OP_RETAIN OP_SETCURRENT OP_SYNC OP_QUERY OP_ALLOC OP_HTOD OP_DTOH VALUE
+ * The 4-byte copies write VALUE (little-endian) and read it back: "bytes dtoh-4B HEX" says what the reads got. */
 int main(int argc, char **argv) {
-    if (argc != 11) return 2;
+    if (argc != 12) return 2;
     int n = atoi(argv[2]);
     unsigned op_init = atoi(argv[3]), op_retain = atoi(argv[4]), op_set = atoi(argv[5]), op_alloc = atoi(argv[8]);
     unsigned ops[5] = { 3u /* NOP */, (unsigned)atoi(argv[6]), (unsigned)atoi(argv[7]), (unsigned)atoi(argv[9]),
@@ -95,23 +131,28 @@ int main(int argc, char **argv) {
     orion_call(ch, op_alloc, &size, 8, &status, &device, sizeof device, &got);
     if (status) { fprintf(stderr, "cuMemAlloc: %d\n", status); return 1; }
     /* each request: the stream (cuStreamQuery), or device, size[, the 4 bytes] (the copies) */
-    unsigned long long copy[3] = { device, 4, 0x01020304 };
+    unsigned long long copy[3] = { device, 4, strtoull(argv[11], NULL, 0) };
     const void *req[5] = { &stream, &stream, &stream, copy, copy };
     size_t lens[5] = { 0, 0, 8, 20, 16 };
+    seen_t read_back = { "", 0 };
     for (int k = 0; k < 5; k++) {
         size_t len = lens[k];
         for (int i = 0; i < n / 10; i++) orion_call(ch, ops[k], req[k], len, &status, rep, sizeof rep, &got);
         for (int i = 0; i < n; i++) {
+            memset(rep, 0, 4);  /* (untimed) a read that delivered nothing shows */
+            got = 0;
             long long t = ns();
             if (orion_call(ch, ops[k], req[k], len, &status, rep, sizeof rep, &got) || status) {
                 fprintf(stderr, "%s: %s (status %d)\n", names[k], orion_error(ch), status);
                 return 1;
             }
             v[i] = ns() - t;
+            if (k == 4) see_reply(&read_back, rep, got, &copy[2], 4, i == n - 1);
         }
         qsort(v, n, sizeof *v, cmp);
         printf("%s %lld %lld\n", names[k], v[n / 2], v[(int)(n * 0.99)]);
     }
+    print_bytes("dtoh-4B", read_back.value);
     orion_close(ch);
     return 0;
 }
@@ -134,17 +175,49 @@ def build(directory: Path) -> tuple[Path, Path]:
 
 
 def null_executor(session: Session, null_library: Path) -> CudaExecutor:
-    """A CudaExecutor over the fake driver whose cuCtxSynchronize and cuStreamQuery do nothing: in Python for
-    the Python path, in C for the compiled one (the same work for both: none)."""
+    """A CudaExecutor over the fake driver whose cuCtxSynchronize and cuStreamQuery do nothing and whose
+    cuMemcpyHtoD/DtoH only move their bytes to and from the fake's device memory (one memcpy, no checks of their
+    own): in Python for the Python path, in C for the compiled one (the same work for both). The copies move
+    bytes so that what they deliver can be checked."""
     fake = FakeDriver(devices=1)
     fake.cuInit(0)
-    nothing = (0,)
+    nothing, invalid = (0,), (1,)  # CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE
+    library = ctypes.CDLL(str(null_library))
+    allocate, span, tracked = fake.cuMemAlloc, fake._span, []
+
+    def cu_mem_alloc(size: int) -> tuple[Any, ...]:
+        result = allocate(size)
+        if int(result[0]) == 0:  # the C copies get the allocation's bytes too (kept: they outlive any free)
+            memory = fake.memory[int(result[1])]
+            tracked.append((ctypes.c_ubyte * len(memory)).from_buffer(memory))
+            library.orion_null_track(ctypes.c_ulonglong(int(result[1])), ctypes.c_ulonglong(len(memory)),
+                                     tracked[-1])
+        return result
+
+    def htod(dst: int, src: Any, size: int) -> tuple[int]:
+        found = span(dst, size)
+        if found is None:
+            return invalid
+        memory, at = found
+        memory[at:at + size] = ctypes.string_at(src, size) if isinstance(src, int) else memoryview(src)[:size]
+        return nothing
+
+    def dtoh(dst: Any, src: int, size: int) -> tuple[int]:
+        found = span(src, size)
+        if found is None:
+            return invalid
+        memory, at = found
+        if isinstance(dst, int):
+            ctypes.memmove(dst, bytes(memory[at:at + size]), size)
+        else:
+            memoryview(dst).cast("B")[:size] = memoryview(memory)[at:at + size]
+        return nothing
     fake.cuCtxSynchronize = lambda: nothing  # type: ignore[method-assign]
     fake.cuStreamQuery = lambda stream: nothing  # type: ignore[method-assign]
-    fake.cuMemcpyHtoD = lambda dst, src, size: nothing  # type: ignore[method-assign]
-    fake.cuMemcpyDtoH = lambda dst, src, size: nothing  # type: ignore[method-assign]
+    fake.cuMemAlloc = cu_mem_alloc  # type: ignore[method-assign]
+    fake.cuMemcpyHtoD = htod  # type: ignore[method-assign,assignment]
+    fake.cuMemcpyDtoH = dtoh  # type: ignore[method-assign,assignment]
     executor = CudaExecutor(session, driver=fake)
-    library = ctypes.CDLL(str(null_library))
     executor.hot_functions = {  # type: ignore[attr-defined]
         "cuCtxSynchronize": ctypes.cast(library.orion_null0, ctypes.c_void_p).value,
         "cuStreamQuery": ctypes.cast(library.orion_null1, ctypes.c_void_p).value,
@@ -258,21 +331,30 @@ def served_region(size: int, serve: Callable[..., None], args: tuple[Any, ...]) 
         os.unlink(path)
 
 
+def copy_value(i: int) -> int:
+    """The 4 bytes the small copies of run `i` write and read back: never zero, different in every run (a read
+    of device memory that an earlier run left holds another value)."""
+    return (0x9E3779B9 * (i + 1)) & 0xFFFFFFFF
+
+
+def copy_bytes(value: int) -> str:
+    """What a 4-byte read of `value` must deliver, as the C client reports it (hex)."""
+    return value.to_bytes(4, "little").hex()
+
+
 def round_trips(client: Path, null_library: Path, driver: str, compiled: bool,
-                n: int) -> dict[str, tuple[float, float]]:
+                n: int, value: int) -> tuple[dict[str, tuple[float, float]], dict[str, str]]:
+    """The C client's rows (name: p50, p99 in us) and what its reads delivered (c_output), its copies writing
+    `value`."""
     with served_region(32 * MIB, _serve, (driver, compiled, str(null_library))) as path:
         opcodes = [str(OPCODES[name]) for name in ("cuInit", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
                                                    "cuCtxSynchronize", "cuStreamQuery", "cuMemAlloc", "cuMemcpyHtoD",
                                                    "cuMemcpyDtoH")]
-        done = subprocess.run([str(client), path, str(n), *opcodes], capture_output=True, text=True, timeout=600,
-                              check=False)
+        done = subprocess.run([str(client), path, str(n), *opcodes, str(value)], capture_output=True, text=True,
+                              timeout=600, check=False)
         if done.returncode:
             raise SystemExit(f"the C client failed: {done.stderr.strip()}")
-        rows = {}
-        for line in done.stdout.splitlines():
-            name, p50, p99 = line.split()
-            rows[name] = (int(p50) / 1e3, int(p99) / 1e3)
-        return rows
+        return c_output(done.stdout)
 
 
 NATIVE = r"""
@@ -284,10 +366,10 @@ err, dev = driver.cuDeviceGet(0)
 err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
 driver.cuCtxSetCurrent(ctx)
 err, device = driver.cuMemAlloc(64)
-host = bytearray(4)
+host, back = bytearray(int(sys.argv[2]).to_bytes(4, "little")), bytearray(4)  # back: what the reads deliver
 calls = {"cuCtxSynchronize": lambda: driver.cuCtxSynchronize(), "cuStreamQuery": lambda: driver.cuStreamQuery(0),
          "htod-4B": lambda: driver.cuMemcpyHtoD(device, host, 4),
-         "dtoh-4B": lambda: driver.cuMemcpyDtoH(host, device, 4)}
+         "dtoh-4B": lambda: driver.cuMemcpyDtoH(back, device, 4)}
 out = {}
 for name, call in calls.items():
     for _ in range(n // 10):
@@ -298,19 +380,20 @@ for name, call in calls.items():
         call()
         times.append(time.perf_counter_ns() - start)
     out[name] = statistics.median(times) / 1e3
-print(json.dumps(out))
+print(json.dumps({"p50": out, "dtoh-4B": back.hex()}))
 """
 
 
-def native_p50(n: int) -> dict[str, float]:
-    """The same calls made natively by a cuda-python program (its wrapper included), in a process of their own:
-    CUDA must not be initialised in this one, which forks the agents."""
-    done = subprocess.run([sys.executable, "-c", NATIVE, str(n)], capture_output=True, text=True, timeout=300,
-                          check=False)
+def native_p50(n: int, value: int) -> tuple[dict[str, float], str]:
+    """The same calls made natively by a cuda-python program (its wrapper included), in a process of their own
+    (CUDA must not be initialised in this one, which forks the agents): p50s, and what its reads delivered."""
+    done = subprocess.run([sys.executable, "-c", NATIVE, str(n), str(value)], capture_output=True, text=True,
+                          timeout=300, check=False)
     if done.returncode:
         print(f"  (native run failed: {done.stderr.strip()[-300:]})")
-        return {}
-    return {name: float(value) for name, value in json.loads(done.stdout).items()}
+        return {}, ""
+    result = json.loads(done.stdout)
+    return {name: float(value) for name, value in result["p50"].items()}, result["dtoh-4B"]
 
 
 def main() -> int:
@@ -320,6 +403,7 @@ def main() -> int:
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--rounds", type=int, default=2, help="alternating Python/compiled rounds")
     args = parser.parse_args()
+    checks = Checks()
     print(f"# host round trips — {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, driver: {args.driver}")
     if hot_path.load() is None:
@@ -330,27 +414,42 @@ def main() -> int:
             breakdown(null_library, min(args.n, 20000))
         print("\n## round trips through the ring: C client, real worker process (p50 / p99, µs)")
         results: dict[bool, list[dict[str, tuple[float, float]]]] = {False: [], True: []}
-        for _ in range(args.rounds):
+        copies_right = True  # every run's reads delivered what its writes wrote
+        for round_ in range(args.rounds):
             for compiled in (False, True):
-                results[compiled].append(round_trips(client, null_library, args.driver, compiled, args.n))
+                value = copy_value(2 * round_ + compiled)
+                rows, delivered = round_trips(client, null_library, args.driver, compiled, args.n, value)
+                results[compiled].append(rows)
+                copies_right &= checks.same(f"4-byte copies, {'compiled' if compiled else 'Python'} path, round "
+                                            f"{round_ + 1}", copy_bytes(value), delivered.get("dtoh-4B"),
+                                            "what cuMemcpyHtoD wrote")
         print(f"{'record':<18} {'Python p50':>10} {'p99':>7} {'compiled p50':>13} {'p99':>7} {'Python/compiled':>16}")
         for name in results[False][0]:
             python = [r[name] for r in results[False]]
             compiled_rows = [r[name] for r in results[True]]
             p50_py = statistics.median(p for p, _ in python)
             p50_c = statistics.median(p for p, _ in compiled_rows)
+            right = copies_right or name not in COPY_ROWS
             print(f"{name:<18} {p50_py:10.2f} {max(q for _, q in python):7.2f} {p50_c:13.2f} "
-                  f"{max(q for _, q in compiled_rows):7.2f} {p50_py / p50_c:15.1f}x")
+                  f"{max(q for _, q in compiled_rows):7.2f} "
+                  f"{f'{p50_py / p50_c:15.1f}x' if right else 'WRONG':>16}")
         print("  (p50: median over rounds; p99: the worst round's)")
         if args.driver == "real":
-            native = native_p50(args.n)
+            value = copy_value(2 * args.rounds)
+            native, native_read = native_p50(args.n, value)
+            native_right = checks.same("4-byte copies, native", copy_bytes(value), native_read,
+                                       "what cuMemcpyHtoD wrote")
             print("\n## against the same calls made natively (cuda-python, its wrapper included; p50, µs)")
-            for name, value in native.items():
+            for name, native_us in native.items():
                 in_c = statistics.median(r[name][0] for r in results[True])
                 in_python = statistics.median(r[name][0] for r in results[False])
-                print(f"{name:<18} native {value:6.2f}   compiled {in_c:6.2f} ({in_c / value:4.2f}x)   "
-                      f"Python {in_python:6.2f} ({in_python / value:4.2f}x)")
-    return 0
+                if name in COPY_ROWS and not (copies_right and native_right):
+                    print(f"{name:<18} native {native_us:6.2f}   compiled {in_c:6.2f} (WRONG)   "
+                          f"Python {in_python:6.2f} (WRONG)")
+                    continue
+                print(f"{name:<18} native {native_us:6.2f}   compiled {in_c:6.2f} ({in_c / native_us:4.2f}x)   "
+                      f"Python {in_python:6.2f} ({in_python / native_us:4.2f}x)")
+    return checks.exit_status()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ here), orion-k8s-plugin, and kubelet's side of the gRPC API (tests/controller/ku
   and wakes oriond), then the same claim on the region Allocate named.
 It prints the Allocate round trip, the time until the region serves a client for both paths and their ratio,
 and how long the plugin takes to tell kubelet of an oriond that stopped (bounded by its poll period).
+No result check (bench/verify.py): it times control-plane calls (Allocate, a channel's claim) that move no data.
 
 Run: ``.venv/bin/python bench/k8s_bench.py [--iterations N]``. Needs /usr/bin/etcd and root (the regions).
 """

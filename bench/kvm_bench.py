@@ -12,6 +12,11 @@ too, by bench/native_wire_bench.py's harness (timed in C: ECHO of 8 bytes and NO
 checkout, which the guest sees through its share. Both sides also time their own interpreter (an empty loop step,
 a perf_counter_ns call), which shows how much of the guest's round trip is TCG emulating Python rather than the
 ring.
+Results are checked (bench/verify.py): the probe compares the bytes of its ECHO, DRAIN and FILL calls itself and
+fails otherwise (no figures, so no ratio); the C client compares each ECHO reply with its request and reports the
+first wrong one, which must be the request on both sides, or its rows print no ratio; on the GPU machine, the
+program's RESULT line forwarded (from the host and from the guest) must be the native one, or no ratio. A wrong
+result prints a WRONG RESULT line, and the exit status is 1. NOP round trips carry no data.
 
 Run as root after setup.sh: `.venv/bin/python bench/kvm_bench.py [--round-trips N] [--bulk-mib M]`.
 
@@ -32,10 +37,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.native_wire_bench import harness_rows  # noqa: E402
+from bench.native_wire_bench import ECHO_REQUEST, harness_rows  # noqa: E402
+from bench.verify import Checks  # noqa: E402
 from host_agent import pidfile  # noqa: E402
 from host_agent.server_conf import ShmSettings  # noqa: E402
 from ivshmem.region import region_path  # noqa: E402
@@ -47,6 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 PROBE = re.compile(r"round-trip n=(\d+) p50=([\d.]+)us p99=([\d.]+)us|to-host=(\d+)MB/s from-host=(\d+)MB/s")
 SPEED = re.compile(r"KVM-PYTHON loop=(\d+)ns clock=(\d+)ns")
 NATIVE = re.compile(r"KVM-NATIVE \S+ rc=0 echo (\d+) (\d+) \| nop (\d+) (\d+)")
+ECHOED = re.compile(r"(?:^|\| )bytes echo (\w*)", re.M)  # the harness's report of its ECHO replies
 
 
 def parse_probe(text: str) -> dict[str, float]:
@@ -61,7 +69,8 @@ def parse_probe(text: str) -> dict[str, float]:
     return out
 
 
-def host_local(round_trips: int, bulk_mib: int, directory: str, harness: Path) -> dict[str, float]:
+def host_local(round_trips: int, bulk_mib: int, directory: str, harness: Path) -> tuple[dict[str, float], str | None]:
+    """The host-local figures, and what the C client's ECHO calls got back (hex)."""
     index = free_index(directory)
     subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "create", "-i", str(index), "-s", "256"], check=True,
                    cwd=REPO, capture_output=True)
@@ -72,15 +81,15 @@ def host_local(round_trips: int, bulk_mib: int, directory: str, harness: Path) -
                                  "--bulk-mib", str(bulk_mib)], capture_output=True, text=True, cwd=REPO, timeout=300)
         if result.returncode:
             raise SystemExit(f"kvm_bench: host-local probe failed: {result.stderr.strip()}")
-        native = harness_rows(harness, region_path(index, directory), str(round_trips))
-        return {**parse_probe(result.stdout), "native_p50": native["nop"][0], "native_p99": native["nop"][1]}
+        native, echoed = harness_rows(harness, region_path(index, directory), str(round_trips))
+        return {**parse_probe(result.stdout), "native_p50": native["nop"][0], "native_p99": native["nop"][1]}, echoed
     finally:
         subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "remove", str(index), "--force"], cwd=REPO,
                        capture_output=True)
 
 
 def in_guest(round_trips: int, bulk_mib: int, directory: str,
-             harness: Path) -> tuple[dict[str, float], tuple[float, float]]:
+             harness: Path) -> tuple[dict[str, float], tuple[float, float], str | None]:
     import libvirt
 
     conn = libvirt.open("qemu:///system")
@@ -96,13 +105,22 @@ def in_guest(round_trips: int, bulk_mib: int, directory: str,
         raise SystemExit(f"kvm_bench: the guest did not time its interpreter or the C client:\n{run.serial[-3000:]}")
     figures = {**parse_probe(run.serial), "native_p50": int(native.group(3)) / 1e3,
                "native_p99": int(native.group(4)) / 1e3}
-    return figures, (float(speed.group(1)), float(speed.group(2)))
+    echoed = ECHOED.search(native.string[native.start():].splitlines()[0])
+    return figures, (float(speed.group(1)), float(speed.group(2))), echoed.group(1) if echoed else None
 
 
-def gpu_machine(round_trips: int, bulk_mib: int,
-                harness: Path) -> tuple[dict[str, float], dict[str, float], tuple[float, float], dict[str, float]]:
+class GpuMachineRun(NamedTuple):
+    local: dict[str, float]  # host-local figures
+    guest: dict[str, float]  # in-guest figures
+    speed: tuple[float, float]  # the guest's interpreter: loop step, perf_counter_ns (ns)
+    seconds: dict[str, float]  # the program's whole process: native, host (forwarded), guest (forwarded)
+    echoed: dict[str, str | None]  # what the C client's ECHO calls got back (hex): host, guest
+    results: dict[str, str | None]  # the program's RESULT line (JSON): native, host, guest
+
+
+def gpu_machine(round_trips: int, bulk_mib: int, harness: Path) -> GpuMachineRun:
     """The GPU machine's run: host-local and in-guest figures, the guest's interpreter speed, and the program's
-    seconds natively, forwarded from a host process and forwarded from inside the guest."""
+    seconds and results natively, forwarded from a host process and forwarded from inside the guest."""
     import tempfile
     import time
 
@@ -111,10 +129,15 @@ def gpu_machine(round_trips: int, bulk_mib: int,
 
     program = str(PROGRAMS / "driver_program.py")
 
-    def timed(command: list[str], env: dict[str, str]) -> float:
+    results: dict[str, str | None] = {}
+
+    def timed(name: str, command: list[str], env: dict[str, str]) -> float:
         started = time.monotonic()
-        subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
-        return time.monotonic() - started
+        done = subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True, timeout=600)
+        took = time.monotonic() - started
+        results[name] = next((line[len("RESULT "):] for line in done.stdout.splitlines()
+                              if line.startswith("RESULT ")), None)
+        return took
 
     agent = Oriond(Path(tempfile.mkdtemp(prefix="orion-kvm-bench-")))
     shared = bundle_dir() / f"bench-{os.getpid()}"  # the guest sees this machine's files, not its /tmp
@@ -125,11 +148,11 @@ def gpu_machine(round_trips: int, bulk_mib: int,
                                text=True, cwd=REPO, timeout=300, env=_env())
         if probe.returncode:
             raise SystemExit(f"kvm_bench: host-local probe failed: {probe.stderr.strip()}")
-        native = harness_rows(harness, region, str(round_trips))
+        native, host_echoed = harness_rows(harness, region, str(round_trips))
         local = {**parse_probe(probe.stdout), "native_p50": native["nop"][0], "native_p99": native["nop"][1]}
-        seconds = {"native": timed([sys.executable, program], _env()),
-                   "host": timed([sys.executable, "-c", FORWARD, program], _env(ORION_SHM=region,
-                                                                               CUDA_VISIBLE_DEVICES=""))}
+        seconds = {"native": timed("native", [sys.executable, program], _env()),
+                   "host": timed("host", [sys.executable, "-c", FORWARD, program],
+                                 _env(ORION_SHM=region, CUDA_VISIBLE_DEVICES=""))}
         shared.mkdir()
         runs = [{"name": "probe", "raw": True, "env": {}, "argv": ["-m", "guest_runtime.cli", "probe", "--region",
                                                                     "{bdf}", "--round-trips", str(round_trips),
@@ -154,7 +177,11 @@ def gpu_machine(round_trips: int, bulk_mib: int,
         raise SystemExit(f"kvm_bench: the guest run failed:\n{run.serial[-3000:]}")
     guest = {**parse_probe(said), "native_p50": int(nop.group(1)) / 1e3, "native_p99": int(nop.group(2)) / 1e3}
     seconds["guest"] = float(took.split()[2])
-    return local, guest, (float(speed.group(1)), float(speed.group(2))), seconds
+    result = run.line("GUEST-RESULT program ")
+    results["guest"] = result.split(" ", 2)[2] if result else None
+    echoed = ECHOED.search(said)
+    return GpuMachineRun(local, guest, (float(speed.group(1)), float(speed.group(2))), seconds,
+                         {"host": host_echoed, "guest": echoed.group(1) if echoed else None}, results)
 
 
 def main() -> int:
@@ -165,18 +192,26 @@ def main() -> int:
     args = parser.parse_args()
     harness = REPO / build_native_harness()
     seconds: dict[str, float] = {}
+    results: dict[str, str | None] = {}
     if args.gpu_machine:
-        local, guest, (guest_loop, guest_clock), seconds = gpu_machine(args.round_trips, args.bulk_mib, harness)
+        machine = gpu_machine(args.round_trips, args.bulk_mib, harness)
+        local, guest, (guest_loop, guest_clock), seconds = machine.local, machine.guest, machine.speed, machine.seconds
+        echoed, results = machine.echoed, machine.results
         where = "QEMU from the bundle (TCG), 2 vCPUs, the host's root over 9p"
     else:
         directory = ShmSettings.load().path_base
         agent = start_agent()
         try:
-            local = host_local(args.round_trips, args.bulk_mib, directory, harness)
-            guest, (guest_loop, guest_clock) = in_guest(args.round_trips, args.bulk_mib, directory, harness)
+            local, host_echoed = host_local(args.round_trips, args.bulk_mib, directory, harness)
+            guest, (guest_loop, guest_clock), guest_echoed = in_guest(args.round_trips, args.bulk_mib, directory,
+                                                                      harness)
         finally:
             stop_agent(agent)
+        echoed = {"host": host_echoed, "guest": guest_echoed}
         where = "libvirt domain type qemu (TCG), 1 vCPU"
+    checks = Checks()
+    c_right = all([checks.same(f"C client ECHO, {side}", ECHO_REQUEST.hex(), got, "its request")
+                   for side, got in echoed.items()])
     host_loop, host_clock = python_speed()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.machine())
@@ -187,14 +222,17 @@ def main() -> int:
             ("C client p50 (us)", "native_p50"), ("C client p99 (us)", "native_p99"),
             ("bulk to host (MB/s)", "to_host"), ("bulk from host (MB/s)", "from_host")]
     for label, key in rows:
-        print(f"{label:24}{local[key]:>12.2f}{guest[key]:>12.2f}{guest[key] / local[key]:>11.2f}x")
+        ratio = f"{guest[key] / local[key]:>11.2f}x" if c_right or not key.startswith("native") else f"{'WRONG':>12}"
+        print(f"{label:24}{local[key]:>12.2f}{guest[key]:>12.2f}{ratio}")
     print(f"{'python loop step (ns)':24}{host_loop:>12.0f}{guest_loop:>12.0f}{guest_loop / host_loop:>11.2f}x")
     print(f"{'perf_counter_ns (ns)':24}{host_clock:>12.0f}{guest_clock:>12.0f}{guest_clock / host_clock:>11.2f}x")
     if seconds:
+        right = all([checks.same(f"driver_program.py's results, forwarded from the {side}", results["native"],
+                                 results[side]) for side in ("host", "guest")])
+        ratio = f"{seconds['guest'] / seconds['native']:.1f}x native" if right else "WRONG"
         print(f"driver_program.py, whole process: native {seconds['native']:.1f} s, forwarded from the host "
-              f"{seconds['host']:.1f} s, forwarded in the guest {seconds['guest']:.1f} s "
-              f"({seconds['guest'] / seconds['native']:.1f}x native)")
-    return 0
+              f"{seconds['host']:.1f} s, forwarded in the guest {seconds['guest']:.1f} s ({ratio})")
+    return checks.exit_status()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ the hot queries the native library answers in the guest after the first time (do
 answered in the guest"): cuDeviceGetAttribute, cuCtxGetDevice, cuDevicePrimaryCtxGetState, cuFuncGetAttribute (of
 a kernel JIT-compiled from PTX), cuCtxSetCurrent of the current context, cuCtxGetFlags and cuDeviceTotalMem. The
 capsule path forwards every one of them; its column is what each costs as a round trip.
+The answers are checked (bench/verify.py): what the first and the last timed call of each answered (status and
+values) forwarded must be what the native run's first call answered (an answer kept in the guest must stay right);
+a ratio is printed only then, otherwise a WRONG RESULT line, and the exit status is 1.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.verify import Checks, first_wrong  # noqa: E402
 from guest_runtime.native.build import build_driver, find_compiler  # noqa: E402
 
 MEASURE = r"""
@@ -42,14 +46,17 @@ err, module = cu.cuModuleLoadData(PTX)
 assert int(err) == 0, err
 err, function = cu.cuModuleGetFunction(module, b"noop")
 regs = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
+def answer(result):
+    return [int(value) for value in (result if isinstance(result, tuple) else (result,))]
 def timed(fn, n=20000):
-    for _ in range(1000): fn()
+    first = fn()
+    for _ in range(999): fn()
     samples = []
     for _ in range(5):
         t = time.perf_counter()
-        for _ in range(n): fn()
+        for _ in range(n): last = fn()
         samples.append((time.perf_counter() - t) / n * 1e6)
-    return sorted(samples)[2]
+    return sorted(samples)[2], answer(first), answer(last)  # us, and the first and last call's answers
 print("RESULT " + json.dumps({"sync": timed(cu.cuCtxSynchronize),
                               "attribute": timed(lambda: cu.cuDeviceGetAttribute(attr, dev)),
                               "ctx_device": timed(cu.cuCtxGetDevice),
@@ -66,12 +73,14 @@ CALLS = (("sync", "cuCtxSynchronize"), ("attribute", "cuDeviceGetAttribute"), ("
          ("set_current", "cuCtxSetCurrent"), ("ctx_flags", "cuCtxGetFlags"), ("total_mem", "cuDeviceTotalMem"))
 
 
-def run(kind: str, *args: str, **env: str) -> dict[str, float]:
+def run(kind: str, *args: str, **env: str) -> dict[str, tuple[float, list[int], list[int]]]:
+    """Per call: its microseconds, and what its first and its last timed call answered (status and values)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | env
     environ["PYTHONPATH"] = str(REPO)
     done = subprocess.run([sys.executable, "-c", MEASURE, kind, *args], capture_output=True, text=True,
                           timeout=600, env=environ, cwd=REPO, check=True)
-    return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    return {key: (us, first, last) for key, (us, first, last) in
+            json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:]).items()}
 
 
 def main() -> int:
@@ -109,10 +118,14 @@ def main() -> int:
         oriond.wait(30)
     print(f"# native driver benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs; median of 5 x 20000")
     print(f"{'call':26} {'native us':>10} {'capsule us':>11} {'native lib us':>14} {'capsule/nat':>12} {'lib/nat':>8}")
+    checks = Checks()
     for key, name in CALLS:
-        n, c, lb = native[key], capsule[key], library[key]
-        print(f"{name:26} {n:10.2f} {c:11.2f} {lb:14.2f} {c / n:12.2f} {lb / n:8.2f}")
-    return 0
+        n, c, lb = native[key][0], capsule[key][0], library[key][0]
+        expected = native[key][1]
+        ratios = [checks.ratio(f"{name}, {path}", run[key][0], n, expected, first_wrong(run[key][1:], expected))
+                  for path, run in (("capsule path", capsule), ("native library", library))]
+        print(f"{name:26} {n:10.2f} {c:11.2f} {lb:14.2f} {ratios[0]:>12} {ratios[1]:>8}")
+    return checks.exit_status()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,13 @@ ctypes, the request sent from one buffer, the reply written into one preallocate
 microsecond per call, nothing per byte) next to the Python client (ClientChannel.call, a staged reply handed to a
 BufferCursor over a preallocated buffer: the same one copy per side). The host is the same Python agent, so the
 ratio is what the client side's chunk copies and waits cost; no thresholds.
+
+Results are checked (bench/verify.py), after the timing: each ECHO round trip's reply against its request (the
+harness compares every reply in C), and each bulk row's last reply, landing where that client's reply buffer was
+cleared before the timed calls, against what it must be (the request for ECHO, the request's length and CRC for
+DRAIN, the agent's pattern for FILL). A ratio is printed only for right results; otherwise a WRONG RESULT line,
+and the exit status is 1. NOP carries no data.
+
 Run: `.venv/bin/python bench/native_wire_bench.py` (`--bulk-only` skips the round trips).
 """
 from __future__ import annotations
@@ -31,24 +38,28 @@ import sys
 import tempfile
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple, cast
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.verify import Checks, digest, first_wrong  # noqa: E402
 from guest_runtime.native.build import SOURCE_DIR, BuildError, find_compiler  # noqa: E402
 from guest_runtime.native.ctypes_client import NativeChannel, load  # noqa: E402
 from host_agent.diagnostics import DiagnosticsHandler  # noqa: E402
 from host_agent.region_server import ServerOptions, serve  # noqa: E402
 from ivshmem import BufferCursor, ClientChannel, Op, Region, layout  # noqa: E402
 from ivshmem.layout import Geometry  # noqa: E402
-from ivshmem.record import FILL_REQUEST  # noqa: E402
+from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, Record, fill_pattern  # noqa: E402
 
 MIB = 1 << 20
 _MP = multiprocessing.get_context("fork")
 
-# What every C client of the benches starts with: the wire client's header, a monotonic clock in ns, and the
-# comparison that sorts samples for their percentiles (bench/host_roundtrip_bench.py's client too).
+# What every C client of the benches starts with: the wire client's header, a monotonic clock in ns, the
+# comparison that sorts samples for their percentiles (bench/host_roundtrip_bench.py's client too), and the line
+# that tells the benchmark what a call delivered, for its result check (c_output reads both kinds of line).
 TIMING_C = r"""
 #define _GNU_SOURCE
 #include "orion_wire.h"
@@ -66,6 +77,27 @@ static int cmp(const void *a, const void *b) {
     long long x = *(const long long *)a, y = *(const long long *)b;
     return (x > y) - (x < y);
 }
+/* Some bytes as a short string: in hex up to 16 of them, else "fnv" and their 64-bit FNV-1a. */
+static inline void describe_bytes(char out[40], const void *data, size_t n) {
+    const unsigned char *p = data;
+    if (n <= 16) {
+        out[0] = 0;
+        for (size_t i = 0; i < n; i++) sprintf(out + 2 * i, "%02x", p[i]);
+        return;
+    }
+    unsigned long long h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    sprintf(out, "fnv%016llx", h);
+}
+/* What the calls of a row delivered: the first reply that was not what it must be, else the last. */
+typedef struct { char value[40]; int wrong; } seen_t;
+static inline void see_reply(seen_t *seen, const void *got, size_t n, const void *want, size_t want_n, int last) {
+    if (seen->wrong) return;
+    seen->wrong = n != want_n || memcmp(got, want, want_n) != 0;
+    if (seen->wrong || last) describe_bytes(seen->value, got, n);
+}
+/* The line the benchmark reads (c_output): "bytes WHAT VALUE". */
+static inline void print_bytes(const char *what, const char *value) { printf("bytes %s %s\n", what, value); }
 """
 
 HARNESS = TIMING_C + r"""
@@ -169,21 +201,26 @@ int main(int argc, char **argv) {
     if (orion_open(argv[1], &ch, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
     if (orion_hello(ch, "", NULL)) { fprintf(stderr, "%s\n", orion_error(ch)); return 1; }
     char req[64] = "12345678", rep[65536];
+    seen_t echoed = { "", 0 };
     int32_t status; size_t got;
     for (int pass = 0; pass < 2; pass++) {
         unsigned op = pass ? ORION_OP_NOP : ORION_OP_ECHO;
         size_t len = pass ? 0 : 8;
         for (int i = 0; i < n / 10; i++) orion_call(ch, op, req, len, &status, rep, sizeof rep, &got);  /* warm */
         for (int i = 0; i < n; i++) {
+            memset(rep, 0, len);  /* (untimed) a reply that wrote nothing shows */
+            got = 0;
             long long t = ns();
-            if (orion_call(ch, op, req, len, &status, rep, sizeof rep, &got)) {
-                fprintf(stderr, "%s\n", orion_error(ch));
+            if (orion_call(ch, op, req, len, &status, rep, sizeof rep, &got) || status) {
+                fprintf(stderr, "%s (status %d)\n", orion_error(ch), status);
                 return 1;
             }
             v[i] = ns() - t;
+            if (!pass) see_reply(&echoed, rep, got, req, len, i == n - 1);
         }
         report(pass ? "nop" : "echo", v, n);
     }
+    print_bytes("echo", echoed.value);  /* after the rows: the KVM guest's parser reads "echo ... | nop ..." */
     orion_close(ch);
     if (host_pid > 0) {
         kill(host_pid, SIGKILL);
@@ -216,29 +253,48 @@ def percentiles(values: list[int]) -> tuple[float, float]:
     return values[len(values) // 2] / 1e3, values[min(len(values) - 1, int(len(values) * 0.99))] / 1e3
 
 
-def timed(call: object, n: int) -> tuple[float, float]:
-    clock, out = time.perf_counter_ns, []
+def timed(call: Callable[[], object], n: int) -> tuple[float, float, list[object]]:
+    """p50 and p99 (us) of n calls after n/10 untimed ones, and what each timed call returned."""
+    clock, out, results = time.perf_counter_ns, [], []
     for _ in range(n // 10):
-        call()  # type: ignore[operator]
+        call()
     for _ in range(n):
         start = clock()
-        call()  # type: ignore[operator]
+        result = call()
         out.append(clock() - start)
-    return percentiles(out)
+        results.append(result)
+    return (*percentiles(out), results)
 
 
-def harness_rows(exe: Path, *args: str) -> dict[str, tuple[float, float]]:
+ECHO_REQUEST = b"12345678"  # the round trips' ECHO request (the harness's too): its reply must be these bytes
+
+
+def c_output(stdout: str) -> tuple[dict[str, tuple[float, float]], dict[str, str]]:
+    """What a benchmark's C client printed: its rows "NAME P50_NS P99_NS" (as name: p50, p99 in us), and its
+    "bytes WHAT VALUE" lines (TIMING_C's print_bytes: what a call delivered) as what: value."""
+    rows, delivered = {}, {}
+    for line in stdout.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if fields[0] == "bytes":
+            delivered[fields[1]] = fields[2] if len(fields) > 2 else ""
+        else:
+            rows[fields[0]] = (int(fields[1]) / 1e3, int(fields[2]) / 1e3)
+    return rows, delivered
+
+
+def harness_rows(exe: Path, *args: str) -> tuple[dict[str, tuple[float, float]], str | None]:
+    """The harness's rows (name: p50, p99 in us), and the hex of what its ECHO calls got back: the first reply
+    that was not the request, else the last (None: no ECHO row, the floor)."""
     done = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600, check=False)
     if done.returncode:
         raise SystemExit(f"native harness failed: {done.stderr.strip()}")
-    rows = {}
-    for line in done.stdout.splitlines():
-        name, p50, p99 = line.split()
-        rows[name] = (int(p50) / 1e3, int(p99) / 1e3)
-    return rows
+    rows, delivered = c_output(done.stdout)
+    return rows, delivered.get("echo")
 
 
-def native_host_rows(exe: Path, n: int) -> dict[str, tuple[float, float]]:
+def native_host_rows(exe: Path, n: int) -> tuple[dict[str, tuple[float, float]], str | None]:
     """The C client against the harness's own minimal C host on a region formatted here: the wire alone."""
     path = f"/dev/shm/orion-bench-{uuid.uuid4().hex[:8]}"
     with open(path, "wb") as f:
@@ -259,16 +315,39 @@ BULK_BYTES = 512 * MIB  # per row and client, at least 5 calls: enough calls tha
 BULK_WARMUP = 3  # calls per client before timing: the first ones fault in the agent's and the reply's pages
 
 
-def native_bulk(channel: NativeChannel, op: str, payload: bytes, reply: bytearray) -> Callable[[], object]:
-    """One bulk call through the C client: the request from `payload`, the reply into `reply`, where they lie."""
+def bulk_expected(op: str, payload: bytes) -> str:
+    """The digest of what a bulk call must deliver: the request (ECHO), its length and CRC as the agent saw them
+    (DRAIN), the agent's pattern (FILL, seed 1)."""
     size = len(payload)
     if op == "ECHO":
-        return lambda: _expect(channel.callv(Op.ECHO, [payload], reply), size)
+        return digest(payload)
+    if op == "DRAIN":
+        return digest(DRAIN_REPLY.encode(size, zlib.crc32(payload)))
+    return digest(fill_pattern(1, size))
+
+
+class Bulk(NamedTuple):
+    """One client's bulk call: `call` makes it (timed), `result` is what the last one delivered (read after the
+    timing), `clear` empties where it delivers (before the timing, so a call that delivers nothing shows)."""
+
+    call: Callable[[], object]
+    result: Callable[[], bytes | bytearray]
+    clear: Callable[[], None]
+
+
+def native_bulk(channel: NativeChannel, op: str, payload: bytes, reply: bytearray) -> Bulk:
+    """One bulk call through the C client: the request from `payload`, the reply into `reply`, where they lie."""
+    size = len(payload)
     if op == "DRAIN":
         small = bytearray(64)
-        return lambda: _expect(channel.callv(Op.DRAIN, [payload], small), 12)
-    request = FILL_REQUEST.encode(size, 1)
-    return lambda: _expect(channel.callv(Op.FILL, [request], reply), size)
+        return Bulk(lambda: _expect(channel.callv(Op.DRAIN, [payload], small), 12), lambda: small[:12],
+                    lambda: small.__setitem__(slice(None), bytes(64)))
+    if op == "ECHO":
+        call = lambda: _expect(channel.callv(Op.ECHO, [payload], reply), size)  # noqa: E731
+    else:
+        request = FILL_REQUEST.encode(size, 1)
+        call = lambda: _expect(channel.callv(Op.FILL, [request], reply), size)  # noqa: E731
+    return Bulk(call, lambda: reply, lambda: reply.__setitem__(slice(None), bytes(size)))
 
 
 def _expect(result: tuple[int, int], length: int) -> None:
@@ -276,54 +355,82 @@ def _expect(result: tuple[int, int], length: int) -> None:
         raise SystemExit(f"native bulk call answered (status, length) {result}, expected (0, {length})")
 
 
-def python_bulk(channel: ClientChannel, op: str, payload: bytes, reply: bytearray) -> Callable[[], object]:
+def python_bulk(channel: ClientChannel, op: str, payload: bytes, reply: bytearray) -> Bulk:
     """The same call through ClientChannel, a staged reply landing in `reply` (one copy, as the C client does)."""
     size = len(payload)
-    if op == "ECHO":
-        return lambda: channel.call(Op.ECHO, payload, sink=BufferCursor(reply).sink)
+    last = [b""]  # DRAIN's reply
+
+    def answered(record: Record) -> None:
+        if record.status:
+            raise SystemExit(f"Python bulk {op} answered status {record.status}")
     if op == "DRAIN":
-        return lambda: channel.call(Op.DRAIN, payload)
-    request = FILL_REQUEST.encode(size, 1)
-    return lambda: channel.call(Op.FILL, request, sink=BufferCursor(reply).sink)
+        def drain() -> None:
+            record = channel.call(Op.DRAIN, payload)
+            answered(record)
+            last[0] = bytes(record.payload)
+        return Bulk(drain, lambda: last[0], lambda: last.__setitem__(0, b""))
+    if op == "ECHO":
+        call = lambda: answered(channel.call(Op.ECHO, payload, sink=BufferCursor(reply).sink))  # noqa: E731
+    else:
+        request = FILL_REQUEST.encode(size, 1)
+        call = lambda: answered(channel.call(Op.FILL, request, sink=BufferCursor(reply).sink))  # noqa: E731
+    return Bulk(call, lambda: reply, lambda: reply.__setitem__(slice(None), bytes(size)))
 
 
-def median_seconds(calls: list[Callable[[], object]], size: int) -> list[float]:
+def median_seconds(calls: list[Bulk], size: int) -> list[float]:
     """The median wall time of one call of each of `calls`, taken in turns (so a noisy moment on this machine
-    hits them alike), over enough calls to move BULK_BYTES each, after BULK_WARMUP calls of each."""
-    for call in calls:
+    hits them alike), over enough calls to move BULK_BYTES each, after BULK_WARMUP calls of each; where each
+    delivers is cleared after the warm-up."""
+    for bulk in calls:
         for _ in range(BULK_WARMUP):
-            call()
+            bulk.call()
+        bulk.clear()
     times: list[list[float]] = [[] for _ in calls]
     for _ in range(max(5, BULK_BYTES // size)):
-        for call, taken in zip(calls, times, strict=True):
+        for bulk, taken in zip(calls, times, strict=True):
             start = time.perf_counter()
-            call()
+            bulk.call()
             taken.append(time.perf_counter() - start)
     return [sorted(taken)[len(taken) // 2] for taken in times]
 
 
-def bulk_rows(path: str, lib_path: Path, sizes: list[int]) -> list[tuple[str, int, float, float]]:
-    """(op, size, C seconds, Python seconds) per op and size: the two clients take turns on one served region."""
+class BulkRow(NamedTuple):
+    op: str
+    size: int
+    c: float  # seconds of one call, C client
+    python: float  # ... Python client
+    expected: str  # the digest of what the call must deliver
+    c_got: str  # ... of what the C client's last timed call delivered
+    python_got: str
+
+
+def bulk_rows(path: str, lib_path: Path, sizes: list[int]) -> list[BulkRow]:
+    """Per op and size, both clients' times and results: the two clients take turns on one served region."""
     rows = []
     with NativeChannel(load(lib_path), path) as native, Region.open(path) as region, \
             ClientChannel.claim(region) as python:
         native.hello()
         python.hello()
         for size in sizes:
-            payload, reply = os.urandom(size), bytearray(size)
+            payload, c_reply, py_reply = os.urandom(size), bytearray(size), bytearray(size)
             for op in BULK_OPS:
-                c, py = median_seconds([native_bulk(native, op, payload, reply),
-                                        python_bulk(python, op, payload, reply)], size)
-                rows.append((op, size, c, py))
+                calls = [native_bulk(native, op, payload, c_reply), python_bulk(python, op, payload, py_reply)]
+                c, py = median_seconds(calls, size)
+                rows.append(BulkRow(op, size, c, py, bulk_expected(op, payload), *(digest(bulk.result())
+                                                                                   for bulk in calls)))
     return rows
 
 
-def print_bulk(rows: list[tuple[str, int, float, float]], geometry: str) -> None:
+def print_bulk(rows: list[BulkRow], geometry: str, checks: Checks) -> None:
     print(f"## bulk throughput through the staging arenas, GB/s of payload (median call; {geometry}; host: the "
           "Python agent)")
     print(f"{'':16}{'C client':>12}{'Python client':>16}{'Python/C time':>16}")
-    for op, size, c, py in rows:
-        print(f"{op + f' {size // MIB} MiB':16}{size / c / 1e9:12.2f}{size / py / 1e9:16.2f}{py / c:15.2f}x")
+    for row in rows:
+        label = f"{row.op} {row.size // MIB} MiB"
+        right = [checks.same(f"{label}, {client} client", row.expected, got, "what the call must deliver")
+                 for client, got in (("C", row.c_got), ("Python", row.python_got))]
+        ratio = f"{row.python / row.c:15.2f}x" if all(right) else f"{'WRONG':>16}"
+        print(f"{label:16}{row.size / row.c / 1e9:12.2f}{row.size / row.python / 1e9:16.2f}{ratio}")
 
 
 def describe_geometry(path: str) -> str:
@@ -369,39 +476,48 @@ def main() -> int:
             geometry = describe_geometry(path)
             bulk = bulk_rows(path, lib_path, sizes)
             if not args.bulk_only:
-                native = harness_rows(exe, path, str(n))
-                floor = harness_rows(exe, "floor", str(n))["floor"]
-                wire_alone = native_host_rows(exe, n)
+                native, native_echo = harness_rows(exe, path, str(n))
+                floor = harness_rows(exe, "floor", str(n))[0]["floor"]
+                wire_alone, alone_echo = native_host_rows(exe, n)
                 lib = load(lib_path)
                 with NativeChannel(lib, path) as channel:
                     channel.hello()
-                    via_ctypes = {"echo": timed(lambda: channel.call(Op.ECHO, b"12345678"), n),
+                    via_ctypes = {"echo": timed(lambda: channel.call(Op.ECHO, ECHO_REQUEST), n),
                                   "nop": timed(lambda: channel.call(Op.NOP), n)}
                 with Region.open(path) as region, ClientChannel.claim(region) as py:
                     py.hello()
-                    python = {"echo": timed(lambda: py.call(Op.ECHO, b"12345678"), n),
+                    python = {"echo": timed(lambda: py.call(Op.ECHO, ECHO_REQUEST), n),
                               "nop": timed(lambda: py.call(Op.NOP), n)}
         finally:
             if server.pid:
                 os.kill(server.pid, signal.SIGINT)
             server.join(10)
             os.unlink(path)
-    print_bulk(bulk, geometry)
+    checks = Checks()
+    print_bulk(bulk, geometry, checks)
     if args.bulk_only:
-        return 0
+        return checks.exit_status()
     print()
     print(f"## host-local round trip, {n} calls each, p50 / p99 in us (host: the Python agent)")
+    want = ECHO_REQUEST.hex()  # each ECHO reply, as hex (or the failed status)
+    ctypes_echo = first_wrong((reply.hex() if status == 0 else f"status {status}"
+                               for status, reply in cast(list[tuple[int, bytes]], via_ctypes["echo"][2])), want)
+    python_echo = first_wrong((bytes(r.payload).hex() if r.status == 0 else f"status {r.status}"
+                               for r in cast(list[Record], python["echo"][2])), want)
+    echo_right = all([checks.same(f"ECHO 8 B, {who}", want, got, "its request") for who, got in (
+        ("C client", native_echo), ("C via ctypes", ctypes_echo), ("Python client", python_echo),
+        ("C client with the minimal C host", alone_echo))])
     print(f"{'':22}{'C client':>18}{'C via ctypes':>18}{'Python client':>18}{'p50 Python/C':>14}")
     for name, label in (("echo", "ECHO 8 B"), ("nop", "NOP")):
         c, t, p = native[name], via_ctypes[name], python[name]
-        print(f"{label:22}{c[0]:9.2f} /{c[1]:7.2f}{t[0]:9.2f} /{t[1]:7.2f}{p[0]:9.2f} /{p[1]:7.2f}"
-              f"{p[0] / c[0]:13.2f}x")
+        ratio = f"{p[0] / c[0]:13.2f}x" if name == "nop" or echo_right else f"{'WRONG':>14}"
+        print(f"{label:22}{c[0]:9.2f} /{c[1]:7.2f}{t[0]:9.2f} /{t[1]:7.2f}{p[0]:9.2f} /{p[1]:7.2f}{ratio}")
     print(f"{'floor (C word ping-pong)':22}{floor[0]:9.2f} /{floor[1]:7.2f}")
     for name, label in (("echo", "ECHO 8 B"), ("nop", "NOP")):
         w = wire_alone[name]
         print(f"{label + ', C host':22}{w[0]:9.2f} /{w[1]:7.2f}   (C client, minimal C host: the wire alone)")
     print("aim (issue 13): host-local round trip p50 <= 1 us")
-    return 0
+    return checks.exit_status()
 
 
 if __name__ == "__main__":

@@ -5,17 +5,22 @@ baseline measured in the same run. GPU machine only.
 Starts two orionds on this host: the GPU host's (it serves a region of its own, for the local column, and takes
 relayed sessions on its listen_port) and a relaying one (`[server-relay] remote_addr` = the first's port), whose
 region the relayed column's program uses. Each column is bench/cuda_bench.py's measure() in a child process on the
-native guest driver (native: the machine's libcuda). The baseline is two fresh processes on the same loopback: a
-32-byte ping-pong (the round trip a synchronous relayed call adds) and a 256 MiB stream in 1 MiB writes (what bulk
-copies can reach), from and into one reused 1 MiB buffer (cache-hot: the best a socket does), and once more from
-and into 256 MiB buffers (as a copy's bytes come from and land in memory of the copy's size). Printed: each measure
+native guest driver (native: the machine's libcuda), bulk rows at SIZES_MIB. The baseline is two fresh processes on
+the same loopback: a 32-byte ping-pong (the round trip a synchronous relayed call adds) and a 256 MiB stream in
+1 MiB writes (what bulk copies can reach), from and into one reused 1 MiB buffer (cache-hot: the best a socket
+does), and once more from and into 256 MiB buffers (as a copy's bytes come from and land in memory of the copy's
+size). Printed: each measure
 per column, relayed/local and relayed/native, and the issue's aims:
-- a synchronous call costs at most local + one raw round trip (launch+sync, 4-byte copies);
+- a synchronous call costs at most local + one raw round trip (launch+sync, 4-byte copies, pageable and pinned);
 - bulk relayed >= 0.8x the raw stream (the reused buffer's; the ratio to the whole-buffer stream is printed too);
 - async launches pipelined (relayed async launch close to local: no round trip per launch).
 
 Every call's status is checked: a row whose calls failed (a copy the relay refuses, say) prints as refused with the
-status, never as a speed. Bulk rows go up to 512 MiB: a relayed copy is carried in pieces, so any size a local
+status, never as a speed. So is every result (bench/cuda_bench.measure, bench/verify.py): a copy row's bytes read
+back after the timed copies must be its source's in the native run and the native run's in the local and relayed
+ones, the workload's data the native run's bit for bit; a wrong one prints a WRONG RESULT line and no ratio or aim
+for it, and the exit status is 1 (a relayed small page-locked read that returned zeros with CUDA_SUCCESS went
+unnoticed before, issue 26). Bulk rows go up to 512 MiB: a relayed copy is carried in pieces, so any size a local
 session takes is relayed too.
 
 Run: python3 bench/relay_bench.py   (from the repository root)
@@ -34,119 +39,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.cuda_bench import EMPTY, MIB, PRELUDES, SCALE  # noqa: E402
+from bench.cuda_bench import child, right_results  # noqa: E402
+from bench.verify import Checks  # noqa: E402
 
 SIZES_MIB = (64, 256, 512)
 
-
-class Refused(Exception):
-    """A call of the row answered a status other than CUDA_SUCCESS."""
-
-
-def measure() -> dict[str, float | str]:
-    """bench/cuda_bench.py's rows (bulk at SIZES_MIB), each call's status checked: a failed row is its status."""
-    import numpy as np
-    from cuda.bindings import driver, nvrtc
-
-    def ok(result: tuple) -> object:  # type: ignore[type-arg]
-        if int(result[0]) != 0:
-            raise Refused(f"refused ({int(result[0])})")
-        return result[1] if len(result) == 2 else result[1:] if len(result) > 2 else None
-
-    def cubin(source: bytes, arch: str) -> bytes:
-        prog = ok(nvrtc.nvrtcCreateProgram(source, b"k.cu", 0, [], []))
-        ok(nvrtc.nvrtcCompileProgram(prog, 1, [f"--gpu-architecture=sm_{arch}".encode()]))
-        data = b" " * ok(nvrtc.nvrtcGetCUBINSize(prog))  # type: ignore[operator]
-        ok(nvrtc.nvrtcGetCUBIN(prog, data))
-        return data
-
-    ok(driver.cuInit(0))
-    dev = ok(driver.cuDeviceGet(0))
-    ok(driver.cuCtxSetCurrent(ok(driver.cuDevicePrimaryCtxRetain(dev))))
-    attr = driver.CUdevice_attribute
-    arch = "".join(str(ok(driver.cuDeviceGetAttribute(a, dev))) for a in (
-        attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
-    empty = ok(driver.cuModuleGetFunction(ok(driver.cuModuleLoadData(cubin(EMPTY, arch))), b"empty"))
-    scale = ok(driver.cuModuleGetFunction(ok(driver.cuModuleLoadData(cubin(SCALE, arch))), b"scale"))
-    stream = ok(driver.cuStreamCreate(0))
-    out: dict[str, float | str] = {}
-
-    def row(key: str, fn, n: int, per: float = 1.0, bytes_: int = 0) -> None:  # type: ignore[no-untyped-def]
-        """The median of 3 timings of n calls of fn (us per call / per, or GB/s with bytes_); a failed status."""
-        try:
-            fn()
-            times = []
-            for _ in range(3):
-                start = time.perf_counter()
-                for _ in range(n):
-                    fn()
-                times.append((time.perf_counter() - start) / n)
-            seconds = sorted(times)[1]
-            out[key] = bytes_ / seconds / 1e9 if bytes_ else seconds * 1e6 / per
-        except Refused as exc:
-            out[key] = str(exc)
-
-    row("launch+sync us", lambda: (ok(driver.cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, 0, 0)),
-                                   ok(driver.cuStreamSynchronize(stream))), 2000)
-
-    def launches() -> None:
-        for _ in range(1000):
-            ok(driver.cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, 0, 0))
-        ok(driver.cuStreamSynchronize(stream))
-    row("async launch us", launches, 3, per=1000)
-    small = np.zeros(1, dtype=np.float32)
-    d_small = ok(driver.cuMemAlloc(4))
-    row("4-byte HtoD us", lambda: ok(driver.cuMemcpyHtoD(d_small, small.ctypes.data, 4)), 2000)
-    row("4-byte DtoH us", lambda: ok(driver.cuMemcpyDtoH(small.ctypes.data, d_small, 4)), 2000)
-    for size_mib in SIZES_MIB:
-        size = size_mib * MIB
-        host = np.ones(size // 4, dtype=np.float32)
-        dptr = ok(driver.cuMemAlloc(size))
-        n = max(2, 512 // size_mib)
-        for kind, address in (("", host.ctypes.data), ("pinned ", None)):
-            if address is None:
-                try:
-                    address = ok(driver.cuMemAllocHost(size))
-                except Refused as exc:
-                    out[f"pinned HtoD {size_mib} MiB GB/s"] = out[f"pinned DtoH {size_mib} MiB GB/s"] = str(exc)
-                    continue
-            row(f"{kind}HtoD {size_mib} MiB GB/s", lambda d=dptr, h=address, s=size: ok(driver.cuMemcpyHtoD(d, h, s)),
-                n, bytes_=size)
-            row(f"{kind}DtoH {size_mib} MiB GB/s", lambda d=dptr, h=address, s=size: ok(driver.cuMemcpyDtoH(h, d, s)),
-                n, bytes_=size)
-            if kind:
-                ok(driver.cuMemFreeHost(address))
-        ok(driver.cuMemFree(dptr))
-    n = 1 << 20  # workload: copy in, 20 kernels, copy out
-    data = np.ones(n, dtype=np.float32)
-    d_data = ok(driver.cuMemAlloc(data.nbytes))
-    count = np.array([n], dtype=np.uint32)
-    pointer = np.array([int(d_data)], dtype=np.uint64)  # type: ignore[call-overload]
-    params = np.array([pointer.ctypes.data, count.ctypes.data], dtype=np.uint64)
-
-    def workload() -> None:
-        ok(driver.cuMemcpyHtoD(d_data, data.ctypes.data, data.nbytes))
-        for _ in range(20):
-            ok(driver.cuLaunchKernel(scale, n // 256, 1, 1, 256, 1, 1, 0, stream, params.ctypes.data, 0))
-        ok(driver.cuMemcpyDtoHAsync(data.ctypes.data, d_data, data.nbytes, stream))
-        ok(driver.cuStreamSynchronize(stream))
-    row("workload ms", workload, 30, per=1000)
-    return out
-
-
-def child(mode: str, region: str | None, library: str = "") -> dict[str, float | str]:
-    """measure() in a child process, on the machine's driver (region None) or forwarded through `region`."""
-    import json
-    code = PRELUDES[mode] + "import json, bench.relay_bench as b; print('RESULT ' + json.dumps(b.measure()))"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    if region:
-        env |= {"ORION_SHM": region, "CUDA_VISIBLE_DEVICES": "", "ORION_NATIVE": "1", "ORION_NATIVE_LIB": library}
-    result = subprocess.run([sys.executable, "-c", code, library], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=900)
-    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"{mode} run failed:\n{result.stderr[-4000:]}")
-    return dict(json.loads(line[7:]))
 
 RAW_SERVER = r"""
 import socket, sys
@@ -238,9 +135,9 @@ def main() -> int:
         relay, relay_region = _oriond(work, "relay-host", _free_port(), f"127.0.0.1:{port}")
         try:
             raw = raw_baseline()
-            native = child("native", None)
-            local = child("native-lib", local_region, library)
-            relayed = child("native-lib", relay_region, library)
+            native = child("native", None, "", SIZES_MIB)
+            local = child("native-lib", local_region, library, SIZES_MIB)
+            relayed = child("native-lib", relay_region, library, SIZES_MIB)
             raw_after = raw_baseline()
             raw_whole = raw_baseline(whole=True)
         finally:
@@ -255,13 +152,20 @@ def main() -> int:
           f"stream {raw['stream GB/s']:.2f} / {raw_after['stream GB/s']:.2f} GB/s (before / after), "
           f"{whole:.2f} GB/s between 256 MiB buffers")
     print(f"{'measure':<26} {'native':>9} {'local':>9} {'relayed':>9} {'rel/local':>9} {'rel/nat':>8}  aim")
-    for key, value in native.items():
-        here, there = local[key], relayed[key]
+    checks = Checks()
+    for key, value in native["rows"].items():
+        here, there = local["rows"][key], relayed["rows"][key]
         if isinstance(value, str) or isinstance(here, str) or isinstance(there, str):
             print(f"{key:<26} {value!s:>9} {here!s:>9} {there!s:>9}  (a failed status: no speed)")
             continue
+        right = right_results(checks, key, {"native": native, "local": local, "relayed": relayed})
+        if not (right["local"] and right["relayed"]):
+            rel_nat = f"{there / value:8.2f}" if right["relayed"] else f"{'WRONG':>8}"
+            print(f"{key:<26} {value:9.2f} {here:9.2f} {there:9.2f} {'WRONG':>9} {rel_nat}  (a wrong result: no aim)")
+            continue
         aim = ""
-        if key in ("launch+sync us", "4-byte HtoD us", "4-byte DtoH us"):
+        if key in ("launch+sync us", "4-byte HtoD us", "4-byte DtoH us", "pinned 4-byte HtoD us",
+                   "pinned 4-byte DtoH us"):
             aim = f"<= local + raw RTT = {here + rtt:.2f}: {'met' if there <= here + rtt else 'not met'}"
         elif key == "async launch us":
             pipelined = "yes" if there < here + rtt else "no"
@@ -269,7 +173,7 @@ def main() -> int:
         elif "GB/s" in key:
             aim = f">= 0.8 x raw stream: {there / stream:.2f}x ({there / whole:.2f}x between 256 MiB buffers)"
         print(f"{key:<26} {value:9.2f} {here:9.2f} {there:9.2f} {there / here:9.2f} {there / value:8.2f}  {aim}")
-    return 0
+    return checks.exit_status()
 
 
 if __name__ == "__main__":

@@ -7,8 +7,13 @@ Everything is measured in one run, with baselines taken in the same run:
 * bulk: payloads streamed through the staging arena to the host (the worker copies each chunk into a
   destination buffer, as a host-to-device copy would) and back (the worker copies from a source buffer into
   the chunks, as a device-to-host copy would, and the client copies them out), as a ratio to one plain
-  memcpy of the same bytes between two buffers of this process;
+  memcpy of the same bytes between two buffers of this process. The results are checked (bench/verify.py): every
+  timed transfer's status, and after the timed transfers, the worker's destination (its digest, asked for after
+  the timing) and the client's buffer, both cleared before the first transfer, must hold the bytes the memcpy
+  baseline's destination holds, a non-periodic pattern; a ratio is printed only for right bytes (otherwise a WRONG
+  RESULT line, and the exit status is 1);
 * idle: CPU used by a session worker whose client is attached but silent, in % of one core.
+The round trips carry no data (NOP records): nothing to check.
 
 Run: `.venv/bin/python bench/wire_bench.py` (or `make bench`).
 """
@@ -27,25 +32,28 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.verify import Checks, digest, pattern  # noqa: E402
 from host_agent.handler import Reply, Session  # noqa: E402
 from host_agent.region_server import ServerOptions, serve  # noqa: E402
 from ivshmem import ClientChannel, Op, Region, Streamed, layout  # noqa: E402
 from ivshmem.channel import BufferCursor, Ctrl, HostChannel, Sink  # noqa: E402
 from ivshmem.codec import Schema  # noqa: E402
-from ivshmem.record import fill_pattern  # noqa: E402
 
 MIB = 1 << 20
-TO_HOST, FROM_HOST = 0x80, 0x81
+TO_HOST, FROM_HOST, TAKE_DIGEST = 0x80, 0x81, 0x82
 FROM_HOST_REQUEST = Schema("bench from-host", ("length", "u64"))
+DIGEST_REQUEST = Schema("bench digest", ("length", "u64"))
 _MP = multiprocessing.get_context("fork")
 
 
 class CopyHandler:
-    """Moves bytes as the CUDA executor's copies will: chunk -> destination, source -> chunk."""
+    """Moves bytes as the CUDA executor's copies will: chunk -> destination, source -> chunk; and, untimed, tells
+    the digest of what a transfer to the host left in the destination, clearing it for the next one."""
 
     def __init__(self, session: Session) -> None:
-        self.source = bytearray(fill_pattern(1, MIB)) * 256
-        self.destination = bytearray(self.source)  # a copy, so its pages are already touched
+        self.source = bytearray(pattern(256 * MIB))
+        self.destination = bytearray(len(self.source))
+        self.destination[:] = self.source  # its pages touched before any timing
 
     def sink_for(self, opcode: int, length: int) -> Sink | None:
         return BufferCursor(self.destination).sink if opcode == TO_HOST else None
@@ -58,6 +66,11 @@ class CopyHandler:
         if record.opcode == FROM_HOST:
             (length,) = FROM_HOST_REQUEST.decode(record.payload)
             return Reply(0, Streamed(length, BufferCursor(self.source).fill))
+        if record.opcode == TAKE_DIGEST:
+            (length,) = DIGEST_REQUEST.decode(record.payload)
+            taken = digest(memoryview(self.destination)[:length])
+            self.destination[:length] = bytes(length)
+            return Reply(0, taken.encode())
         return Reply(-2)
 
 
@@ -92,17 +105,18 @@ def pct(values: list[int], q: float) -> float:
     return values[min(len(values) - 1, int(len(values) * q))] / 1e3
 
 
-def memcpy_seconds(size: int, repeats: int) -> float:
-    src = bytearray(os.urandom(MIB)) * (size // MIB)
-    dst = bytearray(size)
-    s, d = memoryview(src), memoryview(dst)
+def memcpy_seconds(source: bytes, repeats: int) -> tuple[float, str]:
+    """The median time of one memcpy of `source` into a buffer of this process, and the digest of what that
+    buffer holds then (the baseline's result, which every staged transfer of the same bytes must match)."""
+    dst = bytearray(len(source))
+    s, d = memoryview(source), memoryview(dst)
     d[:] = s  # fault the pages in first
     best = []
     for _ in range(repeats):
         start = time.perf_counter()
         d[:] = s
         best.append(time.perf_counter() - start)
-    return statistics.median(best)
+    return statistics.median(best), digest(dst)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -119,6 +133,7 @@ def main() -> int:
     parser.add_argument("--region-mib", type=int, default=128)
     parser.add_argument("--idle-seconds", type=float, default=5.0)
     args = parser.parse_args()
+    checks = Checks()
 
     path = f"/dev/shm/orion-bench-{uuid.uuid4().hex[:8]}"
     with open(path, "wb") as f:
@@ -143,9 +158,9 @@ def main() -> int:
             clock = time.perf_counter_ns
             lat = []
             for _ in range(args.round_trips):
-                start = clock()
+                sent = clock()
                 channel.call(Op.NOP)
-                lat.append(clock() - start)
+                lat.append(clock() - sent)
             lat.sort()
             floor = floor_round_trip(args.round_trips)
             p50 = pct(lat, 0.5)
@@ -159,26 +174,34 @@ def main() -> int:
                   f"{'from host GB/s':>15} {'ratio':>6}")
             for size_mib in (int(s) for s in args.sizes.split(",")):
                 size = size_mib * MIB
-                mem = memcpy_seconds(size, args.repeats)
+                source = pattern(size)  # the same bytes the worker sends back
+                mem, expected = memcpy_seconds(source, args.repeats)
                 # buffers sized to the transfer and touched first, like the memcpy baseline's
-                source = bytearray(fill_pattern(1, MIB)) * size_mib  # the same bytes the worker sends back
-                landing = bytearray(source)
+                landing = bytearray(size)  # zeros: the transfers back must write every byte
                 payload = memoryview(source)
                 cursor = BufferCursor(landing)
                 to_host, from_host = [], []
+                failed_to = failed_from = ""  # the first failed status of a timed transfer
+                channel.call(TAKE_DIGEST, DIGEST_REQUEST.encode(size))  # clears the worker's destination
                 for _ in range(args.repeats + 1):
                     start = time.perf_counter()
-                    channel.call(TO_HOST, payload)
+                    reply = channel.call(TO_HOST, payload)
                     to_host.append(time.perf_counter() - start)
-                    landing[:MIB] = bytes(MIB)
+                    failed_to = failed_to or ("" if reply.ok else f"status {reply.status}")
                     cursor.position = 0
                     start = time.perf_counter()
                     reply = channel.call(FROM_HOST, FROM_HOST_REQUEST.encode(size), sink=cursor.sink)
                     from_host.append(time.perf_counter() - start)
-                    assert reply.ok and cursor.position == size and landing == source, "bytes changed on the way"
+                    short = "" if cursor.position == size else f"{cursor.position} of {size} bytes"
+                    failed_from = failed_from or ("" if reply.ok else f"status {reply.status}") or short
                 t_to, t_from = statistics.median(to_host[1:]), statistics.median(from_host[1:])
-                print(f"{size_mib:>5} MiB {size / mem / 1e9:12.2f} {size / t_to / 1e9:13.2f} {mem / t_to:6.2f} "
-                      f"{size / t_from / 1e9:15.2f} {mem / t_from:6.2f}")
+                # after the timing: what the transfers left where they wrote (both cleared before the first)
+                got_to = failed_to or bytes(channel.call(TAKE_DIGEST, DIGEST_REQUEST.encode(size)).payload).decode()
+                got_from = failed_from or digest(landing)
+                to_ratio = checks.ratio(f"bulk to host {size_mib} MiB", mem, t_to, expected, got_to, "memcpy")
+                from_ratio = checks.ratio(f"bulk from host {size_mib} MiB", mem, t_from, expected, got_from, "memcpy")
+                print(f"{size_mib:>5} MiB {size / mem / 1e9:12.2f} {size / t_to / 1e9:13.2f} {to_ratio:>6} "
+                      f"{size / t_from / 1e9:15.2f} {from_ratio:>6}")
                 del payload, cursor
 
             worker = HostChannel(region, channel.index).ctrl[Ctrl.HOST_WORKER]
@@ -199,7 +222,7 @@ def main() -> int:
             os.kill(server.pid, signal.SIGINT)
         server.join(10)
         os.unlink(path)
-    return 0
+    return checks.exit_status()
 
 
 if __name__ == "__main__":
