@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.gpu.gpu_guest import REPO, boot_script, bundle_dir, bundle_ready
-from tests.gpu.test_forwarded_programs import FORWARD, HAS_GPU, PROGRAMS, Oriond, run
+from tests.gpu.test_forwarded_programs import FORWARD, HAS_GPU, PROGRAMS, Oriond, assert_same_results, run
 from tests.gpu.test_native_frameworks import JAX_ENV, build_libraries, on_native_driver, run_on_driver
 from tests.guest.vm import GuestResult
 
@@ -107,5 +107,5 @@ def test_cupy_and_jax_in_a_guest_on_the_native_driver_give_the_native_results(or
             {"name": "jax_program.py", "argv": [*arguments, str(PROGRAMS / "jax_program.py")],
              "env": {**env, **JAX_ENV}}]
     _, forwarded = in_guest(oriond, shared, runs)
-    assert forwarded == native
-    assert native["jax_program.py"]["platform"] == "gpu" and native["jax_program.py"]["grad_ok"]
+    for name, expected in native.items():  # JAX's sums to a tolerance: XLA's autotuner may pick another GEMM
+        assert_same_results(name, expected, forwarded[name])

@@ -14,6 +14,8 @@ cp.random.seed(7)
 uniform = cp.asnumpy(cp.random.random(1 << 14, dtype=cp.float32))
 print("RESULT " + json.dumps({
     "elementwise_ok": bool(np.allclose(elementwise, np.sin(x) * 2 + 1, atol=1e-5)),
+    "elementwise_sum": float(elementwise.sum(dtype=np.float64)),
     "matmul_ok": bool(np.allclose(product, a @ b, atol=1e-3)),
+    "matmul_abs_sum": float(np.abs(product).sum(dtype=np.float64)),
     "random_sum": round(float(uniform.sum()), 2), "random_ok": bool(uniform.min() >= 0 and uniform.max() < 1),
 }))

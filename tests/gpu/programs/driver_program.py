@@ -114,6 +114,7 @@ def main():
     part = np.empty(m, dtype=np.float32)
     check(driver.cuMemcpyDtoH(part.ctypes.data, dy, part.nbytes))
     out["cooperative_ok"] = bool(np.allclose(part, 2.5 * x[:m] + y[:m], rtol=1e-5, atol=1e-5))
+    out["cooperative_sum"] = float(part.sum(dtype=np.float64))
     prog = check(nvrtc.nvrtcCreateProgram(SAXPY, b"saxpy.cu", 0, [], []))
     check(nvrtc.nvrtcCompileProgram(prog, 1, [f"--gpu-architecture=compute_{major}{minor}".encode()]))
     ptx = b" " * check(nvrtc.nvrtcGetPTXSize(prog))

@@ -16,4 +16,7 @@ print("RESULT " + json.dumps({
     "platform": jax.devices()[0].platform, "devices": len(jax.devices()),
     "matmul_ok": bool(np.allclose(product, a @ b, atol=1e-2)),
     "grad_ok": bool(np.allclose(grad, expected_grad, atol=1e-2)),
+    # values, not only flags (compared to a tolerance: tests/gpu/test_forwarded_programs.py, CLOSE)
+    "matmul_abs_sum": float(np.abs(product).sum(dtype=np.float64)),
+    "grad_abs_sum": float(np.abs(grad).sum(dtype=np.float64)),
 }))

@@ -60,22 +60,30 @@ def page_locked(out, kernel, stream):
     check(driver.cuMemcpyDtoHAsync(host_y, dy, 4 * n, stream))
     check(driver.cuStreamSynchronize(stream))
     out["pinned_copies_ok"] = bool(np.allclose(floats(host_y, n), 2.0 * x + y, rtol=1e-5, atol=1e-5))
+    out["pinned_copies_sum"] = float(floats(host_y, n).sum(dtype=np.float64))
 
-    # A kernel reading page-locked host memory through the pointer the host allocation gave (unified addressing)
-    device_y = check(driver.cuMemHostGetDevicePointer(host_y, 0))
-    out["device_pointer_is_host_pointer"] = int(device_y) == int(host_y)
-    check(driver.cuMemcpyHtoD(dy, y.ctypes.data, 4 * n))
-    launch(kernel, stream, 3.0, host_x, dy, n)  # x read from the host's pages by the GPU
-    check(driver.cuStreamSynchronize(stream))
-    result = np.empty(n, dtype=np.float32)
-    check(driver.cuMemcpyDtoH(result.ctypes.data, dy, 4 * n))
-    out["mapped_read_ok"] = bool(np.allclose(result, 3.0 * x + y, rtol=1e-5, atol=1e-5))
+    # A kernel reading page-locked host memory through the pointer the host allocation gave (unified addressing).
+    # Where page-locked memory has no device pointer (a relayed session: CUDA_ERROR_NOT_SUPPORTED, docs/remote.md)
+    # that status is the result, and no kernel is handed the host's pages.
+    err, device_y = driver.cuMemHostGetDevicePointer(host_y, 0)
+    out["device_pointer_status"] = int(err)
+    if int(err) == 0:
+        out["device_pointer_is_host_pointer"] = int(device_y) == int(host_y)
+        check(driver.cuMemcpyHtoD(dy, y.ctypes.data, 4 * n))
+        launch(kernel, stream, 3.0, host_x, dy, n)  # x read from the host's pages by the GPU
+        check(driver.cuStreamSynchronize(stream))
+        result = np.empty(n, dtype=np.float32)
+        check(driver.cuMemcpyDtoH(result.ctypes.data, dy, 4 * n))
+        out["mapped_read_ok"] = bool(np.allclose(result, 3.0 * x + y, rtol=1e-5, atol=1e-5))
+        out["mapped_read_sum"] = float(result.sum(dtype=np.float64))
     out["host_alloc_flags"] = int(check(driver.cuMemHostGetFlags(host_y)))
+    # [status, value] of page-locked memory's pointer attributes: a path that cannot answer one says which
     memory_type = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-    out["pinned_memory_type"] = int(check(driver.cuPointerGetAttribute(memory_type, host_x)))
+    err, value = driver.cuPointerGetAttribute(memory_type, host_x)
+    out["pinned_memory_type"] = [int(err), int(value) if int(err) == 0 else None]
     host_pointer = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_HOST_POINTER
-    out["pinned_host_pointer_ok"] = int(check(driver.cuPointerGetAttribute(host_pointer, host_x + 64))) == \
-        int(host_x) + 64
+    err, value = driver.cuPointerGetAttribute(host_pointer, host_x + 64)
+    out["pinned_host_pointer"] = [int(err), int(err) == 0 and int(value) == int(host_x) + 64]
     for pointer in (host_x, host_y):
         check(driver.cuMemFreeHost(pointer))
     out["free_twice"] = int(driver.cuMemFreeHost(host_x)[0]) != 0
@@ -152,6 +160,7 @@ def launch_attributes_and_library(out, kernel, stream, major, minor):
     result = np.empty(n, dtype=np.float32)
     check(driver.cuMemcpyDtoH(result.ctypes.data, dy, 4 * n))
     out["launch_attributes_ok"] = bool(np.allclose(result, 4.0 * x))
+    out["launch_attributes_sum"] = float(result.sum(dtype=np.float64))
     for pointer in (dx, dy):
         check(driver.cuMemFree(pointer))
 

@@ -24,5 +24,6 @@ ok((*runtime.cudaFree(device), None))
 ok((*runtime.cudaDeviceSynchronize(), None))
 print("RESULT " + json.dumps({"count": count, "name": props.name.split(b"\0")[0].decode(), "sms": sms,
                               "props_sms": props.multiProcessorCount, "major": props.major,
-                              "total": props.totalGlobalMem, "copy_ok": bool(np.array_equal(back, host))},
+                              "total": props.totalGlobalMem, "copy_ok": bool(np.array_equal(back, host)),
+                              "copy_sum": float(back.sum(dtype=np.float64))},
                              sort_keys=True))
