@@ -6,12 +6,17 @@
   rdma_guest.py relay    a GPU host (tests/controller/fake_gpu_agent.py --listen --rdma: the real listener,
                          workers and executor over the stand-in driver) and a relaying oriond (a real one, its
                          server.conf with enable_rdma and [server-relay] remote_addr), a client on the relay's
-                         region: its calls and a 12 MiB copy go over RDMA; the link drops under a session and
-                         comes back; then the same with the GPU host's device missing (the TCP fallback, with its
-                         reason in both logs)
+                         region: its calls and a 12 MiB copy go over RDMA; the differential corpus
+                         (tests/differential/corpus.py) over RDMA through the capsule path and the native library,
+                         each transcript compared with the fake driver's own; the link drops under a session and
+                         comes back; then the same session with the GPU host's device missing (the TCP fallback,
+                         with its reason in both logs)
   rdma_guest.py check    stream, then relay (one boot: what tests/guest/test_guest_rdma.py runs)
   rdma_guest.py bench    the raw pyverbs baseline (SEND/RECV round trip, RDMA WRITE stream), the transport's
                          record round trip and one-way bulk, then relay's sessions timed (bench/rdma_bench.py)
+
+relay and check take native=PATH (relative to the checkout): the native library the corpus runs through, built on
+the host (the guest has no C compiler; test_guest_rdma.py builds a fresh one); default: setup.sh's build.
 
 Soft-RoCE: `rdma link add rxe0 type rxe netdev lo` (TESTBED.md: verbs work on loopback), so both ends use
 127.0.0.1 and the same device. Lines starting with RDMA- are what tests/guest/test_guest_rdma.py reads.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -275,11 +281,11 @@ def bench() -> int:
     near.send(1, 9)
     os.waitpid(pid, 0)
     near.close()
-    return relay(setup=False)
+    return relay(setup=False, corpus=False)
 
 
-def check() -> int:
-    return stream() or relay(setup=False)
+def check(native: str = "") -> int:
+    return stream() or relay(setup=False, native=native)
 
 
 class Hosts:
@@ -374,8 +380,98 @@ def link_drop(hosts: Hosts) -> bool:
     return first == later == 46 and good
 
 
-def relay(setup: bool = True) -> int:
-    """Relayed sessions over RDMA, then with the GPU host's device missing (TCP, and why), through real orionds."""
+# The differential corpus over RDMA. Its seeds: the first three of test_differential.py's, about a minute of the
+# guest's time for the reference and both paths under TCG (the run prints each one's took_s).
+DIFF_SEEDS = (1, 2, 3)
+NATIVE_BUILD = "guest_runtime/native/lib/libcuda.so.1"  # setup.sh's build in the checkout
+NATIVE_TIMEOUT_S = 300
+RELAYED = re.compile(r"session \d+: relayed to \S+ \(its session \d+\) over (\w+)")  # the relay's log, a session
+
+
+def differential(hosts: Hosts, native: str) -> None:
+    """The differential corpus (tests/differential/corpus.py), seeds DIFF_SEEDS, relayed over RDMA through the
+    capsule path (a Forwarder in this process) and through the native library `native` (a path in the checkout: a
+    child running tests/differential/run_corpus.py, as test_differential.py does), each transcript compared with
+    the fake driver's own, computed here. One line a path:
+
+      RDMA-DIFF <path> seeds=N differences=D relayed=<how the relay says it relayed that path's sessions> took_s=T
+
+    and, for each seed that differs, its first difference on `RDMA-WHY <path> seed=N:` lines; a path that could
+    not run says `failed: why` (its stderr on RDMA-WHY lines) or `missing: why` in place of differences=D. The
+    lines are the verdict (test_guest_rdma.py reads them), not the exit status: the boot goes on, and the test
+    shows the difference."""
+    from tests.controller.rig import REPO
+    from tests.differential.corpus import Runner, fake_table, first_difference, sequence
+    from tests.fake_driver import FakeDriver
+    from tests.forwarding_rig import Guest, native_child_env
+
+    t0 = time.perf_counter()
+    reference = Runner(fake_table(FakeDriver(devices=1)))
+    wanted = {seed: reference.run(sequence(seed)) for seed in DIFF_SEEDS}
+    print(f"RDMA-DIFF reference seeds={len(DIFF_SEEDS)} took_s={time.perf_counter() - t0:.1f}")
+
+    def capsule() -> list[list[list[object]]]:
+        guest = Guest(str(hosts.relay_region))
+        try:
+            runner = Runner(guest.fn)
+            return [runner.run(sequence(seed)) for seed in DIFF_SEEDS]
+        finally:
+            guest.close()
+
+    def native_child() -> list[list[list[object]]]:
+        import json
+        library = REPO / native
+        if not library.is_file():
+            raise _Missing(f"no native library at {native} (the host builds it: guest_runtime/native/build.py "
+                           "--driver; the guest has no C compiler)")
+        command = [sys.executable, "-m", "tests.differential.run_corpus", "driver", str(library),
+                   *map(str, DIFF_SEEDS)]
+        done = subprocess.run(command, cwd=REPO, env=native_child_env(library, str(hosts.relay_region)),
+                              capture_output=True, text=True, timeout=NATIVE_TIMEOUT_S)
+        if done.returncode != 0:
+            raise _Failed(f"run_corpus exited {done.returncode}", done.stderr)
+        return json.loads(done.stdout)["transcripts"]  # type: ignore[no-any-return]
+
+    for path, run in (("capsule", capsule), ("native", native_child)):
+        sessions = len(RELAYED.findall(hosts.relay.log()))
+        t0 = time.perf_counter()
+        why: dict[str, str] = {}  # label (seed=N, or stderr) -> what to show
+        try:
+            transcripts = run()
+            for seed, got in zip(DIFF_SEEDS, transcripts, strict=True):
+                text = first_difference(wanted[seed], got, sequence(seed))
+                if text:
+                    why[f"seed={seed}"] = text
+            verdict = f"differences={len(why)}"
+        except _Missing as exc:
+            verdict = f"missing: {exc}"
+        except Exception as exc:  # said on the line (and its stderr below): the rest of the boot goes on
+            verdict = f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            if isinstance(exc, _Failed):
+                why["stderr"] = exc.stderr[-3000:]
+        relayed = ",".join(RELAYED.findall(hosts.relay.log())[sessions:]) or "none"
+        print(f"RDMA-DIFF {path} seeds={len(DIFF_SEEDS)} {verdict} relayed={relayed} "
+              f"took_s={time.perf_counter() - t0:.1f}")
+        for label, text in why.items():
+            for line in text.splitlines():
+                print(f"RDMA-WHY {path} {label}: {line}")
+
+
+class _Missing(Exception):
+    """The native library is not there."""
+
+
+class _Failed(Exception):
+    """A path's process failed; `stderr`: what it wrote there."""
+
+    def __init__(self, why: str, stderr: str) -> None:
+        super().__init__(why)
+        self.stderr = stderr
+
+
+def relay(setup: bool = True, native: str = "", corpus: bool = True) -> int:
+    """Relayed sessions over RDMA (and the differential corpus through them, with `corpus`: see differential()),
+    then with the GPU host's device missing (TCP, and why), through real orionds."""
     import tempfile
     if setup:
         soft_roce()
@@ -390,6 +486,8 @@ def relay(setup: bool = True) -> int:
             if case == "rdma":
                 good, rtt, rate = session_check(hosts.gpu_region, COPY)
                 print(f"RDMA-RELAY local copy={'ok' if good else 'WRONG'} rtt_us={rtt:.0f} copy_MBps={rate:.1f}")
+                if corpus:
+                    differential(hosts, native or NATIVE_BUILD)
                 ok &= link_drop(hosts)
         finally:
             hosts.stop()
@@ -401,5 +499,15 @@ def relay(setup: bool = True) -> int:
     return 0 if ok else 1
 
 
+def main(argv: list[str]) -> int:
+    command, options = argv[0], {name: value for name, _, value in (arg.partition("=") for arg in argv[1:])}
+    native = options.get("native", "")  # native=PATH
+    if command == "relay":
+        return relay(native=native)
+    if command == "check":
+        return check(native)
+    return {"stream": stream, "bench": bench}[command]()
+
+
 if __name__ == "__main__":
-    sys.exit({"stream": stream, "bench": bench, "relay": relay, "check": check}[sys.argv[1]]())
+    sys.exit(main(sys.argv[1:]))

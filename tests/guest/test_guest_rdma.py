@@ -8,16 +8,26 @@ has no RDMA (TESTBED.md). One boot runs tests/guest/rdma_guest.py check:
   with its listener over the stand-in driver): the session's 12 MiB copy comes back intact over RDMA, both logs
   say RDMA; the link drops under a session (the guest's calls fail, the GPU host ends the session) and a new
   session works once it is back; then, with the GPU host's ibverbs_device naming a device it does not have, the
-  same session over TCP, and both logs say why.
+  same session over TCP, and both logs say why;
+- the differential corpus (tests/differential/corpus.py, its first seeds) relayed over RDMA through the capsule
+  path and the native `libcuda.so.1`, each transcript equal to the fake driver's own, computed in the guest. The
+  native library is built here, into the checkout's build/ (the guest sees the checkout over 9p and has no C
+  compiler); where it cannot be built, the guest finds none and the test fails, saying why.
 """
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from .vm import image_ready, run_guest
+from guest_runtime.native.build import BuildError, build_driver
+
+from .vm import REPO_ROOT, image_ready, run_guest
 
 pytestmark = [
     pytest.mark.guest,
@@ -27,8 +37,27 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def guest_run() -> list[str]:
-    result = run_guest("tests/guest/rdma_guest.py", ["check"], timeout=480, memory_mb=1024, cpus=2)
+def native_build() -> Iterator[tuple[str, str]]:
+    """(the native library's path relative to the checkout, '' or why it could not be built): a fresh build in a
+    directory of the checkout's build/ (ignored by git), removed afterwards."""
+    parent = REPO_ROOT / "build"
+    parent.mkdir(exist_ok=True)
+    where = Path(tempfile.mkdtemp(prefix="rdma-guest-native-", dir=parent))
+    library, why = where / "libcuda.so.1", ""
+    try:
+        build_driver(library)
+    except BuildError as exc:
+        why = str(exc)
+    try:
+        yield library.relative_to(REPO_ROOT).as_posix(), why
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def guest_run(native_build: tuple[str, str]) -> list[str]:
+    result = run_guest("tests/guest/rdma_guest.py", ["check", f"native={native_build[0]}"], timeout=480,
+                       memory_mb=1024, cpus=2)
     assert result.rc == 0, result.serial[-6000:] + result.qemu_log
     return result.lines("RDMA-")
 
@@ -79,3 +108,13 @@ def test_without_a_device_on_the_gpu_host_the_session_falls_back_to_tcp_and_both
     assert any("over tcp: " + why in line for line in logs if " relay: " in line), logs
     assert "RDMA-LOG fallback gpu: Client supports TCP mode, then server also falls back to TCP mode." in logs
     assert any(why + ": relayed sessions use TCP" in line for line in logs if "listens on" in line), logs
+
+
+@pytest.mark.parametrize("path", ["capsule", "native"])
+def test_the_differential_corpus_relayed_over_rdma_gives_the_fake_drivers_own_transcript(
+        guest_run: list[str], native_build: tuple[str, str], path: str) -> None:
+    line = next((line for line in guest_run if line.startswith(f"RDMA-DIFF {path} ")), f"no RDMA-DIFF {path} line")
+    why = "\n".join(line for line in guest_run if line.startswith(f"RDMA-WHY {path} "))
+    built = f"\n(the host could not build the native library: {native_build[1]})" if native_build[1] else ""
+    assert re.match(rf"RDMA-DIFF {path} seeds=[1-9]\d* differences=0 relayed=rdma(,rdma)* took_s=", line), \
+        f"{line}\n{why}{built}"
