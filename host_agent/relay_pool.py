@@ -9,7 +9,11 @@ copies to and from pool memory into the plain copies the GPU host serves for any
   guest posted it) and whose answer the relay writes into the pool before the session's next answer is delivered:
   the GPU host answers in order, so a later cuStreamSynchronize returns only after the bytes are in place.
 A device pointer of pool memory has no meaning on the GPU host: cuMemHostGetDevicePointer answers
-CUDA_ERROR_NOT_SUPPORTED (and with it the native driver's cuLaunchHostFunc, built on such pointers).
+CUDA_ERROR_NOT_SUPPORTED (and with it the native driver's cuLaunchHostFunc, built on such pointers). The GPU host
+knows nothing of pool memory either, so the relay answers cuPointerGetAttribute of a pool pointer itself: what is
+certain of page-locked host memory (its memory type is host, its host pointer is itself, it is not managed), and
+CUDA_ERROR_NOT_SUPPORTED, named once, for what only the driver that mapped it could say (its context, device
+pointer, buffer id...).
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import logging
 from typing import NamedTuple
 
 from ivshmem.cuda_status import INVALID_VALUE, NOT_SUPPORTED, SUCCESS
-from ivshmem.driver_api import BY_OPCODE, CALLS, PINNED_COPY
+from ivshmem.driver_api import BY_OPCODE, CALLS, PINNED_COPY, POINTER_ATTRIBUTE_WIDTHS
 from ivshmem.errors import RecordError
 from ivshmem.record import Flag, Record, Status
 
@@ -28,6 +32,11 @@ from .pinned_pool import BOOKKEEPING_OPCODES, HostPool, answer_bookkeeping
 log = logging.getLogger(__name__)
 
 DEVICE_POINTER = CALLS["cuMemHostGetDevicePointer"].opcode
+POINTER_ATTRIBUTE = CALLS["cuPointerGetAttribute"].opcode
+MEMORYTYPE_HOST = 1  # CU_MEMORYTYPE_HOST
+# CUpointer_attribute -> what it is for page-locked host memory at `pointer` (a function of the pointer)
+POOL_POINTER_ANSWERS = {2: lambda pointer: MEMORYTYPE_HOST, 4: lambda pointer: pointer, 8: lambda pointer: 0}
+RELAY_MAY_ANSWER = frozenset({DEVICE_POINTER, POINTER_ATTRIBUTE})  # records `answer` may answer itself: never pumped
 
 
 class Forward(NamedTuple):
@@ -44,6 +53,8 @@ class PoolRelay:
         self.pool, self.session = pool, session
         self.landing: dict[int, tuple[int, int]] = {}  # call id of a DtoH in flight -> (host address, size)
         self._said_device_pointer = False
+        self._said_attributes: set[int] = set()
+        self._said_outside = False
 
     def answer(self, record: Record) -> Reply | None:
         """The relay's own answer to one of the pool's calls; None for every other record."""
@@ -59,7 +70,29 @@ class PoolRelay:
                 log.info("session %d: cuMemHostGetDevicePointer answers CUDA_ERROR_NOT_SUPPORTED: page-locked "
                          "memory of a relayed session is not mapped on the GPU host", self.session)
             return Reply(NOT_SUPPORTED)
+        if opcode == POINTER_ATTRIBUTE:
+            return self._pointer_attribute(record)
         return None
+
+    def _pointer_attribute(self, record: Record) -> Reply | None:
+        """cuPointerGetAttribute of pool memory (see the module's text); None for any other pointer."""
+        call = CALLS["cuPointerGetAttribute"]
+        try:
+            attribute, pointer = call.request.decode(record.payload)
+        except RecordError as exc:
+            return Reply(Status.MALFORMED, str(exc).encode())
+        if self.pool is None or self.pool.host_address(pointer, 1) is None:
+            return None  # the GPU host's to answer
+        answer = POOL_POINTER_ANSWERS.get(attribute)
+        width = POINTER_ATTRIBUTE_WIDTHS.get(attribute)
+        if answer is None or width is None:
+            if attribute not in self._said_attributes:
+                self._said_attributes.add(attribute)
+                log.info("session %d: cuPointerGetAttribute %d of page-locked memory answers "
+                         "CUDA_ERROR_NOT_SUPPORTED: the GPU host does not map a relayed session's page-locked "
+                         "memory", self.session, attribute)
+            return Reply(NOT_SUPPORTED)
+        return Reply(SUCCESS, call.reply.encode(answer(pointer), width))
 
     def rewrite(self, record: Record) -> Forward | Reply | None:
         """A pinned copy as the plain copy to send (a DtoH's landing place is kept until its answer), or the
@@ -76,6 +109,12 @@ class PoolRelay:
         *stream, pointer = rest
         host = None if self.pool is None else self.pool.host_address(pointer, size)
         if host is None:
+            if not self._said_outside:
+                self._said_outside = True
+                pool = self.pool
+                log.info("session %d: a page-locked %s of %d bytes at %#x lies in no page-locked allocation (pool at "
+                         "%#x, allocations %s): CUDA_ERROR_INVALID_VALUE", self.session, call.name, size, pointer,
+                         pool.guest_base if pool else 0, sorted(pool.allocations.items())[:8] if pool else [])
             return Reply(INVALID_VALUE)
         if call.name.startswith("cuMemcpyHtoD"):
             return Forward(call.opcode, record.flags & Flag.NO_REPLY, call.request.fixed.pack(device, size, *stream),

@@ -37,7 +37,7 @@ from ivshmem.record import HEADER, Flag, Record
 from . import hot_path
 from .pinned_pool import BOOKKEEPING_OPCODES
 from .relay_frames import ConnectionLost, FrameStream, FrameWriter
-from .relay_pool import DEVICE_POINTER, Forward, PoolRelay
+from .relay_pool import RELAY_MAY_ANSWER, Forward, PoolRelay
 from .stream_endpoint import CHUNK, StreamEndpoint
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class Relay:
         table = bytearray(b"\x01" * 0x10000)
         if self.pool is not None:
             for opcode in range(0x10000):
-                if opcode & PINNED_COPY or opcode in BOOKKEEPING_OPCODES or opcode == DEVICE_POINTER:
+                if opcode & PINNED_COPY or opcode in BOOKKEEPING_OPCODES or opcode in RELAY_MAY_ANSWER:
                     table[opcode] = 0
         pump.set_forward(bytes(table))
         return pump

@@ -127,9 +127,22 @@ CUFFT_GAP = pytest.mark.xfail(strict=True, reason="cuFFT plans through a driver-
                                                   "docs/native-driver.md, Status)")
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("name", [pytest.param(name, marks=CUFFT_GAP) if name == "cupy_fft_program.py" else name
-                                  for name in FRAMEWORKS])
+# XLA's autotuner hands a page-locked buffer's own address (unified addressing: cuMemHostAlloc memory is device
+# memory too) to cuMemcpyDtoHAsync as the device side; a relayed session's page-locked memory lives on the relaying
+# host, which the GPU host cannot address, so that copy answers CUDA_ERROR_INVALID_VALUE and the jit fails
+# (docs/remote.md, "What cannot be relayed byte for byte"). Measured on an H200; the open point of issue 26.
+UVA_GAP = pytest.mark.xfail(strict=True, reason="a relayed session's page-locked memory is no device memory on the "
+                                                "GPU host: XLA's autotuner copies from it as device memory")
+
+
+def _framework_case(name: str, path: str) -> object:
+    marks = [CUFFT_GAP] if name == "cupy_fft_program.py" else []
+    if name == "jax_program.py" and path == "relayed":
+        marks.append(UVA_GAP)
+    return pytest.param(name, path, marks=marks, id=f"{name}-{path}")
+
+
+@pytest.mark.parametrize(("name", "path"), [_framework_case(name, path) for name in FRAMEWORKS for path in PATHS])
 def test_a_framework_program_gives_the_native_results_through_the_native_driver(
         name: str, path: str, request: pytest.FixtureRequest, library: GuestLibraries) -> None:
     """PyTorch (a matmul; the CNN's 20 losses to 1e-5 relative), CuPy (elementwise, cuBLAS, cuRAND; the FFT is a

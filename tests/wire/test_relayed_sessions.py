@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import struct
 from collections.abc import Callable
 
 import pytest
@@ -22,6 +23,7 @@ from ivshmem.channel import Ctrl
 from tests import forwarding_rig, relay_net
 from tests.controller.rig import wait_until
 from tests.forwarding_rig import Guest, Rig
+from tests.unit.test_more_calls import _attribute
 from tests.unit.test_pinned_and_contexts import host_alloc
 
 SUCCESS, INVALID_VALUE, NOT_SUPPORTED, DEVICE_UNAVAILABLE = 0, 1, 801, 46
@@ -88,6 +90,13 @@ def test_page_locked_memory_stays_on_the_relaying_host_and_its_bytes_travel(rela
     assert ctypes.string_at(pinned + 4096, 4096) == payload[:4096]  # landed before the sync answered
     assert ctypes.string_at(pinned, 4096) == bytes(4096)
     assert g.call("cuMemHostGetDevicePointer", pinned, 0)[0] == NOT_SUPPORTED  # no meaning on the GPU host
+    # its pointer attributes, answered by the relay (the GPU host knows nothing of it): what is certain of
+    # page-locked host memory (PyTorch and XLA ask its memory type), NOT_SUPPORTED for what only a mapping says
+    assert _attribute(g, 2, pinned + 8) == (SUCCESS, struct.pack("<I", 1) + b"\xee" * 12)  # MEMORY_TYPE: host
+    assert _attribute(g, 4, pinned + 8) == (SUCCESS, struct.pack("<Q", pinned + 8) + b"\xee" * 8)  # HOST_POINTER
+    assert _attribute(g, 8, pinned) == (SUCCESS, bytes(4) + b"\xee" * 12)  # IS_MANAGED: no
+    assert _attribute(g, 1, pinned)[0] == NOT_SUPPORTED  # CONTEXT
+    assert _attribute(g, 2, device)[1][:4] == struct.pack("<I", 2)  # device memory: still the GPU host's answer
     assert g.fn["cuMemcpyHtoD"](device, pinned + (2 << 20), 16) == INVALID_VALUE  # past the allocation
     assert g.call("cuMemFreeHost", pinned)[0] == SUCCESS
     assert g.call("cuMemFreeHost", pinned)[0] == INVALID_VALUE
