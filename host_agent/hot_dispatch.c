@@ -809,7 +809,9 @@ typedef struct {
     double wait_start, sleep, next_check, heard;
     int waiting, busy;
     PyObject *lock; /* a WriteLock */
-    uint8_t forward[65536]; /* opcodes forwarded as they are */
+    uint8_t forward[65536]; /* opcodes forwarded as they are: 1; 2 (3): unless the u64 at payload offset 0 (or 8)
+                               lies in the page-locked pool, whose calls relay_uva.py serves; 0: never */
+    uint64_t pool_base, pool_size; /* the guest's page-locked pool (set_pool), or size 0 */
     pending_call *pending;
     size_t npending, cap;
     unsigned long long pumped;
@@ -848,6 +850,12 @@ static int forward_record(Pump *self, uint32_t *head) {
     if (reserved || (flags & ~FLAG_NO_REPLY) || opcode > 0xFFFF || !self->forward[opcode]
         || length > self->inline_capacity)
         return 0;
+    uint8_t how = self->forward[opcode];
+    if (how >= 2 && self->pool_size) { /* a device side in the pool: Python's (relay_uva.py) */
+        if (length < 8u * (how - 1)) return 0;
+        for (uint32_t i = 0; i + 1 < how; i++)
+            if (rd64(slot + RECORD_HEADER + 8u * i) - self->pool_base < self->pool_size) return 0;
+    }
     if (!(flags & FLAG_NO_REPLY) && pending_add(self, call_id, flags, 0) < 0) return 0;
     uint32_t words[6] = { opcode, flags, length, self->remote_generation, 0, 0 };
     uint8_t header[RECORD_HEADER];
@@ -989,6 +997,14 @@ static PyObject *Pump_set_forward(Pump *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Pump_set_pool(Pump *self, PyObject *args) {
+    unsigned long long base, size;
+    if (!PyArg_ParseTuple(args, "KK", &base, &size)) return NULL;
+    self->pool_base = base;
+    self->pool_size = size;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Pump_expect(Pump *self, PyObject *args) {
     unsigned long long call_id;
     unsigned int flags;
@@ -1037,6 +1053,8 @@ static PyMethodDef Pump_methods[] = {
      "pump() -> code: move records both ways until Python must act (RING, SOCKET, CHECK or LOST)."},
     {"set_forward", (PyCFunction)Pump_set_forward, METH_O,
      "set_forward(table): per opcode (65536 bytes), whether a ring record of it is forwarded here as it is."},
+    {"set_pool", (PyCFunction)Pump_set_pool, METH_VARARGS,
+     "set_pool(base, size): the guest's page-locked pool, whose addresses as a device side are Python's."},
     {"expect", (PyCFunction)Pump_expect, METH_VARARGS,
      "expect(call_id, flags, python): a record sent by Python waits for its answer (python: Python takes it)."},
     {"take", (PyCFunction)Pump_take, METH_O, "take(call_id) -> the guest's flags of a waiting call, forgotten (None: nobody waits for it)."},

@@ -23,18 +23,22 @@ is relayed and the guest, the connection and the GPU host work at the same time,
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ivshmem.channel import Endpoint, Sink, Streamed
-from ivshmem.cuda_status import DEVICE_UNAVAILABLE
-from ivshmem.driver_api import PINNED_COPY
+from ivshmem.cuda_status import DEVICE_UNAVAILABLE, INVALID_VALUE, SUCCESS
+from ivshmem.driver_api import PINNED_COPY, POOL_MAP_OPCODE
 from ivshmem.errors import RecordError
 from ivshmem.record import HEADER, Flag, Record
 
-from . import hot_path
+from . import hot_path, relay_uva
+from .handler import Reply
 from .pinned_pool import BOOKKEEPING_OPCODES
 from .relay_frames import ConnectionLost, FrameStream, FrameWriter
 from .relay_pool import RELAY_MAY_ANSWER, Forward, PoolRelay
@@ -42,6 +46,7 @@ from .stream_endpoint import CHUNK, StreamEndpoint
 
 log = logging.getLogger(__name__)
 
+OWN_CALL_IDS = 1 << 63  # the relay's own calls to the GPU host count from here: a guest's never get so far
 MAX_ASYNC_ERRORS_REPORTED = 64  # as the worker's loop (region_server.RecordLoop)
 # Two threads share the GIL in a relaying worker: the ring thread spins while it waits, the answers thread wakes on
 # the socket. At CPython's default switch interval (5 ms) a woken answers thread can wait that long for the GIL;
@@ -77,6 +82,8 @@ class Relay:
         self._answers = threading.Thread(target=self._carry_answers, name=f"relay-{session}", daemon=True)
         self._staged: _StagedForward | None = None  # the staged request being forwarded as it comes off the ring
         self._pump: Any = None  # the compiled pump (hot_path.relay_pump), while it runs the session
+        self._own_ids = itertools.count(OWN_CALL_IDS)  # the relay's own calls (_ask)
+        self._own: dict[int, queue.Queue[Record]] = {}  # those the answers thread hands over
 
     def run(self, first: Record | None = None) -> None:
         """Forward the ring's records, `first` (already read) first, until the ring ends the session (its errors
@@ -107,6 +114,8 @@ class Relay:
             for opcode in range(0x10000):
                 if opcode & PINNED_COPY or opcode in BOOKKEEPING_OPCODES or opcode in RELAY_MAY_ANSWER:
                     table[opcode] = 0
+            for opcode, how in relay_uva.DEVICE_SIDES.items():  # Python's when a device side is pool memory
+                table[opcode] = how
         pump.set_forward(bytes(table))
         return pump
 
@@ -169,11 +178,15 @@ class Relay:
         if self.pool is not None:
             own = self.pool.answer(record)
             if own is None:
-                plain = self.pool.rewrite(record)
+                plain = self._on_pool(record)
+                if plain is None:
+                    plain = self.pool.rewrite(record)
                 if isinstance(plain, Forward):
                     opcode, flags, payload, tail = plain
                 else:
                     own = plain
+            elif record.opcode == POOL_MAP_OPCODE and own.status == SUCCESS and self._pump is not None:
+                self._pump.set_pool(self.pool.pool.guest_base, self.pool.pool.size)  # type: ignore[union-attr]
             if own is not None:
                 self._answer(record.call_id, record.flags, own.status, bytes(own.payload))  # type: ignore[arg-type]
                 return
@@ -186,6 +199,72 @@ class Relay:
                 self._send_pieces(record.call_id, opcode, flags, payload, tail)
         except ConnectionLost as exc:
             self._lose(str(exc))
+
+    def _on_pool(self, record: Record) -> Reply | Forward | None:
+        """A copy or memset whose device side is page-locked memory (relay_uva.py): the guest's answer when it is
+        done here (or refused), the plain copy to send instead, or None when the GPU host serves it as it is."""
+        pool = None if self.pool is None else self.pool.pool
+        if pool is None or not pool.allocations:
+            return None
+        plan = relay_uva.plan_for(pool, record)
+        if not isinstance(plan, relay_uva.Plan):
+            return plan
+        for pointer in plan.probes:
+            status = self._probe(pointer)
+            if status == SUCCESS:  # the GPU host's own memory too: whose bytes the program meant is unknowable
+                log.warning("session %d: address %#x is page-locked memory here and device memory on the GPU host; "
+                            "its copy answers CUDA_ERROR_INVALID_VALUE", self.session, pointer)
+                return Reply(INVALID_VALUE)
+            if status == DEVICE_UNAVAILABLE:
+                return Reply(DEVICE_UNAVAILABLE)
+        if plan.forward is not None:
+            if plan.landing is not None:
+                self.pool.landing[record.call_id] = plan.landing  # type: ignore[union-attr]
+            return plan.forward
+        return plan.run()  # type: ignore[misc]
+
+    def _probe(self, pointer: int) -> int:
+        """The GPU host's status for a pointer attribute of `pointer` (SUCCESS: its own memory), asked after every
+        earlier call of the session; DEVICE_UNAVAILABLE when the GPU host is gone."""
+        answer = self._ask(relay_uva.PROBE.opcode, relay_uva.PROBE.request.encode(relay_uva.MEMORY_TYPE, pointer))
+        return DEVICE_UNAVAILABLE if answer is None else answer.status
+
+    def _ask(self, opcode: int, payload: bytes) -> Record | None:
+        """A call of the relay's own to the GPU host (a call id no guest uses) and its answer, every answer before
+        it delivered meanwhile; None when the GPU host is (or becomes) gone."""
+        call_id = next(self._own_ids)
+        remote = self.remote
+        box: queue.Queue[Record] = queue.Queue(1)
+        with self._lock:
+            if self.lost is not None or remote is None:
+                return None
+            if self._pump is None:
+                self._own[call_id] = box  # the answers thread hands it over
+        try:
+            remote.send(call_id, opcode, 0, payload)
+            if self._pump is None:
+                while self.lost is None:
+                    with contextlib.suppress(queue.Empty):
+                        return box.get(timeout=remote.beat_s)
+                return None
+            while True:  # this thread reads the connection while the pump waits
+                answer = remote.next()
+                if answer is None:
+                    continue
+                if answer.call_id == call_id:
+                    return self._whole(remote, answer)
+                self._deliver(remote, answer, self._pump.take(answer.call_id))
+        except (ConnectionLost, RecordError) as exc:
+            self._lose(str(exc))
+            return None
+        finally:
+            self._own.pop(call_id, None)
+
+    @staticmethod
+    def _whole(remote: StreamEndpoint, answer: Record) -> Record:
+        payload = bytearray(answer.length)
+        remote.frames.read_payload(memoryview(payload))
+        return answer._replace(payload=payload)
 
     def _expect(self, call_id: int, flags: int) -> bool:
         """Note a record about to be sent as waiting for its answer; False (and the record answered
@@ -227,6 +306,10 @@ class Relay:
                     continue
                 with self._lock:
                     guest_flags = self._pending.pop(answer.call_id, None)
+                    box = self._own.pop(answer.call_id, None)
+                if box is not None:  # the answer to a call of the relay's own (_ask)
+                    box.put(self._whole(remote, answer))
+                    continue
                 self._deliver(remote, answer, guest_flags)
         except (ConnectionLost, RecordError) as exc:
             self._lose(str(exc))

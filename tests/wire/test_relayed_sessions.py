@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import pytest
 
+from host_agent import hot_path
 from ivshmem.channel import Ctrl
 from tests import forwarding_rig, relay_net
 from tests.controller.rig import wait_until
@@ -152,3 +153,40 @@ def test_a_gpu_host_that_cannot_be_reached_fails_the_sessions_calls(start: Calla
     g = rig.guest()
     assert g.call("cuInit", 0)[0] == DEVICE_UNAVAILABLE
     assert g.call("cuDeviceGetCount")[0] == DEVICE_UNAVAILABLE
+
+
+@pytest.mark.parametrize("relay", ["compiled pump", "python threads"])
+def test_page_locked_memory_serves_as_device_memory_as_natively(start: Callable[..., Rig], relay: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unified addressing: page-locked memory is device memory too, so a copy or memset may name it as its device
+    side (XLA's autotuner copies from it). Relayed, the GPU host cannot address it, so the relay serves those calls
+    on the pool (host_agent/relay_uva.py): the bytes are the pool's, in stream order after earlier copies into it.
+    Both ways a relay runs: the compiled pump, and Python's two threads (RDMA, or no compiler)."""
+    if relay == "python threads":
+        monkeypatch.setattr(hot_path, "_loaded", None)  # no compiled module in this process or its forks
+    g = start(relayed=True).guest()
+    g.setup()
+    device = g.alloc(1 << 16)
+    status, pinned = host_alloc(g, 1 << 16)
+    assert status == SUCCESS
+    pattern = bytes((i * 7 + 3) & 0xFF for i in range(4096))
+    ctypes.memmove(pinned, pattern, len(pattern))
+    assert g.dtoh(pinned, 4096) == (SUCCESS, pattern)  # DtoH from page-locked memory as the device side
+    stream = g.ok("cuStreamCreate", 1)
+    assert g.dtoh(pinned + 1, 300, stream) == (SUCCESS, pattern[1:301])
+    assert g.htod(pinned + 8192, b"written as device memory") == SUCCESS
+    assert ctypes.string_at(pinned + 8192, 24) == b"written as device memory"
+    assert g.call("cuMemsetD32", pinned + 12288, 0xDEADBEEF, 4)[0] == SUCCESS
+    assert ctypes.string_at(pinned + 12288, 16) == struct.pack("<I", 0xDEADBEEF) * 4
+    assert g.call("cuMemcpyDtoD", device, pinned, 4096)[0] == SUCCESS  # pool -> the GPU host's memory
+    assert g.dtoh(device, 4096) == (SUCCESS, pattern)
+    assert g.fn["cuMemcpyDtoDAsync"](pinned + 16384, device + 7, 100, stream) == SUCCESS  # lands in the pool
+    assert g.call("cuStreamSynchronize", stream)[0] == SUCCESS
+    assert ctypes.string_at(pinned + 16384, 100) == pattern[7:107]
+    # a copy into the pool still on its way is in place before a later call reads the pool as device memory
+    assert g.htod(device, b"\x11" * 4096) == SUCCESS
+    assert g.fn["cuMemcpyDtoHAsync"](pinned + 20480, device, 4096, stream) == SUCCESS  # posted, lands later
+    assert g.dtoh(pinned + 20480, 4096, stream) == (SUCCESS, b"\x11" * 4096)
+    assert g.fn["cuMemcpyDtoH"](pinned + 24576, pinned, 64) == SUCCESS  # page-locked on both sides
+    assert ctypes.string_at(pinned + 24576, 64) == pattern[:64]
+    assert g.dtoh(pinned + (1 << 16) - 8, 16)[0] == INVALID_VALUE  # past the allocation: the GPU host refuses it
