@@ -1,12 +1,14 @@
 """Two network namespaces joined by a veth pair, for the relayed-session tests (docs/remote.md, issue 14).
 
-    orion-relay-a (10.231.0.1, veth orion-ra)  <== veth ==>  orion-relay-b (10.231.0.2, veth orion-rb)
+    orion-ra-<pid> (10.231.0.1, veth ora<pid>)  <== veth ==>  orion-rb-<pid> (10.231.0.2, veth orb<pid>)
 
 The relaying oriond (a region's supervisor) runs in A and the GPU host's (the relay listener, over the fake driver
 where no GPU exists) in B, so relayed records cross a real kernel network path that a test can take down
 (`link(False)`: the veth end in B goes down) while both processes keep running. The namespaces are made once per
 test process, as root, and removed at its exit; a process joins one with `enter()` (setns), which is why the
-processes that serve are forked: the pytest process itself never changes namespace.
+processes that serve are forked: the pytest process itself never changes namespace. The names carry the pid of
+the test process that made them, so two test processes (a pytest and the one test_relayed_suite.py starts, or two
+checkouts' runs on one machine) never make, use or remove each other's.
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ import os
 import shutil
 import subprocess
 
-RELAY_NS, GPU_NS = "orion-relay-a", "orion-relay-b"
-RELAY_IF, GPU_IF = "orion-ra", "orion-rb"
+RELAY_NS, GPU_NS = f"orion-ra-{os.getpid()}", f"orion-rb-{os.getpid()}"
+RELAY_IF, GPU_IF = f"ora{os.getpid()}", f"orb{os.getpid()}"  # at most 15 characters: pids have at most 7 digits
 RELAY_IP, GPU_IP = "10.231.0.1", "10.231.0.2"
 CLONE_NEWNET = 0x40000000
 _made = False
@@ -61,8 +63,13 @@ def remove() -> None:
 
 
 def link(up: bool) -> None:
-    """Take the GPU host's end of the veth pair down (False) or up again: the link drops, nobody dies."""
+    """Take the GPU host's end of the veth pair down (False) or up again: the link drops, nobody dies. Up again, the
+    neighbour entries the outage left FAILED are flushed, as a healed network's would expire: else a connect in
+    the next seconds gets `No route to host` from the stale entry, not from the network."""
     _ip("-n", GPU_NS, "link", "set", GPU_IF, "up" if up else "down")
+    if up:
+        _ip("-n", RELAY_NS, "neigh", "flush", "dev", RELAY_IF)
+        _ip("-n", GPU_NS, "neigh", "flush", "dev", GPU_IF)
 
 
 def enter(namespace: str) -> None:
