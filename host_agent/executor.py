@@ -64,7 +64,7 @@ from ivshmem.region import Region
 from .call_handlers import HOST, POLICY  # the calls written out here and in the mixins
 from .diagnostics import DiagnosticsHandler
 from .gpu_memory import MeterFactory
-from .handler import Reply, Session, note, refused
+from .handler import Reply, ReplyFailed, Session, note, refused
 from .image_cache import CacheSettings, ImageCache
 from .launch_extras import MAX_LAUNCH_ATTRIBUTES, LaunchExtraCalls
 from .limits import one_line
@@ -433,6 +433,12 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
             buffer = bytearray(size)
             fill(memoryview(buffer))
             return Reply(errors[0] if errors else SUCCESS, b"" if errors else bytes(buffer))
+
+        def fill_or_fail(chunk: memoryview) -> None:
+            fill(chunk)
+            if errors:  # the reply's SUCCESS is out already: its bytes cannot be made right (handler.ReplyFailed)
+                raise ReplyFailed(f"cuMemcpyDtoH answered {errors[0]} at byte {position - len(chunk)} of a "
+                                  f"{size}-byte reply")
         # A streamed reply's status leaves before its bytes: surface a pending asynchronous error (a faulted
         # kernel, say) first, as the copy itself would have. cuMemcpyDtoH waits for prior work anyway.
         (err,) = driver.cuCtxSynchronize()
@@ -440,7 +446,7 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
             return Reply(int(err))
         if self._to_register is not None:
             self._register_channel()
-        return Reply(SUCCESS, Streamed(size, fill))
+        return Reply(SUCCESS, Streamed(size, fill_or_fail))
 
     @HOST.serves("cuModuleLoadData")
     def _module_load(self, call: DriverCall, payload: bytes) -> Reply:

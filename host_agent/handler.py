@@ -23,6 +23,12 @@ class Reply(NamedTuple):
     payload: bytes | bytearray | Streamed = b""
 
 
+class ReplyFailed(Exception):
+    """A streamed reply's producer failed after the reply's record (and its status) went out: the bytes already
+    sent cannot be taken back, nor the rest made right. The worker ends the session (HostReason.REPLY_FAILED: the
+    client's call fails, CUDA_ERROR_DEVICE_UNAVAILABLE) rather than let the client read wrong bytes as a success."""
+
+
 def refused(why: str) -> Reply:
     """A well-formed request the agent will not carry out, and why (Status.REFUSED)."""
     return Reply(Status.REFUSED, why.encode())

@@ -36,7 +36,7 @@ from ivshmem.region import Region
 from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
 
 from . import hot_path, region_file
-from .handler import Handler, HandlerFactory, Reply, Session, notes_for, route_notes
+from .handler import Handler, HandlerFactory, Reply, ReplyFailed, Session, notes_for, route_notes
 from .limits import LogLimiter, TokenBucket
 from .relay_route import RelayRoute, open_session
 from .relay_session import SWITCH_INTERVAL_S
@@ -49,6 +49,9 @@ PR_SET_PDEATHSIG = 1
 EXIT_PROTOCOL_VIOLATION = 3
 EXIT_REGION_FAILED = 4
 EXIT_GPU_HOST_LOST = 5  # a relayed session's reply was cut short: its channel ended with HostReason.GPU_HOST_LOST
+EXIT_REPLY_FAILED = 6  # a reply's producer failed after its success went out (handler.ReplyFailed)
+EXIT_REASONS = {EXIT_PROTOCOL_VIOLATION: HostReason.PROTOCOL_VIOLATION, EXIT_GPU_HOST_LOST: HostReason.GPU_HOST_LOST,
+                EXIT_REPLY_FAILED: HostReason.REPLY_FAILED}  # the channel's end, said again by the supervisor
 
 
 class RegionRefused(RegionError):
@@ -206,6 +209,10 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, o
             log.info("session %d: compiled hot path serves %s", session.number, ", ".join(loop.hot.calls))
         loop.run()
         return 0  # not reached: only an exception ends the loop
+    except ReplyFailed as exc:  # the client would read wrong bytes as a success: the session ends instead
+        log.error("session %d: %s: the session ends", session.number, exc)
+        channel.end(HostStatus.FAILED, HostReason.REPLY_FAILED)
+        return EXIT_REPLY_FAILED
     except ChannelCorrupt as exc:  # the peer broke the ring protocol: this session cannot go on
         if channel.ctrl[Ctrl.CLIENT_GEN] != session.generation or not channel.ctrl[Ctrl.CLIENT_ACTIVE]:
             return 0  # not a violation: the client released and re-claimed (reset its indices) before we ended
@@ -351,8 +358,7 @@ class RegionServer:
         session, worker = self._workers[channel.index]
         if not worker.is_alive():
             log.warning("session %d: worker exited with code %s", session.number, worker.exitcode)
-            reason = {EXIT_PROTOCOL_VIOLATION: HostReason.PROTOCOL_VIOLATION,
-                      EXIT_GPU_HOST_LOST: HostReason.GPU_HOST_LOST}.get(worker.exitcode or 0, HostReason.WORKER_DIED)
+            reason = EXIT_REASONS.get(worker.exitcode or 0, HostReason.WORKER_DIED)
             self._end(channel, HostStatus.FAILED, reason)
             return
         alive, self._beats[channel.index] = channel.client_alive(self._beats[channel.index],

@@ -19,7 +19,7 @@ from ivshmem.errors import RecordError
 from ivshmem.record import BIND_REQUEST, HELLO_REQUEST, Op, Record, Status
 
 from . import hot_path, relay_transport
-from .handler import Handler, HandlerFactory, Session
+from .handler import Handler, HandlerFactory, ReplyFailed, Session
 from .rdma_stream import RdmaStream, RdmaUnavailable
 from .region_server import RecordLoop, ServerOptions
 from .relay_frames import (
@@ -147,6 +147,8 @@ def serve_relayed(sock: socket.socket, factory: HandlerFactory, session: Session
         loop.run()
     except ConnectionLost as exc:
         log.info("session %d ended: %s", session.number, exc)
+    except ReplyFailed as exc:  # its frame was left short, which ended the connection: the relay ends the session
+        log.error("session %d: %s: the session ends", session.number, exc)
     finally:
         endpoint.close()
     return 0

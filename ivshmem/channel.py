@@ -81,6 +81,7 @@ class HostReason(IntEnum):
     PROTOCOL_VIOLATION = 6
     AGENT_STOPPED = 7
     GPU_HOST_LOST = 8  # a relaying host's worker lost the GPU host in the middle of a reply (relay_session.py)
+    REPLY_FAILED = 9  # the GPU failed in the middle of a reply whose success had gone out (handler.ReplyFailed)
 
 
 REASON_TEXT: dict[int, str] = {
@@ -91,7 +92,9 @@ REASON_TEXT: dict[int, str] = {
     HostReason.PROTOCOL_VIOLATION: "the host saw a broken ring protocol on this channel",
     HostReason.AGENT_STOPPED: "the host agent stopped",
     HostReason.GPU_HOST_LOST: "the GPU host serving this relayed session is gone, in the middle of a reply",
+    HostReason.REPLY_FAILED: "the GPU failed in the middle of a reply",
 }
+DEVICE_LOST_REASONS = (HostReason.GPU_HOST_LOST, HostReason.REPLY_FAILED)  # a client answers 46 (DeviceLost)
 
 
 class Control:
@@ -438,7 +441,7 @@ class ClientChannel:
                            f"({self.endpoint.generation}): its control words were overwritten; restart this program")
         if status in (HostStatus.FAILED, HostStatus.RECLAIMED):
             reason = REASON_TEXT.get(ctrl[Ctrl.HOST_REASON], f"reason {ctrl[Ctrl.HOST_REASON]}")
-            gone = DeviceLost if ctrl[Ctrl.HOST_REASON] == HostReason.GPU_HOST_LOST else PeerGone
+            gone = DeviceLost if ctrl[Ctrl.HOST_REASON] in DEVICE_LOST_REASONS else PeerGone
             raise gone(f"{where}: the host ended this session ({reason})")
         if status != HostStatus.SERVING:
             raise PeerGone(f"{where}: the host ended this session (it saw the channel released: its control "

@@ -34,8 +34,9 @@ class PeerGone(ChannelError):
 
 
 class DeviceLost(PeerGone):
-    """The session's GPU is gone: the host that relayed it lost the GPU host in the middle of a reply, which it could
-    neither finish nor take back, so it ended the session (a client answers CUDA_ERROR_DEVICE_UNAVAILABLE)."""
+    """The session's GPU is gone in the middle of a reply, which its host could neither finish nor take back, so it
+    ended the session: a relaying host lost the GPU host, or the GPU failed a copy whose success had gone out (a
+    client answers CUDA_ERROR_DEVICE_UNAVAILABLE)."""
 
 
 class ChannelCorrupt(ChannelError):

@@ -121,8 +121,8 @@ def logged_hot_executor(session: Any, log: str) -> CudaExecutor:
 
 
 def _serve(path: str, journal: str, options: ExecutorOptions, fake: dict[str, Any], relayed: bool,
-           relay_to: str) -> None:
-    """Child process body: serve `path` until SIGTERM, each session an executor over a fresh FakeDriver (`relayed`:
+           relay_to: str, fake_class: type[FakeDriver]) -> None:
+    """Child process body: serve `path` until SIGTERM, each session an executor over a fresh `fake_class` (`relayed`:
     relayed to one in another network namespace, or to `relay_to` when given)."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: never outlive the tests
     stop = StopRequest().on_signals()  # never threading.Event in a signal handler (host_agent/stop.py)
@@ -130,7 +130,7 @@ def _serve(path: str, journal: str, options: ExecutorOptions, fake: dict[str, An
     signal.setitimer(signal.ITIMER_REAL, 0)
 
     def factory(session: Any) -> CudaExecutor:
-        driver = FakeDriver(journal=journal, **fake)
+        driver = fake_class(journal=journal, **fake)
         driver.cuInit(0)  # as executor._load_driver does before any session uses the real driver
         return CudaExecutor(session, options, driver=driver)
     server = ServerOptions(heartbeat_timeout=5.0, scan_interval=0.01)
@@ -266,13 +266,14 @@ class Rig:
     """A fake-driver host agent serving one region, and the guests (sessions) talking to it."""
 
     def __init__(self, path: str, journal: Path, options: ExecutorOptions, fake: dict[str, Any],
-                 relayed: bool = RELAYED, relay_to: str = "") -> None:
+                 relayed: bool = RELAYED, relay_to: str = "", fake_class: type[FakeDriver] = FakeDriver) -> None:
         self.path, self.journal, self.options, self.relayed = path, journal, options, relayed
         self.guests: list[Guest] = []
         if relayed:
             relay_net.ensure()
         self.process = multiprocessing.get_context("fork").Process(
-            target=_serve, args=(path, str(journal), options, fake, relayed, relay_to), name="fake-oriond")
+            target=_serve, args=(path, str(journal), options, fake, relayed, relay_to, fake_class),
+            name="fake-oriond")
         self.process.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -318,13 +319,14 @@ def start(region_path: str, tmp_path: Path) -> Iterator[Callable[..., Rig]]:
     rigs: list[Rig] = []
 
     def make(options: ExecutorOptions | None = None, devices: int = FAKE_DEVICES, relayed: bool = RELAYED,
-             relay_to: str = "", **fake: Any) -> Rig:
+             relay_to: str = "", fake_class: type[FakeDriver] = FakeDriver, **fake: Any) -> Rig:
         """`relayed`: sessions relayed across tests/relay_net.py's namespaces, to a GPU host started here or to
-        `relay_to` (HOST:PORT, none started)."""
+        `relay_to` (HOST:PORT, none started). `fake_class`: the driver of the sessions (a FakeDriver with a fault
+        planted)."""
         assert not rigs, "one agent per region"
         rig = Rig(region_path, tmp_path / "journal.jsonl",
                   options if options is not None else ExecutorOptions(devices=GUEST_DEVICES),
-                  {"devices": devices, **fake}, relayed, relay_to)
+                  {"devices": devices, **fake}, relayed, relay_to, fake_class)
         rigs.append(rig)
         return rig
 

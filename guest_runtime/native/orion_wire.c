@@ -327,6 +327,7 @@ static const char *reason_text(uint32_t reason) {
     case 6: return "the host saw a broken ring protocol on this channel";
     case 7: return "the host agent stopped";
     case 8: return "the GPU host serving this relayed session is gone, in the middle of a reply";
+    case 9: return "the GPU failed in the middle of a reply";
     default: return NULL;
     }
 }
@@ -344,7 +345,7 @@ static int check_host(orion_channel *ch) {
             say(ch->error, sizeof ch->error, "%s channel %d: the host ended this session (%s)", ch->where, ch->index, text);
         else
             say(ch->error, sizeof ch->error, "%s channel %d: the host ended this session (reason %u)", ch->where, ch->index, reason);
-        return broken(ch, reason == 8 ? ORION_E_DEVICE_LOST : ORION_E_PEER_GONE);
+        return broken(ch, reason == 8 || reason == 9 ? ORION_E_DEVICE_LOST : ORION_E_PEER_GONE);
     }
     if (status != HOST_SERVING)
         return broken(ch, FAIL(ch, ORION_E_PEER_GONE, "%s channel %d: the host ended this session (it saw the "

@@ -41,7 +41,7 @@ enum {
     ORION_E_REFUSED = -7,    /* the agent refused our HELLO (another protocol or call table) */
     ORION_E_CLOSED = -8,     /* the channel was closed */
     ORION_E_SYSTEM = -9,     /* a system call failed (the text names it) */
-    ORION_E_DEVICE_LOST = -10 /* as PEER_GONE, and why: the GPU host of a relayed session was lost mid-reply */
+    ORION_E_DEVICE_LOST = -10 /* as PEER_GONE, and why: the GPU (or a relayed session's GPU host) was lost mid-reply */
 };
 
 /* Wire-control opcodes (ivshmem/record.py Op) and record flags. */
