@@ -5,8 +5,9 @@ Why: a wrong value reported as success is the worst defect this product can have
 codes, or copies only sizes that happen to work, cannot see one (a relayed 4-byte page-locked copy once returned
 zeros with CUDA_SUCCESS). So one corpus runs against the fake driver directly (the reference: `FakeTable`) and
 through every path the project has (tests/differential/test_differential.py: the capsule path and the native
-`libcuda.so.1`, each on a local region and relayed over TCP; tests/guest/rdma_guest.py: relayed over RDMA), and
-the transcripts are compared value for value.
+`libcuda.so.1`, each on a local region and relayed over TCP; tests/guest/rdma_guest.py: relayed over RDMA;
+tests/gpu/test_differential_gpu.py: the real driver as the reference), and the transcripts are compared value
+for value (docs/testing.md).
 
 What a sequence holds: sizes from 1 byte to several staging chunks and past the relay's 1 MiB pieces, pageable and
 page-locked host memory, synchronous copies and copies posted on a blocking and a non-blocking stream, every copy
