@@ -3,7 +3,7 @@ transcripts (every status, and the bytes of every buffer at each check) must be 
 
 Why: a wrong value reported as success is the worst defect this product can have, and a test that checks exit
 codes, or copies only sizes that happen to work, cannot see one (a relayed 4-byte page-locked copy once returned
-zeros with CUDA_SUCCESS). So one corpus runs against the fake driver directly (the reference: `FakeTable`) and
+zeros with CUDA_SUCCESS). So one corpus runs against the fake driver directly (the reference: `fake_table`) and
 through every path the project has (tests/differential/test_differential.py: the capsule path and the native
 `libcuda.so.1`, each on a local region and relayed over TCP; tests/guest/rdma_guest.py: relayed over RDMA;
 tests/gpu/test_differential_gpu.py: the real driver as the reference), and the transcripts are compared value
