@@ -11,7 +11,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import NamedTuple, Protocol
 
-from ivshmem.channel import Sink, Streamed
+from ivshmem.channel import HostReason, Sink, Streamed
 from ivshmem.record import Record, Status
 
 _events: Connection | None = None  # where note() goes (oriond's region process); inherited by forked workers
@@ -25,8 +25,13 @@ class Reply(NamedTuple):
 
 class ReplyFailed(Exception):
     """A streamed reply's producer failed after the reply's record (and its status) went out: the bytes already
-    sent cannot be taken back, nor the rest made right. The worker ends the session (HostReason.REPLY_FAILED: the
-    client's call fails, CUDA_ERROR_DEVICE_UNAVAILABLE) rather than let the client read wrong bytes as a success."""
+    sent cannot be taken back, nor the rest made right. The worker ends the session with `reason` (REPLY_FAILED: the
+    GPU's copy failed; GPU_HOST_LOST: a relay lost the GPU host) rather than let the client read wrong bytes as a
+    success; the client's call fails, CUDA_ERROR_DEVICE_UNAVAILABLE."""
+
+    def __init__(self, why: str, reason: HostReason = HostReason.REPLY_FAILED) -> None:
+        super().__init__(why)
+        self.reason = reason
 
 
 def refused(why: str) -> Reply:

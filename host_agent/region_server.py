@@ -26,7 +26,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import NoReturn
 
 from ivshmem import layout, liveness
 from ivshmem.channel import Ctrl, Endpoint, HostChannel, HostReason, HostStatus
@@ -48,10 +47,11 @@ MAX_ASYNC_ERRORS_REPORTED = 64
 PR_SET_PDEATHSIG = 1
 EXIT_PROTOCOL_VIOLATION = 3
 EXIT_REGION_FAILED = 4
-EXIT_GPU_HOST_LOST = 5  # a relayed session's reply was cut short: its channel ended with HostReason.GPU_HOST_LOST
-EXIT_REPLY_FAILED = 6  # a reply's producer failed after its success went out (handler.ReplyFailed)
-EXIT_REASONS = {EXIT_PROTOCOL_VIOLATION: HostReason.PROTOCOL_VIOLATION, EXIT_GPU_HOST_LOST: HostReason.GPU_HOST_LOST,
-                EXIT_REPLY_FAILED: HostReason.REPLY_FAILED}  # the channel's end, said again by the supervisor
+# A worker that ended its channel in the middle of a reply (handler.ReplyFailed) exits with its reason's code...
+EXIT_MID_REPLY = {HostReason.GPU_HOST_LOST: 5, HostReason.REPLY_FAILED: 6}
+# ... and the supervisor, ending the channel again when the worker is gone, says the same reason.
+EXIT_REASONS = {EXIT_PROTOCOL_VIOLATION: HostReason.PROTOCOL_VIOLATION,
+                **{code: reason for reason, code in EXIT_MID_REPLY.items()}}
 
 
 class RegionRefused(RegionError):
@@ -200,7 +200,7 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, o
             relayed = open_session(loop, options.relay)
             if relayed is not None:
                 relay, first = relayed
-                relay.cut_short = lambda why: _end_cut_short(channel, session, why)  # type: ignore[method-assign]
+                relay.cut_short = lambda failed: os._exit(_end_mid_reply(channel, session, failed))  # type: ignore[method-assign]
                 sys.setswitchinterval(SWITCH_INTERVAL_S)  # this process: one session's relay and nothing else
                 relay.run(first)
                 return 0  # not reached: only an exception ends the relay
@@ -210,9 +210,7 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, o
         loop.run()
         return 0  # not reached: only an exception ends the loop
     except ReplyFailed as exc:  # the client would read wrong bytes as a success: the session ends instead
-        log.error("session %d: %s: the session ends", session.number, exc)
-        channel.end(HostStatus.FAILED, HostReason.REPLY_FAILED)
-        return EXIT_REPLY_FAILED
+        return _end_mid_reply(channel, session, exc)
     except ChannelCorrupt as exc:  # the peer broke the ring protocol: this session cannot go on
         if channel.ctrl[Ctrl.CLIENT_GEN] != session.generation or not channel.ctrl[Ctrl.CLIENT_ACTIVE]:
             return 0  # not a violation: the client released and re-claimed (reset its indices) before we ended
@@ -221,12 +219,12 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, o
         return EXIT_PROTOCOL_VIOLATION
 
 
-def _end_cut_short(channel: HostChannel, session: Session, why: str) -> NoReturn:
-    """A relayed reply was cut short (relay_session.py): end the channel, saying why, and the worker with it (from
-    whichever of the relay's threads found it)."""
-    log.error("session %d: %s", session.number, why)
-    channel.end(HostStatus.FAILED, HostReason.GPU_HOST_LOST)
-    os._exit(EXIT_GPU_HOST_LOST)
+def _end_mid_reply(channel: HostChannel, session: Session, failed: ReplyFailed) -> int:
+    """A reply failed after its record went out (handler.ReplyFailed: the executor's copy, or a relay's GPU host
+    lost): end the channel, saying why. The worker's exit code."""
+    log.error("session %d: %s: the session ends", session.number, failed)
+    channel.end(HostStatus.FAILED, failed.reason)
+    return EXIT_MID_REPLY[failed.reason]
 
 
 def _worker_main(region_path: str, session: Session, factory: HandlerFactory, options: ServerOptions) -> None:

@@ -31,14 +31,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ivshmem.channel import Endpoint, Sink, Streamed
+from ivshmem.channel import Endpoint, HostReason, Sink, Streamed
 from ivshmem.cuda_status import DEVICE_UNAVAILABLE, INVALID_VALUE, SUCCESS
 from ivshmem.driver_api import PINNED_COPY, POOL_MAP_OPCODE
 from ivshmem.errors import RecordError
 from ivshmem.record import HEADER, Flag, Record
 
 from . import hot_path, relay_uva
-from .handler import Reply
+from .handler import Reply, ReplyFailed
 from .pinned_pool import BOOKKEEPING_OPCODES
 from .relay_frames import ConnectionLost, FrameStream, FrameWriter
 from .relay_pool import RELAY_MAY_ANSWER, Forward, PoolRelay
@@ -55,20 +55,16 @@ MAX_ASYNC_ERRORS_REPORTED = 64  # as the worker's loop (region_server.RecordLoop
 SWITCH_INTERVAL_S = 20e-6
 
 
-class ReplyCutShort(Exception):
-    """The GPU host was lost while its answer was being written to the completion ring (see the module's text): the
-    session cannot go on. Raised by the default `Relay.cut_short`; a worker ends its channel instead."""
-
-
-def _raise_cut_short(why: str) -> NoReturn:
-    raise ReplyCutShort(why)
+def _raise(failed: ReplyFailed) -> NoReturn:
+    raise failed
 
 
 class Relay:
     """One relayed session: `ring` is the host side of its channel, `remote` its relay connection."""
 
-    # What ends the session when a reply was cut short (a worker process ends its channel and exits: region_server)
-    cut_short: Callable[[str], NoReturn] = staticmethod(_raise_cut_short)
+    # What ends the session when a reply was cut short, from whichever thread found it: by default the ReplyFailed is
+    # raised; a worker process ends its channel and exits (region_server.serve_session)
+    cut_short: Callable[[ReplyFailed], NoReturn] = staticmethod(_raise)
 
     def __init__(self, ring: Endpoint, remote: StreamEndpoint | None, session: int, lost: str | None = None,
                  pool: PoolRelay | None = None) -> None:
@@ -331,8 +327,7 @@ class Relay:
                 self._answer(answer.call_id, flags, answer.status, b"")
                 return
             if answer.length <= self.ring.capacity:
-                payload = bytearray(answer.length)
-                remote.frames.read_payload(memoryview(payload))
+                payload = self._whole(remote, answer).payload
                 with self._lock:
                     self.ring.send(answer.call_id, 0, answer.flags & Flag.ASYNC_ERROR, payload, answer.status)
                 return
@@ -344,8 +339,8 @@ class Relay:
                 self.ring.send(answer.call_id, 0, answer.flags & Flag.ASYNC_ERROR,
                                Streamed(answer.length, remote.frames.read_payload), answer.status)
         except (ConnectionLost, RecordError) as exc:
-            self.cut_short(f"the GPU host was lost in the middle of the {answer.length}-byte answer to call "
-                           f"{answer.call_id} ({exc}): the session ends")
+            self.cut_short(ReplyFailed(f"the GPU host was lost in the middle of the {answer.length}-byte answer to "
+                                       f"call {answer.call_id} ({exc})", HostReason.GPU_HOST_LOST))
 
     @staticmethod
     def _read_into(remote: StreamEndpoint, landing: memoryview, length: int) -> None:
