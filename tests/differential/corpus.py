@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,6 +303,17 @@ def first_difference(reference: list[list[Any]], other: list[list[Any]], ops: li
     if len(reference) != len(other):
         return f"{len(reference)} steps in the reference, {len(other)} here"
     return ""
+
+
+def compare(seeds: Sequence[int], wanted: Sequence[list[list[Any]]], got: Sequence[list[list[Any]]]) -> str:
+    """'' when each seed's transcript in `got` is its transcript in `wanted`, else one entry per seed that differs
+    (its first difference), for an assertion's message."""
+    report = []
+    for seed, want, have in zip(seeds, wanted, got, strict=True):
+        why = first_difference(want, have, sequence(seed))
+        if why:
+            report.append(f"seed {seed}: {why}")
+    return "\n".join(report)
 
 
 # --- the reference: the fake driver called directly -------------------------------------------------------------

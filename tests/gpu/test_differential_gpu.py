@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from tests.differential.corpus import Runner, fake_table, first_difference, sequence
+from tests.differential.corpus import Runner, compare, fake_table, sequence
 from tests.fake_driver import FakeDriver
 from tests.gpu.test_forwarded_programs import HAS_GPU, PATHS, REPO, oriond, relayed, served  # noqa: F401 (fixtures)
 
@@ -83,14 +83,8 @@ def reference() -> Transcripts:
 
 
 def _assert_same(reference: Transcripts, transcripts: Transcripts, what: str) -> None:
-    differences = {}
-    for seed, want, got in zip(SEEDS, reference, transcripts, strict=True):
-        ops = sequence(seed)
-        why = first_difference(want, got, ops)
-        if why:
-            differences[seed] = why
-    assert not differences, f"{what} differs from the real driver:\n" + \
-        "\n".join(f"seed {seed}: {why}" for seed, why in differences.items())
+    differences = compare(SEEDS, reference, transcripts)
+    assert not differences, f"{what} differs from the real driver:\n{differences}"
 
 
 @pytest.mark.parametrize("path", PATHS)
