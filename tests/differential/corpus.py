@@ -193,10 +193,9 @@ def sequence(seed: int, steps: int = 48) -> list[Op]:
 
 
 def pattern(size: int, seed: int) -> bytes:
-    """`size` bytes that differ at every offset and between seeds (never all zeros)."""
-    block = hashlib.sha256(seed.to_bytes(4, "little")).digest() * 128  # 4 KiB
-    whole = block * (size // len(block) + 1)
-    return whole[:size]
+    """`size` bytes drawn from `seed`: no period, so a piece moved by any distance (a staging chunk or a relay
+    piece delivered to the wrong place) shows, and never all zeros."""
+    return random.Random(seed).randbytes(size)
 
 
 # --- running a sequence against a driver table ------------------------------------------------------------------
