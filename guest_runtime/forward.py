@@ -122,7 +122,7 @@ class Forwarder:
         # (the agent dropped it): after IMAGE_DROPS_TO_STOP such answers, images travel whole without asking.
         self._images_held: set[bytes] = set()
         self._image_drops = 0
-        self._said_lost = False  # the relayed GPU host's loss was logged
+        self._said_lost = False  # the session's DeviceLost was logged
 
     # --- the channel ---------------------------------------------------------------------------------------
     def channel(self) -> ClientChannel | None:
@@ -194,8 +194,9 @@ class Forwarder:
         return SUCCESS
 
     def _device_lost(self, exc: DeviceLost) -> int:
-        """A relayed session whose GPU host was lost in the middle of a reply (the relay ended the channel): this
-        and every later call answer what the relay answers for a lost GPU host, CUDA_ERROR_DEVICE_UNAVAILABLE."""
+        """A session whose host ended it in the middle of a reply (errors.DeviceLost: a relay lost the GPU host, or
+        the GPU failed a copy whose success had gone out): this and every later call answer what the relay answers
+        for a lost GPU host, CUDA_ERROR_DEVICE_UNAVAILABLE."""
         if not self._said_lost:
             self._said_lost = True
             log.error("orion: %s", exc)
