@@ -45,6 +45,7 @@ class Session(NamedTuple):
     channel: int
     generation: int
     transport: str = ""  # a relayed session's: "tcp" or "rdma" (relay_worker.accept_relay); a region's: ""
+    relay_member: str = ""  # a relayed session's: the cluster member (node name) that proved itself in the handshake
 
 
 class Handler(Protocol):
