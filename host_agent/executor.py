@@ -53,6 +53,7 @@ from ivshmem.driver_api import (
     POINTER_P2P_TOKENS,
     POOL_ATTRIBUTES_64,
     POOL_MAP_OPCODE,
+    POOL_MIRROR_OPCODE,
     DriverCall,
     LaunchConfig,
     table_digest,
@@ -69,6 +70,7 @@ from .image_cache import CacheSettings, ImageCache
 from .launch_extras import MAX_LAUNCH_ATTRIBUTES, LaunchExtraCalls
 from .limits import one_line
 from .pinned_pool import HostPool, answer_bookkeeping
+from .pool_mirror import PoolMirror
 from .session_ledger import CHECKED, SessionLedger
 from .vgpu_grant import GrantRefused, take_up
 from .vgpu_quota import VgpuQuota, initial_limits
@@ -132,6 +134,7 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
         self._owns, self._launchable = self.ledger.owns, self.ledger.launchable
         self.allocation = ""  # the controller allocation this session took up (BIND), if any
         self.pool: HostPool | None = None  # this session's slice of the page-locked pool (attach_channel)
+        self.mirror: PoolMirror | None = None  # a relayed session's page-locked memory mirrored here (POOL_MIRROR)
         self._htod_state: tuple[int, int] | None = None
         self._to_register: tuple[int, int] | None = None  # (address, size) of the channel, until page-locked
         self._launch_params = ctypes.create_string_buffer(32768)  # the driver's parameter limit, 32764 bytes
@@ -196,6 +199,8 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
         call = BY_OPCODE.get(record.opcode & ~PINNED_COPY)
         if record.opcode == POOL_MAP_OPCODE:
             return self._pool_map(bytes(record.payload))
+        if record.opcode == POOL_MIRROR_OPCODE and self.session.region.startswith(RELAYED):
+            return self._pool_mirror(bytes(record.payload))
         if call is None or (pinned and call.pinned is None):
             return Reply(Status.UNKNOWN_OPCODE, f"opcode {record.opcode:#x} is not a forwarded CUDA call".encode())
         if self.driver is None:
@@ -616,6 +621,17 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
         """POOL_MAP: the guest's address of the slice -> the host's address and the slice's size."""
         try:
             return Reply(*answer_bookkeeping(self.pool, POOL_MAP_OPCODE, payload, self.driver))
+        except RecordError as exc:
+            return Reply(Status.MALFORMED, str(exc).encode())
+
+    def _pool_mirror(self, payload: bytes) -> Reply:
+        """POOL_MIRROR, a relaying oriond's (pool_mirror.py): its session's page-locked memory mirrored here."""
+        if self.driver is None:
+            return Reply(NOT_INITIALIZED)
+        if self.mirror is None:
+            self.mirror = PoolMirror(self.driver)
+        try:
+            return Reply(*self.mirror.answer(payload))
         except RecordError as exc:
             return Reply(Status.MALFORMED, str(exc).encode())
 

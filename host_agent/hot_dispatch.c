@@ -810,7 +810,8 @@ typedef struct {
     int waiting, busy;
     PyObject *lock; /* a WriteLock */
     uint8_t forward[65536]; /* opcodes forwarded as they are: 1; 2 (3): unless the u64 at payload offset 0 (or 8)
-                               lies in the page-locked pool, whose calls relay_uva.py serves; 0: never */
+                               lies in the page-locked pool, whose calls relay_uva.py serves; 4: unless any u64 at a
+                               4-byte aligned offset of the payload does (a launch: relay_mirror.py); 0: never */
     uint64_t pool_base, pool_size; /* the guest's page-locked pool (set_pool), or size 0 */
     pending_call *pending;
     size_t npending, cap;
@@ -851,7 +852,10 @@ static int forward_record(Pump *self, uint32_t *head) {
         || length > self->inline_capacity)
         return 0;
     uint8_t how = self->forward[opcode];
-    if (how >= 2 && self->pool_size) { /* a device side in the pool: Python's (relay_uva.py) */
+    if (how == 4 && self->pool_size) { /* a launch naming pool memory anywhere: Python's (relay_mirror.py) */
+        for (uint32_t at = 0; at + 8 <= length; at += 4)
+            if (rd64(slot + RECORD_HEADER + at) - self->pool_base < self->pool_size) return 0;
+    } else if (how >= 2 && self->pool_size) { /* a device side in the pool: Python's (relay_uva.py) */
         if (length < 8u * (how - 1)) return 0;
         for (uint32_t i = 0; i + 1 < how; i++)
             if (rd64(slot + RECORD_HEADER + 8u * i) - self->pool_base < self->pool_size) return 0;

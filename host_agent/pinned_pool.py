@@ -125,6 +125,11 @@ class HostPool:
                 return start, length, flags
         return None
 
+    def allocation_of(self, pointer: int) -> int | None:
+        """The offset in the slice of the allocation guest pointer `pointer` lies in."""
+        found = self._allocation(pointer, 1, self.guest_base)
+        return None if found is None else found[0]
+
     def host_address(self, pointer: int, size: int) -> int | None:
         """The host address behind guest pointer `pointer` if `size` bytes from it lie in one allocation."""
         if self._allocation(pointer, max(size, 1), self.guest_base) is None:

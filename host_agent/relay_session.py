@@ -33,7 +33,18 @@ from typing import Any, NoReturn
 
 from ivshmem.channel import Endpoint, HostReason, Sink, Streamed
 from ivshmem.cuda_status import DEVICE_UNAVAILABLE, INVALID_VALUE, SUCCESS
-from ivshmem.driver_api import PINNED_COPY, POOL_MAP_OPCODE
+from ivshmem.driver_api import (
+    CALLS,
+    PINNED_COPY,
+    POOL_MAP_OPCODE,
+    POOL_MIRROR_MAP,
+    POOL_MIRROR_OPCODE,
+    POOL_MIRROR_READ,
+    POOL_MIRROR_REPLY,
+    POOL_MIRROR_REQUEST,
+    POOL_MIRROR_UNMAP,
+    POOL_MIRROR_WRITE,
+)
 from ivshmem.errors import RecordError
 from ivshmem.record import HEADER, Flag, Record
 
@@ -41,11 +52,13 @@ from . import hot_path, relay_uva
 from .handler import Reply, ReplyFailed
 from .pinned_pool import BOOKKEEPING_OPCODES
 from .relay_frames import ConnectionLost, FrameStream, FrameWriter
+from .relay_mirror import LAUNCHES, WAITS, MirrorRelay
 from .relay_pool import RELAY_MAY_ANSWER, Forward, PoolRelay
 from .stream_endpoint import CHUNK, StreamEndpoint
 
 log = logging.getLogger(__name__)
 
+CONTEXT_SYNCHRONIZE = CALLS["cuCtxSynchronize"].opcode
 OWN_CALL_IDS = 1 << 63  # the relay's own calls to the GPU host count from here: a guest's never get so far
 MAX_ASYNC_ERRORS_REPORTED = 64  # as the worker's loop (region_server.RecordLoop)
 # Two threads share the GIL in a relaying worker: the ring thread spins while it waits, the answers thread wakes on
@@ -80,6 +93,9 @@ class Relay:
         self._pump: Any = None  # the compiled pump (hot_path.relay_pump), while it runs the session
         self._own_ids = itertools.count(OWN_CALL_IDS)  # the relay's own calls (_ask)
         self._own: dict[int, queue.Queue[Record]] = {}  # those the answers thread hands over
+        # kernels given page-locked memory: its mirror on the GPU host (relay_mirror.py)
+        self.mirror = MirrorRelay(pool.pool) if pool is not None and pool.pool is not None else None
+        self._table = b""  # the pump's forwarding table (_start_pump)
 
     def run(self, first: Record | None = None) -> None:
         """Forward the ring's records, `first` (already read) first, until the ring ends the session (its errors
@@ -112,8 +128,20 @@ class Relay:
                     table[opcode] = 0
             for opcode, how in relay_uva.DEVICE_SIDES.items():  # Python's when a device side is pool memory
                 table[opcode] = how
-        pump.set_forward(bytes(table))
+            for opcode in LAUNCHES:  # Python's when a parameter names pool memory
+                table[opcode] = 4
+        self._table = bytes(table)
+        pump.set_forward(self._table)
         return pump
+
+    def _mirror_in_python(self) -> None:
+        """Once pool memory is mirrored, every launch and wait is the relay's (the pump forwards them no more)."""
+        if self._pump is not None:
+            table = bytearray(self._table)
+            for opcode in LAUNCHES | WAITS:
+                table[opcode] = 0
+            self._table = bytes(table)
+            self._pump.set_forward(self._table)
 
     def _run_pump(self, pump: Any, remote: StreamEndpoint) -> None:
         """Serve the session through `pump` until the GPU host is lost; what it hands back is done here."""
@@ -171,6 +199,12 @@ class Relay:
     def _forward(self, record: Record) -> None:
         opcode, flags, payload = record.opcode, record.flags & Flag.NO_REPLY, record.payload
         tail = None
+        if self.mirror is not None and not opcode & PINNED_COPY:
+            if opcode in LAUNCHES:
+                payload = self._before_launch(record) or payload
+            elif opcode in WAITS and self.mirror.active:
+                self._wait_mirrored(record)
+                return
         if self.pool is not None:
             own = self.pool.answer(record)
             if own is None:
@@ -205,6 +239,9 @@ class Relay:
         plan = relay_uva.plan_for(pool, record)
         if not isinstance(plan, relay_uva.Plan):
             return plan
+        if self.mirror is not None and self.mirror.active and any(
+                pool.allocation_of(pointer) in self.mirror.agreed for pointer in plan.probes):
+            self._settle_mirror()  # the GPU's writes to the mirror are the pool's before it is used as memory
         for pointer in plan.probes:
             status = self._probe(pointer)
             if status == SUCCESS:  # the GPU host's own memory too: whose bytes the program meant is unknowable
@@ -218,6 +255,76 @@ class Relay:
                 self.pool.landing[record.call_id] = plan.landing  # type: ignore[union-attr]
             return plan.forward
         return plan.run()  # type: ignore[misc]
+
+    # --- kernels given page-locked memory (relay_mirror.py) --------------------------------------------------
+    def _before_launch(self, record: Record) -> bytes | None:
+        """Mirror on the GPU host what the launch names of the pool, and bring every mirror up to the pool; the
+        launch's payload rewritten where a mirror lies elsewhere than the guest's pointer (None: as it is)."""
+        mirror = self.mirror
+        assert mirror is not None
+        for where in mirror.forget_freed():
+            self._mirror_call(POOL_MIRROR_UNMAP, where, 0)
+        adopted: set[int] = set()
+        for offset in [] if mirror.unavailable else mirror.named_by(record):
+            address, size = mirror.extent(offset)
+            answer = self._ask(POOL_MIRROR_OPCODE, POOL_MIRROR_REQUEST.encode(POOL_MIRROR_MAP, address, size, b""))
+            if answer is None:
+                return None  # the GPU host is gone: the launch answers that
+            if answer.status == SUCCESS:
+                mirror.adopt(offset, POOL_MIRROR_REPLY.decode(answer.payload)[0])
+                adopted.add(offset)
+            else:
+                mirror.unavailable = True
+                log.warning("session %d: the GPU host cannot mirror page-locked memory %#x+%#x (CUresult %d): "
+                            "kernels given it fail there", self.session, address, size, answer.status)
+        if adopted and len(adopted) == len(mirror.agreed):
+            self._mirror_in_python()  # the first mirrored allocation
+        if not mirror.active:
+            return None
+        self._push(adopted)
+        return mirror.translate(record)
+
+    def _push(self, adopted: set[int] | None = None) -> None:
+        """Write what the guest's CPU changed in mirrored memory to the mirror, after every copy into the pool
+        that is on its way has landed."""
+        mirror = self.mirror
+        assert mirror is not None and self.pool is not None
+        if self.pool.landing:
+            self._mirror_call(POOL_MIRROR_READ, next(iter(mirror.where.values())), 0)  # a barrier
+        for address, data in mirror.changes(adopted):
+            self._mirror_call(POOL_MIRROR_WRITE, address, len(data), data)
+
+    def _pull(self) -> None:
+        """Bring what the GPU wrote in the mirror into the pool."""
+        mirror = self.mirror
+        assert mirror is not None
+        for offset, agreed in list(mirror.agreed.items()):
+            answer = self._ask(POOL_MIRROR_OPCODE, POOL_MIRROR_REQUEST.encode(POOL_MIRROR_READ, mirror.where[offset],
+                                                                              len(agreed), b""))
+            if answer is not None and answer.status == SUCCESS:
+                mirror.merge(offset, bytes(answer.payload))
+
+    def _wait_mirrored(self, record: Record) -> None:
+        """A call that waits for the GPU while memory is mirrored: the mirror brought up to the pool first (a
+        kernel may spin on what the CPU wrote), the call made as the relay's own, the GPU's writes pulled into the
+        pool, and only then the guest answered."""
+        self._push()
+        answer = self._ask(record.opcode, bytes(record.payload))
+        if answer is None:
+            self._answer(record.call_id, record.flags, DEVICE_UNAVAILABLE, b"")
+            return
+        self._pull()
+        self._answer(record.call_id, record.flags, answer.status, bytes(answer.payload))
+
+    def _settle_mirror(self) -> None:
+        """Every kernel done and its writes in the pool (a copy is about to use mirrored memory as device memory)."""
+        self._push()
+        self._ask(CONTEXT_SYNCHRONIZE, b"")
+        self._pull()
+
+    def _mirror_call(self, op: int, address: int, size: int, data: bytes = b"") -> int:
+        answer = self._ask(POOL_MIRROR_OPCODE, POOL_MIRROR_REQUEST.encode(op, address, size, data))
+        return DEVICE_UNAVAILABLE if answer is None else answer.status
 
     def _probe(self, pointer: int) -> int:
         """The GPU host's status for a pointer attribute of `pointer` (SUCCESS: its own memory), asked after every

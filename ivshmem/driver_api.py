@@ -484,6 +484,10 @@ def attribute_mask(ids: frozenset[int]) -> int:
 
 # Opcodes of the forwarding layer that are not driver calls, far above any table position.
 POOL_MAP_OPCODE = CUDA_OPCODE_BASE + 0x0F00  # map this channel's pinned-pool slice (POOL_MAP_REQUEST below)
+# A relaying oriond's own call to the GPU host: the mirror of a relayed session's pool there (POOL_MIRROR_REQUEST
+# below; host_agent/pool_mirror.py). Refused on any session that is not relayed.
+POOL_MIRROR_OPCODE = CUDA_OPCODE_BASE + 0x0F01
+POOL_MIRROR_MAP, POOL_MIRROR_WRITE, POOL_MIRROR_READ, POOL_MIRROR_UNMAP = 0, 1, 2, 3
 # Added to a copy call's opcode: its host buffer lies in the pinned pool and travels as its address, not its bytes.
 PINNED_COPY = 0x2000
 # Answered from the host worker's pool bookkeeping (host_agent/pinned_pool.py), not by the driver function.
@@ -511,6 +515,11 @@ for _i, (_name, _sig, *_rest) in enumerate(_SPEC):
 LAUNCH_HEAD = CALLS["cuLaunchKernel"].request.fixed  # function, grid xyz, block xyz, shared bytes, stream
 POOL_MAP_REQUEST = Schema("POOL_MAP", ("guest_address", "u64"))
 POOL_MAP_REPLY = Schema("POOL_MAP reply", ("host_address", "u64"), ("size", "u64"))
+# MAP: a mirror of the guest's `size` bytes at `address` (a page-locked allocation), answered with where it lies on
+# the GPU host (POOL_MIRROR_REPLY: `address` itself where it could be mapped there); then, by that address, WRITE:
+# `data` there; READ: `size` bytes from there, answered as the reply's payload; UNMAP: the mirror there is dropped.
+POOL_MIRROR_REQUEST = Schema("POOL_MIRROR", ("op", "u32"), ("address", "u64"), ("size", "u64"), ("data", "tail"))
+POOL_MIRROR_REPLY = Schema("POOL_MIRROR reply", ("address", "u64"))
 # The request of a load's IMAGE_BY_DIGEST variant: the image's size and SHA-256 (32 bytes), then the load's own
 # request with an empty image (its JIT options, if any): the usual request is `request` + the image's bytes.
 IMAGE_BY_DIGEST_REQUEST = Schema("IMAGE_BY_DIGEST", ("size", "u64"), ("digest", "bytes"), ("request", "tail"))
@@ -522,6 +531,10 @@ def describe() -> dict[str, Any]:
         "opcode_base": CUDA_OPCODE_BASE, "pinned_copy": PINNED_COPY,
         "pool_map": {"opcode": POOL_MAP_OPCODE, "request": POOL_MAP_REQUEST.describe(),
                      "reply": POOL_MAP_REPLY.describe()},
+        "pool_mirror": {"opcode": POOL_MIRROR_OPCODE, "request": POOL_MIRROR_REQUEST.describe(),
+                        "reply": POOL_MIRROR_REPLY.describe(),
+                        "ops": {"map": POOL_MIRROR_MAP, "write": POOL_MIRROR_WRITE, "read": POOL_MIRROR_READ,
+                                "unmap": POOL_MIRROR_UNMAP}},
         "image_by_digest": {"added": IMAGE_BY_DIGEST, "calls": sorted(IMAGE_LOADS), "not_cached": IMAGE_NOT_CACHED,
                             "min_size": IMAGE_BY_DIGEST_MIN, "request": IMAGE_BY_DIGEST_REQUEST.describe()},
         "effects": EFFECTS, "calls": [call.describe() for call in CALLS.values()],
@@ -601,6 +614,10 @@ def markdown() -> str:
                      f"{'yes' if call.posted else ''} | {', '.join(sorted(call.effects))} |")
     lines += ["", f"Forwarding-layer opcode: POOL_MAP `{POOL_MAP_OPCODE:#x}`, request "
               f"{_fields_text(POOL_MAP_REQUEST)}, reply {_fields_text(POOL_MAP_REPLY)}.", "",
+              f"Relay opcode: POOL_MIRROR `{POOL_MIRROR_OPCODE:#x}`, request {_fields_text(POOL_MIRROR_REQUEST)} "
+              f"(op {POOL_MIRROR_MAP} map, answered {_fields_text(POOL_MIRROR_REPLY)}; {POOL_MIRROR_WRITE} write, "
+              f"{POOL_MIRROR_READ} read, answered with the bytes; {POOL_MIRROR_UNMAP} unmap), relayed sessions only.",
+              "",
               f"Image by digest: {', '.join(f'`{name}`' for name in sorted(IMAGE_LOADS))} also travel as opcode "
               f"+ {IMAGE_BY_DIGEST:#x}, request {_fields_text(IMAGE_BY_DIGEST_REQUEST)} (`digest` the image's "
               "SHA-256, `request` the call's own request without the image), for images of at least "

@@ -36,6 +36,12 @@ def map_at(fd: int, offset: int, length: int, address: int) -> bool:
     return True
 
 
+def map_anywhere(fd: int, length: int) -> int:
+    """Map `length` bytes of `fd` shared and writable wherever the kernel chooses; its address, or 0."""
+    got = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    return 0 if got in (None, MAP_FAILED) else int(got)
+
+
 def unmap(address: int, length: int) -> None:
     if _libc.munmap(address, length) != 0:
         err = ctypes.get_errno()

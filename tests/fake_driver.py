@@ -31,7 +31,9 @@ To keep it honest:
   memory). ELF cubins are recognised by their section headers (`.text.<kernel>` sections); their parameter
   layout is not decoded, so `cuFuncGetParamInfo` answers CUDA_ERROR_NOT_SUPPORTED for them rather than a made-up
   layout. A fatbin is accepted when it carries an ELF or PTX image; anything else is CUDA_ERROR_INVALID_IMAGE.
-* Launches run nothing: `cuLaunchKernel` checks the function, dimensions and stream, decodes `kernelParams`
+* Launches run nothing, but for one test kernel, ADD_KERNEL (`orion_fake_add_u32`: adds a value to 32-bit words
+  through a pointer, device memory or registered host memory, in stream order; the stand-in for a kernel given
+  page-locked memory): `cuLaunchKernel` checks the function, dimensions and stream, decodes `kernelParams`
   (by the layout) or `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE) and records the packed parameter bytes. Like
   the real driver (checked on an H200), it does not refuse an `extra` buffer whose size differs from the
   kernel's parameter size; the record says whether it matched.
@@ -242,6 +244,7 @@ ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUmemPo
                                            CUtensorMapL2promotion, CUtensorMapFloatOOBfill, CUmemAllocationType,
                                            CUmemLocationType, CUmemAllocationHandleType, CUmemAccess_flags,
                                            CUmemAllocationGranularity_flags)
+ADD_KERNEL = b"orion_fake_add_u32"  # the one kernel the fake runs (FakeDriver._add_kernel)
 # cuCtxGetLimit's answers in a new context, as an H100 gives them (SHMEM_SIZE and PER_BLOCK_MEMORY_SIZE are not
 # modelled: CUDA_ERROR_UNSUPPORTED_LIMIT); cuCtxSetLimit's ceilings where the driver has one.
 LIMIT_DEFAULTS = {0: 1024, 1: 1 * 1024 * 1024, 2: 8 * 1024 * 1024, 3: 2, 4: 2048, 5: 64, 6: 0, 8: 0, 9: 0}
@@ -2093,6 +2096,10 @@ class FakeDriver:
             packed, source = bytes(buffer), "kernelParams"
         else:
             packed, source = b"", "none"
+        if kernel.name == ADD_KERNEL:
+            err = self._add_kernel(packed, hStream)
+            if err:
+                return _result(err)
         launch = {"function": int(f), "kernel": kernel.name.decode(), "grid": list(grid), "block": list(block),
                   "shared": int(sharedMemBytes), "stream": int(hStream or 0), "params": packed.hex(),
                   "source": source, "size_matches": expected is None or len(packed) == expected,
@@ -2100,6 +2107,23 @@ class FakeDriver:
         self.launches.append(launch)
         self._note = {"launch": launch}
         return _result(0)
+
+    def _add_kernel(self, params: bytes, stream: Any) -> int:
+        """ADD_KERNEL(u32 *words, u32 count, u32 value): words[i] += value for i < count, in stream order, through
+        device memory or registered host memory (unified addressing); an address with no memory behind it is
+        CUDA_ERROR_ILLEGAL_ADDRESS, answered by the launch itself (a GPU's would surface at the next sync)."""
+        if len(params) < 16:
+            return CUresult.CUDA_ERROR_INVALID_VALUE
+        words, count, value = struct.unpack_from("<QII", params)
+        cells = [self._word(words + 4 * i) for i in range(count)]
+        if any(cell is None for cell in cells):
+            return CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+
+        def run() -> None:
+            for read, write, _ in cells:  # type: ignore[misc]
+                write((read() + value) & 0xFFFFFFFF)
+        self._enqueue(stream, run)
+        return 0
 
     # --- context limits ----------------------------------------------------------------------------------------
     @_recorded

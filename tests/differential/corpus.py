@@ -68,12 +68,12 @@ def cuda_h_names() -> dict[str, str]:
     return {name: alias for alias, name in pairs if alias == name + "_v2"}
 
 
-def ctypes_table(library: ctypes.CDLL) -> Table:
+def ctypes_table(library: ctypes.CDLL, more: dict[str, list[Any]] | None = None) -> Table:
     """The corpus's functions of a C driver library (the real libcuda, or the native `libcuda.so.1`), looked up by
-    cuda.h's names, with their prototypes set."""
+    cuda.h's names, with their prototypes set (and those of `more`)."""
     table: Table = {}
     versioned = cuda_h_names()
-    for name, argtypes in PROTOTYPES.items():
+    for name, argtypes in {**PROTOTYPES, **(more or {})}.items():
         function = getattr(library, versioned.get(name, name))
         function.argtypes, function.restype = argtypes, ctypes.c_int
         table[name] = function

@@ -27,6 +27,7 @@ import pytest
 
 from tests import forwarding_rig, relay_net
 from tests.differential.corpus import Runner, compare, fake_table, first_difference, sequence
+from tests.differential.pool_kernels import PoolKernelProgram, fake_table_with_kernels
 from tests.fake_driver import FakeDriver
 from tests.forwarding_rig import Rig, native_child_env
 
@@ -68,6 +69,27 @@ def test_the_native_driver_gives_the_fake_drivers_own_transcript(served: Rig, li
                           capture_output=True, text=True, timeout=NATIVE_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-4000:]
     _assert_as_the_fake(json.loads(done.stdout)["transcripts"])
+
+
+@functools.cache
+def pool_kernels_reference() -> list[list[Any]]:
+    driver = FakeDriver(devices=1)
+    return PoolKernelProgram(fake_table_with_kernels(driver, fake_table(driver)), uva_copies=False).run()
+
+
+def test_a_kernel_given_page_locked_memory_sees_and_leaves_the_fake_drivers_bytes(served: Rig) -> None:
+    """Kernels given cuMemAllocHost memory (tests/differential/pool_kernels.py): on a relayed session through the
+    pool's mirror on the GPU host (docs/remote.md); every step's words as the fake driver's own."""
+    got = PoolKernelProgram(served.guest().fn, uva_copies=False).run()
+    assert got == pool_kernels_reference()
+
+
+def test_the_native_driver_gives_a_kernel_page_locked_memory_as_the_fake_does(served: Rig, library: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "tests.differential.run_corpus", "driver", str(library),
+                           "pool-kernels-no-uva"], cwd=REPO, env=native_child_env(library, served.path),
+                          capture_output=True, text=True, timeout=NATIVE_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout)["transcripts"] == [pool_kernels_reference()]
 
 
 def test_the_corpus_sees_a_wrong_byte() -> None:

@@ -17,7 +17,11 @@ returned zeros), and only a comparison of values finds one. The corpus's expecta
 where the real driver legitimately differs, the comparison is still with the real driver, so the corpus is not
 weakened here.
 
-What does not belong here: kernels and frameworks (the programs' values: test_forwarded_programs.py and
+One program with a kernel joins them: tests/differential/pool_kernels.py, a real kernel given page-locked memory
+at every coherence point (on a relayed session through the pool's mirror on the GPU host), compared with the real
+driver's run and with the fake driver's (which runs that one kernel).
+
+What does not belong here: frameworks (the programs' values: test_forwarded_programs.py and
 test_native_frameworks.py), and timings.
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 import pytest
 
 from tests.differential.corpus import Runner, compare, fake_table, sequence
+from tests.differential.pool_kernels import UVA_STEP, PoolKernelProgram, fake_table_with_kernels
 from tests.fake_driver import FakeDriver
 from tests.gpu.test_forwarded_programs import HAS_GPU, PATHS, REPO, oriond, relayed, served  # noqa: F401 (fixtures)
 
@@ -53,12 +58,12 @@ def _without_orion(**extra: str) -> dict[str, str]:
 
 
 def _corpus(mode: str, *args: str, env: dict[str, str]) -> dict[str, Any]:
-    """tests/differential/run_corpus.py's output for SEEDS."""
-    done = subprocess.run([sys.executable, "-m", "tests.differential.run_corpus", mode, *args, *map(str, SEEDS)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    """tests/differential/run_corpus.py's output for SEEDS, then the pool-kernel program (its last transcript)."""
+    done = subprocess.run([sys.executable, "-m", "tests.differential.run_corpus", mode, *args, *map(str, SEEDS),
+                           "pool-kernels"], cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 0, f"the corpus through {mode} {' '.join(args)} failed:\n{done.stderr[-5000:]}"
     out: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    assert len(out["transcripts"]) == len(SEEDS)
+    assert len(out["transcripts"]) == len(SEEDS) + 1
     return out
 
 
@@ -83,8 +88,11 @@ def reference() -> Transcripts:
 
 
 def _assert_same(reference: Transcripts, transcripts: Transcripts, what: str) -> None:
-    differences = compare(SEEDS, reference, transcripts)
+    differences = compare(SEEDS, reference[:len(SEEDS)], transcripts[:len(SEEDS)])
     assert not differences, f"{what} differs from the real driver:\n{differences}"
+    assert transcripts[len(SEEDS):] == reference[len(SEEDS):], (
+        f"{what}: a kernel given page-locked memory (tests/differential/pool_kernels.py) differs from the real "
+        f"driver:\n{transcripts[len(SEEDS):]}\nreal: {reference[len(SEEDS):]}")
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -110,4 +118,7 @@ def test_the_fake_driver_gives_the_real_drivers_transcript(reference: Transcript
     """The CPU machine's reference agrees with the real driver: a failure here is the fake's (or the corpus's) to
     fix, not the product's."""
     fake = [Runner(fake_table(FakeDriver(devices=1))).run(sequence(seed)) for seed in SEEDS]
-    _assert_same(reference, fake, "the fake driver")
+    driver = FakeDriver(devices=1)
+    fake.append(PoolKernelProgram(fake_table_with_kernels(driver, fake_table(driver)), uva_copies=False).run())
+    without_uva = [step for step in reference[-1] if step[0] != UVA_STEP]
+    _assert_same(reference[:-1] + [without_uva], fake, "the fake driver")

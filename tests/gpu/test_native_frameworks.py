@@ -127,18 +127,9 @@ CUFFT_GAP = pytest.mark.xfail(strict=True, reason="cuFFT plans through a driver-
                                                   "docs/native-driver.md, Status)")
 
 
-# XLA's autotuner hands page-locked memory to kernels (unified addressing: cuMemHostAlloc memory is device memory
-# too). A relayed session's page-locked memory lives on the relaying host, which the GPU host's kernels cannot
-# reach: CUDA_ERROR_ILLEGAL_ADDRESS there, and the jit fails (docs/remote.md, "What cannot be relayed byte for
-# byte"; its copies from that memory the relay serves). Measured on an H200; the open point of issue 26.
-UVA_GAP = pytest.mark.xfail(strict=True, reason="a relayed session's page-locked memory is not reachable by the GPU "
-                                                "host's kernels, and XLA's autotuner hands it to kernels")
-
 
 def _framework_case(name: str, path: str) -> object:
     marks = [CUFFT_GAP] if name == "cupy_fft_program.py" else []
-    if name == "jax_program.py" and path == "relayed":
-        marks.append(UVA_GAP)
     return pytest.param(name, path, marks=marks, id=f"{name}-{path}")
 
 

@@ -16,7 +16,16 @@ from typing import Any
 from guest_runtime.occupancy import PotentialBlockSize
 from host_agent.pinned_pool import HostPool
 from ivshmem import fixed_map
-from ivshmem.driver_api import CALLS, LAUNCH_ATTRIBUTE, LAUNCH_HEAD, PINNED_COPY, LaunchConfig
+from ivshmem.driver_api import (
+    CALLS,
+    LAUNCH_ATTRIBUTE,
+    LAUNCH_HEAD,
+    PINNED_COPY,
+    POOL_MIRROR_MAP,
+    POOL_MIRROR_OPCODE,
+    POOL_MIRROR_REQUEST,
+    LaunchConfig,
+)
 from ivshmem.layout import Geometry
 from ivshmem.record import Status
 from ivshmem.region import Region
@@ -324,3 +333,15 @@ def test_launch_attributes_reach_the_driver_and_events_in_them_are_checked(rig: 
     head = LAUNCH_HEAD.pack(function, 1, 1, 1, 1, 1, 1, 0, 0)
     reply = g.channel.call(CALLS["cuLaunchKernelEx"].opcode, head + struct.pack("<I", 3) + bytes(72))
     assert reply.status == Status.MALFORMED  # claims three attributes, carries one
+
+
+@local_only("a relayed session is the one POOL_MIRROR serves")
+def test_a_local_session_cannot_ask_for_a_pool_mirror(rig: Rig) -> None:
+    """POOL_MIRROR is a relaying oriond's call (host_agent/pool_mirror.py): from a region's client it is an unknown
+    opcode, so a guest cannot make its worker map or pin memory through it (docs/security.md)."""
+    g = rig.guest()
+    g.setup()
+    mark = rig.mark()
+    request = POOL_MIRROR_REQUEST.encode(POOL_MIRROR_MAP, 0x7000_0000_0000, mmap.PAGESIZE, b"")
+    assert g.channel.call(POOL_MIRROR_OPCODE, request).status == Status.UNKNOWN_OPCODE
+    assert not rig.entries(mark, "cuMemHostRegister")
