@@ -39,6 +39,8 @@ from .pinned_pool import HostPool
 
 LAUNCHES = frozenset(CALLS[name].opcode for name in ("cuLaunchKernel", "cuLaunchKernelEx",
                                                       "cuLaunchCooperativeKernel"))
+# Stream memory operations: refused on page-locked memory (relay_session.py, _refuse_memory_operation).
+MEMORY_OPERATIONS = frozenset(CALLS[name].opcode for name in ("cuStreamWaitValue32", "cuStreamWriteValue32"))
 # Calls after whose answer the guest may look at what the GPU wrote.
 WAITS = frozenset(CALLS[name].opcode for name in ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
                                                    "cuStreamQuery", "cuEventQuery"))
@@ -99,6 +101,14 @@ class MirrorRelay:
                 offset = pool.allocation_of(word)
                 if offset is not None:
                     yield at, offset
+
+    def names_pool(self, record: Record) -> bool:
+        """Whether a stream memory operation's address (the u64 after its stream) lies in the pool."""
+        pool = self.pool
+        if len(record.payload) < 16 or not pool.guest_base:
+            return False
+        (address,) = _U64.unpack_from(record.payload, 8)
+        return pool.guest_base <= address < pool.guest_base + pool.size
 
     def named_by(self, record: Record) -> list[int]:
         """Pool offsets of the allocations a launch's parameters name that are not mirrored yet."""

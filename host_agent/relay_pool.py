@@ -8,12 +8,13 @@ copies to and from pool memory into the plain copies the GPU host serves for any
 - a pinned DtoH asks for the bytes with a plain cuMemcpyDtoH(Async) request, which is answered (even when the
   guest posted it) and whose answer the relay writes into the pool before the session's next answer is delivered:
   the GPU host answers in order, so a later cuStreamSynchronize returns only after the bytes are in place.
-A device pointer of pool memory has no meaning on the GPU host: cuMemHostGetDevicePointer answers
-CUDA_ERROR_NOT_SUPPORTED (and with it the native driver's cuLaunchHostFunc, built on such pointers). The GPU host
-knows nothing of pool memory either, so the relay answers cuPointerGetAttribute of a pool pointer itself: what is
-certain of page-locked host memory (its memory type is host, its host pointer is itself, it is not managed), and
-CUDA_ERROR_NOT_SUPPORTED, named once, for what only the driver that mapped it could say (its context, device
-pointer, buffer id...).
+A device pointer of pool memory is its own address, as natively under unified addressing (cuMemHostGetDevicePointer
+and the DEVICE_POINTER attribute answer it): a kernel given it reaches the allocation's mirror on the GPU host
+(relay_mirror.py), and a copy naming it as device memory the relay serves on the pool (relay_uva.py). The GPU
+host knows nothing of pool memory, so the relay answers cuPointerGetAttribute of a pool pointer itself: what is
+certain of page-locked host memory (its memory type is host, its host and device pointers are itself, it is not
+managed), and CUDA_ERROR_NOT_SUPPORTED, named once, for what only the driver that mapped it could say (its
+context, buffer id...).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ DEVICE_POINTER = CALLS["cuMemHostGetDevicePointer"].opcode
 POINTER_ATTRIBUTE = CALLS["cuPointerGetAttribute"].opcode
 MEMORYTYPE_HOST = 1  # CU_MEMORYTYPE_HOST
 # CUpointer_attribute -> what it is for page-locked host memory at `pointer` (a function of the pointer)
-POOL_POINTER_ANSWERS = {2: lambda pointer: MEMORYTYPE_HOST, 4: lambda pointer: pointer, 8: lambda pointer: 0}
+POOL_POINTER_ANSWERS = {2: lambda pointer: MEMORYTYPE_HOST, 3: lambda pointer: pointer, 4: lambda pointer: pointer,
+                        8: lambda pointer: 0}
 RELAY_MAY_ANSWER = frozenset({DEVICE_POINTER, POINTER_ATTRIBUTE})  # records `answer` may answer itself: never pumped
 
 
@@ -52,7 +54,6 @@ class PoolRelay:
     def __init__(self, pool: HostPool | None, session: int) -> None:
         self.pool, self.session = pool, session
         self.landing: dict[int, tuple[int, int]] = {}  # call id of a DtoH in flight -> (host address, size)
-        self._said_device_pointer = False
         self._said_attributes: set[int] = set()
         self._said_outside = False
 
@@ -65,11 +66,13 @@ class PoolRelay:
             except RecordError as exc:
                 return Reply(Status.MALFORMED, str(exc).encode())
         if opcode == DEVICE_POINTER:
-            if not self._said_device_pointer:
-                self._said_device_pointer = True
-                log.info("session %d: cuMemHostGetDevicePointer answers CUDA_ERROR_NOT_SUPPORTED: page-locked "
-                         "memory of a relayed session is not mapped on the GPU host", self.session)
-            return Reply(NOT_SUPPORTED)
+            try:
+                pointer, flags = CALLS["cuMemHostGetDevicePointer"].request.decode(record.payload)
+            except RecordError as exc:
+                return Reply(Status.MALFORMED, str(exc).encode())
+            if flags or self.pool is None or self.pool.host_address(pointer, 1) is None:
+                return Reply(INVALID_VALUE)
+            return Reply(SUCCESS, CALLS["cuMemHostGetDevicePointer"].reply.encode(pointer))
         if opcode == POINTER_ATTRIBUTE:
             return self._pointer_attribute(record)
         return None

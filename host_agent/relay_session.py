@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ivshmem.channel import Endpoint, HostReason, Sink, Streamed
-from ivshmem.cuda_status import DEVICE_UNAVAILABLE, INVALID_VALUE, SUCCESS
+from ivshmem.cuda_status import DEVICE_UNAVAILABLE, INVALID_VALUE, NOT_SUPPORTED, SUCCESS
 from ivshmem.driver_api import (
     CALLS,
     PINNED_COPY,
@@ -52,7 +52,7 @@ from . import hot_path, relay_uva
 from .handler import Reply, ReplyFailed
 from .pinned_pool import BOOKKEEPING_OPCODES
 from .relay_frames import ConnectionLost, FrameStream, FrameWriter
-from .relay_mirror import LAUNCHES, WAITS, MirrorRelay
+from .relay_mirror import LAUNCHES, MEMORY_OPERATIONS, WAITS, MirrorRelay
 from .relay_pool import RELAY_MAY_ANSWER, Forward, PoolRelay
 from .stream_endpoint import CHUNK, StreamEndpoint
 
@@ -96,6 +96,7 @@ class Relay:
         # kernels given page-locked memory: its mirror on the GPU host (relay_mirror.py)
         self.mirror = MirrorRelay(pool.pool) if pool is not None and pool.pool is not None else None
         self._table = b""  # the pump's forwarding table (_start_pump)
+        self._said_memory_operation = False
 
     def run(self, first: Record | None = None) -> None:
         """Forward the ring's records, `first` (already read) first, until the ring ends the session (its errors
@@ -128,7 +129,7 @@ class Relay:
                     table[opcode] = 0
             for opcode, how in relay_uva.DEVICE_SIDES.items():  # Python's when a device side is pool memory
                 table[opcode] = how
-            for opcode in LAUNCHES:  # Python's when a parameter names pool memory
+            for opcode in LAUNCHES | MEMORY_OPERATIONS:  # Python's when a parameter names pool memory
                 table[opcode] = 4
         self._table = bytes(table)
         pump.set_forward(self._table)
@@ -200,6 +201,9 @@ class Relay:
         opcode, flags, payload = record.opcode, record.flags & Flag.NO_REPLY, record.payload
         tail = None
         if self.mirror is not None and not opcode & PINNED_COPY:
+            if opcode in MEMORY_OPERATIONS and self.mirror.names_pool(record):
+                self._refuse_memory_operation(record)
+                return
             if opcode in LAUNCHES:
                 payload = self._before_launch(record) or payload
             elif opcode in WAITS and self.mirror.active:
@@ -283,6 +287,16 @@ class Relay:
             return None
         self._push(adopted)
         return mirror.translate(record)
+
+    def _refuse_memory_operation(self, record: Record) -> None:
+        """A stream memory operation on page-locked memory: its words would have to follow the other side's writes
+        while the stream waits (the native driver's cuLaunchHostFunc is built on them), which a mirror coherent at
+        launches and waits cannot give: CUDA_ERROR_NOT_SUPPORTED, named once, never a wait that does not end."""
+        if not self._said_memory_operation:
+            self._said_memory_operation = True
+            log.info("session %d: stream memory operations on page-locked memory (and cuLaunchHostFunc, built on "
+                     "them) answer CUDA_ERROR_NOT_SUPPORTED on a relayed session", self.session)
+        self._answer(record.call_id, record.flags, NOT_SUPPORTED, b"")
 
     def _push(self, adopted: set[int] | None = None) -> None:
         """Write what the guest's CPU changed in mirrored memory to the mirror, after every copy into the pool

@@ -90,14 +90,24 @@ def test_page_locked_memory_stays_on_the_relaying_host_and_its_bytes_travel(rela
     assert g.call("cuStreamSynchronize", stream)[0] == SUCCESS
     assert ctypes.string_at(pinned + 4096, 4096) == payload[:4096]  # landed before the sync answered
     assert ctypes.string_at(pinned, 4096) == bytes(4096)
-    assert g.call("cuMemHostGetDevicePointer", pinned, 0)[0] == NOT_SUPPORTED  # no meaning on the GPU host
+    # its device pointer is itself, as natively under unified addressing (a kernel reaches its mirror on the GPU
+    # host: tests/differential/pool_kernels.py); only of an allocation, with flags 0
+    assert g.call("cuMemHostGetDevicePointer", pinned + 8, 0) == (SUCCESS, [pinned + 8])
+    assert g.call("cuMemHostGetDevicePointer", pinned, 1)[0] == INVALID_VALUE
+    assert g.call("cuMemHostGetDevicePointer", pinned + (2 << 20), 0)[0] == INVALID_VALUE
     # its pointer attributes, answered by the relay (the GPU host knows nothing of it): what is certain of
     # page-locked host memory (PyTorch and XLA ask its memory type), NOT_SUPPORTED for what only a mapping says
     assert _attribute(g, 2, pinned + 8) == (SUCCESS, struct.pack("<I", 1) + b"\xee" * 12)  # MEMORY_TYPE: host
     assert _attribute(g, 4, pinned + 8) == (SUCCESS, struct.pack("<Q", pinned + 8) + b"\xee" * 8)  # HOST_POINTER
+    assert _attribute(g, 3, pinned + 8) == (SUCCESS, struct.pack("<Q", pinned + 8) + b"\xee" * 8)  # DEVICE_POINTER
     assert _attribute(g, 8, pinned) == (SUCCESS, bytes(4) + b"\xee" * 12)  # IS_MANAGED: no
     assert _attribute(g, 1, pinned)[0] == NOT_SUPPORTED  # CONTEXT
     assert _attribute(g, 2, device)[1][:4] == struct.pack("<I", 2)  # device memory: still the GPU host's answer
+    # a stream memory operation on it would need its words coherent while the stream waits: refused (posted, so at
+    # the next synchronisation), never a wait that does not end; the session goes on
+    assert g.fn["cuStreamWriteValue32"](stream, pinned, 1, 0) in (SUCCESS, NOT_SUPPORTED)
+    assert g.call("cuStreamSynchronize", stream)[0] == NOT_SUPPORTED
+    assert g.call("cuStreamSynchronize", stream)[0] == SUCCESS
     assert g.fn["cuMemcpyHtoD"](device, pinned + (2 << 20), 16) == INVALID_VALUE  # past the allocation
     assert g.call("cuMemFreeHost", pinned)[0] == SUCCESS
     assert g.call("cuMemFreeHost", pinned)[0] == INVALID_VALUE
