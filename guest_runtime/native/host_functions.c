@@ -159,6 +159,18 @@ static void install_hooks(void) {
     (void)atexit(release_all);
 }
 
+static int post_value(uint32_t opcode, uint64_t stream, uint64_t address, uint32_t value, uint32_t flags);
+static void put_value(uint8_t request[24], uint64_t stream, uint64_t address, uint32_t value, uint32_t flags);
+
+/* Whether the session's GPU can reach the block's words by stream memory operations, asked once and waited for (a
+ * write of the word's own 0): on a relayed session it cannot (docs/remote.md), and cuLaunchHostFunc then answers
+ * that error itself instead of a later synchronisation. */
+static int probe_words(unsigned long long device) {
+    uint8_t request[24];
+    put_value(request, 0, device, 0, 0);
+    return orion_thread_forward(ORION_OP_cuStreamWriteValue32, request, sizeof request, NULL, 0, 0);
+}
+
 /* Under `lock`: the block and the watcher, at first use. A CUresult. */
 static int start(void) {
     if (!block) {
@@ -166,6 +178,7 @@ static int start(void) {
         unsigned long long device = 0;
         int status = cuMemAllocHost(&words, SLOTS * SLOT_BYTES);
         if (status == CUDA_SUCCESS) status = cuMemHostGetDevicePointer(&device, words, 0);
+        if (status == CUDA_SUCCESS) status = probe_words(device);
         if (status != CUDA_SUCCESS) {
             if (words) (void)cuMemFreeHost(words);
             return status;
@@ -204,12 +217,16 @@ static int slot_of(uint64_t stream, uint64_t context) {
     return i;
 }
 
-static int post_value(uint32_t opcode, uint64_t stream, uint64_t address, uint32_t value, uint32_t flags) {
-    uint8_t request[24];
+static void put_value(uint8_t request[24], uint64_t stream, uint64_t address, uint32_t value, uint32_t flags) {
     orion_put_u64(request, stream);
     orion_put_u64(request + 8, address);
     orion_put_u32(request + 16, value);
     orion_put_u32(request + 20, flags);
+}
+
+static int post_value(uint32_t opcode, uint64_t stream, uint64_t address, uint32_t value, uint32_t flags) {
+    uint8_t request[24];
+    put_value(request, stream, address, value, flags);
     return orion_thread_post(opcode, request, sizeof request);
 }
 

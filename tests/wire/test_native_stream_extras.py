@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests import relay_net
 from tests.fake_driver import CUtensorMapDataType, FakeDriver, cuuint32_t, cuuint64_t, tensor_map_bytes
 from tests.forwarding_rig import Rig, bounded, local_only, native_child_env, rig, start  # noqa: F401 (fixtures)
 from tests.wire.test_native_launch_calls import EPILOGUE, PRELUDE, PTX
@@ -103,9 +106,10 @@ out["after"] = [word(page + 4096 * i + 8).value for i in range(len(streams))]
     assert out["launched"] == [SUCCESS] * 4 and out["sync"] == SUCCESS
     assert out["seen"] == [[i, 77 + i, 0xC0DE0000 + i] for i in range(4)]  # the work before each had run
     assert out["after"] == [1000 + i for i in range(4)]  # the work after each waited for it
-    writes = rig.entries(name="cuStreamWriteValue32")
+    probe, *writes = rig.entries(name="cuStreamWriteValue32")  # the first: whether the GPU reaches the words at all
+    assert probe["args"][0] == 0 and probe["args"][2:] == [0, 0]
     waits = rig.entries(name="cuStreamWaitValue32")
-    assert len(writes) == len(waits) == 4 and all(e["result"] == [["CUresult", 0]] for e in writes + waits)
+    assert len(writes) == len(waits) == 4 and all(e["result"] == [["CUresult", 0]] for e in [probe, *writes, *waits])
     assert all(e["args"][3] == 0 for e in waits)  # GEQ
 
 
@@ -373,3 +377,22 @@ def test_the_fakes_stream_order_with_waits_and_writes() -> None:
     assert int(fake.cuStreamSynchronize(blocking)[0]) == 702  # nothing will ever write 4
     assert int(fake.cuStreamWaitValue32(blocking, base + 2, 4, 0)[0]) == INVALID_VALUE  # not 4-byte aligned
     assert int(fake.cuStreamWriteValue32(blocking, base, 4, 2)[0]) == INVALID_VALUE  # no such flag
+
+
+def test_a_relayed_session_refuses_host_functions_at_once(library: Path, start: Any) -> None:  # noqa: F811
+    """On a relayed session the GPU host cannot keep page-locked words coherent while a stream waits
+    (docs/remote.md): cuLaunchHostFunc answers CUDA_ERROR_NOT_SUPPORTED itself, the function never runs, and the
+    session goes on (no error left for a later synchronisation, no wait that does not end)."""
+    if relay_net.why_not():
+        pytest.skip(relay_net.why_not())
+    relayed = start(relayed=True)
+    out = run(library, relayed, r"""
+ran = []
+callback = HOSTFN(lambda data: ran.append(1))
+s = stream(1)
+out["launch"] = lib.cuLaunchHostFunc(c_void_p(s), callback, None)
+out["again"] = lib.cuLaunchHostFunc(c_void_p(s), callback, None)
+out["sync"] = lib.cuStreamSynchronize(c_void_p(s))
+out["ran"] = len(ran)
+""")
+    assert (out["launch"], out["again"], out["sync"], out["ran"]) == (NOT_SUPPORTED, NOT_SUPPORTED, SUCCESS, 0)
