@@ -134,8 +134,8 @@ mkdir -p /var/log/orion /var/tmp/orion && chmod 777 /var/log/orion /var/tmp/orio
 step "the cluster key (docs/security.md)"
 if [ -e /etc/orion/cluster.key ]; then echo "   /etc/orion/cluster.key kept"
 else
-  "$VENV/bin/python" -c 'import sys; from pathlib import Path; from controller.cluster_key import make_key_file
-make_key_file(Path(sys.argv[1]))' /etc/orion/cluster.key || die "could not write /etc/orion/cluster.key"
+  "$VENV/bin/orion-controller" cluster-key /etc/orion/cluster.key >/dev/null \
+    || die "could not write /etc/orion/cluster.key"
   echo "   /etc/orion/cluster.key made (0600): copy it to every host of this cluster"
 fi
 step "libvirt: the Orion qemu hook, then virtlogd and libvirtd"; timed start_libvirt

@@ -38,7 +38,7 @@ from controller.keys import Keys  # noqa: E402
 from controller.pool import GpuPool, GpuSpec  # noqa: E402
 from controller.store import EtcdStore  # noqa: E402
 from guest_runtime.controller_client import ControllerClient  # noqa: E402
-from tests.controller.rig import ControllerProcess, EtcdServer, call, etcd_binary  # noqa: E402
+from tests.controller.rig import ControllerProcess, EtcdServer, call, etcd_binary, member_client  # noqa: E402
 
 CONCURRENT_REQUESTS = 500
 HOSTS, GPUS_PER_HOST = 16, 8  # 512 vGPUs: every concurrent request can be met
@@ -122,9 +122,10 @@ def main() -> int:
             started += [a.start(), b.start()]
             client = ControllerClient(a.address)
             print(f"floor  HTTP GET /api/v1/info             {percentiles(timed(n, lambda i: client.info()))}")
-            for h in range(HOSTS):
-                client.register_host(f"host-{h}", [{"uuid": f"GPU-{h}-{g}", "name": "V100", "memory_mib": 16160}
-                                                   for g in range(GPUS_PER_HOST)], ttl_s=600)
+            for h in range(HOSTS):  # each host registers itself, signed as the member it is (docs/security.md)
+                with member_client(a.address, f"host-{h}") as member:
+                    member.register_host(f"host-{h}", [{"uuid": f"GPU-{h}-{g}", "name": "V100", "memory_mib": 16160}
+                                                       for g in range(GPUS_PER_HOST)], ttl_s=600)
 
             def http_pair(_: int) -> None:
                 client.release(client.allocate(1, 1000)["id"])

@@ -46,6 +46,7 @@ from host_agent.region_server import RegionServer, ServerOptions  # noqa: E402
 from host_agent.relay_route import RelayRoute  # noqa: E402
 from host_agent.stop import StopRequest  # noqa: E402
 from ivshmem.driver_api import BY_OPCODE  # noqa: E402
+from tests.cluster_key import key_file  # noqa: E402
 from tests.fake_driver import FakeDriver  # noqa: E402
 from tests.relay_peer import start_listener  # noqa: E402
 
@@ -205,7 +206,7 @@ def _serve(path: str, null_library: str, relay_to: str) -> None:
     stop = StopRequest().on_signals()
     options = ServerOptions(scan_interval=0.01)
     if relay_to:
-        options.relay = RelayRoute(fixed=relay_to)
+        options.relay = RelayRoute(fixed=relay_to, key_file=key_file())  # the key start_listener's listener holds
 
         def factory(session: Session) -> CudaExecutor:  # the relaying side's own: HELLO and the pool only
             driver = FakeDriver(devices=1)

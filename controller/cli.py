@@ -1,14 +1,19 @@
-"""``orion-controller start [--listen 0.0.0.0:9123] [--etcd http://127.0.0.1:2379] [--log FILE]``.
+"""``orion-controller start [--listen 0.0.0.0:9123] [--etcd http://127.0.0.1:2379] [--log FILE] ...`` and
+``orion-controller cluster-key PATH`` (make the cluster's key, docs/security.md).
 
-Only argument parsing: the settings become one ControllerConfig and service.run does the rest.
+Only argument parsing: the settings become one ControllerConfig and service.run does the rest; the key file is
+made by cluster_key.make_key_file.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from controller.config import DEFAULT_ETCD, DEFAULT_LISTEN, ConfigError, ControllerConfig
+from controller.cluster_key import DEFAULT_KEY_FILE
+from controller.config import DEFAULT_ETCD, DEFAULT_LISTEN, DEFAULT_MAX_BODY_KIB, ConfigError, ControllerConfig
 from controller.keys import DEFAULT_ROOT
+from controller.payloads import DEFAULT_MAX_GPUS_PER_HOST, MAX_VGPU_COUNT
 from controller.pool import DEFAULT_HOST_TTL_S, DEFAULT_LEASE_TTL_S, ETCD_DEFAULT_MAX_TXN_OPS
 from controller.service import run
 
@@ -36,19 +41,51 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--etcd-max-txn-ops", type=int, default=ETCD_DEFAULT_MAX_TXN_OPS, metavar="N",
                        help="etcd's --max-txn-ops; one allocation holds at most (N - 2) // 3 vGPUs "
                             "(default %(default)s: 42)")
+    start.add_argument("--key-file", default=str(DEFAULT_KEY_FILE), metavar="PATH",
+                       help="the cluster key: members (orionds, the device plugin) sign their requests with it "
+                            "(default %(default)s; make one with `orion-controller cluster-key PATH`)")
+    start.add_argument("--max-gpus-per-host", type=int, default=DEFAULT_MAX_GPUS_PER_HOST, metavar="N",
+                       help="the most GPUs one host registers (default %(default)s)")
+    start.add_argument("--max-vgpus-per-gpu", type=int, default=MAX_VGPU_COUNT, metavar="N",
+                       help="the most vGPUs one GPU is carved into (default %(default)s)")
+    start.add_argument("--max-body-kib", type=int, default=DEFAULT_MAX_BODY_KIB, metavar="KIB",
+                       help="the largest request body (default %(default)s KiB)")
+    make = sub.add_parser("cluster-key", help="make a new cluster key file (0600, never overwriting one)")
+    make.add_argument("path", metavar="PATH", help=f"where to write it, e.g. {DEFAULT_KEY_FILE}")
     return parser
+
+
+def _make_key(path: str) -> int:
+    from controller.cluster_key import make_key_file
+
+    try:
+        make_key_file(Path(path))
+    except FileExistsError:
+        print(f"orion-controller: {path} exists already; copy it to every member of the cluster (mode 0600), or "
+              f"remove it first to make a new key", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"orion-controller: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"Made the cluster key {path}: copy it (mode 0600, owned by the user each runs as) to every oriond, "
+          f"controller and device plugin of this cluster")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "cluster-key":
+        return _make_key(args.path)
     if args.command != "start":
         parser.print_help()
         return 2
     try:
         config = ControllerConfig.build(args.listen, args.etcd, args.log, args.log_level, args.lease_ttl,
                                         args.host_ttl, args.key_root, args.etcd_timeout, args.workers,
-                                        args.etcd_max_txn_ops)
+                                        args.etcd_max_txn_ops, key_file=args.key_file,
+                                        max_gpus_per_host=args.max_gpus_per_host,
+                                        max_vgpus_per_gpu=args.max_vgpus_per_gpu, max_body_kib=args.max_body_kib)
     except ConfigError as exc:
         print(f"orion-controller: {exc}", file=sys.stderr)
         return 2

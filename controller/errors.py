@@ -24,6 +24,20 @@ class BadRequest(ControllerError):
     code = "bad_request"
 
 
+class Unauthorized(ControllerError):
+    """A member-only endpoint was called without a valid cluster-key signature (docs/security.md)."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(ControllerError):
+    """A member's signature is valid, but the record it touches is another member's (or another session's)."""
+
+    status = 403
+    code = "forbidden"
+
+
 class NotFound(ControllerError):
     """The named host or allocation is not in the pool (never registered, released, or its lease expired)."""
 
@@ -46,6 +60,20 @@ class WrongHost(ControllerError):
 
     status = 409
     code = "wrong_host"
+
+
+class AlreadyBound(ControllerError):
+    """An allocation is bound to one session already: one grant backs exactly one session."""
+
+    status = 409
+    code = "already_bound"
+
+
+class WrongSession(ControllerError):
+    """A GPU host released an allocation for a session that is not the one bound to it."""
+
+    status = 409
+    code = "wrong_session"
 
 
 class Contention(ControllerError):

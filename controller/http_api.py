@@ -1,7 +1,11 @@
 """The controller's HTTP face (aiohttp): Orion's REST endpoints, the JSON API, ``/metrics``.
 
 Both APIs call the same GpuPool methods; they differ only in how they read requests (Orion: query strings
-and plain text; ours: JSON) and how they answer. Errors are turned into responses in one middleware: a
+and plain text; ours: JSON) and how they answer. The member-only endpoints of docs/security.md (registration,
+heartbeats, host deletion, binding an allocation, the list of every allocation, ``/server-meta``) first ask
+members.py who signed (401 when nobody did), then parse (400), then check that the member touches only its own
+host's records (403); a guest's calls (allocate, keep alive, read and release its own allocation, the pool's
+summary, health, info, metrics) need no signature. Errors are turned into responses in one middleware: a
 ControllerError gives its status with a one-line reason (JSON ``{"error", "reason"}`` under ``/api/``,
 ``Error: <reason>`` text elsewhere), an unknown route a 404/405 that says so, anything unexpected a 500 that
 points at the log. Pool calls block on etcd, so they run in a thread pool, never on the event loop.
@@ -18,7 +22,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from controller import payloads
-from controller.errors import BadRequest, ControllerError, NotFound
+from controller.errors import BadRequest, ControllerError, Forbidden, NotFound
+from controller.members import CLUSTER_KEY, caller, member, same_host
 from controller.metrics import CONTENT_TYPE, Metrics
 from controller.pool import GpuPool
 
@@ -34,6 +39,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 POOL: web.AppKey[GpuPool] = web.AppKey("pool", GpuPool)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 EXECUTOR: web.AppKey[ThreadPoolExecutor] = web.AppKey("executor", ThreadPoolExecutor)
+LIMITS: web.AppKey[payloads.Limits] = web.AppKey("limits", payloads.Limits)
+MAX_BODY: web.AppKey[int] = web.AppKey("max_body", int)
 
 
 async def blocking(request: web.Request, fn: Callable[..., T], *args: Any) -> T:
@@ -46,9 +53,10 @@ def _is_json_api(request: web.Request) -> bool:
 
 
 def _error_response(request: web.Request, status: int, code: str, reason: str) -> web.Response:
+    headers = {"WWW-Authenticate": "Orion-HMAC"} if status == 401 else None
     if _is_json_api(request):
-        return web.json_response({"error": code, "reason": reason}, status=status)
-    return web.Response(status=status, text=f"Error: {reason}\n")
+        return web.json_response({"error": code, "reason": reason}, status=status, headers=headers)
+    return web.Response(status=status, text=f"Error: {reason}\n", headers=headers)
 
 
 @web.middleware
@@ -70,7 +78,8 @@ async def errors_and_counts(request: web.Request, handler: Handler) -> web.Strea
             allowed = ", ".join(sorted(getattr(exc, "allowed_methods", ()) or ()))
             reason = f"{request.method} is not allowed on {path}; use {allowed}"
         elif exc.status == 413:
-            reason = "request body too large (limit 1 MiB)"
+            reason = (f"request body too large: the limit is {request.app[MAX_BODY] >> 10} KiB "
+                      f"(orion-controller --max-body-kib; docs/controller.md, Limits)")
         else:
             reason = exc.reason
         metrics.errors.labels(f"http_{exc.status}").inc()
@@ -96,6 +105,12 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return payloads.json_object(await request.read())
 
 
+def _session_query(request: web.Request) -> str:
+    """The optional ``?session=`` of a release: the GPU host's session that gives its grant back."""
+    session = request.query.get("session", "")
+    return payloads.name(session, "session") if session else ""
+
+
 # ---------------------------------------------------------------------------------------------- Orion's API
 async def orion_info(request: web.Request) -> web.Response:
     _log_orion(request)
@@ -117,9 +132,12 @@ async def orion_devices(request: web.Request) -> web.Response:
 async def orion_heartbeat(request: web.Request) -> web.Response:
     """``POST /heartbeat/<ip>?res=nvidia_cuda&status=on|continue|off``: register, keep alive, unregister."""
     _log_orion(request)
+    signer = (await member(request)).member
     payloads.orion_resource(request.query)
     host = payloads.name(request.match_info["host"], "host")
     status = request.query.get("status")
+    if status in ("on", "continue", "off"):
+        same_host(signer, host, {"on": "register", "continue": "heartbeat for", "off": "unregister"}[status])
     pool = request.app[POOL]
     if status == "on":
         await blocking(request, pool.register_host, host, host, payloads.DEFAULT_PORT, payloads.DEFAULT_VGPU_COUNT,
@@ -137,8 +155,10 @@ async def orion_heartbeat(request: web.Request) -> web.Response:
 
 async def orion_device_info(request: web.Request) -> web.Response:
     _log_orion(request)
-    info = payloads.device_info(await _json_body(request))
+    signed = await member(request)
+    info = payloads.device_info(payloads.json_object(signed.body), request.app[LIMITS])
     if info.gpu is not None:
+        same_host(signed.member, info.host, "add a GPU to")
         await blocking(request, request.app[POOL].add_gpu, info.host, info.gpu, info.port)
     return web.Response(text="OK")
 
@@ -168,16 +188,19 @@ async def orion_service_resources(request: web.Request) -> web.Response:
 
 
 async def orion_confirm(request: web.Request) -> web.Response:
+    """Orion's oriond binds an allocation; it names no session, so its host's unnamed session takes it up."""
     _log_orion(request)
+    signer = (await member(request)).member
     alloc_id = payloads.name(request.match_info["alloc"], "allocation id")
-    await blocking(request, request.app[POOL].confirm, alloc_id)
+    await blocking(request, request.app[POOL].confirm, alloc_id, signer)
     return web.Response(text="OK")
 
 
 async def orion_release(request: web.Request) -> web.Response:
     _log_orion(request)
+    signer = (await caller(request)).member
     alloc_id = payloads.name(request.match_info["alloc"], "allocation id")
-    await blocking(request, request.app[POOL].release, alloc_id)
+    await blocking(request, request.app[POOL].release, alloc_id, signer, _session_query(request))
     request.app[METRICS].releases.inc()
     return web.Response(text="OK")
 
@@ -185,7 +208,8 @@ async def orion_release(request: web.Request) -> web.Response:
 async def orion_server_meta(request: web.Request) -> web.Response:
     """Orion's telemetry post (OS, drivers...): accepted and dropped; nothing in the pool depends on it."""
     _log_orion(request)
-    await request.read()
+    signer = (await member(request)).member
+    same_host(signer, payloads.name(request.match_info["server"], "server"), "report telemetry for")
     return web.Response(text="OK")
 
 
@@ -216,7 +240,9 @@ async def api_pool(request: web.Request) -> web.Response:
 
 
 async def api_register_host(request: web.Request) -> web.Response:
-    reg = payloads.host_registration(await _json_body(request))
+    signed = await member(request)
+    reg = payloads.host_registration(payloads.json_object(signed.body), request.app[LIMITS])
+    same_host(signed.member, reg.name, "register")
     host = await blocking(request, request.app[POOL].register_host, reg.name, reg.address, reg.port,
                           reg.vgpu_count, reg.gpus, reg.ttl_s)
     return web.json_response({"host": host.name, "address": host.address, "port": host.port,
@@ -224,13 +250,17 @@ async def api_register_host(request: web.Request) -> web.Response:
 
 
 async def api_host_heartbeat(request: web.Request) -> web.Response:
+    signer = (await member(request)).member
     host = payloads.name(request.match_info["host"], "host")
+    same_host(signer, host, "heartbeat for")
     ttl = await blocking(request, request.app[POOL].heartbeat, host)
     return web.json_response({"host": host, "ttl_s": ttl})
 
 
 async def api_host_delete(request: web.Request) -> web.Response:
+    signer = (await member(request)).member
     host = payloads.name(request.match_info["host"], "host")
+    same_host(signer, host, "unregister")
     await blocking(request, request.app[POOL].deregister, host)
     return web.json_response({"host": host, "unregistered": True})
 
@@ -239,7 +269,7 @@ async def _allocate(request: web.Request, req: payloads.AllocationRequest, group
     metrics = request.app[METRICS]
     try:
         alloc = await blocking(request, request.app[POOL].allocate, req.count, req.memory_mib, req.ttl_s,
-                               req.client, group_id, req.host)
+                               req.client, group_id, req.host, req.origin)
     except ControllerError as exc:
         metrics.allocation_requests.labels(exc.code).inc()
         raise
@@ -254,7 +284,11 @@ async def api_allocate(request: web.Request) -> web.Response:
 
 
 async def api_allocations(request: web.Request) -> web.Response:
+    """Every allocation for a member; counts only for anyone else: an id is its holder's secret."""
+    signer = (await caller(request)).member
     allocs = await blocking(request, request.app[POOL].allocations)
+    if not signer:
+        return web.json_response({"count": len(allocs), "confirmed": sum(a.confirmed for a in allocs)})
     return web.json_response({"allocations": [a.to_dict() for a in allocs]})
 
 
@@ -271,15 +305,22 @@ async def api_keepalive(request: web.Request) -> web.Response:
 
 
 async def api_confirm(request: web.Request) -> web.Response:
+    """A GPU host's oriond binds an allocation to one of its sessions: the signer is the host."""
+    signed = await member(request)
     alloc_id = payloads.name(request.match_info["alloc"], "allocation id")
-    said = payloads.confirmation(await _json_body(request)) if request.can_read_body else payloads.Confirmation()
-    alloc = await blocking(request, request.app[POOL].confirm, alloc_id, said.host, said.relay, said.transport)
+    said = payloads.confirmation(payloads.json_object(signed.body)) if signed.body else payloads.Confirmation()
+    if said.host and said.host != signed.member:
+        raise Forbidden(f"member {signed.member} may not take up allocation {alloc_id} as host {said.host}: an oriond "
+                        f"confirms for its own host")
+    alloc = await blocking(request, request.app[POOL].confirm, alloc_id, signed.member, said.relay, said.transport,
+                           said.session, said.relay_member)
     return web.json_response(alloc.to_dict())
 
 
 async def api_release(request: web.Request) -> web.Response:
+    signer = (await caller(request)).member
     alloc_id = payloads.name(request.match_info["alloc"], "allocation id")
-    alloc = await blocking(request, request.app[POOL].release, alloc_id)
+    alloc = await blocking(request, request.app[POOL].release, alloc_id, signer, _session_query(request))
     request.app[METRICS].releases.inc()
     return web.json_response({"id": alloc.id, "released": True})
 
@@ -289,10 +330,15 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-def build_app(pool: GpuPool, executor: ThreadPoolExecutor) -> web.Application:
-    """The aiohttp application over ``pool``; blocking pool calls run on ``executor``."""
-    app = web.Application(middlewares=[errors_and_counts], client_max_size=1 << 20)
+def build_app(pool: GpuPool, executor: ThreadPoolExecutor, key: bytes, limits: payloads.Limits,
+              max_body: int) -> web.Application:
+    """The aiohttp application over ``pool``; blocking pool calls run on ``executor``; members sign with ``key``;
+    registrations within ``limits``, bodies of at most ``max_body`` bytes."""
+    app = web.Application(middlewares=[errors_and_counts], client_max_size=max_body)
     app[POOL] = pool
+    app[CLUSTER_KEY] = key
+    app[LIMITS] = limits
+    app[MAX_BODY] = max_body
     app[METRICS] = Metrics(pool)
     app[EXECUTOR] = executor
     r = app.router

@@ -87,7 +87,12 @@ class VgpuGrant:
 
 @dataclass(frozen=True)
 class Allocation:
-    """N vGPUs on one host, held under one lease until released or expired."""
+    """N vGPUs on one host, held under one lease until released or expired.
+
+    ``origin`` is the host the allocation was asked from or for (the request's ``origin``, else its ``host``; ""
+    when it named neither): only a session of that host (local there, or relayed by that member) may take it up.
+    ``bound_to`` is the one session that took it up (``host``, ``session``, ``relay_member``), {} until then:
+    one grant backs exactly one session (docs/security.md)."""
 
     id: str
     host: str
@@ -101,6 +106,8 @@ class Allocation:
     group_id: str = ""
     confirmed: bool = False
     extra: dict[str, str] = field(default_factory=dict)
+    origin: str = ""
+    bound_to: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -118,7 +125,8 @@ class Allocation:
                                for v in d["vgpus"]),
                    lease=int(d["lease"]), ttl_s=int(d["ttl_s"]), created_at=float(d["created_at"]),
                    client=d.get("client", ""), group_id=d.get("group_id", ""),
-                   confirmed=bool(d.get("confirmed", False)), extra=dict(d.get("extra", {})))
+                   confirmed=bool(d.get("confirmed", False)), extra=dict(d.get("extra", {})),
+                   origin=d.get("origin", ""), bound_to=dict(d.get("bound_to", {})))
 
     def orion_resource(self) -> str:
         """Orion's ``/service`` answer: ``<alloc-id>,<ip>:<port>/<pgpu>/<vgpu>[,...]``."""

@@ -4,6 +4,10 @@ Why a module of its own: every malformed request must get a 400 whose one-line r
 what would be accepted, and that is easiest to keep consistent (and to test) in one place. The HTTP layer
 calls these and never looks inside a payload itself; the pool receives only values that passed here.
 
+Registrations are bounded (``Limits``: GPUs per host, vGPUs per GPU; docs/controller.md, Limits): one made-up
+inventory of 10,000 GPUs once made every pool read 180 times slower, and a device plugin advertise a million
+devices. Each bound is a 400 whose reason names the limit and the flag that sets it.
+
 Hostile input is part of "malformed": a body nested too deeply for the JSON parser, bytes that are not UTF-8,
 a number too long to convert, names ending in a newline or strings with control characters (they would split
 Orion's plain-text answers and the log) all get a 400 with one line. Values are quoted in reasons through
@@ -25,7 +29,9 @@ from guest_runtime.ini import whole_number
 
 MAX_MEMORY_MIB = 1 << 24
 MAX_TTL_S = 3600
-MAX_VGPU_COUNT = 100
+MAX_VGPU_COUNT = 100  # vGPUs of one GPU: what Orion's vgpu_count (1-100) and the carving allow
+MAX_GPU_INDEX = 9999  # a GPU's index in its etcd key (four digits)
+DEFAULT_MAX_GPUS_PER_HOST = 64
 DEFAULT_PORT = 9960
 DEFAULT_VGPU_COUNT = 4
 MAX_LABEL = 253  # a client label, a GPU's name
@@ -40,12 +46,29 @@ _SHOWN.maxlist = _SHOWN.maxdict = 4
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one registration may hold (orion-controller --max-gpus-per-host, --max-vgpus-per-gpu)."""
+
+    gpus_per_host: int = DEFAULT_MAX_GPUS_PER_HOST
+    vgpus_per_gpu: int = MAX_VGPU_COUNT
+
+    def gpu_note(self) -> str:
+        return (f"a host registers at most {self.gpus_per_host} GPUs, indices 0 to {self.gpus_per_host - 1}: "
+                f"orion-controller --max-gpus-per-host; docs/controller.md, Limits")
+
+    def vgpu_note(self) -> str:
+        return (f"a GPU is carved into at most {self.vgpus_per_gpu} vGPUs: orion-controller --max-vgpus-per-gpu; "
+                f"docs/controller.md, Limits")
+
+
+@dataclass(frozen=True)
 class AllocationRequest:
     count: int
     memory_mib: int | None
     ttl_s: int | None
     client: str = ""
     host: str = ""  # only this host (a guest whose channel is one host's region); "" = any host
+    origin: str = ""  # the host whose oriond serves the guest (it relays the session); "" = not said
 
 
 @dataclass(frozen=True)
@@ -145,10 +168,10 @@ def label(data: Mapping[str, Any], key: str, default: str = "", what: str = "") 
     return value
 
 
-def optional_host(data: Mapping[str, Any]) -> str:
-    """An optional ``"host"`` field: a valid host name, or "" when absent."""
-    host = text(data, "host", required=False)
-    return name(host, "host") if host else ""
+def optional_host(data: Mapping[str, Any], key: str = "host") -> str:
+    """An optional field naming a host (``"host"`` unless said): a valid host name, or "" when absent."""
+    host = text(data, key, required=False)
+    return name(host, key) if host else ""
 
 
 def _vgpu_limit_note(max_vgpus: int) -> str:
@@ -157,34 +180,40 @@ def _vgpu_limit_note(max_vgpus: int) -> str:
 
 
 def allocation_request(data: Mapping[str, Any], max_vgpus: int) -> AllocationRequest:
-    """JSON API: ``{"vgpus": N, "memory_mib": M?, "ttl_s": T?, "client": "..."?, "host": "..."?}``; N at most
-    ``max_vgpus`` (GpuPool.max_vgpus)."""
-    unknown = set(data) - {"vgpus", "memory_mib", "ttl_s", "client", "host"}
+    """JSON API: ``{"vgpus": N, "memory_mib": M?, "ttl_s": T?, "client": "..."?, "host": "..."?,
+    "origin": "..."?}``; N at most ``max_vgpus`` (GpuPool.max_vgpus)."""
+    unknown = set(data) - {"vgpus", "memory_mib", "ttl_s", "client", "host", "origin"}
     if unknown:
         raise BadRequest(f"unknown field(s) {_fields(unknown)}; allowed: vgpus, memory_mib, "
-                         f"ttl_s, client, host")
+                         f"ttl_s, client, host, origin")
     count = integer(data, "vgpus", 1, max_vgpus, note=_vgpu_limit_note(max_vgpus))
     return AllocationRequest(count, optional_integer(data, "memory_mib", 1, MAX_MEMORY_MIB),
                              optional_integer(data, "ttl_s", 1, MAX_TTL_S),
-                             label(data, "client"), optional_host(data))
+                             label(data, "client"), optional_host(data), optional_host(data, "origin"))
 
 
 @dataclass(frozen=True)
 class Confirmation:
-    """What an oriond says when it takes an allocation up: its host, and for a relayed session (docs/remote.md)
+    """What an oriond says when it takes an allocation up: its host, the session taking it up (an id unique on
+    that host, and for a relayed session the member that relayed it), and for a relayed session (docs/remote.md)
     the relaying oriond's address and the transport between the two."""
 
     host: str = ""
     relay: str = ""  # "IP:PORT" of the relaying oriond, as the GPU host's listener saw it; "" = a local session
     transport: str = ""  # "tcp", "rdma": how the relayed session's records travel; only with relay
+    session: str = ""  # the session's id on the GPU host ("": Orion's confirm, which names none)
+    relay_member: str = ""  # the member (node name) that relayed the session, as its handshake proved; "" = local
+
+
+CONFIRM_FIELDS = "host, relay, transport, session, relay_member"
 
 
 def confirmation(data: Mapping[str, Any]) -> Confirmation:
-    """JSON API confirm: ``{"host"?: "...", "relay"?: "IP:PORT", "transport"?: "tcp"}``, all optional; a
-    transport is only said of a relayed session, so it needs ``relay``."""
-    unknown = set(data) - {"host", "relay", "transport"}
+    """JSON API confirm: ``{"host"?, "session"?, "relay_member"?, "relay"?: "IP:PORT", "transport"?: "tcp"}``,
+    all optional; a transport is only said of a relayed session, so it needs ``relay``."""
+    unknown = set(data) - {"host", "relay", "transport", "session", "relay_member"}
     if unknown:
-        raise BadRequest(f"unknown field(s) {_fields(unknown)}; allowed: host, relay, transport")
+        raise BadRequest(f"unknown field(s) {_fields(unknown)}; allowed: {CONFIRM_FIELDS}")
     relay = text(data, "relay", required=False)
     if relay and (len(relay) > MAX_PEER or not _PEER.fullmatch(relay)
                   or not 1 <= int(relay.rpartition(":")[2]) <= 65535):
@@ -198,7 +227,9 @@ def confirmation(data: Mapping[str, Any]) -> Confirmation:
     if transport and not relay:
         raise BadRequest("transport is said only of a relayed session: give relay (the relaying oriond's "
                          "IP:PORT) with it, or leave both out")
-    return Confirmation(optional_host(data), relay, transport)
+    session = text(data, "session", required=False)
+    return Confirmation(optional_host(data), relay, transport, name(session, "session") if session else "",
+                        optional_host(data, "relay_member"))
 
 
 def orion_service_query(query: Mapping[str, str], max_vgpus: int) -> AllocationRequest:
@@ -218,30 +249,35 @@ def orion_resource(query: Mapping[str, str], required: bool = True) -> None:
         raise BadRequest(f"res={shown(res)} is not a resource this controller has; use res=nvidia_cuda")
 
 
-def _gpu(item: Any, position: int) -> GpuSpec:
+def _gpu(item: Any, position: int, limits: Limits) -> GpuSpec:
     if not isinstance(item, dict):
         raise BadRequest(f"gpus[{position}] must be an object with uuid, name, memory_mib")
-    index = optional_integer(item, "index", 0, 9999, what=f"gpus[{position}].index")
+    index = optional_integer(item, "index", 0, limits.gpus_per_host - 1, what=f"gpus[{position}].index",
+                             note=limits.gpu_note())
     memory = integer(item, "memory_mib", 1, MAX_MEMORY_MIB, what=f"gpus[{position}].memory_mib")
-    vgpus = optional_integer(item, "vgpu_count", 1, MAX_VGPU_COUNT, what=f"gpus[{position}].vgpu_count")
+    vgpus = optional_integer(item, "vgpu_count", 1, limits.vgpus_per_gpu, what=f"gpus[{position}].vgpu_count",
+                             note=limits.vgpu_note())
     uuid = name(text(item, "uuid"), f"gpus[{position}].uuid")
     return GpuSpec(position if index is None else index, uuid,
                    label(item, "name", default=uuid, what=f"gpus[{position}].name"), memory, vgpus)
 
 
-def host_registration(data: Mapping[str, Any]) -> HostRegistration:
+def host_registration(data: Mapping[str, Any], limits: Limits = Limits()) -> HostRegistration:
     """JSON API: ``{"host": "10.0.0.5", "port": 9960?, "address": ...?, "vgpu_count": 4?, "ttl_s": T?,
-    "gpus": [{"uuid": "GPU-...", "name": "...", "memory_mib": 16160, "index"?, "vgpu_count"?}, ...]}``."""
+    "gpus": [{"uuid": "GPU-...", "name": "...", "memory_mib": 16160, "index"?, "vgpu_count"?}, ...]}``, within
+    ``limits``."""
     host = name(text(data, "host"), "host")
     gpus_raw = data.get("gpus")
     if not isinstance(gpus_raw, list):
         raise BadRequest("gpus is required: a list of {uuid, name, memory_mib} objects (may be empty)")
-    gpus = tuple(_gpu(item, i) for i, item in enumerate(gpus_raw))
+    if len(gpus_raw) > limits.gpus_per_host:
+        raise BadRequest(f"gpus lists {len(gpus_raw)} GPUs ({limits.gpu_note()})")
+    gpus = tuple(_gpu(item, i, limits) for i, item in enumerate(gpus_raw))
     indices = [g.index for g in gpus]
     if len(set(indices)) != len(indices):
         raise BadRequest(f"gpus have duplicate indices {sorted(indices)}; each GPU needs its own index")
     port = optional_integer(data, "port", 1, 65535)
-    vgpu_count = optional_integer(data, "vgpu_count", 1, MAX_VGPU_COUNT)
+    vgpu_count = optional_integer(data, "vgpu_count", 1, limits.vgpus_per_gpu, note=limits.vgpu_note())
     return HostRegistration(host, name(text(data, "address", required=False, default=host), "address"),
                             port or DEFAULT_PORT, vgpu_count or DEFAULT_VGPU_COUNT, gpus,
                             optional_integer(data, "ttl_s", 1, MAX_TTL_S))
@@ -264,8 +300,9 @@ class DeviceInfo:
     port: int | None
 
 
-def device_info(data: Mapping[str, Any]) -> DeviceInfo:
-    """Orion's ``POST /device/info``: one GPU of a host (device_ip, device_id, device_index, memory MiB...)."""
+def device_info(data: Mapping[str, Any], limits: Limits = Limits()) -> DeviceInfo:
+    """Orion's ``POST /device/info``: one GPU of a host (device_ip, device_id, device_index, memory MiB...),
+    within ``limits`` (its index is below the GPUs a host may have, so GPU by GPU it cannot have more either)."""
     flat = _flatten(data)
     static = {"device_index", "memory", "device_name", "device_ip"} & set(flat)
     if not static:
@@ -274,8 +311,8 @@ def device_info(data: Mapping[str, Any]) -> DeviceInfo:
         raise BadRequest("device info needs device_ip, device_id, device_index and memory (MiB)")
     host = name(text(flat, "device_ip"), "device_ip")
     memory = integer(flat, "memory", 1, MAX_MEMORY_MIB, what="memory (MiB)")
-    index = integer(flat, "device_index", 0, 9999)
-    vgpus = optional_integer(flat, "vdevice_num", 1, MAX_VGPU_COUNT)
+    index = integer(flat, "device_index", 0, limits.gpus_per_host - 1, note=limits.gpu_note())
+    vgpus = optional_integer(flat, "vdevice_num", 1, limits.vgpus_per_gpu, note=limits.vgpu_note())
     port = optional_integer(flat, "device_port", 1, 65535)
     uuid = name(text(flat, "device_id"), "device_id")
     return DeviceInfo(host, GpuSpec(index, uuid, label(flat, "device_name", default=uuid), memory, vgpus), port)

@@ -8,6 +8,12 @@ host and GPU records are the ones that were read. Two controllers that planned f
 cannot both commit on a shared GPU: the second transaction fails, re-reads, re-plans. That also guards the
 GPU's memory, which slot keys alone would not.
 
+Why one session per allocation: an allocation id is the only thing a relayed session shows for its grant, so a
+second session naming a live id (a replay) must not share it, nor outlive it: ``confirm`` binds the allocation to
+exactly one session (host, session id, relaying member) in the same compare-and-swap that marks it confirmed, and
+a confirm for any other session is refused; its GPU host releases it when that session ends (docs/security.md).
+Allocation ids are 128 random bits: knowing one is what lets a guest keep alive, read and release its grant.
+
 Why leases: a host's records live under the host's lease (heartbeats refresh it; a silent host's GPUs vanish
 from the pool when it expires). Each allocation has its own lease (default TTL 10 s): release revokes it,
 a client that vanishes stops refreshing it, and either way etcd deletes the claims. Once a host's oriond has
@@ -35,15 +41,16 @@ from __future__ import annotations
 import json
 import logging
 import random
+import secrets
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar, cast
 
 from pyetcd.utils import prefix_range_end
 
+from controller.binding import check_binding, check_release
 from controller.errors import BadRequest, Contention, NotFound, Unsatisfiable, WrongHost
 from controller.keys import Keys
 from controller.model import Allocation, Claim, Gpu, Host, PoolView, VgpuGrant, dumps
@@ -221,9 +228,10 @@ class GpuPool:
 
     # ------------------------------------------------------------------ allocations
     def allocate(self, count: int, memory_mib: int | None, ttl_s: int | None = None, client: str = "",
-                 group_id: str = "", host: str = "") -> Allocation:
+                 group_id: str = "", host: str = "", origin: str = "") -> Allocation:
         """Claim ``count`` vGPUs of ``memory_mib`` (None: each GPU's default) on one host (``host`` if named),
-        under a new lease.
+        under a new lease. ``origin``: the host whose oriond serves the asking guest, when it asks for vGPUs of any
+        host (it relays the session); the allocation records it, else ``host`` (see Allocation).
 
         Raises BadRequest past ``max_vgpus``, Unsatisfiable (why the pool cannot), EtcdUnavailable, or
         Contention after bounded retries.
@@ -234,7 +242,7 @@ class GpuPool:
         self.cache.start()
         pending = self.store.grant_started(ttl_s or self.lease_ttl_s)
         try:
-            alloc = self._claim(count, memory_mib, pending, client, group_id, host)
+            alloc = self._claim(count, memory_mib, pending, client, group_id, host, origin or host)
         except BaseException:
             self._revoke_quietly(pending)
             raise
@@ -242,9 +250,9 @@ class GpuPool:
         return alloc
 
     def _claim(self, count: int, memory_mib: int | None, pending: PendingLease, client: str,
-               group_id: str, host: str) -> Allocation:
+               group_id: str, host: str, origin: str) -> Allocation:
         deadline = time.monotonic() + CLAIM_DEADLINE_S
-        alloc_id = str(uuid.uuid4())
+        alloc_id = secrets.token_hex(16)  # 128 random bits: the id is the guest's only proof that the grant is its
         fresh = False  # plan on the cache until it proves stale; from then on on fresh reads
         for attempt in range(CLAIM_ATTEMPTS):
             with self._claim_lock:
@@ -259,7 +267,7 @@ class GpuPool:
                     fresh = True  # the cache may lack releases: only a fresh read may say no
                     continue
                 lease, ttl = pending.result()
-                alloc = self._allocation(alloc_id, placement, lease, ttl, client, group_id)
+                alloc = replace(self._allocation(alloc_id, placement, lease, ttl, client, group_id), origin=origin)
                 committed = self._commit(view, placement, alloc)
                 if committed:
                     self.cache.wrote(committed)
@@ -306,12 +314,18 @@ class GpuPool:
             raise NotFound(f"allocation {alloc_id}'s lease has expired; its vGPUs are back in the pool")
         return ttl
 
-    def confirm(self, alloc_id: str, host: str = "", relay: str = "", transport: str = "") -> Allocation:
-        """Mark an allocation as taken up by its host's oriond; from now on that host's heartbeats keep it.
-        ``host``, if given, is the confirming oriond's host: WrongHost if the vGPUs are on another. ``relay``
-        ("IP:PORT" of the relaying oriond) and ``transport`` say that the session using it was relayed there
-        (docs/remote.md); they are kept in the allocation's ``extra`` until a later confirm says otherwise (a
-        confirm without them: a local session)."""
+    def confirm(self, alloc_id: str, host: str = "", relay: str = "", transport: str = "", session: str = "",
+                relay_member: str = "") -> Allocation:
+        """Bind an allocation to the one session that takes it up on its host's oriond; from now on that host's
+        heartbeats keep it alive.
+
+        ``host`` is the confirming oriond's host (over HTTP: the member that signed; "" here means the
+        allocation's own): WrongHost if the vGPUs are on another. ``session`` (an id unique on that host) and
+        ``relay_member`` (the member that relayed the session there; "" for a local session) name the session:
+        Forbidden if it is not a session of the host the allocation was asked from or for (``origin``),
+        AlreadyBound if another session took the allocation up. The same session confirming again is accepted.
+        ``relay`` ("IP:PORT" of the relaying oriond) and ``transport`` say how a relayed session reaches this
+        host (docs/remote.md); they are kept in ``extra`` until a later confirm of the session says otherwise."""
         k, t = self.keys, self.store.txn
         for _ in range(CLAIM_ATTEMPTS):
             entry = self.store.get(k.allocation(alloc_id))
@@ -321,9 +335,13 @@ class GpuPool:
             if host and host != alloc.host:
                 raise WrongHost(f"allocation {alloc_id} was granted on host {alloc.host}, not {host}; the client "
                                 f"must reach {alloc.host}'s oriond, or ask for vGPUs on {host}")
+            binding = {"host": alloc.host, "session": session, "relay_member": relay_member}
+            check_binding(alloc, binding)
             extra = {key: value for key, value in alloc.extra.items() if key not in ("relay", "transport")}
             extra.update({key: value for key, value in (("relay", relay), ("transport", transport)) if value})
-            confirmed = replace(alloc, confirmed=True, extra=extra)
+            confirmed = replace(alloc, confirmed=True, extra=extra, bound_to=binding)
+            # compared on the record's mod revision: of two confirms for different sessions, one binds, the other
+            # re-reads, finds the allocation bound and is refused
             ok, _ = self.store.transaction(
                 [t.mod(k.allocation(alloc_id)) == entry.mod_revision],
                 [t.put(k.allocation(alloc_id), confirmed.to_json(), lease=alloc.lease),
@@ -337,9 +355,18 @@ class GpuPool:
                 return confirmed
         raise Contention(f"allocation {alloc_id} kept changing while being confirmed; retry")
 
-    def release(self, alloc_id: str) -> Allocation:
-        """Give an allocation's vGPUs back now (revoking its lease deletes its claims in one step)."""
-        alloc = self._known_allocation(alloc_id)
+    def release(self, alloc_id: str, member: str = "", session: str = "") -> Allocation:
+        """Give an allocation's vGPUs back now (revoking its lease deletes its claims in one step).
+
+        Anyone holding the id may (a guest gives its own grant back). A release signed by ``member`` is a GPU
+        host giving back the grant of a session that ended: Forbidden if the allocation is bound to a session of
+        another host, WrongSession if ``session`` is not the bound one, so a session that was refused the grant
+        cannot release it under the session that holds it."""
+        if member:
+            alloc = self.get_allocation(alloc_id)  # the binding as etcd has it now, not as the copy last saw it
+            check_release(alloc, member, session)
+        else:
+            alloc = self._known_allocation(alloc_id)
         revision = self.store.revoke(alloc.lease)
         if not revision:
             raise NotFound(f"allocation {alloc_id} had already expired; its vGPUs are back in the pool")
@@ -359,4 +386,5 @@ class GpuPool:
             self.store.revoke(pending.result()[0])
         except Exception as exc:  # noqa: BLE001 - best effort on an error path; the lease has a TTL anyway
             log.warning("could not revoke an unused lease (%s); it expires by itself", exc)
+
 

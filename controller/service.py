@@ -1,8 +1,9 @@
 """Running the controller: connect to etcd, serve the HTTP app, stop cleanly on SIGINT/SIGTERM.
 
 Start-up prints Orion's lines (``Creating database connection to <etcd>``, ``Database connection is
-created.``, ``Orion CE Controller is launching, listening on <addr>``) in Orion's logrus format. An etcd that
-does not answer at start, or a port that cannot be bound, ends the start with one line saying what to do;
+created.``, ``Orion CE Controller is launching, listening on <addr>``) in Orion's logrus format. A cluster key
+that cannot be used (``--key-file``: missing, a link, readable by others, too short; docs/security.md), an etcd
+that does not answer at start, or a port that cannot be bound, ends the start with one line saying what to do;
 once running, an etcd outage only turns requests into 503s until it is back.
 """
 from __future__ import annotations
@@ -14,9 +15,11 @@ import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from aiohttp import web
 
+from controller.cluster_key import ClusterKeyError, load_key
 from controller.config import ControllerConfig
 from controller.errors import EtcdUnavailable
 from controller.http_api import build_app
@@ -95,6 +98,10 @@ async def _wait_for_etcd(store: EtcdStore, executor: ThreadPoolExecutor, within_
 
 async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM (or ``stop`` is set)."""
+    try:  # first: without its key the controller could not tell a member from anyone else
+        key = load_key(Path(config.key_file))
+    except ClusterKeyError as exc:
+        raise StartError(f"{exc}; the controller does not start without the cluster key (--key-file)") from None
     log.info("Creating database connection to %s", config.etcd_url)
     store = EtcdStore(config.etcd_url, config.etcd_timeout_s)
     executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="etcd")
@@ -108,7 +115,8 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         pool = GpuPool(store, Keys(config.key_root), config.lease_ttl_s, config.host_ttl_s,
                        tiebreak_salt=uuid.uuid4().hex, max_txn_ops=config.etcd_max_txn_ops)
         log.info("At most %d vGPUs per allocation (etcd --max-txn-ops %d)", pool.max_vgpus, pool.max_txn_ops)
-        runner = web.AppRunner(build_app(pool, executor), handle_signals=False, access_log=None,
+        app = build_app(pool, executor, key, config.limits, config.max_body_kib << 10)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None,
                                shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
         site = web.TCPSite(runner, config.listen_host, config.listen_port, reuse_address=True)

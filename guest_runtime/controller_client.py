@@ -9,7 +9,10 @@ guest_runtime too, and host_agent/ and controller/ may import this module (and g
 What belongs here: one HTTP/1.1 connection per instance (use one instance per thread), a timeout on every
 socket operation, the address check, and one error, :class:`ControllerClientError`, carrying the HTTP status
 (0: no answer) and a one-line reason. What does not: retries, backoff and what a caller prints; those are the
-callers' policies (controller_link.py, allocation.py).
+callers' policies (controller_link.py, allocation.py); and the cluster key. A member of the cluster (oriond)
+gives the client a ``signer`` that adds the Authorization header of the member-only endpoints
+(docs/security.md); it is made on the host side (host_agent/controller_link.Member, over controller/cluster_key),
+since a guest never holds the key and the guest wheel must not import the controller.
 
 Import cost matters, since a guest program imports this at start-up when Orion's environment is set:
 ``http.client`` and ``json`` (about 15 ms together) are imported at the first request, not here.
@@ -17,7 +20,7 @@ Import cost matters, since a guest program imports this at start-up when Orion's
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .ini import host_port
 
@@ -65,6 +68,16 @@ class Answer(NamedTuple):
         return str(self.json().get("reason") or f"HTTP {self.status}")
 
 
+class MemberSigner(Protocol):
+    """What signs a member's requests: ``signer(method, path, body)`` is the Authorization header's value for
+    that request (the path as sent, with its query; the body's exact bytes). ``member`` is the signer's name."""
+
+    @property
+    def member(self) -> str: ...
+
+    def __call__(self, method: str, path: str, body: bytes) -> str: ...
+
+
 def quote(name: str) -> str:
     """A host or allocation name as one path segment: '/' is escaped too, so no name can reach another endpoint."""
     from urllib.parse import quote as _quote
@@ -92,14 +105,16 @@ class ControllerClient:
 
     ``via``: connect there instead (an ``ip:port`` an earlier :attr:`Answer.peer` gave), still naming
     ``address`` in errors. ``configured_by``: where the user set the address, named when it cannot be reached.
-    A malformed address or ``via`` is a ValueError here, before any connection."""
+    ``signer``: a member's (oriond's) signer, which signs every request; None for a guest, whose requests go
+    unsigned. A malformed address or ``via`` is a ValueError here, before any connection."""
 
     def __init__(self, address: str, timeout_s: float = DEFAULT_TIMEOUT_S, *, via: str = "",
-                 configured_by: str = CONFIGURED_BY) -> None:
+                 configured_by: str = CONFIGURED_BY, signer: MemberSigner | None = None) -> None:
         self.address = address
         self.host, self.port = split_address(via or address)
         self.timeout_s = timeout_s
         self.configured_by = configured_by
+        self.signer = signer
         self._conn: http.client.HTTPConnection | None = None
 
     def close(self) -> None:
@@ -130,6 +145,8 @@ class ControllerClient:
         sent = dict(headers or {})
         if data is not None:
             sent["Content-Type"] = "application/json"
+        if self.signer is not None:
+            sent["Authorization"] = self.signer(method, path, data or b"")
         while True:
             reused = self._conn is not None
             if self._conn is None:
@@ -194,10 +211,14 @@ class ControllerClient:
 
     # allocations
     def allocate(self, vgpus: int, memory_mib: int | None = None, ttl_s: int | None = None,
-                 client: str = "", host: str = "") -> dict[str, Any]:
+                 client: str = "", host: str = "", origin: str = "") -> dict[str, Any]:
+        """``host``: only that host's vGPUs; ``origin``: the host whose oriond serves the asking guest (it relays
+        the session), so that only a session of that host may take the grant up."""
         body: dict[str, Any] = {"vgpus": vgpus}
         if host:
             body["host"] = host
+        if origin:
+            body["origin"] = origin
         if memory_mib is not None:
             body["memory_mib"] = memory_mib
         if ttl_s is not None:
@@ -210,16 +231,35 @@ class ControllerClient:
         return self._json("GET", f"/api/v1/allocations/{quote(alloc_id)}")
 
     def allocations(self) -> list[dict[str, Any]]:
-        return list(self._json("GET", "/api/v1/allocations")["allocations"])
+        """Every allocation, ids included: for a member (a client with a signer). The controller answers anyone
+        else counts only, which this says in one line (ControllerClientError, status 401)."""
+        answer = self._json("GET", "/api/v1/allocations")
+        if "allocations" not in answer:
+            raise ControllerClientError(401, "member_only", f"the Orion Controller at {self.address} lists allocations "
+                                        f"to members of the cluster only (requests signed with the cluster key); "
+                                        f"it answered {answer.get('count', '?')} allocation(s)")
+        return list(answer["allocations"])
+
+    def allocation_count(self) -> int:
+        """How many allocations the pool holds (what the controller tells anyone)."""
+        answer = self._json("GET", "/api/v1/allocations")
+        return len(answer["allocations"]) if "allocations" in answer else int(answer.get("count", 0))
 
     def keepalive(self, alloc_id: str) -> int:
         return int(self._json("POST", f"/api/v1/allocations/{quote(alloc_id)}/keepalive")["ttl_s"])
 
-    def confirm(self, alloc_id: str, host: str = "", *, relay: str = "", transport: str = "") -> dict[str, Any]:
-        """Take the allocation up on ``host`` (409 wrong_host if it was granted elsewhere); ``relay`` (the
-        relaying oriond's IP:PORT) and ``transport`` ("tcp") when the session using it was relayed here."""
-        body = {key: value for key, value in (("host", host), ("relay", relay), ("transport", transport)) if value}
+    def confirm(self, alloc_id: str, host: str = "", *, relay: str = "", transport: str = "", session: str = "",
+                relay_member: str = "") -> dict[str, Any]:
+        """Bind the allocation to one session of ``host`` (the signer's host; 409 wrong_host if it was granted
+        elsewhere, already_bound if another session took it up): ``session`` is its id on that host,
+        ``relay_member`` the member that relayed it here ("" for a local session), ``relay`` (the relaying
+        oriond's IP:PORT) and ``transport`` ("tcp") how it travels. A member-only call: it needs a signer."""
+        said = (("host", host), ("session", session), ("relay_member", relay_member), ("relay", relay),
+                ("transport", transport))
+        body = {key: value for key, value in said if value}
         return self._json("POST", f"/api/v1/allocations/{quote(alloc_id)}/confirm", body or None)
 
-    def release(self, alloc_id: str) -> None:
-        self._json("DELETE", f"/api/v1/allocations/{quote(alloc_id)}")
+    def release(self, alloc_id: str, session: str = "") -> None:
+        """Give the allocation back. ``session``: a GPU host's (signed) release for the session bound to it."""
+        query = f"?session={quote(session)}" if session else ""
+        self._json("DELETE", f"/api/v1/allocations/{quote(alloc_id)}{query}")

@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from ivshmem.region import list_region_files
+from ivshmem.layout import REGION_INDEX_RANGE
+from ivshmem.region import scan_region_files
 
 from . import region_file
 from .config import ServerConfig
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 RESCAN_S = 1.0
 RETRY_MIN_S, RETRY_MAX_S = 1.0, 30.0  # a region whose supervisor failed is looked at again after this back-off
 STEADY_S = 60.0  # a supervisor that ran this long resets the back-off
+IGNORED_LOG_S, IGNORED_SHOWN = 60.0, 8  # files not named like a region: one line a minute at most, a few names
 
 
 class _Fault:
@@ -78,6 +80,9 @@ class Agent:
         self._refresh_requested = False
         self.listen = listen
         self.listener: ListenerProcess | None = None
+        self._ignored: frozenset[str] = frozenset()  # names not of a region, already logged (IGNORED_LOG_S)
+        self._ignored_logged_at = -IGNORED_LOG_S
+        self._unlisted = ""  # why the directory could not be listed, as last logged
 
     def _start_listener(self) -> None:
         """The relay listener's process; its sessions are never relayed on (no route: no relay loops)."""
@@ -90,17 +95,48 @@ class Agent:
         self._refresh_requested = True
 
     def _wanted(self) -> list[str]:
+        """The region files to serve. A directory that cannot be read now keeps the ones served (each is still
+        checked by _still): a failed listing is no sign that every region is gone."""
         if self.fixed is not None:
             return self.fixed
-        return list_region_files(self.config.shm.path_base.rstrip("/") or "/")
+        directory = self.config.shm.path_base.rstrip("/") or "/"
+        try:
+            found = scan_region_files(directory)
+        except OSError as exc:
+            if self._unlisted != str(exc):
+                log.error("cannot list %s (%s); the regions served stay served", directory, exc.strerror or exc)
+                self._unlisted = str(exc)
+            return list(self.regions)
+        self._unlisted = ""
+        self._log_ignored(directory, frozenset(found.ignored))
+        return found.paths
+
+    def _log_ignored(self, directory: str, names: frozenset[str]) -> None:
+        """One line for names of no region that were not there at the last such line, at most once a minute (a
+        local user can make any number), names escaped (one may hold a newline). Only names still there are
+        remembered, so memory is bounded by the directory."""
+        self._ignored &= names
+        new = names - self._ignored
+        if not new or time.monotonic() < self._ignored_logged_at + IGNORED_LOG_S:
+            return
+        shown = ", ".join(ascii(name[:40]) for name in sorted(new)[:IGNORED_SHOWN])
+        log.warning("%s: %d file(s) named like a region are not region names and are not served (a region is "
+                    "orionsock<N>, N in %d..%d in ASCII digits without a leading zero): %s%s", directory, len(new),
+                    *REGION_INDEX_RANGE, shown, " …" if len(new) > IGNORED_SHOWN else "")
+        self._ignored = names
+        self._ignored_logged_at = time.monotonic()
 
     def refresh(self) -> None:
-        """Let go of removed (or removed and re-created) region files, then start serving new, sane ones."""
+        """Let go of removed (or removed and re-created) region files, then start serving new, sane ones.
+
+        Whatever goes wrong with one file (its supervisor cannot be started: no memory, no file descriptor, no
+        process left; a bug) is logged and that file looked at again after a back-off; it never ends oriond,
+        whose other regions keep serving."""
         wanted = self._wanted()
         for path, region in list(self.regions.items()):
             if path not in wanted or not _still(path, region.identity):
                 log.info("%s is gone; its sessions end", path)
-                self._retire(path, stop=True)
+                self._guarded(path, self._retire, path, True)
         for path in set(self._faults) - set(wanted):
             del self._faults[path]  # a removed file starts afresh if it comes back
         now = time.monotonic()
@@ -108,7 +144,22 @@ class Agent:
             fault = self._faults.get(path)
             if path in self.regions or (fault is not None and now < fault.retry_at):
                 continue
-            self._try_serve(path, now)
+            self._guarded(path, self._try_serve, path, now)
+
+    def _guarded(self, path: str, step: Callable[..., None], *args: object) -> None:
+        """`step(*args)` for one file; an exception is that file's fault (logged once per reason, retried after
+        the back-off), never oriond's end."""
+        try:
+            step(*args)
+        except Exception as exc:  # any error of one file must not stop every other region
+            fault = self._faults.setdefault(path, _Fault())
+            fault.backoff = min(max(2 * fault.backoff, RETRY_MIN_S), RETRY_MAX_S)
+            fault.retry_at = time.monotonic() + fault.backoff
+            reason = f"{type(exc).__name__}: {exc}"
+            if reason != fault.reason:
+                log.error("cannot serve %s now (%s); oriond tries again in %g s, every other region serves on",
+                          path, reason, fault.backoff, exc_info=not isinstance(exc, OSError))
+                fault.reason = reason
 
     def _try_serve(self, path: str, now: float) -> None:
         verdict = region_file.examine(path, self.options.channels, self.owners)

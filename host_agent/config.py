@@ -16,11 +16,12 @@ import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from guest_runtime.ini import ConfigError, host_name_or_ip, load_ini, normal_address, whole_number
 
 from .image_cache import CacheSettings
-from .server_conf import ShmSettings
+from .server_conf import DEFAULT_KEY_FILE, ShmSettings, cluster_key_file
 
 DEFAULT_PATH = "/etc/orion/server.conf"
 DEFAULT_CONTROLLER = "127.0.0.1:9123"
@@ -38,6 +39,7 @@ KNOWN_KEYS = {
     "dev": {f"dev_{n}" for n in range(1, 6)},
     "server-image-cache": {"image_cache_dir", "image_cache_mib"},  # Orion vGPU's own: module images by digest
     "server-relay": {"remote_addr"},  # Orion vGPU's own: relay every session to one GPU host (docs/remote.md)
+    "cluster": {"key_file"},  # Orion vGPU's own: the cluster key (docs/security.md)
 }
 # The per-host cache of module images (host_agent/image_cache.py): FHS's place for data that can be made again.
 DEFAULT_IMAGE_CACHE_DIR = "/var/cache/orion/images"
@@ -63,6 +65,8 @@ class ServerConfig:
     unknown_keys: tuple[str, ...] = ()  # "[section] key" of keys Orion does not know: ignored, worth a warning
     relay: bool = False  # a [server-relay] section: this oriond relays sessions to GPU hosts (docs/remote.md)
     relay_addr: str = ""  # [server-relay] remote_addr: the one GPU host (HOST:PORT) every session is relayed to
+    listen_port_set: bool = False  # listen_port is in the file: the relay listener is on (docs/remote.md)
+    cluster_key_file: Path = DEFAULT_KEY_FILE  # [cluster] key_file: the cluster key (docs/security.md)
 
     @classmethod
     def load(cls, path: str = DEFAULT_PATH, environ: Mapping[str, str] = os.environ) -> ServerConfig:
@@ -129,6 +133,8 @@ class ServerConfig:
             unknown_keys=_unknown(sections),
             relay=relay is not None,
             relay_addr=_address(remote, f"{path}: [server-relay] remote_addr", "192.168.1.20:9960") if remote else "",
+            listen_port_set="listen_port" in server,
+            cluster_key_file=cluster_key_file(sections.get("cluster", {}), path),
         )
         # Orion refused enable_shm with enable_rdma ("RDMA can not be enabled with SHM support."): its client spoke
         # SHM locally or RDMA remotely. Here every oriond may do both, SHM towards its own guests and RDMA between

@@ -14,6 +14,11 @@ unregisters, so the pool loses the host at once rather than after the lease.
 
 The host is named, and reached, by server.conf's bind_addr (Orion's oriond too names itself by its IP in
 ``/heartbeat/<ip>``); the data port is listen_port and the vGPUs per GPU are vgpu_count.
+
+Registration, heartbeats, unregistering and giving back a session's grant are member-only calls
+(docs/security.md): the link signs them as the member named like the host, with the cluster key (``Member``).
+Without a usable key file oriond logs one line and does not register at all (``start``): the controller would
+refuse every request, and a host it cannot prove is not one the pool should list.
 """
 from __future__ import annotations
 
@@ -24,8 +29,11 @@ import os
 import queue
 import signal
 import threading
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 
+from controller.cluster_key import ClusterKeyError, load_key, sign_request
 from guest_runtime.controller_client import ControllerClient, ControllerClientError
 
 from .gpu_inventory import GpuInfo
@@ -39,16 +47,37 @@ REQUEST_TIMEOUT_S = 5.0
 STOP_JOIN_S = 2 * REQUEST_TIMEOUT_S + 1.0
 
 
+@dataclass(frozen=True)
+class Member:
+    """This node as a member of the cluster: ``member(method, path, body)`` signs a request to the controller
+    (guest_runtime.controller_client.MemberSigner) with the cluster key. The key never shows in a repr."""
+
+    member: str
+    key: bytes = field(repr=False)
+
+    def __call__(self, method: str, path: str, body: bytes) -> str:
+        return sign_request(self.key, self.member, method, path, body)
+
+
+def load_member(key_file: str | Path, member: str) -> Member:
+    """``member`` with the key of ``key_file``; ClusterKeyError (one line saying how to fix the file) otherwise."""
+    return Member(member, load_key(Path(key_file)))
+
+
 class ControllerLink:
-    def __init__(self, address: str, host: str, port: int, vgpu_count: int, gpus: list[GpuInfo]) -> None:
+    def __init__(self, address: str, host: str, port: int, vgpu_count: int, gpus: list[GpuInfo],
+                 member: Member | None = None) -> None:
+        """``member``: how the link signs (oriond: the host's name and the cluster key); None sends unsigned
+        requests, which a controller of this release refuses (its tests only)."""
         self.address = address
         self.host = host
         self.port = port
         self.vgpu_count = vgpu_count
         self.gpus = gpus
+        self.member = member
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="controller-link", daemon=True)
-        self._client = ControllerClient(address, timeout_s=REQUEST_TIMEOUT_S)
+        self._client = ControllerClient(address, timeout_s=REQUEST_TIMEOUT_S, signer=member)
         self.registered = False
         self._releases: queue.Queue[str | None] = queue.Queue()
         self._releaser = threading.Thread(target=self._release_loop, name="allocation-release", daemon=True)
@@ -66,20 +95,24 @@ class ControllerLink:
         self._releaser.join(STOP_JOIN_S)
 
     def release_later(self, allocation: str) -> None:
-        """Give back the allocation of a session that ended. Never blocks: the region loop calls it."""
+        """Give back the allocation of a session that ended ("ID", or "ID SESSION" naming the session that held
+        it, as the session's note says). Never blocks: the region loop calls it."""
         self._releases.put(allocation)
 
     def _release_loop(self) -> None:
         """Release allocations in order, retrying while the controller is unreachable: this host's heartbeats
         keep a confirmed allocation alive, so one that is never released would never come back to the pool
-        (until oriond stops and its heartbeats with it)."""
-        client = ControllerClient(self.address, timeout_s=REQUEST_TIMEOUT_S)
+        (until oriond stops and its heartbeats with it). Each release is signed as this host: the controller
+        lets a member give back only the grants bound to its own sessions (and, when it is named, that
+        session's)."""
+        client = ControllerClient(self.address, timeout_s=REQUEST_TIMEOUT_S, signer=self.member)
         backoff = BACKOFF_FIRST_S
         try:
-            while (allocation := self._releases.get()) is not None:
+            while (said := self._releases.get()) is not None:
+                allocation, _, session = said.partition(" ")
                 while True:
                     try:
-                        client.release(allocation)
+                        client.release(allocation, session)
                         log.info("Release resource with allocation ID %s", allocation)
                     except ControllerClientError as exc:
                         if exc.status == 0 or exc.status >= 500:
@@ -88,7 +121,11 @@ class ControllerLink:
                                 return
                             backoff = min(BACKOFF_MAX_S, backoff * 2)
                             continue
-                        log.debug("allocation %s was already given back (%s)", allocation, exc.reason)
+                        if exc.status == 404:
+                            log.debug("allocation %s was already given back (%s)", allocation, exc.reason)
+                        else:  # 401/403/409: not this host's session's to give back, as the controller sees it
+                            log.warning("Orion Controller %s refused to release allocation %s: %s", self.address,
+                                        allocation, exc.reason)
                     backoff = BACKOFF_FIRST_S
                     break
         finally:
@@ -150,9 +187,10 @@ class ControllerLink:
 
 
 class LinkProcess:
-    """A ControllerLink run in a child process; oriond's side of it (release_later, stop)."""
+    """A ControllerLink run in a child process; oriond's side of it (release_later, stop, member)."""
 
     def __init__(self, link: ControllerLink) -> None:
+        self.member = link.member
         reader, self._writer = multiprocessing.Pipe(duplex=False)
         self._process = multiprocessing.get_context("fork").Process(
             target=_serve_link, args=(link, reader, self._writer), name="orion-controller-link")
@@ -196,10 +234,19 @@ def _serve_link(link: ControllerLink, reader: Connection, writer: Connection) ->
     os._exit(0)
 
 
-def start(address: str, host: str, port: int, vgpu_count: int) -> LinkProcess | None:
-    """Read this host's GPUs and start the link; None (after one log line) when there is nothing to register."""
+def start(address: str, host: str, port: int, vgpu_count: int, key_file: str | Path) -> LinkProcess | None:
+    """Load the cluster key, read this host's GPUs and start the link, signing as member ``host``; None (after
+    one log line) when the key cannot be used or there is nothing to register. The link's ``member`` is the
+    signer the session workers confirm grants with (vgpu_grant.sign_as)."""
     from .gpu_inventory import InventoryError, read
 
+    try:
+        member = load_member(key_file, host)
+    except ClusterKeyError as exc:
+        log.error("%s: not registering with Orion Controller %s (it accepts only members of the cluster); this "
+                  "host's GPUs stay out of its pool and its sessions take up no vGPUs, while oriond keeps serving "
+                  "its regions", exc, address)
+        return None
     try:
         gpus, why = read()
     except InventoryError as exc:
@@ -209,7 +256,7 @@ def start(address: str, host: str, port: int, vgpu_count: int) -> LinkProcess | 
         log.warning("%s: no GPU to register with Orion Controller %s", why, address)
         return None
     try:
-        return LinkProcess(ControllerLink(address, host, port, vgpu_count, gpus))
+        return LinkProcess(ControllerLink(address, host, port, vgpu_count, gpus, member))
     except ValueError as exc:  # a malformed controller address
         log.error("%s; not registering with the Orion Controller", exc)
         return None

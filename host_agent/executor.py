@@ -301,13 +301,14 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
         try:
             grant = take_up(self.options.controller, self.options.host, allocation, self.driver,
                             relay=self.session.region[len(RELAYED):] if relayed else "",
-                            transport=self.session.transport if relayed else "")
+                            transport=self.session.transport if relayed else "",
+                            relay_member=self.session.relay_member if relayed else "")
         except GrantRefused as exc:  # its text may quote the client's id: one bounded, escaped line
             reason = one_line(str(exc))
             log.warning("session %d: %s", self.session.number, reason)
             return refused(reason)
         self.allocation = allocation
-        note(f"allocation {allocation}")  # oriond gives it back when the session ends, however it ends
+        note(f"allocation {allocation} {grant.session}")  # oriond gives it back when the session ends, however
         self._place(grant.devices, tuple(m * MIB for m in grant.memory_mib))
         log.info("Resource successfully confirmed with controller")
         for number, device in enumerate(grant.devices):

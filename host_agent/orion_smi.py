@@ -18,10 +18,12 @@ import sys
 import time
 from typing import Any
 
+from controller.cluster_key import ClusterKeyError
 from guest_runtime.controller_client import ControllerClient, ControllerClientError
 from guest_runtime.ini import normal_address
 
 from .config import DEFAULT_PATH, ServerConfig
+from .controller_link import Member, load_member
 from .server_conf import ConfigError
 
 TIMEOUT_S = 5.0
@@ -109,6 +111,18 @@ def _address(explicit: str | None, config_path: str) -> str:
     return checked_address(ServerConfig.load(config_path).controller_addr, where)
 
 
+def _member(key_file: str | None, config_path: str) -> Member | None:
+    """How orion-smi signs its read of the allocations (a member-only list: docs/security.md): with the cluster key,
+    as this host's oriond does; None, with one line on stderr, when the key cannot be used (the pool is shown,
+    its allocations are not)."""
+    config = ServerConfig.load(config_path)
+    try:
+        return load_member(key_file or config.cluster_key_file, config.bind_addr or "orion-smi")
+    except ClusterKeyError as exc:
+        print(f"orion-smi: allocations not shown: {exc}", file=sys.stderr)
+        return None
+
+
 def checked_address(text: str, where: str) -> str:
     """`text` as HOST:PORT by the rule every Orion program reads a controller address with (guest_runtime.ini's
     host_port: an http:// in front allowed, the port required, 1-65535); AddressError naming `where` otherwise."""
@@ -132,10 +146,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the controller (default: ORION_CONTROLLER, else controller_addr of --config)")
     parser.add_argument("--config", default=os.environ.get("ORION_SERVER_CONF", DEFAULT_PATH),
                         help="server configuration to read controller_addr from (default %(default)s)")
+    parser.add_argument("--key-file", help="the cluster key, to list the allocations (default: key_file of "
+                                           "--config's [cluster], else /etc/orion/cluster.key)")
     args = parser.parse_args(argv)
     try:
-        with ControllerClient(_address(args.controller, args.config), timeout_s=TIMEOUT_S) as client:
-            pool, allocations = client.pool(), client.allocations()
+        address = _address(args.controller, args.config)
+        member = _member(args.key_file, args.config)
+        with ControllerClient(address, timeout_s=TIMEOUT_S, signer=member) as client:
+            pool = client.pool()
+            allocations = client.allocations() if member is not None else []
     except (ConfigError, ValueError) as exc:
         print(f"orion-smi: {exc}", file=sys.stderr)
         return 2

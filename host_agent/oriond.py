@@ -8,10 +8,11 @@ When server.conf's [controller] controller_addr (or ORION_CONTROLLER) names an O
 GPUs are registered there and kept alive by heartbeats on a thread of their own (controller_link.py); without
 one, oriond only serves its regions, as before.
 
-Remote GPU hosts (docs/remote.md): oriond listens on bind_addr:listen_port for sessions other hosts' orionds relay
-here (a port already taken is one error line; the regions are served regardless). Its own sessions are relayed
-to another host when their controller allocation was granted there, or, with `[server-relay] remote_addr`,
-always to that host.
+Remote GPU hosts (docs/remote.md): when listen_port is set (server.conf or -p), oriond listens on
+bind_addr:listen_port for sessions the orionds of other members of the cluster relay here, each proving it holds
+the cluster key ([cluster] key_file, docs/security.md); a port already taken or a key it cannot use is one error
+line, and the regions are served regardless. Its own sessions are relayed to another host when their controller
+allocation was granted there, or, with `[server-relay] remote_addr`, always to that host.
 """
 from __future__ import annotations
 
@@ -23,13 +24,15 @@ import socket
 import sys
 from dataclasses import replace
 
-from . import controller_link, pidfile
+from controller.cluster_key import ClusterKeyError, load_key
+
+from . import controller_link, pidfile, vgpu_grant
 from .agent import RESCAN_S, Agent
 from .cli_args import OneLineParser, flag_type
 from .config import DEFAULT_PATH, ServerConfig, flag_count, flag_devices, flag_host, flag_port, flag_seconds
 from .executor import ExecutorOptions
 from .region_server import ServerOptions
-from .relay_listener import listen_socket
+from .relay_listener import Admission, ListeningSocket, listen_socket
 from .relay_route import RelayRoute
 from .relay_transport import RdmaSettings
 from .server_conf import ConfigError
@@ -90,9 +93,17 @@ def relay_route(config: ServerConfig, link: object | None) -> RelayRoute | None:
     a controller allocation names; None when neither can happen (no relay address, no controller)."""
     if not config.relay_addr and not config.controller_configured:
         return None
+    # This node's name in the relay handshake: the one it registers under with a controller (its bind_addr), else
+    # its host name.
     route = RelayRoute(fixed=config.relay_addr, controller=config.controller_addr if config.controller_configured
                        else "", host=config.bind_addr if link is not None else "",
-                       rdma=RdmaSettings(config.enable_rdma, config.ibverbs_device))
+                       rdma=RdmaSettings(config.enable_rdma, config.ibverbs_device),
+                       key_file=config.cluster_key_file,
+                       member=config.bind_addr if config.controller_configured else socket.gethostname())
+    try:
+        load_key(config.cluster_key_file)  # here once, so a key that cannot be used is said at start
+    except ClusterKeyError as exc:
+        logging.error("%s: sessions cannot be relayed to GPU hosts until it can be used", exc)
     if route.fixed:
         logging.info("Relaying every session to the GPU host %s (server-relay remote_addr)", route.fixed)
     elif not route.host:
@@ -118,10 +129,21 @@ def missing_devices(devices: tuple[int, ...]) -> str:
             f"{len(have)}: {', '.join(map(str, have))}); name only GPUs it has, or leave --devices out to use all")
 
 
-def _listen(config: ServerConfig) -> socket.socket | None:
-    """The relay listener's socket on bind_addr:listen_port; None, said once, when it cannot be had."""
+def _listen(config: ServerConfig, asked: bool) -> ListeningSocket | None:
+    """The relay listener's socket on bind_addr:listen_port, when listen_port was `asked` for (server.conf or -p);
+    None, said once, when it was not or cannot be had: without a usable cluster key no peer could prove itself."""
+    if not asked:
+        logging.info("Not listening for relayed sessions: set listen_port in %s (or -p) and give this host the "
+                     "cluster key to take sessions other hosts relay here", config.path or DEFAULT_PATH)
+        return None
     try:
-        sock = listen_socket(config.bind_addr, config.listen_port)
+        key = load_key(config.cluster_key_file)
+    except ClusterKeyError as exc:
+        logging.error("not listening on %s:%d for relayed sessions: %s", config.bind_addr, config.listen_port, exc)
+        return None
+    try:
+        sock = listen_socket(config.bind_addr, config.listen_port,
+                             Admission(key, require_allocation=config.controller_configured))
     except OSError as exc:
         logging.error("cannot listen on %s:%d for relayed sessions (%s): other hosts cannot relay sessions here; "
                       "free the port or set listen_port (-p) and bind_addr (-b) in %s", config.bind_addr,
@@ -155,15 +177,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stop = StopRequest().on_signals()
     link = None
-    if config.controller_configured:
+    if config.controller_configured:  # as a member of the cluster: without its key, one line and no registration
         link = controller_link.start(config.controller_addr, config.bind_addr, config.listen_port,
-                                     config.vgpu_count)
+                                     config.vgpu_count, config.cluster_key_file)
+        vgpu_grant.sign_as(link.member if link else None)  # before any session worker is forked
     executor = ExecutorOptions(devices=devices, gmem_mib=args.gmem, vgpu_count=config.vgpu_count,
                                controller=config.controller_addr if link else "", host=config.bind_addr,
                                image_cache=config.image_cache)
     agent = Agent(config, executor, regions=args.region, options=ServerOptions(relay=relay_route(config, link)),
                   stop=stop, rescan_s=args.rescan_interval, release=link.release_later if link else None,
-                  listen=_listen(config))
+                  listen=_listen(config, args.p is not None or config.listen_port_set))
     # Before the pid file exists: SIGHUP's default action would end the process.
     signal.signal(signal.SIGHUP, lambda *_: agent.request_refresh())
     try:

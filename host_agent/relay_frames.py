@@ -20,6 +20,12 @@ a device-to-host reply as the GPU copies it), and `begin` + `read_payload` read 
 into wherever it goes (the completion ring's staging chunks, a copy's sink). On the wire it is the same frame; the
 two ends overlap the socket with the work on either side, and no copy is limited by what one buffer may hold.
 Each piece `read_payload` reads has its own `stall_s` bound, so a frame of 1 GiB on a slow link is not given up.
+
+What a peer declares is bounded before memory is taken for it (docs/wire-protocol.md, "Relay frames"): nothing is
+read before the cluster-key handshake (relay_handshake.py) but its fixed-size messages; then a frame's length is
+at most the record limit (MAX_PAYLOAD, 1 GiB, as on a ring), `receive` takes memory as the bytes arrive (never
+more than twice what arrived, or 16 MiB, as a ring's assembled payload) within the limit its caller gives, and
+`payload_bound` says how much of a request the GPU host's worker holds in memory, per opcode.
 """
 from __future__ import annotations
 
@@ -30,10 +36,10 @@ import struct
 import time
 from typing import TYPE_CHECKING
 
-from ivshmem.channel import MAX_PAYLOAD
+from ivshmem.channel import ASSEMBLE_STEP, MAX_PAYLOAD
 from ivshmem.codec import Schema
 from ivshmem.errors import RecordError, WireError
-from ivshmem.record import HEADER, Flag, Record, check_header
+from ivshmem.record import HEADER, Flag, Op, Record, Status, check_header
 
 from . import hot_path
 
@@ -53,6 +59,24 @@ RELAY_HELLO_REQUEST = Schema("RELAY_HELLO", ("protocol", "u32"), ("pid", "u32"),
                              ("calls", "str"), ("allocation", "str"), ("rdma", "bytes"))
 RELAY_ACCEPT_REPLY = Schema("RELAY_ACCEPT", ("session", "u64"), ("transport", "str"), ("why", "str"),
                             ("rdma", "bytes"), ("bound", "bytes"))
+
+# What the GPU host's worker holds in memory of one request it has no sink for (a sink, as a host-to-device copy's,
+# takes any length up to MAX_PAYLOAD a piece at a time): RELAY_HELLO and RELAY_ACCEPT carry a few names, a digest and
+# an RDMA offer (under 1 KiB); ECHO is a diagnostic (orion-guest probe echoes two staging chunks and a little more,
+# at most ~2 MiB); anything else what a ring assembles for a request without a sink (ServerOptions.max_assembled,
+# 256 MiB: a relayed session carries exactly what its guest's ring carries).
+CONTROL_MAX = 64 << 10
+ECHO_MAX = 16 << 20
+
+
+def payload_bound(opcode: int, max_assembled: int) -> int:
+    """The most bytes of an `opcode` request a worker assembles in memory (`max_assembled`: the ring's bound)."""
+    if opcode in (RELAY_HELLO, RELAY_ACCEPT, BEAT):
+        return CONTROL_MAX
+    if opcode == Op.ECHO:
+        return min(ECHO_MAX, max_assembled)
+    return max_assembled
+
 
 STALL_S = 5.0  # a begun frame's next bytes, or a write's progress: the relay's silence bound (StreamEndpoint.dead_s)
 RECV_MAX = 1 << 20  # one recv takes at most this: a huge one holds the socket while later segments queue behind it
@@ -109,14 +133,25 @@ class FrameStream:
         writer.write(HEADER.pack(call_id, opcode, flags, length, generation, status, 0), header=True)
         return writer
 
-    def receive(self, timeout: float | None = None) -> Record | None:
+    def receive(self, timeout: float | None = None, limit: int | None = None) -> Record | None:
         """The next record, or None when none began within `timeout` seconds (None: wait as long as it takes).
-        RecordError for a header the ring would refuse; ConnectionLost for an end of stream or a stalled frame."""
+        RecordError for a header the ring would refuse, or a payload longer than `limit` (TOO_LARGE: the frame is
+        then unread and the stream unusable); ConnectionLost for an end of stream or a stalled frame. Memory is
+        taken as the payload arrives, so a peer that declares much and sends little makes this end hold little."""
         head = self.begin(timeout)
         if head is None:
             return None
-        payload = bytearray(head.length)
-        self._fill(memoryview(payload), self._deadline, first=False)
+        if limit is not None and head.length > limit:
+            raise RecordError(f"a frame of opcode {head.opcode:#x} declares {head.length} bytes: more than the "
+                              f"{limit} it may carry", Status.TOO_LARGE)
+        payload = bytearray(min(head.length, ASSEMBLE_STEP))
+        got = 0
+        while got < head.length:
+            if got == len(payload):  # all that was taken has arrived: take up to as much again
+                payload += bytes(min(len(payload), head.length - len(payload)))
+            with memoryview(payload) as view, view[got:] as rest:
+                self._fill(rest, self._deadline, first=False)
+            got = len(payload)
         self._left = 0
         return head._replace(payload=payload)
 

@@ -17,14 +17,22 @@ said once in the log.
 
 AGENT_INFO on a host that only relays (a controller, but no GPU registered there) names the host "*": the guest
 then asks the controller for vGPUs on any host (guest_runtime/allocation.serving_host).
+
+Before anything is relayed, the two orionds prove to each other that they hold the cluster key (relay_handshake.py,
+docs/security.md): this end loads the key as the GPU host's listener does (controller/cluster_key.load_key, at each
+dial, so a key file put right is used at once), names itself (`RelayRoute.member`) and refuses a GPU host that
+cannot prove itself; the session then gets the refusal as any unreachable GPU host's.
 """
 from __future__ import annotations
 
 import logging
 import socket
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from controller.cluster_key import DEFAULT_KEY_FILE, ClusterKeyError, load_key
 from guest_runtime.controller_client import ControllerClient, ControllerClientError, split_address
 from ivshmem.driver_api import table_digest
 from ivshmem.errors import RecordError
@@ -40,10 +48,11 @@ from ivshmem.record import (
     Status,
 )
 
-from . import relay_transport
+from . import relay_handshake, relay_transport
 from .handler import Reply, refused
 from .rdma_stream import RdmaLink, RdmaStream, RdmaUnavailable
 from .relay_frames import (
+    CONTROL_MAX,
     RELAY_ACCEPT,
     RELAY_ACCEPT_REPLY,
     RELAY_HELLO,
@@ -62,7 +71,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0  # the relay's silence bound: a GPU host that does not answer in this is unreachable
-ACCEPT_TIMEOUT_S = 15.0  # RELAY_ACCEPT waits for the GPU host's controller to confirm the grant (5 s) and a worker
+ACCEPT_TIMEOUT_S = 15.0  # RELAY_ACCEPT waits for its turn to start (at most 5 s), the grant's confirm (5 s), a worker
 LOOKUP_TIMEOUT_S = 5.0
 
 
@@ -76,6 +85,8 @@ class RelayRoute:
     controller: str = ""  # this oriond's controller, where a grant's host is looked up ("" : none)
     host: str = ""  # this host's name in the controller's pool; "" when it registered no GPU (it only relays)
     rdma: RdmaSettings = TCP_ONLY  # whether this host offers RDMA for its relay connections
+    key_file: Path = DEFAULT_KEY_FILE  # [cluster] key_file: the cluster key this end proves itself with
+    member: str = ""  # this node's name in the handshake: the name oriond registers under; "": the host name
 
     def agent_info(self) -> bytes:
         return AGENT_INFO_REPLY.encode(self.host or (RELAYING_AGENT if self.controller else ""), self.controller)
@@ -101,11 +112,25 @@ class RelayRoute:
                 from None
 
 
+def _credentials(route: RelayRoute) -> tuple[bytes, str]:
+    """This end's cluster key and node name; RouteRefused saying what to fix when it has none it may use."""
+    member = route.member or socket.gethostname()
+    if not relay_handshake.valid_name(member):
+        raise RouteRefused(f"this host's node name {member[:80]!r} cannot name it in the cluster: it must be a host "
+                           f"name or address of at most {relay_handshake.NAME_BYTES} characters")
+    try:
+        return load_key(route.key_file), member
+    except ClusterKeyError as exc:
+        raise RouteRefused(f"this host cannot relay sessions: {exc}") from None
+
+
 def _dial(target: tuple[str, int], hello: tuple[int, int, str, str], allocation: str,
           route: RelayRoute, session: int) -> tuple[StreamEndpoint, bytes]:
-    """Open the relay connection for a session: RELAY_HELLO, then the GPU host's RELAY_ACCEPT. The connection and
-    the GPU host's BIND answer (empty without an allocation); RouteRefused with the reason otherwise."""
+    """Open the relay connection for a session: the cluster-key handshake, RELAY_HELLO, then the GPU host's
+    RELAY_ACCEPT. The connection and the GPU host's BIND answer (empty without an allocation); RouteRefused with the
+    reason otherwise."""
     where = f"{target[0]}:{target[1]}"
+    key, member = _credentials(route)
     try:
         sock = socket.create_connection(target, timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:
@@ -113,6 +138,10 @@ def _dial(target: tuple[str, int], hello: tuple[int, int, str, str], allocation:
                            f"runs and that its bind_addr and listen_port are reachable from here") from None
     link = None
     try:
+        try:
+            relay_handshake.prove(sock, key, member, where, time.monotonic() + relay_handshake.HANDSHAKE_S)
+        except relay_handshake.HandshakeFailed as exc:
+            raise RouteRefused(str(exc)) from None
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # records are small; never delayed
         frames = FrameStream(sock)
@@ -120,7 +149,7 @@ def _dial(target: tuple[str, int], hello: tuple[int, int, str, str], allocation:
         protocol, pid, client_host, calls = hello
         frames.send(1, RELAY_HELLO, RELAY_HELLO_REQUEST.encode(protocol, pid, client_host, calls, allocation,
                                                                link.offer() if link else b""))
-        answer = frames.receive(timeout=ACCEPT_TIMEOUT_S)
+        answer = frames.receive(timeout=ACCEPT_TIMEOUT_S, limit=CONTROL_MAX)
         if answer is None:
             raise RouteRefused(f"the GPU host's oriond at {where} did not answer within {ACCEPT_TIMEOUT_S:g} s")
         reason = bytes(answer.payload).decode(errors="replace")

@@ -200,14 +200,15 @@ class Relay:
     def _forward(self, record: Record) -> None:
         opcode, flags, payload = record.opcode, record.flags & Flag.NO_REPLY, record.payload
         tail = None
-        if self.mirror is not None and not opcode & PINNED_COPY:
-            if opcode in MEMORY_OPERATIONS and self.mirror.names_pool(record):
+        mirror = self.mirror
+        if mirror is not None and not opcode & PINNED_COPY:
+            if opcode in MEMORY_OPERATIONS and mirror.names_pool(record):
                 self._refuse_memory_operation(record)
                 return
             if opcode in LAUNCHES:
-                payload = self._before_launch(record) or payload
-            elif opcode in WAITS and self.mirror.active:
-                self._wait_mirrored(record)
+                payload = self._before_launch(mirror, record) or payload
+            elif opcode in WAITS and mirror.active:
+                self._wait_mirrored(mirror, record)
                 return
         if self.pool is not None:
             own = self.pool.answer(record)
@@ -243,9 +244,10 @@ class Relay:
         plan = relay_uva.plan_for(pool, record)
         if not isinstance(plan, relay_uva.Plan):
             return plan
-        if self.mirror is not None and self.mirror.active and any(
-                pool.allocation_of(pointer) in self.mirror.agreed for pointer in plan.probes):
-            self._settle_mirror()  # the GPU's writes to the mirror are the pool's before it is used as memory
+        mirror = self.mirror
+        if mirror is not None and mirror.active and any(
+                pool.allocation_of(pointer) in mirror.agreed for pointer in plan.probes):
+            self._settle_mirror(mirror)  # the GPU's writes to the mirror are the pool's before it is used as memory
         for pointer in plan.probes:
             status = self._probe(pointer)
             if status == SUCCESS:  # the GPU host's own memory too: whose bytes the program meant is unknowable
@@ -261,11 +263,9 @@ class Relay:
         return plan.run()  # type: ignore[misc]
 
     # --- kernels given page-locked memory (relay_mirror.py) --------------------------------------------------
-    def _before_launch(self, record: Record) -> bytes | None:
+    def _before_launch(self, mirror: MirrorRelay, record: Record) -> bytes | None:
         """Mirror on the GPU host what the launch names of the pool, and bring every mirror up to the pool; the
         launch's payload rewritten where a mirror lies elsewhere than the guest's pointer (None: as it is)."""
-        mirror = self.mirror
-        assert mirror is not None
         for where in mirror.forget_freed():
             self._mirror_call(POOL_MIRROR_UNMAP, where, 0)
         adopted: set[int] = set()
@@ -285,7 +285,7 @@ class Relay:
             self._mirror_in_python()  # the first mirrored allocation
         if not mirror.active:
             return None
-        self._push(adopted)
+        self._push(mirror, adopted)
         return mirror.translate(record)
 
     def _refuse_memory_operation(self, record: Record) -> None:
@@ -298,43 +298,39 @@ class Relay:
                      "them) answer CUDA_ERROR_NOT_SUPPORTED on a relayed session", self.session)
         self._answer(record.call_id, record.flags, NOT_SUPPORTED, b"")
 
-    def _push(self, adopted: set[int] | None = None) -> None:
+    def _push(self, mirror: MirrorRelay, adopted: set[int] | None = None) -> None:
         """Write what the guest's CPU changed in mirrored memory to the mirror, after every copy into the pool
         that is on its way has landed."""
-        mirror = self.mirror
-        assert mirror is not None and self.pool is not None
-        if self.pool.landing:
+        if self.pool is not None and self.pool.landing:
             self._mirror_call(POOL_MIRROR_READ, next(iter(mirror.where.values())), 0)  # a barrier
         for address, data in mirror.changes(adopted):
             self._mirror_call(POOL_MIRROR_WRITE, address, len(data), data)
 
-    def _pull(self) -> None:
+    def _pull(self, mirror: MirrorRelay) -> None:
         """Bring what the GPU wrote in the mirror into the pool."""
-        mirror = self.mirror
-        assert mirror is not None
         for offset, agreed in list(mirror.agreed.items()):
             answer = self._ask(POOL_MIRROR_OPCODE, POOL_MIRROR_REQUEST.encode(POOL_MIRROR_READ, mirror.where[offset],
                                                                               len(agreed), b""))
             if answer is not None and answer.status == SUCCESS:
                 mirror.merge(offset, bytes(answer.payload))
 
-    def _wait_mirrored(self, record: Record) -> None:
+    def _wait_mirrored(self, mirror: MirrorRelay, record: Record) -> None:
         """A call that waits for the GPU while memory is mirrored: the mirror brought up to the pool first (a
         kernel may spin on what the CPU wrote), the call made as the relay's own, the GPU's writes pulled into the
         pool, and only then the guest answered."""
-        self._push()
+        self._push(mirror)
         answer = self._ask(record.opcode, bytes(record.payload))
         if answer is None:
             self._answer(record.call_id, record.flags, DEVICE_UNAVAILABLE, b"")
             return
-        self._pull()
+        self._pull(mirror)
         self._answer(record.call_id, record.flags, answer.status, bytes(answer.payload))
 
-    def _settle_mirror(self) -> None:
+    def _settle_mirror(self, mirror: MirrorRelay) -> None:
         """Every kernel done and its writes in the pool (a copy is about to use mirrored memory as device memory)."""
-        self._push()
+        self._push(mirror)
         self._ask(CONTEXT_SYNCHRONIZE, b"")
-        self._pull()
+        self._pull(mirror)
 
     def _mirror_call(self, op: int, address: int, size: int, data: bytes = b"") -> int:
         answer = self._ask(POOL_MIRROR_OPCODE, POOL_MIRROR_REQUEST.encode(op, address, size, data))

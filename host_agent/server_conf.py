@@ -1,13 +1,19 @@
-"""server.conf's [server-shm] section (`ShmSettings`): where regions live, who QEMU runs as, their size.
+"""server.conf's settings that more than one program reads: the [server-shm] section (`ShmSettings`): where
+regions live, who QEMU runs as, their size; and [cluster] key_file (`cluster_key_file`): the cluster key that makes
+this host a member of the cluster (docs/security.md, "Who may talk to whom: the cluster key").
 
 orion-shm, the qemu hook and oriond (through host_agent/config.py, which reads the rest of server.conf) all
 take these settings from here, so each refuses a wrong value with the same line. The file is read by the one
-INI reader, guest_runtime/ini.py (`load_ini`, `ConfigError`; imported from here by the host's modules).
+INI reader, guest_runtime/ini.py (`load_ini`, `ConfigError`; imported from here by the host's modules). Whether
+the key file itself is usable is controller/cluster_key.load_key's to say, when it is read.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from controller.cluster_key import DEFAULT_KEY_FILE
 from guest_runtime.ini import ConfigError, load_ini, whole_number
 from ivshmem.layout import REGION_SIZE_RANGE_MIB
 
@@ -65,3 +71,16 @@ class ShmSettings:
             group=_account(section.get("shm_group_name", defaults.group), "shm_group_name", path, defaults.group),
             buffer_size_mib=size_mib,
         )
+
+
+def cluster_key_file(section: Mapping[str, str], path: str) -> Path:
+    """[cluster] key_file of server.conf `path` (its parsed `section`): an absolute path; DEFAULT_KEY_FILE when
+    the key is absent. ConfigError naming the file and key otherwise."""
+    value = section.get("key_file")
+    if value is None:
+        return DEFAULT_KEY_FILE
+    if not value.startswith("/") or "\0" in value:
+        raise ConfigError(f"{path}: [cluster] key_file = {value!r} is not a valid value; write the absolute path "
+                          f"of the cluster key, e.g. {DEFAULT_KEY_FILE} (make one with `orion-controller "
+                          "cluster-key PATH`)")
+    return Path(value)

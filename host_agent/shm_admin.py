@@ -237,16 +237,15 @@ def _create_exclusive(path: str) -> int:
     """A new file, mode 0600 until it is formatted and handed over (nobody can open a half-made region).
 
     In /dev/shm too this is a plain open(O_CREAT | O_EXCL): that is all shm_open does on Linux, and it needs
-    no posix_ipc (whose absence once read as a permission problem). O_EXCL also refuses a planted link."""
-    old = os.umask(0)
+    no posix_ipc (whose absence once read as a permission problem). O_EXCL also refuses a planted link. The
+    umask is left alone (it can only take bits from 0600, and create() sets the final mode with fchmod): it
+    is the whole process's, and threads making regions at once (orion-k8s-plugin's Allocate) would leave it 0."""
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:
         raise ShmError(f"{path} has already exists.") from None
     except OSError as exc:
         raise ShmError(f"Error. Fail to create {path}. {exc.strerror}") from None
-    finally:
-        os.umask(old)
 
 
 def _format(path: str, fd: int, geometry: Geometry, size_mib: int) -> None:
@@ -374,7 +373,13 @@ def list_regions(directory: str = SHM_DIR) -> list[dict]:
         raise ShmError(f"Error. {directory} does not exist or is not a directory.")
     paths = list_region_files(directory)
     users = _scan_users(paths)
-    return [_examine(path, users[path], detail=False) for path in paths]
+    found = []
+    for path in paths:
+        try:
+            found.append(_examine(path, users[path], detail=False))
+        except FileNotFoundError:  # removed since the listing (anyone may remove their own file in /dev/shm)
+            continue
+    return found
 
 
 def inspect(index: int, directory: str = SHM_DIR) -> dict:

@@ -17,9 +17,11 @@ import glob
 import mmap
 import os
 import platform
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from . import layout
 from .errors import RegionError, RegionFormatError
@@ -131,15 +133,22 @@ class Region:
             return cls.open(wanted) if wanted.startswith("/") else cls.open_pci(wanted)
         if find_ivshmem_devices():
             return cls.open_pci()
+        passed: list[str] = []  # why each file named like a region was not taken
         for path in list_region_files():
-            region = cls.open(path)
+            try:  # any local user can put a file of a region's name in /dev/shm: one that is not, is passed over
+                region = cls.open(path)
+            except RegionError as exc:
+                passed.append(str(exc))
+                continue
             try:
                 _ = region.geometry  # validates the header
                 return region
-            except RegionFormatError:
+            except RegionFormatError as exc:
+                passed.append(str(exc))
                 region.close()
+        why = f" (passed over: {'; '.join(passed[:3])}{' …' if len(passed) > 3 else ''})" if passed else ""
         raise RegionError("no Orion region found: no ivshmem device and no formatted /dev/shm/orionsock<N>; "
-                          "set ORION_SHM, or create one with 'orion-shm create' and start oriond")
+                          f"set ORION_SHM, or create one with 'orion-shm create' and start oriond{why}")
 
     # --- header ------------------------------------------------------------------------------------------
     @property
@@ -253,11 +262,52 @@ def find_ivshmem_devices(root: str = PCI_ROOT) -> list[str]:
     return found
 
 
+_INDEX = re.compile(r"0|[1-9][0-9]*", re.ASCII)
+_INDEX_DIGITS = len(str(layout.REGION_INDEX_RANGE[1]))
+
+
+def region_index(name: str) -> int | None:
+    """N for a file named orionsock<N>, or None: the name of no region.
+
+    N is ASCII decimal, without sign, blank or leading zero (orionsock007 is not region 7's file), and within
+    layout.REGION_INDEX_RANGE (0..9999, Orion's range): the indices `orion-shm create`, `inspect` and `remove`
+    and the libvirt templates take, and the k8s plugin's gpu*100+slot stays within it, so no tool of ours
+    makes another name, and none could inspect or remove one. Anyone may name a file in /dev/shm, so nothing
+    else is trusted: `str.isdigit` is true for '²' or '①', which `int` refuses, and `int` reads Arabic-Indic
+    or fullwidth digits as another number; a name of 250 digits would only be a number nobody made.
+    """
+    if not name.startswith(SHM_PREFIX):
+        return None
+    suffix = name[len(SHM_PREFIX):]
+    if len(suffix) > _INDEX_DIGITS or _INDEX.fullmatch(suffix) is None:
+        return None
+    index = int(suffix)
+    return index if layout.REGION_INDEX_RANGE[0] <= index <= layout.REGION_INDEX_RANGE[1] else None
+
+
+class RegionFiles(NamedTuple):
+    paths: list[str]  # the orionsock<N> files, by index
+    ignored: list[str]  # the other names that start with orionsock (for a log line; not served, never opened)
+
+
+def scan_region_files(directory: str) -> RegionFiles:
+    """Every name of `directory` that starts with orionsock, as region files or names of no region (see
+    region_index). OSError when the directory cannot be read: unlike an empty one, that says nothing about
+    which regions are gone."""
+    found, ignored = [], []
+    for name in os.listdir(directory):
+        index = region_index(name)
+        if index is not None:
+            found.append((index, os.path.join(directory, name)))
+        elif name.startswith(SHM_PREFIX):
+            ignored.append(name)
+    return RegionFiles([path for _, path in sorted(found)], sorted(ignored))
+
+
 def list_region_files(directory: str = SHM_DIR) -> list[str]:
-    """orionsock<N> files in `directory`, by index."""
-    out = []
-    for path in glob.glob(os.path.join(directory, SHM_PREFIX + "*")):
-        suffix = os.path.basename(path)[len(SHM_PREFIX):]
-        if suffix.isdigit() and str(int(suffix)) == suffix:  # orionsock007 is not region 7's file
-            out.append((int(suffix), path))
-    return [p for _, p in sorted(out)]
+    """orionsock<N> files in `directory`, by index; any other name is passed over, and a directory that cannot
+    be read has none."""
+    try:
+        return scan_region_files(directory).paths
+    except OSError:
+        return []

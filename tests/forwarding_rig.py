@@ -42,6 +42,7 @@ from ivshmem.channel import ClientChannel, Ctrl
 from ivshmem.driver_api import CALLS, OUT
 from ivshmem.region import Region
 from tests import relay_net
+from tests.cluster_key import key_file
 from tests.fake_driver import FakeDriver, read_journal
 from tests.relay_peer import start_listener
 
@@ -135,7 +136,7 @@ def _serve(path: str, journal: str, options: ExecutorOptions, fake: dict[str, An
         return CudaExecutor(session, options, driver=driver)
     server = ServerOptions(heartbeat_timeout=5.0, scan_interval=0.01)
     if relayed:
-        server.relay = RelayRoute(fixed=relay_to or _gpu_host(factory))
+        server.relay = RelayRoute(fixed=relay_to or _gpu_host(factory), key_file=key_file())  # the tests' key
         relay_net.enter(relay_net.RELAY_NS)
         # The relaying side's own handler answers HELLO and keeps the pool; it never runs a CUDA call.
         factory = lambda session: CudaExecutor(session, options, driver=FakeDriver(**fake))  # noqa: E731

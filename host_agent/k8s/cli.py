@@ -40,7 +40,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "oriond registers it)")
     parser.add_argument("-region-dir", "--region-dir", metavar="DIR",
                         help="where the containers' regions are made (default: server.conf's shm_path_base, which "
-                             "oriond serves); a directory only this plugin's user may enter")
+                             "oriond serves); a directory only this plugin's user may enter, whose path no other "
+                             "user can change (docs/kubernetes.md)")
     parser.add_argument("-device-plugin-dir", "--device-plugin-dir", metavar="DIR", default=DEVICE_PLUGIN_DIR,
                         help="kubelet's device-plugin directory (default %(default)s)")
     parser.add_argument("-pid-file", "--pid-file", metavar="FILE", default="",

@@ -11,6 +11,9 @@ HOST:PORT (HOST is then an IP address: it is the bind address as well as the hos
 hosts' orionds relay here, served by the same fake-driver executor, and registers PORT with the controller as
 the port those orionds dial (docs/remote.md). Without --listen it listens nowhere and registers port 9960.
 ``--rdma DEVICE`` turns enable_rdma on with ibverbs_device DEVICE (``any``: none named), as server.conf does.
+``--key-file PATH``: the cluster key the link and the session workers sign with as member HOST, as oriond's
+[cluster] key_file (without it they sign nothing, and a controller refuses them); the relay listener admits the
+orionds that prove they hold it (without it, the tests' fixed key: tests/cluster_key.py).
 """
 from __future__ import annotations
 
@@ -20,15 +23,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from controller.cluster_key import load_key  # noqa: E402
+from host_agent import vgpu_grant  # noqa: E402
 from host_agent.agent import Agent  # noqa: E402
 from host_agent.config import ServerConfig  # noqa: E402
-from host_agent.controller_link import ControllerLink, LinkProcess  # noqa: E402
+from host_agent.controller_link import ControllerLink, LinkProcess, load_member  # noqa: E402
 from host_agent.executor import CudaExecutor, ExecutorOptions  # noqa: E402
 from host_agent.gpu_inventory import of_driver  # noqa: E402
 from host_agent.region_server import ServerOptions  # noqa: E402
-from host_agent.relay_listener import listen_socket  # noqa: E402
+from host_agent.relay_listener import Admission, listen_socket  # noqa: E402
 from host_agent.relay_transport import RdmaSettings  # noqa: E402
 from host_agent.stop import StopRequest  # noqa: E402
+from tests.cluster_key import TEST_KEY  # noqa: E402
 from tests.fake_driver import FakeDriver  # noqa: E402
 
 GPUS = 2
@@ -40,17 +46,24 @@ def fake_driver() -> FakeDriver:
     return driver
 
 
-def main(region: str, host: str, controller: str = "", listen_port: int | None = None, rdma: str | None = None) -> int:
+def main(region: str, host: str, controller: str = "", listen_port: int | None = None, rdma: str | None = None,
+         key_file: str = "") -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(levelname)s] %(message)s", stream=sys.stderr)
     stop = StopRequest().on_signals()
-    listen = listen_socket(host, listen_port) if listen_port is not None else None
+    # The listener admits holders of the cluster key (docs/security.md): --key-file's, else the tests' fixed one.
+    key = load_key(Path(key_file)) if key_file else TEST_KEY
+    listen = listen_socket(host, listen_port, Admission(key, require_allocation=bool(controller))) \
+        if listen_port is not None else None
     config = ServerConfig(None, enable_rdma=rdma is not None, ibverbs_device=rdma or "")
     if listen is not None:
         logging.info("Orion Server listens on %s:%d for relayed sessions; %s", host, listen_port,
                      RdmaSettings(config.enable_rdma, config.ibverbs_device).startup_line())
     # In a process of its own, as oriond runs it: this process forks the region's supervisor.
     port = listen_port if listen_port is not None else 9960
-    link = LinkProcess(ControllerLink(controller, host, port, 4, of_driver(fake_driver()))) if controller else None
+    member = load_member(key_file, host) if key_file else None
+    vgpu_grant.sign_as(member)
+    link = LinkProcess(ControllerLink(controller, host, port, 4, of_driver(fake_driver()), member)) if controller \
+        else None
     options = ExecutorOptions(controller=controller, host=host)
     agent = Agent(config, options, regions=[region], options=ServerOptions(heartbeat_timeout=5.0),
                   stop=stop, release=link.release_later if link else None, listen=listen)
@@ -63,9 +76,15 @@ def main(region: str, host: str, controller: str = "", listen_port: int | None =
     return 0
 
 
-def _arguments(argv: list[str]) -> tuple[str, str, str, int | None, str | None]:
-    """REGION, HOST, CONTROLLER ("" without it), --listen's port (None without it) and --rdma's device (None
-    without --rdma, "" for any device)."""
+def _arguments(argv: list[str]) -> tuple[str, str, str, int | None, str | None, str]:
+    """REGION, HOST, CONTROLLER ("" without it), --listen's port (None without it), --rdma's device (None
+    without --rdma, "" for any device) and --key-file's path ("" without it)."""
+    key_file = ""
+    if "--key-file" in argv:
+        at = argv.index("--key-file")
+        if at + 1 >= len(argv):
+            sys.exit("fake_gpu_agent.py: --key-file needs a path")
+        argv, key_file = argv[:at] + argv[at + 2:], argv[at + 1]
     rdma = None
     if "--rdma" in argv:
         at = argv.index("--rdma")
@@ -79,9 +98,10 @@ def _arguments(argv: list[str]) -> tuple[str, str, str, int | None, str | None]:
             sys.exit("fake_gpu_agent.py: --listen needs a port")
         argv, port = argv[:at] + argv[at + 2:], int(argv[at + 1])
     if not 2 <= len(argv) <= 3:
-        sys.exit("usage: fake_gpu_agent.py REGION HOST [CONTROLLER] [--listen PORT] [--rdma DEVICE|any]")
+        sys.exit("usage: fake_gpu_agent.py REGION HOST [CONTROLLER] [--listen PORT] [--rdma DEVICE|any] "
+                 "[--key-file PATH]")
     region, host, controller = (*argv, "")[:3]
-    return region, host, controller, port, rdma
+    return region, host, controller, port, rdma, key_file
 
 
 if __name__ == "__main__":

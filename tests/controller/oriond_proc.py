@@ -14,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.controller.rig import REPO
+from tests.cluster_key import key_file as relay_key_file
+from tests.controller.rig import REPO, cluster_key_file
 from tests.processes import python_path, stop_process
 
 
@@ -40,6 +41,9 @@ class Oriond:
             text += f"[server-relay]\n    remote_addr = {relay_to}\n"
         if controller:
             text += f"[controller]\n\tcontroller_addr = {controller}\n"
+            text += f"[cluster]\n    key_file = {cluster_key_file()}\n"  # a member of the tests' cluster
+        else:  # relays without a controller: the tests' fixed key, which the relay listeners they dial hold too
+            text += f"[cluster]\n    key_file = {relay_key_file()}\n"
         self.conf.write_text(text)
         self.inventory: Path | None = None
         if gpus is not None:

@@ -5,6 +5,10 @@
   reuse the ports and the data, as an etcd that crashed and came back.
 * ControllerProcess: ``python -m controller start`` as a separate process, logging to a file; ``start`` waits
   (bounded) until ``/api/v1/health`` answers 200, or fails with the controller's log.
+* The cluster key (docs/security.md): the tests' one key (tests/cluster_key.py, which the relay listeners and
+  relays of the tests hold too), in a file of this process's (0600), given to every controller (``--key-file``),
+  oriond and fake host agent the tests start; ``member_client`` and ``call(..., member=NAME)`` sign as a member
+  with it, as oriond does.
 
 Every wait here is bounded; every process started here is stopped by the fixtures in conftest.py.
 """
@@ -23,6 +27,10 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from controller.cluster_key import load_key, sign_request
+from guest_runtime.controller_client import ControllerClient
+from host_agent.controller_link import Member
+from tests.cluster_key import key_file
 from tests.processes import python_path, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +54,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cluster_key_file() -> Path:
+    """The tests' cluster key, in a file of this process's (made at first use, 0600, removed at exit)."""
+    return key_file()
+
+
+def signer_of(name: str) -> Member:
+    """A signer for member `name` with this test process's cluster key (what oriond named `name` holds)."""
+    return Member(name, load_key(cluster_key_file()))
+
+
+def member_client(address: str, name: str, timeout_s: float = 10.0) -> ControllerClient:
+    """A ControllerClient of member `name` (an oriond registering as host `name`)."""
+    return ControllerClient(address, timeout_s, signer=signer_of(name))
+
+
 def etcd_binary() -> str | None:
     return shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
 
@@ -59,11 +82,15 @@ def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
 
 
 def call(ctl: ControllerProcess, method: str, path: str, body: bytes | str | None = None,
-         headers: dict[str, str] | None = None) -> tuple[int, str]:
-    """One plain HTTP request to a controller: (status, body text)."""
+         headers: dict[str, str] | None = None, member: str = "") -> tuple[int, str]:
+    """One plain HTTP request to a controller: (status, body text); signed as `member` when one is named."""
+    sent = dict(headers or {})
+    if member:
+        raw = body.encode() if isinstance(body, str) else body or b""
+        sent["Authorization"] = sign_request(load_key(cluster_key_file()), member, method, path, raw)
     conn = http.client.HTTPConnection("127.0.0.1", ctl.port, timeout=10)
     try:
-        conn.request(method, path, body=body, headers=headers or {})
+        conn.request(method, path, body=body, headers=sent)
         resp = conn.getresponse()
         return resp.status, resp.read().decode()
     finally:
@@ -146,8 +173,9 @@ class ControllerProcess:
         return f"http://{self.address}"
 
     def argv(self) -> list[str]:
+        key = [] if "--key-file" in self.extra else ["--key-file", str(cluster_key_file())]
         return [sys.executable, "-m", "controller", "start", "--listen", self.address, "--etcd", self.etcd_url,
-                "--key-root", self.key_root, "--log", str(self.log_path), *self.extra]
+                "--key-root", self.key_root, "--log", str(self.log_path), *key, *self.extra]
 
     def start(self, wait: bool = True) -> ControllerProcess:
         env = {**os.environ, "PYTHONPATH": python_path()}

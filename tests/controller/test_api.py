@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 from guest_runtime.controller_client import ControllerClient, ControllerClientError
-from tests.controller.rig import REPO, ControllerProcess, EtcdServer, call, free_port, wait_until
+from tests.controller.rig import (
+    REPO,
+    ControllerProcess,
+    EtcdServer,
+    call,
+    cluster_key_file,
+    free_port,
+    member_client,
+    wait_until,
+)
 
 pytestmark = pytest.mark.functional
 
@@ -38,15 +47,18 @@ def test_start_prints_orions_lines_and_info_answers(controllers: Callable[..., C
 
 
 def test_orion_server_and_client_flow(controllers: Callable[..., ControllerProcess]) -> None:
-    """oriond registers (heartbeat on, device/info), a client gets vGPUs, oriond confirms and releases."""
+    """oriond registers (heartbeat on, device/info), a client gets vGPUs, oriond confirms and releases; oriond's
+    calls are signed as member 127.0.0.1 (docs/security.md)."""
     ctl = controllers()
     hdr = {"api_version": "0.2", "data_version": "0.2"}
-    assert call(ctl, "POST", "/heartbeat/127.0.0.1?res=nvidia_cuda&status=on", headers=hdr)[0] == 200
+    oriond = "127.0.0.1"
+    assert call(ctl, "POST", "/heartbeat/127.0.0.1?res=nvidia_cuda&status=on", headers=hdr, member=oriond)[0] == 200
     for i in range(2):
         info = {"device_meta": {"device_id": f"GPU-36945fda-{i}", "device_index": i, "device_ip": "127.0.0.1",
                                 "device_port": 9960, "device_name": "Tesla V100-PCIE-16GB", "vdevice_num": 4},
                 "static_meta": {"memory": 16160, "driver_version": "580"}}
-        status, body = call(ctl, "POST", "/device/info", json.dumps(info), {"Content-Type": "application/json"})
+        status, body = call(ctl, "POST", "/device/info", json.dumps(info), {"Content-Type": "application/json"},
+                            member=oriond)
         assert status == 200, body
     # orion-check reads ${result##*=}
     assert call(ctl, "GET", "/devices?res=nvidia_cuda", headers=hdr)[1].rsplit("=", 1)[1] == "8"
@@ -63,12 +75,12 @@ def test_orion_server_and_client_flow(controllers: Callable[..., ControllerProce
     assert status == 200
     assert body == (f"nvidia_cuda;127.0.0.1,9960,GPU-36945fda-{p},{p},0,46,7500;"
                     f"127.0.0.1,9960,GPU-36945fda-{p},{p},1,46,7500")
-    assert call(ctl, "PUT", f"/service/confirm/{alloc_id}")[0] == 200
+    assert call(ctl, "PUT", f"/service/confirm/{alloc_id}", member=oriond)[0] == 200
     assert ControllerClient(ctl.address).allocation(alloc_id)["confirmed"] is True
-    assert call(ctl, "POST", "/heartbeat/127.0.0.1?res=nvidia_cuda&status=continue")[0] == 200
+    assert call(ctl, "POST", "/heartbeat/127.0.0.1?res=nvidia_cuda&status=continue", member=oriond)[0] == 200
     assert call(ctl, "PUT", f"/service/release/{alloc_id}")[0] == 200
     assert call(ctl, "GET", "/devices?res=nvidia_cuda&used=true")[1] == "nvidia_cuda=8"
-    assert call(ctl, "POST", "/heartbeat/127.0.0.1?res=nvidia_cuda&status=off")[0] == 200
+    assert call(ctl, "POST", "/heartbeat/127.0.0.1?res=nvidia_cuda&status=off", member=oriond)[0] == 200
     assert call(ctl, "GET", "/devices?res=nvidia_cuda")[1] == "nvidia_cuda=0"
     log = ctl.log()
     for line in ("Received API (method:POST; api version:0.2; data version:0.2; client ID:; group ID:) : "
@@ -83,7 +95,7 @@ def test_orion_server_and_client_flow(controllers: Callable[..., ControllerProce
 
 def test_json_api_flow(controllers: Callable[..., ControllerProcess]) -> None:
     ctl = controllers()
-    client = ControllerClient(ctl.address)
+    client = member_client(ctl.address, "gpu-host-1")
     reg = client.register_host("gpu-host-1", two_v100("h1"), port=9961, address="192.168.7.1")
     assert reg["gpus"] == 2
     pool = client.pool()
@@ -95,7 +107,7 @@ def test_json_api_flow(controllers: Callable[..., ControllerProcess]) -> None:
     assert [a["id"] for a in client.allocations()] == [alloc["id"]]
     assert client.keepalive(alloc["id"]) > 0
     with pytest.raises(ControllerClientError) as exc:
-        client.confirm(alloc["id"], host="gpu-host-2")
+        member_client(ctl.address, "gpu-host-2").confirm(alloc["id"], host="gpu-host-2")
     assert (exc.value.status, exc.value.code) == (409, "wrong_host")
     assert "granted on host gpu-host-1" in exc.value.reason
     assert client.confirm(alloc["id"], host="gpu-host-1")["confirmed"] is True
@@ -148,14 +160,17 @@ MALFORMED = [
     ("PUT", "/api/v1/allocations", None, 405, "PUT is not allowed"),
     ("POST", "/api/v1/allocations", "x" * (2 << 20), 413, "too large"),
 ]
+# who signs each request of MALFORMED (docs/security.md): the host it names, where it names one
+MEMBER_OF = {"/device/info": "9.9.9.9", "/api/v1/hosts/never-seen/heartbeat": "never-seen",
+             "/heartbeat/1.2.3.4?res=nvidia_cuda&status=continue": "1.2.3.4"}
 
 
 def test_the_pool_can_be_asked_for_one_host(controllers: Callable[..., ControllerProcess]) -> None:
     """orion-k8s-plugin asks for its node's part only; the totals stay the pool's."""
     ctl = controllers()
     client = ControllerClient(ctl.address)
-    client.register_host("node-a", two_v100("a"), vgpu_count=2)
-    client.register_host("node-b", two_v100("b"))
+    member_client(ctl.address, "node-a").register_host("node-a", two_v100("a"), vgpu_count=2)
+    member_client(ctl.address, "node-b").register_host("node-b", two_v100("b"))
     (only,) = client.pool("node-a")["hosts"]
     assert (only["host"], only["vgpus_total"], [g["vgpu_count"] for g in only["gpus"]]) == ("node-a", 4, [2, 2])
     assert client.pool("node-a")["vgpus_total"] == 12
@@ -169,7 +184,7 @@ def test_malformed_requests_get_4xx_with_a_reason(controllers: Callable[..., Con
     ctl = controllers()
     problems = []
     for method, path, body, want_status, words in MALFORMED:
-        status, text = call(ctl, method, path, body)
+        status, text = call(ctl, method, path, body, member=MEMBER_OF.get(path, "h"))
         reason = json.loads(text)["reason"] if path.startswith("/api/") else text.removeprefix("Error: ").strip()
         if status != want_status or words not in reason or "\n" in reason.strip() or "Traceback" in text:
             problems.append(f"{method} {path} {body!r:.60}: got {status} {text!r:.300}")
@@ -179,7 +194,7 @@ def test_malformed_requests_get_4xx_with_a_reason(controllers: Callable[..., Con
 
 def test_metrics_report_pool_and_counters(controllers: Callable[..., ControllerProcess]) -> None:
     ctl = controllers()
-    client = ControllerClient(ctl.address)
+    client = member_client(ctl.address, "m1")
     client.register_host("m1", two_v100("m1"))
     client.allocate(3, 4000)
     call(ctl, "GET", "/service")  # one malformed request
@@ -213,13 +228,14 @@ def test_cli_errors_are_one_line(etcd: EtcdServer, controllers: Callable[..., Co
     bad_etcd = _cli(["start", "--listen", f"127.0.0.1:{free_port()}", "--etcd", "https://x:1"])
     assert bad_etcd.returncode == 2 and "only http:// endpoints" in bad_etcd.stderr
     dead = f"http://127.0.0.1:{free_port()}"
+    key = ["--key-file", str(cluster_key_file())]
     no_etcd = _cli(["start", "--listen", f"127.0.0.1:{free_port()}", "--etcd", dead, "--etcd-timeout", "2",
-                    "--log", str(tmp_path / "c.log")])
+                    "--log", str(tmp_path / "c.log"), *key])
     assert no_etcd.returncode == 1
     assert no_etcd.stderr.count("\n") == 1 and f"etcd at {dead} is unreachable" in no_etcd.stderr
     assert "start etcd there" in no_etcd.stderr
     busy = controllers()
-    taken = _cli(["start", "--listen", busy.address, "--etcd", etcd.url, "--log", str(tmp_path / "d.log")])
+    taken = _cli(["start", "--listen", busy.address, "--etcd", etcd.url, "--log", str(tmp_path / "d.log"), *key])
     assert taken.returncode == 1 and f"cannot listen on {busy.address}" in taken.stderr
     for result in (bad_listen, bad_etcd, no_etcd, taken):
         assert "Traceback" not in result.stderr

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from guest_runtime.controller_client import ControllerClient, ControllerClientError
-from tests.controller.rig import ControllerProcess, call
+from tests.controller.rig import ControllerProcess, call, member_client
 
 pytestmark = pytest.mark.functional
 
@@ -30,10 +30,11 @@ CLIENT_THREADS = 48
 def test_500_concurrent_requests_on_two_controllers_hand_out_no_vgpu_twice(
         controllers: Callable[..., ControllerProcess]) -> None:
     a, b = controllers(), controllers()
-    admin = ControllerClient(a.address)
+    admin = member_client(a.address, "admin")  # a member: it may list every allocation
     for h in range(HOSTS):
-        admin.register_host(f"host-{h}", [{"uuid": f"GPU-{h}-{g}", "name": "V100", "memory_mib": MEMORY}
-                                          for g in range(GPUS)], vgpu_count=VGPUS, ttl_s=600)
+        member_client(a.address, f"host-{h}").register_host(
+            f"host-{h}", [{"uuid": f"GPU-{h}-{g}", "name": "V100", "memory_mib": MEMORY} for g in range(GPUS)],
+            vgpu_count=VGPUS, ttl_s=600)
     rng = random.Random(5)
     asks = [(rng.choice([1, 1, 1, 2, 3]), rng.choice([1500, 2000, 4000, 7500])) for _ in range(REQUESTS)]
     local = threading.local()

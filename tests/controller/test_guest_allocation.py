@@ -23,7 +23,7 @@ from guest_runtime.native.build import build_driver
 from ivshmem.channel import ClientChannel
 from ivshmem.record import AGENT_INFO_REPLY, BIND_REQUEST, Op, Status
 from ivshmem.region import Region
-from tests.controller.rig import ControllerProcess, free_port, wait_until
+from tests.controller.rig import ControllerProcess, cluster_key_file, free_port, member_client, wait_until
 from tests.controller.test_leases import gone, register
 from tests.processes import stop_process
 
@@ -48,7 +48,8 @@ class FakeGpuHost:
         self.log_file = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.port = free_port() if listen else 0
         self.proc = subprocess.Popen([sys.executable, str(AGENT), str(self.region), host, controller,
-                                      *(["--listen", str(self.port)] if listen else [])],
+                                      *(["--listen", str(self.port)] if listen else []),
+                                      "--key-file", str(cluster_key_file())],
                                      stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True)
         wait_until("the fake GPU host agent to serve its region", lambda: "Using SHM" in self.log(), log=self.log)
 
@@ -142,7 +143,7 @@ def test_a_native_driver_guest_gets_its_vgpus_and_its_lease_helper_releases_them
     """The same through the native guest driver: its lease helper (guest_runtime/vgpu_lease.py) asks the controller
     on the host AGENT_INFO names, the driver BINDs the grant, and the helper's end of file releases it."""
     ctl = controllers()
-    client = ControllerClient(ctl.address)
+    client = member_client(ctl.address, "pytest")  # a member: it lists allocations
     agent = gpu_host(ctl.address, client=client)
     free = client.pool()["vgpus_free"]
     env = {"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "2", "ORION_GMEM": "13000"}
@@ -170,7 +171,7 @@ def test_a_native_driver_guest_refused_vgpus_is_one_line_and_no_device(
         controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost], tmp_path: Path,
         native_driver: Path) -> None:
     ctl = controllers()
-    client = ControllerClient(ctl.address)
+    client = member_client(ctl.address, "pytest")  # a member: it lists allocations
     agent = gpu_host(ctl.address, client=client)
     env = {"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "3", "ORION_GMEM": "99999"}
     proc = guest(env, tmp_path, agent.region, native_driver)
@@ -232,7 +233,7 @@ def test_a_refused_request_is_one_line_and_no_device(controllers: Callable[..., 
                                                      gpu_host: Callable[..., FakeGpuHost], tmp_path: Path,
                                                      env: dict[str, str], expected: str) -> None:
     ctl = controllers()
-    client = ControllerClient(ctl.address)
+    client = member_client(ctl.address, "pytest")  # a member: it lists allocations
     agent = gpu_host(ctl.address, client=client)
     proc = guest({"ORION_CONTROLLER": ctl.address, **env}, tmp_path, agent.region)
     try:

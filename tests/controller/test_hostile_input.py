@@ -1,6 +1,7 @@
 """Hostile input to a real controller process: JSON nested past the parser's depth, bodies that are not UTF-8,
 numbers too long to convert, and names or labels ending in a newline for every kind of name the API takes. Each
-gets a 400 (never a 500) whose reason is one line, and the controller's log stays one line per record.
+gets a 400 (never a 500) whose reason is one line, and the controller's log stays one line per record. The
+requests are signed as a member (h1), so that the member-only endpoints read what they are sent.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from controller.keys import valid_name
 from controller.service import LogrusFormatter
 from guest_runtime.controller_client import ControllerClient
-from tests.controller.rig import ControllerProcess, call
+from tests.controller.rig import ControllerProcess, call, member_client
 
 pytestmark = pytest.mark.functional
 
@@ -30,7 +31,7 @@ def reason_of(path: str, text: str) -> str:
 
 
 def assert_400(ctl: ControllerProcess, method: str, path: str, body: str | bytes | None, words: str) -> None:
-    status, text = call(ctl, method, path, body)
+    status, text = call(ctl, method, path, body, member="h1")
     assert status == 400, f"{method} {path} {body!r:.80}: {status} {text!r:.300}"
     reason = reason_of(path, text)
     assert words in reason and reason.isprintable() and len(reason) < 400, f"{method} {path}: {reason!r}"
@@ -64,7 +65,7 @@ def test_other_undecodable_bodies_are_a_400(controllers: Callable[..., Controlle
 
 def test_names_and_labels_ending_in_a_newline_are_refused(controllers: Callable[..., ControllerProcess]) -> None:
     ctl = controllers()
-    client = ControllerClient(ctl.address)
+    client = member_client(ctl.address, "h1")
     client.register_host("h1", [{"uuid": "GPU-1", "name": "V100", "memory_mib": 16160}])
     alloc_id = client.allocate(1, 1000)["id"]
     nl = quote("\n")

@@ -26,7 +26,7 @@ from guest_runtime.controller_client import ControllerClient
 from host_agent.k8s.api import pb
 from tests.controller.kubelet import Kubelet, Plugin
 from tests.controller.oriond_proc import Oriond
-from tests.controller.rig import REPO, ControllerProcess, free_port, wait_until
+from tests.controller.rig import REPO, ControllerProcess, free_port, member_client, wait_until
 from tests.processes import python_path
 
 NODE = "127.0.0.31"
@@ -116,7 +116,7 @@ def test_the_plugin_registers_and_lists_exactly_the_hosts_vgpus(node: Node) -> N
 
 def test_the_device_list_follows_the_pool(node: Node) -> None:
     node.kubelet.next_list(healthy)
-    with ControllerClient(node.ctl.address, timeout_s=10) as client:  # the host's GPUs as re-registered
+    with member_client(node.ctl.address, NODE) as client:  # the host's GPUs as its oriond re-registers them
         client.register_host(NODE, GPUS[:1], vgpu_count=3, address=NODE)
     devices = node.kubelet.next_list(lambda d: healthy(d) and len(d) == 3)
     assert sorted(d for d, _ in devices) == ["vgpu-0-0", "vgpu-0-1", "vgpu-0-2"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from guest_runtime.controller_client import ControllerClient, ControllerClientError
-from tests.controller.rig import ControllerProcess, call, wait_until
+from tests.controller.rig import ControllerProcess, call, member_client, wait_until
 from tests.processes import stop_process
 
 pytestmark = pytest.mark.functional
@@ -36,8 +36,9 @@ def gone(client: ControllerClient, alloc_id: str) -> bool:
 
 
 def register(client: ControllerClient, host: str, ttl_s: int | None = 600) -> None:
-    client.register_host(host, [{"uuid": f"GPU-{host}-{i}", "name": "V100", "memory_mib": 16160} for i in range(2)],
-                         ttl_s=ttl_s)
+    """Register `host` with two V100s at `client`'s controller, as member `host` (its oriond) does."""
+    gpus = [{"uuid": f"GPU-{host}-{i}", "name": "V100", "memory_mib": 16160} for i in range(2)]
+    member_client(client.address, host).register_host(host, gpus, ttl_s=ttl_s)
 
 
 def test_a_killed_client_gets_its_vgpus_reclaimed_after_its_lease(
@@ -59,7 +60,7 @@ def test_a_killed_client_gets_its_vgpus_reclaimed_after_its_lease(
         proc.wait(10)
         wait_until("the killed client's allocation to expire", lambda: gone(client, alloc["id"]))
         assert client.pool()["vgpus_free"] == 8
-        assert client.allocations() == []
+        assert client.allocation_count() == 0
     finally:
         stop_process(proc, 5)
 
@@ -86,20 +87,21 @@ def test_a_host_that_stops_heartbeating_leaves_the_pool(controllers: Callable[..
     register(client, "silent", ttl_s=None)
     assert client.pool()["vgpus_total"] == 16
     stop_after = time.monotonic() + 2 * 2
+    steady, silent = member_client(ctl.address, "steady"), member_client(ctl.address, "silent")
     while time.monotonic() < stop_after:  # both beat for a while, then only "steady" does
-        client.heartbeat("steady")
-        client.heartbeat("silent")
+        steady.heartbeat("steady")
+        silent.heartbeat("silent")
         time.sleep(0.5)
     assert client.pool()["vgpus_total"] == 16
 
     def silent_left() -> bool:
-        client.heartbeat("steady")
+        steady.heartbeat("steady")
         return [h["host"] for h in client.pool()["hosts"]] == ["steady"]
 
     wait_until("the silent host to leave the pool", silent_left)
     assert call(ctl, "GET", "/devices?res=nvidia_cuda")[1] == "nvidia_cuda=8"
     with pytest.raises(ControllerClientError) as exc:
-        client.heartbeat("silent")
+        silent.heartbeat("silent")
     assert exc.value.status == 404 and "register it again" in exc.value.reason
     assert client.allocate(8, 1000)["host"] == "steady"
     with pytest.raises(ControllerClientError) as exc:
@@ -112,20 +114,21 @@ def test_orion_confirmed_allocation_is_kept_alive_by_its_hosts_heartbeat(
     """Orion's clients never send keep-alives: once oriond confirms, its heartbeats hold the allocation."""
     ctl = controllers(extra=SHORT)
     client = ControllerClient(ctl.address)
-    assert call(ctl, "POST", "/heartbeat/10.1.1.1?res=nvidia_cuda&status=on")[0] == 200
+    oriond = "10.1.1.1"  # the member that signs oriond's calls
+    assert call(ctl, "POST", "/heartbeat/10.1.1.1?res=nvidia_cuda&status=on", member=oriond)[0] == 200
     info = {"device_ip": "10.1.1.1", "device_id": "GPU-c0", "device_index": 0, "memory": 16160, "vdevice_num": 4}
-    assert call(ctl, "POST", "/device/info", json.dumps(info))[0] == 200
+    assert call(ctl, "POST", "/device/info", json.dumps(info), member=oriond)[0] == 200
     confirmed = call(ctl, "GET", "/service?nvidia_vgpu=1&memory=4000")[1].split(",")[0]
     unconfirmed = call(ctl, "GET", "/service?nvidia_vgpu=1&memory=4000")[1].split(",")[0]
-    assert call(ctl, "PUT", f"/service/confirm/{confirmed}")[0] == 200
+    assert call(ctl, "PUT", f"/service/confirm/{confirmed}", member=oriond)[0] == 200
 
     def beat_and_check() -> bool:
-        assert call(ctl, "POST", "/heartbeat/10.1.1.1?res=nvidia_cuda&status=continue")[0] == 200
+        assert call(ctl, "POST", "/heartbeat/10.1.1.1?res=nvidia_cuda&status=continue", member=oriond)[0] == 200
         return gone(client, unconfirmed)
 
     wait_until("the unconfirmed allocation to expire", beat_and_check)
     for _ in range(2 * 2 * 4):  # two lease lifetimes of heartbeats every 0.25 s
-        assert call(ctl, "POST", "/heartbeat/10.1.1.1?res=nvidia_cuda&status=continue")[0] == 200
+        assert call(ctl, "POST", "/heartbeat/10.1.1.1?res=nvidia_cuda&status=continue", member=oriond)[0] == 200
         time.sleep(0.25)
     assert client.allocation(confirmed)["confirmed"] is True
     assert call(ctl, "GET", "/devices?res=nvidia_cuda&used=true")[1] == "nvidia_cuda=3"

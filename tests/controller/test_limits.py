@@ -16,12 +16,12 @@ from controller.errors import BadRequest, EtcdRefused
 from controller.keys import Keys
 from controller.pool import ETCD_DEFAULT_MAX_TXN_OPS, GpuPool, GpuSpec
 from controller.store import EtcdStore
-from guest_runtime.controller_client import ControllerClient
-from tests.controller.rig import REPO, ControllerProcess, EtcdServer, call, free_port
+from tests.controller.rig import REPO, ControllerProcess, EtcdServer, call, free_port, member_client
 
 pytestmark = pytest.mark.functional
 
 DEFAULT_MAX_VGPUS = 42  # (128 - 2) // 3: docs/controller.md says so
+WIDE = ["--max-gpus-per-host", "10000"]  # past the default 64 GPUs per host: these tests build wide hosts
 CLI_TIMEOUT_S = 60
 
 
@@ -43,8 +43,8 @@ def test_the_largest_allocation_fits_one_transaction_in_its_worst_placement(pool
 
 
 def test_over_the_limit_is_a_400_with_the_reason_in_both_apis(controllers: Callable[..., ControllerProcess]) -> None:
-    ctl = controllers()
-    client = ControllerClient(ctl.address)
+    ctl = controllers(extra=WIDE)
+    client = member_client(ctl.address, "wide")
     client.register_host("wide", [{"uuid": f"GPU-{i}", "name": "V100", "memory_mib": 16160, "vgpu_count": 1}
                                   for i in range(250)])
     for count in (DEFAULT_MAX_VGPUS + 1, 200, 1024, 5000):
@@ -83,24 +83,26 @@ def test_a_registration_past_the_limit_is_split_and_replaces_the_list(pool: GpuP
 
 def test_orions_registration_of_200_devices_and_a_fresh_start(controllers: Callable[..., ControllerProcess]) -> None:
     """Orion's oriond adds GPUs one by one; its status=on afterwards empties a list longer than one transaction."""
-    ctl = controllers()
-    assert call(ctl, "POST", "/heartbeat/10.1.1.1?res=nvidia_cuda&status=on")[0] == 200
+    ctl = controllers(extra=WIDE)
+    oriond = "10.1.1.1"
+    assert call(ctl, "POST", "/heartbeat/10.1.1.1?res=nvidia_cuda&status=on", member=oriond)[0] == 200
     for i in range(200):
         info = {"device_ip": "10.1.1.1", "device_id": f"GPU-{i}", "device_index": i, "memory": 16160}
-        assert call(ctl, "POST", "/device/info", json.dumps(info))[0] == 200
+        assert call(ctl, "POST", "/device/info", json.dumps(info), member=oriond)[0] == 200
     assert call(ctl, "GET", "/devices?res=nvidia_cuda") == (200, "nvidia_cuda=800")
-    status, text = call(ctl, "POST", "/heartbeat/10.1.1.1?res=nvidia_cuda&status=on")
+    status, text = call(ctl, "POST", "/heartbeat/10.1.1.1?res=nvidia_cuda&status=on", member=oriond)
     assert (status, text) == (200, "OK")
     assert call(ctl, "GET", "/devices?res=nvidia_cuda") == (200, "nvidia_cuda=0")
 
 
 def test_a_pool_past_grpcs_default_message_size_still_serves(controllers: Callable[..., ControllerProcess]) -> None:
     """Three registrations of 10,000 GPUs (each under the 1 MiB body limit) make a pool read of about 5 MB."""
-    ctl = controllers()
+    ctl = controllers(extra=WIDE)
     for h in range(3):
         gpus = [{"uuid": f"GPU-{h}-{i:05d}", "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}
                 for i in range(10_000)]
-        status, text = call(ctl, "POST", "/api/v1/hosts", json.dumps({"host": f"big-{h}", "gpus": gpus}))
+        status, text = call(ctl, "POST", "/api/v1/hosts", json.dumps({"host": f"big-{h}", "gpus": gpus}),
+                            member=f"big-{h}")
         assert status == 201, text
     status, text = call(ctl, "GET", "/service?nvidia_vgpu=2")
     assert status == 200, text

@@ -9,16 +9,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from guest_runtime.controller_client import ControllerClient
+from tests.cluster_key import key_file
 from tests.controller.oriond_proc import Oriond
-from tests.controller.rig import REPO, ControllerProcess, free_port, wait_until
+from tests.controller.rig import REPO, ControllerProcess, free_port, member_client, wait_until
 
 GPU = {"uuid": "GPU-0c0c0c0c-1111-2222-3333-444444444444", "name": "Tesla P100-PCIE-16GB", "memory_mib": 16000}
 
 
-def smi(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def smi(*args: str, key: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
+    """orion-smi with the tests' cluster key (`key`: else none, as a user who cannot read /etc/orion/cluster.key)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
-    return subprocess.run([sys.executable, "-m", "host_agent.orion_smi", *args], capture_output=True, text=True,
-                          cwd=REPO, env={**base, "PYTHONPATH": str(REPO), **env}, timeout=60)
+    keyed = ["--key-file", str(key_file() if key else "/nonexistent/cluster.key")]
+    return subprocess.run([sys.executable, "-m", "host_agent.orion_smi", *keyed, *args], capture_output=True,
+                          text=True, cwd=REPO, env={**base, "PYTHONPATH": str(REPO), **env}, timeout=60)
 
 
 def test_orion_smi_shows_every_vgpu_of_an_oriond_host_with_used_and_free(
@@ -62,7 +65,7 @@ def test_orion_smi_shows_a_relayed_allocation_and_its_transport(
     orion-smi then says, under that allocation's row, where it is relayed from and over what. A later confirm
     without them (a local session took the allocation up) clears them; bad values are a 400 and change nothing."""
     ctl = controllers()
-    with ControllerClient(ctl.address) as client:
+    with member_client(ctl.address, "gpu-host-1") as client:  # its oriond: it registers and confirms
         client.register_host("gpu-host-1", [GPU], address="127.0.0.41", vgpu_count=2, ttl_s=600)
         local = client.allocate(1, 4000, ttl_s=600, client="local-job")
         remote = client.allocate(1, 4000, ttl_s=600, client="python3")
@@ -96,7 +99,7 @@ def test_orion_smi_shows_a_relayed_allocation_and_its_transport(
     assert lines[rows[remote["id"]] + 1] == f"| {'':<29}{'relayed from ' + RELAY + ' (tcp)':<64} |"
     assert "relayed" not in lines[rows[local["id"]] + 1]
     assert out.stdout.count("relayed from") == 1
-    with ControllerClient(ctl.address) as client:
+    with member_client(ctl.address, "gpu-host-1") as client:
         assert client.confirm(remote["id"], host="gpu-host-1")["extra"] == {}  # taken up by a local session now
     assert "relayed from" not in smi("--controller", ctl.address).stdout
 
@@ -106,6 +109,15 @@ def test_orion_smi_reads_the_address_from_orion_controller(controllers: Callable
     out = smi(ORION_CONTROLLER=ctl.address)
     assert out.returncode == 0, out.stderr
     assert "No GPU host is registered" in out.stdout and "vGPUs: 0 total, 0 free" in out.stdout
+
+
+def test_without_the_cluster_key_orion_smi_shows_the_pool_and_says_why_not_the_allocations(
+        controllers: Callable[..., ControllerProcess]) -> None:
+    """The allocation list is a member's (docs/security.md): without the key, the pool and one line saying so."""
+    ctl = controllers()
+    out = smi("--controller", ctl.address, key=False)
+    assert out.returncode == 0 and "vGPUs: 0 total, 0 free" in out.stdout
+    assert len(out.stderr.splitlines()) == 1 and "allocations not shown" in out.stderr, out.stderr
 
 
 def test_an_unreachable_controller_is_one_line(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from guest_runtime.controller_client import ControllerClient, ControllerClientError
-from tests.controller.rig import ControllerProcess, EtcdServer, call, wait_until
+from tests.controller.rig import ControllerProcess, EtcdServer, call, member_client, wait_until
 
 pytestmark = pytest.mark.functional
 
@@ -40,7 +40,7 @@ def register(client: ControllerClient, host: str, gpus: int) -> None:
 
 def test_controller_restart_loses_no_allocation(controllers: Callable[..., ControllerProcess]) -> None:
     ctl = controllers()
-    client = ControllerClient(ctl.address)
+    client = member_client(ctl.address, "h1")  # h1's oriond: it registers h1 and may list every allocation
     register(client, "h1", 2)
     held = [client.allocate(2, 4000, ttl_s=60), client.allocate(1, 15000, ttl_s=60), client.allocate(1, ttl_s=60)]
     before = (sorted(client.allocations(), key=lambda a: a["id"]), used_slots(client))
@@ -48,7 +48,7 @@ def test_controller_restart_loses_no_allocation(controllers: Callable[..., Contr
 
     ctl.kill()
     ctl.start()  # same port, same etcd, a new process
-    client = ControllerClient(ctl.address)
+    client = member_client(ctl.address, "h1")
     assert (sorted(client.allocations(), key=lambda a: a["id"]), used_slots(client)) == before
     for alloc in held:
         assert client.keepalive(alloc["id"]) > 0
@@ -61,7 +61,7 @@ def test_controller_restart_loses_no_allocation(controllers: Callable[..., Contr
 def test_etcd_stopped_mid_run_gives_errors_and_no_wrong_state(
         private_etcd: EtcdServer, controllers: Callable[..., ControllerProcess]) -> None:
     ctl = controllers(etcd_url=private_etcd.url, extra=["--etcd-timeout", "1"])
-    client = ControllerClient(ctl.address)
+    client = member_client(ctl.address, "h1")
     register(client, "h1", 4)
     kept = [client.allocate(2, 4000, ttl_s=600), client.allocate(1, 8000, ttl_s=600)]
     outcomes: list[tuple[str, str]] = []
@@ -92,7 +92,7 @@ def test_etcd_stopped_mid_run_gives_errors_and_no_wrong_state(
                              ("DELETE", f"/api/v1/allocations/{kept[0]['id']}"),
                              ("POST", f"/api/v1/allocations/{kept[0]['id']}/keepalive"),
                              ("POST", "/api/v1/hosts/h1/heartbeat"), ("GET", "/api/v1/health")]:
-            status, body = call(ctl, method, path, '{"vgpus": 1}' if method == "POST" else None)
+            status, body = call(ctl, method, path, '{"vgpus": 1}' if method == "POST" else None, member="h1")
             assert status == 503 and f"etcd at {private_etcd.url} is unreachable" in body, (method, path, body)
         metrics = call(ctl, "GET", "/metrics")[1]
         assert "orion_controller_etcd_up 0.0" in metrics and "orion_controller_vgpus_total{" not in metrics

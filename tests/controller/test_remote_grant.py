@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from guest_runtime.controller_client import ControllerClient
 from tests.controller.oriond_proc import Oriond
-from tests.controller.rig import ControllerProcess, free_port, wait_until
+from tests.controller.rig import ControllerProcess, free_port, member_client, wait_until
 from tests.controller.test_guest_allocation import (  # noqa: F401 (gpu_host: a fixture)
     EXIT_LINE,
     MIB,
@@ -75,7 +74,7 @@ def test_a_guest_on_a_relay_only_host_gets_vgpus_of_the_gpu_host_and_gives_them_
         controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost],  # noqa: F811
         relay_host: Callable[[str], RelayHost], tmp_path: Path) -> None:
     ctl = controllers()
-    client = ControllerClient(ctl.address)
+    client = member_client(ctl.address, "pytest")  # a member: it lists allocations
     gpu = gpu_host(ctl.address, GPU_HOST, client, listen=True)
     relay = relay_host(ctl.address)
     assert [h["host"] for h in client.pool()["hosts"]] == [GPU_HOST]  # the relay registered nothing
@@ -116,7 +115,7 @@ def test_a_killed_guests_relayed_grant_is_given_back_by_the_gpu_host(
     """No release from the guest: its session ends on the relay, the relay connection with it, and the GPU host's
     listener gives the grant its relayed session took up back to the controller (not the lease: 600 s)."""
     ctl = controllers(extra=["--lease-ttl", "600"])
-    client = ControllerClient(ctl.address)
+    client = member_client(ctl.address, "pytest")  # a member: it lists allocations
     gpu = gpu_host(ctl.address, GPU_HOST, client, listen=True)
     relay = relay_host(ctl.address)
     proc = guest({"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "1"}, tmp_path, relay.region)
@@ -142,10 +141,11 @@ def test_a_grant_on_a_gpu_host_that_cannot_be_reached_is_one_line_and_no_device(
     listen_port is firewalled): the relay cannot dial it, so the guest's BIND is refused with the reason, the
     grant is given back, and the program sees no device, said once."""
     ctl = controllers()
-    client = ControllerClient(ctl.address)
+    client = member_client(ctl.address, "pytest")  # a member: it lists allocations
     dead_port = free_port()
-    client.register_host(DEAD_HOST, [{"uuid": "GPU-dead-0", "name": "V100", "memory_mib": 16160}], port=dead_port,
-                         address=DEAD_HOST, ttl_s=600)
+    member_client(ctl.address, DEAD_HOST).register_host(
+        DEAD_HOST, [{"uuid": "GPU-dead-0", "name": "V100", "memory_mib": 16160}], port=dead_port, address=DEAD_HOST,
+        ttl_s=600)
     relay = relay_host(ctl.address)
     proc = guest({"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "1", "ORION_GMEM": str(QUOTA_MIB)}, tmp_path,
                  relay.region)

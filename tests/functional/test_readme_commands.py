@@ -166,7 +166,7 @@ class Rig:
     def controller(self) -> str:
         """`orion-controller start` on a free port and a key root of its own; returns HOST:PORT once it answers."""
         address = f"127.0.0.1:{free_port()}"
-        self.start(f"orion-controller start --listen {address} --etcd {self.etcd_url()} "
+        self.start(f"orion-controller start --listen {address} --etcd {self.etcd_url()} --key-file {self.key()} "
                    f"--key-root /orion-readme-{uuid.uuid4().hex[:8]}/ --log {self.tmp}/controller.log")
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
@@ -178,6 +178,14 @@ class Rig:
                                                 f"{self.logs()}"
             time.sleep(0.1)
 
+    def key(self) -> Path:
+        """The cluster key of this rig's controller and oriond (setup.sh makes /etc/orion/cluster.key, the default;
+        the rig keeps one of its own)."""
+        path = self.tmp / "cluster.key"
+        if not path.exists():
+            self.run(f"orion-controller cluster-key {path}")
+        return path
+
     def host(self, controller: str | None = None) -> tuple[Path, Path]:
         """A server.conf whose shm_path_base is a directory of our own, with one region in it, served by `oriond`
         as the README writes it; returns (region, oriond's log). With a `controller`, oriond registers there a
@@ -188,7 +196,7 @@ class Rig:
         conf = self.tmp / "server.conf"
         text = f'[server-shm]\n    shm_path_base = "{shm}/"\n'
         if controller:
-            text += f"[controller]\n    controller_addr = {controller}\n"
+            text += f"[controller]\n    controller_addr = {controller}\n[cluster]\n    key_file = {self.key()}\n"
         conf.write_text(text)
         self.run(f"orion-shm create -i 5 -s 32 -d {shm}", "successfully created")
         region = shm / "orionsock5"
@@ -353,14 +361,14 @@ def _hooks(rig: Rig) -> None:
 @smoke("orion-controller start [--listen 0.0.0.0:9123] [--etcd URL]")
 def _controller(rig: Rig) -> None:
     address = rig.controller()  # started as written, answering, stopped with Ctrl-C: exit 0
-    rig.run(f"orion-smi --controller {address}")
+    rig.run(f"orion-smi --controller {address} --key-file {rig.key()}")
 
 
 @smoke("orion-smi [--controller HOST:PORT]")
 def _orion_smi(rig: Rig) -> None:
     address = rig.controller()
-    rig.run(f"orion-smi --controller {address}")
-    rig.run(f"ORION_CONTROLLER={address} orion-smi")
+    rig.run(f"orion-smi --controller {address} --key-file {rig.key()}")
+    rig.run(f"ORION_CONTROLLER={address} orion-smi --key-file {rig.key()}")
     rig.run(f"orion-smi --controller 127.0.0.1:{free_port()}", codes=(1,))
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from tests.cluster_key import key_file
 from tests.controller.rig import free_port
 from tests.processes import stop_process
 
@@ -95,6 +96,7 @@ class Oriond:
         conf = workdir / "server.conf"
         conf.write_text(f'[server]\n    vgpu_count = 1\n    listen_port = {self.listen_port}\n'
                         f'[server-shm]\n    shm_path_base = "{self.shm_dir}/"\n'
+                        f"[cluster]\n    key_file = {key_file()}\n"  # both orionds hold the tests' cluster key
                         + (f"[server-relay]\n    remote_addr = {relay_to}\n" if relay_to else ""))
         self.log = workdir / "oriond.log"
         with open(self.log, "wb") as log:

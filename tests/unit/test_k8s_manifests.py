@@ -53,13 +53,17 @@ def _argv(container: dict[str, Any]) -> list[str]:
 
 
 def _mounts(pod: dict[str, Any]) -> dict[str, str]:
-    """{mount path in the container: host path (or configmap:NAME)}."""
+    """{mount path in the container: host path (or configmap:NAME, secret:NAME)}."""
     volumes = {v["name"]: v for v in pod["volumes"]}
     out = {}
     for mount in pod["containers"][0]["volumeMounts"]:
         volume = volumes[mount["name"]]
-        out[mount["mountPath"]] = (volume["hostPath"]["path"] if "hostPath" in volume
-                                   else f"configmap:{volume['configMap']['name']}")
+        if "hostPath" in volume:
+            out[mount["mountPath"]] = volume["hostPath"]["path"]
+        elif "secret" in volume:
+            out[mount["mountPath"]] = f"secret:{volume['secret']['secretName']}"
+        else:
+            out[mount["mountPath"]] = f"configmap:{volume['configMap']['name']}"
     return out
 
 
@@ -135,3 +139,17 @@ def test_the_example_pod_needs_only_the_resource_limit_and_orion_gmem() -> None:
     assert container["resources"]["limits"] == {RESOURCE_NAME: 1}
     assert _env(container) == {"ORION_GMEM": "4096"}
     assert "hostIPC" not in spec and "volumes" not in spec  # the plugin mounts its region
+
+
+def test_oriond_and_the_controller_hold_the_cluster_key_and_the_plugin_does_not(server_conf: Path) -> None:
+    """The cluster key (docs/security.md) reaches oriond and the controller as one file of the Secret, mounted by
+    subPath (a Secret volume's own files are links, which a key file may not be), at the path both are told."""
+    key = str(ServerConfig.load(str(server_conf), environ={}).cluster_key_file)
+    assert _mounts(_pod("DaemonSet", "oriond"))[key] == "secret:orion-cluster-key"
+    controller = _pod("Deployment", "orion-controller")
+    command = controller["containers"][0]["command"]
+    assert command[command.index("--key-file") + 1] == key and _mounts(controller)[key] == "secret:orion-cluster-key"
+    mounts = [m for c in (controller, _pod("DaemonSet", "oriond")) for m in c["containers"][0]["volumeMounts"]
+              if m["mountPath"] == key]
+    assert all(m.get("subPath") == "cluster.key" and m.get("readOnly") for m in mounts) and len(mounts) == 2
+    assert not any("secret" in v for v in _pod("DaemonSet", "orion-plugin")["volumes"])

@@ -58,5 +58,5 @@ def test_bad_payloads_are_refused_under_python_O() -> None:
         "vgpus is required: an integer from 1 to 42",
         "nvidia_vgpu (ORION_VGPU) is required: an integer from 1 to 42",
         "gpus[0].memory_mib is required: an integer from 1 to 16777216",
-        "device_index is required: an integer from 0 to 9999",
+        "device_index is required: an integer from 0 to 63",
     ]

@@ -43,6 +43,7 @@ BAD_CONFS = {
     "unterminated quote in path": '[server-shm]\n    shm_path_base = "{shm}\n',
     "boolean not quoted right": key("server", "enable_kvm = yes"),
     "relay address without port": "[server-relay]\n    remote_addr = 10.0.0.2\n",
+    "cluster key_file relative": key("cluster", "key_file = cluster.key"),
     "bind_addr empty": key("server", 'bind_addr = ""'),
     "bind_addr with space": key("server", "bind_addr = 10.0.0.1 10.0.0.2"),
     "shm_path_base missing": "[server-shm]\n    shm_path_base = {shm}/not-made\n",

@@ -123,6 +123,9 @@ def test_a_bad_server_value_names_the_file_and_key(line: str, wording: str, tmp_
     ("[controller]\n    controller_addr = ::1:9123\n", "[ADDRESS]:PORT"),
     ('[controller]\n    controller_addr = "10.0.0.1:9123\n', "unterminated quote"),
     ("[server-relay]\n    remote_addr = gpu-host\n", "[server-relay] remote_addr = 'gpu-host' is not a valid value"),
+    ("[cluster]\n    key_file = cluster.key\n", "[cluster] key_file = 'cluster.key' is not a valid value; write the "
+                                             "absolute path of the cluster key, e.g. /etc/orion/cluster.key"),
+    ('[cluster]\n    key_file = ""\n', "[cluster] key_file = '' is not a valid value"),
 ])
 def test_a_bad_value_of_another_section_names_the_file_and_key(text: str, wording: str, tmp_path: Path) -> None:
     path = write(tmp_path, text)
@@ -256,3 +259,15 @@ def test_a_relay_section_and_shm_with_rdma_are_accepted(tmp_path: Path) -> None:
     assert (config.enable_shm, config.enable_rdma, config.relay, config.relay_addr) == (True, True, True,
                                                                                          "10.0.0.2:9960")
     assert not config.unknown_keys
+
+
+def test_the_cluster_key_file_and_whether_listen_port_was_set(tmp_path: Path) -> None:
+    """[cluster] key_file (docs/security.md) defaults to /etc/orion/cluster.key and is no key Orion lacks a warning
+    for; the relay listener is on only where listen_port is written (docs/remote.md), Orion's template included."""
+    default = ServerConfig.load(write(tmp_path, "[server]\n    vgpu_count = 2\n"), environ={})
+    assert (default.cluster_key_file, default.listen_port, default.listen_port_set) == \
+        (Path("/etc/orion/cluster.key"), 9960, False)
+    path = write(tmp_path, ORION_TEMPLATE + '[cluster]\n    key_file = "/srv/orion/cluster.key"\n')
+    config = ServerConfig.load(path, environ={})
+    assert (config.cluster_key_file, config.listen_port_set, config.unknown_keys) == \
+        (Path("/srv/orion/cluster.key"), True, ())

@@ -4,7 +4,6 @@ other, a bounded number of them, and a hostile or vanished peer costing only its
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +18,6 @@ from host_agent.relay_frames import (
     RELAY_ACCEPT,
     RELAY_ACCEPT_REPLY,
     RELAY_HELLO,
-    FrameStream,
 )
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Status
@@ -48,11 +46,12 @@ def listener() -> Iterator[Callable[..., int]]:
 
 
 class Relay(RelayPeer):
-    """A relay's end of one connection to the listener, as the relaying oriond will hold it."""
+    """A relay's end of one connection to the listener, as the relaying oriond will hold it (proven with the
+    tests' cluster key)."""
 
     def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        super().__init__(FrameStream(self.sock))
+        super().__init__(RelayPeer.dial("127.0.0.1", port).frames)
+        self.sock = self.frames.sock
 
     def close(self) -> None:
         self.sock.close()
@@ -103,10 +102,10 @@ def test_sessions_beyond_the_bound_are_refused_with_the_reason_until_one_ends(li
 
 def test_a_hostile_peer_costs_only_its_own_session(listener: Callable[..., int]) -> None:
     port = listener()
-    junk = socket.create_connection(("127.0.0.1", port), timeout=10)
+    junk = RelayPeer.dial("127.0.0.1", port).frames.sock  # a member of the cluster, sending junk after its proof
     junk.sendall(struct.pack("<QIIIIiI", 1, RELAY_HELLO, 1 << 9, 0, 0, 0, 0) + os.urandom(64))  # an unknown flag
     try:
-        closed = junk.recv(1) == b""  # its worker closed the connection: no handshake, nothing served
+        closed = junk.recv(1) == b""  # its worker closed the connection: no RELAY_HELLO, nothing served
     except ConnectionResetError:  # closed with our junk unread: a reset
         closed = True
     assert closed

@@ -6,7 +6,6 @@ serves and what it leaves to Python are told apart by the log; Python's refusals
 as from a ring."""
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,6 @@ from typing import Any
 import pytest
 
 from host_agent import hot_path
-from host_agent.relay_frames import FrameStream
 from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, SUCCESS
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Flag
@@ -28,10 +26,9 @@ def test_hot_records_of_a_relayed_session_are_served_in_c_and_the_rest_by_python
     log = tmp_path / "hot-calls.log"
     log.touch()
     listener, port = start_listener(lambda session: logged_hot_executor(session, str(log)))
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.settimeout(None)
+    peer = RelayPeer.dial("127.0.0.1", port)  # proven with the tests' cluster key
+    sock = peer.frames.sock
     try:
-        peer = RelayPeer(FrameStream(sock, stall_s=5))
         assert peer.hello().status == SUCCESS
 
         def call(call_id: int, name: str, *args: Any) -> tuple[int, list[Any]]:
