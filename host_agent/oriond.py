@@ -20,7 +20,6 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
 from dataclasses import replace
 
@@ -33,7 +32,7 @@ from .config import DEFAULT_PATH, ServerConfig, flag_count, flag_devices, flag_h
 from .executor import ExecutorOptions
 from .region_server import ServerOptions
 from .relay_listener import Admission, ListeningSocket, listen_socket
-from .relay_route import RelayRoute
+from .relay_route import RelayRoute, host_name
 from .relay_transport import RdmaSettings
 from .server_conf import ConfigError
 from .stop import StopRequest
@@ -94,12 +93,12 @@ def relay_route(config: ServerConfig, link: object | None) -> RelayRoute | None:
     if not config.relay_addr and not config.controller_configured:
         return None
     # This node's name in the relay handshake: the one it registers under with a controller (its bind_addr), else
-    # its host name.
+    # its host name (where that can name it: a machine without one says "(none)"; else its bind_addr).
     route = RelayRoute(fixed=config.relay_addr, controller=config.controller_addr if config.controller_configured
                        else "", host=config.bind_addr if link is not None else "",
                        rdma=RdmaSettings(config.enable_rdma, config.ibverbs_device),
                        key_file=config.cluster_key_file,
-                       member=config.bind_addr if config.controller_configured else socket.gethostname())
+                       member=config.bind_addr if config.controller_configured else host_name(config.bind_addr))
     try:
         load_key(config.cluster_key_file)  # here once, so a key that cannot be used is said at start
     except ClusterKeyError as exc:

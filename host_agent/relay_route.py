@@ -112,9 +112,16 @@ class RelayRoute:
                 from None
 
 
+def host_name(otherwise: str) -> str:
+    """This machine's host name where it can name a node in the relay handshake, else `otherwise` (a machine
+    whose host name was never set says "(none)")."""
+    name = socket.gethostname()
+    return name if relay_handshake.valid_name(name) else otherwise
+
+
 def _credentials(route: RelayRoute) -> tuple[bytes, str]:
     """This end's cluster key and node name; RouteRefused saying what to fix when it has none it may use."""
-    member = route.member or socket.gethostname()
+    member = route.member or host_name(route.host or "localhost")
     if not relay_handshake.valid_name(member):
         raise RouteRefused(f"this host's node name {member[:80]!r} cannot name it in the cluster: it must be a host "
                            f"name or address of at most {relay_handshake.NAME_BYTES} characters")

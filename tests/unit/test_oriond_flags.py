@@ -209,3 +209,16 @@ def test_a_good_conf_with_the_same_rig_starts(rig: Rig) -> None:
             time.sleep(0.05)
     finally:
         assert stop_process(proc) == 0, log.read_text()
+
+
+def test_a_machine_whose_host_name_was_never_set_names_itself_by_its_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guest or container without a host name says "(none)", which cannot name a node in the relay handshake
+    (docs/security.md): the relaying oriond then names itself by its bind_addr (issue 27's RDMA guest)."""
+    import socket
+
+    from host_agent import relay_handshake
+    from host_agent.relay_route import host_name
+    monkeypatch.setattr(socket, "gethostname", lambda: "(none)")
+    assert not relay_handshake.valid_name("(none)") and host_name("10.0.0.7") == "10.0.0.7"
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu-node-3")
+    assert host_name("10.0.0.7") == "gpu-node-3"
