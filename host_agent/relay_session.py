@@ -24,10 +24,12 @@ is relayed and the guest, the connection and the GPU host work at the same time,
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -35,6 +37,8 @@ from ivshmem.channel import Endpoint, HostReason, Sink, Streamed
 from ivshmem.cuda_status import DEVICE_UNAVAILABLE, INVALID_VALUE, NOT_SUPPORTED, SUCCESS
 from ivshmem.driver_api import (
     CALLS,
+    HOST_FUNCTION_OPCODE,
+    HOST_FUNCTION_REQUEST,
     PINNED_COPY,
     POOL_MAP_OPCODE,
     POOL_MIRROR_MAP,
@@ -46,7 +50,7 @@ from ivshmem.driver_api import (
     POOL_MIRROR_WRITE,
 )
 from ivshmem.errors import RecordError
-from ivshmem.record import HEADER, Flag, Record
+from ivshmem.record import HEADER, Flag, Record, Status
 
 from . import hot_path, relay_uva
 from .handler import Reply, ReplyFailed
@@ -59,6 +63,10 @@ from .stream_endpoint import CHUNK, StreamEndpoint
 log = logging.getLogger(__name__)
 
 CONTEXT_SYNCHRONIZE = CALLS["cuCtxSynchronize"].opcode
+STREAM_SYNCHRONIZE, DRIVER_VERSION = CALLS["cuStreamSynchronize"], CALLS["cuDriverGetVersion"]
+# A host function's wait for the guest to run it: polls of the release word from 20 us, doubling to 1 ms; a call of
+# the relay's own to the GPU host every second meanwhile, so that each end hears the other.
+HOST_FUNCTION_FIRST_PAUSE_S, HOST_FUNCTION_MAX_PAUSE_S, HOST_FUNCTION_BEAT_S = 20e-6, 1e-3, 1.0
 OWN_CALL_IDS = 1 << 63  # the relay's own calls to the GPU host count from here: a guest's never get so far
 MAX_ASYNC_ERRORS_REPORTED = 64  # as the worker's loop (region_server.RecordLoop)
 # Two threads share the GIL in a relaying worker: the ring thread spins while it waits, the answers thread wakes on
@@ -123,6 +131,7 @@ class Relay:
         if pump is None:
             return None
         table = bytearray(b"\x01" * 0x10000)
+        table[HOST_FUNCTION_OPCODE] = 0  # the relay's own to serve
         if self.pool is not None:
             for opcode in range(0x10000):
                 if opcode & PINNED_COPY or opcode in BOOKKEEPING_OPCODES or opcode in RELAY_MAY_ANSWER:
@@ -199,6 +208,9 @@ class Relay:
 
     def _forward(self, record: Record) -> None:
         opcode, flags, payload = record.opcode, record.flags & Flag.NO_REPLY, record.payload
+        if opcode == HOST_FUNCTION_OPCODE:
+            self._host_function(record)
+            return
         tail = None
         mirror = self.mirror
         if mirror is not None and not opcode & PINNED_COPY:
@@ -335,6 +347,40 @@ class Relay:
     def _mirror_call(self, op: int, address: int, size: int, data: bytes = b"") -> int:
         answer = self._ask(POOL_MIRROR_OPCODE, POOL_MIRROR_REQUEST.encode(op, address, size, data))
         return DEVICE_UNAVAILABLE if answer is None else answer.status
+
+    # --- host functions on a relayed session (relay_mirror.py's module text; docs/remote.md) -------------------
+    def _host_function(self, record: Record) -> None:
+        """HOST_FUNCTION, the native driver's cuLaunchHostFunc on a relayed session: when the stream's earlier work
+        is done (a synchronisation of it, the relay's own call), the slot's `reached` word in the pool gets `seq`,
+        so that the guest's watcher runs the function; the relay forwards nothing more until the function has
+        returned (its `release` word reaches `seq`), so no later work of the session, on that stream or any
+        other, starts before it, as CUDA requires of that stream's."""
+        try:
+            stream, reached, release, seq, _ = HOST_FUNCTION_REQUEST.decode(record.payload)
+        except RecordError as exc:
+            self._answer(record.call_id, record.flags, Status.MALFORMED, str(exc).encode())
+            return
+        pool = None if self.pool is None else self.pool.pool
+        words = None if pool is None else (pool.host_address(reached, 4), pool.host_address(release, 4))
+        if words is None or None in words:
+            self._answer(record.call_id, record.flags, INVALID_VALUE, b"")
+            return
+        answer = self._ask(STREAM_SYNCHRONIZE.opcode, STREAM_SYNCHRONIZE.request.encode(stream))
+        if answer is None or answer.status != SUCCESS:
+            self._answer(record.call_id, record.flags, DEVICE_UNAVAILABLE if answer is None else answer.status, b"")
+            return
+        ctypes.c_uint32.from_address(words[0]).value = seq  # type: ignore[arg-type]
+        released = ctypes.c_uint32.from_address(words[1])  # type: ignore[arg-type]
+        pause, beat = HOST_FUNCTION_FIRST_PAUSE_S, time.monotonic() + HOST_FUNCTION_BEAT_S
+        while (released.value - seq) & 0xFFFFFFFF >= 0x80000000:  # not yet: cyclically below seq
+            if self.ring.check is not None:
+                self.ring.check()  # the guest gone ends the session (and this wait)
+            if time.monotonic() > beat:  # the GPU host hears from this end, and this end from it
+                if self._ask(DRIVER_VERSION.opcode, b"") is None:
+                    return
+                beat = time.monotonic() + HOST_FUNCTION_BEAT_S
+            time.sleep(pause)
+            pause = min(pause * 2, HOST_FUNCTION_MAX_PAUSE_S)
 
     def _probe(self, pointer: int) -> int:
         """The GPU host's status for a pointer attribute of `pointer` (SUCCESS: its own memory), asked after every

@@ -488,6 +488,9 @@ POOL_MAP_OPCODE = CUDA_OPCODE_BASE + 0x0F00  # map this channel's pinned-pool sl
 # below; host_agent/pool_mirror.py). Refused on any session that is not relayed.
 POOL_MIRROR_OPCODE = CUDA_OPCODE_BASE + 0x0F01
 POOL_MIRROR_MAP, POOL_MIRROR_WRITE, POOL_MIRROR_READ, POOL_MIRROR_UNMAP = 0, 1, 2, 3
+# The native driver's cuLaunchHostFunc on a relayed session (guest_runtime/native/host_functions.c): posted to the
+# relaying oriond, which serves it itself (host_agent/relay_session.py) and never sends it on.
+HOST_FUNCTION_OPCODE = CUDA_OPCODE_BASE + 0x0F02
 # Added to a copy call's opcode: its host buffer lies in the pinned pool and travels as its address, not its bytes.
 PINNED_COPY = 0x2000
 # Answered from the host worker's pool bookkeeping (host_agent/pinned_pool.py), not by the driver function.
@@ -520,6 +523,10 @@ POOL_MAP_REPLY = Schema("POOL_MAP reply", ("host_address", "u64"), ("size", "u64
 # `data` there; READ: `size` bytes from there, answered as the reply's payload; UNMAP: the mirror there is dropped.
 POOL_MIRROR_REQUEST = Schema("POOL_MIRROR", ("op", "u32"), ("address", "u64"), ("size", "u64"), ("data", "tail"))
 POOL_MIRROR_REPLY = Schema("POOL_MIRROR reply", ("address", "u64"))
+# HOST_FUNCTION: when `stream`'s earlier work is done, the u32 at `reached` (page-locked) becomes `seq`; nothing
+# later of the session runs until the u32 at `release` reaches `seq`.
+HOST_FUNCTION_REQUEST = Schema("HOST_FUNCTION", ("stream", "u64"), ("reached", "u64"), ("release", "u64"),
+                               ("seq", "u32"), ("reserved", "u32"))
 # The request of a load's IMAGE_BY_DIGEST variant: the image's size and SHA-256 (32 bytes), then the load's own
 # request with an empty image (its JIT options, if any): the usual request is `request` + the image's bytes.
 IMAGE_BY_DIGEST_REQUEST = Schema("IMAGE_BY_DIGEST", ("size", "u64"), ("digest", "bytes"), ("request", "tail"))
@@ -535,6 +542,7 @@ def describe() -> dict[str, Any]:
                         "reply": POOL_MIRROR_REPLY.describe(),
                         "ops": {"map": POOL_MIRROR_MAP, "write": POOL_MIRROR_WRITE, "read": POOL_MIRROR_READ,
                                 "unmap": POOL_MIRROR_UNMAP}},
+        "host_function": {"opcode": HOST_FUNCTION_OPCODE, "request": HOST_FUNCTION_REQUEST.describe()},
         "image_by_digest": {"added": IMAGE_BY_DIGEST, "calls": sorted(IMAGE_LOADS), "not_cached": IMAGE_NOT_CACHED,
                             "min_size": IMAGE_BY_DIGEST_MIN, "request": IMAGE_BY_DIGEST_REQUEST.describe()},
         "effects": EFFECTS, "calls": [call.describe() for call in CALLS.values()],
@@ -618,6 +626,9 @@ def markdown() -> str:
               f"(op {POOL_MIRROR_MAP} map, answered {_fields_text(POOL_MIRROR_REPLY)}; {POOL_MIRROR_WRITE} write, "
               f"{POOL_MIRROR_READ} read, answered with the bytes; {POOL_MIRROR_UNMAP} unmap), relayed sessions only.",
               "",
+              f"Relay opcode: HOST_FUNCTION `{HOST_FUNCTION_OPCODE:#x}`, request "
+              f"{_fields_text(HOST_FUNCTION_REQUEST)}, posted by the native driver to a relaying oriond, which serves "
+              "it (never sent on).", "",
               f"Image by digest: {', '.join(f'`{name}`' for name in sorted(IMAGE_LOADS))} also travel as opcode "
               f"+ {IMAGE_BY_DIGEST:#x}, request {_fields_text(IMAGE_BY_DIGEST_REQUEST)} (`digest` the image's "
               "SHA-256, `request` the call's own request without the image), for images of at least "

@@ -7,6 +7,9 @@
  *     (seq, fn, data) for the slot and posts two stream memory operations: cuStreamWriteValue32(reached, seq) then
  *     cuStreamWaitValue32(release, seq, GEQ). The stream's earlier work is done when the write lands; its later work
  *     waits until the release word reaches seq;
+ *   - on a relayed session the GPU cannot reach the block (the first use asks, and waits: probe_words), so the pair
+ *     is one HOST_FUNCTION record instead, which the relaying oriond serves: it writes `seq` to the reached word
+ *     once the stream's earlier work is done, and forwards nothing more until the release word reaches `seq`;
  *   - a watcher thread (started at the first call) polls the reached words of slots with queued functions, runs
  *     each function whose seq was reached, in order, and then stores release = seq (a release store: what fn
  *     wrote is visible before the stream goes on). It spins briefly after activity, then backs off with sleeps, and
@@ -59,6 +62,8 @@ static struct slot slots[SLOTS];
 static uint8_t *block;          /* this process's view of the words (NULL: not allocated yet) */
 static uint64_t block_device;   /* the device pointer of the same words */
 static int watching;            /* the watcher thread runs */
+static int relayed;             /* the GPU cannot reach the words (a relayed session): the relay runs the stream's
+                                   side of each function (HOST_FUNCTION) */
 static unsigned pending_calls;  /* queued functions, over all slots */
 static atomic_int exiting;
 static _Thread_local int in_host_function; /* the watcher thread: functions run there */
@@ -146,6 +151,7 @@ static void forget_in_child(void) {
     }
     block = NULL;
     block_device = 0;
+    relayed = 0;
     watching = 0;
     pending_calls = 0;
 }
@@ -163,8 +169,8 @@ static int post_value(uint32_t opcode, uint64_t stream, uint64_t address, uint32
 static void put_value(uint8_t request[24], uint64_t stream, uint64_t address, uint32_t value, uint32_t flags);
 
 /* Whether the session's GPU can reach the block's words by stream memory operations, asked once and waited for (a
- * write of the word's own 0): on a relayed session it cannot (docs/remote.md), and cuLaunchHostFunc then answers
- * that error itself instead of a later synchronisation. */
+ * write of the word's own 0): on a relayed session it cannot (CUDA_ERROR_NOT_SUPPORTED, docs/remote.md), and the
+ * relay then runs the stream's side of each function instead (HOST_FUNCTION). */
 static int probe_words(unsigned long long device) {
     uint8_t request[24];
     put_value(request, 0, device, 0, 0);
@@ -178,7 +184,11 @@ static int start(void) {
         unsigned long long device = 0;
         int status = cuMemAllocHost(&words, SLOTS * SLOT_BYTES);
         if (status == CUDA_SUCCESS) status = cuMemHostGetDevicePointer(&device, words, 0);
-        if (status == CUDA_SUCCESS) status = probe_words(device);
+        if (status == CUDA_SUCCESS) {
+            status = probe_words(device);
+            relayed = status == CUDA_ERROR_NOT_SUPPORTED;
+            if (relayed) status = CUDA_SUCCESS;
+        }
         if (status != CUDA_SUCCESS) {
             if (words) (void)cuMemFreeHost(words);
             return status;
@@ -230,6 +240,18 @@ static int post_value(uint32_t opcode, uint64_t stream, uint64_t address, uint32
     return orion_thread_post(opcode, request, sizeof request);
 }
 
+/* A relayed session's function: the relay writes `seq` to the slot's reached word once the stream's earlier work
+ * is done, and holds the session's later work until the release word reaches `seq` (HOST_FUNCTION). */
+static int post_host_function(uint64_t stream, uint64_t words, uint32_t seq) {
+    uint8_t request[32];
+    orion_put_u64(request, stream);
+    orion_put_u64(request + 8, words);
+    orion_put_u64(request + 16, words + 4);
+    orion_put_u32(request + 24, seq);
+    orion_put_u32(request + 28, 0);
+    return orion_thread_post(ORION_OP_HOST_FUNCTION, request, sizeof request);
+}
+
 CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *data) {
     if (!fn) return CUDA_ERROR_INVALID_VALUE;
     /* From inside a host function: CUDA forbids API calls there ("may return CUDA_ERROR_NOT_PERMITTED"), and here
@@ -256,8 +278,13 @@ CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *data) {
         uint32_t seq = slots[i].seq + 1;
         uint64_t words = block_device + (uint64_t)i * SLOT_BYTES;
         /* Both in one step under `lock`: another thread's pair for the same slot cannot come in between. */
-        status = post_value(ORION_OP_cuStreamWriteValue32, stream, words, seq, 0);
-        if (status == CUDA_SUCCESS) status = post_value(ORION_OP_cuStreamWaitValue32, stream, words + 4, seq, WAIT_GEQ);
+        if (relayed) {
+            status = post_host_function(stream, words, seq);
+        } else {
+            status = post_value(ORION_OP_cuStreamWriteValue32, stream, words, seq, 0);
+            if (status == CUDA_SUCCESS)
+                status = post_value(ORION_OP_cuStreamWaitValue32, stream, words + 4, seq, WAIT_GEQ);
+        }
         if (status == CUDA_SUCCESS) {
             slots[i].seq = seq;
             *c = (struct call){ NULL, seq, fn, data };

@@ -21,7 +21,7 @@
 #include "orion_calls.h" /* generated: cuda.h's types, every table call's opcode (ORION_OP_<name>) and prototype */
 
 /* The forwarding layer's own opcodes: the pool's mapping, and a pinned copy (its call's opcode + ORION_PINNED_COPY). */
-enum { ORION_OP_POOL_MAP = 0x1000, ORION_PINNED_COPY = 0x2000 };
+enum { ORION_OP_POOL_MAP = 0x1000, ORION_OP_HOST_FUNCTION = 0x1002, ORION_PINNED_COPY = 0x2000 };
 
 
 /* --- context_stacks.c: the calling thread's contexts and the host's ------------------------------------------- */

@@ -3,6 +3,7 @@ both sides' handler registries, to the bytes that travel, and to docs/api-table.
 from __future__ import annotations
 
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -168,3 +169,14 @@ def test_docs_api_table_is_generated_from_the_table() -> None:
 def test_codec_kinds_cover_the_scalar_codes_of_the_table() -> None:
     codes = {p.code for call in CALLS.values() for p in call.params if p.role in (IN, OUT)}
     assert codes <= set(SCALARS.values())
+
+
+def test_the_native_drivers_forwarding_layer_opcodes_are_the_tables() -> None:
+    """guest_runtime/native/orion_guest.h spells the forwarding layer's own opcodes by hand: POOL_MAP, HOST_FUNCTION
+    (served by a relaying oriond) and the pinned-copy bit must be the values both hosts decode."""
+    from ivshmem.driver_api import HOST_FUNCTION_OPCODE, PINNED_COPY, POOL_MAP_OPCODE
+    header = (REPO / "guest_runtime" / "native" / "orion_guest.h").read_text()
+    spelled = {name: int(value, 0) for name, value in re.findall(r"(ORION_OP_POOL_MAP|ORION_OP_HOST_FUNCTION|"
+                                                                   r"ORION_PINNED_COPY) = (0x[0-9A-Fa-f]+)", header)}
+    assert spelled == {"ORION_OP_POOL_MAP": POOL_MAP_OPCODE, "ORION_OP_HOST_FUNCTION": HOST_FUNCTION_OPCODE,
+                       "ORION_PINNED_COPY": PINNED_COPY}
