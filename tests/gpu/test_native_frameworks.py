@@ -128,19 +128,8 @@ CUFFT_GAP = pytest.mark.xfail(strict=True, reason="cuFFT plans through a driver-
 
 
 
-# XLA queues host callbacks (cuLaunchHostFunc) on its streams, and on a relayed session the native driver's host
-# functions answer CUDA_ERROR_NOT_SUPPORTED: their page-locked words would have to stay coherent while a stream
-# waits, which the relay's mirror (coherent at launches and waits) does not give (docs/remote.md, "What cannot be
-# relayed byte for byte"). Measured on an H200; the open point of issue 26. (Kernels given page-locked memory, the
-# autotuner's delay kernel, work relayed: tests/differential/pool_kernels.py.)
-HOST_FUNCTION_GAP = pytest.mark.xfail(strict=True, reason="XLA needs host callbacks, and relayed sessions have no "
-                                                          "cuLaunchHostFunc yet")
-
-
 def _framework_case(name: str, path: str) -> object:
     marks = [CUFFT_GAP] if name == "cupy_fft_program.py" else []
-    if name == "jax_program.py" and path == "relayed":
-        marks.append(HOST_FUNCTION_GAP)
     return pytest.param(name, path, marks=marks, id=f"{name}-{path}")
 
 
