@@ -116,7 +116,7 @@ def run_on_driver(program: Path, forwarded: tuple[Oriond, GuestLibraries] | None
 def test_every_gpu_program_gives_the_native_results_through_the_native_driver(
         name: str, path: str, request: pytest.FixtureRequest, library: GuestLibraries) -> None:
     expected = native(PROGRAMS / name)
-    assert_same_results(name, expected, run_on_driver(PROGRAMS / name, (served(request, path), library)), path)
+    assert_same_results(name, expected, run_on_driver(PROGRAMS / name, (served(request, path), library)))
 
 
 # The framework programs, with what each runs with (JAX's allocator) besides the native driver's environment.
@@ -140,4 +140,4 @@ def test_a_framework_program_gives_the_native_results_through_the_native_driver(
     strict xfail) and JAX (a jitted matmul and gradient) on the native driver, served locally or relayed."""
     expected = native(PROGRAMS / name, **FRAMEWORKS[name])
     forwarded = run_on_driver(PROGRAMS / name, (served(request, path), library), **FRAMEWORKS[name])
-    assert_same_results(name, expected, forwarded, path)
+    assert_same_results(name, expected, forwarded)
