@@ -104,14 +104,18 @@ def _free_port() -> int:
 
 
 def _oriond(work: Path, name: str, port: int, relay_to: str = "") -> tuple[subprocess.Popen[bytes], str]:
+    from controller.cluster_key import make_key_file
     from host_agent.shm_admin import create
 
     shm = work / name
     shm.mkdir()
     region = create(0, 4096, str(shm), channels=2).path  # a 512 MiB page-locked buffer fits a channel's slice
     conf = shm / "server.conf"
+    key = work / "cluster.key"  # both orionds are members of one cluster (docs/security.md)
+    if not key.exists():
+        make_key_file(key)
     conf.write_text(f"[server]\n    vgpu_count = 1\n    listen_port = {port}\n"
-                    f'[server-shm]\n    shm_path_base = "{shm}/"\n'
+                    f'[server-shm]\n    shm_path_base = "{shm}/"\n[cluster]\n    key_file = {key}\n'
                     + (f"[server-relay]\n    remote_addr = {relay_to}\n" if relay_to else ""))
     log = open(shm / "oriond.log", "wb")  # noqa: SIM115 - the process keeps it
     agent = subprocess.Popen([sys.executable, "-m", "host_agent.oriond", "--config", str(conf), "--pid-file",
