@@ -31,7 +31,7 @@ class ConfigError(ValueError):
 def parse_listen(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (or ``:PORT``, or ``[v6]:PORT``) → (host, port)."""
     host, sep, port_s = value.rpartition(":")
-    if not sep or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+    if not sep or not port_s.isascii() or not port_s.isdigit() or not 0 < int(port_s) < 65536:
         raise ConfigError(f"--listen {value!r}: expected HOST:PORT with a port from 1 to 65535, "
                           f"e.g. 0.0.0.0:9123")
     host = host.strip("[]") or "0.0.0.0"

@@ -49,12 +49,14 @@ def remove(path: str) -> None:
 
 
 def read_pid(path: str) -> int | None:
+    """The pid a pid file names, or None: no file, or anything but ASCII digits in it (the file is anyone's to point
+    ORION_PID_FILE at: '²' passes str.isdigit and fails int, bytes that are not UTF-8 fail the read)."""
     try:
-        with open(path) as f:
+        with open(path, "rb") as f:
             text = f.read(32).strip()
     except OSError:
         return None
-    return int(text) if text.isdigit() and int(text) > 0 else None
+    return int(text) if text.isdigit() and 0 < int(text) < 1 << 31 else None
 
 
 def running_agent(path: str) -> int | None:
