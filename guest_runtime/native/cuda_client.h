@@ -52,6 +52,7 @@ int orion_forward_post(uint32_t opcode, const void *req, size_t len);
 int orion_tracing(void);
 /* CUDA_ERROR_NOT_SUPPORTED for a call this library does not forward yet, named once on stderr. */
 int orion_not_forwarded(const char *name);
+int orion_nvml_not_supported(const char *name); /* nvml.c: an NVML entry point it does not answer (3, named once) */
 
 static inline void orion_put_u8(uint8_t *p, uint8_t v) { *p = v; }
 static inline void orion_put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }

@@ -2,7 +2,7 @@
 
     python -m guest_runtime.native.gen_libcuda OUT.c            the entry points
     python -m guest_runtime.native.gen_libcuda --check OUT.c    a file that compiles only if cuda.h agrees
-    python -m guest_runtime.native.gen_libcuda --symbols        refresh driver_symbols.txt from cuda-bindings
+    python -m guest_runtime.native.gen_libcuda --symbols        refresh driver_symbols.txt and nvml_symbols.txt
     python -m guest_runtime.native.gen_libcuda --aliases CUDA_H refresh driver_aliases.txt from cuda.h
 
 The table (ivshmem/driver_api.py, as `describe()` gives it) stays the definition of every forwarded call: this
@@ -197,6 +197,7 @@ def generate() -> str:
     table_names = {call["name"] for call in calls}
     others = [name for name in driver_symbols() if name not in table_names]
     parts += [_outside_table(name) for name in others]
+    parts += [_nvml_stub(name) for name in nvml_symbols() if name not in NVML_NOT_STUBBED]
     parts.append("")
     parts.append("const struct orion_entry orion_entries[] = {")
     parts += [f'    {{"{call["name"]}", (void *){IN_CLIENT.get(call["name"], call["name"])}}},' for call in calls]
@@ -231,6 +232,23 @@ def driver_symbols() -> list[str]:
     the CUDA runtime resolves 346-361 of them at start-up and refuses to start if one is missing."""
     text = (Path(__file__).with_name("driver_symbols.txt")).read_text()
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def nvml_symbols() -> list[str]:
+    """Every NVML entry point the headers declare (nvml_symbols.txt, from cuda-bindings' capsules): PyTorch resolves
+    some of them with dlsym and fails where one is missing (nvmlDeviceGetNvLinkRemoteDeviceType, in its
+    out-of-memory message)."""
+    text = (Path(__file__).with_name("nvml_symbols.txt")).read_text()
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+NVML_NOT_STUBBED = frozenset({"nvmlErrorString"})  # not an nvmlReturn_t: nvml.c defines it, always
+
+
+def _nvml_stub(name: str) -> str:
+    """An NVML entry point nvml.c does not answer: a weak symbol answering NVML_ERROR_NOT_SUPPORTED (named once), as
+    NVML does for a feature a device lacks; nvml.c's definition of the same name replaces it."""
+    return f"__attribute__((weak)) int {name}(void) {{ return orion_nvml_not_supported(\"{name}\"); }}"
 
 
 def _outside_table(name: str) -> str:
@@ -278,15 +296,22 @@ def write_aliases(cuda_h: Path, path: Path) -> int:
 
 
 def write_symbols(path: Path) -> int:
-    """Regenerate driver_symbols.txt from the installed cuda-bindings (a superset is kept: names only grow)."""
+    """Regenerate driver_symbols.txt and nvml_symbols.txt from the installed cuda-bindings (supersets are kept: names
+    only grow)."""
     from cuda import bindings
-    from cuda.bindings import cydriver
+    from cuda.bindings import cydriver, cynvml
 
     names = set(driver_symbols()) | {k for k in cydriver.__pyx_capi__ if k.startswith("cu")}
     header = [line for line in path.read_text().splitlines() if line.startswith("#")]
     header[0] = (f"# The CUDA driver entry points cuda.bindings {bindings.__version__} declares (cydriver capsules): "
                  "the names cuGetProcAddress")
     path.write_text("\n".join([*header, *sorted(names)]) + "\n")
+    nvml = path.with_name("nvml_symbols.txt")
+    names = set(nvml_symbols()) | {k for k in cynvml.__pyx_capi__ if k.startswith("nvml")}
+    header = [line for line in nvml.read_text().splitlines() if line.startswith("#")]
+    header[0] = (f"# The NVML entry points cuda.bindings {bindings.__version__} declares (cynvml capsules): every one "
+                 "is exported by the")
+    nvml.write_text("\n".join([*header, *sorted(names)]) + "\n")
     return 0
 
 

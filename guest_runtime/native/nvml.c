@@ -6,8 +6,9 @@
  * the real driver). So the native driver exports the part of NVML they call, under the SONAME libnvidia-ml.so.1
  * too (build.py's alias), answered from the forwarded CUDA queries: devices, handles by index, PCI bus ID and UUID,
  * names, the CUDA driver version, MIG off. What a vGPU has no answer for (its PCIe link, NVLink fields, fabric)
- * answers NVML_ERROR_NOT_SUPPORTED, as NVML does for a feature a device lacks. A name not exported here is absent,
- * as it would be from an older NVML.
+ * answers NVML_ERROR_NOT_SUPPORTED, as NVML does for a feature a device lacks. Every other NVML entry point of the
+ * headers is a generated weak stub answering NVML_ERROR_NOT_SUPPORTED, named once (orion_nvml_not_supported;
+ * nvml_symbols.txt): no name a framework resolves is missing.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -81,6 +82,24 @@ nvmlReturn_t nvmlShutdown(void) {
     if (initialized > 0) initialized--;
     pthread_mutex_unlock(&lock);
     return rc;
+}
+
+/* Every other NVML entry point of the headers (the generated weak stubs, nvml_symbols.txt): NOT_SUPPORTED, as NVML
+ * answers for a feature a device lacks, named once each; never a missing symbol (PyTorch resolves some with dlsym
+ * and fails where one is absent). */
+int orion_nvml_not_supported(const char *name) {
+    static const char *said[512];
+    static size_t count;
+    static pthread_mutex_t said_lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&said_lock);
+    size_t i = 0;
+    while (i < count && said[i] != name) i++;
+    if (i == count) {
+        if (count < sizeof said / sizeof *said) said[count++] = name;
+        fprintf(stderr, "orion: %s is not answered by Orion's NVML: returning NVML_ERROR_NOT_SUPPORTED\n", name);
+    }
+    pthread_mutex_unlock(&said_lock);
+    return NVML_ERROR_NOT_SUPPORTED;
 }
 
 const char *nvmlErrorString(nvmlReturn_t result) {
