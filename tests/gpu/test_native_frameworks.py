@@ -141,3 +141,23 @@ def test_a_framework_program_gives_the_native_results_through_the_native_driver(
     expected = native(PROGRAMS / name, **FRAMEWORKS[name])
     forwarded = run_on_driver(PROGRAMS / name, (served(request, path), library), **FRAMEWORKS[name])
     assert_same_results(name, expected, forwarded)
+
+
+QUOTA_MIB = 256
+
+
+def test_pytorch_past_the_quota_raises_its_own_out_of_memory_error_and_goes_on(
+        library: GuestLibraries, tmp_path: Path) -> None:
+    """issue 28: a quota refusal reaches PyTorch as CUDA_ERROR_OUT_OF_MEMORY, so it raises its own
+    torch.cuda.OutOfMemoryError (its message asks NVML, whose every name resolves: nvml_symbols.txt), not an
+    `undefined symbol` RuntimeError, and the program computes on. Natively the 1 GiB fits."""
+    program = PROGRAMS / "torch_oom_program.py"
+    expected = native(program)
+    assert expected == {"outcome": "allocated", "total": 2.0 * 1024 * 1024, "ok": True}, expected
+    agent = Oriond(tmp_path, "--gmem", str(QUOTA_MIB))
+    try:
+        forwarded = run_on_driver(program, (agent, library))
+    finally:
+        agent.stop()
+    assert forwarded == {"outcome": "OutOfMemoryError: CUDA out of memory", "total": 2.0 * 1024 * 1024,
+                         "ok": True}, forwarded
