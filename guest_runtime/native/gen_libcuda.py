@@ -197,7 +197,7 @@ def generate() -> str:
     table_names = {call["name"] for call in calls}
     others = [name for name in driver_symbols() if name not in table_names]
     parts += [_outside_table(name) for name in others]
-    parts += [_nvml_stub(name) for name in nvml_symbols() if name not in NVML_NOT_STUBBED]
+    parts += [_nvml_stub(name) for name in nvml_names() if name not in NVML_NOT_STUBBED]
     parts.append("")
     parts.append("const struct orion_entry orion_entries[] = {")
     parts += [f'    {{"{call["name"]}", (void *){IN_CLIENT.get(call["name"], call["name"])}}},' for call in calls]
@@ -240,6 +240,19 @@ def nvml_symbols() -> list[str]:
     out-of-memory message)."""
     text = (Path(__file__).with_name("nvml_symbols.txt")).read_text()
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def nvml_names() -> list[str]:
+    """nvml_symbols() and, for each versioned name (`X_v3`), its earlier versions and unversioned name (`X`, `X_v2`):
+    nvml.h's macros map the plain name to the newest, but the library exports every version, and PyTorch looks up
+    the plain `nvmlDeviceGetComputeRunningProcesses` with dlsym (a stub ignores its arguments, whichever ABI)."""
+    names = set(nvml_symbols())
+    for name in list(names):
+        base, sep, version = name.rpartition("_v")
+        if sep and version.isascii() and version.isdigit():
+            names.add(base)
+            names.update(f"{base}_v{n}" for n in range(2, int(version)))
+    return sorted(names)
 
 
 NVML_NOT_STUBBED = frozenset({"nvmlErrorString"})  # not an nvmlReturn_t: nvml.c defines it, always
