@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "orion_guest.h"
 
@@ -254,6 +255,47 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
 }
 
 /* A vGPU is never a MIG device from inside the session: current and pending mode NVML_DEVICE_MIG_DISABLE. */
+/* The processes using a vGPU as this process sees it: itself, when its current context is on that device (its use
+ * from cuMemGetInfo, which the quota counts, as NVML counts a process's use), else none it can know of. PyTorch asks
+ * this to write its out-of-memory message and asserts success. `stride`: nvmlProcessInfo_v1_t (pid, used: 16
+ * bytes) for the plain name, the 24-byte v2/v3 form (and GPU and compute instance ids, none: MIG is off) else. */
+#define NVML_VALUE_NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFull
+static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count, void *infos, size_t stride) {
+    DEVICE_OR_RETURN(device, ordinal);
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    CUdevice current;
+    size_t free_bytes = 0, total = 0;
+    unsigned int found = cuCtxGetDevice(&current) == CUDA_SUCCESS && current == ordinal;
+    if (found && cuMemGetInfo(&free_bytes, &total) != CUDA_SUCCESS) free_bytes = total = 0;
+    unsigned int room = *count;
+    *count = found;
+    if (room < found) return NVML_ERROR_INSUFFICIENT_SIZE;
+    if (found) {
+        if (!infos) return NVML_ERROR_INVALID_ARGUMENT;
+        unsigned char *info = infos;
+        memset(info, 0, stride);
+        unsigned int pid = (unsigned int)getpid();
+        unsigned long long used = total >= free_bytes && total ? (unsigned long long)(total - free_bytes)
+                                                               : NVML_VALUE_NOT_AVAILABLE_ULL;
+        memcpy(info, &pid, sizeof pid);
+        memcpy(info + 8, &used, sizeof used);
+        if (stride > 16) memset(info + 16, 0xFF, 8); /* gpuInstanceId, computeInstanceId: none (MIG off) */
+    }
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *count, void *infos) {
+    return running_processes(device, count, infos, 16);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count, void *infos) {
+    return running_processes(device, count, infos, 24);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count, void *infos) {
+    return running_processes(device, count, infos, 24);
+}
+
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
     DEVICE_OR_RETURN(device, ordinal);
     (void)ordinal;

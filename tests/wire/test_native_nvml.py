@@ -134,3 +134,43 @@ def test_nvml_symbols_are_cuda_bindings_own() -> None:
 
     from guest_runtime.native.gen_libcuda import nvml_symbols
     assert {k for k in cynvml.__pyx_capi__ if k.startswith("nvml")} <= set(nvml_symbols())
+
+
+PROCESSES = r"""
+import ctypes, json, os, sys
+from guest_runtime.startup import load_native
+load_native(sys.argv[1])
+nvml = ctypes.CDLL("libnvidia-ml.so.1")
+cuda = ctypes.CDLL(sys.argv[1])
+assert nvml.nvmlInit_v2() == 0
+handle, count = ctypes.c_void_p(), ctypes.c_uint(8)
+assert nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle)) == 0
+infos = (ctypes.c_ubyte * (24 * 8))()
+out = {"no_context": [nvml.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), infos), count.value]}
+context = ctypes.c_void_p()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0) == 0
+assert cuda.cuCtxSetCurrent(context) == 0
+pointer, free, total = ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_size_t()
+assert cuda.cuMemAlloc_v2(ctypes.byref(pointer), 8 << 20) == 0
+assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3"):
+    count.value = 8
+    status = getattr(nvml, name)(handle, ctypes.byref(count), infos)
+    pid, used = ctypes.c_uint.from_buffer(infos, 0).value, ctypes.c_ulonglong.from_buffer(infos, 8).value
+    out[name] = [status, count.value, pid == os.getpid(), used == total.value - free.value > 0]
+count.value = 0
+out["short"] = [nvml.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), None), count.value]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_nvml_lists_this_process_on_its_vgpu_with_what_it_uses(library: Path, rig: Rig) -> None:  # noqa: F811
+    """PyTorch's out-of-memory message asks nvmlDeviceGetComputeRunningProcesses and asserts success (measured on the
+    H200): on a vGPU the process itself, when its context is on that device, with what cuMemGetInfo says it uses
+    (the quota's count), in both struct layouts; none without a context; INSUFFICIENT_SIZE for no room."""
+    done = subprocess.run([sys.executable, "-c", PROCESSES, str(library)], cwd=REPO,
+                          env=native_child_env(library, rig.path), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+    assert out == {"no_context": [0, 0], "nvmlDeviceGetComputeRunningProcesses": [0, 1, True, True],
+                   "nvmlDeviceGetComputeRunningProcesses_v3": [0, 1, True, True], "short": [7, 1]}
