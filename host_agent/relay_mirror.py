@@ -20,8 +20,8 @@ orders the native interleaving allows.
 What it cannot give: coherence *while* a kernel runs. A kernel that waits for a CPU write sees it at the guest's
 next launch or wait, not at once (XLA's delay kernel spins on a page-locked flag until the timer's stop event is
 waited for, which brings the CPU's release to it: its measurement is right). Pointers to page-locked memory stored
-inside device memory or structures (reached only where the mirror could take the guest's address), graphs'
-kernel nodes and cuLaunchHostFunc are not scanned (docs/remote.md). What does not belong here: sending and
+inside device memory or structures (reached only where the mirror could take the guest's address) and graphs'
+kernel nodes are not scanned (docs/remote.md). What does not belong here: sending and
 receiving (relay_session.py does, with its own calls to the GPU host).
 """
 from __future__ import annotations

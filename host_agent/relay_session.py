@@ -302,12 +302,13 @@ class Relay:
 
     def _refuse_memory_operation(self, record: Record) -> None:
         """A stream memory operation on page-locked memory: its words would have to follow the other side's writes
-        while the stream waits (the native driver's cuLaunchHostFunc is built on them), which a mirror coherent at
-        launches and waits cannot give: CUDA_ERROR_NOT_SUPPORTED, named once, never a wait that does not end."""
+        while the stream waits, which a mirror coherent at launches and waits cannot give: CUDA_ERROR_NOT_SUPPORTED,
+        named once, never a wait that does not end. (The native driver's first cuLaunchHostFunc asks with one, and
+        then sends its functions as HOST_FUNCTION: _host_function.)"""
         if not self._said_memory_operation:
             self._said_memory_operation = True
-            log.info("session %d: stream memory operations on page-locked memory (and cuLaunchHostFunc, built on "
-                     "them) answer CUDA_ERROR_NOT_SUPPORTED on a relayed session", self.session)
+            log.info("session %d: stream memory operations on page-locked memory answer CUDA_ERROR_NOT_SUPPORTED on "
+                     "a relayed session (host functions are served by the relay instead)", self.session)
         self._answer(record.call_id, record.flags, NOT_SUPPORTED, b"")
 
     def _push(self, mirror: MirrorRelay, adopted: set[int] | None = None) -> None:
