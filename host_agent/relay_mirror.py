@@ -82,25 +82,26 @@ class MirrorRelay:
     def active(self) -> bool:
         return bool(self.agreed)
 
-    def _params(self, record: Record) -> bytes:
-        try:
-            return bytes(BY_OPCODE[record.opcode].request.decode(record.payload)[-1])
-        except (RecordError, KeyError):
-            return b""  # malformed: the GPU host refuses it as it is
-
-    def _named(self, params: bytes) -> Iterator[tuple[int, int]]:
-        """(offset in `params`, pool offset of its allocation) of every word that names pool memory (every 4-byte
-        aligned 64-bit word: parameters are naturally aligned, and the parameter block starts 4-byte aligned)."""
+    def scan(self, record: Record) -> list[tuple[int, int]]:
+        """(offset in the launch's payload, pool offset of its allocation) of every parameter word that names pool
+        memory: every 4-byte aligned 64-bit word (parameters are naturally aligned, and the parameter block starts
+        4-byte aligned). Done once per launch; `unmirrored` and `translate` take its answer."""
         pool = self.pool
         if not pool.allocations or not pool.guest_base:
-            return
+            return []
+        try:
+            params = bytes(BY_OPCODE[record.opcode].request.decode(record.payload)[-1])
+        except (RecordError, KeyError):
+            return []  # malformed: the GPU host refuses it as it is
+        start, found = len(record.payload) - len(params), []
         low, high = pool.guest_base, pool.guest_base + pool.size
         for at in range(0, len(params) - 7, 4):
             (word,) = _U64.unpack_from(params, at)
             if low <= word < high:
                 offset = pool.allocation_of(word)
                 if offset is not None:
-                    yield at, offset
+                    found.append((start + at, offset))
+        return found
 
     def names_pool(self, record: Record) -> bool:
         """Whether a stream memory operation's address (the u64 after its stream) lies in the pool."""
@@ -110,28 +111,22 @@ class MirrorRelay:
         (address,) = _U64.unpack_from(record.payload, 8)
         return pool.guest_base <= address < pool.guest_base + pool.size
 
-    def named_by(self, record: Record) -> list[int]:
-        """Pool offsets of the allocations a launch's parameters name that are not mirrored yet."""
-        found: list[int] = []
-        for _, offset in self._named(self._params(record)):
-            if offset not in self.agreed and offset not in found:
-                found.append(offset)
-        return found
+    def unmirrored(self, named: list[tuple[int, int]]) -> list[int]:
+        """Pool offsets of the allocations a launch names (`scan`) that are not mirrored yet."""
+        return list(dict.fromkeys(offset for _, offset in named if offset not in self.agreed))
 
-    def translate(self, record: Record) -> bytes | None:
+    def translate(self, payload: bytes | bytearray, named: list[tuple[int, int]]) -> bytes | None:
         """The launch's payload with each parameter that names a mirror placed elsewhere pointing at the mirror;
         None when nothing needs it."""
-        params = self._params(record)
-        moves = [(at, self.where[offset] - self.pool.guest_base - offset) for at, offset in self._named(params)
+        moves = [(at, self.where[offset] - self.pool.guest_base - offset) for at, offset in named
                  if offset in self.where and self.where[offset] != self.pool.guest_base + offset]
         if not moves:
             return None
-        payload = bytearray(record.payload)
-        start = len(payload) - len(params)
+        moved = bytearray(payload)
         for at, delta in moves:
-            (word,) = _U64.unpack_from(payload, start + at)
-            _U64.pack_into(payload, start + at, (word + delta) & 0xFFFFFFFFFFFFFFFF)
-        return bytes(payload)
+            (word,) = _U64.unpack_from(moved, at)
+            _U64.pack_into(moved, at, (word + delta) & 0xFFFFFFFFFFFFFFFF)
+        return bytes(moved)
 
     def extent(self, offset: int) -> tuple[int, int]:
         """(guest address, page-rounded size) of the allocation at pool `offset`: what the GPU host maps."""

@@ -66,13 +66,14 @@ class PoolRelay:
             except RecordError as exc:
                 return Reply(Status.MALFORMED, str(exc).encode())
         if opcode == DEVICE_POINTER:
+            call = BY_OPCODE[DEVICE_POINTER]
             try:
-                pointer, flags = CALLS["cuMemHostGetDevicePointer"].request.decode(record.payload)
+                pointer, flags = call.request.decode(record.payload)
             except RecordError as exc:
                 return Reply(Status.MALFORMED, str(exc).encode())
             if flags or self.pool is None or self.pool.host_address(pointer, 1) is None:
                 return Reply(INVALID_VALUE)
-            return Reply(SUCCESS, CALLS["cuMemHostGetDevicePointer"].reply.encode(pointer))
+            return Reply(SUCCESS, call.reply.encode(pointer))  # its own address, as natively under UVA
         if opcode == POINTER_ATTRIBUTE:
             return self._pointer_attribute(record)
         return None

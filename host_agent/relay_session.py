@@ -280,8 +280,9 @@ class Relay:
         launch's payload rewritten where a mirror lies elsewhere than the guest's pointer (None: as it is)."""
         for where in mirror.forget_freed():
             self._mirror_call(POOL_MIRROR_UNMAP, where, 0)
+        named = mirror.scan(record)
         adopted: set[int] = set()
-        for offset in [] if mirror.unavailable else mirror.named_by(record):
+        for offset in [] if mirror.unavailable else mirror.unmirrored(named):
             address, size = mirror.extent(offset)
             answer = self._ask(POOL_MIRROR_OPCODE, POOL_MIRROR_REQUEST.encode(POOL_MIRROR_MAP, address, size, b""))
             if answer is None:
@@ -298,7 +299,7 @@ class Relay:
         if not mirror.active:
             return None
         self._push(mirror, adopted)
-        return mirror.translate(record)
+        return mirror.translate(record.payload, named)
 
     def _refuse_memory_operation(self, record: Record) -> None:
         """A stream memory operation on page-locked memory: its words would have to follow the other side's writes

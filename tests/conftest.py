@@ -148,17 +148,25 @@ def _stop_all(servers: list[ServerProcess]) -> list[str]:
             for pid, server in left.items()]
 
 
-@pytest.fixture
-def open_shm_dir() -> Iterator[Path]:
-    """A directory under /dev/shm that every user may enter (0755), as /dev/shm itself: the files' own modes
-    decide who can open them. (pytest's tmp_path lies under a 0700 directory, which seals every file in it:
-    host_agent/region_file.sealed_directory.) Out of oriond's way: it serves only /dev/shm/orionsock<N>."""
-    directory = Path(tempfile.mkdtemp(prefix="orion-test-", dir="/dev/shm"))
+@contextlib.contextmanager
+def open_directory(parent: str, prefix: str = "orion-test-") -> Iterator[Path]:
+    """A fresh directory of root's in `parent` that every user may pass through (0755), removed afterwards:
+    pytest's tmp_path lies under a 0700 directory, which other users cannot enter and which seals every file in
+    it (host_agent/region_file.sealed_directory)."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     directory.chmod(0o755)
     try:
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def open_shm_dir() -> Iterator[Path]:
+    """A directory under /dev/shm that every user may enter (0755), as /dev/shm itself: the files' own modes
+    decide who can open them. Out of oriond's way: it serves only /dev/shm/orionsock<N>."""
+    with open_directory("/dev/shm") as directory:
+        yield directory
 
 
 @pytest.fixture

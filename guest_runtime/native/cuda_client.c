@@ -128,18 +128,22 @@ int orion_forward_post(uint32_t opcode, const void *req, size_t len) {
     return orion_forward_postv(opcode, &piece, 1);
 }
 
-int orion_not_forwarded(const char *name) {
-    static const char *said[256];
+int orion_first_time(const char *name) {
+    static const char *said[1024];
     static size_t count;
     pthread_mutex_lock(&lock);
     size_t i = 0;
     while (i < count && said[i] != name) i++;
-    if (i == count) {
-        if (count < sizeof said / sizeof *said) said[count++] = name;
+    int first = i == count;
+    if (first && count < sizeof said / sizeof *said) said[count++] = name;
+    pthread_mutex_unlock(&lock);
+    return first;
+}
+
+int orion_not_forwarded(const char *name) {
+    if (orion_first_time(name))
         fprintf(stderr, "orion: %s is not forwarded by Orion's native driver yet: returning 801 "
                         "(CUDA_ERROR_NOT_SUPPORTED)\n", name);
-    }
-    pthread_mutex_unlock(&lock);
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 

@@ -51,6 +51,8 @@ int orion_forward_post(uint32_t opcode, const void *req, size_t len);
 /* ORION_NATIVE_TRACE=1: the library says on stderr what it answers besides success (development aid). */
 int orion_tracing(void);
 /* CUDA_ERROR_NOT_SUPPORTED for a call this library does not forward yet, named once on stderr. */
+/* Whether `name` (a string literal: the pointer is what is kept) is told for the first time: each is said once. */
+int orion_first_time(const char *name);
 int orion_not_forwarded(const char *name);
 int orion_nvml_not_supported(const char *name); /* nvml.c: an NVML entry point it does not answer (3, named once) */
 

@@ -89,17 +89,8 @@ nvmlReturn_t nvmlShutdown(void) {
  * answers for a feature a device lacks, named once each; never a missing symbol (PyTorch resolves some with dlsym
  * and fails where one is absent). */
 int orion_nvml_not_supported(const char *name) {
-    static const char *said[512];
-    static size_t count;
-    static pthread_mutex_t said_lock = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&said_lock);
-    size_t i = 0;
-    while (i < count && said[i] != name) i++;
-    if (i == count) {
-        if (count < sizeof said / sizeof *said) said[count++] = name;
+    if (orion_first_time(name))
         fprintf(stderr, "orion: %s is not answered by Orion's NVML: returning NVML_ERROR_NOT_SUPPORTED\n", name);
-    }
-    pthread_mutex_unlock(&said_lock);
     return NVML_ERROR_NOT_SUPPORTED;
 }
 

@@ -27,7 +27,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +41,7 @@ from host_agent import region_file
 from host_agent.k8s.api import pb
 from ivshmem.layout import MIB
 from ivshmem.region import Region
+from tests.conftest import open_directory
 from tests.controller.kubelet import Kubelet, Plugin
 from tests.controller.rig import REPO, ControllerProcess, free_port, member_client, wait_until
 from tests.controller.test_k8s_plugin import GPUS, NODE, healthy, plugin_dir
@@ -258,12 +258,8 @@ def _tree(base: Path, *steps: tuple[str, int, int]) -> Path:
 @pytest.fixture
 def reachable() -> Iterator[Path]:
     """A directory of root's that every user may pass through (pytest's tmp_path is closed to them), in /tmp."""
-    base = Path(tempfile.mkdtemp(prefix="orion-regions-", dir="/tmp"))
-    base.chmod(0o755)
-    try:
+    with open_directory("/tmp", "orion-regions-") as base:
         yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 REFUSED = {
