@@ -48,7 +48,7 @@ from ivshmem.driver_api import (
     IMAGE_BY_DIGEST_MIN,
     IMAGE_BY_DIGEST_REQUEST,
     IMAGE_NOT_CACHED,
-    IN,
+    INOUT,
     JIT_ERROR_LOG_BUFFER,
     JIT_ERROR_LOG_SIZE,
     JIT_GUEST_OPTIONS,
@@ -89,7 +89,7 @@ GUEST = Handlers("guest")  # the calls written out below, by name
 # launches and TMA descriptors, JAX's virtual-memory allocator) loads its own CUDA runtime, which only the native
 # driver forwards; through the capsule they answer CUDA_ERROR_NOT_SUPPORTED, named once (docs/native-driver.md).
 NATIVE_ONLY = frozenset({"cuOccupancyMaxActiveClusters", "cuTensorMapEncodeTiled", "cuMemGetAllocationGranularity",
-                         "cuMemCreate", "cuMemSetAccess"})
+                         "cuMemCreate", "cuMemSetAccess", "cuStreamGetCaptureInfo"})
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
 LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption
 FORWARDED_LAUNCH_ATTRIBUTES = LAUNCH_ATTRIBUTES_PLAIN | LAUNCH_ATTRIBUTES_EVENT
@@ -224,11 +224,16 @@ class Forwarder:
         return call
 
     def _generic(self, call: DriverCall) -> Callable[..., int]:
-        ins = [i for i, p in enumerate(call.params) if p.role == IN]
-        outs = [(i, CTYPES[p.code]) for i, p in enumerate(call.params) if p.role == OUT]
+        ins = call.input_positions
+        inout = {i: CTYPES[p.code] for i, p in enumerate(call.params) if p.role == INOUT}  # read through the pointer
+        outs = [(i, CTYPES[p.code]) for i, p in enumerate(call.params) if p.role in (OUT, INOUT)]
         pack, unpack = call.inputs.pack, call.outputs.unpack
+
+        def request(args: tuple[Any, ...]) -> bytes:
+            return pack(*[inout[i].from_address(args[i]).value if i in inout else args[i] or 0 for i in ins])
+
         if call.posted:
-            return lambda *args: self._post(call, pack(*[args[i] or 0 for i in ins]))
+            return lambda *args: self._post(call, request(args))
 
         initializes = "initializes" in call.effects
         forgets = "unloads" in call.effects  # its functions' handles may be reused
@@ -239,7 +244,7 @@ class Forwarder:
         def forward(*args: Any) -> int:
             if any(not args[i] for i, _ in outs):
                 return INVALID_VALUE  # a NULL output pointer, as the driver would say
-            status, reply = self._call(call, pack(*[args[i] or 0 for i in ins]))
+            status, reply = self._call(call, request(args))
             if status == SUCCESS and outs and reply is not None:
                 for (i, ctype), value in zip(outs, unpack(reply.payload), strict=True):
                     ctype.from_address(args[i]).value = value

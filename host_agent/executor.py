@@ -230,10 +230,13 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
             reply = Reply(OUT_OF_MEMORY)  # past the vGPU's quota: as a full GPU would
         if reply is not None:
             return reply
+        function = getattr(self.driver, call.name, None)
+        if function is None:  # a cuda-bindings older than the table (or the fake driver): as an older driver
+            return Reply(NOT_SUPPORTED)
         converted = []
-        for ctype, value in zip(call.input_types, args, strict=True):
+        for position, ctype, value in zip(call.input_positions, call.input_types, args, strict=True):
             if ctype in CHECKED:
-                problem = self._check(call, ctype, value, args)
+                problem = self._check(call, position, ctype, value, args)
                 if problem is not None:
                     return Reply(problem)
             try:
@@ -242,7 +245,7 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
                 return Reply(INVALID_VALUE)
         retain = "makes_context" in call.effects  # cuDevicePrimaryCtxRetain: a context counts past the first
         before = self.quota.usage_before() if retain else {}
-        result = getattr(self.driver, call.name)(*converted)
+        result = function(*converted)
         err = int(result[0])
         if err != SUCCESS:
             return Reply(err)
@@ -617,6 +620,23 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
             self.ledger.handles["CUmemoryPool"].add(number)  # the pool its own memory came from
         return Reply(SUCCESS, call.reply.encode(number & 0xFFFFFFFFFFFFFFFF, width))
 
+    @HOST.serves("cuStreamGetCaptureInfo")
+    def _capture_info(self, call: DriverCall, payload: bytes) -> Reply:
+        """A stream's capture: status, id, graph and the nodes (with their edges' data) the next captured node will
+        depend on. The graph and the nodes are the session's from then on, as if a call had made them."""
+        (stream,) = call.request.decode(payload)
+        if stream and stream not in self.ledger.handles["CUstream"]:
+            return Reply(INVALID_HANDLE)
+        err, status, ident, graph, nodes, edges, _count = self.driver.cuStreamGetCaptureInfo(stream)
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        nodes = [int(node) for node in nodes or ()]
+        if graph is not None and int(graph):
+            self.ledger.handles["CUgraph"].add(int(graph))
+        self.ledger.handles["CUgraphNode"].update(nodes)
+        return Reply(SUCCESS, call.reply.encode(int(status), int(ident or 0), int(graph or 0), [(n,) for n in nodes],
+                                                [(_edge_word(edge),) for edge in edges or ()]))
+
     # --- page-locked host memory (pinned_pool.py) ----------------------------------------------------------
     def _pool_map(self, payload: bytes) -> Reply:
         """POOL_MAP: the guest's address of the slice -> the host's address and the slice's size."""
@@ -753,6 +773,11 @@ def _answer(call: DriverCall, err: Any, outputs: Callable[[], tuple[Any, ...]]) 
     """The driver's result as a reply: on success the call's declared reply, else the status alone."""
     status = int(err)
     return Reply(status, call.reply.encode(*outputs()) if status == SUCCESS else b"")
+
+
+def _edge_word(edge: Any) -> int:
+    """A CUgraphEdgeData (from_port, to_port, type, 5 reserved bytes) as the u64 its 8 bytes make, little-endian."""
+    return int(edge.from_port) | int(edge.to_port) << 8 | int(edge.type) << 16
 
 
 def _from_driver(value: Any) -> Any:

@@ -26,6 +26,9 @@ from .pinned_pool import HostPool
 # Handles a guest may pass as 0 (NULL) meaning "the default": the legacy stream, no current context.
 NULL_ALLOWED = frozenset({"CUstream", "CUcontext"})
 CHECKED = HANDLES | {"CUdevice", "CUdeviceptr"}  # input types checked against what the session owns
+# Handles whose calls answer CUDA_ERROR_INVALID_VALUE, not INVALID_HANDLE, for one the driver never gave out
+# (cuMemRelease/cuMemMap; every cuGraph* call, as cuda.h documents)
+VALUE_HANDLES = frozenset({"CUmemGenericAllocationHandle", "CUgraph", "CUgraphExec", "CUgraphNode"})
 
 
 class Usage(Protocol):
@@ -67,13 +70,14 @@ class SessionLedger:
         return not any(self.handles.values()) and not self.allocations and not self.vmm.reserved
 
     # --- the checks a request must pass ---------------------------------------------------------------------
-    def check(self, call: DriverCall, ctype: str, value: int, args: tuple[int, ...]) -> int | None:
-        """A CUDA error code if `value`, an input of type `ctype`, names something this session does not own."""
+    def check(self, call: DriverCall, position: int, ctype: str, value: int, args: tuple[int, ...]) -> int | None:
+        """A CUDA error code if `value`, the input of type `ctype` at C parameter `position` of a call whose request
+        values are `args`, names something this session does not own."""
         if ctype in HANDLES:
             if value == 0 and ctype in NULL_ALLOWED:
                 return None
             if value not in self.handles[ctype] and not (ctype == "CUfunction" and value in self.handles["CUkernel"]):
-                if ctype == "CUmemGenericAllocationHandle":  # cuMemRelease/cuMemMap document INVALID_VALUE for it
+                if ctype in VALUE_HANDLES:  # whose calls document INVALID_VALUE for one they do not know
                     return INVALID_VALUE
                 return INVALID_CONTEXT if ctype == "CUcontext" else INVALID_HANDLE  # (a CUkernel is a CUfunction)
         elif ctype == "CUdevice":
@@ -86,7 +90,7 @@ class SessionLedger:
                 return None                 # in use, and allocators pass one to grow a range contiguously
             if "unreserves" in call.effects:  # only a whole reservation of the session, base and size
                 return None if self.vmm.reserved.get(value) == args[1] else INVALID_VALUE
-            if not self.owns(value, max(_device_span(call, args), 1)):
+            if not self.owns(value, max(call.span(position, args), 1)):
                 return INVALID_VALUE
         return None
 
@@ -162,19 +166,6 @@ class SessionLedger:
             self._usage.may_have_changed()
         if effects & VMM_EFFECTS:
             self.vmm.record(effects, args, outs, placed)
-
-
-def _device_span(call: DriverCall, args: tuple[int, ...]) -> int:
-    """Bytes a memset/copy call touches from its device pointer, from its arguments."""
-    name = call.name
-    if name.startswith("cuMemsetD"):
-        width = {"8": 1, "16": 2, "32": 4}[name[len("cuMemsetD"):].removesuffix("Async")]
-        return args[2] * width
-    if name.startswith("cuMemcpy") and len(args) >= 3:
-        return args[2]
-    if name.startswith("cuStream") and name.endswith("Value32"):  # cuStreamWaitValue32, cuStreamWriteValue32
-        return 4
-    return 1
 
 
 VMM_EFFECTS = frozenset({"reserves", "unreserves", "creates_physical", "releases_physical"})

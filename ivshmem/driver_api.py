@@ -35,26 +35,29 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
+from . import api_classes, cuda_header
 from .codec import Schema, field_kind
 from .record import CUDA_OPCODE_BASE
 
 # Scalar C types and their struct codes. Handles are opaque pointers: they travel as their value.
-SCALARS = {
-    "int": "i", "CUresult": "i", "CUdevice": "i",
-    "unsigned int": "I", "unsigned char": "B", "unsigned short": "H",
-    "size_t": "Q", "CUdeviceptr": "Q", "cuuint64_t": "Q", "unsigned PY_LONG_LONG": "Q", "cuuint32_t": "I",
+_C_CODES = {
+    "int": "i", "CUresult": "i", "unsigned int": "I", "unsigned char": "B", "unsigned short": "H",
+    "size_t": "Q", "cuuint64_t": "Q", "unsigned PY_LONG_LONG": "Q", "PY_LONG_LONG": "q", "cuuint32_t": "I",
     "float": "f",
 }
-ENUMS = {"CUdevice_attribute", "CUpointer_attribute", "CUmemPool_attribute", "CUfunction_attribute",
-         "CUfunc_cache", "CUstreamCaptureStatus", "CUjit_option", "CUlibraryOption", "CUlimit",
-         "CUmemAllocationGranularity_flags", "CUtensorMapDataType", "CUtensorMapInterleave", "CUtensorMapSwizzle",
-         "CUtensorMapL2promotion", "CUtensorMapFloatOOBfill"}
-HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmodule", "CUfunction", "CUlibrary", "CUkernel", "CUmemoryPool",
-           "CUmemGenericAllocationHandle"}
+_HEADER = cuda_header.read()
+# cuda.h's scalar typedefs (CUdevice, CUdeviceptr, CUtexObject...) by the C type they name.
+SCALARS = {**_C_CODES, **{name: _C_CODES[ctype] for name, ctype in _HEADER.scalars.items()}}
+ENUMS = set(_HEADER.enums)
+# Handles a session is given and may name again, checked by the host against what it created: cuda.h's opaque
+# handle types and the integer handle of physical memory.
+HANDLES = set(_HEADER.handles) | {"CUmemGenericAllocationHandle"}
+POINTER_HANDLES = frozenset(_HEADER.handles)  # handles that are C pointers (`typedef struct X_st *X`)
+SCALARS.pop("CUmemGenericAllocationHandle")
 
 # Roles the generic marshalling handles; anything else marks a hand-written call.
-IN, OUT = "in", "out"
-GENERIC_ROLES = {IN, OUT}
+IN, OUT, INOUT = "in", "out", "inout"  # inout: a pointer to a scalar the call reads and writes
+GENERIC_ROLES = {IN, OUT, INOUT}
 # Roles whose call the guest answers itself: "uva" (a pointer that may be host or device memory; the guest sends
 # HtoD/DtoH/DtoD instead), "symbol" (cuGetProcAddress: a trampoline of this process) and "thread_ctx" (the calling
 # thread's context stack, which the guest keeps: guest_runtime/contexts.py).
@@ -123,6 +126,9 @@ class DriverCall:
     reply: Schema  # the reply payload on success (a failed call replies with its status and no payload)
     effects: frozenset[str]
     pinned: Schema | None  # the request of its pinned-pool variant (opcode + PINNED_COPY), if it has one
+    # (parameter position, span) for each device-pointer input that reaches memory: how many bytes from it the
+    # call touches (`span_bytes`); the host holds that range to the session's memory
+    spans: tuple[tuple[int, str], ...] = ()
 
     @cached_property
     def generic(self) -> bool:
@@ -144,12 +150,25 @@ class DriverCall:
         return self.reply.fixed
 
     @cached_property
+    def input_positions(self) -> tuple[int, ...]:
+        """The C parameter position of each value in a generic call's request."""
+        return tuple(i for i, p in enumerate(self.params) if p.role in (IN, INOUT))
+
+    @cached_property
     def input_types(self) -> tuple[str, ...]:
-        return tuple(p.ctype for p in self.params if p.role == IN)
+        return tuple(self.params[i].base for i in self.input_positions)
 
     @cached_property
     def output_types(self) -> tuple[str, ...]:
-        return tuple(p.base for p in self.params if p.role == OUT)
+        return tuple(p.base for p in self.params if p.role in (OUT, INOUT))
+
+    def span(self, position: int, args: tuple[int, ...]) -> int:
+        """Bytes the device pointer at C parameter `position` reaches, from a generic call's request values `args`
+        (1 where the table declares none: the pointer itself must be the session's)."""
+        for where, span in self.spans:
+            if where == position:
+                return span_bytes(span, dict(zip(self.input_positions, args, strict=True)))
+        return 1
 
     def describe(self) -> dict[str, Any]:
         """The entry as data, for generators and docs."""
@@ -159,7 +178,7 @@ class DriverCall:
             "generic": self.generic, "answered_in_guest": self.answered_in_guest, "posted": self.posted,
             "request": self.request.describe(), "reply": self.reply.describe(),
             "pinned_request": self.pinned.describe() if self.pinned is not None else None,
-            "effects": sorted(self.effects),
+            "effects": sorted(self.effects), "spans": [list(span) for span in self.spans],
         }
 
 
@@ -178,7 +197,7 @@ def _derive(name: str, signature: str, roles: str | None) -> tuple[Param, ...]:
                 role = OUT
             else:
                 raise ValueError(f"{name}: parameter {ctype!r} needs an explicit role")
-        params.append(Param(ctype, role, base if role == OUT else ctype))
+        params.append(Param(ctype, role, base if role in (OUT, INOUT) else ctype))
     return tuple(params)
 
 
@@ -189,13 +208,27 @@ def _schema(name: str, fields: str) -> Schema:
 
 
 def _role_schema(name: str, params: tuple[Param, ...], role: str) -> Schema:
-    """A generic call's request (role "in") or reply ("out"): those parameters, named by their position."""
-    return Schema(name, *[(f"arg{i}", field_kind(p.code)) for i, p in enumerate(params) if p.role == role])
+    """A generic call's request (role "in": its `in` and `inout` parameters) or reply ("out": its `out` and
+    `inout` ones), named by their position."""
+    return Schema(name, *[(f"arg{i}", field_kind(p.code)) for i, p in enumerate(params) if p.role in (role, INOUT)])
+
+
+def span_bytes(span: str, values: dict[int, int]) -> int:
+    """A declared span (api_classes.GENERATED) evaluated over a call's request values by C parameter position:
+    `N` bytes, `argN`, `argN*K`, or `2d:P,W,H,K` (pitch argP, argW elements of K bytes in argH rows)."""
+    if span.startswith("2d:"):
+        pitch, width, height, size = (int(x) for x in span[3:].split(","))
+        rows = values[height]
+        return 0 if rows == 0 else values[pitch] * (rows - 1) + values[width] * size
+    if span.startswith("arg"):
+        position, _star, factor = span[3:].partition("*")
+        return values[int(position)] * int(factor or 1)
+    return int(span)
 
 
 def _entry(opcode: int, name: str, signature: str, roles: str | None = None, *, posted: bool = False,
            request: str | None = None, reply: str | None = None, effects: str = "",
-           pinned: str | None = None) -> DriverCall:
+           pinned: str | None = None, spans: dict[int, str] | None = None) -> DriverCall:
     params = _derive(name, signature, roles)
     generic = all(p.role in GENERIC_ROLES for p in params)
     if generic and (request is not None or reply is not None):
@@ -207,7 +240,8 @@ def _entry(opcode: int, name: str, signature: str, roles: str | None = None, *, 
         name, opcode, signature, params, posted,
         _role_schema(name, params, IN) if generic else _schema(name, request or ""),
         _role_schema(f"{name} reply", params, OUT) if generic else _schema(f"{name} reply", reply or ""),
-        frozenset(effects.split()), _schema(f"{name} pinned", pinned) if pinned else None)
+        frozenset(effects.split()), _schema(f"{name} pinned", pinned) if pinned else None,
+        tuple(sorted((spans or {}).items())))
 
 
 LAUNCH = ("function:u64 grid_x:u32 grid_y:u32 grid_z:u32 block_x:u32 block_y:u32 block_z:u32 shared_bytes:u32 "
@@ -263,19 +297,23 @@ _SPEC: list[tuple[Any, ...]] = [
      {"request": "device:u64 size:u64 data:tail", "pinned": "device:u64 size:u64 host:u64"}),
     ("cuMemcpyDtoH", "CUresult (void *, CUdeviceptr, size_t)", "host_out in in",
      {"request": "device:u64 size:u64", "reply": "data:tail", "pinned": "device:u64 size:u64 host:u64"}),
-    ("cuMemcpyDtoD", "CUresult (CUdeviceptr, CUdeviceptr, size_t)"),
+    ("cuMemcpyDtoD", "CUresult (CUdeviceptr, CUdeviceptr, size_t)", None, {"spans": {0: "arg2", 1: "arg2"}}),
     ("cuMemcpyHtoDAsync", "CUresult (CUdeviceptr, void const *, size_t, CUstream)", "in host_in in in",
      {"request": "device:u64 size:u64 stream:u64 data:tail", "pinned": "device:u64 size:u64 stream:u64 host:u64"}),
     ("cuMemcpyDtoHAsync", "CUresult (void *, CUdeviceptr, size_t, CUstream)", "host_out in in in",
      {"request": "device:u64 size:u64 stream:u64", "reply": "data:tail",
       "pinned": "device:u64 size:u64 stream:u64 host:u64"}),
-    ("cuMemcpyDtoDAsync", "CUresult (CUdeviceptr, CUdeviceptr, size_t, CUstream)", None, {"posted": True}),
-    ("cuMemsetD8", "CUresult (CUdeviceptr, unsigned char, size_t)"),
-    ("cuMemsetD16", "CUresult (CUdeviceptr, unsigned short, size_t)"),
-    ("cuMemsetD32", "CUresult (CUdeviceptr, unsigned int, size_t)"),
-    ("cuMemsetD8Async", "CUresult (CUdeviceptr, unsigned char, size_t, CUstream)", None, {"posted": True}),
-    ("cuMemsetD16Async", "CUresult (CUdeviceptr, unsigned short, size_t, CUstream)", None, {"posted": True}),
-    ("cuMemsetD32Async", "CUresult (CUdeviceptr, unsigned int, size_t, CUstream)", None, {"posted": True}),
+    ("cuMemcpyDtoDAsync", "CUresult (CUdeviceptr, CUdeviceptr, size_t, CUstream)", None,
+     {"posted": True, "spans": {0: "arg2", 1: "arg2"}}),
+    ("cuMemsetD8", "CUresult (CUdeviceptr, unsigned char, size_t)", None, {"spans": {0: "arg2"}}),
+    ("cuMemsetD16", "CUresult (CUdeviceptr, unsigned short, size_t)", None, {"spans": {0: "arg2*2"}}),
+    ("cuMemsetD32", "CUresult (CUdeviceptr, unsigned int, size_t)", None, {"spans": {0: "arg2*4"}}),
+    ("cuMemsetD8Async", "CUresult (CUdeviceptr, unsigned char, size_t, CUstream)", None,
+     {"posted": True, "spans": {0: "arg2"}}),
+    ("cuMemsetD16Async", "CUresult (CUdeviceptr, unsigned short, size_t, CUstream)", None,
+     {"posted": True, "spans": {0: "arg2*2"}}),
+    ("cuMemsetD32Async", "CUresult (CUdeviceptr, unsigned int, size_t, CUstream)", None,
+     {"posted": True, "spans": {0: "arg2*4"}}),
     ("cuModuleLoadData", "CUresult (CUmodule *, void const *)", "out image",
      {"request": "image:tail", "reply": "module:u64", "effects": "loads"}),
     ("cuModuleGetFunction", "CUresult (CUfunction *, CUmodule, char const *)", "out in cstr",
@@ -381,8 +419,10 @@ _SPEC: list[tuple[Any, ...]] = [
     ("cuCtxSetLimit", "CUresult (CUlimit, size_t)", None, {"effects": "measures"}),
     # Stream memory operations; the guest also builds cuLaunchHostFunc from them (a host function runs in the
     # guest, in stream order: docs/native-driver.md).
-    ("cuStreamWaitValue32", "CUresult (CUstream, CUdeviceptr, cuuint32_t, unsigned int)", None, {"posted": True}),
-    ("cuStreamWriteValue32", "CUresult (CUstream, CUdeviceptr, cuuint32_t, unsigned int)", None, {"posted": True}),
+    ("cuStreamWaitValue32", "CUresult (CUstream, CUdeviceptr, cuuint32_t, unsigned int)", None,
+     {"posted": True, "spans": {1: "4"}}),
+    ("cuStreamWriteValue32", "CUresult (CUstream, CUdeviceptr, cuuint32_t, unsigned int)", None,
+     {"posted": True, "spans": {1: "4"}}),
     # Virtual memory management (JAX's allocator): reserved ranges, physical memory mapped into them.
     ("cuMemGetAllocationGranularity", "CUresult (size_t *, CUmemAllocationProp const *, "
      "CUmemAllocationGranularity_flags)", "out allocation_prop in",
@@ -398,6 +438,11 @@ _SPEC: list[tuple[Any, ...]] = [
     ("cuMemUnmap", "CUresult (CUdeviceptr, size_t)"),
     ("cuMemSetAccess", "CUresult (CUdeviceptr, size_t, CUmemAccessDesc const *, size_t)", "in in access_descs count",
      {"request": "pointer:u64 size:u64 descs:[iii]"}),
+    # Stream capture (issue 28): the capture's status, id and graph, and the nodes its next node will depend on,
+    # with their edges' data (CUgraphEdgeData's 8 bytes each, as a little-endian u64).
+    ("cuStreamGetCaptureInfo", "CUresult (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, "
+     "CUgraphNode const **, CUgraphEdgeData const **, size_t *)", "in out out out nodes_out edges_out out",
+     {"request": "stream:u64", "reply": "status:i32 id:u64 graph:u64 nodes:[Q] edges:[Q]"}),
 ]
 
 # CUmemPool_attribute values whose value is a cuuint64_t (the others are int): thresholds and byte counts.
@@ -508,6 +553,12 @@ IMAGE_NOT_CACHED = -16  # a wire status (negative, as ivshmem.record.Status's) o
 # saves) and are never kept; both sides hold to it.
 IMAGE_BY_DIGEST_MIN = 64 * 1024
 
+# The calls forwarded by construction (api_classes.GENERATED), in cuda.h's order after the hand table: their
+# signatures are the inventory's, their payloads derived from their roles.
+_SPEC += [(name, _HEADER.entry_points[name], options.get("roles"),
+           {key: value for key, value in options.items() if key != "roles"})
+          for name, options in sorted(api_classes.GENERATED.items())]
+
 CALLS: dict[str, DriverCall] = {}
 BY_OPCODE: dict[int, DriverCall] = {}
 for _i, (_name, _sig, *_rest) in enumerate(_SPEC):
@@ -554,6 +605,32 @@ def table_digest() -> str:
     """A digest of the whole contract (compared at HELLO); computed when first asked, not at import."""
     return hashlib.sha256(json.dumps(describe(), sort_keys=True).encode()).hexdigest()[:16]
 
+FORWARDED, GENERATED, ANSWERED, UNSUPPORTED, UNCLASSIFIED = (
+    "forwarded", "forwarded by construction", "answered in the guest", "unsupported", "unclassified")
+
+
+def classification() -> dict[str, tuple[str, str]]:
+    """Every entry point of the inventory (ivshmem/cuda_h.txt) -> (its class, a detail): the hand table's calls
+    (FORWARDED, or ANSWERED for those the guest turns into others), api_classes.GENERATED's (GENERATED),
+    api_classes.GUEST's (ANSWERED, the C file) and api_classes.UNSUPPORTED's (the reason). UNCLASSIFIED marks a
+    gap, which tests/unit/test_api_classes.py refuses."""
+    classes = {}
+    for name in _HEADER.entry_points:
+        call = CALLS.get(name)
+        if call is not None:
+            if call.answered_in_guest:
+                classes[name] = (ANSWERED, "from the table's other calls")
+            else:
+                classes[name] = (GENERATED if name in api_classes.GENERATED else FORWARDED,
+                                 "generic" if call.generic else "hand-written")
+        elif name in api_classes.GUEST:
+            classes[name] = (ANSWERED, api_classes.GUEST[name])
+        else:
+            reason = api_classes.unsupported_reason(name)
+            classes[name] = (UNSUPPORTED, reason) if reason else (UNCLASSIFIED, "")
+    return classes
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -597,9 +674,8 @@ def markdown() -> str:
         "",
         f"Table digest `{table_digest()}` (compared at HELLO: docs/wire-protocol.md). {len(CALLS)} calls, "
         f"{sum(c.generic for c in CALLS.values())} of them generic (marshalled from the table alone), "
-        f"{sum(c.answered_in_guest for c in CALLS.values())} answered in the guest. A driver function that is "
-        "not in this table answers `CUDA_ERROR_NOT_SUPPORTED` (801) in the guest and is named once in its log "
-        "(docs/cuda-forwarding.md).",
+        f"{sum(c.answered_in_guest for c in CALLS.values())} answered in the guest. Where every other entry "
+        "point of cuda.h stands, and why each unsupported one is, follows the table.",
         "",
         "Payload fields are in the order they travel within their kind: scalars packed first (little-endian, "
         "no padding), then variable fields in order (`bytes`/`str`: u32 length and bytes; `[fmt]`: u32 count and "
@@ -635,7 +711,34 @@ def markdown() -> str:
               f"{IMAGE_BY_DIGEST_MIN} bytes; the reply is the call's, or wire status {IMAGE_NOT_CACHED} (image not "
               "cached: send the usual request).", "",
               "Effects: " + "; ".join(f"`{word}`: {meaning}" for word, meaning in EFFECTS.items()) + ".", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + _coverage())
+
+
+def _coverage() -> list[str]:
+    """The page's second half: every entry point cuda.h declares, by class, and each unsupported one's reason."""
+    classes = classification()
+    counts = {kind: sum(1 for k, _ in classes.values() if k == kind)
+              for kind in (FORWARDED, GENERATED, ANSWERED, UNSUPPORTED, UNCLASSIFIED)}
+    lines = ["## Every entry point of cuda.h", "",
+             f"The inventory (`ivshmem/cuda_h.txt`, from cuda.h and the cuda-bindings wheel) holds {len(classes)} "
+             "entry points (API names; cuda.h's versioned and per-thread-stream names are aliases of them). "
+             f"{counts[FORWARDED]} are forwarded by the table above as written there, {counts[GENERATED]} forwarded "
+             "by construction (`ivshmem/api_classes.py` GENERATED: the table's generic entries from 0x"
+             f"{CUDA_OPCODE_BASE + len(CALLS) - len(api_classes.GENERATED):x} on), {counts[ANSWERED]} answered in "
+             f"the guest, {counts[UNSUPPORTED]} unsupported (CUDA_ERROR_NOT_SUPPORTED, named once in the guest's "
+             f"log), for the reasons below" + (f"; {counts[UNCLASSIFIED]} unclassified." if counts[UNCLASSIFIED]
+                                                else "."), "",
+             "Answered in the guest outside the table (guest_runtime/native/): " + ", ".join(
+                 f"`{name}` ({where})" for name, (kind, where) in classes.items()
+                 if kind == ANSWERED and name not in CALLS) + ".", "",
+             "| reason | entry points |", "|---|---|"]
+    by_reason: dict[str, list[str]] = {}
+    for name, (kind, reason) in classes.items():
+        if kind == UNSUPPORTED:
+            by_reason.setdefault(reason, []).append(name)
+    for reason, names in by_reason.items():
+        lines.append(f"| {reason} | {', '.join(f'`{n}`' for n in names)} |")
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> int:

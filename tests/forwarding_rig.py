@@ -39,7 +39,7 @@ from host_agent.relay_route import RelayRoute
 from host_agent.stop import StopRequest
 from ivshmem import layout
 from ivshmem.channel import ClientChannel, Ctrl
-from ivshmem.driver_api import CALLS, OUT
+from ivshmem.driver_api import CALLS, INOUT, OUT
 from ivshmem.region import Region
 from tests import relay_net
 from tests.cluster_key import key_file
@@ -197,9 +197,9 @@ class Guest:
         cells: list[Any] = []
         given = iter(inputs)
         for param in CALLS[name].params:
-            if param.role == OUT or (param.role == "thread_ctx" and param.ctype.endswith("*")):
-                code = param.code if param.role == OUT else "Q"  # cuCtxGetCurrent/PopCurrent: a CUcontext out
-                cell = CODES[code](SENTINELS[code])
+            if param.role in (OUT, INOUT) or (param.role == "thread_ctx" and param.ctype.endswith("*")):
+                code = param.code if param.role in (OUT, INOUT) else "Q"  # cuCtxGetCurrent/PopCurrent: a CUcontext
+                cell = CODES[code](next(given) if param.role == INOUT else SENTINELS[code])
                 cells.append(cell)
                 args.append(ctypes.addressof(cell))
             else:

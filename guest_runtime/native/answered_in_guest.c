@@ -54,30 +54,64 @@ CUresult cuPointerGetAttributes(unsigned int count, int *attributes, void **data
     return CUDA_SUCCESS;
 }
 
-/* Stream capture is not forwarded (cuStreamBeginCapture answers 801), so no stream can be capturing: the answer is
- * cuStreamIsCapturing's (forwarded, which checks the stream is the session's) with no graph. Should the host ever
- * say a stream is capturing, there is no graph here to describe: CUDA_ERROR_NOT_SUPPORTED. */
-static CUresult capture_info(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
-                             const CUgraphNode **dependencies, const CUgraphEdgeData **edges, size_t *count) {
-    enum { CAPTURE_STATUS_NONE = 0 };
+/* CUDA 13's cuStreamGetCaptureInfo (the _v3 ABI of CUDA 12.3+: with edge data), forwarded (a hand-written call of
+ * the table: request the stream; reply status, id, graph, then the dependency nodes and their edges' data as
+ * counted lists of u64). The arrays it hands out are this thread's and stay valid until its next call here, as the
+ * driver's stay valid until the next call on the stream. A capture with more dependencies than the arrays hold
+ * answers CUDA_ERROR_NOT_SUPPORTED, said once: never a truncated list. */
+enum { CAPTURE_MAX_DEPENDENCIES = 1024, CUDA_ERROR_LOSSY_QUERY_CODE = 402 };
+static _Thread_local CUgraphNode capture_nodes[CAPTURE_MAX_DEPENDENCIES];
+static _Thread_local uint64_t capture_edges[CAPTURE_MAX_DEPENDENCIES]; /* CUgraphEdgeData's 8 bytes each */
+
+/* A counted list of u64 at `at` (u32 count, then the items) within `len` bytes: its count, or -1 if it does not fit. */
+static long counted_u64s(const uint8_t *at, size_t len, size_t *used) {
+    if (len < 4) return -1;
+    uint32_t count = orion_get_u32(at);
+    if (count > CAPTURE_MAX_DEPENDENCIES || 4 + (size_t)count * 8 > len) return -1;
+    *used = 4 + (size_t)count * 8;
+    return (long)count;
+}
+
+CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+                                const CUgraphNode **dependencies, const CUgraphEdgeData **edges, size_t *count) {
     if (!status) return CUDA_ERROR_INVALID_VALUE;
-    CUstreamCaptureStatus answer = CAPTURE_STATUS_NONE;
-    CUresult rc = cuStreamIsCapturing(stream, &answer);
+    enum { HEAD = 20, TAIL = 2 * (4 + 8 * CAPTURE_MAX_DEPENDENCIES) };
+    static _Thread_local uint8_t tail[TAIL];
+    uint8_t req[8], head[HEAD];
+    size_t tail_len = 0;
+    orion_put_u64(req, (uint64_t)(uintptr_t)stream);
+    struct orion_piece piece = {req, sizeof req};
+    CUresult rc = orion_thread_forwardv(ORION_OP_cuStreamGetCaptureInfo, &piece, 1, head, sizeof head, tail,
+                                        sizeof tail, &tail_len, 0);
     if (rc != CUDA_SUCCESS) return rc;
-    if (answer != CAPTURE_STATUS_NONE) return CUDA_ERROR_NOT_SUPPORTED;
-    *status = answer;
-    if (id) *id = 0;
-    if (graph) *graph = NULL;
-    if (dependencies) *dependencies = NULL;
-    if (edges) *edges = NULL;
-    if (count) *count = 0;
+    size_t first = 0, second = 0;
+    long nodes = counted_u64s(tail, tail_len, &first);
+    long edge_count = nodes < 0 ? -1 : counted_u64s(tail + first, tail_len - first, &second);
+    if (nodes < 0 || edge_count < 0 || (edge_count != 0 && edge_count != nodes)) {
+        if (orion_first_time("cuStreamGetCaptureInfo"))
+            fprintf(stderr, "orion: cuStreamGetCaptureInfo: a capture with more than %d dependencies (or a reply "
+                    "that does not read as one) is not answered: CUDA_ERROR_NOT_SUPPORTED\n", CAPTURE_MAX_DEPENDENCIES);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    for (long i = 0; i < nodes; i++) {
+        capture_nodes[i] = (CUgraphNode)(uintptr_t)orion_get_u64(tail + 4 + 8 * i);
+        capture_edges[i] = edge_count ? orion_get_u64(tail + first + 4 + 8 * i) : 0; /* no data: default edges */
+    }
+    if (!edges)  /* edges with data of their own, and nowhere to say so: the driver's answer */
+        for (long i = 0; i < nodes; i++)
+            if (capture_edges[i]) return CUDA_ERROR_LOSSY_QUERY_CODE;
+    *status = (CUstreamCaptureStatus)(int32_t)orion_get_u32(head);
+    if (id) *id = orion_get_u64(head + 4);
+    if (graph) *graph = (CUgraph)(uintptr_t)orion_get_u64(head + 12);
+    if (dependencies) *dependencies = nodes ? capture_nodes : NULL;
+    if (edges) *edges = nodes ? (const CUgraphEdgeData *)(const void *)capture_edges : NULL;
+    if (count) *count = (size_t)nodes;
     return CUDA_SUCCESS;
 }
 
-/* CUDA 13's cuStreamGetCaptureInfo (the _v3 ABI of CUDA 12.3+: with edge data). */
-CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
-                                const CUgraphNode **dependencies, const CUgraphEdgeData **edges, size_t *count) {
-    return capture_info(stream, status, id, graph, dependencies, edges, count);
+static CUresult capture_info(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+                             const CUgraphNode **dependencies, const CUgraphEdgeData **edges, size_t *count) {
+    return cuStreamGetCaptureInfo(stream, status, id, graph, dependencies, edges, count);
 }
 
 /* The _v2 ABI (CUDA 11.3 to 12.2): no edge data. */

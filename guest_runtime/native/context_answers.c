@@ -3,9 +3,9 @@
  * cuDevicePrimaryCtxGetState; and the primary-context calls that change it (Retain, Release, Reset, SetFlags).
  *
  * A context's device is known from the call that made it (cuCtxCreate on d, cuDevicePrimaryCtxRetain of d); its
- * flags, priority range, API version and id are the host's first answers. None of them changes while the context
- * lives: cuCtxSetFlags is not forwarded (801), and the primary context's flags change only by
- * cuDevicePrimaryCtxSetFlags, after which its answers are forgotten. cuCtxDestroy forgets a context; a primary
+ * flags, priority range, API version and id are the host's first answers. Only this process changes them: its
+ * cuCtxSetFlags forgets the current context's answers, and cuDevicePrimaryCtxSetFlags a primary context's.
+ * cuCtxDestroy forgets a context; a primary
  * context's Release, Reset and SetFlags forget it too (once released it may come back, same handle, as a new
  * context with a new id), and so does anything unknown: such a context is asked about again.
  *
@@ -314,4 +314,15 @@ CUresult cuDevicePrimaryCtxReset(CUdevice device) {
 
 CUresult cuDevicePrimaryCtxSetFlags(CUdevice device, unsigned int flags) {
     return primary_call(ORION_OP_cuDevicePrimaryCtxSetFlags, device, &flags);
+}
+
+/* cuCtxSetFlags changes the current context's flags (and a primary context's state): sent as the generated call
+ * sends it, then that context's answers forgotten, whatever it answered, so the next query asks again. */
+CUresult cuCtxSetFlags(unsigned int flags) {
+    uint8_t req[4];
+    orion_put_u32(req, flags);
+    uint64_t ctx = (uint64_t)(uintptr_t)orion_current_context();
+    int status = orion_thread_forward(ORION_OP_cuCtxSetFlags, req, sizeof req, NULL, 0, 0);
+    orion_context_gone(ctx);
+    return status;
 }

@@ -6,6 +6,11 @@
  * written straight into the program's buffer. When the host side lies in this channel's page-locked pool slice
  * (pinned_pool.c), the copy is the table's pinned variant (opcode + 0x2000) naming the pool address instead: no
  * bytes travel, and an async one is posted to run in stream order on the host, as natively.
+ *
+ * Any other host memory, page-locked in the program's eyes or not (a fallback allocation when the pool had no room,
+ * a cuMemHostRegister'ed range: page_locked_calls.c), is pageable here: its bytes travel, and even an async copy
+ * waits for its reply, so a copy to the host has written the program's buffer when it returns (and a later
+ * synchronize finds nothing of it outstanding), and a copy from it has taken the bytes.
  */
 #include <string.h>
 

@@ -259,6 +259,21 @@ static uint32_t context_check_3(void) { return 0; }
 static const void *context_checks[4] = { (void *)(4 * sizeof(void *)), NULL, (void *)context_check,
                                          (void *)context_check_3 };
 
+/* --- 1734dc26…: cuBLASLt's, asked in cublasLtMatmulAlgoGetHeuristic for half-precision GEMMs ---------------------
+ * Measured on the H200 (CUDA 13): 16 entries; cuBLASLt calls entry 4 (two out-pointers it zeroed first, then
+ * values), then entry 13 on what entry 4 gave. What they compute is not known, and cuBLASLt calls the table without
+ * checking that the driver gave one: answering the UUID as unknown crashes the process. Every entry answers
+ * CUDA_ERROR_NOT_SUPPORTED (named once) and writes nothing. */
+static CUresult heuristics_entry(void) { return orion_not_forwarded("export table 1734dc26 (cuBLASLt heuristics)"); }
+
+static const void *cublaslt_heuristics[17] = {
+    (void *)(17 * sizeof(void *)), (void *)heuristics_entry, (void *)heuristics_entry, (void *)heuristics_entry,
+    (void *)heuristics_entry, (void *)heuristics_entry, (void *)heuristics_entry, (void *)heuristics_entry,
+    (void *)heuristics_entry, (void *)heuristics_entry, (void *)heuristics_entry, (void *)heuristics_entry,
+    (void *)heuristics_entry, (void *)heuristics_entry, (void *)heuristics_entry, (void *)heuristics_entry,
+    (void *)heuristics_entry,
+};
+
 /* --- the directory ----------------------------------------------------------------------------------------- */
 
 struct export_table { unsigned char uuid[16]; const void *const *table; const char *name; };
@@ -285,6 +300,8 @@ static const struct export_table TABLES[] = {
       context_checks, "CONTEXT_CHECKS" },
     { UUID(0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2),
       context_identity, "CONTEXT_IDENTITY" },
+    { UUID(0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca),
+      cublaslt_heuristics, "CUBLASLT_HEURISTICS" },
 };
 
 CUresult cuGetExportTable(const void **table, const CUuuid *id) {

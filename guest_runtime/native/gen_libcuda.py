@@ -4,6 +4,7 @@
     python -m guest_runtime.native.gen_libcuda --check OUT.c    a file that compiles only if cuda.h agrees
     python -m guest_runtime.native.gen_libcuda --symbols        refresh driver_symbols.txt and nvml_symbols.txt
     python -m guest_runtime.native.gen_libcuda --aliases CUDA_H refresh driver_aliases.txt from cuda.h
+    python -m guest_runtime.native.gen_libcuda --inventory CUDA_H  refresh ivshmem/cuda_h.txt (cuda_header.py)
 
 The table (ivshmem/driver_api.py, as `describe()` gives it) stays the definition of every forwarded call: this
 writes orion_calls.h (cuda.h's types, every call's opcode and prototype) and, for each generic call, the whole C
@@ -17,13 +18,19 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from ivshmem import cuda_header
+from ivshmem.api_classes import GUEST
 from ivshmem.driver_api import (
+    ENUMS,
     LAUNCH_ATTRIBUTES_EVENT,
     LAUNCH_ATTRIBUTES_PLAIN,
     POINTER_ATTRIBUTE_WIDTHS,
+    POINTER_HANDLES,
+    SCALARS,
     attribute_mask,
     describe,
     split_signature,
@@ -75,7 +82,7 @@ typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphEdgeData_st CUgraphEdgeData;
 """
-HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmodule", "CUfunction", "CUlibrary", "CUkernel", "CUmemoryPool"}
+HANDLES = POINTER_HANDLES
 WIRE_C = {"i32": "int32_t", "u32": "uint32_t", "u64": "uint64_t", "u8": "uint8_t", "u16": "uint16_t",
           "f32": "float"}
 # Written in cuda_client.c, under their ABI symbol: the name table maps the API name to it.
@@ -122,7 +129,7 @@ def _generic(call: dict[str, Any]) -> str:
     params = call["params"]
     after = _effect_hooks(call, names)
     lines = [f"__attribute__((weak)) {proto} {{"]
-    outs = [(i, p) for i, p in enumerate(params) if p["role"] == "out"]
+    outs = [(i, p) for i, p in enumerate(params) if p["role"] in ("out", "inout")]
     for i, _p in outs:
         lines.append(f"    if (!{names[i]}) return CUDA_ERROR_INVALID_VALUE;")
     req_size = sum(WIDTH[f["kind"]] for f in call["request"])
@@ -133,7 +140,10 @@ def _generic(call: dict[str, Any]) -> str:
     for field in call["request"]:
         index = int(field["name"][3:])
         ctype, kind = params[index]["ctype"], field["kind"]
-        value = f"(uint64_t)(uintptr_t){names[index]}" if ctype in HANDLES else f"({WIRE_C[kind]}){names[index]}"
+        source = names[index]
+        if params[index]["role"] == "inout":  # read through the pointer: its value goes, the reply's comes back
+            ctype, source = ctype[:-1].strip(), f"*{names[index]}"
+        value = f"(uint64_t)(uintptr_t){source}" if ctype in HANDLES else f"({WIRE_C[kind]}){source}"
         lines.append(f"    orion_put_{kind}(req + {offset}, {value});")
         offset += WIDTH[kind]
     flags = "ORION_CALL_INIT" if "initializes" in call["effects"] else "0"
@@ -194,8 +204,9 @@ def generate() -> str:
     parts.append(f"const unsigned orion_pointer_attributes = {max(widths) + 1};")
     parts.append("const unsigned char orion_pointer_attribute_width[] = {"
                  + ", ".join(str(widths.get(a, 0)) for a in range(max(widths) + 1)) + "};")
+    aliased = {alias for alias, _name in abi_aliases()}
     table_names = {call["name"] for call in calls}
-    others = [name for name in driver_symbols() if name not in table_names]
+    others = [name for name in driver_symbols() if name not in table_names and name not in aliased]
     parts += [_outside_table(name) for name in others]
     parts += [_nvml_stub(name) for name in nvml_names() if name not in NVML_NOT_STUBBED]
     parts.append("")
@@ -206,6 +217,28 @@ def generate() -> str:
     return "\n".join(parts) + "\n"
 
 
+def _type_declarations() -> list[str]:
+    """C typedefs, in ABI terms, of the cuda.h types the table's signatures use that PREAMBLE does not spell out:
+    opaque handles as struct pointers, enums as int, scalar typedefs as their C type (type_check holds every
+    signature to cuda.h itself)."""
+    used = set()
+    for call in describe()["calls"]:
+        for ctype in split_signature(call["signature"])[1]:
+            used.add(re.sub(r"\b(const)\b|\*", " ", c_type(ctype)).split()[-1])
+    declared = set(re.findall(r"\b(\w+)\s*[;,]", PREAMBLE)) | set(re.findall(r"\(\*(\w+)\)", PREAMBLE))
+    scalar_c = {"i": "int", "I": "unsigned int", "Q": "unsigned long long", "q": "long long", "B": "unsigned char",
+                "H": "unsigned short", "f": "float"}
+    lines = []
+    for name in sorted(used - declared):
+        if name in POINTER_HANDLES:
+            lines.append(f"typedef struct {name}_st *{name};")
+        elif name in ENUMS:
+            lines.append(f"typedef int {name};")
+        elif name in SCALARS and name not in scalar_c.values() and name != "size_t":
+            lines.append(f"typedef {scalar_c[SCALARS[name]]} {name};")
+    return lines
+
+
 def generate_header() -> str:
     """orion_calls.h, which every C file of the library includes (through orion_guest.h): cuda.h's types in ABI
     terms, the opcode of every table call (ORION_OP_<name>; ORION_POSTED_<name> for a posted one) and every table
@@ -213,7 +246,7 @@ def generate_header() -> str:
     calls = describe()["calls"]
     parts = ["/* Generated by guest_runtime/native/gen_libcuda.py from ivshmem/driver_api.py: do not edit. */",
              "#ifndef ORION_CALLS_H", "#define ORION_CALLS_H", "", "#include <stddef.h>", "#include <stdint.h>",
-             "", PREAMBLE, "enum {"]
+             "", PREAMBLE, *_type_declarations(), "", "enum {"]
     parts += [f"    ORION_OP_{call['name']} = {call['opcode']:#x}," for call in calls]
     parts.append("};")
     parts += [f"#define ORION_POSTED_{call['name']} 1" for call in calls if call["posted"]]
@@ -277,14 +310,27 @@ def abi_aliases() -> list[tuple[str, str]]:
     caller that links with -lcuda or looks names up with dlsym asks for them: cuBLASLt refuses to start ("Driver
     API initialization failed") and XLA's stubs answer CUDA_ERROR_SHARED_OBJECT_INIT_FAILED without them.
     Every entry point here has the ABI of its versioned name (type_check holds the table to cuda.h's macros), so
-    each versioned name is the same function; a name that exists in its own right (driver_symbols) keeps it.
+    each versioned name is the same function; a name that exists in its own right (driver_symbols) keeps it,
+    unless the inventory gives it the entry point's ABI (or none of its own: a macro's name only).
     A per-thread-default-stream name (_ptds, _ptsz) is the legacy-stream one: its stream 0 is the legacy
     default stream, which orders at least as strictly (docs/native-driver.md)."""
     text = (Path(__file__).with_name("driver_aliases.txt")).read_text()
     pairs = [tuple(line.split()) for line in text.splitlines() if line.strip() and not line.startswith("#")]
-    own = set(driver_symbols()) | {call["name"] for call in describe()["calls"]}
-    return [(alias, IN_CLIENT.get(name, name)) for alias, name in pairs
-            if alias not in own and name in own and alias != IN_CLIENT.get(name, name)]
+    table = {call["name"] for call in describe()["calls"]}
+    own = set(driver_symbols()) | table
+    defined = table | set(GUEST)  # entry points with a definition of their own (generated, or hand-written C)
+    entries = cuda_header.read().entry_points
+    aliases = []
+    for alias, name in pairs:
+        target = IN_CLIENT.get(name, name)
+        if name not in own or alias == target or alias in defined:
+            continue
+        # a name the wheel also declares keeps its own (an 801 stub) unless its ABI is the entry point's: cuda.h's
+        # `#define cuGraphInstantiate cuGraphInstantiateWithFlags` makes the latter the forwarded call's symbol
+        if alias in own and entries.get(alias, entries.get(name)) != entries.get(name):
+            continue
+        aliases.append((alias, target))
+    return aliases
 
 
 # cuda.h: `#define cuMemAlloc cuMemAlloc_v2`, `#define cuMemcpyHtoD __CUDA_API_PTDS(cuMemcpyHtoD_v2)`
@@ -328,12 +374,34 @@ def write_symbols(path: Path) -> int:
     return 0
 
 
-def type_check() -> str:
+def wheel_signatures() -> dict[str, str]:
+    """Every driver entry point the installed cuda-bindings wheel declares, with its capsule's signature."""
+    from cuda.bindings import cydriver
+
+    from guest_runtime.capsule_hook import capsule_signature
+
+    return {name: capsule_signature(capsule) for name, capsule in cydriver.__pyx_capi__.items()
+            if name.startswith("cu")}
+
+
+def write_inventory(cuda_h: Path) -> int:
+    """Regenerate ivshmem/cuda_h.txt from a toolkit's cuda.h and the installed wheel (names only grow)."""
+    header = cuda_header.parse(cuda_h.read_text())
+    earlier = cuda_header.read() if cuda_header.INVENTORY.exists() else \
+        cuda_header.Inventory({}, frozenset(), frozenset(), {})
+    cuda_header.write(cuda_header.merged(header, earlier, wheel_signatures()), source=str(cuda_h))
+    return 0
+
+
+def type_check(declared: Collection[str] | None = None) -> str:
     """A C file that compiles only if every table call's signature is the one cuda.h declares (the same
-    function, under cuda.h's versioned names): the CPU-CI check that no entry point is mis-typed."""
+    function, under cuda.h's versioned names): the CPU-CI check that no entry point is mis-typed. `declared`: the
+    entry points the cuda.h at hand declares (a call only a newer header or the wheel has is left out)."""
     parts = ["/* Generated by gen_libcuda.py --check: compiles only where cuda.h agrees with the call table. */",
              "#include <cuda.h>", ""]
     for call in describe()["calls"]:
+        if declared is not None and call["name"] not in declared:
+            continue
         _restype, params = split_signature(call["signature"])
         name = call["name"]
         parts.append(f"typedef CUresult orion_t_{name}({', '.join(c_type(t) for t in params) or 'void'});")
@@ -346,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args == ["--symbols"]:
         return write_symbols(Path(__file__).with_name("driver_symbols.txt"))
+    if len(args) == 2 and args[0] == "--inventory":
+        return write_inventory(Path(args[1]))
     if len(args) == 2 and args[0] == "--aliases":
         return write_aliases(Path(args[1]), Path(__file__).with_name("driver_aliases.txt"))
     check = args[:1] == ["--check"]

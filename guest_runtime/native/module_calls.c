@@ -1,12 +1,18 @@
 /* module_calls.c: the native guest driver's module and library calls (guest_runtime/forward.py's hand-written
  * versions in C): loads that measure the image and send it from where it lies after their JIT options (or only its
- * SHA-256, when the agent already holds it), and the look-ups of functions, kernels and globals by name. */
+ * SHA-256, when the agent already holds it), loads from a file of the guest (read here, then loaded as its bytes),
+ * and the look-ups of functions, kernels and globals by name. */
+#define _POSIX_C_SOURCE 200809L /* open's O_CLOEXEC, fstat under -std=c11 */
 #include "module_calls.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "hand_calls.h"
 #include "module_image.h"
@@ -254,4 +260,140 @@ CUresult cuModuleGetGlobal(CUdeviceptr *pointer, size_t *size, CUmodule module, 
 
 CUresult cuLibraryGetGlobal(CUdeviceptr *pointer, size_t *size, CUlibrary library, const char *name) {
     return get_global(ORION_OP_cuLibraryGetGlobal, pointer, size, (uint64_t)(uintptr_t)library, name);
+}
+
+/* --- loads from a file: the file is the guest's, so the guest reads it and loads its bytes -------------------- */
+
+#define MAX_IMAGE_FILE ((size_t)2 << 30) /* module_image.c's MAX_IMAGE: no image is larger */
+#ifndef CUDA_ERROR_FILE_NOT_FOUND
+#define CUDA_ERROR_FILE_NOT_FOUND 301 /* cuda.h's; cuda_client.h names the ones the library shares */
+#endif
+
+/* The whole of the file at `path`, and a NUL after it (PTX is NUL-terminated text when loaded from memory; a cubin
+ * or fatbin is measured from its own headers, so the NUL is never sent), in a malloc'd buffer: CUDA_SUCCESS with
+ * *bytes and *length (without the NUL), CUDA_ERROR_FILE_NOT_FOUND for a file that cannot be opened or read,
+ * CUDA_ERROR_OUT_OF_MEMORY, or CUDA_ERROR_INVALID_IMAGE for one larger than any image. A regular file is read into
+ * a buffer of its size; anything else (a pipe, a /proc file) into one that grows. */
+static int read_image_file(const char *path, uint8_t **bytes, size_t *length) {
+    int fd;
+    do fd = open(path, O_RDONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) return CUDA_ERROR_FILE_NOT_FOUND;
+    struct stat st;
+    size_t capacity = 64 * 1024; /* bytes the buffer holds before its NUL */
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 0) {
+        if ((unsigned long long)st.st_size > MAX_IMAGE_FILE) {
+            close(fd);
+            fprintf(stderr, "orion: not a module image CUDA would load: %s is %llu bytes, more than any image\n",
+                    path, (unsigned long long)st.st_size);
+            return CUDA_ERROR_INVALID_IMAGE;
+        }
+        capacity = (size_t)st.st_size;
+    }
+    uint8_t *buffer = malloc(capacity + 1);
+    size_t used = 0;
+    int status = buffer ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    while (status == CUDA_SUCCESS) {
+        uint8_t probe;
+        int full = used == capacity; /* then one byte more says whether the file goes on (a regular file: no) */
+        ssize_t got = full ? read(fd, &probe, 1) : read(fd, buffer + used, capacity - used);
+        if (got < 0) {
+            if (errno != EINTR) status = CUDA_ERROR_FILE_NOT_FOUND; /* a directory (EISDIR), an I/O error */
+            continue;
+        }
+        if (got == 0) break;
+        if (full) {
+            if (capacity >= MAX_IMAGE_FILE) {
+                fprintf(stderr, "orion: not a module image CUDA would load: %s is more than %zu bytes\n", path,
+                        MAX_IMAGE_FILE);
+                status = CUDA_ERROR_INVALID_IMAGE;
+                continue;
+            }
+            size_t grown = capacity < MAX_IMAGE_FILE / 2 ? 2 * capacity + 1 : MAX_IMAGE_FILE;
+            uint8_t *larger = realloc(buffer, grown + 1);
+            if (!larger) {
+                status = CUDA_ERROR_OUT_OF_MEMORY;
+                continue;
+            }
+            buffer = larger;
+            capacity = grown;
+            buffer[used] = probe;
+        }
+        used += (size_t)got;
+    }
+    close(fd);
+    if (status != CUDA_SUCCESS) {
+        free(buffer);
+        return status;
+    }
+    buffer[used] = '\0';
+    *bytes = buffer;
+    *length = used;
+    return CUDA_SUCCESS;
+}
+
+/* The file's bytes are no pointer's: a fatbin wrapper in them would point into this process's memory, and headers
+ * that claim more than the file holds would ship whatever lies after the buffer. Both are CUDA_ERROR_INVALID_IMAGE
+ * here; anything else (an image, or bytes that are none) is the load's to judge, as cuModuleLoadData judges them. */
+static int within_file(const char *path, const uint8_t *bytes, size_t length) {
+    struct orion_image_span span;
+    if (orion_image_locate(bytes, &span, NULL, 0)) return CUDA_SUCCESS;
+    if (span.kind == ORION_IMAGE_FATBIN_WRAPPER) {
+        fprintf(stderr, "orion: not a module image CUDA would load: %s holds a fatbin wrapper (a pointer)\n", path);
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    size_t limit = span.kind == ORION_IMAGE_PTX ? length + 1 : length; /* PTX ends at the NUL read_image_file adds */
+    if ((const uint8_t *)span.start != bytes || span.size > limit) {
+        fprintf(stderr, "orion: not a module image CUDA would load: %s is truncated: its image claims %zu bytes, "
+                "the file has %zu\n", path, span.size, length);
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Read `path` and check its image is within it: CUDA_SUCCESS with a malloc'd *bytes (freed by the caller), or the
+ * error (nothing to free). */
+static int image_from_file(const char *path, uint8_t **bytes) {
+    size_t length;
+    int status = read_image_file(path, bytes, &length);
+    if (status != CUDA_SUCCESS) return status;
+    if ((status = within_file(path, *bytes, length)) != CUDA_SUCCESS) free(*bytes);
+    return status;
+}
+
+/* cuModuleLoad: Triton (torch.compile) loads each kernel's cubin so. The bytes go out exactly as cuModuleLoadData
+ * sends them (measured, by digest when large), and the buffer is freed once the host has answered. */
+CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+    if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
+    if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    uint8_t *bytes;
+    int status = image_from_file(fname, &bytes);
+    if (status != CUDA_SUCCESS) return status;
+    status = cuModuleLoadData(module, bytes);
+    free(bytes);
+    return status;
+}
+
+/* The driver takes the fat binary as an image pointer: cuModuleLoadData's (a fatbin, or a wrapper it follows). */
+CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+    return cuModuleLoadData(module, fatCubin);
+}
+
+CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+                               void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                               void **libraryOptionValues, unsigned int numLibraryOptions) {
+    if (!library || !fileName || (numJitOptions && (!jitOptions || !jitOptionsValues)) ||
+        (numLibraryOptions && !libraryOptions))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < numLibraryOptions; i++)
+        if (libraryOptions[i] == LIBRARY_BINARY_IS_PRESERVED) /* cuda.h: invalid with a file */
+            return CUDA_ERROR_INVALID_VALUE;
+    if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    uint8_t *bytes;
+    int status = image_from_file(fileName, &bytes);
+    if (status != CUDA_SUCCESS) return status;
+    status = cuLibraryLoadData(library, bytes, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                               libraryOptionValues, numLibraryOptions);
+    free(bytes);
+    return status;
 }

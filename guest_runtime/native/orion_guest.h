@@ -70,6 +70,15 @@ int orion_range_contains(uint64_t pointer);
 /* --- pinned_pool.c: this channel's slice of the region's page-locked pool -------------------------------------- */
 int orion_pool_ready(void);                            /* agree on the slice's address with the host (once) */
 int orion_pool_contains(uint64_t pointer, uint64_t size); /* [pointer, pointer+size) lies in the slice */
+int orion_pool_overlaps(uint64_t pointer, uint64_t size); /* [pointer, pointer+size) shares a byte with the slice */
 uint64_t orion_pool_size(void);
+
+/* --- page_locked_calls.c: guest memory answered for as page-locked, outside the pool -------------------------- */
+/* A fallback allocation (owned: cuMemAllocHost/cuMemHostAlloc when the pool could not serve it; cuMemFreeHost
+ * unmaps it) or a cuMemHostRegister'ed range (not owned: cuMemHostUnregister only forgets it). Copies with either
+ * are pageable (staged); the GPU cannot reach them. */
+struct orion_host_range { uint64_t base, size; unsigned flags; int owned; };
+/* 1 and the range holding `pointer`, or 0 (one atomic load when none is listed). */
+int orion_host_range_find(uint64_t pointer, struct orion_host_range *range);
 
 #endif

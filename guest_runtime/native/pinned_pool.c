@@ -96,4 +96,11 @@ int orion_pool_contains(uint64_t pointer, uint64_t size) {
     return base <= pointer && pointer - base <= span && need <= span - (pointer - base);
 }
 
+int orion_pool_overlaps(uint64_t pointer, uint64_t size) {
+    uint64_t base = atomic_load(&pool_base);
+    if (!base || !size) return 0;
+    uint64_t span = atomic_load(&pool_size);
+    return pointer < base + span && base < pointer + size; /* callers keep [pointer, pointer+size) from wrapping */
+}
+
 uint64_t orion_pool_size(void) { return atomic_load(&pool_size); }

@@ -12,9 +12,36 @@ static int pool_attribute_is_64(int attribute) {
     return attribute == 4 || attribute == 5 || attribute == 6 || attribute == 7 || attribute == 8 || attribute == 13;
 }
 
+/* An address in a fallback allocation or a registered range (page_locked_calls.c), answered in the guest, where the
+ * host knows nothing of it. Only what is true of that memory is answered, as the driver answers for page-locked host
+ * memory: MEMORY_TYPE is CU_MEMORYTYPE_HOST, HOST_POINTER the address itself, RANGE_START_ADDR / RANGE_SIZE the
+ * allocation or registration, IS_MANAGED 0. DEVICE_POINTER is CUDA_ERROR_INVALID_VALUE, which cuda.h documents for
+ * memory with no device pointer (the GPU cannot reach it); every other attribute (context, device ordinal, buffer
+ * id, IPC and mapping properties...) is CUDA_ERROR_INVALID_VALUE, the driver's answer for a pointer it does not
+ * know; cuPointerGetAttributes reads both as zero. */
+static int host_range_attribute(void *data, int attribute, uint64_t pointer, const struct orion_host_range *range) {
+    enum { CONTEXT = 1, MEMORY_TYPE, DEVICE_POINTER, HOST_POINTER, IS_MANAGED = 8, RANGE_START_ADDR = 11,
+           RANGE_SIZE = 12, CU_MEMORYTYPE_HOST = 1 };
+    uint32_t narrow;
+    uint64_t wide;
+    switch (attribute) {
+    case MEMORY_TYPE: narrow = CU_MEMORYTYPE_HOST; break;
+    case IS_MANAGED: narrow = 0; break;
+    case HOST_POINTER: wide = pointer; break;
+    case RANGE_START_ADDR: wide = range->base; break;
+    case RANGE_SIZE: wide = range->size; break;
+    default: return CUDA_ERROR_INVALID_VALUE; /* DEVICE_POINTER, CONTEXT and the rest */
+    }
+    if (attribute == MEMORY_TYPE || attribute == IS_MANAGED) memcpy(data, &narrow, 4);
+    else memcpy(data, &wide, 8);
+    return CUDA_SUCCESS;
+}
+
 /* The host answers the value and its width; `width` bytes of it go to `data`. */
 int cuPointerGetAttribute(void *data, int attribute, CUdeviceptr pointer) {
     if (!data) return CUDA_ERROR_INVALID_VALUE;
+    struct orion_host_range range;
+    if (orion_host_range_find(pointer, &range)) return host_range_attribute(data, attribute, pointer, &range);
     uint8_t req[12], rep[12];
     orion_put_i32(req, attribute);
     orion_put_u64(req + 4, pointer);

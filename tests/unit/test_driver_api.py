@@ -24,6 +24,7 @@ from ivshmem.driver_api import (
     ENUMS,
     HANDLES,
     IN,
+    INOUT,
     OUT,
     PINNED_COPY,
     Handlers,
@@ -63,8 +64,8 @@ def test_a_generic_calls_payloads_are_its_in_and_out_parameters_packed() -> None
     for call in CALLS.values():
         if not call.generic:
             continue
-        ins = "".join(p.code for p in call.params if p.role == IN)
-        outs = "".join(p.code for p in call.params if p.role == OUT)
+        ins = "".join(p.code for p in call.params if p.role in (IN, INOUT))  # a read-and-written pointer: both
+        outs = "".join(p.code for p in call.params if p.role in (OUT, INOUT))
         assert call.request.scalars_only and call.request.fixed.format == "<" + ins, call.name
         assert call.reply.scalars_only and call.reply.fixed.format == "<" + outs, call.name
 

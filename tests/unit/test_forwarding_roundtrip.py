@@ -34,8 +34,10 @@ from typing import Any
 import pytest
 
 from host_agent.executor import ExecutorOptions
+from ivshmem.api_classes import GENERATED
 from ivshmem.channel import Streamed
-from ivshmem.driver_api import CALLS, ENUMS, IN, OUT, PINNED_POOL_CALLS
+from ivshmem.cuda_status import NOT_SUPPORTED
+from ivshmem.driver_api import CALLS, ENUMS, INOUT, OUT, PINNED_POOL_CALLS
 from ivshmem.record import CUDA_OPCODE_BASE, Op, Status
 from tests import forwarding_rig
 from tests.fake_driver import ENUM_CLASSES, IMPLEMENTED, FakeDriver
@@ -169,11 +171,13 @@ def sha(data: bytes) -> str:
 # --- the fake itself --------------------------------------------------------------------------------------------------
 
 def test_the_fake_implements_what_the_executor_calls() -> None:
-    """Every call of the table the host runs through the driver, and every `driver.cu*` the executor names."""
+    """Every call of the hand table the host runs through the driver, and every `driver.cu*` the executor names.
+    Calls forwarded by construction (api_classes.GENERATED) that the fake lacks answer CUDA_ERROR_NOT_SUPPORTED
+    through the executor, as on a driver without them (UNMODELLED, below)."""
     source = (REPO / "host_agent" / "executor.py").read_text()
     named = set(re.findall(r"driver\.(cu[A-Z]\w+)", source))
     assert named, "the executor names no driver function?"
-    host_side = {name for name, call in CALLS.items() if not call.answered_in_guest}
+    host_side = {name for name, call in CALLS.items() if not call.answered_in_guest and name not in GENERATED}
     wanted = (host_side - PINNED_POOL_CALLS) | named
     assert wanted <= IMPLEMENTED, sorted(wanted - IMPLEMENTED)
 
@@ -281,6 +285,40 @@ class Env:
         assert self.g.sync() == SUCCESS
         return first, second
 
+    # --- stream capture and graphs ---------------------------------------------------------------------------
+    def capturing(self) -> int:
+        """A new non-blocking stream whose capture has begun (GLOBAL) with one memset captured."""
+        stream = self.g.ok("cuStreamCreate", 1)
+        assert self.g.call("cuStreamBeginCapture", stream, 0)[0] == SUCCESS
+        assert self.g.call("cuMemsetD32Async", self.ptr, 7, 4, stream)[0] == SUCCESS
+        return stream
+
+    def other_context_stream(self) -> int:
+        """A stream of another context (a capture there leaves this context's synchronizations alone)."""
+        self.new_context()
+        stream = self.g.ok("cuStreamCreate", 1)
+        self.g.ok("cuCtxSetCurrent", self.ctx)
+        return stream
+
+    def graph(self) -> int:
+        """A graph captured on a new stream: one memset node."""
+        stream = self.capturing()
+        return int(self.g.ok("cuStreamEndCapture", stream))
+
+    def graph_exec(self) -> int:
+        return int(self.g.ok("cuGraphInstantiate", self.graph(), 0))
+
+    def captured_node(self) -> tuple[int]:
+        """The node a capture made, as cuStreamGetCaptureInfo names it (sent as its record: the capsule path does
+        not forward that call), then the capture ended."""
+        stream = self.capturing()
+        call = CALLS["cuStreamGetCaptureInfo"]
+        status, reply = self.g.forwarder._call(call, call.request.encode(stream))
+        assert status == SUCCESS and reply is not None
+        _status, _ident, _graph, nodes, _edges = call.reply.decode(reply.payload)
+        self.g.ok("cuStreamEndCapture", stream)
+        return (nodes[0][0],)
+
 
 GENERIC_INPUTS: dict[str, Callable[[Env], tuple[Any, ...]]] = {
     "cuInit": lambda e: (0,),
@@ -355,6 +393,23 @@ GENERIC_INPUTS: dict[str, Callable[[Env], tuple[Any, ...]]] = {
     "cuCtxSetLimit": lambda e: (0, 2048),
     "cuStreamWaitValue32": lambda e: (e.stream, e.ptr, 0, 0),  # CU_STREAM_WAIT_VALUE_GEQ 0: already true
     "cuStreamWriteValue32": lambda e: (e.stream, e.ptr + 8, 7, 0),
+    # stream capture and graphs (forwarded by construction)
+    "cuCtxSynchronize_v2": lambda e: (e.ctx,),
+    "cuEventRecordWithFlags": lambda e: (e.event, e.stream, 0),
+    "cuStreamGetFlags": lambda e: (e.g.ok("cuStreamCreate", 1),),
+    "cuStreamGetPriority": lambda e: (e.g.ok("cuStreamCreateWithPriority", 0, -2),),
+    "cuStreamGetId": lambda e: (e.stream,),
+    "cuStreamBeginCapture": lambda e: (e.other_context_stream(), 2),  # RELAXED; it is never ended
+    "cuStreamEndCapture": lambda e: (e.capturing(),),
+    "cuThreadExchangeStreamCaptureMode": lambda e: (1,),  # THREAD_LOCAL in, GLOBAL (the first mode) out
+    "cuGraphCreate": lambda e: (0,),
+    "cuGraphDestroy": lambda e: (e.graph(),),
+    "cuGraphClone": lambda e: (e.graph(),),
+    "cuGraphInstantiate": lambda e: (e.graph(), 2),  # CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD
+    "cuGraphExecDestroy": lambda e: (e.graph_exec(),),
+    "cuGraphLaunch": lambda e: (e.graph_exec(), e.stream),
+    "cuGraphUpload": lambda e: (e.graph_exec(), e.stream),
+    "cuGraphNodeGetType": lambda e: e.captured_node(),
 }
 # Generic calls the executor answers itself (guest ordinals): inputs and the outputs the guest must get.
 ANSWERED_BY_EXECUTOR: dict[str, tuple[tuple[Any, ...], list[Any]]] = {
@@ -363,10 +418,15 @@ ANSWERED_BY_EXECUTOR: dict[str, tuple[tuple[Any, ...], list[Any]]] = {
 }
 
 
+# Calls forwarded by construction that the fake does not model: the executor answers CUDA_ERROR_NOT_SUPPORTED, as a
+# driver without them would, and never reaches the fake.
+UNMODELLED = frozenset(set(GENERATED) - IMPLEMENTED)
+
+
 def test_every_generic_call_is_covered_here() -> None:
     generic = {call.name for call in CALLS.values() if call.generic}
-    assert generic == set(GENERIC_INPUTS) | set(ANSWERED_BY_EXECUTOR), \
-        "a generic call was added to ivshmem/driver_api.py: give it inputs in GENERIC_INPUTS"
+    assert generic - UNMODELLED == set(GENERIC_INPUTS) | set(ANSWERED_BY_EXECUTOR), \
+        "a generic call was added to ivshmem/driver_api.py (or the fake): give it inputs in GENERIC_INPUTS"
 
 
 def test_every_generic_call_reaches_the_driver_converted_and_its_outputs_come_back(rig: Rig) -> None:
@@ -378,6 +438,14 @@ def test_every_generic_call_reaches_the_driver_converted_and_its_outputs_come_ba
     problems: list[str] = []
     for call in CALLS.values():
         if not call.generic:
+            continue
+        if call.name in UNMODELLED:
+            mark = rig.mark()
+            status, outs = g.call(call.name, *[0] * len(call.input_positions))
+            if call.posted:
+                status = status or g.sync()
+            if status != NOT_SUPPORTED or rig.entries(mark, call.name):
+                problems.append(f"{call.name}: not modelled by the fake, yet got {status}")
             continue
         if call.name in ANSWERED_BY_EXECUTOR:
             inputs, expected = ANSWERED_BY_EXECUTOR[call.name]
@@ -397,14 +465,14 @@ def test_every_generic_call_reaches_the_driver_converted_and_its_outputs_come_ba
             problems.append(f"{call.name}{inputs}: status {status}, fake calls {seen}")
             continue
         entry = seen[0]
-        in_params = [p for p in call.params if p.role == IN]
-        want_args = [[p.ctype, v] if p.ctype in ENUMS else GUEST_DEVICES[v] if p.ctype == "CUdevice" else v
+        in_params = [call.params[i] for i in call.input_positions]
+        want_args = [[p.base, v] if p.base in ENUMS else GUEST_DEVICES[v] if p.base == "CUdevice" else v
                      for p, v in zip(in_params, inputs, strict=True)]
         if entry["args"] != want_args:
             problems.append(f"{call.name}: fake saw {entry['args']}, expected {want_args}")
         if entry["result"][0] != ["CUresult", 0]:
             problems.append(f"{call.name}: fake answered {entry['result']}")
-        out_params = [p for p in call.params if p.role == OUT]
+        out_params = [p for p in call.params if p.role in (OUT, INOUT)]
         want_outs = [plain_number(v) for v in entry["result"][1:]]
         want_outs = [GUEST_DEVICES.index(v) if p.base == "CUdevice" else v
                      for p, v in zip(out_params, want_outs, strict=True)]
@@ -463,13 +531,17 @@ POSTED_FAILURES: dict[str, tuple[Callable[[Guest, Any], int], int]] = {
     "cuStreamWaitValue32": (lambda g, e: g.call("cuStreamWaitValue32", e.stream, FOREIGN, 0, 0)[0], INVALID_VALUE),
     "cuStreamWriteValue32": (lambda g, e: g.call("cuStreamWriteValue32", BAD_HANDLE, e.ptr, 1, 0)[0],
                              INVALID_HANDLE),
+    "cuEventRecordWithFlags": (lambda g, e: g.call("cuEventRecordWithFlags", BAD_HANDLE, e.stream, 0)[0],
+                               INVALID_HANDLE),
+    "cuGraphLaunch": (lambda g, e: g.call("cuGraphLaunch", e.graph_exec(), BAD_HANDLE)[0], INVALID_HANDLE),
+    "cuGraphUpload": (lambda g, e: g.call("cuGraphUpload", e.graph_exec(), BAD_HANDLE)[0], INVALID_HANDLE),
 }
 
 
 def test_every_posted_call_returns_at_once_and_its_failure_surfaces_at_the_next_sync(rig: Rig) -> None:
     """A posted call cannot know its outcome: each one that will fail still returns 0; the failure is the next
     synchronising call's status (once), and the fake never saw the refused call."""
-    assert {c.name for c in CALLS.values() if c.posted} == set(POSTED_FAILURES)
+    assert {c.name for c in CALLS.values() if c.posted} - UNMODELLED == set(POSTED_FAILURES)
     g = rig.guest()
     env = Env(g)
     for name, (post, code) in POSTED_FAILURES.items():

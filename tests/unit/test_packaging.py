@@ -33,7 +33,8 @@ DISTRIBUTION = {
     "hypothesis": "hypothesis", "libvirt": "libvirt-python", "lxml": "lxml", "numba": "numba-cuda", "numpy": "numpy",
     "prometheus_client": "prometheus-client", "pyetcd": "etcd-sdk-python", "pytest": "pytest", "pyverbs": "pyverbs",
     "torch": "torch", "cupy": "cupy-cuda13x", "jax": "jax", "google": "protobuf", "grpc_tools": "grpcio-tools",
-    "hatchling": "hatchling", "yaml": "pyyaml",
+    "hatchling": "hatchling", "yaml": "pyyaml", "cupyx": "cupy-cuda13x", "transformers": "transformers",
+    "torchvision": "torchvision", "triton": "triton",
 }
 # Declared though no module of ours imports them, each with the reason (checked below where it can be).
 NEEDED_BY_OTHERS: dict[str, str] = {}
@@ -46,7 +47,7 @@ BUILD_HOOKS = {"guest_runtime/hatch_build.py": "guest_runtime/pyproject.toml", "
 # Imported by the tests only where the test tool or the device machine brings them: never a dependency.
 TEST_TOOLING = {"numba-cuda": "tests/gpu/programs/numba_program.py runs on the device machine, which has numba-cuda",
                 **{name: "tests/gpu/programs/ (PyTorch, CuPy, JAX programs) run on the device machine, which has it"
-                   for name in ("torch", "cupy-cuda13x", "jax")}}
+                   for name in ("torch", "cupy-cuda13x", "jax", "transformers", "torchvision", "triton")}}
 
 
 def _name(requirement: str) -> str:
@@ -182,6 +183,7 @@ def test_guest_wheel_holds_exactly_the_guest_runtime_and_the_wire(guest_wheel: z
     expected = {f"{pkg}/{p.name}" for pkg in ("guest_runtime", "ivshmem") for p in (REPO / pkg).glob("*.py")
                 if f"{pkg}/{p.name}" not in BUILD_HOOKS}
     expected.add("orion_guest.pth")  # the start-up hook that activates forwarding under Orion's environment
+    expected.add("ivshmem/cuda_h.txt")  # the driver API's inventory the call table is built from (cuda_header.py)
     if find_compiler() is not None:  # the native driver, compiled by the build hook (docs/native-driver.md)
         expected |= {"guest_runtime/native/lib/libcuda.so.1", "guest_runtime/native/lib/libcuda.so",
                      "guest_runtime/native/lib/libnvidia-ml.so.1"}

@@ -37,7 +37,7 @@ def ledger() -> tuple[SessionLedger, Usage]:
 def reserve(book: SessionLedger, size: int = 8 * MIB, base: int = BASE) -> None:
     call = CALLS["cuMemAddressReserve"]
     args = (size, 0, 0, 0)
-    assert book.check(call, "CUdeviceptr", 0, args) is None
+    assert book.check(call, 3, "CUdeviceptr", 0, args) is None
     book.record(call, args, [base])
 
 
@@ -47,7 +47,7 @@ def create(book: SessionLedger, size: int = 4 * MIB, handle: int = HANDLE, devic
 
 def release(book: SessionLedger, handle: int = HANDLE) -> None:
     call = CALLS["cuMemRelease"]
-    assert book.check(call, "CUmemGenericAllocationHandle", handle, (handle,)) is None
+    assert book.check(call, 0, "CUmemGenericAllocationHandle", handle, (handle,)) is None
     book.record(call, (handle,), [])
 
 
@@ -60,22 +60,22 @@ def test_a_reserved_range_is_the_sessions_memory_until_freed_whole() -> None:
     assert not book.owns(BASE + 8 * MIB - 1, 2) and not book.owns(BASE - 1, 1)
     assert usage.events == []  # address space costs no GPU memory
     free = CALLS["cuMemAddressFree"]
-    assert book.check(free, "CUdeviceptr", BASE, (BASE, 4 * MIB)) == INVALID_VALUE  # not the whole reservation
-    assert book.check(free, "CUdeviceptr", BASE + 2 * MIB, (BASE + 2 * MIB, 6 * MIB)) == INVALID_VALUE
-    assert book.check(free, "CUdeviceptr", 0x1000, (0x1000, 8 * MIB)) == INVALID_VALUE  # never reserved
-    assert book.check(free, "CUdeviceptr", BASE, (BASE, 8 * MIB)) is None
+    assert book.check(free, 0, "CUdeviceptr", BASE, (BASE, 4 * MIB)) == INVALID_VALUE  # not the whole reservation
+    assert book.check(free, 0, "CUdeviceptr", BASE + 2 * MIB, (BASE + 2 * MIB, 6 * MIB)) == INVALID_VALUE
+    assert book.check(free, 0, "CUdeviceptr", 0x1000, (0x1000, 8 * MIB)) == INVALID_VALUE  # never reserved
+    assert book.check(free, 0, "CUdeviceptr", BASE, (BASE, 8 * MIB)) is None
     book.record(free, (BASE, 8 * MIB), [])
     assert not book.owns(BASE, 1) and book.vmm.reserved == {}
-    assert book.check(free, "CUdeviceptr", BASE, (BASE, 8 * MIB)) == INVALID_VALUE  # twice: gone
+    assert book.check(free, 0, "CUdeviceptr", BASE, (BASE, 8 * MIB)) == INVALID_VALUE  # twice: gone
 
 
 def test_the_reservation_hint_is_not_checked_as_memory() -> None:
     """cuMemAddressReserve's fourth parameter is only where the guest would like the range: not owned memory."""
     book, _usage = ledger()
     call = CALLS["cuMemAddressReserve"]
-    assert book.check(call, "CUdeviceptr", 0x7F99_0000_0000, (MIB, 0, 0x7F99_0000_0000, 0)) is None
+    assert book.check(call, 3, "CUdeviceptr", 0x7F99_0000_0000, (MIB, 0, 0x7F99_0000_0000, 0)) is None
     # ... while any other call naming that address is refused
-    assert book.check(CALLS["cuMemcpyDtoD"], "CUdeviceptr", 0x7F99_0000_0000, (0x7F99_0000_0000, 0, 8)) == \
+    assert book.check(CALLS["cuMemcpyDtoD"], 0, "CUdeviceptr", 0x7F99_0000_0000, (0x7F99_0000_0000, 0, 8)) == \
         INVALID_VALUE
 
 
@@ -120,12 +120,13 @@ def test_a_handle_the_session_never_created_is_invalid_value() -> None:
     """cuMemRelease and cuMemMap document CUDA_ERROR_INVALID_VALUE for a handle they do not know."""
     book, _usage = ledger()
     create(book)
-    for call in ("cuMemRelease", "cuMemMap"):
-        assert book.check(CALLS[call], "CUmemGenericAllocationHandle", HANDLE + 16, ()) == INVALID_VALUE
-        assert book.check(CALLS[call], "CUmemGenericAllocationHandle", 0, ()) == INVALID_VALUE
-    assert book.check(CALLS["cuStreamDestroy"], "CUstream", 99, (99,)) == INVALID_HANDLE  # others unchanged
+    for call, position in (("cuMemRelease", 0), ("cuMemMap", 3)):
+        handle_type = "CUmemGenericAllocationHandle"
+        assert book.check(CALLS[call], position, handle_type, HANDLE + 16, ()) == INVALID_VALUE
+        assert book.check(CALLS[call], position, handle_type, 0, ()) == INVALID_VALUE
+    assert book.check(CALLS["cuStreamDestroy"], 0, "CUstream", 99, (99,)) == INVALID_HANDLE  # others unchanged
     release(book)
-    assert book.check(CALLS["cuMemRelease"], "CUmemGenericAllocationHandle", HANDLE, (HANDLE,)) == INVALID_VALUE
+    assert book.check(CALLS["cuMemRelease"], 0, "CUmemGenericAllocationHandle", HANDLE, (HANDLE,)) == INVALID_VALUE
 
 
 def test_a_range_must_lie_inside_one_reservation() -> None:

@@ -1,0 +1,75 @@
+"""The conformance matrix (issue 28): ordinary framework programs that no one here wrote the driver calls of, each
+run natively and through the native guest driver on every path a session takes (served locally, relayed over TCP),
+their values compared. docs/conformance.md reports the counts; an exception is a strict xfail with its reason.
+
+Values: numbers agree to 1e-3 relative (the same kernels on the same GPU; cuBLAS may split a reduction differently
+only if it chose another algorithm, which would itself be a difference worth seeing), everything else exactly.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+from typing import Any
+
+import pytest
+
+from tests.gpu.test_forwarded_programs import HAS_GPU, PATHS, PROGRAMS, native, oriond, relayed, served  # noqa: F401
+from tests.gpu.test_native_frameworks import JAX_ENV, GuestLibraries, library, run_on_driver  # noqa: F401
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (device machine)")]
+
+PROGRAM = PROGRAMS / "conformance_program.py"
+# case -> the modules it needs (skipped where one is missing) and the environment it runs with
+CASES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "torch_fp32": (("torch",), {}),
+    "torch_fp16_autocast": (("torch",), {}),
+    "torch_bf16_autocast": (("torch",), {}),
+    "torch_sdpa": (("torch",), {}),
+    "torch_events_streams": (("torch",), {}),
+    "torch_pinned_dataloader": (("torch",), {}),
+    "torch_cuda_graph": (("torch",), {}),
+    "torch_compile_default": (("torch", "triton"), {}),
+    "torch_compile_reduce_overhead": (("torch", "triton"), {}),
+    "transformers_gpt2": (("torch", "transformers"), {}),
+    "torchvision_resnet18": (("torch", "torchvision"), {}),
+    "jax_default": (("jax",), JAX_ENV),
+    "cupy_libraries": (("cupy",), {}),
+    "triton_kernel": (("torch", "triton"), {}),
+    "cuda_core_cluster": (("cuda.core",), {}),
+}
+# case -> why it does not pass forwarded (a strict xfail: it starts failing the day it passes)
+GAPS: dict[str, str] = {}
+
+
+def assert_same_values(native_result: dict[str, Any], forwarded: dict[str, Any], where: str = "") -> None:
+    """Every `ok` flag true natively; the forwarded run holds the same keys and values (numbers to 1e-3)."""
+    assert all(v for k, v in native_result.items() if k == "ok" or k.endswith("_ok")), native_result
+    assert sorted(forwarded) == sorted(native_result), (forwarded, native_result)
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, float) or isinstance(b, float):
+            return isinstance(a, int | float) and isinstance(b, int | float) and \
+                math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-6)
+        if isinstance(a, list):
+            return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        return bool(a == b)
+    differ = {k: (forwarded[k], native_result[k]) for k in native_result if not same(forwarded[k], native_result[k])}
+    assert not differ, f"{where}: forwarded, native: {differ}"
+
+
+def _case(name: str, path: str) -> object:
+    marks = [pytest.mark.xfail(strict=True, reason=GAPS[name])] if name in GAPS else []
+    return pytest.param(name, path, marks=marks, id=f"{name}-{path}")
+
+
+@pytest.mark.parametrize(("name", "path"), [_case(name, path) for name in CASES for path in PATHS])
+def test_a_conformance_case_gives_the_native_values_forwarded(
+        name: str, path: str, request: pytest.FixtureRequest, library: GuestLibraries) -> None:  # noqa: F811
+    needs, env = CASES[name]
+    missing = [m for m in needs if importlib.util.find_spec(m.split(".")[0]) is None]
+    if missing:
+        pytest.skip(f"{missing} not installed here (the GPU machine has them)")
+    extra = {"CONFORMANCE_CASE": name, **env}
+    expected = native(PROGRAM, **extra)
+    forwarded = run_on_driver(PROGRAM, (served(request, path), library), **extra)
+    assert_same_values(expected, forwarded, f"{name} {path}")
