@@ -89,7 +89,8 @@ GUEST = Handlers("guest")  # the calls written out below, by name
 # launches and TMA descriptors, JAX's virtual-memory allocator) loads its own CUDA runtime, which only the native
 # driver forwards; through the capsule they answer CUDA_ERROR_NOT_SUPPORTED, named once (docs/native-driver.md).
 NATIVE_ONLY = frozenset({"cuOccupancyMaxActiveClusters", "cuTensorMapEncodeTiled", "cuMemGetAllocationGranularity",
-                         "cuMemCreate", "cuMemSetAccess", "cuStreamGetCaptureInfo"})
+                         "cuMemCreate", "cuMemSetAccess", "cuStreamGetCaptureInfo",
+                         *(name for name in CALLS if name.startswith("cuGraph") and not CALLS[name].generic)})
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
 LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption
 FORWARDED_LAUNCH_ATTRIBUTES = LAUNCH_ATTRIBUTES_PLAIN | LAUNCH_ATTRIBUTES_EVENT

@@ -65,6 +65,7 @@ from ivshmem.region import Region
 from .call_handlers import HOST, POLICY  # the calls written out here and in the mixins
 from .diagnostics import DiagnosticsHandler
 from .gpu_memory import MeterFactory
+from .graph_calls import GraphCalls
 from .handler import Reply, ReplyFailed, Session, note, refused
 from .image_cache import CacheSettings, ImageCache
 from .launch_extras import MAX_LAUNCH_ATTRIBUTES, LaunchExtraCalls
@@ -110,7 +111,7 @@ def _load_driver() -> Any:
     return driver
 
 
-class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, DiagnosticsHandler):
+class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, GraphCalls, DiagnosticsHandler):
     """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
 
     call_table = table_digest()  # what a forwarding client's HELLO must name

@@ -254,6 +254,18 @@ JIT_OPTIONS_KIND = "[iQ]"  # (option, the integer in its optionValues slot): sca
 ALLOCATION_PROP = ("kind:i32 handle_types:i32 location_kind:i32 location:i32 compression:u8 rdma_capable:u8 "
                    "usage:u16")
 
+# A CUDA_KERNEL_NODE_PARAMS as it travels: its function (or CUkernel), context and launch dimensions; the kernel's
+# parameters follow as a launch's do (packed by their layout), `extra` never travels.
+KERNEL_NODE = ("function:u64 kernel:u64 context:u64 grid_x:u32 grid_y:u32 grid_z:u32 block_x:u32 block_y:u32 "
+               "block_z:u32 shared_bytes:u32")
+# A CUDA_MEMSET_NODE_PARAMS: dst, pitch, value, elementSize, width (elements), height (rows).
+MEMSET_NODE = "dst:u64 pitch:u64 value:u32 element_size:u32 width:u64 height:u64"
+# A CUDA_MEMCPY3D without its arrays (array copies are not forwarded): each side's offsets, memory type, host or
+# device address, pitch and height, then the extent. A host address must be the guest's page-locked pool memory.
+MEMCPY_3D = ("src_x:u64 src_y:u64 src_z:u64 src_lod:u64 src_type:u32 src_host:u64 src_device:u64 src_pitch:u64 "
+             "src_height:u64 dst_x:u64 dst_y:u64 dst_z:u64 dst_lod:u64 dst_type:u32 dst_host:u64 dst_device:u64 "
+             "dst_pitch:u64 dst_height:u64 width:u64 height:u64 depth:u64")
+
 # Append only: a call's opcode is its position, and both sides must agree (table_digest() is compared at HELLO).
 _SPEC: list[tuple[Any, ...]] = [
     ("cuInit", "CUresult (unsigned int)", None, {"effects": "initializes"}),
@@ -443,6 +455,59 @@ _SPEC: list[tuple[Any, ...]] = [
     ("cuStreamGetCaptureInfo", "CUresult (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, "
      "CUgraphNode const **, CUgraphEdgeData const **, size_t *)", "in out out out nodes_out edges_out out",
      {"request": "stream:u64", "reply": "status:i32 id:u64 graph:u64 nodes:[Q] edges:[Q]"}),
+    # CUDA graphs built node by node (issue 28: XLA's command buffers). Node arrays travel as counted u64 lists,
+    # edge data (CUgraphEdgeData's 8 bytes) as u64s; a query's `capacity` is the caller's array length (0: the
+    # count only), its reply the driver's count and the entries it wrote.
+    ("cuGraphGetNodes", "CUresult (CUgraph, CUgraphNode *, size_t *)", "in nodes_out count_inout",
+     {"request": "graph:u64 capacity:u64", "reply": "count:u64 nodes:[Q]"}),
+    ("cuGraphGetRootNodes", "CUresult (CUgraph, CUgraphNode *, size_t *)", "in nodes_out count_inout",
+     {"request": "graph:u64 capacity:u64", "reply": "count:u64 nodes:[Q]"}),
+    ("cuGraphGetEdges", "CUresult (CUgraph, CUgraphNode *, CUgraphNode *, CUgraphEdgeData *, size_t *)",
+     "in nodes_out nodes_out edges_out count_inout",
+     {"request": "graph:u64 capacity:u64", "reply": "count:u64 from:[Q] to:[Q] edges:[Q]"}),
+    ("cuGraphNodeGetDependencies", "CUresult (CUgraphNode, CUgraphNode *, CUgraphEdgeData *, size_t *)",
+     "in nodes_out edges_out count_inout",
+     {"request": "node:u64 capacity:u64", "reply": "count:u64 nodes:[Q] edges:[Q]"}),
+    ("cuGraphNodeGetDependentNodes", "CUresult (CUgraphNode, CUgraphNode *, CUgraphEdgeData *, size_t *)",
+     "in nodes_out edges_out count_inout",
+     {"request": "node:u64 capacity:u64", "reply": "count:u64 nodes:[Q] edges:[Q]"}),
+    ("cuGraphAddEmptyNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, size_t)", "out in nodes_in count",
+     {"request": "graph:u64 deps:[Q]", "reply": "node:u64"}),
+    ("cuGraphAddChildGraphNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, size_t, CUgraph)",
+     "out in nodes_in count in", {"request": "graph:u64 child:u64 deps:[Q]", "reply": "node:u64"}),
+    ("cuGraphAddEventRecordNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, size_t, CUevent)",
+     "out in nodes_in count in", {"request": "graph:u64 event:u64 deps:[Q]", "reply": "node:u64"}),
+    ("cuGraphAddEventWaitNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, size_t, CUevent)",
+     "out in nodes_in count in", {"request": "graph:u64 event:u64 deps:[Q]", "reply": "node:u64"}),
+    ("cuGraphAddDependencies", "CUresult (CUgraph, CUgraphNode const *, CUgraphNode const *, "
+     "CUgraphEdgeData const *, size_t)", "in nodes_in nodes_in edges_in count",
+     {"request": "graph:u64 from:[Q] to:[Q] edges:[Q]"}),
+    ("cuGraphRemoveDependencies", "CUresult (CUgraph, CUgraphNode const *, CUgraphNode const *, "
+     "CUgraphEdgeData const *, size_t)", "in nodes_in nodes_in edges_in count",
+     {"request": "graph:u64 from:[Q] to:[Q] edges:[Q]"}),
+    ("cuGraphAddMemsetNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, size_t, "
+     "CUDA_MEMSET_NODE_PARAMS const *, CUcontext)", "out in nodes_in count memset_params in",
+     {"request": f"graph:u64 context:u64 {MEMSET_NODE} deps:[Q]", "reply": "node:u64"}),
+    ("cuGraphAddMemcpyNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, size_t, "
+     "CUDA_MEMCPY3D const *, CUcontext)", "out in nodes_in count copy_params in",
+     {"request": f"graph:u64 context:u64 {MEMCPY_3D} deps:[Q]", "reply": "node:u64"}),
+    ("cuGraphAddKernelNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, size_t, "
+     "CUDA_KERNEL_NODE_PARAMS const *)", "out in nodes_in count kernel_node_params",
+     {"request": f"graph:u64 {KERNEL_NODE} deps:[Q] params:tail", "reply": "node:u64"}),
+    ("cuGraphKernelNodeSetParams", "CUresult (CUgraphNode, CUDA_KERNEL_NODE_PARAMS const *)",
+     "in kernel_node_params", {"request": f"node:u64 {KERNEL_NODE} params:tail"}),
+    ("cuGraphExecKernelNodeSetParams", "CUresult (CUgraphExec, CUgraphNode, CUDA_KERNEL_NODE_PARAMS const *)",
+     "in in kernel_node_params", {"request": f"exec:u64 node:u64 {KERNEL_NODE} params:tail"}),
+    ("cuGraphMemsetNodeSetParams", "CUresult (CUgraphNode, CUDA_MEMSET_NODE_PARAMS const *)", "in memset_params",
+     {"request": f"node:u64 {MEMSET_NODE}"}),
+    ("cuGraphExecMemsetNodeSetParams", "CUresult (CUgraphExec, CUgraphNode, CUDA_MEMSET_NODE_PARAMS const *, "
+     "CUcontext)", "in in memset_params in", {"request": f"exec:u64 node:u64 context:u64 {MEMSET_NODE}"}),
+    ("cuGraphMemcpyNodeSetParams", "CUresult (CUgraphNode, CUDA_MEMCPY3D const *)", "in copy_params",
+     {"request": f"node:u64 {MEMCPY_3D}"}),
+    ("cuGraphExecMemcpyNodeSetParams", "CUresult (CUgraphExec, CUgraphNode, CUDA_MEMCPY3D const *, CUcontext)",
+     "in in copy_params in", {"request": f"exec:u64 node:u64 context:u64 {MEMCPY_3D}"}),
+    ("cuGraphExecUpdate", "CUresult (CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *)", "in in update_info_out",
+     {"request": "exec:u64 graph:u64", "reply": "result:i32 error_node:u64 error_from_node:u64"}),
 ]
 
 # CUmemPool_attribute values whose value is a cuuint64_t (the others are int): thresholds and byte counts.

@@ -58,7 +58,8 @@ To keep it honest:
   capture's id (unique, counting from 1), graph and the node captured last. A plain event record on a capturing
   stream adds no node: the event becomes a captured event (cuEventQuery/cuEventSynchronize answer
   CUDA_ERROR_CAPTURED_EVENT). cuGraphLaunch queues each node's work on the launch stream in order, as if each
-  call were made on that stream then, so the stream rules above apply to it. What ends or spoils a capture:
+  call were made on that stream then, so the stream rules above apply to it (in an order that runs each
+  node after its dependencies: a captured graph's chain, in call order). What ends or spoils a capture:
   synchronizing or querying the capturing stream, or synchronizing its context, answers
   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900) and invalidates it (status INVALIDATED; work queued on it then
   answers 901 and cuStreamEndCapture answers CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901), ending it); the legacy
@@ -75,8 +76,30 @@ To keep it honest:
   stream: CUDA_ERROR_NOT_SUPPORTED), an argument error invalidating the capture (it is answered; the capture goes
   on), other calls CUDA counts unsafe during a capture (synchronous copies and memsets, cuMemAllocHost, module
   loads... behave as without a capture), the legacy stream's implicit dependency on a capturing blocking stream
-  for anything but its synchronize and query, node parameters (a node replays exactly what was captured: memory
-  freed since is not noticed), and any cost or upload of a graph.
+  for anything but its synchronize and query, the parameters of a captured node (it replays exactly what was
+  captured: memory freed since is not noticed), and any cost or upload of a graph.
+* Graphs built node by node (the cuGraphAdd*Node calls of kernel — ADD_KERNEL runs, any other kernel runs nothing
+  —, memset, memcpy between device memory and host memory given by its address, empty, child-graph and event
+  record/wait nodes; cuGraphAdd/RemoveDependencies with edge data; cuGraphGetNodes, GetRootNodes, GetEdges,
+  NodeGetDependencies and NodeGetDependentNodes; the Kernel/Memset/MemcpyNodeSetParams calls on a graph's node and
+  on an executable graph's copy of it; cuGraphExecUpdate): nodes keep their parameters, checked when given (an
+  unknown function or kernel, a memset's rows or a copy's device side outside one allocation, a dependency of
+  another graph or named twice: CUDA_ERROR_INVALID_VALUE; an unknown event CUDA_ERROR_INVALID_HANDLE; a NULL
+  context without a current one CUDA_ERROR_INVALID_CONTEXT) and resolved again when the node runs (memory freed
+  since: that part does nothing, where a GPU would fault). A child graph node runs a clone of its child graph made
+  when it was added. cuGraphInstantiate runs the nodes in an order that respects every edge (a cycle:
+  CUDA_ERROR_INVALID_VALUE) and keeps them as they are then; cuGraphExec*SetParams changes only the executable
+  graph's copy, under cuda.h's rules for it (a memset's height, a 2D memset's dimensions, a copy that is not 1D
+  or changes memory types: CUDA_ERROR_INVALID_VALUE). cuGraphExecUpdate pairs nodes by the order they were added
+  and edges by the order they were added to each node, and either takes every paired node's parameters or
+  answers CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE with the wheel's shape (no result information; the journal's note
+  holds the CUgraphExecUpdateResult and the error nodes the fake found). Queries answer as the wheel does (lists of
+  the length asked for, NULL entries past those written, and the count written; asked for 0, empty lists and the
+  whole count), nodes in the order they were added and edges in the order they were added. Where cuda.h names no
+  rule (an empty memset or copy, edge ports, a child graph with a cycle) the method says the fake's choice; none of
+  this was checked on a GPU. Not modelled: host, memory allocation/free, batch memory operation, conditional and
+  external semaphore nodes, CUDA arrays (CUDA_ERROR_NOT_SUPPORTED), node priorities and attributes, and
+  cuGraphDestroyNode.
 
 Every call is recorded in `FakeDriver.calls` and, when `journal` names a file, appended to it as one JSON line
 (`{"pid", "name", "args", "result", ...}`) before the call returns: the executor runs in a forked session
@@ -123,7 +146,8 @@ CUresult = IntEnum("CUresult", [  # type: ignore[misc]
     ("CUDA_ERROR_STREAM_CAPTURE_MERGE", 902), ("CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", 903),
     ("CUDA_ERROR_STREAM_CAPTURE_UNJOINED", 904), ("CUDA_ERROR_STREAM_CAPTURE_ISOLATION", 905),
     ("CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", 906), ("CUDA_ERROR_CAPTURED_EVENT", 907),
-    ("CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", 908),
+    ("CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", 908), ("CUDA_ERROR_LOSSY_QUERY", 402),
+    ("CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE", 910),
     ("CUDA_ERROR_UNKNOWN", 999),
 ])
 ERROR_STRINGS = {  # cuGetErrorString's texts (CUDA 13) for the codes above
@@ -149,6 +173,9 @@ ERROR_STRINGS = {  # cuGetErrorString's texts (CUDA 13) for the codes above
     906: "operation would make the legacy stream depend on a capturing blocking stream",
     907: "operation not permitted on an event last recorded in a capturing stream",
     908: "attempt to terminate a thread-local capture sequence from another thread",
+    402: "attempted introspection would be semantically lossy",
+    910: "the graph update was not performed because it included changes which violated constraints specific to "
+         "instantiated graph update",
 }
 def _other_device_attributes(named: set[int]) -> list[tuple[str, int]]:
     """CUdevice_attribute members beyond the few named here: the installed wheel's (names and values), else
@@ -214,6 +241,16 @@ CUgraphNodeType = IntEnum("CUgraphNodeType", [  # type: ignore[misc]
 ])
 CUgraphDependencyType = IntEnum("CUgraphDependencyType", [  # type: ignore[misc]
     ("CU_GRAPH_DEPENDENCY_TYPE_DEFAULT", 0), ("CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC", 1),
+])
+CUmemorytype = IntEnum("CUmemorytype", [  # type: ignore[misc]
+    ("CU_MEMORYTYPE_HOST", 1), ("CU_MEMORYTYPE_DEVICE", 2), ("CU_MEMORYTYPE_ARRAY", 3), ("CU_MEMORYTYPE_UNIFIED", 4),
+])
+CUgraphExecUpdateResult = IntEnum("CUgraphExecUpdateResult", [  # type: ignore[misc]
+    ("CU_GRAPH_EXEC_UPDATE_SUCCESS", 0), ("CU_GRAPH_EXEC_UPDATE_ERROR", 1),
+    ("CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED", 2), ("CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED", 3),
+    ("CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED", 4), ("CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED", 5),
+    ("CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED", 6), ("CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE", 7),
+    ("CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED", 8),
 ])
 CUgraphInstantiate_flags = IntEnum("CUgraphInstantiate_flags", [  # type: ignore[misc]
     ("CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH", 1), ("CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD", 2),
@@ -314,7 +351,7 @@ ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUmemPo
                                            CUmemLocationType, CUmemAllocationHandleType, CUmemAccess_flags,
                                            CUmemAllocationGranularity_flags, CUstreamCaptureMode, CUgraphNodeType,
                                            CUgraphDependencyType, CUgraphInstantiate_flags, CUevent_record_flags,
-                                           CUevent_wait_flags)
+                                           CUevent_wait_flags, CUmemorytype, CUgraphExecUpdateResult)
 ADD_KERNEL = b"orion_fake_add_u32"  # the one kernel the fake runs (FakeDriver._add_kernel)
 # cuCtxGetLimit's answers in a new context, as an H100 gives them (SHMEM_SIZE and PER_BLOCK_MEMORY_SIZE are not
 # modelled: CUDA_ERROR_UNSUPPORTED_LIMIT); cuCtxSetLimit's ceilings where the driver has one.
@@ -432,6 +469,53 @@ class CUgraphEdgeData:
 
     def __repr__(self) -> str:
         return f"CUgraphEdgeData(from_port={self.from_port}, to_port={self.to_port}, type={int(self.type)})"
+
+
+class _Fields:
+    """A wheel struct stand-in: plain attributes, shown by name (in the journal too)."""
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={plain(v)}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+
+class CUDA_KERNEL_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's name
+    """The wheel's CUDA_KERNEL_NODE_PARAMS (cuda.h's _v2: with `kern` and `ctx`); `kernelParams` and `extra` as the
+    addresses of C arrays (a void ** and a CU_LAUNCH_PARAM_* list), the only form the fake reads, 0 for none."""
+
+    def __init__(self) -> None:
+        self.func: Any = 0
+        self.gridDimX = self.gridDimY = self.gridDimZ = 0
+        self.blockDimX = self.blockDimY = self.blockDimZ = 0
+        self.sharedMemBytes = 0
+        self.kernelParams: Any = 0
+        self.extra: Any = 0
+        self.kern: Any = 0
+        self.ctx: Any = 0
+
+
+class CUDA_MEMSET_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's name
+    def __init__(self) -> None:
+        self.dst: Any = 0
+        self.pitch = self.value = self.elementSize = self.width = self.height = 0
+
+
+class CUDA_MEMCPY3D(_Fields):  # noqa: N801 - the wheel's name
+    """The wheel's CUDA_MEMCPY3D: host sides are addresses (ints), read and written through ctypes."""
+
+    def __init__(self) -> None:
+        for side in ("src", "dst"):
+            for name in ("XInBytes", "Y", "Z", "LOD", "Host", "Device", "Array", "Pitch", "Height"):
+                setattr(self, side + name, 0)
+            setattr(self, side + "MemoryType", 0)
+        self.WidthInBytes = self.Height = self.Depth = 0
+
+
+class CUgraphExecUpdateResultInfo(_Fields):
+    def __init__(self) -> None:
+        self.result: Any = CUgraphExecUpdateResult.CU_GRAPH_EXEC_UPDATE_SUCCESS
+        self.errorNode: Any = CUgraphNode(0)
+        self.errorFromNode: Any = CUgraphNode(0)
 
 
 class CUmemLocation:
@@ -731,16 +815,83 @@ class _Capture:
 @dataclass(frozen=True)
 class _GraphNode:
     """A node: its type and what running it does, given the stream a graph is launched on (queues its work on
-    that stream under the stream rules, as the call it was captured from would have)."""
+    that stream under the stream rules, as the call it was captured from would have). A node added node by node
+    also keeps its parameters (one of the _*Node records below; None for a captured node)."""
     kind: int  # CUgraphNodeType
     replay: Callable[[Any], object]
+    params: Any = None
 
 
 @dataclass
 class _GraphExec:
-    nodes: tuple[_GraphNode, ...]  # the graph's nodes when it was instantiated, in capture order
+    nodes: tuple[_GraphNode, ...]  # what it runs, in execution order (a topological order of the graph's nodes)
     flags: int
     stream: int | None = None  # the stream of its latest launch
+    members: tuple[int, ...] = ()  # the graph's nodes when it was instantiated, in the order they were added
+    order: tuple[int, ...] = ()  # indices into `members`, in execution order
+    parts: list[_GraphNode] = field(default_factory=list)  # what each member runs now (cuGraphExec*SetParams)
+    deps: tuple[tuple[tuple[int, int], ...], ...] = ()  # each member's dependencies: (member index, edge word)
+
+    def refresh(self) -> None:
+        self.nodes = tuple(self.parts[i] for i in self.order)
+
+
+@dataclass(frozen=True)
+class _KernelNode:
+    """A kernel node's parameters: its function (or kernel), launch dimensions and packed parameter bytes."""
+    handle: int  # the CUfunction, or the CUkernel where `func` was NULL
+    context: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int
+    packed: bytes
+    name: bytes
+
+
+@dataclass(frozen=True)
+class _MemsetNode:
+    dst: int
+    pitch: int
+    value: int
+    element: int
+    width: int  # elements
+    height: int  # rows
+    context: int
+
+
+@dataclass(frozen=True)
+class _CopySide:
+    """One side of a memcpy node: host memory (an address read and written through ctypes) or device memory."""
+    kind: int  # CU_MEMORYTYPE_HOST or _DEVICE (UNIFIED resolved by where the address lies)
+    address: int
+    x: int
+    y: int
+    z: int
+    pitch: int
+    rows: int  # the height of a slice
+
+    def row(self, y: int, z: int) -> int:
+        return self.address + self.x + (self.y + y) * self.pitch + (self.z + z) * self.pitch * self.rows
+
+
+@dataclass(frozen=True)
+class _CopyNode:
+    src: _CopySide
+    dst: _CopySide
+    width: int  # bytes
+    height: int
+    depth: int
+    context: int
+
+
+@dataclass(frozen=True)
+class _ChildNode:
+    graph: int  # the child graph's clone, which the node owns
+
+
+@dataclass(frozen=True)
+class _EventNode:
+    event: int
 
 
 class FakeDriver:
@@ -774,6 +925,9 @@ class FakeDriver:
     CUgraphInstantiate_flags, CUevent_record_flags, CUevent_wait_flags = (CUgraphInstantiate_flags,
                                                                           CUevent_record_flags, CUevent_wait_flags)
     CUgraph, CUgraphExec, CUgraphNode, CUgraphEdgeData = CUgraph, CUgraphExec, CUgraphNode, CUgraphEdgeData
+    CUmemorytype, CUgraphExecUpdateResult = CUmemorytype, CUgraphExecUpdateResult
+    CUDA_KERNEL_NODE_PARAMS, CUDA_MEMSET_NODE_PARAMS = CUDA_KERNEL_NODE_PARAMS, CUDA_MEMSET_NODE_PARAMS
+    CUDA_MEMCPY3D, CUgraphExecUpdateResultInfo = CUDA_MEMCPY3D, CUgraphExecUpdateResultInfo
 
     def __init__(self, devices: int = 2, total_mem: tuple[int, ...] | None = None, journal: str | None = None,
                  initialized: bool = False, context_bytes: int = CONTEXT_BYTES,
@@ -831,7 +985,8 @@ class FakeDriver:
         self.captures: dict[int, _Capture] = {}  # capturing stream -> its capture (active or invalidated)
         self._next_capture = 0
         self.capture_modes: dict[int, int] = {}  # thread ident -> its CUstreamCaptureMode (absent: GLOBAL)
-        self.graphs: dict[int, list[int]] = {}  # graph -> its nodes, in the order they were captured
+        self.graphs: dict[int, list[int]] = {}  # graph -> its nodes, in the order they were captured or added
+        self.graph_edges: dict[int, list[tuple[int, int, int]]] = {}  # graph -> (from, to, edge word), in order
         self.nodes: dict[int, _GraphNode] = {}
         self.node_graph: dict[int, int] = {}  # node -> its graph
         self.execs: dict[int, _GraphExec] = {}
@@ -922,6 +1077,8 @@ class FakeDriver:
         self.nodes[handle] = _GraphNode(kind, replay)
         self.node_graph[handle] = capture.graph
         self.graphs[capture.graph].append(handle)
+        if capture.last:  # a captured stream is one chain: an edge from the node captured before
+            self.graph_edges.setdefault(capture.graph, []).append((capture.last, handle, 0))
         capture.last = handle
         return 0
 
@@ -965,9 +1122,12 @@ class FakeDriver:
         return CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED if hit else 0
 
     def _drop_graph(self, graph: int) -> None:
+        self.graph_edges.pop(graph, None)
         for node in self.graphs.pop(graph, []):
-            self.nodes.pop(node, None)
+            found = self.nodes.pop(node, None)
             self.node_graph.pop(node, None)
+            if found is not None and isinstance(found.params, _ChildNode):  # the child graph's clone goes too
+                self._drop_graph(found.params.graph)
 
     def _run_queued(self, keys: list[int]) -> bool:
         """Run the queued work of `keys` in order, each up to a wait not yet satisfied; whether any ran."""
@@ -1937,17 +2097,26 @@ class FakeDriver:
         """A new graph with a new node for each of the original's, doing the same."""
         if not self.initialized:
             return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
-        original = self._graph(originalGraph)
-        if original is None:
+        if self._graph(originalGraph) is None:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return CUresult(0), CUgraph(self._clone_graph(int(originalGraph)))
+
+    def _clone_graph(self, original: int) -> int:
+        """A new graph with a new node for each of the original's, doing the same, and the same edges (a child
+        graph node's child graph cloned too)."""
         handle = self._handle()
         self.graphs[handle] = []
-        for node in original:
-            copy = self._handle()
-            self.nodes[copy] = self.nodes[node]
+        copies: dict[int, int] = {}
+        for node in self.graphs[original]:
+            copy = copies[node] = self._handle()
+            found = self.nodes[node]
+            if isinstance(found.params, _ChildNode):
+                found = self._child_node(self._clone_graph(found.params.graph))
+            self.nodes[copy] = found
             self.node_graph[copy] = handle
             self.graphs[handle].append(copy)
-        return CUresult(0), CUgraph(handle)
+        self.graph_edges[handle] = [(copies[a], copies[b], word) for a, b, word in self.graph_edges.get(original, [])]
+        return handle
 
     @_recorded
     def cuGraphNodeGetType(self, hNode: Any) -> tuple[Any, ...]:  # noqa: N803
@@ -1966,8 +2135,13 @@ class FakeDriver:
         value = int(flags)
         if nodes is None or value & ~0xF or value & 5 == 5:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        order = self._topological(int(hGraph))
+        if order is None:  # a cycle (cuGraphAddDependencies does not look for one here; not checked on a GPU)
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
         handle = self._handle()
-        self.execs[handle] = _GraphExec(tuple(self.nodes[n] for n in nodes), value)
+        parts = [self._frozen(n) for n in nodes]
+        self.execs[handle] = _GraphExec(tuple(parts[i] for i in order), value, members=tuple(nodes),
+                                        order=tuple(order), parts=parts, deps=self._member_deps(int(hGraph)))
         return CUresult(0), CUgraphExec(handle)
 
     @_recorded
@@ -2016,6 +2190,624 @@ class FakeDriver:
         """Checks its arguments; there is nothing to upload."""
         err, _found = self._graph_exec_on(hGraphExec, hStream)
         return _result(err)
+
+    # --- graphs built node by node --------------------------------------------------------------------------------
+    # cuGraphAdd*Node, dependencies, queries and parameter updates (see the module docstring). A node added here
+    # keeps its parameters (_KernelNode, _MemsetNode, _CopyNode, _ChildNode, _EventNode) and replays them when its
+    # executable graph runs; a graph's edges are kept in the order they were added (a capture's chain included), and
+    # the queries answer in that order, and nodes in the order they were added. Where CUDA's documentation names no
+    # rule the fake chose one, said at each method; none of it was checked on a GPU.
+    NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET = (CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL,
+                                             CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY,
+                                             CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMSET)
+
+    def _topological(self, graph: int) -> list[int] | None:
+        """The indices of `graph`'s nodes in an order that runs every node after its dependencies (the earliest
+        added first among those ready); None for a cycle."""
+        nodes = self.graphs[graph]
+        index = {node: i for i, node in enumerate(nodes)}
+        incoming: list[set[int]] = [set() for _ in nodes]
+        for a, b, _word in self.graph_edges.get(graph, []):
+            incoming[index[b]].add(index[a])
+        placed: list[int] = []
+        done: set[int] = set()
+        while len(placed) < len(nodes):
+            ready = next((i for i in range(len(nodes)) if i not in done and incoming[i] <= done), None)
+            if ready is None:
+                return None
+            placed.append(ready)
+            done.add(ready)
+        return placed
+
+    def _ordered(self, graph: int) -> list[int]:
+        order = self._topological(graph)
+        nodes = self.graphs[graph]
+        return [nodes[i] for i in order] if order is not None else list(nodes)
+
+    def _member_deps(self, graph: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Each node's dependencies, by index: (the dependency's index, the edge's word), in the order added."""
+        nodes = self.graphs[graph]
+        index = {node: i for i, node in enumerate(nodes)}
+        edges = self.graph_edges.get(graph, [])
+        return tuple(tuple((index[a], word) for a, b, word in edges if b == node) for node in nodes)
+
+    def _frozen(self, node: int) -> _GraphNode:
+        """What `node` runs in an executable graph: itself, or for a child graph node, its child graph's nodes as
+        they are now (an executable graph keeps what it was instantiated from)."""
+        found = self.nodes[node]
+        if not isinstance(found.params, _ChildNode):
+            return found
+        inner = [self._frozen(n) for n in self._ordered(found.params.graph)]
+        return _GraphNode(found.kind, lambda on: [part.replay(on) for part in inner], found.params)
+
+    def _child_node(self, graph: int) -> _GraphNode:
+        """A child graph node running `graph` (its own clone), its nodes as they are when it runs."""
+        return _GraphNode(CUgraphNodeType.CU_GRAPH_NODE_TYPE_GRAPH,
+                          lambda on: [self._frozen(n).replay(on) for n in self._ordered(graph)], _ChildNode(graph))
+
+    @staticmethod
+    def _node_list(value: Any, count: int, name: str) -> list[int] | None:
+        """A list of CUgraphNode as the wheel takes one (TypeError for anything else, RuntimeError when shorter
+        than `count`): its first `count` handles; None for None (NULL)."""
+        if value is None:
+            return None
+        if not isinstance(value, list | tuple) or not all(isinstance(v, CUgraphNode) for v in value):
+            raise TypeError(f"Argument '{name}' is not instance of type (expected tuple[cydriver.CUgraphNode,] or "
+                            f"list[cydriver.CUgraphNode,]")
+        if count > len(value):
+            raise RuntimeError(f"List is too small: {len(value)} < {count}")
+        return [int(v) for v in value[:count]]
+
+    def _node_inputs(self, graph: Any, dependencies: Any, count: int) -> tuple[int, list[int]]:
+        """(0 or the error, the dependencies) of a node to be added to `graph`: a known graph, each dependency one
+        of its nodes, none twice (cuda.h: "may not have any duplicate entries")."""
+        deps = self._node_list(dependencies, int(count), "dependencies")
+        if not self.initialized:
+            return CUresult.CUDA_ERROR_NOT_INITIALIZED, []
+        key = int(graph or 0)
+        if key not in self.graphs or (deps is None and int(count)):
+            return CUresult.CUDA_ERROR_INVALID_VALUE, []
+        deps = deps or []
+        if len(set(deps)) != len(deps) or any(self.node_graph.get(d) != key for d in deps):
+            return CUresult.CUDA_ERROR_INVALID_VALUE, []
+        return 0, deps
+
+    def _add_node(self, graph: Any, deps: list[int], node: _GraphNode) -> tuple[Any, ...]:
+        handle = self._handle()
+        key = int(graph)
+        self.nodes[handle] = node
+        self.node_graph[handle] = key
+        self.graphs[key].append(handle)
+        self.graph_edges.setdefault(key, []).extend((d, handle, 0) for d in deps)
+        return CUresult(0), CUgraphNode(handle)
+
+    def _node_context(self, ctx: Any) -> int:
+        """A node's context: a known one, or NULL with a current context (CUDA_ERROR_INVALID_CONTEXT otherwise)."""
+        value = int(ctx or 0)
+        if value:
+            return 0 if value in self.contexts else CUresult.CUDA_ERROR_INVALID_CONTEXT
+        return 0 if self._current() is not None else CUresult.CUDA_ERROR_INVALID_CONTEXT
+
+    def _kernel_node(self, params: Any) -> tuple[int, _GraphNode | None]:
+        """A CUDA_KERNEL_NODE_PARAMS as the driver takes it: `func` (a CUfunction, or a CUkernel as one), else
+        `kern` in `ctx` (NULL: the current context); dimensions as a launch's; the parameters from `kernelParams`
+        (by the kernel's layout) or `extra`, copied now, as cuda.h says. An unknown function or kernel is
+        CUDA_ERROR_INVALID_VALUE, the one error cuGraphAddKernelNode documents. Running it adds for ADD_KERNEL
+        (words resolved when it runs: an address with no memory behind it then changes nothing, where a GPU would
+        fault) and does nothing for any other kernel."""
+        if params is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        function, kernel, context = int(params.func or 0), int(params.kern or 0), int(params.ctx or 0)
+        if function:
+            found, handle, context = self.functions.get(function) or self.kernels.get(function), function, 0
+        else:
+            found, handle = self.kernels.get(kernel), kernel
+            if err := self._node_context(context):
+                return err, None
+        if found is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        grid = (int(params.gridDimX), int(params.gridDimY), int(params.gridDimZ))
+        block = (int(params.blockDimX), int(params.blockDimY), int(params.blockDimZ))
+        shared = int(params.sharedMemBytes)
+        if min(grid + block) <= 0 or block[0] * block[1] * block[2] > 1024 or shared > 228 * 1024:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        kernel_params, extra = int(params.kernelParams or 0), int(params.extra or 0)
+        layout = found.layout
+        if kernel_params and extra:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        if extra:
+            error, decoded = self.decode_extra(extra)
+            if error is not None or decoded is None:
+                return error or CUresult.CUDA_ERROR_INVALID_VALUE, None
+            packed = decoded
+        elif kernel_params:
+            if layout is None:
+                return CUresult.CUDA_ERROR_NOT_SUPPORTED, None  # an ELF image: its layout is not known here
+            pointers = (ctypes.c_void_p * max(len(layout), 1)).from_address(kernel_params)
+            buffer = bytearray(max((o + s for o, s in layout), default=0))
+            for (offset, size), pointer in zip(layout, pointers, strict=False):
+                if not pointer:
+                    return CUresult.CUDA_ERROR_INVALID_VALUE, None
+                buffer[offset:offset + size] = ctypes.string_at(pointer, size)
+            packed = bytes(buffer)
+        elif layout:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None  # parameters, and none given
+        else:
+            packed = b""
+        made = _KernelNode(handle, context, grid, block, shared, packed, found.name)
+        if found.name == ADD_KERNEL:
+            replay: Callable[[Any], object] = lambda on: self._add_kernel(made.packed, on)
+        else:
+            replay = lambda on: self._enqueue(on, lambda: None, self.NODE_KERNEL)
+        return 0, _GraphNode(self.NODE_KERNEL, replay, made)
+
+    def _memset_node(self, params: Any, context: int) -> tuple[int, _GraphNode | None]:
+        """A CUDA_MEMSET_NODE_PARAMS: element size 1, 2 or 4, dst aligned to it, width and height not 0 (the fake
+        refuses an empty memset), rows of `pitch` bytes (at least a row's) all in one allocation; the value is cut
+        to the element's width, as cuMemsetD8/D16 take it."""
+        if params is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        dst, pitch, value = int(params.dst or 0), int(params.pitch), int(params.value)
+        element, width, height = int(params.elementSize), int(params.width), int(params.height)
+        row = width * element
+        if element not in (1, 2, 4) or not width or not height or dst % element or (height > 1 and pitch < row):
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        if self._span(dst, pitch * (height - 1) + row) is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        made = _MemsetNode(dst, pitch, value, element, width, height, context)
+        pattern = (value & ((1 << 8 * element) - 1)).to_bytes(element, "little") * width
+
+        def fill() -> None:
+            for y in range(height):
+                span = self._span(dst + y * pitch, row)
+                if span is not None:  # freed since: nothing to write (a GPU would fault)
+                    span[0][span[1]:span[1] + row] = pattern
+        return 0, _GraphNode(self.NODE_MEMSET, lambda on: self._enqueue(on, fill, self.NODE_MEMSET), made)
+
+    def _copy_side(self, params: Any, prefix: str, extent: tuple[int, int, int]) -> tuple[int, _CopySide | None]:
+        width, height, depth = extent
+        kind = int(getattr(params, prefix + "MemoryType") or 0)
+        x, y, z = (int(getattr(params, prefix + name)) for name in ("XInBytes", "Y", "Z"))
+        pitch, rows = int(getattr(params, prefix + "Pitch")), int(getattr(params, prefix + "Height"))
+        if (height > 1 or depth > 1) and pitch < x + width or depth > 1 and rows < y + height:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None  # rows or slices that overlap
+        offset = x + y * pitch + z * pitch * rows
+        reach = (depth - 1) * pitch * rows + (height - 1) * pitch + width
+        if kind == CUmemorytype.CU_MEMORYTYPE_ARRAY:
+            return CUresult.CUDA_ERROR_NOT_SUPPORTED, None  # the fake has no arrays
+        if kind == CUmemorytype.CU_MEMORYTYPE_HOST:
+            address = int(getattr(params, prefix + "Host") or 0)
+            return (0, _CopySide(kind, address, x, y, z, pitch, rows)) if address else (
+                CUresult.CUDA_ERROR_INVALID_VALUE, None)
+        address = int(getattr(params, prefix + "Device") or 0)
+        start = address + offset
+        if kind == CUmemorytype.CU_MEMORYTYPE_UNIFIED:  # where the address lies: device memory, or registered
+            if self._span(start, reach) is not None:
+                kind = CUmemorytype.CU_MEMORYTYPE_DEVICE
+            elif any(base <= start and start + reach <= base + size for base, size in self.registered.items()):
+                return 0, _CopySide(CUmemorytype.CU_MEMORYTYPE_HOST, address, x, y, z, pitch, rows)
+            else:
+                return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        if kind != CUmemorytype.CU_MEMORYTYPE_DEVICE or self._span(start, reach) is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        return 0, _CopySide(kind, address, x, y, z, pitch, rows)
+
+    def _memcpy_node(self, params: Any, context: int) -> tuple[int, _GraphNode | None]:
+        """A CUDA_MEMCPY3D between device memory (each side's reach in one allocation) and host memory (read and
+        written through its address when the node runs), with UNIFIED resolved by where the address lies; an empty
+        extent is refused (the fake's choice: cuda.h refuses it for cuGraphExecMemcpyNodeSetParams), arrays are
+        not modelled (CUDA_ERROR_NOT_SUPPORTED)."""
+        if params is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        extent = (int(params.WidthInBytes), int(params.Height), int(params.Depth))
+        if not all(extent):
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        err, src = self._copy_side(params, "src", extent)
+        if src is None:
+            return err, None
+        err, dst = self._copy_side(params, "dst", extent)
+        if dst is None:
+            return err, None
+        made = _CopyNode(src, dst, *extent, context)
+        width = extent[0]
+
+        def read(side: _CopySide, y: int, z: int) -> bytes | None:
+            if side.kind == CUmemorytype.CU_MEMORYTYPE_HOST:
+                return ctypes.string_at(side.row(y, z), width)
+            span = self._span(side.row(y, z), width)
+            return None if span is None else bytes(span[0][span[1]:span[1] + width])
+
+        def write(side: _CopySide, y: int, z: int, data: bytes) -> None:
+            if side.kind == CUmemorytype.CU_MEMORYTYPE_HOST:
+                ctypes.memmove(side.row(y, z), data, width)
+                return
+            span = self._span(side.row(y, z), width)
+            if span is not None:
+                span[0][span[1]:span[1] + width] = data
+
+        def copy() -> None:
+            rows = [(y, z, read(src, y, z)) for z in range(extent[2]) for y in range(extent[1])]
+            for y, z, data in rows:
+                if data is not None:  # freed since: nothing to copy (a GPU would fault)
+                    write(dst, y, z, data)
+        return 0, _GraphNode(self.NODE_MEMCPY, lambda on: self._enqueue(on, copy, self.NODE_MEMCPY), made)
+
+    def _event_node(self, kind: int, event: Any) -> tuple[int, _GraphNode | None]:
+        """An event record node records the event on the launch stream when it runs, as a captured
+        CU_EVENT_RECORD_EXTERNAL record does; a wait node waits for the event's stream, as a captured
+        CU_EVENT_WAIT_EXTERNAL wait does. An unknown event: CUDA_ERROR_INVALID_HANDLE."""
+        key = int(event or 0)
+        if key not in self.events:
+            return CUresult.CUDA_ERROR_INVALID_HANDLE, None
+        if kind == CUgraphNodeType.CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+            replay: Callable[[Any], object] = (
+                lambda on: self._mark(self.events[key], on) if key in self.events else None)
+        else:
+            replay = lambda on: self._drain(self.events[key]["stream"] or None) if key in self.events else None
+        return 0, _GraphNode(kind, replay, _EventNode(key))
+
+    @_recorded
+    def cuGraphAddEmptyNode(self, hGraph: Any, dependencies: Any, numDependencies: int) -> tuple[Any, ...]:  # noqa: N803
+        err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
+        if err:
+            return _result(err, 1)
+        return self._add_node(hGraph, deps, _GraphNode(CUgraphNodeType.CU_GRAPH_NODE_TYPE_EMPTY, lambda on: None))
+
+    @_recorded
+    def cuGraphAddChildGraphNode(self, hGraph: Any, dependencies: Any, numDependencies: int,  # noqa: N803
+                                 childGraph: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The child graph is cloned into the node (cuda.h); the graph itself, or one with a cycle, cannot be a
+        child (CUDA_ERROR_INVALID_VALUE: the fake's rule)."""
+        err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
+        if err:
+            return _result(err, 1)
+        child = int(childGraph or 0)
+        if child not in self.graphs or child == int(hGraph) or self._topological(child) is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return self._add_node(hGraph, deps, self._child_node(self._clone_graph(child)))
+
+    @_recorded
+    def cuGraphAddEventRecordNode(self, hGraph: Any, dependencies: Any, numDependencies: int,  # noqa: N803
+                                  event: Any) -> tuple[Any, ...]:
+        err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
+        if err:
+            return _result(err, 1)
+        err, node = self._event_node(CUgraphNodeType.CU_GRAPH_NODE_TYPE_EVENT_RECORD, event)
+        return _result(err, 1) if node is None else self._add_node(hGraph, deps, node)
+
+    @_recorded
+    def cuGraphAddEventWaitNode(self, hGraph: Any, dependencies: Any, numDependencies: int,  # noqa: N803
+                                event: Any) -> tuple[Any, ...]:
+        err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
+        if err:
+            return _result(err, 1)
+        err, node = self._event_node(CUgraphNodeType.CU_GRAPH_NODE_TYPE_WAIT_EVENT, event)
+        return _result(err, 1) if node is None else self._add_node(hGraph, deps, node)
+
+    @_recorded
+    def cuGraphAddKernelNode(self, hGraph: Any, dependencies: Any, numDependencies: int,  # noqa: N803
+                             nodeParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
+        if err:
+            return _result(err, 1)
+        err, node = self._kernel_node(nodeParams)
+        if node is not None:
+            self._note = {"kernel_node": {"params": node.params.packed.hex(), "kernel": node.params.name.decode()}}
+        return _result(err, 1) if node is None else self._add_node(hGraph, deps, node)
+
+    @_recorded
+    def cuGraphAddMemsetNode(self, hGraph: Any, dependencies: Any, numDependencies: int,  # noqa: N803
+                             memsetParams: Any, ctx: Any) -> tuple[Any, ...]:  # noqa: N803
+        err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
+        if err or (err := self._node_context(ctx)):
+            return _result(err, 1)
+        err, node = self._memset_node(memsetParams, int(ctx or 0))
+        return _result(err, 1) if node is None else self._add_node(hGraph, deps, node)
+
+    @_recorded
+    def cuGraphAddMemcpyNode(self, hGraph: Any, dependencies: Any, numDependencies: int,  # noqa: N803
+                             copyParams: Any, ctx: Any) -> tuple[Any, ...]:  # noqa: N803
+        err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
+        if err or (err := self._node_context(ctx)):
+            return _result(err, 1)
+        err, node = self._memcpy_node(copyParams, int(ctx or 0))
+        return _result(err, 1) if node is None else self._add_node(hGraph, deps, node)
+
+    # edges
+    @staticmethod
+    def _edge_word(edge: Any) -> int:
+        return int(edge.from_port) | int(edge.to_port) << 8 | int(edge.type) << 16
+
+    @staticmethod
+    def _edge_object(word: int) -> CUgraphEdgeData:
+        edge = CUgraphEdgeData()
+        edge.from_port, edge.to_port = word & 0xFF, (word >> 8) & 0xFF
+        edge.type = CUgraphDependencyType((word >> 16) & 0xFF)
+        return edge
+
+    def _edges_given(self, graph: Any, sources: Any, targets: Any, data: Any,
+                     count: int) -> tuple[int, list[tuple[int, int, int]]]:
+        """(0 or the error, the edges) of cuGraphAddDependencies/RemoveDependencies: lists as the wheel takes them,
+        every node one of the graph's; edge data NULL: default edges."""
+        froms = self._node_list(sources, int(count), "from_")
+        tos = self._node_list(targets, int(count), "to")
+        if data is not None:
+            if not isinstance(data, list | tuple) or not all(isinstance(e, CUgraphEdgeData) for e in data):
+                raise TypeError("Argument 'edgeData' is not instance of type (expected tuple[cydriver.CUgraphEdgeData,]"
+                                " or list[cydriver.CUgraphEdgeData,]")
+            if int(count) > len(data):
+                raise RuntimeError(f"List is too small: {len(data)} < {int(count)}")
+        if not self.initialized:
+            return CUresult.CUDA_ERROR_NOT_INITIALIZED, []
+        key = int(graph or 0)
+        if key not in self.graphs:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, []
+        if not int(count):
+            return 0, []
+        if froms is None or tos is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, []
+        words = [self._edge_word(e) for e in data[:int(count)]] if data is not None else [0] * int(count)
+        if any(self.node_graph.get(n) != key for n in froms + tos):
+            return CUresult.CUDA_ERROR_INVALID_VALUE, []
+        return 0, list(zip(froms, tos, words, strict=True))
+
+    @_recorded
+    def cuGraphAddDependencies(self, hGraph: Any, from_: Any, to: Any, edgeData: Any,  # noqa: N803
+                               numDependencies: int) -> tuple[Any, ...]:  # noqa: N803
+        """All or nothing: an edge that exists already (whatever its data), twice in the list, from a node to
+        itself, with a to_port, an unknown type, or a port or programmatic type on anything but kernel nodes is
+        CUDA_ERROR_INVALID_VALUE (cuda.h's rules for ports and types; a cycle is found only by cuGraphInstantiate)."""
+        err, edges = self._edges_given(hGraph, from_, to, edgeData, numDependencies)
+        if err:
+            return _result(err)
+        have = {(a, b) for a, b, _word in self.graph_edges.get(int(hGraph), [])}
+        kernel = CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+        for a, b, word in edges:
+            from_port, to_port, kind = word & 0xFF, (word >> 8) & 0xFF, word >> 16
+            kernels = self.nodes[a].kind == kernel and self.nodes[b].kind == kernel
+            if (a == b or (a, b) in have or to_port or kind not in (0, 1) or word >> 24
+                    or (from_port and (self.nodes[a].kind != kernel or from_port > 2)) or (kind and not kernels)):
+                return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+            have.add((a, b))
+        self.graph_edges.setdefault(int(hGraph), []).extend(edges)
+        return _result(0)
+
+    @_recorded
+    def cuGraphRemoveDependencies(self, hGraph: Any, from_: Any, to: Any, edgeData: Any,  # noqa: N803
+                                  numDependencies: int) -> tuple[Any, ...]:  # noqa: N803
+        """All or nothing: each edge must exist with exactly that data (CUDA_ERROR_INVALID_VALUE otherwise)."""
+        err, edges = self._edges_given(hGraph, from_, to, edgeData, numDependencies)
+        if err:
+            return _result(err)
+        kept = list(self.graph_edges.get(int(hGraph), []))
+        for edge in edges:
+            if edge not in kept:
+                return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+            kept.remove(edge)
+        self.graph_edges[int(hGraph)] = kept
+        return _result(0)
+
+    # queries: the wheel's shapes (a list of `n` entries, NULL-padded past those written, and the count written;
+    # n = 0: empty lists and the whole count)
+    @staticmethod
+    def _asked(count: Any) -> int:
+        value = int(count)
+        if value < 0:
+            raise OverflowError("can't convert negative value to size_t")
+        return value
+
+    @staticmethod
+    def _padded_nodes(items: list[int], asked: int) -> list[CUgraphNode]:
+        got = items[:asked]
+        return [CUgraphNode(n) for n in got] + [CUgraphNode(0) for _ in range(asked - len(got))] if asked else []
+
+    def _padded_edges(self, words: list[int], asked: int) -> list[CUgraphEdgeData]:
+        got = words[:asked]
+        return [self._edge_object(w) for w in got] + [CUgraphEdgeData() for _ in range(asked - len(got))]
+
+    def _graph_nodes(self, graph: Any, asked: Any, roots: bool) -> tuple[Any, ...]:
+        n = self._asked(asked)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 2)
+        key = int(graph or 0)
+        if key not in self.graphs:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 2)
+        nodes = self.graphs[key]
+        if roots:
+            targets = {b for _a, b, _w in self.graph_edges.get(key, [])}
+            nodes = [node for node in nodes if node not in targets]
+        return CUresult(0), self._padded_nodes(nodes, n), min(n, len(nodes)) if n else len(nodes)
+
+    @_recorded
+    def cuGraphGetNodes(self, hGraph: Any, numNodes: int = 0) -> tuple[Any, ...]:  # noqa: N803
+        return self._graph_nodes(hGraph, numNodes, False)
+
+    @_recorded
+    def cuGraphGetRootNodes(self, hGraph: Any, numRootNodes: int = 0) -> tuple[Any, ...]:  # noqa: N803
+        return self._graph_nodes(hGraph, numRootNodes, True)
+
+    @_recorded
+    def cuGraphGetEdges(self, hGraph: Any, numEdges: int = 0) -> tuple[Any, ...]:  # noqa: N803
+        n = self._asked(numEdges)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 4)
+        key = int(hGraph or 0)
+        if key not in self.graphs:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 4)
+        edges = self.graph_edges.get(key, [])
+        if not n:
+            return CUresult(0), [], [], [], len(edges)
+        return (CUresult(0), self._padded_nodes([a for a, _b, _w in edges], n),
+                self._padded_nodes([b for _a, b, _w in edges], n), self._padded_edges([w for _a, _b, w in edges], n),
+                min(n, len(edges)))
+
+    def _node_edges(self, node: Any, asked: Any, upstream: bool) -> tuple[Any, ...]:
+        n = self._asked(asked)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 3)
+        key = int(node or 0)
+        if key not in self.nodes:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 3)
+        edges = self.graph_edges.get(self.node_graph[key], [])
+        found = [(a, w) for a, b, w in edges if b == key] if upstream else [(b, w) for a, b, w in edges if a == key]
+        if not n:
+            return CUresult(0), [], [], len(found)
+        return (CUresult(0), self._padded_nodes([x for x, _w in found], n),
+                self._padded_edges([w for _x, w in found], n), min(n, len(found)))
+
+    @_recorded
+    def cuGraphNodeGetDependencies(self, hNode: Any, numDependencies: int = 0) -> tuple[Any, ...]:  # noqa: N803
+        return self._node_edges(hNode, numDependencies, True)
+
+    @_recorded
+    def cuGraphNodeGetDependentNodes(self, hNode: Any, numDependentNodes: int = 0) -> tuple[Any, ...]:  # noqa: N803
+        return self._node_edges(hNode, numDependentNodes, False)
+
+    # parameters of a graph's node (its executable graphs keep theirs)
+    def _graph_node_of(self, node: Any, kind: int) -> _GraphNode | None:
+        found = self.nodes.get(int(node or 0))
+        return found if found is not None and found.kind == kind else None
+
+    def _set_node(self, node: Any, kind: int, make: Callable[[int], tuple[int, _GraphNode | None]]) -> tuple[Any, ...]:
+        """A graph node of type `kind` gets new parameters (`make(its context)`); another node, or an unknown one,
+        is CUDA_ERROR_INVALID_VALUE."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        found = self._graph_node_of(node, kind)
+        if found is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        err, made = make(getattr(found.params, "context", 0))
+        if made is None:
+            return _result(err)
+        self.nodes[int(node)] = made
+        return _result(0)
+
+    @_recorded
+    def cuGraphKernelNodeSetParams(self, hNode: Any, nodeParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        return self._set_node(hNode, self.NODE_KERNEL, lambda _context: self._kernel_node(nodeParams))
+
+    @_recorded
+    def cuGraphMemsetNodeSetParams(self, hNode: Any, memsetParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        return self._set_node(hNode, self.NODE_MEMSET, lambda context: self._memset_node(memsetParams, context))
+
+    @_recorded
+    def cuGraphMemcpyNodeSetParams(self, hNode: Any, copyParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        return self._set_node(hNode, self.NODE_MEMCPY, lambda context: self._memcpy_node(copyParams, context))
+
+    # parameters of a node in an executable graph (the graph's node keeps its own)
+    def _set_exec_node(self, graph_exec: Any, node: Any, kind: int, made: tuple[int, _GraphNode | None],
+                       allowed: Callable[[Any, Any], bool] = lambda old, new: True) -> tuple[Any, ...]:
+        """The executable graph's copy of `node` (a node of the graph it was instantiated from, of type `kind`)
+        runs `made` from its next launch; `allowed(old params, new params)` says whether the change may be made."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        found = self.execs.get(int(graph_exec or 0))
+        key = int(node or 0)
+        if found is None or key not in found.members:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        index = found.members.index(key)
+        err, part = made
+        if found.parts[index].kind != kind:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        if part is None:
+            return _result(err)
+        if not allowed(found.parts[index].params, part.params):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        found.parts[index] = part
+        found.refresh()
+        return _result(0)
+
+    @staticmethod
+    def _memset_change_allowed(old: Any, new: Any) -> bool:
+        """cuda.h: a memset's height may not change, nor, for a 2D one, any dimension (value and address may)."""
+        if not isinstance(old, _MemsetNode):
+            return True
+        if new.height != old.height:
+            return False
+        return old.height == 1 or (new.width, new.pitch, new.element) == (old.width, old.pitch, old.element)
+
+    @staticmethod
+    def _copy_change_allowed(old: Any, new: Any) -> bool:
+        """cuda.h: the instantiation-time operands and the new ones must be 1-dimensional, the memory types kept."""
+        one_d = new.height == 1 and new.depth == 1
+        if not isinstance(old, _CopyNode):
+            return one_d
+        return one_d and old.height == 1 and old.depth == 1 and (old.src.kind, old.dst.kind) == (
+            new.src.kind, new.dst.kind)
+
+    @_recorded
+    def cuGraphExecKernelNodeSetParams(self, hGraphExec: Any, hNode: Any, nodeParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        return self._set_exec_node(hGraphExec, hNode, self.NODE_KERNEL, self._kernel_node(nodeParams))
+
+    @_recorded
+    def cuGraphExecMemsetNodeSetParams(self, hGraphExec: Any, hNode: Any, memsetParams: Any,  # noqa: N803
+                                       ctx: Any) -> tuple[Any, ...]:
+        if self.initialized and (err := self._node_context(ctx)):
+            return _result(err)
+        return self._set_exec_node(hGraphExec, hNode, self.NODE_MEMSET, self._memset_node(memsetParams, int(ctx or 0)),
+                                   self._memset_change_allowed)
+
+    @_recorded
+    def cuGraphExecMemcpyNodeSetParams(self, hGraphExec: Any, hNode: Any, copyParams: Any,  # noqa: N803
+                                       ctx: Any) -> tuple[Any, ...]:
+        if self.initialized and (err := self._node_context(ctx)):
+            return _result(err)
+        return self._set_exec_node(hGraphExec, hNode, self.NODE_MEMCPY, self._memcpy_node(copyParams, int(ctx or 0)),
+                                   self._copy_change_allowed)
+
+    def _update_refused(self, found: _GraphExec, graph: int) -> tuple[int, int, int]:
+        """Why `graph` cannot update `found` (a CUgraphExecUpdateResult, the error node, the error's from node),
+        or (CU_GRAPH_EXEC_UPDATE_SUCCESS, 0, 0). Nodes are paired by the order they were added; edges by the order
+        they were added to each node. cuda.h's rules, as far as the fake's nodes have them: the node count
+        (TOPOLOGY_CHANGED, no node), each node's dependencies (TOPOLOGY_CHANGED: the node, and for a mismatched
+        one its dependency), node types (NODE_TYPE_CHANGED), a memset's dimensions under
+        cuGraphExecMemsetNodeSetParams's rule and a memcpy's memory types (PARAMETERS_CHANGED), a child graph of
+        another node count (TOPOLOGY_CHANGED, the child graph node)."""
+        result = CUgraphExecUpdateResult
+        nodes = self.graphs[graph]
+        if len(nodes) != len(found.members):
+            return result.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, 0, 0
+        theirs = self._member_deps(graph)
+        for j, node in enumerate(nodes):
+            if len(theirs[j]) != len(found.deps[j]):
+                return result.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, node, 0
+            for mine, new in zip(found.deps[j], theirs[j], strict=True):
+                if mine != new:
+                    return result.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, node, nodes[new[0]]
+        for j, node in enumerate(nodes):
+            old, new = found.parts[j], self.nodes[node]
+            if old.kind != new.kind:
+                return result.CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED, node, 0
+            if new.kind == self.NODE_MEMSET and isinstance(new.params, _MemsetNode) and not \
+                    self._memset_change_allowed(old.params, new.params):
+                return result.CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED, node, 0
+            if isinstance(old.params, _CopyNode) and isinstance(new.params, _CopyNode) and (
+                    old.params.src.kind, old.params.dst.kind) != (new.params.src.kind, new.params.dst.kind):
+                return result.CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED, node, 0
+            if isinstance(old.params, _ChildNode) and isinstance(new.params, _ChildNode) and \
+                    len(self.graphs.get(new.params.graph, [])) != len(self.graphs.get(old.params.graph, [])):
+                return result.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, node, 0
+        return result.CU_GRAPH_EXEC_UPDATE_SUCCESS, 0, 0
+
+    @_recorded
+    def cuGraphExecUpdate(self, hGraphExec: Any, hGraph: Any) -> tuple[Any, ...]:  # noqa: N803
+        """Every node of the executable graph takes its paired node's parameters from `hGraph` (a topologically
+        identical graph), or nothing changes: CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, and, as the wheel returns it,
+        no result information (the journal's note holds what the fake found: result, error node, from node)."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        found = self.execs.get(int(hGraphExec or 0))
+        graph = int(hGraph or 0)
+        if found is None or graph not in self.graphs:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        outcome, node, source = self._update_refused(found, graph)
+        self._note = {"update": [int(outcome), node, source]}
+        if outcome != CUgraphExecUpdateResult.CU_GRAPH_EXEC_UPDATE_SUCCESS:
+            return _result(CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, 1)
+        found.parts = [self._frozen(n) for n in self.graphs[graph]]
+        found.refresh()
+        info = CUgraphExecUpdateResultInfo()
+        return CUresult(0), info
 
     # --- modules, libraries, kernels ----------------------------------------------------------------------------
     def _load(self, image: Any) -> tuple[int, Image | None]:

@@ -134,5 +134,5 @@ void *orion_versioned_entry(const char *symbol, int version) {
         if (version < 11030) return (void *)capture_info_v1;
         if (version < 12030) return (void *)cuStreamGetCaptureInfo_v2;
     }
-    return NULL;
+    return orion_graph_versioned_entry(symbol, version); /* graph_calls.c: kernel node and edge ABIs */
 }

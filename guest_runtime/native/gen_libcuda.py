@@ -87,6 +87,7 @@ WIRE_C = {"i32": "int32_t", "u32": "uint32_t", "u64": "uint64_t", "u8": "uint8_t
           "f32": "float"}
 # Written in cuda_client.c, under their ABI symbol: the name table maps the API name to it.
 IN_CLIENT = {"cuGetProcAddress": "cuGetProcAddress_v2"}
+C_WORDS = frozenset({"void", "char", "int", "long", "short", "unsigned", "float", "double", "size_t"})
 WIDTH = {"i32": 4, "u32": 4, "u64": 8, "u8": 1, "u16": 2, "f32": 4}
 
 
@@ -213,14 +214,18 @@ def generate() -> str:
     parts.append("const struct orion_entry orion_entries[] = {")
     parts += [f'    {{"{call["name"]}", (void *){IN_CLIENT.get(call["name"], call["name"])}}},' for call in calls]
     parts += [f'    {{"{name}", (void *){name}}},' for name in others]
+    # names the wheel declares that are another entry point's (cuGraphInstantiateWithFlags): the runtime asks
+    # cuGetProcAddress for them by name too
+    symbols = set(driver_symbols())
+    parts += [f'    {{"{alias}", (void *){target}}},' for alias, target in abi_aliases() if alias in symbols]
     parts.append("    {NULL, NULL}\n};")
     return "\n".join(parts) + "\n"
 
 
 def _type_declarations() -> list[str]:
     """C typedefs, in ABI terms, of the cuda.h types the table's signatures use that PREAMBLE does not spell out:
-    opaque handles as struct pointers, enums as int, scalar typedefs as their C type (type_check holds every
-    signature to cuda.h itself)."""
+    opaque handles as struct pointers, enums as int, scalar typedefs as their C type, structs (always passed by
+    pointer) as incomplete types (type_check holds every signature to cuda.h itself)."""
     used = set()
     for call in describe()["calls"]:
         for ctype in split_signature(call["signature"])[1]:
@@ -236,6 +241,8 @@ def _type_declarations() -> list[str]:
             lines.append(f"typedef int {name};")
         elif name in SCALARS and name not in scalar_c.values() and name != "size_t":
             lines.append(f"typedef {scalar_c[SCALARS[name]]} {name};")
+        elif name not in SCALARS and name not in C_WORDS:  # a struct, passed by pointer: incomplete
+            lines.append(f"typedef struct {name}_st {name};")  # (the C file that reads it completes the tag)
     return lines
 
 

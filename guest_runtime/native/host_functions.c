@@ -182,7 +182,7 @@ static int start(void) {
     if (!block) {
         void *words = NULL;
         unsigned long long device = 0;
-        int status = cuMemAllocHost(&words, SLOTS * SLOT_BYTES);
+        int status = orion_pool_alloc(&words, SLOTS * SLOT_BYTES); /* the GPU must reach it: never the fallback */
         if (status == CUDA_SUCCESS) status = cuMemHostGetDevicePointer(&device, words, 0);
         if (status == CUDA_SUCCESS) {
             status = probe_words(device);

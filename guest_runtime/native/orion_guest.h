@@ -80,5 +80,10 @@ uint64_t orion_pool_size(void);
 struct orion_host_range { uint64_t base, size; unsigned flags; int owned; };
 /* 1 and the range holding `pointer`, or 0 (one atomic load when none is listed). */
 int orion_host_range_find(uint64_t pointer, struct orion_host_range *range);
+/* --- graph_calls.c: cuGetProcAddress's answer for a graph entry point whose ABI changed (or NULL) --------------- */
+void *orion_graph_versioned_entry(const char *symbol, int version);
+
+/* `size` bytes of the pool itself, never the fallback (memory the GPU must reach: host_functions.c): a CUresult. */
+int orion_pool_alloc(void **pp, size_t size);
 
 #endif

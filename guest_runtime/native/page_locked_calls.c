@@ -171,14 +171,26 @@ static int guest_alloc(void **pp, size_t size, unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
-static int host_alloc(uint32_t opcode, void **pp, size_t size, unsigned int flags, const uint8_t *req, size_t len) {
-    if (!pp) return CUDA_ERROR_INVALID_VALUE;
+/* An allocation in this channel's slice of the pool, the host's answer: a CUresult. */
+static int pool_alloc(uint32_t opcode, void **pp, const uint8_t *req, size_t len) {
     int status = orion_pool_ready();
     if (status == CUDA_SUCCESS) {
         uint8_t rep[8];
         status = orion_thread_forward(opcode, req, len, rep, sizeof rep, 0);
         if (status == CUDA_SUCCESS) *pp = (void *)(uintptr_t)orion_get_u64(rep);
     }
+    return status;
+}
+
+int orion_pool_alloc(void **pp, size_t size) {
+    uint8_t req[8];
+    orion_put_u64(req, size);
+    return pool_alloc(ORION_OP_cuMemAllocHost, pp, req, sizeof req);
+}
+
+static int host_alloc(uint32_t opcode, void **pp, size_t size, unsigned int flags, const uint8_t *req, size_t len) {
+    if (!pp) return CUDA_ERROR_INVALID_VALUE;
+    int status = pool_alloc(opcode, pp, req, len);
     /* OUT_OF_MEMORY: the slice is full, or this region has no pool; NOT_SUPPORTED: the agent keeps no pool for this
      * session. Any other failure (no channel, no context, bad arguments) is the answer. */
     if (status == CUDA_ERROR_OUT_OF_MEMORY || status == CUDA_ERROR_NOT_SUPPORTED) status = guest_alloc(pp, size, flags);

@@ -28,4 +28,9 @@ void orion_param_layouts_forget(void);
 int orion_params_pack(uint64_t function, void *const *kernel_params, uint8_t *small, size_t small_cap,
                       uint8_t **packed, size_t *size);
 
+/* The packed buffer an `extra` list (CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE, then CU_LAUNCH_PARAM_END) names, read as
+ * cuLaunchKernel reads a launch's (launch_calls.c): *buffer and *size (none: 0), or CUDA_ERROR_INVALID_VALUE for a
+ * list the launch path refuses. The buffer stays the caller's. */
+int orion_params_from_extra(void *const *extra, const void **buffer, size_t *size);
+
 #endif

@@ -3,7 +3,8 @@ run natively and through the native guest driver on every path a session takes (
 their values compared. docs/conformance.md reports the counts; an exception is a strict xfail with its reason.
 
 Values: numbers agree to 1e-3 relative (the same kernels on the same GPU; cuBLAS may split a reduction differently
-only if it chose another algorithm, which would itself be a difference worth seeing), everything else exactly.
+only if it chose another algorithm, which would itself be a difference worth seeing; TOLERANCE names the cases
+whose native runs differ more among themselves), everything else exactly.
 """
 from __future__ import annotations
 
@@ -34,22 +35,41 @@ CASES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "torchvision_resnet18": (("torch", "torchvision"), {}),
     "jax_default": (("jax",), JAX_ENV),
     "cupy_libraries": (("cupy",), {}),
+    "cupy_cusolver": (("cupy",), {}),
+    "cupy_fft": (("cupy",), {}),
     "triton_kernel": (("torch", "triton"), {}),
     "cuda_core_cluster": (("cuda.core",), {}),
 }
-# case -> why it does not pass forwarded (a strict xfail: it starts failing the day it passes)
-GAPS: dict[str, str] = {}
+# case, or case-path, -> why it does not pass forwarded (a strict xfail: it starts failing the day it passes)
+GAPS: dict[str, str] = {
+    "jax_default": "XLA's command buffers add child-graph (and conditional) nodes with cuGraphAddNode, whose "
+                   "CUgraphNodeParams union is not forwarded yet (measured on the H200; the node-by-node calls "
+                   "it used before that are)",
+    "torch_pinned_dataloader-relayed": "a DataLoader with pin_memory=True answers CUDA_ERROR_NOT_SUPPORTED on a "
+                                       "relayed session (seen on the H200, cause not yet found; local passes)",
+    "cupy_cusolver": "cuBLAS (under cuSOLVER) calls entries 51 and 39 of the driver-private export table 21318c60, "
+                     "which keep per-context objects of its own that the guest cannot build (measured on the H200; "
+                     "docs/conformance.md)",
+    "cupy_fft": "cuFFT plans through export table 6e163fbe entry 7, whose driver-side module object the guest cannot "
+                "build (docs/native-driver.md, Status)",
+}
 
 
-def assert_same_values(native_result: dict[str, Any], forwarded: dict[str, Any], where: str = "") -> None:
-    """Every `ok` flag true natively; the forwarded run holds the same keys and values (numbers to 1e-3)."""
+# case -> the relative tolerance of its numbers, where 1e-3 is not what the native driver itself holds to: cuDNN's
+# convolution backward may sum in another order from run to run (bench/framework_bench.py says the same)
+TOLERANCE = {"torchvision_resnet18": 1e-2}
+
+
+def assert_same_values(native_result: dict[str, Any], forwarded: dict[str, Any], where: str = "",
+                       tolerance: float = 1e-3) -> None:
+    """Every `ok` flag true natively; the forwarded run holds the same keys and values (numbers to `tolerance`)."""
     assert all(v for k, v in native_result.items() if k == "ok" or k.endswith("_ok")), native_result
     assert sorted(forwarded) == sorted(native_result), (forwarded, native_result)
 
     def same(a: Any, b: Any) -> bool:
         if isinstance(a, float) or isinstance(b, float):
             return isinstance(a, int | float) and isinstance(b, int | float) and \
-                math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-6)
+                math.isclose(a, b, rel_tol=tolerance, abs_tol=1e-6)
         if isinstance(a, list):
             return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
         return bool(a == b)
@@ -58,7 +78,8 @@ def assert_same_values(native_result: dict[str, Any], forwarded: dict[str, Any],
 
 
 def _case(name: str, path: str) -> object:
-    marks = [pytest.mark.xfail(strict=True, reason=GAPS[name])] if name in GAPS else []
+    gap = GAPS.get(f"{name}-{path}", GAPS.get(name))
+    marks = [pytest.mark.xfail(strict=True, reason=gap)] if gap else []
     return pytest.param(name, path, marks=marks, id=f"{name}-{path}")
 
 
@@ -72,4 +93,4 @@ def test_a_conformance_case_gives_the_native_values_forwarded(
     extra = {"CONFORMANCE_CASE": name, **env}
     expected = native(PROGRAM, **extra)
     forwarded = run_on_driver(PROGRAM, (served(request, path), library), **extra)
-    assert_same_values(expected, forwarded, f"{name} {path}")
+    assert_same_values(expected, forwarded, f"{name} {path}", TOLERANCE.get(name, 1e-3))

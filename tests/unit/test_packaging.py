@@ -190,6 +190,44 @@ def test_guest_wheel_holds_exactly_the_guest_runtime_and_the_wire(guest_wheel: z
     assert names == expected, f"missing: {sorted(expected - names)}, unexpected: {sorted(names - expected)}"
 
 
+def test_the_guest_wheel_is_one_platform_wheel_for_any_python_3(guest_wheel: zipfile.ZipFile) -> None:
+    """The library is plain C against the C library: one wheel serves every Python 3 of that platform."""
+    if find_compiler() is None:
+        pytest.skip("no C compiler here: the wheel is pure Python")
+    name = Path(str(guest_wheel.filename)).name
+    assert re.fullmatch(r"orion_guest-[^-]+-py3-none-linux_\w+\.whl", name), name
+
+
+def test_the_guest_wheel_installs_offline_with_no_compiler_and_its_driver_loads(
+        guest_wheel: zipfile.ZipFile, tmp_path: Path) -> None:
+    """`make wheels` once, then `pip install --no-index` where no compiler is: the native driver is in it."""
+    if find_compiler() is None:
+        pytest.skip("no C compiler here to build the wheel with the driver")
+    target = tmp_path / "site"
+    no_compiler = {"PATH": str(Path(sys.executable).parent), "CC": "/nonexistent/cc", "HOME": str(tmp_path)}
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target),
+                    str(guest_wheel.filename)], check=True, capture_output=True, env=no_compiler, timeout=300)
+    library = target / "guest_runtime" / "native" / "lib" / "libcuda.so.1"
+    loaded = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(library)!r}).cuDriverGetVersion"],
+                            capture_output=True, text=True, env=no_compiler, timeout=60)
+    assert loaded.returncode == 0, loaded.stderr
+
+
+def test_the_guest_runtime_installs_again_over_itself(tmp_path: Path) -> None:
+    """A second `pip install ./guest_runtime` in an environment that has one: the installed start-up hook imports the
+    installed guest_runtime at the build's start, which holds no build code (it failed: "No module named
+    'guest_runtime.native.build'")."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    for attempt in ("install", "install again"):
+        done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
+                               "--force-reinstall", str(REPO / "guest_runtime")],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{attempt}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
+    installed = next((venv / "lib").glob("python3*/site-packages/guest_runtime"))
+    assert not (installed / "native" / "build.py").exists()  # the case that failed: no build code installed
+
+
 def test_guest_wheel_requires_nothing_but_offers_cuda_bindings(guest_wheel: zipfile.ZipFile) -> None:
     (metadata,) = [n for n in guest_wheel.namelist() if n.endswith(".dist-info/METADATA")]
     requires = [line.split(":", 1)[1].strip() for line in guest_wheel.read(metadata).decode().splitlines()

@@ -48,6 +48,14 @@ def test_every_table_call_is_exported_and_found_through_get_proc_address(library
         assert status.value == 0 and found.value, name
         symbol = "cuGetProcAddress_v2" if name == "cuGetProcAddress" else name
         assert found.value == ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value, name
+    # every name the wheel declares is found, a macro's name (cuGraphInstantiateWithFlags, which the CUDA 13
+    # runtime asks for by name) as the entry point it names
+    for name in gen_libcuda.driver_symbols():
+        assert lookup(name.encode(), ctypes.byref(found), 13000, 0, ctypes.byref(status)) == 0, name
+        assert status.value == 0 and found.value, name
+    assert found.value is not None
+    lookup(b"cuGraphInstantiateWithFlags", ctypes.byref(found), 13000, 0, ctypes.byref(status))
+    assert found.value == ctypes.cast(lib.cuGraphInstantiate, ctypes.c_void_p).value
     assert lookup(b"cuNoSuchThing", ctypes.byref(found), 13000, 0, ctypes.byref(status)) == 0
     assert status.value == 1 and not found.value  # CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, as the driver answers
     assert lookup(b"cuNoSuchThing", ctypes.byref(found), 13000, 0, None) == 500  # CUDA_ERROR_NOT_FOUND

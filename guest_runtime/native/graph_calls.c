@@ -1,0 +1,663 @@
+/* graph_calls.c: CUDA graphs built node by node (XLA's command buffers, PyTorch's CUDA graphs): the hand-written
+ * cuGraph* calls of the call table, marshalling exactly the requests and replies ivshmem/driver_api.py declares
+ * (KERNEL_NODE, MEMSET_NODE and MEMCPY_3D for the node parameter structs; node arrays and dependency lists as
+ * counted u64 lists; CUgraphEdgeData's 8 bytes as a u64). The host checks every handle and device range against the
+ * session and translates page-locked host memory (host_agent/graph_calls.py).
+ *
+ * - A kernel node's parameters travel as a launch's do (launch_calls.c): packed from kernelParams at the offsets of
+ *   the function's layout (param_layouts.h: for `kern` where `func` is NULL), or the buffer an `extra` list names,
+ *   sent from where it lies. The host rebuilds kernelParams from its own copy of the layout, so an `extra` buffer
+ *   must be exactly the layout's size.
+ * - A memcpy node's host side travels as its address: it must be page-locked pool memory (cuMemAllocHost), else the
+ *   host answers CUDA_ERROR_NOT_SUPPORTED (said once here). CUDA arrays are not forwarded: CUDA_ERROR_NOT_SUPPORTED,
+ *   said once, before anything is sent.
+ * - A query asks with the caller's array length (0 when it passed no array: the count only); above DIRECT_QUERY
+ *   entries it asks for the count first, so no buffer is sized by what the caller merely has room for. Entries past
+ *   those the driver wrote are set to NULL, as the driver does; a node query whose caller passed no edge-data array
+ *   answers CUDA_ERROR_LOSSY_QUERY where an edge carries data, as the driver does.
+ * - cuGraphExecUpdate's result information comes back only when the update succeeds: the call table's reply, like
+ *   the wheel the host calls, carries none on CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, so the caller's struct then
+ *   says CU_GRAPH_EXEC_UPDATE_ERROR with no error nodes.
+ * - More than MAX_DEPENDENCIES dependencies or edges in one call answer CUDA_ERROR_NOT_SUPPORTED (said once): the
+ *   host refuses longer lists.
+ * - Callers built against CUDA before 12.0 (kernel nodes without kern/ctx, cuGraphExecUpdate's two pointers) or 12.3
+ *   (edge calls without edge data) get their ABI from orion_graph_versioned_entry, for cuGetProcAddress.
+ *
+ * The structs are cuda.h's (CUDA 13: CUDA_KERNEL_NODE_PARAMS is the _v2 layout, with `kern` and `ctx`); the generated
+ * orion_calls.h declares them incomplete, and this file completes them, byte for byte (the asserts below).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hand_calls.h"
+#include "param_layouts.h"
+
+struct CUgraphEdgeData_st {
+    unsigned char from_port;
+    unsigned char to_port;
+    unsigned char type;
+    unsigned char reserved[5];
+};
+
+struct CUDA_KERNEL_NODE_PARAMS_st { /* cuda.h's CUDA_KERNEL_NODE_PARAMS_v2 */
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    CUkernel kern;
+    CUcontext ctx;
+};
+
+struct CUDA_MEMSET_NODE_PARAMS_st {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned int value;
+    unsigned int elementSize;
+    size_t width;
+    size_t height;
+};
+
+struct CUDA_MEMCPY3D_st {
+    size_t srcXInBytes, srcY, srcZ, srcLOD;
+    int srcMemoryType; /* CUmemorytype */
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray; /* CUarray */
+    void *reserved0;
+    size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    void *reserved1;
+    size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+};
+
+struct CUgraphExecUpdateResultInfo_st {
+    int result; /* CUgraphExecUpdateResult */
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+};
+
+_Static_assert(sizeof(CUgraphEdgeData) == 8, "CUgraphEdgeData is 8 bytes in cuda.h");
+_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS) == 72 && offsetof(CUDA_KERNEL_NODE_PARAMS, kernelParams) == 40 &&
+               offsetof(CUDA_KERNEL_NODE_PARAMS, kern) == 56 && offsetof(CUDA_KERNEL_NODE_PARAMS, ctx) == 64,
+               "CUDA_KERNEL_NODE_PARAMS_v2 as cuda.h lays it out");
+_Static_assert(sizeof(CUDA_MEMSET_NODE_PARAMS) == 40 && offsetof(CUDA_MEMSET_NODE_PARAMS, width) == 24,
+               "CUDA_MEMSET_NODE_PARAMS as cuda.h lays it out");
+_Static_assert(sizeof(CUDA_MEMCPY3D) == 200 && offsetof(CUDA_MEMCPY3D, srcHost) == 40 &&
+               offsetof(CUDA_MEMCPY3D, srcPitch) == 72 && offsetof(CUDA_MEMCPY3D, dstXInBytes) == 88 &&
+               offsetof(CUDA_MEMCPY3D, dstHost) == 128 && offsetof(CUDA_MEMCPY3D, WidthInBytes) == 176,
+               "CUDA_MEMCPY3D as cuda.h lays it out");
+_Static_assert(sizeof(CUgraphExecUpdateResultInfo) == 24 && offsetof(CUgraphExecUpdateResultInfo, errorNode) == 8,
+               "CUgraphExecUpdateResultInfo as cuda.h lays it out");
+_Static_assert(sizeof(CUgraphNode) == 8, "a node array's bytes are its counted list's items");
+
+enum {
+    MAX_DEPENDENCIES = 1 << 16,   /* host_agent/graph_calls.py MAX_DEPENDENCIES */
+    DIRECT_QUERY = 1024,          /* a query's capacity up to which it is asked at once */
+    KERNEL_NODE_BYTES = 52,       /* driver_api.KERNEL_NODE: function, kernel, context (u64); dims, shared (u32) */
+    MEMSET_NODE_BYTES = 40,       /* driver_api.MEMSET_NODE */
+    COPY_SIDE_BYTES = 68,         /* x, y, z, lod (u64), type (u32), host, device, pitch, height (u64) */
+    MEMCPY_3D_BYTES = 2 * COPY_SIDE_BYTES + 24, /* driver_api.MEMCPY_3D: both sides, then the extent */
+    PACKED_ON_STACK = 1024,
+    MEMORYTYPE_HOST = 1, MEMORYTYPE_ARRAY = 3, MEMORYTYPE_UNIFIED = 4, /* CUmemorytype */
+    UPDATE_ERROR = 1,             /* CU_GRAPH_EXEC_UPDATE_ERROR */
+    ERROR_LOSSY_QUERY = 402,      /* CUDA_ERROR_LOSSY_QUERY */
+    ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
+};
+
+/* --- requests ------------------------------------------------------------------------------------------------- */
+
+static uint64_t handle_word(const void *handle) { return (uint64_t)(uintptr_t)handle; }
+
+static int too_many(const char *call, size_t count) {
+    if (count <= MAX_DEPENDENCIES) return CUDA_SUCCESS;
+    if (orion_first_time("graph dependencies"))
+        fprintf(stderr, "orion: %s with more than %d dependencies or edges in one call is not forwarded: "
+                "CUDA_ERROR_NOT_SUPPORTED\n", call, MAX_DEPENDENCIES);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+static size_t put_kernel(uint8_t *p, const CUDA_KERNEL_NODE_PARAMS *k) {
+    orion_put_u64(p, handle_word(k->func));
+    orion_put_u64(p + 8, handle_word(k->kern));
+    orion_put_u64(p + 16, handle_word(k->ctx));
+    const unsigned int dims[7] = { k->gridDimX, k->gridDimY, k->gridDimZ, k->blockDimX, k->blockDimY, k->blockDimZ,
+                                   k->sharedMemBytes };
+    for (int i = 0; i < 7; i++) orion_put_u32(p + 24 + 4 * i, dims[i]);
+    return KERNEL_NODE_BYTES;
+}
+
+static size_t put_memset(uint8_t *p, const CUDA_MEMSET_NODE_PARAMS *m) {
+    orion_put_u64(p, m->dst);
+    orion_put_u64(p + 8, m->pitch);
+    orion_put_u32(p + 16, m->value);
+    orion_put_u32(p + 20, m->elementSize);
+    orion_put_u64(p + 24, m->width);
+    orion_put_u64(p + 32, m->height);
+    return MEMSET_NODE_BYTES;
+}
+
+static void put_side(uint8_t *p, size_t x, size_t y, size_t z, size_t lod, int type, const void *host,
+                     CUdeviceptr device, size_t pitch, size_t height) {
+    orion_put_u64(p, x);
+    orion_put_u64(p + 8, y);
+    orion_put_u64(p + 16, z);
+    orion_put_u64(p + 24, lod);
+    orion_put_u32(p + 32, (uint32_t)type);
+    orion_put_u64(p + 36, handle_word(host));
+    orion_put_u64(p + 44, device);
+    orion_put_u64(p + 52, pitch);
+    orion_put_u64(p + 60, height);
+}
+
+static size_t put_copy(uint8_t *p, const CUDA_MEMCPY3D *c) {
+    put_side(p, c->srcXInBytes, c->srcY, c->srcZ, c->srcLOD, c->srcMemoryType, c->srcHost, c->srcDevice,
+             c->srcPitch, c->srcHeight);
+    put_side(p + COPY_SIDE_BYTES, c->dstXInBytes, c->dstY, c->dstZ, c->dstLOD, c->dstMemoryType, c->dstHost,
+             c->dstDevice, c->dstPitch, c->dstHeight);
+    orion_put_u64(p + 2 * COPY_SIDE_BYTES, c->WidthInBytes);
+    orion_put_u64(p + 2 * COPY_SIDE_BYTES + 8, c->Height);
+    orion_put_u64(p + 2 * COPY_SIDE_BYTES + 16, c->Depth);
+    return MEMCPY_3D_BYTES;
+}
+
+/* A copy's operands this library can send: CUDA arrays are not forwarded (their handles do not travel). */
+static int copy_forwarded(const CUDA_MEMCPY3D *c) {
+    if (c->srcMemoryType != MEMORYTYPE_ARRAY && c->dstMemoryType != MEMORYTYPE_ARRAY) return CUDA_SUCCESS;
+    return orion_not_forwarded("a graph memcpy node with a CUDA array operand");
+}
+
+/* A host side the host answered NOT_SUPPORTED for: memory outside the page-locked pool. Said once. */
+static int copy_answered(const CUDA_MEMCPY3D *c, int status) {
+    int host_side = c->srcMemoryType == MEMORYTYPE_HOST || c->dstMemoryType == MEMORYTYPE_HOST ||
+                    c->srcMemoryType == MEMORYTYPE_UNIFIED || c->dstMemoryType == MEMORYTYPE_UNIFIED;
+    if (status == CUDA_ERROR_NOT_SUPPORTED && host_side && orion_first_time("graph memcpy host memory"))
+        fprintf(stderr, "orion: a graph memcpy node's host memory must be page-locked memory from cuMemAllocHost or "
+                "cuMemHostAlloc (the GPU host cannot reach other guest memory): CUDA_ERROR_NOT_SUPPORTED\n");
+    return status;
+}
+
+/* A kernel node's packed parameters, as cuLaunchKernel packs a launch's: from kernelParams by the layout of `func`
+ * (or of `kern` where `func` is NULL), or the buffer an `extra` list names (left where it lies). *packed is `small`
+ * or a buffer the caller frees. */
+static int kernel_params(const CUDA_KERNEL_NODE_PARAMS *k, uint8_t *small, size_t cap, uint8_t **packed,
+                         const void **tail, size_t *size) {
+    uint64_t target = k->func ? handle_word(k->func) : handle_word(k->kern);
+    *packed = small;
+    *tail = NULL;
+    *size = 0;
+    if (!target || (k->kernelParams && k->extra)) return CUDA_ERROR_INVALID_VALUE; /* cuda.h: not both */
+    if (k->kernelParams) {
+        int status = orion_params_pack(target, k->kernelParams, small, cap, packed, size);
+        *tail = *packed;
+        return status;
+    }
+    if (k->extra) return orion_params_from_extra(k->extra, tail, size);
+    return CUDA_SUCCESS;
+}
+
+/* One call whose request is `head` (its scalars, then the dependencies' count where `deps` is given), the caller's
+ * dependency array where it lies, then `tail` (a kernel node's parameters); the reply's node into *node. */
+static int send_node_call(uint32_t opcode, const uint8_t *head, size_t head_len, const CUgraphNode *deps,
+                          size_t count, const void *tail, size_t tail_len, CUgraphNode *node) {
+    struct orion_piece pieces[3] = { { head, head_len }, { deps, count * sizeof *deps }, { tail, tail_len } };
+    uint8_t rep[8];
+    int status = orion_thread_forwardv(opcode, pieces, 3, node ? rep : NULL, node ? sizeof rep : 0, NULL, 0, NULL, 0);
+    if (status == CUDA_SUCCESS && node) *node = (CUgraphNode)(uintptr_t)orion_get_u64(rep);
+    return status;
+}
+
+/* The checks every node-adding call makes, as the driver: an output, and dependencies where some are counted. */
+static int node_args(const char *call, CUgraphNode *node, const CUgraphNode *deps, size_t count) {
+    if (!node || (count && !deps)) return CUDA_ERROR_INVALID_VALUE;
+    return too_many(call, count);
+}
+
+/* --- nodes added ---------------------------------------------------------------------------------------------- */
+
+CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count) {
+    int status = node_args("cuGraphAddEmptyNode", node, deps, count);
+    if (status != CUDA_SUCCESS) return status;
+    uint8_t head[12];
+    orion_put_u64(head, handle_word(graph));
+    orion_put_u32(head + 8, (uint32_t)count);
+    return send_node_call(ORION_OP_cuGraphAddEmptyNode, head, sizeof head, deps, count, NULL, 0, node);
+}
+
+CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
+                                  CUgraph child) {
+    int status = node_args("cuGraphAddChildGraphNode", node, deps, count);
+    if (status != CUDA_SUCCESS) return status;
+    uint8_t head[20];
+    orion_put_u64(head, handle_word(graph));
+    orion_put_u64(head + 8, handle_word(child));
+    orion_put_u32(head + 16, (uint32_t)count);
+    return send_node_call(ORION_OP_cuGraphAddChildGraphNode, head, sizeof head, deps, count, NULL, 0, node);
+}
+
+static int add_event_node(uint32_t opcode, const char *call, CUgraphNode *node, CUgraph graph,
+                          CUgraphNode const *deps, size_t count, CUevent event) {
+    int status = node_args(call, node, deps, count);
+    if (status != CUDA_SUCCESS) return status;
+    uint8_t head[20];
+    orion_put_u64(head, handle_word(graph));
+    orion_put_u64(head + 8, handle_word(event));
+    orion_put_u32(head + 16, (uint32_t)count);
+    return send_node_call(opcode, head, sizeof head, deps, count, NULL, 0, node);
+}
+
+CUresult cuGraphAddEventRecordNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
+                                   CUevent event) {
+    return add_event_node(ORION_OP_cuGraphAddEventRecordNode, "cuGraphAddEventRecordNode", node, graph, deps, count,
+                          event);
+}
+
+CUresult cuGraphAddEventWaitNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
+                                 CUevent event) {
+    return add_event_node(ORION_OP_cuGraphAddEventWaitNode, "cuGraphAddEventWaitNode", node, graph, deps, count,
+                          event);
+}
+
+CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
+                              CUDA_MEMSET_NODE_PARAMS const *params, CUcontext ctx) {
+    int status = node_args("cuGraphAddMemsetNode", node, deps, count);
+    if (status != CUDA_SUCCESS) return status;
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t head[16 + MEMSET_NODE_BYTES + 4];
+    orion_put_u64(head, handle_word(graph));
+    orion_put_u64(head + 8, handle_word(ctx));
+    size_t at = 16 + put_memset(head + 16, params);
+    orion_put_u32(head + at, (uint32_t)count);
+    return send_node_call(ORION_OP_cuGraphAddMemsetNode, head, sizeof head, deps, count, NULL, 0, node);
+}
+
+CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
+                              CUDA_MEMCPY3D const *params, CUcontext ctx) {
+    int status = node_args("cuGraphAddMemcpyNode", node, deps, count);
+    if (status != CUDA_SUCCESS) return status;
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    if ((status = copy_forwarded(params)) != CUDA_SUCCESS) return status;
+    uint8_t head[16 + MEMCPY_3D_BYTES + 4];
+    orion_put_u64(head, handle_word(graph));
+    orion_put_u64(head + 8, handle_word(ctx));
+    size_t at = 16 + put_copy(head + 16, params);
+    orion_put_u32(head + at, (uint32_t)count);
+    status = send_node_call(ORION_OP_cuGraphAddMemcpyNode, head, sizeof head, deps, count, NULL, 0, node);
+    return copy_answered(params, status);
+}
+
+/* A kernel-node call: `prefix` (its handles), the KERNEL_NODE fields, [the dependencies], then the parameters. */
+static int kernel_node_call(uint32_t opcode, const uint8_t *prefix, size_t prefix_len,
+                            CUDA_KERNEL_NODE_PARAMS const *params, int with_deps, CUgraphNode const *deps,
+                            size_t count, CUgraphNode *node) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t head[16 + KERNEL_NODE_BYTES + 4];
+    memcpy(head, prefix, prefix_len);
+    size_t at = prefix_len + put_kernel(head + prefix_len, params);
+    if (with_deps) {
+        orion_put_u32(head + at, (uint32_t)count);
+        at += 4;
+    }
+    uint8_t small[PACKED_ON_STACK];
+    uint8_t *packed = small;
+    const void *tail = NULL;
+    size_t size = 0;
+    int status = kernel_params(params, small, sizeof small, &packed, &tail, &size);
+    if (status == CUDA_SUCCESS)
+        status = send_node_call(opcode, head, at, with_deps ? deps : NULL, with_deps ? count : 0, tail, size, node);
+    if (packed != small) free(packed);
+    return status;
+}
+
+CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
+                              CUDA_KERNEL_NODE_PARAMS const *params) {
+    int status = node_args("cuGraphAddKernelNode", node, deps, count);
+    if (status != CUDA_SUCCESS) return status;
+    uint8_t prefix[8];
+    orion_put_u64(prefix, handle_word(graph));
+    return kernel_node_call(ORION_OP_cuGraphAddKernelNode, prefix, sizeof prefix, params, 1, deps, count, node);
+}
+
+/* --- edges ---------------------------------------------------------------------------------------------------- */
+
+/* from[i] -> to[i] with edge data[i] (NULL: default edges, sent as an empty list): three counted lists, each sent
+ * from the caller's array (a node handle and a CUgraphEdgeData are 8 bytes each). */
+static int edges_call(uint32_t opcode, const char *call, CUgraph graph, CUgraphNode const *from,
+                      CUgraphNode const *to, CUgraphEdgeData const *data, size_t count) {
+    if (count && (!from || !to)) return CUDA_ERROR_INVALID_VALUE;
+    int status = too_many(call, count);
+    if (status != CUDA_SUCCESS) return status;
+    size_t edges = data ? count : 0;
+    uint8_t head[12], to_count[4], data_count[4];
+    orion_put_u64(head, handle_word(graph));
+    orion_put_u32(head + 8, (uint32_t)count);
+    orion_put_u32(to_count, (uint32_t)count);
+    orion_put_u32(data_count, (uint32_t)edges);
+    struct orion_piece pieces[6] = {
+        { head, sizeof head }, { count ? from : NULL, count * sizeof *from },
+        { to_count, sizeof to_count }, { count ? to : NULL, count * sizeof *to },
+        { data_count, sizeof data_count }, { edges ? data : NULL, edges * sizeof *data },
+    };
+    return orion_thread_forwardv(opcode, pieces, 6, NULL, 0, NULL, 0, NULL, 0);
+}
+
+CUresult cuGraphAddDependencies(CUgraph graph, CUgraphNode const *from, CUgraphNode const *to,
+                                CUgraphEdgeData const *data, size_t count) {
+    return edges_call(ORION_OP_cuGraphAddDependencies, "cuGraphAddDependencies", graph, from, to, data, count);
+}
+
+CUresult cuGraphRemoveDependencies(CUgraph graph, CUgraphNode const *from, CUgraphNode const *to,
+                                   CUgraphEdgeData const *data, size_t count) {
+    return edges_call(ORION_OP_cuGraphRemoveDependencies, "cuGraphRemoveDependencies", graph, from, to, data, count);
+}
+
+/* --- queries -------------------------------------------------------------------------------------------------- */
+
+/* A query's answer: the driver's count and `lists` lists of `n` u64 entries each (n <= what was asked for). */
+struct answer {
+    uint64_t count;
+    size_t n;
+    const uint8_t *items[3];
+    uint8_t *buffer; /* freed by the caller */
+};
+
+static int malformed_reply(const char *what) {
+    if (orion_first_time("graph query reply"))
+        fprintf(stderr, "orion: %s: the agent's reply does not read as the call table declares it\n", what);
+    return CUDA_ERROR_UNKNOWN;
+}
+
+/* Ask once, with room for `asked` entries per list. */
+static int ask(uint32_t opcode, const char *call, uint64_t handle, uint64_t asked, int lists, struct answer *out) {
+    out->buffer = NULL;
+    out->n = 0;
+    if (asked > (SIZE_MAX / 2 - 16) / (8 * (size_t)lists)) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t cap = (size_t)lists * (4 + 8 * (size_t)asked);
+    uint8_t *buffer = malloc(cap);
+    if (!buffer) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint8_t req[16], head[8];
+    orion_put_u64(req, handle);
+    orion_put_u64(req + 8, asked);
+    size_t got = 0;
+    struct orion_piece piece = { req, sizeof req };
+    int status = orion_thread_forwardv(opcode, &piece, 1, head, sizeof head, buffer, cap, &got, 0);
+    if (status != CUDA_SUCCESS) {
+        free(buffer);
+        return status;
+    }
+    out->count = orion_get_u64(head);
+    size_t at = 0;
+    for (int i = 0; i < lists; i++) {
+        uint32_t n = at + 4 <= got ? orion_get_u32(buffer + at) : 0;
+        if (at + 4 > got || n > asked || (i && n != out->n) || got - at - 4 < (size_t)n * 8) {
+            free(buffer);
+            return malformed_reply(call);
+        }
+        out->n = n;
+        out->items[i] = buffer + at + 4;
+        at += 4 + (size_t)n * 8;
+    }
+    if (at != got || out->n > out->count) {
+        free(buffer);
+        return malformed_reply(call);
+    }
+    out->buffer = buffer;
+    return CUDA_SUCCESS;
+}
+
+/* Ask for a caller whose arrays hold `asked` entries (0: the count only); a large one only after the count. */
+static int query(uint32_t opcode, const char *call, uint64_t handle, uint64_t asked, int lists, struct answer *out) {
+    if (asked > DIRECT_QUERY) {
+        int status = ask(opcode, call, handle, 0, lists, out);
+        if (status != CUDA_SUCCESS || !out->count) return status;
+        free(out->buffer);
+        if (out->count < asked) asked = out->count;
+    }
+    return ask(opcode, call, handle, asked, lists, out);
+}
+
+/* The first `n` entries of list `items` into `nodes`, NULL after them up to `room`, as the driver fills an array. */
+static void fill_nodes(CUgraphNode *nodes, const uint8_t *items, size_t n, size_t room) {
+    for (size_t i = 0; i < room; i++) nodes[i] = i < n ? (CUgraphNode)(uintptr_t)orion_get_u64(items + 8 * i) : NULL;
+}
+
+static int any_edge_data(const uint8_t *items, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (orion_get_u64(items + 8 * i)) return 1;
+    return 0;
+}
+
+static int graph_nodes(uint32_t opcode, const char *call, CUgraph graph, CUgraphNode *nodes, size_t *count) {
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    size_t room = nodes ? *count : 0;
+    struct answer a;
+    int status = query(opcode, call, handle_word(graph), room, 1, &a);
+    if (status != CUDA_SUCCESS) return status;
+    if (room) fill_nodes(nodes, a.items[0], a.n, room);
+    *count = (size_t)a.count;
+    free(a.buffer);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count) {
+    return graph_nodes(ORION_OP_cuGraphGetNodes, "cuGraphGetNodes", graph, nodes, count);
+}
+
+CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *nodes, size_t *count) {
+    return graph_nodes(ORION_OP_cuGraphGetRootNodes, "cuGraphGetRootNodes", graph, nodes, count);
+}
+
+CUresult cuGraphGetEdges(CUgraph graph, CUgraphNode *from, CUgraphNode *to, CUgraphEdgeData *data, size_t *count) {
+    if (!count || !from != !to || (data && !from)) return CUDA_ERROR_INVALID_VALUE; /* cuda.h's pairings */
+    size_t room = from ? *count : 0;
+    struct answer a;
+    int status = query(ORION_OP_cuGraphGetEdges, "cuGraphGetEdges", handle_word(graph), room, 3, &a);
+    if (status != CUDA_SUCCESS) return status;
+    if (room && !data && any_edge_data(a.items[2], a.n)) {
+        status = ERROR_LOSSY_QUERY; /* edges with data of their own, and nowhere to say so */
+    } else if (room) {
+        fill_nodes(from, a.items[0], a.n, room);
+        fill_nodes(to, a.items[1], a.n, room);
+        if (data) memcpy(data, a.items[2], a.n * sizeof *data);
+    }
+    if (status == CUDA_SUCCESS) *count = (size_t)a.count;
+    free(a.buffer);
+    return status;
+}
+
+static int node_edges(uint32_t opcode, const char *call, CUgraphNode node, CUgraphNode *nodes,
+                      CUgraphEdgeData *data, size_t *count) {
+    if (!count || (data && !nodes)) return CUDA_ERROR_INVALID_VALUE;
+    size_t room = nodes ? *count : 0;
+    struct answer a;
+    int status = query(opcode, call, handle_word(node), room, 2, &a);
+    if (status != CUDA_SUCCESS) return status;
+    if (room && !data && any_edge_data(a.items[1], a.n)) {
+        status = ERROR_LOSSY_QUERY;
+    } else if (room) {
+        fill_nodes(nodes, a.items[0], a.n, room);
+        if (data) memcpy(data, a.items[1], a.n * sizeof *data);
+    }
+    if (status == CUDA_SUCCESS) *count = (size_t)a.count;
+    free(a.buffer);
+    return status;
+}
+
+CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, CUgraphEdgeData *data, size_t *count) {
+    return node_edges(ORION_OP_cuGraphNodeGetDependencies, "cuGraphNodeGetDependencies", node, deps, data, count);
+}
+
+CUresult cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *dependents, CUgraphEdgeData *data,
+                                      size_t *count) {
+    return node_edges(ORION_OP_cuGraphNodeGetDependentNodes, "cuGraphNodeGetDependentNodes", node, dependents, data,
+                      count);
+}
+
+/* --- parameters set ------------------------------------------------------------------------------------------- */
+
+CUresult cuGraphKernelNodeSetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS const *params) {
+    uint8_t prefix[8];
+    orion_put_u64(prefix, handle_word(node));
+    return kernel_node_call(ORION_OP_cuGraphKernelNodeSetParams, prefix, sizeof prefix, params, 0, NULL, 0, NULL);
+}
+
+CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA_KERNEL_NODE_PARAMS const *params) {
+    uint8_t prefix[16];
+    orion_put_u64(prefix, handle_word(exec));
+    orion_put_u64(prefix + 8, handle_word(node));
+    return kernel_node_call(ORION_OP_cuGraphExecKernelNodeSetParams, prefix, sizeof prefix, params, 0, NULL, 0,
+                            NULL);
+}
+
+CUresult cuGraphMemsetNodeSetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS const *params) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t req[8 + MEMSET_NODE_BYTES];
+    orion_put_u64(req, handle_word(node));
+    put_memset(req + 8, params);
+    return hand_forward(ORION_OP_cuGraphMemsetNodeSetParams, req, sizeof req, NULL, 0);
+}
+
+CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA_MEMSET_NODE_PARAMS const *params,
+                                        CUcontext ctx) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t req[24 + MEMSET_NODE_BYTES];
+    orion_put_u64(req, handle_word(exec));
+    orion_put_u64(req + 8, handle_word(node));
+    orion_put_u64(req + 16, handle_word(ctx));
+    put_memset(req + 24, params);
+    return hand_forward(ORION_OP_cuGraphExecMemsetNodeSetParams, req, sizeof req, NULL, 0);
+}
+
+CUresult cuGraphMemcpyNodeSetParams(CUgraphNode node, CUDA_MEMCPY3D const *params) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    int status = copy_forwarded(params);
+    if (status != CUDA_SUCCESS) return status;
+    uint8_t req[8 + MEMCPY_3D_BYTES];
+    orion_put_u64(req, handle_word(node));
+    put_copy(req + 8, params);
+    return copy_answered(params, hand_forward(ORION_OP_cuGraphMemcpyNodeSetParams, req, sizeof req, NULL, 0));
+}
+
+CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA_MEMCPY3D const *params,
+                                        CUcontext ctx) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    int status = copy_forwarded(params);
+    if (status != CUDA_SUCCESS) return status;
+    uint8_t req[24 + MEMCPY_3D_BYTES];
+    orion_put_u64(req, handle_word(exec));
+    orion_put_u64(req + 8, handle_word(node));
+    orion_put_u64(req + 16, handle_word(ctx));
+    put_copy(req + 24, params);
+    return copy_answered(params, hand_forward(ORION_OP_cuGraphExecMemcpyNodeSetParams, req, sizeof req, NULL, 0));
+}
+
+CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *info) {
+    if (!info) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t req[16], rep[20]; /* result (i32), error node, error's from node (u64) */
+    orion_put_u64(req, handle_word(exec));
+    orion_put_u64(req + 8, handle_word(graph));
+    int status = hand_forward(ORION_OP_cuGraphExecUpdate, req, sizeof req, rep, sizeof rep);
+    if (status == CUDA_SUCCESS) {
+        info->result = orion_get_i32(rep);
+        info->errorNode = (CUgraphNode)(uintptr_t)orion_get_u64(rep + 4);
+        info->errorFromNode = (CUgraphNode)(uintptr_t)orion_get_u64(rep + 12);
+    } else if (status == ERROR_GRAPH_EXEC_UPDATE_FAILURE) { /* the reply carries no result information */
+        info->result = UPDATE_ERROR;
+        info->errorNode = info->errorFromNode = NULL;
+    }
+    return status;
+}
+
+/* --- the ABIs of callers built against older CUDA --------------------------------------------------------------
+ * cuGetProcAddress gives a caller the ABI of the CUDA version it was built against (cudaTypedefs.h's PFN_*_vNNNNN):
+ * before 12.0, kernel nodes take CUDA_KERNEL_NODE_PARAMS_v1 (no kern, no ctx) and cuGraphExecUpdate reports through
+ * two pointers; before 12.3, the edge calls take no edge data. orion_graph_versioned_entry answers those, built on
+ * the entry points above, for answered_in_guest.c's orion_versioned_entry to return (NULL: the current ABI serves). */
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+} kernel_node_params_v1;
+_Static_assert(sizeof(kernel_node_params_v1) == 56, "CUDA_KERNEL_NODE_PARAMS_v1 as cuda.h lays it out");
+
+static CUDA_KERNEL_NODE_PARAMS from_v1(const kernel_node_params_v1 *p) {
+    CUDA_KERNEL_NODE_PARAMS params = { p->func, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
+                                       p->blockDimZ, p->sharedMemBytes, p->kernelParams, p->extra, NULL, NULL };
+    return params;
+}
+
+static CUresult add_kernel_node_v1(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
+                                   kernel_node_params_v1 const *params) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_KERNEL_NODE_PARAMS current = from_v1(params);
+    return cuGraphAddKernelNode(node, graph, deps, count, &current);
+}
+
+static CUresult kernel_node_set_params_v1(CUgraphNode node, kernel_node_params_v1 const *params) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_KERNEL_NODE_PARAMS current = from_v1(params);
+    return cuGraphKernelNodeSetParams(node, &current);
+}
+
+static CUresult exec_kernel_node_set_params_v1(CUgraphExec exec, CUgraphNode node,
+                                               kernel_node_params_v1 const *params) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_KERNEL_NODE_PARAMS current = from_v1(params);
+    return cuGraphExecKernelNodeSetParams(exec, node, &current);
+}
+
+static CUresult exec_update_v1(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node, int *result) {
+    CUgraphExecUpdateResultInfo info;
+    CUresult status = cuGraphExecUpdate(exec, graph, &info);
+    if (status == CUDA_SUCCESS || status == ERROR_GRAPH_EXEC_UPDATE_FAILURE) {
+        if (error_node) *error_node = info.errorNode;
+        if (result) *result = info.result;
+    }
+    return status;
+}
+
+static CUresult get_edges_v1(CUgraph graph, CUgraphNode *from, CUgraphNode *to, size_t *count) {
+    return cuGraphGetEdges(graph, from, to, NULL, count);
+}
+
+static CUresult dependencies_v1(CUgraphNode node, CUgraphNode *deps, size_t *count) {
+    return cuGraphNodeGetDependencies(node, deps, NULL, count);
+}
+
+static CUresult dependents_v1(CUgraphNode node, CUgraphNode *dependents, size_t *count) {
+    return cuGraphNodeGetDependentNodes(node, dependents, NULL, count);
+}
+
+static CUresult add_dependencies_v1(CUgraph graph, CUgraphNode const *from, CUgraphNode const *to, size_t count) {
+    return cuGraphAddDependencies(graph, from, to, NULL, count);
+}
+
+static CUresult remove_dependencies_v1(CUgraph graph, CUgraphNode const *from, CUgraphNode const *to, size_t count) {
+    return cuGraphRemoveDependencies(graph, from, to, NULL, count);
+}
+
+void *orion_graph_versioned_entry(const char *symbol, int version) {
+    static const struct { const char *name; int since; void *older; } entries[] = {
+        { "cuGraphAddKernelNode", 12000, (void *)add_kernel_node_v1 },
+        { "cuGraphKernelNodeSetParams", 12000, (void *)kernel_node_set_params_v1 },
+        { "cuGraphExecKernelNodeSetParams", 12000, (void *)exec_kernel_node_set_params_v1 },
+        { "cuGraphExecUpdate", 12000, (void *)exec_update_v1 },
+        { "cuGraphGetEdges", 12030, (void *)get_edges_v1 },
+        { "cuGraphNodeGetDependencies", 12030, (void *)dependencies_v1 },
+        { "cuGraphNodeGetDependentNodes", 12030, (void *)dependents_v1 },
+        { "cuGraphAddDependencies", 12030, (void *)add_dependencies_v1 },
+        { "cuGraphRemoveDependencies", 12030, (void *)remove_dependencies_v1 },
+    };
+    if (!symbol) return NULL;
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
+        if (version < entries[i].since && strcmp(symbol, entries[i].name) == 0) return entries[i].older;
+    return NULL;
+}

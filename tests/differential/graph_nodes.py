@@ -1,0 +1,626 @@
+"""CUDA graphs built node by node, as XLA's command buffers and PyTorch's CUDA graphs build them: one fixed program
+whose transcript must be the same on the fake driver called directly and through the native `libcuda.so.1`, on a
+local region and relayed (tests/differential/test_graph_nodes.py; the capsule path answers
+CUDA_ERROR_NOT_SUPPORTED for these calls: guest_runtime/forward.py NATIVE_ONLY).
+
+The program builds a graph with every node-adding call of the call table: a memset node (1D and 2D), kernel nodes
+of `orion_fake_add_u32` (the kernel the fake driver runs: tests/fake_driver.py ADD_KERNEL; ADD_PTX compiles it on a
+GPU) with their parameters from `kernelParams` and from an `extra` buffer, an empty node joining two branches,
+device-to-device memcpy nodes (1D, and 2D with offsets and pitches), a child graph node (a graph with a kernel node
+of its own), event record and wait nodes and, with `pinned`, memcpy nodes from and to page-locked memory around a
+kernel node. It adds and removes an edge, queries nodes, root nodes, edges and each node's dependencies and
+dependents (with arrays larger and smaller than the answer, and without arrays: the count only), instantiates the
+graph, launches it twice and reads the memory back; then sets parameters on the graph's nodes (kernel, memset,
+memcpy) and on the executable graph's copies of them, relaunches (the executable graph's changes only), updates the
+executable graph from the graph (cuGraphExecUpdate: the graph's changes now), relaunches; an update from a graph of
+another topology fails (and the executable graph runs as before). A second graph holds a programmatic edge (edge
+data of its own): queries without an edge-data array answer CUDA_ERROR_LOSSY_QUERY. Last, what the driver refuses:
+a memset or memcpy node reaching past an allocation, a kernel node of an unknown function, an unknown graph or
+dependency, NULL outputs, an existing edge added again.
+
+Handles are never compared between paths (each driver gives its own): a node is shown as its index among the nodes
+the program made (-1 for NULL), a node type as cuGraphNodeGetType's number, memory as its words.
+
+Run in a process of its own with a C driver library (the native guest driver, ORION_SHM set; or the real libcuda
+on a GPU):
+
+    python -m tests.differential.graph_nodes LIBRARY [pinned]
+
+prints one JSON object: {"transcript": [...]}. The library's functions are looked up as a program built against
+CUDA 13's cuda.h names them (cuGraphAddKernelNode_v2, cuGraphGetEdges_v2, cuGraphExecUpdate_v2,
+cuGraphInstantiateWithFlags...).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import struct
+import sys
+from typing import Any
+
+from tests.differential import capture_graphs
+from tests.differential.corpus import NON_BLOCKING, SUCCESS, Table, ctypes_table
+from tests.differential.pool_kernels import ADD_PTX
+
+WORDS = 16  # the u32 words of each device buffer the program uses and shows
+NULL_NODE = -1
+U32, U64, I32, SZ = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t
+P, UI = ctypes.c_void_p, ctypes.c_uint
+CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE = 1, 2
+CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
+PROGRAMMATIC = 1  # CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC, and CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+BAD_HANDLE = 0xBAD0
+
+
+# --- cuda.h's structs (CUDA 13) ----------------------------------------------------------------------------------
+
+class KernelNodeParams(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS (cuda.h's _v2: with kern and ctx)."""
+    _fields_ = [("func", U64), ("gridDimX", UI), ("gridDimY", UI), ("gridDimZ", UI), ("blockDimX", UI),
+                ("blockDimY", UI), ("blockDimZ", UI), ("sharedMemBytes", UI), ("kernelParams", P), ("extra", P),
+                ("kern", U64), ("ctx", U64)]
+
+
+class MemsetNodeParams(ctypes.Structure):
+    """CUDA_MEMSET_NODE_PARAMS."""
+    _fields_ = [("dst", U64), ("pitch", SZ), ("value", UI), ("elementSize", UI), ("width", SZ), ("height", SZ)]
+
+
+def _side(prefix: str) -> list[tuple[str, Any]]:
+    return [(prefix + "XInBytes", SZ), (prefix + "Y", SZ), (prefix + "Z", SZ), (prefix + "LOD", SZ),
+            (prefix + "MemoryType", I32), (prefix + "Host", P), (prefix + "Device", U64), (prefix + "Array", P),
+            ("reserved" + ("0" if prefix == "src" else "1"), P), (prefix + "Pitch", SZ), (prefix + "Height", SZ)]
+
+
+class Memcpy3D(ctypes.Structure):
+    """CUDA_MEMCPY3D."""
+    _fields_ = [*_side("src"), *_side("dst"), ("WidthInBytes", SZ), ("Height", SZ), ("Depth", SZ)]
+
+
+class EdgeData(ctypes.Structure):
+    """CUgraphEdgeData: 8 bytes."""
+    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+                ("reserved", ctypes.c_ubyte * 5)]
+
+
+class UpdateResultInfo(ctypes.Structure):
+    """CUgraphExecUpdateResultInfo."""
+    _fields_ = [("result", I32), ("errorNode", U64), ("errorFromNode", U64)]
+
+
+assert ctypes.sizeof(KernelNodeParams) == 72 and ctypes.sizeof(MemsetNodeParams) == 40
+assert ctypes.sizeof(Memcpy3D) == 200 and ctypes.sizeof(EdgeData) == 8 and ctypes.sizeof(UpdateResultInfo) == 24
+
+# What the program calls besides capture_graphs' table (name -> ctypes argument types).
+PROTOTYPES: dict[str, list[Any]] = {
+    "cuGraphCreate": [P, UI], "cuEventRecord": [U64, U64], "cuEventSynchronize": [U64],
+    "cuGraphAddEmptyNode": [P, U64, P, SZ], "cuGraphAddChildGraphNode": [P, U64, P, SZ, U64],
+    "cuGraphAddEventRecordNode": [P, U64, P, SZ, U64], "cuGraphAddEventWaitNode": [P, U64, P, SZ, U64],
+    "cuGraphAddMemsetNode": [P, U64, P, SZ, P, U64], "cuGraphAddMemcpyNode": [P, U64, P, SZ, P, U64],
+    "cuGraphAddKernelNode": [P, U64, P, SZ, P],
+    "cuGraphAddDependencies": [U64, P, P, P, SZ], "cuGraphRemoveDependencies": [U64, P, P, P, SZ],
+    "cuGraphGetNodes": [U64, P, P], "cuGraphGetRootNodes": [U64, P, P], "cuGraphGetEdges": [U64, P, P, P, P],
+    "cuGraphNodeGetDependencies": [U64, P, P, P], "cuGraphNodeGetDependentNodes": [U64, P, P, P],
+    "cuGraphKernelNodeSetParams": [U64, P], "cuGraphExecKernelNodeSetParams": [U64, U64, P],
+    "cuGraphMemsetNodeSetParams": [U64, P], "cuGraphExecMemsetNodeSetParams": [U64, U64, P, U64],
+    "cuGraphMemcpyNodeSetParams": [U64, P], "cuGraphExecMemcpyNodeSetParams": [U64, U64, P, U64],
+    "cuGraphExecUpdate": [U64, U64, P],
+}
+
+
+def library_table(library: ctypes.CDLL) -> Table:
+    """Every function the program calls, from a C driver library, by cuda.h's names."""
+    table = capture_graphs.library_table(library)
+    table.update(ctypes_table(library, PROTOTYPES))
+    return table
+
+
+def _nodes(*handles: int) -> Any:
+    return (U64 * max(len(handles), 1))(*handles)
+
+
+class GraphNodeProgram:
+    """Runs the program against a C-ABI driver `table` with capture_graphs' functions and PROTOTYPES above."""
+
+    def __init__(self, table: Table, pinned: bool = True) -> None:
+        self.t, self.pinned = table, pinned
+        self.image = ctypes.create_string_buffer(ADD_PTX, len(ADD_PTX))
+        self.out: list[list[Any]] = []
+        self.made: list[int] = []  # every node the program made, in order: a node is shown as its index here
+        self.names: dict[str, int] = {}  # node name -> its handle
+        self._keep: list[Any] = []  # what kernel node parameters point at, alive for the program's length
+
+    # --- helpers --------------------------------------------------------------------------------------------------
+    def note(self, step: str, statuses: list[Any], values: Any = None) -> None:
+        self.out.append([step, [int(s) for s in statuses], values])
+
+    def _out(self, name: str, *args: Any, cell: Any = None) -> int:
+        cell = cell if cell is not None else U64()
+        status = self.t[name](ctypes.addressof(cell), *args)
+        if status != SUCCESS:
+            raise RuntimeError(f"graph program: {name} answered {status}")
+        return int(cell.value)
+
+    def _index(self, handle: int) -> Any:
+        if not handle:
+            return NULL_NODE
+        return self.made.index(handle) if handle in self.made else "unknown"
+
+    def _read(self, pointer: int) -> list[Any]:
+        cells = (U32 * WORDS)()
+        status = self.t["cuMemcpyDtoH"](ctypes.addressof(cells), pointer, 4 * WORDS)
+        return list(cells) if status == SUCCESS else [f"read failed: {status}"]
+
+    def _memory(self) -> dict[str, list[Any]]:
+        found = {name: self._read(pointer) for name, pointer in self.buffers.items()}
+        if self.pinned:
+            found["pinned_out"] = list(self.pinned_out)
+        return found
+
+    def _ref(self, struct_: Any) -> int:
+        """The address of a struct the program passes, kept alive for the program's length."""
+        self._keep.append(struct_)
+        return ctypes.addressof(struct_)
+
+    def _node(self, name: str, status: int, cell: Any) -> int:
+        """A node-adding call's status; the node, if made, named and counted."""
+        if status == SUCCESS:
+            self.made.append(int(cell.value))
+            self.names[name] = int(cell.value)
+        return status
+
+    def _deps(self, *names: str) -> tuple[Any, int]:
+        array = _nodes(*[self.names[n] for n in names])
+        self._keep.append(array)
+        return (ctypes.addressof(array) if names else None), len(names)
+
+    def _add_params(self, words: int, value: int, blocks: int = 1) -> KernelNodeParams:
+        """A kernel node of orion_fake_add_u32(words, WORDS, value), its parameters from kernelParams."""
+        cells = (U64(words), U32(WORDS), U32(value))
+        pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(c) for c in cells])
+        self._keep += [cells, pointers]
+        params = KernelNodeParams(func=self.function, gridDimX=blocks, gridDimY=1, gridDimZ=1, blockDimX=WORDS,
+                                  blockDimY=1, blockDimZ=1)
+        params.kernelParams = ctypes.addressof(pointers)
+        return params
+
+    def _add_params_extra(self, words: int, value: int) -> KernelNodeParams:
+        """The same kernel node, its parameters packed by the program into an `extra` buffer."""
+        buffer = ctypes.create_string_buffer(struct.pack("<QII", words, WORDS, value), 16)
+        size = SZ(16)
+        extra = (ctypes.c_void_p * 5)(CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(buffer),
+                                      CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size), CU_LAUNCH_PARAM_END)
+        self._keep += [buffer, size, extra]
+        params = KernelNodeParams(func=self.function, gridDimX=1, gridDimY=1, gridDimZ=1, blockDimX=WORDS,
+                                  blockDimY=1, blockDimZ=1)
+        params.extra = ctypes.addressof(extra)
+        return params
+
+    @staticmethod
+    def _memset(dst: int, value: int, width: int = WORDS, height: int = 1, pitch: int = 0) -> MemsetNodeParams:
+        return MemsetNodeParams(dst=dst, pitch=pitch, value=value, elementSize=4, width=width, height=height)
+
+    @staticmethod
+    def _copy(dst: int, src: int, size: int = 4 * WORDS, dst_type: int = CU_MEMORYTYPE_DEVICE,
+              src_type: int = CU_MEMORYTYPE_DEVICE) -> Memcpy3D:
+        """A 1D copy of `size` bytes (a host side by its address)."""
+        copy = Memcpy3D(srcMemoryType=src_type, dstMemoryType=dst_type, WidthInBytes=size, Height=1, Depth=1)
+        if src_type == CU_MEMORYTYPE_HOST:
+            copy.srcHost = src
+        else:
+            copy.srcDevice = src
+        if dst_type == CU_MEMORYTYPE_HOST:
+            copy.dstHost = dst
+        else:
+            copy.dstDevice = dst
+        return copy
+
+    def _add(self, name: str, call: str, deps: tuple[str, ...], *args: Any) -> int:
+        cell = U64()
+        pointer, count = self._deps(*deps)
+        return self._node(name, self.t[call](ctypes.addressof(cell), self.graph, pointer, count, *args), cell)
+
+    def _list(self, name: str, handle: int, room: int | None, with_edges: bool = False) -> list[Any]:
+        """A node query (cuGraphGetNodes/GetRootNodes, cuGraphNodeGetDependencies/DependentNodes) with an array of
+        `room` entries (None: no array, the count only): [status, count, the entries, their edge data]."""
+        count = SZ(room or 0)
+        nodes = (U64 * max(room or 0, 1))(*[0x5A5A] * max(room or 0, 1))
+        edges = (U64 * max(room or 0, 1))(*[0x5A5A] * max(room or 0, 1))
+        array = ctypes.addressof(nodes) if room is not None else None
+        args: list[Any] = [handle, array]
+        if name.startswith("cuGraphNode"):
+            args.append(ctypes.addressof(edges) if with_edges and room is not None else None)
+        status = int(self.t[name](*args, ctypes.addressof(count)))
+        entries = [self._index(n) for n in nodes[:room or 0]] if status == SUCCESS else []
+        if len(entries) > 64:  # a large array: the entries written, then whether all the rest were set to NULL
+            entries = [*entries[:count.value], all(e == NULL_NODE for e in entries[count.value:])]
+        data = list(edges[:count.value]) if status == SUCCESS and with_edges and room is not None else None
+        return [status, count.value if status == SUCCESS else None, entries, data]
+
+    def _edges(self, graph: int, room: int | None, with_data: bool = True) -> list[Any]:
+        """cuGraphGetEdges with arrays of `room` entries (None: the count only): [status, count, from, to, data]."""
+        count = SZ(room or 0)
+        size = max(room or 0, 1)
+        sources, targets, data = (U64 * size)(), (U64 * size)(), (U64 * size)(*[0x5A5A] * size)
+        args = [ctypes.addressof(a) if room is not None else None for a in (sources, targets)]
+        args.append(ctypes.addressof(data) if room is not None and with_data else None)
+        status = int(self.t["cuGraphGetEdges"](graph, *args, ctypes.addressof(count)))
+        if status != SUCCESS:
+            return [status]
+        n = room or 0
+        return [status, count.value, [self._index(s) for s in sources[:n]], [self._index(s) for s in targets[:n]],
+                list(data[:count.value]) if with_data and room is not None else None]
+
+    def _edge_call(self, name: str, graph: int, sources: list[str], targets: list[str],
+                   words: list[int] | None) -> int:
+        froms, tos = _nodes(*[self.names[n] for n in sources]), _nodes(*[self.names[n] for n in targets])
+        data = (EdgeData * max(len(sources), 1))()
+        for i, word in enumerate(words or []):
+            data[i].from_port, data[i].to_port, data[i].type = word & 0xFF, (word >> 8) & 0xFF, (word >> 16) & 0xFF
+        return int(self.t[name](graph, ctypes.addressof(froms), ctypes.addressof(tos),
+                                ctypes.addressof(data) if words is not None else None, len(sources)))
+
+    def _types(self) -> list[Any]:
+        kinds = []
+        for node in self.made:
+            cell = I32(-1)
+            status = self.t["cuGraphNodeGetType"](node, ctypes.addressof(cell))
+            kinds.append(cell.value if status == SUCCESS else f"status {status}")
+        return kinds
+
+    def _launch(self, graph_exec: int, times: int) -> list[int]:
+        return [*[self.t["cuGraphLaunch"](graph_exec, self.stream) for _ in range(times)],
+                self.t["cuStreamSynchronize"](self.stream)]
+
+    # --- the program ----------------------------------------------------------------------------------------------
+    def run(self) -> list[list[Any]]:
+        t = self.t
+        device = I32()
+        t["cuInit"](0)
+        t["cuDeviceGet"](ctypes.addressof(device), 0)
+        self.context = context = self._out("cuDevicePrimaryCtxRetain", device.value)
+        t["cuCtxSetCurrent"](context)
+        module = self._out("cuModuleLoadData", ctypes.addressof(self.image))
+        self.function = self._out("cuModuleGetFunction", module, b"orion_fake_add_u32")
+        self.stream = self._out("cuStreamCreate", NON_BLOCKING)
+        event = self._out("cuEventCreate", 0)
+        outside = self._out("cuEventCreate", 0)
+        names = ("words", "marks", "copy", "spare", "grid", "grid2", "staged")
+        self.buffers = {name: self._out("cuMemAlloc", 4 * WORDS) for name in names}
+        b = self.buffers
+        initial = (U32 * WORDS)(*range(WORDS))
+        self.note("initial memory", [t["cuMemcpyHtoD"](b["words"], ctypes.addressof(initial), 4 * WORDS),
+                                     *[t["cuMemsetD32"](b[n], 0, WORDS) for n in names[1:]], t["cuCtxSynchronize"](),
+                                     t["cuEventRecord"](outside, 0)])
+        if self.pinned:
+            pinned_in, pinned_out = self._out("cuMemAllocHost", 4 * WORDS), self._out("cuMemAllocHost", 4 * WORDS)
+            self.pinned_in = (U32 * WORDS).from_address(pinned_in)
+            self.pinned_out = (U32 * WORDS).from_address(pinned_out)
+            for i in range(WORDS):
+                self.pinned_in[i], self.pinned_out[i] = 1000 + i, 0
+
+        # the graph, node by node
+        self.graph = graph = self._out("cuGraphCreate", 0)
+        child = self._out("cuGraphCreate", 0)
+        child_cell = U64()
+        child_status = t["cuGraphAddKernelNode"](ctypes.addressof(child_cell), child, None, 0,
+                                                 self._ref(self._add_params(b["spare"], 1)))
+        self.note("a child graph with a kernel node (spare += 1)", [child_status])
+        block = Memcpy3D(srcMemoryType=CU_MEMORYTYPE_DEVICE, srcDevice=b["words"], srcXInBytes=4, srcY=1,
+                         srcPitch=16, srcHeight=4, dstMemoryType=CU_MEMORYTYPE_DEVICE, dstDevice=b["grid"], dstY=2,
+                         dstPitch=16, dstHeight=4, WidthInBytes=8, Height=2, Depth=1)
+        added = [
+            self._add("memset", "cuGraphAddMemsetNode", (), self._ref(self._memset(b["marks"], 7)), context),
+            self._add("marks += 3", "cuGraphAddKernelNode", ("memset",),
+                      self._ref(self._add_params(b["marks"], 3))),
+            self._add("words += 5 (extra)", "cuGraphAddKernelNode", (),
+                      self._ref(self._add_params_extra(b["words"], 5))),
+            self._add("join", "cuGraphAddEmptyNode", ("marks += 3", "words += 5 (extra)")),
+            self._add("copy = words", "cuGraphAddMemcpyNode", ("join",),
+                      self._ref(self._copy(b["copy"], b["words"])), context),
+            self._add("child", "cuGraphAddChildGraphNode", ("copy = words",), child),
+            self._add("record", "cuGraphAddEventRecordNode", ("child",), event),
+            self._add("wait", "cuGraphAddEventWaitNode", (), outside),
+            self._add("2D copy", "cuGraphAddMemcpyNode", ("copy = words",), self._ref(block), 0),
+            self._add("2D memset", "cuGraphAddMemsetNode", (),
+                      self._ref(self._memset(b["grid2"], 0x55, width=2, height=3, pitch=16)), context),
+        ]
+        if self.pinned:
+            added += [
+                self._add("staged = pinned_in", "cuGraphAddMemcpyNode", ("wait",),
+                          self._ref(self._copy(b["staged"], ctypes.addressof(self.pinned_in),
+                                                  src_type=CU_MEMORYTYPE_HOST)), context),
+                self._add("staged += 1", "cuGraphAddKernelNode", ("staged = pinned_in",),
+                          self._ref(self._add_params(b["staged"], 1))),
+                self._add("pinned_out = staged", "cuGraphAddMemcpyNode", ("staged += 1",),
+                          self._ref(self._copy(ctypes.addressof(self.pinned_out), b["staged"],
+                                                  dst_type=CU_MEMORYTYPE_HOST)), context),
+            ]
+        self.note("nodes added", added, list(self.names))
+        self.note("node types", [], self._types())
+
+        # edges
+        before = self._edges(graph, None)
+        add = self._edge_call("cuGraphAddDependencies", graph, ["wait"], ["memset"], None)
+        with_it = self._edges(graph, 32)
+        again = self._edge_call("cuGraphAddDependencies", graph, ["memset"], ["marks += 3"], None)
+        removed = self._edge_call("cuGraphRemoveDependencies", graph, ["wait"], ["memset"], [0])
+        self.note("an edge added (wait -> memset), an existing one refused, the first removed",
+                  [add, again, removed], [before, with_it, self._edges(graph, None)])
+
+        # queries
+        count = len(self.made)
+        self.note("nodes: the count, an array as large, larger (NULL after), smaller, much larger", [], [
+            self._list("cuGraphGetNodes", graph, None), self._list("cuGraphGetNodes", graph, count),
+            self._list("cuGraphGetNodes", graph, count + 3), self._list("cuGraphGetNodes", graph, 2),
+            self._list("cuGraphGetNodes", graph, 5000)])  # larger than a query asks for at once
+        self.note("root nodes", [], [self._list("cuGraphGetRootNodes", graph, None),
+                                     self._list("cuGraphGetRootNodes", graph, 8)])
+        self.note("edges: with data, without (all default: no loss), fewer than there are", [], [
+            self._edges(graph, 20), self._edges(graph, 20, with_data=False), self._edges(graph, 3)])
+        join, memset = self.names["join"], self.names["memset"]
+        self.note("dependencies of the join, dependents of the memset", [], [
+            self._list("cuGraphNodeGetDependencies", join, None),
+            self._list("cuGraphNodeGetDependencies", join, 4, with_edges=True),
+            self._list("cuGraphNodeGetDependencies", join, 4),
+            self._list("cuGraphNodeGetDependentNodes", memset, 1, with_edges=True),
+            self._list("cuGraphNodeGetDependentNodes", self.names["record"], 2)])
+
+        # instantiate, launch twice
+        graph_exec = self._out("cuGraphInstantiate", graph, 0)
+        self.note("instantiated, launched twice", self._launch(graph_exec, 2), self._memory())
+        self.note("the event its node recorded", [t["cuEventSynchronize"](event), t["cuEventQuery"](event)])
+
+        # parameters: on the graph's nodes (not yet in the executable graph) and on the executable graph's copies
+        n = self.names
+        self.note("parameters set on the graph's nodes and on the executable graph's", [
+            t["cuGraphKernelNodeSetParams"](n["words += 5 (extra)"], self._ref(self._add_params(b["words"], 100))),
+            t["cuGraphExecKernelNodeSetParams"](graph_exec, n["marks += 3"],
+                                                self._ref(self._add_params(b["marks"], 1000))),
+            t["cuGraphMemsetNodeSetParams"](memset, self._ref(self._memset(b["marks"], 9))),
+            t["cuGraphExecMemsetNodeSetParams"](graph_exec, memset, self._ref(self._memset(b["marks"], 11)),
+                                                context),
+            t["cuGraphMemcpyNodeSetParams"](n["copy = words"], self._ref(self._copy(b["copy"], b["marks"]))),
+            t["cuGraphExecMemcpyNodeSetParams"](graph_exec, n["copy = words"],
+                                                self._ref(self._copy(b["copy"], b["spare"])), context)])
+        if self.pinned:
+            for i in range(WORDS):
+                self.pinned_in[i] = 2000 + i  # the next launch must read these
+        self.note("relaunched: the executable graph's changes only", self._launch(graph_exec, 1), self._memory())
+
+        info = UpdateResultInfo(result=-1, errorNode=BAD_HANDLE, errorFromNode=BAD_HANDLE)
+        updated = int(t["cuGraphExecUpdate"](graph_exec, graph, ctypes.addressof(info)))
+        self.note("cuGraphExecUpdate from the graph: the graph's changes", [updated],
+                  [info.result, self._index(info.errorNode), self._index(info.errorFromNode)])
+        self.note("relaunched after the update", self._launch(graph_exec, 1), self._memory())
+        other = self._out("cuGraphClone", graph)
+        extra_cell = U64()
+        grown = t["cuGraphAddEmptyNode"](ctypes.addressof(extra_cell), other, None, 0)
+        failed = int(t["cuGraphExecUpdate"](graph_exec, other, ctypes.addressof(info)))
+        self.note("cuGraphExecUpdate from a graph of another topology fails; the executable graph runs as before",
+                  [grown, failed, *self._launch(graph_exec, 1)], self._memory())
+
+        # edges with data of their own
+        second = self._out("cuGraphCreate", 0)
+        saved, self.graph = self.graph, second
+        first_kernel = self._add("k1", "cuGraphAddKernelNode", (), self._ref(self._add_params(b["spare"], 0)))
+        second_kernel = self._add("k2", "cuGraphAddKernelNode", (), self._ref(self._add_params(b["spare"], 0)))
+        self.graph = saved
+        word = PROGRAMMATIC | PROGRAMMATIC << 16  # from_port PROGRAMMATIC, type PROGRAMMATIC
+        self.note("a programmatic edge: queries without an edge-data array are lossy", [
+            first_kernel, second_kernel, self._edge_call("cuGraphAddDependencies", second, ["k1"], ["k2"], [word])], [
+            self._edges(second, 2, with_data=False), self._edges(second, 2), self._edges(second, None),
+            self._list("cuGraphNodeGetDependencies", n["k2"], 1),
+            self._list("cuGraphNodeGetDependencies", n["k2"], 1, with_edges=True),
+            self._list("cuGraphNodeGetDependencies", n["k2"], None)])
+        self.note("removing it needs its data", [
+            self._edge_call("cuGraphRemoveDependencies", second, ["k1"], ["k2"], None),
+            self._edge_call("cuGraphRemoveDependencies", second, ["k1"], ["k2"], [word])], self._edges(second, None))
+
+        # what is refused
+        cell, one = U64(BAD_HANDLE), SZ(1)
+        past = b["words"] + 4 * WORDS - 4
+        unknown = KernelNodeParams(func=BAD_HANDLE, gridDimX=1, gridDimY=1, gridDimZ=1, blockDimX=1, blockDimY=1,
+                                   blockDimZ=1)
+        stranger = _nodes(BAD_HANDLE)
+        self.note("refused: a memset past its allocation, a 2D one whose rows reach past it, a copy past it, a kernel "
+                  "node of an unknown function, an unknown graph, an unknown dependency", [
+                      t["cuGraphAddMemsetNode"](ctypes.addressof(cell), graph, None, 0,
+                                                self._ref(self._memset(past, 1, width=2)), context),
+                      t["cuGraphAddMemsetNode"](ctypes.addressof(cell), graph, None, 0,
+                                                self._ref(self._memset(b["words"], 1, 1, 2, 4 * WORDS)), context),
+                      t["cuGraphAddMemcpyNode"](ctypes.addressof(cell), graph, None, 0,
+                                                self._ref(self._copy(b["copy"], b["words"], 8 * WORDS)), context),
+                      t["cuGraphAddKernelNode"](ctypes.addressof(cell), graph, None, 0, self._ref(unknown)),
+                      t["cuGraphAddEmptyNode"](ctypes.addressof(cell), BAD_HANDLE, None, 0),
+                      t["cuGraphAddEmptyNode"](ctypes.addressof(cell), graph, ctypes.addressof(stranger), 1)],
+                  [cell.value == BAD_HANDLE])
+        self.note("refused: NULL outputs and arrays", [
+            t["cuGraphGetNodes"](graph, None, None), t["cuGraphAddEmptyNode"](None, graph, None, 0),
+            t["cuGraphAddEmptyNode"](ctypes.addressof(cell), graph, None, 1),
+            t["cuGraphGetEdges"](graph, None, None, ctypes.addressof(cell), ctypes.addressof(one)),
+            t["cuGraphExecUpdate"](graph_exec, graph, None)])
+
+        self.note("destroy everything", [
+            t["cuGraphExecDestroy"](graph_exec), t["cuGraphDestroy"](graph), t["cuGraphDestroy"](child),
+            t["cuGraphDestroy"](other), t["cuGraphDestroy"](second), t["cuEventDestroy"](event),
+            t["cuEventDestroy"](outside), t["cuStreamDestroy"](self.stream),
+            *[t["cuMemFree"](pointer) for pointer in self.buffers.values()]])
+        return self.out
+
+
+# --- the reference: the fake driver called as C calls a driver ---------------------------------------------------
+
+def fake_table(driver: Any) -> Table:
+    """The program's functions over a FakeDriver called directly, as C calls a driver: structs read from the C
+    memory the program passes, outputs written through its pointers, and the checks a C driver makes of NULL
+    pointers (INVALID_VALUE) and of edges without an edge-data array (CUDA_ERROR_LOSSY_QUERY) made here, as cuda.h
+    documents them, since the wheel's Python calls have no NULL pointers to check."""
+    from tests.fake_driver import CUgraphEdgeData, CUgraphNode
+
+    table = capture_graphs.fake_table(driver)
+    invalid, lossy = 1, 402
+
+    def node_list(address: int | None, count: int) -> list[Any] | None:
+        return [CUgraphNode(v) for v in (U64 * count).from_address(address)] if address and count else None
+
+    def kernel(address: int) -> Any:
+        given = KernelNodeParams.from_address(address)
+        params = driver.CUDA_KERNEL_NODE_PARAMS()
+        for name, _kind in KernelNodeParams._fields_:
+            setattr(params, name, getattr(given, name) or 0)
+        return params
+
+    def memset(address: int) -> Any:
+        given = MemsetNodeParams.from_address(address)
+        params = driver.CUDA_MEMSET_NODE_PARAMS()
+        for name, _kind in MemsetNodeParams._fields_:
+            setattr(params, name, getattr(given, name))
+        return params
+
+    def copy(address: int) -> Any:
+        given = Memcpy3D.from_address(address)
+        params = driver.CUDA_MEMCPY3D()
+        for name, _kind in Memcpy3D._fields_:
+            if not name.startswith("reserved"):
+                setattr(params, name, getattr(given, name) or 0)
+        return params
+
+    def adding(name: str, convert: Any = None) -> Any:
+        """A node-adding call: (out, graph, deps, count, *rest), a struct pointer among `rest` converted."""
+        def call(out: int | None, graph: int, deps: int | None, count: int, *rest: Any) -> int:
+            if not out or (count and not deps):
+                return invalid
+            args = list(rest)
+            if convert is not None:
+                if not args[0]:
+                    return invalid
+                args[0] = convert(args[0])
+            status, *values = getattr(driver, name)(graph, node_list(deps, count), count, *args)
+            if int(status) == SUCCESS:
+                U64.from_address(out).value = int(values[0])
+            return int(status)
+        return call
+
+    def edges(name: str) -> Any:
+        def call(graph: int, sources: int | None, targets: int | None, data: int | None, count: int) -> int:
+            if count and (not sources or not targets):
+                return invalid
+            words = (U64 * count).from_address(data) if data and count else None
+            objects = None
+            if words is not None:
+                objects = []
+                for word in words:
+                    edge = CUgraphEdgeData()
+                    edge.from_port, edge.to_port = word & 0xFF, (word >> 8) & 0xFF
+                    edge.type = driver.CUgraphDependencyType((word >> 16) & 0xFF)
+                    objects.append(edge)
+            return int(getattr(driver, name)(graph, node_list(sources, count), node_list(targets, count), objects,
+                                             count)[0])
+        return call
+
+    def word(edge: Any) -> int:
+        return int(edge.from_port) | int(edge.to_port) << 8 | int(edge.type) << 16
+
+    def listing(name: str, with_edges: bool) -> Any:
+        """cuGraphGetNodes/GetRootNodes (no edge data), cuGraphNodeGetDependencies/DependentNodes."""
+        def call(handle: int, nodes: int | None, *rest: Any) -> int:
+            data, count = rest if with_edges else (None, rest[0])
+            if not count or (data and not nodes):
+                return invalid
+            room = ctypes.c_size_t.from_address(count).value if nodes else 0
+            status, *values = getattr(driver, name)(handle, room)
+            if int(status) != SUCCESS:
+                return int(status)
+            found, *edge_lists, written = values
+            if room and with_edges and not data and any(word(e) for e in edge_lists[0][:written]):
+                return lossy
+            for i, node in enumerate(found):
+                U64.from_address(nodes + 8 * i).value = int(node)  # type: ignore[operator]
+            if data:
+                for i, edge in enumerate(edge_lists[0][:written]):
+                    U64.from_address(data + 8 * i).value = word(edge)
+            ctypes.c_size_t.from_address(count).value = written
+            return SUCCESS
+        return call
+
+    def get_edges(graph: int, sources: int | None, targets: int | None, data: int | None, count: int | None) -> int:
+        if not count or (not sources) != (not targets) or (data and not sources):
+            return invalid
+        room = ctypes.c_size_t.from_address(count).value if sources else 0
+        status, froms, tos, found, written = driver.cuGraphGetEdges(graph, room)
+        if int(status) != SUCCESS:
+            return int(status)
+        if room and not data and any(word(e) for e in found[:written]):
+            return lossy
+        for i in range(room):
+            U64.from_address(sources + 8 * i).value = int(froms[i])  # type: ignore[operator]
+            U64.from_address(targets + 8 * i).value = int(tos[i])  # type: ignore[operator]
+        for i, edge in enumerate(found[:written] if data else []):
+            U64.from_address(data + 8 * i).value = word(edge)  # type: ignore[operator]
+        ctypes.c_size_t.from_address(count).value = written
+        return SUCCESS
+
+    def setting(name: str, convert: Any, handles: int) -> Any:
+        """A parameter-setting call: `handles` handles, the struct pointer, then any further argument."""
+        def call(*args: Any) -> int:
+            if not args[handles]:
+                return invalid
+            given = [*args[:handles], convert(args[handles]), *args[handles + 1:]]
+            return int(getattr(driver, name)(*given)[0])
+        return call
+
+    def update(graph_exec: int, graph: int, info: int | None) -> int:
+        if not info:
+            return invalid
+        status, found = driver.cuGraphExecUpdate(graph_exec, graph)
+        if int(status) == SUCCESS:
+            UpdateResultInfo.from_address(info).result = int(found.result)
+            UpdateResultInfo.from_address(info).errorNode = int(found.errorNode)
+            UpdateResultInfo.from_address(info).errorFromNode = int(found.errorFromNode)
+        return int(status)
+
+    def create(out: int, flags: int) -> int:
+        status, graph = driver.cuGraphCreate(flags)
+        if int(status) == SUCCESS:
+            U64.from_address(out).value = int(graph)
+        return int(status)
+
+    table.update({
+        "cuGraphCreate": create,
+        "cuEventRecord": lambda *args: int(driver.cuEventRecord(*args)[0]),
+        "cuEventSynchronize": lambda *args: int(driver.cuEventSynchronize(*args)[0]),
+        "cuGraphAddEmptyNode": adding("cuGraphAddEmptyNode"),
+        "cuGraphAddChildGraphNode": adding("cuGraphAddChildGraphNode"),
+        "cuGraphAddEventRecordNode": adding("cuGraphAddEventRecordNode"),
+        "cuGraphAddEventWaitNode": adding("cuGraphAddEventWaitNode"),
+        "cuGraphAddMemsetNode": adding("cuGraphAddMemsetNode", memset),
+        "cuGraphAddMemcpyNode": adding("cuGraphAddMemcpyNode", copy),
+        "cuGraphAddKernelNode": adding("cuGraphAddKernelNode", kernel),
+        "cuGraphAddDependencies": edges("cuGraphAddDependencies"),
+        "cuGraphRemoveDependencies": edges("cuGraphRemoveDependencies"),
+        "cuGraphGetNodes": listing("cuGraphGetNodes", False),
+        "cuGraphGetRootNodes": listing("cuGraphGetRootNodes", False),
+        "cuGraphGetEdges": get_edges,
+        "cuGraphNodeGetDependencies": listing("cuGraphNodeGetDependencies", True),
+        "cuGraphNodeGetDependentNodes": listing("cuGraphNodeGetDependentNodes", True),
+        "cuGraphKernelNodeSetParams": setting("cuGraphKernelNodeSetParams", kernel, 1),
+        "cuGraphExecKernelNodeSetParams": setting("cuGraphExecKernelNodeSetParams", kernel, 2),
+        "cuGraphMemsetNodeSetParams": setting("cuGraphMemsetNodeSetParams", memset, 1),
+        "cuGraphExecMemsetNodeSetParams": setting("cuGraphExecMemsetNodeSetParams", memset, 2),
+        "cuGraphMemcpyNodeSetParams": setting("cuGraphMemcpyNodeSetParams", copy, 1),
+        "cuGraphExecMemcpyNodeSetParams": setting("cuGraphExecMemcpyNodeSetParams", copy, 2),
+        "cuGraphExecUpdate": update,
+    })
+    return table
+
+
+def main(argv: list[str]) -> int:
+    table = library_table(ctypes.CDLL(argv[0], mode=ctypes.RTLD_GLOBAL))
+    transcript = GraphNodeProgram(table, pinned="pinned" in argv[1:]).run()
+    print(json.dumps({"transcript": transcript}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
