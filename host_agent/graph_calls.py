@@ -377,52 +377,32 @@ class GraphCalls:
         (err,) = self.driver.cuGraphExecKernelNodeSetParams(graph_exec, node, made[0])
         return Reply(int(err))
 
-    @HOST.serves("cuGraphMemsetNodeSetParams")
-    def _memset_node_set(self, call: DriverCall, payload: bytes) -> Reply:
+    def _copy_or_set_params(self, name: str, fields: list[Any]) -> tuple[int, Any]:
+        """A memset or memcpy node's parameters (for the call `name`), checked as when the node was added."""
+        return self._memset_node(fields) if "Memset" in name else self._memcpy_node(fields)
+
+    @HOST.serves("cuGraphMemsetNodeSetParams", "cuGraphMemcpyNodeSetParams")
+    def _node_params_set(self, call: DriverCall, payload: bytes) -> Reply:
         node, *fields = call.request.decode(payload)
         if not self._owned("CUgraphNode", node):
             return Reply(INVALID_VALUE)
-        err, params = self._memset_node(fields)
+        err, params = self._copy_or_set_params(call.name, fields)
         if err != SUCCESS:
             return Reply(err)
-        (err,) = self.driver.cuGraphMemsetNodeSetParams(node, params)
+        (err,) = getattr(self.driver, call.name)(node, params)
         return Reply(int(err))
 
-    @HOST.serves("cuGraphExecMemsetNodeSetParams")
-    def _exec_memset_node_set(self, call: DriverCall, payload: bytes) -> Reply:
+    @HOST.serves("cuGraphExecMemsetNodeSetParams", "cuGraphExecMemcpyNodeSetParams")
+    def _exec_node_params_set(self, call: DriverCall, payload: bytes) -> Reply:
         graph_exec, node, context, *fields = call.request.decode(payload)
         if (refused := self._exec_node_refused(graph_exec, node)) is not None:
             return refused
         if (bad_context := self._context_refused(context)) is not None:
             return Reply(bad_context)
-        err, params = self._memset_node(fields)
+        err, params = self._copy_or_set_params(call.name, fields)
         if err != SUCCESS:
             return Reply(err)
-        (err,) = self.driver.cuGraphExecMemsetNodeSetParams(graph_exec, node, params, context)
-        return Reply(int(err))
-
-    @HOST.serves("cuGraphMemcpyNodeSetParams")
-    def _memcpy_node_set(self, call: DriverCall, payload: bytes) -> Reply:
-        node, *fields = call.request.decode(payload)
-        if not self._owned("CUgraphNode", node):
-            return Reply(INVALID_VALUE)
-        err, params = self._memcpy_node(fields)
-        if err != SUCCESS:
-            return Reply(err)
-        (err,) = self.driver.cuGraphMemcpyNodeSetParams(node, params)
-        return Reply(int(err))
-
-    @HOST.serves("cuGraphExecMemcpyNodeSetParams")
-    def _exec_memcpy_node_set(self, call: DriverCall, payload: bytes) -> Reply:
-        graph_exec, node, context, *fields = call.request.decode(payload)
-        if (refused := self._exec_node_refused(graph_exec, node)) is not None:
-            return refused
-        if (bad_context := self._context_refused(context)) is not None:
-            return Reply(bad_context)
-        err, params = self._memcpy_node(fields)
-        if err != SUCCESS:
-            return Reply(err)
-        (err,) = self.driver.cuGraphExecMemcpyNodeSetParams(graph_exec, node, params, context)
+        (err,) = getattr(self.driver, call.name)(graph_exec, node, params, context)
         return Reply(int(err))
 
     @HOST.serves("cuGraphExecUpdate")

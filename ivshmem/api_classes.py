@@ -89,7 +89,8 @@ GUEST: dict[str, str] = {
     "cuMemHostRegister": "page_locked_calls.c", "cuMemHostUnregister": "page_locked_calls.c",
 }
 
-_NOT_YET = "not yet forwarded: its parameters hold structures or arrays the generic marshalling does not carry"
+def _not_yet(what: str) -> str:
+    return f"not yet forwarded ({what} need a payload declared by hand: the generic marshalling cannot carry them)"
 # (pattern matched from the name's start, reason), first match wins.
 UNSUPPORTED: list[tuple[str, str]] = [
     (r"cuGL|cuGraphicsGL|cuEGL|cuGraphicsEGL|cuEventCreateFromEGLSync|cuVDPAU|cuGraphicsVDPAU|cuGraphics",
@@ -100,16 +101,16 @@ UNSUPPORTED: list[tuple[str, str]] = [
      "deprecated: texture and surface references and the pre-CUDA-4 launch API are gone from the CUDA 12 runtime"),
     (r"cuArray|cuMipmappedArray|cuMemcpyAtoA|cuMemcpyAtoD|cuMemcpyDtoA|cuMemcpyAtoH|cuMemcpyHtoA"
      r"|cuTexObject|cuSurfObject|cuMemMapArrayAsync",
-     "CUDA arrays, texture and surface objects: " + _NOT_YET + " (array and resource descriptors)"),
+     "CUDA arrays, texture and surface objects: " + _not_yet("array and resource descriptors")),
     (r"cuMemcpy2D|cuMemcpy3D|cuMemcpyBatchAsync|cuMemcpyWithAttributesAsync|cuFabricCpyBatchAsync",
-     "structured copies: " + _NOT_YET + " (copy descriptors whose host side must be staged)"),
+     "structured copies: " + _not_yet("copy descriptors whose host side must be staged")),
     (r"cuGraphAdd(BatchMemOp|ExternalSemaphores\w+|Host|MemAlloc|MemFree)Node|cuGraphAddNode"
      r"|cuGraph(Kernel|Memcpy|Memset)NodeGetParams|cuGraph(Host|ExternalSemaphores\w+|BatchMemOp)Node[GS]etParams"
      r"|cuGraphExec(Host|BatchMemOp|ExternalSemaphores\w+)NodeSetParams|cuGraphNode[GS]etParams|cuGraphExecNodeSetParams"
      r"|cuGraphInstantiateWithParams|cuGraphKernelNode[GS]etAttribute|cuGraphDebugDotPrint|cuStreamBeginCaptureToGraph"
      r"|cuStreamBeginRecaptureToGraph|cuStreamUpdateCaptureDependencies|cuGraphMemAllocNodeGetParams",
-     "graph nodes other than kernel, memcpy, memset, empty, child-graph and event nodes: " + _NOT_YET +
-     " (host callbacks, memory nodes, conditional and generic node parameters)"),
+     "graph nodes other than kernel, memcpy, memset, empty, child-graph and event nodes: " +
+     _not_yet("host callbacks, memory nodes, conditional and generic node parameters")),
     (r"cuGraphRetainUserObject|cuGraphReleaseUserObject|cuUserObject",
      "user objects run a destructor callback of the guest's on the GPU host: not forwarded"),
     (r"cuStreamAddCallback|cuLaunchHostFunc_v2",
@@ -117,7 +118,7 @@ UNSUPPORTED: list[tuple[str, str]] = [
      "(cuLaunchHostFunc is)"),
     (r"cuStreamBatchMemOp|cuStreamGetAttribute|cuStreamSetAttribute|cuStreamBeginCaptureToCig"
      r"|cuStreamEndCaptureToCig|cuStreamGetDevResource",
-     "stream " + _NOT_YET),
+     "stream attributes, batched memory operations, capture into a given graph: " + _not_yet("their structures")),
     (r"cuGreenCtx|cuCtxFromGreenCtx|cuDevResource|cuDevSmResourceSplit|cuCtxGetDevResource|cuDeviceGetDevResource"
      r"|cuStreamGetGreenCtx",
      "green contexts and device resources partition the GPU's SMs, which a vGPU shares and does not own"),
@@ -137,21 +138,21 @@ UNSUPPORTED: list[tuple[str, str]] = [
     (r"cuLogs", "the driver's log belongs to the GPU host's worker process, not to the guest program"),
     (r"cuDeviceRegisterAsyncNotification|cuDeviceUnregisterAsyncNotification",
      "asynchronous notifications call back into the guest from the GPU host: not forwarded"),
-    (r"cuLink", "the JIT linker: " + _NOT_YET + " (option arrays and the linked image held by the driver)"),
+    (r"cuLink", "the JIT linker: " + _not_yet("option arrays and the linked image the driver holds")),
     (r"cuMemPoolCreate|cuMemPoolDestroy|cuMemPoolGetAccess|cuMemPoolSetAccess|cuMemGetDefaultMemPool|cuMemGetMemPool"
      r"|cuMemSetMemPool|cuMemGetAccess|cuMemRetainAllocationHandle|cuMemGetAllocationPropertiesFromHandle"
      r"|cuMemGetLocationInfo|cuMemAllocPitch|cuMemBatchDecompressAsync|cuPointerSetAttribute",
-     "memory " + _NOT_YET),
+     "memory pools made by the program, access descriptors, pitched allocations: " + _not_yet("their structures")),
     (r"cuModuleEnumerateFunctions"
      r"|cuLibraryEnumerateKernels|cuLibraryGetUnifiedFunction|cuFuncGetName|cuKernelGetName",
-     "modules " + _NOT_YET + " (handle arrays, names the driver owns)"),
+     "module enumeration and names: " + _not_yet("handle arrays and strings the driver owns")),
     (r"cuTensorMapEncodeIm2col|cuTensorMapReplaceAddress|cuTensorMapSetAllocationClass",
-     "tensor maps other than tiled: " + _NOT_YET),
+     "tensor maps other than tiled: " + _not_yet("their descriptors")),
     (r"cuOccupancyMaxPotentialClusterSize|cuLaunchCooperativeKernelMultiDevice",
-     "launch " + _NOT_YET + " (launch configurations)"),
+     "multi-device cooperative launches, cluster sizing: " + _not_yet("launch configurations")),
     (r"cuDeviceGetByPCIBusId|cuDeviceGetLuid|cuDeviceGetGraphMemAttribute"
      r"|cuDeviceSetGraphMemAttribute|cuDeviceGetHostAtomicCapabilities|cuDeviceGetP2PAtomicCapabilities",
-     "device " + _NOT_YET),
+     "device queries by bus id, LUID, atomics and graph memory: " + _not_yet("their structures and strings")),
 ]
 _UNSUPPORTED = [(re.compile(pattern), reason) for pattern, reason in UNSUPPORTED]
 
