@@ -26,6 +26,33 @@ capacity is first bounded by the count, so the host never allocates what the gue
 
 cuGraphExecUpdate's result information travels only when the update succeeds: on CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
 the wheel returns none (its resultInfo output is None on failure) and a failed reply carries no payload.
+
+cuGraphAddNode travels for a conditional node and a child graph moved into its node only (the guest turns every other
+node type into that type's own call). A request of another node type cuda.h has, a cloned child graph
+(OWNERSHIP_CLONE: cuGraphAddChildGraphNode's) or fields of the other kind set (in cuda.h's struct they are one union)
+is not one the guest makes: MALFORMED; a node type or ownership cuda.h does not have answers INVALID_VALUE, as the
+driver does. Either node's graph and dependencies are checked as above, its edge data as cuGraphAddDependencies's.
+A conditional node's context is checked as above, its body-graph count must be 1..MAX_CONDITIONAL_BODIES and its
+conditional handle one this session created (else INVALID_VALUE, before the driver). A CUgraphConditionalHandle is
+a cuuint64_t, not a handle type, so the ledger's generic recording never sees one: cuGraphConditionalHandleCreate
+(forwarded by construction) is served here as a POLICY that makes the generic call's checks (its graph the
+session's, its context NULL or the session's), calls the driver and keeps the handle it gives (`_conditional_handles`;
+kept for the session's life, as the ledger keeps a destroyed graph's nodes). The new node and its body graphs
+(`phGraph_out`, read only once the driver succeeded: the wheel reads `size` entries from it) become the session's, so
+the guest may build the bodies with the calls above.
+
+A moved child graph (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE, as XLA adds one) must be the session's and neither the
+parent nor a graph the parent is held in (a cycle): else INVALID_VALUE, before the driver. The driver takes the graph
+itself, no clone, so it and its nodes stay the session's: cuda.h lets the caller go on using a moved graph except to
+instantiate or destroy it on its own, add it to another parent, pass it to cuGraphExecUpdate or add memory allocation
+or free nodes to it, and XLA sets its nodes through the parent's executable graph. Those refusals are the driver's
+to make (a cuGraphDestroy of it reaches the driver, which answers as for a graph it will not destroy: cuGraphDestroy
+documents CUDA_ERROR_INVALID_VALUE). What the ledger adds (`_held_graphs`): which node and graph hold each moved graph
+and each conditional body; cuGraphDestroy and cuGraphDestroyNode (forwarded by construction) are served here as a
+POLICY that calls the driver and, once it destroyed a graph or node, drops the graphs it held (and those held in
+them) from the session, so that no later call hands the driver a graph it already freed: they answer INVALID_VALUE
+before the driver, as for any graph the session does not have. Their nodes stay in the ledger, as a destroyed graph's
+nodes do.
 """
 from __future__ import annotations
 
@@ -38,7 +65,7 @@ from ivshmem.cuda_status import INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, 
 from ivshmem.driver_api import DriverCall
 from ivshmem.record import Status
 
-from .call_handlers import HOST
+from .call_handlers import HOST, POLICY
 from .handler import Reply
 
 if TYPE_CHECKING:
@@ -48,6 +75,9 @@ if TYPE_CHECKING:
 MAX_DEPENDENCIES = 1 << 16  # edges or dependencies one request may name: more is not a request a program makes
 DIRECT_QUERY = 1024  # a query's capacity up to which it is asked at once; above it the count is asked first
 MAX_PARAM_BYTES = 32764  # the driver's limit for one kernel's parameters
+MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (cuda.h: 1 for WHILE, 1 or 2 for IF, any for SWITCH)
+NODE_GRAPH, NODE_CONDITIONAL, NODE_TYPES = 4, 13, 14  # CUgraphNodeType: a child graph node, a conditional node, count
+OWNERSHIP_CLONE, OWNERSHIP_MOVE = 0, 1  # CUgraphChildGraphNodeOwnership
 CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_UNIFIED = 1, 2, 3, 4
 
 
@@ -60,6 +90,9 @@ class GraphCalls:
         pool: HostPool | None
 
         def _param_layout(self, function: int) -> tuple[int, list[tuple[int, int]]]: ...
+
+    _made_conditional_handles: set[int]  # made at the first cuGraphConditionalHandleCreate (_conditional_handles)
+    _graphs_held: dict[int, tuple[int, int]]  # made when first needed (_held_graphs)
 
     # --- what every call checks ---------------------------------------------------------------------------------
     def _owned(self, kind: str, handle: int) -> bool:
@@ -271,6 +304,170 @@ class GraphCalls:
         err, node = self.driver.cuGraphAddKernelNode(graph, nodes or None, len(nodes), made[0])
         del made  # kept alive until the driver has copied the parameters (it does before returning)
         return self._made(call, err, node)
+
+    # --- conditional nodes ---------------------------------------------------------------------------------------
+    def _conditional_handles(self) -> set[int]:
+        """The CUgraphConditionalHandles this session's cuGraphConditionalHandleCreate calls were given."""
+        handles: set[int] | None = getattr(self, "_made_conditional_handles", None)
+        if handles is None:
+            handles = self._made_conditional_handles = set()
+        return handles
+
+    @POLICY.serves("cuGraphConditionalHandleCreate")
+    def _conditional_handle_create(self, call: DriverCall, args: tuple[int, ...]) -> Reply:
+        """The generic call, made here so that the handle it gives is kept (see the module docstring): a driver
+        without it answers NOT_SUPPORTED, as the generic path does, before any input is looked at."""
+        function = getattr(self.driver, call.name, None)
+        if function is None:
+            return Reply(NOT_SUPPORTED)
+        graph, context, default, flags = args
+        if not self._owned("CUgraph", graph):
+            return Reply(INVALID_VALUE)
+        if (refused := self._context_refused(context)) is not None:
+            return Reply(refused)
+        err, handle = function(graph, context, default, flags)
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        value = int(handle)
+        self._conditional_handles().add(value)
+        return Reply(SUCCESS, call.outputs.pack(value))
+
+    @HOST.serves("cuGraphAddNode")
+    def _add_node(self, call: DriverCall, payload: bytes) -> Reply:
+        """A conditional node or a child graph moved into its node (see the module docstring): the new node and a
+        conditional node's body graphs (none for a moved child graph)."""
+        graph, kind, handle, condition, size, context, child, ownership, deps, words = call.request.decode(payload)
+        if len(words) not in (0, len(deps)):
+            return Reply(Status.MALFORMED, f"{call.name}: {len(deps)} dependencies and {len(words)} edges do not "
+                                           f"pair up".encode())
+        if not 0 <= kind < NODE_TYPES or (kind == NODE_GRAPH and ownership not in (OWNERSHIP_CLONE, OWNERSHIP_MOVE)):
+            return Reply(INVALID_VALUE)  # a node type or ownership cuda.h does not have: what the driver answers
+        if kind == NODE_CONDITIONAL and not (child or ownership):
+            return self._add_conditional_node(call, graph, handle, condition, size, context, deps, words)
+        if kind == NODE_GRAPH and ownership == OWNERSHIP_MOVE and not (handle or condition or size or context):
+            return self._add_moved_child_node(call, graph, child, deps, words)
+        return Reply(Status.MALFORMED, f"{call.name} carries a conditional node or a moved child graph only, not node "
+                                       f"type {kind} with ownership {ownership} or with another type's fields "
+                                       f"set".encode())
+
+    def _node_refused(self, call: DriverCall, graph: int, deps: Sequence[tuple[int]],
+                      words: Sequence[tuple[int]]) -> tuple[list[Any], list[Any]] | Reply:
+        """cuGraphAddNode's graph, dependencies and edge data checked: (the wheel's dependencies, edges) or the Reply
+        refusing them."""
+        if not self._owned("CUgraph", graph):
+            return Reply(INVALID_VALUE)
+        nodes = self._dependencies(call, deps)
+        if isinstance(nodes, Reply):
+            return nodes
+        edges = [self._edge_data(word) for (word,) in words]
+        if any(edge is None for edge in edges):
+            return Reply(INVALID_VALUE)  # cuda.h: its reserved bytes must be zero
+        return nodes, edges
+
+    def _add_conditional_node(self, call: DriverCall, graph: int, handle: int, kind: int, size: int, context: int,
+                              deps: Sequence[tuple[int]], words: Sequence[tuple[int]]) -> Reply:
+        """A conditional node: the new node and its body graphs."""
+        checked = self._node_refused(call, graph, deps, words)
+        if isinstance(checked, Reply):
+            return checked
+        nodes, edges = checked
+        if (refused := self._context_refused(context)) is not None:
+            return Reply(refused)
+        if handle not in self._conditional_handles() or not 1 <= size <= MAX_CONDITIONAL_BODIES:
+            return Reply(INVALID_VALUE)
+        driver = self.driver
+        try:
+            condition = driver.CUgraphConditionalNodeType(kind)
+        except ValueError:
+            return Reply(INVALID_VALUE)
+        params = driver.CUgraphNodeParams()
+        params.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        conditional = params.conditional
+        conditional.handle, conditional.type, conditional.size, conditional.ctx = handle, condition, size, context
+        err, node = driver.cuGraphAddNode(graph, nodes or None, edges or None, len(nodes), params)
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        bodies = [int(body) for body in params.conditional.phGraph_out]  # `size` graphs, once the driver made them
+        made = int(node)
+        self.ledger.handles["CUgraphNode"].add(made)
+        self.ledger.handles["CUgraph"].update(bodies)
+        held = self._held_graphs()
+        for body in bodies:
+            held[body] = (graph, made)
+        return Reply(SUCCESS, call.reply.encode(made, struct.pack(f"<{len(bodies)}Q", *bodies)))
+
+    def _add_moved_child_node(self, call: DriverCall, graph: int, child: int, deps: Sequence[tuple[int]],
+                              words: Sequence[tuple[int]]) -> Reply:
+        """A child graph moved into its node: the graph itself, the session's still (its nodes too), now held by
+        the node (see the module docstring)."""
+        checked = self._node_refused(call, graph, deps, words)
+        if isinstance(checked, Reply):
+            return checked
+        nodes, edges = checked
+        if not self._owned("CUgraph", child) or child in self._holders(graph):
+            return Reply(INVALID_VALUE)  # not the session's, or the graph itself or one it is held in: a cycle
+        driver = self.driver
+        params = driver.CUgraphNodeParams()
+        params.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_GRAPH
+        params.graph.graph = driver.CUgraph(child)
+        params.graph.ownership = driver.CUgraphChildGraphNodeOwnership.CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE
+        err, node = driver.cuGraphAddNode(graph, nodes or None, edges or None, len(nodes), params)
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        made = int(node)
+        self.ledger.handles["CUgraphNode"].add(made)
+        self._held_graphs()[child] = (graph, made)
+        return Reply(SUCCESS, call.reply.encode(made, b""))
+
+    # --- graphs held by a node: a moved child graph, a conditional node's bodies --------------------------------
+    def _held_graphs(self) -> dict[int, tuple[int, int]]:
+        """Graph -> (the graph, the node) holding it: child graphs moved into a node, conditional nodes' bodies."""
+        held: dict[int, tuple[int, int]] | None = getattr(self, "_graphs_held", None)
+        if held is None:
+            held = self._graphs_held = {}
+        return held
+
+    def _holders(self, graph: int) -> set[int]:
+        """`graph` and every graph it is held in, up to one held by no node."""
+        held, found = self._held_graphs(), {graph}
+        while graph in held and (graph := held[graph][0]) not in found:
+            found.add(graph)
+        return found
+
+    def _forget_held(self, gone: Callable[[tuple[int, int]], bool]) -> None:
+        """The graphs held by what was destroyed (`gone(holder)`), and those held in them, leave the session: the
+        driver destroyed them with their holder, so their handles would name freed memory."""
+        held, graphs = self._held_graphs(), self.ledger.handles["CUgraph"]
+        going = [graph for graph, holder in held.items() if gone(holder)]
+        while going:
+            graph = going.pop()
+            held.pop(graph, None)
+            graphs.discard(graph)
+            going += [inner for inner, (outer, _node) in held.items() if outer == graph]
+
+    @POLICY.serves("cuGraphDestroy", "cuGraphDestroyNode")
+    def _destroyed(self, call: DriverCall, args: tuple[int, ...]) -> Reply:
+        """The generic call, made here so that the graphs the destroyed graph or node held go from the ledger with
+        it. The driver judges a graph held by a node (cuda.h: a moved child graph "cannot be ... independently
+        destroyed"; cuGraphDestroy documents CUDA_ERROR_INVALID_VALUE): while its holder lives it is the session's
+        and reaches the driver; once its holder is gone it is unknown here (INVALID_VALUE, before the driver)."""
+        function = getattr(self.driver, call.name, None)
+        if function is None:
+            return Reply(NOT_SUPPORTED)
+        (handle,) = args
+        kind = call.input_types[0]
+        if not self._owned(kind, handle):
+            return Reply(INVALID_VALUE)  # session_ledger.VALUE_HANDLES: every cuGraph* call's answer
+        (err,) = function(handle)
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        self.ledger.record(call, args, [])
+        if kind == "CUgraph":
+            self._held_graphs().pop(handle, None)
+            self._forget_held(lambda holder: holder[0] == handle)
+        else:
+            self._forget_held(lambda holder: holder[1] == handle)
+        return Reply(SUCCESS)
 
     # --- edges ---------------------------------------------------------------------------------------------------
     @HOST.serves("cuGraphAddDependencies", "cuGraphRemoveDependencies")

@@ -85,6 +85,8 @@ GUEST: dict[str, str] = {
     # the guest reads the file and loads its bytes as cuModuleLoadData/cuLibraryLoadData would
     "cuModuleLoad": "module_calls.c", "cuModuleLoadFatBinary": "module_calls.c",
     "cuLibraryLoadFromFile": "module_calls.c",
+    # the generic node-parameter setters, turned into the node type's own setter (graph_calls.c)
+    "cuGraphNodeSetParams": "graph_calls.c", "cuGraphExecNodeSetParams": "graph_calls.c",
     # guest memory registered with the GPU: copies from and to it are staged, as from pageable memory
     "cuMemHostRegister": "page_locked_calls.c", "cuMemHostUnregister": "page_locked_calls.c",
 }
@@ -104,13 +106,13 @@ UNSUPPORTED: list[tuple[str, str]] = [
      "CUDA arrays, texture and surface objects: " + _not_yet("array and resource descriptors")),
     (r"cuMemcpy2D|cuMemcpy3D|cuMemcpyBatchAsync|cuMemcpyWithAttributesAsync|cuFabricCpyBatchAsync",
      "structured copies: " + _not_yet("copy descriptors whose host side must be staged")),
-    (r"cuGraphAdd(BatchMemOp|ExternalSemaphores\w+|Host|MemAlloc|MemFree)Node|cuGraphAddNode"
+    (r"cuGraphAdd(BatchMemOp|ExternalSemaphores\w+|Host|MemAlloc|MemFree)Node|cuGraphAddNode_v3|cuGraphNodeSetParams_v2"
      r"|cuGraph(Kernel|Memcpy|Memset)NodeGetParams|cuGraph(Host|ExternalSemaphores\w+|BatchMemOp)Node[GS]etParams"
-     r"|cuGraphExec(Host|BatchMemOp|ExternalSemaphores\w+)NodeSetParams|cuGraphNode[GS]etParams|cuGraphExecNodeSetParams"
+     r"|cuGraphExec(Host|BatchMemOp|ExternalSemaphores\w+)NodeSetParams|cuGraphNodeGetParams"
      r"|cuGraphInstantiateWithParams|cuGraphKernelNode[GS]etAttribute|cuGraphDebugDotPrint|cuStreamBeginCaptureToGraph"
      r"|cuStreamBeginRecaptureToGraph|cuStreamUpdateCaptureDependencies|cuGraphMemAllocNodeGetParams",
-     "graph nodes other than kernel, memcpy, memset, empty, child-graph and event nodes: " +
-     _not_yet("host callbacks, memory nodes, conditional and generic node parameters")),
+     "graph nodes other than kernel, memcpy, memset, empty, child-graph, event and conditional nodes (and CUDA "
+     "13.1's newer ABIs of the generic node calls): " + _not_yet("host callbacks, memory nodes, their parameters")),
     (r"cuGraphRetainUserObject|cuGraphReleaseUserObject|cuUserObject",
      "user objects run a destructor callback of the guest's on the GPU host: not forwarded"),
     (r"cuStreamAddCallback|cuLaunchHostFunc_v2",

@@ -508,6 +508,14 @@ _SPEC: list[tuple[Any, ...]] = [
      "in in copy_params in", {"request": f"exec:u64 node:u64 context:u64 {MEMCPY_3D}"}),
     ("cuGraphExecUpdate", "CUresult (CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *)", "in in update_info_out",
      {"request": "exec:u64 graph:u64", "reply": "result:i32 error_node:u64 error_from_node:u64"}),
+    # cuGraphAddNode travels for the node types no other call makes (XLA's command buffers): a conditional node
+    # (`handle`, `cond_type`, `size`, `context`: the driver makes its body graphs, whose handles come back) and a
+    # child graph moved into its node (`type` CU_GRAPH_NODE_TYPE_GRAPH, `child`, `ownership` MOVE). The guest turns
+    # every other node type into that type's own call above.
+    ("cuGraphAddNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, CUgraphEdgeData const *, size_t, "
+     "CUgraphNodeParams *)", "out in nodes_in edges_in count node_params",
+     {"request": "graph:u64 type:i32 handle:u64 cond_type:i32 size:u32 context:u64 child:u64 ownership:u32 "
+                 "deps:[Q] edges:[Q]", "reply": "node:u64 graphs:[Q]"}),
 ]
 
 # CUmemPool_attribute values whose value is a cuuint64_t (the others are int): thresholds and byte counts.

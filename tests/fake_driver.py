@@ -87,19 +87,27 @@ To keep it honest:
   another graph or named twice: CUDA_ERROR_INVALID_VALUE; an unknown event CUDA_ERROR_INVALID_HANDLE; a NULL
   context without a current one CUDA_ERROR_INVALID_CONTEXT) and resolved again when the node runs (memory freed
   since: that part does nothing, where a GPU would fault). A child graph node runs a clone of its child graph made
-  when it was added. cuGraphInstantiate runs the nodes in an order that respects every edge (a cycle:
-  CUDA_ERROR_INVALID_VALUE) and keeps them as they are then; cuGraphExec*SetParams changes only the executable
-  graph's copy, under cuda.h's rules for it (a memset's height, a 2D memset's dimensions, a copy that is not 1D
-  or changes memory types: CUDA_ERROR_INVALID_VALUE). cuGraphExecUpdate pairs nodes by the order they were added
-  and edges by the order they were added to each node, and either takes every paired node's parameters or
-  answers CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE with the wheel's shape (no result information; the journal's note
-  holds the CUgraphExecUpdateResult and the error nodes the fake found). Queries answer as the wheel does (lists of
-  the length asked for, NULL entries past those written, and the count written; asked for 0, empty lists and the
-  whole count), nodes in the order they were added and edges in the order they were added. Where cuda.h names no
-  rule (an empty memset or copy, edge ports, a child graph with a cycle) the method says the fake's choice; none of
-  this was checked on a GPU. Not modelled: host, memory allocation/free, batch memory operation, conditional and
-  external semaphore nodes, CUDA arrays (CUDA_ERROR_NOT_SUPPORTED), node priorities and attributes, and
-  cuGraphDestroyNode.
+  when it was added (a moved one: the graph itself, below). cuGraphInstantiate runs the nodes in an order that
+  respects every edge (a cycle: CUDA_ERROR_INVALID_VALUE) and keeps them as they are then; cuGraphExec*SetParams
+  changes only the executable graph's copy, under cuda.h's rules for it (a memset's height, a 2D memset's
+  dimensions, a copy that is not 1D or changes memory types: CUDA_ERROR_INVALID_VALUE). cuGraphExecUpdate pairs nodes by
+  the order they were added and edges by the order they were added to each node, and either takes every paired node's
+  parameters or answers CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE with the wheel's shape (no result information; the
+  journal's note holds the CUgraphExecUpdateResult and the error nodes the fake found). Queries answer as the wheel does
+  (lists of the length asked for, NULL entries past those written, and the count written; asked for 0, empty lists and
+  the whole count), nodes in the order they were added and edges in the order they were added. Where cuda.h names no
+  rule (an empty memset or copy, edge ports, a child graph with a cycle) the method says the fake's choice; none of this
+  was checked on a GPU. cuGraphAddNode makes each of these node types from its CUgraphNodeParams member, with edge data,
+  and conditional nodes (IF, WHILE, SWITCH): their body graphs are owned by the node (cloned with it, gone with it) and
+  run, in launch order, as the handle's value at launch picks them: its default where cuGraphConditionalHandleCreate was
+  given CU_GRAPH_COND_ASSIGN_DEFAULT, else 0, since no kernel of the fake sets a handle (a WHILE that would then run
+  forever makes cuGraphInstantiate answer CUDA_ERROR_NOT_SUPPORTED). cuGraphConditionalHandleCreate and
+  cuGraphDestroyNode are modelled by GraphFakeDriver only (it says why). A child graph moved into its node
+  (OWNERSHIP_MOVE) is the graph itself, owned by the node (not destroyable, instantiable or usable by cuGraphExecUpdate
+  on its own: CUDA_ERROR_INVALID_VALUE, as cuda.h restricts it), its nodes the same handles, so cuGraphExec*SetParams
+  sets them through the parent's executable graph. Not modelled: host, memory allocation/free, batch memory operation
+  and external semaphore nodes, CUDA arrays (CUDA_ERROR_NOT_SUPPORTED), node priorities and attributes, and setting a
+  conditional body's node through an executable graph (CUDA_ERROR_INVALID_VALUE here).
 
 Every call is recorded in `FakeDriver.calls` and, when `journal` names a file, appended to it as one JSON line
 (`{"pid", "name", "args", "result", ...}`) before the call returns: the executor runs in a forked session
@@ -262,6 +270,13 @@ CUevent_record_flags = IntEnum("CUevent_record_flags", [  # type: ignore[misc]
 CUevent_wait_flags = IntEnum("CUevent_wait_flags", [  # type: ignore[misc]
     ("CU_EVENT_WAIT_DEFAULT", 0), ("CU_EVENT_WAIT_EXTERNAL", 1),
 ])
+CUgraphConditionalNodeType = IntEnum("CUgraphConditionalNodeType", [  # type: ignore[misc]
+    ("CU_GRAPH_COND_TYPE_IF", 0), ("CU_GRAPH_COND_TYPE_WHILE", 1), ("CU_GRAPH_COND_TYPE_SWITCH", 2),
+])
+CUgraphChildGraphNodeOwnership = IntEnum("CUgraphChildGraphNodeOwnership", [  # type: ignore[misc]
+    ("CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE", 0), ("CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE", 1),
+])
+CU_GRAPH_COND_ASSIGN_DEFAULT = 1  # cuGraphConditionalHandleCreate's flag: the default value applied at each launch
 CUpointer_attribute = IntEnum("CUpointer_attribute", [  # type: ignore[misc]
     ("CU_POINTER_ATTRIBUTE_CONTEXT", 1), ("CU_POINTER_ATTRIBUTE_MEMORY_TYPE", 2),
     ("CU_POINTER_ATTRIBUTE_DEVICE_POINTER", 3), ("CU_POINTER_ATTRIBUTE_HOST_POINTER", 4),
@@ -351,7 +366,8 @@ ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUmemPo
                                            CUmemLocationType, CUmemAllocationHandleType, CUmemAccess_flags,
                                            CUmemAllocationGranularity_flags, CUstreamCaptureMode, CUgraphNodeType,
                                            CUgraphDependencyType, CUgraphInstantiate_flags, CUevent_record_flags,
-                                           CUevent_wait_flags, CUmemorytype, CUgraphExecUpdateResult)
+                                           CUevent_wait_flags, CUmemorytype, CUgraphExecUpdateResult,
+                                           CUgraphConditionalNodeType, CUgraphChildGraphNodeOwnership)
 ADD_KERNEL = b"orion_fake_add_u32"  # the one kernel the fake runs (FakeDriver._add_kernel)
 # cuCtxGetLimit's answers in a new context, as an H100 gives them (SHMEM_SIZE and PER_BLOCK_MEMORY_SIZE are not
 # modelled: CUDA_ERROR_UNSUPPORTED_LIMIT); cuCtxSetLimit's ceilings where the driver has one.
@@ -460,6 +476,10 @@ class CUgraphNode(_Handle):
     pass
 
 
+class CUgraphConditionalHandle(_Handle):
+    """The wheel's CUgraphConditionalHandle (a cuuint64_t in cuda.h, not a pointer)."""
+
+
 class CUgraphEdgeData:
     """The wheel's CUgraphEdgeData: an edge's ports and dependency type (all 0 for a captured stream's edges)."""
 
@@ -509,6 +529,56 @@ class CUDA_MEMCPY3D(_Fields):  # noqa: N801 - the wheel's name
                 setattr(self, side + name, 0)
             setattr(self, side + "MemoryType", 0)
         self.WidthInBytes = self.Height = self.Depth = 0
+
+
+class CUDA_MEMCPY_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's name
+    def __init__(self) -> None:
+        self.flags = 0
+        self.copyCtx: Any = 0
+        self.copyParams = CUDA_MEMCPY3D()
+
+
+class CUDA_MEMSET_NODE_PARAMS_v2(CUDA_MEMSET_NODE_PARAMS):  # noqa: N801 - the wheel's name
+    def __init__(self) -> None:
+        super().__init__()
+        self.ctx: Any = 0
+
+
+class CUDA_CHILD_GRAPH_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's name
+    def __init__(self) -> None:
+        self.graph: Any = 0
+        self.ownership: Any = CUgraphChildGraphNodeOwnership.CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE
+
+
+class CUDA_EVENT_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's CUDA_EVENT_RECORD/WAIT_NODE_PARAMS (`event`)
+    def __init__(self) -> None:
+        self.event: Any = 0
+
+
+class CUDA_CONDITIONAL_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's name
+    """`phGraph_out`: the body graphs (a list of CUgraph) once cuGraphAddNode made them, as the wheel reads them."""
+
+    def __init__(self) -> None:
+        self.handle: Any = 0
+        self.type: Any = CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_IF
+        self.size = 0
+        self.phGraph_out: Any = None
+        self.ctx: Any = 0
+
+
+class CUgraphNodeParams(_Fields):
+    """The wheel's CUgraphNodeParams: the node's type and a member per type (those the fake models; the reserved
+    fields cuda.h requires zero are not the wheel's attributes either)."""
+
+    def __init__(self) -> None:
+        self.type: Any = CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+        self.kernel = CUDA_KERNEL_NODE_PARAMS()
+        self.memcpy = CUDA_MEMCPY_NODE_PARAMS()
+        self.memset = CUDA_MEMSET_NODE_PARAMS_v2()
+        self.graph = CUDA_CHILD_GRAPH_NODE_PARAMS()
+        self.eventRecord = CUDA_EVENT_NODE_PARAMS()
+        self.eventWait = CUDA_EVENT_NODE_PARAMS()
+        self.conditional = CUDA_CONDITIONAL_NODE_PARAMS()
 
 
 class CUgraphExecUpdateResultInfo(_Fields):
@@ -831,6 +901,9 @@ class _GraphExec:
     order: tuple[int, ...] = ()  # indices into `members`, in execution order
     parts: list[_GraphNode] = field(default_factory=list)  # what each member runs now (cuGraphExec*SetParams)
     deps: tuple[tuple[tuple[int, int], ...], ...] = ()  # each member's dependencies: (member index, edge word)
+    # a node of a child graph moved into one of its nodes (kept by identity: cuGraphExec*SetParams names it) ->
+    # (the list of what that child graph's nodes run now, its index there)
+    inner: dict[int, tuple[list[_GraphNode], int]] = field(default_factory=dict)
 
     def refresh(self) -> None:
         self.nodes = tuple(self.parts[i] for i in self.order)
@@ -886,12 +959,36 @@ class _CopyNode:
 
 @dataclass(frozen=True)
 class _ChildNode:
-    graph: int  # the child graph's clone, which the node owns
+    graph: int  # the child graph's clone, or the child graph itself where it was moved in; the node owns it
+    moved: bool = False  # CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: the caller's graph, its nodes the caller's handles
 
 
 @dataclass(frozen=True)
 class _EventNode:
     event: int
+
+
+@dataclass(frozen=True)
+class _ConditionalHandle:
+    """A conditional handle (cuGraphConditionalHandleCreate): its graph and context, its value at each launch."""
+    graph: int
+    context: int
+    default: int
+    flags: int
+
+    @property
+    def at_launch(self) -> int:
+        """Its value when a graph starts: the default where CU_GRAPH_COND_ASSIGN_DEFAULT asks for it, else 0 (no
+        kernel of the fake sets one: the fake's choice for a value CUDA leaves to the program)."""
+        return self.default if self.flags & CU_GRAPH_COND_ASSIGN_DEFAULT else 0
+
+
+@dataclass(frozen=True)
+class _ConditionalNode:
+    handle: int
+    kind: int  # CUgraphConditionalNodeType
+    bodies: tuple[int, ...]  # its body graphs, which it owns
+    context: int
 
 
 class FakeDriver:
@@ -928,6 +1025,9 @@ class FakeDriver:
     CUmemorytype, CUgraphExecUpdateResult = CUmemorytype, CUgraphExecUpdateResult
     CUDA_KERNEL_NODE_PARAMS, CUDA_MEMSET_NODE_PARAMS = CUDA_KERNEL_NODE_PARAMS, CUDA_MEMSET_NODE_PARAMS
     CUDA_MEMCPY3D, CUgraphExecUpdateResultInfo = CUDA_MEMCPY3D, CUgraphExecUpdateResultInfo
+    CUgraphNodeParams, CUgraphConditionalHandle = CUgraphNodeParams, CUgraphConditionalHandle
+    CUgraphConditionalNodeType, CUgraphChildGraphNodeOwnership = (CUgraphConditionalNodeType,
+                                                                  CUgraphChildGraphNodeOwnership)
 
     def __init__(self, devices: int = 2, total_mem: tuple[int, ...] | None = None, journal: str | None = None,
                  initialized: bool = False, context_bytes: int = CONTEXT_BYTES,
@@ -990,6 +1090,9 @@ class FakeDriver:
         self.nodes: dict[int, _GraphNode] = {}
         self.node_graph: dict[int, int] = {}  # node -> its graph
         self.execs: dict[int, _GraphExec] = {}
+        self.conditional_handles: dict[int, _ConditionalHandle] = {}  # cuGraphConditionalHandleCreate
+        self.body_owner: dict[int, int] = {}  # a conditional node's body graph -> that node
+        self.moved_owner: dict[int, int] = {}  # a child graph moved into a node (OWNERSHIP_MOVE) -> that node
 
     # --- bookkeeping --------------------------------------------------------------------------------------------
     def _record(self, name: str, args: tuple[Any, ...], result: tuple[Any, ...]) -> None:
@@ -1123,11 +1226,22 @@ class FakeDriver:
 
     def _drop_graph(self, graph: int) -> None:
         self.graph_edges.pop(graph, None)
+        self.body_owner.pop(graph, None)
+        self.moved_owner.pop(graph, None)
         for node in self.graphs.pop(graph, []):
             found = self.nodes.pop(node, None)
             self.node_graph.pop(node, None)
-            if found is not None and isinstance(found.params, _ChildNode):  # the child graph's clone goes too
-                self._drop_graph(found.params.graph)
+            if found is not None:
+                self._drop_owned(found)
+
+    def _drop_owned(self, node: _GraphNode) -> None:
+        """The graphs a node owns go with it: a child graph node's clone or moved graph, a conditional node's
+        bodies."""
+        if isinstance(node.params, _ChildNode):
+            self._drop_graph(node.params.graph)
+        elif isinstance(node.params, _ConditionalNode):
+            for body in node.params.bodies:
+                self._drop_graph(body)
 
     def _run_queued(self, keys: list[int]) -> bool:
         """Run the queued work of `keys` in order, each up to a wait not yet satisfied; whether any ran."""
@@ -2084,10 +2198,12 @@ class FakeDriver:
     @_recorded
     def cuGraphDestroy(self, hGraph: Any) -> tuple[Any, ...]:  # noqa: N803
         """A graph a capture is still building is not the caller's to destroy (cuStreamGetCaptureInfo:
-        "operations other than destroy ... are permitted"): CUDA_ERROR_INVALID_VALUE here, not checked on a GPU."""
+        "operations other than destroy ... are permitted"), nor a conditional node's body graph (the node owns it),
+        nor a child graph moved into its node (cuda.h: it "cannot be ... independently destroyed"; it goes when its
+        node does): CUDA_ERROR_INVALID_VALUE here (the one error cuGraphDestroy documents), not checked on a GPU."""
         if not self.initialized:
             return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
-        if self._graph(hGraph) is None or self._capturing_graph(int(hGraph)):
+        if self._graph(hGraph) is None or self._capturing_graph(int(hGraph)) or self._held(int(hGraph)):
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
         self._drop_graph(int(hGraph))
         return _result(0)
@@ -2112,6 +2228,10 @@ class FakeDriver:
             found = self.nodes[node]
             if isinstance(found.params, _ChildNode):
                 found = self._child_node(self._clone_graph(found.params.graph))
+            elif isinstance(found.params, _ConditionalNode):  # its bodies cloned too, the clone's own
+                made = found.params
+                found = self._conditional_node(copy, _ConditionalNode(
+                    made.handle, made.kind, tuple(self._clone_graph(b) for b in made.bodies), made.context))
             self.nodes[copy] = found
             self.node_graph[copy] = handle
             self.graphs[handle].append(copy)
@@ -2135,13 +2255,19 @@ class FakeDriver:
         value = int(flags)
         if nodes is None or value & ~0xF or value & 5 == 5:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if int(hGraph) in self.moved_owner:  # cuda.h: a moved graph "cannot be independently instantiated"
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
         order = self._topological(int(hGraph))
         if order is None:  # a cycle (cuGraphAddDependencies does not look for one here; not checked on a GPU)
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if self._endless(int(hGraph)):  # a WHILE the fake would run forever: not modelled
+            return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 1)
         handle = self._handle()
-        parts = [self._frozen(n) for n in nodes]
+        inner: dict[int, tuple[list[_GraphNode], int]] = {}
+        parts = [self._frozen(n, inner) for n in nodes]
         self.execs[handle] = _GraphExec(tuple(parts[i] for i in order), value, members=tuple(nodes),
-                                        order=tuple(order), parts=parts, deps=self._member_deps(int(hGraph)))
+                                        order=tuple(order), parts=parts, deps=self._member_deps(int(hGraph)),
+                                        inner=inner)
         return CUresult(0), CUgraphExec(handle)
 
     @_recorded
@@ -2231,19 +2357,90 @@ class FakeDriver:
         edges = self.graph_edges.get(graph, [])
         return tuple(tuple((index[a], word) for a, b, word in edges if b == node) for node in nodes)
 
-    def _frozen(self, node: int) -> _GraphNode:
+    def _frozen(self, node: int, inner: dict[int, tuple[list[_GraphNode], int]] | None = None) -> _GraphNode:
         """What `node` runs in an executable graph: itself, or for a child graph node, its child graph's nodes as
-        they are now (an executable graph keeps what it was instantiated from)."""
+        they are now, for a conditional node its bodies' (an executable graph keeps what it was instantiated from).
+        The nodes of a child graph moved into its node are entered in `inner` (_GraphExec.inner), whose lists the
+        child graph node runs from, so that cuGraphExec*SetParams can change them."""
         found = self.nodes[node]
+        if isinstance(found.params, _ConditionalNode):
+            bodies = [[self._frozen(n) for n in self._ordered(body)] for body in found.params.bodies]
+            return _GraphNode(found.kind, self._conditional_replay(found.params, bodies), found.params)
         if not isinstance(found.params, _ChildNode):
             return found
-        inner = [self._frozen(n) for n in self._ordered(found.params.graph)]
-        return _GraphNode(found.kind, lambda on: [part.replay(on) for part in inner], found.params)
+        child = found.params.graph
+        if found.params.moved and inner is not None:
+            members = self.graphs[child]
+            parts = [self._frozen(n, inner) for n in members]
+            inner.update((n, (parts, i)) for i, n in enumerate(members))
+            order = self._topological(child) or range(len(members))
+            return _GraphNode(found.kind, lambda on: [parts[i].replay(on) for i in order], found.params)
+        frozen = [self._frozen(n) for n in self._ordered(child)]
+        return _GraphNode(found.kind, lambda on: [part.replay(on) for part in frozen], found.params)
 
-    def _child_node(self, graph: int) -> _GraphNode:
-        """A child graph node running `graph` (its own clone), its nodes as they are when it runs."""
+    def _conditional_replay(self, made: _ConditionalNode, bodies: list[list[_GraphNode]]) -> Callable[[Any], object]:
+        """What a conditional node runs, given each body's nodes in order: with the handle's value at launch `v`
+        (_ConditionalHandle.at_launch), IF runs body 0 if v, else body 1 if it has one; WHILE runs body 0 while v
+        (never, since no kernel of the fake changes v: cuGraphInstantiate refuses a WHILE that would run); SWITCH
+        runs body v if there is one."""
+        def replay(on: Any) -> None:
+            handle = self.conditional_handles.get(made.handle)
+            value = handle.at_launch if handle is not None else 0
+            kind = CUgraphConditionalNodeType(made.kind)
+            if kind == CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_IF:
+                chosen = 0 if value else 1
+            elif kind == CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_SWITCH:
+                chosen = value
+            else:
+                chosen = 0 if value else len(bodies)
+            for part in bodies[chosen] if chosen < len(bodies) else []:
+                part.replay(on)
+        return replay
+
+    def _conditional_node(self, node: int, made: _ConditionalNode) -> _GraphNode:
+        """A conditional node `node` owning `made.bodies`, its bodies' nodes as they are when it runs."""
+        for body in made.bodies:
+            self.body_owner[body] = node
+
+        def replay(on: Any) -> None:
+            bodies = [[self._frozen(n) for n in self._ordered(body)] for body in made.bodies]
+            self._conditional_replay(made, bodies)(on)
+        return _GraphNode(CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL, replay, made)
+
+    def _endless(self, graph: int) -> bool:
+        """Whether `graph` (or a graph inside it) holds a WHILE node whose handle is nonzero at launch: no kernel of
+        the fake clears it, so it would run forever."""
+        for node in self.graphs.get(graph, []):
+            made = self.nodes[node].params
+            if isinstance(made, _ChildNode) and self._endless(made.graph):
+                return True
+            if isinstance(made, _ConditionalNode):
+                handle = self.conditional_handles.get(made.handle)
+                if made.kind == CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE and handle and handle.at_launch:
+                    return True
+                if any(self._endless(body) for body in made.bodies):
+                    return True
+        return False
+
+    def _child_node(self, graph: int, moved: bool = False) -> _GraphNode:
+        """A child graph node running `graph` (its own clone, or the graph moved into it), its nodes as they are when
+        it runs."""
         return _GraphNode(CUgraphNodeType.CU_GRAPH_NODE_TYPE_GRAPH,
-                          lambda on: [self._frozen(n).replay(on) for n in self._ordered(graph)], _ChildNode(graph))
+                          lambda on: [self._frozen(n).replay(on) for n in self._ordered(graph)],
+                          _ChildNode(graph, moved))
+
+    def _held(self, graph: int) -> bool:
+        """Whether a node owns `graph` (a conditional node's body, a child graph moved into its node)."""
+        return graph in self.body_owner or graph in self.moved_owner
+
+    def _holders(self, graph: int) -> set[int]:
+        """`graph` and every graph it is held in (as a body or a moved child graph), outward."""
+        found: set[int] = set()
+        while graph and graph not in found:
+            found.add(graph)
+            owner = self.body_owner.get(graph) or self.moved_owner.get(graph)
+            graph = self.node_graph.get(owner, 0) if owner else 0
+        return found
 
     @staticmethod
     def _node_list(value: Any, count: int, name: str) -> list[int] | None:
@@ -2272,13 +2469,17 @@ class FakeDriver:
             return CUresult.CUDA_ERROR_INVALID_VALUE, []
         return 0, deps
 
-    def _add_node(self, graph: Any, deps: list[int], node: _GraphNode) -> tuple[Any, ...]:
-        handle = self._handle()
+    def _add_node(self, graph: Any, deps: list[int], node: _GraphNode, words: list[int] | None = None,
+                  handle: int = 0) -> tuple[Any, ...]:
+        """`node` added to `graph` after `deps` (edge data `words`: default edges where None), as `handle` if one
+        was taken for it already."""
+        handle = handle or self._handle()
         key = int(graph)
         self.nodes[handle] = node
         self.node_graph[handle] = key
         self.graphs[key].append(handle)
-        self.graph_edges.setdefault(key, []).extend((d, handle, 0) for d in deps)
+        self.graph_edges.setdefault(key, []).extend(
+            (d, handle, w) for d, w in zip(deps, words if words is not None else [0] * len(deps), strict=True))
         return CUresult(0), CUgraphNode(handle)
 
     def _node_context(self, ctx: Any) -> int:
@@ -2457,12 +2658,14 @@ class FakeDriver:
     def cuGraphAddChildGraphNode(self, hGraph: Any, dependencies: Any, numDependencies: int,  # noqa: N803
                                  childGraph: Any) -> tuple[Any, ...]:  # noqa: N803
         """The child graph is cloned into the node (cuda.h); the graph itself, or one with a cycle, cannot be a
-        child (CUDA_ERROR_INVALID_VALUE: the fake's rule)."""
+        child (CUDA_ERROR_INVALID_VALUE: the fake's rule), nor a graph moved into another node (cuda.h: it "cannot be
+        added as a child graph of a separate parent graph")."""
         err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
         if err:
             return _result(err, 1)
         child = int(childGraph or 0)
-        if child not in self.graphs or child == int(hGraph) or self._topological(child) is None:
+        if child not in self.graphs or child == int(hGraph) or self._topological(child) is None or \
+                child in self.moved_owner:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
         return self._add_node(hGraph, deps, self._child_node(self._clone_graph(child)))
 
@@ -2513,10 +2716,148 @@ class FakeDriver:
         err, node = self._memcpy_node(copyParams, int(ctx or 0))
         return _result(err, 1) if node is None else self._add_node(hGraph, deps, node)
 
+    @_recorded
+    def cuGraphAddNode(self, hGraph: Any, dependencies: Any, dependencyData: Any, numDependencies: int,  # noqa: N803
+                       nodeParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        """A node of `nodeParams.type` (a CUgraphNodeParams), as the per-type calls above make it from the type's
+        member (a memset's or memcpy's context, a child graph cloned: CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE), or a
+        conditional node (below), after `dependencies` with edge data `dependencyData` (None: default edges) under
+        cuGraphAddDependencies's rules, all or nothing. Not modelled (CUDA_ERROR_NOT_SUPPORTED): host, memory, batch
+        memory operation and external semaphore nodes.
+
+        A child graph moved into its node (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): no clone, the graph itself, owned
+        by the node from now on, its nodes the same handles. It runs its nodes as they are when it runs; an
+        executable graph keeps their copies (_GraphExec.inner), which cuGraphExec*SetParams sets by the moved graph's
+        node. cuda.h's restrictions on a moved graph answer CUDA_ERROR_INVALID_VALUE: cuGraphDestroy,
+        cuGraphInstantiate, cuGraphExecUpdate of it, adding it to a parent again; it goes when its node or its
+        parent does (_drop_owned).
+
+        A conditional node (`nodeParams.conditional`): its handle one of cuGraphConditionalHandleCreate's, made for
+        this graph or a graph this one is a body of (the fake's reading of "in this graph or one of its children"),
+        and the context it was made in (NULL: the current one); IF with 1 or 2 bodies, WHILE with 1, SWITCH with any
+        (cuda.h); else CUDA_ERROR_INVALID_VALUE. It makes `size` empty body graphs, owned by the node, and sets
+        `phGraph_out` to them, as the wheel reads them. What running it does: _conditional_replay."""
+        err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
+        if dependencyData is not None:
+            if not isinstance(dependencyData, list | tuple) or not all(
+                    isinstance(e, CUgraphEdgeData) for e in dependencyData):
+                raise TypeError("Argument 'dependencyData' is not instance of type (expected "
+                                "tuple[cydriver.CUgraphEdgeData,] or list[cydriver.CUgraphEdgeData,]")
+            if int(numDependencies) > len(dependencyData):
+                raise RuntimeError(f"List is too small: {len(dependencyData)} < {int(numDependencies)}")
+        if err:
+            return _result(err, 1)
+        if nodeParams is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        words = [self._edge_word(e) for e in dependencyData[:len(deps)]] if dependencyData is not None else None
+        kind = CUgraphNodeType(int(nodeParams.type))
+        types = CUgraphNodeType
+        handle = 0
+        node: _GraphNode | None
+        if kind == types.CU_GRAPH_NODE_TYPE_KERNEL:
+            err, node = self._kernel_node(nodeParams.kernel)
+        elif kind == types.CU_GRAPH_NODE_TYPE_MEMSET:
+            context = nodeParams.memset.ctx
+            err = self._node_context(context)
+            err, node = (err, None) if err else self._memset_node(nodeParams.memset, int(context or 0))
+        elif kind == types.CU_GRAPH_NODE_TYPE_MEMCPY:
+            context = nodeParams.memcpy.copyCtx
+            err = CUresult.CUDA_ERROR_INVALID_VALUE if int(nodeParams.memcpy.flags) else self._node_context(context)
+            err, node = (err, None) if err else self._memcpy_node(nodeParams.memcpy.copyParams, int(context or 0))
+        elif kind == types.CU_GRAPH_NODE_TYPE_EMPTY:
+            err, node = 0, _GraphNode(kind, lambda on: None)
+        elif kind == types.CU_GRAPH_NODE_TYPE_GRAPH:
+            handle = self._handle()
+            err, node = self._child_node_of(int(hGraph), handle, nodeParams.graph)
+        elif kind in (types.CU_GRAPH_NODE_TYPE_EVENT_RECORD, types.CU_GRAPH_NODE_TYPE_WAIT_EVENT):
+            member = nodeParams.eventRecord if kind == types.CU_GRAPH_NODE_TYPE_EVENT_RECORD else nodeParams.eventWait
+            err, node = self._event_node(kind, member.event)
+        elif kind == types.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+            handle = self._handle()
+            err, node = self._conditional_of(int(hGraph), handle, nodeParams.conditional)
+        else:
+            err, node = CUresult.CUDA_ERROR_NOT_SUPPORTED, None
+        if node is not None and words is not None and any(
+                self._edge_refused(self.nodes[d].kind, kind, w) for d, w in zip(deps, words, strict=True)):
+            err, node = CUresult.CUDA_ERROR_INVALID_VALUE, self._undo(node)
+        if node is None:
+            return _result(err, 1)
+        if isinstance(node.params, _ConditionalNode):
+            nodeParams.conditional.phGraph_out = [CUgraph(body) for body in node.params.bodies]
+        return self._add_node(hGraph, deps, node, words, handle)
+
+    def _child_node_of(self, graph: int, node: int, params: Any) -> tuple[int, _GraphNode | None]:
+        """Child graph node `node` of `graph` from CUDA_CHILD_GRAPH_NODE_PARAMS: cuGraphAddChildGraphNode's for a
+        cloned child; a moved one (OWNERSHIP_MOVE) is the graph itself, owned by the node from now on (see
+        cuGraphAddNode). Either: a known graph without a cycle, not `graph`, not moved into a node already; a moved
+        one also held by no node (a conditional node's body) and not a graph `graph` is held in (a cycle); else
+        CUDA_ERROR_INVALID_VALUE (the fake's rules where cuda.h names none)."""
+        ownership = int(params.ownership)
+        child = int(params.graph or 0)
+        if ownership not in (0, 1) or child not in self.graphs or child == graph or self._topological(child) is None \
+                or child in self.moved_owner or (ownership and (self._held(child) or child in self._holders(graph))):
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        if ownership == CUgraphChildGraphNodeOwnership.CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE:
+            self.moved_owner[child] = node
+            return 0, self._child_node(child, moved=True)
+        return 0, self._child_node(self._clone_graph(child))
+
+    def _conditional_of(self, graph: int, node: int, params: Any) -> tuple[int, _GraphNode | None]:
+        """Conditional node `node` of `graph` from CUDA_CONDITIONAL_NODE_PARAMS (see cuGraphAddNode)."""
+        found = self.conditional_handles.get(int(params.handle or 0))
+        size, context = int(params.size), int(params.ctx or 0)
+        try:
+            kind = CUgraphConditionalNodeType(int(params.type))
+        except ValueError:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        if err := self._node_context(context):
+            return err, None
+        owners, at = [], graph
+        while at:  # this graph, and each graph it is a body of
+            owners.append(at)
+            owner = self.body_owner.get(at)
+            at = self.node_graph.get(owner, 0) if owner else 0
+        sizes = {CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_IF: size in (1, 2),
+                 CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE: size == 1,
+                 CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_SWITCH: size >= 1}
+        if found is None or found.graph not in owners or not sizes[kind] or \
+                (context or self._current_handle()) != (found.context or self._current_handle()):
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        bodies = []
+        for _ in range(size):
+            body = self._handle()
+            self.graphs[body] = []
+            bodies.append(body)
+        return 0, self._conditional_node(node, _ConditionalNode(int(params.handle), int(kind), tuple(bodies), context))
+
+    def _undo(self, node: _GraphNode) -> None:
+        """A node that will not be added after all: the graphs it made go again."""
+        if isinstance(node.params, _ConditionalNode):
+            for body in node.params.bodies:
+                self.graphs.pop(body, None)
+                self.body_owner.pop(body, None)
+        elif isinstance(node.params, _ChildNode) and node.params.moved:  # the caller's graph again, as it was
+            self.moved_owner.pop(node.params.graph, None)
+        elif isinstance(node.params, _ChildNode):
+            self._drop_graph(node.params.graph)
+
+    def _current_handle(self) -> int:
+        current = self._current()
+        return int(current) if current is not None else 0
+
     # edges
     @staticmethod
     def _edge_word(edge: Any) -> int:
         return int(edge.from_port) | int(edge.to_port) << 8 | int(edge.type) << 16
+
+    @staticmethod
+    def _edge_refused(source: int, target: int, word: int) -> bool:
+        """cuda.h's rules for an edge's data between nodes of types `source` and `target`: no to_port, a known type,
+        a from_port (at most 2) only from a kernel node, a programmatic type only between kernel nodes."""
+        kernel = CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+        from_port, to_port, kind = word & 0xFF, (word >> 8) & 0xFF, word >> 16
+        return bool(to_port or kind not in (0, 1) or word >> 24 or (from_port and (source != kernel or from_port > 2))
+                    or (kind and not (source == kernel and target == kernel)))
 
     @staticmethod
     def _edge_object(word: int) -> CUgraphEdgeData:
@@ -2561,12 +2902,8 @@ class FakeDriver:
         if err:
             return _result(err)
         have = {(a, b) for a, b, _word in self.graph_edges.get(int(hGraph), [])}
-        kernel = CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
         for a, b, word in edges:
-            from_port, to_port, kind = word & 0xFF, (word >> 8) & 0xFF, word >> 16
-            kernels = self.nodes[a].kind == kernel and self.nodes[b].kind == kernel
-            if (a == b or (a, b) in have or to_port or kind not in (0, 1) or word >> 24
-                    or (from_port and (self.nodes[a].kind != kernel or from_port > 2)) or (kind and not kernels)):
+            if a == b or (a, b) in have or self._edge_refused(self.nodes[a].kind, self.nodes[b].kind, word):
                 return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
             have.add((a, b))
         self.graph_edges.setdefault(int(hGraph), []).extend(edges)
@@ -2697,23 +3034,29 @@ class FakeDriver:
     # parameters of a node in an executable graph (the graph's node keeps its own)
     def _set_exec_node(self, graph_exec: Any, node: Any, kind: int, made: tuple[int, _GraphNode | None],
                        allowed: Callable[[Any, Any], bool] = lambda old, new: True) -> tuple[Any, ...]:
-        """The executable graph's copy of `node` (a node of the graph it was instantiated from, of type `kind`)
-        runs `made` from its next launch; `allowed(old params, new params)` says whether the change may be made."""
+        """The executable graph's copy of `node` (a node of the graph it was instantiated from, or of a child graph
+        moved into one of its nodes, of type `kind`) runs `made` from its next launch; `allowed(old params, new
+        params)` says whether the change may be made."""
         if not self.initialized:
             return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
         found = self.execs.get(int(graph_exec or 0))
         key = int(node or 0)
-        if found is None or key not in found.members:
+        if found is None or key not in self.nodes:  # cuda.h: "must not have been removed"
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
-        index = found.members.index(key)
+        if key in found.members:
+            parts, index = found.parts, found.members.index(key)
+        elif key in found.inner:  # a node of a child graph moved into one of the graph's nodes
+            parts, index = found.inner[key]
+        else:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
         err, part = made
-        if found.parts[index].kind != kind:
+        if parts[index].kind != kind:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
         if part is None:
             return _result(err)
-        if not allowed(found.parts[index].params, part.params):
+        if not allowed(parts[index].params, part.params):
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
-        found.parts[index] = part
+        parts[index] = part
         found.refresh()
         return _result(0)
 
@@ -2798,13 +3141,15 @@ class FakeDriver:
             return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
         found = self.execs.get(int(hGraphExec or 0))
         graph = int(hGraph or 0)
-        if found is None or graph not in self.graphs:
-            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if found is None or graph not in self.graphs or graph in self.moved_owner:  # cuda.h: a moved graph "cannot
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)  # be used as an argument to cuGraphExecUpdate"
         outcome, node, source = self._update_refused(found, graph)
         self._note = {"update": [int(outcome), node, source]}
         if outcome != CUgraphExecUpdateResult.CU_GRAPH_EXEC_UPDATE_SUCCESS:
             return _result(CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, 1)
-        found.parts = [self._frozen(n) for n in self.graphs[graph]]
+        inner: dict[int, tuple[list[_GraphNode], int]] = {}
+        found.parts = [self._frozen(n, inner) for n in self.graphs[graph]]
+        found.inner = dict(zip(found.inner, inner.values(), strict=False))  # still named by the instantiated nodes
         found.refresh()
         info = CUgraphExecUpdateResultInfo()
         return CUresult(0), info
@@ -3585,6 +3930,41 @@ class FakeDriver:
         if any(problems):
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
         return CUresult(0), CUtensorMap(tensor_map_bytes(dtype, rank, address, dims, strides, box, steps, modes))
+
+    @_recorded
+    def cuGraphConditionalHandleCreate(self, hGraph: Any, ctx: Any, defaultLaunchValue: int,  # noqa: N803
+                                       flags: int) -> tuple[Any, ...]:
+        """A handle for conditional nodes of `hGraph` (or of its bodies) in `ctx` (NULL: the current context), its
+        value at each launch `defaultLaunchValue` with CU_GRAPH_COND_ASSIGN_DEFAULT in `flags` (else 0: see
+        _ConditionalHandle.at_launch). An unknown graph or flags other than 0 and ASSIGN_DEFAULT (cuda.h: "must be")
+        are CUDA_ERROR_INVALID_VALUE, an unknown context CUDA_ERROR_INVALID_CONTEXT."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if self._graph(hGraph) is None or int(flags) & ~CU_GRAPH_COND_ASSIGN_DEFAULT:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if err := self._node_context(ctx):
+            return _result(err, 1)
+        handle = self._handle()
+        self.conditional_handles[handle] = _ConditionalHandle(int(hGraph), int(ctx or 0), int(defaultLaunchValue),
+                                                              int(flags))
+        return CUresult(0), CUgraphConditionalHandle(handle)
+
+    @_recorded
+    def cuGraphDestroyNode(self, hNode: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The node leaves its graph with every edge to or from it, and the graphs it owns (a child graph's clone,
+        a conditional node's bodies) go with it; executable graphs keep what they were instantiated from. An unknown
+        node: CUDA_ERROR_INVALID_VALUE."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        key = int(hNode or 0)
+        found = self.nodes.pop(key, None)
+        if found is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        graph = self.node_graph.pop(key)
+        self.graphs[graph].remove(key)
+        self.graph_edges[graph] = [e for e in self.graph_edges.get(graph, []) if key not in e[:2]]
+        self._drop_owned(found)
+        return _result(0)
 
 
 def tensor_map_bytes(dtype: int, rank: int, address: int, dims: list[int], strides: list[int], box: list[int],

@@ -21,11 +21,33 @@
  * - More than MAX_DEPENDENCIES dependencies or edges in one call answer CUDA_ERROR_NOT_SUPPORTED (said once): the
  *   host refuses longer lists.
  * - Callers built against CUDA before 12.0 (kernel nodes without kern/ctx, cuGraphExecUpdate's two pointers) or 12.3
- *   (edge calls without edge data) get their ABI from orion_graph_versioned_entry, for cuGetProcAddress.
+ *   (edge calls without edge data, cuGraphAddNode without them) get their ABI from orion_graph_versioned_entry, for
+ *   cuGetProcAddress.
+ * - The generic node calls (cuGraphAddNode, cuGraphNodeSetParams, cuGraphExecNodeSetParams: XLA's command buffers)
+ *   take cuda.h's CUgraphNodeParams, a tagged union. Every node type the calls above serve is turned into that type's
+ *   own call (`node_by_type`, `set_by_type`); cuGraphAddNode with edge data of its own (not all zero) makes the node
+ *   without dependencies and then adds the edges with cuGraphAddDependencies (deps[i] -> node, edges[i]): the same
+ *   graph, since cuda.h defines both by the same edges; if the edges are refused the node is destroyed again
+ *   (cuGraphDestroyNode), so a failed call leaves the graph as it was. Two nodes travel as cuGraphAddNode itself
+ *   (driver_api: graph, type, a conditional node's handle, condition type, size and context, a moved child graph and
+ *   its ownership, dependencies and edges), the fields of the other kind zero:
+ *   - a conditional node, its body graphs coming back: cuda.h makes `phGraph_out` a CUDA-owned array valid for the
+ *     life of the node, so this library keeps one per conditional node (`conditional_bodies`: at most
+ *     MAX_CONDITIONAL_NODES live, freed when cuGraphDestroyNode destroys the node or cuGraphDestroy its graph, or a
+ *     graph holding that graph as a body, through this library);
+ *   - a child graph moved into its node (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE, as XLA adds one): the graph itself, no
+ *     clone, since the caller goes on naming its nodes (XLA sets them through the parent's executable graph); the
+ *     reply lists no graphs. A cloned one (OWNERSHIP_CLONE) is cuGraphAddChildGraphNode; another ownership value
+ *     CUDA_ERROR_INVALID_VALUE, before anything is sent.
+ *   Host, memory allocation and free, batch memory operation and external semaphore nodes answer
+ *   CUDA_ERROR_NOT_SUPPORTED, named once; nonzero reserved fields CUDA_ERROR_INVALID_VALUE, as cuda.h requires them
+ *   zero. cuGraphExecNodeSetParams of a child graph node with OWNERSHIP_MOVE answers CUDA_ERROR_NOT_SUPPORTED, named
+ *   once (cuGraphExecChildGraphNodeSetParams, which it would be, takes no ownership).
  *
  * The structs are cuda.h's (CUDA 13: CUDA_KERNEL_NODE_PARAMS is the _v2 layout, with `kern` and `ctx`); the generated
  * orion_calls.h declares them incomplete, and this file completes them, byte for byte (the asserts below).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +120,72 @@ _Static_assert(sizeof(CUgraphExecUpdateResultInfo) == 24 && offsetof(CUgraphExec
                "CUgraphExecUpdateResultInfo as cuda.h lays it out");
 _Static_assert(sizeof(CUgraphNode) == 8, "a node array's bytes are its counted list's items");
 
+/* cuda.h's CUgraphNodeParams (CUDA 13.0, the ABI of cuGraphAddNode_v2, cuGraphNodeSetParams and
+ * cuGraphExecNodeSetParams): the node's type, then the union of the per-type structs, padded to 29 long longs. The
+ * member structs are cuda.h's too: CUDA_KERNEL_NODE_PARAMS_v3 has the _v2 layout above; CUDA_MEMSET_NODE_PARAMS_v2 is
+ * CUDA_MEMSET_NODE_PARAMS and a context; the member names here are this file's (`memcpy` would read as the
+ * function). */
+typedef struct {        /* CUDA_MEMCPY_NODE_PARAMS */
+    int flags;          /* must be zero */
+    int reserved;       /* must be zero */
+    CUcontext copyCtx;
+    CUDA_MEMCPY3D copyParams;
+} memcpy_node_params;
+
+typedef struct {        /* CUDA_MEMSET_NODE_PARAMS_v2 */
+    CUDA_MEMSET_NODE_PARAMS params;
+    CUcontext ctx;
+} memset_node_params;
+
+typedef struct {        /* CUDA_CHILD_GRAPH_NODE_PARAMS */
+    CUgraph graph;
+    int ownership;      /* CUgraphChildGraphNodeOwnership */
+} child_graph_node_params;
+
+typedef struct {        /* CUDA_EVENT_RECORD_NODE_PARAMS, CUDA_EVENT_WAIT_NODE_PARAMS */
+    CUevent event;
+} event_node_params;
+
+typedef struct {        /* CUDA_CONDITIONAL_NODE_PARAMS */
+    CUgraphConditionalHandle handle;
+    int type;           /* CUgraphConditionalNodeType */
+    unsigned int size;  /* body graphs: 1 (WHILE), 1 or 2 (IF), any (SWITCH) */
+    CUgraph *phGraph_out; /* out: the body graphs, in an array CUDA (here: this library) owns */
+    CUcontext ctx;
+} conditional_node_params;
+
+struct CUgraphNodeParams_st {
+    CUgraphNodeType type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_KERNEL_NODE_PARAMS kernel;
+        memcpy_node_params copy;
+        memset_node_params fill;
+        child_graph_node_params child;
+        event_node_params event; /* eventWait and eventRecord alike */
+        conditional_node_params conditional;
+    };
+    long long reserved2;
+};
+
+_Static_assert(sizeof(memcpy_node_params) == 216 && offsetof(memcpy_node_params, copyCtx) == 8 &&
+               offsetof(memcpy_node_params, copyParams) == 16, "CUDA_MEMCPY_NODE_PARAMS as cuda.h lays it out");
+_Static_assert(sizeof(memset_node_params) == 48 && offsetof(memset_node_params, ctx) == 40,
+               "CUDA_MEMSET_NODE_PARAMS_v2 as cuda.h lays it out");
+_Static_assert(sizeof(child_graph_node_params) == 16 && offsetof(child_graph_node_params, ownership) == 8,
+               "CUDA_CHILD_GRAPH_NODE_PARAMS as cuda.h lays it out");
+_Static_assert(sizeof(conditional_node_params) == 32 && offsetof(conditional_node_params, type) == 8 &&
+               offsetof(conditional_node_params, size) == 12 && offsetof(conditional_node_params, phGraph_out) == 16 &&
+               offsetof(conditional_node_params, ctx) == 24, "CUDA_CONDITIONAL_NODE_PARAMS as cuda.h lays it out");
+_Static_assert(sizeof(CUgraphNodeParams) == 256 && offsetof(CUgraphNodeParams, kernel) == 16 &&
+               offsetof(CUgraphNodeParams, copy.copyParams) == 32 && offsetof(CUgraphNodeParams, fill.ctx) == 56 &&
+               offsetof(CUgraphNodeParams, child.ownership) == 24 &&
+               offsetof(CUgraphNodeParams, conditional.phGraph_out) == 32 &&
+               offsetof(CUgraphNodeParams, reserved2) == 248,
+               "CUgraphNodeParams as cuda.h (13.0) lays it out");
+_Static_assert(sizeof(CUgraphConditionalHandle) == 8, "a conditional handle travels as a u64");
+
 enum {
     MAX_DEPENDENCIES = 1 << 16,   /* host_agent/graph_calls.py MAX_DEPENDENCIES */
     DIRECT_QUERY = 1024,          /* a query's capacity up to which it is asked at once */
@@ -110,6 +198,14 @@ enum {
     UPDATE_ERROR = 1,             /* CU_GRAPH_EXEC_UPDATE_ERROR */
     ERROR_LOSSY_QUERY = 402,      /* CUDA_ERROR_LOSSY_QUERY */
     ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
+    /* CUgraphNodeType */
+    NODE_KERNEL = 0, NODE_MEMCPY = 1, NODE_MEMSET = 2, NODE_HOST = 3, NODE_GRAPH = 4, NODE_EMPTY = 5,
+    NODE_WAIT_EVENT = 6, NODE_EVENT_RECORD = 7, NODE_EXT_SEMAS_SIGNAL = 8, NODE_EXT_SEMAS_WAIT = 9,
+    NODE_MEM_ALLOC = 10, NODE_MEM_FREE = 11, NODE_BATCH_MEM_OP = 12, NODE_CONDITIONAL = 13, NODE_TYPES = 14,
+    OWNERSHIP_CLONE = 0, OWNERSHIP_MOVE = 1, /* CUgraphChildGraphNodeOwnership */
+    MAX_CONDITIONAL_BODIES = 64,  /* host_agent/graph_calls.py MAX_CONDITIONAL_BODIES */
+    MAX_CONDITIONAL_NODES = 1 << 16, /* conditional nodes whose body arrays this library keeps at once */
+    EDGES_ON_STACK = 64,
 };
 
 /* --- requests ------------------------------------------------------------------------------------------------- */
@@ -575,11 +671,344 @@ CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateRes
     return status;
 }
 
+/* --- conditional nodes' body graphs ---------------------------------------------------------------------------
+ * cuda.h: a conditional node's `phGraph_out` is "a CUDA-owned array ... valid for the lifetime of the conditional
+ * node". The driver's array lives on the GPU host, so this library keeps one per conditional node it made: at most
+ * MAX_CONDITIONAL_NODES at once (past them cuGraphAddNode answers CUDA_ERROR_OUT_OF_MEMORY, said once), each freed
+ * when cuGraphDestroyNode destroys its node or cuGraphDestroy its graph (the nodes in its body graphs going with
+ * it). */
+struct conditional_bodies {
+    struct conditional_bodies *next;
+    CUgraphNode node;
+    CUgraph graph;          /* the graph the node is in */
+    unsigned int size;
+    CUgraph bodies[];       /* what phGraph_out points at */
+};
+
+static pthread_mutex_t conditionals_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct conditional_bodies *conditionals;
+static size_t conditionals_kept; /* entries listed, and those reserved by a cuGraphAddNode under way */
+
+/* Room for one more entry (released with conditional_release unless conditional_keep lists it): a CUresult. */
+static int conditional_reserve(void) {
+    pthread_mutex_lock(&conditionals_lock);
+    int room = conditionals_kept < MAX_CONDITIONAL_NODES;
+    if (room) conditionals_kept++;
+    pthread_mutex_unlock(&conditionals_lock);
+    if (room) return CUDA_SUCCESS;
+    if (orion_first_time("graph conditional nodes"))
+        fprintf(stderr, "orion: cuGraphAddNode: more than %d conditional nodes at once (the library keeps each one's "
+                "body graphs until it is destroyed): CUDA_ERROR_OUT_OF_MEMORY\n", MAX_CONDITIONAL_NODES);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static void conditional_release(struct conditional_bodies *entry) {
+    free(entry);
+    pthread_mutex_lock(&conditionals_lock);
+    conditionals_kept--;
+    pthread_mutex_unlock(&conditionals_lock);
+}
+
+static void conditional_keep(struct conditional_bodies *entry) {
+    pthread_mutex_lock(&conditionals_lock);
+    entry->next = conditionals;
+    conditionals = entry;
+    pthread_mutex_unlock(&conditionals_lock);
+}
+
+static int holds_body(const struct conditional_bodies *owner, CUgraph graph) {
+    for (unsigned int i = 0; i < owner->size; i++)
+        if (owner->bodies[i] == graph) return 1;
+    return 0;
+}
+
+/* Free the body arrays of conditional node `node` (non-NULL) or of every conditional node in `graph` (non-NULL), then
+ * of the conditional nodes in their body graphs (destroyed with them), and so on down. */
+static void conditionals_forget(CUgraphNode node, CUgraph graph) {
+    pthread_mutex_lock(&conditionals_lock);
+    struct conditional_bodies *gone = NULL, **tail = &gone;
+    for (struct conditional_bodies **at = &conditionals; *at;) {
+        struct conditional_bodies *entry = *at;
+        if ((node && entry->node == node) || (graph && entry->graph == graph)) {
+            *at = entry->next;
+            entry->next = NULL;
+            *tail = entry;
+            tail = &entry->next;
+        } else {
+            at = &entry->next;
+        }
+    }
+    for (struct conditional_bodies *owner = gone; owner; owner = owner->next) { /* `gone` grows as it is walked */
+        for (struct conditional_bodies **at = &conditionals; *at;) {
+            struct conditional_bodies *entry = *at;
+            if (holds_body(owner, entry->graph)) {
+                *at = entry->next;
+                entry->next = NULL;
+                *tail = entry;
+                tail = &entry->next;
+            } else {
+                at = &entry->next;
+            }
+        }
+    }
+    while (gone) {
+        struct conditional_bodies *next = gone->next;
+        free(gone);
+        conditionals_kept--;
+        gone = next;
+    }
+    pthread_mutex_unlock(&conditionals_lock);
+}
+
+/* How many conditional nodes' body arrays the library keeps now (tests/differential/test_graph_add_node.py). */
+size_t orion_graph_conditionals_kept(void);
+size_t orion_graph_conditionals_kept(void) {
+    pthread_mutex_lock(&conditionals_lock);
+    size_t kept = conditionals_kept;
+    pthread_mutex_unlock(&conditionals_lock);
+    return kept;
+}
+
+/* cuGraphDestroyNode and cuGraphDestroy (forwarded by construction), as generated, and then what they destroyed
+ * forgotten here. */
+CUresult cuGraphDestroyNode(CUgraphNode node) {
+    uint8_t req[8];
+    orion_put_u64(req, handle_word(node));
+    int status = hand_forward(ORION_OP_cuGraphDestroyNode, req, sizeof req, NULL, 0);
+    if (status == CUDA_SUCCESS && node) conditionals_forget(node, NULL);
+    return status;
+}
+
+CUresult cuGraphDestroy(CUgraph graph) {
+    uint8_t req[8];
+    orion_put_u64(req, handle_word(graph));
+    int status = hand_forward(ORION_OP_cuGraphDestroy, req, sizeof req, NULL, 0);
+    if (status == CUDA_SUCCESS && graph) conditionals_forget(NULL, graph);
+    return status;
+}
+
+/* --- the generic node calls (CUgraphNodeParams) --------------------------------------------------------------- */
+
+/* What the generic calls do not serve, each said once (the strings' addresses are what orion_first_time keeps). */
+static const char *const node_type_not_forwarded[NODE_TYPES] = {
+    [NODE_HOST] = "a graph host node (CUgraphNodeParams of type CU_GRAPH_NODE_TYPE_HOST)",
+    [NODE_EXT_SEMAS_SIGNAL] = "a graph external semaphore signal node (CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL)",
+    [NODE_EXT_SEMAS_WAIT] = "a graph external semaphore wait node (CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT)",
+    [NODE_MEM_ALLOC] = "a graph memory allocation node (CU_GRAPH_NODE_TYPE_MEM_ALLOC)",
+    [NODE_MEM_FREE] = "a graph memory free node (CU_GRAPH_NODE_TYPE_MEM_FREE)",
+    [NODE_BATCH_MEM_OP] = "a graph batch memory operation node (CU_GRAPH_NODE_TYPE_BATCH_MEM_OP)",
+};
+static const char moved_child_graph[] =
+    "cuGraphExecNodeSetParams of a child graph node with CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE (OWNERSHIP_CLONE is)";
+static const char graph_child_set[] = "cuGraphNodeSetParams of a child graph node (cuGraphExecNodeSetParams of one is)";
+static const char conditional_set[] = "cuGraphNodeSetParams or cuGraphExecNodeSetParams of a conditional node";
+
+/* What every generic node call checks first, as the driver: parameters given, reserved fields zero (cuda.h: "must
+ * be zero"), a node type cuda.h knows, a memcpy node's flags zero; a type not forwarded answers 801, said once. */
+static int params_checked(const CUgraphNodeParams *p) {
+    if (!p || p->reserved0[0] || p->reserved0[1] || p->reserved0[2] || p->reserved2) return CUDA_ERROR_INVALID_VALUE;
+    if (p->type < 0 || p->type >= NODE_TYPES) return CUDA_ERROR_INVALID_VALUE;
+    if (p->type == NODE_MEMCPY && (p->copy.flags || p->copy.reserved)) return CUDA_ERROR_INVALID_VALUE;
+    if (node_type_not_forwarded[p->type]) return orion_not_forwarded(node_type_not_forwarded[p->type]);
+    return CUDA_SUCCESS;
+}
+
+/* A child graph's ownership where only a clone is served (cuGraphAddNode's MOVE has its own path above). */
+static int ownership_forwarded(int ownership) {
+    if (ownership == OWNERSHIP_CLONE) return CUDA_SUCCESS;
+    return ownership == OWNERSHIP_MOVE ? orion_not_forwarded(moved_child_graph) : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* A node of a type the calls above serve, made by that type's own call with dependencies `deps`. */
+static int node_by_type(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t count,
+                        const CUgraphNodeParams *p) {
+    int status;
+    switch (p->type) {
+    case NODE_KERNEL: return cuGraphAddKernelNode(node, graph, deps, count, &p->kernel);
+    case NODE_MEMCPY: return cuGraphAddMemcpyNode(node, graph, deps, count, &p->copy.copyParams, p->copy.copyCtx);
+    case NODE_MEMSET: return cuGraphAddMemsetNode(node, graph, deps, count, &p->fill.params, p->fill.ctx);
+    case NODE_EMPTY: return cuGraphAddEmptyNode(node, graph, deps, count);
+    case NODE_GRAPH:
+        status = ownership_forwarded(p->child.ownership);
+        return status != CUDA_SUCCESS ? status : cuGraphAddChildGraphNode(node, graph, deps, count, p->child.graph);
+    case NODE_EVENT_RECORD: return cuGraphAddEventRecordNode(node, graph, deps, count, p->event.event);
+    case NODE_WAIT_EVENT: return cuGraphAddEventWaitNode(node, graph, deps, count, p->event.event);
+    default: return CUDA_ERROR_INVALID_VALUE; /* params_checked let no other type through */
+    }
+}
+
+/* Edge data absent or all default (zero): the node may be made with its dependencies directly. */
+static int default_edges(const CUgraphEdgeData *edges, size_t count) {
+    static const CUgraphEdgeData none;
+    for (size_t i = 0; edges && i < count; i++)
+        if (memcmp(&edges[i], &none, sizeof none) != 0) return 0;
+    return 1;
+}
+
+/* The call table's cuGraphAddNode (graph, type, a conditional node's handle, condition type, body count and context,
+ * a moved child graph and its ownership, dependencies, edges; the reply the node and a conditional node's body
+ * graphs, none for a moved child graph), its edges sent only where one carries data. `tail` gets the reply's body-graph
+ * list (its count, then the graphs), `got` its length. */
+static int add_node_forwarded(CUgraphNode *made, CUgraph graph, int type, const conditional_node_params *c,
+                              CUgraph child, int ownership, const CUgraphNode *deps, const CUgraphEdgeData *edges,
+                              size_t count, uint8_t *tail, size_t tail_size, size_t *got) {
+    static const conditional_node_params none;
+    if (!c) c = &none;
+    size_t sent = default_edges(edges, count) ? 0 : count;
+    uint8_t head[52], listed[4], rep[8];
+    orion_put_u64(head, handle_word(graph));
+    orion_put_i32(head + 8, type);
+    orion_put_u64(head + 12, c->handle);
+    orion_put_i32(head + 20, c->type);
+    orion_put_u32(head + 24, c->size);
+    orion_put_u64(head + 28, handle_word(c->ctx));
+    orion_put_u64(head + 36, handle_word(child));
+    orion_put_u32(head + 44, (uint32_t)ownership);
+    orion_put_u32(head + 48, (uint32_t)count);
+    orion_put_u32(listed, (uint32_t)sent);
+    struct orion_piece pieces[4] = { { head, sizeof head }, { deps, count * sizeof *deps }, { listed, sizeof listed },
+                                     { edges, sent * sizeof *edges } };
+    int status = orion_thread_forwardv(ORION_OP_cuGraphAddNode, pieces, 4, rep, sizeof rep, tail, tail_size, got, 0);
+    if (status == CUDA_SUCCESS) *made = (CUgraphNode)(uintptr_t)orion_get_u64(rep);
+    return status;
+}
+
+/* A conditional node, its body graphs kept here for phGraph_out. */
+static int add_conditional(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, const CUgraphEdgeData *edges,
+                           size_t count, conditional_node_params *c) {
+    if (!c->size || c->size > MAX_CONDITIONAL_BODIES) {
+        if (c->size && orion_first_time("graph conditional bodies"))
+            fprintf(stderr, "orion: cuGraphAddNode: a conditional node with more than %d body graphs is not "
+                    "forwarded: CUDA_ERROR_INVALID_VALUE\n", MAX_CONDITIONAL_BODIES);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    int status = conditional_reserve();
+    if (status != CUDA_SUCCESS) return status;
+    struct conditional_bodies *entry = malloc(sizeof *entry + c->size * sizeof(CUgraph));
+    if (!entry) {
+        conditional_release(NULL);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    uint8_t tail[4 + 8 * MAX_CONDITIONAL_BODIES];
+    size_t got = 0;
+    CUgraphNode made = NULL;
+    status = add_node_forwarded(&made, graph, NODE_CONDITIONAL, c, NULL, 0, deps, edges, count, tail, sizeof tail,
+                                &got);
+    if (status == CUDA_SUCCESS) {
+        if (got != 4 + 8 * (size_t)c->size || orion_get_u32(tail) != c->size) {
+            cuGraphDestroyNode(made); /* a reply this library cannot read: the call has no effect */
+            status = malformed_reply("cuGraphAddNode");
+        } else {
+            entry->node = made;
+            entry->graph = graph;
+            entry->size = c->size;
+            for (unsigned int i = 0; i < c->size; i++)
+                entry->bodies[i] = (CUgraph)(uintptr_t)orion_get_u64(tail + 4 + 8 * (size_t)i);
+            conditional_keep(entry);
+            c->phGraph_out = entry->bodies;
+            *node = made;
+            return CUDA_SUCCESS;
+        }
+    }
+    conditional_release(entry);
+    return status;
+}
+
+/* A child graph moved into its node (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): the graph itself, not a clone, so its
+ * nodes stay the ones the caller names (through the parent's executable graph too); the reply lists no graphs. */
+static int add_moved_child(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, const CUgraphEdgeData *edges,
+                           size_t count, CUgraph child) {
+    uint8_t tail[4];
+    size_t got = 0;
+    CUgraphNode made = NULL;
+    int status = add_node_forwarded(&made, graph, NODE_GRAPH, NULL, child, OWNERSHIP_MOVE, deps, edges, count, tail,
+                                    sizeof tail, &got);
+    if (status != CUDA_SUCCESS) return status;
+    if (got != 4 || orion_get_u32(tail) != 0) {
+        cuGraphDestroyNode(made); /* a reply this library cannot read: the node goes again, and the moved graph
+                                   * with it (the node owns it now); the host forgets the graph too */
+        return malformed_reply("cuGraphAddNode");
+    }
+    *node = made;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, CUgraphEdgeData const *edges,
+                        size_t count, CUgraphNodeParams *params) {
+    int status = node_args("cuGraphAddNode", node, deps, count);
+    if (status == CUDA_SUCCESS) status = params_checked(params);
+    if (status != CUDA_SUCCESS) return status;
+    if (params->type == NODE_CONDITIONAL) return add_conditional(node, graph, deps, edges, count, &params->conditional);
+    if (params->type == NODE_GRAPH && params->child.ownership == OWNERSHIP_MOVE)
+        return add_moved_child(node, graph, deps, edges, count, params->child.graph);
+    if (default_edges(edges, count)) return node_by_type(node, graph, deps, count, params);
+    /* edges with data of their own: the node first, then its edges (deps[i] -> node, edges[i]), as one call */
+    CUgraphNode small[EDGES_ON_STACK], *to = count <= EDGES_ON_STACK ? small : malloc(count * sizeof *to);
+    if (!to) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUgraphNode made = NULL;
+    status = node_by_type(&made, graph, NULL, 0, params);
+    if (status == CUDA_SUCCESS) {
+        for (size_t i = 0; i < count; i++) to[i] = made;
+        status = cuGraphAddDependencies(graph, deps, to, edges, count);
+        if (status == CUDA_SUCCESS)
+            *node = made;
+        else
+            cuGraphDestroyNode(made); /* edges refused: the node goes again, and the graph is as it was */
+    }
+    if (to != small) free(to);
+    return status;
+}
+
+/* A node's type checked: an empty node has no parameters to set. */
+static int node_is(CUgraphNode node, int type) {
+    CUgraphNodeType found;
+    int status = cuGraphNodeGetType(node, &found);
+    if (status != CUDA_SUCCESS) return status;
+    return found == type ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* A graph's node takes the parameters its type's own setter takes (a memset or memcpy node keeps its context: the
+ * setters of a graph's node take none). */
+CUresult cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams *params) {
+    int status = params_checked(params);
+    if (status != CUDA_SUCCESS) return status;
+    switch (params->type) {
+    case NODE_KERNEL: return cuGraphKernelNodeSetParams(node, &params->kernel);
+    case NODE_MEMCPY: return cuGraphMemcpyNodeSetParams(node, &params->copy.copyParams);
+    case NODE_MEMSET: return cuGraphMemsetNodeSetParams(node, &params->fill.params);
+    case NODE_EMPTY: return node_is(node, NODE_EMPTY);
+    case NODE_EVENT_RECORD: return cuGraphEventRecordNodeSetEvent(node, params->event.event);
+    case NODE_WAIT_EVENT: return cuGraphEventWaitNodeSetEvent(node, params->event.event);
+    case NODE_GRAPH: return orion_not_forwarded(graph_child_set);
+    default: return orion_not_forwarded(conditional_set);
+    }
+}
+
+/* An executable graph's copy of a node takes the parameters its type's own setter takes. */
+CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNodeParams *params) {
+    int status = params_checked(params);
+    if (status != CUDA_SUCCESS) return status;
+    switch (params->type) {
+    case NODE_KERNEL: return cuGraphExecKernelNodeSetParams(exec, node, &params->kernel);
+    case NODE_MEMCPY:
+        return cuGraphExecMemcpyNodeSetParams(exec, node, &params->copy.copyParams, params->copy.copyCtx);
+    case NODE_MEMSET: return cuGraphExecMemsetNodeSetParams(exec, node, &params->fill.params, params->fill.ctx);
+    case NODE_EMPTY: return node_is(node, NODE_EMPTY);
+    case NODE_GRAPH:
+        status = ownership_forwarded(params->child.ownership);
+        return status != CUDA_SUCCESS ? status : cuGraphExecChildGraphNodeSetParams(exec, node, params->child.graph);
+    case NODE_EVENT_RECORD: return cuGraphExecEventRecordNodeSetEvent(exec, node, params->event.event);
+    case NODE_WAIT_EVENT: return cuGraphExecEventWaitNodeSetEvent(exec, node, params->event.event);
+    default: return orion_not_forwarded(conditional_set);
+    }
+}
+
 /* --- the ABIs of callers built against older CUDA --------------------------------------------------------------
  * cuGetProcAddress gives a caller the ABI of the CUDA version it was built against (cudaTypedefs.h's PFN_*_vNNNNN):
  * before 12.0, kernel nodes take CUDA_KERNEL_NODE_PARAMS_v1 (no kern, no ctx) and cuGraphExecUpdate reports through
- * two pointers; before 12.3, the edge calls take no edge data. orion_graph_versioned_entry answers those, built on
- * the entry points above, for answered_in_guest.c's orion_versioned_entry to return (NULL: the current ABI serves). */
+ * two pointers; before 12.3, the edge calls and cuGraphAddNode take no edge data. orion_graph_versioned_entry answers
+ * those, built on the entry points above, for answered_in_guest.c's orion_versioned_entry to return (NULL: the
+ * current ABI serves). */
 typedef struct {
     CUfunction func;
     unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
@@ -644,6 +1073,11 @@ static CUresult remove_dependencies_v1(CUgraph graph, CUgraphNode const *from, C
     return cuGraphRemoveDependencies(graph, from, to, NULL, count);
 }
 
+static CUresult add_node_v1(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
+                            CUgraphNodeParams *params) {
+    return cuGraphAddNode(node, graph, deps, NULL, count, params);
+}
+
 void *orion_graph_versioned_entry(const char *symbol, int version) {
     static const struct { const char *name; int since; void *older; } entries[] = {
         { "cuGraphAddKernelNode", 12000, (void *)add_kernel_node_v1 },
@@ -655,6 +1089,7 @@ void *orion_graph_versioned_entry(const char *symbol, int version) {
         { "cuGraphNodeGetDependentNodes", 12030, (void *)dependents_v1 },
         { "cuGraphAddDependencies", 12030, (void *)add_dependencies_v1 },
         { "cuGraphRemoveDependencies", 12030, (void *)remove_dependencies_v1 },
+        { "cuGraphAddNode", 12030, (void *)add_node_v1 },
     };
     if (!symbol) return NULL;
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)

@@ -21,14 +21,27 @@ dependency, NULL outputs, an existing edge added again.
 Handles are never compared between paths (each driver gives its own): a node is shown as its index among the nodes
 the program made (-1 for NULL), a node type as cuGraphNodeGetType's number, memory as its words.
 
+A second program (AddNodeProgram, tests/differential/test_graph_add_node.py) builds its graph with cuGraphAddNode
+alone, as XLA's command buffers do: a node of every type the generic call is served for (memset, kernel, empty,
+memcpy, a cloned child graph, event record and wait), one of them after an edge with data of its own (programmatic),
+conditional nodes (IF with one body and with two, WHILE, SWITCH with three bodies) whose bodies it fills with
+cuGraphAddNode too, each handle's value given by cuGraphConditionalHandleCreate's default (applied at each launch),
+and a child graph with a kernel node moved into its node (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE, as XLA adds one); it
+launches the graph, sets kernel and memset parameters with cuGraphNodeSetParams and cuGraphExecNodeSetParams, the
+moved graph's kernel node through the parent's executable graph (cuGraphExecKernelNodeSetParams) and in the moved
+graph itself, relaunches, instantiates again, and shows what is refused: reserved fields, node types not forwarded
+(801), a graph moved into itself or into a graph it holds, a moved graph moved, cloned, destroyed, instantiated or
+updated from on its own, bad conditional parameters, an unknown handle, an edge the driver refuses (the graph keeps no
+node); the moved graph goes with its parent.
+
 Run in a process of its own with a C driver library (the native guest driver, ORION_SHM set; or the real libcuda
 on a GPU):
 
-    python -m tests.differential.graph_nodes LIBRARY [pinned]
+    python -m tests.differential.graph_nodes LIBRARY [pinned] [add-node]
 
-prints one JSON object: {"transcript": [...]}. The library's functions are looked up as a program built against
-CUDA 13's cuda.h names them (cuGraphAddKernelNode_v2, cuGraphGetEdges_v2, cuGraphExecUpdate_v2,
-cuGraphInstantiateWithFlags...).
+prints one JSON object: {"transcript": [...]} (AddNodeProgram's with `add-node`). The library's functions are looked
+up as a program built against CUDA 13's cuda.h names them (cuGraphAddKernelNode_v2, cuGraphGetEdges_v2,
+cuGraphExecUpdate_v2, cuGraphAddNode_v2, cuGraphInstantiateWithFlags...).
 """
 from __future__ import annotations
 
@@ -88,8 +101,54 @@ class UpdateResultInfo(ctypes.Structure):
     _fields_ = [("result", I32), ("errorNode", U64), ("errorFromNode", U64)]
 
 
+class MemcpyNodeParams(ctypes.Structure):
+    """CUDA_MEMCPY_NODE_PARAMS."""
+    _fields_ = [("flags", I32), ("reserved", I32), ("copyCtx", U64), ("copyParams", Memcpy3D)]
+
+
+class MemsetNodeParamsV2(ctypes.Structure):
+    """CUDA_MEMSET_NODE_PARAMS_v2: CUDA_MEMSET_NODE_PARAMS and its context."""
+    _fields_ = [*MemsetNodeParams._fields_, ("ctx", U64)]
+
+
+class ChildGraphNodeParams(ctypes.Structure):
+    """CUDA_CHILD_GRAPH_NODE_PARAMS."""
+    _fields_ = [("graph", U64), ("ownership", I32)]
+
+
+class EventNodeParams(ctypes.Structure):
+    """CUDA_EVENT_RECORD_NODE_PARAMS and CUDA_EVENT_WAIT_NODE_PARAMS."""
+    _fields_ = [("event", U64)]
+
+
+class ConditionalNodeParams(ctypes.Structure):
+    """CUDA_CONDITIONAL_NODE_PARAMS."""
+    _fields_ = [("handle", U64), ("type", I32), ("size", UI), ("phGraph_out", P), ("ctx", U64)]
+
+
+class _NodeUnion(ctypes.Union):
+    _fields_ = [("reserved1", ctypes.c_longlong * 29), ("kernel", KernelNodeParams), ("memcpy", MemcpyNodeParams),
+                ("memset", MemsetNodeParamsV2), ("graph", ChildGraphNodeParams), ("eventWait", EventNodeParams),
+                ("eventRecord", EventNodeParams), ("conditional", ConditionalNodeParams)]
+
+
+class NodeParams(ctypes.Structure):
+    """CUgraphNodeParams (CUDA 13.0): the type, three reserved ints, the union of per-type structs, a reserved one."""
+    _anonymous_ = ("u",)
+    _fields_ = [("type", I32), ("reserved0", I32 * 3), ("u", _NodeUnion), ("reserved2", ctypes.c_longlong)]
+
+
 assert ctypes.sizeof(KernelNodeParams) == 72 and ctypes.sizeof(MemsetNodeParams) == 40
 assert ctypes.sizeof(Memcpy3D) == 200 and ctypes.sizeof(EdgeData) == 8 and ctypes.sizeof(UpdateResultInfo) == 24
+assert ctypes.sizeof(NodeParams) == 256 and NodeParams.u.offset == 16 and ctypes.sizeof(MemcpyNodeParams) == 216
+assert ctypes.sizeof(MemsetNodeParamsV2) == 48 and ctypes.sizeof(ConditionalNodeParams) == 32
+
+# CUgraphNodeType, CUgraphConditionalNodeType, CUgraphChildGraphNodeOwnership, cuGraphConditionalHandleCreate's flag
+KERNEL, MEMCPY, MEMSET, HOST, GRAPH, EMPTY, WAIT_EVENT, EVENT_RECORD = range(8)
+EXT_SEMAS_SIGNAL, EXT_SEMAS_WAIT, MEM_ALLOC, MEM_FREE, BATCH_MEM_OP, CONDITIONAL = range(8, 14)
+COND_IF, COND_WHILE, COND_SWITCH = 0, 1, 2
+OWNERSHIP_CLONE, OWNERSHIP_MOVE = 0, 1
+ASSIGN_DEFAULT = 1
 
 # What the program calls besides capture_graphs' table (name -> ctypes argument types).
 PROTOTYPES: dict[str, list[Any]] = {
@@ -105,6 +164,9 @@ PROTOTYPES: dict[str, list[Any]] = {
     "cuGraphMemsetNodeSetParams": [U64, P], "cuGraphExecMemsetNodeSetParams": [U64, U64, P, U64],
     "cuGraphMemcpyNodeSetParams": [U64, P], "cuGraphExecMemcpyNodeSetParams": [U64, U64, P, U64],
     "cuGraphExecUpdate": [U64, U64, P],
+    "cuGraphAddNode": [P, U64, P, P, SZ, P], "cuGraphNodeSetParams": [U64, P],
+    "cuGraphExecNodeSetParams": [U64, U64, P],
+    "cuGraphConditionalHandleCreate": [P, U64, U64, UI, UI], "cuGraphDestroyNode": [U64],
 }
 
 
@@ -449,6 +511,202 @@ class GraphNodeProgram:
         return self.out
 
 
+class AddNodeProgram(GraphNodeProgram):
+    """The graph of cuGraphAddNode (the module docstring), against the same kind of table."""
+
+    def _params(self, kind: int, **members: Any) -> NodeParams:
+        """A CUgraphNodeParams of type `kind`, zeroed (as cuda.h asks), with the union members given."""
+        params = NodeParams(type=kind)
+        for name, value in members.items():
+            setattr(params, name, value)
+        self._keep.append(params)
+        return params
+
+    def _kernel(self, words: int, value: int) -> NodeParams:
+        return self._params(KERNEL, kernel=self._add_params(words, value))
+
+    def _fill(self, dst: int, value: int) -> NodeParams:
+        memset = MemsetNodeParamsV2(dst=dst, value=value, elementSize=4, width=WORDS, height=1, ctx=self.context)
+        return self._params(MEMSET, memset=memset)
+
+    def _move(self, child: int) -> NodeParams:
+        """A child graph node of `child` moved in (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE)."""
+        return self._params(GRAPH, graph=ChildGraphNodeParams(graph=child, ownership=OWNERSHIP_MOVE))
+
+    def _conditional(self, handle: int, kind: int, size: int) -> NodeParams:
+        return self._params(CONDITIONAL, conditional=ConditionalNodeParams(handle=handle, type=kind, size=size,
+                                                                            ctx=self.context))
+
+    def _add_node(self, name: str, graph: int, params: NodeParams, deps: tuple[str, ...] = (),
+                  edges: list[int] | None = None) -> int:
+        """cuGraphAddNode of `params` into `graph` after `deps`, with edge data `edges` (words; None: NULL)."""
+        cell = U64(BAD_HANDLE)
+        pointer, count = self._deps(*deps)
+        data = None
+        if edges is not None:
+            array = (EdgeData * max(len(edges), 1))()
+            for i, word in enumerate(edges):
+                array[i].from_port, array[i].to_port, array[i].type = word & 0xFF, (word >> 8) & 0xFF, word >> 16
+            self._keep.append(array)
+            data = ctypes.addressof(array)
+        status = int(self.t["cuGraphAddNode"](ctypes.addressof(cell), graph, pointer, data, count,
+                                              ctypes.addressof(params)))
+        return self._node(name, status, cell)
+
+    def _handle(self, default: int) -> int:
+        return self._out("cuGraphConditionalHandleCreate", self.graph, self.context, default, ASSIGN_DEFAULT)
+
+    def _bodies(self, params: NodeParams) -> list[int]:
+        """A conditional node's body graphs, from the array its phGraph_out points at."""
+        given = params.conditional
+        return list((U64 * given.size).from_address(given.phGraph_out)) if given.phGraph_out else []
+
+    def _count(self, graph: int) -> int:
+        count = SZ(0)
+        status = self.t["cuGraphGetNodes"](graph, None, ctypes.addressof(count))
+        return count.value if status == SUCCESS else -status
+
+    def run(self) -> list[list[Any]]:
+        t = self.t
+        device = I32()
+        t["cuInit"](0)
+        t["cuDeviceGet"](ctypes.addressof(device), 0)
+        self.context = context = self._out("cuDevicePrimaryCtxRetain", device.value)
+        t["cuCtxSetCurrent"](context)
+        module = self._out("cuModuleLoadData", ctypes.addressof(self.image))
+        self.function = self._out("cuModuleGetFunction", module, b"orion_fake_add_u32")
+        self.stream = self._out("cuStreamCreate", NON_BLOCKING)
+        event, outside = self._out("cuEventCreate", 0), self._out("cuEventCreate", 0)
+        names = ("words", "marks", "copy", "spare", "if", "while", "switch", "else", "moved")
+        self.buffers = {name: self._out("cuMemAlloc", 4 * WORDS) for name in names}
+        self.pinned = False
+        b = self.buffers
+        initial = (U32 * WORDS)(*range(WORDS))
+        self.note("initial memory", [t["cuMemcpyHtoD"](b["words"], ctypes.addressof(initial), 4 * WORDS),
+                                     *[t["cuMemsetD32"](b[n], 0, WORDS) for n in names[1:]], t["cuCtxSynchronize"](),
+                                     t["cuEventRecord"](outside, 0)])
+
+        self.graph = graph = self._out("cuGraphCreate", 0)
+        child, moved = self._out("cuGraphCreate", 0), self._out("cuGraphCreate", 0)
+        self.note("child graphs built with cuGraphAddNode (spare += 1; the one to be moved: moved += 1)",
+                  [self._add_node("child's kernel", child, self._kernel(b["spare"], 1)),
+                   self._add_node("moved's kernel", moved, self._kernel(b["moved"], 1))])
+        handles = {"if": self._handle(1), "while": self._handle(0), "switch": self._handle(2), "else": self._handle(0)}
+        programmatic = PROGRAMMATIC | PROGRAMMATIC << 16
+        copy = MemcpyNodeParams(copyCtx=context, copyParams=self._copy(b["copy"], b["words"]))
+        conditionals = {"if": self._conditional(handles["if"], COND_IF, 1),
+                        "while": self._conditional(handles["while"], COND_WHILE, 1),
+                        "switch": self._conditional(handles["switch"], COND_SWITCH, 3),
+                        "else": self._conditional(handles["else"], COND_IF, 2)}
+        added = [
+            self._add_node("memset", graph, self._fill(b["marks"], 7)),
+            self._add_node("marks += 3", graph, self._kernel(b["marks"], 3), ("memset",), [0]),
+            self._add_node("words += 5", graph, self._kernel(b["words"], 5)),
+            self._add_node("words += 1 (programmatic)", graph, self._kernel(b["words"], 1), ("words += 5",),
+                           [programmatic]),
+            self._add_node("join", graph, self._params(EMPTY), ("marks += 3", "words += 1 (programmatic)")),
+            self._add_node("copy = words", graph, self._params(MEMCPY, memcpy=copy), ("join",)),
+            self._add_node("child", graph, self._params(GRAPH, graph=ChildGraphNodeParams(graph=child)),
+                           ("copy = words",)),
+            self._add_node("record", graph, self._params(EVENT_RECORD, eventRecord=EventNodeParams(event=event)),
+                           ("child",)),
+            self._add_node("wait", graph, self._params(WAIT_EVENT, eventWait=EventNodeParams(event=outside))),
+            *[self._add_node(name, graph, params, ("copy = words",)) for name, params in conditionals.items()],
+            self._add_node("moved child", graph, self._move(moved), ("copy = words",)),
+        ]
+        bodies = {name: self._bodies(params) for name, params in conditionals.items()}
+        body_nodes = [
+            self._add_node("if: if += 1", bodies["if"][0], self._kernel(b["if"], 1)),
+            self._add_node("while: while += 100", bodies["while"][0], self._kernel(b["while"], 100)),
+            *[self._add_node(f"switch {i}: switch += {10 ** i}", bodies["switch"][i],
+                             self._kernel(b["switch"], 10 ** i)) for i in range(3)],
+            self._add_node("else 0: else += 1", bodies["else"][0], self._kernel(b["else"], 1)),
+            self._add_node("else 1: else = 42", bodies["else"][1], self._fill(b["else"], 42)),
+        ]
+        self.note("nodes added with cuGraphAddNode, then the conditional nodes' bodies", added + body_nodes,
+                  list(self.names))
+        every_body = [body for found in bodies.values() for body in found]
+        self.note("node types; each conditional node's bodies: distinct new graphs, their node counts", [],
+                  [self._types(), {name: len(found) for name, found in bodies.items()},
+                   len(set(every_body)) == len(every_body) and not {graph, child, moved} & set(every_body),
+                   [self._count(body) for body in every_body]])
+        self.note("edges (the programmatic one with its data), dependencies of the join", [], [
+            self._edges(graph, 16), self._list("cuGraphNodeGetDependencies", self.names["join"], 2, with_edges=True)])
+
+        graph_exec = self._out("cuGraphInstantiate", graph, 0)
+        self.note("instantiated, launched twice", self._launch(graph_exec, 2), self._memory())
+
+        n = self.names
+        self.note("parameters set with cuGraphNodeSetParams (the graph's) and cuGraphExecNodeSetParams", [
+            t["cuGraphNodeSetParams"](n["words += 5"], ctypes.addressof(self._kernel(b["words"], 100))),
+            t["cuGraphNodeSetParams"](n["memset"], ctypes.addressof(self._fill(b["marks"], 9))),
+            t["cuGraphExecNodeSetParams"](graph_exec, n["marks += 3"],
+                                          ctypes.addressof(self._kernel(b["marks"], 1000))),
+            t["cuGraphExecNodeSetParams"](graph_exec, n["memset"], ctypes.addressof(self._fill(b["marks"], 11))),
+            t["cuGraphExecNodeSetParams"](graph_exec, n["join"], ctypes.addressof(self._params(EMPTY))),
+            t["cuGraphNodeSetParams"](n["join"], ctypes.addressof(self._params(EMPTY))),
+            t["cuGraphNodeSetParams"](n["join"], ctypes.addressof(self._kernel(b["words"], 1))),  # not a kernel node
+            t["cuGraphExecNodeSetParams"](graph_exec, n["memset"], ctypes.addressof(self._kernel(b["marks"], 1))),
+            # the moved child graph's node, through the parent's executable graph and in the graph itself; a cloned
+            # child graph's node is not the executable graph's
+            t["cuGraphExecKernelNodeSetParams"](graph_exec, n["moved's kernel"],
+                                                self._ref(self._add_params(b["moved"], 1000))),
+            t["cuGraphNodeSetParams"](n["moved's kernel"], ctypes.addressof(self._kernel(b["moved"], 100))),
+            t["cuGraphExecNodeSetParams"](graph_exec, n["child's kernel"],
+                                          ctypes.addressof(self._kernel(b["spare"], 1000)))])
+        self.note("relaunched: the executable graph's changes only", self._launch(graph_exec, 1), self._memory())
+        second = self._out("cuGraphInstantiate", graph, 0)
+        self.note("instantiated again: the graph's changes", self._launch(second, 1), self._memory())
+
+        # what is refused
+        nodes_before = self._count(graph)
+        reserved = [self._params(EMPTY) for _ in range(2)]
+        reserved[0].reserved0[1] = 1
+        reserved[1].reserved2 = 1
+        flagged = self._params(MEMCPY, memcpy=MemcpyNodeParams(flags=1, copyCtx=context,
+                                                               copyParams=self._copy(b["copy"], b["words"])))
+        self.note("refused: reserved fields set, a memcpy node's flags, an unknown type", [
+            *[self._add_node("refused", graph, params) for params in (*reserved, flagged, self._params(99))],
+            t["cuGraphNodeSetParams"](n["join"], ctypes.addressof(reserved[0])),
+            t["cuGraphExecNodeSetParams"](graph_exec, n["join"], ctypes.addressof(reserved[1]))])
+        self.note("not forwarded: host, external semaphore, memory and batch memory operation nodes; setting a "
+                  "conditional node's parameters", [
+                      *[self._add_node("refused", graph, self._params(kind)) for kind in (
+                          HOST, EXT_SEMAS_SIGNAL, EXT_SEMAS_WAIT, MEM_ALLOC, MEM_FREE, BATCH_MEM_OP)],
+                      t["cuGraphNodeSetParams"](n["memset"], ctypes.addressof(self._params(HOST))),
+                      t["cuGraphExecNodeSetParams"](graph_exec, n["if"], ctypes.addressof(conditionals["if"]))])
+        other_ownership = self._params(GRAPH, graph=ChildGraphNodeParams(graph=child, ownership=2))
+        self.note("refused: a graph moved into itself or into a graph it holds, a moved graph moved or cloned again, "
+                  "an ownership cuda.h does not have; the moved graph destroyed, instantiated or updated from alone", [
+                      self._add_node("refused", graph, self._move(graph)),
+                      self._add_node("refused", moved, self._move(graph)),
+                      self._add_node("refused", graph, self._move(moved)),
+                      self._add_node("refused", graph, self._params(GRAPH, graph=ChildGraphNodeParams(graph=moved))),
+                      self._add_node("refused", graph, other_ownership),
+                      t["cuGraphDestroy"](moved), t["cuGraphInstantiate"](ctypes.addressof(U64()), moved, 0),
+                      t["cuGraphExecUpdate"](graph_exec, moved, ctypes.addressof(UpdateResultInfo()))],
+                  [nodes_before, self._count(graph), self._count(moved)])
+        self.note("refused: conditional nodes with no body, a WHILE with two, an unknown type, an unknown handle", [
+            self._add_node("refused", graph, self._conditional(handles["if"], COND_IF, 0)),
+            self._add_node("refused", graph, self._conditional(handles["while"], COND_WHILE, 2)),
+            self._add_node("refused", graph, self._conditional(handles["if"], 7, 1)),
+            self._add_node("refused", graph, self._conditional(BAD_HANDLE, COND_IF, 1))])
+        self.note("refused: an edge the driver refuses (a to_port) leaves no node behind; NULL node or parameters", [
+            self._add_node("refused", graph, self._kernel(b["spare"], 1), ("words += 5",), [1 << 8]),
+            self._add_node("refused", graph, self._conditional(handles["if"], COND_IF, 1), ("words += 5",), [1 << 8]),
+            t["cuGraphAddNode"](None, graph, None, None, 0, ctypes.addressof(self._params(EMPTY))),
+            t["cuGraphAddNode"](ctypes.addressof(U64()), graph, None, None, 0, None)],
+                  [nodes_before, self._count(graph)])
+
+        self.note("a conditional node destroyed, then everything", [
+            t["cuGraphDestroyNode"](n["while"]), self._count(graph), t["cuGraphExecDestroy"](graph_exec),
+            t["cuGraphExecDestroy"](second), t["cuGraphDestroy"](graph), t["cuGraphDestroy"](moved),
+            t["cuGraphDestroy"](child),
+            t["cuEventDestroy"](event), t["cuEventDestroy"](outside), t["cuStreamDestroy"](self.stream),
+            *[t["cuMemFree"](pointer) for pointer in self.buffers.values()]])
+        return self.out
+
+
 # --- the reference: the fake driver called as C calls a driver ---------------------------------------------------
 
 def fake_table(driver: Any) -> Table:
@@ -586,6 +844,88 @@ def fake_table(driver: Any) -> Table:
             U64.from_address(out).value = int(graph)
         return int(status)
 
+    # The generic node calls. cuGraphAddNode is the fake's own (a CUgraphNodeParams of the wheel's shape built from the
+    # C struct), its body graphs written to an array kept here for phGraph_out; the fake has no generic setters (the
+    # native driver answers them in the guest), so those call the type's own setter, as the native driver does.
+    def node_params(address: int | None) -> Any:
+        """The wheel's CUgraphNodeParams of a C CUgraphNodeParams, or the status C refuses it with (NULL, reserved
+        fields set, a type cuda.h does not have)."""
+        given = NodeParams.from_address(address) if address else None
+        if given is None or any(given.reserved0) or given.reserved2 or not 0 <= given.type <= CONDITIONAL:
+            return invalid
+        if given.type == MEMCPY and given.memcpy.reserved:
+            return invalid
+        params = driver.CUgraphNodeParams()
+        params.type = driver.CUgraphNodeType(given.type)
+        params.kernel = kernel(ctypes.addressof(given.kernel))
+        for name, _kind in MemsetNodeParamsV2._fields_:
+            setattr(params.memset, name, getattr(given.memset, name))
+        params.memcpy.flags, params.memcpy.copyCtx = given.memcpy.flags, given.memcpy.copyCtx
+        params.memcpy.copyParams = copy(ctypes.addressof(given.memcpy.copyParams))
+        params.graph.graph, params.graph.ownership = given.graph.graph, given.graph.ownership
+        params.eventRecord.event, params.eventWait.event = given.eventRecord.event, given.eventWait.event
+        condition = params.conditional
+        condition.handle, condition.type = given.conditional.handle, given.conditional.type
+        condition.size, condition.ctx = given.conditional.size, given.conditional.ctx
+        return params
+
+    bodies_kept: list[Any] = []
+
+    def add_node(out: int | None, graph: int, deps: int | None, data: int | None, count: int,
+                 address: int | None) -> int:
+        if not out or (count and not deps):
+            return invalid
+        params = node_params(address)
+        if isinstance(params, int):
+            return params
+        objects = None
+        if data and count:
+            objects = []
+            for value in (U64 * count).from_address(data):
+                edge = CUgraphEdgeData()
+                edge.from_port, edge.to_port = value & 0xFF, (value >> 8) & 0xFF
+                edge.type = driver.CUgraphDependencyType((value >> 16) & 0xFF)
+                objects.append(edge)
+        status, node = driver.cuGraphAddNode(graph, node_list(deps, count), objects, count, params)
+        if int(status) == SUCCESS:
+            U64.from_address(out).value = int(node)
+            if params.conditional.phGraph_out is not None:
+                bodies = [int(body) for body in params.conditional.phGraph_out]
+                bodies_kept.append((U64 * len(bodies))(*bodies))
+                NodeParams.from_address(address).conditional.phGraph_out = ctypes.addressof(bodies_kept[-1])
+        return int(status)
+
+    not_supported = 801
+
+    def set_params(graph_exec: int | None, node: int, address: int | None) -> int:
+        """cuGraphNodeSetParams (graph_exec None) and cuGraphExecNodeSetParams by the type's own setter."""
+        params = node_params(address)
+        if isinstance(params, int):
+            return params
+        given = NodeParams.from_address(address)
+        kind, prefix = given.type, ("cuGraph" if graph_exec is None else "cuGraphExec")
+        handles = [node] if graph_exec is None else [graph_exec, node]
+        if kind == KERNEL:
+            return int(getattr(driver, prefix + "KernelNodeSetParams")(*handles, params.kernel)[0])
+        if kind == MEMSET:
+            memset_params = memset(ctypes.addressof(given.memset))
+            context = [] if graph_exec is None else [given.memset.ctx]
+            return int(getattr(driver, prefix + "MemsetNodeSetParams")(*handles, memset_params, *context)[0])
+        if kind == MEMCPY:
+            context = [] if graph_exec is None else [given.memcpy.copyCtx]
+            return int(getattr(driver, prefix + "MemcpyNodeSetParams")(*handles, params.memcpy.copyParams,
+                                                                        *context)[0])
+        if kind == EMPTY:
+            status, found = driver.cuGraphNodeGetType(node)
+            return int(status) if int(status) != SUCCESS else SUCCESS if int(found) == EMPTY else invalid
+        return not_supported  # the types the native driver does not set (the test names them)
+
+    def handle_create(out: int, graph: int, context: int, default: int, flags: int) -> int:
+        status, handle = driver.cuGraphConditionalHandleCreate(graph, context, default, flags)
+        if int(status) == SUCCESS:
+            U64.from_address(out).value = int(handle)
+        return int(status)
+
     table.update({
         "cuGraphCreate": create,
         "cuEventRecord": lambda *args: int(driver.cuEventRecord(*args)[0]),
@@ -611,13 +951,20 @@ def fake_table(driver: Any) -> Table:
         "cuGraphMemcpyNodeSetParams": setting("cuGraphMemcpyNodeSetParams", copy, 1),
         "cuGraphExecMemcpyNodeSetParams": setting("cuGraphExecMemcpyNodeSetParams", copy, 2),
         "cuGraphExecUpdate": update,
+        "cuGraphAddNode": add_node,
+        "cuGraphNodeSetParams": lambda node, address: set_params(None, node, address),
+        "cuGraphExecNodeSetParams": set_params,
+        "cuGraphConditionalHandleCreate": handle_create,
+        "cuGraphDestroyNode": lambda node: int(driver.cuGraphDestroyNode(node)[0]),
     })
+    table["_kept_bodies"] = bodies_kept  # type: ignore[assignment]
     return table
 
 
 def main(argv: list[str]) -> int:
     table = library_table(ctypes.CDLL(argv[0], mode=ctypes.RTLD_GLOBAL))
-    transcript = GraphNodeProgram(table, pinned="pinned" in argv[1:]).run()
+    program = AddNodeProgram if "add-node" in argv[1:] else GraphNodeProgram
+    transcript = program(table, pinned="pinned" in argv[1:]).run()
     print(json.dumps({"transcript": transcript}))
     return 0
 

@@ -42,9 +42,8 @@ CASES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
 }
 # case, or case-path, -> why it does not pass forwarded (a strict xfail: it starts failing the day it passes)
 GAPS: dict[str, str] = {
-    "jax_default": "XLA's command buffers add child-graph (and conditional) nodes with cuGraphAddNode, whose "
-                   "CUgraphNodeParams union is not forwarded yet (measured on the H200; the node-by-node calls "
-                   "it used before that are)",
+    "jax_default": "XLA's command buffers add child-graph nodes (moved) and conditional nodes with cuGraphAddNode, "
+                   "which answered 801 on the H200; built since on the CPU machine and not yet run on a GPU",
     "torch_pinned_dataloader-relayed": "a DataLoader with pin_memory=True answers CUDA_ERROR_NOT_SUPPORTED on a "
                                        "relayed session (seen on the H200, cause not yet found; local passes)",
     "cupy_cusolver": "cuBLAS (under cuSOLVER) calls entries 51 and 39 of the driver-private export table 21318c60, "

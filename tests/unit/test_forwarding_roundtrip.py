@@ -410,6 +410,8 @@ GENERIC_INPUTS: dict[str, Callable[[Env], tuple[Any, ...]]] = {
     "cuGraphLaunch": lambda e: (e.graph_exec(), e.stream),
     "cuGraphUpload": lambda e: (e.graph_exec(), e.stream),
     "cuGraphNodeGetType": lambda e: e.captured_node(),
+    "cuGraphConditionalHandleCreate": lambda e: (e.g.ok("cuGraphCreate", 0), e.ctx, 1, 1),
+    "cuGraphDestroyNode": lambda e: e.captured_node(),
 }
 # Generic calls the executor answers itself (guest ordinals): inputs and the outputs the guest must get.
 ANSWERED_BY_EXECUTOR: dict[str, tuple[tuple[Any, ...], list[Any]]] = {
