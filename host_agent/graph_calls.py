@@ -258,8 +258,8 @@ class GraphCalls:
         err, node = getattr(self.driver, call.name)(graph, nodes or None, len(nodes), event)
         return self._made(call, err, node)
 
-    @HOST.serves("cuGraphAddMemsetNode")
-    def _add_memset_node(self, call: DriverCall, payload: bytes) -> Reply:
+    @HOST.serves("cuGraphAddMemsetNode", "cuGraphAddMemcpyNode")
+    def _add_memset_or_memcpy_node(self, call: DriverCall, payload: bytes) -> Reply:
         graph, context, *fields, deps = call.request.decode(payload)
         if not self._owned("CUgraph", graph):
             return Reply(INVALID_VALUE)
@@ -268,26 +268,10 @@ class GraphCalls:
             return nodes
         if (refused := self._context_refused(context)) is not None:
             return Reply(refused)
-        err, params = self._memset_node(fields)
+        err, params = self._copy_or_set_params(call.name, fields)
         if err != SUCCESS:
             return Reply(err)
-        err, node = self.driver.cuGraphAddMemsetNode(graph, nodes or None, len(nodes), params, context)
-        return self._made(call, err, node)
-
-    @HOST.serves("cuGraphAddMemcpyNode")
-    def _add_memcpy_node(self, call: DriverCall, payload: bytes) -> Reply:
-        graph, context, *fields, deps = call.request.decode(payload)
-        if not self._owned("CUgraph", graph):
-            return Reply(INVALID_VALUE)
-        nodes = self._dependencies(call, deps)
-        if isinstance(nodes, Reply):
-            return nodes
-        if (refused := self._context_refused(context)) is not None:
-            return Reply(refused)
-        err, params = self._memcpy_node(fields)
-        if err != SUCCESS:
-            return Reply(err)
-        err, node = self.driver.cuGraphAddMemcpyNode(graph, nodes or None, len(nodes), params, context)
+        err, node = getattr(self.driver, call.name)(graph, nodes or None, len(nodes), params, context)
         return self._made(call, err, node)
 
     @HOST.serves("cuGraphAddKernelNode")
@@ -575,7 +559,7 @@ class GraphCalls:
         return Reply(int(err))
 
     def _copy_or_set_params(self, name: str, fields: list[Any]) -> tuple[int, Any]:
-        """A memset or memcpy node's parameters (for the call `name`), checked as when the node was added."""
+        """A memset or memcpy node's parameters (for the call `name`, which adds or sets one), checked."""
         return self._memset_node(fields) if "Memset" in name else self._memcpy_node(fields)
 
     @HOST.serves("cuGraphMemsetNodeSetParams", "cuGraphMemcpyNodeSetParams")

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests import forwarding_rig, relay_net
+from tests import forwarding_rig
 from tests.differential.capture_graphs import WORDS, CaptureGraphProgram, fake_table
 from tests.differential.pool_kernels import ADD_PTX
 from tests.fake_driver import CUresult, CUstreamCaptureStatus, FakeDriver
@@ -32,7 +32,6 @@ bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_r
 
 REPO = Path(__file__).resolve().parents[2]
 NATIVE_TIMEOUT_S = 50
-PATHS = ["local", "relayed-tcp"]
 # cuStreamGetCaptureInfo is being made forwarded. The native library forwards it; the capsule path still answers
 # CUDA_ERROR_NOT_SUPPORTED (guest_runtime/forward.py NATIVE_ONLY), so the program runs without its capture-info
 # steps there. When it forwards it, its xfail below XPASSes: set its entry True and delete that xfail.
@@ -52,21 +51,6 @@ def _step(transcript: list[list[Any]], name: str) -> list[Any]:
     found = [entry for entry in transcript if entry[0] == name]
     assert len(found) == 1, f"no single step {name!r}"
     return found[0]
-
-
-@pytest.fixture(params=PATHS)
-def served(request: pytest.FixtureRequest, start: Callable[..., Rig]) -> Rig:
-    relayed = request.param == "relayed-tcp"
-    if relayed and relay_net.why_not():
-        pytest.skip(relay_net.why_not())
-    return start(relayed=relayed)
-
-
-@pytest.fixture
-def relayed(start: Callable[..., Rig]) -> Rig:
-    if relay_net.why_not():
-        pytest.skip(relay_net.why_not())
-    return start(relayed=True)
 
 
 def _native(served: Rig, library: Path, *switches: str) -> list[list[Any]]:

@@ -19,13 +19,10 @@ import functools
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests import forwarding_rig, relay_net
+from tests import forwarding_rig
 from tests.differential.corpus import Runner, compare, fake_table, first_difference, sequence
 from tests.differential.pool_kernels import PoolKernelProgram, fake_table_with_kernels
 from tests.fake_driver import FakeDriver
@@ -36,21 +33,12 @@ bounded, start = forwarding_rig.bounded, forwarding_rig.start  # the rig's fixtu
 REPO = Path(__file__).resolve().parents[2]
 SEEDS = range(1, 5)
 NATIVE_TIMEOUT_S = 50
-PATHS = ["local", "relayed-tcp"]
 
 
 @functools.cache
 def reference(seed: int) -> list[list[Any]]:
     """The fake driver's own transcript of `seed` (deterministic: computed once per test process)."""
     return Runner(fake_table(FakeDriver(devices=1))).run(sequence(seed))
-
-
-@pytest.fixture(params=PATHS)
-def served(request: pytest.FixtureRequest, start: Callable[..., Rig]) -> Rig:
-    relayed = request.param == "relayed-tcp"
-    if relayed and relay_net.why_not():
-        pytest.skip(relay_net.why_not())
-    return start(relayed=relayed)
 
 
 def _assert_as_the_fake(transcripts: list[list[list[Any]]]) -> None:

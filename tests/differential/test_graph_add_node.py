@@ -17,7 +17,6 @@ import functools
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import pytest
 from host_agent.graph_calls import MAX_CONDITIONAL_BODIES
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Status
-from tests import forwarding_rig, relay_net
+from tests import forwarding_rig
 from tests.differential.graph_nodes import WORDS, AddNodeProgram, fake_table
 from tests.differential.test_graph_nodes import SessionDriver, _first_difference, _step
 from tests.fake_driver import FakeDriver
@@ -49,19 +48,6 @@ NODE_CALLS = {name for name in CALLS if name.startswith("cuGraphAdd") and name.e
 def reference() -> list[list[Any]]:
     """The fake driver's own transcript (deterministic: computed once per test process)."""
     return AddNodeProgram(fake_table(FakeDriver(devices=1)), pinned=False).run()
-
-
-@pytest.fixture(params=["local", "relayed-tcp"])
-def served(request: pytest.FixtureRequest, start: Callable[..., Rig]) -> Rig:
-    relayed = request.param == "relayed-tcp"
-    if relayed and relay_net.why_not():
-        pytest.skip(relay_net.why_not())
-    return start(relayed=relayed, fake_class=FakeDriver)
-
-
-@pytest.fixture
-def local(start: Callable[..., Rig]) -> Rig:
-    return start(relayed=False, fake_class=FakeDriver)
 
 
 def _native(rig: Rig, library: Path, *args: str, script: str | None = None) -> tuple[Any, str]:

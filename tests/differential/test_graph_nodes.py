@@ -18,7 +18,6 @@ import json
 import struct
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from host_agent.graph_calls import MAX_DEPENDENCIES
 from host_agent.handler import Reply, Session
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Record, Status
-from tests import forwarding_rig, relay_net
+from tests import forwarding_rig
 from tests.differential.graph_nodes import WORDS, GraphNodeProgram, fake_table
 from tests.differential.pool_kernels import ADD_PTX
 from tests.fake_driver import CUresult, FakeDriver
@@ -39,7 +38,6 @@ bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_r
 
 REPO = Path(__file__).resolve().parents[2]
 NATIVE_TIMEOUT_S = 50
-PATHS = ["local", "relayed-tcp"]
 INVALID_VALUE, NOT_SUPPORTED = 1, 801
 GRAPH_CALLS = sorted(name for name, call in CALLS.items() if name.startswith("cuGraph") and not call.generic)
 
@@ -61,21 +59,6 @@ def _first_difference(want: list[list[Any]], got: list[list[Any]]) -> str:
         if a != b:
             return f"step {a[0]!r}: the fake's {a[1:]}, this path's {b[1:]}"
     return "" if len(want) == len(got) else f"{len(want)} steps in the reference, {len(got)} here"
-
-
-@pytest.fixture(params=PATHS)
-def served(request: pytest.FixtureRequest, start: Callable[..., Rig]) -> Rig:
-    relayed = request.param == "relayed-tcp"
-    if relayed and relay_net.why_not():
-        pytest.skip(relay_net.why_not())
-    return start(relayed=relayed)
-
-
-@pytest.fixture
-def relayed(start: Callable[..., Rig]) -> Rig:
-    if relay_net.why_not():
-        pytest.skip(relay_net.why_not())
-    return start(relayed=True)
 
 
 def _native(served: Rig, library: Path, *switches: str, script: str | None = None) -> Any:
