@@ -78,12 +78,22 @@ def load_native(path: str) -> None:
             ctypes.CDLL(alias, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
 
 
+_said_no_native = False
+
+
 def autoload() -> None:
     """Turn forwarding on if Orion's environment is set and this is not a host-side command: the native driver
-    where it is installed, else the capsule path; a failure is one line on stderr, never a broken start-up."""
+    where it is installed, else the capsule path (one line on stderr says so, unless ORION_NATIVE=0 asked for it);
+    a failure is one line on stderr, never a broken start-up."""
     if not wanted() or runs_host_side():
         return
-    native, _why = native_library()
+    native, why = native_library()
+    global _said_no_native
+    if native is None and why.startswith("no native driver") and not _said_no_native:  # say once what it lacks
+        _said_no_native = True
+        print(f"orion: {why}; using the capsule path, which serves cuda-python programs but not PyTorch, CuPy or "
+              "JAX (install orion-guest where a C compiler is, or the prebuilt wheel `make wheels` writes: "
+              "docs/native-driver.md)", file=sys.stderr)
     if native:
         try:
             load_native(native)

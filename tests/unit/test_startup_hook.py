@@ -69,6 +69,22 @@ def test_which_path_a_process_takes(native_driver: str, tmp_path: object) -> Non
     assert path is None and "no native driver at /nonexistent/libcuda.so.1" in why
 
 
+def test_a_process_without_the_native_driver_says_so_once_unless_it_asked_for_the_capsule_path() -> None:
+    """An orion-guest installed where no compiler was (pip hides the build hook's line) has no native driver: the
+    program is told, in one line at start, that frameworks need it and how to get it."""
+    script = "import guest_runtime.startup as s; s.autoload(); print('STARTED')"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+    base |= {"ORION_SHM": "/nonexistent/orionsock0", "ORION_NATIVE_LIB": "/nonexistent/libcuda.so.1"}
+    for extra, told in (({}, True), ({"ORION_NATIVE": "0"}, False)):
+        done = subprocess.run([sys.executable, "-c", script], env=base | extra, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0 and "STARTED" in done.stdout, done.stderr
+        lines = [line for line in done.stderr.splitlines() if "no native driver at" in line]
+        assert len(lines) == (1 if told else 0), done.stderr
+        if told:
+            assert "make wheels" in lines[0] and "PyTorch" in lines[0]
+
+
 def test_a_function_whose_wheel_signature_differs_is_left_to_the_fallback(caplog: pytest.LogCaptureFixture) -> None:
     """Another cuda-bindings' cuCtxCreate (say, 12.x's three parameters) would be handed arguments the table's
     implementation misreads: it is not forwarded, and the log says why and what to install."""
