@@ -87,6 +87,8 @@ WIRE_C = {"i32": "int32_t", "u32": "uint32_t", "u64": "uint64_t", "u8": "uint8_t
           "f32": "float"}
 # Written in cuda_client.c, under their ABI symbol: the name table maps the API name to it.
 IN_CLIENT = {"cuGetProcAddress": "cuGetProcAddress_v2"}
+# The guest hook a generated destroy of these handles calls (graph_calls.c).
+GRAPH_DESTROYED = {"CUgraphNode": "orion_graph_node_destroyed", "CUgraph": "orion_graph_destroyed"}
 C_WORDS = frozenset({"void", "char", "int", "long", "short", "unsigned", "float", "double", "size_t"})
 WIDTH = {"i32": 4, "u32": 4, "u64": 8, "u8": 1, "u16": 2, "f32": 4}
 
@@ -107,7 +109,8 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
     """The statements a generic call's table effects run after success (hooks of orion_guest.h and
     param_layouts.h): the device ranges unified addressing reads (allocates, reserves: the first output and the
     first input's size; frees, unreserves: the first input), forgotten parameter layouts (unloads: the handles
-    may name other functions later) and cuInit's success, as forward.py's `_generic` keeps them."""
+    may name other functions later), cuInit's success, as forward.py's `_generic` keeps them, and a destroyed
+    graph's or node's conditional bodies (graph_calls.c)."""
     after: list[str] = []
     effects = call["effects"]
     if "initializes" in effects:
@@ -119,6 +122,9 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
         after.append("    orion_function_answers_forget();")
     if "frees" in effects or "unreserves" in effects:
         after.append(f"    orion_range_remove((uint64_t){names[0]});")
+    destroyed = GRAPH_DESTROYED.get(call["params"][0]["ctype"]) if "destroys" in effects else None
+    if destroyed:  # graph_calls.c keeps conditional nodes' body arrays until their node or graph goes
+        after.append(f"    {destroyed}({names[0]});")
     return after
 
 

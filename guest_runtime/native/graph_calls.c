@@ -769,22 +769,14 @@ size_t orion_graph_conditionals_kept(void) {
     return kept;
 }
 
-/* cuGraphDestroyNode and cuGraphDestroy (forwarded by construction), as generated, and then what they destroyed
- * forgotten here. */
-CUresult cuGraphDestroyNode(CUgraphNode node) {
-    uint8_t req[8];
-    orion_put_u64(req, handle_word(node));
-    int status = hand_forward(ORION_OP_cuGraphDestroyNode, req, sizeof req, NULL, 0);
-    if (status == CUDA_SUCCESS && node) conditionals_forget(node, NULL);
-    return status;
+/* The generated cuGraphDestroyNode and cuGraphDestroy call these once the host destroyed it (their `destroys`
+ * effect: gen_libcuda._effect_hooks): the conditional bodies kept for it are forgotten. */
+void orion_graph_node_destroyed(CUgraphNode node) {
+    if (node) conditionals_forget(node, NULL);
 }
 
-CUresult cuGraphDestroy(CUgraph graph) {
-    uint8_t req[8];
-    orion_put_u64(req, handle_word(graph));
-    int status = hand_forward(ORION_OP_cuGraphDestroy, req, sizeof req, NULL, 0);
-    if (status == CUDA_SUCCESS && graph) conditionals_forget(NULL, graph);
-    return status;
+void orion_graph_destroyed(CUgraph graph) {
+    if (graph) conditionals_forget(NULL, graph);
 }
 
 /* --- the generic node calls (CUgraphNodeParams) --------------------------------------------------------------- */

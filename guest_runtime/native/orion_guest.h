@@ -82,6 +82,9 @@ struct orion_host_range { uint64_t base, size; unsigned flags; int owned; };
 int orion_host_range_find(uint64_t pointer, struct orion_host_range *range);
 /* --- graph_calls.c: cuGetProcAddress's answer for a graph entry point whose ABI changed (or NULL) --------------- */
 void *orion_graph_versioned_entry(const char *symbol, int version);
+/* A graph or node the host destroyed (the generated destroy calls' hook): what the guest kept for it goes. */
+void orion_graph_node_destroyed(CUgraphNode node);
+void orion_graph_destroyed(CUgraph graph);
 
 /* `size` bytes of the pool itself, never the fallback (memory the GPU must reach: host_functions.c): a CUresult. */
 int orion_pool_alloc(void **pp, size_t size);

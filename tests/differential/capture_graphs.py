@@ -87,6 +87,13 @@ def library_table(library: ctypes.CDLL, by_api_name: tuple[str, ...] = ()) -> Ta
     return table
 
 
+def read_words(table: Table, pointer: int) -> list[Any]:
+    """The WORDS u32 words at device `pointer`, or why they could not be read (a step's value, compared)."""
+    cells = (U32 * WORDS)()
+    status = table["cuMemcpyDtoH"](ctypes.addressof(cells), pointer, 4 * WORDS)
+    return list(cells) if status == SUCCESS else [f"read failed: {status}"]
+
+
 class CaptureGraphProgram:
     """Runs the program against a C-ABI driver `table` that has corpus.PROTOTYPES, pool_kernels.PROTOTYPES and
     PROTOTYPES above (see the module docstring for `capture_info` and `pinned_copies`)."""
@@ -126,9 +133,7 @@ class CaptureGraphProgram:
                                             ctypes.addressof(params), None))
 
     def _read(self, pointer: int) -> list[Any]:
-        cells = (U32 * WORDS)()
-        status = self.t["cuMemcpyDtoH"](ctypes.addressof(cells), pointer, 4 * WORDS)
-        return list(cells) if status == SUCCESS else [f"read failed: {status}"]
+        return read_words(self.t, pointer)
 
     def _memory(self) -> dict[str, list[Any]]:
         found = {name: self._read(pointer) for name, pointer in self.buffers.items()}

@@ -55,7 +55,7 @@ from tests.differential import capture_graphs
 from tests.differential.corpus import NON_BLOCKING, SUCCESS, Table, ctypes_table
 from tests.differential.pool_kernels import ADD_PTX
 
-WORDS = 16  # the u32 words of each device buffer the program uses and shows
+WORDS = capture_graphs.WORDS  # the u32 words of each device buffer the program uses and shows (read_words)
 NULL_NODE = -1
 U32, U64, I32, SZ = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t
 P, UI = ctypes.c_void_p, ctypes.c_uint
@@ -209,9 +209,7 @@ class GraphNodeProgram:
         return self.made.index(handle) if handle in self.made else "unknown"
 
     def _read(self, pointer: int) -> list[Any]:
-        cells = (U32 * WORDS)()
-        status = self.t["cuMemcpyDtoH"](ctypes.addressof(cells), pointer, 4 * WORDS)
-        return list(cells) if status == SUCCESS else [f"read failed: {status}"]
+        return capture_graphs.read_words(self.t, pointer)
 
     def _memory(self) -> dict[str, list[Any]]:
         found = {name: self._read(pointer) for name, pointer in self.buffers.items()}
@@ -335,7 +333,9 @@ class GraphNodeProgram:
                 self.t["cuStreamSynchronize"](self.stream)]
 
     # --- the program ----------------------------------------------------------------------------------------------
-    def run(self) -> list[list[Any]]:
+    def _set_up(self, names: tuple[str, ...]) -> tuple[int, int]:
+        """The context, the ADD kernel, a non-blocking stream and the buffers `names` (the first holding 0..WORDS-1,
+        the rest zero), noted as the first step; two events: one for the program, one recorded outside any graph."""
         t = self.t
         device = I32()
         t["cuInit"](0)
@@ -345,15 +345,19 @@ class GraphNodeProgram:
         module = self._out("cuModuleLoadData", ctypes.addressof(self.image))
         self.function = self._out("cuModuleGetFunction", module, b"orion_fake_add_u32")
         self.stream = self._out("cuStreamCreate", NON_BLOCKING)
-        event = self._out("cuEventCreate", 0)
-        outside = self._out("cuEventCreate", 0)
-        names = ("words", "marks", "copy", "spare", "grid", "grid2", "staged")
+        event, outside = self._out("cuEventCreate", 0), self._out("cuEventCreate", 0)
         self.buffers = {name: self._out("cuMemAlloc", 4 * WORDS) for name in names}
         b = self.buffers
         initial = (U32 * WORDS)(*range(WORDS))
-        self.note("initial memory", [t["cuMemcpyHtoD"](b["words"], ctypes.addressof(initial), 4 * WORDS),
+        self.note("initial memory", [t["cuMemcpyHtoD"](b[names[0]], ctypes.addressof(initial), 4 * WORDS),
                                      *[t["cuMemsetD32"](b[n], 0, WORDS) for n in names[1:]], t["cuCtxSynchronize"](),
                                      t["cuEventRecord"](outside, 0)])
+        return event, outside
+
+    def run(self) -> list[list[Any]]:
+        t = self.t
+        event, outside = self._set_up(("words", "marks", "copy", "spare", "grid", "grid2", "staged"))
+        context, b = self.context, self.buffers
         if self.pinned:
             pinned_in, pinned_out = self._out("cuMemAllocHost", 4 * WORDS), self._out("cuMemAllocHost", 4 * WORDS)
             self.pinned_in = (U32 * WORDS).from_address(pinned_in)
@@ -568,23 +572,9 @@ class AddNodeProgram(GraphNodeProgram):
 
     def run(self) -> list[list[Any]]:
         t = self.t
-        device = I32()
-        t["cuInit"](0)
-        t["cuDeviceGet"](ctypes.addressof(device), 0)
-        self.context = context = self._out("cuDevicePrimaryCtxRetain", device.value)
-        t["cuCtxSetCurrent"](context)
-        module = self._out("cuModuleLoadData", ctypes.addressof(self.image))
-        self.function = self._out("cuModuleGetFunction", module, b"orion_fake_add_u32")
-        self.stream = self._out("cuStreamCreate", NON_BLOCKING)
-        event, outside = self._out("cuEventCreate", 0), self._out("cuEventCreate", 0)
-        names = ("words", "marks", "copy", "spare", "if", "while", "switch", "else", "moved")
-        self.buffers = {name: self._out("cuMemAlloc", 4 * WORDS) for name in names}
+        event, outside = self._set_up(("words", "marks", "copy", "spare", "if", "while", "switch", "else", "moved"))
         self.pinned = False
-        b = self.buffers
-        initial = (U32 * WORDS)(*range(WORDS))
-        self.note("initial memory", [t["cuMemcpyHtoD"](b["words"], ctypes.addressof(initial), 4 * WORDS),
-                                     *[t["cuMemsetD32"](b[n], 0, WORDS) for n in names[1:]], t["cuCtxSynchronize"](),
-                                     t["cuEventRecord"](outside, 0)])
+        context, b = self.context, self.buffers
 
         self.graph = graph = self._out("cuGraphCreate", 0)
         child, moved = self._out("cuGraphCreate", 0), self._out("cuGraphCreate", 0)
