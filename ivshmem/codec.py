@@ -21,7 +21,8 @@ from .errors import RecordError
 SCALARS = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "i32": "i", "i64": "q", "f32": "f", "f64": "d"}
 VARIABLE = ("bytes", "str", "u64[]", "tail")
 _ARRAY = re.compile(r"\[([bBhHiIqQfdx0-9s]+)\]")  # a struct array: its item's struct codes
-_LEN = struct.Struct("<I")
+LENGTH = struct.Struct("<I")  # the u32 length (`bytes`, `str`) or item count (arrays) before a variable field
+_LEN = LENGTH
 
 
 def _is_variable(kind: str) -> bool:
@@ -163,6 +164,28 @@ class Schema:
         if item is not None:
             return list(item.iter_unpack(chunk))
         return list(struct.unpack_from(f"<{count}Q", chunk))
+
+    def offsets(self) -> dict[str, int]:
+        """Where each field whose place is fixed begins in an encoded payload: every scalar, at its offset in `fixed`
+        (the scalars packed in declaration order, no padding), and the first variable field, which begins where
+        `fixed` ends (its u32 length or count; a tail's first byte). A later variable field's place depends on
+        the values before it. Read from `fixed`'s own format, so it cannot disagree with what `encode` writes."""
+        codes = self.fixed.format[1:]
+        offsets: dict[str, int] = {}
+        scalar = 0
+        for field, kind in self.fields:
+            if kind in SCALARS:
+                offsets[field] = struct.calcsize("<" + codes[:scalar])
+                scalar += 1
+        variable = [field for field, kind in self.fields if kind not in SCALARS]
+        if variable:
+            offsets[variable[0]] = self.fixed.size
+        return offsets
+
+    def item(self, field: str) -> struct.Struct | None:
+        """The packed item of an array field (`[fmt]`, `u64[]`), else None."""
+        kind = dict(self.fields)[field]
+        return struct.Struct("<Q") if kind == "u64[]" else self._items.get(kind)
 
     def describe(self) -> list[dict[str, str]]:
         """The fields as data (name, kind), for generators and docs."""

@@ -15,7 +15,7 @@ Each entry declares, once, everything the guest (guest_runtime/forward.py) and t
 
 Each side serves hand-written calls through an explicit `Handlers` registry, checked against this table at
 import and by the tests. `describe()` gives the table as data (`python -m ivshmem.driver_api json`) for the
-generator of the native guest library and for docs/api-table.md (`python -m ivshmem.driver_api markdown`), and
+generator of the native guest library and for docs/api-table.md (`markdown()`, which the generator completes), and
 `table_digest()`, a digest of all of it, is compared at HELLO: a guest and an agent built from different tables
 refuse each other in one line.
 
@@ -738,12 +738,15 @@ def _fields_text(schema: Schema | None) -> str:
 
 
 def markdown() -> str:
-    """docs/api-table.md: the table as a page, generated so that it cannot drift from the code."""
+    """docs/api-table.md but its last section (where each hand-written call's C lives, which
+    guest_runtime/native/gen_libcuda.py adds: `api_table_page`): the table as a page, generated so that it cannot
+    drift from the code."""
     lines = [
         "# Forwarded CUDA driver calls",
         "",
-        "Generated from `ivshmem/driver_api.py` by `python -m ivshmem.driver_api markdown > docs/api-table.md`;",
-        "tests/unit/test_driver_api.py fails when this page is stale. Do not edit it by hand.",
+        "Generated from `ivshmem/driver_api.py` (and, for its last section, the native driver's C files) by",
+        "`python -m guest_runtime.native.gen_libcuda --api-table > docs/api-table.md`; tests/unit/test_driver_api.py",
+        "fails when this page is stale. Do not edit it by hand.",
         "",
         f"Table digest `{table_digest()}` (compared at HELLO: docs/wire-protocol.md). {len(CALLS)} calls, "
         f"{sum(c.generic for c in CALLS.values())} of them generic (marshalled from the table alone), "

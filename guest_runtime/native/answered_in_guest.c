@@ -63,23 +63,30 @@ enum { CAPTURE_MAX_DEPENDENCIES = 1024, CUDA_ERROR_LOSSY_QUERY_CODE = 402 };
 static _Thread_local CUgraphNode capture_nodes[CAPTURE_MAX_DEPENDENCIES];
 static _Thread_local uint64_t capture_edges[CAPTURE_MAX_DEPENDENCIES]; /* CUgraphEdgeData's 8 bytes each */
 
+/* The reply's two counted lists of u64 (`nodes`, then `edges`), items of one size. */
+#define CAPTURE_ITEM ORION_REP_cuStreamGetCaptureInfo_nodes_ITEM
+_Static_assert(ORION_REP_cuStreamGetCaptureInfo_edges_ITEM == CAPTURE_ITEM, "nodes and edges: items of one size");
+
 /* A counted list of u64 at `at` (u32 count, then the items) within `len` bytes: its count, or -1 if it does not fit. */
 static long counted_u64s(const uint8_t *at, size_t len, size_t *used) {
-    if (len < 4) return -1;
+    if (len < ORION_LENGTH_BYTES) return -1;
     uint32_t count = orion_get_u32(at);
-    if (count > CAPTURE_MAX_DEPENDENCIES || 4 + (size_t)count * 8 > len) return -1;
-    *used = 4 + (size_t)count * 8;
+    if (count > CAPTURE_MAX_DEPENDENCIES || ORION_LENGTH_BYTES + (size_t)count * CAPTURE_ITEM > len) return -1;
+    *used = ORION_LENGTH_BYTES + (size_t)count * CAPTURE_ITEM;
     return (long)count;
 }
 
 CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
                                 const CUgraphNode **dependencies, const CUgraphEdgeData **edges, size_t *count) {
     if (!status) return CUDA_ERROR_INVALID_VALUE;
-    enum { HEAD = 20, TAIL = 2 * (4 + 8 * CAPTURE_MAX_DEPENDENCIES) };
+    /* the reply's fixed part, then its lists (`nodes` first, right after the fixed part) */
+    enum { HEAD = ORION_REP_cuStreamGetCaptureInfo_SIZE,
+           TAIL = 2 * (ORION_LENGTH_BYTES + CAPTURE_ITEM * CAPTURE_MAX_DEPENDENCIES) };
+    _Static_assert(ORION_REP_cuStreamGetCaptureInfo_nodes == HEAD, "the tail begins with the nodes' count");
     static _Thread_local uint8_t tail[TAIL];
-    uint8_t req[8], head[HEAD];
+    uint8_t req[ORION_REQ_cuStreamGetCaptureInfo_SIZE], head[HEAD];
     size_t tail_len = 0;
-    orion_put_u64(req, (uint64_t)(uintptr_t)stream);
+    orion_put_u64(req + ORION_REQ_cuStreamGetCaptureInfo_stream, (uint64_t)(uintptr_t)stream);
     struct orion_piece piece = {req, sizeof req};
     CUresult rc = orion_thread_forwardv(ORION_OP_cuStreamGetCaptureInfo, &piece, 1, head, sizeof head, tail,
                                         sizeof tail, &tail_len, 0);
@@ -94,15 +101,16 @@ CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus *status, 
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     for (long i = 0; i < nodes; i++) {
-        capture_nodes[i] = (CUgraphNode)(uintptr_t)orion_get_u64(tail + 4 + 8 * i);
-        capture_edges[i] = edge_count ? orion_get_u64(tail + first + 4 + 8 * i) : 0; /* no data: default edges */
+        capture_nodes[i] = (CUgraphNode)(uintptr_t)orion_get_u64(tail + ORION_LENGTH_BYTES + CAPTURE_ITEM * i);
+        capture_edges[i] = edge_count ? orion_get_u64(tail + first + ORION_LENGTH_BYTES + CAPTURE_ITEM * i)
+                                      : 0; /* no data: default edges */
     }
     if (!edges)  /* edges with data of their own, and nowhere to say so: the driver's answer */
         for (long i = 0; i < nodes; i++)
             if (capture_edges[i]) return CUDA_ERROR_LOSSY_QUERY_CODE;
-    *status = (CUstreamCaptureStatus)(int32_t)orion_get_u32(head);
-    if (id) *id = orion_get_u64(head + 4);
-    if (graph) *graph = (CUgraph)(uintptr_t)orion_get_u64(head + 12);
+    *status = (CUstreamCaptureStatus)(int32_t)orion_get_u32(head + ORION_REP_cuStreamGetCaptureInfo_status);
+    if (id) *id = orion_get_u64(head + ORION_REP_cuStreamGetCaptureInfo_id);
+    if (graph) *graph = (CUgraph)(uintptr_t)orion_get_u64(head + ORION_REP_cuStreamGetCaptureInfo_graph);
     if (dependencies) *dependencies = nodes ? capture_nodes : NULL;
     if (edges) *edges = nodes ? (const CUgraphEdgeData *)(const void *)capture_edges : NULL;
     if (count) *count = (size_t)nodes;

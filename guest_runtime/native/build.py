@@ -33,16 +33,17 @@ def build_library(output: str | os.PathLike[str]) -> Path:
 
 def build_driver(output: str | os.PathLike[str]) -> Path:
     """The native guest driver: the entry points generated from the call table (gen_libcuda.py, written beside
-    `output`) and every C file of this directory (the process's channel, the wire client, the hand-written calls,
-    the export tables), as a library whose SONAME is libcuda.so.1 that also exports cuda.h's versioned names
-    (cuMemAlloc_v2...) as the real driver does."""
-    from guest_runtime.native.gen_libcuda import abi_aliases, generate, generate_header
+    `output` with the headers orion_calls.h and orion_layouts.h) and every C file of this directory (the process's
+    channel, the wire client, the hand-written calls, the export tables), as a library whose SONAME is libcuda.so.1
+    that also exports cuda.h's versioned names (cuMemAlloc_v2...) as the real driver does."""
+    from guest_runtime.native.gen_libcuda import abi_aliases, generate, generate_header, generate_layouts
 
     target = Path(output)
     target.parent.mkdir(parents=True, exist_ok=True)
     calls = target.with_name(target.name + ".calls.c")
     calls.write_text(generate())
     target.with_name("orion_calls.h").write_text(generate_header())
+    target.with_name("orion_layouts.h").write_text(generate_layouts())  # payload offsets and sizes
     aliases = [f"-Wl,--defsym,{alias}={name}" for alias, name in abi_aliases()]  # cuMemAlloc_v2 = cuMemAlloc
     _compile(target, [calls, *sorted(SOURCE_DIR.glob("*.c"))],
              ["-Wl,-soname,libcuda.so.1", f"-I{SOURCE_DIR}", f"-I{target.parent}", *aliases])

@@ -164,10 +164,10 @@ CUresult cuCtxGetDevice(CUdevice *device) {
         return CUDA_SUCCESS;
     }
     uint64_t seen = atomic_load(&epoch);
-    uint8_t rep[4];
+    uint8_t rep[ORION_REP_cuCtxGetDevice_SIZE];
     int status = ask_current(ORION_OP_cuCtxGetDevice, rep, sizeof rep);
     if (status != CUDA_SUCCESS) return status;
-    *device = orion_get_i32(rep);
+    *device = orion_get_i32(rep + ORION_REP_cuCtxGetDevice_arg0);
     store(ctx, &(struct answers){ .device = *device }, DEVICE, seen);
     return CUDA_SUCCESS;
 }
@@ -181,10 +181,10 @@ CUresult cuCtxGetFlags(unsigned int *flags) {
         return CUDA_SUCCESS;
     }
     uint64_t seen = atomic_load(&epoch);
-    uint8_t rep[4];
+    uint8_t rep[ORION_REP_cuCtxGetFlags_SIZE];
     int status = ask_current(ORION_OP_cuCtxGetFlags, rep, sizeof rep);
     if (status != CUDA_SUCCESS) return status;
-    *flags = orion_get_u32(rep);
+    *flags = orion_get_u32(rep + ORION_REP_cuCtxGetFlags_arg0);
     store(ctx, &(struct answers){ .flags = *flags }, FLAGS, seen);
     return CUDA_SUCCESS;
 }
@@ -199,26 +199,28 @@ CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
         return CUDA_SUCCESS;
     }
     uint64_t seen = atomic_load(&epoch);
-    uint8_t rep[8];
+    uint8_t rep[ORION_REP_cuCtxGetStreamPriorityRange_SIZE];
     int status = ask_current(ORION_OP_cuCtxGetStreamPriorityRange, rep, sizeof rep);
     if (status != CUDA_SUCCESS) return status;
-    *least = orion_get_i32(rep);
-    *greatest = orion_get_i32(rep + 4);
+    *least = orion_get_i32(rep + ORION_REP_cuCtxGetStreamPriorityRange_arg0);
+    *greatest = orion_get_i32(rep + ORION_REP_cuCtxGetStreamPriorityRange_arg1);
     store(ctx, &(struct answers){ .least = *least, .greatest = *greatest }, RANGE, seen);
     return CUDA_SUCCESS;
 }
 
 /* cuCtxGetApiVersion and cuCtxGetId name a context (NULL: the current one); the answer is kept for that one. */
+_Static_assert(ORION_REQ_cuCtxGetApiVersion_SIZE == ORION_REQ_cuCtxGetId_SIZE
+               && ORION_REQ_cuCtxGetApiVersion_arg0 == ORION_REQ_cuCtxGetId_arg0, "one request packs both");
 static int ask_named(uint32_t opcode, CUcontext named, unsigned field, struct answers *a, uint8_t *rep, size_t cap) {
     uint64_t ctx = named ? (uint64_t)(uintptr_t)named : (uint64_t)(uintptr_t)orion_current_context();
     if (orion_is_initialized() && lookup(ctx, field, a)) return -1; /* answered */
     uint64_t seen = atomic_load(&epoch);
-    uint8_t req[8];
-    orion_put_u64(req, (uint64_t)(uintptr_t)named);
+    uint8_t req[ORION_REQ_cuCtxGetId_SIZE];
+    orion_put_u64(req + ORION_REQ_cuCtxGetId_arg0, (uint64_t)(uintptr_t)named);
     int status = orion_thread_forward(opcode, req, sizeof req, rep, cap, 0);
     if (status == CUDA_SUCCESS && orion_is_initialized()) {
-        if (field == API) a->api = orion_get_u32(rep);
-        else a->id = orion_get_u64(rep);
+        if (field == API) a->api = orion_get_u32(rep + ORION_REP_cuCtxGetApiVersion_arg1);
+        else a->id = orion_get_u64(rep + ORION_REP_cuCtxGetId_arg1);
         store(ctx, a, field, seen);
     }
     return status;
@@ -227,10 +229,10 @@ static int ask_named(uint32_t opcode, CUcontext named, unsigned field, struct an
 CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
     if (!version) return CUDA_ERROR_INVALID_VALUE;
     struct answers a = { 0 };
-    uint8_t rep[4];
+    uint8_t rep[ORION_REP_cuCtxGetApiVersion_SIZE];
     int status = ask_named(ORION_OP_cuCtxGetApiVersion, ctx, API, &a, rep, sizeof rep);
     if (status == -1) status = CUDA_SUCCESS;
-    else if (status == CUDA_SUCCESS) a.api = orion_get_u32(rep);
+    else if (status == CUDA_SUCCESS) a.api = orion_get_u32(rep + ORION_REP_cuCtxGetApiVersion_arg1);
     if (status == CUDA_SUCCESS) *version = a.api;
     return status;
 }
@@ -238,10 +240,10 @@ CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
 CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
     if (!id) return CUDA_ERROR_INVALID_VALUE;
     struct answers a = { 0 };
-    uint8_t rep[8];
+    uint8_t rep[ORION_REP_cuCtxGetId_SIZE];
     int status = ask_named(ORION_OP_cuCtxGetId, ctx, ID, &a, rep, sizeof rep);
     if (status == -1) status = CUDA_SUCCESS;
-    else if (status == CUDA_SUCCESS) a.id = orion_get_u64(rep);
+    else if (status == CUDA_SUCCESS) a.id = orion_get_u64(rep + ORION_REP_cuCtxGetId_arg1);
     if (status == CUDA_SUCCESS) *id = a.id;
     return status;
 }
@@ -260,12 +262,12 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int *flags, int *a
         }
     }
     uint64_t seen = atomic_load(&epoch);
-    uint8_t req[4], rep[8];
-    orion_put_i32(req, device);
+    uint8_t req[ORION_REQ_cuDevicePrimaryCtxGetState_SIZE], rep[ORION_REP_cuDevicePrimaryCtxGetState_SIZE];
+    orion_put_i32(req + ORION_REQ_cuDevicePrimaryCtxGetState_arg0, device);
     int status = orion_thread_forward(ORION_OP_cuDevicePrimaryCtxGetState, req, sizeof req, rep, sizeof rep, 0);
     if (status != CUDA_SUCCESS) return status;
-    *flags = orion_get_u32(rep);
-    *active = orion_get_i32(rep + 4);
+    *flags = orion_get_u32(rep + ORION_REP_cuDevicePrimaryCtxGetState_arg1);
+    *active = orion_get_i32(rep + ORION_REP_cuDevicePrimaryCtxGetState_arg2);
     if (cached) {
         pthread_rwlock_wrlock(&lock);
         if (atomic_load(&epoch) == seen)
@@ -278,12 +280,12 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int *flags, int *a
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice device) {
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[4], rep[8];
-    orion_put_i32(req, device);
+    uint8_t req[ORION_REQ_cuDevicePrimaryCtxRetain_SIZE], rep[ORION_REP_cuDevicePrimaryCtxRetain_SIZE];
+    orion_put_i32(req + ORION_REQ_cuDevicePrimaryCtxRetain_arg1, device);
     int status = orion_thread_forward(ORION_OP_cuDevicePrimaryCtxRetain, req, sizeof req, rep, sizeof rep, 0);
     primary_changed(device);
     if (status != CUDA_SUCCESS) return status;
-    uint64_t ctx = orion_get_u64(rep);
+    uint64_t ctx = orion_get_u64(rep + ORION_REP_cuDevicePrimaryCtxRetain_arg0);
     orion_context_made(ctx, device);
     if (in_table(device)) {
         pthread_rwlock_wrlock(&lock);
@@ -295,11 +297,16 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice device) {
 }
 
 /* Release, Reset and SetFlags: sent as the generated calls send them, then the device's primary answers forgotten. */
+_Static_assert(ORION_REQ_cuDevicePrimaryCtxRelease_SIZE == ORION_REQ_cuDevicePrimaryCtxReset_SIZE
+               && ORION_REQ_cuDevicePrimaryCtxRelease_arg0 == ORION_REQ_cuDevicePrimaryCtxReset_arg0
+               && ORION_REQ_cuDevicePrimaryCtxRelease_arg0 == ORION_REQ_cuDevicePrimaryCtxSetFlags_arg0,
+               "one request packs all three: the device, then SetFlags's flags");
 static int primary_call(uint32_t opcode, CUdevice device, const unsigned int *flags) {
-    uint8_t req[8];
-    orion_put_i32(req, device);
-    if (flags) orion_put_u32(req + 4, *flags);
-    int status = orion_thread_forward(opcode, req, flags ? 8 : 4, NULL, 0, 0);
+    uint8_t req[ORION_REQ_cuDevicePrimaryCtxSetFlags_SIZE];
+    orion_put_i32(req + ORION_REQ_cuDevicePrimaryCtxSetFlags_arg0, device);
+    if (flags) orion_put_u32(req + ORION_REQ_cuDevicePrimaryCtxSetFlags_arg1, *flags);
+    int status = orion_thread_forward(opcode, req, flags ? ORION_REQ_cuDevicePrimaryCtxSetFlags_SIZE
+                                      : ORION_REQ_cuDevicePrimaryCtxRelease_SIZE, NULL, 0, 0);
     primary_changed(device);
     return status;
 }
@@ -319,8 +326,8 @@ CUresult cuDevicePrimaryCtxSetFlags(CUdevice device, unsigned int flags) {
 /* cuCtxSetFlags changes the current context's flags (and a primary context's state): sent as the generated call
  * sends it, then that context's answers forgotten, whatever it answered, so the next query asks again. */
 CUresult cuCtxSetFlags(unsigned int flags) {
-    uint8_t req[4];
-    orion_put_u32(req, flags);
+    uint8_t req[ORION_REQ_cuCtxSetFlags_SIZE];
+    orion_put_u32(req + ORION_REQ_cuCtxSetFlags_arg0, flags);
     uint64_t ctx = (uint64_t)(uintptr_t)orion_current_context();
     int status = orion_thread_forward(ORION_OP_cuCtxSetFlags, req, sizeof req, NULL, 0, 0);
     orion_context_gone(ctx);

@@ -23,14 +23,14 @@ static int names_parameters(const CUctxCreateParams *params) {
 int cuCtxCreate(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev) {
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (names_parameters(params)) return orion_not_forwarded("cuCtxCreate with execution-affinity or CIG parameters");
-    uint8_t req[8], rep[8];
-    orion_put_u32(req, flags);
-    orion_put_i32(req + 4, dev);
+    uint8_t req[ORION_REQ_cuCtxCreate_SIZE], rep[ORION_REP_cuCtxCreate_SIZE];
+    orion_put_u32(req + ORION_REQ_cuCtxCreate_flags, flags);
+    orion_put_i32(req + ORION_REQ_cuCtxCreate_device, dev);
     orion_turn_take();
     int status = orion_sync_context();
     if (status == CUDA_SUCCESS) status = orion_forward(ORION_OP_cuCtxCreate, req, sizeof req, rep, sizeof rep, 0);
     if (status == CUDA_SUCCESS) {
-        uint64_t ctx = orion_get_u64(rep);
+        uint64_t ctx = orion_get_u64(rep + ORION_REP_cuCtxCreate_context);
         *pctx = (CUcontext)(uintptr_t)ctx;
         orion_host_current_is(ctx); /* the new context is current to the calling thread, on the host too */
         orion_context_made(ctx, dev);
@@ -41,8 +41,8 @@ int cuCtxCreate(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, 
 }
 
 int cuCtxDestroy(CUcontext ctx) {
-    uint8_t req[8];
-    orion_put_u64(req, (uint64_t)(uintptr_t)ctx);
+    uint8_t req[ORION_REQ_cuCtxDestroy_SIZE];
+    orion_put_u64(req + ORION_REQ_cuCtxDestroy_arg0, (uint64_t)(uintptr_t)ctx);
     orion_turn_take();
     int status = orion_sync_context();
     if (status == CUDA_SUCCESS) status = orion_forward(ORION_OP_cuCtxDestroy, req, sizeof req, NULL, 0, 0);

@@ -73,8 +73,8 @@ void orion_host_current_unknown(void) { host_current = HOST_UNKNOWN; }
 int orion_sync_context(void) {
     uint64_t wanted = (uint64_t)(uintptr_t)orion_current_context();
     if (wanted == host_current) return CUDA_SUCCESS;
-    uint8_t req[8];
-    orion_put_u64(req, wanted);
+    uint8_t req[ORION_REQ_cuCtxSetCurrent_SIZE];
+    orion_put_u64(req + ORION_REQ_cuCtxSetCurrent_arg0, wanted);
     int status = orion_forward_post(ORION_OP_cuCtxSetCurrent, req, sizeof req);
     if (status == CUDA_SUCCESS) host_current = wanted;
     return status;
@@ -82,8 +82,8 @@ int orion_sync_context(void) {
 
 int orion_make_current_on_host(uint64_t ctx) {
     if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-    uint8_t req[8];
-    orion_put_u64(req, ctx);
+    uint8_t req[ORION_REQ_cuCtxSetCurrent_SIZE];
+    orion_put_u64(req + ORION_REQ_cuCtxSetCurrent_arg0, ctx);
     orion_turn_take();
     int status = orion_forward(ORION_OP_cuCtxSetCurrent, req, sizeof req, NULL, 0, ORION_CALL_NO_FOLD);
     host_current = status == CUDA_SUCCESS ? ctx : HOST_UNKNOWN;

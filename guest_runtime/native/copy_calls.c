@@ -20,38 +20,54 @@
 int cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t size);                        /* generated */
 int cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream stream); /* generated */
 
+/* The four copies share two layouts, cuMemcpyHtoD's and (async) cuMemcpyHtoDAsync's, whose device and size lie
+ * alike: htod() and dtoh() pack them all. */
+#define SAME_COPY(a, b) (ORION_REQ_##a##_device == ORION_REQ_##b##_device \
+                         && ORION_REQ_##a##_size == ORION_REQ_##b##_size \
+                         && ORION_REQ_##a##_SIZE == ORION_REQ_##b##_SIZE \
+                         && ORION_PINNED_##a##_host == ORION_PINNED_##b##_host \
+                         && ORION_PINNED_##a##_SIZE == ORION_PINNED_##b##_SIZE)
+_Static_assert(SAME_COPY(cuMemcpyDtoH, cuMemcpyHtoD) && SAME_COPY(cuMemcpyDtoHAsync, cuMemcpyHtoDAsync)
+               && ORION_REQ_cuMemcpyHtoD_device == ORION_REQ_cuMemcpyHtoDAsync_device
+               && ORION_REQ_cuMemcpyHtoD_size == ORION_REQ_cuMemcpyHtoDAsync_size
+               && ORION_PINNED_cuMemcpyHtoD_SIZE <= ORION_PINNED_cuMemcpyHtoDAsync_SIZE, "one packing for four copies");
+#define HEAD_BYTES ORION_PINNED_cuMemcpyHtoDAsync_SIZE /* the longest: an async copy's pinned request */
+
 /* The fixed part: (device, size) and the stream of an async copy; its length. */
-static size_t head_of(uint8_t head[32], uint64_t device, size_t size, const CUstream *stream) {
-    orion_put_u64(head, device);
-    orion_put_u64(head + 8, size);
-    if (!stream) return 16;
-    orion_put_u64(head + 16, (uint64_t)(uintptr_t)*stream);
-    return 24;
+static size_t head_of(uint8_t head[HEAD_BYTES], uint64_t device, size_t size, const CUstream *stream) {
+    orion_put_u64(head + ORION_REQ_cuMemcpyHtoD_device, device);
+    orion_put_u64(head + ORION_REQ_cuMemcpyHtoD_size, size);
+    if (!stream) return ORION_REQ_cuMemcpyHtoD_SIZE;
+    orion_put_u64(head + ORION_REQ_cuMemcpyHtoDAsync_stream, (uint64_t)(uintptr_t)*stream);
+    return ORION_REQ_cuMemcpyHtoDAsync_SIZE;
 }
 
 /* The pinned request (the fixed part, then the pool address): awaited, or posted for an async copy. */
-static int pinned_copy(uint32_t opcode, uint8_t head[32], size_t len, const void *host, int is_async) {
-    orion_put_u64(head + len, (uint64_t)(uintptr_t)host);
-    if (is_async) return orion_thread_post(opcode + ORION_PINNED_COPY, head, len + 8);
-    return orion_thread_forward(opcode + ORION_PINNED_COPY, head, len + 8, NULL, 0, 0);
+static int pinned_copy(uint32_t opcode, uint8_t head[HEAD_BYTES], const void *host, int is_async) {
+    if (is_async) {
+        orion_put_u64(head + ORION_PINNED_cuMemcpyHtoDAsync_host, (uint64_t)(uintptr_t)host);
+        return orion_thread_post(opcode + ORION_PINNED_COPY, head, ORION_PINNED_cuMemcpyHtoDAsync_SIZE);
+    }
+    orion_put_u64(head + ORION_PINNED_cuMemcpyHtoD_host, (uint64_t)(uintptr_t)host);
+    return orion_thread_forward(opcode + ORION_PINNED_COPY, head, ORION_PINNED_cuMemcpyHtoD_SIZE, NULL, 0, 0);
 }
 
 static int htod(uint32_t opcode, CUdeviceptr dst, const void *src, size_t size, const CUstream *stream) {
     if (size && !src) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t head[32];
+    uint8_t head[HEAD_BYTES];
     size_t len = head_of(head, dst, size, stream);
     if (orion_pool_contains((uint64_t)(uintptr_t)src, size)) /* the host reads the shared pages */
-        return pinned_copy(opcode, head, len, src, stream != NULL);
+        return pinned_copy(opcode, head, src, stream != NULL);
     struct orion_piece pieces[2] = { { head, len }, { src, size } };
     return orion_thread_forwardv(opcode, pieces, size ? 2 : 1, NULL, 0, NULL, 0, NULL, 0);
 }
 
 static int dtoh(uint32_t opcode, void *dst, CUdeviceptr src, size_t size, const CUstream *stream) {
     if (size && !dst) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t head[32];
+    uint8_t head[HEAD_BYTES];
     size_t len = head_of(head, src, size, stream);
     if (orion_pool_contains((uint64_t)(uintptr_t)dst, size)) /* the host writes the shared pages */
-        return pinned_copy(opcode, head, len, dst, stream != NULL);
+        return pinned_copy(opcode, head, dst, stream != NULL);
     struct orion_piece piece = { head, len };
     size_t got;
     return orion_thread_forwardv(opcode, &piece, 1, NULL, 0, size ? dst : NULL, size, &got, 0);

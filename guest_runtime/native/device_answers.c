@@ -45,7 +45,12 @@ static int lasting(int status, int attribute_query) {
            (attribute_query && status == CUDA_ERROR_INVALID_VALUE);
 }
 
-/* A scalar query with a 4-byte reply: from `slot` (NULL: not cacheable), else asked and kept. */
+/* A scalar query with a 4-byte reply: from `slot` (NULL: not cacheable), else asked and kept. Every query it serves
+ * replies as cuDeviceGetAttribute does (one i32). */
+#define LIKE_ATTRIBUTE(call) (ORION_REP_##call##_SIZE == ORION_REP_cuDeviceGetAttribute_SIZE \
+                              && ORION_REP_##call##_arg0 == ORION_REP_cuDeviceGetAttribute_arg0)
+_Static_assert(LIKE_ATTRIBUTE(cuDriverGetVersion) && LIKE_ATTRIBUTE(cuDeviceGetCount) && LIKE_ATTRIBUTE(cuDeviceGet)
+               && LIKE_ATTRIBUTE(cuDeviceCanAccessPeer), "scalar() reads one reply layout");
 static int scalar(_Atomic uint64_t *slot, int attribute_query, uint32_t opcode, const void *req, size_t len,
                   int *value) {
     if (slot && orion_is_initialized()) {
@@ -56,9 +61,9 @@ static int scalar(_Atomic uint64_t *slot, int attribute_query, uint32_t opcode, 
             return status;
         }
     }
-    uint8_t rep[4];
+    uint8_t rep[ORION_REP_cuDeviceGetAttribute_SIZE];
     int status = orion_thread_forward(opcode, req, len, rep, sizeof rep, 0);
-    int32_t got = status == CUDA_SUCCESS ? orion_get_i32(rep) : 0;
+    int32_t got = status == CUDA_SUCCESS ? orion_get_i32(rep + ORION_REP_cuDeviceGetAttribute_arg0) : 0;
     if (slot && orion_is_initialized() && lasting(status, attribute_query))
         atomic_store_explicit(slot, orion_answer_pack(status, got), memory_order_release);
     if (status == CUDA_SUCCESS) *value = got;
@@ -77,16 +82,16 @@ CUresult cuDeviceGetCount(int *value) {
 
 CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[4];
-    orion_put_i32(req, ordinal);
+    uint8_t req[ORION_REQ_cuDeviceGet_SIZE];
+    orion_put_i32(req + ORION_REQ_cuDeviceGet_arg1, ordinal);
     return scalar(in_table(ordinal) ? &ordinals[ordinal] : NULL, 0, ORION_OP_cuDeviceGet, req, sizeof req, device);
 }
 
 CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attribute, CUdevice device) {
     if (!value) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[8];
-    orion_put_i32(req, attribute);
-    orion_put_i32(req + 4, device);
+    uint8_t req[ORION_REQ_cuDeviceGetAttribute_SIZE];
+    orion_put_i32(req + ORION_REQ_cuDeviceGetAttribute_arg1, attribute);
+    orion_put_i32(req + ORION_REQ_cuDeviceGetAttribute_arg2, device);
     _Atomic uint64_t *slot = in_table(device) && attribute >= 0 && attribute < ATTRIBUTES
                                  ? &attributes[device][attribute] : NULL;
     return scalar(slot, 1, ORION_OP_cuDeviceGetAttribute, req, sizeof req, value);
@@ -94,9 +99,9 @@ CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attribute, CUdevice
 
 CUresult cuDeviceCanAccessPeer(int *value, CUdevice device, CUdevice peer) {
     if (!value) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[8];
-    orion_put_i32(req, device);
-    orion_put_i32(req + 4, peer);
+    uint8_t req[ORION_REQ_cuDeviceCanAccessPeer_SIZE];
+    orion_put_i32(req + ORION_REQ_cuDeviceCanAccessPeer_arg1, device);
+    orion_put_i32(req + ORION_REQ_cuDeviceCanAccessPeer_arg2, peer);
     _Atomic uint64_t *slot = in_table(device) && in_table(peer) ? &peers[device][peer] : NULL;
     return scalar(slot, 0, ORION_OP_cuDeviceCanAccessPeer, req, sizeof req, value);
 }
@@ -113,10 +118,10 @@ CUresult cuDeviceTotalMem(size_t *bytes, CUdevice device) {
             return status;
         }
     }
-    uint8_t req[4], rep[8];
-    orion_put_i32(req, device);
+    uint8_t req[ORION_REQ_cuDeviceTotalMem_SIZE], rep[ORION_REP_cuDeviceTotalMem_SIZE];
+    orion_put_i32(req + ORION_REQ_cuDeviceTotalMem_arg1, device);
     int status = orion_thread_forward(ORION_OP_cuDeviceTotalMem, req, sizeof req, rep, sizeof rep, 0);
-    uint64_t got = status == CUDA_SUCCESS ? orion_get_u64(rep) : 0;
+    uint64_t got = status == CUDA_SUCCESS ? orion_get_u64(rep + ORION_REP_cuDeviceTotalMem_arg0) : 0;
     if (cached && lasting(status, 0)) {
         atomic_store_explicit(&total_bytes[device], got, memory_order_relaxed);
         atomic_store_explicit(&total_state[device], orion_answer_pack(status, 0), memory_order_release);
@@ -150,10 +155,11 @@ static int text(struct text_answer *answer, uint32_t opcode, const uint8_t *req,
 
 CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
     if (!name || length <= 0) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[8];
-    orion_put_i32(req + 4, device);
+    uint8_t req[ORION_REQ_cuDeviceGetName_SIZE];
+    orion_put_i32(req + ORION_REQ_cuDeviceGetName_device, device);
     if (in_table(device)) {
-        orion_put_i32(req, NAME_BYTES); /* the whole name once; each caller gets it cut to its length */
+        /* the whole name once; each caller gets it cut to its length */
+        orion_put_i32(req + ORION_REQ_cuDeviceGetName_length, NAME_BYTES);
         int status = text(&names[device], ORION_OP_cuDeviceGetName, req, sizeof req);
         if (status >= 0) {
             if (status == CUDA_SUCCESS) {
@@ -164,7 +170,7 @@ CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
             return status;
         }
     }
-    orion_put_i32(req, length);
+    orion_put_i32(req + ORION_REQ_cuDeviceGetName_length, length);
     size_t got = 0;
     int status = orion_thread_forwardv(ORION_OP_cuDeviceGetName, &(struct orion_piece){ req, sizeof req }, 1, NULL, 0,
                                        name, (size_t)length, &got, 0);
@@ -174,8 +180,8 @@ CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
 
 CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice device) {
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[4];
-    orion_put_i32(req, device);
+    uint8_t req[ORION_REQ_cuDeviceGetUuid_SIZE];
+    orion_put_i32(req + ORION_REQ_cuDeviceGetUuid_device, device);
     if (in_table(device)) {
         int status = text(&uuids[device], ORION_OP_cuDeviceGetUuid, req, sizeof req);
         if (status >= 0) {

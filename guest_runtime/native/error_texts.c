@@ -145,6 +145,8 @@ static const char *keep(uint32_t opcode, int code, const char *text, size_t len)
     return k->text;
 }
 
+_Static_assert(ORION_REQ_cuGetErrorName_SIZE == ORION_REQ_cuGetErrorString_SIZE
+               && ORION_REQ_cuGetErrorName_error == ORION_REQ_cuGetErrorString_error, "one request asks both");
 static int static_text(uint32_t opcode, int code, const char **out) {
     if (!out) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
@@ -155,8 +157,8 @@ static int static_text(uint32_t opcode, int code, const char **out) {
     if (!found) {
         char reply[1024];
         size_t got = 0;
-        uint8_t req[4];
-        orion_put_i32(req, code);
+        uint8_t req[ORION_REQ_cuGetErrorString_SIZE];
+        orion_put_i32(req + ORION_REQ_cuGetErrorString_error, code);
         int asked = orion_process_channel() ? orion_thread_forwardv(opcode, &(struct orion_piece){ req, sizeof req },
                                                                     1, NULL, 0, reply, sizeof reply, &got, ORION_CALL_NO_FOLD)
                                             : CUDA_ERROR_NOT_INITIALIZED;

@@ -100,34 +100,36 @@ static void forget(uint64_t function, uint64_t kernel) {
 void orion_function_answers_forget(void) { forget(0, 0); }
 
 /* A query with a 4-byte reply, kept under (handle, scope, attribute) when that can be. */
+_Static_assert(ORION_REP_cuKernelGetAttribute_SIZE == ORION_REP_cuFuncGetAttribute_SIZE
+               && ORION_REP_cuKernelGetAttribute_arg0 == ORION_REP_cuFuncGetAttribute_arg0, "ask() reads both");
 static int ask(struct handle_map *map, uint64_t handle, uint64_t scope, int attribute, uint32_t opcode,
                const uint8_t *req, size_t len, int *value) {
     int cacheable = handle && attribute >= 0 && attribute < FUNCTION_ATTRIBUTES && orion_is_initialized();
     if (cacheable && lookup(map, handle, scope, attribute, value)) return CUDA_SUCCESS;
     uint64_t seen = atomic_load(&epoch);
-    uint8_t rep[4];
+    uint8_t rep[ORION_REP_cuFuncGetAttribute_SIZE];
     int status = orion_thread_forward(opcode, req, len, rep, sizeof rep, 0);
     if (status != CUDA_SUCCESS) return status;
-    *value = orion_get_i32(rep);
+    *value = orion_get_i32(rep + ORION_REP_cuFuncGetAttribute_arg0);
     if (cacheable) store(map, handle, scope, attribute, *value, seen);
     return CUDA_SUCCESS;
 }
 
 CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attribute, CUfunction function) {
     if (!value) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[12];
-    orion_put_i32(req, attribute);
-    orion_put_u64(req + 4, (uint64_t)(uintptr_t)function);
+    uint8_t req[ORION_REQ_cuFuncGetAttribute_SIZE];
+    orion_put_i32(req + ORION_REQ_cuFuncGetAttribute_arg1, attribute);
+    orion_put_u64(req + ORION_REQ_cuFuncGetAttribute_arg2, (uint64_t)(uintptr_t)function);
     return ask(&functions, (uint64_t)(uintptr_t)function, (uint64_t)(uintptr_t)orion_current_context(), attribute,
                ORION_OP_cuFuncGetAttribute, req, sizeof req, value);
 }
 
 CUresult cuKernelGetAttribute(int *value, CUfunction_attribute attribute, CUkernel kernel, CUdevice device) {
     if (!value) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[16];
-    orion_put_i32(req, attribute);
-    orion_put_u64(req + 4, (uint64_t)(uintptr_t)kernel);
-    orion_put_i32(req + 12, device);
+    uint8_t req[ORION_REQ_cuKernelGetAttribute_SIZE];
+    orion_put_i32(req + ORION_REQ_cuKernelGetAttribute_arg1, attribute);
+    orion_put_u64(req + ORION_REQ_cuKernelGetAttribute_arg2, (uint64_t)(uintptr_t)kernel);
+    orion_put_i32(req + ORION_REQ_cuKernelGetAttribute_arg3, device);
     return ask(&kernels, (uint64_t)(uintptr_t)kernel, (uint32_t)device, attribute, ORION_OP_cuKernelGetAttribute, req,
                sizeof req, value);
 }
@@ -145,33 +147,33 @@ static CUresult set_then_forget(uint32_t opcode, const uint8_t *req, size_t len,
 static uint64_t named(const void *handle) { return handle ? (uint64_t)(uintptr_t)handle : UINT64_MAX; }
 
 CUresult cuFuncSetAttribute(CUfunction function, CUfunction_attribute attribute, int value) {
-    uint8_t req[16];
-    orion_put_u64(req, (uint64_t)(uintptr_t)function);
-    orion_put_i32(req + 8, attribute);
-    orion_put_i32(req + 12, value);
+    uint8_t req[ORION_REQ_cuFuncSetAttribute_SIZE];
+    orion_put_u64(req + ORION_REQ_cuFuncSetAttribute_arg0, (uint64_t)(uintptr_t)function);
+    orion_put_i32(req + ORION_REQ_cuFuncSetAttribute_arg1, attribute);
+    orion_put_i32(req + ORION_REQ_cuFuncSetAttribute_arg2, value);
     return set_then_forget(ORION_OP_cuFuncSetAttribute, req, sizeof req, named(function), 0);
 }
 
 CUresult cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {
-    uint8_t req[12];
-    orion_put_u64(req, (uint64_t)(uintptr_t)function);
-    orion_put_i32(req + 8, config);
+    uint8_t req[ORION_REQ_cuFuncSetCacheConfig_SIZE];
+    orion_put_u64(req + ORION_REQ_cuFuncSetCacheConfig_arg0, (uint64_t)(uintptr_t)function);
+    orion_put_i32(req + ORION_REQ_cuFuncSetCacheConfig_arg1, config);
     return set_then_forget(ORION_OP_cuFuncSetCacheConfig, req, sizeof req, named(function), 0);
 }
 
 CUresult cuKernelSetAttribute(CUfunction_attribute attribute, int value, CUkernel kernel, CUdevice device) {
-    uint8_t req[20];
-    orion_put_i32(req, attribute);
-    orion_put_i32(req + 4, value);
-    orion_put_u64(req + 8, (uint64_t)(uintptr_t)kernel);
-    orion_put_i32(req + 16, device);
+    uint8_t req[ORION_REQ_cuKernelSetAttribute_SIZE];
+    orion_put_i32(req + ORION_REQ_cuKernelSetAttribute_arg0, attribute);
+    orion_put_i32(req + ORION_REQ_cuKernelSetAttribute_arg1, value);
+    orion_put_u64(req + ORION_REQ_cuKernelSetAttribute_arg2, (uint64_t)(uintptr_t)kernel);
+    orion_put_i32(req + ORION_REQ_cuKernelSetAttribute_arg3, device);
     return set_then_forget(ORION_OP_cuKernelSetAttribute, req, sizeof req, 0, named(kernel));
 }
 
 CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice device) {
-    uint8_t req[16];
-    orion_put_u64(req, (uint64_t)(uintptr_t)kernel);
-    orion_put_i32(req + 8, config);
-    orion_put_i32(req + 12, device);
+    uint8_t req[ORION_REQ_cuKernelSetCacheConfig_SIZE];
+    orion_put_u64(req + ORION_REQ_cuKernelSetCacheConfig_arg0, (uint64_t)(uintptr_t)kernel);
+    orion_put_i32(req + ORION_REQ_cuKernelSetCacheConfig_arg1, config);
+    orion_put_i32(req + ORION_REQ_cuKernelSetCacheConfig_arg2, device);
     return set_then_forget(ORION_OP_cuKernelSetCacheConfig, req, sizeof req, 0, named(kernel));
 }

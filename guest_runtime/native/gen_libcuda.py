@@ -2,21 +2,27 @@
 
     python -m guest_runtime.native.gen_libcuda OUT.c            the entry points
     python -m guest_runtime.native.gen_libcuda --check OUT.c    a file that compiles only if cuda.h agrees
+    python -m guest_runtime.native.gen_libcuda --api-table      docs/api-table.md, on stdout
     python -m guest_runtime.native.gen_libcuda --symbols        refresh driver_symbols.txt and nvml_symbols.txt
     python -m guest_runtime.native.gen_libcuda --aliases CUDA_H refresh driver_aliases.txt from cuda.h
     python -m guest_runtime.native.gen_libcuda --inventory CUDA_H  refresh ivshmem/cuda_h.txt (cuda_header.py)
 
 The table (ivshmem/driver_api.py, as `describe()` gives it) stays the definition of every forwarded call: this
-writes orion_calls.h (cuda.h's types, every call's opcode and prototype) and, for each generic call, the whole C
-entry point (NULL checks of its outputs, the request packed in schema
+writes orion_calls.h (cuda.h's types, every call's opcode and prototype), orion_layouts.h (where every field of
+every payload lies, from the table's Schemas: `ORION_REQ_<call>_<field>`, `ORION_REP_...`, their `_SIZE`, and the
+structs requests embed; the hand-written C and the generated calls take every offset and size from it) and, for
+each generic call, the whole C entry point (NULL checks of its outputs, the request packed in schema
 order, one record through cuda_client.c's `orion_forward`, the reply unpacked into the outputs; a posted call
-sent without waiting), and for every other call of the table, for now, a stub that answers
-CUDA_ERROR_NOT_SUPPORTED and names itself once (the hand-written calls come next: docs/native-driver.md). It
-also writes `cuGetProcAddress`'s name table and the table digest HELLO sends. Standard library and ivshmem only.
+sent without waiting), and for every other call of the table a weak stub that answers
+CUDA_ERROR_NOT_SUPPORTED and names itself once, which the hand-written C definition replaces (docs/native-driver.md).
+It also writes `cuGetProcAddress`'s name table and the table digest HELLO sends, and docs/api-table.md's index of
+which C file holds each hand-written call (`--api-table`, from the definitions in this directory's C files).
+Standard library and ivshmem only.
 """
 from __future__ import annotations
 
 import re
+import struct
 import sys
 from collections.abc import Collection
 from pathlib import Path
@@ -24,15 +30,30 @@ from typing import Any
 
 from ivshmem import cuda_header
 from ivshmem.api_classes import GUEST
+from ivshmem.codec import LENGTH, Schema
 from ivshmem.driver_api import (
+    ALLOCATION_PROP,
+    CALLS,
     ENUMS,
+    HOST_FUNCTION_REQUEST,
+    IMAGE_BY_DIGEST_REQUEST,
+    KERNEL_NODE,
+    LAUNCH,
+    LAUNCH_ATTRIBUTE_KIND,
     LAUNCH_ATTRIBUTES_EVENT,
     LAUNCH_ATTRIBUTES_PLAIN,
+    MEMCPY_3D,
+    MEMSET_NODE,
     POINTER_ATTRIBUTE_WIDTHS,
     POINTER_HANDLES,
+    POOL_MAP_REPLY,
+    POOL_MAP_REQUEST,
+    POOL_MIRROR_REPLY,
+    POOL_MIRROR_REQUEST,
     SCALARS,
     attribute_mask,
     describe,
+    markdown,
     split_signature,
     table_digest,
 )
@@ -90,7 +111,6 @@ IN_CLIENT = {"cuGetProcAddress": "cuGetProcAddress_v2"}
 # The guest hook a generated destroy of these handles calls (graph_calls.c).
 GRAPH_DESTROYED = {"CUgraphNode": "orion_graph_node_destroyed", "CUgraph": "orion_graph_destroyed"}
 C_WORDS = frozenset({"void", "char", "int", "long", "short", "unsigned", "float", "double", "size_t"})
-WIDTH = {"i32": 4, "u32": 4, "u64": 8, "u8": 1, "u16": 2, "f32": 4}
 
 
 def c_type(ctype: str) -> str:
@@ -139,11 +159,12 @@ def _generic(call: dict[str, Any]) -> str:
     outs = [(i, p) for i, p in enumerate(params) if p["role"] in ("out", "inout")]
     for i, _p in outs:
         lines.append(f"    if (!{names[i]}) return CUDA_ERROR_INVALID_VALUE;")
-    req_size = sum(WIDTH[f["kind"]] for f in call["request"])
-    rep_size = sum(WIDTH[f["kind"]] for f in call["reply"])
-    if req_size:
+    # offsets and sizes from orion_layouts.h (generate_layouts), as the hand-written C takes them
+    req_layout, rep_layout = f"ORION_REQ_{call['name']}", f"ORION_REP_{call['name']}"
+    req_size = f"{req_layout}_SIZE" if call["request"] else "0"
+    rep_size = f"{rep_layout}_SIZE" if call["reply"] else "0"
+    if call["request"]:
         lines.append(f"    uint8_t req[{req_size}];")
-    offset = 0
     for field in call["request"]:
         index = int(field["name"][3:])
         ctype, kind = params[index]["ctype"], field["kind"]
@@ -151,29 +172,26 @@ def _generic(call: dict[str, Any]) -> str:
         if params[index]["role"] == "inout":  # read through the pointer: its value goes, the reply's comes back
             ctype, source = ctype[:-1].strip(), f"*{names[index]}"
         value = f"(uint64_t)(uintptr_t){source}" if ctype in HANDLES else f"({WIRE_C[kind]}){source}"
-        lines.append(f"    orion_put_{kind}(req + {offset}, {value});")
-        offset += WIDTH[kind]
+        lines.append(f"    orion_put_{kind}(req + {req_layout}_{field['name']}, {value});")
     flags = "ORION_CALL_INIT" if "initializes" in call["effects"] else "0"
-    req = "req" if req_size else "NULL"
+    req = "req" if call["request"] else "NULL"
     if call["posted"]:
         lines.append(f"    return orion_thread_post(ORION_OP_{call['name']}, {req}, {req_size});")
         lines.append("}")
         return "\n".join(lines)
-    if rep_size:
+    if call["reply"]:
         lines.append(f"    uint8_t rep[{rep_size}];")
-    rep = "rep" if rep_size else "NULL"
+    rep = "rep" if call["reply"] else "NULL"
     lines.append(f"    CUresult status = orion_thread_forward(ORION_OP_{call['name']}, {req}, {req_size}, {rep}, "
                  f"{rep_size}, {flags});")
     lines.append("    if (status != CUDA_SUCCESS) return status;")
-    offset = 0
     for field in call["reply"]:
         index = int(field["name"][3:])
         base = c_type(params[index]["ctype"][:-1].strip())
         kind = field["kind"]
-        got = f"orion_get_{kind}(rep + {offset})"
+        got = f"orion_get_{kind}(rep + {rep_layout}_{field['name']})"
         value = f"({base})(uintptr_t){got}" if base in HANDLES else f"({base}){got}"
         lines.append(f"    *{names[index]} = {value};")
-        offset += WIDTH[kind]
     lines += after
     lines.append("    return CUDA_SUCCESS;")
     lines.append("}")
@@ -271,6 +289,215 @@ def generate_header() -> str:
     parts.append("int cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);")
     parts.append("\n#endif")
     return "\n".join(parts) + "\n"
+
+
+# The field strings of driver_api that requests embed (a cuda.h struct as it travels): orion_layouts.h gives each
+# one's fields from its own start, and where each request that embeds it has it.
+EMBEDDED = {"LAUNCH": LAUNCH, "KERNEL_NODE": KERNEL_NODE, "MEMSET_NODE": MEMSET_NODE, "MEMCPY_3D": MEMCPY_3D,
+            "ALLOCATION_PROP": ALLOCATION_PROP}
+# The forwarding layer's own payloads (driver_api), under ORION_<name>_REQ_ / _REP_.
+FORWARDING_LAYER: dict[str, tuple[Schema, Schema | None]] = {
+    "POOL_MAP": (POOL_MAP_REQUEST, POOL_MAP_REPLY), "POOL_MIRROR": (POOL_MIRROR_REQUEST, POOL_MIRROR_REPLY),
+    "HOST_FUNCTION": (HOST_FUNCTION_REQUEST, None), "IMAGE_BY_DIGEST": (IMAGE_BY_DIGEST_REQUEST, None)}
+
+
+def _fields_schema(name: str, fields: str) -> Schema:
+    """A driver_api field string ('dst:u64 pitch:u64 ...') as the codec's Schema."""
+    return Schema(name, *[(field, kind) for field, kind in (pair.split(":", 1) for pair in fields.split())])
+
+
+def _item_members(item: struct.Struct) -> list[int]:
+    """The offset of each member of a packed array item ('<i4x64s': the id at 0, the value at 8), pad bytes
+    skipped, from the item's own format."""
+    offsets, codes = [], ""
+    for count, code in re.findall(r"(\d*)([a-zA-Z?])", item.format[1:]):
+        if code != "x":
+            offsets.append(struct.calcsize("<" + codes))
+        codes += count + code
+    return offsets
+
+
+def _schema_layout(prefix: str, schema: Schema) -> list[str]:
+    """`#define`s of where each field of `schema` lies (codec.Schema.offsets: every scalar, and the first variable
+    field, which begins right after the fixed part), `<prefix>_SIZE` the fixed part's size, and for an array field
+    its item's size (`_ITEM`) and, for an item of several members, each member's offset (`_ITEM_<k>`)."""
+    lines = [f"#define {prefix}_{field} {offset}" for field, offset in schema.offsets().items()]
+    for field, _kind in schema.fields:
+        item = schema.item(field)
+        if item is None:
+            continue
+        lines.append(f"#define {prefix}_{field}_ITEM {item.size}")
+        members = _item_members(item)
+        if len(members) > 1:
+            lines += [f"#define {prefix}_{field}_ITEM_{k} {offset}" for k, offset in enumerate(members)]
+    lines.append(f"#define {prefix}_SIZE {schema.fixed.size}")
+    return lines
+
+
+def _embedded(prefix: str, schema: Schema) -> list[str]:
+    """`<prefix>_<STRUCT>`: where an embedded field string (EMBEDDED) begins in `schema`, checked to lie there whole,
+    its fields at their own offsets from that start."""
+    lines = []
+    fields, offsets = list(schema.fields), schema.offsets()
+    for name, text in EMBEDDED.items():
+        part = _fields_schema(name, text)
+        run = list(part.fields)
+        starts = [i for i in range(len(fields) - len(run) + 1) if fields[i:i + len(run)] == run]
+        if not starts:
+            continue
+        start = offsets[run[0][0]]
+        for field, offset in part.offsets().items():
+            if offsets[field] - start != offset:
+                raise ValueError(f"{schema.name}: {name}.{field} is not at {offset} from {name}'s start")
+        lines.append(f"#define {prefix}_{name} {start}")
+    return lines
+
+
+def _copy_side() -> tuple[Schema, dict[str, int]]:
+    """MEMCPY_3D's copy side (`src_`/`dst_` fields without their prefix) and where each side begins, checked to be
+    the same layout on both sides."""
+    copy = _fields_schema("MEMCPY_3D", MEMCPY_3D)
+    sides: dict[str, int] = {}
+    side = None
+    offsets = copy.offsets()
+    for prefix in ("src", "dst"):
+        fields = [(field[len(prefix) + 1:], kind) for field, kind in copy.fields if field.startswith(prefix + "_")]
+        schema = Schema("MEMCPY_3D side", *fields)
+        sides[prefix] = offsets[f"{prefix}_{fields[0][0]}"]
+        for field, offset in schema.offsets().items():
+            if offsets[f"{prefix}_{field}"] - sides[prefix] != offset:
+                raise ValueError(f"MEMCPY_3D: {prefix}_{field} is not at {offset} from its side's start")
+        if side is not None and side.fields != schema.fields:
+            raise ValueError("MEMCPY_3D: its two copy sides differ")
+        side = schema
+    if side is None:
+        raise ValueError("MEMCPY_3D has no copy side")
+    return side, sides
+
+
+def generate_layouts() -> str:
+    """orion_layouts.h (through orion_guest.h): where every field of every payload lies, from the table's Schemas
+    (codec.Schema.offsets, the offsets `encode` packs at), so the hand-written C never spells an offset or a size:
+    `ORION_REQ_<call>_<field>`, `ORION_REP_<call>_<field>`, `ORION_PINNED_<call>_<field>` (a pinned copy's request)
+    and each one's `_SIZE` (its fixed part); a generic call's fields are `argN` (its N-th C parameter). Also the
+    field strings requests embed (ORION_LAUNCH_*, ORION_KERNEL_NODE_*, ORION_MEMSET_NODE_*, ORION_MEMCPY_3D_* and
+    its side ORION_MEMCPY_3D_SIDE_*, ORION_ALLOCATION_PROP_*) and where a request has one (`ORION_REQ_<call>_LAUNCH`),
+    the forwarding layer's payloads (ORION_POOL_MAP_REQ_*, ...), a launch attribute's size and the codec's u32
+    length before a variable field (ORION_LENGTH_BYTES)."""
+    parts = ["/* Generated by guest_runtime/native/gen_libcuda.py from ivshmem/driver_api.py: do not edit. */",
+             "/* Where each field of a payload lies (codec.Schema: scalars packed first, little-endian, no padding;",
+             " * the first variable field right after them, its u32 length or count first; a tail is the rest). */",
+             "#ifndef ORION_LAYOUTS_H", "#define ORION_LAYOUTS_H", "",
+             "/* codec.LENGTH: the u32 length (bytes) or item count (arrays) before a variable field */",
+             f"#define ORION_LENGTH_BYTES {LENGTH.size}",
+             "/* driver_api.LAUNCH_ATTRIBUTE_KIND: a CUlaunchAttribute as it travels (id, pad, 64-byte value) */"]
+    attribute = Schema("LAUNCH_ATTRIBUTE", ("attributes", LAUNCH_ATTRIBUTE_KIND)).item("attributes")
+    if attribute is None:
+        raise ValueError(f"LAUNCH_ATTRIBUTE_KIND {LAUNCH_ATTRIBUTE_KIND!r} is not an array kind")
+    parts.append(f"#define ORION_LAUNCH_ATTRIBUTE_SIZE {attribute.size}")
+    parts += [f"#define ORION_LAUNCH_ATTRIBUTE_{name} {offset}"
+              for name, offset in zip(("id", "value"), _item_members(attribute), strict=True)]
+    parts.append("")
+    parts.append("/* driver_api's field strings that requests embed, from their own start */")
+    for name, text in EMBEDDED.items():
+        parts += _schema_layout(f"ORION_{name}", _fields_schema(name, text))
+        if name == "MEMCPY_3D":  # each copy side, and its fields from the side's start
+            side, sides = _copy_side()
+            parts += [f"#define ORION_MEMCPY_3D_{prefix} {offset}" for prefix, offset in sides.items()]
+            parts += _schema_layout("ORION_MEMCPY_3D_SIDE", side)
+    parts.append("")
+    parts.append("/* the forwarding layer's own payloads */")
+    for name, (request, reply) in FORWARDING_LAYER.items():
+        parts += _schema_layout(f"ORION_{name}_REQ", request)
+        if reply is not None:
+            parts += _schema_layout(f"ORION_{name}_REP", reply)
+    parts.append("")
+    parts.append("/* every call of the table with a payload */")
+    for call in CALLS.values():
+        payloads = [("REQ", call.request), ("REP", call.reply), ("PINNED", call.pinned)]
+        lines = []
+        for kind, schema in payloads:
+            if schema is not None and schema.fields:
+                lines += _schema_layout(f"ORION_{kind}_{call.name}", schema)
+                lines += _embedded(f"ORION_{kind}_{call.name}", schema)
+        if lines:
+            parts += [f"/* {call.name} */", *lines]
+    parts.append("\n#endif")
+    return "\n".join(parts) + "\n"
+
+
+# A hand-written entry point in guest_runtime/native/*.c: `CUresult cuXxx(` or `int cuXxx(` at a line's start, a
+# definition where a body follows its parameters (not a declaration's `;`). The generated entry points are written
+# beside the built library, never here.
+_DEFINITION = re.compile(r"^(?:CUresult|int) (cu\w+)\(([^()]|\([^()]*\))*\)\s*\{", re.MULTILINE)
+HAND_WRITTEN, WRITTEN_OUT, OUTSIDE = "hand-written table calls", "generic calls written out", "outside the table"
+
+
+def c_definitions(directory: Path | None = None) -> dict[str, list[str]]:
+    """Every entry point the hand-written C of `directory` (this one) defines: name -> the files defining it."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((directory or Path(__file__).parent).glob("*.c")):
+        for match in _DEFINITION.finditer(path.read_text(encoding="utf-8")):
+            found.setdefault(match[1], []).append(path.name)
+    return found
+
+
+def hand_written(definitions: dict[str, list[str]] | None = None) -> dict[str, tuple[str, list[str]]]:
+    """Each entry point the library's C writes by hand -> (its kind, the files defining it): the table's calls the
+    generator does not write (HAND_WRITTEN: every non-generic call, those answered in the guest too), the generic
+    calls a C definition replaces (WRITTEN_OUT: guest-side state beyond the table's effects) and the entry points
+    answered in the guest outside the table (OUTSIDE: api_classes.GUEST)."""
+    found = c_definitions() if definitions is None else definitions
+    index: dict[str, tuple[str, list[str]]] = {}
+    for name, call in CALLS.items():
+        files = found.get(IN_CLIENT.get(name, name), [])
+        if not call.generic:
+            index[name] = (HAND_WRITTEN, files)
+        elif files:
+            index[name] = (WRITTEN_OUT, files)
+    for name in GUEST:
+        index[name] = (OUTSIDE, found.get(name, []))
+    return index
+
+
+def hand_written_problems(definitions: dict[str, list[str]] | None = None) -> list[str]:
+    """What keeps hand_written() from being an index: a hand-written call with no C definition or with one in two
+    files, and an entry point answered in the guest defined elsewhere than api_classes.GUEST says."""
+    problems = []
+    for name, (kind, files) in hand_written(definitions).items():
+        if not files and kind != WRITTEN_OUT:
+            problems.append(f"{name} ({kind}): no C definition in guest_runtime/native/*.c")
+        elif len(files) > 1:
+            problems.append(f"{name} ({kind}): defined in {len(files)} files: {', '.join(files)}")
+        elif kind == OUTSIDE and files != [GUEST[name]]:
+            problems.append(f"{name}: api_classes.GUEST names {GUEST[name]}, the C defines it in {files[0]}")
+    return problems
+
+
+def where_hand_written() -> list[str]:
+    """docs/api-table.md's last section: which C file holds each hand-written call, grouped by file."""
+    by_file: dict[str, dict[str, list[str]]] = {}
+    for name, (kind, files) in hand_written().items():
+        for file in files:
+            by_file.setdefault(file, {}).setdefault(kind, []).append(name)
+    kinds = (HAND_WRITTEN, WRITTEN_OUT, OUTSIDE)
+    lines = ["## Where each hand-written call lives", "",
+             "Generated by `guest_runtime/native/gen_libcuda.py` from the definitions in `guest_runtime/native/*.c` "
+             "(`CUresult cuXxx(` or `int cuXxx(` at a line's start): each call of the table the generator does not "
+             "write, each generic call a C definition replaces (the generated one is weak: the guest keeps state "
+             "beyond the table's effects), and each entry point answered in the guest outside the table "
+             "(`ivshmem/api_classes.py` GUEST). tests/unit/test_native_layouts.py fails when one has no definition, "
+             "or one in two files.", "",
+             f"| C file | {' | '.join(kinds)} |", "|---|---|---|---|"]
+    for file in sorted(by_file):
+        cells = [", ".join(f"`{name}`" for name in by_file[file].get(kind, [])) for kind in kinds]
+        lines.append(f"| `{file}` | {' | '.join(cells)} |")
+    return [*lines, ""]
+
+
+def api_table_page() -> str:
+    """docs/api-table.md: the table's page (driver_api.markdown) and where each hand-written call lives."""
+    return markdown() + "\n".join(where_hand_written())
 
 
 def driver_symbols() -> list[str]:
@@ -425,6 +652,9 @@ def type_check(declared: Collection[str] | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--api-table"]:
+        print(api_table_page(), end="")
+        return 0
     if args == ["--symbols"]:
         return write_symbols(Path(__file__).with_name("driver_symbols.txt"))
     if len(args) == 2 and args[0] == "--inventory":

@@ -118,7 +118,10 @@ _Static_assert(sizeof(CUDA_MEMCPY3D) == 200 && offsetof(CUDA_MEMCPY3D, srcHost) 
                "CUDA_MEMCPY3D as cuda.h lays it out");
 _Static_assert(sizeof(CUgraphExecUpdateResultInfo) == 24 && offsetof(CUgraphExecUpdateResultInfo, errorNode) == 8,
                "CUgraphExecUpdateResultInfo as cuda.h lays it out");
-_Static_assert(sizeof(CUgraphNode) == 8, "a node array's bytes are its counted list's items");
+_Static_assert(sizeof(CUgraphNode) == ORION_REQ_cuGraphAddEmptyNode_deps_ITEM,
+               "a node array's bytes are its counted list's items");
+_Static_assert(sizeof(CUgraphEdgeData) == ORION_REQ_cuGraphAddDependencies_edges_ITEM,
+               "an edge data array's bytes are its counted list's items");
 
 /* cuda.h's CUgraphNodeParams (CUDA 13.0, the ABI of cuGraphAddNode_v2, cuGraphNodeSetParams and
  * cuGraphExecNodeSetParams): the node's type, then the union of the per-type structs, padded to 29 long longs. The
@@ -189,10 +192,6 @@ _Static_assert(sizeof(CUgraphConditionalHandle) == 8, "a conditional handle trav
 enum {
     MAX_DEPENDENCIES = 1 << 16,   /* host_agent/graph_calls.py MAX_DEPENDENCIES */
     DIRECT_QUERY = 1024,          /* a query's capacity up to which it is asked at once */
-    KERNEL_NODE_BYTES = 52,       /* driver_api.KERNEL_NODE: function, kernel, context (u64); dims, shared (u32) */
-    MEMSET_NODE_BYTES = 40,       /* driver_api.MEMSET_NODE */
-    COPY_SIDE_BYTES = 68,         /* x, y, z, lod (u64), type (u32), host, device, pitch, height (u64) */
-    MEMCPY_3D_BYTES = 2 * COPY_SIDE_BYTES + 24, /* driver_api.MEMCPY_3D: both sides, then the extent */
     PACKED_ON_STACK = 1024,
     MEMORYTYPE_HOST = 1, MEMORYTYPE_ARRAY = 3, MEMORYTYPE_UNIFIED = 4, /* CUmemorytype */
     UPDATE_ERROR = 1,             /* CU_GRAPH_EXEC_UPDATE_ERROR */
@@ -220,48 +219,51 @@ static int too_many(const char *call, size_t count) {
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-static size_t put_kernel(uint8_t *p, const CUDA_KERNEL_NODE_PARAMS *k) {
-    orion_put_u64(p, handle_word(k->func));
-    orion_put_u64(p + 8, handle_word(k->kern));
-    orion_put_u64(p + 16, handle_word(k->ctx));
-    const unsigned int dims[7] = { k->gridDimX, k->gridDimY, k->gridDimZ, k->blockDimX, k->blockDimY, k->blockDimZ,
-                                   k->sharedMemBytes };
-    for (int i = 0; i < 7; i++) orion_put_u32(p + 24 + 4 * i, dims[i]);
-    return KERNEL_NODE_BYTES;
+/* The structs requests embed, each at `p` (where the request has it: ORION_REQ_<call>_KERNEL_NODE...) and
+ * ORION_<STRUCT>_SIZE bytes long: driver_api's KERNEL_NODE, MEMSET_NODE and MEMCPY_3D (its two copy sides alike). */
+static void put_kernel(uint8_t *p, const CUDA_KERNEL_NODE_PARAMS *k) {
+    orion_put_u64(p + ORION_KERNEL_NODE_function, handle_word(k->func));
+    orion_put_u64(p + ORION_KERNEL_NODE_kernel, handle_word(k->kern));
+    orion_put_u64(p + ORION_KERNEL_NODE_context, handle_word(k->ctx));
+    orion_put_u32(p + ORION_KERNEL_NODE_grid_x, k->gridDimX);
+    orion_put_u32(p + ORION_KERNEL_NODE_grid_y, k->gridDimY);
+    orion_put_u32(p + ORION_KERNEL_NODE_grid_z, k->gridDimZ);
+    orion_put_u32(p + ORION_KERNEL_NODE_block_x, k->blockDimX);
+    orion_put_u32(p + ORION_KERNEL_NODE_block_y, k->blockDimY);
+    orion_put_u32(p + ORION_KERNEL_NODE_block_z, k->blockDimZ);
+    orion_put_u32(p + ORION_KERNEL_NODE_shared_bytes, k->sharedMemBytes);
 }
 
-static size_t put_memset(uint8_t *p, const CUDA_MEMSET_NODE_PARAMS *m) {
-    orion_put_u64(p, m->dst);
-    orion_put_u64(p + 8, m->pitch);
-    orion_put_u32(p + 16, m->value);
-    orion_put_u32(p + 20, m->elementSize);
-    orion_put_u64(p + 24, m->width);
-    orion_put_u64(p + 32, m->height);
-    return MEMSET_NODE_BYTES;
+static void put_memset(uint8_t *p, const CUDA_MEMSET_NODE_PARAMS *m) {
+    orion_put_u64(p + ORION_MEMSET_NODE_dst, m->dst);
+    orion_put_u64(p + ORION_MEMSET_NODE_pitch, m->pitch);
+    orion_put_u32(p + ORION_MEMSET_NODE_value, m->value);
+    orion_put_u32(p + ORION_MEMSET_NODE_element_size, m->elementSize);
+    orion_put_u64(p + ORION_MEMSET_NODE_width, m->width);
+    orion_put_u64(p + ORION_MEMSET_NODE_height, m->height);
 }
 
 static void put_side(uint8_t *p, size_t x, size_t y, size_t z, size_t lod, int type, const void *host,
                      CUdeviceptr device, size_t pitch, size_t height) {
-    orion_put_u64(p, x);
-    orion_put_u64(p + 8, y);
-    orion_put_u64(p + 16, z);
-    orion_put_u64(p + 24, lod);
-    orion_put_u32(p + 32, (uint32_t)type);
-    orion_put_u64(p + 36, handle_word(host));
-    orion_put_u64(p + 44, device);
-    orion_put_u64(p + 52, pitch);
-    orion_put_u64(p + 60, height);
+    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_x, x);
+    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_y, y);
+    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_z, z);
+    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_lod, lod);
+    orion_put_u32(p + ORION_MEMCPY_3D_SIDE_type, (uint32_t)type);
+    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_host, handle_word(host));
+    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_device, device);
+    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_pitch, pitch);
+    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_height, height);
 }
 
-static size_t put_copy(uint8_t *p, const CUDA_MEMCPY3D *c) {
-    put_side(p, c->srcXInBytes, c->srcY, c->srcZ, c->srcLOD, c->srcMemoryType, c->srcHost, c->srcDevice,
-             c->srcPitch, c->srcHeight);
-    put_side(p + COPY_SIDE_BYTES, c->dstXInBytes, c->dstY, c->dstZ, c->dstLOD, c->dstMemoryType, c->dstHost,
+static void put_copy(uint8_t *p, const CUDA_MEMCPY3D *c) {
+    put_side(p + ORION_MEMCPY_3D_src, c->srcXInBytes, c->srcY, c->srcZ, c->srcLOD, c->srcMemoryType, c->srcHost,
+             c->srcDevice, c->srcPitch, c->srcHeight);
+    put_side(p + ORION_MEMCPY_3D_dst, c->dstXInBytes, c->dstY, c->dstZ, c->dstLOD, c->dstMemoryType, c->dstHost,
              c->dstDevice, c->dstPitch, c->dstHeight);
-    orion_put_u64(p + 2 * COPY_SIDE_BYTES, c->WidthInBytes);
-    orion_put_u64(p + 2 * COPY_SIDE_BYTES + 8, c->Height);
-    orion_put_u64(p + 2 * COPY_SIDE_BYTES + 16, c->Depth);
-    return MEMCPY_3D_BYTES;
+    orion_put_u64(p + ORION_MEMCPY_3D_width, c->WidthInBytes);
+    orion_put_u64(p + ORION_MEMCPY_3D_height, c->Height);
+    orion_put_u64(p + ORION_MEMCPY_3D_depth, c->Depth);
 }
 
 /* A copy's operands this library can send: CUDA arrays are not forwarded (their handles do not travel). */
@@ -300,13 +302,20 @@ static int kernel_params(const CUDA_KERNEL_NODE_PARAMS *k, uint8_t *small, size_
 }
 
 /* One call whose request is `head` (its scalars, then the dependencies' count where `deps` is given), the caller's
- * dependency array where it lies, then `tail` (a kernel node's parameters); the reply's node into *node. */
+ * dependency array where it lies, then `tail` (a kernel node's parameters); the reply's node into *node. Every call
+ * that adds a node replies as cuGraphAddEmptyNode. */
+#define NODE_REPLY(call) (ORION_REP_##call##_node == ORION_REP_cuGraphAddEmptyNode_node \
+                          && ORION_REP_##call##_SIZE == ORION_REP_cuGraphAddEmptyNode_SIZE)
+_Static_assert(NODE_REPLY(cuGraphAddChildGraphNode) && NODE_REPLY(cuGraphAddEventRecordNode)
+               && NODE_REPLY(cuGraphAddEventWaitNode) && NODE_REPLY(cuGraphAddMemsetNode)
+               && NODE_REPLY(cuGraphAddMemcpyNode) && NODE_REPLY(cuGraphAddKernelNode), "one node reply");
 static int send_node_call(uint32_t opcode, const uint8_t *head, size_t head_len, const CUgraphNode *deps,
                           size_t count, const void *tail, size_t tail_len, CUgraphNode *node) {
     struct orion_piece pieces[3] = { { head, head_len }, { deps, count * sizeof *deps }, { tail, tail_len } };
-    uint8_t rep[8];
+    uint8_t rep[ORION_REP_cuGraphAddEmptyNode_SIZE];
     int status = orion_thread_forwardv(opcode, pieces, 3, node ? rep : NULL, node ? sizeof rep : 0, NULL, 0, NULL, 0);
-    if (status == CUDA_SUCCESS && node) *node = (CUgraphNode)(uintptr_t)orion_get_u64(rep);
+    if (status == CUDA_SUCCESS && node)
+        *node = (CUgraphNode)(uintptr_t)orion_get_u64(rep + ORION_REP_cuGraphAddEmptyNode_node);
     return status;
 }
 
@@ -321,9 +330,9 @@ static int node_args(const char *call, CUgraphNode *node, const CUgraphNode *dep
 CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count) {
     int status = node_args("cuGraphAddEmptyNode", node, deps, count);
     if (status != CUDA_SUCCESS) return status;
-    uint8_t head[12];
-    orion_put_u64(head, handle_word(graph));
-    orion_put_u32(head + 8, (uint32_t)count);
+    uint8_t head[ORION_REQ_cuGraphAddEmptyNode_SIZE + ORION_LENGTH_BYTES];
+    orion_put_u64(head + ORION_REQ_cuGraphAddEmptyNode_graph, handle_word(graph));
+    orion_put_u32(head + ORION_REQ_cuGraphAddEmptyNode_deps, (uint32_t)count);
     return send_node_call(ORION_OP_cuGraphAddEmptyNode, head, sizeof head, deps, count, NULL, 0, node);
 }
 
@@ -331,21 +340,26 @@ CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, CUgraphNode 
                                   CUgraph child) {
     int status = node_args("cuGraphAddChildGraphNode", node, deps, count);
     if (status != CUDA_SUCCESS) return status;
-    uint8_t head[20];
-    orion_put_u64(head, handle_word(graph));
-    orion_put_u64(head + 8, handle_word(child));
-    orion_put_u32(head + 16, (uint32_t)count);
+    uint8_t head[ORION_REQ_cuGraphAddChildGraphNode_SIZE + ORION_LENGTH_BYTES];
+    orion_put_u64(head + ORION_REQ_cuGraphAddChildGraphNode_graph, handle_word(graph));
+    orion_put_u64(head + ORION_REQ_cuGraphAddChildGraphNode_child, handle_word(child));
+    orion_put_u32(head + ORION_REQ_cuGraphAddChildGraphNode_deps, (uint32_t)count);
     return send_node_call(ORION_OP_cuGraphAddChildGraphNode, head, sizeof head, deps, count, NULL, 0, node);
 }
 
+/* cuGraphAddEventRecordNode's request, which cuGraphAddEventWaitNode's is too */
+#define EVENT_NODE(field) ORION_REQ_cuGraphAddEventRecordNode_##field
+#define SAME_EVENT_NODE(field) (ORION_REQ_cuGraphAddEventWaitNode_##field == EVENT_NODE(field))
+_Static_assert(SAME_EVENT_NODE(graph) && SAME_EVENT_NODE(event) && SAME_EVENT_NODE(deps) && SAME_EVENT_NODE(SIZE),
+               "add_event_node() packs both");
 static int add_event_node(uint32_t opcode, const char *call, CUgraphNode *node, CUgraph graph,
                           CUgraphNode const *deps, size_t count, CUevent event) {
     int status = node_args(call, node, deps, count);
     if (status != CUDA_SUCCESS) return status;
-    uint8_t head[20];
-    orion_put_u64(head, handle_word(graph));
-    orion_put_u64(head + 8, handle_word(event));
-    orion_put_u32(head + 16, (uint32_t)count);
+    uint8_t head[EVENT_NODE(SIZE) + ORION_LENGTH_BYTES];
+    orion_put_u64(head + EVENT_NODE(graph), handle_word(graph));
+    orion_put_u64(head + EVENT_NODE(event), handle_word(event));
+    orion_put_u32(head + EVENT_NODE(deps), (uint32_t)count);
     return send_node_call(opcode, head, sizeof head, deps, count, NULL, 0, node);
 }
 
@@ -366,11 +380,11 @@ CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph graph, CUgraphNode cons
     int status = node_args("cuGraphAddMemsetNode", node, deps, count);
     if (status != CUDA_SUCCESS) return status;
     if (!params) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t head[16 + MEMSET_NODE_BYTES + 4];
-    orion_put_u64(head, handle_word(graph));
-    orion_put_u64(head + 8, handle_word(ctx));
-    size_t at = 16 + put_memset(head + 16, params);
-    orion_put_u32(head + at, (uint32_t)count);
+    uint8_t head[ORION_REQ_cuGraphAddMemsetNode_SIZE + ORION_LENGTH_BYTES];
+    orion_put_u64(head + ORION_REQ_cuGraphAddMemsetNode_graph, handle_word(graph));
+    orion_put_u64(head + ORION_REQ_cuGraphAddMemsetNode_context, handle_word(ctx));
+    put_memset(head + ORION_REQ_cuGraphAddMemsetNode_MEMSET_NODE, params);
+    orion_put_u32(head + ORION_REQ_cuGraphAddMemsetNode_deps, (uint32_t)count);
     return send_node_call(ORION_OP_cuGraphAddMemsetNode, head, sizeof head, deps, count, NULL, 0, node);
 }
 
@@ -380,26 +394,33 @@ CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, CUgraphNode cons
     if (status != CUDA_SUCCESS) return status;
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     if ((status = copy_forwarded(params)) != CUDA_SUCCESS) return status;
-    uint8_t head[16 + MEMCPY_3D_BYTES + 4];
-    orion_put_u64(head, handle_word(graph));
-    orion_put_u64(head + 8, handle_word(ctx));
-    size_t at = 16 + put_copy(head + 16, params);
-    orion_put_u32(head + at, (uint32_t)count);
+    uint8_t head[ORION_REQ_cuGraphAddMemcpyNode_SIZE + ORION_LENGTH_BYTES];
+    orion_put_u64(head + ORION_REQ_cuGraphAddMemcpyNode_graph, handle_word(graph));
+    orion_put_u64(head + ORION_REQ_cuGraphAddMemcpyNode_context, handle_word(ctx));
+    put_copy(head + ORION_REQ_cuGraphAddMemcpyNode_MEMCPY_3D, params);
+    orion_put_u32(head + ORION_REQ_cuGraphAddMemcpyNode_deps, (uint32_t)count);
     status = send_node_call(ORION_OP_cuGraphAddMemcpyNode, head, sizeof head, deps, count, NULL, 0, node);
     return copy_answered(params, status);
 }
 
-/* A kernel-node call: `prefix` (its handles), the KERNEL_NODE fields, [the dependencies], then the parameters. */
+/* A kernel-node call: `prefix` (its handles: the request up to its KERNEL_NODE fields), the KERNEL_NODE fields,
+ * [the dependencies], then the parameters. In each of the three requests the KERNEL_NODE fields end the fixed part. */
+#define KERNEL_LAST(call) (ORION_REQ_##call##_KERNEL_NODE + ORION_KERNEL_NODE_SIZE == ORION_REQ_##call##_SIZE)
+_Static_assert(KERNEL_LAST(cuGraphAddKernelNode) && KERNEL_LAST(cuGraphKernelNodeSetParams)
+               && KERNEL_LAST(cuGraphExecKernelNodeSetParams), "the KERNEL_NODE fields end each fixed part");
+#define KERNEL_HEAD_BYTES (ORION_REQ_cuGraphExecKernelNodeSetParams_SIZE + ORION_LENGTH_BYTES) /* the longest prefix */
+_Static_assert(ORION_REQ_cuGraphAddKernelNode_SIZE + ORION_LENGTH_BYTES <= KERNEL_HEAD_BYTES, "room for every head");
 static int kernel_node_call(uint32_t opcode, const uint8_t *prefix, size_t prefix_len,
                             CUDA_KERNEL_NODE_PARAMS const *params, int with_deps, CUgraphNode const *deps,
                             size_t count, CUgraphNode *node) {
     if (!params) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t head[16 + KERNEL_NODE_BYTES + 4];
+    uint8_t head[KERNEL_HEAD_BYTES];
     memcpy(head, prefix, prefix_len);
-    size_t at = prefix_len + put_kernel(head + prefix_len, params);
-    if (with_deps) {
+    put_kernel(head + prefix_len, params);
+    size_t at = prefix_len + ORION_KERNEL_NODE_SIZE;
+    if (with_deps) { /* cuGraphAddKernelNode's deps, right after the fixed part */
         orion_put_u32(head + at, (uint32_t)count);
-        at += 4;
+        at += ORION_LENGTH_BYTES;
     }
     uint8_t small[PACKED_ON_STACK];
     uint8_t *packed = small;
@@ -416,24 +437,30 @@ CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, CUgraphNode cons
                               CUDA_KERNEL_NODE_PARAMS const *params) {
     int status = node_args("cuGraphAddKernelNode", node, deps, count);
     if (status != CUDA_SUCCESS) return status;
-    uint8_t prefix[8];
-    orion_put_u64(prefix, handle_word(graph));
+    uint8_t prefix[ORION_REQ_cuGraphAddKernelNode_KERNEL_NODE];
+    orion_put_u64(prefix + ORION_REQ_cuGraphAddKernelNode_graph, handle_word(graph));
     return kernel_node_call(ORION_OP_cuGraphAddKernelNode, prefix, sizeof prefix, params, 1, deps, count, node);
 }
 
 /* --- edges ---------------------------------------------------------------------------------------------------- */
 
 /* from[i] -> to[i] with edge data[i] (NULL: default edges, sent as an empty list): three counted lists, each sent
- * from the caller's array (a node handle and a CUgraphEdgeData are 8 bytes each). */
+ * from the caller's array (a node handle and a CUgraphEdgeData are one item each). cuGraphAddDependencies's
+ * request, which cuGraphRemoveDependencies's is too. */
+#define EDGES(field) ORION_REQ_cuGraphAddDependencies_##field
+#define SAME_EDGES(field) (ORION_REQ_cuGraphRemoveDependencies_##field == EDGES(field))
+_Static_assert(SAME_EDGES(graph) && SAME_EDGES(from) && SAME_EDGES(SIZE) && SAME_EDGES(from_ITEM)
+               && SAME_EDGES(to_ITEM) && SAME_EDGES(edges_ITEM) && sizeof(CUgraphNode) == EDGES(to_ITEM),
+               "edges_call() packs both");
 static int edges_call(uint32_t opcode, const char *call, CUgraph graph, CUgraphNode const *from,
                       CUgraphNode const *to, CUgraphEdgeData const *data, size_t count) {
     if (count && (!from || !to)) return CUDA_ERROR_INVALID_VALUE;
     int status = too_many(call, count);
     if (status != CUDA_SUCCESS) return status;
     size_t edges = data ? count : 0;
-    uint8_t head[12], to_count[4], data_count[4];
-    orion_put_u64(head, handle_word(graph));
-    orion_put_u32(head + 8, (uint32_t)count);
+    uint8_t head[EDGES(SIZE) + ORION_LENGTH_BYTES], to_count[ORION_LENGTH_BYTES], data_count[ORION_LENGTH_BYTES];
+    orion_put_u64(head + EDGES(graph), handle_word(graph));
+    orion_put_u32(head + EDGES(from), (uint32_t)count);
     orion_put_u32(to_count, (uint32_t)count);
     orion_put_u32(data_count, (uint32_t)edges);
     struct orion_piece pieces[6] = {
@@ -470,17 +497,34 @@ static int malformed_reply(const char *what) {
     return CUDA_ERROR_UNKNOWN;
 }
 
+/* The five queries share cuGraphGetNodes's request (a handle, the capacity) and reply (the count, then `lists`
+ * counted lists of u64 items, the first right after the fixed part). */
+#define QUERY(payload, field) ORION_##payload##_cuGraphGetNodes_##field
+#define SAME_QUERY(call, handle, first) (ORION_REQ_##call##_##handle == QUERY(REQ, graph) \
+    && ORION_REQ_##call##_capacity == QUERY(REQ, capacity) && ORION_REQ_##call##_SIZE == QUERY(REQ, SIZE) \
+    && ORION_REP_##call##_count == QUERY(REP, count) && ORION_REP_##call##_SIZE == QUERY(REP, SIZE) \
+    && ORION_REP_##call##_##first == QUERY(REP, SIZE) && ORION_REP_##call##_##first##_ITEM == QUERY_ITEM)
+#define QUERY_ITEM QUERY(REP, nodes_ITEM)
+_Static_assert(SAME_QUERY(cuGraphGetRootNodes, graph, nodes) && SAME_QUERY(cuGraphGetEdges, graph, from)
+               && ORION_REP_cuGraphGetEdges_to_ITEM == QUERY_ITEM && ORION_REP_cuGraphGetEdges_edges_ITEM == QUERY_ITEM
+               && SAME_QUERY(cuGraphNodeGetDependencies, node, nodes)
+               && ORION_REP_cuGraphNodeGetDependencies_edges_ITEM == QUERY_ITEM
+               && SAME_QUERY(cuGraphNodeGetDependentNodes, node, nodes)
+               && ORION_REP_cuGraphNodeGetDependentNodes_edges_ITEM == QUERY_ITEM
+               && QUERY(REP, nodes) == QUERY(REP, SIZE) && sizeof(CUgraphEdgeData) == QUERY_ITEM,
+               "ask() packs and reads all five");
+
 /* Ask once, with room for `asked` entries per list. */
 static int ask(uint32_t opcode, const char *call, uint64_t handle, uint64_t asked, int lists, struct answer *out) {
     out->buffer = NULL;
     out->n = 0;
-    if (asked > (SIZE_MAX / 2 - 16) / (8 * (size_t)lists)) return CUDA_ERROR_OUT_OF_MEMORY;
-    size_t cap = (size_t)lists * (4 + 8 * (size_t)asked);
+    if (asked > (SIZE_MAX / 2 - 16) / (QUERY_ITEM * (size_t)lists)) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t cap = (size_t)lists * (ORION_LENGTH_BYTES + QUERY_ITEM * (size_t)asked);
     uint8_t *buffer = malloc(cap);
     if (!buffer) return CUDA_ERROR_OUT_OF_MEMORY;
-    uint8_t req[16], head[8];
-    orion_put_u64(req, handle);
-    orion_put_u64(req + 8, asked);
+    uint8_t req[QUERY(REQ, SIZE)], head[QUERY(REP, SIZE)];
+    orion_put_u64(req + QUERY(REQ, graph), handle);
+    orion_put_u64(req + QUERY(REQ, capacity), asked);
     size_t got = 0;
     struct orion_piece piece = { req, sizeof req };
     int status = orion_thread_forwardv(opcode, &piece, 1, head, sizeof head, buffer, cap, &got, 0);
@@ -488,17 +532,18 @@ static int ask(uint32_t opcode, const char *call, uint64_t handle, uint64_t aske
         free(buffer);
         return status;
     }
-    out->count = orion_get_u64(head);
+    out->count = orion_get_u64(head + QUERY(REP, count));
     size_t at = 0;
     for (int i = 0; i < lists; i++) {
-        uint32_t n = at + 4 <= got ? orion_get_u32(buffer + at) : 0;
-        if (at + 4 > got || n > asked || (i && n != out->n) || got - at - 4 < (size_t)n * 8) {
+        uint32_t n = at + ORION_LENGTH_BYTES <= got ? orion_get_u32(buffer + at) : 0;
+        if (at + ORION_LENGTH_BYTES > got || n > asked || (i && n != out->n)
+            || got - at - ORION_LENGTH_BYTES < (size_t)n * QUERY_ITEM) {
             free(buffer);
             return malformed_reply(call);
         }
         out->n = n;
-        out->items[i] = buffer + at + 4;
-        at += 4 + (size_t)n * 8;
+        out->items[i] = buffer + at + ORION_LENGTH_BYTES;
+        at += ORION_LENGTH_BYTES + (size_t)n * QUERY_ITEM;
     }
     if (at != got || out->n > out->count) {
         free(buffer);
@@ -521,12 +566,13 @@ static int query(uint32_t opcode, const char *call, uint64_t handle, uint64_t as
 
 /* The first `n` entries of list `items` into `nodes`, NULL after them up to `room`, as the driver fills an array. */
 static void fill_nodes(CUgraphNode *nodes, const uint8_t *items, size_t n, size_t room) {
-    for (size_t i = 0; i < room; i++) nodes[i] = i < n ? (CUgraphNode)(uintptr_t)orion_get_u64(items + 8 * i) : NULL;
+    for (size_t i = 0; i < room; i++)
+        nodes[i] = i < n ? (CUgraphNode)(uintptr_t)orion_get_u64(items + QUERY_ITEM * i) : NULL;
 }
 
 static int any_edge_data(const uint8_t *items, size_t n) {
     for (size_t i = 0; i < n; i++)
-        if (orion_get_u64(items + 8 * i)) return 1;
+        if (orion_get_u64(items + QUERY_ITEM * i)) return 1;
     return 0;
 }
 
@@ -599,35 +645,35 @@ CUresult cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *dependents,
 /* --- parameters set ------------------------------------------------------------------------------------------- */
 
 CUresult cuGraphKernelNodeSetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS const *params) {
-    uint8_t prefix[8];
-    orion_put_u64(prefix, handle_word(node));
+    uint8_t prefix[ORION_REQ_cuGraphKernelNodeSetParams_KERNEL_NODE];
+    orion_put_u64(prefix + ORION_REQ_cuGraphKernelNodeSetParams_node, handle_word(node));
     return kernel_node_call(ORION_OP_cuGraphKernelNodeSetParams, prefix, sizeof prefix, params, 0, NULL, 0, NULL);
 }
 
 CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA_KERNEL_NODE_PARAMS const *params) {
-    uint8_t prefix[16];
-    orion_put_u64(prefix, handle_word(exec));
-    orion_put_u64(prefix + 8, handle_word(node));
+    uint8_t prefix[ORION_REQ_cuGraphExecKernelNodeSetParams_KERNEL_NODE];
+    orion_put_u64(prefix + ORION_REQ_cuGraphExecKernelNodeSetParams_exec, handle_word(exec));
+    orion_put_u64(prefix + ORION_REQ_cuGraphExecKernelNodeSetParams_node, handle_word(node));
     return kernel_node_call(ORION_OP_cuGraphExecKernelNodeSetParams, prefix, sizeof prefix, params, 0, NULL, 0,
                             NULL);
 }
 
 CUresult cuGraphMemsetNodeSetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS const *params) {
     if (!params) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[8 + MEMSET_NODE_BYTES];
-    orion_put_u64(req, handle_word(node));
-    put_memset(req + 8, params);
+    uint8_t req[ORION_REQ_cuGraphMemsetNodeSetParams_SIZE];
+    orion_put_u64(req + ORION_REQ_cuGraphMemsetNodeSetParams_node, handle_word(node));
+    put_memset(req + ORION_REQ_cuGraphMemsetNodeSetParams_MEMSET_NODE, params);
     return hand_forward(ORION_OP_cuGraphMemsetNodeSetParams, req, sizeof req, NULL, 0);
 }
 
 CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA_MEMSET_NODE_PARAMS const *params,
                                         CUcontext ctx) {
     if (!params) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[24 + MEMSET_NODE_BYTES];
-    orion_put_u64(req, handle_word(exec));
-    orion_put_u64(req + 8, handle_word(node));
-    orion_put_u64(req + 16, handle_word(ctx));
-    put_memset(req + 24, params);
+    uint8_t req[ORION_REQ_cuGraphExecMemsetNodeSetParams_SIZE];
+    orion_put_u64(req + ORION_REQ_cuGraphExecMemsetNodeSetParams_exec, handle_word(exec));
+    orion_put_u64(req + ORION_REQ_cuGraphExecMemsetNodeSetParams_node, handle_word(node));
+    orion_put_u64(req + ORION_REQ_cuGraphExecMemsetNodeSetParams_context, handle_word(ctx));
+    put_memset(req + ORION_REQ_cuGraphExecMemsetNodeSetParams_MEMSET_NODE, params);
     return hand_forward(ORION_OP_cuGraphExecMemsetNodeSetParams, req, sizeof req, NULL, 0);
 }
 
@@ -635,9 +681,9 @@ CUresult cuGraphMemcpyNodeSetParams(CUgraphNode node, CUDA_MEMCPY3D const *param
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     int status = copy_forwarded(params);
     if (status != CUDA_SUCCESS) return status;
-    uint8_t req[8 + MEMCPY_3D_BYTES];
-    orion_put_u64(req, handle_word(node));
-    put_copy(req + 8, params);
+    uint8_t req[ORION_REQ_cuGraphMemcpyNodeSetParams_SIZE];
+    orion_put_u64(req + ORION_REQ_cuGraphMemcpyNodeSetParams_node, handle_word(node));
+    put_copy(req + ORION_REQ_cuGraphMemcpyNodeSetParams_MEMCPY_3D, params);
     return copy_answered(params, hand_forward(ORION_OP_cuGraphMemcpyNodeSetParams, req, sizeof req, NULL, 0));
 }
 
@@ -646,24 +692,24 @@ CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     int status = copy_forwarded(params);
     if (status != CUDA_SUCCESS) return status;
-    uint8_t req[24 + MEMCPY_3D_BYTES];
-    orion_put_u64(req, handle_word(exec));
-    orion_put_u64(req + 8, handle_word(node));
-    orion_put_u64(req + 16, handle_word(ctx));
-    put_copy(req + 24, params);
+    uint8_t req[ORION_REQ_cuGraphExecMemcpyNodeSetParams_SIZE];
+    orion_put_u64(req + ORION_REQ_cuGraphExecMemcpyNodeSetParams_exec, handle_word(exec));
+    orion_put_u64(req + ORION_REQ_cuGraphExecMemcpyNodeSetParams_node, handle_word(node));
+    orion_put_u64(req + ORION_REQ_cuGraphExecMemcpyNodeSetParams_context, handle_word(ctx));
+    put_copy(req + ORION_REQ_cuGraphExecMemcpyNodeSetParams_MEMCPY_3D, params);
     return copy_answered(params, hand_forward(ORION_OP_cuGraphExecMemcpyNodeSetParams, req, sizeof req, NULL, 0));
 }
 
 CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *info) {
     if (!info) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[16], rep[20]; /* result (i32), error node, error's from node (u64) */
-    orion_put_u64(req, handle_word(exec));
-    orion_put_u64(req + 8, handle_word(graph));
+    uint8_t req[ORION_REQ_cuGraphExecUpdate_SIZE], rep[ORION_REP_cuGraphExecUpdate_SIZE];
+    orion_put_u64(req + ORION_REQ_cuGraphExecUpdate_exec, handle_word(exec));
+    orion_put_u64(req + ORION_REQ_cuGraphExecUpdate_graph, handle_word(graph));
     int status = hand_forward(ORION_OP_cuGraphExecUpdate, req, sizeof req, rep, sizeof rep);
     if (status == CUDA_SUCCESS) {
-        info->result = orion_get_i32(rep);
-        info->errorNode = (CUgraphNode)(uintptr_t)orion_get_u64(rep + 4);
-        info->errorFromNode = (CUgraphNode)(uintptr_t)orion_get_u64(rep + 12);
+        info->result = orion_get_i32(rep + ORION_REP_cuGraphExecUpdate_result);
+        info->errorNode = (CUgraphNode)(uintptr_t)orion_get_u64(rep + ORION_REP_cuGraphExecUpdate_error_node);
+        info->errorFromNode = (CUgraphNode)(uintptr_t)orion_get_u64(rep + ORION_REP_cuGraphExecUpdate_error_from_node);
     } else if (status == ERROR_GRAPH_EXEC_UPDATE_FAILURE) { /* the reply carries no result information */
         info->result = UPDATE_ERROR;
         info->errorNode = info->errorFromNode = NULL;
@@ -841,27 +887,31 @@ static int default_edges(const CUgraphEdgeData *edges, size_t count) {
  * a moved child graph and its ownership, dependencies, edges; the reply the node and a conditional node's body
  * graphs, none for a moved child graph), its edges sent only where one carries data. `tail` gets the reply's body-graph
  * list (its count, then the graphs), `got` its length. */
+#define ADD_NODE(payload, field) ORION_##payload##_cuGraphAddNode_##field
+/* The reply's body graphs (`graphs`: their count, then the handles) are its tail, right after the node. */
+#define BODIES_BYTES(n) (ORION_LENGTH_BYTES + ADD_NODE(REP, graphs_ITEM) * (size_t)(n))
+_Static_assert(ADD_NODE(REP, graphs) == ADD_NODE(REP, SIZE), "the body graphs right after the node");
 static int add_node_forwarded(CUgraphNode *made, CUgraph graph, int type, const conditional_node_params *c,
                               CUgraph child, int ownership, const CUgraphNode *deps, const CUgraphEdgeData *edges,
                               size_t count, uint8_t *tail, size_t tail_size, size_t *got) {
     static const conditional_node_params none;
     if (!c) c = &none;
     size_t sent = default_edges(edges, count) ? 0 : count;
-    uint8_t head[52], listed[4], rep[8];
-    orion_put_u64(head, handle_word(graph));
-    orion_put_i32(head + 8, type);
-    orion_put_u64(head + 12, c->handle);
-    orion_put_i32(head + 20, c->type);
-    orion_put_u32(head + 24, c->size);
-    orion_put_u64(head + 28, handle_word(c->ctx));
-    orion_put_u64(head + 36, handle_word(child));
-    orion_put_u32(head + 44, (uint32_t)ownership);
-    orion_put_u32(head + 48, (uint32_t)count);
-    orion_put_u32(listed, (uint32_t)sent);
+    uint8_t head[ADD_NODE(REQ, SIZE) + ORION_LENGTH_BYTES], listed[ORION_LENGTH_BYTES], rep[ADD_NODE(REP, SIZE)];
+    orion_put_u64(head + ADD_NODE(REQ, graph), handle_word(graph));
+    orion_put_i32(head + ADD_NODE(REQ, type), type);
+    orion_put_u64(head + ADD_NODE(REQ, handle), c->handle);
+    orion_put_i32(head + ADD_NODE(REQ, cond_type), c->type);
+    orion_put_u32(head + ADD_NODE(REQ, size), c->size);
+    orion_put_u64(head + ADD_NODE(REQ, context), handle_word(c->ctx));
+    orion_put_u64(head + ADD_NODE(REQ, child), handle_word(child));
+    orion_put_u32(head + ADD_NODE(REQ, ownership), (uint32_t)ownership);
+    orion_put_u32(head + ADD_NODE(REQ, deps), (uint32_t)count);
+    orion_put_u32(listed, (uint32_t)sent); /* the edges' count, after the dependencies */
     struct orion_piece pieces[4] = { { head, sizeof head }, { deps, count * sizeof *deps }, { listed, sizeof listed },
                                      { edges, sent * sizeof *edges } };
     int status = orion_thread_forwardv(ORION_OP_cuGraphAddNode, pieces, 4, rep, sizeof rep, tail, tail_size, got, 0);
-    if (status == CUDA_SUCCESS) *made = (CUgraphNode)(uintptr_t)orion_get_u64(rep);
+    if (status == CUDA_SUCCESS) *made = (CUgraphNode)(uintptr_t)orion_get_u64(rep + ADD_NODE(REP, node));
     return status;
 }
 
@@ -881,13 +931,13 @@ static int add_conditional(CUgraphNode *node, CUgraph graph, const CUgraphNode *
         conditional_release(NULL);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    uint8_t tail[4 + 8 * MAX_CONDITIONAL_BODIES];
+    uint8_t tail[BODIES_BYTES(MAX_CONDITIONAL_BODIES)];
     size_t got = 0;
     CUgraphNode made = NULL;
     status = add_node_forwarded(&made, graph, NODE_CONDITIONAL, c, NULL, 0, deps, edges, count, tail, sizeof tail,
                                 &got);
     if (status == CUDA_SUCCESS) {
-        if (got != 4 + 8 * (size_t)c->size || orion_get_u32(tail) != c->size) {
+        if (got != BODIES_BYTES(c->size) || orion_get_u32(tail) != c->size) {
             cuGraphDestroyNode(made); /* a reply this library cannot read: the call has no effect */
             status = malformed_reply("cuGraphAddNode");
         } else {
@@ -895,7 +945,7 @@ static int add_conditional(CUgraphNode *node, CUgraph graph, const CUgraphNode *
             entry->graph = graph;
             entry->size = c->size;
             for (unsigned int i = 0; i < c->size; i++)
-                entry->bodies[i] = (CUgraph)(uintptr_t)orion_get_u64(tail + 4 + 8 * (size_t)i);
+                entry->bodies[i] = (CUgraph)(uintptr_t)orion_get_u64(tail + BODIES_BYTES(i));
             conditional_keep(entry);
             c->phGraph_out = entry->bodies;
             *node = made;
@@ -910,13 +960,13 @@ static int add_conditional(CUgraphNode *node, CUgraph graph, const CUgraphNode *
  * nodes stay the ones the caller names (through the parent's executable graph too); the reply lists no graphs. */
 static int add_moved_child(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, const CUgraphEdgeData *edges,
                            size_t count, CUgraph child) {
-    uint8_t tail[4];
+    uint8_t tail[BODIES_BYTES(0)];
     size_t got = 0;
     CUgraphNode made = NULL;
     int status = add_node_forwarded(&made, graph, NODE_GRAPH, NULL, child, OWNERSHIP_MOVE, deps, edges, count, tail,
                                     sizeof tail, &got);
     if (status != CUDA_SUCCESS) return status;
-    if (got != 4 || orion_get_u32(tail) != 0) {
+    if (got != BODIES_BYTES(0) || orion_get_u32(tail) != 0) {
         cuGraphDestroyNode(made); /* a reply this library cannot read: the node goes again, and the moved graph
                                    * with it (the node owns it now); the host forgets the graph too */
         return malformed_reply("cuGraphAddNode");

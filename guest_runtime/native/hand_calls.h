@@ -26,12 +26,12 @@ struct CUlaunchConfig_st {
     unsigned int numAttrs;
 };
 
-/* A launch configuration as the wire carries it (driver_api LAUNCH head: u64 function, u32 grid x y z, block x y z,
- * shared bytes, u64 stream; then, where the request has attributes, their u32 count): launch_calls.c writes it for
- * cuLaunchKernel* and cuOccupancyMaxActiveClusters alike. */
-#define ORION_LAUNCH_HEAD 44
-#define ORION_LAUNCH_ATTRIBUTE_SIZE 72 /* CUlaunchAttribute: i32 id, 4 bytes of padding, a 64-byte value */
-/* The head into `head` (ORION_LAUNCH_HEAD + 4 bytes): its length, with the count only where `count` is given. */
+/* A launch configuration as the wire carries it (driver_api LAUNCH, whose fields orion_layouts.h places: u64
+ * function, u32 grid x y z, block x y z, shared bytes, u64 stream; then, where the request has attributes, their
+ * u32 count): launch_calls.c writes it for cuLaunchKernel* and cuOccupancyMaxActiveClusters alike. Each attribute
+ * travels as cuda.h's CUlaunchAttribute (ORION_LAUNCH_ATTRIBUTE_SIZE bytes: id, padding, a 64-byte value). */
+#define ORION_LAUNCH_HEAD_BYTES (ORION_LAUNCH_SIZE + ORION_LENGTH_BYTES) /* the LAUNCH fields, the attributes' count */
+/* The head into `head` (ORION_LAUNCH_HEAD_BYTES): its length, with the count only where `count` is given. */
 size_t orion_launch_head(uint8_t *head, uint64_t function, const unsigned int dims[7], uint64_t stream,
                          const unsigned int *count);
 /* A CUlaunchConfig's request pieces: the head (in `head`) and its attributes array, after checking it as the driver

@@ -166,13 +166,19 @@ static void install_hooks(void) {
 }
 
 static int post_value(uint32_t opcode, uint64_t stream, uint64_t address, uint32_t value, uint32_t flags);
-static void put_value(uint8_t request[24], uint64_t stream, uint64_t address, uint32_t value, uint32_t flags);
+/* cuStreamWriteValue32's request, which cuStreamWaitValue32's is too */
+#define VALUE_REQ(field) ORION_REQ_cuStreamWriteValue32_##field
+#define SAME_VALUE(field) (ORION_REQ_cuStreamWaitValue32_##field == VALUE_REQ(field))
+_Static_assert(SAME_VALUE(arg0) && SAME_VALUE(arg1) && SAME_VALUE(arg2) && SAME_VALUE(arg3) && SAME_VALUE(SIZE),
+               "put_value() packs both");
+static void put_value(uint8_t request[VALUE_REQ(SIZE)], uint64_t stream, uint64_t address, uint32_t value,
+                      uint32_t flags);
 
 /* Whether the session's GPU can reach the block's words by stream memory operations, asked once and waited for (a
  * write of the word's own 0): on a relayed session it cannot (CUDA_ERROR_NOT_SUPPORTED, docs/remote.md), and the
  * relay then runs the stream's side of each function instead (HOST_FUNCTION). */
 static int probe_words(unsigned long long device) {
-    uint8_t request[24];
+    uint8_t request[VALUE_REQ(SIZE)];
     put_value(request, 0, device, 0, 0);
     return orion_thread_forward(ORION_OP_cuStreamWriteValue32, request, sizeof request, NULL, 0, 0);
 }
@@ -227,15 +233,16 @@ static int slot_of(uint64_t stream, uint64_t context) {
     return i;
 }
 
-static void put_value(uint8_t request[24], uint64_t stream, uint64_t address, uint32_t value, uint32_t flags) {
-    orion_put_u64(request, stream);
-    orion_put_u64(request + 8, address);
-    orion_put_u32(request + 16, value);
-    orion_put_u32(request + 20, flags);
+static void put_value(uint8_t request[VALUE_REQ(SIZE)], uint64_t stream, uint64_t address, uint32_t value,
+                      uint32_t flags) {
+    orion_put_u64(request + VALUE_REQ(arg0), stream);
+    orion_put_u64(request + VALUE_REQ(arg1), address);
+    orion_put_u32(request + VALUE_REQ(arg2), value);
+    orion_put_u32(request + VALUE_REQ(arg3), flags);
 }
 
 static int post_value(uint32_t opcode, uint64_t stream, uint64_t address, uint32_t value, uint32_t flags) {
-    uint8_t request[24];
+    uint8_t request[VALUE_REQ(SIZE)];
     put_value(request, stream, address, value, flags);
     return orion_thread_post(opcode, request, sizeof request);
 }
@@ -243,12 +250,12 @@ static int post_value(uint32_t opcode, uint64_t stream, uint64_t address, uint32
 /* A relayed session's function: the relay writes `seq` to the slot's reached word once the stream's earlier work
  * is done, and holds the session's later work until the release word reaches `seq` (HOST_FUNCTION). */
 static int post_host_function(uint64_t stream, uint64_t words, uint32_t seq) {
-    uint8_t request[32];
-    orion_put_u64(request, stream);
-    orion_put_u64(request + 8, words);
-    orion_put_u64(request + 16, words + 4);
-    orion_put_u32(request + 24, seq);
-    orion_put_u32(request + 28, 0);
+    uint8_t request[ORION_HOST_FUNCTION_REQ_SIZE];
+    orion_put_u64(request + ORION_HOST_FUNCTION_REQ_stream, stream);
+    orion_put_u64(request + ORION_HOST_FUNCTION_REQ_reached, words);
+    orion_put_u64(request + ORION_HOST_FUNCTION_REQ_release, words + 4); /* the slot's release word */
+    orion_put_u32(request + ORION_HOST_FUNCTION_REQ_seq, seq);
+    orion_put_u32(request + ORION_HOST_FUNCTION_REQ_reserved, 0);
     return orion_thread_post(ORION_OP_HOST_FUNCTION, request, sizeof request);
 }
 

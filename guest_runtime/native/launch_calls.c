@@ -10,13 +10,20 @@
 #include "hand_calls.h"
 #include "param_layouts.h"
 
-#define LAUNCH_HEAD ORION_LAUNCH_HEAD
 #define ATTRIBUTE_SIZE ORION_LAUNCH_ATTRIBUTE_SIZE
 #define MAX_EXTRA_PAIRS 64  /* an `extra` list longer than this (without END) is not a list */
 #define PACKED_ON_STACK 1024
 enum { PARAM_END = 0, PARAM_BUFFER_POINTER = 1, PARAM_BUFFER_SIZE = 2 }; /* CU_LAUNCH_PARAM_* */
 
-_Static_assert(sizeof(CUlaunchAttribute) == ATTRIBUTE_SIZE, "CUlaunchAttribute is 72 bytes in cuda.h");
+_Static_assert(sizeof(CUlaunchAttribute) == ATTRIBUTE_SIZE, "CUlaunchAttribute travels as cuda.h lays it out");
+/* Every launch request's fixed part is the LAUNCH fields alone; cuLaunchKernelEx's and cuOccupancyMaxActiveClusters'
+ * attributes follow (their count first): orion_launch_head() writes all four. */
+#define LAUNCH_ONLY(call) (ORION_REQ_##call##_LAUNCH == ORION_LAUNCH_function \
+                           && ORION_REQ_##call##_SIZE == ORION_LAUNCH_SIZE)
+_Static_assert(LAUNCH_ONLY(cuLaunchKernel) && LAUNCH_ONLY(cuLaunchCooperativeKernel) && LAUNCH_ONLY(cuLaunchKernelEx)
+               && LAUNCH_ONLY(cuOccupancyMaxActiveClusters)
+               && ORION_REQ_cuLaunchKernelEx_attributes == ORION_LAUNCH_SIZE
+               && ORION_REQ_cuOccupancyMaxActiveClusters_attributes == ORION_LAUNCH_SIZE, "one launch head");
 _Static_assert(offsetof(CUlaunchConfig, hStream) == 32 && offsetof(CUlaunchConfig, attrs) == 40 &&
                offsetof(CUlaunchConfig, numAttrs) == 48, "CUlaunchConfig as cuda.h lays it out");
 
@@ -69,16 +76,22 @@ struct launch {
 
 size_t orion_launch_head(uint8_t *head, uint64_t function, const unsigned int dims[7], uint64_t stream,
                          const unsigned int *count) {
-    orion_put_u64(head, function);
-    for (int i = 0; i < 7; i++) orion_put_u32(head + 8 + 4 * i, dims[i]);
-    orion_put_u64(head + 36, stream);
-    if (!count) return LAUNCH_HEAD;
-    orion_put_u32(head + LAUNCH_HEAD, *count);
-    return LAUNCH_HEAD + 4;
+    orion_put_u64(head + ORION_LAUNCH_function, function);
+    orion_put_u32(head + ORION_LAUNCH_grid_x, dims[0]);
+    orion_put_u32(head + ORION_LAUNCH_grid_y, dims[1]);
+    orion_put_u32(head + ORION_LAUNCH_grid_z, dims[2]);
+    orion_put_u32(head + ORION_LAUNCH_block_x, dims[3]);
+    orion_put_u32(head + ORION_LAUNCH_block_y, dims[4]);
+    orion_put_u32(head + ORION_LAUNCH_block_z, dims[5]);
+    orion_put_u32(head + ORION_LAUNCH_shared_bytes, dims[6]);
+    orion_put_u64(head + ORION_LAUNCH_stream, stream);
+    if (!count) return ORION_LAUNCH_SIZE;
+    orion_put_u32(head + ORION_REQ_cuLaunchKernelEx_attributes, *count);
+    return ORION_LAUNCH_HEAD_BYTES;
 }
 
 static int launch(const struct launch *l, void **params, void **extra) {
-    uint8_t head[LAUNCH_HEAD + 4];
+    uint8_t head[ORION_LAUNCH_HEAD_BYTES];
     size_t head_len = orion_launch_head(head, l->function, l->dims, l->stream, l->with_attributes ? &l->count : NULL);
     uint8_t small[PACKED_ON_STACK];
     uint8_t *packed = small;

@@ -91,10 +91,10 @@ static int asking_by_digest(void) {
  * ORION_IMAGE_NOT_CACHED. */
 static int load_by_digest(uint32_t opcode, const uint8_t *digest, size_t size, const uint8_t *head, size_t head_len,
                           uint8_t *reply, size_t reply_len) {
-    uint8_t fixed[8 + 4 + ORION_SHA256_BYTES];
-    orion_put_u64(fixed, (uint64_t)size);
-    orion_put_u32(fixed + 8, ORION_SHA256_BYTES);
-    memcpy(fixed + 12, digest, ORION_SHA256_BYTES);
+    uint8_t fixed[ORION_IMAGE_BY_DIGEST_REQ_SIZE + ORION_LENGTH_BYTES + ORION_SHA256_BYTES];
+    orion_put_u64(fixed + ORION_IMAGE_BY_DIGEST_REQ_size, (uint64_t)size);
+    orion_put_u32(fixed + ORION_IMAGE_BY_DIGEST_REQ_digest, ORION_SHA256_BYTES);
+    memcpy(fixed + ORION_IMAGE_BY_DIGEST_REQ_digest + ORION_LENGTH_BYTES, digest, ORION_SHA256_BYTES);
     struct orion_piece pieces[2] = { { fixed, sizeof fixed }, { head, head_len } };
     return orion_thread_forwardv(opcode + IMAGE_BY_DIGEST, pieces, head ? 2 : 1, reply, reply_len, NULL, 0, NULL,
                                  ORION_CALL_BY_DIGEST);
@@ -104,6 +104,10 @@ static int load_by_digest(uint32_t opcode, const uint8_t *digest, size_t size, c
  * store the new handle. An image of IMAGE_BY_DIGEST_MIN bytes or more is first asked for by its SHA-256: the agent
  * keeps every image a guest sent it whole (under the digest it computes itself), so a second load of it, by this
  * process or any other on the host, sends 44 bytes instead of the image. */
+#define SAME_LOAD_REPLY(call, handle) (ORION_REP_##call##_##handle == ORION_REP_cuModuleLoadData_module \
+                                       && ORION_REP_##call##_SIZE == ORION_REP_cuModuleLoadData_SIZE)
+_Static_assert(SAME_LOAD_REPLY(cuModuleLoadDataEx, module) && SAME_LOAD_REPLY(cuLibraryLoadData, library),
+               "load_image() reads every load's reply");
 static int load_image(uint32_t opcode, uint64_t *handle, const void *image, const uint8_t *head, size_t head_len) {
     struct orion_image_span span;
     char why[256] = "";
@@ -111,7 +115,7 @@ static int load_image(uint32_t opcode, uint64_t *handle, const void *image, cons
         fprintf(stderr, "orion: not a module image CUDA would load: %s\n", why);
         return CUDA_ERROR_INVALID_IMAGE;
     }
-    uint8_t reply[8], digest[ORION_SHA256_BYTES];
+    uint8_t reply[ORION_REP_cuModuleLoadData_SIZE], digest[ORION_SHA256_BYTES];
     int by_digest = span.size >= IMAGE_BY_DIGEST_MIN && asking_by_digest();
     int status = ORION_IMAGE_NOT_CACHED;
     if (by_digest) {
@@ -125,7 +129,7 @@ static int load_image(uint32_t opcode, uint64_t *handle, const void *image, cons
         status = hand_forwardv(opcode, head ? pieces : pieces + 1, head ? 2 : 1, reply, sizeof reply);
         if (by_digest && status == CUDA_SUCCESS) note_held(digest); /* the agent keeps what it loaded */
     }
-    if (status == CUDA_SUCCESS) *handle = orion_get_u64(reply);
+    if (status == CUDA_SUCCESS) *handle = orion_get_u64(reply + ORION_REP_cuModuleLoadData_module);
     return status;
 }
 
@@ -156,19 +160,26 @@ static void empty_logs(void **values, const int *guest) {
 }
 
 /* Scalar JIT options travel as `[iQ]` pairs before the image; log and wall-time options are answered here after
- * the call; any other is not forwarded (801, named once as `call`). */
+ * the call; any other is not forwarded (801, named once as `call`). cuModuleLoadDataEx's request, which
+ * cuLibraryLoadData's is too: the options first (their count, then the pairs), the image the tail. */
+#define OPTIONS(field) ORION_REQ_cuModuleLoadDataEx_options##field
+#define SAME_OPTIONS(field) (ORION_REQ_cuLibraryLoadData_options##field == OPTIONS(field))
+_Static_assert(SAME_OPTIONS() && SAME_OPTIONS(_ITEM) && SAME_OPTIONS(_ITEM_0) && SAME_OPTIONS(_ITEM_1)
+               && ORION_REQ_cuModuleLoadDataEx_SIZE == OPTIONS() && ORION_REQ_cuLibraryLoadData_SIZE == OPTIONS(),
+               "the options lead both requests");
 static int load_with_jit_options(uint32_t opcode, const char *unsupported, uint64_t *handle, const void *image,
                                  unsigned count, const CUjit_option *options, void **values) {
     int guest[JIT_GUEST_OPTIONS];
     for (int i = 0; i < JIT_GUEST_OPTIONS; i++) guest[i] = -1;
-    uint8_t *head = malloc(4 + 12 * (size_t)count);
+    uint8_t *head = malloc(ORION_LENGTH_BYTES + OPTIONS(_ITEM) * (size_t)count);
     if (!head) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
     uint32_t pairs = 0;
     for (unsigned i = 0; i < count; i++) {
         int option = options[i];
         if (jit_scalar(option)) {
-            orion_put_i32(head + 4 + 12 * (size_t)pairs, option);
-            orion_put_u64(head + 8 + 12 * (size_t)pairs, (uint64_t)(uintptr_t)values[i]);
+            uint8_t *pair = head + OPTIONS() + ORION_LENGTH_BYTES + OPTIONS(_ITEM) * (size_t)pairs;
+            orion_put_i32(pair + OPTIONS(_ITEM_0), option);
+            orion_put_u64(pair + OPTIONS(_ITEM_1), (uint64_t)(uintptr_t)values[i]);
             pairs++;
         } else if (jit_guest(option)) {
             guest[option] = (int)i;
@@ -177,8 +188,8 @@ static int load_with_jit_options(uint32_t opcode, const char *unsupported, uint6
             return orion_not_forwarded(unsupported);
         }
     }
-    orion_put_u32(head, pairs);
-    int status = load_image(opcode, handle, image, head, 4 + 12 * (size_t)pairs);
+    orion_put_u32(head + OPTIONS(), pairs);
+    int status = load_image(opcode, handle, image, head, ORION_LENGTH_BYTES + OPTIONS(_ITEM) * (size_t)pairs);
     free(head);
     if (values) empty_logs(values, guest);
     return status;
@@ -213,43 +224,56 @@ CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *j
     return status;
 }
 
-/* A handle and a NUL-free name (the request's tail); the reply is `reply_len` bytes. */
+/* A handle and a NUL-free name (the request's tail); the reply is `reply_len` bytes. cuModuleGetFunction's request,
+ * which the other lookups' are too. */
+#define SAME_LOOKUP(call, owner) (ORION_REQ_##call##_##owner == ORION_REQ_cuModuleGetFunction_module \
+                                  && ORION_REQ_##call##_name == ORION_REQ_cuModuleGetFunction_name \
+                                  && ORION_REQ_##call##_SIZE == ORION_REQ_cuModuleGetFunction_SIZE)
+_Static_assert(SAME_LOOKUP(cuLibraryGetKernel, library) && SAME_LOOKUP(cuModuleGetGlobal, module)
+               && SAME_LOOKUP(cuLibraryGetGlobal, library)
+               && ORION_REQ_cuModuleGetFunction_name == ORION_REQ_cuModuleGetFunction_SIZE, "by_name() asks all four");
 static int by_name(uint32_t opcode, uint64_t owner, const char *name, uint8_t *reply, size_t reply_len) {
-    uint8_t head[8];
-    orion_put_u64(head, owner);
+    uint8_t head[ORION_REQ_cuModuleGetFunction_SIZE];
+    orion_put_u64(head + ORION_REQ_cuModuleGetFunction_module, owner);
     struct orion_piece pieces[2] = { { head, sizeof head }, { name, strlen(name) } };
     return hand_forwardv(opcode, pieces, 2, reply, reply_len);
 }
 
 CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
     if (!function || !name) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t reply[8];
+    uint8_t reply[ORION_REP_cuModuleGetFunction_SIZE];
     int status = by_name(ORION_OP_cuModuleGetFunction, (uint64_t)(uintptr_t)module, name, reply, sizeof reply);
-    if (status == CUDA_SUCCESS) *function = (CUfunction)(uintptr_t)orion_get_u64(reply);
+    if (status == CUDA_SUCCESS)
+        *function = (CUfunction)(uintptr_t)orion_get_u64(reply + ORION_REP_cuModuleGetFunction_function);
     return status;
 }
 
 CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name) {
     if (!kernel || !name) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t reply[8];
+    uint8_t reply[ORION_REP_cuLibraryGetKernel_SIZE];
     int status = by_name(ORION_OP_cuLibraryGetKernel, (uint64_t)(uintptr_t)library, name, reply, sizeof reply);
     if (status == CUDA_SUCCESS) {
-        uint64_t handle = orion_get_u64(reply);
+        uint64_t handle = orion_get_u64(reply + ORION_REP_cuLibraryGetKernel_kernel);
         orion_param_layouts_kernel_made(handle); /* launched as a function, its layout is a kernel's query */
         *kernel = (CUkernel)(uintptr_t)handle;
     }
     return status;
 }
 
-/* cuModuleGetGlobal, cuLibraryGetGlobal: either output may be NULL. */
+/* cuModuleGetGlobal, cuLibraryGetGlobal: either output may be NULL. Both reply as cuModuleGetGlobal. */
+#define GLOBAL(field) ORION_REP_cuModuleGetGlobal_##field
+_Static_assert(ORION_REP_cuLibraryGetGlobal_pointer == GLOBAL(pointer)
+               && ORION_REP_cuLibraryGetGlobal_size == GLOBAL(size)
+               && ORION_REP_cuLibraryGetGlobal_SIZE == GLOBAL(SIZE), "get_global() reads both");
 static int get_global(uint32_t opcode, CUdeviceptr *pointer, size_t *size, uint64_t owner, const char *name) {
     if (!name) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t reply[16];
+    uint8_t reply[GLOBAL(SIZE)];
     int status = by_name(opcode, owner, name, reply, sizeof reply);
     if (status == CUDA_SUCCESS) {
-        orion_range_add(orion_get_u64(reply), orion_get_u64(reply + 8)); /* a global: unified addressing copies it */
-        if (pointer) *pointer = orion_get_u64(reply);
-        if (size) *size = (size_t)orion_get_u64(reply + 8);
+        /* a global: unified addressing copies it */
+        orion_range_add(orion_get_u64(reply + GLOBAL(pointer)), orion_get_u64(reply + GLOBAL(size)));
+        if (pointer) *pointer = orion_get_u64(reply + GLOBAL(pointer));
+        if (size) *size = (size_t)orion_get_u64(reply + GLOBAL(size));
     }
     return status;
 }

@@ -51,18 +51,26 @@ static int search(CUfunction function, CUoccupancyB2DSize dynamic, int limit, un
     return CUDA_SUCCESS;
 }
 
-/* Without a callback: the request (function, dynamic shared bytes, limit[, flags]) and the reply (min grid, block). */
+/* Without a callback: the request (function, dynamic shared bytes, limit[, flags]) and the reply (min grid, block):
+ * cuOccupancyMaxPotentialBlockSizeWithFlags's, which without its flags is cuOccupancyMaxPotentialBlockSize's. */
+#define WITH_FLAGS(payload, field) ORION_##payload##_cuOccupancyMaxPotentialBlockSizeWithFlags_##field
+#define PLAIN(payload, field) ORION_##payload##_cuOccupancyMaxPotentialBlockSize_##field
+_Static_assert(PLAIN(REQ, function) == WITH_FLAGS(REQ, function)
+               && PLAIN(REQ, dynamic_shared_bytes) == WITH_FLAGS(REQ, dynamic_shared_bytes)
+               && PLAIN(REQ, block_limit) == WITH_FLAGS(REQ, block_limit) && PLAIN(REQ, SIZE) <= WITH_FLAGS(REQ, SIZE)
+               && PLAIN(REP, min_grid) == WITH_FLAGS(REP, min_grid) && PLAIN(REP, block) == WITH_FLAGS(REP, block)
+               && PLAIN(REP, SIZE) == WITH_FLAGS(REP, SIZE), "ask_host() packs both");
 static int ask_host(uint32_t opcode, CUfunction function, size_t dynamic, int limit, const unsigned int *flags,
                     int *min_grid, int *block_size) {
-    uint8_t request[24], reply[8];
-    orion_put_u64(request, (uint64_t)(uintptr_t)function);
-    orion_put_u64(request + 8, (uint64_t)dynamic);
-    orion_put_i32(request + 16, limit);
-    if (flags) orion_put_u32(request + 20, *flags);
-    int status = hand_forward(opcode, request, flags ? 24 : 20, reply, sizeof reply);
+    uint8_t request[WITH_FLAGS(REQ, SIZE)], reply[WITH_FLAGS(REP, SIZE)];
+    orion_put_u64(request + WITH_FLAGS(REQ, function), (uint64_t)(uintptr_t)function);
+    orion_put_u64(request + WITH_FLAGS(REQ, dynamic_shared_bytes), (uint64_t)dynamic);
+    orion_put_i32(request + WITH_FLAGS(REQ, block_limit), limit);
+    if (flags) orion_put_u32(request + WITH_FLAGS(REQ, flags), *flags);
+    int status = hand_forward(opcode, request, flags ? WITH_FLAGS(REQ, SIZE) : PLAIN(REQ, SIZE), reply, sizeof reply);
     if (status == CUDA_SUCCESS) {
-        *min_grid = orion_get_i32(reply);
-        *block_size = orion_get_i32(reply + 4);
+        *min_grid = orion_get_i32(reply + WITH_FLAGS(REP, min_grid));
+        *block_size = orion_get_i32(reply + WITH_FLAGS(REP, block));
     }
     return status;
 }
@@ -97,13 +105,13 @@ CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, int *block_siz
  * the function, stream and event attributes are the session's and asks the driver. */
 CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction function, const CUlaunchConfig *config) {
     if (!clusters) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t head[ORION_LAUNCH_HEAD + 4], reply[4];
+    uint8_t head[ORION_LAUNCH_HEAD_BYTES], reply[ORION_REP_cuOccupancyMaxActiveClusters_SIZE];
     struct orion_piece pieces[2];
     int count = 0;
     int status = orion_launch_config_pieces("cuOccupancyMaxActiveClusters", (uint64_t)(uintptr_t)function, config,
                                             head, pieces, &count);
     if (status == CUDA_SUCCESS)
         status = hand_forwardv(ORION_OP_cuOccupancyMaxActiveClusters, pieces, count, reply, sizeof reply);
-    if (status == CUDA_SUCCESS) *clusters = orion_get_i32(reply);
+    if (status == CUDA_SUCCESS) *clusters = orion_get_i32(reply + ORION_REP_cuOccupancyMaxActiveClusters_clusters);
     return status;
 }

@@ -19,6 +19,9 @@
 #include "orion_wire.h"
 
 #include "orion_calls.h" /* generated: cuda.h's types, every table call's opcode (ORION_OP_<name>) and prototype */
+/* generated: where each field of every payload lies (ORION_REQ_<call>_<field>, ORION_REP_..., their _SIZE; the
+ * embedded structs and the forwarding layer's payloads): the hand-written C never spells an offset */
+#include "orion_layouts.h"
 
 /* The forwarding layer's own opcodes: the pool's mapping, and a pinned copy (its call's opcode + ORION_PINNED_COPY). */
 enum { ORION_OP_POOL_MAP = 0x1000, ORION_OP_HOST_FUNCTION = 0x1002, ORION_PINNED_COPY = 0x2000 };
@@ -74,12 +77,16 @@ int orion_pool_overlaps(uint64_t pointer, uint64_t size); /* [pointer, pointer+s
 uint64_t orion_pool_size(void);
 
 /* --- page_locked_calls.c: guest memory answered for as page-locked, outside the pool -------------------------- */
-/* A fallback allocation (owned: cuMemAllocHost/cuMemHostAlloc when the pool could not serve it; cuMemFreeHost
- * unmaps it) or a cuMemHostRegister'ed range (not owned: cuMemHostUnregister only forgets it). Copies with either
- * are pageable (staged); the GPU cannot reach them. */
-struct orion_host_range { uint64_t base, size; unsigned flags; int owned; };
-/* 1 and the range holding `pointer`, or 0 (one atomic load when none is listed). */
+/* A fallback allocation (owned 1: cuMemAllocHost/cuMemHostAlloc when the pool could not serve it; cuMemFreeHost
+ * unmaps it) or a cuMemHostRegister'ed range (owned 0: cuMemHostUnregister only forgets it). Copies with either
+ * are pageable (staged); the GPU cannot reach them. An allocation in the pool (owned 2) is listed apart, for its
+ * pointer attributes only. Each keeps the context current at its allocation or registration, and its device (-1:
+ * not known), which the driver answers as its CONTEXT and DEVICE_ORDINAL attributes. */
+struct orion_host_range { uint64_t base, size; unsigned flags; int owned; uint64_t context; int device; };
+/* 1 and the range outside the pool holding `pointer`, or 0 (one atomic load when none is listed). */
 int orion_host_range_find(uint64_t pointer, struct orion_host_range *range);
+/* 1 and this process's pool allocation holding `pointer`, or 0. */
+int orion_pool_range_find(uint64_t pointer, struct orion_host_range *range);
 /* --- graph_calls.c: cuGetProcAddress's answer for a graph entry point whose ABI changed (or NULL) --------------- */
 void *orion_graph_versioned_entry(const char *symbol, int version);
 /* A graph or node the host destroyed (the generated destroy calls' hook): what the guest kept for it goes. */

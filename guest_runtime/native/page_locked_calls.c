@@ -34,87 +34,110 @@ enum {
 
 /* --- the registry: guest memory answered for as page-locked (sorted by base, never overlapping) --------------- */
 
-static pthread_rwlock_t ranges_lock = PTHREAD_RWLOCK_INITIALIZER;
-static struct orion_host_range *ranges;
-static size_t count, cap;
-static atomic_size_t listed; /* `count`, read without the lock: an empty registry costs a lookup one load */
+/* Two registries of the same shape: `outside`, guest memory answered for as page-locked (fallback allocations and
+ * registered ranges), and `pooled`, this process's allocations in the pool's slice, kept only so that their pointer
+ * attributes (the context, the allocation's range) are answered in the guest, on every path a session takes. */
+struct registry {
+    pthread_rwlock_t lock;
+    struct orion_host_range *ranges;
+    size_t count, cap;
+    atomic_size_t listed; /* `count`, read without the lock: an empty registry costs a lookup one load */
+};
+static struct registry outside = { .lock = PTHREAD_RWLOCK_INITIALIZER };
+static struct registry pooled = { .lock = PTHREAD_RWLOCK_INITIALIZER };
 
 /* Under the lock: the index of the first range whose base is above `pointer` (count when none is). */
-static size_t above(uint64_t pointer) {
-    size_t low = 0, high = count;
+static size_t above(const struct registry *r, uint64_t pointer) {
+    size_t low = 0, high = r->count;
     while (low < high) {
         size_t middle = low + (high - low) / 2;
-        if (ranges[middle].base <= pointer) low = middle + 1;
+        if (r->ranges[middle].base <= pointer) low = middle + 1;
         else high = middle;
     }
     return low;
 }
 
 /* Under the lock: the index of the range holding `pointer`, or count. */
-static size_t holding(uint64_t pointer) {
-    size_t i = above(pointer);
-    return i && pointer - ranges[i - 1].base < ranges[i - 1].size ? i - 1 : count;
+static size_t holding(const struct registry *r, uint64_t pointer) {
+    size_t i = above(r, pointer);
+    return i && pointer - r->ranges[i - 1].base < r->ranges[i - 1].size ? i - 1 : r->count;
 }
 
 /* Add a range ([base, base+size) must not wrap): CUDA_SUCCESS, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED where it
- * overlaps one listed (or the pool slice: page-locked already), or CUDA_ERROR_OUT_OF_MEMORY. */
-static int range_add(struct orion_host_range range) {
-    if (orion_pool_overlaps(range.base, range.size)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+ * overlaps one listed, or CUDA_ERROR_OUT_OF_MEMORY. The range's context and device are the calling thread's. */
+static int range_add(struct registry *r, struct orion_host_range range) {
+    range.context = (uint64_t)(uintptr_t)orion_current_context();
+    CUdevice device = 0;
+    range.device = cuCtxGetDevice(&device) == CUDA_SUCCESS ? device : -1;
     int status = CUDA_SUCCESS;
-    pthread_rwlock_wrlock(&ranges_lock);
-    size_t i = above(range.base);
-    if ((i && ranges[i - 1].base + ranges[i - 1].size > range.base) ||
-        (i < count && ranges[i].base < range.base + range.size)) {
+    pthread_rwlock_wrlock(&r->lock);
+    size_t i = above(r, range.base);
+    if ((i && r->ranges[i - 1].base + r->ranges[i - 1].size > range.base) ||
+        (i < r->count && r->ranges[i].base < range.base + range.size)) {
         status = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-    } else if (count == cap) {
-        size_t more = cap ? cap * 2 : 16;
-        struct orion_host_range *grown = realloc(ranges, more * sizeof *grown);
+    } else if (r->count == r->cap) {
+        size_t more = r->cap ? r->cap * 2 : 16;
+        struct orion_host_range *grown = realloc(r->ranges, more * sizeof *grown);
         if (grown) {
-            ranges = grown;
-            cap = more;
+            r->ranges = grown;
+            r->cap = more;
         } else {
             status = CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
     if (status == CUDA_SUCCESS) {
-        for (size_t j = count; j > i; j--) ranges[j] = ranges[j - 1];
-        ranges[i] = range;
-        atomic_store(&listed, ++count);
+        for (size_t j = r->count; j > i; j--) r->ranges[j] = r->ranges[j - 1];
+        r->ranges[i] = range;
+        atomic_store(&r->listed, ++r->count);
     }
-    pthread_rwlock_unlock(&ranges_lock);
+    pthread_rwlock_unlock(&r->lock);
     return status;
+}
+
+/* A range outside the pool: refused where it overlaps the pool slice (page-locked already), else range_add. */
+static int outside_add(struct orion_host_range range) {
+    if (orion_pool_overlaps(range.base, range.size)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    return range_add(&outside, range);
 }
 
 /* Take out the range starting exactly at `base` whose kind is `owned`: 1 and the range, or 0 with *other saying
  * whether some other range holds `base` (one of the other kind, or one that starts below it). */
-static int range_take(uint64_t base, int owned, struct orion_host_range *taken, int *other) {
+static int range_take(struct registry *r, uint64_t base, int owned, struct orion_host_range *taken, int *other) {
     int done = 0;
     *other = 0;
-    if (!atomic_load(&listed)) return 0;
-    pthread_rwlock_wrlock(&ranges_lock);
-    size_t i = holding(base);
-    if (i < count) {
-        if (ranges[i].base == base && ranges[i].owned == owned) {
-            *taken = ranges[i];
-            for (size_t j = i + 1; j < count; j++) ranges[j - 1] = ranges[j];
-            atomic_store(&listed, --count);
+    if (!atomic_load(&r->listed)) return 0;
+    pthread_rwlock_wrlock(&r->lock);
+    size_t i = holding(r, base);
+    if (i < r->count) {
+        if (r->ranges[i].base == base && r->ranges[i].owned == owned) {
+            *taken = r->ranges[i];
+            for (size_t j = i + 1; j < r->count; j++) r->ranges[j - 1] = r->ranges[j];
+            atomic_store(&r->listed, --r->count);
             done = 1;
         } else {
             *other = 1;
         }
     }
-    pthread_rwlock_unlock(&ranges_lock);
+    pthread_rwlock_unlock(&r->lock);
     return done;
 }
 
-int orion_host_range_find(uint64_t pointer, struct orion_host_range *range) {
-    if (!atomic_load(&listed)) return 0;
-    pthread_rwlock_rdlock(&ranges_lock);
-    size_t i = holding(pointer);
-    int found = i < count;
-    if (found) *range = ranges[i];
-    pthread_rwlock_unlock(&ranges_lock);
+static int range_find(struct registry *r, uint64_t pointer, struct orion_host_range *range) {
+    if (!atomic_load(&r->listed)) return 0;
+    pthread_rwlock_rdlock(&r->lock);
+    size_t i = holding(r, pointer);
+    int found = i < r->count;
+    if (found) *range = r->ranges[i];
+    pthread_rwlock_unlock(&r->lock);
     return found;
+}
+
+int orion_host_range_find(uint64_t pointer, struct orion_host_range *range) {
+    return range_find(&outside, pointer, range);
+}
+
+int orion_pool_range_find(uint64_t pointer, struct orion_host_range *range) {
+    return range_find(&pooled, pointer, range);
 }
 
 /* The GPU cannot reach ordinary guest memory: no device pointer. Said once. */
@@ -160,8 +183,8 @@ static int guest_alloc(void **pp, size_t size, unsigned int flags) {
     size_t rounded = (size + page - 1) / page * page;
     void *pages = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (pages == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-    struct orion_host_range range = { (uint64_t)(uintptr_t)pages, size, flags, 1 };
-    int status = range_add(range);
+    struct orion_host_range range = { .base = (uint64_t)(uintptr_t)pages, .size = size, .flags = flags, .owned = 1 };
+    int status = outside_add(range);
     if (status != CUDA_SUCCESS) {
         munmap(pages, rounded);
         return status == CUDA_ERROR_OUT_OF_MEMORY ? status : CUDA_ERROR_UNKNOWN; /* fresh pages overlap nothing */
@@ -171,20 +194,24 @@ static int guest_alloc(void **pp, size_t size, unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
-/* An allocation in this channel's slice of the pool, the host's answer: a CUresult. */
+_Static_assert(ORION_REP_cuMemHostAlloc_SIZE == ORION_REP_cuMemAllocHost_SIZE &&
+               ORION_REP_cuMemHostAlloc_pointer == ORION_REP_cuMemAllocHost_pointer, "one reply for both allocations");
+
+/* An allocation in this channel's slice of the pool (cuMemAllocHost's or cuMemHostAlloc's request), the host's
+ * answer: a CUresult. */
 static int pool_alloc(uint32_t opcode, void **pp, const uint8_t *req, size_t len) {
     int status = orion_pool_ready();
     if (status == CUDA_SUCCESS) {
-        uint8_t rep[8];
+        uint8_t rep[ORION_REP_cuMemAllocHost_SIZE];
         status = orion_thread_forward(opcode, req, len, rep, sizeof rep, 0);
-        if (status == CUDA_SUCCESS) *pp = (void *)(uintptr_t)orion_get_u64(rep);
+        if (status == CUDA_SUCCESS) *pp = (void *)(uintptr_t)orion_get_u64(rep + ORION_REP_cuMemAllocHost_pointer);
     }
     return status;
 }
 
 int orion_pool_alloc(void **pp, size_t size) {
-    uint8_t req[8];
-    orion_put_u64(req, size);
+    uint8_t req[ORION_REQ_cuMemAllocHost_SIZE];
+    orion_put_u64(req + ORION_REQ_cuMemAllocHost_size, size);
     return pool_alloc(ORION_OP_cuMemAllocHost, pp, req, sizeof req);
 }
 
@@ -193,35 +220,42 @@ static int host_alloc(uint32_t opcode, void **pp, size_t size, unsigned int flag
     int status = pool_alloc(opcode, pp, req, len);
     /* OUT_OF_MEMORY: the slice is full, or this region has no pool; NOT_SUPPORTED: the agent keeps no pool for this
      * session. Any other failure (no channel, no context, bad arguments) is the answer. */
-    if (status == CUDA_ERROR_OUT_OF_MEMORY || status == CUDA_ERROR_NOT_SUPPORTED) status = guest_alloc(pp, size, flags);
+    if (status == CUDA_ERROR_OUT_OF_MEMORY || status == CUDA_ERROR_NOT_SUPPORTED) return guest_alloc(pp, size, flags);
+    if (status == CUDA_SUCCESS) { /* listed for its pointer attributes; a listing that fails only costs those */
+        struct orion_host_range range = { .base = (uint64_t)(uintptr_t)*pp, .size = size, .flags = flags, .owned = 2 };
+        (void)range_add(&pooled, range);
+    }
     return status;
 }
 
 int cuMemAllocHost(void **pp, size_t size) {
-    uint8_t req[8];
-    orion_put_u64(req, size);
+    uint8_t req[ORION_REQ_cuMemAllocHost_SIZE];
+    orion_put_u64(req + ORION_REQ_cuMemAllocHost_size, size);
     return host_alloc(ORION_OP_cuMemAllocHost, pp, size, 0, req, sizeof req);
 }
 
 int cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
-    uint8_t req[12];
-    orion_put_u64(req, size);
-    orion_put_u32(req + 8, flags);
+    uint8_t req[ORION_REQ_cuMemHostAlloc_SIZE];
+    orion_put_u64(req + ORION_REQ_cuMemHostAlloc_size, size);
+    orion_put_u32(req + ORION_REQ_cuMemHostAlloc_flags, flags);
     return host_alloc(ORION_OP_cuMemHostAlloc, pp, size, flags, req, sizeof req);
 }
 
 int cuMemFreeHost(void *pointer) {
     struct orion_host_range range;
     int other;
-    if (range_take((uint64_t)(uintptr_t)pointer, 1, &range, &other)) { /* a fallback allocation: never forwarded */
+    /* a fallback allocation: never forwarded */
+    if (range_take(&outside, (uint64_t)(uintptr_t)pointer, 1, &range, &other)) {
         size_t page = page_size();
         munmap(pointer, (size_t)(range.size + page - 1) / page * page);
         return CUDA_SUCCESS;
     }
     if (other) return CUDA_ERROR_INVALID_VALUE; /* registered memory, or inside a fallback allocation */
-    uint8_t req[8];
-    orion_put_u64(req, (uint64_t)(uintptr_t)pointer);
-    return orion_thread_forward(ORION_OP_cuMemFreeHost, req, sizeof req, NULL, 0, 0);
+    uint8_t req[ORION_REQ_cuMemFreeHost_SIZE];
+    orion_put_u64(req + ORION_REQ_cuMemFreeHost_pointer, (uint64_t)(uintptr_t)pointer);
+    int status = orion_thread_forward(ORION_OP_cuMemFreeHost, req, sizeof req, NULL, 0, 0);
+    if (status == CUDA_SUCCESS) (void)range_take(&pooled, (uint64_t)(uintptr_t)pointer, 2, &range, &other);
+    return status;
 }
 
 int cuMemHostGetDevicePointer(unsigned long long *pdptr, void *pointer, unsigned int flags) {
@@ -229,11 +263,11 @@ int cuMemHostGetDevicePointer(unsigned long long *pdptr, void *pointer, unsigned
     struct orion_host_range range;
     if (orion_host_range_find((uint64_t)(uintptr_t)pointer, &range))
         return flags ? CUDA_ERROR_INVALID_VALUE : no_device_pointer();
-    uint8_t req[12], rep[8];
-    orion_put_u64(req, (uint64_t)(uintptr_t)pointer);
-    orion_put_u32(req + 8, flags);
+    uint8_t req[ORION_REQ_cuMemHostGetDevicePointer_SIZE], rep[ORION_REP_cuMemHostGetDevicePointer_SIZE];
+    orion_put_u64(req + ORION_REQ_cuMemHostGetDevicePointer_pointer, (uint64_t)(uintptr_t)pointer);
+    orion_put_u32(req + ORION_REQ_cuMemHostGetDevicePointer_flags, flags);
     int status = orion_thread_forward(ORION_OP_cuMemHostGetDevicePointer, req, sizeof req, rep, sizeof rep, 0);
-    if (status == CUDA_SUCCESS) *pdptr = orion_get_u64(rep);
+    if (status == CUDA_SUCCESS) *pdptr = orion_get_u64(rep + ORION_REP_cuMemHostGetDevicePointer_device_pointer);
     return status;
 }
 
@@ -244,10 +278,10 @@ int cuMemHostGetFlags(unsigned int *pflags, void *pointer) {
         *pflags = range.flags; /* as given at the allocation or registration */
         return CUDA_SUCCESS;
     }
-    uint8_t req[8], rep[4];
-    orion_put_u64(req, (uint64_t)(uintptr_t)pointer);
+    uint8_t req[ORION_REQ_cuMemHostGetFlags_SIZE], rep[ORION_REP_cuMemHostGetFlags_SIZE];
+    orion_put_u64(req + ORION_REQ_cuMemHostGetFlags_pointer, (uint64_t)(uintptr_t)pointer);
     int status = orion_thread_forward(ORION_OP_cuMemHostGetFlags, req, sizeof req, rep, sizeof rep, 0);
-    if (status == CUDA_SUCCESS) *pflags = orion_get_u32(rep);
+    if (status == CUDA_SUCCESS) *pflags = orion_get_u32(rep + ORION_REP_cuMemHostGetFlags_flags);
     return status;
 }
 
@@ -264,8 +298,8 @@ CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
     if (!p || !bytesize || Flags & ~(unsigned)REGISTER_FLAGS || bytesize > UINT64_MAX - base)
         return CUDA_ERROR_INVALID_VALUE;
     if (Flags & REGISTER_IOMEMORY) return orion_not_forwarded("cuMemHostRegister with CU_MEMHOSTREGISTER_IOMEMORY");
-    struct orion_host_range range = { base, bytesize, Flags, 0 };
-    return range_add(range);
+    struct orion_host_range range = { .base = base, .size = bytesize, .flags = Flags, .owned = 0 };
+    return outside_add(range);
 }
 
 /* Forget a registration made at exactly `p`; its memory stays the program's. */
@@ -275,7 +309,7 @@ CUresult cuMemHostUnregister(void *p) {
     uint64_t base = (uint64_t)(uintptr_t)p;
     struct orion_host_range range;
     int other;
-    if (range_take(base, 0, &range, &other)) return CUDA_SUCCESS;
+    if (range_take(&outside, base, 0, &range, &other)) return CUDA_SUCCESS;
     /* memory that cuMemHostAlloc gave is not "not registered" to the driver: it answers INVALID_VALUE (as reported
      * against driver 590.48) */
     if (orion_pool_contains(base, 1)) return CUDA_ERROR_INVALID_VALUE;

@@ -69,6 +69,10 @@ static int check(struct layout *l) {
  * Unlike param_layouts.py, any other failure is the launch's result and nothing is launched: a launch with a
  * truncated layout would hand the kernel wrong arguments. The queries leave an earlier posted call's failure
  * pending (ORION_CALL_NO_FOLD), as param_layouts.py's do. */
+#define PARAM_INFO(payload, field) ORION_##payload##_cuFuncGetParamInfo_##field /* cuKernelGetParamInfo's too */
+#define SAME_INFO(payload, field) (ORION_##payload##_cuKernelGetParamInfo_##field == PARAM_INFO(payload, field))
+_Static_assert(SAME_INFO(REQ, arg0) && SAME_INFO(REQ, arg1) && SAME_INFO(REQ, SIZE) && SAME_INFO(REP, arg2)
+               && SAME_INFO(REP, arg3) && SAME_INFO(REP, SIZE), "ask() packs both");
 static int ask(uint64_t function, int is_kernel, struct layout **out, int *keep) {
     uint32_t opcode = is_kernel ? ORION_OP_cuKernelGetParamInfo : ORION_OP_cuFuncGetParamInfo;
     size_t capacity = 8;
@@ -77,9 +81,9 @@ static int ask(uint64_t function, int is_kernel, struct layout **out, int *keep)
     l->count = 0;
     int status = CUDA_SUCCESS;
     while (l->count < MAX_PARAMS) {
-        uint8_t request[16], reply[16];
-        orion_put_u64(request, function);
-        orion_put_u64(request + 8, l->count);
+        uint8_t request[PARAM_INFO(REQ, SIZE)], reply[PARAM_INFO(REP, SIZE)];
+        orion_put_u64(request + PARAM_INFO(REQ, arg0), function);
+        orion_put_u64(request + PARAM_INFO(REQ, arg1), l->count);
         struct orion_piece piece = { request, sizeof request };  /* a pending async error stays the program's */
         status = orion_thread_forwardv(opcode, &piece, 1, reply, sizeof reply, NULL, 0, NULL, ORION_CALL_NO_FOLD);
         if (status != CUDA_SUCCESS) break;
@@ -92,8 +96,8 @@ static int ask(uint64_t function, int is_kernel, struct layout **out, int *keep)
             }
             l = bigger;
         }
-        l->params[l->count].offset = orion_get_u64(reply);
-        l->params[l->count++].size = orion_get_u64(reply + 8);
+        l->params[l->count].offset = orion_get_u64(reply + PARAM_INFO(REP, arg2));
+        l->params[l->count++].size = orion_get_u64(reply + PARAM_INFO(REP, arg3));
     }
     *keep = status == CUDA_ERROR_INVALID_VALUE;
     if (status == CUDA_ERROR_INVALID_VALUE || status == CUDA_SUCCESS) status = check(l);

@@ -25,10 +25,10 @@ static _Atomic uint64_t pool_size;
 
 /* POOL_MAP: propose `address` for the slice; a CUresult and the host's address. */
 static int map_call(uint64_t address, uint64_t *host) {
-    uint8_t req[8], rep[16];
-    orion_put_u64(req, address);
+    uint8_t req[ORION_POOL_MAP_REQ_SIZE], rep[ORION_POOL_MAP_REP_SIZE];
+    orion_put_u64(req + ORION_POOL_MAP_REQ_guest_address, address);
     int status = orion_thread_forward(ORION_OP_POOL_MAP, req, sizeof req, rep, sizeof rep, ORION_CALL_NO_FOLD);
-    *host = status == CUDA_SUCCESS ? orion_get_u64(rep) : 0;
+    *host = status == CUDA_SUCCESS ? orion_get_u64(rep + ORION_POOL_MAP_REP_host_address) : 0;
     return status;
 }
 

@@ -8,41 +8,42 @@
 #include "orion_guest.h"
 
 /* The packed CUmemAccessDesc is exactly `[iii]`: location type, location id, flags. */
-_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc is three ints");
+_Static_assert(sizeof(CUmemAccessDesc) == ORION_REQ_cuMemSetAccess_descs_ITEM, "CUmemAccessDesc is three ints");
 
-enum { PROP_BYTES = 20 }; /* kind, handle types, location type, location id (i32 each), compression, rdma (u8), usage */
-
-/* A CUmemAllocationProp as it travels; win32HandleMetaData is Windows-only and stays here. */
+/* A CUmemAllocationProp as it travels (ORION_ALLOCATION_PROP_SIZE bytes); win32HandleMetaData is Windows-only and
+ * stays here. */
 static void put_prop(uint8_t *p, const CUmemAllocationProp *prop) {
-    orion_put_i32(p, prop->type);
-    orion_put_i32(p + 4, prop->requestedHandleTypes);
-    orion_put_i32(p + 8, prop->location.type);
-    orion_put_i32(p + 12, prop->location.id);
-    orion_put_u8(p + 16, prop->allocFlags.compressionType);
-    orion_put_u8(p + 17, prop->allocFlags.gpuDirectRDMACapable);
-    orion_put_u16(p + 18, prop->allocFlags.usage);
+    orion_put_i32(p + ORION_ALLOCATION_PROP_kind, prop->type);
+    orion_put_i32(p + ORION_ALLOCATION_PROP_handle_types, prop->requestedHandleTypes);
+    orion_put_i32(p + ORION_ALLOCATION_PROP_location_kind, prop->location.type);
+    orion_put_i32(p + ORION_ALLOCATION_PROP_location, prop->location.id);
+    orion_put_u8(p + ORION_ALLOCATION_PROP_compression, prop->allocFlags.compressionType);
+    orion_put_u8(p + ORION_ALLOCATION_PROP_rdma_capable, prop->allocFlags.gpuDirectRDMACapable);
+    orion_put_u16(p + ORION_ALLOCATION_PROP_usage, prop->allocFlags.usage);
 }
 
 CUresult cuMemGetAllocationGranularity(size_t *granularity, CUmemAllocationProp const *prop,
                                        CUmemAllocationGranularity_flags option) {
     if (!granularity || !prop) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[PROP_BYTES + 4], rep[8];
-    put_prop(req, prop);
-    orion_put_i32(req + PROP_BYTES, option);
+    uint8_t req[ORION_REQ_cuMemGetAllocationGranularity_SIZE], rep[ORION_REP_cuMemGetAllocationGranularity_SIZE];
+    put_prop(req + ORION_REQ_cuMemGetAllocationGranularity_ALLOCATION_PROP, prop);
+    orion_put_i32(req + ORION_REQ_cuMemGetAllocationGranularity_option, option);
     int status = orion_thread_forward(ORION_OP_cuMemGetAllocationGranularity, req, sizeof req, rep, sizeof rep, 0);
-    if (status == CUDA_SUCCESS) *granularity = (size_t)orion_get_u64(rep);
+    if (status == CUDA_SUCCESS)
+        *granularity = (size_t)orion_get_u64(rep + ORION_REP_cuMemGetAllocationGranularity_granularity);
     return status;
 }
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, CUmemAllocationProp const *prop,
                      unsigned long long flags) {
     if (!handle || !prop) return CUDA_ERROR_INVALID_VALUE;
-    uint8_t req[16 + PROP_BYTES], rep[8];
-    orion_put_u64(req, size);
-    orion_put_u64(req + 8, flags);
-    put_prop(req + 16, prop);
+    uint8_t req[ORION_REQ_cuMemCreate_SIZE], rep[ORION_REP_cuMemCreate_SIZE];
+    orion_put_u64(req + ORION_REQ_cuMemCreate_size, size);
+    orion_put_u64(req + ORION_REQ_cuMemCreate_flags, flags);
+    put_prop(req + ORION_REQ_cuMemCreate_ALLOCATION_PROP, prop);
     int status = orion_thread_forward(ORION_OP_cuMemCreate, req, sizeof req, rep, sizeof rep, 0);
-    if (status == CUDA_SUCCESS) *handle = (CUmemGenericAllocationHandle)orion_get_u64(rep);
+    if (status == CUDA_SUCCESS)
+        *handle = (CUmemGenericAllocationHandle)orion_get_u64(rep + ORION_REP_cuMemCreate_handle);
     return status;
 }
 
@@ -50,10 +51,10 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, CUmemAll
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, CUmemAccessDesc const *desc, size_t count) {
     if (count && !desc) return CUDA_ERROR_INVALID_VALUE;
     if (count > UINT32_MAX / sizeof *desc) return CUDA_ERROR_INVALID_VALUE; /* more than a request can count */
-    uint8_t head[20];
-    orion_put_u64(head, ptr);
-    orion_put_u64(head + 8, size);
-    orion_put_u32(head + 16, (uint32_t)count);
+    uint8_t head[ORION_REQ_cuMemSetAccess_SIZE + ORION_LENGTH_BYTES]; /* then the descriptors, where they lie */
+    orion_put_u64(head + ORION_REQ_cuMemSetAccess_pointer, ptr);
+    orion_put_u64(head + ORION_REQ_cuMemSetAccess_size, size);
+    orion_put_u32(head + ORION_REQ_cuMemSetAccess_descs, (uint32_t)count);
     struct orion_piece req[2] = { { head, sizeof head }, { desc, count * sizeof *desc } };
     return orion_thread_forwardv(ORION_OP_cuMemSetAccess, req, 2, NULL, 0, NULL, 0, NULL, 0);
 }

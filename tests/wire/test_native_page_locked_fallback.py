@@ -133,13 +133,15 @@ out["third"] = [status, lib.cuMemFreeHost(third)]
 """,
     # Flags, device pointers and pointer attributes of fallback memory.
     "answers": r"""
-setup()
+out["context"] = setup()
 status, mapped = host_alloc(BIG, 3)  # PORTABLE | DEVICEMAP
 status2, plain = host_alloc(BIG)
 out["alloc"] = [status, status2]
 out["mapped"], out["plain"] = mapped, plain
 status, pooled = host_alloc(4096, 2)
 out["pooled"] = [status, mapping_of(pooled)]
+out["pooled_pointer"] = pooled
+out["pooled_device_pointer"] = attribute(3, pooled + 100)  # the host's to answer: it mapped the pool
 out["flags"] = flags_of(mapped)
 out["flags_inside"] = flags_of(mapped + BIG - 1)
 out["flags_plain"] = flags_of(plain)
@@ -155,8 +157,13 @@ out["host_pointer"] = attribute(4, inside)
 out["range_start"] = attribute(11, inside)
 out["range_size"] = attribute(12, inside)
 out["is_managed"] = attribute(8, inside, 4)
+out["context_attribute"] = attribute(1, inside)
+out["ordinal"] = attribute(9, inside, 4)
+# the pool's allocation: what the guest knows of it answered in the guest (a relayed GPU host never maps the pool)
+out["pooled_attributes"] = [attribute(1, pooled + 100), attribute(2, pooled + 100, 4), attribute(9, pooled, 4),
+                            attribute(11, pooled + 100), attribute(12, pooled + 100), attribute(4, pooled + 100)]
 others = {}
-for which in (1, 3, 5, 6, 7, 9, 10, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 999):
+for which in (3, 5, 6, 7, 10, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 999):
     others[which] = attribute(which, inside)[0]
 out["others"] = others
 out["attribute_null"] = lib.cuPointerGetAttribute(None, 2, inside)
@@ -375,10 +382,17 @@ def test_fallback_memory_answers_flags_no_device_pointer_and_host_attributes(lib
     assert result["range_start"] == [0, mapped, True] and result["range_size"] == [0, BIG, True]
     assert result["is_managed"] == [0, 0, True]
     assert set(result["others"].values()) == {INVALID_VALUE}  # the device pointer among them (cuda.h's answer)
+    context, pooled = result["context"], result["pooled_pointer"]
+    assert result["context_attribute"] == [0, context, True] and result["ordinal"] == [0, 0, True]
+    # the pool's allocation (4096 bytes at `pooled`): its context, type, device and range, without a round trip
+    assert result["pooled_attributes"] == [[0, context, True], [0, 1, True], [0, 0, True], [0, pooled, True],
+                                           [0, 4096, True], [0, pooled + 100, True]]
+    asked = [e["args"] for e in rig.entries(0, "cuPointerGetAttribute")]
+    assert len(asked) == 1, asked  # only the device pointer reached the driver
     assert result["attribute_null"] == INVALID_VALUE
     assert result["past_end"] == INVALID_VALUE and result["before_start"] == INVALID_VALUE  # forwarded: unknown
-    # cuPointerGetAttributes: host memory, no device pointer (0), the pointer itself, no context
-    assert result["attributes"] == [0, [1, 0, inside, 0]]
+    # cuPointerGetAttributes: host memory, no device pointer (0), the pointer itself, its context
+    assert result["attributes"] == [0, [1, 0, inside, context]]
     assert result["free"] == [0, 0, 0]
     assert result["memory_type_freed"] == INVALID_VALUE and result["flags_freed"] == INVALID_VALUE
 
