@@ -90,6 +90,14 @@ GUEST = Handlers("guest")  # the calls written out below, by name
 # driver forwards; through the capsule they answer CUDA_ERROR_NOT_SUPPORTED, named once (docs/native-driver.md).
 NATIVE_ONLY = frozenset({"cuOccupancyMaxActiveClusters", "cuTensorMapEncodeTiled", "cuMemGetAllocationGranularity",
                          "cuMemCreate", "cuMemSetAccess", "cuStreamGetCaptureInfo",
+                         "cuMemPoolCreate", "cuMemPoolSetAccess", "cuMemPoolGetAccess", "cuMemGetDefaultMemPool",
+                         "cuMemGetMemPool", "cuMemSetMemPool", "cuMemGetAccess", "cuMemRetainAllocationHandle",
+                         "cuMemGetAllocationPropertiesFromHandle",
+                         "cuStreamGetAttribute", "cuStreamSetAttribute", "cuOccupancyMaxPotentialClusterSize",
+                         "cuStreamBeginCaptureToGraph", "cuStreamUpdateCaptureDependencies",
+                         "cuDeviceGetGraphMemAttribute", "cuDeviceSetGraphMemAttribute",
+                         "cuMemcpy2D", "cuMemcpy2DUnaligned", "cuMemcpy2DAsync", "cuMemcpy3D", "cuMemcpy3DAsync",
+                         "cuMemcpy3DPeer", "cuMemcpy3DPeerAsync",
                          *(name for name in CALLS if name.startswith("cuGraph") and not CALLS[name].generic)})
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
 LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption
@@ -240,6 +248,8 @@ class Forwarder:
         forgets = "unloads" in call.effects  # its functions' handles may be reused
         allocates = "allocates" in call.effects  # (CUdeviceptr *out, size_t size, ...)
         frees = "frees" in call.effects
+        pitched = "allocates_pitched" in call.effects  # (CUdeviceptr *out, size_t *pitch, width, rows, ...)
+        rows = call.input_positions[1] if pitched else 0
         device_memory = self._device_memory
 
         def forward(*args: Any) -> int:
@@ -256,6 +266,9 @@ class Forwarder:
                     self._param_layouts.forget()
                 elif allocates:
                     device_memory.add(ctypes.c_uint64.from_address(args[0]).value, args[1])
+                elif pitched:
+                    device_memory.add(ctypes.c_uint64.from_address(args[0]).value,
+                                      ctypes.c_uint64.from_address(args[1]).value * args[rows])
                 elif frees:
                     device_memory.discard(args[0] or 0)
             return status

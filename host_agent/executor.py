@@ -70,9 +70,12 @@ from .handler import Reply, ReplyFailed, Session, note, refused
 from .image_cache import CacheSettings, ImageCache
 from .launch_extras import MAX_LAUNCH_ATTRIBUTES, LaunchExtraCalls
 from .limits import one_line
+from .mem_pool_calls import CU_MEMPOOL_ATTR_LOCATION_ID, MemPoolCalls
 from .pinned_pool import HostPool, answer_bookkeeping
 from .pool_mirror import PoolMirror
 from .session_ledger import CHECKED, SessionLedger
+from .stream_extras import StreamExtraCalls
+from .structured_copies import StructuredCopies
 from .vgpu_grant import GrantRefused, take_up
 from .vgpu_quota import VgpuQuota, initial_limits
 from .vmm_calls import VirtualMemoryCalls
@@ -111,7 +114,8 @@ def _load_driver() -> Any:
     return driver
 
 
-class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, GraphCalls, DiagnosticsHandler):
+class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, StreamExtraCalls, GraphCalls, MemPoolCalls,
+                   StructuredCopies, DiagnosticsHandler):
     """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
 
     call_table = table_digest()  # what a forwarding client's HELLO must name
@@ -134,6 +138,7 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, GraphCalls, Diagnostics
         self._check, self._record = self.ledger.check, self.ledger.record
         self._owns, self._launchable = self.ledger.owns, self.ledger.launchable
         self.allocation = ""  # the controller allocation this session took up (BIND), if any
+        self._said_missing: set[str | tuple[str, int]] = set()  # what the host's driver or bindings lack, said once
         self.pool: HostPool | None = None  # this session's slice of the page-locked pool (attach_channel)
         self.mirror: PoolMirror | None = None  # a relayed session's page-locked memory mirrored here (POOL_MIRROR)
         self._htod_state: tuple[int, int] | None = None
@@ -207,11 +212,11 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, GraphCalls, Diagnostics
         if self.driver is None:
             return Reply(NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED)
         written = HOST.by_name.get(call.name)
-        if written is None and not pinned:
-            if call.answered_in_guest:  # cuMemcpy with unified addressing: the guest never sends it
-                return Reply(NOT_SUPPORTED)
-            return self._generic(call, bytes(record.payload))
+        if written is None and not pinned and call.answered_in_guest:  # cuMemcpy (unified addressing): never sent
+            return Reply(NOT_SUPPORTED)
         try:
+            if written is None and not pinned:
+                return self._generic(call, bytes(record.payload))
             if pinned:
                 return self._pinned_copy(call, *call.pinned.decode(record.payload))  # type: ignore[union-attr]
             return written(self, call, bytes(record.payload))  # type: ignore[misc]
@@ -219,6 +224,14 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, GraphCalls, Diagnostics
             return Reply(Status.MALFORMED, str(exc).encode())
         except struct.error as exc:  # a hot path that unpacks the declared fixed part itself
             return Reply(Status.MALFORMED, f"{call.name}: {exc}".encode())
+        except RuntimeError as exc:  # cuda-bindings has the call, the host's driver has not (an older driver)
+            if not str(exc).startswith("Function ") or "not found" not in str(exc):
+                raise
+            if call.name not in self._said_missing:
+                self._said_missing.add(call.name)
+                log.info("session %d: %s answers CUDA_ERROR_NOT_SUPPORTED: this host's driver has no such entry "
+                         "point (%s)", self.session.number, call.name, exc)
+            return Reply(NOT_SUPPORTED)
 
     def _generic(self, call: DriverCall, payload: bytes) -> Reply:
         try:
@@ -365,7 +378,7 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, GraphCalls, Diagnostics
 
         The copy itself runs synchronously (the staging chunk is reused right after), so an async copy first
         waits for its stream: on a non-blocking stream a synchronous copy would not."""
-        if stream and stream not in self.ledger.handles["CUstream"]:
+        if not self.ledger.stream_known(stream):
             return INVALID_HANDLE
         if not self._owns(device_pointer, max(size, 1)):
             return INVALID_VALUE
@@ -514,12 +527,21 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, GraphCalls, Diagnostics
             which = self.driver.CUmemPool_attribute(attribute)
         except ValueError:
             return Reply(INVALID_VALUE)
-        if call.name == "cuMemPoolGetAttribute":
-            err, got = self.driver.cuMemPoolGetAttribute(pool, which)
-            return _answer(call, err, lambda: (int(got),))
-        number = value[0]
-        (err,) = self.driver.cuMemPoolSetAttribute(
-            pool, which, self.driver.cuuint64_t(number) if attribute in POOL_ATTRIBUTES_64 else number)
+        try:
+            if call.name == "cuMemPoolGetAttribute":
+                err, got = self.driver.cuMemPoolGetAttribute(pool, which)
+                if attribute == CU_MEMPOOL_ATTR_LOCATION_ID and int(err) == SUCCESS:  # the guest's ordinal of its GPU
+                    return _answer(call, err, lambda: (self.ledger.guest_ordinal(int(got)) & 0xFFFFFFFFFFFFFFFF,))
+                return _answer(call, err, lambda: (int(got),))
+            number = value[0]
+            (err,) = self.driver.cuMemPoolSetAttribute(
+                pool, which, self.driver.cuuint64_t(number) if attribute in POOL_ATTRIBUTES_64 else number)
+        except TypeError as exc:  # cuda-bindings' own value helper knows no such attribute (13.3: MAX_POOL_SIZE...)
+            if (call.name, attribute) not in self._said_missing:
+                self._said_missing.add((call.name, attribute))
+                log.info("session %d: %s of attribute %d answers CUDA_ERROR_NOT_SUPPORTED: this host's cuda-bindings "
+                         "cannot carry it (%s)", self.session.number, call.name, attribute, exc)
+            return Reply(NOT_SUPPORTED)
         return Reply(int(err))
 
     @HOST.serves("cuLibraryLoadData")
@@ -626,7 +648,7 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, GraphCalls, Diagnostics
         """A stream's capture: status, id, graph and the nodes (with their edges' data) the next captured node will
         depend on. The graph and the nodes are the session's from then on, as if a call had made them."""
         (stream,) = call.request.decode(payload)
-        if stream and stream not in self.ledger.handles["CUstream"]:
+        if not self.ledger.stream_known(stream):
             return Reply(INVALID_HANDLE)
         err, status, ident, graph, nodes, edges, _count = self.driver.cuStreamGetCaptureInfo(stream)
         if int(err) != SUCCESS:
@@ -675,7 +697,7 @@ class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, GraphCalls, Diagnostics
         host = None if self.pool is None else self.pool.host_address(pointer, size)
         if host is None or not self._owns(device, max(size, 1)):
             return Reply(INVALID_VALUE)
-        if stream and stream not in self.ledger.handles["CUstream"]:
+        if not self.ledger.stream_known(stream):
             return Reply(INVALID_HANDLE)
         if not size:
             return Reply(SUCCESS)

@@ -53,6 +53,11 @@ POLICY that calls the driver and, once it destroyed a graph or node, drops the g
 them) from the session, so that no later call hands the driver a graph it already freed: they answer INVALID_VALUE
 before the driver, as for any graph the session does not have. Their nodes stay in the ledger, as a destroyed graph's
 nodes do.
+
+graph_queries.py (GraphQueries, which GraphCalls extends) serves the rest of the family and keeps, with these calls,
+which graph each node the session made or listed lies in (for a kernel node's parameters asked back), what each memcpy
+node was given where the driver was handed something else (a translated host side, a resolved UNIFIED side), and the
+graph memory allocations: a destroyed graph or node, and the graphs it held, take theirs with them (`_nodes_gone`).
 """
 from __future__ import annotations
 
@@ -66,6 +71,7 @@ from ivshmem.driver_api import DriverCall
 from ivshmem.record import Status
 
 from .call_handlers import HOST, POLICY
+from .graph_queries import GraphQueries
 from .handler import Reply
 
 if TYPE_CHECKING:
@@ -81,8 +87,9 @@ OWNERSHIP_CLONE, OWNERSHIP_MOVE = 0, 1  # CUgraphChildGraphNodeOwnership
 CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_UNIFIED = 1, 2, 3, 4
 
 
-class GraphCalls:
-    """The hand-written cuGraph* calls of the call table: node-by-node construction, queries, parameter updates."""
+class GraphCalls(GraphQueries):
+    """The hand-written cuGraph* calls of the call table: node-by-node construction, queries, parameter updates (the
+    rest, and what both keep of each node: graph_queries.GraphQueries)."""
 
     if TYPE_CHECKING:  # CudaExecutor's, which this mixes into
         driver: Any
@@ -113,12 +120,14 @@ class GraphCalls:
             return Reply(INVALID_VALUE)
         return [self.driver.CUgraphNode(node) for (node,) in nodes]
 
-    def _made(self, call: DriverCall, err: Any, node: Any) -> Reply:
-        """A node-adding call's reply: the new node, the session's from now on."""
+    def _made(self, call: DriverCall, err: Any, node: Any, graph: int = 0) -> Reply:
+        """A node-adding call's reply: the new node (in `graph`), the session's from now on."""
         if int(err) != SUCCESS:
             return Reply(int(err))
         handle = int(node)
         self.ledger.handles["CUgraphNode"].add(handle)
+        self._nodes_gone(node=handle)  # a handle given out again: nothing kept for an earlier node of it stays
+        self._node_graphs()[handle] = graph
         return Reply(SUCCESS, call.reply.encode(handle))
 
     # --- node parameter structs ---------------------------------------------------------------------------------
@@ -232,7 +241,7 @@ class GraphCalls:
         if isinstance(nodes, Reply):
             return nodes
         err, node = self.driver.cuGraphAddEmptyNode(graph, nodes or None, len(nodes))
-        return self._made(call, err, node)
+        return self._made(call, err, node, graph)
 
     @HOST.serves("cuGraphAddChildGraphNode")
     def _add_child_graph_node(self, call: DriverCall, payload: bytes) -> Reply:
@@ -243,7 +252,7 @@ class GraphCalls:
         if isinstance(nodes, Reply):
             return nodes
         err, node = self.driver.cuGraphAddChildGraphNode(graph, nodes or None, len(nodes), child)
-        return self._made(call, err, node)
+        return self._made(call, err, node, graph)
 
     @HOST.serves("cuGraphAddEventRecordNode", "cuGraphAddEventWaitNode")
     def _add_event_node(self, call: DriverCall, payload: bytes) -> Reply:
@@ -256,7 +265,7 @@ class GraphCalls:
         if isinstance(nodes, Reply):
             return nodes
         err, node = getattr(self.driver, call.name)(graph, nodes or None, len(nodes), event)
-        return self._made(call, err, node)
+        return self._made(call, err, node, graph)
 
     @HOST.serves("cuGraphAddMemsetNode", "cuGraphAddMemcpyNode")
     def _add_memset_or_memcpy_node(self, call: DriverCall, payload: bytes) -> Reply:
@@ -272,7 +281,10 @@ class GraphCalls:
         if err != SUCCESS:
             return Reply(err)
         err, node = getattr(self.driver, call.name)(graph, nodes or None, len(nodes), params, context)
-        return self._made(call, err, node)
+        reply = self._made(call, err, node, graph)
+        if reply.status == SUCCESS and "Memcpy" in call.name:
+            self._copy_set(int(node), fields, params)
+        return reply
 
     @HOST.serves("cuGraphAddKernelNode")
     def _add_kernel_node(self, call: DriverCall, payload: bytes) -> Reply:
@@ -287,7 +299,7 @@ class GraphCalls:
             return Reply(err)
         err, node = self.driver.cuGraphAddKernelNode(graph, nodes or None, len(nodes), made[0])
         del made  # kept alive until the driver has copied the parameters (it does before returning)
-        return self._made(call, err, node)
+        return self._made(call, err, node, graph)
 
     # --- conditional nodes ---------------------------------------------------------------------------------------
     def _conditional_handles(self) -> set[int]:
@@ -374,6 +386,7 @@ class GraphCalls:
         bodies = [int(body) for body in params.conditional.phGraph_out]  # `size` graphs, once the driver made them
         made = int(node)
         self.ledger.handles["CUgraphNode"].add(made)
+        self._node_graphs()[made] = graph
         self.ledger.handles["CUgraph"].update(bodies)
         held = self._held_graphs()
         for body in bodies:
@@ -400,6 +413,7 @@ class GraphCalls:
             return Reply(int(err))
         made = int(node)
         self.ledger.handles["CUgraphNode"].add(made)
+        self._node_graphs()[made] = graph
         self._held_graphs()[child] = (graph, made)
         return Reply(SUCCESS, call.reply.encode(made, b""))
 
@@ -427,6 +441,7 @@ class GraphCalls:
             graph = going.pop()
             held.pop(graph, None)
             graphs.discard(graph)
+            self._nodes_gone(graph=graph)
             going += [inner for inner, (outer, _node) in held.items() if outer == graph]
 
     @POLICY.serves("cuGraphDestroy", "cuGraphDestroyNode")
@@ -448,8 +463,10 @@ class GraphCalls:
         self.ledger.record(call, args, [])
         if kind == "CUgraph":
             self._held_graphs().pop(handle, None)
+            self._nodes_gone(graph=handle)
             self._forget_held(lambda holder: holder[0] == handle)
         else:
+            self._nodes_gone(node=handle)
             self._forget_held(lambda holder: holder[1] == handle)
         return Reply(SUCCESS)
 
@@ -497,9 +514,10 @@ class GraphCalls:
                 return counted
         return function(handle, capacity)
 
-    def _listed(self, call: DriverCall, result: tuple[Any, ...], node_lists: int) -> Reply:
+    def _listed(self, call: DriverCall, result: tuple[Any, ...], node_lists: int, graph: int = 0) -> Reply:
         """A query's reply: the driver's count, then its first `node_lists` lists as node handles (the session's
-        from now on) and any further list as edge data, each cut to the entries the driver says it wrote."""
+        from now on, of `graph` where it is known) and any further list as edge data, each cut to the entries the
+        driver says it wrote."""
         err, *lists, count = result
         if int(err) != SUCCESS:
             return Reply(int(err))
@@ -510,6 +528,8 @@ class GraphCalls:
             if index < node_lists:
                 values = [int(node) if node is not None else 0 for node in kept]
                 self.ledger.handles["CUgraphNode"].update(value for value in values if value)
+                if graph:
+                    self._node_graphs().update((value, graph) for value in values if value)
             else:
                 values = [_edge_word(edge) for edge in kept]
             packed.append(struct.pack(f"<{len(values)}Q", *values))
@@ -521,14 +541,15 @@ class GraphCalls:
         if not self._owned("CUgraph", graph):
             return Reply(INVALID_VALUE)
         result = self._query(getattr(self.driver, call.name), graph, capacity)
-        return self._listed(call, result, 2 if call.name == "cuGraphGetEdges" else 1)
+        return self._listed(call, result, 2 if call.name == "cuGraphGetEdges" else 1, graph)
 
     @HOST.serves("cuGraphNodeGetDependencies", "cuGraphNodeGetDependentNodes")
     def _node_query(self, call: DriverCall, payload: bytes) -> Reply:
         node, capacity = call.request.decode(payload)
         if not self._owned("CUgraphNode", node):
             return Reply(INVALID_VALUE)
-        return self._listed(call, self._query(getattr(self.driver, call.name), node, capacity), 1)
+        return self._listed(call, self._query(getattr(self.driver, call.name), node, capacity), 1,
+                            self._node_graphs().get(node, 0))
 
     # --- parameters set ------------------------------------------------------------------------------------------
     def _exec_node_refused(self, graph_exec: int, node: int) -> Reply | None:
@@ -571,6 +592,8 @@ class GraphCalls:
         if err != SUCCESS:
             return Reply(err)
         (err,) = getattr(self.driver, call.name)(node, params)
+        if int(err) == SUCCESS and "Memcpy" in call.name:
+            self._copy_set(node, fields, params)
         return Reply(int(err))
 
     @HOST.serves("cuGraphExecMemsetNodeSetParams", "cuGraphExecMemcpyNodeSetParams")

@@ -284,7 +284,8 @@ static int owns_memory(const ledger_view *l, uint64_t pointer, unsigned __int128
     return owned;
 }
 
-static int stream_ok(const ledger_view *l, uint64_t stream) { return stream == 0 || owns_handle(l, "CUstream", stream); }
+/* session_ledger.DEFAULT_STREAMS: NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD need no creating */
+static int stream_ok(const ledger_view *l, uint64_t stream) { return stream <= 2 || owns_handle(l, "CUstream", stream); }
 
 static void ledger_release(ledger_view *l) {
     Py_CLEAR(l->handles); Py_CLEAR(l->launched); Py_CLEAR(l->ranges); Py_CLEAR(l->pool);

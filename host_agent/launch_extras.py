@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, SUCCESS
@@ -72,24 +73,28 @@ class LaunchExtraCalls:
 
     @HOST.serves("cuOccupancyMaxActiveClusters")
     def _max_active_clusters(self, call: DriverCall, payload: bytes) -> Reply:
-        """The launch configuration as cuLaunchKernelEx sends it (no parameters): the function (or kernel) and
-        the stream the session's, attributes as a launch takes them."""
+        return self._cluster_query(call, payload, self.driver.cuOccupancyMaxActiveClusters)
+
+    def _cluster_query(self, call: DriverCall, payload: bytes, ask: Callable[..., tuple[Any, ...]]) -> Reply:
+        """A query of a function (or kernel) under a launch configuration as cuLaunchKernelEx sends it (no
+        parameters): the function and the stream the session's, attributes as a launch takes them; its one int
+        (cuOccupancyMaxActiveClusters here, cuOccupancyMaxPotentialClusterSize in stream_extras.py)."""
         function, *head, items = call.request.decode(payload)
         if len(items) > MAX_LAUNCH_ATTRIBUTES:
-            return Reply(Status.MALFORMED, f"cuOccupancyMaxActiveClusters: {len(items)} attributes, more than "
+            return Reply(Status.MALFORMED, f"{call.name}: {len(items)} attributes, more than "
                                            f"{MAX_LAUNCH_ATTRIBUTES}".encode())
         handles = self.ledger.handles
         if function not in handles["CUfunction"] and function not in handles["CUkernel"]:
             return Reply(INVALID_HANDLE)
-        if head[-1] and head[-1] not in handles["CUstream"]:
+        if not self.ledger.stream_known(head[-1]):
             return Reply(INVALID_HANDLE)
         err, config = self.launch_config_for(head, b"".join(LAUNCH_ATTRIBUTE.pack(*item) for item in items))
         if err != SUCCESS:
             return Reply(err)
-        err, clusters = self.driver.cuOccupancyMaxActiveClusters(function, config)
+        err, answer = ask(function, config)
         if int(err) != SUCCESS:
             return Reply(int(err))
-        return Reply(SUCCESS, call.reply.encode(int(clusters)))
+        return Reply(SUCCESS, call.reply.encode(int(answer)))
 
     @HOST.serves("cuTensorMapEncodeTiled")
     def _tensor_map_tiled(self, call: DriverCall, payload: bytes) -> Reply:

@@ -25,6 +25,9 @@ from .pinned_pool import HostPool
 
 # Handles a guest may pass as 0 (NULL) meaning "the default": the legacy stream, no current context.
 NULL_ALLOWED = frozenset({"CUstream", "CUcontext"})
+# The streams every context has without creating them: NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD (cuda.h's
+# special handles, which the driver takes anywhere a stream goes: the session's worker passes them on as given)
+DEFAULT_STREAMS = frozenset({0, 1, 2})
 CHECKED = HANDLES | {"CUdevice", "CUdeviceptr"}  # input types checked against what the session owns
 # Handles whose calls answer CUDA_ERROR_INVALID_VALUE, not INVALID_HANDLE, for one the driver never gave out
 # (cuMemRelease/cuMemMap; every cuGraph* call, as cuda.h documents)
@@ -62,6 +65,8 @@ class SessionLedger:
         self.launched: set[int] = set()  # functions/kernels launched once (a first launch may load code)
         self.param_layouts: dict[int, list[tuple[int, int]]] = {}  # function/kernel -> (offset, size) per param
         self.vmm = Reservations(usage)  # reserved ranges, physical memory, mappings (cuMemAddressReserve ...)
+        # base -> size of each graph memory allocation node's range while its graph lives (graph_queries.py)
+        self.graph_memory: dict[int, int] = {}
         self._usage = usage
 
     @property
@@ -74,7 +79,7 @@ class SessionLedger:
         """A CUDA error code if `value`, the input of type `ctype` at C parameter `position` of a call whose request
         values are `args`, names something this session does not own."""
         if ctype in HANDLES:
-            if value == 0 and ctype in NULL_ALLOWED:
+            if (value == 0 and ctype in NULL_ALLOWED) or (ctype == "CUstream" and value in DEFAULT_STREAMS):
                 return None
             if value not in self.handles[ctype] and not (ctype == "CUfunction" and value in self.handles["CUkernel"]):
                 if ctype in VALUE_HANDLES:  # whose calls document INVALID_VALUE for one they do not know
@@ -94,11 +99,16 @@ class SessionLedger:
                 return INVALID_VALUE
         return None
 
-    def ranges(self) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
-        """The session's device ranges as base -> size tables: allocations, module globals and reserved virtual
-        ranges (whatever is mapped there is its own physical memory; an unmapped part the driver refuses). The
-        compiled hot path reads these same tables (hot_dispatch.c)."""
-        return self.allocations, self.globals, self.vmm.reserved
+    def stream_known(self, stream: int | None) -> bool:
+        """Whether a call may name `stream`: one of the session's, or a default stream (DEFAULT_STREAMS); None (a
+        call with no stream) too."""
+        return stream is None or stream in DEFAULT_STREAMS or stream in self.handles["CUstream"]
+
+    def ranges(self) -> tuple[dict[int, int], ...]:
+        """The session's device ranges as base -> size tables: allocations, module globals, reserved virtual
+        ranges (whatever is mapped there is its own physical memory; an unmapped part the driver refuses) and graph
+        memory allocation nodes' ranges. The compiled hot path reads these same tables (hot_dispatch.c)."""
+        return self.allocations, self.globals, self.vmm.reserved, self.graph_memory
 
     def owns(self, pointer: int, size: int) -> bool:
         """Whether a device range lies in this session's memory: one of its ranges, or the device mapping of its
@@ -116,7 +126,7 @@ class SessionLedger:
         handles = self.handles
         if function not in handles["CUfunction"] and function not in handles["CUkernel"]:
             return INVALID_HANDLE
-        if stream and stream not in handles["CUstream"]:
+        if not self.stream_known(stream):
             return INVALID_HANDLE
         if function not in self.launched:
             self.launched.add(function)
@@ -149,9 +159,13 @@ class SessionLedger:
                     self.globals.pop(value, None)
                 else:
                     handles[kind].discard(value)
-        elif "allocates" in effects:
+        elif "allocates" in effects:  # `placed`: a pool's GPU, where it is not the current context's
             self.allocations[outs[0]] = args[0]
-            self.placed[outs[0]] = self._usage.allocated(args[0])
+            self.placed[outs[0]] = self._usage.allocated(args[0], placed)
+        elif "allocates_pitched" in effects:  # cuMemAllocPitch: (pointer, pitch) out, its rows the second input
+            size = outs[1] * args[1]
+            self.allocations[outs[0]] = size
+            self.placed[outs[0]] = self._usage.allocated(size, placed)
         elif "frees" in effects and args[0]:
             size = self.allocations.pop(args[0], 0)
             self._usage.freed(self.placed.pop(args[0], -1), size)
@@ -185,6 +199,7 @@ class Reservations:
         self.physical: dict[int, tuple[int, int]] = {}  # handle -> (size, physical GPU) until given back
         self.released: set[int] = set()  # handles released (cuMemRelease) while still mapped
         self.mappings: dict[int, tuple[int, int]] = {}  # mapped address -> (size, handle) (cuMemMap)
+        self.retained: dict[int, int] = {}  # handle -> references cuMemRetainAllocationHandle added, not released
         self._usage = usage
 
     def reservation_holds(self, pointer: int, size: int) -> bool:

@@ -65,6 +65,8 @@ GENERATED: dict[str, dict[str, Any]] = {
     "cuMemsetD2D16Async": {"posted": True, "spans": {0: "2d:1,3,4,2"}},
     "cuMemsetD2D32Async": {"posted": True, "spans": {0: "2d:1,3,4,4"}},
     "cuMemPoolTrimTo": {"effects": "measures"},
+    # Memory pools made by the program (cuMemPoolCreate is hand-written), pitched allocations
+    "cuMemPoolDestroy": {"effects": "destroys measures"}, "cuMemAllocPitch": {"effects": "allocates_pitched"},
     # Modules, libraries, functions and kernels
     "cuFuncGetModule": {}, "cuFuncIsLoaded": {}, "cuFuncLoad": {"effects": "measures"},
     "cuFuncGetParamCount": {}, "cuKernelGetLibrary": {}, "cuKernelGetParamCount": {},
@@ -78,6 +80,8 @@ GENERATED: dict[str, dict[str, Any]] = {
 GUEST: dict[str, str] = {
     "cuGetExportTable": "export_tables.c",
     "cuLaunchHostFunc": "host_functions.c",
+    # on the same host-function queue: a stream callback (given the stream's status), a host function's sync mode
+    "cuStreamAddCallback": "host_functions.c", "cuLaunchHostFunc_v2": "host_functions.c",
     "cuDeviceGetPCIBusId": "answered_in_guest.c",
     "cuModuleGetLoadingMode": "answered_in_guest.c",
     "cuPointerGetAttributes": "answered_in_guest.c",
@@ -104,23 +108,30 @@ UNSUPPORTED: list[tuple[str, str]] = [
     (r"cuArray|cuMipmappedArray|cuMemcpyAtoA|cuMemcpyAtoD|cuMemcpyDtoA|cuMemcpyAtoH|cuMemcpyHtoA"
      r"|cuTexObject|cuSurfObject|cuMemMapArrayAsync",
      "CUDA arrays, texture and surface objects: " + _not_yet("array and resource descriptors")),
-    (r"cuMemcpy2D|cuMemcpy3D|cuMemcpyBatchAsync|cuMemcpyWithAttributesAsync|cuFabricCpyBatchAsync",
-     "structured copies: " + _not_yet("copy descriptors whose host side must be staged")),
-    (r"cuGraphAdd(BatchMemOp|ExternalSemaphores\w+|Host|MemAlloc|MemFree)Node|cuGraphAddNode_v3|cuGraphNodeSetParams_v2"
-     r"|cuGraph(Kernel|Memcpy|Memset)NodeGetParams|cuGraph(Host|ExternalSemaphores\w+|BatchMemOp)Node[GS]etParams"
-     r"|cuGraphExec(Host|BatchMemOp|ExternalSemaphores\w+)NodeSetParams|cuGraphNodeGetParams"
-     r"|cuGraphInstantiateWithParams|cuGraphKernelNode[GS]etAttribute|cuGraphDebugDotPrint|cuStreamBeginCaptureToGraph"
-     r"|cuStreamBeginRecaptureToGraph|cuStreamUpdateCaptureDependencies|cuGraphMemAllocNodeGetParams",
-     "graph nodes other than kernel, memcpy, memset, empty, child-graph, event and conditional nodes (and CUDA "
-     "13.1's newer ABIs of the generic node calls): " + _not_yet("host callbacks, memory nodes, their parameters")),
+    (r"cuMemcpyBatchAsync|cuMemcpy3DBatchAsync|cuMemcpyWithAttributesAsync|cuMemcpy3DWithAttributesAsync"
+     r"|cuFabricCpyBatchAsync",
+     "batched copies and copies with attributes (single cuMemcpy2D/cuMemcpy3D copies are forwarded): "
+     + _not_yet("arrays of copy descriptors with their copy attributes")),
+    (r"cuGraphAddHostNode|cuGraphHostNode[GS]etParams|cuGraphExecHostNodeSetParams",
+     "graph host nodes: the function is guest code, which the GPU host cannot call; the guest's host-function queue "
+     "(cuLaunchHostFunc's) could carry one later as a write and a wait of memory-operation nodes around it, re-armed "
+     "by the guest after each launch (a graph's operations carry fixed values): not yet built"),
+    (r"cuGraphAddExternalSemaphores\w+Node|cuGraphExternalSemaphores\w+Node[GS]etParams"
+     r"|cuGraphExecExternalSemaphores\w+NodeSetParams",
+     "graph external semaphore nodes: their semaphores are OS objects of the GPU host imported with "
+     "cuImportExternalSemaphore, which is not forwarded"),
+    (r"cuGraphAddBatchMemOpNode|cuGraphBatchMemOpNode[GS]etParams|cuGraphExecBatchMemOpNodeSetParams",
+     "graph batch memory-operation nodes: " + _not_yet("their CUstreamBatchMemOpParams arrays")),
+    (r"cuGraphAddNode_v3|cuGraphNodeSetParams_v2",
+     "CUDA 13.1's ABIs of the generic node calls, whose kernel nodes answer CUDA_ERROR_INVALID_CONTEXT where `ctx` "
+     "is not the context of `func` (the CUDA 13.0 calls a host driver may have do not check): not yet forwarded "
+     "(CUDA 13.0's cuGraphAddNode and cuGraphNodeSetParams are)"),
+    (r"cuStreamBeginRecaptureToGraph",
+     "recapture into a graph calls the guest's CUgraphRecaptureCallback from the GPU host's driver: not forwarded"),
     (r"cuGraphRetainUserObject|cuGraphReleaseUserObject|cuUserObject",
      "user objects run a destructor callback of the guest's on the GPU host: not forwarded"),
-    (r"cuStreamAddCallback|cuLaunchHostFunc_v2",
-     "host callbacks with a status or a sync mode: not yet built on the guest's host-function queue "
-     "(cuLaunchHostFunc is)"),
-    (r"cuStreamBatchMemOp|cuStreamGetAttribute|cuStreamSetAttribute|cuStreamBeginCaptureToCig"
-     r"|cuStreamEndCaptureToCig|cuStreamGetDevResource",
-     "stream attributes, batched memory operations, capture into a given graph: " + _not_yet("their structures")),
+    (r"cuStreamBatchMemOp|cuStreamBeginCaptureToCig|cuStreamEndCaptureToCig|cuStreamGetDevResource",
+     "batched memory operations, capture into a given graph: " + _not_yet("their structures")),
     (r"cuGreenCtx|cuCtxFromGreenCtx|cuDevResource|cuDevSmResourceSplit|cuCtxGetDevResource|cuDeviceGetDevResource"
      r"|cuStreamGetGreenCtx",
      "green contexts and device resources partition the GPU's SMs, which a vGPU shares and does not own"),
@@ -141,20 +152,19 @@ UNSUPPORTED: list[tuple[str, str]] = [
     (r"cuDeviceRegisterAsyncNotification|cuDeviceUnregisterAsyncNotification",
      "asynchronous notifications call back into the guest from the GPU host: not forwarded"),
     (r"cuLink", "the JIT linker: " + _not_yet("option arrays and the linked image the driver holds")),
-    (r"cuMemPoolCreate|cuMemPoolDestroy|cuMemPoolGetAccess|cuMemPoolSetAccess|cuMemGetDefaultMemPool|cuMemGetMemPool"
-     r"|cuMemSetMemPool|cuMemGetAccess|cuMemRetainAllocationHandle|cuMemGetAllocationPropertiesFromHandle"
-     r"|cuMemGetLocationInfo|cuMemAllocPitch|cuMemBatchDecompressAsync|cuPointerSetAttribute",
-     "memory pools made by the program, access descriptors, pitched allocations: " + _not_yet("their structures")),
+    (r"cuMemGetLocationInfo|cuMemBatchDecompressAsync|cuPointerSetAttribute",
+     "memory location queries, batched decompression, pointer attributes set by the program: "
+     + _not_yet("their structures")),
     (r"cuModuleEnumerateFunctions"
      r"|cuLibraryEnumerateKernels|cuLibraryGetUnifiedFunction|cuFuncGetName|cuKernelGetName",
      "module enumeration and names: " + _not_yet("handle arrays and strings the driver owns")),
     (r"cuTensorMapEncodeIm2col|cuTensorMapReplaceAddress|cuTensorMapSetAllocationClass",
      "tensor maps other than tiled: " + _not_yet("their descriptors")),
-    (r"cuOccupancyMaxPotentialClusterSize|cuLaunchCooperativeKernelMultiDevice",
-     "multi-device cooperative launches, cluster sizing: " + _not_yet("launch configurations")),
-    (r"cuDeviceGetByPCIBusId|cuDeviceGetLuid|cuDeviceGetGraphMemAttribute"
-     r"|cuDeviceSetGraphMemAttribute|cuDeviceGetHostAtomicCapabilities|cuDeviceGetP2PAtomicCapabilities",
-     "device queries by bus id, LUID, atomics and graph memory: " + _not_yet("their structures and strings")),
+    (r"cuLaunchCooperativeKernelMultiDevice",
+     "deprecated as of CUDA 11.3 (cuda.h): multi-device cooperative launches; a kernel on each of several GPUs of "
+     "one host, which a vGPU session is not given together"),
+    (r"cuDeviceGetByPCIBusId|cuDeviceGetLuid|cuDeviceGetHostAtomicCapabilities|cuDeviceGetP2PAtomicCapabilities",
+     "device queries by bus id, LUID and atomics: " + _not_yet("their structures and strings")),
 ]
 _UNSUPPORTED = [(re.compile(pattern), reason) for pattern, reason in UNSUPPORTED]
 

@@ -112,6 +112,8 @@ EFFECTS = {
     "unreserves": "its first input is the base of a reserved address range (of its second input's size), given back",
     "creates_physical": "its first output is physical GPU memory of its first input's size, counted until released",
     "releases_physical": "its first input, physical GPU memory, is given back once no range maps it",
+    "allocates_pitched": "its first output is device memory of its second output (the pitch) times its second input "
+                         "(the rows) bytes",
 }
 
 
@@ -253,6 +255,11 @@ JIT_OPTIONS_KIND = "[iQ]"  # (option, the integer in its optionValues slot): sca
 # device) and allocation flags; win32HandleMetaData is Windows-only and never travels.
 ALLOCATION_PROP = ("kind:i32 handle_types:i32 location_kind:i32 location:i32 compression:u8 rdma_capable:u8 "
                    "usage:u16")
+# A CUmemLocation as it travels (a guest ordinal for a device), and a CUmemPoolProps: its allocation type, handle
+# types, location, maximum size, usage and RDMA flag; win32SecurityAttributes is Windows-only and never travels, and
+# the reserved bytes must be zero (the guest refuses others: a field this table does not carry).
+MEM_LOCATION = "location_kind:i32 location:i32"
+POOL_PROPS = f"kind:i32 handle_types:i32 {MEM_LOCATION} max_size:u64 usage:u16 rdma_capable:u8"
 
 # A CUDA_KERNEL_NODE_PARAMS as it travels: its function (or CUkernel), context and launch dimensions; the kernel's
 # parameters follow as a launch's do (packed by their layout), `extra` never travels.
@@ -265,6 +272,12 @@ MEMSET_NODE = "dst:u64 pitch:u64 value:u32 element_size:u32 width:u64 height:u64
 MEMCPY_3D = ("src_x:u64 src_y:u64 src_z:u64 src_lod:u64 src_type:u32 src_host:u64 src_device:u64 src_pitch:u64 "
              "src_height:u64 dst_x:u64 dst_y:u64 dst_z:u64 dst_lod:u64 dst_type:u32 dst_host:u64 dst_device:u64 "
              "dst_pitch:u64 dst_height:u64 width:u64 height:u64 depth:u64")
+# A structured copy (cuMemcpy2D/3D and their kin) as it travels: which side is the guest's pageable host memory,
+# staged through the record (`staged`: 0 neither, 1 the source: its rows are the request's tail, 2 the destination:
+# its rows come back as the reply), the bytes of those rows this record carries (`offset`, `length`, into the rows
+# packed back to back: WidthInBytes each, row after row, slice after slice), then the copy as MEMCPY_3D (a 2D copy's
+# third dimension empty: z and LOD 0, depth 1). A staged side's own fields but its LOD are the guest's alone.
+STRUCTURED_COPY = f"staged:u32 offset:u64 length:u64 {MEMCPY_3D}"
 
 # Append only: a call's opcode is its position, and both sides must agree (table_digest() is compared at HELLO).
 _SPEC: list[tuple[Any, ...]] = [
@@ -516,6 +529,96 @@ _SPEC: list[tuple[Any, ...]] = [
      "CUgraphNodeParams *)", "out in nodes_in edges_in count node_params",
      {"request": "graph:u64 type:i32 handle:u64 cond_type:i32 size:u32 context:u64 child:u64 ownership:u32 "
                  "deps:[Q] edges:[Q]", "reply": "node:u64 graphs:[Q]"}),
+    # Memory pools made by the program, CUDA 13's pools by location, and the virtual-memory queries: their structs
+    # field by field, each device location as the guest's ordinal (host_agent/mem_pool_calls.py).
+    ("cuMemPoolCreate", "CUresult (CUmemoryPool *, CUmemPoolProps const *)", "out pool_props",
+     {"request": POOL_PROPS, "reply": "pool:u64"}),
+    ("cuMemPoolSetAccess", "CUresult (CUmemoryPool, CUmemAccessDesc const *, size_t)", "in access_descs count",
+     {"request": "pool:u64 descs:[iii]"}),
+    ("cuMemPoolGetAccess", "CUresult (CUmemAccess_flags *, CUmemoryPool, CUmemLocation *)", "out in location",
+     {"request": f"pool:u64 {MEM_LOCATION}", "reply": "flags:i32"}),
+    ("cuMemGetDefaultMemPool", "CUresult (CUmemoryPool *, CUmemLocation *, CUmemAllocationType)", "out location in",
+     {"request": f"{MEM_LOCATION} kind:i32", "reply": "pool:u64"}),
+    ("cuMemGetMemPool", "CUresult (CUmemoryPool *, CUmemLocation *, CUmemAllocationType)", "out location in",
+     {"request": f"{MEM_LOCATION} kind:i32", "reply": "pool:u64"}),
+    ("cuMemSetMemPool", "CUresult (CUmemLocation *, CUmemAllocationType, CUmemoryPool)", "location in in",
+     {"request": f"{MEM_LOCATION} kind:i32 pool:u64"}),
+    ("cuMemGetAccess", "CUresult (unsigned PY_LONG_LONG *, CUmemLocation const *, CUdeviceptr)", "out location in",
+     {"request": f"{MEM_LOCATION} pointer:u64", "reply": "flags:u64"}),
+    ("cuMemRetainAllocationHandle", "CUresult (CUmemGenericAllocationHandle *, void *)", "out device_address",
+     {"request": "address:u64", "reply": "handle:u64"}),
+    ("cuMemGetAllocationPropertiesFromHandle", "CUresult (CUmemAllocationProp *, CUmemGenericAllocationHandle)",
+     "allocation_prop_out in", {"request": "handle:u64", "reply": ALLOCATION_PROP}),
+    # Stream attributes: a CUstreamAttrValue is CUlaunchAttributeValue's 64-byte union, travelling as its bytes, for
+    # the attribute IDs of STREAM_ATTRIBUTES_PLAIN only (host_agent/stream_extras.py); cluster sizing takes the
+    # launch configuration as cuOccupancyMaxActiveClusters does.
+    ("cuStreamGetAttribute", "CUresult (CUstream, CUstreamAttrID, CUstreamAttrValue *)", "in in attr_value_out",
+     {"request": "stream:u64 attribute:i32", "reply": "value:tail"}),
+    ("cuStreamSetAttribute", "CUresult (CUstream, CUstreamAttrID, CUstreamAttrValue const *)", "in in attr_value_in",
+     {"request": "stream:u64 attribute:i32 value:tail"}),
+    ("cuOccupancyMaxPotentialClusterSize", "CUresult (int *, CUfunction, CUlaunchConfig const *)",
+     "out in launch_config", {"request": f"{LAUNCH} attributes:{LAUNCH_ATTRIBUTE_KIND}", "reply": "cluster_size:i32"}),
+    # CUDA graphs, their second part (host_agent/graph_queries.py, guest_runtime/native/graph_queries.c): node
+    # parameters asked back, kernel node attributes, capture into a given graph, instantiation with parameters, memory
+    # nodes and the graph memory attributes, the DOT description. A kernel node's parameters come back packed by the
+    # function's layout (`offsets`: each parameter's; `given`: 0 where the node holds none) with the graph the node
+    # lies in; a memset or memcpy node's as their own field strings; cuGraphNodeGetParams answers the other node
+    # types' fields (and a memset or memcpy node's context). An attribute's value is CUlaunchAttributeValue's 64
+    # bytes (LAUNCH_ATTRIBUTES_PLAIN IDs only). A memory allocation node's pool properties travel as POOL_PROPS (a
+    # guest ordinal), its access descriptors as cuMemSetAccess's; cuGraphDebugDotPrint's text comes back, and the
+    # guest writes its own file.
+    ("cuGraphKernelNodeGetParams", "CUresult (CUgraphNode, CUDA_KERNEL_NODE_PARAMS *)", "in kernel_node_params_out",
+     {"request": "node:u64", "reply": f"{KERNEL_NODE} graph:u64 given:u32 offsets:[I] params:tail"}),
+    ("cuGraphMemsetNodeGetParams", "CUresult (CUgraphNode, CUDA_MEMSET_NODE_PARAMS *)", "in memset_params_out",
+     {"request": "node:u64", "reply": MEMSET_NODE}),
+    ("cuGraphMemcpyNodeGetParams", "CUresult (CUgraphNode, CUDA_MEMCPY3D *)", "in copy_params_out",
+     {"request": "node:u64", "reply": MEMCPY_3D}),
+    ("cuGraphNodeGetParams", "CUresult (CUgraphNode, CUgraphNodeParams *)", "in node_params_out",
+     {"request": "node:u64", "reply": "type:i32 context:u64 child:u64 ownership:u32 event:u64 handle:u64 "
+                                      "cond_type:i32 size:u32 dptr:u64 graphs:[Q]"}),
+    ("cuGraphKernelNodeGetAttribute", "CUresult (CUgraphNode, CUkernelNodeAttrID, CUkernelNodeAttrValue *)",
+     "in in attr_value_out", {"request": "node:u64 attribute:i32", "reply": "value:tail"}),
+    ("cuGraphKernelNodeSetAttribute", "CUresult (CUgraphNode, CUkernelNodeAttrID, CUkernelNodeAttrValue const *)",
+     "in in attr_value_in", {"request": "node:u64 attribute:i32 value:tail"}),
+    ("cuStreamBeginCaptureToGraph", "CUresult (CUstream, CUgraph, CUgraphNode const *, CUgraphEdgeData const *, "
+     "size_t, CUstreamCaptureMode)", "in in nodes_in edges_in count in",
+     {"request": "stream:u64 graph:u64 mode:i32 deps:[Q] edges:[Q]"}),
+    ("cuStreamUpdateCaptureDependencies", "CUresult (CUstream, CUgraphNode *, CUgraphEdgeData const *, size_t, "
+     "unsigned int)", "in nodes_in edges_in count in", {"request": "stream:u64 flags:u32 deps:[Q] edges:[Q]"}),
+    ("cuGraphInstantiateWithParams", "CUresult (CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *)",
+     "out in instantiate_params", {"request": "graph:u64 flags:u64 upload_stream:u64",
+                                   "reply": "exec:u64 result:i32 error_node:u64", "effects": "measures"}),
+    ("cuGraphAddMemAllocNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, size_t, "
+     "CUDA_MEM_ALLOC_NODE_PARAMS *)", "out in nodes_in count alloc_node_params",
+     {"request": f"graph:u64 {POOL_PROPS} bytesize:u64 deps:[Q] access:[iii]", "reply": "node:u64 dptr:u64"}),
+    ("cuGraphAddMemFreeNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, size_t, CUdeviceptr)",
+     "out in nodes_in count in", {"request": "graph:u64 dptr:u64 deps:[Q]", "reply": "node:u64"}),
+    ("cuGraphMemAllocNodeGetParams", "CUresult (CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *)",
+     "in alloc_node_params_out",
+     {"request": "node:u64", "reply": f"{POOL_PROPS} bytesize:u64 dptr:u64 graph:u64 access:[iii]"}),
+    ("cuDeviceGetGraphMemAttribute", "CUresult (CUdevice, CUgraphMem_attribute, void *)", "in in graph_mem_value_out",
+     {"request": "device:i32 attribute:i32", "reply": "value:u64"}),
+    ("cuDeviceSetGraphMemAttribute", "CUresult (CUdevice, CUgraphMem_attribute, void *)", "in in graph_mem_value_in",
+     {"request": "device:i32 attribute:i32 value:u64"}),
+    ("cuGraphDebugDotPrint", "CUresult (CUgraph, char const *, unsigned int)", "in guest_path in",
+     {"request": "graph:u64 flags:u32", "reply": "text:tail"}),
+    # Structured copies (host_agent/structured_copies.py, guest_runtime/native/structured_copies.c): STRUCTURED_COPY
+    # (a peer copy's contexts before it, an async copy's stream first); a staged source's rows follow as the tail, a
+    # staged destination's come back as the reply.
+    ("cuMemcpy2D", "CUresult (CUDA_MEMCPY2D const *)", "copy_2d",
+     {"request": f"{STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
+    ("cuMemcpy2DUnaligned", "CUresult (CUDA_MEMCPY2D const *)", "copy_2d",
+     {"request": f"{STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
+    ("cuMemcpy2DAsync", "CUresult (CUDA_MEMCPY2D const *, CUstream)", "copy_2d in",
+     {"request": f"stream:u64 {STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
+    ("cuMemcpy3D", "CUresult (CUDA_MEMCPY3D const *)", "copy_params",
+     {"request": f"{STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
+    ("cuMemcpy3DAsync", "CUresult (CUDA_MEMCPY3D const *, CUstream)", "copy_params in",
+     {"request": f"stream:u64 {STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
+    ("cuMemcpy3DPeer", "CUresult (CUDA_MEMCPY3D_PEER const *)", "copy_peer",
+     {"request": f"src_context:u64 dst_context:u64 {STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
+    ("cuMemcpy3DPeerAsync", "CUresult (CUDA_MEMCPY3D_PEER const *, CUstream)", "copy_peer in",
+     {"request": f"stream:u64 src_context:u64 dst_context:u64 {STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
 ]
 
 # CUmemPool_attribute values whose value is a cuuint64_t (the others are int): thresholds and byte counts.
@@ -593,6 +696,11 @@ class LaunchConfig(ctypes.Structure):
 
 LAUNCH_ATTRIBUTES_PLAIN = frozenset({0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 14, 16, 17, 18})
 LAUNCH_ATTRIBUTES_EVENT = frozenset({7, 12})  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT
+# cuStreamGetAttribute/cuStreamSetAttribute (CUstreamAttrID is CUlaunchAttributeID): the plain-valued IDs travel, and
+# the host's driver answers for each (cuda.h marks ACCESS_POLICY_WINDOW, SYNCHRONIZATION_POLICY, PRIORITY,
+# MEM_SYNC_DOMAIN_MAP, MEM_SYNC_DOMAIN and NVLINK_UTIL_CENTRIC_SCHEDULING valid for streams; it refuses the others).
+# An event ID, DEVICE_UPDATABLE_KERNEL_NODE or an ID newer than this table answers CUDA_ERROR_NOT_SUPPORTED.
+STREAM_ATTRIBUTES_PLAIN = LAUNCH_ATTRIBUTES_PLAIN
 
 
 def attribute_mask(ids: frozenset[int]) -> int:

@@ -105,8 +105,12 @@ To keep it honest:
   cuGraphDestroyNode are modelled by GraphFakeDriver only (it says why). A child graph moved into its node
   (OWNERSHIP_MOVE) is the graph itself, owned by the node (not destroyable, instantiable or usable by cuGraphExecUpdate
   on its own: CUDA_ERROR_INVALID_VALUE, as cuda.h restricts it), its nodes the same handles, so cuGraphExec*SetParams
-  sets them through the parent's executable graph. Not modelled: host, memory allocation/free, batch memory operation
-  and external semaphore nodes, CUDA arrays (CUDA_ERROR_NOT_SUPPORTED), node priorities and attributes, and setting a
+  sets them through the parent's executable graph. A node's parameters come back as they were given
+  (cuGraph*NodeGetParams, cuGraphNodeGetParams; a captured node's are not modelled: CUDA_ERROR_NOT_SUPPORTED), kernel
+  node attributes are kept as their bytes, captures may begin into a given graph after given dependencies and change
+  their dependency set, and memory allocation and free nodes make and free graph allocations under cuda.h's rules (the
+  fake's choices named at each method, from "graphs, their second part" on). Not modelled: host, batch memory
+  operation and external semaphore nodes, CUDA arrays (CUDA_ERROR_NOT_SUPPORTED), node priorities, and setting a
   conditional body's node through an executable graph (CUDA_ERROR_INVALID_VALUE here).
 
 Every call is recorded in `FakeDriver.calls` and, when `journal` names a file, appended to it as one JSON line
@@ -155,7 +159,7 @@ CUresult = IntEnum("CUresult", [  # type: ignore[misc]
     ("CUDA_ERROR_STREAM_CAPTURE_UNJOINED", 904), ("CUDA_ERROR_STREAM_CAPTURE_ISOLATION", 905),
     ("CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", 906), ("CUDA_ERROR_CAPTURED_EVENT", 907),
     ("CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", 908), ("CUDA_ERROR_LOSSY_QUERY", 402),
-    ("CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE", 910),
+    ("CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE", 910), ("CUDA_ERROR_OPERATING_SYSTEM", 304),
     ("CUDA_ERROR_UNKNOWN", 999),
 ])
 ERROR_STRINGS = {  # cuGetErrorString's texts (CUDA 13) for the codes above
@@ -276,7 +280,42 @@ CUgraphConditionalNodeType = IntEnum("CUgraphConditionalNodeType", [  # type: ig
 CUgraphChildGraphNodeOwnership = IntEnum("CUgraphChildGraphNodeOwnership", [  # type: ignore[misc]
     ("CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE", 0), ("CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE", 1),
 ])
+CUstreamAttrID = IntEnum("CUstreamAttrID", [  # type: ignore[misc]  # the wheel's: CUlaunchAttributeID's members
+    ("CU_LAUNCH_ATTRIBUTE_IGNORE", 0), ("CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW", 1),
+    ("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", 2), ("CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY", 3),
+    ("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", 4), ("CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE", 5),
+    ("CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION", 6), ("CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT", 7),
+    ("CU_LAUNCH_ATTRIBUTE_PRIORITY", 8), ("CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP", 9),
+    ("CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN", 10), ("CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION", 11),
+    ("CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT", 12), ("CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE", 13),
+    ("CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT", 14),
+    ("CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING", 16), ("CU_LAUNCH_ATTRIBUTE_PORTABLE_CLUSTER_SIZE_MODE", 17),
+    ("CU_LAUNCH_ATTRIBUTE_SHARED_MEMORY_MODE", 18),
+])
 CU_GRAPH_COND_ASSIGN_DEFAULT = 1  # cuGraphConditionalHandleCreate's flag: the default value applied at each launch
+CUkernelNodeAttrID = IntEnum("CUkernelNodeAttrID", [  # type: ignore[misc]  # the wheel's: CUlaunchAttributeID's members
+    ("CU_LAUNCH_ATTRIBUTE_IGNORE", 0), ("CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW", 1),
+    ("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", 2), ("CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY", 3),
+    ("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", 4), ("CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE", 5),
+    ("CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION", 6), ("CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT", 7),
+    ("CU_LAUNCH_ATTRIBUTE_PRIORITY", 8), ("CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP", 9),
+    ("CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN", 10), ("CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION", 11),
+    ("CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT", 12), ("CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE", 13),
+    ("CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT", 14),
+    ("CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING", 16), ("CU_LAUNCH_ATTRIBUTE_PORTABLE_CLUSTER_SIZE_MODE", 17),
+    ("CU_LAUNCH_ATTRIBUTE_SHARED_MEMORY_MODE", 18),
+])
+# The attributes cuda.h (13.0) marks "valid for graph nodes": the others a kernel node refuses (INVALID_VALUE)
+KERNEL_NODE_ATTRIBUTES = frozenset({1, 2, 4, 5, 8, 9, 10, 11, 13, 16})
+CUgraphMem_attribute = IntEnum("CUgraphMem_attribute", [  # type: ignore[misc]
+    ("CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT", 0), ("CU_GRAPH_MEM_ATTR_USED_MEM_HIGH", 1),
+    ("CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT", 2), ("CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH", 3),
+])
+CUgraphInstantiateResult = IntEnum("CUgraphInstantiateResult", [  # type: ignore[misc]
+    ("CUDA_GRAPH_INSTANTIATE_SUCCESS", 0), ("CUDA_GRAPH_INSTANTIATE_ERROR", 1),
+    ("CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE", 2), ("CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED", 3),
+    ("CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED", 4), ("CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED", 5),
+])
 CUpointer_attribute = IntEnum("CUpointer_attribute", [  # type: ignore[misc]
     ("CU_POINTER_ATTRIBUTE_CONTEXT", 1), ("CU_POINTER_ATTRIBUTE_MEMORY_TYPE", 2),
     ("CU_POINTER_ATTRIBUTE_DEVICE_POINTER", 3), ("CU_POINTER_ATTRIBUTE_HOST_POINTER", 4),
@@ -358,6 +397,7 @@ CUmemAllocationGranularity_flags = IntEnum("CUmemAllocationGranularity_flags", [
     ("CU_MEM_ALLOC_GRANULARITY_MINIMUM", 0), ("CU_MEM_ALLOC_GRANULARITY_RECOMMENDED", 1),
 ])
 VMM_GRANULARITY = 2 * 1024 * 1024  # minimum and recommended, as an H100 answers for device memory
+PITCH_ALIGNMENT = 512  # the pitch cuMemAllocPitch gives rows (the fake's choice; a GPU's may differ)
 ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUmemPool_attribute, CUfunction_attribute,
                                            CUfunc_cache, CUstreamCaptureStatus, CUpointer_attribute, CUjit_option,
                                            CUjit_target, CUjit_fallback, CUjit_cacheMode, CUlimit,
@@ -367,7 +407,9 @@ ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUmemPo
                                            CUmemAllocationGranularity_flags, CUstreamCaptureMode, CUgraphNodeType,
                                            CUgraphDependencyType, CUgraphInstantiate_flags, CUevent_record_flags,
                                            CUevent_wait_flags, CUmemorytype, CUgraphExecUpdateResult,
-                                           CUgraphConditionalNodeType, CUgraphChildGraphNodeOwnership)
+                                           CUgraphConditionalNodeType, CUgraphChildGraphNodeOwnership,
+                                           CUkernelNodeAttrID, CUgraphMem_attribute, CUgraphInstantiateResult,
+                                           CUstreamAttrID)
 ADD_KERNEL = b"orion_fake_add_u32"  # the one kernel the fake runs (FakeDriver._add_kernel)
 # cuCtxGetLimit's answers in a new context, as an H100 gives them (SHMEM_SIZE and PER_BLOCK_MEMORY_SIZE are not
 # modelled: CUDA_ERROR_UNSUPPORTED_LIMIT); cuCtxSetLimit's ceilings where the driver has one.
@@ -531,6 +573,26 @@ class CUDA_MEMCPY3D(_Fields):  # noqa: N801 - the wheel's name
         self.WidthInBytes = self.Height = self.Depth = 0
 
 
+class CUDA_MEMCPY2D(_Fields):  # noqa: N801 - the wheel's name
+    """The wheel's CUDA_MEMCPY2D: a CUDA_MEMCPY3D without its third dimension."""
+
+    def __init__(self) -> None:
+        for side in ("src", "dst"):
+            for name in ("XInBytes", "Y", "Host", "Device", "Array", "Pitch"):
+                setattr(self, side + name, 0)
+            setattr(self, side + "MemoryType", 0)
+        self.WidthInBytes = self.Height = 0
+
+
+class CUDA_MEMCPY3D_PEER(CUDA_MEMCPY3D):  # noqa: N801 - the wheel's name
+    """The wheel's CUDA_MEMCPY3D_PEER: a CUDA_MEMCPY3D and each side's context."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.srcContext: Any = 0
+        self.dstContext: Any = 0
+
+
 class CUDA_MEMCPY_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's name
     def __init__(self) -> None:
         self.flags = 0
@@ -579,6 +641,8 @@ class CUgraphNodeParams(_Fields):
         self.eventRecord = CUDA_EVENT_NODE_PARAMS()
         self.eventWait = CUDA_EVENT_NODE_PARAMS()
         self.conditional = CUDA_CONDITIONAL_NODE_PARAMS()
+        self.alloc = CUDA_MEM_ALLOC_NODE_PARAMS()
+        self.free = CUDA_MEM_FREE_NODE_PARAMS()
 
 
 class CUgraphExecUpdateResultInfo(_Fields):
@@ -586,6 +650,47 @@ class CUgraphExecUpdateResultInfo(_Fields):
         self.result: Any = CUgraphExecUpdateResult.CU_GRAPH_EXEC_UPDATE_SUCCESS
         self.errorNode: Any = CUgraphNode(0)
         self.errorFromNode: Any = CUgraphNode(0)
+
+
+class CUDA_GRAPH_INSTANTIATE_PARAMS(_Fields):  # noqa: N801 - the wheel's name
+    """Its inputs (flags, upload stream) and the outputs the driver writes into it, failed or not."""
+
+    def __init__(self) -> None:
+        self.flags: Any = cuuint64_t(0)
+        self.hUploadStream: Any = CUstream(0)
+        self.hErrNode_out: Any = CUgraphNode(0)
+        self.result_out: Any = CUgraphInstantiateResult.CUDA_GRAPH_INSTANTIATE_SUCCESS
+
+
+class CUDA_MEM_ALLOC_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's name (and _v2's, CUgraphNodeParams.alloc)
+    """A memory allocation node's pool properties, access descriptors (a list), size and, once made, address."""
+
+    def __init__(self) -> None:
+        self.poolProps = CUmemPoolProps()
+        self.accessDescs: Any = []
+        self.accessDescCount = 0
+        self.bytesize = 0
+        self.dptr: Any = CUdeviceptr(0)
+
+
+class CUDA_MEM_FREE_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's name
+    def __init__(self) -> None:
+        self.dptr: Any = CUdeviceptr(0)
+
+
+class CUkernelNodeAttrValue:
+    """The wheel's CUkernelNodeAttrValue: CUlaunchAttributeValue's 64 bytes at getPtr() (its own, or a C union at
+    `_ptr`)."""
+
+    def __init__(self, _ptr: int = 0) -> None:
+        self._buffer = None if _ptr else ctypes.create_string_buffer(64)
+        self._ptr = int(_ptr) or ctypes.addressof(self._buffer)  # type: ignore[arg-type]
+
+    def getPtr(self) -> int:  # noqa: N802 - the wheel's name
+        return self._ptr
+
+    def __repr__(self) -> str:  # the journal's picture: its bytes
+        return f"<CUkernelNodeAttrValue {ctypes.string_at(self._ptr, 64).hex()}>"
 
 
 class CUmemLocation:
@@ -630,6 +735,21 @@ class CUmemAccessDesc:
 
     def __repr__(self) -> str:
         return f"CUmemAccessDesc(location={self.location!r}, flags={int(self.flags)})"
+
+
+class CUmemPoolProps:
+    """The wheel's CUmemPoolProps: the pool's allocation type, handle types, location and limits."""
+
+    def __init__(self) -> None:
+        self.allocType: Any = CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_INVALID
+        self.handleTypes: Any = CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
+        self.location = CUmemLocation()
+        self.win32SecurityAttributes = 0
+        self.maxSize, self.usage, self.gpuDirectRDMACapable = 0, 0, 0
+
+    def __repr__(self) -> str:
+        return (f"CUmemPoolProps(allocType={int(self.allocType)}, handleTypes={int(self.handleTypes)}, "
+                f"location={self.location!r}, maxSize={self.maxSize})")
 
 
 class cuuint64_t:  # noqa: N801 - the wheel's name
@@ -679,6 +799,20 @@ class CUlaunchConfig:
 
     def getPtr(self) -> int:  # noqa: N802 - the wheel's name
         return self._ptr
+
+
+class CUstreamAttrValue:
+    """The wheel's 64-byte union (CUlaunchAttributeValue's) at getPtr(): its own bytes, or a C union at `_ptr`."""
+
+    def __init__(self, _ptr: int = 0, data: bytes = bytes(64)) -> None:
+        self._buffer = None if _ptr else ctypes.create_string_buffer(bytes(data), 64)
+        self._ptr = int(_ptr) or ctypes.addressof(self._buffer)  # type: ignore[arg-type]
+
+    def getPtr(self) -> int:  # noqa: N802 - the wheel's name
+        return self._ptr
+
+    def __repr__(self) -> str:  # the journal's picture: its bytes
+        return f"<CUstreamAttrValue {ctypes.string_at(self._ptr, 64).hex()}>"
 
 
 class CUuuid:
@@ -859,6 +993,9 @@ class _Physical:
     data: bytearray
     device: int
     released: bool = False
+    references: int = 1  # cuMemCreate's and each cuMemRetainAllocationHandle's, until released
+    handle_types: int = 0  # requestedHandleTypes, and allocFlags (compression, RDMA, usage) as created
+    flags: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass
@@ -867,6 +1004,7 @@ class _Mapping:
     handle: int
     offset: int
     access: int = 0  # CUmemAccess_flags granted by cuMemSetAccess (0: none yet)
+    granted: dict[int, int] = field(default_factory=dict)  # device -> its CUmemAccess_flags (cuMemGetAccess)
 
 
 @dataclass
@@ -880,6 +1018,10 @@ class _Capture:
     blocking: bool  # of a blocking stream (the legacy stream depends on it)
     status: int = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE, or INVALIDATED (2)
     last: int = 0  # the node captured last (the next one's dependency; 0: none yet)
+    # the next node's dependencies and their edge words where given (cuStreamBeginCaptureToGraph,
+    # cuStreamUpdateCaptureDependencies) instead of `last`
+    deps: list[tuple[int, int]] | None = None
+    into: bool = False  # captures into the caller's graph (cuStreamBeginCaptureToGraph): never discarded
 
 
 @dataclass(frozen=True)
@@ -904,6 +1046,7 @@ class _GraphExec:
     # a node of a child graph moved into one of its nodes (kept by identity: cuGraphExec*SetParams names it) ->
     # (the list of what that child graph's nodes run now, its index there)
     inner: dict[int, tuple[list[_GraphNode], int]] = field(default_factory=dict)
+    graph: int = 0  # the graph it was instantiated from
 
     def refresh(self) -> None:
         self.nodes = tuple(self.parts[i] for i in self.order)
@@ -919,6 +1062,8 @@ class _KernelNode:
     shared: int
     packed: bytes
     name: bytes
+    form: int = 1  # how the parameters were given: 0 none, 1 kernelParams, 2 extra (what GetParams answers in)
+    by_kernel: bool = False  # `kern` given (and `func` NULL): `handle` is the CUkernel
 
 
 @dataclass(frozen=True)
@@ -942,6 +1087,7 @@ class _CopySide:
     z: int
     pitch: int
     rows: int  # the height of a slice
+    given: int = 0  # the memory type the caller gave (UNIFIED, resolved in `kind`), 0: `kind`
 
     def row(self, y: int, z: int) -> int:
         return self.address + self.x + (self.y + y) * self.pitch + (self.z + z) * self.pitch * self.rows
@@ -984,6 +1130,22 @@ class _ConditionalHandle:
 
 
 @dataclass(frozen=True)
+class _AllocNode:
+    """A memory allocation node: its allocation (made with the node, gone with its graph: the fake's choice), the pool
+    properties and access descriptors it was given."""
+    dptr: int
+    bytesize: int
+    device: int
+    pool: tuple[int, int, int, int, int, int, int]  # allocType, handleTypes, location type and id, maxSize, usage, RDMA
+    access: tuple[tuple[int, int, int], ...]  # (location type, id, CUmemAccess_flags) each
+
+
+@dataclass(frozen=True)
+class _FreeNode:
+    dptr: int
+
+
+@dataclass(frozen=True)
 class _ConditionalNode:
     handle: int
     kind: int  # CUgraphConditionalNodeType
@@ -1012,11 +1174,12 @@ class FakeDriver:
     CUtensorMapL2promotion, CUtensorMapFloatOOBfill = CUtensorMapL2promotion, CUtensorMapFloatOOBfill
     CUuuid = CUuuid
     CUlaunchConfig = CUlaunchConfig
+    CUstreamAttrID, CUstreamAttrValue = CUstreamAttrID, CUstreamAttrValue
     CUmemAllocationType, CUmemLocationType, CUmemAllocationHandleType = (CUmemAllocationType, CUmemLocationType,
                                                                          CUmemAllocationHandleType)
     CUmemAccess_flags, CUmemAllocationGranularity_flags = CUmemAccess_flags, CUmemAllocationGranularity_flags
     CUmemGenericAllocationHandle, CUmemLocation = CUmemGenericAllocationHandle, CUmemLocation
-    CUmemAllocationProp, CUmemAccessDesc = CUmemAllocationProp, CUmemAccessDesc
+    CUmemAllocationProp, CUmemAccessDesc, CUmemPoolProps = CUmemAllocationProp, CUmemAccessDesc, CUmemPoolProps
     CUstreamCaptureMode, CUgraphNodeType, CUgraphDependencyType = (CUstreamCaptureMode, CUgraphNodeType,
                                                                    CUgraphDependencyType)
     CUgraphInstantiate_flags, CUevent_record_flags, CUevent_wait_flags = (CUgraphInstantiate_flags,
@@ -1025,9 +1188,14 @@ class FakeDriver:
     CUmemorytype, CUgraphExecUpdateResult = CUmemorytype, CUgraphExecUpdateResult
     CUDA_KERNEL_NODE_PARAMS, CUDA_MEMSET_NODE_PARAMS = CUDA_KERNEL_NODE_PARAMS, CUDA_MEMSET_NODE_PARAMS
     CUDA_MEMCPY3D, CUgraphExecUpdateResultInfo = CUDA_MEMCPY3D, CUgraphExecUpdateResultInfo
+    CUDA_MEMCPY2D, CUDA_MEMCPY3D_PEER = CUDA_MEMCPY2D, CUDA_MEMCPY3D_PEER
     CUgraphNodeParams, CUgraphConditionalHandle = CUgraphNodeParams, CUgraphConditionalHandle
     CUgraphConditionalNodeType, CUgraphChildGraphNodeOwnership = (CUgraphConditionalNodeType,
                                                                   CUgraphChildGraphNodeOwnership)
+    CUkernelNodeAttrID, CUkernelNodeAttrValue, CUgraphMem_attribute = (CUkernelNodeAttrID, CUkernelNodeAttrValue,
+                                                                       CUgraphMem_attribute)
+    CUgraphInstantiateResult, CUDA_GRAPH_INSTANTIATE_PARAMS = CUgraphInstantiateResult, CUDA_GRAPH_INSTANTIATE_PARAMS
+    CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEM_FREE_NODE_PARAMS = CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEM_FREE_NODE_PARAMS
 
     def __init__(self, devices: int = 2, total_mem: tuple[int, ...] | None = None, journal: str | None = None,
                  initialized: bool = False, context_bytes: int = CONTEXT_BYTES,
@@ -1071,6 +1239,8 @@ class FakeDriver:
         self.images: dict[int, Image] = {}  # module/library -> parsed image
         self.pools: dict[int, dict[int, int]] = {}  # handle -> attribute -> value
         self.default_pool: dict[int, int] = {}  # device -> pool
+        self.current_pool: dict[int, int] = {}  # device -> pool set current (cuDeviceSetMemPool; else its default)
+        self.pool_access: dict[int, dict[int, int]] = {}  # pool -> peer device -> CUmemAccess_flags granted
         self.launches: list[dict[str, Any]] = []
         self.registered: dict[int, int] = {}  # page-locked host ranges: address -> size
         # stream -> work not yet done: a non-blocking stream's, or any stream's held back by an unsatisfied
@@ -1082,6 +1252,7 @@ class FakeDriver:
         self.physical: dict[int, _Physical] = {}  # cuMemCreate's memory, until released and unmapped
         self.mappings: dict[int, _Mapping] = {}  # mapped address -> what it maps (cuMemMap)
         self.stream_ids: dict[int, int] = {}  # stream -> cuStreamGetId's answer
+        self.stream_attributes: dict[int, dict[int, bytes]] = {}  # stream -> attribute ID -> value set (64 bytes)
         self.captures: dict[int, _Capture] = {}  # capturing stream -> its capture (active or invalidated)
         self._next_capture = 0
         self.capture_modes: dict[int, int] = {}  # thread ident -> its CUstreamCaptureMode (absent: GLOBAL)
@@ -1093,6 +1264,10 @@ class FakeDriver:
         self.conditional_handles: dict[int, _ConditionalHandle] = {}  # cuGraphConditionalHandleCreate
         self.body_owner: dict[int, int] = {}  # a conditional node's body graph -> that node
         self.moved_owner: dict[int, int] = {}  # a child graph moved into a node (OWNERSHIP_MOVE) -> that node
+        self.node_attributes: dict[int, dict[int, bytes]] = {}  # kernel node -> attribute -> its 64 bytes
+        self.node_memory: dict[int, tuple[Any, ...]] = {}  # what a node's parameters asked back point at
+        self.graph_frees: dict[int, int] = {}  # a graph allocation -> the graph of its free node
+        self.graph_memory_high = [0] * devices  # CU_GRAPH_MEM_ATTR_USED/RESERVED_MEM_HIGH (one figure: below)
 
     # --- bookkeeping --------------------------------------------------------------------------------------------
     def _record(self, name: str, args: tuple[Any, ...], result: tuple[Any, ...]) -> None:
@@ -1180,7 +1355,10 @@ class FakeDriver:
         self.nodes[handle] = _GraphNode(kind, replay)
         self.node_graph[handle] = capture.graph
         self.graphs[capture.graph].append(handle)
-        if capture.last:  # a captured stream is one chain: an edge from the node captured before
+        if capture.deps is not None:  # the dependencies given (cuStreamBeginCaptureToGraph, ...UpdateCapture...)
+            self.graph_edges.setdefault(capture.graph, []).extend((d, handle, w) for d, w in capture.deps)
+            capture.deps = None
+        elif capture.last:  # a captured stream is one chain: an edge from the node captured before
             self.graph_edges.setdefault(capture.graph, []).append((capture.last, handle, 0))
         capture.last = handle
         return 0
@@ -1242,6 +1420,12 @@ class FakeDriver:
         elif isinstance(node.params, _ConditionalNode):
             for body in node.params.bodies:
                 self._drop_graph(body)
+        elif isinstance(node.params, _AllocNode):  # a graph allocation goes with its graph (the fake's choice)
+            self.memory.pop(node.params.dptr, None)
+            self.origin.pop(node.params.dptr, None)
+            self.graph_frees.pop(node.params.dptr, None)
+        elif isinstance(node.params, _FreeNode):
+            self.graph_frees.pop(node.params.dptr, None)
 
     def _run_queued(self, keys: list[int]) -> bool:
         """Run the queued work of `keys` in order, each up to a wait not yet satisfied; whether any ran."""
@@ -1280,7 +1464,7 @@ class FakeDriver:
 
     def _stream_ok(self, stream: Any) -> bool:
         value = 0 if stream is None else int(stream)
-        return value == 0 or value in self.streams
+        return value in (0, 1, 2) or value in self.streams  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 
     @staticmethod
     def _enum(value: Any, cls: type[IntEnum], name: str) -> IntEnum:
@@ -1629,7 +1813,11 @@ class FakeDriver:
             return CUresult.CUDA_ERROR_INVALID_VALUE
         self._drain()  # cuMemFree waits for the work that may use the memory
         device = self.allocations.pop(base)
-        self.used[device] -= len(self.memory.pop(base))
+        size = len(self.memory.pop(base))
+        self.used[device] -= size
+        pool = self.origin.get(base, (0, 0))[1]
+        if pool in self.pools:  # its pool's memory in use goes down (a destroyed pool is gone already)
+            self.pools[pool][7] -= size
         return 0
 
     @_recorded
@@ -1741,6 +1929,100 @@ class FakeDriver:
     def cuMemcpyDtoDAsync(self, dstDevice: Any, srcDevice: Any, ByteCount: int, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
         return _result(self._dtod(dstDevice, srcDevice, ByteCount, hStream))
 
+    # --- structured copies (cuMemcpy2D/3D) -------------------------------------------------------------------------
+    def _structured_copy(self, params: Any, stream: Any = None, two_d: bool = False, peer: bool = False) -> int:
+        """A CUDA_MEMCPY2D, CUDA_MEMCPY3D or CUDA_MEMCPY3D_PEER copy. Each side as a memcpy node's (`_copy_side`:
+        device memory whose reach lies in one allocation, host memory read and written through its address, UNIFIED
+        by where the address lies, arrays CUDA_ERROR_NOT_SUPPORTED, rows or slices that overlap -- a pitch below
+        XInBytes + WidthInBytes with more than one row, a slice height below Y + Height with more than one slice --
+        CUDA_ERROR_INVALID_VALUE); LODs 0 and pitches at most CU_DEVICE_ATTRIBUTE_MAX_PITCH, as cuda.h says
+        (INVALID_VALUE); a peer copy's contexts the fake's (CUDA_ERROR_INVALID_CONTEXT, the fake's rule: cuda.h names
+        no code). An empty extent copies nothing. Device to device, it is the stream's work; with a host side it runs
+        after the stream's earlier work and before the call returns (pageable memory's rule, as cuMemcpyHtoDAsync's);
+        on a capturing stream it becomes a memcpy node."""
+        if err := self._context_error():
+            return err
+        if params is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE
+        if not self._stream_ok(stream):
+            return CUresult.CUDA_ERROR_INVALID_HANDLE
+        if two_d:  # the same copy with an empty third dimension
+            flat = CUDA_MEMCPY3D()
+            for name, value in vars(params).items():
+                setattr(flat, name, value)
+            flat.Depth = 1
+            params = flat
+        if peer and any(self._known_context(context) is None for context in (params.srcContext, params.dstContext)):
+            return CUresult.CUDA_ERROR_INVALID_CONTEXT
+        limit = self.device_attribute(11, self._device_of_current())  # CU_DEVICE_ATTRIBUTE_MAX_PITCH
+        for prefix in ("src", "dst"):
+            if int(getattr(params, prefix + "LOD")) or int(getattr(params, prefix + "Pitch")) > limit:
+                return CUresult.CUDA_ERROR_INVALID_VALUE
+        extent = (int(params.WidthInBytes), int(params.Height), int(params.Depth))
+        if not all(extent):
+            return 0
+        err, src = self._copy_side(params, "src", extent)
+        if src is None:
+            return err
+        err, dst = self._copy_side(params, "dst", extent)
+        if dst is None:
+            return err
+        width, host = extent[0], CUmemorytype.CU_MEMORYTYPE_HOST
+
+        def copy() -> None:
+            rows: list[tuple[int, int, bytes | None]] = []
+            for z in range(extent[2]):
+                for y in range(extent[1]):
+                    if src.kind == host:
+                        rows.append((y, z, ctypes.string_at(src.row(y, z), width)))
+                    else:
+                        span = self._span(src.row(y, z), width)
+                        rows.append((y, z, None if span is None else bytes(span[0][span[1]:span[1] + width])))
+            for y, z, data in rows:
+                if data is None:  # freed since: nothing to copy (a GPU would fault)
+                    continue
+                if dst.kind == host:
+                    ctypes.memmove(dst.row(y, z), data, width)
+                elif (span := self._span(dst.row(y, z), width)) is not None:
+                    span[0][span[1]:span[1] + width] = data
+        self._note = {"extent": list(extent)}
+        if stream and self._capture_of(stream) is not None:
+            return self._enqueue(stream, copy, CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY)
+        if host in (src.kind, dst.kind):
+            if stream or self.pending.get(0):
+                self._drain(stream or 0)
+            copy()
+            return 0
+        return self._enqueue(stream, copy, CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY)
+
+    @_recorded
+    def cuMemcpy2D(self, pCopy: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._structured_copy(pCopy, two_d=True))
+
+    @_recorded
+    def cuMemcpy2DUnaligned(self, pCopy: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._structured_copy(pCopy, two_d=True))
+
+    @_recorded
+    def cuMemcpy2DAsync(self, pCopy: Any, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._structured_copy(pCopy, hStream, two_d=True))
+
+    @_recorded
+    def cuMemcpy3D(self, pCopy: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._structured_copy(pCopy))
+
+    @_recorded
+    def cuMemcpy3DAsync(self, pCopy: Any, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._structured_copy(pCopy, hStream))
+
+    @_recorded
+    def cuMemcpy3DPeer(self, pCopy: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._structured_copy(pCopy, peer=True))
+
+    @_recorded
+    def cuMemcpy3DPeerAsync(self, pCopy: Any, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
+        return _result(self._structured_copy(pCopy, hStream, peer=True))
+
     def _memset(self, pointer: Any, value: int, count: int, width: int, stream: Any = 0) -> int:
         if err := self._context_error():
             return err
@@ -1798,7 +2080,7 @@ class FakeDriver:
             return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
         if device is None:
             return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
-        return CUresult(0), CUmemoryPool(self._pool_of(device))
+        return CUresult(0), CUmemoryPool(self._current_pool(device))
 
     @_recorded
     def cuDeviceGetDefaultMemPool(self, dev: Any) -> tuple[Any, ...]:
@@ -1810,24 +2092,30 @@ class FakeDriver:
         return CUresult(0), CUmemoryPool(self._pool_of(device))
 
     def _pool_alloc(self, size: int, pool: int, stream: Any) -> tuple[Any, ...]:
+        """On the pool's device (which may not be the stream's: cuMemAllocFromPoolAsync's note), within its
+        CU_MEMPOOL_ATTR_MAX_POOL_SIZE when one was given (else CUDA_ERROR_OUT_OF_MEMORY)."""
         if not self._stream_ok(stream):
             return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
         if self._capture_of(stream) is not None:  # a memory-allocation node: not modelled
             return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 1)
-        result = self._alloc_on_current(size)
-        if int(result[0]) == 0:
-            base = int(result[1])
-            self.origin[base] = (self.origin[base][0], pool)
-            attributes = self.pools[pool]
-            attributes[7] += int(size)
-            attributes[8] = max(attributes[8], attributes[7])
-        return result
+        attributes, size = self.pools[pool], int(size)
+        device = attributes[11]
+        if size == 0:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        limit = attributes[13] or self.total_mem[device]
+        if self.used[device] + size > self.total_mem[device] or attributes[7] + size > limit:
+            return _result(CUresult.CUDA_ERROR_OUT_OF_MEMORY, 1)
+        base = self._allocate(size, device)
+        self.origin[base] = (self.origin[base][0], pool)
+        attributes[7] += size
+        attributes[8] = max(attributes[8], attributes[7])
+        return CUresult(0), CUdeviceptr(base)
 
     @_recorded
     def cuMemAllocAsync(self, bytesize: int, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
         if err := self._context_error():
             return _result(err, 1)
-        return self._pool_alloc(bytesize, self._pool_of(self._device_of_current()), hStream)
+        return self._pool_alloc(bytesize, self._current_pool(self._device_of_current()), hStream)
 
     @_recorded
     def cuMemAllocFromPoolAsync(self, bytesize: int, pool: Any, hStream: Any) -> tuple[Any, ...]:  # noqa: N803
@@ -1871,6 +2159,210 @@ class FakeDriver:
         else:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
         return _result(0)
+
+    # Pools made by the program and CUDA 13's pools by location. Device memory only: a pool or location in host
+    # memory, and managed pools, are not modelled (CUDA_ERROR_NOT_SUPPORTED). A pool's own device always has
+    # READWRITE access: cuMemPoolSetAccess of anything less for it is CUDA_ERROR_INVALID_DEVICE, the whole request
+    # checked before any of it applies (as cuda-python's maintainers measured on an L40, cuda-python issue 2807).
+    # The reserved-memory attributes stay 0 (a pool keeps nothing beyond what is in use), so trimming frees nothing.
+    def _current_pool(self, device: int) -> int:
+        return self.current_pool.get(device) or self._pool_of(device)
+
+    def _pool_location(self, location: Any, bad_device: int) -> int:
+        """The device of a CUmemLocation given to a pool call, or its CUresult negated (-1 for INVALID_VALUE...)."""
+        if not isinstance(location, CUmemLocation):
+            raise TypeError(f"Argument 'location' has incorrect type (expected CUmemLocation, got "
+                            f"{type(location).__name__})")
+        kind = int(self._enum(location.type, CUmemLocationType, "type"))
+        if kind != CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE:
+            return -int(CUresult.CUDA_ERROR_NOT_SUPPORTED if kind else CUresult.CUDA_ERROR_INVALID_VALUE)
+        device = self._device(location.id)
+        return -int(bad_device) if device is None else device
+
+    def _pool_type(self, kind: Any) -> int:
+        """0 for CU_MEM_ALLOCATION_TYPE_PINNED, else the CUresult of another allocation type."""
+        value = int(self._enum(kind, CUmemAllocationType, "type"))
+        if value == CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED:
+            return CUresult.CUDA_ERROR_NOT_SUPPORTED
+        return 0 if value == CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED else CUresult.CUDA_ERROR_INVALID_VALUE
+
+    @_recorded
+    def cuMemPoolCreate(self, poolProps: Any) -> tuple[Any, ...]:  # noqa: N803
+        if not isinstance(poolProps, CUmemPoolProps):
+            raise TypeError(f"Argument 'poolProps' has incorrect type (expected CUmemPoolProps, got "
+                            f"{type(poolProps).__name__})")
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if err := self._pool_type(poolProps.allocType):
+            return _result(err, 1)
+        handle_types = int(self._enum(poolProps.handleTypes, CUmemAllocationHandleType, "handleTypes"))
+        device = self._pool_location(poolProps.location, CUresult.CUDA_ERROR_INVALID_VALUE)
+        if device < 0:
+            return _result(-device, 1)
+        handle = self._handle()
+        self.pools[handle] = {1: 1, 2: 1, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 1, 10: handle_types, 11: device,
+                              12: 1, 13: int(poolProps.maxSize), 14: 0, 15: 0}
+        self.pool_access[handle] = {}
+        return CUresult(0), CUmemoryPool(handle)
+
+    @_recorded
+    def cuMemPoolDestroy(self, pool: Any) -> tuple[Any, ...]:
+        """Its allocations stay valid until freed (cuda.h); a device's default pool cannot be destroyed."""
+        handle = int(pool or 0)
+        if handle not in self.pools or handle in self.default_pool.values():
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        del self.pools[handle]
+        self.pool_access.pop(handle, None)
+        for device in [d for d, p in self.current_pool.items() if p == handle]:
+            del self.current_pool[device]  # its device's default pool is current again
+        return _result(0)
+
+    @_recorded
+    def cuMemPoolTrimTo(self, pool: Any, minBytesToKeep: int) -> tuple[Any, ...]:  # noqa: N803
+        if int(pool or 0) not in self.pools:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        return _result(0)
+
+    @_recorded
+    def cuMemPoolSetAccess(self, pool: Any, map: Any, count: int) -> tuple[Any, ...]:  # noqa: A002 - the wheel's
+        handle = int(pool or 0)
+        descs = list(map or [])
+        if handle not in self.pools or int(count) != len(descs):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        granted = {}
+        for item in descs:
+            if not isinstance(item, CUmemAccessDesc):
+                raise TypeError(f"Argument 'map' has incorrect type (expected CUmemAccessDesc, got "
+                                f"{type(item).__name__})")
+            flags = int(self._enum(item.flags, CUmemAccess_flags, "flags"))
+            device = self._pool_location(item.location, CUresult.CUDA_ERROR_INVALID_VALUE)
+            if device < 0:
+                return _result(-device)
+            if device == self.pools[handle][11] and flags != CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+                return _result(CUresult.CUDA_ERROR_INVALID_DEVICE)
+            granted[device] = flags
+        self.pool_access[handle].update(granted)
+        return _result(0)
+
+    def _pool_access_of(self, pool: int, device: int) -> int:
+        if pool in self.pools and device == self.pools[pool][11]:
+            return CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        return self.pool_access.get(pool, {}).get(device, CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE)
+
+    @_recorded
+    def cuMemPoolGetAccess(self, memPool: Any, location: Any) -> tuple[Any, ...]:  # noqa: N803
+        handle = int(memPool or 0)
+        if handle not in self.pools:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        device = self._pool_location(location, CUresult.CUDA_ERROR_INVALID_VALUE)
+        if device < 0:
+            return _result(-device, 1)
+        if handle not in self.pool_access:
+            self.pool_access[handle] = {}  # a default pool: its own device only, until granted
+        return CUresult(0), CUmemAccess_flags(self._pool_access_of(handle, device))
+
+    def _pool_by_location(self, location: Any, typename: Any, bad_device: int) -> tuple[int, int]:
+        if not self.initialized:
+            return CUresult.CUDA_ERROR_NOT_INITIALIZED, -1
+        if err := self._pool_type(typename):
+            return err, -1
+        device = self._pool_location(location, bad_device)
+        return (-device, -1) if device < 0 else (0, device)
+
+    @_recorded
+    def cuMemGetDefaultMemPool(self, location: Any, typename: Any) -> tuple[Any, ...]:
+        err, device = self._pool_by_location(location, typename, CUresult.CUDA_ERROR_INVALID_DEVICE)
+        return _result(err, 1) if err else (CUresult(0), CUmemoryPool(self._pool_of(device)))
+
+    @_recorded
+    def cuMemGetMemPool(self, location: Any, typename: Any) -> tuple[Any, ...]:
+        err, device = self._pool_by_location(location, typename, CUresult.CUDA_ERROR_INVALID_VALUE)
+        return _result(err, 1) if err else (CUresult(0), CUmemoryPool(self._current_pool(device)))
+
+    def _set_pool(self, device: int, pool: Any) -> int:
+        """A pool located on `device` becomes its current pool; another is CUDA_ERROR_INVALID_VALUE (cuda.h)."""
+        handle = int(pool or 0)
+        if handle not in self.pools or self.pools[handle][11] != device:
+            return CUresult.CUDA_ERROR_INVALID_VALUE
+        self.current_pool[device] = handle
+        return 0
+
+    @_recorded
+    def cuMemSetMemPool(self, location: Any, typename: Any, pool: Any) -> tuple[Any, ...]:
+        err, device = self._pool_by_location(location, typename, CUresult.CUDA_ERROR_INVALID_VALUE)
+        return _result(err or self._set_pool(device, pool))
+
+    @_recorded
+    def cuDeviceSetMemPool(self, dev: Any, pool: Any) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        return _result(CUresult.CUDA_ERROR_INVALID_VALUE if device is None else self._set_pool(device, pool))
+
+    @_recorded
+    def cuMemAllocPitch(self, WidthInBytes: int, Height: int, ElementSizeBytes: int) -> tuple[Any, ...]:  # noqa: N803
+        """Rows of WidthInBytes rounded up to PITCH_ALIGNMENT (the fake's pitch); element sizes 4, 8 or 16."""
+        if err := self._context_error():
+            return _result(err, 2)
+        width, height = int(WidthInBytes), int(Height)
+        if int(ElementSizeBytes) not in (4, 8, 16) or not width or not height:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 2)
+        pitch = _align(width, PITCH_ALIGNMENT)
+        result = self._alloc_on_current(pitch * height)
+        return result + (pitch,) if int(result[0]) == 0 else _result(int(result[0]), 2)
+
+    # --- the virtual-memory queries -----------------------------------------------------------------------------
+    @_recorded
+    def cuMemGetAccess(self, location: Any, ptr: Any) -> tuple[Any, ...]:
+        """A mapped range's access for the device (cuMemSetAccess's, else none), a pool allocation's (its pool's);
+        any other address (cuMemAlloc's, not checked on a GPU: the fake's choice) is CUDA_ERROR_INVALID_VALUE."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        device = self._pool_location(location, CUresult.CUDA_ERROR_INVALID_DEVICE)
+        if device < 0:
+            return _result(-device, 1)
+        address = int(ptr or 0)
+        for start, mapping in self.mappings.items():
+            if start <= address < start + mapping.size:
+                return CUresult(0), mapping.granted.get(device, 0)
+        base = next((b for b, data in self.memory.items() if b <= address < b + max(len(data), 1)), -1)
+        pool = self.origin.get(base, (0, 0))[1] if base in self.allocations else 0
+        if not pool:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if pool not in self.pools:  # a destroyed pool's allocation: its own device only
+            own = self.allocations[base] == device
+            return CUresult(0), int(CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE) if own else 0
+        return CUresult(0), int(self._pool_access_of(pool, device))
+
+    @_recorded
+    def cuMemRetainAllocationHandle(self, addr: Any) -> tuple[Any, ...]:
+        """The handle that mapped `addr` (any address inside a mapping), with one more reference to release."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        address = int(addr or 0)
+        mapping = next((m for base, m in self.mappings.items() if base <= address < base + m.size), None)
+        if mapping is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        physical = self.physical[mapping.handle]
+        physical.references += 1
+        physical.released = False
+        return CUresult(0), CUmemGenericAllocationHandle(mapping.handle)
+
+    @_recorded
+    def cuMemGetAllocationPropertiesFromHandle(self, handle: Any) -> tuple[Any, ...]:
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        physical = self.physical.get(int(handle or 0))
+        if physical is None or physical.released:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        prop = CUmemAllocationProp()
+        prop.type = CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.requestedHandleTypes = CUmemAllocationHandleType(physical.handle_types)
+        prop.location.type, prop.location.id = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE, physical.device
+        compression, rdma, usage = physical.flags
+        prop.allocFlags.compressionType, prop.allocFlags.gpuDirectRDMACapable, prop.allocFlags.usage = (
+            compression, rdma, usage)
+        return CUresult(0), prop
 
     # --- page-locked host memory ------------------------------------------------------------------------------
     @_recorded
@@ -1932,8 +2424,8 @@ class FakeDriver:
         if int(hStream) not in self.streams:
             return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
         capture = self.captures.pop(int(hStream), None)
-        if capture is not None:  # its capture ends with it, the graph discarded (not checked on a GPU)
-            self._drop_graph(capture.graph)
+        if capture is not None and not capture.into:  # its capture ends with it, the graph discarded (not checked
+            self._drop_graph(capture.graph)            # on a GPU; a graph captured into stays the caller's)
         self._drain(hStream)  # its work still completes
         del self.streams[int(hStream)]
         return _result(0)
@@ -2013,9 +2505,11 @@ class FakeDriver:
         if capture is None or capture.status != CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
             status = CUstreamCaptureStatus(capture.status if capture is not None else 0)
             return CUresult(0), status, cuuint64_t(0), CUgraph(0), [], [], 0
-        dependencies = [CUgraphNode(capture.last)] if capture.last else []
+        current = self._capture_deps(capture)
+        dependencies = [CUgraphNode(node) for node, _word in current]
         return (CUresult(0), CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE, cuuint64_t(capture.ident),
-                CUgraph(capture.graph), dependencies, [CUgraphEdgeData() for _ in dependencies], len(dependencies))
+                CUgraph(capture.graph), dependencies, [self._edge_object(word) for _node, word in current],
+                len(dependencies))
 
     @_recorded
     def cuStreamBeginCapture(self, hStream: Any, mode: Any) -> tuple[Any, ...]:  # noqa: N803
@@ -2053,7 +2547,8 @@ class FakeDriver:
             return _result(CUresult.CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, 1)
         del self.captures[int(hStream)]
         if capture.status != CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
-            self._drop_graph(capture.graph)
+            if not capture.into:  # a graph captured into stays the caller's, with what was captured
+                self._drop_graph(capture.graph)
             return _result(CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, 1)
         return CUresult(0), CUgraph(capture.graph)
 
@@ -2215,6 +2710,8 @@ class FakeDriver:
             return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
         if self._graph(originalGraph) is None:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if self._memory_nodes(int(originalGraph)):  # cuda.h: such a graph "cannot be cloned" (the code: the fake's)
+            return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 1)
         return CUresult(0), CUgraph(self._clone_graph(int(originalGraph)))
 
     def _clone_graph(self, original: int) -> int:
@@ -2249,26 +2746,35 @@ class FakeDriver:
     def cuGraphInstantiate(self, hGraph: Any, flags: int) -> tuple[Any, ...]:  # noqa: N803
         """Flags: CUgraphInstantiate_flags (DEVICE_LAUNCH with AUTO_FREE_ON_LAUNCH is refused, as cuda.h says);
         UPLOAD uploads nothing, as cuGraphUpload."""
+        err, handle, _result_out = self._instantiate(hGraph, int(flags))
+        return _result(err, 1) if err else (CUresult(0), CUgraphExec(handle))
+
+    def _instantiate(self, graph: Any, value: int) -> tuple[int, int, int]:
+        """(0 or the error, the executable graph, the CUgraphInstantiateResult cuGraphInstantiateWithParams says).
+        A graph with memory nodes has one executable graph at a time (cuda.h; INVALID_VALUE, the fake's choice)."""
         if err := self._context_error():
-            return _result(err, 1)
-        nodes = self._graph(hGraph)
-        value = int(flags)
+            return err, 0, CUgraphInstantiateResult.CUDA_GRAPH_INSTANTIATE_ERROR
+        nodes = self._graph(graph)
+        invalid = CUresult.CUDA_ERROR_INVALID_VALUE, 0, CUgraphInstantiateResult.CUDA_GRAPH_INSTANTIATE_ERROR
         if nodes is None or value & ~0xF or value & 5 == 5:
-            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
-        if int(hGraph) in self.moved_owner:  # cuda.h: a moved graph "cannot be independently instantiated"
-            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
-        order = self._topological(int(hGraph))
+            return invalid
+        if int(graph) in self.moved_owner:  # cuda.h: a moved graph "cannot be independently instantiated"
+            return invalid
+        if self._memory_nodes(int(graph)) and any(e.graph == int(graph) for e in self.execs.values()):
+            return invalid
+        order = self._topological(int(graph))
         if order is None:  # a cycle (cuGraphAddDependencies does not look for one here; not checked on a GPU)
-            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
-        if self._endless(int(hGraph)):  # a WHILE the fake would run forever: not modelled
-            return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 1)
+            return (CUresult.CUDA_ERROR_INVALID_VALUE, 0,
+                    CUgraphInstantiateResult.CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE)
+        if self._endless(int(graph)):  # a WHILE the fake would run forever: not modelled
+            return CUresult.CUDA_ERROR_NOT_SUPPORTED, 0, CUgraphInstantiateResult.CUDA_GRAPH_INSTANTIATE_ERROR
         handle = self._handle()
         inner: dict[int, tuple[list[_GraphNode], int]] = {}
         parts = [self._frozen(n, inner) for n in nodes]
         self.execs[handle] = _GraphExec(tuple(parts[i] for i in order), value, members=tuple(nodes),
-                                        order=tuple(order), parts=parts, deps=self._member_deps(int(hGraph)),
-                                        inner=inner)
-        return CUresult(0), CUgraphExec(handle)
+                                        order=tuple(order), parts=parts, deps=self._member_deps(int(graph)),
+                                        inner=inner, graph=int(graph))
+        return 0, handle, CUgraphInstantiateResult.CUDA_GRAPH_INSTANTIATE_SUCCESS
 
     @_recorded
     def cuGraphExecDestroy(self, hGraphExec: Any) -> tuple[Any, ...]:  # noqa: N803
@@ -2535,7 +3041,8 @@ class FakeDriver:
             return CUresult.CUDA_ERROR_INVALID_VALUE, None  # parameters, and none given
         else:
             packed = b""
-        made = _KernelNode(handle, context, grid, block, shared, packed, found.name)
+        form = 2 if extra else 1 if kernel_params else 0
+        made = _KernelNode(handle, context, grid, block, shared, packed, found.name, form, not function)
         if found.name == ADD_KERNEL:
             replay: Callable[[Any], object] = lambda on: self._add_kernel(made.packed, on)
         else:
@@ -2581,17 +3088,17 @@ class FakeDriver:
             return (0, _CopySide(kind, address, x, y, z, pitch, rows)) if address else (
                 CUresult.CUDA_ERROR_INVALID_VALUE, None)
         address = int(getattr(params, prefix + "Device") or 0)
-        start = address + offset
+        start, given = address + offset, kind
         if kind == CUmemorytype.CU_MEMORYTYPE_UNIFIED:  # where the address lies: device memory, or registered
             if self._span(start, reach) is not None:
                 kind = CUmemorytype.CU_MEMORYTYPE_DEVICE
             elif any(base <= start and start + reach <= base + size for base, size in self.registered.items()):
-                return 0, _CopySide(CUmemorytype.CU_MEMORYTYPE_HOST, address, x, y, z, pitch, rows)
+                return 0, _CopySide(CUmemorytype.CU_MEMORYTYPE_HOST, address, x, y, z, pitch, rows, given)
             else:
                 return CUresult.CUDA_ERROR_INVALID_VALUE, None
         if kind != CUmemorytype.CU_MEMORYTYPE_DEVICE or self._span(start, reach) is None:
             return CUresult.CUDA_ERROR_INVALID_VALUE, None
-        return 0, _CopySide(kind, address, x, y, z, pitch, rows)
+        return 0, _CopySide(kind, address, x, y, z, pitch, rows, given)
 
     def _memcpy_node(self, params: Any, context: int) -> tuple[int, _GraphNode | None]:
         """A CUDA_MEMCPY3D between device memory (each side's reach in one allocation) and host memory (read and
@@ -2665,7 +3172,7 @@ class FakeDriver:
             return _result(err, 1)
         child = int(childGraph or 0)
         if child not in self.graphs or child == int(hGraph) or self._topological(child) is None or \
-                child in self.moved_owner:
+                child in self.moved_owner or self._memory_nodes(child):  # cuda.h: such a graph only moved in
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
         return self._add_node(hGraph, deps, self._child_node(self._clone_graph(child)))
 
@@ -2722,8 +3229,9 @@ class FakeDriver:
         """A node of `nodeParams.type` (a CUgraphNodeParams), as the per-type calls above make it from the type's
         member (a memset's or memcpy's context, a child graph cloned: CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE), or a
         conditional node (below), after `dependencies` with edge data `dependencyData` (None: default edges) under
-        cuGraphAddDependencies's rules, all or nothing. Not modelled (CUDA_ERROR_NOT_SUPPORTED): host, memory, batch
-        memory operation and external semaphore nodes.
+        cuGraphAddDependencies's rules, all or nothing; memory allocation and free nodes as cuGraphAddMemAllocNode
+        and cuGraphAddMemFreeNode make them. Not modelled (CUDA_ERROR_NOT_SUPPORTED): host, batch memory operation
+        and external semaphore nodes.
 
         A child graph moved into its node (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): no clone, the graph itself, owned
         by the node from now on, its nodes the same handles. It runs its nodes as they are when it runs; an
@@ -2775,6 +3283,10 @@ class FakeDriver:
         elif kind == types.CU_GRAPH_NODE_TYPE_CONDITIONAL:
             handle = self._handle()
             err, node = self._conditional_of(int(hGraph), handle, nodeParams.conditional)
+        elif kind == types.CU_GRAPH_NODE_TYPE_MEM_ALLOC:
+            err, node = self._mem_alloc_node(nodeParams.alloc)
+        elif kind == types.CU_GRAPH_NODE_TYPE_MEM_FREE:
+            err, node = self._mem_free_node(int(hGraph), nodeParams.free.dptr)
         else:
             err, node = CUresult.CUDA_ERROR_NOT_SUPPORTED, None
         if node is not None and words is not None and any(
@@ -2800,6 +3312,8 @@ class FakeDriver:
         if ownership == CUgraphChildGraphNodeOwnership.CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE:
             self.moved_owner[child] = node
             return 0, self._child_node(child, moved=True)
+        if self._memory_nodes(child):  # cuda.h: a graph with memory nodes is only moved into a child node
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
         return 0, self._child_node(self._clone_graph(child))
 
     def _conditional_of(self, graph: int, node: int, params: Any) -> tuple[int, _GraphNode | None]:
@@ -2840,6 +3354,8 @@ class FakeDriver:
             self.moved_owner.pop(node.params.graph, None)
         elif isinstance(node.params, _ChildNode):
             self._drop_graph(node.params.graph)
+        elif isinstance(node.params, _AllocNode | _FreeNode):  # its allocation, or its claim to free one, goes
+            self._drop_owned(node)
 
     def _current_handle(self) -> int:
         current = self._current()
@@ -2912,10 +3428,13 @@ class FakeDriver:
     @_recorded
     def cuGraphRemoveDependencies(self, hGraph: Any, from_: Any, to: Any, edgeData: Any,  # noqa: N803
                                   numDependencies: int) -> tuple[Any, ...]:  # noqa: N803
-        """All or nothing: each edge must exist with exactly that data (CUDA_ERROR_INVALID_VALUE otherwise)."""
+        """All or nothing: each edge must exist with exactly that data (CUDA_ERROR_INVALID_VALUE otherwise); a graph
+        with memory nodes keeps its edges (cuda.h)."""
         err, edges = self._edges_given(hGraph, from_, to, edgeData, numDependencies)
         if err:
             return _result(err)
+        if edges and self._memory_nodes(int(hGraph)):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
         kept = list(self.graph_edges.get(int(hGraph), []))
         for edge in edges:
             if edge not in kept:
@@ -3153,6 +3672,420 @@ class FakeDriver:
         found.refresh()
         info = CUgraphExecUpdateResultInfo()
         return CUresult(0), info
+
+    # --- graphs, their second part: parameters asked back, kernel node attributes, capture into a given graph,
+    # instantiation with parameters, memory nodes and the graph memory attributes, the DOT description. A node added
+    # here keeps what it was given, and hands it back as given (a memcpy side's memory type too: UNIFIED stays
+    # UNIFIED); what a captured node was given is not modelled (CUDA_ERROR_NOT_SUPPORTED). Not checked on a GPU.
+    def _memory_nodes(self, graph: int) -> bool:
+        """Whether `graph` holds a memory allocation or free node (cuda.h's restrictions on such a graph)."""
+        return any(isinstance(self.nodes[n].params, _AllocNode | _FreeNode) for n in self.graphs.get(graph, []))
+
+    def _node_params_of(self, node: Any, kind: int) -> tuple[int, Any]:
+        """(0, the parameters node `node` of type `kind` was given), or the error: an unknown node or one of another
+        type CUDA_ERROR_INVALID_VALUE, a captured one CUDA_ERROR_NOT_SUPPORTED (its parameters are not modelled)."""
+        if not self.initialized:
+            return CUresult.CUDA_ERROR_NOT_INITIALIZED, None
+        found = self.nodes.get(int(node or 0))
+        if found is None or found.kind != kind:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        if found.params is None:
+            return CUresult.CUDA_ERROR_NOT_SUPPORTED, None
+        return 0, found.params
+
+    def _kernel_params_out(self, node: int, made: _KernelNode) -> Any:  # the wheel's CUDA_KERNEL_NODE_PARAMS
+        """A kernel node's parameters as the driver hands them back: `kernelParams` (or `extra`, whichever was set
+        last, as cuda.h says) pointing at values the node owns, kept until it is asked again (`node_memory`)."""
+        params = CUDA_KERNEL_NODE_PARAMS()
+        params.func, params.kern = (0, made.handle) if made.by_kernel else (made.handle, 0)
+        params.ctx = made.context
+        params.gridDimX, params.gridDimY, params.gridDimZ = made.grid
+        params.blockDimX, params.blockDimY, params.blockDimZ = made.block
+        params.sharedMemBytes = made.shared
+        found = self.functions.get(made.handle) or self.kernels.get(made.handle)
+        layout = found.layout if found is not None else None
+        values = ctypes.create_string_buffer(made.packed, max(len(made.packed), 1))
+        if made.form == 2:
+            size = ctypes.c_size_t(len(made.packed))
+            extra = (ctypes.c_void_p * 5)(CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(values),
+                                          CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size), CU_LAUNCH_PARAM_END)
+            self.node_memory[node] = (values, size, extra)
+            params.extra = ctypes.addressof(extra)
+        elif made.form == 1 and layout:
+            base = ctypes.addressof(values)
+            pointers = (ctypes.c_void_p * len(layout))(*[base + offset for offset, _ in layout])
+            self.node_memory[node] = (values, pointers)
+            params.kernelParams = ctypes.addressof(pointers)
+        return params
+
+    @staticmethod
+    def _memset_params_out(made: _MemsetNode) -> Any:  # the wheel's CUDA_MEMSET_NODE_PARAMS
+        params = CUDA_MEMSET_NODE_PARAMS()
+        params.dst, params.pitch, params.value = CUdeviceptr(made.dst), made.pitch, made.value
+        params.elementSize, params.width, params.height = made.element, made.width, made.height
+        return params
+
+    @staticmethod
+    def _copy_params_out(made: _CopyNode) -> Any:  # the wheel's CUDA_MEMCPY3D
+        """The copy as it was given: each side's memory type, its address where that type puts it (UNIFIED's in
+        the device field), offsets, pitch and height; LOD and arrays are not modelled (0)."""
+        params = CUDA_MEMCPY3D()
+        for prefix, side in (("src", made.src), ("dst", made.dst)):
+            kind = side.given or side.kind
+            setattr(params, prefix + "MemoryType", CUmemorytype(kind))
+            setattr(params, prefix + ("Host" if kind == CUmemorytype.CU_MEMORYTYPE_HOST else "Device"),
+                    side.address if kind == CUmemorytype.CU_MEMORYTYPE_HOST else CUdeviceptr(side.address))
+            for name, value in (("XInBytes", side.x), ("Y", side.y), ("Z", side.z), ("Pitch", side.pitch),
+                                ("Height", side.rows)):
+                setattr(params, prefix + name, value)
+        params.WidthInBytes, params.Height, params.Depth = made.width, made.height, made.depth
+        return params
+
+    @staticmethod
+    def _alloc_params_out(made: _AllocNode) -> Any:  # the wheel's CUDA_MEM_ALLOC_NODE_PARAMS
+        params = CUDA_MEM_ALLOC_NODE_PARAMS()
+        props = params.poolProps
+        kind, handles, location_kind, location, max_size, usage, rdma = made.pool
+        props.allocType, props.handleTypes = CUmemAllocationType(kind), CUmemAllocationHandleType(handles)
+        props.location.type, props.location.id = CUmemLocationType(location_kind), location
+        props.maxSize, props.usage, props.gpuDirectRDMACapable = max_size, usage, rdma
+        for location_kind, location, flags in made.access:
+            desc = CUmemAccessDesc()
+            desc.location.type, desc.location.id = CUmemLocationType(location_kind), location
+            desc.flags = CUmemAccess_flags(flags)
+            params.accessDescs.append(desc)
+        params.accessDescCount, params.bytesize, params.dptr = len(made.access), made.bytesize, CUdeviceptr(made.dptr)
+        return params
+
+    @_recorded
+    def cuGraphKernelNodeGetParams(self, hNode: Any) -> tuple[Any, ...]:  # noqa: N803
+        err, made = self._node_params_of(hNode, self.NODE_KERNEL)
+        return _result(err, 1) if err else (CUresult(0), self._kernel_params_out(int(hNode), made))
+
+    @_recorded
+    def cuGraphMemsetNodeGetParams(self, hNode: Any) -> tuple[Any, ...]:  # noqa: N803
+        err, made = self._node_params_of(hNode, self.NODE_MEMSET)
+        return _result(err, 1) if err else (CUresult(0), self._memset_params_out(made))
+
+    @_recorded
+    def cuGraphMemcpyNodeGetParams(self, hNode: Any) -> tuple[Any, ...]:  # noqa: N803
+        err, made = self._node_params_of(hNode, self.NODE_MEMCPY)
+        return _result(err, 1) if err else (CUresult(0), self._copy_params_out(made))
+
+    @_recorded
+    def cuGraphMemAllocNodeGetParams(self, hNode: Any) -> tuple[Any, ...]:  # noqa: N803
+        err, made = self._node_params_of(hNode, CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return _result(err, 1) if err else (CUresult(0), self._alloc_params_out(made))
+
+    @_recorded
+    def cuGraphNodeGetParams(self, hNode: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The node's type and its member of CUgraphNodeParams, as the type's own query gives it (a memset's and
+        a memcpy's context too; a child graph node: its graph and ownership, CLONE unless moved in; a conditional
+        node: its handle, type, size, context and body graphs). An empty node has none; a captured node's are not
+        modelled (CUDA_ERROR_NOT_SUPPORTED), nor are node types the fake does not make."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        key = int(hNode or 0)
+        found = self.nodes.get(key)
+        if found is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        params = CUgraphNodeParams()
+        params.type = CUgraphNodeType(found.kind)
+        made = found.params
+        if found.kind == CUgraphNodeType.CU_GRAPH_NODE_TYPE_EMPTY:
+            return CUresult(0), params
+        if isinstance(made, _KernelNode):
+            params.kernel = self._kernel_params_out(key, made)
+        elif isinstance(made, _MemsetNode):
+            memset = params.memset
+            for name, value in vars(self._memset_params_out(made)).items():
+                setattr(memset, name, value)
+            memset.ctx = CUcontext(made.context)
+        elif isinstance(made, _CopyNode):
+            params.memcpy.copyParams, params.memcpy.copyCtx = self._copy_params_out(made), CUcontext(made.context)
+        elif isinstance(made, _ChildNode):
+            params.graph.graph = CUgraph(made.graph)
+            params.graph.ownership = CUgraphChildGraphNodeOwnership(int(made.moved))
+        elif isinstance(made, _EventNode):
+            member = params.eventRecord if found.kind == CUgraphNodeType.CU_GRAPH_NODE_TYPE_EVENT_RECORD else \
+                params.eventWait
+            member.event = CUevent(made.event)
+        elif isinstance(made, _ConditionalNode):
+            condition = params.conditional
+            condition.handle, condition.type = CUgraphConditionalHandle(made.handle), CUgraphConditionalNodeType(
+                made.kind)
+            condition.size, condition.ctx = len(made.bodies), CUcontext(made.context)
+            condition.phGraph_out = [CUgraph(body) for body in made.bodies]
+        elif isinstance(made, _AllocNode):
+            params.alloc = self._alloc_params_out(made)
+        elif isinstance(made, _FreeNode):
+            params.free.dptr = CUdeviceptr(made.dptr)
+        else:
+            return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 1)
+        return CUresult(0), params
+
+    # kernel node attributes
+    def _attribute_node(self, node: Any, attr: Any) -> tuple[int, int]:
+        """(0, the attribute's ID) for a kernel node and an attribute cuda.h marks valid for graph nodes
+        (KERNEL_NODE_ATTRIBUTES; DEVICE_UPDATABLE_KERNEL_NODE is not modelled: NOT_SUPPORTED), else the error."""
+        identifier = int(self._enum(attr, CUkernelNodeAttrID, "attr"))
+        if not self.initialized:
+            return CUresult.CUDA_ERROR_NOT_INITIALIZED, identifier
+        found = self.nodes.get(int(node or 0))
+        if found is None or found.kind != self.NODE_KERNEL or identifier not in KERNEL_NODE_ATTRIBUTES:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, identifier
+        if identifier == CUkernelNodeAttrID.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE:
+            return CUresult.CUDA_ERROR_NOT_SUPPORTED, identifier
+        return 0, identifier
+
+    @_recorded
+    def cuGraphKernelNodeGetAttribute(self, hNode: Any, attr: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The value set last, all zero where none was (the fake's default: a GPU's may differ)."""
+        err, identifier = self._attribute_node(hNode, attr)
+        if err:
+            return _result(err, 1)
+        value = CUkernelNodeAttrValue()
+        ctypes.memmove(value.getPtr(), self.node_attributes.get(int(hNode), {}).get(identifier, bytes(64)), 64)
+        return CUresult(0), value
+
+    @_recorded
+    def cuGraphKernelNodeSetAttribute(self, hNode: Any, attr: Any, value: Any) -> tuple[Any, ...]:  # noqa: N803
+        """Kept as its 64 bytes (not checked, and not applied to launches: the fake runs no scheduling)."""
+        err, identifier = self._attribute_node(hNode, attr)
+        if err:
+            return _result(err)
+        if value is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        self.node_attributes.setdefault(int(hNode), {})[identifier] = ctypes.string_at(value.getPtr(), 64)
+        return _result(0)
+
+    # capture into a given graph
+    def _capture_deps(self, capture: _Capture) -> list[tuple[int, int]]:
+        """The nodes (and edge words) the next captured node will depend on."""
+        if capture.deps is not None:
+            return list(capture.deps)
+        return [(capture.last, 0)] if capture.last else []
+
+    def _given_deps(self, graph: int, dependencies: Any, data: Any, count: int) -> tuple[int, list[tuple[int, int]]]:
+        """(0, (node, edge word) each) of nodes of `graph` given with optional edge data, or INVALID_VALUE (a node of
+        another graph or named twice, edge data cuda.h refuses from that node)."""
+        deps = self._node_list(dependencies, int(count), "dependencies")
+        if data is not None:
+            if not isinstance(data, list | tuple) or not all(isinstance(e, CUgraphEdgeData) for e in data):
+                raise TypeError("Argument 'dependencyData' is not instance of type (expected "
+                                "tuple[cydriver.CUgraphEdgeData,] or list[cydriver.CUgraphEdgeData,]")
+            if int(count) > len(data):
+                raise RuntimeError(f"List is too small: {len(data)} < {int(count)}")
+        if deps is None and int(count):
+            return CUresult.CUDA_ERROR_INVALID_VALUE, []
+        deps = deps or []
+        words = [self._edge_word(e) for e in data[:len(deps)]] if data is not None else [0] * len(deps)
+        if len(set(deps)) != len(deps) or any(self.node_graph.get(d) != graph for d in deps) or any(
+                self._edge_refused(self.nodes[d].kind, self.NODE_KERNEL, w) for d, w in zip(deps, words, strict=True)):
+            return CUresult.CUDA_ERROR_INVALID_VALUE, []
+        return 0, list(zip(deps, words, strict=True))
+
+    @_recorded
+    def cuStreamBeginCaptureToGraph(self, hStream: Any, hGraph: Any, dependencies: Any, dependencyData: Any,  # noqa: N803
+                                    numDependencies: int, mode: Any) -> tuple[Any, ...]:  # noqa: N803
+        """cuStreamBeginCapture's rules, into `hGraph` (the caller's, a body graph too), the first node captured after
+        `dependencies` with their edge data (a target's type is not known yet: judged as a kernel node's edge); the
+        graph captured into stays the caller's whatever the capture's end. An unknown graph, or one a capture is
+        building already: CUDA_ERROR_INVALID_VALUE (the fake's choice for the second)."""
+        which = int(self._enum(mode, CUstreamCaptureMode, "mode"))
+        if err := self._stream_error(hStream):
+            return _result(err)
+        graph = int(hGraph or 0)
+        if graph not in self.graphs or self._capturing_graph(graph):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        err, given = self._given_deps(graph, dependencies, dependencyData, numDependencies)
+        if err:
+            return _result(err)
+        if not hStream:
+            return _result(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        if self._capture_of(hStream) is not None:
+            return _result(CUresult.CUDA_ERROR_ILLEGAL_STATE)
+        self._next_capture += 1
+        context = self.streams[int(hStream)][0]
+        self.captures[int(hStream)] = _Capture(self._next_capture, graph, which, threading.get_ident(), context,
+                                               not self._nonblocking(hStream), deps=given, into=True)
+        return _result(0)
+
+    @_recorded
+    def cuStreamUpdateCaptureDependencies(self, hStream: Any, dependencies: Any, dependencyData: Any,  # noqa: N803
+                                          numDependencies: int, flags: int) -> tuple[Any, ...]:  # noqa: N803
+        """CU_STREAM_ADD_CAPTURE_DEPENDENCIES (0) adds to the set (a node already in it once), SET (1) replaces it;
+        the nodes must be the capture graph's. Not capturing: CUDA_ERROR_ILLEGAL_STATE (cuda.h); an invalidated
+        capture: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (the fake's choice)."""
+        if err := self._stream_error(hStream):
+            return _result(err)
+        capture = self._capture_of(hStream)
+        if capture is None:
+            return _result(CUresult.CUDA_ERROR_ILLEGAL_STATE)
+        if int(flags) not in (0, 1):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        err, given = self._given_deps(capture.graph, dependencies, dependencyData, numDependencies)
+        if err:
+            return _result(err)
+        if capture.status != CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+            return _result(CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+        if int(flags) == 1:
+            capture.deps = given
+        else:
+            have = self._capture_deps(capture)
+            capture.deps = have + [(d, w) for d, w in given if d not in {n for n, _w in have}]
+        return _result(0)
+
+    # instantiation with parameters
+    @_recorded
+    def cuGraphInstantiateWithParams(self, hGraph: Any, instantiateParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        """cuGraphInstantiate's, its flags from `instantiateParams`, which gets `result_out` and `hErrNode_out`
+        (NULL: the fake names no node) whether it succeeds or not, as the driver writes the caller's struct; UPLOAD
+        needs a known stream (CUDA_ERROR_INVALID_HANDLE) and uploads nothing."""
+        if instantiateParams is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        flags = int(instantiateParams.flags)
+        if flags & CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD and self.initialized and \
+                not self._stream_ok(instantiateParams.hUploadStream):
+            err, handle, outcome = CUresult.CUDA_ERROR_INVALID_HANDLE, 0, 1  # CUDA_GRAPH_INSTANTIATE_ERROR
+        else:
+            err, handle, outcome = self._instantiate(hGraph, flags)
+        instantiateParams.result_out = CUgraphInstantiateResult(outcome)
+        instantiateParams.hErrNode_out = CUgraphNode(0)
+        return _result(err, 1) if err else (CUresult(0), CUgraphExec(handle))
+
+    # memory nodes
+    def _access_descs(self, params: Any) -> tuple[int, tuple[tuple[int, int, int], ...]]:
+        count = int(params.accessDescCount)
+        descs = list(params.accessDescs or [])
+        if count > self.device_count or count > len(descs):
+            return CUresult.CUDA_ERROR_INVALID_VALUE, ()
+        found = []
+        for desc in descs[:count]:
+            kind, device = int(desc.location.type), int(desc.location.id)
+            if kind != CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE or self._device(device) is None or \
+                    int(desc.flags) not in {int(m) for m in CUmemAccess_flags}:
+                return CUresult.CUDA_ERROR_INVALID_VALUE, ()
+            found.append((kind, device, int(desc.flags)))
+        return 0, tuple(found)
+
+    @_recorded
+    def cuGraphAddMemAllocNode(self, hGraph: Any, dependencies: Any, numDependencies: int,  # noqa: N803
+                               nodeParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        """An allocation of `bytesize` bytes (not 0) on the device its pool properties locate (type PINNED, no
+        handle types, a device location: cuda.h; else CUDA_ERROR_INVALID_VALUE), made now and gone with its graph
+        (the fake's choice: a GPU maps it at launch and keeps the address for the graph's life), its address written
+        to `nodeParams.dptr`. Running the node changes nothing (its bytes stay from launch to launch: the fake's
+        choice for memory CUDA leaves undefined). It counts in CU_GRAPH_MEM_ATTR_* from the node's making."""
+        err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
+        if err:
+            return _result(err, 1)
+        err, node = self._mem_alloc_node(nodeParams)
+        return _result(err, 1) if node is None else self._add_node(hGraph, deps, node)
+
+    def _mem_alloc_node(self, params: Any) -> tuple[int, _GraphNode | None]:
+        """cuGraphAddMemAllocNode's node of CUDA_MEM_ALLOC_NODE_PARAMS `params` (its allocation made, its address in
+        `params.dptr`), or the error refusing it."""
+        if params is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        props = params.poolProps
+        device = self._device(int(props.location.id))
+        size = int(params.bytesize)
+        if int(props.allocType) != CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED or int(props.handleTypes) or \
+                int(props.location.type) != CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE or device is None or \
+                size <= 0:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        err, access = self._access_descs(params)
+        if err:
+            return err, None
+        if self._graph_memory(device) + size > self.total_mem[device] - self.used[device]:
+            return CUresult.CUDA_ERROR_OUT_OF_MEMORY, None
+        base = self._allocate(size, device, track=False)
+        pool = (int(props.allocType), int(props.handleTypes), int(props.location.type), device, int(props.maxSize),
+                int(props.usage), int(getattr(props, "gpuDirectRDMACapable", 0)))
+        made = _AllocNode(base, size, device, pool, access)
+        params.dptr = CUdeviceptr(base)
+        self.graph_memory_high[device] = max(self.graph_memory_high[device], self._graph_memory(device) + size)
+        return 0, _GraphNode(CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEM_ALLOC, lambda on: None, made)
+
+    def _graph_allocations(self) -> dict[int, _AllocNode]:
+        return {n.params.dptr: n.params for n in self.nodes.values() if isinstance(n.params, _AllocNode)}
+
+    def _graph_memory(self, device: int) -> int:
+        return sum(made.bytesize for made in self._graph_allocations().values() if made.device == device)
+
+    @_recorded
+    def cuGraphAddMemFreeNode(self, hGraph: Any, dependencies: Any, numDependencies: int,  # noqa: N803
+                              dptr: Any) -> tuple[Any, ...]:
+        """Frees an allocation an allocation node made, once (in its own graph or in another: cuda.h); anything else
+        is CUDA_ERROR_INVALID_VALUE. Running it changes nothing (the memory goes with its allocation node's graph)."""
+        err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
+        if err:
+            return _result(err, 1)
+        err, node = self._mem_free_node(int(hGraph), dptr)
+        return _result(err, 1) if node is None else self._add_node(hGraph, deps, node)
+
+    def _mem_free_node(self, graph: int, dptr: Any) -> tuple[int, _GraphNode | None]:
+        address = int(dptr or 0)
+        if address not in self._graph_allocations() or address in self.graph_frees:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        self.graph_frees[address] = graph
+        return 0, _GraphNode(CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEM_FREE, lambda on: None, _FreeNode(address))
+
+    @_recorded
+    def cuDeviceGetGraphMemAttribute(self, device: Any, attr: Any) -> tuple[Any, ...]:
+        """USED and RESERVED alike (the fake reserves nothing apart): the bytes of the allocation nodes of graphs
+        that exist on that device, and their high watermark since it was last reset."""
+        which = int(self._enum(attr, CUgraphMem_attribute, "attr"))
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        ordinal = self._device(device)
+        if ordinal is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        value = self._graph_memory(ordinal) if which in (0, 2) else self.graph_memory_high[ordinal]
+        return CUresult(0), cuuint64_t(value)
+
+    @_recorded
+    def cuDeviceSetGraphMemAttribute(self, device: Any, attr: Any, value: Any) -> tuple[Any, ...]:
+        """Only a high watermark, and only to 0 (cuda.h), which then starts again from what is in use now (the fake's
+        reading); anything else: CUDA_ERROR_INVALID_VALUE. `value` a cuuint64_t, as the wheel takes it."""
+        which = int(self._enum(attr, CUgraphMem_attribute, "attr"))
+        if not isinstance(value, cuuint64_t):
+            raise TypeError(f"Argument 'value' is not a cuuint64_t, but {type(value).__name__}")
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        ordinal = self._device(device)
+        if ordinal is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE)
+        if which not in (1, 3) or int(value):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        self.graph_memory_high[ordinal] = self._graph_memory(ordinal)
+        return _result(0)
+
+    # the DOT description
+    @_recorded
+    def cuGraphDebugDotPrint(self, hGraph: Any, path: Any, flags: int) -> tuple[Any, ...]:  # noqa: N803
+        """A DOT graph of the nodes (by their order in the graph, with their types) and edges (with their data), and
+        the flags (the fake's text: a GPU's names its handles and parameters), written to `path`; a file that cannot
+        be written is CUDA_ERROR_OPERATING_SYSTEM (cuda.h)."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
+        graph = int(hGraph or 0)
+        if graph not in self.graphs or path is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        nodes = self.graphs[graph]
+        index = {node: i for i, node in enumerate(nodes)}
+        lines = [f"digraph orion_fake_graph {{  // flags {int(flags):#x}"]
+        lines += [f'  n{i} [label="{i} {CUgraphNodeType(self.nodes[n].kind).name}"];' for i, n in enumerate(nodes)]
+        lines += [f'  n{index[a]} -> n{index[b]} [label="{word:#x}"];'
+                  for a, b, word in self.graph_edges.get(graph, [])]
+        lines.append("}")
+        try:
+            with open(os.fsdecode(path), "w", encoding="ascii") as out:
+                out.write("\n".join(lines) + "\n")
+        except OSError:
+            return _result(CUresult.CUDA_ERROR_OPERATING_SYSTEM)
+        return _result(0)
 
     # --- modules, libraries, kernels ----------------------------------------------------------------------------
     def _load(self, image: Any) -> tuple[int, Image | None]:
@@ -3535,7 +4468,10 @@ class FakeDriver:
         if self.used[device] + size > self.total_mem[device]:
             return _result(CUresult.CUDA_ERROR_OUT_OF_MEMORY, 1)
         handle = self._handle()
-        self.physical[handle] = _Physical(bytearray(size), device)
+        alloc_flags = (int(prop.allocFlags.compressionType), int(prop.allocFlags.gpuDirectRDMACapable),
+                       int(prop.allocFlags.usage))
+        self.physical[handle] = _Physical(bytearray(size), device, handle_types=int(prop.requestedHandleTypes),
+                                          flags=alloc_flags)
         self.used[device] += size
         self._note = {"device": device}
         return CUresult(0), CUmemGenericAllocationHandle(handle)
@@ -3554,7 +4490,8 @@ class FakeDriver:
         physical = self.physical.get(int(handle or 0))
         if physical is None or physical.released:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
-        physical.released = True
+        physical.references -= 1  # a retained handle is released once more (cuMemRetainAllocationHandle)
+        physical.released = physical.references == 0
         self._vmm_give_back(int(handle))
         return _result(0)
 
@@ -3608,6 +4545,7 @@ class FakeDriver:
         if covered < pointer + size or any(p < pointer for p in inside):
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE)  # not fully mapped, or not from a mapping's start
         access = 0
+        granted = {}
         for item in descs:
             if not isinstance(item, CUmemAccessDesc):
                 raise TypeError(f"Argument 'desc' has incorrect type (expected CUmemAccessDesc, got "
@@ -3616,9 +4554,11 @@ class FakeDriver:
             if err := self._vmm_access_location(item.location):
                 return _result(err)
             access |= flags
+            granted[int(item.location.id)] = flags
         for p in inside:
             mapping = self.mappings[p]
             mapping.access = access
+            mapping.granted.update(granted)
             if access:  # now addressable: copies and memsets reach the physical bytes
                 view = memoryview(self.physical[mapping.handle].data)[mapping.offset:mapping.offset + mapping.size]
                 self.memory[p] = view  # type: ignore[assignment]  # a view aliases the physical bytes
@@ -3644,7 +4584,9 @@ class FakeDriver:
         if which == 5:
             return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 1)
         context, pool = self.origin.get(base, (0, 0))
-        device = self.contexts[context].device if context in self.contexts else self.allocations.get(base, 0)
+        # the memory's device (a pool's allocation lies on the pool's, whatever context made it), else its context's
+        device = self.allocations[base] if base in self.allocations else (
+            self.contexts[context].device if context in self.contexts else 0)
         size, ident = len(self.memory[base]), 1 + sorted(self.memory).index(base)
         values: dict[int, Any] = {
             1: CUcontext(context), 2: CU_MEMORYTYPE_DEVICE, 3: CUdeviceptr(address), 6: False, 7: ident, 8: False,
@@ -3899,6 +4841,91 @@ class FakeDriver:
         return CUresult(0), per_sm * self.device_attribute(16, self._device_of_current()) // size
 
     @_recorded
+    def cuOccupancyMaxPotentialClusterSize(self, func: Any, config: Any) -> tuple[Any, ...]:
+        """From the C CUlaunchConfig behind `config`, whose cluster dimensions are ignored (cuda.h): the portable
+        maximum, 8 blocks, since a fake kernel has no compiled cluster size and allows no non-portable one; the
+        function, stream and block are checked as cuOccupancyMaxActiveClusters checks them."""
+        if err := self._context_error():
+            return _result(err, 1)
+        if int(func) not in self.functions and int(func) not in self.kernels:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        c = LaunchConfig.from_address(config.getPtr())
+        if not self._stream_ok(c.hStream):
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        threads = c.blockDimX * c.blockDimY * c.blockDimZ
+        if not 0 < threads <= 1024 or min(c.blockDimX, c.blockDimY, c.blockDimZ) == 0 or c.sharedMemBytes > 228 * 1024:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return CUresult(0), 8
+
+    # --- stream attributes -----------------------------------------------------------------------------------------
+    # The IDs cuda.h marks valid for streams, and each one's value before a set: none of these defaults was read on a
+    # GPU (the fake's choice: no access policy window, CU_SYNC_POLICY_AUTO, domain map default 0 / remote 1, the
+    # default domain, no NVLink-centric scheduling); PRIORITY (8) is the stream's own priority.
+    STREAM_ATTRIBUTE_DEFAULTS = {1: bytes(64), 3: struct.pack("<i60x", 1), 9: struct.pack("<BB62x", 0, 1),
+                                 10: bytes(64), 16: bytes(64)}
+    STREAM_PRIORITY = 8
+
+    def _stream_attribute_error(self, stream: Any, attr: Any) -> int:
+        if err := self._stream_error(stream):
+            return err
+        identifier = int(self._enum(attr, CUstreamAttrID, "attr"))
+        ok = identifier in self.STREAM_ATTRIBUTE_DEFAULTS or identifier == self.STREAM_PRIORITY
+        return 0 if ok else CUresult.CUDA_ERROR_INVALID_VALUE
+
+    @_recorded
+    def cuStreamGetAttribute(self, hStream: Any, attr: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The value set last (cuStreamSetAttribute, cuStreamCopyAttributes), else its default (above). An ID not
+        valid for streams is CUDA_ERROR_INVALID_VALUE."""
+        if err := self._stream_attribute_error(hStream, attr):
+            return _result(err, 1)
+        key, identifier = int(hStream or 0), int(attr)
+        if identifier == self.STREAM_PRIORITY:
+            priority = self.streams[key][2] if key in self.streams else 0
+            return CUresult(0), CUstreamAttrValue(data=struct.pack("<i60x", priority))
+        value = self.stream_attributes.get(key, {}).get(identifier, self.STREAM_ATTRIBUTE_DEFAULTS[identifier])
+        return CUresult(0), CUstreamAttrValue(data=value)
+
+    @_recorded
+    def cuStreamSetAttribute(self, hStream: Any, attr: Any, value: Any) -> tuple[Any, ...]:  # noqa: N803
+        """Checks what cuda.h bounds (the fake's reading, not checked on a GPU): an access policy window's hit ratio
+        in [0, 1] and its properties NORMAL, STREAMING or PERSISTING; a synchronization policy AUTO..BLOCKING_SYNC;
+        a domain DEFAULT or REMOTE; NVLink-centric scheduling 0 or 1 (CUDA_ERROR_INVALID_VALUE otherwise). A
+        priority is clamped to the context's range ([-5, 0]) and becomes the stream's (cuStreamGetPriority)."""
+        if err := self._stream_attribute_error(hStream, attr):
+            return _result(err)
+        key, identifier = int(hStream or 0), int(attr)
+        data = ctypes.string_at(value.getPtr(), 64)
+        if identifier == self.STREAM_PRIORITY:
+            priority = min(max(struct.unpack_from("<i", data)[0], -5), 0)
+            if key in self.streams:
+                context, flags, _ = self.streams[key]
+                self.streams[key] = (context, flags, priority)
+            return _result(0)
+        if identifier == 1:
+            _base, _size, ratio, hit, miss = struct.unpack_from("<QQfii", data)
+            valid = 0.0 <= ratio <= 1.0 and 0 <= hit <= 2 and 0 <= miss <= 2
+        else:
+            number = struct.unpack_from("<i", data)[0]
+            valid = identifier == 9 or number in {3: (1, 2, 3, 4), 10: (0, 1), 16: (0, 1)}[identifier]
+        if not valid:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        self.stream_attributes.setdefault(key, {})[identifier] = data
+        return _result(0)
+
+    @_recorded
+    def cuStreamCopyAttributes(self, dst: Any, src: Any) -> tuple[Any, ...]:
+        """Every attribute of `src`, its priority too, becomes `dst`'s (the fake's reading: not checked on a GPU)."""
+        for stream in (dst, src):
+            if err := self._stream_error(stream):
+                return _result(err)
+        source, target = int(src or 0), int(dst or 0)
+        self.stream_attributes[target] = dict(self.stream_attributes.get(source, {}))
+        if target in self.streams:
+            context, flags, _ = self.streams[target]
+            self.streams[target] = (context, flags, self.streams[source][2] if source in self.streams else 0)
+        return _result(0)
+
+    @_recorded
     def cuTensorMapEncodeTiled(self, tensorDataType: Any, tensorRank: int, globalAddress: Any,  # noqa: N803
                                globalDim: Any, globalStrides: Any, boxDim: Any, elementStrides: Any,  # noqa: N803
                                interleave: Any, swizzle: Any, l2Promotion: Any, oobFill: Any) -> tuple[Any, ...]:  # noqa: N803
@@ -3957,6 +4984,8 @@ class FakeDriver:
         if not self.initialized:
             return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED)
         key = int(hNode or 0)
+        if key in self.node_graph and self._memory_nodes(self.node_graph[key]):  # cuda.h: its nodes stay
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
         found = self.nodes.pop(key, None)
         if found is None:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE)

@@ -954,6 +954,71 @@ def _other_nodes_reference() -> list[Rec]:
             rec("cuGraphRemoveDependencies", GRAPH, _nodes(d[:2]), _nodes(d[1:]), _nodes([0x0102_0304, 0]))]
 
 
+# The graph family's second part (graph_queries.c): a memory allocation node (its pool properties and access
+# descriptors) and a free node; a capture into a graph (dependencies and edge data) and its dependencies replaced; a
+# kernel node attribute set; an instantiation with parameters.
+STREAM = 0x4E4E_0000
+POOL = (1, 0, 1, 2, 1 << 30, 0x0102, 1)  # allocation type, handle types, location type and id, max size, usage, RDMA
+ACCESS = (1, 2, 3, 1, 0, 1)  # two CUmemAccessDesc: location type, id, flags each
+FREED = 0x7F30_0000_2000
+
+
+class MemAllocNodeParams(ctypes.Structure):
+    """cuda.h's CUDA_MEM_ALLOC_NODE_PARAMS (its CUmemPoolProps inline, the first reserved byte gpuDirectRDMACapable)."""
+    _fields_ = [("allocType", ctypes.c_int), ("handleTypes", ctypes.c_int), ("locationType", ctypes.c_int),
+                ("locationId", ctypes.c_int), ("win32", ctypes.c_void_p), ("maxSize", ctypes.c_size_t),
+                ("usage", ctypes.c_ushort), ("rdma", ctypes.c_ubyte), ("reserved", ctypes.c_ubyte * 53),
+                ("accessDescs", ctypes.c_void_p), ("accessDescCount", ctypes.c_size_t),
+                ("bytesize", ctypes.c_size_t), ("dptr", ctypes.c_uint64)]
+
+
+def _table_rec(name: str, *values: Any) -> Rec:
+    return Rec(CALLS[name].opcode, 0, CALLS[name].request.encode(*values))
+
+
+def _memory_nodes(api: Api, state: dict[str, Any]) -> Any:
+    access = (ctypes.c_int * len(ACCESS))(*ACCESS)
+    params = MemAllocNodeParams(*POOL[:4], None, *POOL[4:], accessDescs=ctypes.addressof(access), accessDescCount=2,
+                                bytesize=4096)
+    deps = (ctypes.c_uint64 * 2)(*DEPENDENCIES[:2])
+    status, alloc = _u64_out(api, "cuGraphAddMemAllocNode", GRAPH, ctypes.addressof(deps), 2, ctypes.addressof(params))
+    freed, free = _u64_out(api, "cuGraphAddMemFreeNode", GRAPH, ctypes.addressof(deps), 1, FREED)
+    return {"statuses": [status, freed], "nodes": [alloc, free, params.dptr]}
+
+
+def _memory_nodes_reference() -> list[Rec]:
+    return [_table_rec("cuGraphAddMemAllocNode", GRAPH, *POOL, 4096, _nodes(DEPENDENCIES[:2]),
+                       struct.pack(f"<{len(ACCESS)}i", *ACCESS)),
+            _table_rec("cuGraphAddMemFreeNode", GRAPH, FREED, _nodes(DEPENDENCIES[:1]))]
+
+
+class InstantiateParams(ctypes.Structure):
+    """cuda.h's CUDA_GRAPH_INSTANTIATE_PARAMS."""
+    _fields_ = [("flags", ctypes.c_uint64), ("hUploadStream", ctypes.c_uint64), ("hErrNode_out", ctypes.c_uint64),
+                ("result_out", ctypes.c_int)]
+
+
+def _captures(api: Api, state: dict[str, Any]) -> Any:
+    deps = (ctypes.c_uint64 * 3)(*DEPENDENCIES)
+    edges = (ctypes.c_uint64 * 3)(0, 0x0001_0001, 0)
+    value = (ctypes.c_ubyte * 64)(*range(64))
+    params = InstantiateParams(flags=2, hUploadStream=STREAM)
+    statuses = [api("cuStreamBeginCaptureToGraph", STREAM, GRAPH, ctypes.addressof(deps), ctypes.addressof(edges), 3,
+                    1),
+                api("cuStreamUpdateCaptureDependencies", STREAM, ctypes.addressof(deps), None, 2, 1),
+                api("cuGraphKernelNodeSetAttribute", DEPENDENCIES[0], 8, ctypes.addressof(value))]
+    status, made = _u64_out(api, "cuGraphInstantiateWithParams", GRAPH, ctypes.addressof(params))
+    return {"statuses": [*statuses, status], "nodes": [made]}
+
+
+def _captures_reference() -> list[Rec]:
+    return [_table_rec("cuStreamBeginCaptureToGraph", STREAM, GRAPH, 1, _nodes(DEPENDENCIES),
+                       _nodes([0, 0x0001_0001, 0])),
+            _table_rec("cuStreamUpdateCaptureDependencies", STREAM, 1, _nodes(DEPENDENCIES[:2]), b""),
+            _table_rec("cuGraphKernelNodeSetAttribute", DEPENDENCIES[0], 8, bytes(range(64))),
+            _table_rec("cuGraphInstantiateWithParams", GRAPH, 2, STREAM)]
+
+
 NATIVE_STEPS = [
     Step("cuGraphAddKernelNode by kernelParams", "native", _kernel_node(False), "cuGraphAddKernelNode",
          lambda: _kernel_node_reference(False)),
@@ -962,6 +1027,10 @@ NATIVE_STEPS = [
     Step("cuGraphAddMemsetNode", "native", _memset_node, "cuGraphAddMemsetNode", _memset_node_reference),
     Step("cuGraphAddEmptyNode, event and child-graph nodes, edges", "native", _other_nodes, "cuGraphAddEmptyNode",
          _other_nodes_reference),
+    Step("cuGraphAddMemAllocNode and cuGraphAddMemFreeNode", "native", _memory_nodes, "cuGraphAddMemAllocNode",
+         _memory_nodes_reference),
+    Step("capture into a graph, its dependencies, a kernel node attribute, an instantiation with parameters",
+         "native", _captures, "cuStreamBeginCaptureToGraph", _captures_reference),
 ]
 
 

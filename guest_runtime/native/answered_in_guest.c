@@ -142,5 +142,7 @@ void *orion_versioned_entry(const char *symbol, int version) {
         if (version < 11030) return (void *)capture_info_v1;
         if (version < 12030) return (void *)cuStreamGetCaptureInfo_v2;
     }
+    void *host_function = orion_host_function_entry(symbol, version); /* host_functions.c: cuLaunchHostFunc_v2 */
+    if (host_function) return host_function;
     return orion_graph_versioned_entry(symbol, version); /* graph_calls.c: kernel node and edge ABIs */
 }

@@ -22,6 +22,7 @@ static orion_channel *channel;
 
 int orion_vgpus_wanted(void); /* vgpu_lease.c */
 int orion_take_up_vgpus(orion_channel *channel, const char *where, char *err, size_t errlen);
+void orion_host_functions_saw(int status); /* host_functions.c */
 static int unreachable; /* the agent could not be reached (said once); every later call answers at once */
 
 /* Under `lock`. */
@@ -98,6 +99,7 @@ int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, voi
         }
     }
     pthread_mutex_unlock(&lock);
+    if (result != CUDA_SUCCESS) orion_host_functions_saw(result); /* an error that ends CUDA fails the callbacks */
     if (result != CUDA_SUCCESS && orion_tracing()) {
         uint64_t first = 0; /* the request's first word: which pointer or handle it named */
         if (nreq > 0 && req[0].len) memcpy(&first, req[0].data, req[0].len < 8 ? req[0].len : 8);

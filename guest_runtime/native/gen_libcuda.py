@@ -51,6 +51,7 @@ from ivshmem.driver_api import (
     POOL_MIRROR_REPLY,
     POOL_MIRROR_REQUEST,
     SCALARS,
+    STREAM_ATTRIBUTES_PLAIN,
     attribute_mask,
     describe,
     markdown,
@@ -110,6 +111,8 @@ WIRE_C = {"i32": "int32_t", "u32": "uint32_t", "u64": "uint64_t", "u8": "uint8_t
 IN_CLIENT = {"cuGetProcAddress": "cuGetProcAddress_v2"}
 # The guest hook a generated destroy of these handles calls (graph_calls.c).
 GRAPH_DESTROYED = {"CUgraphNode": "orion_graph_node_destroyed", "CUgraph": "orion_graph_destroyed"}
+# The guest hook told of these calls' status, failed or not (host_functions.c counts the captures under way).
+STATUS_HOOKS = {"cuStreamBeginCapture": "orion_capture_began", "cuStreamEndCapture": "orion_capture_ended"}
 C_WORDS = frozenset({"void", "char", "int", "long", "short", "unsigned", "float", "double", "size_t"})
 
 
@@ -137,6 +140,11 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
         after.append("    orion_initialized();")
     if "allocates" in effects or "reserves" in effects:  # a reserved range is device memory once mapped
         after.append(f"    orion_range_add((uint64_t)*{names[0]}, (uint64_t){names[1]});")
+    if "allocates_pitched" in effects:  # cuMemAllocPitch: pitch x rows (its first two outputs, its second input)
+        outs = [i for i, p in enumerate(call["params"]) if p["role"] == "out"]
+        rows = [i for i, p in enumerate(call["params"]) if p["role"] == "in"][1]
+        after.append(f"    orion_range_add((uint64_t)*{names[outs[0]]}, (uint64_t)*{names[outs[1]]} * "
+                     f"(uint64_t){names[rows]});")
     if "unloads" in effects:
         after.append("    orion_param_layouts_forget();")
         after.append("    orion_function_answers_forget();")
@@ -184,6 +192,8 @@ def _generic(call: dict[str, Any]) -> str:
     rep = "rep" if call["reply"] else "NULL"
     lines.append(f"    CUresult status = orion_thread_forward(ORION_OP_{call['name']}, {req}, {req_size}, {rep}, "
                  f"{rep_size}, {flags});")
+    if call["name"] in STATUS_HOOKS:
+        lines.append(f"    {STATUS_HOOKS[call['name']]}(status);")
     lines.append("    if (status != CUDA_SUCCESS) return status;")
     for field in call["reply"]:
         index = int(field["name"][3:])
@@ -284,6 +294,10 @@ def generate_header() -> str:
     # driver_api.LAUNCH_ATTRIBUTES_PLAIN and _EVENT, one bit per attribute ID: the kinds a launch forwards
     forwarded = attribute_mask(LAUNCH_ATTRIBUTES_PLAIN | LAUNCH_ATTRIBUTES_EVENT)
     parts.append(f"#define ORION_LAUNCH_ATTRIBUTES_FORWARDED {forwarded:#x}ULL")
+    # driver_api.STREAM_ATTRIBUTES_PLAIN: the stream attribute IDs cuStreamGet/SetAttribute forward
+    parts.append(f"#define ORION_STREAM_ATTRIBUTES_FORWARDED {attribute_mask(STREAM_ATTRIBUTES_PLAIN):#x}ULL")
+    # driver_api.LAUNCH_ATTRIBUTES_PLAIN: the kernel node attribute IDs cuGraphKernelNodeGet/SetAttribute forward
+    parts.append(f"#define ORION_KERNEL_NODE_ATTRIBUTES_FORWARDED {attribute_mask(LAUNCH_ATTRIBUTES_PLAIN):#x}ULL")
     parts.append("")
     parts += [_prototype(call)[0] + ";" for call in calls if call["name"] not in IN_CLIENT]
     parts.append("int cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);")

@@ -39,155 +39,29 @@
  *     clone, since the caller goes on naming its nodes (XLA sets them through the parent's executable graph); the
  *     reply lists no graphs. A cloned one (OWNERSHIP_CLONE) is cuGraphAddChildGraphNode; another ownership value
  *     CUDA_ERROR_INVALID_VALUE, before anything is sent.
- *   Host, memory allocation and free, batch memory operation and external semaphore nodes answer
- *   CUDA_ERROR_NOT_SUPPORTED, named once; nonzero reserved fields CUDA_ERROR_INVALID_VALUE, as cuda.h requires them
- *   zero. cuGraphExecNodeSetParams of a child graph node with OWNERSHIP_MOVE answers CUDA_ERROR_NOT_SUPPORTED, named
- *   once (cuGraphExecChildGraphNodeSetParams, which it would be, takes no ownership).
+ *   Memory allocation and free nodes are their own calls' (graph_queries.c; the allocation's address back in the
+ *   caller's `alloc.dptr`), but not with edge data of their own (801, named once: such a node could not be removed
+ *   again if its edges were refused); setting their parameters answers 801, named once. Host, batch memory operation
+ *   and external semaphore nodes answer CUDA_ERROR_NOT_SUPPORTED, named once; nonzero reserved fields
+ *   CUDA_ERROR_INVALID_VALUE, as cuda.h requires them zero. cuGraphExecNodeSetParams of a child graph node with
+ *   OWNERSHIP_MOVE answers CUDA_ERROR_NOT_SUPPORTED, named once (cuGraphExecChildGraphNodeSetParams, which it would
+ *   be, takes no ownership).
+ * - Node parameters asked back, kernel node attributes, capture into a given graph, instantiation with parameters,
+ *   memory nodes and the DOT description: graph_queries.c, which this file tells of nodes made, kernel parameters set
+ *   and nodes and graphs destroyed (graph_structs.h).
  *
  * The structs are cuda.h's (CUDA 13: CUDA_KERNEL_NODE_PARAMS is the _v2 layout, with `kern` and `ctx`); the generated
- * orion_calls.h declares them incomplete, and this file completes them, byte for byte (the asserts below).
+ * orion_calls.h declares them incomplete, and graph_structs.h completes them, byte for byte (its asserts).
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "copy_structs.h" /* CUDA_MEMCPY3D and orion_put_copy */
+#include "graph_structs.h" /* the graph structs, completed as cuda.h lays them out */
 #include "hand_calls.h"
 #include "param_layouts.h"
-
-struct CUgraphEdgeData_st {
-    unsigned char from_port;
-    unsigned char to_port;
-    unsigned char type;
-    unsigned char reserved[5];
-};
-
-struct CUDA_KERNEL_NODE_PARAMS_st { /* cuda.h's CUDA_KERNEL_NODE_PARAMS_v2 */
-    CUfunction func;
-    unsigned int gridDimX, gridDimY, gridDimZ;
-    unsigned int blockDimX, blockDimY, blockDimZ;
-    unsigned int sharedMemBytes;
-    void **kernelParams;
-    void **extra;
-    CUkernel kern;
-    CUcontext ctx;
-};
-
-struct CUDA_MEMSET_NODE_PARAMS_st {
-    CUdeviceptr dst;
-    size_t pitch;
-    unsigned int value;
-    unsigned int elementSize;
-    size_t width;
-    size_t height;
-};
-
-struct CUDA_MEMCPY3D_st {
-    size_t srcXInBytes, srcY, srcZ, srcLOD;
-    int srcMemoryType; /* CUmemorytype */
-    const void *srcHost;
-    CUdeviceptr srcDevice;
-    void *srcArray; /* CUarray */
-    void *reserved0;
-    size_t srcPitch, srcHeight;
-    size_t dstXInBytes, dstY, dstZ, dstLOD;
-    int dstMemoryType;
-    void *dstHost;
-    CUdeviceptr dstDevice;
-    void *dstArray;
-    void *reserved1;
-    size_t dstPitch, dstHeight;
-    size_t WidthInBytes, Height, Depth;
-};
-
-struct CUgraphExecUpdateResultInfo_st {
-    int result; /* CUgraphExecUpdateResult */
-    CUgraphNode errorNode;
-    CUgraphNode errorFromNode;
-};
-
-_Static_assert(sizeof(CUgraphEdgeData) == 8, "CUgraphEdgeData is 8 bytes in cuda.h");
-_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS) == 72 && offsetof(CUDA_KERNEL_NODE_PARAMS, kernelParams) == 40 &&
-               offsetof(CUDA_KERNEL_NODE_PARAMS, kern) == 56 && offsetof(CUDA_KERNEL_NODE_PARAMS, ctx) == 64,
-               "CUDA_KERNEL_NODE_PARAMS_v2 as cuda.h lays it out");
-_Static_assert(sizeof(CUDA_MEMSET_NODE_PARAMS) == 40 && offsetof(CUDA_MEMSET_NODE_PARAMS, width) == 24,
-               "CUDA_MEMSET_NODE_PARAMS as cuda.h lays it out");
-_Static_assert(sizeof(CUDA_MEMCPY3D) == 200 && offsetof(CUDA_MEMCPY3D, srcHost) == 40 &&
-               offsetof(CUDA_MEMCPY3D, srcPitch) == 72 && offsetof(CUDA_MEMCPY3D, dstXInBytes) == 88 &&
-               offsetof(CUDA_MEMCPY3D, dstHost) == 128 && offsetof(CUDA_MEMCPY3D, WidthInBytes) == 176,
-               "CUDA_MEMCPY3D as cuda.h lays it out");
-_Static_assert(sizeof(CUgraphExecUpdateResultInfo) == 24 && offsetof(CUgraphExecUpdateResultInfo, errorNode) == 8,
-               "CUgraphExecUpdateResultInfo as cuda.h lays it out");
-_Static_assert(sizeof(CUgraphNode) == ORION_REQ_cuGraphAddEmptyNode_deps_ITEM,
-               "a node array's bytes are its counted list's items");
-_Static_assert(sizeof(CUgraphEdgeData) == ORION_REQ_cuGraphAddDependencies_edges_ITEM,
-               "an edge data array's bytes are its counted list's items");
-
-/* cuda.h's CUgraphNodeParams (CUDA 13.0, the ABI of cuGraphAddNode_v2, cuGraphNodeSetParams and
- * cuGraphExecNodeSetParams): the node's type, then the union of the per-type structs, padded to 29 long longs. The
- * member structs are cuda.h's too: CUDA_KERNEL_NODE_PARAMS_v3 has the _v2 layout above; CUDA_MEMSET_NODE_PARAMS_v2 is
- * CUDA_MEMSET_NODE_PARAMS and a context; the member names here are this file's (`memcpy` would read as the
- * function). */
-typedef struct {        /* CUDA_MEMCPY_NODE_PARAMS */
-    int flags;          /* must be zero */
-    int reserved;       /* must be zero */
-    CUcontext copyCtx;
-    CUDA_MEMCPY3D copyParams;
-} memcpy_node_params;
-
-typedef struct {        /* CUDA_MEMSET_NODE_PARAMS_v2 */
-    CUDA_MEMSET_NODE_PARAMS params;
-    CUcontext ctx;
-} memset_node_params;
-
-typedef struct {        /* CUDA_CHILD_GRAPH_NODE_PARAMS */
-    CUgraph graph;
-    int ownership;      /* CUgraphChildGraphNodeOwnership */
-} child_graph_node_params;
-
-typedef struct {        /* CUDA_EVENT_RECORD_NODE_PARAMS, CUDA_EVENT_WAIT_NODE_PARAMS */
-    CUevent event;
-} event_node_params;
-
-typedef struct {        /* CUDA_CONDITIONAL_NODE_PARAMS */
-    CUgraphConditionalHandle handle;
-    int type;           /* CUgraphConditionalNodeType */
-    unsigned int size;  /* body graphs: 1 (WHILE), 1 or 2 (IF), any (SWITCH) */
-    CUgraph *phGraph_out; /* out: the body graphs, in an array CUDA (here: this library) owns */
-    CUcontext ctx;
-} conditional_node_params;
-
-struct CUgraphNodeParams_st {
-    CUgraphNodeType type;
-    int reserved0[3];
-    union {
-        long long reserved1[29];
-        CUDA_KERNEL_NODE_PARAMS kernel;
-        memcpy_node_params copy;
-        memset_node_params fill;
-        child_graph_node_params child;
-        event_node_params event; /* eventWait and eventRecord alike */
-        conditional_node_params conditional;
-    };
-    long long reserved2;
-};
-
-_Static_assert(sizeof(memcpy_node_params) == 216 && offsetof(memcpy_node_params, copyCtx) == 8 &&
-               offsetof(memcpy_node_params, copyParams) == 16, "CUDA_MEMCPY_NODE_PARAMS as cuda.h lays it out");
-_Static_assert(sizeof(memset_node_params) == 48 && offsetof(memset_node_params, ctx) == 40,
-               "CUDA_MEMSET_NODE_PARAMS_v2 as cuda.h lays it out");
-_Static_assert(sizeof(child_graph_node_params) == 16 && offsetof(child_graph_node_params, ownership) == 8,
-               "CUDA_CHILD_GRAPH_NODE_PARAMS as cuda.h lays it out");
-_Static_assert(sizeof(conditional_node_params) == 32 && offsetof(conditional_node_params, type) == 8 &&
-               offsetof(conditional_node_params, size) == 12 && offsetof(conditional_node_params, phGraph_out) == 16 &&
-               offsetof(conditional_node_params, ctx) == 24, "CUDA_CONDITIONAL_NODE_PARAMS as cuda.h lays it out");
-_Static_assert(sizeof(CUgraphNodeParams) == 256 && offsetof(CUgraphNodeParams, kernel) == 16 &&
-               offsetof(CUgraphNodeParams, copy.copyParams) == 32 && offsetof(CUgraphNodeParams, fill.ctx) == 56 &&
-               offsetof(CUgraphNodeParams, child.ownership) == 24 &&
-               offsetof(CUgraphNodeParams, conditional.phGraph_out) == 32 &&
-               offsetof(CUgraphNodeParams, reserved2) == 248,
-               "CUgraphNodeParams as cuda.h (13.0) lays it out");
-_Static_assert(sizeof(CUgraphConditionalHandle) == 8, "a conditional handle travels as a u64");
 
 enum {
     MAX_DEPENDENCIES = 1 << 16,   /* host_agent/graph_calls.py MAX_DEPENDENCIES */
@@ -211,7 +85,7 @@ enum {
 
 static uint64_t handle_word(const void *handle) { return (uint64_t)(uintptr_t)handle; }
 
-static int too_many(const char *call, size_t count) {
+int orion_graph_too_many(const char *call, size_t count) {
     if (count <= MAX_DEPENDENCIES) return CUDA_SUCCESS;
     if (orion_first_time("graph dependencies"))
         fprintf(stderr, "orion: %s with more than %d dependencies or edges in one call is not forwarded: "
@@ -241,29 +115,6 @@ static void put_memset(uint8_t *p, const CUDA_MEMSET_NODE_PARAMS *m) {
     orion_put_u32(p + ORION_MEMSET_NODE_element_size, m->elementSize);
     orion_put_u64(p + ORION_MEMSET_NODE_width, m->width);
     orion_put_u64(p + ORION_MEMSET_NODE_height, m->height);
-}
-
-static void put_side(uint8_t *p, size_t x, size_t y, size_t z, size_t lod, int type, const void *host,
-                     CUdeviceptr device, size_t pitch, size_t height) {
-    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_x, x);
-    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_y, y);
-    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_z, z);
-    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_lod, lod);
-    orion_put_u32(p + ORION_MEMCPY_3D_SIDE_type, (uint32_t)type);
-    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_host, handle_word(host));
-    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_device, device);
-    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_pitch, pitch);
-    orion_put_u64(p + ORION_MEMCPY_3D_SIDE_height, height);
-}
-
-static void put_copy(uint8_t *p, const CUDA_MEMCPY3D *c) {
-    put_side(p + ORION_MEMCPY_3D_src, c->srcXInBytes, c->srcY, c->srcZ, c->srcLOD, c->srcMemoryType, c->srcHost,
-             c->srcDevice, c->srcPitch, c->srcHeight);
-    put_side(p + ORION_MEMCPY_3D_dst, c->dstXInBytes, c->dstY, c->dstZ, c->dstLOD, c->dstMemoryType, c->dstHost,
-             c->dstDevice, c->dstPitch, c->dstHeight);
-    orion_put_u64(p + ORION_MEMCPY_3D_width, c->WidthInBytes);
-    orion_put_u64(p + ORION_MEMCPY_3D_height, c->Height);
-    orion_put_u64(p + ORION_MEMCPY_3D_depth, c->Depth);
 }
 
 /* A copy's operands this library can send: CUDA arrays are not forwarded (their handles do not travel). */
@@ -297,7 +148,10 @@ static int kernel_params(const CUDA_KERNEL_NODE_PARAMS *k, uint8_t *small, size_
         *tail = *packed;
         return status;
     }
-    if (k->extra) return orion_params_from_extra(k->extra, tail, size);
+    if (k->extra) {
+        orion_graph_kernel_extra_given(); /* graph_queries.c: a node may now hold `extra` (GetParams says 801) */
+        return orion_params_from_extra(k->extra, tail, size);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -314,15 +168,17 @@ static int send_node_call(uint32_t opcode, const uint8_t *head, size_t head_len,
     struct orion_piece pieces[3] = { { head, head_len }, { deps, count * sizeof *deps }, { tail, tail_len } };
     uint8_t rep[ORION_REP_cuGraphAddEmptyNode_SIZE];
     int status = orion_thread_forwardv(opcode, pieces, 3, node ? rep : NULL, node ? sizeof rep : 0, NULL, 0, NULL, 0);
-    if (status == CUDA_SUCCESS && node)
+    if (status == CUDA_SUCCESS && node) {
         *node = (CUgraphNode)(uintptr_t)orion_get_u64(rep + ORION_REP_cuGraphAddEmptyNode_node);
+        orion_graph_node_made(*node);
+    }
     return status;
 }
 
 /* The checks every node-adding call makes, as the driver: an output, and dependencies where some are counted. */
 static int node_args(const char *call, CUgraphNode *node, const CUgraphNode *deps, size_t count) {
     if (!node || (count && !deps)) return CUDA_ERROR_INVALID_VALUE;
-    return too_many(call, count);
+    return orion_graph_too_many(call, count);
 }
 
 /* --- nodes added ---------------------------------------------------------------------------------------------- */
@@ -397,7 +253,7 @@ CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, CUgraphNode cons
     uint8_t head[ORION_REQ_cuGraphAddMemcpyNode_SIZE + ORION_LENGTH_BYTES];
     orion_put_u64(head + ORION_REQ_cuGraphAddMemcpyNode_graph, handle_word(graph));
     orion_put_u64(head + ORION_REQ_cuGraphAddMemcpyNode_context, handle_word(ctx));
-    put_copy(head + ORION_REQ_cuGraphAddMemcpyNode_MEMCPY_3D, params);
+    orion_put_copy(head + ORION_REQ_cuGraphAddMemcpyNode_MEMCPY_3D, params);
     orion_put_u32(head + ORION_REQ_cuGraphAddMemcpyNode_deps, (uint32_t)count);
     status = send_node_call(ORION_OP_cuGraphAddMemcpyNode, head, sizeof head, deps, count, NULL, 0, node);
     return copy_answered(params, status);
@@ -455,7 +311,7 @@ _Static_assert(SAME_EDGES(graph) && SAME_EDGES(from) && SAME_EDGES(SIZE) && SAME
 static int edges_call(uint32_t opcode, const char *call, CUgraph graph, CUgraphNode const *from,
                       CUgraphNode const *to, CUgraphEdgeData const *data, size_t count) {
     if (count && (!from || !to)) return CUDA_ERROR_INVALID_VALUE;
-    int status = too_many(call, count);
+    int status = orion_graph_too_many(call, count);
     if (status != CUDA_SUCCESS) return status;
     size_t edges = data ? count : 0;
     uint8_t head[EDGES(SIZE) + ORION_LENGTH_BYTES], to_count[ORION_LENGTH_BYTES], data_count[ORION_LENGTH_BYTES];
@@ -647,7 +503,10 @@ CUresult cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *dependents,
 CUresult cuGraphKernelNodeSetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS const *params) {
     uint8_t prefix[ORION_REQ_cuGraphKernelNodeSetParams_KERNEL_NODE];
     orion_put_u64(prefix + ORION_REQ_cuGraphKernelNodeSetParams_node, handle_word(node));
-    return kernel_node_call(ORION_OP_cuGraphKernelNodeSetParams, prefix, sizeof prefix, params, 0, NULL, 0, NULL);
+    int status = kernel_node_call(ORION_OP_cuGraphKernelNodeSetParams, prefix, sizeof prefix, params, 0, NULL, 0,
+                                  NULL);
+    if (status == CUDA_SUCCESS) orion_graph_kernel_params_set(node); /* what GetParams handed out goes */
+    return status;
 }
 
 CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA_KERNEL_NODE_PARAMS const *params) {
@@ -683,7 +542,7 @@ CUresult cuGraphMemcpyNodeSetParams(CUgraphNode node, CUDA_MEMCPY3D const *param
     if (status != CUDA_SUCCESS) return status;
     uint8_t req[ORION_REQ_cuGraphMemcpyNodeSetParams_SIZE];
     orion_put_u64(req + ORION_REQ_cuGraphMemcpyNodeSetParams_node, handle_word(node));
-    put_copy(req + ORION_REQ_cuGraphMemcpyNodeSetParams_MEMCPY_3D, params);
+    orion_put_copy(req + ORION_REQ_cuGraphMemcpyNodeSetParams_MEMCPY_3D, params);
     return copy_answered(params, hand_forward(ORION_OP_cuGraphMemcpyNodeSetParams, req, sizeof req, NULL, 0));
 }
 
@@ -696,7 +555,7 @@ CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA
     orion_put_u64(req + ORION_REQ_cuGraphExecMemcpyNodeSetParams_exec, handle_word(exec));
     orion_put_u64(req + ORION_REQ_cuGraphExecMemcpyNodeSetParams_node, handle_word(node));
     orion_put_u64(req + ORION_REQ_cuGraphExecMemcpyNodeSetParams_context, handle_word(ctx));
-    put_copy(req + ORION_REQ_cuGraphExecMemcpyNodeSetParams_MEMCPY_3D, params);
+    orion_put_copy(req + ORION_REQ_cuGraphExecMemcpyNodeSetParams_MEMCPY_3D, params);
     return copy_answered(params, hand_forward(ORION_OP_cuGraphExecMemcpyNodeSetParams, req, sizeof req, NULL, 0));
 }
 
@@ -815,14 +674,30 @@ size_t orion_graph_conditionals_kept(void) {
     return kept;
 }
 
+/* The body graphs kept for conditional node `node` (graph_structs.h: cuGraphNodeGetParams' phGraph_out). The array
+ * stays valid while the node lives, as the one cuGraphAddNode handed out. */
+CUgraph *orion_graph_conditional_bodies(CUgraphNode node, unsigned int size) {
+    CUgraph *found = NULL;
+    pthread_mutex_lock(&conditionals_lock);
+    for (struct conditional_bodies *entry = conditionals; entry && !found; entry = entry->next)
+        if (entry->node == node && entry->size == size) found = entry->bodies;
+    pthread_mutex_unlock(&conditionals_lock);
+    return found;
+}
+
 /* The generated cuGraphDestroyNode and cuGraphDestroy call these once the host destroyed it (their `destroys`
- * effect: gen_libcuda._effect_hooks): the conditional bodies kept for it are forgotten. */
+ * effect: gen_libcuda._effect_hooks): the conditional bodies kept for it are forgotten, and what graph_queries.c
+ * keeps for it. */
 void orion_graph_node_destroyed(CUgraphNode node) {
-    if (node) conditionals_forget(node, NULL);
+    if (!node) return;
+    conditionals_forget(node, NULL);
+    orion_graph_queries_node_gone(node);
 }
 
 void orion_graph_destroyed(CUgraph graph) {
-    if (graph) conditionals_forget(NULL, graph);
+    if (!graph) return;
+    conditionals_forget(NULL, graph);
+    orion_graph_queries_graph_gone(graph);
 }
 
 /* --- the generic node calls (CUgraphNodeParams) --------------------------------------------------------------- */
@@ -832,10 +707,12 @@ static const char *const node_type_not_forwarded[NODE_TYPES] = {
     [NODE_HOST] = "a graph host node (CUgraphNodeParams of type CU_GRAPH_NODE_TYPE_HOST)",
     [NODE_EXT_SEMAS_SIGNAL] = "a graph external semaphore signal node (CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL)",
     [NODE_EXT_SEMAS_WAIT] = "a graph external semaphore wait node (CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT)",
-    [NODE_MEM_ALLOC] = "a graph memory allocation node (CU_GRAPH_NODE_TYPE_MEM_ALLOC)",
-    [NODE_MEM_FREE] = "a graph memory free node (CU_GRAPH_NODE_TYPE_MEM_FREE)",
     [NODE_BATCH_MEM_OP] = "a graph batch memory operation node (CU_GRAPH_NODE_TYPE_BATCH_MEM_OP)",
 };
+static const char memory_node_set[] =
+    "cuGraphNodeSetParams or cuGraphExecNodeSetParams of a memory allocation or free node";
+static const char memory_node_edges[] = "cuGraphAddNode of a memory allocation or free node with edge data of its own "
+    "(the node cannot be removed again if its edges are refused)";
 static const char moved_child_graph[] =
     "cuGraphExecNodeSetParams of a child graph node with CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE (OWNERSHIP_CLONE is)";
 static const char graph_child_set[] = "cuGraphNodeSetParams of a child graph node (cuGraphExecNodeSetParams of one is)";
@@ -859,7 +736,7 @@ static int ownership_forwarded(int ownership) {
 
 /* A node of a type the calls above serve, made by that type's own call with dependencies `deps`. */
 static int node_by_type(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t count,
-                        const CUgraphNodeParams *p) {
+                        CUgraphNodeParams *p) {
     int status;
     switch (p->type) {
     case NODE_KERNEL: return cuGraphAddKernelNode(node, graph, deps, count, &p->kernel);
@@ -871,6 +748,9 @@ static int node_by_type(CUgraphNode *node, CUgraph graph, const CUgraphNode *dep
         return status != CUDA_SUCCESS ? status : cuGraphAddChildGraphNode(node, graph, deps, count, p->child.graph);
     case NODE_EVENT_RECORD: return cuGraphAddEventRecordNode(node, graph, deps, count, p->event.event);
     case NODE_WAIT_EVENT: return cuGraphAddEventWaitNode(node, graph, deps, count, p->event.event);
+    /* the allocation's address comes back in the caller's `alloc.dptr`, as cuda.h says of cuGraphAddNode */
+    case NODE_MEM_ALLOC: return cuGraphAddMemAllocNode(node, graph, deps, count, &p->alloc);
+    case NODE_MEM_FREE: return cuGraphAddMemFreeNode(node, graph, deps, count, p->mem_free);
     default: return CUDA_ERROR_INVALID_VALUE; /* params_checked let no other type through */
     }
 }
@@ -911,7 +791,10 @@ static int add_node_forwarded(CUgraphNode *made, CUgraph graph, int type, const 
     struct orion_piece pieces[4] = { { head, sizeof head }, { deps, count * sizeof *deps }, { listed, sizeof listed },
                                      { edges, sent * sizeof *edges } };
     int status = orion_thread_forwardv(ORION_OP_cuGraphAddNode, pieces, 4, rep, sizeof rep, tail, tail_size, got, 0);
-    if (status == CUDA_SUCCESS) *made = (CUgraphNode)(uintptr_t)orion_get_u64(rep + ADD_NODE(REP, node));
+    if (status == CUDA_SUCCESS) {
+        *made = (CUgraphNode)(uintptr_t)orion_get_u64(rep + ADD_NODE(REP, node));
+        orion_graph_node_made(*made);
+    }
     return status;
 }
 
@@ -984,6 +867,7 @@ CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *dep
     if (params->type == NODE_GRAPH && params->child.ownership == OWNERSHIP_MOVE)
         return add_moved_child(node, graph, deps, edges, count, params->child.graph);
     if (default_edges(edges, count)) return node_by_type(node, graph, deps, count, params);
+    if (params->type == NODE_MEM_ALLOC || params->type == NODE_MEM_FREE) return orion_not_forwarded(memory_node_edges);
     /* edges with data of their own: the node first, then its edges (deps[i] -> node, edges[i]), as one call */
     CUgraphNode small[EDGES_ON_STACK], *to = count <= EDGES_ON_STACK ? small : malloc(count * sizeof *to);
     if (!to) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1022,6 +906,7 @@ CUresult cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams *params) {
     case NODE_EVENT_RECORD: return cuGraphEventRecordNodeSetEvent(node, params->event.event);
     case NODE_WAIT_EVENT: return cuGraphEventWaitNodeSetEvent(node, params->event.event);
     case NODE_GRAPH: return orion_not_forwarded(graph_child_set);
+    case NODE_MEM_ALLOC: case NODE_MEM_FREE: return orion_not_forwarded(memory_node_set);
     default: return orion_not_forwarded(conditional_set);
     }
 }
@@ -1041,6 +926,7 @@ CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNod
         return status != CUDA_SUCCESS ? status : cuGraphExecChildGraphNodeSetParams(exec, node, params->child.graph);
     case NODE_EVENT_RECORD: return cuGraphExecEventRecordNodeSetEvent(exec, node, params->event.event);
     case NODE_WAIT_EVENT: return cuGraphExecEventWaitNodeSetEvent(exec, node, params->event.event);
+    case NODE_MEM_ALLOC: case NODE_MEM_FREE: return orion_not_forwarded(memory_node_set);
     default: return orion_not_forwarded(conditional_set);
     }
 }
@@ -1136,5 +1022,5 @@ void *orion_graph_versioned_entry(const char *symbol, int version) {
     if (!symbol) return NULL;
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         if (version < entries[i].since && strcmp(symbol, entries[i].name) == 0) return entries[i].older;
-    return NULL;
+    return orion_graph_queries_versioned_entry(symbol, version);
 }

@@ -1,5 +1,6 @@
-/* host_functions.c: cuLaunchHostFunc for the native guest driver. A host function is guest code, so it runs here, in
- * stream order, with no round trip per call (docs/native-driver.md, "Host functions and stream memory operations"):
+/* host_functions.c: cuLaunchHostFunc, cuLaunchHostFunc_v2 and cuStreamAddCallback for the native guest driver. A host
+ * function (or a stream callback) is guest code, so it runs here, in stream order, with no round trip per call
+ * (docs/native-driver.md, "Host functions and stream memory operations"):
  *
  *   - a page-locked block from this channel's pool (page_locked_calls.c) holds, per slot, a "reached" and a
  *     "release" word; the GPU reaches both through the block's device pointer, this process through its own;
@@ -13,7 +14,21 @@
  *   - a watcher thread (started at the first call) polls the reached words of slots with queued functions, runs
  *     each function whose seq was reached, in order, and then stores release = seq (a release store: what fn
  *     wrote is visible before the stream goes on). It spins briefly after activity, then backs off with sleeps, and
- *     sleeps on a condition variable while nothing is queued.
+ *     sleeps on a condition variable while nothing is queued; while a cuLaunchHostFunc_v2 function queued with
+ *     CU_HOST_TASK_SPINWAIT waits, it spins without sleeping (CU_HOST_TASK_BLOCKING: the usual backoff);
+ *   - cuStreamAddCallback queues a callback the same way, called as callback(stream, status, data): the stream as the
+ *     caller named it and CUDA_SUCCESS. Its stream is first asked of the host (cuStreamQuery, synchronously), so a
+ *     stream the session does not own answers CUDA_ERROR_INVALID_HANDLE, and a capturing one the capture's error
+ *     (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, the capture invalidated), as the driver refuses a callback there.
+ *
+ * A failed stream: the guest learns that the process's CUDA has ended when any forwarded call answers an error that
+ * ends it (cuda.h: "the process must be terminated and relaunched": ILLEGAL_ADDRESS, LAUNCH_FAILED, LAUNCH_TIMEOUT...,
+ * or DEVICE_UNAVAILABLE when the session's GPU is gone; orion_host_functions_saw, told of every answer by
+ * cuda_client.c). A stream's own work fails that way, and its next synchronising call (or any other call) answers it.
+ * From then on every queued callback is called with that error, whether or not its stream reached it, and every
+ * queued host function is dropped (cuda.h: "will not be called in the event of an error in the CUDA context"); a
+ * later cuLaunchHostFunc or cuStreamAddCallback answers the error itself. Until some call answers it, a callback
+ * queued behind work that failed waits, as the guest cannot ask the host while another thread holds the channel.
  *
  * A host function may not call CUDA (as the driver documents); cuLaunchHostFunc from inside one answers
  * CUDA_ERROR_NOT_PERMITTED. A slot belongs to one stream at a time (the NULL and legacy streams: per context). Sequence numbers only grow
@@ -28,6 +43,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,12 +57,28 @@
 #define STREAM_PER_THREAD 2 /* CU_STREAM_PER_THREAD; 0 (NULL) and 1 (CU_STREAM_LEGACY) are the legacy stream */
 #define DEINITIALIZED 4     /* CUDA_ERROR_DEINITIALIZED: the process is exiting */
 #define NOT_PERMITTED 800   /* CUDA_ERROR_NOT_PERMITTED: an API call from inside a host function */
+#define NOT_READY 600       /* CUDA_ERROR_NOT_READY: cuStreamQuery of a stream with work to do */
+enum { HOST_TASK_BLOCKING = 0, HOST_TASK_SPINWAIT = 1 }; /* CUhostTaskSyncMode (cuda.h 13.2, cuda-bindings 13.5) */
+
+/* CUresults after which "any further CUDA work will return the same error" (cuda.h: the process must be relaunched),
+ * and Orion's answer once the session's GPU is gone (every later call answers it). */
+enum {
+    DEVICE_UNAVAILABLE = 46, CONTAINED = 226, ILLEGAL_ADDRESS = 700, LAUNCH_TIMEOUT = 702, ASSERT = 710,
+    HARDWARE_STACK_ERROR = 714, ILLEGAL_INSTRUCTION = 715, MISALIGNED_ADDRESS = 716, INVALID_ADDRESS_SPACE = 717,
+    INVALID_PC = 718, LAUNCH_FAILED = 719, TENSOR_MEMORY_LEAK = 721, MPS_CLIENT_TERMINATED = 810,
+    EXTERNAL_DEVICE = 911,
+};
+
+typedef void (*CUstreamCallback)(CUstream stream, CUresult status, void *data); /* cuda.h's */
 
 struct call {
     struct call *next;
     uint32_t seq;
-    CUhostFn fn;
+    CUhostFn fn;               /* a host function (cuLaunchHostFunc, cuLaunchHostFunc_v2), or else */
+    CUstreamCallback callback; /* a stream callback (cuStreamAddCallback): given its stream and the stream's status */
+    CUstream stream;           /* the stream as the caller named it: the callback's first argument */
     void *data;
+    int spin;                  /* CU_HOST_TASK_SPINWAIT: the watcher does not sleep while this one waits */
 };
 
 struct slot {
@@ -65,7 +97,9 @@ static int watching;            /* the watcher thread runs */
 static int relayed;             /* the GPU cannot reach the words (a relayed session): the relay runs the stream's
                                    side of each function (HOST_FUNCTION) */
 static unsigned pending_calls;  /* queued functions, over all slots */
+static unsigned spinning;       /* queued functions whose sync mode is CU_HOST_TASK_SPINWAIT */
 static atomic_int exiting;
+static atomic_int failed;       /* the error that ended the process's CUDA (0: none): orion_host_functions_saw */
 static _Thread_local int in_host_function; /* the watcher thread: functions run there */
 
 static _Atomic uint32_t *reached_word(int i) { return (_Atomic uint32_t *)(block + (size_t)i * SLOT_BYTES); }
@@ -74,21 +108,25 @@ static _Atomic uint32_t *release_word(int i) { return (_Atomic uint32_t *)(block
 /* (int32_t)(word - seq) >= 0: the cyclic comparison CU_STREAM_WAIT_VALUE_GEQ makes. */
 static int reached(uint32_t word, uint32_t seq) { return (int32_t)(word - seq) >= 0; }
 
-/* Run every queued function whose sequence number its stream reached, in order; whether one ran. Called by the
- * watcher only; `lock` is dropped around each function, which may queue more (even on its own stream). */
+/* Run every queued function whose sequence number its stream reached, in order; whether one ran. Once the process's
+ * CUDA has failed, every queued call is taken: a callback is called with the error, a host function dropped. Called
+ * by the watcher only; `lock` is dropped around each function, which may queue more (even on its own stream). */
 static int run_reached(void) {
     int ran = 0;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < SLOTS; i++) {
         struct slot *s = &slots[i];
-        while (s->head && !atomic_load(&exiting) &&
-               reached(atomic_load_explicit(reached_word(i), memory_order_acquire), s->head->seq)) {
+        while (s->head && !atomic_load(&exiting)) {
+            int error = atomic_load(&failed);
+            if (!error && !reached(atomic_load_explicit(reached_word(i), memory_order_acquire), s->head->seq)) break;
             struct call *c = s->head;
             s->head = c->next;
             if (!s->head) s->tail = NULL;
             pending_calls--;
+            if (c->spin) spinning--;
             pthread_mutex_unlock(&lock);
-            c->fn(c->data);
+            if (c->callback) c->callback(c->stream, error, c->data);
+            else if (!error) c->fn(c->data);
             atomic_store_explicit(release_word(i), c->seq, memory_order_release); /* the stream goes on */
             free(c);
             ran = 1;
@@ -114,9 +152,10 @@ static void *watch(void *unused) {
             pthread_cond_wait(&queued, &lock);
             spins = sleep_ns = 0;
         }
+        int spin = spinning > 0;
         pthread_mutex_unlock(&lock);
-        if (spins < SPINS) {
-            spins++;
+        if (spins < SPINS || spin) { /* a SPINWAIT function waits: no sleeping until it has run */
+            if (spins < SPINS) spins++;
             sched_yield();
             continue;
         }
@@ -154,6 +193,8 @@ static void forget_in_child(void) {
     relayed = 0;
     watching = 0;
     pending_calls = 0;
+    spinning = 0;
+    atomic_store(&failed, 0);
 }
 
 static void take_lock(void) { pthread_mutex_lock(&lock); }
@@ -259,8 +300,22 @@ static int post_host_function(uint64_t stream, uint64_t words, uint32_t seq) {
     return orion_thread_post(ORION_OP_HOST_FUNCTION, request, sizeof request);
 }
 
-CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *data) {
-    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+void orion_host_functions_saw(int status) {
+    switch (status) {
+    case DEVICE_UNAVAILABLE: case CONTAINED: case ILLEGAL_ADDRESS: case LAUNCH_TIMEOUT: case ASSERT:
+    case HARDWARE_STACK_ERROR: case ILLEGAL_INSTRUCTION: case MISALIGNED_ADDRESS: case INVALID_ADDRESS_SPACE:
+    case INVALID_PC: case LAUNCH_FAILED: case TENSOR_MEMORY_LEAK: case MPS_CLIENT_TERMINATED: case EXTERNAL_DEVICE: {
+        int none = 0;
+        (void)atomic_compare_exchange_strong(&failed, &none, status); /* the first stays, as the driver's does */
+        return; /* the watcher (polling: something is queued) takes the queued calls at its next poll */
+    }
+    default:
+        return;
+    }
+}
+
+/* Why nothing can be queued now (a CUresult), or CUDA_SUCCESS. */
+static int refused_now(void) {
     /* From inside a host function: CUDA forbids API calls there ("may return CUDA_ERROR_NOT_PERMITTED"), and here
      * one could never go out while another thread waits in a synchronising call for this function's stream (that
      * call holds the channel): refused rather than deadlocked. */
@@ -268,6 +323,13 @@ CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *data) {
     if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!orion_current_context()) return CUDA_ERROR_INVALID_CONTEXT;
     if (atomic_load(&exiting)) return DEINITIALIZED;
+    return atomic_load(&failed); /* the process's CUDA has ended: every call answers that, as the driver's would */
+}
+
+/* Queue `proto` (its function or callback, data and sync mode) on hStream's slot, and post the stream's side of it. */
+static CUresult enqueue(CUstream hStream, struct call proto) {
+    int refused = refused_now();
+    if (refused != CUDA_SUCCESS) return refused;
     (void)pthread_once(&hooks_once, install_hooks);
     uint64_t stream = (uint64_t)(uintptr_t)hStream;
     uint64_t context = stream <= STREAM_PER_THREAD ? (uint64_t)(uintptr_t)orion_current_context() : 0;
@@ -294,11 +356,14 @@ CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *data) {
         }
         if (status == CUDA_SUCCESS) {
             slots[i].seq = seq;
-            *c = (struct call){ NULL, seq, fn, data };
+            *c = proto;
+            c->next = NULL;
+            c->seq = seq;
             if (slots[i].tail) slots[i].tail->next = c;
             else slots[i].head = c;
             slots[i].tail = c;
             pending_calls++;
+            if (c->spin) spinning++;
             pthread_cond_signal(&queued);
             c = NULL;
         }
@@ -306,4 +371,77 @@ CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *data) {
     pthread_mutex_unlock(&lock);
     free(c);
     return status;
+}
+
+/* --- stream capture: a host function cannot be captured here ---------------------------------------------------
+ * The pair of stream memory operations a host function is made of would be captured as two memory-operation nodes,
+ * and a replay of the graph would find its sequence number already released: the function would run at most once.
+ * So while any capture may be under way in this process (begun and not yet ended: `captures`), a host function's
+ * stream is asked first, as a callback's always is: a capturing stream answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ * and its capture is invalidated (the driver would add a host node instead: an error, never a graph that is wrong).
+ * No capture under way costs nothing. */
+static atomic_int captures;
+
+void orion_capture_began(int status) {
+    if (status == CUDA_SUCCESS) atomic_fetch_add(&captures, 1);
+}
+
+void orion_capture_ended(int status) {
+    enum { CAPTURE_INVALIDATED = 901, CAPTURE_UNJOINED = 904 }; /* capture ends with these too */
+    if (status != CUDA_SUCCESS && status != CAPTURE_INVALIDATED && status != CAPTURE_UNJOINED) return;
+    int now = atomic_load(&captures);
+    while (now > 0 && !atomic_compare_exchange_weak(&captures, &now, now - 1)) {
+    }
+}
+
+/* The stream asked of the host (cuStreamQuery, its answer not folded with earlier posted calls' errors, which stay
+ * for the next call): NOT_READY and SUCCESS let a function or callback queue; a stream the session does not own, or
+ * one capturing (the query invalidates the capture), answers the host's error. */
+static int stream_takes_host_work(CUstream hStream) {
+    uint64_t stream = (uint64_t)(uintptr_t)hStream;
+    uint8_t request[ORION_REQ_cuStreamQuery_SIZE];
+    orion_put_u64(request + ORION_REQ_cuStreamQuery_arg0, stream == 1 ? 0 : stream); /* as enqueue() posts it */
+    int status = orion_thread_forward(ORION_OP_cuStreamQuery, request, sizeof request, NULL, 0, ORION_CALL_NO_FOLD);
+    return status == NOT_READY ? CUDA_SUCCESS : status;
+}
+
+/* A host function: its stream asked first only while a capture may be under way. */
+static CUresult enqueue_function(CUstream hStream, struct call proto) {
+    if (atomic_load(&captures) > 0) {
+        int status = refused_now();
+        if (status == CUDA_SUCCESS) status = stream_takes_host_work(hStream);
+        if (status != CUDA_SUCCESS) return status;
+    }
+    return enqueue(hStream, proto);
+}
+
+CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *data) {
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    return enqueue_function(hStream, (struct call){ .fn = fn, .data = data });
+}
+
+/* CUDA 13.2's: the mode says how the driver's thread waits for the function's turn (blocked, or spinning), which is
+ * how this library's watcher waits too; a mode this library does not know answers 801, named once. */
+CUresult cuLaunchHostFunc_v2(CUstream hStream, CUhostFn fn, void *data, unsigned int syncMode) {
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    if (syncMode != HOST_TASK_BLOCKING && syncMode != HOST_TASK_SPINWAIT)
+        return orion_not_forwarded("cuLaunchHostFunc_v2 with a sync mode other than CU_HOST_TASK_BLOCKING and "
+                                   "CU_HOST_TASK_SPINWAIT");
+    return enqueue_function(hStream, (struct call){ .fn = fn, .data = data, .spin = syncMode == HOST_TASK_SPINWAIT });
+}
+
+/* A callback's stream is always asked first (stream_takes_host_work): the driver refuses a callback on a capturing
+ * stream, and the query invalidates the capture, as such a call does. */
+CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void *data, unsigned int flags) {
+    if (!callback || flags) return CUDA_ERROR_INVALID_VALUE; /* flags: "Reserved for future use, must be 0" */
+    int status = refused_now();
+    if (status == CUDA_SUCCESS) status = stream_takes_host_work(hStream);
+    if (status != CUDA_SUCCESS) return status;
+    return enqueue(hStream, (struct call){ .callback = callback, .stream = hStream, .data = data });
+}
+
+/* cuGetProcAddress's answer for a caller built against `version` that asks for cuLaunchHostFunc: from CUDA 13.2 on,
+ * the name's ABI is cuLaunchHostFunc_v2's (a sync mode; cuda-bindings asks for it so), else NULL (the name's own). */
+void *orion_host_function_entry(const char *symbol, int version) {
+    return version >= 13020 && strcmp(symbol, "cuLaunchHostFunc") == 0 ? (void *)cuLaunchHostFunc_v2 : NULL;
 }

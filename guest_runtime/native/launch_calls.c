@@ -102,6 +102,7 @@ static int launch(const struct launch *l, void **params, void **extra) {
         status = orion_params_pack(l->function, params, small, sizeof small, &packed, &size);
         tail = packed;
     } else if (extra) {
+        orion_graph_kernel_extra_given(); /* a captured launch's node may hold `extra` now (graph_queries.c) */
         status = params_from_extra(extra, &tail, &size);
     }
     if (status != CUDA_SUCCESS) return status;

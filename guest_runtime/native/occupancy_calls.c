@@ -1,7 +1,9 @@
-/* occupancy_calls.c: cuOccupancyMaxPotentialBlockSize(WithFlags) for the native guest driver. Without a callback
- * the host answers; with one (a block-size-to-shared-memory function, which lives in the guest) the search
+/* occupancy_calls.c: the occupancy calls of the native guest driver that the table cannot marshal by itself.
+ * cuOccupancyMaxPotentialBlockSize(WithFlags): without a callback the host answers; with one (a
+ * block-size-to-shared-memory function, which lives in the guest) the search
  * cudaOccupancyMaxPotentialBlockSizeVariableSMemWithFlags does runs here over forwarded occupancy queries, one per
- * candidate block size, as guest_runtime/occupancy.py does. */
+ * candidate block size, as guest_runtime/occupancy.py does. cuOccupancyMaxActiveClusters and
+ * cuOccupancyMaxPotentialClusterSize: a launch configuration, packed as cuLaunchKernelEx packs it (launch_calls.c). */
 #include "hand_calls.h"
 
 /* The entry points the search asks (this library's own, generated or answered in the guest). */
@@ -113,5 +115,34 @@ CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction function, const 
     if (status == CUDA_SUCCESS)
         status = hand_forwardv(ORION_OP_cuOccupancyMaxActiveClusters, pieces, count, reply, sizeof reply);
     if (status == CUDA_SUCCESS) *clusters = orion_get_i32(reply + ORION_REP_cuOccupancyMaxActiveClusters_clusters);
+    return status;
+}
+
+/* The same request as cuOccupancyMaxActiveClusters's (the driver ignores its cluster dimensions here); the answer is
+ * the largest cluster the function can be launched with under that configuration. */
+#define CLUSTERS(field) ORION_REQ_cuOccupancyMaxActiveClusters_##field
+#define POTENTIAL(field) ORION_REQ_cuOccupancyMaxPotentialClusterSize_##field
+_Static_assert(POTENTIAL(LAUNCH) == CLUSTERS(LAUNCH) && POTENTIAL(attributes) == CLUSTERS(attributes)
+               && POTENTIAL(SIZE) == CLUSTERS(SIZE), "orion_launch_config_pieces() packs both");
+
+CUresult cuOccupancyMaxPotentialClusterSize(int *size, CUfunction function, const CUlaunchConfig *config) {
+    if (!size) return CUDA_ERROR_INVALID_VALUE;
+    /* An attribute that does not travel is named here, for this call (orion_launch_config_pieces checks again). */
+    if (config && (!config->numAttrs || config->attrs))
+        for (unsigned int i = 0; i < config->numAttrs; i++) {
+            int id = config->attrs[i].id;
+            if (id < 0 || id >= 64 || !((ORION_LAUNCH_ATTRIBUTES_FORWARDED >> id) & 1))
+                return orion_not_forwarded("cuOccupancyMaxPotentialClusterSize with a launch attribute other than "
+                                           "the plain and event ones");
+        }
+    uint8_t head[ORION_LAUNCH_HEAD_BYTES], reply[ORION_REP_cuOccupancyMaxPotentialClusterSize_SIZE];
+    struct orion_piece pieces[2];
+    int count = 0;
+    int status = orion_launch_config_pieces("cuOccupancyMaxPotentialClusterSize", (uint64_t)(uintptr_t)function,
+                                            config, head, pieces, &count);
+    if (status == CUDA_SUCCESS)
+        status = hand_forwardv(ORION_OP_cuOccupancyMaxPotentialClusterSize, pieces, count, reply, sizeof reply);
+    if (status == CUDA_SUCCESS)
+        *size = orion_get_i32(reply + ORION_REP_cuOccupancyMaxPotentialClusterSize_cluster_size);
     return status;
 }

@@ -92,8 +92,21 @@ void *orion_graph_versioned_entry(const char *symbol, int version);
 /* A graph or node the host destroyed (the generated destroy calls' hook): what the guest kept for it goes. */
 void orion_graph_node_destroyed(CUgraphNode node);
 void orion_graph_destroyed(CUgraph graph);
+/* graph_queries.c: a launch or a kernel node was given `extra` (launch_calls.c, graph_calls.c), so a kernel node's
+ * parameters can no longer be told apart from one given kernelParams (cuGraphKernelNodeGetParams then answers 801). */
+void orion_graph_kernel_extra_given(void);
 
 /* `size` bytes of the pool itself, never the fallback (memory the GPU must reach: host_functions.c): a CUresult. */
 int orion_pool_alloc(void **pp, size_t size);
+
+/* --- host_functions.c: host functions and stream callbacks, run in the guest ----------------------------------- */
+/* Every forwarded call's CUresult (cuda_client.c): one that ends the process's CUDA fails the queued callbacks. */
+void orion_host_functions_saw(int status);
+/* cuGetProcAddress's cuLaunchHostFunc for a caller built against `version` (13.2 on: the _v2 ABI), or NULL. */
+void *orion_host_function_entry(const char *symbol, int version);
+/* A stream capture began or ended with `status` (the generated cuStreamBeginCapture/cuStreamEndCapture and
+ * cuStreamBeginCaptureToGraph call them): while one may be under way, a host function's stream is asked first. */
+void orion_capture_began(int status);
+void orion_capture_ended(int status);
 
 #endif

@@ -21,18 +21,18 @@ dependency, NULL outputs, an existing edge added again.
 Handles are never compared between paths (each driver gives its own): a node is shown as its index among the nodes
 the program made (-1 for NULL), a node type as cuGraphNodeGetType's number, memory as its words.
 
-A second program (AddNodeProgram, tests/differential/test_graph_add_node.py) builds its graph with cuGraphAddNode
-alone, as XLA's command buffers do: a node of every type the generic call is served for (memset, kernel, empty,
-memcpy, a cloned child graph, event record and wait), one of them after an edge with data of its own (programmatic),
-conditional nodes (IF with one body and with two, WHILE, SWITCH with three bodies) whose bodies it fills with
-cuGraphAddNode too, each handle's value given by cuGraphConditionalHandleCreate's default (applied at each launch),
-and a child graph with a kernel node moved into its node (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE, as XLA adds one); it
-launches the graph, sets kernel and memset parameters with cuGraphNodeSetParams and cuGraphExecNodeSetParams, the
-moved graph's kernel node through the parent's executable graph (cuGraphExecKernelNodeSetParams) and in the moved
-graph itself, relaunches, instantiates again, and shows what is refused: reserved fields, node types not forwarded
-(801), a graph moved into itself or into a graph it holds, a moved graph moved, cloned, destroyed, instantiated or
-updated from on its own, bad conditional parameters, an unknown handle, an edge the driver refuses (the graph keeps no
-node); the moved graph goes with its parent.
+A second program (AddNodeProgram, tests/differential/test_graph_add_node.py) builds its graph with cuGraphAddNode alone,
+as XLA's command buffers do: a node of every type the generic call is served for (memset, kernel, empty, memcpy, a
+cloned child graph, event record and wait), one of them after an edge with data of its own (programmatic), conditional
+nodes (IF with one body and with two, WHILE, SWITCH with three bodies) whose bodies it fills with cuGraphAddNode too,
+each handle's value given by cuGraphConditionalHandleCreate's default (applied at each launch), and a child graph with a
+kernel node moved into its node (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE, as XLA adds one); it launches the graph, sets
+kernel and memset parameters with cuGraphNodeSetParams and cuGraphExecNodeSetParams, the moved graph's kernel node
+through the parent's executable graph (cuGraphExecKernelNodeSetParams) and in the moved graph itself, relaunches,
+instantiates again, and shows what is refused: reserved fields, node types not forwarded (801), memory nodes of zeroed
+parameters (graph_queries.py has them made), a graph moved into itself or into a graph it holds, a moved graph moved,
+cloned, destroyed, instantiated or updated from on its own, bad conditional parameters, an unknown handle, an edge the
+driver refuses (the graph keeps no node); the moved graph goes with its parent.
 
 Run in a process of its own with a C driver library (the native guest driver, ORION_SHM set; or the real libcuda
 on a GPU):
@@ -126,10 +126,29 @@ class ConditionalNodeParams(ctypes.Structure):
     _fields_ = [("handle", U64), ("type", I32), ("size", UI), ("phGraph_out", P), ("ctx", U64)]
 
 
+class MemPoolProps(ctypes.Structure):
+    """CUmemPoolProps (CUDA 13: its first reserved byte gpuDirectRDMACapable)."""
+    _fields_ = [("allocType", I32), ("handleTypes", I32), ("locationType", I32), ("locationId", I32),
+                ("win32SecurityAttributes", P), ("maxSize", SZ), ("usage", ctypes.c_ushort),
+                ("gpuDirectRDMACapable", ctypes.c_ubyte), ("reserved", ctypes.c_ubyte * 53)]
+
+
+class MemAccessDesc(ctypes.Structure):
+    """CUmemAccessDesc: a location (type, id) and its flags."""
+    _fields_ = [("locationType", I32), ("locationId", I32), ("flags", I32)]
+
+
+class MemAllocNodeParams(ctypes.Structure):
+    """CUDA_MEM_ALLOC_NODE_PARAMS (and _v2, CUgraphNodeParams' `alloc`)."""
+    _fields_ = [("poolProps", MemPoolProps), ("accessDescs", P), ("accessDescCount", SZ), ("bytesize", SZ),
+                ("dptr", U64)]
+
+
 class _NodeUnion(ctypes.Union):
     _fields_ = [("reserved1", ctypes.c_longlong * 29), ("kernel", KernelNodeParams), ("memcpy", MemcpyNodeParams),
                 ("memset", MemsetNodeParamsV2), ("graph", ChildGraphNodeParams), ("eventWait", EventNodeParams),
-                ("eventRecord", EventNodeParams), ("conditional", ConditionalNodeParams)]
+                ("eventRecord", EventNodeParams), ("conditional", ConditionalNodeParams), ("alloc", MemAllocNodeParams),
+                ("free", U64)]
 
 
 class NodeParams(ctypes.Structure):
@@ -142,6 +161,8 @@ assert ctypes.sizeof(KernelNodeParams) == 72 and ctypes.sizeof(MemsetNodeParams)
 assert ctypes.sizeof(Memcpy3D) == 200 and ctypes.sizeof(EdgeData) == 8 and ctypes.sizeof(UpdateResultInfo) == 24
 assert ctypes.sizeof(NodeParams) == 256 and NodeParams.u.offset == 16 and ctypes.sizeof(MemcpyNodeParams) == 216
 assert ctypes.sizeof(MemsetNodeParamsV2) == 48 and ctypes.sizeof(ConditionalNodeParams) == 32
+assert ctypes.sizeof(MemPoolProps) == 88 and ctypes.sizeof(MemAllocNodeParams) == 120
+assert ctypes.sizeof(MemAccessDesc) == 12
 
 # CUgraphNodeType, CUgraphConditionalNodeType, CUgraphChildGraphNodeOwnership, cuGraphConditionalHandleCreate's flag
 KERNEL, MEMCPY, MEMSET, HOST, GRAPH, EMPTY, WAIT_EVENT, EVENT_RECORD = range(8)
@@ -659,12 +680,14 @@ class AddNodeProgram(GraphNodeProgram):
             *[self._add_node("refused", graph, params) for params in (*reserved, flagged, self._params(99))],
             t["cuGraphNodeSetParams"](n["join"], ctypes.addressof(reserved[0])),
             t["cuGraphExecNodeSetParams"](graph_exec, n["join"], ctypes.addressof(reserved[1]))])
-        self.note("not forwarded: host, external semaphore, memory and batch memory operation nodes; setting a "
+        self.note("not forwarded: host, external semaphore and batch memory operation nodes; setting a "
                   "conditional node's parameters", [
                       *[self._add_node("refused", graph, self._params(kind)) for kind in (
-                          HOST, EXT_SEMAS_SIGNAL, EXT_SEMAS_WAIT, MEM_ALLOC, MEM_FREE, BATCH_MEM_OP)],
+                          HOST, EXT_SEMAS_SIGNAL, EXT_SEMAS_WAIT, BATCH_MEM_OP)],
                       t["cuGraphNodeSetParams"](n["memset"], ctypes.addressof(self._params(HOST))),
                       t["cuGraphExecNodeSetParams"](graph_exec, n["if"], ctypes.addressof(conditionals["if"]))])
+        self.note("refused: memory allocation and free nodes of zeroed parameters (no device, no allocation)", [
+            self._add_node("refused", graph, self._params(kind)) for kind in (MEM_ALLOC, MEM_FREE)])
         other_ownership = self._params(GRAPH, graph=ChildGraphNodeParams(graph=child, ownership=2))
         self.note("refused: a graph moved into itself or into a graph it holds, a moved graph moved or cloned again, "
                   "an ownership cuda.h does not have; the moved graph destroyed, instantiated or updated from alone", [
@@ -857,6 +880,26 @@ def fake_table(driver: Any) -> Table:
         condition = params.conditional
         condition.handle, condition.type = given.conditional.handle, given.conditional.type
         condition.size, condition.ctx = given.conditional.size, given.conditional.ctx
+        if given.type == MEM_ALLOC:
+            params.alloc = alloc_params(ctypes.addressof(given.alloc))
+        params.free.dptr = given.free
+        return params
+
+    def alloc_params(address: int) -> Any:
+        """The wheel's CUDA_MEM_ALLOC_NODE_PARAMS of a C one."""
+        given = MemAllocNodeParams.from_address(address)
+        params = driver.CUDA_MEM_ALLOC_NODE_PARAMS()
+        props, pool = params.poolProps, given.poolProps
+        props.allocType, props.handleTypes = pool.allocType, pool.handleTypes
+        props.location.type, props.location.id = pool.locationType, pool.locationId
+        props.maxSize, props.usage, props.gpuDirectRDMACapable = pool.maxSize, pool.usage, pool.gpuDirectRDMACapable
+        descs = (MemAccessDesc * given.accessDescCount).from_address(given.accessDescs) \
+            if given.accessDescCount and given.accessDescs else []
+        for desc in descs:
+            made = driver.CUmemAccessDesc()
+            made.location.type, made.location.id, made.flags = desc.locationType, desc.locationId, desc.flags
+            params.accessDescs.append(made)
+        params.accessDescCount, params.bytesize = given.accessDescCount, given.bytesize
         return params
 
     bodies_kept: list[Any] = []
@@ -883,6 +926,8 @@ def fake_table(driver: Any) -> Table:
                 bodies = [int(body) for body in params.conditional.phGraph_out]
                 bodies_kept.append((U64 * len(bodies))(*bodies))
                 NodeParams.from_address(address).conditional.phGraph_out = ctypes.addressof(bodies_kept[-1])
+            if params.type == MEM_ALLOC and address:  # cuda.h: the allocation's address comes back in the struct
+                NodeParams.from_address(address).alloc.dptr = int(params.alloc.dptr)
         return int(status)
 
     not_supported = 801
@@ -948,6 +993,7 @@ def fake_table(driver: Any) -> Table:
         "cuGraphDestroyNode": lambda node: int(driver.cuGraphDestroyNode(node)[0]),
     })
     table["_kept_bodies"] = bodies_kept  # type: ignore[assignment]
+    table["_alloc_params"] = alloc_params  # type: ignore[assignment]  # for graph_queries.fake_table
     return table
 
 

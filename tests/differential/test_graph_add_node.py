@@ -91,7 +91,8 @@ def test_the_fake_builds_graphs_of_cugraphaddnode_as_cuda_documents() -> None:
     assert theirs["marks"] == [12] * WORDS and theirs["words"] == [i + 119 for i in initial]
     assert theirs["moved"] == [1102] * WORDS  # the moved graph's own node: +100
     assert _step(out, "refused: reserved fields")[1] == [INVALID_VALUE] * 6
-    assert _step(out, "not forwarded:")[1] == [NOT_SUPPORTED] * 8  # a moved child graph is forwarded now
+    assert _step(out, "not forwarded:")[1] == [NOT_SUPPORTED] * 6  # a moved child graph is forwarded now
+    assert _step(out, "refused: memory allocation and free nodes")[1] == [INVALID_VALUE] * 2  # memory nodes are too
     moves = _step(out, "refused: a graph moved into itself")
     assert moves[1] == [INVALID_VALUE] * 8 and moves[2] == [14, 14, 1]  # no node left behind; the moved graph whole
     assert _step(out, "refused: conditional nodes")[1] == [INVALID_VALUE] * 4
@@ -142,8 +143,7 @@ def test_the_native_driver_builds_graphs_with_cugraphaddnode_as_the_fake_does(se
 NOT_FORWARDED = r"""
 import ctypes, json, sys
 from tests.differential.graph_nodes import (BATCH_MEM_OP, EMPTY, EXT_SEMAS_SIGNAL, EXT_SEMAS_WAIT, GRAPH, HOST,
-                                            MEM_ALLOC, MEM_FREE, OWNERSHIP_MOVE, ChildGraphNodeParams, NodeParams,
-                                            library_table)
+                                            MEM_ALLOC, OWNERSHIP_MOVE, ChildGraphNodeParams, NodeParams, library_table)
 t = library_table(ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL))
 U64 = ctypes.c_uint64
 cell, device = U64(), ctypes.c_int()
@@ -160,24 +160,26 @@ moved = NodeParams(type=GRAPH)
 moved.graph = ChildGraphNodeParams(graph=child, ownership=OWNERSHIP_MOVE)
 other = NodeParams(type=GRAPH)
 other.graph = ChildGraphNodeParams(graph=child, ownership=2)
-host = NodeParams(type=HOST)
+host, alloc = NodeParams(type=HOST), NodeParams(type=MEM_ALLOC)
 print(json.dumps({
-    "added": [add(NodeParams(type=kind)) for kind in (HOST, HOST, EXT_SEMAS_SIGNAL, EXT_SEMAS_WAIT, MEM_ALLOC, MEM_FREE,
-                                                     BATCH_MEM_OP)],
+    "added": [add(NodeParams(type=kind)) for kind in (HOST, HOST, EXT_SEMAS_SIGNAL, EXT_SEMAS_WAIT, BATCH_MEM_OP)],
     "moved": [add(other), add(moved), add(moved)],
     "set": [t["cuGraphNodeSetParams"](node, ctypes.addressof(host)),
-            t["cuGraphExecNodeSetParams"](graph_exec, node, ctypes.addressof(host))]}))
+            t["cuGraphExecNodeSetParams"](graph_exec, node, ctypes.addressof(host)),
+            t["cuGraphNodeSetParams"](node, ctypes.addressof(alloc)),
+            t["cuGraphExecNodeSetParams"](graph_exec, node, ctypes.addressof(alloc))]}))
 """
 
 
 def test_node_types_not_forwarded_answer_801_in_the_guest_named_once(local: Rig, library: Path) -> None:
     mark = local.mark()
     got, err = _native(local, library, script=NOT_FORWARDED)
-    assert got == {"added": [NOT_SUPPORTED] * 7, "moved": [INVALID_VALUE, 0, INVALID_VALUE],
-                   "set": [NOT_SUPPORTED] * 2}
+    assert got == {"added": [NOT_SUPPORTED] * 5, "moved": [INVALID_VALUE, 0, INVALID_VALUE],
+                   "set": [NOT_SUPPORTED] * 4}
     assert err.count("a graph host node") == 1 and "OWNERSHIP_MOVE" not in err
-    for name in ("EXT_SEMAS_SIGNAL", "EXT_SEMAS_WAIT", "MEM_ALLOC", "MEM_FREE", "BATCH_MEM_OP"):
+    for name in ("EXT_SEMAS_SIGNAL", "EXT_SEMAS_WAIT", "BATCH_MEM_OP"):
         assert err.count(f"CU_GRAPH_NODE_TYPE_{name})") == 1, name
+    assert err.count("of a memory allocation or free node") == 1  # setting one: memory nodes are added (elsewhere)
     reached = [(e["name"], e["result"][0]) for e in local.entries(mark) if e["name"] in NODE_CALLS]
     assert reached == [("cuGraphAddEmptyNode", ["CUresult", 0]),  # the one empty node; nothing of the refused ones
                        ("cuGraphAddNode", ["CUresult", 0]), ("cuGraphAddNode", ["CUresult", INVALID_VALUE])]

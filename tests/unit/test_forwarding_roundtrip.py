@@ -268,6 +268,13 @@ class Env:
         assert reply.status == SUCCESS, reply.status
         return int(call.reply.decode(reply.payload)[0])
 
+    def made_pool(self) -> int:
+        """A pool of the program's own on guest device 0, sent as its record (cuMemPoolCreate is native-only)."""
+        call = CALLS["cuMemPoolCreate"]
+        reply = self.g.channel.call(call.opcode, call.request.encode(1, 0, 1, 0, 0, 0, 0))
+        assert reply.status == SUCCESS, reply.status
+        return int(call.reply.decode(reply.payload)[0])
+
     def mapped(self, size: int = 2 << 20) -> tuple[int, int]:
         """A reserved range with physical memory mapped over all of it: (base, size)."""
         base = self.g.ok("cuMemAddressReserve", size, 0, 0, 0)
@@ -383,6 +390,10 @@ GENERIC_INPUTS: dict[str, Callable[[Env], tuple[Any, ...]]] = {
     "cuDeviceGetDefaultMemPool": lambda e: (1,),
     "cuMemAllocAsync": lambda e: (4096, e.stream),
     "cuMemAllocFromPoolAsync": lambda e: (8192, e.pool, e.stream),
+    "cuMemPoolTrimTo": lambda e: (e.pool, 0),
+    "cuMemPoolDestroy": lambda e: (e.made_pool(),),
+    "cuDeviceSetMemPool": lambda e: (0, e.pool),
+    "cuMemAllocPitch": lambda e: (1000, 4, 4),
     "cuMemFreeAsync": lambda e: (e.g.ok("cuMemAllocAsync", 1024, e.stream), e.stream),
     "cuMemAddressReserve": lambda e: (4 << 20, 0, 0, 0),
     "cuMemAddressFree": lambda e: (e.g.ok("cuMemAddressReserve", 4 << 20, 0, 0, 0), 4 << 20),
@@ -399,6 +410,7 @@ GENERIC_INPUTS: dict[str, Callable[[Env], tuple[Any, ...]]] = {
     "cuStreamGetFlags": lambda e: (e.g.ok("cuStreamCreate", 1),),
     "cuStreamGetPriority": lambda e: (e.g.ok("cuStreamCreateWithPriority", 0, -2),),
     "cuStreamGetId": lambda e: (e.stream,),
+    "cuStreamCopyAttributes": lambda e: (e.g.ok("cuStreamCreate", 1), e.stream),
     "cuStreamBeginCapture": lambda e: (e.other_context_stream(), 2),  # RELAXED; it is never ended
     "cuStreamEndCapture": lambda e: (e.capturing(),),
     "cuThreadExchangeStreamCaptureMode": lambda e: (1,),  # THREAD_LOCAL in, GLOBAL (the first mode) out
