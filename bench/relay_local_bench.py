@@ -39,7 +39,7 @@ from bench.host_roundtrip_bench import copy_bytes, copy_value, null_executor, se
 from bench.native_wire_bench import TIMING_C, c_output  # noqa: E402
 from bench.relay_bench import raw_baseline  # noqa: E402
 from bench.verify import Checks  # noqa: E402
-from guest_runtime.native.build import SOURCE_DIR, find_compiler  # noqa: E402
+from guest_runtime.native.build import SOURCE_DIR, find_compiler, write_region_header  # noqa: E402
 from host_agent.executor import CudaExecutor  # noqa: E402
 from host_agent.handler import Session  # noqa: E402
 from host_agent.region_server import RegionServer, ServerOptions  # noqa: E402
@@ -193,7 +193,8 @@ def build(directory: Path) -> tuple[Path, Path, Path]:
     _client, null_library = build_null(directory)
     (directory / "relay_client.c").write_text(CLIENT)
     (directory / "raw.c").write_text(RAW_C)
-    flags = ["-std=gnu11", "-O2", f"-I{SOURCE_DIR}"]
+    write_region_header(directory)  # orion_wire.c includes the generated orion_region.h
+    flags = ["-std=gnu11", "-O2", f"-I{SOURCE_DIR}", f"-I{directory}"]
     subprocess.run([*compiler, *flags, "-o", str(directory / "relay_client"), str(directory / "relay_client.c"),
                     str(SOURCE_DIR / "orion_wire.c"), "-lpthread"], check=True)
     subprocess.run([*compiler, *flags, "-o", str(directory / "raw"), str(directory / "raw.c"), "-lpthread"],

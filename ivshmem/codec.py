@@ -192,6 +192,30 @@ class Schema:
         return [{"name": field, "kind": kind} for field, kind in self.fields]
 
 
+_MEMBER = re.compile(r"(\d*)([xcbB?hHiIlLqQnNefdspP])")
+
+
+def members(layout: struct.Struct) -> list[tuple[int, int]]:
+    """(offset, size) of each value `layout` packs, in order, read from its own format: pad bytes (`x`) skipped, a
+    string (`8s`) one value, a repeated code (`3I`) one value each. For the generators that give C a struct's places
+    (gen_libcuda.py), so they name offsets rather than spell them."""
+    fmt = layout.format.replace(" ", "")
+    order, body = (fmt[0], fmt[1:]) if fmt[:1] in "@=<>!" else ("@", fmt)
+    if "".join(m[0] for m in _MEMBER.finditer(body)) != body:
+        raise ValueError(f"{layout.format!r}: not a format members() reads")
+    found: list[tuple[int, int]] = []
+    before = order
+    for count, code in _MEMBER.findall(body):
+        repeat = 1 if code in "sp" else int(count or 1)
+        one = (count if code in "sp" else "") + code
+        for _ in range(repeat):
+            if code != "x":
+                size = struct.calcsize(order + one)
+                found.append((struct.calcsize(before + one) - size, size))
+            before += one
+    return found
+
+
 def field_kind(code: str) -> str:
     """The schema kind of a struct code ('i' -> 'i32')."""
     for kind, scalar in SCALARS.items():

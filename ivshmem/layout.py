@@ -23,8 +23,14 @@ FEATURE_ASYNC_ERRORS = 1 << 1
 FEATURE_HOST_HEARTBEAT = 1 << 2  # a session's worker beats its channel's host_heartbeat word (channel.py)
 FEATURES = FEATURE_STAGED | FEATURE_ASYNC_ERRORS | FEATURE_HOST_HEARTBEAT
 
-# Header: everything the CRC covers lives in the first 256 bytes.
+# Header: everything the CRC covers lives in the first 256 bytes. HEADER_FIELDS names HEADER's values in order
+# (docs/wire-protocol.md's table; pack_header takes the Geometry's by these names, and gen_libcuda.py gives the C
+# client each one's offset from them).
 HEADER = struct.Struct("<8sIIQQIIIIIIQQQQIIIIIIIII4x32s")
+HEADER_FIELDS = ("magic", "version", "header_size", "features", "region_size", "channel_count", "ring_entries",
+                 "slot_size", "chunk_size", "chunk_count", "header_crc", "channel_offset", "channel_stride",
+                 "pool_offset", "pool_size", "off_ctrl", "off_req_ring", "off_cpl_ring", "off_req_staging",
+                 "off_cpl_staging", "off_ring_head", "off_ring_tail", "off_ring_slots", "off_staging_chunks", "name")
 NAME_SIZE = 32
 CRC_SPAN = 256
 CRC_OFFSET = 52
@@ -209,13 +215,10 @@ class Geometry:
 
 def pack_header(g: Geometry) -> bytes:
     """The first CRC_SPAN bytes of a formatted region, CRC included."""
-    fields = (MAGIC, VERSION, HEADER_SIZE, g.features, g.region_size, g.channel_count, g.ring_entries,
-              g.slot_size, g.chunk_size, g.chunk_count, 0, g.channel_offset, g.channel_stride, g.pool_offset,
-              g.pool_size, g.off_ctrl, g.off_req_ring, g.off_cpl_ring, g.off_req_staging, g.off_cpl_staging,
-              g.off_ring_head, g.off_ring_tail, g.off_ring_slots, g.off_staging_chunks,
-              g.name.encode()[:NAME_SIZE])
+    fixed = {"magic": MAGIC, "version": VERSION, "header_size": HEADER_SIZE, "header_crc": 0,
+             "name": g.name.encode()[:NAME_SIZE]}  # every other field is the Geometry's of that name
     raw = bytearray(CRC_SPAN)
-    HEADER.pack_into(raw, 0, *fields)
+    HEADER.pack_into(raw, 0, *(fixed[f] if f in fixed else getattr(g, f) for f in HEADER_FIELDS))
     struct.pack_into("<I", raw, CRC_OFFSET, zlib.crc32(raw))
     return bytes(raw)
 

@@ -15,6 +15,7 @@ from .codec import Schema
 from .errors import RecordError
 
 HEADER = struct.Struct("<QIIIIiI")
+HEADER_FIELDS = ("call_id", "opcode", "flags", "length", "generation", "status", "reserved")  # HEADER's, in order
 assert HEADER.size == 32
 
 PROTOCOL = 2  # 2: HELLO names the call table the client forwards with

@@ -27,15 +27,29 @@ class BuildError(Exception):
 
 
 def build_library(output: str | os.PathLike[str]) -> Path:
-    """Compile the wire client alone into `output` (its directory is created); raises BuildError with one line."""
-    return _compile(Path(output), [SOURCE_DIR / s for s in SOURCES], [])
+    """Compile the wire client alone into `output` (its directory is created, with the generated orion_region.h
+    beside it); raises BuildError with one line."""
+    target = Path(output)
+    write_region_header(target.parent)
+    return _compile(target, [SOURCE_DIR / s for s in SOURCES], [f"-I{target.parent}"])
+
+
+def write_region_header(directory: Path) -> Path:
+    """orion_region.h in `directory` (created): the region's, record cells' and control words' layout from ivshmem
+    (gen_libcuda.generate_region), which orion_wire.c and vgpu_lease.c include; compile with `-I directory`."""
+    from guest_runtime.native.gen_libcuda import generate_region
+
+    directory.mkdir(parents=True, exist_ok=True)
+    header = directory / "orion_region.h"
+    header.write_text(generate_region())
+    return header
 
 
 def build_driver(output: str | os.PathLike[str]) -> Path:
     """The native guest driver: the entry points generated from the call table (gen_libcuda.py, written beside
-    `output` with the headers orion_calls.h and orion_layouts.h) and every C file of this directory (the process's
-    channel, the wire client, the hand-written calls, the export tables), as a library whose SONAME is libcuda.so.1
-    that also exports cuda.h's versioned names (cuMemAlloc_v2...) as the real driver does."""
+    `output` with the headers orion_calls.h, orion_layouts.h and orion_region.h) and every C file of this directory
+    (the process's channel, the wire client, the hand-written calls, the export tables), as a library whose SONAME is
+    libcuda.so.1 that also exports cuda.h's versioned names (cuMemAlloc_v2...) as the real driver does."""
     from guest_runtime.native.gen_libcuda import abi_aliases, generate, generate_header, generate_layouts
 
     target = Path(output)
@@ -44,6 +58,7 @@ def build_driver(output: str | os.PathLike[str]) -> Path:
     calls.write_text(generate())
     target.with_name("orion_calls.h").write_text(generate_header())
     target.with_name("orion_layouts.h").write_text(generate_layouts())  # payload offsets and sizes
+    write_region_header(target.parent)  # the region's, record cells' and control words' offsets
     aliases = [f"-Wl,--defsym,{alias}={name}" for alias, name in abi_aliases()]  # cuMemAlloc_v2 = cuMemAlloc
     _compile(target, [calls, *sorted(SOURCE_DIR.glob("*.c"))],
              ["-Wl,-soname,libcuda.so.1", f"-I{SOURCE_DIR}", f"-I{target.parent}", *aliases])

@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE
 #include "orion_wire.h"
+#include "orion_region.h" /* generated (gen_libcuda.generate_region): every offset and constant of the wire below */
 
 #include <dirent.h>
 #include <errno.h>
@@ -24,43 +25,26 @@
 #include <time.h>
 #include <unistd.h>
 
-/* --- layout.py ---------------------------------------------------------------------------------------- */
+/* --- region.py: where a region is ------------------------------------------------------------------------ */
 #define PCI_ROOT "/sys/bus/pci/devices"
 #define IVSHMEM_VENDOR "0x1af4"
 #define IVSHMEM_DEVICE "0x1110"
 #define GUEST_LOCK_DIR "/dev/shm"
 #define SHM_DIR "/dev/shm"
 #define SHM_PREFIX "orionsock"
-#define HEADER_SIZE 4096u
-#define PAGE 4096u
-#define CACHE_LINE 64u
-#define CRC_SPAN 256u
-#define CRC_OFFSET 52u
-#define VERSION 1u
-#define AGENT_HEARTBEAT 1024u
-#define AGENT_STATE 1036u
-#define AGENT_NEVER 0u
-#define AGENT_SERVING 1u
-#define AGENT_STOPPED 2u
-#define RING_HEAD 0u
-#define RING_TAIL 64u
-#define RING_SLOTS 128u
-#define STAGING_HEAD 0u
-#define STAGING_TAIL 64u
-#define STAGING_CHUNKS 4096u
-#define MAX_CHANNELS 256u
-#define MAX_CHUNK_SIZE (64u << 20)
-#define RECORD_HEADER 32u
-#define FEATURE_HOST_HEARTBEAT (1u << 2)
-#define MAX_OPCODE 0xFFFFu
-#define KNOWN_FLAGS 7u
+#define STR_(x) #x
+#define STR(x) STR_(x) /* a generated number inside a message's text */
 
-/* --- channel.py Ctrl, HostStatus, HostReason, liveness.py ---------------------------------------------- */
-enum { CLIENT_GEN = 0, CLIENT_ACTIVE = 4, CLIENT_PID = 8, LIVENESS = 12, CLIENT_HEARTBEAT = 16,
-       HOST_GEN = 64, HOST_STATUS = 68, HOST_REASON = 72, HOST_WORKER = 76, HOST_HEARTBEAT = 80 };
-enum { HOST_IDLE = 0, HOST_SERVING = 1, HOST_FAILED = 2, HOST_RECLAIMED = 3 };
-#define LOCK_MODE 1u
-#define HEARTBEAT_MODE 2u
+/* --- orion_wire.h's wire values are record.py's and channel.py's (orion_region.h) ----------------------------- */
+_Static_assert(ORION_OP_HELLO == ORION_WIRE_OP_HELLO && ORION_OP_ECHO == ORION_WIRE_OP_ECHO &&
+               ORION_OP_NOP == ORION_WIRE_OP_NOP && ORION_OP_DRAIN == ORION_WIRE_OP_DRAIN &&
+               ORION_OP_FILL == ORION_WIRE_OP_FILL, "orion_wire.h's opcodes are not record.Op's");
+_Static_assert(ORION_FLAG_NO_REPLY == ORION_WIRE_FLAG_NO_REPLY && ORION_FLAG_STAGED == ORION_WIRE_FLAG_STAGED &&
+               ORION_FLAG_ASYNC_ERROR == ORION_WIRE_FLAG_ASYNC_ERROR, "orion_wire.h's flags are not record.Flag's");
+_Static_assert(ORION_PROTOCOL == ORION_WIRE_PROTOCOL, "orion_wire.h's protocol is not record.PROTOCOL");
+_Static_assert(ORION_MAX_PAYLOAD == ORION_WIRE_MAX_PAYLOAD, "orion_wire.h's limit is not channel.MAX_PAYLOAD");
+
+/* --- liveness.py ---------------------------------------------------------------------------------------------- */
 #define HEARTBEAT_PERIOD_S 0.5
 
 /* --- wait.py WaitPolicy defaults ------------------------------------------------------------------------ */
@@ -73,7 +57,7 @@ enum { HOST_IDLE = 0, HOST_SERVING = 1, HOST_FAILED = 2, HOST_RECLAIMED = 3 };
 #define ASYNC_KEEP 256u
 
 typedef struct {
-    uint8_t *base;      /* the block: head at +0, tail at +64, cells at +128 (ring) or +4096 (staging arena) */
+    uint8_t *base;      /* the block: its head, its tail, its cells (ORION_RING_*, ORION_STAGING_*) */
     uint8_t *data;
     uint32_t cell, capacity, mask;
     uint32_t own;       /* private copy of the index this side writes (tail producing, head consuming) */
@@ -115,8 +99,9 @@ struct orion_channel {
     const reply_dest *call_dest;
     int answered;
     record_header answer;
-    /* A guest's liveness (HEARTBEAT_MODE): its locks live in the guest, where the host cannot see them, so a
-     * thread counts CLIENT_HEARTBEAT up every HEARTBEAT_PERIOD_S while the channel is open (liveness.Heartbeat). */
+    /* A guest's liveness (ORION_LIVENESS_HEARTBEAT_MODE): its locks live in the guest, where the host cannot see
+     * them, so a thread counts the client_heartbeat word up every HEARTBEAT_PERIOD_S while the channel is open
+     * (liveness.Heartbeat). */
     int beating, beat_stop;
     pthread_t beat_thread;
     pthread_mutex_t beat_lock;
@@ -184,72 +169,81 @@ typedef struct {
 
 static int check_header(const uint8_t *h, size_t mapped, const char *where, geometry *g, char *err, size_t el) {
     static const char *redo = "recreate the region with 'orion-shm create' or restart the host agent to reformat it";
-    if (mapped < HEADER_SIZE) {
+    if (mapped < ORION_REGION_HEADER_SIZE) {
         say(err, el, "%s: %zu bytes is too small to be an Orion region (at least %u bytes of header); create one "
-            "with 'orion-shm create'", where, mapped, HEADER_SIZE);
+            "with 'orion-shm create'", where, mapped, ORION_REGION_HEADER_SIZE);
         return ORION_E_REGION;
     }
-    if (memcmp(h, "ORIONSHM", 8) != 0) {
+    if (memcmp(h + ORION_REGION_HEADER_magic, ORION_REGION_MAGIC, sizeof ORION_REGION_MAGIC - 1) != 0) {
         size_t i = 0;
-        while (i < CRC_SPAN && h[i] == 0) i++;
-        if (i == CRC_SPAN)
+        while (i < ORION_REGION_CRC_SPAN && h[i] == 0) i++;
+        if (i == ORION_REGION_CRC_SPAN)
             say(err, el, "%s: the region holds no header yet (all zeros); start the host agent (oriond) on this "
                 "host, it formats the region when it starts serving", where);
         else
-            say(err, el, "%s: not an Orion region (bad magic, expected ORIONSHM)", where);
+            say(err, el, "%s: not an Orion region (bad magic, expected " ORION_REGION_MAGIC ")", where);
         return ORION_E_REGION;
     }
-    if (rd32(h + 8) != VERSION) {
+    if (rd32(h + ORION_REGION_HEADER_version) != ORION_REGION_VERSION) {
         say(err, el, "%s: region protocol version %u, this software speaks %u; use the same Orion release on both "
-            "sides", where, rd32(h + 8), VERSION);
+            "sides", where, rd32(h + ORION_REGION_HEADER_version), ORION_REGION_VERSION);
         return ORION_E_REGION;
     }
-    if (rd32(h + 12) != HEADER_SIZE) {
-        say(err, el, "%s: header_size %u, expected %u", where, rd32(h + 12), HEADER_SIZE);
+    if (rd32(h + ORION_REGION_HEADER_header_size) != ORION_REGION_HEADER_SIZE) {
+        say(err, el, "%s: header_size %u, expected %u", where, rd32(h + ORION_REGION_HEADER_header_size),
+            ORION_REGION_HEADER_SIZE);
         return ORION_E_REGION;
     }
-    uint8_t copy[CRC_SPAN];
-    memcpy(copy, h, CRC_SPAN);
-    memset(copy + CRC_OFFSET, 0, 4);
-    if (crc32_of(copy, CRC_SPAN) != rd32(h + CRC_OFFSET)) {
+    uint8_t copy[ORION_REGION_CRC_SPAN];
+    memcpy(copy, h, ORION_REGION_CRC_SPAN);
+    memset(copy + ORION_REGION_CRC_OFFSET, 0, sizeof(uint32_t));
+    if (crc32_of(copy, ORION_REGION_CRC_SPAN) != rd32(h + ORION_REGION_CRC_OFFSET)) {
         say(err, el, "%s: header checksum mismatch (the header was overwritten); restart the host agent to "
             "reformat the region", where);
         return ORION_E_REGION;
     }
-    g->features = rd64(h + 16); g->region_size = rd64(h + 24);
-    g->channels = rd32(h + 32); g->entries = rd32(h + 36); g->slot = rd32(h + 40);
-    g->chunk = rd32(h + 44); g->chunks = rd32(h + 48);
-    g->channel_offset = rd64(h + 56); g->channel_stride = rd64(h + 64);
-    g->pool_offset = rd64(h + 72); g->pool_size = rd64(h + 80);
-    g->o_ctrl = rd32(h + 88); g->o_req = rd32(h + 92); g->o_cpl = rd32(h + 96);
-    g->o_reqst = rd32(h + 100); g->o_cplst = rd32(h + 104); g->o_head = rd32(h + 108);
-    g->o_tail = rd32(h + 112); g->o_slots = rd32(h + 116); g->o_chunks = rd32(h + 120);
+#define H(field) (h + ORION_REGION_HEADER_##field)
+    g->features = rd64(H(features)); g->region_size = rd64(H(region_size));
+    g->channels = rd32(H(channel_count)); g->entries = rd32(H(ring_entries)); g->slot = rd32(H(slot_size));
+    g->chunk = rd32(H(chunk_size)); g->chunks = rd32(H(chunk_count));
+    g->channel_offset = rd64(H(channel_offset)); g->channel_stride = rd64(H(channel_stride));
+    g->pool_offset = rd64(H(pool_offset)); g->pool_size = rd64(H(pool_size));
+    g->o_ctrl = rd32(H(off_ctrl)); g->o_req = rd32(H(off_req_ring)); g->o_cpl = rd32(H(off_cpl_ring));
+    g->o_reqst = rd32(H(off_req_staging)); g->o_cplst = rd32(H(off_cpl_staging)); g->o_head = rd32(H(off_ring_head));
+    g->o_tail = rd32(H(off_ring_tail)); g->o_slots = rd32(H(off_ring_slots)); g->o_chunks = rd32(H(off_staging_chunks));
+#undef H
 
 #define BAD(...) do { char what_[256]; say(what_, sizeof what_, __VA_ARGS__); \
         say(err, el, "%s: %s; %s", where, what_, redo); return ORION_E_REGION; } while (0)
     if (g->region_size > mapped)
         BAD("header says the region is %llu bytes but only %zu are mapped", (unsigned long long)g->region_size, mapped);
-    if (g->channels < 1 || g->channels > MAX_CHANNELS)
-        BAD("channel_count %u outside [1, %u]", g->channels, MAX_CHANNELS);
-    if (!pow2(g->entries) || g->entries < 2 || g->entries > 4096)
-        BAD("ring_entries %u is not a power of two in [2, 4096]", g->entries);
-    if (!pow2(g->slot) || g->slot < 64 || g->slot > 65536)
-        BAD("slot_size %u is not a power of two in [64, 65536]", g->slot);
-    if (!pow2(g->chunks) || g->chunks < 2 || g->chunks > 1024)
-        BAD("chunk_count %u is not a power of two in [2, 1024]", g->chunks);
-    if (g->chunk == 0 || g->chunk % PAGE || g->chunk > MAX_CHUNK_SIZE)
-        BAD("chunk_size %u is not a multiple of %u up to %u", g->chunk, PAGE, MAX_CHUNK_SIZE);
-    if (g->o_head != RING_HEAD || g->o_tail != RING_TAIL || g->o_slots != RING_SLOTS || g->o_chunks != STAGING_CHUNKS)
+    if (g->channels < 1 || g->channels > ORION_REGION_MAX_CHANNELS)
+        BAD("channel_count %u outside [1, %u]", g->channels, ORION_REGION_MAX_CHANNELS);
+    if (!pow2(g->entries) || g->entries < ORION_REGION_RING_ENTRIES_MIN || g->entries > ORION_REGION_RING_ENTRIES_MAX)
+        BAD("ring_entries %u is not a power of two in [" STR(ORION_REGION_RING_ENTRIES_MIN) ", "
+            STR(ORION_REGION_RING_ENTRIES_MAX) "]", g->entries);
+    if (!pow2(g->slot) || g->slot < ORION_REGION_SLOT_SIZE_MIN || g->slot > ORION_REGION_SLOT_SIZE_MAX)
+        BAD("slot_size %u is not a power of two in [" STR(ORION_REGION_SLOT_SIZE_MIN) ", "
+            STR(ORION_REGION_SLOT_SIZE_MAX) "]", g->slot);
+    if (!pow2(g->chunks) || g->chunks < ORION_REGION_CHUNK_COUNT_MIN || g->chunks > ORION_REGION_CHUNK_COUNT_MAX)
+        BAD("chunk_count %u is not a power of two in [" STR(ORION_REGION_CHUNK_COUNT_MIN) ", "
+            STR(ORION_REGION_CHUNK_COUNT_MAX) "]", g->chunks);
+    if (g->chunk == 0 || g->chunk % ORION_REGION_PAGE || g->chunk > ORION_REGION_MAX_CHUNK_SIZE)
+        BAD("chunk_size %u is not a multiple of %u up to %u", g->chunk, ORION_REGION_PAGE, ORION_REGION_MAX_CHUNK_SIZE);
+    if (g->o_head != ORION_RING_head || g->o_tail != ORION_RING_tail || g->o_slots != ORION_RING_slots ||
+        g->o_chunks != ORION_STAGING_chunks)
         BAD("offsets table (off_ring_head %u, off_ring_tail %u, off_ring_slots %u, off_staging_chunks %u) differs "
-            "from protocol version 1 (%u, %u, %u, %u)", g->o_head, g->o_tail, g->o_slots, g->o_chunks,
-            RING_HEAD, RING_TAIL, RING_SLOTS, STAGING_CHUNKS);
-    if (g->channel_offset < HEADER_SIZE || g->channel_offset % PAGE || g->channel_stride % PAGE)
+            "from protocol version " STR(ORION_REGION_VERSION) " (%u, %u, %u, %u)", g->o_head, g->o_tail, g->o_slots,
+            g->o_chunks, ORION_RING_head, ORION_RING_tail, ORION_RING_slots, ORION_STAGING_chunks);
+    if (g->channel_offset < ORION_REGION_HEADER_SIZE || g->channel_offset % ORION_REGION_PAGE ||
+        g->channel_stride % ORION_REGION_PAGE)
         BAD("channel_offset %llu or channel_stride %llu is not page-aligned after the %u-byte header",
-            (unsigned long long)g->channel_offset, (unsigned long long)g->channel_stride, HEADER_SIZE);
-    uint64_t ring = ((uint64_t)RING_SLOTS + (uint64_t)g->entries * g->slot + PAGE - 1) / PAGE * PAGE;
-    uint64_t staging = (uint64_t)STAGING_CHUNKS + (uint64_t)g->chunk * g->chunks;
+            (unsigned long long)g->channel_offset, (unsigned long long)g->channel_stride, ORION_REGION_HEADER_SIZE);
+    uint64_t ring = ((uint64_t)ORION_RING_slots + (uint64_t)g->entries * g->slot + ORION_REGION_PAGE - 1) /
+                    ORION_REGION_PAGE * ORION_REGION_PAGE;
+    uint64_t staging = (uint64_t)ORION_STAGING_chunks + (uint64_t)g->chunk * g->chunks;
     struct { uint64_t start, size; const char *name; } b[5] = {
-        { g->o_ctrl, PAGE, "control block" }, { g->o_req, ring, "request ring" },
+        { g->o_ctrl, ORION_REGION_PAGE, "control block" }, { g->o_req, ring, "request ring" },
         { g->o_cpl, ring, "completion ring" }, { g->o_reqst, staging, "request staging" },
         { g->o_cplst, staging, "completion staging" } };
     for (int i = 1; i < 5; i++)  /* sort by start (Python sorts the tuples: start, then size, then name) */
@@ -259,7 +253,7 @@ static int check_header(const uint8_t *h, size_t mapped, const char *where, geom
         }
     uint64_t end = 0;
     for (int i = 0; i < 5; i++) {
-        if (b[i].start < end || b[i].start % CACHE_LINE)
+        if (b[i].start < end || b[i].start % ORION_REGION_CACHE_LINE)
             BAD("%s at %llu overlaps the block before it or is misaligned", b[i].name, (unsigned long long)b[i].start);
         end = b[i].start + b[i].size;
     }
@@ -270,7 +264,7 @@ static int check_header(const uint8_t *h, size_t mapped, const char *where, geom
     if (channels_end > g->region_size)
         BAD("%u channels end at %llu, beyond region_size %llu", g->channels, (unsigned long long)channels_end,
             (unsigned long long)g->region_size);
-    if (g->pool_size && (g->pool_offset < channels_end || g->pool_offset % PAGE ||
+    if (g->pool_size && (g->pool_offset < channels_end || g->pool_offset % ORION_REGION_PAGE ||
                          g->pool_offset + g->pool_size > g->region_size))
         BAD("pool_offset %llu / pool_size %llu overlaps the channels (which end at %llu) or leaves the region",
             (unsigned long long)g->pool_offset, (unsigned long long)g->pool_size, (unsigned long long)channels_end);
@@ -290,7 +284,7 @@ static void spsc_init(spsc *r, uint8_t *block, uint32_t cells_at, uint32_t cell,
 
 /* Producer: the next free cell, NULL when full; -1 in *bad when the indices are impossible. */
 static uint8_t *spsc_writable(spsc *r, int *bad) {
-    uint32_t head = load32(r->base + RING_HEAD);
+    uint32_t head = load32(r->base + ORION_RING_head);
     uint32_t fill = r->own - head;
     if (fill >= r->capacity) {
         if (fill > r->capacity) *bad = 1;
@@ -301,12 +295,12 @@ static uint8_t *spsc_writable(spsc *r, int *bad) {
 
 static void spsc_publish(spsc *r) {
     r->own += 1;
-    store32(r->base + RING_TAIL, r->own);  /* release: the cell's bytes are visible before the tail */
+    store32(r->base + ORION_RING_tail, r->own);  /* release: the cell's bytes are visible before the tail */
 }
 
 /* Consumer: the oldest published cell, NULL when empty. */
 static uint8_t *spsc_readable(spsc *r, int *bad) {
-    uint32_t fill = load32(r->base + RING_TAIL) - r->own;  /* acquire: the cell's bytes after the tail */
+    uint32_t fill = load32(r->base + ORION_RING_tail) - r->own;  /* acquire: the cell's bytes after the tail */
     if (fill == 0) return NULL;
     if (fill > r->capacity) { *bad = 1; return NULL; }
     return r->data + (size_t)(r->own & r->mask) * r->cell;
@@ -314,46 +308,49 @@ static uint8_t *spsc_readable(spsc *r, int *bad) {
 
 static void spsc_release(spsc *r) {
     r->own += 1;
-    store32(r->base + RING_HEAD, r->own);  /* release: our reads of the cell are done before the producer reuses it */
+    store32(r->base + ORION_RING_head, r->own);  /* release: our reads of the cell are done before its reuse */
 }
 
 /* --- host checks (ClientChannel._check_host) ------------------------------------------------------------ */
 static const char *reason_text(uint32_t reason) {
     switch (reason) {
-    case 2: return "the host saw this client's lock go away";
-    case 3: return "the host stopped seeing this client's heartbeat";
-    case 4: return "the host worker serving this session died";
-    case 5: return "the host agent restarted and lost this session";
-    case 6: return "the host saw a broken ring protocol on this channel";
-    case 7: return "the host agent stopped";
-    case 8: return "the GPU host serving this relayed session is gone, in the middle of a reply";
-    case 9: return "the GPU failed in the middle of a reply";
+    case ORION_HOST_REASON_CLIENT_DIED: return "the host saw this client's lock go away";
+    case ORION_HOST_REASON_HEARTBEAT_LOST: return "the host stopped seeing this client's heartbeat";
+    case ORION_HOST_REASON_WORKER_DIED: return "the host worker serving this session died";
+    case ORION_HOST_REASON_AGENT_RESTARTED: return "the host agent restarted and lost this session";
+    case ORION_HOST_REASON_PROTOCOL_VIOLATION: return "the host saw a broken ring protocol on this channel";
+    case ORION_HOST_REASON_AGENT_STOPPED: return "the host agent stopped";
+    case ORION_HOST_REASON_GPU_HOST_LOST:
+        return "the GPU host serving this relayed session is gone, in the middle of a reply";
+    case ORION_HOST_REASON_REPLY_FAILED: return "the GPU failed in the middle of a reply";
     default: return NULL;
     }
 }
 
 static int check_host(orion_channel *ch) {
-    uint32_t host_gen = load32(ch->ctrl + HOST_GEN), status = load32(ch->ctrl + HOST_STATUS);
+    uint32_t host_gen = load32(ch->ctrl + ORION_CONTROL_host_gen);
+    uint32_t status = load32(ch->ctrl + ORION_CONTROL_host_status);
     if (host_gen != ch->generation)
         return broken(ch, FAIL(ch, ORION_E_PEER_GONE, "%s channel %d: the host serves this channel for generation "
                                "%u, not ours (%u): its control words were overwritten; restart this program",
                                ch->where, ch->index, host_gen, ch->generation));
-    if (status == HOST_FAILED || status == HOST_RECLAIMED) {
-        uint32_t reason = load32(ch->ctrl + HOST_REASON);
+    if (status == ORION_HOST_STATUS_FAILED || status == ORION_HOST_STATUS_RECLAIMED) {
+        uint32_t reason = load32(ch->ctrl + ORION_CONTROL_host_reason);
         const char *text = reason_text(reason);
         if (text)
             say(ch->error, sizeof ch->error, "%s channel %d: the host ended this session (%s)", ch->where, ch->index, text);
         else
             say(ch->error, sizeof ch->error, "%s channel %d: the host ended this session (reason %u)", ch->where, ch->index, reason);
-        return broken(ch, reason == 8 || reason == 9 ? ORION_E_DEVICE_LOST : ORION_E_PEER_GONE);
+        return broken(ch, reason == ORION_HOST_REASON_GPU_HOST_LOST || reason == ORION_HOST_REASON_REPLY_FAILED
+                              ? ORION_E_DEVICE_LOST : ORION_E_PEER_GONE);  /* channel.DEVICE_LOST_REASONS */
     }
-    if (status != HOST_SERVING)
+    if (status != ORION_HOST_STATUS_SERVING)
         return broken(ch, FAIL(ch, ORION_E_PEER_GONE, "%s channel %d: the host ended this session (it saw the "
                                "channel released: its control words were overwritten); restart this program",
                                ch->where, ch->index));
     double now = now_s();
-    if (ch->features & FEATURE_HOST_HEARTBEAT) {
-        uint64_t beat = load64(ch->ctrl + HOST_HEARTBEAT);
+    if (ch->features & ORION_REGION_FEATURE_HOST_HEARTBEAT) {
+        uint64_t beat = load64(ch->ctrl + ORION_CONTROL_host_heartbeat);
         if (beat != ch->worker_seen) {
             ch->worker_seen = beat;
             ch->worker_since = now;
@@ -364,8 +361,8 @@ static int check_host(orion_channel *ch) {
         }
         return ORION_OK;
     }
-    uint64_t beat = load64(ch->map + AGENT_HEARTBEAT);
-    if (load32(ch->map + AGENT_STATE) == AGENT_STOPPED)
+    uint64_t beat = load64(ch->map + ORION_REGION_AGENT_heartbeat);
+    if (load32(ch->map + ORION_REGION_AGENT_state) == ORION_REGION_AGENT_STOPPED)
         return broken(ch, FAIL(ch, ORION_E_PEER_GONE, "%s channel %d: the host agent stopped; restart oriond and "
                                "this program", ch->where, ch->index));
     if (beat != ch->agent_seen) {
@@ -433,7 +430,8 @@ static uint8_t *probe_in(orion_channel *ch, int *bad) { return spsc_readable(&ch
 
 static uint8_t *probe_accept(orion_channel *ch, int *bad) {
     (void)bad;
-    if (load32(ch->ctrl + HOST_GEN) == ch->generation && load32(ch->ctrl + HOST_STATUS) != HOST_IDLE)
+    if (load32(ch->ctrl + ORION_CONTROL_host_gen) == ch->generation &&
+        load32(ch->ctrl + ORION_CONTROL_host_status) != ORION_HOST_STATUS_IDLE)
         return ch->ctrl;
     return NULL;
 }
@@ -486,7 +484,7 @@ static int stream_in(orion_channel *ch, size_t length, const reply_dest *dest) {
 /* Known flags, reserved 0, an opcode in range, and a length its slot holds (inline) or the wire allows (staged:
  * checked before any chunk is touched, as record.check_header does). */
 static int well_formed(const orion_channel *ch, const record_header *r) {
-    if (r->reserved || (r->flags & ~KNOWN_FLAGS) || r->opcode > MAX_OPCODE) return 0;
+    if (r->reserved || (r->flags & ~ORION_WIRE_KNOWN_FLAGS) || r->opcode > ORION_WIRE_MAX_OPCODE) return 0;
     if (r->flags & ORION_FLAG_STAGED) return r->length <= ORION_MAX_PAYLOAD;
     return r->length <= ch->capacity;
 }
@@ -502,9 +500,10 @@ static int receive(orion_channel *ch, int wait, uint64_t want, record_header *r,
         cell = wait_for(ch, probe_in, 1, -1, "a record on the completion ring", &code);
         if (!cell) return code;
     }
-    memcpy(&r->call_id, cell, 8);
-    r->opcode = rd32(cell + 8); r->flags = rd32(cell + 12); r->length = rd32(cell + 16);
-    r->generation = rd32(cell + 20); memcpy(&r->status, cell + 24, 4); r->reserved = rd32(cell + 28);
+    memcpy(&r->call_id, cell + ORION_RECORD_call_id, sizeof r->call_id);
+    r->opcode = rd32(cell + ORION_RECORD_opcode); r->flags = rd32(cell + ORION_RECORD_flags);
+    r->length = rd32(cell + ORION_RECORD_length); r->generation = rd32(cell + ORION_RECORD_generation);
+    memcpy(&r->status, cell + ORION_RECORD_status, sizeof r->status); r->reserved = rd32(cell + ORION_RECORD_reserved);
     if (!well_formed(ch, r)) {
         spsc_release(&ch->in);
         return broken(ch, FAIL(ch, ORION_E_PROTOCOL, "%s channel %d: completion %llu (flags %#x, %u bytes) is "
@@ -516,7 +515,7 @@ static int receive(orion_channel *ch, int wait, uint64_t want, record_header *r,
     *got = ours && !(r->flags & ORION_FLAG_ASYNC_ERROR);
     const reply_dest *dest = *got && want && r->call_id == want ? out : NULL;
     if (!(r->flags & ORION_FLAG_STAGED)) {
-        if (dest && r->length) deliver_at(dest, 0, cell + RECORD_HEADER, r->length);
+        if (dest && r->length) deliver_at(dest, 0, cell + ORION_RECORD_SIZE, r->length);
         spsc_release(&ch->in);
         return ORION_OK;
     }
@@ -591,11 +590,23 @@ static int stream_out(orion_channel *ch, piece_cursor *from, size_t len) {
     return ORION_OK;
 }
 
+/* The six u32 words after the call id, in the cell's order, as one copy. */
+_Static_assert(ORION_RECORD_flags == ORION_RECORD_opcode + 4 && ORION_RECORD_length == ORION_RECORD_flags + 4 &&
+               ORION_RECORD_generation == ORION_RECORD_length + 4 &&
+               ORION_RECORD_status == ORION_RECORD_generation + 4 && ORION_RECORD_reserved == ORION_RECORD_status + 4 &&
+               ORION_RECORD_SIZE == ORION_RECORD_reserved + 4,
+               "record.HEADER: after the call id come opcode, flags, length, generation, status, reserved (u32 each)");
+
+/* HELLO's protocol and pid are copied as one pair of u32 words; a length before a variable field is a u32. */
+_Static_assert(ORION_HELLO_REQ_pid == ORION_HELLO_REQ_protocol + 4 && ORION_HELLO_REQ_SIZE == ORION_HELLO_REQ_pid + 4,
+               "record.HELLO_REQUEST: protocol and pid are not its two leading u32 words");
+_Static_assert(ORION_LENGTH_BYTES == sizeof(uint32_t), "codec.LENGTH is not a u32");
+
 static void write_header(uint8_t *cell, uint64_t call_id, uint32_t opcode, uint32_t flags, uint32_t length,
                          uint32_t generation) {
     uint32_t words[6] = { opcode, flags, length, generation, 0, 0 };  /* status 0, reserved 0 */
-    memcpy(cell, &call_id, 8);
-    memcpy(cell + 8, words, sizeof words);
+    memcpy(cell + ORION_RECORD_call_id, &call_id, sizeof call_id);
+    memcpy(cell + ORION_RECORD_opcode, words, sizeof words);
 }
 
 /* Publish one record (channel.Endpoint.send): inline when the payload fits its slot, else staged: the record
@@ -609,7 +620,7 @@ static int send_record(orion_channel *ch, uint64_t call_id, uint32_t opcode, uin
     piece_cursor from = { parts, 0, 0 };
     if (len <= ch->capacity) {
         write_header(cell, call_id, opcode, flags, (uint32_t)len, ch->generation);
-        cursor_copy(&from, cell + RECORD_HEADER, len);
+        cursor_copy(&from, cell + ORION_RECORD_SIZE, len);
         spsc_publish(&ch->out);
         return ORION_OK;
     }
@@ -623,9 +634,9 @@ static int send_record(orion_channel *ch, uint64_t call_id, uint32_t opcode, uin
 static int usable(orion_channel *ch, uint32_t opcode, const struct orion_piece *parts, int nparts, size_t *len) {
     if (ch->broken) return ch->broken;
     if (ch->fd < 0) return FAIL(ch, ORION_E_CLOSED, "%s: this channel was released; open another", ch->where);
-    if (opcode > MAX_OPCODE || nparts < 0 || (nparts > 0 && parts == NULL))
-        return FAIL(ch, ORION_E_ARG, "opcode %#x beyond %#x, or no pieces for a request of %d", opcode, MAX_OPCODE,
-                    nparts);
+    if (opcode > ORION_WIRE_MAX_OPCODE || nparts < 0 || (nparts > 0 && parts == NULL))
+        return FAIL(ch, ORION_E_ARG, "opcode %#x beyond %#x, or no pieces for a request of %d", opcode,
+                    ORION_WIRE_MAX_OPCODE, nparts);
     *len = 0;
     for (int i = 0; i < nparts; i++) {
         if (parts[i].len && parts[i].data == NULL) return FAIL(ch, ORION_E_ARG, "a NULL payload piece");
@@ -702,19 +713,23 @@ int orion_hello(orion_channel *ch, const char *calls, uint64_t *session) {
     gethostname(host, sizeof host - 1);
     if (calls == NULL) calls = "";
     size_t hl = strlen(host), cl = strlen(calls);
-    size_t len = 8 + 4 + hl + 4 + cl;
+    /* record.HELLO_REQUEST: protocol, pid, then hostname and calls, each a u32 length and its bytes; HELLO_REPLY:
+     * session, then agent (a u32 length and its bytes) */
+    enum { HOSTNAME = ORION_HELLO_REQ_hostname, AGENT = ORION_HELLO_REP_agent, LENGTH = ORION_LENGTH_BYTES };
+    size_t len = HOSTNAME + LENGTH + hl + LENGTH + cl;
     if (len > ch->capacity)
         return FAIL(ch, ORION_E_TOO_LARGE, "HELLO of %zu bytes exceeds the %u-byte inline capacity", len,
                     ch->capacity);
     uint8_t *req = malloc(2 * (size_t)ch->capacity), *reply = req ? req + ch->capacity : NULL;  /* not the stack */
     if (req == NULL) return FAIL(ch, ORION_E_SYSTEM, "HELLO: out of memory");
-    uint32_t words[2] = { ORION_PROTOCOL, (uint32_t)getpid() }, n;
-    memcpy(req, words, 8);
-    n = (uint32_t)hl; memcpy(req + 8, &n, 4); memcpy(req + 12, host, hl);
-    n = (uint32_t)cl; memcpy(req + 12 + hl, &n, 4); memcpy(req + 16 + hl, calls, cl);
+    uint32_t words[2] = { ORION_WIRE_PROTOCOL, (uint32_t)getpid() }, n;  /* protocol, pid */
+    memcpy(req + ORION_HELLO_REQ_protocol, words, sizeof words);
+    n = (uint32_t)hl; memcpy(req + HOSTNAME, &n, LENGTH); memcpy(req + HOSTNAME + LENGTH, host, hl);
+    n = (uint32_t)cl; memcpy(req + HOSTNAME + LENGTH + hl, &n, LENGTH);  /* calls: after the hostname's bytes */
+    memcpy(req + HOSTNAME + 2 * LENGTH + hl, calls, cl);
     int32_t status = 0;
     size_t got = 0;
-    int rc = orion_call(ch, ORION_OP_HELLO, req, len, &status, reply, ch->capacity, &got);
+    int rc = orion_call(ch, ORION_WIRE_OP_HELLO, req, len, &status, reply, ch->capacity, &got);
     if (rc == ORION_OK && status != 0) {
         int shown = (int)(got < 300 ? got : 300);
         if (shown)
@@ -722,10 +737,10 @@ int orion_hello(orion_channel *ch, const char *calls, uint64_t *session) {
                       (const char *)reply);
         else
             rc = FAIL(ch, ORION_E_REFUSED, "%s: the host agent refused this client: status %d", ch->where, status);
-    } else if (rc == ORION_OK && (got < 12 || 12 + (size_t)rd32(reply + 8) != got)) {
+    } else if (rc == ORION_OK && (got < AGENT + LENGTH || AGENT + LENGTH + (size_t)rd32(reply + AGENT) != got)) {
         rc = FAIL(ch, ORION_E_PROTOCOL, "%s: malformed HELLO reply of %zu bytes", ch->where, got);
     } else if (rc == ORION_OK && session) {
-        *session = rd64(reply);
+        *session = rd64(reply + ORION_HELLO_REP_session);
     }
     free(req);
     return rc;
@@ -870,13 +885,13 @@ int orion_discover(char *out, size_t len) {
 
 /* The agent's state word, trusting a moving heartbeat over a stray write (channel._agent_state). */
 static uint32_t agent_state(const uint8_t *map) {
-    uint64_t beat = load64(map + AGENT_HEARTBEAT);
-    uint32_t state = load32(map + AGENT_STATE);
+    uint64_t beat = load64(map + ORION_REGION_AGENT_heartbeat);
+    uint32_t state = load32(map + ORION_REGION_AGENT_state);
     double deadline = now_s() + AGENT_SETTLE_S;
-    while (state != AGENT_SERVING && now_s() < deadline) {
+    while (state != ORION_REGION_AGENT_SERVING && now_s() < deadline) {
         sleep_s(0.02);
-        state = load32(map + AGENT_STATE);
-        if (load64(map + AGENT_HEARTBEAT) != beat) return AGENT_SERVING;
+        state = load32(map + ORION_REGION_AGENT_state);
+        if (load64(map + ORION_REGION_AGENT_heartbeat) != beat) return ORION_REGION_AGENT_SERVING;
     }
     return state;
 }
@@ -901,7 +916,8 @@ static void *beat(void *arg) {
         until.tv_nsec += (long)(HEARTBEAT_PERIOD_S * 1e9);
         if (until.tv_nsec >= 1000000000L) { until.tv_sec += 1; until.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&ch->beat_wake, &ch->beat_lock, &until);
-        if (!ch->beat_stop) store64(ch->ctrl + CLIENT_HEARTBEAT, load64(ch->ctrl + CLIENT_HEARTBEAT) + 1);
+        if (!ch->beat_stop)
+            store64(ch->ctrl + ORION_CONTROL_client_heartbeat, load64(ch->ctrl + ORION_CONTROL_client_heartbeat) + 1);
     }
     pthread_mutex_unlock(&ch->beat_lock);
     return NULL;
@@ -960,7 +976,7 @@ int orion_open_ex(const char *path, double accept_timeout, double agent_timeout,
     if (ch->fd < 0) goto fail;
     path = ch->where;  /* what every later message names */
     struct stat st;
-    if (fstat(ch->fd, &st) != 0 || (size_t)st.st_size < HEADER_SIZE) {
+    if (fstat(ch->fd, &st) != 0 || (size_t)st.st_size < ORION_REGION_HEADER_SIZE) {
         say(err, el, "%s: %lld bytes is too small to be an Orion region; recreate it with 'orion-shm create'",
             path, (long long)st.st_size);
         goto fail;
@@ -977,11 +993,11 @@ int orion_open_ex(const char *path, double accept_timeout, double agent_timeout,
     if (rc) goto fail;
     ch->features = g.features;
     ch->slot_size = g.slot;
-    ch->capacity = g.slot - RECORD_HEADER;
+    ch->capacity = g.slot - ORION_RECORD_SIZE;
     uint32_t state = agent_state(ch->map);
-    if (state != AGENT_SERVING) {
+    if (state != ORION_REGION_AGENT_SERVING) {
         say(err, el, "%s: no host agent is serving this region (%s); start oriond on the host", path,
-            state == AGENT_STOPPED ? "it stopped" : "it was never served");
+            state == ORION_REGION_AGENT_STOPPED ? "it stopped" : "it was never served");
         rc = ORION_E_PEER_GONE;
         goto fail;
     }
@@ -1015,58 +1031,61 @@ int orion_open_ex(const char *path, double accept_timeout, double agent_timeout,
 #endif
     (void)madvise(base, g.channel_stride, MADV_POPULATE_WRITE);  /* Region.prefault */
     ch->ctrl = base + g.o_ctrl;
-    spsc_init(&ch->out, base + g.o_req, RING_SLOTS, g.slot, g.entries);
-    spsc_init(&ch->in, base + g.o_cpl, RING_SLOTS, g.slot, g.entries);
-    spsc_init(&ch->out_st, base + g.o_reqst, STAGING_CHUNKS, g.chunk, g.chunks);
-    spsc_init(&ch->in_st, base + g.o_cplst, STAGING_CHUNKS, g.chunk, g.chunks);
+    /* spsc_* use the ring's head and tail words for a staging arena too: they lie at the same places */
+    _Static_assert(ORION_STAGING_head == ORION_RING_head && ORION_STAGING_tail == ORION_RING_tail,
+                   "layout.py: a staging arena's head and tail are not where a ring's are");
+    spsc_init(&ch->out, base + g.o_req, ORION_RING_slots, g.slot, g.entries);
+    spsc_init(&ch->in, base + g.o_cpl, ORION_RING_slots, g.slot, g.entries);
+    spsc_init(&ch->out_st, base + g.o_reqst, ORION_STAGING_chunks, g.chunk, g.chunks);
+    spsc_init(&ch->in_st, base + g.o_cplst, ORION_STAGING_chunks, g.chunk, g.chunks);
     ch->next_id = 1;
-    ch->agent_seen = load64(ch->map + AGENT_HEARTBEAT);
+    ch->agent_seen = load64(ch->map + ORION_REGION_AGENT_heartbeat);
     ch->agent_since = now_s();
 
     /* ClientChannel._accept, word for word: reset the indices we own (request ring and staging tails,
      * completion ring and staging heads), then pid, liveness, heartbeat, active, and the generation last. */
     uint8_t *c = ch->ctrl;
-    store32(base + g.o_req + RING_TAIL, 0);
-    store32(base + g.o_reqst + STAGING_TAIL, 0);
-    store32(base + g.o_cpl + RING_HEAD, 0);
-    store32(base + g.o_cplst + STAGING_HEAD, 0);
-    store32(c + CLIENT_PID, (uint32_t)getpid());
-    store32(c + LIVENESS, pci ? HEARTBEAT_MODE : LOCK_MODE);
-    store64(c + CLIENT_HEARTBEAT, 0);
+    store32(base + g.o_req + ORION_RING_tail, 0);
+    store32(base + g.o_reqst + ORION_STAGING_tail, 0);
+    store32(base + g.o_cpl + ORION_RING_head, 0);
+    store32(base + g.o_cplst + ORION_STAGING_head, 0);
+    store32(c + ORION_CONTROL_client_pid, (uint32_t)getpid());
+    store32(c + ORION_CONTROL_liveness, pci ? ORION_LIVENESS_HEARTBEAT_MODE : ORION_LIVENESS_LOCK_MODE);
+    store64(c + ORION_CONTROL_client_heartbeat, 0);
     if (pci && !start_heartbeat(ch)) {
         say(err, el, "%s: cannot start the heartbeat thread: %s", path, strerror(errno));
         rc = ORION_E_SYSTEM;
         goto fail;
     }
-    store32(c + CLIENT_ACTIVE, 1);
-    uint32_t generation = load32(c + CLIENT_GEN) + 1;
+    store32(c + ORION_CONTROL_client_active, 1);
+    uint32_t generation = load32(c + ORION_CONTROL_client_gen) + 1;
     if (generation == 0) generation = 1;
     ch->generation = generation;
-    store32(c + CLIENT_GEN, generation);  /* published last: the host acts on it */
+    store32(c + ORION_CONTROL_client_gen, generation);  /* published last: the host acts on it */
     int code = ORION_OK;
     if (!wait_for(ch, probe_accept, 0, accept_timeout, "the host agent", &code)) {
         ch->broken = 0;
-        store32(c + CLIENT_ACTIVE, 0);
+        store32(c + ORION_CONTROL_client_active, 0);
         say(err, el, "%s channel %d: the host agent did not accept the channel (%s); check that oriond is running "
             "and serves this region", path, ch->index, ch->error);
         rc = ORION_E_PEER_GONE;
         goto fail;
     }
-    ch->worker_seen = load64(c + HOST_HEARTBEAT);
+    ch->worker_seen = load64(c + ORION_CONTROL_host_heartbeat);
     ch->worker_since = now_s();
     code = check_host(ch);
     if (code) {
-        store32(c + CLIENT_ACTIVE, 0);
+        store32(c + ORION_CONTROL_client_active, 0);
         say(err, el, "%s channel %d: the host agent did not accept the channel (%s); check that oriond is running "
             "and serves this region", path, ch->index, ch->error);
         rc = ORION_E_PEER_GONE;
         goto fail;
     }
     /* resync: the private copies of our indices from shared memory (both zero after the accept) */
-    ch->out.own = load32(ch->out.base + RING_TAIL);
-    ch->in.own = load32(ch->in.base + RING_HEAD);
-    ch->out_st.own = load32(ch->out_st.base + STAGING_TAIL);
-    ch->in_st.own = load32(ch->in_st.base + STAGING_HEAD);
+    ch->out.own = load32(ch->out.base + ORION_RING_tail);
+    ch->in.own = load32(ch->in.base + ORION_RING_head);
+    ch->out_st.own = load32(ch->out_st.base + ORION_STAGING_tail);
+    ch->in_st.own = load32(ch->in_st.base + ORION_STAGING_head);
     ch->busy = 0;
     *out = ch;
     return ORION_OK;
@@ -1082,7 +1101,7 @@ int orion_open(const char *path, orion_channel **out, char *err, size_t errlen) 
 
 void orion_close(orion_channel *ch) {
     if (ch == NULL) return;
-    if (ch->ctrl && ch->fd >= 0) store32(ch->ctrl + CLIENT_ACTIVE, 0);
+    if (ch->ctrl && ch->fd >= 0) store32(ch->ctrl + ORION_CONTROL_client_active, 0);
     release_region(ch);  /* closing the lock's description drops the lock */
     free(ch);
 }
@@ -1090,12 +1109,14 @@ void orion_close(orion_channel *ch) {
 int orion_pool_slice(const orion_channel *ch, uint8_t **map, size_t *mapped, int *fd, uint64_t *offset,
                      uint64_t *size) {
     if (ch == NULL || ch->map == NULL || ch->index < 0) return ORION_E_ARG;
-    uint64_t pool_offset = rd64(ch->map + 72), pool_size = rd64(ch->map + 80);
-    uint32_t channels = rd32(ch->map + 32);
-    if (channels < 1 || channels > MAX_CHANNELS || (uint32_t)ch->index >= channels) return ORION_E_PROTOCOL;
-    uint64_t share = pool_size / channels / PAGE * PAGE;
+    uint64_t pool_offset = rd64(ch->map + ORION_REGION_HEADER_pool_offset);
+    uint64_t pool_size = rd64(ch->map + ORION_REGION_HEADER_pool_size);
+    uint32_t channels = rd32(ch->map + ORION_REGION_HEADER_channel_count);
+    if (channels < 1 || channels > ORION_REGION_MAX_CHANNELS || (uint32_t)ch->index >= channels)
+        return ORION_E_PROTOCOL;
+    uint64_t share = pool_size / channels / ORION_REGION_PAGE * ORION_REGION_PAGE;
     uint64_t start = pool_offset + (uint64_t)ch->index * share;
-    if (share && (start < pool_offset || start % PAGE || start > ch->size || share > ch->size - start))
+    if (share && (start < pool_offset || start % ORION_REGION_PAGE || start > ch->size || share > ch->size - start))
         return ORION_E_PROTOCOL;
     if (map) *map = ch->map;
     if (mapped) *mapped = ch->size;

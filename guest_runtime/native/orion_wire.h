@@ -44,7 +44,9 @@ enum {
     ORION_E_DEVICE_LOST = -10 /* as PEER_GONE, and why: the GPU (or a relayed session's GPU host) was lost mid-reply */
 };
 
-/* Wire-control opcodes (ivshmem/record.py Op) and record flags. */
+/* Wire-control opcodes (ivshmem/record.py Op), record flags, the protocol and ORION_MAX_PAYLOAD: spelled here so that
+ * this header stays the whole API for a program that includes it; orion_wire.c holds each one equal to the generated
+ * orion_region.h's ORION_WIRE_* (_Static_assert), so they cannot drift from record.py and channel.py. */
 enum { ORION_OP_HELLO = 1, ORION_OP_ECHO = 2, ORION_OP_NOP = 3, ORION_OP_DRAIN = 4, ORION_OP_FILL = 5 };
 enum { ORION_FLAG_NO_REPLY = 1, ORION_FLAG_STAGED = 2, ORION_FLAG_ASYNC_ERROR = 4 };
 #define ORION_PROTOCOL 2u

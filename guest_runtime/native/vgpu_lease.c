@@ -20,11 +20,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "orion_region.h" /* generated: the AGENT_INFO and BIND payloads' places, the wire's opcodes and statuses */
 #include "orion_wire.h"
 
 extern char **environ;
 
-enum { OP_AGENT_INFO = 6, OP_BIND = 7, STATUS_UNKNOWN_OPCODE = -2, HELPER_ANSWER_S = 60 };
+/* Seconds the helper may take to answer; the bytes kept of an AGENT_INFO reply and of a refused BIND's reason; the
+ * longest allocation id BIND sends. */
+enum { HELPER_ANSWER_S = 60, AGENT_INFO_REPLY_CAP = 1024, BIND_REPLY_CAP = 512, ALLOCATION_ID_MAX = 256 };
 
 /* Run by the interpreter the start-up hook names (ORION_PYTHON), with the directory guest_runtime is in first. */
 static const char HELPER[] =
@@ -43,19 +46,21 @@ int orion_vgpus_wanted(void) {
 /* AGENT_INFO: the host's name in the controller's pool ("" when its agent has no controller); *predates when the
  * agent does not know the opcode. */
 static int agent_host(orion_channel *channel, char *host, size_t cap, int *predates, char *err, size_t errlen) {
-    uint8_t reply[1024];
+    uint8_t reply[AGENT_INFO_REPLY_CAP];
     size_t got = 0;
     int32_t status = 0;
-    int rc = orion_call(channel, OP_AGENT_INFO, NULL, 0, &status, reply, sizeof reply, &got);
+    int rc = orion_call(channel, ORION_WIRE_OP_AGENT_INFO, NULL, 0, &status, reply, sizeof reply, &got);
     if (rc != ORION_OK) {
         snprintf(err, errlen, "asking the host agent its name failed: %s", orion_error(channel));
         return -1;
     }
-    *predates = status == STATUS_UNKNOWN_OPCODE;
+    *predates = status == ORION_WIRE_STATUS_UNKNOWN_OPCODE;
     host[0] = 0;
-    uint32_t len = 0;
-    if (status == 0 && got >= 4 && (memcpy(&len, reply, 4), len < cap && len <= got - 4)) {
-        memcpy(host, reply + 4, len);
+    uint32_t len = 0;  /* record.AGENT_INFO_REPLY: host (a u32 length, its bytes), then controller */
+    const size_t at = ORION_AGENT_INFO_REP_host + ORION_LENGTH_BYTES;
+    if (status == 0 && got >= at && (memcpy(&len, reply + ORION_AGENT_INFO_REP_host, sizeof len),
+                                     len < cap && len <= got - at)) {
+        memcpy(host, reply + at, len);
         host[len] = 0;
     }
     return 0;
@@ -131,17 +136,19 @@ static int ask_helper(const char *where, const char *host, int predates, int *le
 
 /* BIND: the grant becomes this session's devices and quotas (refused with the agent's reason otherwise). */
 static int bind_grant(orion_channel *channel, const char *id, char *reason, size_t cap) {
-    uint8_t request[4 + 256], reply[512];
+    /* record.BIND_REQUEST: allocation (a u32 length, its bytes) */
+    enum { AT = ORION_BIND_REQ_allocation + ORION_LENGTH_BYTES };
+    uint8_t request[AT + ALLOCATION_ID_MAX], reply[BIND_REPLY_CAP];
     uint32_t len = (uint32_t)strlen(id);
-    if (len > 256) {
+    if (len > ALLOCATION_ID_MAX) {
         snprintf(reason, cap, "an allocation id of %u bytes", len);
         return -1;
     }
-    memcpy(request, &len, 4);
-    memcpy(request + 4, id, len);
+    memcpy(request + ORION_BIND_REQ_allocation, &len, sizeof len);
+    memcpy(request + AT, id, len);
     int32_t status = 0;
     size_t got = 0;
-    int rc = orion_call(channel, OP_BIND, request, 4 + len, &status, reply, sizeof reply - 1, &got);
+    int rc = orion_call(channel, ORION_WIRE_OP_BIND, request, AT + len, &status, reply, sizeof reply - 1, &got);
     if (rc == ORION_OK && status == 0) return 0;
     if (rc != ORION_OK) snprintf(reason, cap, "%s", orion_error(channel));
     else snprintf(reason, cap, "%.*s", (int)(got < sizeof reply - 1 ? got : sizeof reply - 1), (char *)reply);

@@ -1,8 +1,12 @@
 """The native guest driver's hand-written C against the call table, read as text (no compiler needed):
 
-* orion_layouts.h (gen_libcuda.generate_layouts) places every field where the codec packs it;
-* the hand-written C takes payload offsets and sizes from it, never literal ones (a scan for the spellings that
-  used to be there: `orion_put_u64(req + 8, ...)`, `uint8_t req[12]`);
+* orion_layouts.h (gen_libcuda.generate_layouts) places every field where the codec packs it, and orion_region.h
+  (generate_region) every offset and constant of the wire itself where ivshmem has it: the region header, the agent's
+  words, ring and staging blocks, control words, record cells, opcodes, flags, statuses and wire-control payloads;
+* the hand-written C takes payload, region, record and control offsets and sizes from them, never literal ones (a
+  scan for the spellings that used to be there: `orion_put_u64(req + 8, ...)`, `uint8_t req[12]`, `rd32(h + 8)`,
+  `rd64(ch->map + 72)`, `memcpy(cell + 8, ...)`), and the wire client defines none of the wire's constants itself
+  (`#define RING_TAIL 64u`, `enum { CLIENT_GEN = 0, ... }`);
 * each hand-written call of the table has exactly one C definition, and docs/api-table.md's index of them is
   gen_libcuda's (tests/unit/test_driver_api.py holds the page to `api_table_page()`).
 """
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import re
 import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -19,27 +24,42 @@ from guest_runtime.native.gen_libcuda import (
     FORWARDING_LAYER,
     HAND_WRITTEN,
     OUTSIDE,
+    REGION_CONSTANTS,
+    REGION_RANGES,
+    REGION_WORDS,
+    WIRE_CONTROL,
     c_definitions,
     generate_layouts,
+    generate_region,
     hand_written,
     hand_written_problems,
 )
-from ivshmem.codec import SCALARS, Schema
+from ivshmem import channel, layout, liveness, record
+from ivshmem.codec import LENGTH, SCALARS, Schema, members
 from ivshmem.driver_api import CALLS, LAUNCH_ATTRIBUTE
 
 NATIVE = Path(__file__).resolve().parents[2] / "guest_runtime" / "native"
-# Bytes that are no call-table payload: the wire's own records (the region header, record cells and HELLO:
-# orion_wire.c, after ivshmem/layout.py and record.py; the agent's AGENT_INFO and BIND: vgpu_lease.c), and SHA-256's
-# own padding (sha256.c).
-NOT_CALL_PAYLOADS = frozenset({"orion_wire.c", "vgpu_lease.c", "sha256.c"})
-# The names the C gives a request's or reply's bytes (`raw` is a copy of a cuda.h struct: cuda.h's layout, not ours).
-BUFFER = r"(?:req|rep|request|reply|head|prefix|p|payload|fixed|tail|buffer|items|at|listed)"
-LITERAL_OFFSET = re.compile(rf"orion_(?:put|get)_(?:u8|u16|u32|i32|u64|f32)\(\s*{BUFFER}\s*\+\s*[0-9]")
+# Bytes that are none of ours: SHA-256's own padding (sha256.c). The wire's own records (the region header, record
+# cells, control words, HELLO: orion_wire.c; AGENT_INFO and BIND: vgpu_lease.c) take their places from orion_region.h.
+NOT_CALL_PAYLOADS = frozenset({"sha256.c"})
+# The names the C gives a request's or reply's bytes (`raw` is a copy of a cuda.h struct: cuda.h's layout, not ours),
+# and the wire client's names for the region (`h`, `map`: its header), a record cell, a control block (`ctrl`, `c`)
+# and a channel's or a ring's block (`base`); a field of a struct may name one (`ch->map + 72`).
+BUFFER = r"(?:req|rep|request|reply|head|prefix|p|payload|fixed|tail|buffer|items|at|listed|h|map|cell|ctrl|c|base)"
+PLACE = rf"(?:\w+->)?{BUFFER}\s*\+\s*[0-9]"
+# The C's accessors: the payload packers, the wire client's plain (rd32, rd64) and atomic (load32...) ones, and a copy
+# to or from a place (either of memcpy's or memcmp's first two arguments).
+ACCESS = r"(?:orion_(?:put|get)_(?:u8|u16|u32|i32|u64|f32)|rd(?:32|64)|load(?:32|64)|store(?:32|64))"
+LITERAL_OFFSET = re.compile(rf"{ACCESS}\(\s*{PLACE}|mem(?:cpy|set|cmp)\((?:[^,()]*,\s*)?{PLACE}")
 LITERAL_SIZE = re.compile(rf"uint8_t\s+{BUFFER}\s*\[\s*[0-9]")
+# The C files that speak the wire itself (orion_region.h's names, never constants of their own).
+WIRE_C = ("orion_wire.c", "vgpu_lease.c")
 
 
 def _defines() -> dict[str, int]:
-    return {name: int(value) for name, value in re.findall(r"^#define (ORION_\w+) (\d+)$", generate_layouts(), re.M)}
+    """Every integer orion_layouts.h and orion_region.h define (negative ones are parenthesised)."""
+    text = generate_layouts() + generate_region()
+    return {name: int(value) for name, value in re.findall(r"^#define (ORION_\w+) \(?(-?\d+)\)?$", text, re.M)}
 
 
 def _sample(schema: Schema) -> tuple[list[object], dict[str, object]]:
@@ -127,6 +147,118 @@ def test_an_array_fields_items_are_the_codecs() -> None:
     assert defines["ORION_REQ_cuMemSetAccess_descs_ITEM"] == 12 and defines["ORION_REP_cuGraphGetEdges_to_ITEM"] == 8
 
 
+def _region() -> tuple[dict[str, int], dict[str, str]]:
+    """orion_region.h's integers and its strings."""
+    text = generate_region()
+    numbers = {name: int(value) for name, value in re.findall(r"^#define (ORION_\w+) \(?(-?\d+)\)?$", text, re.M)}
+    strings = dict(re.findall(r'^#define (ORION_\w+) "([^"]*)"$', text, re.M))
+    assert len(numbers) + len(strings) == len(re.findall(r"^#define ", text, re.M)) - 1  # and its include guard
+    return numbers, strings
+
+
+def _distinct(layout_struct: struct.Struct) -> tuple[bytes, list[int]]:
+    """A packed `layout_struct` whose every integer value fills its width and differs from the others (so a value read
+    at another field's offset reads something else), and the values."""
+    values = []
+    for position, (_offset, size) in enumerate(members(layout_struct)):
+        values.append(int.from_bytes(bytes(((position + 1) * 16 + i) & 0x7F for i in range(size)), "little"))
+    raw = bytearray(layout_struct.size)
+    for value, (offset, size) in zip(values, members(layout_struct), strict=True):
+        raw[offset:offset + size] = value.to_bytes(size, "little")
+    return bytes(raw), values
+
+
+def test_the_generated_region_places_every_header_field_where_layout_packs_it() -> None:
+    """ORION_REGION_HEADER_<field>, read back from a header layout.pack_header wrote from a geometry whose every field
+    differs (and from the doc's offsets, tests/unit/test_layout.py's), for each field of layout.HEADER_FIELDS."""
+    numbers, strings = _region()
+    geometry = layout.Geometry(name="regionname", **{field: 1000 + 17 * i for i, field in enumerate(
+        ("region_size", "channel_count", "ring_entries", "slot_size", "chunk_size", "chunk_count", "channel_offset",
+         "channel_stride", "pool_offset", "pool_size", "off_ctrl", "off_req_ring", "off_cpl_ring", "off_req_staging",
+         "off_cpl_staging", "off_ring_head", "off_ring_tail", "off_ring_slots", "off_staging_chunks", "features"))})
+    raw = layout.pack_header(geometry)
+    sizes = dict(zip(layout.HEADER_FIELDS, (size for _offset, size in members(layout.HEADER)), strict=True))
+    assert {f"ORION_REGION_HEADER_{field}" for field in layout.HEADER_FIELDS} <= set(numbers)
+
+    def at(field: str) -> bytes:
+        offset = numbers[f"ORION_REGION_HEADER_{field}"]
+        return raw[offset:offset + sizes[field]]
+
+    assert at("magic") == layout.MAGIC == strings["ORION_REGION_MAGIC"].encode()
+    assert int.from_bytes(at("version"), "little") == layout.VERSION == numbers["ORION_REGION_VERSION"]
+    assert int.from_bytes(at("header_size"), "little") == layout.HEADER_SIZE == numbers["ORION_REGION_HEADER_SIZE"]
+    zeroed = bytearray(raw)
+    zeroed[layout.CRC_OFFSET:layout.CRC_OFFSET + 4] = bytes(4)
+    assert int.from_bytes(at("header_crc"), "little") == zlib.crc32(zeroed)
+    assert numbers["ORION_REGION_HEADER_header_crc"] == numbers["ORION_REGION_CRC_OFFSET"] == layout.CRC_OFFSET
+    assert at("name") == b"regionname".ljust(layout.NAME_SIZE, b"\0")
+    for field in layout.HEADER_FIELDS:
+        if field not in ("magic", "version", "header_size", "header_crc", "name"):
+            assert int.from_bytes(at(field), "little") == getattr(geometry, field), field
+    assert (numbers["ORION_REGION_HEADER_version"], numbers["ORION_REGION_HEADER_header_size"],
+            numbers["ORION_REGION_HEADER_pool_offset"], numbers["ORION_REGION_HEADER_off_staging_chunks"],
+            numbers["ORION_REGION_HEADER_name"]) == (8, 12, 72, 120, 128)  # docs/wire-protocol.md's table
+
+
+def test_every_generated_region_constant_is_ivshmems() -> None:
+    """Each name of orion_region.h equals the Python definition it is generated from, and none goes unchecked."""
+    numbers, strings = _region()
+    want: dict[str, int] = {"ORION_LENGTH_BYTES": LENGTH.size}
+    want |= {f"ORION_REGION_{name}": getattr(layout, name) for name in REGION_CONSTANTS}
+    for name in REGION_RANGES:
+        stem = name.removesuffix("_RANGE")
+        want[f"ORION_REGION_{stem}_MIN"], want[f"ORION_REGION_{stem}_MAX"] = getattr(layout, name)
+    want |= {f"ORION_REGION_HEADER_{field}": offset
+             for field, (offset, _size) in zip(layout.HEADER_FIELDS, members(layout.HEADER), strict=True)}
+    want |= {"ORION_REGION_AGENT_heartbeat": layout.AGENT_HEARTBEAT, "ORION_REGION_AGENT_pid": layout.AGENT_PID,
+             "ORION_REGION_AGENT_state": layout.AGENT_STATE}
+    want |= {"ORION_RING_head": layout.RING_HEAD, "ORION_RING_tail": layout.RING_TAIL,
+             "ORION_RING_slots": layout.RING_SLOTS, "ORION_STAGING_head": layout.STAGING_HEAD,
+             "ORION_STAGING_tail": layout.STAGING_TAIL, "ORION_STAGING_chunks": layout.STAGING_CHUNKS}
+    assert sum(len(words) for words in REGION_WORDS.values()) == 9
+    want |= {f"ORION_CONTROL_{word.name.lower()}": word.value for word in channel.Ctrl}
+    want |= {f"ORION_HOST_STATUS_{status.name}": status.value for status in channel.HostStatus}
+    want |= {f"ORION_HOST_REASON_{reason.name}": reason.value for reason in channel.HostReason}
+    want |= {"ORION_LIVENESS_LOCK_MODE": liveness.LOCK_MODE, "ORION_LIVENESS_HEARTBEAT_MODE": liveness.HEARTBEAT_MODE}
+    want |= {f"ORION_RECORD_{field}": offset
+             for field, (offset, _size) in zip(record.HEADER_FIELDS, members(record.HEADER), strict=True)}
+    want["ORION_RECORD_SIZE"] = record.HEADER.size
+    want |= {"ORION_WIRE_PROTOCOL": record.PROTOCOL, "ORION_WIRE_MAX_OPCODE": record.MAX_OPCODE,
+             "ORION_WIRE_MAX_PAYLOAD": channel.MAX_PAYLOAD, "ORION_WIRE_KNOWN_FLAGS": record.KNOWN_FLAGS,
+             "ORION_WIRE_FLAG_NO_REPLY": record.Flag.NO_REPLY, "ORION_WIRE_FLAG_STAGED": record.Flag.STAGED,
+             "ORION_WIRE_FLAG_ASYNC_ERROR": record.Flag.ASYNC_ERROR}
+    want |= {f"ORION_WIRE_OP_{op.name}": op.value for op in record.Op}
+    want |= {f"ORION_WIRE_STATUS_{status.name}": status.value for status in record.Status}
+    schemas = 0
+    for name, pair in WIRE_CONTROL.items():
+        for kind, schema in zip(("REQ", "REP"), pair, strict=True):
+            if schema is None:
+                continue
+            _check(f"ORION_{name}_{kind}", schema, numbers)  # where the codec packs each field
+            want |= {f"ORION_{name}_{kind}_{field}": offset for field, offset in schema.offsets().items()}
+            want[f"ORION_{name}_{kind}_SIZE"] = schema.fixed.size
+            schemas += 1
+    assert schemas == 7 and WIRE_CONTROL["HELLO"] == (record.HELLO_REQUEST, record.HELLO_REPLY)
+    assert numbers == want
+    assert strings == {"ORION_REGION_MAGIC": layout.MAGIC.decode()}
+    # the ones orion_wire.c and vgpu_lease.c use, as docs/wire-protocol.md has them
+    assert (numbers["ORION_CONTROL_client_heartbeat"], numbers["ORION_CONTROL_host_heartbeat"],
+            numbers["ORION_RECORD_status"], numbers["ORION_RECORD_SIZE"]) == (16, 80, 24, 32)
+    assert (numbers["ORION_HELLO_REQ_hostname"], numbers["ORION_HELLO_REP_agent"], numbers["ORION_BIND_REQ_allocation"],
+            numbers["ORION_AGENT_INFO_REP_host"]) == (8, 8, 0, 0)
+
+
+def test_the_record_cell_fields_lie_where_record_header_packs_them() -> None:
+    numbers, _strings = _region()
+    raw, values = _distinct(record.HEADER)
+    unpacked = record.HEADER.unpack(raw)
+    for field, value, (_offset, size) in zip(record.HEADER_FIELDS, values, members(record.HEADER), strict=True):
+        offset = numbers[f"ORION_RECORD_{field}"]
+        assert int.from_bytes(raw[offset:offset + size], "little") == value
+        assert unpacked[record.HEADER_FIELDS.index(field)] & ((1 << 8 * size) - 1) == value, field
+    assert layout.RECORD_HEADER_SIZE == record.HEADER.size == numbers["ORION_RECORD_SIZE"]
+
+
 def _hand_written_c() -> list[Path]:
     return [path for path in sorted([*NATIVE.glob("*.c"), *NATIVE.glob("*.h")])
             if path.name not in NOT_CALL_PAYLOADS]
@@ -144,11 +276,50 @@ def test_no_literal_payload_offset_in_the_hand_written_c() -> None:
 
 def test_the_scan_sees_the_spellings_it_refuses() -> None:
     for line in ("orion_put_u64(req + 8, size);", "orion_put_u32(p + 16, m->value);", "uint8_t req[12], rep[8];",
-                 "*x = orion_get_u64(rep + 4);", "uint8_t head[16 + KERNEL_NODE_BYTES + 4];"):
+                 "*x = orion_get_u64(rep + 4);", "uint8_t head[16 + KERNEL_NODE_BYTES + 4];",
+                 # the wire client's, before orion_region.h
+                 "if (rd32(h + 8) != VERSION) {", "g->features = rd64(h + 16); g->region_size = rd64(h + 24);",
+                 "uint64_t pool_offset = rd64(ch->map + 72), pool_size = rd64(ch->map + 80);",
+                 "r->generation = rd32(cell + 20); memcpy(&r->status, cell + 24, 4);",
+                 "memcpy(cell + 8, words, sizeof words);", "store32(c + 16, 0);", "load64(ch->ctrl + 80)",
+                 "n = (uint32_t)hl; memcpy(req + 8, &n, 4); memcpy(req + 12, host, hl);",
+                 "memcpy(host, reply + 4, len);", "uint8_t request[4 + 256], reply[512];"):
         assert LITERAL_OFFSET.search(line) or LITERAL_SIZE.search(line), line
     for line in ("orion_put_u64(req + ORION_REQ_cuMemCreate_size, size);", "uint8_t raw[24];",
-                 "uint8_t req[ORION_REQ_cuCtxCreate_SIZE], rep[ORION_REP_cuCtxCreate_SIZE];"):
+                 "uint8_t req[ORION_REQ_cuCtxCreate_SIZE], rep[ORION_REP_cuCtxCreate_SIZE];",
+                 "g->features = rd64(H(features));", "uint64_t size = rd64(ch->map + ORION_REGION_HEADER_pool_size);",
+                 "memcpy(&r->status, cell + ORION_RECORD_status, sizeof r->status);", "memcpy(req + HOSTNAME, &n, 4);",
+                 "store32(base + g.o_req + ORION_RING_tail, 0);", "uint8_t copy[ORION_REGION_CRC_SPAN];"):
         assert not (LITERAL_OFFSET.search(line) or LITERAL_SIZE.search(line)), line
+
+
+# `#define NAME 123` or `NAME = 123` (an enumerator): a constant the C defines with a number of its own.
+_OWN_CONSTANT = re.compile(r"^\s*#\s*define\s+(\w+)\s+\(?-?[0-9]|[{,]\s*(\w+)\s*=\s*-?[0-9]", re.M)
+
+
+def _spelled_wire_constants(text: str) -> list[str]:
+    """The constants `text` defines with a number of its own whose name is the end of one of orion_region.h's (any
+    case): the wire's, spelled again (`#define RING_TAIL 64u`, `enum { CLIENT_GEN = 0, ... }`, `OP_BIND = 7`)."""
+    generated = [name.lower() for name in re.findall(r"^#define (ORION_\w+) ", generate_region(), re.M)]
+    found = []
+    for match in _OWN_CONSTANT.finditer(text):
+        name = (match[1] or match[2]).lower()
+        if any(full.endswith("_" + name) for full in generated):
+            found.append(match[1] or match[2])
+    return found
+
+
+def test_the_wire_client_spells_none_of_the_wires_constants() -> None:
+    """orion_wire.c and vgpu_lease.c take the wire's constants from orion_region.h; what they still define with a
+    number of their own is theirs (timings, buffer capacities, the size of the async-error queue)."""
+    for name in WIRE_C:
+        assert _spelled_wire_constants((NATIVE / name).read_text(encoding="utf-8")) == [], name
+    before = ("#define HEADER_SIZE 4096u\n#define RING_TAIL 64u\n#define MAX_OPCODE 0xFFFFu\n"
+              "enum { CLIENT_GEN = 0, CLIENT_ACTIVE = 4, LIVENESS = 12,\n HOST_HEARTBEAT = 80 };\n"
+              "enum { OP_AGENT_INFO = 6, STATUS_UNKNOWN_OPCODE = -2, HELPER_ANSWER_S = 60 };\n"
+              "#define ASYNC_KEEP 256u\nenum { HOSTNAME = ORION_HELLO_REQ_hostname };\n")
+    assert _spelled_wire_constants(before) == ["HEADER_SIZE", "RING_TAIL", "MAX_OPCODE", "CLIENT_GEN", "CLIENT_ACTIVE",
+                                               "LIVENESS", "HOST_HEARTBEAT", "OP_AGENT_INFO", "STATUS_UNKNOWN_OPCODE"]
 
 
 def test_every_hand_written_call_has_exactly_one_c_definition() -> None:
@@ -179,6 +350,21 @@ def test_the_index_refuses_a_missing_or_doubled_definition(tmp_path: Path) -> No
     assert "cuGetExportTable: api_classes.GUEST names export_tables.c, the C defines it in b.c" in problems
 
 
-@pytest.mark.parametrize("name", ["orion_guest.h"])
-def test_the_hand_written_c_includes_the_generated_layouts(name: str) -> None:
-    assert '#include "orion_layouts.h"' in (NATIVE / name).read_text()
+@pytest.mark.parametrize(("name", "header"), [("orion_guest.h", "orion_layouts.h"), ("orion_wire.c", "orion_region.h"),
+                                              ("vgpu_lease.c", "orion_region.h")])
+def test_the_hand_written_c_includes_the_generated_layouts(name: str, header: str) -> None:
+    assert f'#include "{header}"' in (NATIVE / name).read_text()
+
+
+def test_the_payload_layouts_include_the_region_layout() -> None:
+    """orion_layouts.h has ORION_LENGTH_BYTES from orion_region.h, which the wire client includes alone."""
+    assert '#include "orion_region.h"' in generate_layouts()
+    assert "#define ORION_LENGTH_BYTES" not in generate_layouts()
+
+
+def test_a_record_holds_the_cell_headers_fields_but_the_reserved_word() -> None:
+    """record.Record and record.HEADER_FIELDS name the same fields in the same order (the generated ORION_RECORD_*
+    names come from HEADER_FIELDS; the Python side reads cells into Record)."""
+    from ivshmem import record
+
+    assert record.Record._fields == (*record.HEADER_FIELDS[:-1], "payload")
