@@ -89,6 +89,8 @@ GUEST = Handlers("guest")  # the calls written out below, by name
 # launches and TMA descriptors, JAX's virtual-memory allocator) loads its own CUDA runtime, which only the native
 # driver forwards; through the capsule they answer CUDA_ERROR_NOT_SUPPORTED, named once (docs/native-driver.md).
 NATIVE_ONLY = frozenset({"cuOccupancyMaxActiveClusters", "cuTensorMapEncodeTiled", "cuMemGetAllocationGranularity",
+                         "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2colWide", "cuTensorMapReplaceAddress",
+                         "cuTensorMapSetAllocationClass",
                          "cuMemCreate", "cuMemSetAccess", "cuStreamGetCaptureInfo",
                          "cuMemPoolCreate", "cuMemPoolSetAccess", "cuMemPoolGetAccess", "cuMemGetDefaultMemPool",
                          "cuMemGetMemPool", "cuMemSetMemPool", "cuMemGetAccess", "cuMemRetainAllocationHandle",
@@ -98,6 +100,7 @@ NATIVE_ONLY = frozenset({"cuOccupancyMaxActiveClusters", "cuTensorMapEncodeTiled
                          "cuDeviceGetGraphMemAttribute", "cuDeviceSetGraphMemAttribute",
                          "cuMemcpy2D", "cuMemcpy2DUnaligned", "cuMemcpy2DAsync", "cuMemcpy3D", "cuMemcpy3DAsync",
                          "cuMemcpy3DPeer", "cuMemcpy3DPeerAsync",
+                         "cuLinkCreate", "cuLinkAddData", "cuLinkComplete",
                          *(name for name in CALLS if name.startswith("cuGraph") and not CALLS[name].generic)})
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
 LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption

@@ -70,6 +70,7 @@ from .handler import Reply, ReplyFailed, Session, note, refused
 from .image_cache import CacheSettings, ImageCache
 from .launch_extras import MAX_LAUNCH_ATTRIBUTES, LaunchExtraCalls
 from .limits import one_line
+from .link_calls import LinkCalls
 from .mem_pool_calls import CU_MEMPOOL_ATTR_LOCATION_ID, MemPoolCalls
 from .pinned_pool import HostPool, answer_bookkeeping
 from .pool_mirror import PoolMirror
@@ -114,7 +115,7 @@ def _load_driver() -> Any:
     return driver
 
 
-class CudaExecutor(VirtualMemoryCalls, LaunchExtraCalls, StreamExtraCalls, GraphCalls, MemPoolCalls,
+class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraCalls, GraphCalls, MemPoolCalls,
                    StructuredCopies, DiagnosticsHandler):
     """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
 

@@ -71,6 +71,7 @@ GENERATED: dict[str, dict[str, Any]] = {
     "cuFuncGetModule": {}, "cuFuncIsLoaded": {}, "cuFuncLoad": {"effects": "measures"},
     "cuFuncGetParamCount": {}, "cuKernelGetLibrary": {}, "cuKernelGetParamCount": {},
     "cuLibraryGetKernelCount": {}, "cuLibraryGetModule": {}, "cuModuleGetFunctionCount": {},
+    "cuLinkDestroy": {"effects": "destroys"},  # the guest frees the cubin it kept first (link_calls.c)
     # Miscellaneous
     "cuFlushGPUDirectRDMAWrites": {}, "cuProfilerStart": {}, "cuProfilerStop": {},
 }
@@ -89,6 +90,7 @@ GUEST: dict[str, str] = {
     # the guest reads the file and loads its bytes as cuModuleLoadData/cuLibraryLoadData would
     "cuModuleLoad": "module_calls.c", "cuModuleLoadFatBinary": "module_calls.c",
     "cuLibraryLoadFromFile": "module_calls.c",
+    "cuLinkAddFile": "link_calls.c",  # the guest reads the file and sends its bytes as cuLinkAddData
     # the generic node-parameter setters, turned into the node type's own setter (graph_calls.c)
     "cuGraphNodeSetParams": "graph_calls.c", "cuGraphExecNodeSetParams": "graph_calls.c",
     # guest memory registered with the GPU: copies from and to it are staged, as from pageable memory
@@ -151,15 +153,12 @@ UNSUPPORTED: list[tuple[str, str]] = [
     (r"cuLogs", "the driver's log belongs to the GPU host's worker process, not to the guest program"),
     (r"cuDeviceRegisterAsyncNotification|cuDeviceUnregisterAsyncNotification",
      "asynchronous notifications call back into the guest from the GPU host: not forwarded"),
-    (r"cuLink", "the JIT linker: " + _not_yet("option arrays and the linked image the driver holds")),
     (r"cuMemGetLocationInfo|cuMemBatchDecompressAsync|cuPointerSetAttribute",
      "memory location queries, batched decompression, pointer attributes set by the program: "
      + _not_yet("their structures")),
     (r"cuModuleEnumerateFunctions"
      r"|cuLibraryEnumerateKernels|cuLibraryGetUnifiedFunction|cuFuncGetName|cuKernelGetName",
      "module enumeration and names: " + _not_yet("handle arrays and strings the driver owns")),
-    (r"cuTensorMapEncodeIm2col|cuTensorMapReplaceAddress|cuTensorMapSetAllocationClass",
-     "tensor maps other than tiled: " + _not_yet("their descriptors")),
     (r"cuLaunchCooperativeKernelMultiDevice",
      "deprecated as of CUDA 11.3 (cuda.h): multi-device cooperative launches; a kernel on each of several GPUs of "
      "one host, which a vGPU session is not given together"),

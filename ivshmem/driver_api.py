@@ -440,6 +440,30 @@ _SPEC: list[tuple[Any, ...]] = [
      "tensor_map_out in in device_address dims strides box element_strides in in in in",
      {"request": "data_type:i32 rank:u32 address:u64 interleave:i32 swizzle:i32 l2_promotion:i32 oob_fill:i32 "
                  "dims:[Q] strides:[Q] box:[I] element_strides:[I]", "reply": "map:tail"}),
+    # The rest of the tensor-map family (host_agent/launch_extras.py, guest_runtime/native/tensor_map.c): im2col
+    # maps checked as tiled ones are; a replace or an allocation class travels as the map's 128 bytes, which the host
+    # takes only if it encoded them for this session (docs/native-driver.md), and comes back as the new bytes.
+    ("cuTensorMapEncodeIm2col", "CUresult (CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, "
+     "cuuint64_t const *, cuuint64_t const *, int const *, int const *, cuuint32_t, cuuint32_t, cuuint32_t const *, "
+     "CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill)",
+     "tensor_map_out in in device_address dims strides corner corner in in element_strides in in in in",
+     {"request": "data_type:i32 rank:u32 address:u64 interleave:i32 swizzle:i32 l2_promotion:i32 oob_fill:i32 "
+                 "channels:u32 pixels:u32 dims:[Q] strides:[Q] lower:[i] upper:[i] element_strides:[I]",
+      "reply": "map:tail"}),
+    ("cuTensorMapEncodeIm2colWide", "CUresult (CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, "
+     "cuuint64_t const *, cuuint64_t const *, int, int, cuuint32_t, cuuint32_t, cuuint32_t const *, "
+     "CUtensorMapInterleave, CUtensorMapIm2ColWideMode, CUtensorMapSwizzle, CUtensorMapL2promotion, "
+     "CUtensorMapFloatOOBfill)",
+     "tensor_map_out in in device_address dims strides in in in in element_strides in in in in in",
+     {"request": "data_type:i32 rank:u32 address:u64 interleave:i32 mode:i32 swizzle:i32 l2_promotion:i32 "
+                 "oob_fill:i32 lower:i32 upper:i32 channels:u32 pixels:u32 dims:[Q] strides:[Q] "
+                 "element_strides:[I]", "reply": "map:tail"}),
+    ("cuTensorMapReplaceAddress", "CUresult (CUtensorMap *, void *)", "tensor_map_inout device_address",
+     {"request": "address:u64 map:tail", "reply": "map:tail"}),
+    ("cuTensorMapSetAllocationClass", "CUresult (CUtensorMap *, CUtensorMapAllocClass, CUtensorMapAllocClass *)",
+     # (roles by hand: CUtensorMapAllocClass is the wheel's, newer than the inventory's cuda.h, so no enum of ours)
+     "tensor_map_inout alloc_class alloc_class_out",
+     {"request": "alloc_class:i32 map:tail", "reply": "effective:i32 map:tail"}),
     ("cuCtxGetLimit", "CUresult (size_t *, CUlimit)"),
     ("cuCtxSetLimit", "CUresult (CUlimit, size_t)", None, {"effects": "measures"}),
     # Stream memory operations; the guest also builds cuLaunchHostFunc from them (a host function runs in the
@@ -619,6 +643,18 @@ _SPEC: list[tuple[Any, ...]] = [
      {"request": f"src_context:u64 dst_context:u64 {STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
     ("cuMemcpy3DPeerAsync", "CUresult (CUDA_MEMCPY3D_PEER const *, CUstream)", "copy_peer in",
      {"request": f"stream:u64 src_context:u64 dst_context:u64 {STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
+    # The JIT linker (host_agent/link_calls.py, guest_runtime/native/link_calls.c): a link state is the session's
+    # handle. JIT options travel as cuModuleLoadDataEx's (log and wall-time ones stay in the guest: empty logs); an
+    # input travels as its bytes with its name (cuLinkAddFile is the guest's file read and sent so). cuLinkComplete's
+    # `capacity` is the guest's buffer: the cubin comes back if it fits, else only its size, and the guest asks
+    # again with that capacity (the host answers from the cubin its driver holds, without linking twice).
+    ("cuLinkCreate", "CUresult (unsigned int, CUjit_option *, void **, CUlinkState *)",
+     "count options option_values out", {"request": f"options:{JIT_OPTIONS_KIND}", "reply": "state:u64"}),
+    ("cuLinkAddData", "CUresult (CUlinkState, CUjitInputType, void *, size_t, char const *, unsigned int, "
+     "CUjit_option *, void **)", "in in link_data count cstr count options option_values",
+     {"request": f"state:u64 input_type:i32 options:{JIT_OPTIONS_KIND} name:bytes data:tail"}),
+    ("cuLinkComplete", "CUresult (CUlinkState, void **, size_t *)", "in cubin_out size_out",
+     {"request": "state:u64 capacity:u64", "reply": "size:u64 cubin:tail"}),
 ]
 
 # CUmemPool_attribute values whose value is a cuuint64_t (the others are int): thresholds and byte counts.

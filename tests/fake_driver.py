@@ -348,6 +348,21 @@ CUjit_fallback = IntEnum("CUjit_fallback", [  # type: ignore[misc]
 CUjit_cacheMode = IntEnum("CUjit_cacheMode", [  # type: ignore[misc]
     ("CU_JIT_CACHE_OPTION_NONE", 0), ("CU_JIT_CACHE_OPTION_CG", 1), ("CU_JIT_CACHE_OPTION_CA", 2),
 ])
+CUjitInputType = IntEnum("CUjitInputType", [  # type: ignore[misc]
+    ("CU_JIT_INPUT_CUBIN", 0), ("CU_JIT_INPUT_PTX", 1), ("CU_JIT_INPUT_FATBINARY", 2), ("CU_JIT_INPUT_OBJECT", 3),
+    ("CU_JIT_INPUT_LIBRARY", 4), ("CU_JIT_INPUT_NVVM", 5),
+])
+FAKE_CUBIN_MAGIC = b"ORION-FAKE-LINKED\0"  # the head of every cubin the fake linker makes (fake_cubin)
+
+
+def fake_cubin(inputs: list[tuple[int, bytes, bytes]]) -> bytes:
+    """The cubin FakeDriver.cuLinkComplete makes of (input type, name, data) inputs, in the order added: the magic,
+    then each input as `<iII` (type, name length, data length), its name and its data. Not an ELF: no module loads
+    it (cuModuleLoadData answers CUDA_ERROR_INVALID_IMAGE), tests only predict its bytes."""
+    return FAKE_CUBIN_MAGIC + b"".join(struct.pack("<iII", kind, len(name), len(data)) + name + data
+                                       for kind, name, data in inputs)
+
+
 CUlimit = IntEnum("CUlimit", [  # type: ignore[misc]
     ("CU_LIMIT_STACK_SIZE", 0), ("CU_LIMIT_PRINTF_FIFO_SIZE", 1), ("CU_LIMIT_MALLOC_HEAP_SIZE", 2),
     ("CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH", 3), ("CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT", 4),
@@ -376,6 +391,13 @@ CUtensorMapL2promotion = IntEnum("CUtensorMapL2promotion", [  # type: ignore[mis
 ])
 CUtensorMapFloatOOBfill = IntEnum("CUtensorMapFloatOOBfill", [  # type: ignore[misc]
     ("CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE", 0), ("CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA", 1),
+])
+CUtensorMapIm2ColWideMode = IntEnum("CUtensorMapIm2ColWideMode", [  # type: ignore[misc]
+    ("CU_TENSOR_MAP_IM2COL_WIDE_MODE_W", 0), ("CU_TENSOR_MAP_IM2COL_WIDE_MODE_W128", 1),
+])
+CUtensorMapAllocClass = IntEnum("CUtensorMapAllocClass", [  # type: ignore[misc]
+    ("CU_TENSOR_MAP_ALLOC_CLASS_AUTO", 0), ("CU_TENSOR_MAP_ALLOC_CLASS_SMALL", 1),
+    ("CU_TENSOR_MAP_ALLOC_CLASS_LARGE", 2),
 ])
 # Virtual memory management (cuMemCreate and friends).
 CUmemAllocationType = IntEnum("CUmemAllocationType", [  # type: ignore[misc]
@@ -515,6 +537,10 @@ class CUgraphExec(_Handle):
 
 
 class CUgraphNode(_Handle):
+    pass
+
+
+class CUlinkState(_Handle):
     pass
 
 
@@ -1114,6 +1140,14 @@ class _EventNode:
     event: int
 
 
+@dataclass
+class _Link:
+    """A JIT link state (cuLinkCreate): its inputs (type, name, data) in order, and the cubin once complete (the
+    state owns it: its address stays valid until cuLinkDestroy)."""
+    inputs: list[tuple[int, bytes, bytes]]
+    cubin: Any = None  # a ctypes buffer
+
+
 @dataclass(frozen=True)
 class _ConditionalHandle:
     """A conditional handle (cuGraphConditionalHandleCreate): its graph and context, its value at each launch."""
@@ -1165,6 +1199,7 @@ class FakeDriver:
     CUpointer_attribute = CUpointer_attribute
     CUjit_option, CUjit_target = CUjit_option, CUjit_target
     CUjit_fallback, CUjit_cacheMode = CUjit_fallback, CUjit_cacheMode
+    CUjitInputType, CUlinkState = CUjitInputType, CUlinkState
     CUdevice, CUdeviceptr, CUcontext, CUstream, CUevent = CUdevice, CUdeviceptr, CUcontext, CUstream, CUevent
     CUmodule, CUfunction, CUlibrary, CUkernel, CUmemoryPool = CUmodule, CUfunction, CUlibrary, CUkernel, CUmemoryPool
     cuuint64_t, cuuint32_t, CUtensorMap = cuuint64_t, cuuint32_t, CUtensorMap
@@ -1172,6 +1207,7 @@ class FakeDriver:
     CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle = (CUtensorMapDataType, CUtensorMapInterleave,
                                                                       CUtensorMapSwizzle)
     CUtensorMapL2promotion, CUtensorMapFloatOOBfill = CUtensorMapL2promotion, CUtensorMapFloatOOBfill
+    CUtensorMapIm2ColWideMode, CUtensorMapAllocClass = CUtensorMapIm2ColWideMode, CUtensorMapAllocClass
     CUuuid = CUuuid
     CUlaunchConfig = CUlaunchConfig
     CUstreamAttrID, CUstreamAttrValue = CUstreamAttrID, CUstreamAttrValue
@@ -1237,6 +1273,7 @@ class FakeDriver:
         self.functions: dict[int, _Kernel] = {}
         self.kernels: dict[int, _Kernel] = {}
         self.images: dict[int, Image] = {}  # module/library -> parsed image
+        self.links: dict[int, _Link] = {}  # link state -> its inputs and, once complete, its cubin
         self.pools: dict[int, dict[int, int]] = {}  # handle -> attribute -> value
         self.default_pool: dict[int, int] = {}  # device -> pool
         self.current_pool: dict[int, int] = {}  # device -> pool set current (cuDeviceSetMemPool; else its default)
@@ -4162,6 +4199,58 @@ class FakeDriver:
             self.global_device.pop(pointer, None)
         self.images.pop(handle, None)
 
+    # --- the JIT linker: it links nothing; its cubin is fake_cubin() of the inputs, checked only as written here ---
+    @_recorded
+    def cuLinkCreate(self, numOptions: int, options: Any, optionValues: Any) -> tuple[Any, ...]:  # noqa: N803
+        """Options taken as cuModuleLoadDataEx takes them (recorded as `jit_options`); a current context needed."""
+        seen = self._jit_options(numOptions, options, optionValues)
+        if seen is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if err := self._context_error():
+            return _result(err, 1)
+        self._note["jit_options"] = seen
+        handle = self._handle()
+        self.links[handle] = _Link([])
+        return CUresult(0), CUlinkState(handle)
+
+    @_recorded
+    def cuLinkAddData(self, state: Any, typename: Any, data: Any, size: int, name: Any, numOptions: int,  # noqa: N803
+                      options: Any, optionValues: Any) -> tuple[Any, ...]:
+        """An input of `size` bytes read from `data` (an address or a buffer), kept in order. Unknown (or destroyed)
+        state: INVALID_HANDLE; an empty input, options whose counts differ, or a state already complete:
+        INVALID_VALUE (the last not checked on a GPU)."""
+        link = self.links.get(int(state))
+        if link is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        kind = self._enum(typename, CUjitInputType, "typename")
+        seen = self._jit_options(numOptions, options, optionValues)
+        raw = self._host_read(data, int(size)) if int(size) else None
+        if seen is None or raw is None or link.cubin is not None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        self._note["jit_options"] = seen
+        link.inputs.append((int(kind), bytes(name or b""), raw))
+        return _result(0)
+
+    @_recorded
+    def cuLinkComplete(self, state: Any) -> tuple[Any, ...]:
+        """(CUresult, the cubin's address, its size): fake_cubin() of the inputs, owned by the state. Unknown state:
+        INVALID_HANDLE; no inputs, or complete already: INVALID_VALUE (neither checked on a GPU)."""
+        link = self.links.get(int(state))
+        if link is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 2)
+        if not link.inputs or link.cubin is not None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 2)
+        made = fake_cubin(link.inputs)
+        link.cubin = ctypes.create_string_buffer(made, len(made))
+        return CUresult(0), ctypes.addressof(link.cubin), len(made)
+
+    @_recorded
+    def cuLinkDestroy(self, state: Any) -> tuple[Any, ...]:
+        """The state and its cubin go; unknown (or destroyed) state: INVALID_HANDLE."""
+        if self.links.pop(int(state), None) is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        return _result(0)
+
     @_recorded
     def cuModuleUnload(self, hmod: Any) -> tuple[Any, ...]:
         if int(hmod) not in self.modules:
@@ -4958,6 +5047,90 @@ class FakeDriver:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
         return CUresult(0), CUtensorMap(tensor_map_bytes(dtype, rank, address, dims, strides, box, steps, modes))
 
+    def _im2col_map(self, tensorDataType: Any, tensorRank: int, globalAddress: Any, globalDim: Any,  # noqa: N803
+                    globalStrides: Any, elementStrides: Any, modes: tuple[Any, ...],  # noqa: N803
+                    extra: tuple[Any, ...], corners_ok: bool) -> tuple[Any, ...]:
+        """cuTensorMapEncodeIm2col and Im2colWide: a tiled map's rules with rank 3-5 and no box (`extra`, the
+        im2col arguments, packed into the map's last bytes: `im2col_map_bytes`)."""
+        dtype = int(self._enum(tensorDataType, CUtensorMapDataType, "tensorDataType"))
+        values = [int(self._enum(v, cls, name)) for v, cls, name in zip(modes, (
+            CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill),
+            ("interleave", "swizzle", "l2Promotion", "oobFill"), strict=True)]
+        lists = []
+        for items, cls in ((globalDim, cuuint64_t), (globalStrides, cuuint64_t), (elementStrides, cuuint32_t)):
+            for item in items:
+                if not isinstance(item, cls):
+                    raise TypeError(f"Cannot convert {type(item).__name__} to cuda.bindings.driver.{cls.__name__}")
+            lists.append([int(item) for item in items])
+        dims, strides, steps = lists
+        rank, address = int(tensorRank), int(globalAddress or 0)
+        problems = [
+            not 3 <= rank <= 5, address % (32 if values[0] == 2 else 16) != 0, not corners_ok,
+            (len(dims), len(strides), len(steps)) != (rank, rank - 1, rank),
+            any(not 1 <= d <= 1 << 32 for d in dims), any(s % 16 or s >= 1 << 40 for s in strides),
+            any(not 1 <= e <= 8 for e in steps),
+        ]
+        if any(problems):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return CUresult(0), CUtensorMap(im2col_map_bytes(dtype, rank, address, dims, strides, steps, values, extra))
+
+    @_recorded
+    def cuTensorMapEncodeIm2col(self, tensorDataType: Any, tensorRank: int, globalAddress: Any,  # noqa: N803
+                                globalDim: Any, globalStrides: Any, pixelBoxLowerCorner: Any,  # noqa: N803
+                                pixelBoxUpperCorner: Any, channelsPerPixel: int, pixelsPerColumn: int,  # noqa: N803
+                                elementStrides: Any, interleave: Any, swizzle: Any, l2Promotion: Any,  # noqa: N803
+                                oobFill: Any) -> tuple[Any, ...]:  # noqa: N803
+        """As cuTensorMapEncodeTiled's rules, rank 3-5, corners of rank - 2 ints (lists of int, as the wheel takes
+        them), channels 1..256 and pixels 1..1024 (cuda.h)."""
+        lower, upper = [int(v) for v in pixelBoxLowerCorner], [int(v) for v in pixelBoxUpperCorner]
+        rank = int(tensorRank)
+        ok = len(lower) == len(upper) == rank - 2 and 1 <= int(channelsPerPixel) <= 256 and \
+            1 <= int(pixelsPerColumn) <= 1024
+        return self._im2col_map(tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, elementStrides,
+                                (interleave, swizzle, l2Promotion, oobFill),
+                                ("im2col", lower, upper, int(channelsPerPixel), int(pixelsPerColumn)), ok)
+
+    @_recorded
+    def cuTensorMapEncodeIm2colWide(self, tensorDataType: Any, tensorRank: int, globalAddress: Any,  # noqa: N803
+                                    globalDim: Any, globalStrides: Any, pixelBoxLowerCornerWidth: int,  # noqa: N803
+                                    pixelBoxUpperCornerWidth: int, channelsPerPixel: int,  # noqa: N803
+                                    pixelsPerColumn: int, elementStrides: Any, interleave: Any,  # noqa: N803
+                                    mode: Any, swizzle: Any, l2Promotion: Any, oobFill: Any) -> tuple[Any, ...]:  # noqa: N803
+        """As cuTensorMapEncodeIm2col with the two corner widths and the wide mode."""
+        wide = int(self._enum(mode, CUtensorMapIm2ColWideMode, "mode"))
+        ok = 1 <= int(channelsPerPixel) <= 256 and 1 <= int(pixelsPerColumn) <= 1024
+        return self._im2col_map(tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, elementStrides,
+                                (interleave, swizzle, l2Promotion, oobFill),
+                                ("wide", int(pixelBoxLowerCornerWidth), int(pixelBoxUpperCornerWidth),
+                                 int(channelsPerPixel), int(pixelsPerColumn), wide), ok)
+
+    @_recorded
+    def cuTensorMapReplaceAddress(self, tensorMap: Any, globalAddress: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The map's address (its first 8 bytes in the fake's encoding) rewritten in place; the address must keep
+        the encoding's alignment (16 bytes, 32 with 32-byte interleave: the interleave at bytes 16-20)."""
+        if not isinstance(tensorMap, CUtensorMap):
+            raise TypeError(f"Argument 'tensorMap' has incorrect type (expected CUtensorMap, got "
+                            f"{type(tensorMap).__name__})")
+        address = int(globalAddress or 0)
+        interleave = ctypes.c_int32.from_address(tensorMap.getPtr() + 16).value
+        if address % (32 if interleave == 2 else 16):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        ctypes.c_uint64.from_address(tensorMap.getPtr()).value = address
+        return _result(0)
+
+    @_recorded
+    def cuTensorMapSetAllocationClass(self, tensorMap: Any, allocClass: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The class in effect (AUTO: SMALL, as the conservative policy picks for the fake) written into the map's
+        spare word (bytes 32-36, above its kind byte) in place; the class in effect answered."""
+        if not isinstance(tensorMap, CUtensorMap):
+            raise TypeError(f"Argument 'tensorMap' has incorrect type (expected CUtensorMap, got "
+                            f"{type(tensorMap).__name__})")
+        requested = int(self._enum(allocClass, CUtensorMapAllocClass, "allocClass"))
+        effective = CUtensorMapAllocClass(requested or 1)
+        word = ctypes.c_int32.from_address(tensorMap.getPtr() + 32)
+        word.value = (word.value & 0xFF) | int(effective) << 8
+        return CUresult(0), effective
+
     @_recorded
     def cuGraphConditionalHandleCreate(self, hGraph: Any, ctx: Any, defaultLaunchValue: int,  # noqa: N803
                                        flags: int) -> tuple[Any, ...]:
@@ -5002,6 +5175,16 @@ def tensor_map_bytes(dtype: int, rank: int, address: int, dims: list[int], strid
     padded = [*dims, *[0] * (5 - len(dims))], [*strides, *[0] * (4 - len(strides))]
     return struct.pack("<QI6i5Q4Q5B5B", address, rank, dtype, *modes, 0, *padded[0], *padded[1],
                        *[b - 1 for b in box] + [0] * (5 - len(box)), *steps + [0] * (5 - len(steps))).ljust(128, b"\0")
+
+
+def im2col_map_bytes(dtype: int, rank: int, address: int, dims: list[int], strides: list[int], steps: list[int],
+                     modes: list[int], extra: tuple[Any, ...]) -> bytes:
+    """The fake's 128-byte im2col map: a tiled map's packing with no box, its kind (1 im2col, 2 wide) in the spare
+    word at bytes 32-36 and a digest of the im2col arguments (`extra`: corners, channels, pixels, mode) last."""
+    tiled = bytearray(tensor_map_bytes(dtype, rank, address, dims, strides, [], steps, modes))
+    struct.pack_into("<i", tiled, 32, 1 if extra[0] == "im2col" else 2)
+    tiled[118:128] = hashlib.sha256(repr(extra).encode()).digest()[:10]
+    return bytes(tiled)
 
 
 # Names of every driver function the fake implements.

@@ -84,6 +84,7 @@ typedef unsigned int cuuint32_t;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef int CUlimit, CUmemAllocationGranularity_flags, CUtensorMapDataType, CUtensorMapInterleave,
     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill;
+typedef int CUtensorMapAllocClass; /* the wheel's enum, newer than the inventory's cuda.h (13.0) */
 typedef struct CUmemLocation_st { int type; int id; } CUmemLocation;
 typedef struct CUmemAllocationProp_st {
     int type;

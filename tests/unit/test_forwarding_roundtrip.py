@@ -275,6 +275,13 @@ class Env:
         assert reply.status == SUCCESS, reply.status
         return int(call.reply.decode(reply.payload)[0])
 
+    def made_link(self) -> int:
+        """A link state, sent as its record (cuLinkCreate is native-only): no options."""
+        call = CALLS["cuLinkCreate"]
+        reply = self.g.channel.call(call.opcode, call.request.encode([]))
+        assert reply.status == SUCCESS, reply.status
+        return int(call.reply.decode(reply.payload)[0])
+
     def mapped(self, size: int = 2 << 20) -> tuple[int, int]:
         """A reserved range with physical memory mapped over all of it: (base, size)."""
         base = self.g.ok("cuMemAddressReserve", size, 0, 0, 0)
@@ -392,6 +399,7 @@ GENERIC_INPUTS: dict[str, Callable[[Env], tuple[Any, ...]]] = {
     "cuMemAllocFromPoolAsync": lambda e: (8192, e.pool, e.stream),
     "cuMemPoolTrimTo": lambda e: (e.pool, 0),
     "cuMemPoolDestroy": lambda e: (e.made_pool(),),
+    "cuLinkDestroy": lambda e: (e.made_link(),),
     "cuDeviceSetMemPool": lambda e: (0, e.pool),
     "cuMemAllocPitch": lambda e: (1000, 4, 4),
     "cuMemFreeAsync": lambda e: (e.g.ok("cuMemAllocAsync", 1024, e.stream), e.stream),

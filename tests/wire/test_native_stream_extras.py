@@ -293,10 +293,13 @@ out["driver_refuses"] = encode(2, memory, [64, 32], [100], [16, 8], [1, 1])[0]  
     assert bytes.fromhex(encoded) == tensor_map_bytes(7, 2, out["memory"], [64, 32], [256], [16, 8], [1, 1],
                                                       [0, 0, 0, 0])
     assert bytes.fromhex(encoded) == ctypes.string_at(expected.getPtr(), 128)
-    assert out["rank_0"] == out["rank_6"] == out["misaligned_map"] == INVALID_VALUE
+    assert out["rank_0"] == out["rank_6"] == INVALID_VALUE
+    # a map anywhere: the H200's driver takes cuda-python's, 32 bytes past a 64-byte boundary (the host encodes into
+    # an aligned copy of its own)
+    assert out["misaligned_map"] == SUCCESS
     assert out["outside"] == out["past_the_end"] == out["driver_refuses"] == INVALID_VALUE
     calls = rig.entries(name="cuTensorMapEncodeTiled")
-    assert len(calls) == 2  # the good one and the one the driver refused; the rest never reached it
+    assert len(calls) == 3  # the good one, the one at a misaligned map and the one the driver refused
 
 
 def test_context_limits_get_and_set(library: Path, rig: Rig) -> None:  # noqa: F811
