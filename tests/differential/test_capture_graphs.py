@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import json
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,14 +21,13 @@ import pytest
 
 from tests import forwarding_rig
 from tests.differential.capture_graphs import WORDS, CaptureGraphProgram, fake_table
+from tests.differential.native_child import run_native
 from tests.differential.pool_kernels import ADD_PTX
 from tests.fake_driver import CUresult, CUstreamCaptureStatus, FakeDriver
-from tests.forwarding_rig import Rig, native_child_env
+from tests.forwarding_rig import Rig
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 
-REPO = Path(__file__).resolve().parents[2]
-NATIVE_TIMEOUT_S = 50
 # cuStreamGetCaptureInfo is being made forwarded. The native library forwards it; the capsule path still answers
 # CUDA_ERROR_NOT_SUPPORTED (guest_runtime/forward.py NATIVE_ONLY), so the program runs without its capture-info
 # steps there. When it forwards it, its xfail below XPASSes: set its entry True and delete that xfail.
@@ -54,11 +50,7 @@ def _step(transcript: list[list[Any]], name: str) -> list[Any]:
 
 
 def _native(served: Rig, library: Path, *switches: str) -> list[list[Any]]:
-    done = subprocess.run([sys.executable, "-m", "tests.differential.capture_graphs", str(library), *switches],
-                          cwd=REPO, env=native_child_env(library, served.path), capture_output=True, text=True,
-                          timeout=NATIVE_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout)["transcript"]  # type: ignore[no-any-return]
+    return run_native(served, library, "tests.differential.capture_graphs", *switches)[0]["transcript"]  # type: ignore[no-any-return]
 
 
 def _first_difference(want: list[list[Any]], got: list[list[Any]]) -> str:

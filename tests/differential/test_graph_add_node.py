@@ -14,9 +14,6 @@ driver sees them; a moved graph stays the session's while its parent lives and l
 from __future__ import annotations
 
 import functools
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +24,13 @@ from ivshmem.driver_api import CALLS
 from ivshmem.record import Status
 from tests import forwarding_rig
 from tests.differential.graph_nodes import WORDS, AddNodeProgram, fake_table
+from tests.differential.native_child import run_native
 from tests.differential.test_graph_nodes import SessionDriver, _first_difference, _step
 from tests.fake_driver import FakeDriver
-from tests.forwarding_rig import Rig, native_child_env
+from tests.forwarding_rig import Rig
 
 bounded, start = forwarding_rig.bounded, forwarding_rig.start  # the rig's fixtures
 
-REPO = Path(__file__).resolve().parents[2]
-NATIVE_TIMEOUT_S = 50
 INVALID_VALUE, INVALID_CONTEXT, NOT_SUPPORTED = 1, 201, 801
 IF, WHILE, SWITCH = 0, 1, 2
 KERNEL_NODE, GRAPH_NODE, CONDITIONAL_NODE = 0, 4, 13  # CUgraphNodeType
@@ -51,12 +47,7 @@ def reference() -> list[list[Any]]:
 
 
 def _native(rig: Rig, library: Path, *args: str, script: str | None = None) -> tuple[Any, str]:
-    """(the JSON the child printed last, its stderr)."""
-    command = ["-c", script, str(library)] if script else ["-m", "tests.differential.graph_nodes", str(library)]
-    done = subprocess.run([sys.executable, *command, *args], cwd=REPO, env=native_child_env(library, rig.path),
-                          capture_output=True, text=True, timeout=NATIVE_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+    return run_native(rig, library, "tests.differential.graph_nodes", *args, script=script)
 
 
 # --- the reference: the fake driver holds to what cuda.h documents -----------------------------------------------

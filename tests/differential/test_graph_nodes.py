@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import json
 import struct
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +27,13 @@ from ivshmem.driver_api import CALLS
 from ivshmem.record import Record, Status
 from tests import forwarding_rig
 from tests.differential.graph_nodes import WORDS, GraphNodeProgram, fake_table
+from tests.differential.native_child import run_native
 from tests.differential.pool_kernels import ADD_PTX
 from tests.fake_driver import CUresult, FakeDriver
-from tests.forwarding_rig import Rig, native_child_env
+from tests.forwarding_rig import Rig
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 
-REPO = Path(__file__).resolve().parents[2]
-NATIVE_TIMEOUT_S = 50
 INVALID_VALUE, NOT_SUPPORTED = 1, 801
 GRAPH_CALLS = sorted(name for name, call in CALLS.items() if name.startswith("cuGraph") and not call.generic)
 
@@ -62,12 +58,7 @@ def _first_difference(want: list[list[Any]], got: list[list[Any]]) -> str:
 
 
 def _native(served: Rig, library: Path, *switches: str, script: str | None = None) -> Any:
-    command = ["-c", script, str(library)] if script else ["-m", "tests.differential.graph_nodes", str(library)]
-    done = subprocess.run([sys.executable, *command, *switches], cwd=REPO,
-                          env=native_child_env(library, served.path), capture_output=True, text=True,
-                          timeout=NATIVE_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_native(served, library, "tests.differential.graph_nodes", *switches, script=script)[0]
 
 
 # --- the reference: the fake driver holds to what cuda.h documents -----------------------------------------------

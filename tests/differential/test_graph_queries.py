@@ -30,6 +30,7 @@ from ivshmem.record import Status
 from tests import forwarding_rig
 from tests.differential.graph_nodes import WORDS
 from tests.differential.graph_queries import GraphQueryProgram, fake_table
+from tests.differential.native_child import NATIVE_TIMEOUT_S, REPO, run_native
 from tests.differential.pool_kernels import ADD_PTX
 from tests.differential.test_graph_nodes import SessionDriver, _first_difference, _step
 from tests.fake_driver import FakeDriver, FakeMeter
@@ -37,8 +38,6 @@ from tests.forwarding_rig import Rig, native_child_env
 
 bounded, start = forwarding_rig.bounded, forwarding_rig.start  # the rig's fixtures
 
-REPO = Path(__file__).resolve().parents[2]
-NATIVE_TIMEOUT_S = 50
 INVALID_VALUE, OUT_OF_MEMORY, INVALID_DEVICE, INVALID_HANDLE, NOT_SUPPORTED = 1, 2, 101, 400, 801
 ILLEGAL_STATE, OPERATING_SYSTEM = 401, 304
 PRIORITY, EVENT_ATTRIBUTE, DEVICE_UPDATABLE = 8, 7, 13
@@ -57,12 +56,7 @@ def reference(pinned: bool = True) -> list[list[Any]]:
 
 
 def _native(rig: Rig, library: Path, *args: str, script: str | None = None) -> tuple[Any, str]:
-    """(the JSON the child printed last, its stderr)."""
-    command = ["-c", script, str(library)] if script else ["-m", "tests.differential.graph_queries", str(library)]
-    done = subprocess.run([sys.executable, *command, *args], cwd=REPO, env=native_child_env(library, rig.path),
-                          capture_output=True, text=True, timeout=NATIVE_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+    return run_native(rig, library, "tests.differential.graph_queries", *args, script=script)
 
 
 # --- the reference: the fake driver holds to what cuda.h documents -----------------------------------------------
