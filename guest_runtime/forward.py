@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ivshmem.channel import BufferCursor, ClientChannel, Streamed
+from ivshmem.channel import MAX_PAYLOAD, BufferCursor, ClientChannel, Streamed
 from ivshmem.cuda_status import (
     DEINITIALIZED,
     DEVICE_UNAVAILABLE,
@@ -107,6 +107,19 @@ LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption
 FORWARDED_LAUNCH_ATTRIBUTES = LAUNCH_ATTRIBUTES_PLAIN | LAUNCH_ATTRIBUTES_EVENT
 CTYPES: dict[str, Any] = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_uint64, "f": ctypes.c_float,
           "B": ctypes.c_ubyte, "H": ctypes.c_ushort}
+
+
+PAGEABLE_PIECE = MAX_PAYLOAD // 2  # the most one pageable copy request carries (native/copy_calls.c's too)
+
+
+def _in_pieces(copy: Callable[[int, int], int], size: int) -> int:
+    """A pageable copy too large for one request: PAGEABLE_PIECE bytes at a time, in order, each awaited; the first
+    error is the answer (the pieces before it copied), as the driver copies any size."""
+    for at in range(0, size, PAGEABLE_PIECE):
+        status = copy(at, min(PAGEABLE_PIECE, size - at))
+        if status != SUCCESS:
+            return status
+    return SUCCESS
 
 
 def _view(address: int, size: int) -> memoryview:
@@ -489,6 +502,8 @@ class Forwarder:
             fields = (dst, size, stream or 0) if is_async else (dst, size)
             if pinned is not None and self._pool.contains(src or 0, size):  # the host reads the shared pages
                 return self._pinned_copy(call, pinned.encode(*fields, src))
+            if size > PAGEABLE_PIECE:
+                return _in_pieces(lambda at, n: forward(dst + at, (src or 0) + at, n, stream), size)
             data = _view(src or 0, size) if size else memoryview(b"")
             status, _ = self._call(call, _Prefixed(prefix_of(*fields), data).payload())
             return status
@@ -505,6 +520,8 @@ class Forwarder:
             fields = (src, size, stream or 0) if is_async else (src, size)
             if pinned is not None and self._pool.contains(dst or 0, size):  # the host writes the shared pages
                 return self._pinned_copy(call, pinned.encode(*fields, dst))
+            if size > PAGEABLE_PIECE:
+                return _in_pieces(lambda at, n: forward((dst or 0) + at, src + at, n, stream), size)
             payload = request.fixed.pack(*fields)
             cursor = BufferCursor(_view(dst or 0, size)) if size else None
             status, reply = self._call(call, payload, sink=cursor.sink if cursor else None)

@@ -10,7 +10,10 @@
  * Any other host memory, page-locked in the program's eyes or not (a fallback allocation when the pool had no room,
  * a cuMemHostRegister'ed range: page_locked_calls.c), is pageable here: its bytes travel, and even an async copy
  * waits for its reply, so a copy to the host has written the program's buffer when it returns (and a later
- * synchronize finds nothing of it outstanding), and a copy from it has taken the bytes.
+ * synchronize finds nothing of it outstanding), and a copy from it has taken the bytes. A pageable copy larger than
+ * one request may carry (ORION_MAX_PAYLOAD each way) travels as consecutive requests of at most PAGEABLE_PIECE
+ * bytes, in order, each awaited: the driver takes a copy of any size. One that fails part of the way answers the
+ * error, as the driver's would, with the pieces before it copied.
  */
 #include <string.h>
 
@@ -32,6 +35,7 @@ _Static_assert(SAME_COPY(cuMemcpyDtoH, cuMemcpyHtoD) && SAME_COPY(cuMemcpyDtoHAs
                && ORION_REQ_cuMemcpyHtoD_size == ORION_REQ_cuMemcpyHtoDAsync_size
                && ORION_PINNED_cuMemcpyHtoD_SIZE <= ORION_PINNED_cuMemcpyHtoDAsync_SIZE, "one packing for four copies");
 #define HEAD_BYTES ORION_PINNED_cuMemcpyHtoDAsync_SIZE /* the longest: an async copy's pinned request */
+#define PAGEABLE_PIECE (ORION_MAX_PAYLOAD / 2)      /* the most one pageable copy request carries: well within */
 
 /* The fixed part: (device, size) and the stream of an async copy; its length. */
 static size_t head_of(uint8_t head[HEAD_BYTES], uint64_t device, size_t size, const CUstream *stream) {
@@ -52,12 +56,28 @@ static int pinned_copy(uint32_t opcode, uint8_t head[HEAD_BYTES], const void *ho
     return orion_thread_forward(opcode + ORION_PINNED_COPY, head, ORION_PINNED_cuMemcpyHtoD_SIZE, NULL, 0, 0);
 }
 
+static int htod(uint32_t opcode, CUdeviceptr dst, const void *src, size_t size, const CUstream *stream);
+static int dtoh(uint32_t opcode, void *dst, CUdeviceptr src, size_t size, const CUstream *stream);
+
+/* A pageable copy too large for one request: PAGEABLE_PIECE bytes at a time, in order, each awaited. */
+static int in_pieces(int to_device, uint32_t opcode, CUdeviceptr device, uint8_t *host, size_t size,
+                     const CUstream *stream) {
+    for (size_t done = 0; done < size; done += PAGEABLE_PIECE) {
+        size_t piece = size - done < PAGEABLE_PIECE ? size - done : PAGEABLE_PIECE;
+        int status = to_device ? htod(opcode, device + done, host + done, piece, stream)
+                               : dtoh(opcode, host + done, device + done, piece, stream);
+        if (status != CUDA_SUCCESS) return status;
+    }
+    return CUDA_SUCCESS;
+}
+
 static int htod(uint32_t opcode, CUdeviceptr dst, const void *src, size_t size, const CUstream *stream) {
     if (size && !src) return CUDA_ERROR_INVALID_VALUE;
     uint8_t head[HEAD_BYTES];
     size_t len = head_of(head, dst, size, stream);
     if (orion_pool_contains((uint64_t)(uintptr_t)src, size)) /* the host reads the shared pages */
         return pinned_copy(opcode, head, src, stream != NULL);
+    if (size > PAGEABLE_PIECE) return in_pieces(1, opcode, dst, (uint8_t *)(uintptr_t)src, size, stream);
     struct orion_piece pieces[2] = { { head, len }, { src, size } };
     return orion_thread_forwardv(opcode, pieces, size ? 2 : 1, NULL, 0, NULL, 0, NULL, 0);
 }
@@ -68,6 +88,7 @@ static int dtoh(uint32_t opcode, void *dst, CUdeviceptr src, size_t size, const 
     size_t len = head_of(head, src, size, stream);
     if (orion_pool_contains((uint64_t)(uintptr_t)dst, size)) /* the host writes the shared pages */
         return pinned_copy(opcode, head, dst, stream != NULL);
+    if (size > PAGEABLE_PIECE) return in_pieces(0, opcode, src, dst, size, stream);
     struct orion_piece piece = { head, len };
     size_t got;
     return orion_thread_forwardv(opcode, &piece, 1, NULL, 0, size ? dst : NULL, size, &got, 0);

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from guest_runtime import forward
 from host_agent.executor import ExecutorOptions
 from ivshmem.api_classes import GENERATED
 from ivshmem.channel import Streamed
@@ -668,6 +669,24 @@ def test_copies_move_exact_bytes_both_ways(rig: Rig, use_stream: bool) -> None:
     assert g.fn["cuMemcpyHtoD"](empty, None, 0) == SUCCESS
     assert g.fn["cuMemcpyDtoH"](None, empty, 0) == SUCCESS
     assert g.fn["cuMemcpyHtoD"](empty, None, 8) == INVALID_VALUE
+
+
+def test_a_pageable_copy_larger_than_one_request_travels_in_pieces(rig: Rig,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past PAGEABLE_PIECE (half of MAX_PAYLOAD; made small here) a copy is several requests, in order: the driver
+    copies any size. tests/wire/test_native_memory_calls.py copies 1 GiB and more through the C library."""
+    monkeypatch.setattr(forward, "PAGEABLE_PIECE", 1000)
+    g = rig.guest()
+    g.setup()
+    data = random.Random(9).randbytes(2500)
+    base = g.alloc(4096)
+    mark = rig.mark()
+    assert g.htod(base, data) == SUCCESS
+    pieces = [e for e in rig.entries(mark) if e["name"] == "cuMemcpyHtoD"]
+    assert [(p["dst"] - base, p["data"]["len"]) for p in pieces] == [(0, 1000), (1000, 1000), (2000, 500)]
+    mark = rig.mark()
+    assert g.dtoh(base, 2500) == (SUCCESS, data)
+    assert [e["src"] - base for e in rig.entries(mark) if e["name"] == "cuMemcpyDtoH"] == [0, 1000, 2000]
 
 
 def test_copies_outside_the_sessions_memory_are_refused_before_the_driver(rig: Rig) -> None:

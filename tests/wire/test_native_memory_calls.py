@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from guest_runtime.native import gen_libcuda
+from ivshmem.channel import MAX_PAYLOAD
 from ivshmem.driver_api import PINNED_COPY, POOL_MAP_OPCODE
 from ivshmem.layout import DEFAULT_SLOT_SIZE, RECORD_HEADER_SIZE
 from tests import forwarding_rig
@@ -68,6 +69,10 @@ def current():
     status = lib.cuCtxGetCurrent(ctx_p(ctx))
     return [status, ctx.value]
 def ctx_p(cell): return ctypes.cast(byref(cell), P)
+def big_pattern(size):  # random bytes, each MiB stamped with its number: no two MiB alike
+    import random
+    block = random.Random(5).randbytes(1 << 20)
+    return b"".join(i.to_bytes(8, "little") + block[8:] for i in range(-(-size >> 20)))[:size]
 """
 
 SCENARIOS = {
@@ -88,6 +93,19 @@ ctypes.memset(target, 0, size)
 out["htod_async"] = lib.cuMemcpyHtoDAsync(device, ctypes.create_string_buffer(data[::-1], size), size, None)
 out["dtoh_async"] = lib.cuMemcpyDtoHAsync(target, device, size, None)
 out["same_async"] = target.raw[:size] == data[::-1]
+""",
+    "huge_copy": r"""
+size = int(sys.argv[3])
+setup()
+device = alloc(size)
+data = big_pattern(size)
+source = ctypes.create_string_buffer(data, size)
+target = ctypes.create_string_buffer(size)
+out["device"] = device
+out["htod"] = lib.cuMemcpyHtoD(device, source, size)
+del source
+out["dtoh"] = lib.cuMemcpyDtoHAsync(target, device, size, None)
+out["same"] = target.raw == data
 """,
     "uva": r"""
 setup()
@@ -327,6 +345,21 @@ def test_copies_to_and_from_the_device_move_the_programs_bytes(library: Path, ri
     assert _tiles(copies(first_dtoh, second_htod, "cuMemcpyDtoH"), "src", device, data)
     assert _tiles(copies(second_htod, second_dtoh, "cuMemcpyHtoD"), "dst", device, data[::-1])
     assert _tiles(copies(second_dtoh, len(entries), "cuMemcpyDtoH"), "src", device, data[::-1])
+
+
+def test_a_pageable_copy_larger_than_one_request_travels_in_pieces(library: Path, rig: Rig) -> None:
+    """The driver copies any size; one request carries at most MAX_PAYLOAD (1 GiB), so a larger pageable copy goes as
+    consecutive requests (copy_calls.c, PAGEABLE_PIECE) whose bytes tile the device range in order."""
+    size = MAX_PAYLOAD + 3 * 4096 + 5
+    result = _run(library, rig, "huge_copy", str(size))
+    assert result["htod"] == 0 and result["dtoh"] == 0 and result["same"]
+    scope: dict[str, Any] = {}
+    exec(PRELUDE[PRELUDE.index("def big_pattern"):], scope)  # the child's pattern, made here too
+    data, device = scope["big_pattern"](size), result["device"]
+    entries = rig.entries(0)
+    htod = [e for e in entries if e["name"].startswith("cuMemcpyHtoD")]
+    dtoh = [e for e in entries if e["name"].startswith("cuMemcpyDtoH")]
+    assert _tiles(htod, "dst", device, data) and _tiles(dtoh, "src", device, data)
 
 
 def test_cumemcpy_takes_its_direction_from_the_device_ranges(library: Path, rig: Rig) -> None:
