@@ -38,6 +38,7 @@ from ivshmem.cuda_status import (
 from ivshmem.driver_api import (
     BY_OPCODE,
     ENUMS,
+    HOST_NODE_FUNCTION_OPCODE,
     IMAGE_BY_DIGEST,
     IMAGE_BY_DIGEST_REQUEST,
     IMAGE_LOADS,
@@ -67,6 +68,7 @@ from .diagnostics import DiagnosticsHandler
 from .gpu_memory import MeterFactory
 from .graph_calls import GraphCalls
 from .handler import Reply, ReplyFailed, Session, note, refused
+from .host_nodes import HostNodeCalls
 from .image_cache import CacheSettings, ImageCache
 from .launch_extras import MAX_LAUNCH_ATTRIBUTES, LaunchExtraCalls
 from .limits import one_line
@@ -115,8 +117,8 @@ def _load_driver() -> Any:
     return driver
 
 
-class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraCalls, GraphCalls, MemPoolCalls,
-                   StructuredCopies, DiagnosticsHandler):
+class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraCalls, HostNodeCalls, GraphCalls,
+                   MemPoolCalls, StructuredCopies, DiagnosticsHandler):
     """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
 
     call_table = table_digest()  # what a forwarding client's HELLO must name
@@ -208,6 +210,11 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             return self._pool_map(bytes(record.payload))
         if record.opcode == POOL_MIRROR_OPCODE and self.session.region.startswith(RELAYED):
             return self._pool_mirror(bytes(record.payload))
+        if record.opcode == HOST_NODE_FUNCTION_OPCODE and self.driver is not None:
+            try:
+                return self._host_node_function(bytes(record.payload))
+            except RecordError as exc:
+                return Reply(Status.MALFORMED, str(exc).encode())
         if call is None or (pinned and call.pinned is None):
             return Reply(Status.UNKNOWN_OPCODE, f"opcode {record.opcode:#x} is not a forwarded CUDA call".encode())
         if self.driver is None:

@@ -136,6 +136,12 @@ class HostPool:
             return None
         return self.host_base + pointer - self.guest_base
 
+    def guest_address(self, host: int) -> int | None:
+        """The guest pointer behind this process's address `host` in the slice (host_address's inverse)."""
+        if not self.host_base or not self.host_base <= host < self.host_base + self.size:
+            return None
+        return self.guest_base + host - self.host_base
+
     def device_pointer(self, pointer: int) -> int | None:
         return None if self.host_address(pointer, 1) is None else self.device_base + pointer - self.guest_base
 

@@ -114,10 +114,6 @@ UNSUPPORTED: list[tuple[str, str]] = [
      r"|cuFabricCpyBatchAsync",
      "batched copies and copies with attributes (single cuMemcpy2D/cuMemcpy3D copies are forwarded): "
      + _not_yet("arrays of copy descriptors with their copy attributes")),
-    (r"cuGraphAddHostNode|cuGraphHostNode[GS]etParams|cuGraphExecHostNodeSetParams",
-     "graph host nodes: the function is guest code, which the GPU host cannot call; the guest's host-function queue "
-     "(cuLaunchHostFunc's) could carry one later as a write and a wait of memory-operation nodes around it, re-armed "
-     "by the guest after each launch (a graph's operations carry fixed values): not yet built"),
     (r"cuGraphAddExternalSemaphores\w+Node|cuGraphExternalSemaphores\w+Node[GS]etParams"
      r"|cuGraphExecExternalSemaphores\w+NodeSetParams",
      "graph external semaphore nodes: their semaphores are OS objects of the GPU host imported with "

@@ -553,6 +553,18 @@ _SPEC: list[tuple[Any, ...]] = [
      "CUgraphNodeParams *)", "out in nodes_in edges_in count node_params",
      {"request": "graph:u64 type:i32 handle:u64 cond_type:i32 size:u32 context:u64 child:u64 ownership:u32 "
                  "deps:[Q] edges:[Q]", "reply": "node:u64 graphs:[Q]"}),
+    # Graph host nodes: the function is guest code, so it travels as `words`, the guest's address of the two u32 words
+    # in its page-locked pool that stand for one (function, data) pair; the node the host makes calls oriond's
+    # trampoline with them, which hands each run to the guest (host_agent/host_nodes.py).
+    ("cuGraphAddHostNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, size_t, "
+     "CUDA_HOST_NODE_PARAMS const *)", "out in nodes_in count host_node_params",
+     {"request": "graph:u64 words:u64 deps:[Q]", "reply": "node:u64"}),
+    ("cuGraphHostNodeGetParams", "CUresult (CUgraphNode, CUDA_HOST_NODE_PARAMS *)", "in host_node_params_out",
+     {"request": "node:u64", "reply": "words:u64"}),
+    ("cuGraphHostNodeSetParams", "CUresult (CUgraphNode, CUDA_HOST_NODE_PARAMS const *)", "in host_node_params",
+     {"request": "node:u64 words:u64"}),
+    ("cuGraphExecHostNodeSetParams", "CUresult (CUgraphExec, CUgraphNode, CUDA_HOST_NODE_PARAMS const *)",
+     "in in host_node_params", {"request": "exec:u64 node:u64 words:u64"}),
     # Memory pools made by the program, CUDA 13's pools by location, and the virtual-memory queries: their structs
     # field by field, each device location as the guest's ordinal (host_agent/mem_pool_calls.py).
     ("cuMemPoolCreate", "CUresult (CUmemoryPool *, CUmemPoolProps const *)", "out pool_props",
@@ -753,6 +765,9 @@ POOL_MIRROR_MAP, POOL_MIRROR_WRITE, POOL_MIRROR_READ, POOL_MIRROR_UNMAP = 0, 1, 
 # The native driver's cuLaunchHostFunc on a relayed session (guest_runtime/native/host_functions.c): posted to the
 # relaying oriond, which serves it itself (host_agent/relay_session.py) and never sends it on.
 HOST_FUNCTION_OPCODE = CUDA_OPCODE_BASE + 0x0F02
+# The native driver's cuLaunchHostFunc while a stream capture may be under way: the function as a host node runs it
+# (HOST_NODE_FUNCTION_REQUEST below; host_agent/host_nodes.py), so that a capture records a host node.
+HOST_NODE_FUNCTION_OPCODE = CUDA_OPCODE_BASE + 0x0F03
 # Added to a copy call's opcode: its host buffer lies in the pinned pool and travels as its address, not its bytes.
 PINNED_COPY = 0x2000
 # Answered from the host worker's pool bookkeeping (host_agent/pinned_pool.py), not by the driver function.
@@ -795,6 +810,8 @@ POOL_MIRROR_REPLY = Schema("POOL_MIRROR reply", ("address", "u64"))
 # later of the session runs until the u32 at `release` reaches `seq`.
 HOST_FUNCTION_REQUEST = Schema("HOST_FUNCTION", ("stream", "u64"), ("reached", "u64"), ("release", "u64"),
                                ("seq", "u32"), ("reserved", "u32"))
+# HOST_NODE_FUNCTION: cuLaunchHostFunc(stream, oriond's trampoline, the host's address of the guest's `words`).
+HOST_NODE_FUNCTION_REQUEST = Schema("HOST_NODE_FUNCTION", ("stream", "u64"), ("words", "u64"))
 # The request of a load's IMAGE_BY_DIGEST variant: the image's size and SHA-256 (32 bytes), then the load's own
 # request with an empty image (its JIT options, if any): the usual request is `request` + the image's bytes.
 IMAGE_BY_DIGEST_REQUEST = Schema("IMAGE_BY_DIGEST", ("size", "u64"), ("digest", "bytes"), ("request", "tail"))
@@ -811,6 +828,7 @@ def describe() -> dict[str, Any]:
                         "ops": {"map": POOL_MIRROR_MAP, "write": POOL_MIRROR_WRITE, "read": POOL_MIRROR_READ,
                                 "unmap": POOL_MIRROR_UNMAP}},
         "host_function": {"opcode": HOST_FUNCTION_OPCODE, "request": HOST_FUNCTION_REQUEST.describe()},
+        "host_node_function": {"opcode": HOST_NODE_FUNCTION_OPCODE, "request": HOST_NODE_FUNCTION_REQUEST.describe()},
         "image_by_digest": {"added": IMAGE_BY_DIGEST, "calls": sorted(IMAGE_LOADS), "not_cached": IMAGE_NOT_CACHED,
                             "min_size": IMAGE_BY_DIGEST_MIN, "request": IMAGE_BY_DIGEST_REQUEST.describe()},
         "effects": EFFECTS, "calls": [call.describe() for call in CALLS.values()],
@@ -925,6 +943,9 @@ def markdown() -> str:
               f"Relay opcode: HOST_FUNCTION `{HOST_FUNCTION_OPCODE:#x}`, request "
               f"{_fields_text(HOST_FUNCTION_REQUEST)}, posted by the native driver to a relaying oriond, which serves "
               "it (never sent on).", "",
+              f"Forwarding-layer opcode: HOST_NODE_FUNCTION `{HOST_NODE_FUNCTION_OPCODE:#x}`, request "
+              f"{_fields_text(HOST_NODE_FUNCTION_REQUEST)}: a host function on `stream` as a host node runs it, "
+              "sent by the native driver while a stream capture may be under way (local sessions).", "",
               f"Image by digest: {', '.join(f'`{name}`' for name in sorted(IMAGE_LOADS))} also travel as opcode "
               f"+ {IMAGE_BY_DIGEST:#x}, request {_fields_text(IMAGE_BY_DIGEST_REQUEST)} (`digest` the image's "
               "SHA-256, `request` the call's own request without the image), for images of at least "

@@ -49,14 +49,14 @@ To keep it honest:
   cuMemFree, or an async copy to or from host memory on that same stream (pageable copies wait for the stream's
   earlier work, as the driver's do). The legacy stream does not wait for non-blocking streams, so code relying on
   an order CUDA does not promise fails here every time instead of now and then on a GPU.
-* Stream capture and graphs: while a stream captures (cuStreamBeginCapture), the work queued on it — launches,
-  async copies (to and from host memory too, the node reading or writing it when it runs; whether CUDA captures a
-  copy of pageable memory was not checked) and memsets,
-  stream memory operations, event records with CU_EVENT_RECORD_EXTERNAL and waits with CU_EVENT_WAIT_EXTERNAL,
-  graph launches (one child-graph node) — is checked as usual, runs nothing and becomes the next node of the
-  capture's graph, a single chain in call order; cuStreamIsCapturing answers ACTIVE, cuStreamGetCaptureInfo the
-  capture's id (unique, counting from 1), graph and the node captured last. A plain event record on a capturing
-  stream adds no node: the event becomes a captured event (cuEventQuery/cuEventSynchronize answer
+* Stream capture and graphs: while a stream captures (cuStreamBeginCapture), the work queued on it — launches, async
+  copies (to and from host memory too, the node reading or writing it when it runs; whether CUDA captures a copy of
+  pageable memory was not checked) and memsets, stream memory operations, event records with CU_EVENT_RECORD_EXTERNAL
+  and waits with CU_EVENT_WAIT_EXTERNAL, graph launches (one child-graph node), host functions (cuLaunchHostFunc: a
+  host node) — is checked as usual, runs nothing and becomes the next node of the capture's graph, a single chain in
+  call order; cuStreamIsCapturing answers ACTIVE, cuStreamGetCaptureInfo the capture's id (unique, counting from 1),
+  graph and the node captured last. A plain event record on a capturing stream adds no node: the event becomes a
+  captured event (cuEventQuery/cuEventSynchronize answer
   CUDA_ERROR_CAPTURED_EVENT). cuGraphLaunch queues each node's work on the launch stream in order, as if each
   call were made on that stream then, so the stream rules above apply to it (in an order that runs each
   node after its dependencies: a captured graph's chain, in call order). What ends or spoils a capture:
@@ -76,13 +76,13 @@ To keep it honest:
   stream: CUDA_ERROR_NOT_SUPPORTED), an argument error invalidating the capture (it is answered; the capture goes
   on), other calls CUDA counts unsafe during a capture (synchronous copies and memsets, cuMemAllocHost, module
   loads... behave as without a capture), the legacy stream's implicit dependency on a capturing blocking stream
-  for anything but its synchronize and query, the parameters of a captured node (it replays exactly what was
-  captured: memory freed since is not noticed), and any cost or upload of a graph.
+  for anything but its synchronize and query, the parameters of a captured node but a host node's (it replays
+  exactly what was captured: memory freed since is not noticed), and any cost or upload of a graph.
 * Graphs built node by node (the cuGraphAdd*Node calls of kernel — ADD_KERNEL runs, any other kernel runs nothing
-  —, memset, memcpy between device memory and host memory given by its address, empty, child-graph and event
-  record/wait nodes; cuGraphAdd/RemoveDependencies with edge data; cuGraphGetNodes, GetRootNodes, GetEdges,
-  NodeGetDependencies and NodeGetDependentNodes; the Kernel/Memset/MemcpyNodeSetParams calls on a graph's node and
-  on an executable graph's copy of it; cuGraphExecUpdate): nodes keep their parameters, checked when given (an
+  —, memset, memcpy between device memory and host memory given by its address, empty, child-graph, event
+  record/wait and host nodes; cuGraphAdd/RemoveDependencies with edge data; cuGraphGetNodes, GetRootNodes, GetEdges,
+  NodeGetDependencies and NodeGetDependentNodes; the Kernel/Memset/Memcpy/HostNodeSetParams calls on a graph's node
+  and on an executable graph's copy of it; cuGraphExecUpdate): nodes keep their parameters, checked when given (an
   unknown function or kernel, a memset's rows or a copy's device side outside one allocation, a dependency of
   another graph or named twice: CUDA_ERROR_INVALID_VALUE; an unknown event CUDA_ERROR_INVALID_HANDLE; a NULL
   context without a current one CUDA_ERROR_INVALID_CONTEXT) and resolved again when the node runs (memory freed
@@ -106,12 +106,20 @@ To keep it honest:
   (OWNERSHIP_MOVE) is the graph itself, owned by the node (not destroyable, instantiable or usable by cuGraphExecUpdate
   on its own: CUDA_ERROR_INVALID_VALUE, as cuda.h restricts it), its nodes the same handles, so cuGraphExec*SetParams
   sets them through the parent's executable graph. A node's parameters come back as they were given
-  (cuGraph*NodeGetParams, cuGraphNodeGetParams; a captured node's are not modelled: CUDA_ERROR_NOT_SUPPORTED), kernel
-  node attributes are kept as their bytes, captures may begin into a given graph after given dependencies and change
-  their dependency set, and memory allocation and free nodes make and free graph allocations under cuda.h's rules (the
-  fake's choices named at each method, from "graphs, their second part" on). Not modelled: host, batch memory
-  operation and external semaphore nodes, CUDA arrays (CUDA_ERROR_NOT_SUPPORTED), node priorities, and setting a
-  conditional body's node through an executable graph (CUDA_ERROR_INVALID_VALUE here).
+  (cuGraph*NodeGetParams, cuGraphNodeGetParams; a captured node's, but for a host node's, are not modelled:
+  CUDA_ERROR_NOT_SUPPORTED), kernel node attributes are kept as their bytes, captures may begin into a given graph
+  after given dependencies and change their dependency set, and memory allocation and free nodes make and free graph
+  allocations under cuda.h's rules (the fake's choices named at each method, from "graphs, their second part" on). Not
+  modelled: batch memory operation and external semaphore nodes, host nodes through the generic calls (cuGraphAddNode,
+  cuGraphNodeGetParams), CUDA arrays (CUDA_ERROR_NOT_SUPPORTED), node priorities, and setting a conditional body's
+  node through an executable graph (CUDA_ERROR_INVALID_VALUE here).
+* Host functions (cuLaunchHostFunc) and host nodes (cuGraphAddHostNode, cuGraphHostNodeGet/SetParams,
+  cuGraphExecHostNodeSetParams): the function, a C function's address (a CUhostFn or an int, as the wheel takes it),
+  is really called, `HOST_FN(address)(userData)`, when its turn in stream order comes (the stream rules above: at
+  once on a blocking stream, when waited for on a non-blocking one; a host node when its graph's launch reaches it,
+  after its dependencies), on the thread of the call that runs it, where CUDA uses a thread of its own; the calls made
+  are kept in `FakeDriver.host_calls`. NULL functions answer CUDA_ERROR_INVALID_VALUE. What was checked on an H200 and
+  the fake's choices are named in their section ("host functions and graph host nodes").
 
 Every call is recorded in `FakeDriver.calls` and, when `journal` names a file, appended to it as one JSON line
 (`{"pid", "name", "args", "result", ...}`) before the call returns: the executor runs in a forked session
@@ -433,6 +441,7 @@ ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUmemPo
                                            CUkernelNodeAttrID, CUgraphMem_attribute, CUgraphInstantiateResult,
                                            CUstreamAttrID)
 ADD_KERNEL = b"orion_fake_add_u32"  # the one kernel the fake runs (FakeDriver._add_kernel)
+HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # CUhostFn's C type: how the fake calls a host function
 # cuCtxGetLimit's answers in a new context, as an H100 gives them (SHMEM_SIZE and PER_BLOCK_MEMORY_SIZE are not
 # modelled: CUDA_ERROR_UNSUPPORTED_LIMIT); cuCtxSetLimit's ceilings where the driver has one.
 LIMIT_DEFAULTS = {0: 1024, 1: 1 * 1024 * 1024, 2: 8 * 1024 * 1024, 3: 2, 4: 2048, 5: 64, 6: 0, 8: 0, 9: 0}
@@ -641,6 +650,19 @@ class CUDA_CHILD_GRAPH_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's name
 class CUDA_EVENT_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's CUDA_EVENT_RECORD/WAIT_NODE_PARAMS (`event`)
     def __init__(self) -> None:
         self.event: Any = 0
+
+
+class CUhostFn(_Handle):
+    """The wheel's CUhostFn: the address of a C function `void fn(void *userData)` (only int() gives it)."""
+
+
+class CUDA_HOST_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's name
+    """A host node's function (a CUhostFn, or an int address as the wheel also takes) and `userData` (an int address,
+    0 for NULL), as the wheel's getters answer them."""
+
+    def __init__(self) -> None:
+        self.fn: Any = CUhostFn(0)
+        self.userData: Any = 0
 
 
 class CUDA_CONDITIONAL_NODE_PARAMS(_Fields):  # noqa: N801 - the wheel's name
@@ -1140,6 +1162,13 @@ class _EventNode:
     event: int
 
 
+@dataclass(frozen=True)
+class _HostNode:
+    """A host node's parameters: its function's address and its userData (0: NULL)."""
+    fn: int
+    user_data: int
+
+
 @dataclass
 class _Link:
     """A JIT link state (cuLinkCreate): its inputs (type, name, data) in order, and the cubin once complete (the
@@ -1232,6 +1261,7 @@ class FakeDriver:
                                                                        CUgraphMem_attribute)
     CUgraphInstantiateResult, CUDA_GRAPH_INSTANTIATE_PARAMS = CUgraphInstantiateResult, CUDA_GRAPH_INSTANTIATE_PARAMS
     CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEM_FREE_NODE_PARAMS = CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEM_FREE_NODE_PARAMS
+    CUhostFn, CUDA_HOST_NODE_PARAMS = CUhostFn, CUDA_HOST_NODE_PARAMS
 
     def __init__(self, devices: int = 2, total_mem: tuple[int, ...] | None = None, journal: str | None = None,
                  initialized: bool = False, context_bytes: int = CONTEXT_BYTES,
@@ -1305,6 +1335,7 @@ class FakeDriver:
         self.node_memory: dict[int, tuple[Any, ...]] = {}  # what a node's parameters asked back point at
         self.graph_frees: dict[int, int] = {}  # a graph allocation -> the graph of its free node
         self.graph_memory_high = [0] * devices  # CU_GRAPH_MEM_ATTR_USED/RESERVED_MEM_HIGH (one figure: below)
+        self.host_calls: list[tuple[int, int]] = []  # host functions called, in order: (address, userData)
 
     # --- bookkeeping --------------------------------------------------------------------------------------------
     def _record(self, name: str, args: tuple[Any, ...], result: tuple[Any, ...]) -> None:
@@ -1383,13 +1414,14 @@ class FakeDriver:
         """The capture of `stream` (active or invalidated), None when it is not capturing."""
         return self.captures.get(int(stream or 0))
 
-    def _capture_node(self, capture: _Capture, kind: int, replay: Callable[[Any], object]) -> int:
-        """Add a node to `capture`'s graph, after the one captured last; CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-        (nothing added) once the capture was invalidated."""
+    def _capture_node(self, capture: _Capture, kind: int, replay: Callable[[Any], object], params: Any = None) -> int:
+        """Add a node to `capture`'s graph, after the one captured last (with `params`, where the fake models a
+        captured node's parameters: a host node's); CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (nothing added) once the
+        capture was invalidated."""
         if capture.status != CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
             return CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
         handle = self._handle()
-        self.nodes[handle] = _GraphNode(kind, replay)
+        self.nodes[handle] = _GraphNode(kind, replay, params)
         self.node_graph[handle] = capture.graph
         self.graphs[capture.graph].append(handle)
         if capture.deps is not None:  # the dependencies given (cuStreamBeginCaptureToGraph, ...UpdateCapture...)
@@ -2869,6 +2901,7 @@ class FakeDriver:
     NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET = (CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL,
                                              CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY,
                                              CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMSET)
+    NODE_HOST = CUgraphNodeType.CU_GRAPH_NODE_TYPE_HOST
 
     def _topological(self, graph: int) -> list[int] | None:
         """The indices of `graph`'s nodes in an order that runs every node after its dependencies (the earliest
@@ -3267,8 +3300,8 @@ class FakeDriver:
         member (a memset's or memcpy's context, a child graph cloned: CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE), or a
         conditional node (below), after `dependencies` with edge data `dependencyData` (None: default edges) under
         cuGraphAddDependencies's rules, all or nothing; memory allocation and free nodes as cuGraphAddMemAllocNode
-        and cuGraphAddMemFreeNode make them. Not modelled (CUDA_ERROR_NOT_SUPPORTED): host, batch memory operation
-        and external semaphore nodes.
+        and cuGraphAddMemFreeNode make them. Not modelled (CUDA_ERROR_NOT_SUPPORTED): host nodes (cuGraphAddHostNode
+        makes them), batch memory operation and external semaphore nodes.
 
         A child graph moved into its node (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): no clone, the graph itself, owned
         by the node from now on, its nodes the same handles. It runs its nodes as they are when it runs; an
@@ -3709,6 +3742,124 @@ class FakeDriver:
         found.refresh()
         info = CUgraphExecUpdateResultInfo()
         return CUresult(0), info
+
+    # --- host functions and graph host nodes -----------------------------------------------------------------------
+    # cuLaunchHostFunc and host nodes (see the module docstring). A host function is the address of a C function
+    # `void fn(void *userData)` (a ctypes CFUNCTYPE(None, c_void_p) callback, say), given as a CUhostFn or an int, and
+    # is called as HOST_FN(address)(userData) when the stream's earlier work has run: so under the stream rules, at
+    # once on a blocking stream, when waited for on a non-blocking one, on the thread of the call that runs it (CUDA
+    # calls it on a thread of its own). Each call is kept in `host_calls`. Checked on an H200 (driver 580.159.04, the
+    # driver's own cuLaunchHostFunc, not cuda-bindings' wrapper of it: see tests/gpu/programs/host_node_program.py):
+    # a NULL function is CUDA_ERROR_INVALID_VALUE for every call here (cuLaunchHostFunc on a capturing stream too,
+    # the capture going on), as are NULL parameters, a node that is not a host node (GetParams, SetParams,
+    # ExecHostNodeSetParams) and a node not in the executable graph's graph; a captured host node hands back the
+    # function and userData given (the one captured node whose parameters the fake keeps); every replay calls the
+    # function. The fake's choices: the arguments are checked in the order context, function, stream, and an
+    # unknown stream is CUDA_ERROR_INVALID_HANDLE (the H200's driver crashed on a made-up one); the generic node
+    # calls (cuGraphAddNode, cuGraphNodeGetParams) do not make or describe host nodes.
+    @staticmethod
+    def _host_fn_address(fn: Any) -> int:
+        """A host function's address as the wheel takes one: a CUhostFn or an int (None: NULL); anything else is
+        refused as the wheel refuses it (TypeError), a ctypes function object too (pass its address)."""
+        if fn is None:
+            return 0
+        if isinstance(fn, CUhostFn | int):
+            if int(fn) < 0:
+                raise OverflowError("can't convert negative value to unsigned PY_LONG_LONG")
+            return int(fn)
+        raise TypeError("an integer is required")
+
+    @staticmethod
+    def _user_data(value: Any) -> int:
+        """userData as an address: an int (None: NULL). The wheel also takes a buffer (its address); the fake does
+        not (TypeError), so that the journal holds the number the driver was given."""
+        if value is None:
+            return 0
+        if isinstance(value, int) and value >= 0:
+            return value
+        raise TypeError(f"the fake takes userData only as an int address or None, not {type(value).__name__}")
+
+    def _call_host(self, fn: int, user_data: int) -> None:
+        """Call host function `fn` with `user_data`, as the driver does when its turn in the stream comes."""
+        self.host_calls.append((fn, user_data))
+        HOST_FN(fn)(user_data or None)
+
+    def _host_node(self, params: Any) -> tuple[int, _GraphNode | None]:
+        """A host node of CUDA_HOST_NODE_PARAMS `params` (None: CUDA_ERROR_INVALID_VALUE, as is a NULL `fn`; not the
+        fake's CUDA_HOST_NODE_PARAMS: TypeError, as the wheel's). Running it queues the call of `fn(userData)` on the
+        launch stream, as cuLaunchHostFunc on that stream would."""
+        if params is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        if not isinstance(params, CUDA_HOST_NODE_PARAMS):
+            raise TypeError(f"Argument 'nodeParams' has incorrect type (expected CUDA_HOST_NODE_PARAMS, got "
+                            f"{type(params).__name__})")
+        fn, user_data = self._host_fn_address(params.fn), self._user_data(params.userData)
+        if not fn:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        self._note = {"host_node": {"fn": fn, "userData": user_data}}
+        return 0, _GraphNode(self.NODE_HOST,
+                             lambda on: self._enqueue(on, lambda: self._call_host(fn, user_data), self.NODE_HOST),
+                             _HostNode(fn, user_data))
+
+    @_recorded
+    def cuLaunchHostFunc(self, hStream: Any, fn: Any, userData: Any) -> tuple[Any, ...]:  # noqa: N803
+        """`fn(userData)` queued on `hStream` (see above); on a capturing stream, a host node of the capture's graph.
+        Errors: NOT_INITIALIZED, INVALID_CONTEXT (no current context), INVALID_VALUE (a NULL function),
+        INVALID_HANDLE (an unknown stream), in that order; an invalidated capture's STREAM_CAPTURE_INVALIDATED.
+
+        This is the driver's own entry point, not the wheel's wrapper of it: cuda-bindings' driver.cuLaunchHostFunc
+        (13.3.1, measured on an H200) hands the driver a trampoline of its own and data it frees after the first
+        call, so natively a NULL `fn` is accepted (and crashes when its turn comes), a captured node answers that
+        trampoline and data to cuGraphHostNodeGetParams, and the graph's second replay crashes. The fake models none
+        of that: code that must replay a captured host function calls the driver's entry (cuGetProcAddress)."""
+        address, user_data = self._host_fn_address(fn), self._user_data(userData)
+        if err := self._context_error():
+            return _result(err)
+        if not address:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        if not self._stream_ok(hStream):
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE)
+        self._note = {"host_fn": {"fn": address, "userData": user_data}}
+        capture = self._capture_of(hStream)
+        if capture is not None:  # a host node that keeps its parameters (asked back, as on an H200)
+            return _result(self._capture_node(
+                capture, self.NODE_HOST,
+                lambda on: self._enqueue(on, lambda: self._call_host(address, user_data), self.NODE_HOST),
+                _HostNode(address, user_data)))
+        return _result(self._enqueue(hStream, lambda: self._call_host(address, user_data), self.NODE_HOST))
+
+    @_recorded
+    def cuGraphAddHostNode(self, hGraph: Any, dependencies: Any, numDependencies: int,  # noqa: N803
+                           nodeParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
+        if err:
+            return _result(err, 1)
+        err, node = self._host_node(nodeParams)
+        return _result(err, 1) if node is None else self._add_node(hGraph, deps, node)
+
+    @_recorded
+    def cuGraphHostNodeGetParams(self, hNode: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The function and userData the node was given last (cuGraphHostNodeSetParams included; a captured node's,
+        those cuLaunchHostFunc was given); an unknown node or one of another type: CUDA_ERROR_INVALID_VALUE."""
+        err, made = self._node_params_of(hNode, self.NODE_HOST)
+        if err:
+            return _result(err, 1)
+        params = CUDA_HOST_NODE_PARAMS()
+        params.fn, params.userData = CUhostFn(made.fn), made.user_data
+        return CUresult(0), params
+
+    @_recorded
+    def cuGraphHostNodeSetParams(self, hNode: Any, nodeParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The graph's node gets new parameters (executable graphs made from it keep theirs); a node not a host node:
+        CUDA_ERROR_INVALID_VALUE, as are parameters cuGraphAddHostNode refuses."""
+        return self._set_node(hNode, self.NODE_HOST, lambda _context: self._host_node(nodeParams))
+
+    @_recorded
+    def cuGraphExecHostNodeSetParams(self, hGraphExec: Any, hNode: Any, nodeParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The executable graph's copy of `hNode` calls the new function and userData from its next launch; the
+        graph's node keeps its own. A node not in the graph it was instantiated from (or a child graph moved into
+        one of its nodes), or not a host node: CUDA_ERROR_INVALID_VALUE."""
+        return self._set_exec_node(hGraphExec, hNode, self.NODE_HOST, self._host_node(nodeParams))
 
     # --- graphs, their second part: parameters asked back, kernel node attributes, capture into a given graph,
     # instantiation with parameters, memory nodes and the graph memory attributes, the DOT description. A node added

@@ -36,6 +36,7 @@ from ivshmem.driver_api import (
     CALLS,
     ENUMS,
     HOST_FUNCTION_REQUEST,
+    HOST_NODE_FUNCTION_REQUEST,
     IMAGE_BY_DIGEST_REQUEST,
     KERNEL_NODE,
     LAUNCH,
@@ -313,7 +314,8 @@ EMBEDDED = {"LAUNCH": LAUNCH, "KERNEL_NODE": KERNEL_NODE, "MEMSET_NODE": MEMSET_
 # The forwarding layer's own payloads (driver_api), under ORION_<name>_REQ_ / _REP_.
 FORWARDING_LAYER: dict[str, tuple[Schema, Schema | None]] = {
     "POOL_MAP": (POOL_MAP_REQUEST, POOL_MAP_REPLY), "POOL_MIRROR": (POOL_MIRROR_REQUEST, POOL_MIRROR_REPLY),
-    "HOST_FUNCTION": (HOST_FUNCTION_REQUEST, None), "IMAGE_BY_DIGEST": (IMAGE_BY_DIGEST_REQUEST, None)}
+    "HOST_FUNCTION": (HOST_FUNCTION_REQUEST, None), "HOST_NODE_FUNCTION": (HOST_NODE_FUNCTION_REQUEST, None),
+    "IMAGE_BY_DIGEST": (IMAGE_BY_DIGEST_REQUEST, None)}
 
 
 def _fields_schema(name: str, fields: str) -> Schema:

@@ -162,7 +162,8 @@ static int kernel_params(const CUDA_KERNEL_NODE_PARAMS *k, uint8_t *small, size_
                           && ORION_REP_##call##_SIZE == ORION_REP_cuGraphAddEmptyNode_SIZE)
 _Static_assert(NODE_REPLY(cuGraphAddChildGraphNode) && NODE_REPLY(cuGraphAddEventRecordNode)
                && NODE_REPLY(cuGraphAddEventWaitNode) && NODE_REPLY(cuGraphAddMemsetNode)
-               && NODE_REPLY(cuGraphAddMemcpyNode) && NODE_REPLY(cuGraphAddKernelNode), "one node reply");
+               && NODE_REPLY(cuGraphAddMemcpyNode) && NODE_REPLY(cuGraphAddKernelNode)
+               && NODE_REPLY(cuGraphAddHostNode), "one node reply");
 static int send_node_call(uint32_t opcode, const uint8_t *head, size_t head_len, const CUgraphNode *deps,
                           size_t count, const void *tail, size_t tail_len, CUgraphNode *node) {
     struct orion_piece pieces[3] = { { head, head_len }, { deps, count * sizeof *deps }, { tail, tail_len } };
@@ -229,6 +230,61 @@ CUresult cuGraphAddEventWaitNode(CUgraphNode *node, CUgraph graph, CUgraphNode c
                                  CUevent event) {
     return add_event_node(ORION_OP_cuGraphAddEventWaitNode, "cuGraphAddEventWaitNode", node, graph, deps, count,
                           event);
+}
+
+static int malformed_reply(const char *what);
+
+/* A host node: its function is guest code, so it travels as the page-locked words that stand for (fn, userData)
+ * (host_functions.c), which the host's node hands to oriond's trampoline; the function runs here at each run. */
+CUresult cuGraphAddHostNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
+                            CUDA_HOST_NODE_PARAMS const *params) {
+    int status = node_args("cuGraphAddHostNode", node, deps, count);
+    uint64_t words = 0;
+    if (status == CUDA_SUCCESS) status = params ? orion_host_node_words(params->fn, params->userData, &words)
+                                                : CUDA_ERROR_INVALID_VALUE;
+    if (status != CUDA_SUCCESS) return status;
+    uint8_t head[ORION_REQ_cuGraphAddHostNode_SIZE + ORION_LENGTH_BYTES];
+    orion_put_u64(head + ORION_REQ_cuGraphAddHostNode_graph, handle_word(graph));
+    orion_put_u64(head + ORION_REQ_cuGraphAddHostNode_words, words);
+    orion_put_u32(head + ORION_REQ_cuGraphAddHostNode_deps, (uint32_t)count);
+    return send_node_call(ORION_OP_cuGraphAddHostNode, head, sizeof head, deps, count, NULL, 0, node);
+}
+
+CUresult cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS *params) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t request[ORION_REQ_cuGraphHostNodeGetParams_SIZE], reply[ORION_REP_cuGraphHostNodeGetParams_SIZE];
+    orion_put_u64(request + ORION_REQ_cuGraphHostNodeGetParams_node, handle_word(node));
+    int status = orion_thread_forward(ORION_OP_cuGraphHostNodeGetParams, request, sizeof request, reply, sizeof reply,
+                                      0);
+    if (status != CUDA_SUCCESS) return status;
+    CUhostFn fn;
+    void *data;
+    if (!orion_host_node_function(orion_get_u64(reply + ORION_REP_cuGraphHostNodeGetParams_words), &fn, &data))
+        return malformed_reply("cuGraphHostNodeGetParams");
+    params->fn = fn;
+    params->userData = data;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphHostNodeSetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS const *params) {
+    uint64_t words = 0;
+    int status = params ? orion_host_node_words(params->fn, params->userData, &words) : CUDA_ERROR_INVALID_VALUE;
+    if (status != CUDA_SUCCESS) return status;
+    uint8_t request[ORION_REQ_cuGraphHostNodeSetParams_SIZE];
+    orion_put_u64(request + ORION_REQ_cuGraphHostNodeSetParams_node, handle_word(node));
+    orion_put_u64(request + ORION_REQ_cuGraphHostNodeSetParams_words, words);
+    return orion_thread_forward(ORION_OP_cuGraphHostNodeSetParams, request, sizeof request, NULL, 0, 0);
+}
+
+CUresult cuGraphExecHostNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA_HOST_NODE_PARAMS const *params) {
+    uint64_t words = 0;
+    int status = params ? orion_host_node_words(params->fn, params->userData, &words) : CUDA_ERROR_INVALID_VALUE;
+    if (status != CUDA_SUCCESS) return status;
+    uint8_t request[ORION_REQ_cuGraphExecHostNodeSetParams_SIZE];
+    orion_put_u64(request + ORION_REQ_cuGraphExecHostNodeSetParams_exec, handle_word(exec));
+    orion_put_u64(request + ORION_REQ_cuGraphExecHostNodeSetParams_node, handle_word(node));
+    orion_put_u64(request + ORION_REQ_cuGraphExecHostNodeSetParams_words, words);
+    return orion_thread_forward(ORION_OP_cuGraphExecHostNodeSetParams, request, sizeof request, NULL, 0, 0);
 }
 
 CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
@@ -704,7 +760,6 @@ void orion_graph_destroyed(CUgraph graph) {
 
 /* What the generic calls do not serve, each said once (the strings' addresses are what orion_first_time keeps). */
 static const char *const node_type_not_forwarded[NODE_TYPES] = {
-    [NODE_HOST] = "a graph host node (CUgraphNodeParams of type CU_GRAPH_NODE_TYPE_HOST)",
     [NODE_EXT_SEMAS_SIGNAL] = "a graph external semaphore signal node (CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL)",
     [NODE_EXT_SEMAS_WAIT] = "a graph external semaphore wait node (CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT)",
     [NODE_BATCH_MEM_OP] = "a graph batch memory operation node (CU_GRAPH_NODE_TYPE_BATCH_MEM_OP)",
@@ -751,6 +806,7 @@ static int node_by_type(CUgraphNode *node, CUgraph graph, const CUgraphNode *dep
     /* the allocation's address comes back in the caller's `alloc.dptr`, as cuda.h says of cuGraphAddNode */
     case NODE_MEM_ALLOC: return cuGraphAddMemAllocNode(node, graph, deps, count, &p->alloc);
     case NODE_MEM_FREE: return cuGraphAddMemFreeNode(node, graph, deps, count, p->mem_free);
+    case NODE_HOST: return cuGraphAddHostNode(node, graph, deps, count, &p->host);
     default: return CUDA_ERROR_INVALID_VALUE; /* params_checked let no other type through */
     }
 }
@@ -905,6 +961,7 @@ CUresult cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams *params) {
     case NODE_EMPTY: return node_is(node, NODE_EMPTY);
     case NODE_EVENT_RECORD: return cuGraphEventRecordNodeSetEvent(node, params->event.event);
     case NODE_WAIT_EVENT: return cuGraphEventWaitNodeSetEvent(node, params->event.event);
+    case NODE_HOST: return cuGraphHostNodeSetParams(node, &params->host);
     case NODE_GRAPH: return orion_not_forwarded(graph_child_set);
     case NODE_MEM_ALLOC: case NODE_MEM_FREE: return orion_not_forwarded(memory_node_set);
     default: return orion_not_forwarded(conditional_set);
@@ -926,6 +983,7 @@ CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNod
         return status != CUDA_SUCCESS ? status : cuGraphExecChildGraphNodeSetParams(exec, node, params->child.graph);
     case NODE_EVENT_RECORD: return cuGraphExecEventRecordNodeSetEvent(exec, node, params->event.event);
     case NODE_WAIT_EVENT: return cuGraphExecEventWaitNodeSetEvent(exec, node, params->event.event);
+    case NODE_HOST: return cuGraphExecHostNodeSetParams(exec, node, &params->host);
     case NODE_MEM_ALLOC: case NODE_MEM_FREE: return orion_not_forwarded(memory_node_set);
     default: return orion_not_forwarded(conditional_set);
     }

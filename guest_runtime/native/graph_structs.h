@@ -126,6 +126,11 @@ typedef struct {        /* CUDA_EVENT_RECORD_NODE_PARAMS, CUDA_EVENT_WAIT_NODE_P
     CUevent event;
 } event_node_params;
 
+struct CUDA_HOST_NODE_PARAMS_st { /* cuda.h's; CUDA_HOST_NODE_PARAMS_v2 (CUgraphNodeParams.host) begins alike */
+    CUhostFn fn;
+    void *userData;
+};
+
 typedef struct {        /* CUDA_CONDITIONAL_NODE_PARAMS */
     CUgraphConditionalHandle handle;
     int type;           /* CUgraphConditionalNodeType */
@@ -147,6 +152,7 @@ struct CUgraphNodeParams_st {
         conditional_node_params conditional;
         CUDA_MEM_ALLOC_NODE_PARAMS alloc;  /* CUDA_MEM_ALLOC_NODE_PARAMS_v2: the same layout */
         CUdeviceptr mem_free;              /* CUDA_MEM_FREE_NODE_PARAMS: its one field, dptr */
+        CUDA_HOST_NODE_PARAMS host;        /* CUDA_HOST_NODE_PARAMS_v2: fn and userData first */
     };
     long long reserved2;
 };
@@ -165,8 +171,10 @@ _Static_assert(sizeof(CUgraphNodeParams) == 256 && offsetof(CUgraphNodeParams, k
                offsetof(CUgraphNodeParams, child.ownership) == 24 &&
                offsetof(CUgraphNodeParams, conditional.phGraph_out) == 32 &&
                offsetof(CUgraphNodeParams, alloc.dptr) == 128 && offsetof(CUgraphNodeParams, mem_free) == 16 &&
+               offsetof(CUgraphNodeParams, host.userData) == 24 &&
                offsetof(CUgraphNodeParams, reserved2) == 248,
                "CUgraphNodeParams as cuda.h (13.0) lays it out");
+_Static_assert(sizeof(CUDA_HOST_NODE_PARAMS) == 16, "CUDA_HOST_NODE_PARAMS as cuda.h lays it out");
 _Static_assert(sizeof(CUgraphConditionalHandle) == 8, "a conditional handle travels as a u64");
 
 /* --- graph_calls.c, for graph_queries.c --------------------------------------------------------------------------- */

@@ -30,6 +30,19 @@
  * later cuLaunchHostFunc or cuStreamAddCallback answers the error itself. Until some call answers it, a callback
  * queued behind work that failed waits, as the guest cannot ask the host while another thread holds the channel.
  *
+ * Host nodes (graph_calls.c's cuGraphAddHostNode and its setters) and a host function while a stream capture may be
+ * under way (which the capture must record as a host node) cannot be a pair of memory operations: a graph's
+ * operations carry fixed values, and a replay would find its sequence number already released. They are tokens
+ * instead: one per (function, data) pair, a pair of words in the same block (TOKEN_BYTES each, after the slots'). The
+ * node the host makes calls oriond's trampoline (host_agent/host_nodes.py) with the token's words: each run adds one
+ * to `reached` and waits until `release` reaches the new count. The watcher runs the token's function once for each
+ * count `reached` moved past the last it ran (`ran`), and then stores that count in `release`; so every run of every
+ * node holding the token runs the function once, in the order the host's driver runs them, and the stream waits for
+ * it. Tokens are never reused (the guest cannot know when the last node holding one went); TOKENS of them at most
+ * (a new pair beyond answers CUDA_ERROR_OUT_OF_MEMORY, said once). A relayed session's GPU host cannot reach the
+ * guest's words: host nodes answer CUDA_ERROR_NOT_SUPPORTED there (said once), and a host function while a capture may
+ * be under way keeps the path below (a capturing stream refuses it).
+ *
  * A host function may not call CUDA (as the driver documents); cuLaunchHostFunc from inside one answers
  * CUDA_ERROR_NOT_PERMITTED. A slot belongs to one stream at a time (the NULL and legacy streams: per context). Sequence numbers only grow
  * within a slot (compared cyclically, as GEQ does), so a slot whose queue is empty may pass to another stream: the
@@ -51,6 +64,9 @@
 
 #define SLOTS 256       /* streams with host functions at once: one page of words */
 #define SLOT_BYTES 16   /* reached (u32), release (u32), padding */
+#define TOKENS 512      /* (function, data) pairs run as host nodes: one page of words after the slots' */
+#define TOKEN_BYTES 8   /* reached (u32, counted by oriond's trampoline), release (u32, counted here) */
+#define BLOCK_BYTES (SLOTS * SLOT_BYTES + TOKENS * TOKEN_BYTES)
 #define SPINS 2000      /* polls without sleeping after a function ran or was queued */
 #define MAX_SLEEP_NS 1000000L
 #define WAIT_GEQ 0      /* CU_STREAM_WAIT_VALUE_GEQ */
@@ -88,6 +104,12 @@ struct slot {
     struct call *head, *tail; /* queued, in order */
 };
 
+struct token {
+    CUhostFn fn;
+    void *data;
+    uint32_t ran; /* the runs whose function ran: release's value (the watcher's alone) */
+};
+
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t queued = PTHREAD_COND_INITIALIZER;
 static struct slot slots[SLOTS];
@@ -96,6 +118,8 @@ static uint64_t block_device;   /* the device pointer of the same words */
 static int watching;            /* the watcher thread runs */
 static int relayed;             /* the GPU cannot reach the words (a relayed session): the relay runs the stream's
                                    side of each function (HOST_FUNCTION) */
+static struct token tokens[TOKENS];
+static unsigned token_count;    /* tokens[0 .. token_count) are made (never unmade): the watcher polls them all */
 static unsigned pending_calls;  /* queued functions, over all slots */
 static unsigned spinning;       /* queued functions whose sync mode is CU_HOST_TASK_SPINWAIT */
 static atomic_int exiting;
@@ -104,6 +128,10 @@ static _Thread_local int in_host_function; /* the watcher thread: functions run 
 
 static _Atomic uint32_t *reached_word(int i) { return (_Atomic uint32_t *)(block + (size_t)i * SLOT_BYTES); }
 static _Atomic uint32_t *release_word(int i) { return (_Atomic uint32_t *)(block + (size_t)i * SLOT_BYTES + 4); }
+
+static uint8_t *token_words(unsigned t) { return block + SLOTS * SLOT_BYTES + (size_t)t * TOKEN_BYTES; }
+static _Atomic uint32_t *token_reached(unsigned t) { return (_Atomic uint32_t *)token_words(t); }
+static _Atomic uint32_t *token_release(unsigned t) { return (_Atomic uint32_t *)(token_words(t) + 4); }
 
 /* (int32_t)(word - seq) >= 0: the cyclic comparison CU_STREAM_WAIT_VALUE_GEQ makes. */
 static int reached(uint32_t word, uint32_t seq) { return (int32_t)(word - seq) >= 0; }
@@ -133,6 +161,18 @@ static int run_reached(void) {
             pthread_mutex_lock(&lock);
         }
     }
+    for (unsigned t = 0; t < token_count && !atomic_load(&exiting); t++) {
+        struct token *k = &tokens[t]; /* its fn and data never change; `ran` is this thread's */
+        while (k->ran != atomic_load_explicit(token_reached(t), memory_order_acquire) && !atomic_load(&exiting)) {
+            uint32_t run = k->ran + 1;
+            pthread_mutex_unlock(&lock);
+            if (!atomic_load(&failed)) k->fn(k->data); /* dropped once the process's CUDA failed, as queued ones are */
+            atomic_store_explicit(token_release(t), run, memory_order_release); /* the trampoline returns */
+            k->ran = run;
+            ran = 1;
+            pthread_mutex_lock(&lock);
+        }
+    }
     pthread_mutex_unlock(&lock);
     return ran;
 }
@@ -148,7 +188,7 @@ static void *watch(void *unused) {
             continue;
         }
         pthread_mutex_lock(&lock);
-        while (!pending_calls && !atomic_load(&exiting)) { /* nothing queued: no polling at all */
+        while (!pending_calls && !token_count && !atomic_load(&exiting)) { /* nothing to watch: no polling at all */
             pthread_cond_wait(&queued, &lock);
             spins = sleep_ns = 0;
         }
@@ -173,6 +213,8 @@ static void release_all(void) {
     if (!block) return;
     for (int i = 0; i < SLOTS; i++)
         if (slots[i].used) atomic_store_explicit(release_word(i), slots[i].seq, memory_order_release);
+    for (unsigned t = 0; t < token_count; t++) /* the runs begun so far return */
+        atomic_store_explicit(token_release(t), atomic_load(token_reached(t)), memory_order_release);
 }
 
 /* In a fork child: the parent's functions are the parent's; start afresh (lock and all). */
@@ -188,6 +230,8 @@ static void forget_in_child(void) {
         }
         slots[i] = (struct slot){ 0 };
     }
+    memset(tokens, 0, sizeof tokens);
+    token_count = 0;
     block = NULL;
     block_device = 0;
     relayed = 0;
@@ -229,7 +273,7 @@ static int start(void) {
     if (!block) {
         void *words = NULL;
         unsigned long long device = 0;
-        int status = orion_pool_alloc(&words, SLOTS * SLOT_BYTES); /* the GPU must reach it: never the fallback */
+        int status = orion_pool_alloc(&words, BLOCK_BYTES); /* the GPU must reach it: never the fallback */
         if (status == CUDA_SUCCESS) status = cuMemHostGetDevicePointer(&device, words, 0);
         if (status == CUDA_SUCCESS) {
             status = probe_words(device);
@@ -373,13 +417,14 @@ static CUresult enqueue(CUstream hStream, struct call proto) {
     return status;
 }
 
-/* --- stream capture: a host function cannot be captured here ---------------------------------------------------
+/* --- stream capture: a host function as a host node -------------------------------------------------------------
  * The pair of stream memory operations a host function is made of would be captured as two memory-operation nodes,
  * and a replay of the graph would find its sequence number already released: the function would run at most once.
- * So while any capture may be under way in this process (begun and not yet ended: `captures`), a host function's
- * stream is asked first, as a callback's always is: a capturing stream answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
- * and its capture is invalidated (the driver would add a host node instead: an error, never a graph that is wrong).
- * No capture under way costs nothing. */
+ * So while any capture may be under way in this process (begun and not yet ended: `captures`), a local session's
+ * host function runs as a host node does (its token through oriond's trampoline, which a capture records as a host
+ * node, as the driver's would be); a relayed session's stream is asked first, as a callback's always is: a capturing
+ * stream answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and its capture is invalidated (an error, never a graph that is
+ * wrong). No capture under way costs nothing. */
 static atomic_int captures;
 
 void orion_capture_began(int status) {
@@ -405,10 +450,74 @@ static int stream_takes_host_work(CUstream hStream) {
     return status == NOT_READY ? CUDA_SUCCESS : status;
 }
 
-/* A host function: its stream asked first only while a capture may be under way. */
+/* Under `lock`, the block started: the token of (fn, data), made at first use; -1 when TOKENS are made. */
+static int token_of(CUhostFn fn, void *data) {
+    for (unsigned t = 0; t < token_count; t++)
+        if (tokens[t].fn == fn && tokens[t].data == data) return (int)t;
+    if (token_count == TOKENS) return -1;
+    tokens[token_count] = (struct token){ .fn = fn, .data = data, .ran = atomic_load(token_reached(token_count)) };
+    token_count++;
+    pthread_cond_signal(&queued); /* the watcher polls tokens from now on */
+    return (int)token_count - 1;
+}
+
+int orion_host_node_words(CUhostFn fn, void *data, uint64_t *words) {
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    if (in_host_function) return NOT_PERMITTED;
+    if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    (void)pthread_once(&hooks_once, install_hooks);
+    pthread_mutex_lock(&lock);
+    int status = start(), t = -1;
+    if (status == CUDA_SUCCESS && relayed) status = CUDA_ERROR_NOT_SUPPORTED;
+    if (status == CUDA_SUCCESS && (t = token_of(fn, data)) < 0) status = CUDA_ERROR_OUT_OF_MEMORY;
+    if (status == CUDA_SUCCESS) *words = (uint64_t)(uintptr_t)token_words((unsigned)t);
+    int was_relayed = relayed;
+    pthread_mutex_unlock(&lock);
+    if (status == CUDA_ERROR_NOT_SUPPORTED && was_relayed)
+        return orion_not_forwarded("a graph host node on a relayed session (the GPU host cannot reach the guest)");
+    if (status == CUDA_ERROR_OUT_OF_MEMORY && t < 0)
+        fprintf(stderr, "orion: %d (function, data) pairs run as host nodes already; no more can be made\n", TOKENS);
+    return status;
+}
+
+int orion_host_node_function(uint64_t words, CUhostFn *fn, void **data) {
+    pthread_mutex_lock(&lock);
+    int found = 0;
+    for (unsigned t = 0; t < token_count && !found; t++) {
+        if ((uint64_t)(uintptr_t)token_words(t) != words) continue;
+        *fn = tokens[t].fn;
+        *data = tokens[t].data;
+        found = 1;
+    }
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+
+/* A host function while a capture may be under way, on a local session: run as a host node runs it (its token, on
+ * `hStream` through oriond's trampoline: HOST_NODE_FUNCTION), so that a capturing stream records a host node; asked
+ * synchronously, so the host's answer (a stream not the session's, a capture that refuses it) is the call's. */
+static CUresult host_node_function(CUstream hStream, CUhostFn fn, void *data) {
+    uint64_t words = 0;
+    int status = orion_host_node_words(fn, data, &words);
+    if (status != CUDA_SUCCESS) return status;
+    uint8_t request[ORION_HOST_NODE_FUNCTION_REQ_SIZE];
+    orion_put_u64(request + ORION_HOST_NODE_FUNCTION_REQ_stream, (uint64_t)(uintptr_t)hStream);
+    orion_put_u64(request + ORION_HOST_NODE_FUNCTION_REQ_words, words);
+    return orion_thread_forward(ORION_OP_HOST_NODE_FUNCTION, request, sizeof request, NULL, 0, 0);
+}
+
+/* A host function: while a capture may be under way, a local session's runs as a host node runs it; a relayed
+ * session's stream is asked first (a capturing one refuses it). No capture under way costs nothing. */
 static CUresult enqueue_function(CUstream hStream, struct call proto) {
     if (atomic_load(&captures) > 0) {
         int status = refused_now();
+        if (status == CUDA_SUCCESS) {
+            pthread_mutex_lock(&lock);
+            status = start();
+            int local = !relayed;
+            pthread_mutex_unlock(&lock);
+            if (status == CUDA_SUCCESS && local) return host_node_function(hStream, proto.fn, proto.data);
+        }
         if (status == CUDA_SUCCESS) status = stream_takes_host_work(hStream);
         if (status != CUDA_SUCCESS) return status;
     }

@@ -23,8 +23,12 @@
  * embedded structs and the forwarding layer's payloads): the hand-written C never spells an offset */
 #include "orion_layouts.h"
 
-/* The forwarding layer's own opcodes: the pool's mapping, and a pinned copy (its call's opcode + ORION_PINNED_COPY). */
-enum { ORION_OP_POOL_MAP = 0x1000, ORION_OP_HOST_FUNCTION = 0x1002, ORION_PINNED_COPY = 0x2000 };
+/* The forwarding layer's own opcodes: the pool's mapping, a relayed host function, a host function run as a host node
+ * runs it, and a pinned copy (its call's opcode + ORION_PINNED_COPY). */
+enum {
+    ORION_OP_POOL_MAP = 0x1000, ORION_OP_HOST_FUNCTION = 0x1002, ORION_OP_HOST_NODE_FUNCTION = 0x1003,
+    ORION_PINNED_COPY = 0x2000,
+};
 
 
 /* --- context_stacks.c: the calling thread's contexts and the host's ------------------------------------------- */
@@ -108,5 +112,10 @@ void *orion_host_function_entry(const char *symbol, int version);
  * cuStreamBeginCaptureToGraph call them): while one may be under way, a host function's stream is asked first. */
 void orion_capture_began(int status);
 void orion_capture_ended(int status);
+/* The guest's address of the page-locked words that stand for (fn, data) in a host node (made at first use), which
+ * oriond's trampoline counts runs in: a CUresult (NOT_SUPPORTED on a relayed session). */
+int orion_host_node_words(CUhostFn fn, void *data, uint64_t *words);
+/* The (fn, data) that `words` stand for: whether they are this process's. */
+int orion_host_node_function(uint64_t words, CUhostFn *fn, void **data);
 
 #endif

@@ -177,9 +177,10 @@ def test_codec_kinds_cover_the_scalar_codes_of_the_table() -> None:
 def test_the_native_drivers_forwarding_layer_opcodes_are_the_tables() -> None:
     """guest_runtime/native/orion_guest.h spells the forwarding layer's own opcodes by hand: POOL_MAP, HOST_FUNCTION
     (served by a relaying oriond) and the pinned-copy bit must be the values both hosts decode."""
-    from ivshmem.driver_api import HOST_FUNCTION_OPCODE, PINNED_COPY, POOL_MAP_OPCODE
+    from ivshmem.driver_api import HOST_FUNCTION_OPCODE, HOST_NODE_FUNCTION_OPCODE, PINNED_COPY, POOL_MAP_OPCODE
     header = (REPO / "guest_runtime" / "native" / "orion_guest.h").read_text()
     spelled = {name: int(value, 0) for name, value in re.findall(r"(ORION_OP_POOL_MAP|ORION_OP_HOST_FUNCTION|"
-                                                                   r"ORION_PINNED_COPY) = (0x[0-9A-Fa-f]+)", header)}
+                                                                   r"ORION_OP_HOST_NODE_FUNCTION|ORION_PINNED_COPY) "
+                                                                   r"= (0x[0-9A-Fa-f]+)", header)}
     assert spelled == {"ORION_OP_POOL_MAP": POOL_MAP_OPCODE, "ORION_OP_HOST_FUNCTION": HOST_FUNCTION_OPCODE,
-                       "ORION_PINNED_COPY": PINNED_COPY}
+                       "ORION_OP_HOST_NODE_FUNCTION": HOST_NODE_FUNCTION_OPCODE, "ORION_PINNED_COPY": PINNED_COPY}
