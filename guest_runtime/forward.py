@@ -100,7 +100,7 @@ NATIVE_ONLY = frozenset({"cuOccupancyMaxActiveClusters", "cuTensorMapEncodeTiled
                          "cuDeviceGetGraphMemAttribute", "cuDeviceSetGraphMemAttribute",
                          "cuMemcpy2D", "cuMemcpy2DUnaligned", "cuMemcpy2DAsync", "cuMemcpy3D", "cuMemcpy3DAsync",
                          "cuMemcpy3DPeer", "cuMemcpy3DPeerAsync",
-                         "cuLinkCreate", "cuLinkAddData", "cuLinkComplete",
+                         "cuLinkCreate", "cuLinkAddData", "cuLinkComplete", "cuStreamBatchMemOp",
                          *(name for name in CALLS if name.startswith("cuGraph") and not CALLS[name].generic)})
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
 LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption

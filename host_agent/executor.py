@@ -63,6 +63,7 @@ from ivshmem.errors import RecordError
 from ivshmem.record import AGENT_INFO_REPLY, BIND_REPLY, BIND_REQUEST, CUDA_OPCODE_BASE, Op, Record, Status
 from ivshmem.region import Region
 
+from .batch_mem_ops import BatchMemOpCalls
 from .call_handlers import HOST, POLICY  # the calls written out here and in the mixins
 from .diagnostics import DiagnosticsHandler
 from .gpu_memory import MeterFactory
@@ -117,8 +118,8 @@ def _load_driver() -> Any:
     return driver
 
 
-class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraCalls, HostNodeCalls, GraphCalls,
-                   MemPoolCalls, StructuredCopies, DiagnosticsHandler):
+class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraCalls, HostNodeCalls, BatchMemOpCalls,
+                   GraphCalls, MemPoolCalls, StructuredCopies, DiagnosticsHandler):
     """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
 
     call_table = table_digest()  # what a forwarding client's HELLO must name

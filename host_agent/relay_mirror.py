@@ -39,8 +39,12 @@ from .pinned_pool import HostPool
 
 LAUNCHES = frozenset(CALLS[name].opcode for name in ("cuLaunchKernel", "cuLaunchKernelEx",
                                                       "cuLaunchCooperativeKernel"))
-# Stream memory operations: refused on page-locked memory (relay_session.py, _refuse_memory_operation).
+# Stream memory operations: refused on page-locked memory (relay_session.py, _refuse_memory_operation); the batch
+# ones (their operations a list: driver_api.BATCH_MEM_OP) when any operation names it.
 MEMORY_OPERATIONS = frozenset(CALLS[name].opcode for name in ("cuStreamWaitValue32", "cuStreamWriteValue32"))
+BATCH_OPERATIONS = frozenset(CALLS[name].opcode for name in ("cuStreamBatchMemOp", "cuGraphAddBatchMemOpNode",
+                                                              "cuGraphBatchMemOpNodeSetParams",
+                                                              "cuGraphExecBatchMemOpNodeSetParams"))
 # Calls after whose answer the guest may look at what the GPU wrote.
 WAITS = frozenset(CALLS[name].opcode for name in ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
                                                    "cuStreamQuery", "cuEventQuery"))
@@ -104,12 +108,23 @@ class MirrorRelay:
         return found
 
     def names_pool(self, record: Record) -> bool:
-        """Whether a stream memory operation's address (the u64 after its stream) lies in the pool."""
+        """Whether a stream memory operation's address (the u64 after its stream), or any of a batch's, lies in the
+        pool. A batch that does not decode is the GPU host's to refuse."""
         pool = self.pool
-        if len(record.payload) < 16 or not pool.guest_base:
+        if not pool.guest_base:
             return False
-        (address,) = _U64.unpack_from(record.payload, 8)
-        return pool.guest_base <= address < pool.guest_base + pool.size
+        if record.opcode in BATCH_OPERATIONS:
+            request = BY_OPCODE[record.opcode].request
+            try:
+                fields = dict(zip((name for name, _ in request.fields), request.decode(record.payload), strict=True))
+            except RecordError:
+                return False
+            addresses = [address for _operation, _flags, address, _value in fields["ops"]]
+        elif len(record.payload) >= 16:
+            addresses = [_U64.unpack_from(record.payload, 8)[0]]
+        else:
+            return False
+        return any(pool.guest_base <= address < pool.guest_base + pool.size for address in addresses)
 
     def unmirrored(self, named: list[tuple[int, int]]) -> list[int]:
         """Pool offsets of the allocations a launch names (`scan`) that are not mirrored yet."""

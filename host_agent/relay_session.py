@@ -56,11 +56,12 @@ from . import hot_path, relay_uva
 from .handler import Reply, ReplyFailed
 from .pinned_pool import BOOKKEEPING_OPCODES
 from .relay_frames import ConnectionLost, FrameStream, FrameWriter
-from .relay_mirror import LAUNCHES, MEMORY_OPERATIONS, WAITS, MirrorRelay
+from .relay_mirror import BATCH_OPERATIONS, LAUNCHES, MEMORY_OPERATIONS, WAITS, MirrorRelay
 from .relay_pool import RELAY_MAY_ANSWER, Forward, PoolRelay
 from .stream_endpoint import CHUNK, StreamEndpoint
 
 log = logging.getLogger(__name__)
+NAMES_POOL = MEMORY_OPERATIONS | BATCH_OPERATIONS  # refused where an address lies in the pool (mirror.names_pool)
 
 CONTEXT_SYNCHRONIZE = CALLS["cuCtxSynchronize"].opcode
 STREAM_SYNCHRONIZE, DRIVER_VERSION = CALLS["cuStreamSynchronize"], CALLS["cuDriverGetVersion"]
@@ -134,7 +135,8 @@ class Relay:
         table[HOST_FUNCTION_OPCODE] = 0  # the relay's own to serve
         if self.pool is not None:
             for opcode in range(0x10000):
-                if opcode & PINNED_COPY or opcode in BOOKKEEPING_OPCODES or opcode in RELAY_MAY_ANSWER:
+                if opcode & PINNED_COPY or opcode in BOOKKEEPING_OPCODES or opcode in RELAY_MAY_ANSWER \
+                        or opcode in BATCH_OPERATIONS:  # (a batch's addresses: Python's to read)
                     table[opcode] = 0
             for opcode, how in relay_uva.DEVICE_SIDES.items():  # Python's when a device side is pool memory
                 table[opcode] = how
@@ -214,7 +216,7 @@ class Relay:
         tail = None
         mirror = self.mirror
         if mirror is not None and not opcode & PINNED_COPY:
-            if opcode in MEMORY_OPERATIONS and mirror.names_pool(record):
+            if opcode in NAMES_POOL and mirror.names_pool(record):
                 self._refuse_memory_operation(record)
                 return
             if opcode in LAUNCHES:

@@ -118,8 +118,6 @@ UNSUPPORTED: list[tuple[str, str]] = [
      r"|cuGraphExecExternalSemaphores\w+NodeSetParams",
      "graph external semaphore nodes: their semaphores are OS objects of the GPU host imported with "
      "cuImportExternalSemaphore, which is not forwarded"),
-    (r"cuGraphAddBatchMemOpNode|cuGraphBatchMemOpNode[GS]etParams|cuGraphExecBatchMemOpNodeSetParams",
-     "graph batch memory-operation nodes: " + _not_yet("their CUstreamBatchMemOpParams arrays")),
     (r"cuGraphAddNode_v3|cuGraphNodeSetParams_v2",
      "CUDA 13.1's ABIs of the generic node calls, whose kernel nodes answer CUDA_ERROR_INVALID_CONTEXT where `ctx` "
      "is not the context of `func` (the CUDA 13.0 calls a host driver may have do not check): not yet forwarded "
@@ -128,8 +126,9 @@ UNSUPPORTED: list[tuple[str, str]] = [
      "recapture into a graph calls the guest's CUgraphRecaptureCallback from the GPU host's driver: not forwarded"),
     (r"cuGraphRetainUserObject|cuGraphReleaseUserObject|cuUserObject",
      "user objects run a destructor callback of the guest's on the GPU host: not forwarded"),
-    (r"cuStreamBatchMemOp|cuStreamBeginCaptureToCig|cuStreamEndCaptureToCig|cuStreamGetDevResource",
-     "batched memory operations, capture into a given graph: " + _not_yet("their structures")),
+    (r"cuStreamBeginCaptureToCig|cuStreamEndCaptureToCig|cuStreamGetDevResource",
+     "capture into a CUDA-in-graphics (CIG) graph and a stream's device resources: their objects are a graphics "
+     "context's and a green context's, which are not forwarded either"),
     (r"cuGreenCtx|cuCtxFromGreenCtx|cuDevResource|cuDevSmResourceSplit|cuCtxGetDevResource|cuDeviceGetDevResource"
      r"|cuStreamGetGreenCtx",
      "green contexts and device resources partition the GPU's SMs, which a vGPU shares and does not own"),

@@ -261,6 +261,9 @@ ALLOCATION_PROP = ("kind:i32 handle_types:i32 location_kind:i32 location:i32 com
 MEM_LOCATION = "location_kind:i32 location:i32"
 POOL_PROPS = f"kind:i32 handle_types:i32 {MEM_LOCATION} max_size:u64 usage:u16 rdma_capable:u8"
 
+# A CUstreamBatchMemOpParams as it travels: operation, flags, address, value (cuStreamBatchMemOp, batch nodes).
+BATCH_MEM_OP = "[iIQQ]"
+
 # A CUDA_KERNEL_NODE_PARAMS as it travels: its function (or CUkernel), context and launch dimensions; the kernel's
 # parameters follow as a launch's do (packed by their layout), `extra` never travels.
 KERNEL_NODE = ("function:u64 kernel:u64 context:u64 grid_x:u32 grid_y:u32 grid_z:u32 block_x:u32 block_y:u32 "
@@ -565,6 +568,22 @@ _SPEC: list[tuple[Any, ...]] = [
      {"request": "node:u64 words:u64"}),
     ("cuGraphExecHostNodeSetParams", "CUresult (CUgraphExec, CUgraphNode, CUDA_HOST_NODE_PARAMS const *)",
      "in in host_node_params", {"request": "exec:u64 node:u64 words:u64"}),
+    # Batch memory operations and batch memory-operation nodes (host_agent/batch_mem_ops.py): each
+    # CUstreamBatchMemOpParams as BATCH_MEM_OP travels (its operation, its flags, the address and value of a wait or
+    # write: a 32-bit one's value zero-extended), a node's CUDA_BATCH_MEM_OP_NODE_PARAMS as its context, flags and ops.
+    ("cuStreamBatchMemOp", "CUresult (CUstream, unsigned int, CUstreamBatchMemOpParams *, unsigned int)",
+     "in count batch_mem_ops in", {"request": f"stream:u64 flags:u32 ops:{BATCH_MEM_OP}", "posted": True}),
+    ("cuGraphAddBatchMemOpNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, size_t, "
+     "CUDA_BATCH_MEM_OP_NODE_PARAMS const *)", "out in nodes_in count batch_mem_op_node_params",
+     {"request": f"graph:u64 context:u64 flags:u32 ops:{BATCH_MEM_OP} deps:[Q]", "reply": "node:u64"}),
+    ("cuGraphBatchMemOpNodeGetParams", "CUresult (CUgraphNode, CUDA_BATCH_MEM_OP_NODE_PARAMS *)",
+     "in batch_mem_op_node_params_out",
+     {"request": "node:u64", "reply": f"context:u64 flags:u32 ops:{BATCH_MEM_OP}"}),
+    ("cuGraphBatchMemOpNodeSetParams", "CUresult (CUgraphNode, CUDA_BATCH_MEM_OP_NODE_PARAMS const *)",
+     "in batch_mem_op_node_params", {"request": f"node:u64 context:u64 flags:u32 ops:{BATCH_MEM_OP}"}),
+    ("cuGraphExecBatchMemOpNodeSetParams", "CUresult (CUgraphExec, CUgraphNode, "
+     "CUDA_BATCH_MEM_OP_NODE_PARAMS const *)", "in in batch_mem_op_node_params",
+     {"request": f"exec:u64 node:u64 context:u64 flags:u32 ops:{BATCH_MEM_OP}"}),
     # Memory pools made by the program, CUDA 13's pools by location, and the virtual-memory queries: their structs
     # field by field, each device location as the guest's ordinal (host_agent/mem_pool_calls.py).
     ("cuMemPoolCreate", "CUresult (CUmemoryPool *, CUmemPoolProps const *)", "out pool_props",

@@ -106,13 +106,14 @@ To keep it honest:
   (OWNERSHIP_MOVE) is the graph itself, owned by the node (not destroyable, instantiable or usable by cuGraphExecUpdate
   on its own: CUDA_ERROR_INVALID_VALUE, as cuda.h restricts it), its nodes the same handles, so cuGraphExec*SetParams
   sets them through the parent's executable graph. A node's parameters come back as they were given
-  (cuGraph*NodeGetParams, cuGraphNodeGetParams; a captured node's, but for a host node's, are not modelled:
-  CUDA_ERROR_NOT_SUPPORTED), kernel node attributes are kept as their bytes, captures may begin into a given graph
-  after given dependencies and change their dependency set, and memory allocation and free nodes make and free graph
-  allocations under cuda.h's rules (the fake's choices named at each method, from "graphs, their second part" on). Not
-  modelled: batch memory operation and external semaphore nodes, host nodes through the generic calls (cuGraphAddNode,
-  cuGraphNodeGetParams), CUDA arrays (CUDA_ERROR_NOT_SUPPORTED), node priorities, and setting a conditional body's
-  node through an executable graph (CUDA_ERROR_INVALID_VALUE here).
+  (cuGraph*NodeGetParams, cuGraphNodeGetParams; a captured node's, but for a host node's and a batch memory-operation
+  node's, are not modelled: CUDA_ERROR_NOT_SUPPORTED), kernel node attributes are kept as their bytes, captures may
+  begin into a given graph after given dependencies and change their dependency set, and memory allocation and free
+  nodes make and free graph allocations under cuda.h's rules (the fake's choices named at each method, from "graphs,
+  their second part" on). Not modelled: external semaphore nodes, host nodes and batch memory-operation nodes through
+  the generic calls (cuGraphAddNode, cuGraphNodeGetParams, cuGraphNodeSetParams), CUDA arrays
+  (CUDA_ERROR_NOT_SUPPORTED), node priorities, and setting a conditional body's node through an executable graph
+  (CUDA_ERROR_INVALID_VALUE here).
 * Host functions (cuLaunchHostFunc) and host nodes (cuGraphAddHostNode, cuGraphHostNodeGet/SetParams,
   cuGraphExecHostNodeSetParams): the function, a C function's address (a CUhostFn or an int, as the wheel takes it),
   is really called, `HOST_FN(address)(userData)`, when its turn in stream order comes (the stream rules above: at
@@ -120,6 +121,15 @@ To keep it honest:
   after its dependencies), on the thread of the call that runs it, where CUDA uses a thread of its own; the calls made
   are kept in `FakeDriver.host_calls`. NULL functions answer CUDA_ERROR_INVALID_VALUE. What was checked on an H200 and
   the fake's choices are named in their section ("host functions and graph host nodes").
+* Batch memory operations (cuStreamBatchMemOp) and batch memory-operation nodes (cuGraphAddBatchMemOpNode,
+  cuGraphBatchMemOpNodeGet/SetParams, cuGraphExecBatchMemOpNodeSetParams): the wheel's CUstreamBatchMemOpParams and
+  CUDA_BATCH_MEM_OP_NODE_PARAMS are modelled over C memory of cuda.h's layout (getPtr(), `_ptr`), unions included, and
+  as the wheel reads them: a CUDA_BATCH_MEM_OP_NODE_PARAMS's `paramArray` lists only operations set from Python, so
+  the one cuGraphBatchMemOpNodeGetParams fills reads [] there, its operations at its pointer (getPtr() + 16, `count`
+  structs of 48 bytes; `batch_ops_at` reads them). Waits and writes of 32 and 64 bits do what cuStreamWaitValue32 and
+  cuStreamWriteValue32 do, in array order; barriers and flushes nothing observable; a batch captured is one
+  BATCH_MEM_OP node that keeps its operations. The rules and the fake's choices are named in their section ("batch
+  memory operations and batch memory-operation nodes"); none was checked on a GPU.
 
 Every call is recorded in `FakeDriver.calls` and, when `journal` names a file, appended to it as one JSON line
 (`{"pid", "name", "args", "result", ...}`) before the call returns: the executor runs in a forked session
@@ -288,6 +298,22 @@ CUgraphConditionalNodeType = IntEnum("CUgraphConditionalNodeType", [  # type: ig
 CUgraphChildGraphNodeOwnership = IntEnum("CUgraphChildGraphNodeOwnership", [  # type: ignore[misc]
     ("CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE", 0), ("CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE", 1),
 ])
+CUstreamBatchMemOpType = IntEnum("CUstreamBatchMemOpType", [  # type: ignore[misc]
+    ("CU_STREAM_MEM_OP_WAIT_VALUE_32", 1), ("CU_STREAM_MEM_OP_WRITE_VALUE_32", 2),
+    ("CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES", 3), ("CU_STREAM_MEM_OP_WAIT_VALUE_64", 4),
+    ("CU_STREAM_MEM_OP_WRITE_VALUE_64", 5), ("CU_STREAM_MEM_OP_BARRIER", 6),
+    ("CU_STREAM_MEM_OP_ATOMIC_REDUCTION", 8),  # the 13.x wheel's (not in CUDA 13.0's cuda.h): not modelled
+])
+CUstreamWaitValue_flags = IntEnum("CUstreamWaitValue_flags", [  # type: ignore[misc]
+    ("CU_STREAM_WAIT_VALUE_GEQ", 0), ("CU_STREAM_WAIT_VALUE_EQ", 1), ("CU_STREAM_WAIT_VALUE_AND", 2),
+    ("CU_STREAM_WAIT_VALUE_NOR", 3), ("CU_STREAM_WAIT_VALUE_FLUSH", 1 << 30),
+])
+CUstreamWriteValue_flags = IntEnum("CUstreamWriteValue_flags", [  # type: ignore[misc]
+    ("CU_STREAM_WRITE_VALUE_DEFAULT", 0), ("CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER", 1),
+])
+CUstreamMemoryBarrier_flags = IntEnum("CUstreamMemoryBarrier_flags", [  # type: ignore[misc]
+    ("CU_STREAM_MEMORY_BARRIER_TYPE_SYS", 0), ("CU_STREAM_MEMORY_BARRIER_TYPE_GPU", 1),
+])
 CUstreamAttrID = IntEnum("CUstreamAttrID", [  # type: ignore[misc]  # the wheel's: CUlaunchAttributeID's members
     ("CU_LAUNCH_ATTRIBUTE_IGNORE", 0), ("CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW", 1),
     ("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", 2), ("CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY", 3),
@@ -439,7 +465,8 @@ ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUmemPo
                                            CUevent_wait_flags, CUmemorytype, CUgraphExecUpdateResult,
                                            CUgraphConditionalNodeType, CUgraphChildGraphNodeOwnership,
                                            CUkernelNodeAttrID, CUgraphMem_attribute, CUgraphInstantiateResult,
-                                           CUstreamAttrID)
+                                           CUstreamAttrID, CUstreamBatchMemOpType, CUstreamWaitValue_flags,
+                                           CUstreamWriteValue_flags, CUstreamMemoryBarrier_flags)
 ADD_KERNEL = b"orion_fake_add_u32"  # the one kernel the fake runs (FakeDriver._add_kernel)
 HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # CUhostFn's C type: how the fake calls a host function
 # cuCtxGetLimit's answers in a new context, as an H100 gives them (SHMEM_SIZE and PER_BLOCK_MEMORY_SIZE are not
@@ -827,6 +854,188 @@ class cuuint32_t:  # noqa: N801 - the wheel's name
         return self._value
 
 
+BATCH_OP_SIZE = 48  # sizeof(CUstreamBatchMemOpParams): cuda.h's union, padded to six cuuint64_t
+MAX_BATCH_OPS = 255  # cuStreamBatchMemOp's count "must be less than 256" (cuda.h 13.0's comment of the parameter)
+
+
+def _c_field(offset: int, fmt: str, wrap: Callable[[int], Any] = int) -> Any:
+    """A field of a C struct at `offset` (a struct format: "<i" an enum, "<I" unsigned int, "<Q" a 64-bit value or
+    pointer), read as `wrap(the number)` and set from anything int() takes (None for a pointer or handle), as the
+    wheel's setters take them (a value that does not fit: OverflowError)."""
+    def get(self: _CStruct) -> Any:
+        return wrap(struct.unpack_from(fmt, self._bytes(), offset)[0])
+
+    bits = 8 * struct.calcsize(fmt)
+    low, high = (-(1 << (bits - 1)), 1 << (bits - 1)) if fmt[-1].islower() else (0, 1 << bits)
+
+    handle = wrap in (CUdeviceptr, CUcontext)  # a pointer or handle: None is NULL, as the wheel takes it
+
+    def put(self: _CStruct, value: Any) -> None:
+        number = 0 if value is None and handle else int(value)
+        if not low <= number < high:  # checked first: struct.pack_into zeroes the field before it refuses
+            raise OverflowError(f"can't convert {number} to the field's C type ({fmt})")
+        struct.pack_into(fmt, self._bytes(), offset, number)
+    return property(get, put)
+
+
+def _c_member(cls: type[_CStruct], offset: int = 0) -> Any:
+    """A struct member of a C struct or union: read, a view of the same bytes (as the wheel's members are); set, a
+    copy of the given struct's bytes (only `cls`: TypeError)."""
+    def get(self: _CStruct) -> Any:
+        return cls(_ptr=self.getPtr() + offset, _owner=self)
+
+    def put(self: _CStruct, value: Any) -> None:
+        if not isinstance(value, cls):
+            raise TypeError(f"expected {cls.__name__}, got {type(value).__name__}")
+        ctypes.memmove(self.getPtr() + offset, value.getPtr(), cls.SIZE)
+    return property(get, put)
+
+
+class _CStruct:
+    """A wheel struct over C memory, as the wheel's are: its own bytes (zeroed), or those at `_ptr` (another
+    object's, which `_owner` keeps alive, or memory the caller holds); getPtr() gives their address."""
+
+    SIZE = 0
+
+    def __init__(self, _ptr: int = 0, _owner: Any = None) -> None:
+        self._buffer = None if _ptr else ctypes.create_string_buffer(max(self.SIZE, 1))
+        self._ptr = int(_ptr) or ctypes.addressof(self._buffer)  # type: ignore[arg-type]
+        self._owner = _owner
+
+    def getPtr(self) -> int:  # noqa: N802 - the wheel's name
+        return self._ptr
+
+    def _bytes(self) -> Any:
+        return (ctypes.c_char * self.SIZE).from_address(self._ptr)
+
+
+class CUstreamMemOpWaitValueParams_st(_CStruct):  # noqa: N801 - the wheel's name
+    """cuda.h's waitValue member: operation, address, value (the low 32 bits of value64: a union), flags, alias."""
+
+    SIZE = 40
+    operation = _c_field(0, "<i", lambda v: CUstreamBatchMemOpType(v))  # ValueError for an unknown one, as the wheel
+    address = _c_field(8, "<Q", CUdeviceptr)
+    value = _c_field(16, "<I", lambda v: cuuint32_t(v))
+    value64 = _c_field(16, "<Q", lambda v: cuuint64_t(v))
+    flags = _c_field(24, "<I")
+    alias = _c_field(32, "<Q", CUdeviceptr)
+
+
+class CUstreamMemOpWriteValueParams_st(CUstreamMemOpWaitValueParams_st):  # noqa: N801 - the wheel's name
+    """cuda.h's writeValue member: the same layout as waitValue's."""
+
+
+class CUstreamMemOpFlushRemoteWritesParams_st(_CStruct):  # noqa: N801 - the wheel's name
+    SIZE = 8
+    operation = _c_field(0, "<i", lambda v: CUstreamBatchMemOpType(v))
+    flags = _c_field(4, "<I")
+
+
+class CUstreamMemOpMemoryBarrierParams_st(CUstreamMemOpFlushRemoteWritesParams_st):  # noqa: N801 - the wheel's name
+    pass
+
+
+class CUstreamBatchMemOpParams(_CStruct):
+    """The wheel's CUstreamBatchMemOpParams: cuda.h's 48-byte union at getPtr() (its own, or the one at `_ptr`).
+    `operation` is the tag every member starts with; `waitValue`, `writeValue`, `flushRemoteWrites` and
+    `memoryBarrier` are views of the same bytes (set one from a struct of its type: its bytes are copied), so writing
+    one member's field changes the others', as in C. Setting `operation` takes any int, as the wheel does; reading an
+    operation CUstreamBatchMemOpType lacks raises ValueError (a fresh one's 0 too), as the wheel's getter does. Not
+    modelled: the `atomicReduction` member and `pad`."""
+
+    SIZE = BATCH_OP_SIZE
+    operation = _c_field(0, "<i", lambda v: CUstreamBatchMemOpType(v))
+    waitValue = _c_member(CUstreamMemOpWaitValueParams_st)
+    writeValue = _c_member(CUstreamMemOpWriteValueParams_st)
+    flushRemoteWrites = _c_member(CUstreamMemOpFlushRemoteWritesParams_st)
+    memoryBarrier = _c_member(CUstreamMemOpMemoryBarrierParams_st)
+
+    def __repr__(self) -> str:
+        return f"CUstreamBatchMemOpParams({_batch_op(ctypes.string_at(self._ptr, BATCH_OP_SIZE)).plain()})"
+
+
+class CUDA_BATCH_MEM_OP_NODE_PARAMS(_CStruct):  # noqa: N801 - the wheel's name
+    """The wheel's CUDA_BATCH_MEM_OP_NODE_PARAMS: cuda.h's struct at getPtr() (ctx at 0, count at 8, the paramArray
+    pointer at 16, flags at 24). As the wheel's: setting `paramArray` (a list or tuple of CUstreamBatchMemOpParams:
+    TypeError for anything else, None included) copies the operations into an array the object owns and points the
+    struct at it, but does not set `count`; reading it lists copies of the operations set that way, and none where
+    the struct was filled in C (as cuGraphBatchMemOpNodeGetParams fills it: the wheel's getter lists only what was
+    set from Python, so there `paramArray` reads []; the operations are the `count` structs of BATCH_OP_SIZE bytes
+    at the pointer at getPtr() + 16, each readable as CUstreamBatchMemOpParams(_ptr=address))."""
+
+    SIZE = 32
+    ctx = _c_field(0, "<Q", CUcontext)
+    count = _c_field(8, "<I")
+    flags = _c_field(24, "<I")
+
+    def __init__(self, _ptr: int = 0, _owner: Any = None) -> None:
+        super().__init__(_ptr, _owner)
+        self._array: Any = None  # the operations set from Python (an array this object owns)
+        self._length = 0
+
+    @property
+    def _array_address(self) -> int:
+        """The paramArray pointer in the C struct (not a wheel attribute: the fake's own reading of getPtr() + 16)."""
+        value: int = struct.unpack_from("<Q", self._bytes(), 16)[0]
+        return value
+
+    @property
+    def paramArray(self) -> list[CUstreamBatchMemOpParams]:  # noqa: N802 - the wheel's name
+        address = self._array_address
+        return [_batch_op_copy(address + BATCH_OP_SIZE * i) for i in range(self._length)] if address else []
+
+    @paramArray.setter
+    def paramArray(self, value: Any) -> None:  # noqa: N802 - the wheel's name
+        length = len(value)  # TypeError for None and non-sequences, as the wheel's
+        if not all(isinstance(v, CUstreamBatchMemOpParams) for v in value):
+            raise TypeError("paramArray takes CUstreamBatchMemOpParams only")  # the wheel reads anything as one
+        self._array = ctypes.create_string_buffer(
+            b"".join(ctypes.string_at(v.getPtr(), BATCH_OP_SIZE) for v in value), max(BATCH_OP_SIZE * length, 1))
+        self._length = length
+        struct.pack_into("<Q", self._bytes(), 16, ctypes.addressof(self._array) if length else 0)
+
+    def __repr__(self) -> str:
+        return f"CUDA_BATCH_MEM_OP_NODE_PARAMS({json.dumps(plain(self))})"
+
+
+@dataclass(frozen=True)
+class _BatchOp:
+    """One CUstreamBatchMemOpParams as the driver reads it: its operation, its member's address, value (32 or 64
+    bits as the operation says) and flags, and its 48 bytes as given."""
+    operation: int
+    address: int
+    value: int
+    flags: int
+    raw: bytes
+
+    def plain(self) -> dict[str, int]:
+        return {"operation": self.operation, "address": self.address, "value": self.value, "flags": self.flags}
+
+
+def _batch_op(raw: bytes) -> _BatchOp:
+    """The operation whose C struct is `raw`: a wait or write (32 bits: 1, 2; 64: 4, 5) by its value member; a
+    flush (3) or barrier (6) by its flags (address and value 0); any other read as a 64-bit value operation."""
+    operation = struct.unpack_from("<i", raw)[0]
+    if operation in (3, 6):
+        return _BatchOp(operation, 0, 0, struct.unpack_from("<I", raw, 4)[0], raw)
+    address, value64, flags = struct.unpack_from("<QQI", raw, 8)
+    return _BatchOp(operation, address, value64 & 0xFFFFFFFF if operation in (1, 2) else value64, flags, raw)
+
+
+def _batch_op_copy(address: int) -> CUstreamBatchMemOpParams:
+    """A CUstreamBatchMemOpParams of its own holding the 48 bytes at `address`."""
+    op = CUstreamBatchMemOpParams()
+    ctypes.memmove(op.getPtr(), address, BATCH_OP_SIZE)
+    return op
+
+
+def batch_ops_at(params: CUDA_BATCH_MEM_OP_NODE_PARAMS) -> list[CUstreamBatchMemOpParams]:
+    """The `count` operations a CUDA_BATCH_MEM_OP_NODE_PARAMS points at, read as the driver reads them (for tests:
+    what cuGraphBatchMemOpNodeGetParams hands back, whose `paramArray` attribute reads [] as the wheel's does)."""
+    address = params._array_address
+    return [_batch_op_copy(address + BATCH_OP_SIZE * i) for i in range(int(params.count))] if address else []
+
+
 class CUtensorMap:
     """The wheel's 128-byte opaque descriptor (64-byte aligned in C): its bytes at getPtr()."""
 
@@ -892,6 +1101,15 @@ def plain(value: Any) -> Any:
         if len(data) <= 256:
             out["hex"] = data.hex()
         return out
+    if isinstance(value, CUstreamBatchMemOpParams):  # {operation, address, value, flags}
+        return _batch_op(ctypes.string_at(value.getPtr(), BATCH_OP_SIZE)).plain()
+    if isinstance(value, CUDA_BATCH_MEM_OP_NODE_PARAMS):  # its fields, and the operations the driver reads
+        count, address = int(value.count), value._array_address
+        own = value._array is not None and address == ctypes.addressof(value._array)
+        readable = min(count, value._length) if own else count if count <= MAX_BATCH_OPS else 0
+        ops = [_batch_op(ctypes.string_at(address + BATCH_OP_SIZE * i, BATCH_OP_SIZE)).plain()
+               for i in range(readable if address else 0)]
+        return {"ctx": int(value.ctx), "count": count, "flags": int(value.flags), "paramArray": ops}
     if isinstance(value, list | tuple):
         return [plain(v) for v in value]
     return repr(value)
@@ -1033,6 +1251,9 @@ H100_ATTRIBUTES = {
     11: 2147483647, 12: 65536, 14: 512, 15: 1, 19: 1, 31: 1, 32: 1, 36: 2_619_000, 37: 5120, 38: 52_428_800,
     39: 2048, 40: 3, 41: 1, 75: 9, 76: 0, 78: 1, 79: 1, 80: 1, 81: 233_472, 82: 65536, 83: 1, 86: 2, 88: 1,
     95: 1, 97: 232_448, 102: 1, 106: 32, 111: 1024, 115: 1,
+    # the stream memory operations the fake models (CAN_USE_STREAM_MEM_OPS_V1, CAN_USE_64_BIT_STREAM_MEM_OPS,
+    # CAN_USE_STREAM_WAIT_VALUE_NOR): NVIDIA's documents say an H100 has them; not read on one here
+    92: 1, 122: 1, 123: 1,
 }
 
 @dataclass
@@ -1169,6 +1390,16 @@ class _HostNode:
     user_data: int
 
 
+@dataclass(frozen=True)
+class _BatchNode:
+    """A batch memory-operation node's parameters: its operations (as given, in order), context as given (0: NULL)
+    and flags, and the context it runs in (`home`: the one given, or the current one when it was given)."""
+    ops: tuple[_BatchOp, ...]
+    context: int
+    flags: int
+    home: int = 0
+
+
 @dataclass
 class _Link:
     """A JIT link state (cuLinkCreate): its inputs (type, name, data) in order, and the cubin once complete (the
@@ -1262,6 +1493,14 @@ class FakeDriver:
     CUgraphInstantiateResult, CUDA_GRAPH_INSTANTIATE_PARAMS = CUgraphInstantiateResult, CUDA_GRAPH_INSTANTIATE_PARAMS
     CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEM_FREE_NODE_PARAMS = CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEM_FREE_NODE_PARAMS
     CUhostFn, CUDA_HOST_NODE_PARAMS = CUhostFn, CUDA_HOST_NODE_PARAMS
+    CUstreamBatchMemOpType, CUstreamBatchMemOpParams = CUstreamBatchMemOpType, CUstreamBatchMemOpParams
+    CUDA_BATCH_MEM_OP_NODE_PARAMS = CUDA_BATCH_MEM_OP_NODE_PARAMS
+    CUstreamMemOpWaitValueParams_st, CUstreamMemOpWriteValueParams_st = (CUstreamMemOpWaitValueParams_st,
+                                                                         CUstreamMemOpWriteValueParams_st)
+    CUstreamMemOpFlushRemoteWritesParams_st, CUstreamMemOpMemoryBarrierParams_st = (
+        CUstreamMemOpFlushRemoteWritesParams_st, CUstreamMemOpMemoryBarrierParams_st)
+    CUstreamWaitValue_flags, CUstreamWriteValue_flags = CUstreamWaitValue_flags, CUstreamWriteValue_flags
+    CUstreamMemoryBarrier_flags = CUstreamMemoryBarrier_flags
 
     def __init__(self, devices: int = 2, total_mem: tuple[int, ...] | None = None, journal: str | None = None,
                  initialized: bool = False, context_bytes: int = CONTEXT_BYTES,
@@ -2902,6 +3141,7 @@ class FakeDriver:
                                              CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY,
                                              CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMSET)
     NODE_HOST = CUgraphNodeType.CU_GRAPH_NODE_TYPE_HOST
+    NODE_BATCH_MEM_OP = CUgraphNodeType.CU_GRAPH_NODE_TYPE_BATCH_MEM_OP
 
     def _topological(self, graph: int) -> list[int] | None:
         """The indices of `graph`'s nodes in an order that runs every node after its dependencies (the earliest
@@ -3301,7 +3541,8 @@ class FakeDriver:
         conditional node (below), after `dependencies` with edge data `dependencyData` (None: default edges) under
         cuGraphAddDependencies's rules, all or nothing; memory allocation and free nodes as cuGraphAddMemAllocNode
         and cuGraphAddMemFreeNode make them. Not modelled (CUDA_ERROR_NOT_SUPPORTED): host nodes (cuGraphAddHostNode
-        makes them), batch memory operation and external semaphore nodes.
+        makes them), batch memory-operation nodes (cuGraphAddBatchMemOpNode makes them) and external semaphore
+        nodes.
 
         A child graph moved into its node (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): no clone, the graph itself, owned
         by the node from now on, its nodes the same handles. It runs its nodes as they are when it runs; an
@@ -3860,6 +4101,195 @@ class FakeDriver:
         graph's node keeps its own. A node not in the graph it was instantiated from (or a child graph moved into
         one of its nodes), or not a host node: CUDA_ERROR_INVALID_VALUE."""
         return self._set_exec_node(hGraphExec, hNode, self.NODE_HOST, self._host_node(nodeParams))
+
+    # --- batch memory operations and batch memory-operation nodes ------------------------------------------------
+    # cuStreamBatchMemOp and cuGraphAddBatchMemOpNode, cuGraphBatchMemOpNodeGet/SetParams and
+    # cuGraphExecBatchMemOpNodeSetParams. Each operation is a CUstreamBatchMemOpParams (the driver reads its C bytes):
+    # a wait or write of 32 or 64 bits does what cuStreamWaitValue32 and cuStreamWriteValue32 do (the same code, 64
+    # bits wide for WAIT/WRITE_VALUE_64: a cyclic GEQ on int64_t), in array order, under the stream rules (a write
+    # lands in stream order; a wait holds the stream's later work back until its condition holds); a barrier and a
+    # flush of remote writes do nothing observable. What the driver refuses, CUDA_ERROR_INVALID_VALUE, all of a batch
+    # or none of it: a count of 0 or of 256 and more (cuda.h: "must be less than 256"; 0 is the fake's choice), flags
+    # other than 0 (cuda.h: "must be 0"), a NULL array, an operation cuda.h lacks, a wait's or write's address not
+    # aligned to its width or without memory behind its 4 or 8 bytes (the single calls' rule), a wait's condition
+    # beyond GEQ, EQ, AND, NOR (| FLUSH), a write's flags beyond NO_MEMORY_BARRIER, a barrier's beyond SYS and GPU, a
+    # flush's other than 0 (cuda.h). An atomic reduction (the 13.x wheel's CU_STREAM_MEM_OP_ATOMIC_REDUCTION, which
+    # CUDA 13.0's cuda.h lacks) is not modelled: CUDA_ERROR_NOT_SUPPORTED. A flush is taken although
+    # CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES answers 0, as cuStreamWaitValue32 takes CU_STREAM_WAIT_VALUE_FLUSH.
+    # On a capturing stream a batch is one BATCH_MEM_OP node that keeps its operations (asked back as given). A node
+    # keeps its operations' bytes as given, its context (NULL: the current one must exist) and flags (0, the fake's
+    # choice: cuda.h names none), checked as cuStreamBatchMemOp checks a batch; running it resolves each address
+    # again (memory freed since: that operation does nothing, where a GPU would fault). cuGraphExecBatchMemOpNodeSet-
+    # Params holds to cuda.h's rule: only a wait's or write's address and value, and a wait's condition (not its FLUSH
+    # bit), may change. None of this was checked on a GPU: tests/gpu/programs/batch_mem_op_program.py asks.
+    def _batch_action(self, op: _BatchOp) -> Callable[[], bool | None]:
+        """What `op` (checked) does when its turn in a stream comes, its word resolved now: no memory behind it any
+        more (a node's, memory freed since it was made) or a barrier or flush, nothing."""
+        if op.operation not in (1, 2, 4, 5):
+            return lambda: None
+        size = 4 if op.operation in (1, 2) else 8
+        word = self._word(op.address, size)
+        if word is None:
+            return lambda: None
+        if op.operation in (2, 5):
+            return self._write_of(word, op.value)
+        return self._wait_of(word, op.value, op.flags & ~CU_STREAM_WAIT_VALUE_FLUSH, 8 * size)
+
+    def _batch_op_error(self, op: _BatchOp) -> int:
+        """0 when the driver takes `op`, else its error (see above)."""
+        if op.operation in (1, 2, 4, 5):
+            size = 4 if op.operation in (1, 2) else 8
+            if op.address % size or self._word(op.address, size) is None:
+                return CUresult.CUDA_ERROR_INVALID_VALUE
+            if op.operation in (1, 4):
+                bad = not 0 <= op.flags & ~CU_STREAM_WAIT_VALUE_FLUSH <= 3
+            else:
+                bad = bool(op.flags & ~1)  # CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER is the only flag
+            return CUresult.CUDA_ERROR_INVALID_VALUE if bad else 0
+        if op.operation == CUstreamBatchMemOpType.CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES:
+            return 0 if op.flags == 0 else CUresult.CUDA_ERROR_INVALID_VALUE
+        if op.operation == CUstreamBatchMemOpType.CU_STREAM_MEM_OP_BARRIER:
+            return 0 if op.flags in (0, 1) else CUresult.CUDA_ERROR_INVALID_VALUE
+        if op.operation == CUstreamBatchMemOpType.CU_STREAM_MEM_OP_ATOMIC_REDUCTION:
+            return CUresult.CUDA_ERROR_NOT_SUPPORTED
+        return CUresult.CUDA_ERROR_INVALID_VALUE
+
+    def _batch_ops(self, raws: list[bytes] | None, count: int, flags: int) -> tuple[int, tuple[_BatchOp, ...]]:
+        """(0, the operations of `raws`, their C structs) or (the error, ()): see above."""
+        if raws is None or flags or not 0 < count <= MAX_BATCH_OPS:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, ()
+        ops = tuple(_batch_op(raw) for raw in raws)
+        for op in ops:
+            if err := self._batch_op_error(op):
+                return err, ()
+        return 0, ops
+
+    @staticmethod
+    def _batch_list(value: Any, count: int) -> list[bytes] | None:
+        """The C structs of the first `count` operations of a paramArray as the wheel takes one: a list or tuple of
+        CUstreamBatchMemOpParams (TypeError for anything else, RuntimeError when shorter than `count`); None for
+        None (NULL)."""
+        if value is None:
+            return None
+        if not isinstance(value, list | tuple) or not all(isinstance(v, CUstreamBatchMemOpParams) for v in value):
+            raise TypeError("Argument 'paramArray' is not instance of type (expected "
+                            "tuple[cydriver.CUstreamBatchMemOpParams,] or list[cydriver.CUstreamBatchMemOpParams,]")
+        if count > len(value):
+            raise RuntimeError(f"List is too small: {len(value)} < {count}")
+        return [ctypes.string_at(v.getPtr(), BATCH_OP_SIZE) for v in value[:count]]
+
+    def _batch_replay(self, made: _BatchNode) -> Callable[[Any], object]:
+        """What a batch node runs on the launch stream: each operation queued in order, as cuStreamBatchMemOp there
+        would queue it (its address resolved at launch)."""
+        return lambda on: [self._enqueue(on, self._batch_action(op), self.NODE_BATCH_MEM_OP) for op in made.ops]
+
+    @_recorded
+    def cuStreamBatchMemOp(self, stream: Any, count: int, paramArray: Any, flags: int) -> tuple[Any, ...]:  # noqa: N803
+        """The operations queued on `stream` in array order (see above), or on a capturing stream one BATCH_MEM_OP
+        node of the capture's graph (its context the capture's, its flags 0). Errors: the stream's (NOT_INITIALIZED,
+        INVALID_CONTEXT, INVALID_HANDLE), then the batch's (INVALID_VALUE, NOT_SUPPORTED: above); an invalidated
+        capture's STREAM_CAPTURE_INVALIDATED."""
+        raws = self._batch_list(paramArray, int(count))
+        if err := self._stream_error(stream):
+            return _result(err)
+        err, ops = self._batch_ops(raws, int(count), int(flags))
+        if err:
+            return _result(err)
+        capture = self._capture_of(stream)
+        if capture is not None:
+            made = _BatchNode(ops, capture.context, 0, capture.context)
+            return _result(self._capture_node(capture, self.NODE_BATCH_MEM_OP, self._batch_replay(made), made))
+        for op in ops:
+            self._enqueue(stream, self._batch_action(op))
+        return _result(0)
+
+    def _batch_node(self, params: Any) -> tuple[int, _GraphNode | None]:
+        """A batch memory-operation node of CUDA_BATCH_MEM_OP_NODE_PARAMS `params` (None: CUDA_ERROR_INVALID_VALUE;
+        not the fake's CUDA_BATCH_MEM_OP_NODE_PARAMS: TypeError, as the wheel's): `count` operations read at its
+        paramArray pointer (more than were set from Python: CUDA_ERROR_INVALID_VALUE, the fake's choice where a driver
+        would read past the array), its context (NULL: the current one; CUDA_ERROR_INVALID_CONTEXT without) and flags,
+        checked as cuStreamBatchMemOp checks a batch (flags other than 0: the fake's choice)."""
+        if params is None:
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        if not isinstance(params, CUDA_BATCH_MEM_OP_NODE_PARAMS):
+            raise TypeError(f"Argument 'nodeParams' has incorrect type (expected CUDA_BATCH_MEM_OP_NODE_PARAMS, got "
+                            f"{type(params).__name__})")
+        if err := self._node_context(params.ctx):
+            return err, None
+        count, address = int(params.count), params._array_address
+        own = params._array is not None and address == ctypes.addressof(params._array)
+        if not address or not 0 < count <= MAX_BATCH_OPS or (own and count > params._length):
+            return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        raws = [ctypes.string_at(address + BATCH_OP_SIZE * i, BATCH_OP_SIZE) for i in range(count)]
+        err, ops = self._batch_ops(raws, count, int(params.flags))
+        if err:
+            return err, None
+        made = _BatchNode(ops, int(params.ctx), int(params.flags), int(params.ctx) or self._current() or 0)
+        return 0, _GraphNode(self.NODE_BATCH_MEM_OP, self._batch_replay(made), made)
+
+    @staticmethod
+    def _batch_change_allowed(old: Any, new: Any) -> bool:
+        """cuda.h's rule for cuGraphExecBatchMemOpNodeSetParams: the context (the one it runs in: NULL is the current
+        one), flags, count and each operation's type stay; a wait's FLUSH bit, a write's flags and a barrier's or
+        flush's stay (a wait's condition may change, and any wait's or write's address and value)."""
+        if not isinstance(old, _BatchNode):  # a captured single operation's node: its parameters are not modelled
+            return True
+        if (old.home, old.flags, len(old.ops)) != (new.home, new.flags, len(new.ops)):
+            return False
+        for was, now in zip(old.ops, new.ops, strict=True):
+            if was.operation != now.operation:
+                return False
+            kept = CU_STREAM_WAIT_VALUE_FLUSH if was.operation in (1, 4) else 0xFFFFFFFF
+            if (was.flags ^ now.flags) & kept:
+                return False
+        return True
+
+    def _batch_params_out(self, node: int, made: _BatchNode) -> Any:  # the wheel's CUDA_BATCH_MEM_OP_NODE_PARAMS
+        """The node's parameters as the driver hands them back: context, count and flags as given, the pointer at
+        getPtr() + 16 at the node's copy of its operations (the bytes given), which the node owns (`node_memory`:
+        kept until its parameters are asked again after a change). As the wheel reads such a struct, `paramArray`
+        is [] (see CUDA_BATCH_MEM_OP_NODE_PARAMS)."""
+        kept = self.node_memory.get(node)
+        if kept is None or kept[0] is not made:
+            data = b"".join(op.raw for op in made.ops)
+            kept = self.node_memory[node] = (made, ctypes.create_string_buffer(data, max(len(data), 1)))
+        params = CUDA_BATCH_MEM_OP_NODE_PARAMS()
+        params.ctx, params.count, params.flags = made.context, len(made.ops), made.flags
+        struct.pack_into("<Q", params._bytes(), 16, ctypes.addressof(kept[1]))
+        return params
+
+    @_recorded
+    def cuGraphAddBatchMemOpNode(self, hGraph: Any, dependencies: Any, numDependencies: int,  # noqa: N803
+                                 nodeParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        err, deps = self._node_inputs(hGraph, dependencies, numDependencies)
+        if err:
+            return _result(err, 1)
+        err, node = self._batch_node(nodeParams)
+        return _result(err, 1) if node is None else self._add_node(hGraph, deps, node)
+
+    @_recorded
+    def cuGraphBatchMemOpNodeGetParams(self, hNode: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The context, count, flags and operations the node was given last (cuGraphBatchMemOpNodeSetParams
+        included; a node captured from cuStreamBatchMemOp: its operations, the capture's context, flags 0; one
+        captured from cuStreamWriteValue32 or cuStreamWaitValue32: not modelled, CUDA_ERROR_NOT_SUPPORTED); an unknown
+        node or one of another type: CUDA_ERROR_INVALID_VALUE. The operations are read at the struct's pointer, not
+        from `paramArray` (the wheel's reads [] there)."""
+        err, made = self._node_params_of(hNode, self.NODE_BATCH_MEM_OP)
+        return _result(err, 1) if err else (CUresult(0), self._batch_params_out(int(hNode), made))
+
+    @_recorded
+    def cuGraphBatchMemOpNodeSetParams(self, hNode: Any, nodeParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The graph's node gets new parameters (executable graphs made from it keep theirs); a node not a batch node:
+        CUDA_ERROR_INVALID_VALUE, as are parameters cuGraphAddBatchMemOpNode refuses."""
+        return self._set_node(hNode, self.NODE_BATCH_MEM_OP, lambda _context: self._batch_node(nodeParams))
+
+    @_recorded
+    def cuGraphExecBatchMemOpNodeSetParams(self, hGraphExec: Any, hNode: Any,  # noqa: N803
+                                           nodeParams: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The executable graph's copy of `hNode` runs the new operations from its next launch, where cuda.h's rule
+        allows the change (_batch_change_allowed; else CUDA_ERROR_INVALID_VALUE); the graph's node keeps its own."""
+        return self._set_exec_node(hGraphExec, hNode, self.NODE_BATCH_MEM_OP, self._batch_node(nodeParams),
+                                   self._batch_change_allowed)
 
     # --- graphs, their second part: parameters asked back, kernel node attributes, capture into a given graph,
     # instantiation with parameters, memory nodes and the graph memory attributes, the DOT description. A node added
@@ -4992,18 +5422,19 @@ class FakeDriver:
         return _result(0)
 
     # --- stream memory operations -------------------------------------------------------------------------------
-    def _word(self, address: int) -> tuple[Callable[[], int], Callable[[int], None], bool] | None:
-        """Reader and writer of the 32-bit word at a device address (device memory, or registered host memory,
-        which maps at its own address), and whether it is host memory; None where no memory is."""
-        span = self._span(address, 4)
+    def _word(self, address: int, size: int = 4) -> tuple[Callable[[], int], Callable[[int], None], bool] | None:
+        """Reader and writer of the 32-bit (`size` 4) or 64-bit (8) word at a device address (device memory, or
+        registered host memory, which maps at its own address), and whether it is host memory; None where no
+        memory is."""
+        span = self._span(address, size)
         if span is not None:
             data, offset = span
 
             def write_device(value: int) -> None:
-                data[offset:offset + 4] = value.to_bytes(4, "little")
-            return (lambda: int.from_bytes(data[offset:offset + 4], "little")), write_device, False
-        if any(base <= address and address + 4 <= base + size for base, size in self.registered.items()):
-            cell = ctypes.c_uint32.from_address(address)
+                data[offset:offset + size] = value.to_bytes(size, "little")
+            return (lambda: int.from_bytes(data[offset:offset + size], "little")), write_device, False
+        if any(base <= address and address + size <= base + length for base, length in self.registered.items()):
+            cell = (ctypes.c_uint32 if size == 4 else ctypes.c_uint64).from_address(address)
 
             def write_host(value: int) -> None:
                 cell.value = value
@@ -5011,15 +5442,33 @@ class FakeDriver:
         return None
 
     @staticmethod
-    def wait_satisfied(word: int, value: int, condition: int) -> bool:
-        """CU_STREAM_WAIT_VALUE_GEQ (a cyclic comparison: (int32_t)(word - value) >= 0), EQ, AND, NOR."""
+    def wait_satisfied(word: int, value: int, condition: int, bits: int = 32) -> bool:
+        """CU_STREAM_WAIT_VALUE_GEQ (a cyclic comparison: (int32_t)(word - value) >= 0, int64_t for 64 `bits`), EQ,
+        AND, NOR."""
+        mask = (1 << bits) - 1
         if condition == 0:
-            return (word - value) & 0xFFFFFFFF < 0x80000000
+            return (word - value) & mask < 1 << (bits - 1)
         if condition == 1:
             return word == value
         if condition == 2:
             return bool(word & value)
-        return bool(~(word | value) & 0xFFFFFFFF)
+        return bool(~(word | value) & mask)
+
+    @staticmethod
+    def _write_of(word: tuple[Callable[[], int], Callable[[int], None], bool], value: int) -> Callable[[], None]:
+        """A write of `value` to `word` (_word's accessors), for its turn in a stream."""
+        return lambda: word[1](value)
+
+    def _wait_of(self, word: tuple[Callable[[], int], Callable[[int], None], bool], value: int, condition: int,
+                 bits: int = 32) -> Callable[[], bool]:
+        """A wait until `word` satisfies `condition` against `value` (False while not: _enqueue's held-back wait);
+        marked `on_host` for a word of host memory, which another process may write (_drain polls it)."""
+        read = word[0]
+
+        def wait() -> bool:
+            return self.wait_satisfied(read(), value, condition, bits)
+        wait.on_host = word[2]  # type: ignore[attr-defined]
+        return wait
 
     def _value_op(self, stream: Any, addr: Any, value: Any) -> tuple[int, Any]:
         """(error, the word's accessors) for a stream memory operation's common checks."""
@@ -5037,8 +5486,7 @@ class FakeDriver:
         err, word = self._value_op(stream, addr, value)
         if err or int(flags) & ~1:  # CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER is the only flag
             return _result(err or CUresult.CUDA_ERROR_INVALID_VALUE)
-        number = int(value)
-        return _result(self._enqueue(stream, lambda: word[1](number), CUgraphNodeType.CU_GRAPH_NODE_TYPE_BATCH_MEM_OP))
+        return _result(self._enqueue(stream, self._write_of(word, int(value)), self.NODE_BATCH_MEM_OP))
 
     @_recorded
     def cuStreamWaitValue32(self, stream: Any, addr: Any, value: Any, flags: int) -> tuple[Any, ...]:
@@ -5048,12 +5496,7 @@ class FakeDriver:
         condition = int(flags) & ~CU_STREAM_WAIT_VALUE_FLUSH
         if err or not 0 <= condition <= 3:
             return _result(err or CUresult.CUDA_ERROR_INVALID_VALUE)
-        number, read = int(value), word[0]
-
-        def wait() -> bool:
-            return self.wait_satisfied(read(), number, condition)
-        wait.on_host = word[2]  # type: ignore[attr-defined]
-        return _result(self._enqueue(stream, wait, CUgraphNodeType.CU_GRAPH_NODE_TYPE_BATCH_MEM_OP))
+        return _result(self._enqueue(stream, self._wait_of(word, int(value), condition), self.NODE_BATCH_MEM_OP))
 
     # --- cluster occupancy and tensor maps -------------------------------------------------------------------------
     @_recorded

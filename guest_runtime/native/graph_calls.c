@@ -762,7 +762,6 @@ void orion_graph_destroyed(CUgraph graph) {
 static const char *const node_type_not_forwarded[NODE_TYPES] = {
     [NODE_EXT_SEMAS_SIGNAL] = "a graph external semaphore signal node (CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL)",
     [NODE_EXT_SEMAS_WAIT] = "a graph external semaphore wait node (CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT)",
-    [NODE_BATCH_MEM_OP] = "a graph batch memory operation node (CU_GRAPH_NODE_TYPE_BATCH_MEM_OP)",
 };
 static const char memory_node_set[] =
     "cuGraphNodeSetParams or cuGraphExecNodeSetParams of a memory allocation or free node";
@@ -807,6 +806,7 @@ static int node_by_type(CUgraphNode *node, CUgraph graph, const CUgraphNode *dep
     case NODE_MEM_ALLOC: return cuGraphAddMemAllocNode(node, graph, deps, count, &p->alloc);
     case NODE_MEM_FREE: return cuGraphAddMemFreeNode(node, graph, deps, count, p->mem_free);
     case NODE_HOST: return cuGraphAddHostNode(node, graph, deps, count, &p->host);
+    case NODE_BATCH_MEM_OP: return cuGraphAddBatchMemOpNode(node, graph, deps, count, &p->batch_mem_op);
     default: return CUDA_ERROR_INVALID_VALUE; /* params_checked let no other type through */
     }
 }
@@ -962,6 +962,7 @@ CUresult cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams *params) {
     case NODE_EVENT_RECORD: return cuGraphEventRecordNodeSetEvent(node, params->event.event);
     case NODE_WAIT_EVENT: return cuGraphEventWaitNodeSetEvent(node, params->event.event);
     case NODE_HOST: return cuGraphHostNodeSetParams(node, &params->host);
+    case NODE_BATCH_MEM_OP: return cuGraphBatchMemOpNodeSetParams(node, &params->batch_mem_op);
     case NODE_GRAPH: return orion_not_forwarded(graph_child_set);
     case NODE_MEM_ALLOC: case NODE_MEM_FREE: return orion_not_forwarded(memory_node_set);
     default: return orion_not_forwarded(conditional_set);
@@ -984,6 +985,7 @@ CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNod
     case NODE_EVENT_RECORD: return cuGraphExecEventRecordNodeSetEvent(exec, node, params->event.event);
     case NODE_WAIT_EVENT: return cuGraphExecEventWaitNodeSetEvent(exec, node, params->event.event);
     case NODE_HOST: return cuGraphExecHostNodeSetParams(exec, node, &params->host);
+    case NODE_BATCH_MEM_OP: return cuGraphExecBatchMemOpNodeSetParams(exec, node, &params->batch_mem_op);
     case NODE_MEM_ALLOC: case NODE_MEM_FREE: return orion_not_forwarded(memory_node_set);
     default: return orion_not_forwarded(conditional_set);
     }

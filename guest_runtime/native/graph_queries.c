@@ -202,6 +202,7 @@ void orion_graph_kernel_params_set(CUgraphNode node) {
 
 void orion_graph_queries_node_gone(CUgraphNode node) {
     if (!node) return;
+    orion_batch_node_forget(node);
     pthread_mutex_lock(&kept_lock);
     kept_drop(of_node, node);
     ranges_drop(NULL, node);

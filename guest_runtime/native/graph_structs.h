@@ -100,6 +100,45 @@ _Static_assert(sizeof(CUgraphNode) == ORION_REQ_cuGraphAddEmptyNode_deps_ITEM,
 _Static_assert(sizeof(CUgraphEdgeData) == ORION_REQ_cuGraphAddDependencies_edges_ITEM,
                "an edge data array's bytes are its counted list's items");
 
+/* cuda.h's union, 48 bytes: a wait or write (operation, address, a 32- or 64-bit value, flags, alias) or a barrier
+ * or flush (operation, flags). */
+typedef struct {        /* CUstreamMemOpWaitValueParams, CUstreamMemOpWriteValueParams */
+    int operation;
+    CUdeviceptr address;
+    union {
+        uint32_t value;
+        uint64_t value64;
+    };
+    unsigned int flags;
+    CUdeviceptr alias; /* for the driver's own use: never travels */
+} value_op;
+typedef struct {        /* CUstreamMemOpFlushRemoteWritesParams, CUstreamMemOpMemoryBarrierParams */
+    int operation;
+    unsigned int flags;
+} flagged_op;
+struct CUstreamBatchMemOpParams_st {
+    union {
+        int operation;
+        value_op waitValue;
+        value_op writeValue;
+        flagged_op flushRemoteWrites;
+        flagged_op memoryBarrier;
+        uint64_t pad[6];
+    };
+};
+struct CUDA_BATCH_MEM_OP_NODE_PARAMS_st {
+    CUcontext ctx;
+    unsigned int count;
+    CUstreamBatchMemOpParams *paramArray;
+    unsigned int flags;
+};
+_Static_assert(sizeof(CUstreamBatchMemOpParams) == 48 && offsetof(value_op, address) == 8 &&
+               offsetof(value_op, value) == 16 && offsetof(value_op, flags) == 24 && offsetof(value_op, alias) == 32,
+               "CUstreamBatchMemOpParams as cuda.h lays it out");
+_Static_assert(sizeof(CUDA_BATCH_MEM_OP_NODE_PARAMS) == 32 &&
+               offsetof(CUDA_BATCH_MEM_OP_NODE_PARAMS, paramArray) == 16 &&
+               offsetof(CUDA_BATCH_MEM_OP_NODE_PARAMS, flags) == 24, "CUDA_BATCH_MEM_OP_NODE_PARAMS as cuda.h lays it out");
+
 /* cuda.h's CUgraphNodeParams (CUDA 13.0, the ABI of cuGraphAddNode_v2, cuGraphNodeSetParams and
  * cuGraphExecNodeSetParams): the node's type, then the union of the per-type structs, padded to 29 long longs. The
  * member structs are cuda.h's too: CUDA_KERNEL_NODE_PARAMS_v3 has the _v2 layout above; CUDA_MEMSET_NODE_PARAMS_v2 is
@@ -153,6 +192,7 @@ struct CUgraphNodeParams_st {
         CUDA_MEM_ALLOC_NODE_PARAMS alloc;  /* CUDA_MEM_ALLOC_NODE_PARAMS_v2: the same layout */
         CUdeviceptr mem_free;              /* CUDA_MEM_FREE_NODE_PARAMS: its one field, dptr */
         CUDA_HOST_NODE_PARAMS host;        /* CUDA_HOST_NODE_PARAMS_v2: fn and userData first */
+        CUDA_BATCH_MEM_OP_NODE_PARAMS batch_mem_op; /* CUDA_BATCH_MEM_OP_NODE_PARAMS_v2: the same layout */
     };
     long long reserved2;
 };
@@ -172,6 +212,7 @@ _Static_assert(sizeof(CUgraphNodeParams) == 256 && offsetof(CUgraphNodeParams, k
                offsetof(CUgraphNodeParams, conditional.phGraph_out) == 32 &&
                offsetof(CUgraphNodeParams, alloc.dptr) == 128 && offsetof(CUgraphNodeParams, mem_free) == 16 &&
                offsetof(CUgraphNodeParams, host.userData) == 24 &&
+               offsetof(CUgraphNodeParams, batch_mem_op.flags) == 40 &&
                offsetof(CUgraphNodeParams, reserved2) == 248,
                "CUgraphNodeParams as cuda.h (13.0) lays it out");
 _Static_assert(sizeof(CUDA_HOST_NODE_PARAMS) == 16, "CUDA_HOST_NODE_PARAMS as cuda.h lays it out");
@@ -183,6 +224,10 @@ _Static_assert(sizeof(CUgraphConditionalHandle) == 8, "a conditional handle trav
 CUgraph *orion_graph_conditional_bodies(CUgraphNode node, unsigned int size);
 /* CUDA_SUCCESS, or CUDA_ERROR_NOT_SUPPORTED (said once) for more dependencies or edges than one call carries. */
 int orion_graph_too_many(const char *call, size_t count);
+
+/* --- batch_mem_ops.c ------------------------------------------------------------------------------------------- */
+/* What cuGraphBatchMemOpNodeGetParams handed out for `node` goes (a new node of its handle, the node gone). */
+void orion_batch_node_forget(CUgraphNode node);
 
 /* --- graph_queries.c, for graph_calls.c --------------------------------------------------------------------------- */
 /* A node handle this library was given for a new node, one whose parameters it set, a node or graph destroyed: what

@@ -37,7 +37,8 @@ from ivshmem.record import CUDA_OPCODE_BASE
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = {"u8": 7, "u16": 7, "u32": 7, "u64": 7, "i32": -7, "i64": -7, "f32": 0.5, "f64": 0.5, "bytes": b"ab",
           "str": "ab", "u64[]": [1, 2], "tail": b"tail bytes", "[iQ]": [(1, 2)], "[i4x64s]": [(3, b"v" * 64)],
-          "[Q]": [(1,), (2,)], "[I]": [(3,)], "[i]": [(-3,)], "[iii]": [(1, 0, 3)]}
+          "[Q]": [(1,), (2,)], "[I]": [(3,)], "[i]": [(-3,)], "[iii]": [(1, 0, 3)],
+          "[iIQQ]": [(2, 1, 0x1000, 1 << 40)]}
 
 
 def test_every_signature_is_the_installed_wheels() -> None:
