@@ -95,7 +95,7 @@ class BatchMemOpCalls:
         ops = self._operations(call, items)
         if isinstance(ops, Reply):
             return ops
-        (err,) = self.driver.cuStreamBatchMemOp(stream, len(ops), ops or None, flags)
+        (err,) = self.driver.cuStreamBatchMemOp(stream, len(ops), ops, flags)
         return Reply(int(err))
 
     @HOST.serves("cuGraphAddBatchMemOpNode")

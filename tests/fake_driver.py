@@ -1251,9 +1251,10 @@ H100_ATTRIBUTES = {
     11: 2147483647, 12: 65536, 14: 512, 15: 1, 19: 1, 31: 1, 32: 1, 36: 2_619_000, 37: 5120, 38: 52_428_800,
     39: 2048, 40: 3, 41: 1, 75: 9, 76: 0, 78: 1, 79: 1, 80: 1, 81: 233_472, 82: 65536, 83: 1, 86: 2, 88: 1,
     95: 1, 97: 232_448, 102: 1, 106: 32, 111: 1024, 115: 1,
-    # the stream memory operations the fake models (CAN_USE_STREAM_MEM_OPS_V1, CAN_USE_64_BIT_STREAM_MEM_OPS,
-    # CAN_USE_STREAM_WAIT_VALUE_NOR): NVIDIA's documents say an H100 has them; not read on one here
-    92: 1, 122: 1, 123: 1,
+    # the stream memory operations (CAN_USE_STREAM_MEM_OPS_V1, CAN_USE_64_BIT_STREAM_MEM_OPS,
+    # CAN_USE_STREAM_WAIT_VALUE_NOR), as the H200 (driver 580) answers them: the deprecated _V1 attribute reads 0 there,
+    # though the operations work
+    92: 0, 122: 1, 123: 1,
 }
 
 @dataclass
@@ -4109,7 +4110,8 @@ class FakeDriver:
     # bits wide for WAIT/WRITE_VALUE_64: a cyclic GEQ on int64_t), in array order, under the stream rules (a write
     # lands in stream order; a wait holds the stream's later work back until its condition holds); a barrier and a
     # flush of remote writes do nothing observable. What the driver refuses, CUDA_ERROR_INVALID_VALUE, all of a batch
-    # or none of it: a count of 0 or of 256 and more (cuda.h: "must be less than 256"; 0 is the fake's choice), flags
+    # or none of it: a count of 256 and more (cuda.h: "must be less than 256"; a count of 0 is a success that does
+    # nothing, as on the H200, and the node calls refuse it: the fake's choice), flags
     # other than 0 (cuda.h: "must be 0"), a NULL array, an operation cuda.h lacks, a wait's or write's address not
     # aligned to its width or without memory behind its 4 or 8 bytes (the single calls' rule), a wait's condition
     # beyond GEQ, EQ, AND, NOR (| FLUSH), a write's flags beyond NO_MEMORY_BARRIER, a barrier's beyond SYS and GPU, a
@@ -4156,6 +4158,8 @@ class FakeDriver:
 
     def _batch_ops(self, raws: list[bytes] | None, count: int, flags: int) -> tuple[int, tuple[_BatchOp, ...]]:
         """(0, the operations of `raws`, their C structs) or (the error, ()): see above."""
+        if count == 0 and not flags:  # the H200 answers success, with nothing to do
+            return 0, ()
         if raws is None or flags or not 0 < count <= MAX_BATCH_OPS:
             return CUresult.CUDA_ERROR_INVALID_VALUE, ()
         ops = tuple(_batch_op(raw) for raw in raws)

@@ -172,7 +172,7 @@ def test_what_cu_stream_batch_mem_op_refuses(fake: FakeDriver, memory: int) -> N
     stream = _ok(fake.cuStreamCreate(0))
     good = _op(WRITE32, memory, 1)
     refused = {
-        "count 0": (0, [], 0), "count 256": (256, [_op(BARRIER)] * 256, 0), "flags": (1, [good], 1),
+        "count 256": (256, [_op(BARRIER)] * 256, 0), "flags": (1, [good], 1),
         "NULL array": (1, None, 0), "unknown operation": (1, [_op(7, memory, 1)], 0),
         "unaligned 32": (1, [_op(WRITE32, memory + 2, 1)], 0), "unaligned 64": (1, [_op(WAIT64, memory + 4, 1)], 0),
         "past the allocation": (1, [_op(WRITE64, memory + BYTES - 4, 1)], 0),
@@ -185,6 +185,7 @@ def test_what_cu_stream_batch_mem_op_refuses(fake: FakeDriver, memory: int) -> N
         assert fake.cuStreamBatchMemOp(stream, count, ops, flags) == (INVALID_VALUE,), name
     assert fake.cuStreamBatchMemOp(stream, 1, [_op(ATOMIC, memory, 1)], 0) == (CUresult.CUDA_ERROR_NOT_SUPPORTED,)
     assert _read(fake, memory) == 0  # none of them wrote
+    assert fake.cuStreamBatchMemOp(stream, 0, [], 0) == (SUCCESS,)  # nothing to do (the H200 answers so)
     assert fake.cuStreamBatchMemOp(stream, 255, [_op(BARRIER)] * 254 + [good], 0) == (SUCCESS,)  # cuda.h: < 256
     assert _read(fake, memory) == 1
     assert fake.cuStreamBatchMemOp(fake.CUstream(0xBAD0), 1, [good], 0) == (CUresult.CUDA_ERROR_INVALID_HANDLE,)
@@ -511,7 +512,7 @@ def test_the_gpu_program_runs_over_the_fake() -> None:
 
     assert got == {
         "ok": True,
-        "attributes": {"CAN_USE_STREAM_MEM_OPS_V1": 1, "CAN_USE_64_BIT_STREAM_MEM_OPS": 1,
+        "attributes": {"CAN_USE_STREAM_MEM_OPS_V1": 0, "CAN_USE_64_BIT_STREAM_MEM_OPS": 1,
                        "CAN_USE_STREAM_WAIT_VALUE_NOR": 1, "CAN_FLUSH_REMOTE_WRITES": 0},
         "stream_words": [program.FIRST, program.WIDE, program.READY, program.AFTER],
         "graph": {"nodes": 2, "types": [int(BATCH), int(MEMCPY)], "sorted_types": [int(MEMCPY), int(BATCH)],
@@ -525,5 +526,5 @@ def test_the_gpu_program_runs_over_the_fake() -> None:
         "captured_get_params": asked(0, 2, [[WRITE32, program.AT_CAPTURED, program.CAPTURED, 0],
                                             [WRITE64, program.AT_CAPTURED_WIDE, program.CAPTURED_WIDE, 0]]),
         "replayed": [program.CAPTURED, program.CAPTURED_WIDE],
-        "limits": {"count_0": [1, 0], "count_255": [0, 0], "count_256": [1, 0], "flags_1": [1, 0]},
+        "limits": {"count_0": [0, 0], "count_255": [0, 0], "count_256": [1, 0], "flags_1": [1, 0]},
     }
