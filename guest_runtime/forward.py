@@ -101,6 +101,8 @@ NATIVE_ONLY = frozenset({"cuOccupancyMaxActiveClusters", "cuTensorMapEncodeTiled
                          "cuMemcpy2D", "cuMemcpy2DUnaligned", "cuMemcpy2DAsync", "cuMemcpy3D", "cuMemcpy3DAsync",
                          "cuMemcpy3DPeer", "cuMemcpy3DPeerAsync",
                          "cuLinkCreate", "cuLinkAddData", "cuLinkComplete", "cuStreamBatchMemOp",
+                         "cuModuleEnumerateFunctions", "cuLibraryEnumerateKernels", "cuFuncGetName", "cuKernelGetName",
+                         "cuDeviceGetLuid", "cuDeviceGetHostAtomicCapabilities", "cuDeviceGetP2PAtomicCapabilities",
                          *(name for name in CALLS if name.startswith("cuGraph") and not CALLS[name].generic)})
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
 LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption

@@ -75,6 +75,7 @@ from .launch_extras import MAX_LAUNCH_ATTRIBUTES, LaunchExtraCalls
 from .limits import one_line
 from .link_calls import LinkCalls
 from .mem_pool_calls import CU_MEMPOOL_ATTR_LOCATION_ID, MemPoolCalls
+from .module_queries import ModuleQueryCalls
 from .pinned_pool import HostPool, answer_bookkeeping
 from .pool_mirror import PoolMirror
 from .session_ledger import CHECKED, SessionLedger
@@ -119,7 +120,7 @@ def _load_driver() -> Any:
 
 
 class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraCalls, HostNodeCalls, BatchMemOpCalls,
-                   GraphCalls, MemPoolCalls, StructuredCopies, DiagnosticsHandler):
+                   ModuleQueryCalls, GraphCalls, MemPoolCalls, StructuredCopies, DiagnosticsHandler):
     """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
 
     call_table = table_digest()  # what a forwarding client's HELLO must name

@@ -83,7 +83,7 @@ GUEST: dict[str, str] = {
     "cuLaunchHostFunc": "host_functions.c",
     # on the same host-function queue: a stream callback (given the stream's status), a host function's sync mode
     "cuStreamAddCallback": "host_functions.c", "cuLaunchHostFunc_v2": "host_functions.c",
-    "cuDeviceGetPCIBusId": "answered_in_guest.c",
+    "cuDeviceGetPCIBusId": "answered_in_guest.c", "cuDeviceGetByPCIBusId": "answered_in_guest.c",
     "cuModuleGetLoadingMode": "answered_in_guest.c",
     "cuPointerGetAttributes": "answered_in_guest.c",
     "cuStreamGetCaptureInfo_v2": "answered_in_guest.c",  # cuStreamGetCaptureInfo's, without edge data
@@ -151,14 +151,11 @@ UNSUPPORTED: list[tuple[str, str]] = [
     (r"cuMemGetLocationInfo|cuMemBatchDecompressAsync|cuPointerSetAttribute",
      "memory location queries, batched decompression, pointer attributes set by the program: "
      + _not_yet("their structures")),
-    (r"cuModuleEnumerateFunctions"
-     r"|cuLibraryEnumerateKernels|cuLibraryGetUnifiedFunction|cuFuncGetName|cuKernelGetName",
-     "module enumeration and names: " + _not_yet("handle arrays and strings the driver owns")),
+    (r"cuLibraryGetUnifiedFunction",
+     "a library's unified function is a host function pointer in the GPU host's process: nothing a guest can call"),
     (r"cuLaunchCooperativeKernelMultiDevice",
      "deprecated as of CUDA 11.3 (cuda.h): multi-device cooperative launches; a kernel on each of several GPUs of "
      "one host, which a vGPU session is not given together"),
-    (r"cuDeviceGetByPCIBusId|cuDeviceGetLuid|cuDeviceGetHostAtomicCapabilities|cuDeviceGetP2PAtomicCapabilities",
-     "device queries by bus id, LUID and atomics: " + _not_yet("their structures and strings")),
 ]
 _UNSUPPORTED = [(re.compile(pattern), reason) for pattern, reason in UNSUPPORTED]
 

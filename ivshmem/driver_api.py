@@ -584,6 +584,27 @@ _SPEC: list[tuple[Any, ...]] = [
     ("cuGraphExecBatchMemOpNodeSetParams", "CUresult (CUgraphExec, CUgraphNode, "
      "CUDA_BATCH_MEM_OP_NODE_PARAMS const *)", "in in batch_mem_op_node_params",
      {"request": f"exec:u64 node:u64 context:u64 flags:u32 ops:{BATCH_MEM_OP}"}),
+    # Module enumeration and names (host_agent/module_queries.py): the handles enumerated become the session's, as
+    # cuModuleGetFunction's and cuLibraryGetKernel's do; a name travels as its bytes (the guest keeps a copy per
+    # handle, which the pointer it hands out names).
+    ("cuModuleEnumerateFunctions", "CUresult (CUfunction *, unsigned int, CUmodule)", "handles_out count in",
+     {"request": "module:u64 count:u32", "reply": "functions:[Q]"}),
+    ("cuLibraryEnumerateKernels", "CUresult (CUkernel *, unsigned int, CUlibrary)", "handles_out count in",
+     {"request": "library:u64 count:u32", "reply": "kernels:[Q]"}),
+    ("cuFuncGetName", "CUresult (char const **, CUfunction)", "name_out in",
+     {"request": "function:u64", "reply": "name:tail"}),
+    ("cuKernelGetName", "CUresult (char const **, CUkernel)", "name_out in",
+     {"request": "kernel:u64", "reply": "name:tail"}),
+    # Device queries with arrays or bytes: a device is the guest's ordinal; CUDA 13's atomic capabilities, one
+    # capability word per operation asked.
+    ("cuDeviceGetLuid", "CUresult (char *, unsigned int *, CUdevice)", "luid_out out in",
+     {"request": "device:i32", "reply": "mask:u32 luid:tail"}),
+    ("cuDeviceGetHostAtomicCapabilities", "CUresult (unsigned int *, CUatomicOperation const *, unsigned int, "
+     "CUdevice)", "capabilities_out operations count in",
+     {"request": "device:i32 operations:[i]", "reply": "capabilities:[I]"}),
+    ("cuDeviceGetP2PAtomicCapabilities", "CUresult (unsigned int *, CUatomicOperation const *, unsigned int, "
+     "CUdevice, CUdevice)", "capabilities_out operations count in in",
+     {"request": "source:i32 destination:i32 operations:[i]", "reply": "capabilities:[I]"}),
     # Memory pools made by the program, CUDA 13's pools by location, and the virtual-memory queries: their structs
     # field by field, each device location as the guest's ordinal (host_agent/mem_pool_calls.py).
     ("cuMemPoolCreate", "CUresult (CUmemoryPool *, CUmemPoolProps const *)", "out pool_props",

@@ -130,6 +130,13 @@ To keep it honest:
   cuStreamWriteValue32 do, in array order; barriers and flushes nothing observable; a batch captured is one
   BATCH_MEM_OP node that keeps its operations. The rules and the fake's choices are named in their section ("batch
   memory operations and batch memory-operation nodes"); none was checked on a GPU.
+* Module enumeration and names (cuModuleGetFunctionCount, cuModuleEnumerateFunctions, cuLibraryGetKernelCount,
+  cuLibraryEnumerateKernels, cuFuncGetName, cuKernelGetName), bus ids (cuDeviceGetPCIBusId, cuDeviceGetByPCIBusId),
+  cuDeviceGetLuid and CUDA 13's atomic capabilities (cuDeviceGetHostAtomicCapabilities,
+  cuDeviceGetP2PAtomicCapabilities): enumerated handles are those the by-name calls give, in the image's order; the
+  wheel's return shapes and the fake's choices (a count rule, LUIDs NOT_SUPPORTED as on Linux, capabilities an H100
+  plausibly has) are named in their section ("module enumeration and names; bus ids, LUIDs and atomic capabilities
+  of devices"); none was checked on a GPU.
 
 Every call is recorded in `FakeDriver.calls` and, when `journal` names a file, appended to it as one JSON line
 (`{"pid", "name", "args", "result", ...}`) before the call returns: the executor runs in a forked session
@@ -314,6 +321,19 @@ CUstreamWriteValue_flags = IntEnum("CUstreamWriteValue_flags", [  # type: ignore
 CUstreamMemoryBarrier_flags = IntEnum("CUstreamMemoryBarrier_flags", [  # type: ignore[misc]
     ("CU_STREAM_MEMORY_BARRIER_TYPE_SYS", 0), ("CU_STREAM_MEMORY_BARRIER_TYPE_GPU", 1),
 ])
+CUatomicOperation = IntEnum("CUatomicOperation", [  # type: ignore[misc]  # CUDA 13's; MAX counts them, no operation
+    ("CU_ATOMIC_OPERATION_INTEGER_ADD", 0), ("CU_ATOMIC_OPERATION_INTEGER_MIN", 1),
+    ("CU_ATOMIC_OPERATION_INTEGER_MAX", 2), ("CU_ATOMIC_OPERATION_INTEGER_INCREMENT", 3),
+    ("CU_ATOMIC_OPERATION_INTEGER_DECREMENT", 4), ("CU_ATOMIC_OPERATION_AND", 5), ("CU_ATOMIC_OPERATION_OR", 6),
+    ("CU_ATOMIC_OPERATION_XOR", 7), ("CU_ATOMIC_OPERATION_EXCHANGE", 8), ("CU_ATOMIC_OPERATION_CAS", 9),
+    ("CU_ATOMIC_OPERATION_FLOAT_ADD", 10), ("CU_ATOMIC_OPERATION_FLOAT_MIN", 11),
+    ("CU_ATOMIC_OPERATION_FLOAT_MAX", 12), ("CU_ATOMIC_OPERATION_MAX", 13),
+])
+CUatomicOperationCapability = IntEnum("CUatomicOperationCapability", [  # type: ignore[misc]  # bits of one answer
+    ("CU_ATOMIC_CAPABILITY_SIGNED", 1), ("CU_ATOMIC_CAPABILITY_UNSIGNED", 2), ("CU_ATOMIC_CAPABILITY_REDUCTION", 4),
+    ("CU_ATOMIC_CAPABILITY_SCALAR_32", 8), ("CU_ATOMIC_CAPABILITY_SCALAR_64", 16),
+    ("CU_ATOMIC_CAPABILITY_SCALAR_128", 32), ("CU_ATOMIC_CAPABILITY_VECTOR_32x4", 64),
+])
 CUstreamAttrID = IntEnum("CUstreamAttrID", [  # type: ignore[misc]  # the wheel's: CUlaunchAttributeID's members
     ("CU_LAUNCH_ATTRIBUTE_IGNORE", 0), ("CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW", 1),
     ("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", 2), ("CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY", 3),
@@ -466,7 +486,8 @@ ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUmemPo
                                            CUgraphConditionalNodeType, CUgraphChildGraphNodeOwnership,
                                            CUkernelNodeAttrID, CUgraphMem_attribute, CUgraphInstantiateResult,
                                            CUstreamAttrID, CUstreamBatchMemOpType, CUstreamWaitValue_flags,
-                                           CUstreamWriteValue_flags, CUstreamMemoryBarrier_flags)
+                                           CUstreamWriteValue_flags, CUstreamMemoryBarrier_flags, CUatomicOperation,
+                                           CUatomicOperationCapability)
 ADD_KERNEL = b"orion_fake_add_u32"  # the one kernel the fake runs (FakeDriver._add_kernel)
 HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # CUhostFn's C type: how the fake calls a host function
 # cuCtxGetLimit's answers in a new context, as an H100 gives them (SHMEM_SIZE and PER_BLOCK_MEMORY_SIZE are not
@@ -1257,6 +1278,26 @@ H100_ATTRIBUTES = {
     92: 0, 122: 1, 123: 1,
 }
 
+# cuDeviceGetHostAtomicCapabilities' and cuDeviceGetP2PAtomicCapabilities' answers: CUatomicOperation value -> bitmask
+# of CUatomicOperationCapability. What an H100 or H200 plausibly answers, NOT read on a GPU
+# (tests/gpu/programs/module_names_program.py reports the real ones). Host: none native, as over PCIe to an x86 host
+# (where CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED reads 0). Between two GPUs (NVLink), sm_90's own: integer
+# add, min, max and the bitwise operations signed and unsigned, 32 and 64 bits, as reductions too; increment and
+# decrement unsigned 32-bit; exchange and CAS 32, 64 and 128 bits; float add 32 and 64 bits and float4, as reductions
+# too; float min and max none.
+_SIGNED, _UNSIGNED, _REDUCTION, _SCALAR_32, _SCALAR_64, _SCALAR_128, _VECTOR_32X4 = 1, 2, 4, 8, 16, 32, 64
+_INTEGER_ATOMICS = _SIGNED | _UNSIGNED | _REDUCTION | _SCALAR_32 | _SCALAR_64
+_SWAP_ATOMICS = _SIGNED | _UNSIGNED | _SCALAR_32 | _SCALAR_64 | _SCALAR_128
+HOST_ATOMIC_CAPABILITIES = dict.fromkeys(range(13), 0)
+P2P_ATOMIC_CAPABILITIES = {
+    0: _INTEGER_ATOMICS, 1: _INTEGER_ATOMICS, 2: _INTEGER_ATOMICS, 3: _UNSIGNED | _REDUCTION | _SCALAR_32,
+    4: _UNSIGNED | _REDUCTION | _SCALAR_32, 5: _INTEGER_ATOMICS, 6: _INTEGER_ATOMICS, 7: _INTEGER_ATOMICS,
+    8: _SWAP_ATOMICS, 9: _SWAP_ATOMICS, 10: _REDUCTION | _SCALAR_32 | _SCALAR_64 | _VECTOR_32X4, 11: 0, 12: 0,
+}
+_BUS_ID = re.compile(rb"([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)(?:\.([0-9a-fA-F]+))?")  # domain:bus:device[.fn]
+_SHORT_BUS_ID = re.compile(rb"([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)")  # bus:device.function
+
+
 @dataclass
 class _Physical:
     """Physical memory of cuMemCreate: its bytes (shared by every mapping of it), its device, whether released."""
@@ -1502,6 +1543,7 @@ class FakeDriver:
         CUstreamMemOpFlushRemoteWritesParams_st, CUstreamMemOpMemoryBarrierParams_st)
     CUstreamWaitValue_flags, CUstreamWriteValue_flags = CUstreamWaitValue_flags, CUstreamWriteValue_flags
     CUstreamMemoryBarrier_flags = CUstreamMemoryBarrier_flags
+    CUatomicOperation, CUatomicOperationCapability = CUatomicOperation, CUatomicOperationCapability
 
     def __init__(self, devices: int = 2, total_mem: tuple[int, ...] | None = None, journal: str | None = None,
                  initialized: bool = False, context_bytes: int = CONTEXT_BYTES,
@@ -5056,6 +5098,185 @@ class FakeDriver:
         if int(flags) & ~1:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 2)
         return self._potential_block_size(func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit)
+
+    # --- module enumeration and names; bus ids, LUIDs and atomic capabilities of devices -------------------------
+    # Return shapes are the wheel's (cuda-bindings 13.5, its wrappers driven over a stub libcuda): the counts are ints;
+    # an enumeration is a list of exactly numFunctions (numKernels) handles, NULL handles past those the driver wrote,
+    # and [] for 0, for which the wheel hands the driver a NULL array; a name is bytes without its NUL; a bus id is
+    # `length` bytes, the id NUL-terminated in them, spaces after it (the wheel's buffer); cuDeviceGetByPCIBusId takes
+    # bytes (a str raises TypeError, as the wheel's does); the atomic queries take a list or tuple of CUatomicOperation
+    # members (a plain int raises TypeError, a count above its length RuntimeError, as the wheel's do) and answer a
+    # list of `count` ints. Every output is None on failure. The fake's choices, none checked on a GPU
+    # (tests/gpu/programs/module_names_program.py reports a GPU's answers):
+    # * A module's functions and a library's kernels are its image's kernels (PTX `.entry`s, an ELF's `.text.<name>`
+    #   sections), enumerated in the image's order; an enumerated handle is the one cuModuleGetFunction
+    #   (cuLibraryGetKernel) gives for its name, before or after. numFunctions is a maximum (cuda.h: "a maximum number
+    #   of numFunctions function handles"): fewer gives the first ones, more gives all and NULLs after; 0 is
+    #   CUDA_ERROR_INVALID_VALUE (the wheel passes a NULL array then, and cuda.h's INVALID_VALUE is for NULL
+    #   pointers). cuModuleEnumerateFunctions needs a current context (cuda.h lists INVALID_CONTEXT for it alone).
+    # * cuFuncGetName / cuKernelGetName: a NULL handle is CUDA_ERROR_INVALID_VALUE (cuda.h); a handle the fake did not
+    #   hand out (or one of an unloaded module) CUDA_ERROR_INVALID_HANDLE, as everywhere in the fake; cuda.h names no
+    #   code for it. A function cuKernelGetFunction made is named as its kernel.
+    # * A bus id is "%08x:%02x:%02x.0" of CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, _PCI_BUS_ID and _PCI_DEVICE_ID, as
+    #   guest_runtime/native/answered_in_guest.c writes it, cut to length - 1 characters; length <= 0 is
+    #   CUDA_ERROR_INVALID_VALUE. cuDeviceGetByPCIBusId reads "domain:bus:device[.function]" or "bus:device.function"
+    #   (domain 0), hex in any case, as that C file does: an id naming no fake device is CUDA_ERROR_INVALID_DEVICE,
+    #   text that is no bus id CUDA_ERROR_INVALID_VALUE.
+    # * cuDeviceGetLuid answers CUDA_ERROR_NOT_SUPPORTED for a valid device: LUIDs are Windows' (WDDM); that a Linux
+    #   driver answers so is believed, not verified.
+    # * The atomic capabilities are HOST_ATOMIC_CAPABILITIES and P2P_ATOMIC_CAPABILITIES (see there: plausible, not
+    #   read). Order of checks: NOT_INITIALIZED, INVALID_DEVICE (an ordinal out of range, and for P2P the same device
+    #   twice, as cuda.h says), then INVALID_VALUE (count 0, or CU_ATOMIC_OPERATION_MAX, which the enum has but names
+    #   no operation).
+    def _count(self, owner: Any, table: dict[int, dict[bytes, int]]) -> tuple[Any, ...]:
+        key = int(owner or 0)
+        if key not in table:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        return CUresult(0), len(self.images[key].kernels)
+
+    def _enumerate(self, number: int, owner: Any, table: dict[int, dict[bytes, int]], handles: dict[int, _Kernel],
+                   kind: type[_Handle]) -> tuple[Any, ...]:
+        wanted = int(number)
+        if wanted < 0:
+            raise OverflowError("can't convert negative value to unsigned int")  # the wheel's, for its unsigned int
+        key = int(owner or 0)
+        if key not in table:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        if wanted == 0:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        found = []
+        for name in list(self.images[key].kernels)[:wanted]:
+            _err, handle = self._by_name(key, table, handles, name)
+            found.append(kind(handle))
+        return CUresult(0), found + [kind(0) for _ in range(wanted - len(found))]
+
+    @staticmethod
+    def _name(handle: Any, handles: dict[int, _Kernel]) -> tuple[Any, ...]:
+        key = int(handle or 0)
+        if key == 0:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        found = handles.get(key)
+        if found is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
+        return CUresult(0), found.name
+
+    @_recorded
+    def cuModuleGetFunctionCount(self, mod: Any) -> tuple[Any, ...]:
+        return self._count(mod, self.modules)
+
+    @_recorded
+    def cuLibraryGetKernelCount(self, lib: Any) -> tuple[Any, ...]:
+        return self._count(lib, self.libraries)
+
+    @_recorded
+    def cuModuleEnumerateFunctions(self, numFunctions: int, mod: Any) -> tuple[Any, ...]:  # noqa: N803
+        if err := self._context_error():
+            return _result(err, 1)
+        return self._enumerate(numFunctions, mod, self.modules, self.functions, CUfunction)
+
+    @_recorded
+    def cuLibraryEnumerateKernels(self, numKernels: int, lib: Any) -> tuple[Any, ...]:  # noqa: N803
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        return self._enumerate(numKernels, lib, self.libraries, self.kernels, CUkernel)
+
+    @_recorded
+    def cuFuncGetName(self, hfunc: Any) -> tuple[Any, ...]:
+        return self._name(hfunc, self.functions)
+
+    @_recorded
+    def cuKernelGetName(self, hfunc: Any) -> tuple[Any, ...]:
+        return self._name(hfunc, self.kernels)
+
+    def pci_location(self, device: int) -> tuple[int, int, int]:
+        """(domain, bus, device) of a fake device: its PCI_DOMAIN_ID, PCI_BUS_ID and PCI_DEVICE_ID attributes."""
+        return self.device_attribute(50, device), self.device_attribute(33, device), self.device_attribute(34, device)
+
+    @_recorded
+    def cuDeviceGetPCIBusId(self, length: int, dev: Any) -> tuple[Any, ...]:
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        if int(length) <= 0:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        text = "{:08x}:{:02x}:{:02x}.0".format(*self.pci_location(device)).encode()[:int(length) - 1]
+        return CUresult(0), text + b"\0" + b" " * (int(length) - len(text) - 1)
+
+    @_recorded
+    def cuDeviceGetByPCIBusId(self, pciBusId: Any) -> tuple[Any, ...]:  # noqa: N803
+        if not isinstance(pciBusId, bytes | bytearray):
+            raise TypeError(f"expected bytes, {type(pciBusId).__name__} found")  # the wheel's
+        text = bytes(pciBusId).split(b"\0", 1)[0]
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        full, short = _BUS_ID.fullmatch(text), _SHORT_BUS_ID.fullmatch(text)
+        if full is not None:
+            wanted = (int(full.group(1), 16), int(full.group(2), 16), int(full.group(3), 16))
+        elif short is not None:
+            wanted = (0, int(short.group(1), 16), int(short.group(2), 16))
+        else:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        for device in range(self.device_count):
+            if self.pci_location(device) == wanted:
+                return CUresult(0), CUdevice(device)
+        return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+
+    @_recorded
+    def cuDeviceGetLuid(self, dev: Any) -> tuple[Any, ...]:
+        """CUDA_ERROR_NOT_SUPPORTED, as a Linux driver is believed to answer (not verified); (CUresult, luid,
+        deviceNodeMask) in the wheel's shape."""
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 2)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 2)
+        return _result(CUresult.CUDA_ERROR_NOT_SUPPORTED, 2)
+
+    def _atomic_operations(self, operations: Any, count: int) -> list[int] | None:
+        """The operations' values, checked as the wheel checks them (TypeError, RuntimeError); None for an
+        operation that is none (CU_ATOMIC_OPERATION_MAX) or a count of 0."""
+        if operations is not None and not isinstance(operations, list | tuple):
+            raise TypeError("Argument 'operations' is not instance of type (expected tuple[cydriver.CUatomicOperation] "
+                            "or list[cydriver.CUatomicOperation]")
+        given = list(operations or [])
+        if not all(isinstance(op, self.CUatomicOperation) for op in given):
+            raise TypeError("Argument 'operations' is not instance of type (expected tuple[cydriver.CUatomicOperation] "
+                            "or list[cydriver.CUatomicOperation]")
+        if int(count) < 0:
+            raise OverflowError("can't convert negative value to unsigned int")
+        if len(given) < int(count):
+            raise RuntimeError(f"List is too small: {len(given)} < {int(count)}")
+        values = [int(op) for op in given[:int(count)]]
+        if not values or any(value not in HOST_ATOMIC_CAPABILITIES for value in values):
+            return None
+        return values
+
+    @_recorded
+    def cuDeviceGetHostAtomicCapabilities(self, operations: Any, count: int, dev: Any) -> tuple[Any, ...]:
+        values = self._atomic_operations(operations, count)
+        device = self._device(dev)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if device is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        if values is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return CUresult(0), [HOST_ATOMIC_CAPABILITIES[value] for value in values]
+
+    @_recorded
+    def cuDeviceGetP2PAtomicCapabilities(self, operations: Any, count: int, srcDevice: Any,  # noqa: N803
+                                         dstDevice: Any) -> tuple[Any, ...]:  # noqa: N803
+        values = self._atomic_operations(operations, count)
+        source, destination = self._device(srcDevice), self._device(dstDevice)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if source is None or destination is None or source == destination:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        if values is None:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return CUresult(0), [P2P_ATOMIC_CAPABILITIES[value] for value in values]
 
     # --- virtual memory management ------------------------------------------------------------------------------
     # Reserved ranges, physical memory (counted in `used`, so process_memory and a quota see it from cuMemCreate

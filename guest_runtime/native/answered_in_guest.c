@@ -37,6 +37,39 @@ CUresult cuDeviceGetPCIBusId(char *bus_id, int length, CUdevice device) {
     return rc;
 }
 
+/* The device whose PCI location a bus id names, as the driver reads one: "domain:bus:device.function",
+ * "domain:bus:device" or "bus:device.function", in hex, any case; the location from the same attributes
+ * cuDeviceGetPCIBusId writes. An id that names no device of this process answers CUDA_ERROR_INVALID_DEVICE, one that
+ * does not read as an id CUDA_ERROR_INVALID_VALUE. */
+CUresult cuDeviceGetByPCIBusId(CUdevice *device, const char *bus_id) {
+    enum { PCI_BUS = 33, PCI_DEVICE = 34, PCI_DOMAIN = 50 };
+    if (!device || !bus_id) return CUDA_ERROR_INVALID_VALUE;
+    unsigned domain = 0, bus = 0, slot = 0, function = 0;
+    int end = 0, colons = 0;
+    for (const char *c = bus_id; *c; c++) colons += *c == ':';
+    if (colons == 2 && sscanf(bus_id, "%x:%x:%x%n", &domain, &bus, &slot, &end) == 3 &&
+        (bus_id[end] == '\0' || sscanf(bus_id + end, ".%x%n", &function, &end) == 1)) {
+        /* domain:bus:device[.function] */
+    } else if (colons == 1 && sscanf(bus_id, "%x:%x.%x", &bus, &slot, &function) == 3) {
+        domain = 0;
+    } else {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    int count = 0;
+    CUresult rc = cuDeviceGetCount(&count);
+    for (int i = 0; rc == CUDA_SUCCESS && i < count; i++) {
+        int d = 0, b = 0, s = 0;
+        rc = cuDeviceGetAttribute(&d, PCI_DOMAIN, i);
+        if (rc == CUDA_SUCCESS) rc = cuDeviceGetAttribute(&b, PCI_BUS, i);
+        if (rc == CUDA_SUCCESS) rc = cuDeviceGetAttribute(&s, PCI_DEVICE, i);
+        if (rc == CUDA_SUCCESS && (unsigned)d == domain && (unsigned)b == bus && (unsigned)s == slot) {
+            *device = i;
+            return CUDA_SUCCESS;
+        }
+    }
+    return rc == CUDA_SUCCESS ? CUDA_ERROR_INVALID_DEVICE : rc;
+}
+
 /* Several pointer attributes at once, as cuPointerGetAttribute gives each; a pointer CUDA does not know is not an
  * error here (cuda.h): its attributes read as zero. */
 CUresult cuPointerGetAttributes(unsigned int count, int *attributes, void **data, CUdeviceptr pointer) {

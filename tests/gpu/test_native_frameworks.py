@@ -114,7 +114,7 @@ def run_on_driver(program: Path, forwarded: tuple[Oriond, GuestLibraries] | None
 @pytest.mark.parametrize("name", ["driver_program.py", "core_program.py", "stream_order_program.py",
                                   "runtime_program.py", "pinned_threads_program.py", "mem_pool_program.py",
                                   "callbacks_program.py", "structured_copy_program.py", "graph_family_program.py",
-                                  "link_program.py", "tensor_map_program.py"])
+                                  "link_program.py", "tensor_map_program.py", "module_names_program.py"])
 def test_every_gpu_program_gives_the_native_results_through_the_native_driver(
         name: str, path: str, request: pytest.FixtureRequest, library: GuestLibraries) -> None:
     expected = native(PROGRAMS / name)
