@@ -5117,13 +5117,13 @@ class FakeDriver:
     # * cuFuncGetName / cuKernelGetName: a NULL handle is CUDA_ERROR_INVALID_VALUE (cuda.h); a handle the fake did not
     #   hand out (or one of an unloaded module) CUDA_ERROR_INVALID_HANDLE, as everywhere in the fake; cuda.h names no
     #   code for it. A function cuKernelGetFunction made is named as its kernel.
-    # * A bus id is "%08x:%02x:%02x.0" of CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, _PCI_BUS_ID and _PCI_DEVICE_ID, as
-    #   guest_runtime/native/answered_in_guest.c writes it, cut to length - 1 characters; length <= 0 is
-    #   CUDA_ERROR_INVALID_VALUE. cuDeviceGetByPCIBusId reads "domain:bus:device[.function]" or "bus:device.function"
-    #   (domain 0), hex in any case, as that C file does: an id naming no fake device is CUDA_ERROR_INVALID_DEVICE,
-    #   text that is no bus id CUDA_ERROR_INVALID_VALUE.
-    # * cuDeviceGetLuid answers CUDA_ERROR_NOT_SUPPORTED for a valid device: LUIDs are Windows' (WDDM); that a Linux
-    #   driver answers so is believed, not verified.
+    # * A bus id is "%04x:%02x:%02x.0" of CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, _PCI_BUS_ID and _PCI_DEVICE_ID, as the
+    #   H200's driver writes it (and guest_runtime/native/answered_in_guest.c), cut to length - 1 characters;
+    #   length <= 0 is CUDA_ERROR_INVALID_VALUE. cuDeviceGetByPCIBusId reads "domain:bus:device[.function]" or
+    #   "bus:device.function" (domain 0), hex in any case, as that C file does: an id naming no fake device is
+    #   CUDA_ERROR_INVALID_DEVICE, text that is no bus id CUDA_ERROR_INVALID_VALUE.
+    # * cuDeviceGetLuid answers CUDA_ERROR_NOT_SUPPORTED for a valid device: LUIDs are Windows' (WDDM); the H200's
+    #   driver 580 on Linux answers so.
     # * The atomic capabilities are HOST_ATOMIC_CAPABILITIES and P2P_ATOMIC_CAPABILITIES (see there: plausible, not
     #   read). Order of checks: NOT_INITIALIZED, INVALID_DEVICE (an ordinal out of range, and for P2P the same device
     #   twice, as cuda.h says), then INVALID_VALUE (count 0, or CU_ATOMIC_OPERATION_MAX, which the enum has but names
@@ -5201,7 +5201,7 @@ class FakeDriver:
             return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
         if int(length) <= 0:
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
-        text = "{:08x}:{:02x}:{:02x}.0".format(*self.pci_location(device)).encode()[:int(length) - 1]
+        text = "{:04x}:{:02x}:{:02x}.0".format(*self.pci_location(device)).encode()[:int(length) - 1]
         return CUresult(0), text + b"\0" + b" " * (int(length) - len(text) - 1)
 
     @_recorded

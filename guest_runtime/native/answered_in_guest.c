@@ -25,7 +25,8 @@ CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) {
     return CUDA_SUCCESS;
 }
 
-/* "domain:bus:device.0" as the driver writes it, from the device's PCI attributes (forwarded). */
+/* "domain:bus:device.0" as the driver writes it (a 4-digit domain: "0000:00:06.0" on the H200, where NVML's bus id
+ * has 8), from the device's PCI attributes (forwarded). */
 CUresult cuDeviceGetPCIBusId(char *bus_id, int length, CUdevice device) {
     enum { PCI_BUS = 33, PCI_DEVICE = 34, PCI_DOMAIN = 50 };
     if (!bus_id || length <= 0) return CUDA_ERROR_INVALID_VALUE;
@@ -33,7 +34,7 @@ CUresult cuDeviceGetPCIBusId(char *bus_id, int length, CUdevice device) {
     CUresult rc = cuDeviceGetAttribute(&domain, PCI_DOMAIN, device);
     if (rc == CUDA_SUCCESS) rc = cuDeviceGetAttribute(&bus, PCI_BUS, device);
     if (rc == CUDA_SUCCESS) rc = cuDeviceGetAttribute(&slot, PCI_DEVICE, device);
-    if (rc == CUDA_SUCCESS) snprintf(bus_id, (size_t)length, "%08x:%02x:%02x.0", domain, bus, slot);
+    if (rc == CUDA_SUCCESS) snprintf(bus_id, (size_t)length, "%04x:%02x:%02x.0", domain, bus, slot);
     return rc;
 }
 
@@ -41,20 +42,22 @@ CUresult cuDeviceGetPCIBusId(char *bus_id, int length, CUdevice device) {
  * "domain:bus:device" or "bus:device.function", in hex, any case; the location from the same attributes
  * cuDeviceGetPCIBusId writes. An id that names no device of this process answers CUDA_ERROR_INVALID_DEVICE, one that
  * does not read as an id CUDA_ERROR_INVALID_VALUE. */
+static int parse_bus_id(const char *text, unsigned *domain, unsigned *bus, unsigned *slot) {
+    unsigned function;
+    int end = -1;
+    if (sscanf(text, "%x:%x:%x.%x%n", domain, bus, slot, &function, &end) == 4 && end >= 0 && !text[end]) return 1;
+    end = -1;
+    if (sscanf(text, "%x:%x:%x%n", domain, bus, slot, &end) == 3 && end >= 0 && !text[end]) return 1;
+    end = -1;
+    *domain = 0;
+    return sscanf(text, "%x:%x.%x%n", bus, slot, &function, &end) == 3 && end >= 0 && !text[end];
+}
+
 CUresult cuDeviceGetByPCIBusId(CUdevice *device, const char *bus_id) {
     enum { PCI_BUS = 33, PCI_DEVICE = 34, PCI_DOMAIN = 50 };
     if (!device || !bus_id) return CUDA_ERROR_INVALID_VALUE;
-    unsigned domain = 0, bus = 0, slot = 0, function = 0;
-    int end = 0, colons = 0;
-    for (const char *c = bus_id; *c; c++) colons += *c == ':';
-    if (colons == 2 && sscanf(bus_id, "%x:%x:%x%n", &domain, &bus, &slot, &end) == 3 &&
-        (bus_id[end] == '\0' || sscanf(bus_id + end, ".%x%n", &function, &end) == 1)) {
-        /* domain:bus:device[.function] */
-    } else if (colons == 1 && sscanf(bus_id, "%x:%x.%x", &bus, &slot, &function) == 3) {
-        domain = 0;
-    } else {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
+    unsigned domain = 0, bus = 0, slot = 0;
+    if (!parse_bus_id(bus_id, &domain, &bus, &slot)) return CUDA_ERROR_INVALID_VALUE;
     int count = 0;
     CUresult rc = cuDeviceGetCount(&count);
     for (int i = 0; rc == CUDA_SUCCESS && i < count; i++) {

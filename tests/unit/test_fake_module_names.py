@@ -179,9 +179,9 @@ def test_the_journal_holds_enumerations_and_names(tmp_path: Path) -> None:
 # --- bus ids and LUIDs -----------------------------------------------------------------------------------------------
 
 def test_a_bus_id_fills_the_wheels_buffer(fake: FakeDriver) -> None:
-    assert fake.cuDeviceGetPCIBusId(20, 0) == (SUCCESS, b"00000000:18:00.0\0   ")  # NUL, then the wheel's spaces
-    assert fake.cuDeviceGetPCIBusId(17, CUdevice(2)) == (SUCCESS, b"00000000:1a:00.0\0")
-    assert fake.cuDeviceGetPCIBusId(13, 1) == (SUCCESS, b"00000000:19:\0")  # cut to length - 1
+    assert fake.cuDeviceGetPCIBusId(20, 0) == (SUCCESS, b"0000:18:00.0\0       ")  # NUL, then the wheel's spaces
+    assert fake.cuDeviceGetPCIBusId(17, CUdevice(2)) == (SUCCESS, b"0000:1a:00.0\0    ")
+    assert fake.cuDeviceGetPCIBusId(13, 1) == (SUCCESS, b"0000:19:00.0\0")  # length 13: all of it, and its NUL
     assert fake.cuDeviceGetPCIBusId(0, 0) == (INVALID_VALUE, None)
     assert fake.cuDeviceGetPCIBusId(20, 3) == (INVALID_DEVICE, None)
 
@@ -258,7 +258,7 @@ FAKE_RESULT: dict[str, Any] = {
     "enumerate_functions": {"0": [1, None], "1": [0, 1], "count+2": [0, 3]},
     "enumerate_kernels": {"0": [1, None], "1": [0, 1], "count+2": [0, 3]},
     "name_of_null": [1, 1],
-    "bus_id": "00000000:18:00.0", "by_bus_id": [0, 0], "by_bus_id_upper": [0, 0], "by_bus_id_short": [0, 0],
+    "bus_id": "0000:18:00.0", "by_bus_id": [0, 0], "by_bus_id_upper": [0, 0], "by_bus_id_short": [0, 0],
     "luid": [801, None],
     "atomic_operations": list(range(13)), "host_atomics": [0, [0] * 13], "host_atomic_max": 1,
     "host_atomic_count_0": 1, "p2p_atomics_0_0": [101, None],
