@@ -42,7 +42,7 @@ CUresult cuDeviceGetPCIBusId(char *bus_id, int length, CUdevice device) {
  * "domain:bus:device" or "bus:device.function", in hex, any case; the location from the same attributes
  * cuDeviceGetPCIBusId writes. An id that names no device of this process answers CUDA_ERROR_INVALID_DEVICE, one that
  * does not read as an id CUDA_ERROR_INVALID_VALUE. */
-static int parse_bus_id(const char *text, unsigned *domain, unsigned *bus, unsigned *slot) {
+int orion_parse_bus_id(const char *text, unsigned *domain, unsigned *bus, unsigned *slot) {
     unsigned function;
     int end = -1;
     if (sscanf(text, "%x:%x:%x.%x%n", domain, bus, slot, &function, &end) == 4 && end >= 0 && !text[end]) return 1;
@@ -57,7 +57,7 @@ CUresult cuDeviceGetByPCIBusId(CUdevice *device, const char *bus_id) {
     enum { PCI_BUS = 33, PCI_DEVICE = 34, PCI_DOMAIN = 50 };
     if (!device || !bus_id) return CUDA_ERROR_INVALID_VALUE;
     unsigned domain = 0, bus = 0, slot = 0;
-    if (!parse_bus_id(bus_id, &domain, &bus, &slot)) return CUDA_ERROR_INVALID_VALUE;
+    if (!orion_parse_bus_id(bus_id, &domain, &bus, &slot)) return CUDA_ERROR_INVALID_VALUE;
     int count = 0;
     CUresult rc = cuDeviceGetCount(&count);
     for (int i = 0; rc == CUDA_SUCCESS && i < count; i++) {

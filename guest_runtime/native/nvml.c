@@ -193,11 +193,12 @@ static nvmlReturn_t find(const char *wanted, nvmlReturn_t (*describe)(int, char 
 
 static nvmlReturn_t bus_id_text(int ordinal, char *text) { return from_cuda(cuDeviceGetPCIBusId(text, 64, ordinal)); }
 
-/* PCI bus IDs match by value: NVML writes the domain in 8 digits, callers often in 4, either case. */
+/* PCI bus IDs match by value: NVML writes the domain in 8 digits, the driver in 4, callers in either, or leave it
+ * out ("bus:device.function"), in either case. */
 static int same_bus(const char *a, const char *b) {
-    unsigned x[4], y[4];
-    return sscanf(a, "%x:%x:%x.%x", &x[0], &x[1], &x[2], &x[3]) == 4 &&
-           sscanf(b, "%x:%x:%x.%x", &y[0], &y[1], &y[2], &y[3]) == 4 && memcmp(x, y, sizeof x) == 0;
+    unsigned x[3], y[3];
+    return orion_parse_bus_id(a, &x[0], &x[1], &x[2]) && orion_parse_bus_id(b, &y[0], &y[1], &y[2]) &&
+           memcmp(x, y, sizeof x) == 0;
 }
 
 static int same_text(const char *a, const char *b) { return strcasecmp(a, b) == 0; }

@@ -103,6 +103,11 @@ void orion_graph_kernel_extra_given(void);
 /* `size` bytes of the pool itself, never the fallback (memory the GPU must reach: host_functions.c): a CUresult. */
 int orion_pool_alloc(void **pp, size_t size);
 
+/* --- answered_in_guest.c ------------------------------------------------------------------------------------------ */
+/* A PCI bus id in the forms the driver and NVML read ("domain:bus:device.function", "domain:bus:device",
+ * "bus:device.function"; hex, any case, the domain in any number of digits): whether it reads as one. */
+int orion_parse_bus_id(const char *text, unsigned *domain, unsigned *bus, unsigned *slot);
+
 /* --- host_functions.c: host functions and stream callbacks, run in the guest ----------------------------------- */
 /* Every forwarded call's CUresult (cuda_client.c): one that ends the process's CUDA fails the queued callbacks. */
 void orion_host_functions_saw(int status);

@@ -7,20 +7,16 @@ the host refuses (an address outside the session's memory) are checked too. CPU 
 batch_mem_op_program.py runs the same families on the GPU, natively and forwarded."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 from tests import forwarding_rig
-from tests.forwarding_rig import Rig, local_only, native_child_env
+from tests.forwarding_rig import Rig, local_only
+from tests.wire.program_runs import forwarded_and_on_the_fake
 from tests.wire.test_native_callbacks import run
 from tests.wire.test_native_host_nodes import GRAPHS
 
 SUCCESS, INVALID_VALUE, NOT_SUPPORTED = 0, 1, 801
 NODE_TYPE_BATCH_MEM_OP = 12
-REPO = Path(__file__).resolve().parents[2]
-PROGRAM = REPO / "tests" / "gpu" / "programs" / "batch_mem_op_program.py"
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 
 BATCH = r"""
@@ -136,11 +132,5 @@ def test_batch_memory_operation_nodes_are_built_asked_set_and_captured(library: 
 def test_the_gpu_program_gives_through_the_native_driver_what_it_gives_on_the_fake(library: Path, rig: Rig) -> None:
     """tests/gpu/programs/batch_mem_op_program.py through the native driver against the rig's fake, and on the fake
     directly (`--fake`): the same values."""
-    results = []
-    for arguments, env in (([str(PROGRAM)], native_child_env(library, rig.path)), ([str(PROGRAM), "--fake"], None)):
-        done = subprocess.run([sys.executable, *arguments], env=env, capture_output=True, text=True, timeout=120,
-                              cwd=REPO)
-        assert done.returncode == 0, done.stderr[-3000:]
-        results.append(json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:]))
-    forwarded, on_the_fake = results
+    forwarded, on_the_fake = forwarded_and_on_the_fake("batch_mem_op_program.py", library, rig)
     assert forwarded["ok"] is True and forwarded == on_the_fake

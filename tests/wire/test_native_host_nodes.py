@@ -9,10 +9,7 @@ host_node_program.py runs the same families on the GPU, natively and forwarded."
 from __future__ import annotations
 
 import ctypes
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +18,13 @@ import pytest
 from ivshmem.driver_api import CALLS, HOST_NODE_FUNCTION_OPCODE, HOST_NODE_FUNCTION_REQUEST
 from ivshmem.record import Status
 from tests import forwarding_rig
-from tests.forwarding_rig import Rig, local_only, native_child_env
+from tests.forwarding_rig import Rig, local_only
+from tests.wire.program_runs import forwarded_and_on_the_fake
 from tests.wire.test_native_callbacks import run
 
 SUCCESS, INVALID_VALUE, INVALID_HANDLE, NOT_SUPPORTED = 0, 1, 400, 801
 CAPTURE_UNSUPPORTED, CAPTURE_INVALIDATED = 900, 901
 NODE_TYPE_HOST = 3
-REPO = Path(__file__).resolve().parents[2]
-PROGRAM = REPO / "tests" / "gpu" / "programs" / "host_node_program.py"
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 
 GRAPHS = r"""
@@ -181,13 +177,7 @@ def test_the_gpu_program_gives_through_the_native_driver_what_it_gives_on_the_fa
     """tests/gpu/programs/host_node_program.py (cuda-python, the program the GPU compares natively and forwarded)
     through the native driver against the rig's fake, and on the fake directly in its own process (`--fake`): the
     same values."""
-    results = []
-    for arguments, env in (([str(PROGRAM)], native_child_env(library, rig.path)), ([str(PROGRAM), "--fake"], None)):
-        done = subprocess.run([sys.executable, *arguments], env=env, capture_output=True, text=True, timeout=120,
-                              cwd=REPO)
-        assert done.returncode == 0, done.stderr[-3000:]
-        results.append(json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:]))
-    forwarded, on_the_fake = results
+    forwarded, on_the_fake = forwarded_and_on_the_fake("host_node_program.py", library, rig)
     assert forwarded["ok"] is True and forwarded == on_the_fake
 
 

@@ -7,18 +7,14 @@ launch through one), and those of another session or none are refused before the
 tests/gpu/programs/module_names_program.py runs the same calls on the GPU, natively and forwarded."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 from tests import forwarding_rig
-from tests.forwarding_rig import Rig, native_child_env
+from tests.forwarding_rig import Rig
+from tests.wire.program_runs import forwarded_and_on_the_fake
 from tests.wire.test_native_callbacks import run
 
 SUCCESS, INVALID_VALUE, INVALID_DEVICE, INVALID_HANDLE = 0, 1, 101, 400
-REPO = Path(__file__).resolve().parents[2]
-PROGRAM = REPO / "tests" / "gpu" / "programs" / "module_names_program.py"
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 
 QUERIES = r"""
@@ -92,12 +88,6 @@ def test_enumerated_handles_are_the_named_ones_and_names_stay_put(library: Path,
 def test_the_gpu_program_gives_through_the_native_driver_what_it_gives_on_the_fake(library: Path, rig: Rig) -> None:
     """tests/gpu/programs/module_names_program.py through the native driver against the rig's fake, and on the fake
     directly (`--fake`): the same values."""
-    results = []
-    for arguments, env in (([str(PROGRAM)], native_child_env(library, rig.path)), ([str(PROGRAM), "--fake"], None)):
-        done = subprocess.run([sys.executable, *arguments], env=env, capture_output=True, text=True, timeout=120,
-                              cwd=REPO)
-        assert done.returncode == 0, done.stderr[-3000:]
-        results.append(json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:]))
-    forwarded, on_the_fake = results
+    forwarded, on_the_fake = forwarded_and_on_the_fake("module_names_program.py", library, rig)
     del forwarded["bus_id"], on_the_fake["bus_id"]  # the rig's guest device 0 is another fake GPU than --fake's
     assert forwarded["ok"] is True and forwarded == on_the_fake
