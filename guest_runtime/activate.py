@@ -93,11 +93,15 @@ def same_signature(implementations: Mapping[str, Callable[..., int]],
                    wheel: Mapping[str, str]) -> dict[str, Callable[..., int]]:
     """The implementations whose C signature in the installed cuda-bindings (`wheel`: name -> signature) is the
     one the call table forwards. Another wheel's version of a function (other parameters) would hand it
-    arguments it misreads, so that function is left to the fallback (CUDA_ERROR_NOT_SUPPORTED), said once."""
+    arguments it misreads, so that function is left to the fallback (CUDA_ERROR_NOT_SUPPORTED), said once. A
+    function an older wheel lacks (cuda-bindings 13.3 has no cuTensorMapSetAllocationClass) no program can call
+    through it: nothing to hook."""
     kept = {}
     for name, implementation in implementations.items():
         theirs = wheel.get(name)
-        if theirs is not None and theirs != CALLS[name].signature:
+        if theirs is None:
+            continue
+        if theirs != CALLS[name].signature:
             log.warning("orion: %s is %s in this cuda-bindings, but Orion forwards %s: not forwarded (install "
                         "orion-guest[cuda], the cuda-bindings it was built for)", name, theirs,
                         CALLS[name].signature)
