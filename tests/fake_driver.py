@@ -739,6 +739,8 @@ class CUgraphNodeParams(_Fields):
         self.conditional = CUDA_CONDITIONAL_NODE_PARAMS()
         self.alloc = CUDA_MEM_ALLOC_NODE_PARAMS()
         self.free = CUDA_MEM_FREE_NODE_PARAMS()
+        self.host = CUDA_HOST_NODE_PARAMS()
+        self.batchMemOp = CUDA_BATCH_MEM_OP_NODE_PARAMS()  # noqa: N815 - the wheel's name
 
 
 class CUgraphExecUpdateResultInfo(_Fields):
@@ -3583,9 +3585,9 @@ class FakeDriver:
         member (a memset's or memcpy's context, a child graph cloned: CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE), or a
         conditional node (below), after `dependencies` with edge data `dependencyData` (None: default edges) under
         cuGraphAddDependencies's rules, all or nothing; memory allocation and free nodes as cuGraphAddMemAllocNode
-        and cuGraphAddMemFreeNode make them. Not modelled (CUDA_ERROR_NOT_SUPPORTED): host nodes (cuGraphAddHostNode
-        makes them), batch memory-operation nodes (cuGraphAddBatchMemOpNode makes them) and external semaphore
-        nodes.
+        and cuGraphAddMemFreeNode make them, host and batch memory-operation nodes as cuGraphAddHostNode and
+        cuGraphAddBatchMemOpNode do from `host` and `batchMemOp`. Not modelled (CUDA_ERROR_NOT_SUPPORTED): external
+        semaphore nodes.
 
         A child graph moved into its node (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): no clone, the graph itself, owned
         by the node from now on, its nodes the same handles. It runs its nodes as they are when it runs; an
@@ -3641,6 +3643,10 @@ class FakeDriver:
             err, node = self._mem_alloc_node(nodeParams.alloc)
         elif kind == types.CU_GRAPH_NODE_TYPE_MEM_FREE:
             err, node = self._mem_free_node(int(hGraph), nodeParams.free.dptr)
+        elif kind == types.CU_GRAPH_NODE_TYPE_HOST:
+            err, node = self._host_node(nodeParams.host)
+        elif kind == types.CU_GRAPH_NODE_TYPE_BATCH_MEM_OP:
+            err, node = self._batch_node(nodeParams.batchMemOp)
         else:
             err, node = CUresult.CUDA_ERROR_NOT_SUPPORTED, None
         if node is not None and words is not None and any(

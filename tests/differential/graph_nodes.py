@@ -680,8 +680,8 @@ class AddNodeProgram(GraphNodeProgram):
             *[self._add_node("refused", graph, params) for params in (*reserved, flagged, self._params(99))],
             t["cuGraphNodeSetParams"](n["join"], ctypes.addressof(reserved[0])),
             t["cuGraphExecNodeSetParams"](graph_exec, n["join"], ctypes.addressof(reserved[1]))])
-        self.note("not forwarded: host, external semaphore and batch memory operation nodes; setting a "
-                  "conditional node's parameters", [
+        self.note("refused: host and batch memory-operation nodes of zeroed parameters (no function, no operations); "
+                  "not forwarded: external semaphore nodes, setting a conditional node's parameters", [
                       *[self._add_node("refused", graph, self._params(kind)) for kind in (
                           HOST, EXT_SEMAS_SIGNAL, EXT_SEMAS_WAIT, BATCH_MEM_OP)],
                       t["cuGraphNodeSetParams"](n["memset"], ctypes.addressof(self._params(HOST))),
@@ -883,6 +883,9 @@ def fake_table(driver: Any) -> Table:
         if given.type == MEM_ALLOC:
             params.alloc = alloc_params(ctypes.addressof(given.alloc))
         params.free.dptr = given.free
+        union = address + NodeParams.u.offset  # a host node's (fn, userData), a batch node's struct: C's own layout
+        params.host.fn, params.host.userData = struct.unpack_from("<QQ", ctypes.string_at(union, 16))
+        params.batchMemOp = driver.CUDA_BATCH_MEM_OP_NODE_PARAMS(_ptr=union)
         return params
 
     def alloc_params(address: int) -> Any:
@@ -953,6 +956,10 @@ def fake_table(driver: Any) -> Table:
         if kind == EMPTY:
             status, found = driver.cuGraphNodeGetType(node)
             return int(status) if int(status) != SUCCESS else SUCCESS if int(found) == EMPTY else invalid
+        if kind == HOST:
+            return int(getattr(driver, prefix + "HostNodeSetParams")(*handles, params.host)[0])
+        if kind == BATCH_MEM_OP:
+            return int(getattr(driver, prefix + "BatchMemOpNodeSetParams")(*handles, params.batchMemOp)[0])
         return not_supported  # the types the native driver does not set (the test names them)
 
     def handle_create(out: int, graph: int, context: int, default: int, flags: int) -> int:

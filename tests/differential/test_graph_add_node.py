@@ -82,7 +82,10 @@ def test_the_fake_builds_graphs_of_cugraphaddnode_as_cuda_documents() -> None:
     assert theirs["marks"] == [12] * WORDS and theirs["words"] == [i + 119 for i in initial]
     assert theirs["moved"] == [1102] * WORDS  # the moved graph's own node: +100
     assert _step(out, "refused: reserved fields")[1] == [INVALID_VALUE] * 6
-    assert _step(out, "not forwarded:")[1] == [NOT_SUPPORTED] * 6  # a moved child graph is forwarded now
+    # host and batch nodes are forwarded now: zeroed ones are refused as the driver refuses them (a NULL function, no
+    # operations), setting a memset node with host parameters too; the rest not forwarded (a moved child graph is)
+    assert _step(out, "refused: host and batch")[1] == [INVALID_VALUE, NOT_SUPPORTED, NOT_SUPPORTED, INVALID_VALUE,
+                                                        INVALID_VALUE, NOT_SUPPORTED]
     assert _step(out, "refused: memory allocation and free nodes")[1] == [INVALID_VALUE] * 2  # memory nodes are too
     moves = _step(out, "refused: a graph moved into itself")
     assert moves[1] == [INVALID_VALUE] * 8 and moves[2] == [14, 14, 1]  # no node left behind; the moved graph whole
@@ -129,8 +132,10 @@ def test_the_native_driver_builds_graphs_with_cugraphaddnode_as_the_fake_does(se
 
 
 # What the guest answers by itself: node types not forwarded answer 801, each named once on stderr, and nothing reaches
-# the driver; an ownership cuda.h does not have answers INVALID_VALUE. A child graph moved into its node is forwarded
-# (no 801, nothing said): the first move reaches the driver and succeeds, the second the driver refuses.
+# the driver; an ownership cuda.h does not have answers INVALID_VALUE; host and batch nodes of zeroed parameters
+# (forwarded types) are refused before anything is sent, or by the host, as the driver refuses them. A child graph
+# moved into its node is forwarded (no 801, nothing said): the first move reaches the driver and succeeds, the second
+# the driver refuses.
 NOT_FORWARDED = r"""
 import ctypes, json, sys
 from tests.differential.graph_nodes import (BATCH_MEM_OP, EMPTY, EXT_SEMAS_SIGNAL, EXT_SEMAS_WAIT, GRAPH, HOST,
@@ -165,14 +170,17 @@ print(json.dumps({
 def test_node_types_not_forwarded_answer_801_in_the_guest_named_once(local: Rig, library: Path) -> None:
     mark = local.mark()
     got, err = _native(local, library, script=NOT_FORWARDED)
-    assert got == {"added": [NOT_SUPPORTED] * 5, "moved": [INVALID_VALUE, 0, INVALID_VALUE],
-                   "set": [NOT_SUPPORTED] * 4}
-    assert err.count("a graph host node") == 1 and "OWNERSHIP_MOVE" not in err
-    for name in ("EXT_SEMAS_SIGNAL", "EXT_SEMAS_WAIT", "BATCH_MEM_OP"):
+    # (host and batch memory-operation nodes are forwarded: zeroed ones are refused, a NULL function, no operations)
+    assert got == {"added": [INVALID_VALUE, INVALID_VALUE, NOT_SUPPORTED, NOT_SUPPORTED, INVALID_VALUE],
+                   "moved": [INVALID_VALUE, 0, INVALID_VALUE],
+                   "set": [INVALID_VALUE, INVALID_VALUE, NOT_SUPPORTED, NOT_SUPPORTED]}
+    assert "a graph host node" not in err and "OWNERSHIP_MOVE" not in err
+    for name in ("EXT_SEMAS_SIGNAL", "EXT_SEMAS_WAIT"):
         assert err.count(f"CU_GRAPH_NODE_TYPE_{name})") == 1, name
     assert err.count("of a memory allocation or free node") == 1  # setting one: memory nodes are added (elsewhere)
     reached = [(e["name"], e["result"][0]) for e in local.entries(mark) if e["name"] in NODE_CALLS]
     assert reached == [("cuGraphAddEmptyNode", ["CUresult", 0]),  # the one empty node; nothing of the refused ones
+                       ("cuGraphAddBatchMemOpNode", ["CUresult", INVALID_VALUE]),  # no operations: the driver's no
                        ("cuGraphAddNode", ["CUresult", 0]), ("cuGraphAddNode", ["CUresult", INVALID_VALUE])]
 
 
