@@ -17,9 +17,11 @@ TRIGGERS = ("ORION_VGPU", "ORION_CONTROLLER", "ORION_SHM")
 # The host side's packages and commands: they read ORION_CONTROLLER themselves (oriond: server.conf's override),
 # and on a GPU host that also has orion-guest's .pth installed (setup.sh's environment), Orion's variables in
 # their environment must never turn forwarding on inside them (oriond would forward its own CUDA calls).
+# HOST_COMMANDS is every console script of pyproject.toml whose module is in a host package (written out, since this
+# hook may import nothing but os and sys; tests/unit/test_host_side_never_forwards.py holds it to pyproject.toml).
 HOST_PACKAGES = ("host_agent", "controller", "libvirt_hooks", "xml_templates")
 HOST_COMMANDS = ("oriond", "orion-controller", "orion-wire-demo", "orion-hooks", "orion-domain", "orion-smi",
-                 "orion-shm")
+                 "orion-shm", "orion-k8s-plugin")
 _OPTIONS_WITH_VALUE = ("-W", "-X", "-Q")
 
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from guest_runtime.startup import runs_host_side
+from guest_runtime.startup import HOST_COMMANDS, HOST_PACKAGES, runs_host_side
 from tests.processes import REPO, python_path
 
 
@@ -30,6 +30,17 @@ from tests.processes import REPO, python_path
 ])
 def test_host_side_commands_are_recognised(argv: list[str], host: bool) -> None:
     assert runs_host_side(argv) is host
+
+
+def test_every_host_side_console_script_is_a_host_command() -> None:
+    """The start-up hook's hand-written list is pyproject.toml's console scripts whose module is a host package's
+    (orion-k8s-plugin was once missing: its DaemonSet sets ORION_CONTROLLER, which would have turned forwarding on
+    inside the plugin)."""
+    import tomllib
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    host_side = {name for name, target in scripts.items() if target.split(".")[0] in HOST_PACKAGES}
+    assert set(HOST_COMMANDS) == host_side
+    assert runs_host_side(["python", "/usr/local/bin/orion-k8s-plugin", "serve"])
 
 
 def test_oriond_s_gpu_inventory_reader_reads_the_driver_not_a_forwarded_one() -> None:
