@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from controller.keys import Keys  # noqa: E402
 from controller.pool import GpuPool, GpuSpec  # noqa: E402
 from controller.store import EtcdStore  # noqa: E402
-from guest_runtime.controller_client import ControllerClient  # noqa: E402
+from ivshmem.shared.controller_client import ControllerClient  # noqa: E402
 from tests.controller.rig import ControllerProcess, EtcdServer, call, etcd_binary, member_client  # noqa: E402
 
 CONCURRENT_REQUESTS = 500

@@ -25,7 +25,7 @@ from typing import Any
 from controller.errors import BadRequest
 from controller.keys import valid_name
 from controller.pool import GpuSpec
-from guest_runtime.ini import whole_number
+from ivshmem.shared.ini import whole_number
 
 MAX_MEMORY_MIB = 1 << 24
 MAX_TTL_S = 3600

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ivshmem.record import RELAYING_AGENT
+from ivshmem.shared.controller_client import Answer, ControllerClient, ControllerClientError, quote
+from ivshmem.shared.ini import whole_number
 
 from .client_config import controller_setting
-from .controller_client import Answer, ControllerClient, ControllerClientError, quote
-from .ini import whole_number
 
 REQUEST_TIMEOUT_S = 5.0
 EXIT_TIMEOUT_S = 2.0  # the release at exit: a program's end waits no longer than this per socket operation

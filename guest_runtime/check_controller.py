@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from ivshmem.shared.controller_client import ControllerClient, ControllerClientError
+
 from .client_config import ControllerSetting
-from .controller_client import ControllerClient, ControllerClientError
 
 HEADERS = {"data_version": "0.2", "api_version": "0.2"}
 TIMEOUT_S = 5.0

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .ini import ConfigError, address_problem, bare_address, read_ini, unquote
+from ivshmem.shared.ini import ConfigError, address_problem, bare_address, read_ini, unquote
 
 SYSTEM_CONF = Path("/etc/orion/client.conf")
 DEFAULT_ADDRESS = "127.0.0.1:9123"  # what orion-check assumes when nothing is configured

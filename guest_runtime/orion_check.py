@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from ivshmem.shared import ini
+
 from . import check_host
 from .check_controller import DEFAULT_SOURCE, check_controller
 from .client_config import (
@@ -30,7 +32,7 @@ from .client_config import (
     user_conf,
 )
 
-SERVER_CONF = Path("/etc/orion/server.conf")
+SERVER_CONF = Path(ini.SERVER_CONF)
 HELP = """NAME: Orion Health Check Tool
 VERSION: v0.1
 USAGE:

@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from guest_runtime.ini import ConfigError, host_name_or_ip, load_ini, normal_address, whole_number
+from ivshmem.shared.ini import SERVER_CONF, ConfigError, host_name_or_ip, load_ini, normal_address, whole_number
 
 from .image_cache import CacheSettings
 from .server_conf import DEFAULT_KEY_FILE, ShmSettings, cluster_key_file
 
-DEFAULT_PATH = "/etc/orion/server.conf"
+DEFAULT_PATH = SERVER_CONF
 DEFAULT_CONTROLLER = "127.0.0.1:9123"
 LOG_LEVELS = ("ERROR", "WARNING", "INFO", "DEBUG")
 PORT_RANGE = (1, 65533)  # Orion's: the server uses listen_port and the two ports after it

@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from controller.cluster_key import ClusterKeyError, load_key, sign_request
-from guest_runtime.controller_client import ControllerClient, ControllerClientError
+from ivshmem.shared.controller_client import ControllerClient, ControllerClientError
 
 from .gpu_inventory import GpuInfo
 from .region_server import die_with_parent
@@ -50,7 +50,7 @@ STOP_JOIN_S = 2 * REQUEST_TIMEOUT_S + 1.0
 @dataclass(frozen=True)
 class Member:
     """This node as a member of the cluster: ``member(method, path, body)`` signs a request to the controller
-    (guest_runtime.controller_client.MemberSigner) with the cluster key. The key never shows in a repr."""
+    (ivshmem.shared.controller_client.MemberSigner) with the cluster key. The key never shows in a repr."""
 
     member: str
     key: bytes = field(repr=False)

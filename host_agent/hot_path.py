@@ -36,7 +36,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from guest_runtime.compiler import find_compiler
 from ivshmem.channel import Endpoint
 from ivshmem.driver_api import (
     BY_OPCODE,
@@ -46,12 +45,12 @@ from ivshmem.driver_api import (
     attribute_mask,
 )
 from ivshmem.record import Op
+from ivshmem.shared.compiler import CFLAGS, find_compiler
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().with_name("hot_dispatch.c")
 MODULE = "_orion_hot_dispatch"
-CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-fPIC", "-shared")
 
 class Hot(NamedTuple):
     """How hot_dispatch.c serves one call: its kind there, the request it decodes (the fixed struct, and the input

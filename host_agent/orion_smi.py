@@ -19,8 +19,8 @@ import time
 from typing import Any
 
 from controller.cluster_key import ClusterKeyError
-from guest_runtime.controller_client import ControllerClient, ControllerClientError
-from guest_runtime.ini import normal_address
+from ivshmem.shared.controller_client import ControllerClient, ControllerClientError
+from ivshmem.shared.ini import normal_address
 
 from .config import DEFAULT_PATH, ServerConfig
 from .controller_link import Member, load_member
@@ -124,7 +124,7 @@ def _member(key_file: str | None, config_path: str) -> Member | None:
 
 
 def checked_address(text: str, where: str) -> str:
-    """`text` as HOST:PORT by the rule every Orion program reads a controller address with (guest_runtime.ini's
+    """`text` as HOST:PORT by the rule every Orion program reads a controller address with (ivshmem.shared.ini's
     host_port: an http:// in front allowed, the port required, 1-65535); AddressError naming `where` otherwise."""
     try:
         return normal_address(text)

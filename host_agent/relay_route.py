@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from controller.cluster_key import DEFAULT_KEY_FILE, ClusterKeyError, load_key
-from guest_runtime.controller_client import ControllerClient, ControllerClientError, split_address
 from ivshmem.driver_api import table_digest
 from ivshmem.errors import RecordError
 from ivshmem.record import (
@@ -47,6 +46,7 @@ from ivshmem.record import (
     Record,
     Status,
 )
+from ivshmem.shared.controller_client import ControllerClient, ControllerClientError, split_address
 
 from . import relay_handshake, relay_transport
 from .handler import Reply, refused

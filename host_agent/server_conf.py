@@ -4,7 +4,7 @@ this host a member of the cluster (docs/security.md, "Who may talk to whom: the 
 
 orion-shm, the qemu hook and oriond (through host_agent/config.py, which reads the rest of server.conf) all
 take these settings from here, so each refuses a wrong value with the same line. The file is read by the one
-INI reader, guest_runtime/ini.py (`load_ini`, `ConfigError`; imported from here by the host's modules). Whether
+INI reader, ivshmem/shared/ini.py (`load_ini`, `ConfigError`; imported from here by the host's modules). Whether
 the key file itself is usable is controller/cluster_key.load_key's to say, when it is read.
 """
 from __future__ import annotations
@@ -14,10 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.cluster_key import DEFAULT_KEY_FILE
-from guest_runtime.ini import ConfigError, load_ini, whole_number
 from ivshmem.layout import REGION_SIZE_RANGE_MIB
-
-SERVER_CONF = "/etc/orion/server.conf"
+from ivshmem.shared.ini import SERVER_CONF, ConfigError, load_ini, whole_number
 
 
 def _unsigned(value: str, key: str, section: str, path: str) -> int:

@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from ivshmem import layout, liveness
 from ivshmem.channel import Ctrl, HostChannel, HostStatus
 from ivshmem.errors import RegionFormatError, RegionNotFormatted, WireError
-from ivshmem.layout import DEFAULT_CHANNELS, MIB, REGION_INDEX_RANGE, REGION_SIZE_RANGE_MIB, Geometry
+from ivshmem.layout import (
+    DEFAULT_CHANNELS,
+    MIB,
+    REGION_SIZE_RANGE_MIB,
+    Geometry,
+    region_index_allowed,
+    region_size_allowed,
+)
 from ivshmem.region import SHM_DIR, SHM_PREFIX, Region, list_region_files, region_path
 
 from .region_file import TENANT_MARK, sealed_directory
@@ -67,7 +74,7 @@ class Tenant:
 
 # --- validation (Orion's messages) ------------------------------------------------------------------------
 def check_index(index: int) -> None:
-    if not REGION_INDEX_RANGE[0] <= index <= REGION_INDEX_RANGE[1]:
+    if not region_index_allowed(index):
         raise ShmError("Error. Invalid SHM file index. It should be in [0, 9999]")
 
 
@@ -75,6 +82,8 @@ def check_size(size_mib: int) -> None:
     """Orion's range, then QEMU's rule: ivshmem-plain maps the whole region as a PCI BAR, whose size must be a
     power of two (QEMU 7.2 aborts on another size, libvirt refuses to start the domain), so such a region
     could never be attached; refuse it now rather than at the first `virsh start`."""
+    if region_size_allowed(size_mib):
+        return
     if not REGION_SIZE_RANGE_MIB[0] <= size_mib <= REGION_SIZE_RANGE_MIB[1]:
         raise ShmError("Error. Invalid SHM file size. It should be in [16, 1024*1024]")
     if size_mib & (size_mib - 1):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.keys import valid_name
-from guest_runtime.controller_client import ControllerClient, ControllerClientError, MemberSigner
+from ivshmem.shared.controller_client import ControllerClient, ControllerClientError, MemberSigner
 
 from .gpu_inventory import of_driver
 

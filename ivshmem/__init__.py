@@ -1,7 +1,9 @@
-"""The Orion wire: region layout, SPSC rings, staging arenas, the record codec, and `orion-shm`.
+"""The Orion wire: region layout, SPSC rings, staging arenas, the record codec; and, in ivshmem/shared/, what both
+sides share besides it (Orion's INI syntax, the controller's client, the compiler lookup).
 
-Shared by the host agent and the guest runtime; it must not import libvirt, lxml, cuda or etcd (the guest
-distribution carries it alone). docs/wire-protocol.md is its byte-level specification.
+The ground floor, shared by the host agent and the guest runtime; it imports the standard library only, never
+libvirt, lxml, cuda or etcd (the guest distribution carries it alone). docs/wire-protocol.md is the wire's
+byte-level specification.
 """
 from .channel import BufferCursor, ClientChannel, HostChannel, Streamed
 from .errors import (

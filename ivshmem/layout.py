@@ -57,6 +57,16 @@ RECORD_HEADER_SIZE = 32
 REGION_INDEX_RANGE = (0, 9999)
 REGION_SIZE_RANGE_MIB = (16, 1024 * 1024)
 
+
+def region_index_allowed(index: int) -> bool:
+    """Whether `index` names a region Orion makes (orion-shm's range; the domain XML builder's too)."""
+    return REGION_INDEX_RANGE[0] <= index <= REGION_INDEX_RANGE[1]
+
+
+def region_size_allowed(size_mib: int) -> bool:
+    """Whether a region of `size_mib` MiB can be made and attached: Orion's range, and a power of two."""
+    return REGION_SIZE_RANGE_MIB[0] <= size_mib <= REGION_SIZE_RANGE_MIB[1] and not size_mib & (size_mib - 1)
+
 DEFAULT_CHANNELS = 8
 DEFAULT_RING_ENTRIES = 64
 DEFAULT_SLOT_SIZE = 512

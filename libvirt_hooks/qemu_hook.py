@@ -16,8 +16,9 @@ import os
 import sys
 from typing import BinaryIO
 
+from ivshmem.shared.ini import SERVER_CONF
+
 SERVER_CONF_ENV = "ORION_SERVER_CONF"
-SERVER_CONF = "/etc/orion/server.conf"
 OPERATIONS = ("prepare", "release")
 PREFIX = "Orion vGPU hook"
 USAGE = 2

@@ -12,7 +12,7 @@ import re
 
 from lxml import etree
 
-from ivshmem.layout import MIB
+from ivshmem.layout import MIB, region_index_allowed, region_size_allowed
 from ivshmem.layout import REGION_INDEX_RANGE as INDEX_RANGE
 from ivshmem.layout import REGION_SIZE_RANGE_MIB as SIZE_RANGE_MIB
 from ivshmem.region import SHM_PREFIX
@@ -47,7 +47,7 @@ def shmem_alias(index: int) -> str:
 def check_region_index(index: int) -> None:
     """Orion's index range (orion-shm's), so every region we attach can also be made with orion-shm."""
     low, high = INDEX_RANGE
-    if not low <= index <= high:
+    if not region_index_allowed(index):
         raise DomainXmlError(f"region index {index} is out of range: it must be in [{low}, {high}]")
 
 
@@ -57,7 +57,7 @@ def check_region_size(size_mib: int) -> None:
     100 MiB memory-backend-file); libvirt 9.0 defines such a domain but refuses to start it ("XML error: shmem
     size must be a power of two"). So a wrong size is refused here, not found at `virsh start`."""
     low, high = SIZE_RANGE_MIB
-    if not low <= size_mib <= high or size_mib & (size_mib - 1):
+    if not region_size_allowed(size_mib):
         raise DomainXmlError(f"region size {size_mib} MiB is not allowed: it must be a power of two in "
                              f"[{low}, {high}] MiB (QEMU maps the region as a PCI BAR, which must be a power of two)")
 

@@ -13,12 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from guest_runtime.compiler import find_compiler
 from guest_runtime.startup import NATIVE_ALIASES
+from ivshmem.shared.compiler import CFLAGS, find_compiler
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("orion_wire.c",)
-CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-fPIC", "-shared")
 LIBS = ("-lpthread",)
 
 

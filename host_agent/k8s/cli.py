@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from guest_runtime.ini import ConfigError, normal_address
+from ivshmem.shared.ini import ConfigError, normal_address
 
 from ..cli_args import OneLineParser, flag_type
 from ..config import DEFAULT_PATH, ServerConfig, flag_host, flag_seconds

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from guest_runtime.controller_client import ControllerClient, ControllerClientError
+from ivshmem.shared.controller_client import ControllerClient, ControllerClientError
 
 from .devices import DeviceBoard, MalformedPool, node_vgpus
 

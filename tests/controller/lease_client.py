@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from guest_runtime.controller_client import ControllerClient  # noqa: E402
+from ivshmem.shared.controller_client import ControllerClient  # noqa: E402
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from guest_runtime.controller_client import ControllerClient, ControllerClientError
+from ivshmem.shared.controller_client import ControllerClient, ControllerClientError
 from tests.controller.rig import (
     REPO,
     ControllerProcess,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from guest_runtime.controller_client import ControllerClient, ControllerClientError
+from ivshmem.shared.controller_client import ControllerClient, ControllerClientError
 from tests.controller.rig import ControllerProcess, call, member_client
 
 pytestmark = pytest.mark.functional

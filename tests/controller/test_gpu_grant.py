@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from guest_runtime.controller_client import ControllerClient
+from ivshmem.shared.controller_client import ControllerClient
 from tests.controller.oriond_proc import Oriond
 from tests.controller.rig import ControllerProcess, wait_until
 from tests.controller.test_guest_allocation import EXIT_LINE, MIB, OUT_OF_MEMORY, first_line, guest

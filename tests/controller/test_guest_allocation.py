@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from guest_runtime.compiler import find_compiler
-from guest_runtime.controller_client import ControllerClient
 from guest_runtime.native.build import build_driver
 from ivshmem.channel import ClientChannel
 from ivshmem.record import AGENT_INFO_REPLY, BIND_REQUEST, Op, Status
 from ivshmem.region import Region
+from ivshmem.shared.compiler import find_compiler
+from ivshmem.shared.controller_client import ControllerClient
 from tests.controller.rig import ControllerProcess, cluster_key_file, free_port, member_client, wait_until
 from tests.controller.test_leases import gone, register
 from tests.processes import stop_process

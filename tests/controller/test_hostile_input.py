@@ -14,7 +14,7 @@ import pytest
 
 from controller.keys import valid_name
 from controller.service import LogrusFormatter
-from guest_runtime.controller_client import ControllerClient
+from ivshmem.shared.controller_client import ControllerClient
 from tests.controller.rig import ControllerProcess, call, member_client
 
 pytestmark = pytest.mark.functional

@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 import pytest
 
-from guest_runtime.controller_client import ControllerClient
 from host_agent.k8s.api import pb
+from ivshmem.shared.controller_client import ControllerClient
 from tests.controller.kubelet import Kubelet, Plugin
 from tests.controller.oriond_proc import Oriond
 from tests.controller.rig import REPO, ControllerProcess, free_port, member_client, wait_until

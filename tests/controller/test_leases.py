@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from guest_runtime.controller_client import ControllerClient, ControllerClientError
+from ivshmem.shared.controller_client import ControllerClient, ControllerClientError
 from tests.controller.rig import ControllerProcess, call, member_client, wait_until
 from tests.processes import stop_process
 

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from controller.cluster_key import make_key_file, sign_request
-from guest_runtime.controller_client import ControllerClient, ControllerClientError
 from ivshmem.channel import ClientChannel
 from ivshmem.record import BIND_REQUEST, Op, Status
 from ivshmem.region import Region
+from ivshmem.shared.controller_client import ControllerClient, ControllerClientError
 from tests.controller.oriond_proc import Oriond
 from tests.controller.rig import (
     REPO,

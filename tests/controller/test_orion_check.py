@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from guest_runtime.controller_client import ControllerClient
+from ivshmem.shared.controller_client import ControllerClient
 from tests.controller.rig import REPO, ControllerProcess, free_port
 from tests.controller.test_leases import register
 

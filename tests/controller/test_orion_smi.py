@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from guest_runtime.controller_client import ControllerClient
+from ivshmem.shared.controller_client import ControllerClient
 from tests.cluster_key import key_file
 from tests.controller.oriond_proc import Oriond
 from tests.controller.rig import REPO, ControllerProcess, free_port, member_client, wait_until

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from guest_runtime.controller_client import ControllerClient
+from ivshmem.shared.controller_client import ControllerClient
 from tests.controller.oriond_proc import Oriond
 from tests.controller.rig import ControllerProcess, free_port, wait_until
 

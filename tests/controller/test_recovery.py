@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from guest_runtime.controller_client import ControllerClient, ControllerClientError
+from ivshmem.shared.controller_client import ControllerClient, ControllerClientError
 from tests.controller.rig import ControllerProcess, EtcdServer, call, member_client, wait_until
 
 pytestmark = pytest.mark.functional

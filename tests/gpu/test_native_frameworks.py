@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from guest_runtime.compiler import find_compiler
 from guest_runtime.native.build import build_driver
+from ivshmem.shared.compiler import find_compiler
 from tests.gpu.test_forwarded_programs import (  # noqa: F401 (fixtures)
     HAS_GPU,
     NATIVE_TIMEOUT_S,

@@ -9,7 +9,7 @@ import pytest
 
 from guest_runtime.allocation import AllocationError, wanted_request
 from guest_runtime.client_config import ClientConfigError, config_file, controller_setting, read_conf
-from guest_runtime.ini import load_ini
+from ivshmem.shared.ini import load_ini
 
 
 def conf(path: Path, address: str) -> Path:
@@ -70,7 +70,7 @@ def test_orion_vgpu_and_gmem() -> None:
     ("1.2.3.4:99999", "the port '99999'"),
     ("1.2.3.4:", "the port is missing"),
     ("1.2.3.4", "the port is missing"),
-    (":9123", "the host is missing"),  # the host's wording: one address check (guest_runtime/ini.py)
+    (":9123", "the host is missing"),  # the host's wording: one address check (ivshmem/shared/ini.py)
     ("...:9123", "'...' is not a host name"),
     ("-host:9123", "'-host' is not a host name"),
     ("999.1.1.1:9123", "'999.1.1.1' is not a host name or IP address"),
@@ -114,7 +114,7 @@ def test_a_users_file_that_cannot_be_read_is_named_not_skipped(tmp_path: Path) -
 
 
 def test_the_client_reads_its_file_with_the_servers_reader(tmp_path: Path) -> None:
-    """One INI reader (guest_runtime/ini.py): a comment after the value, a spaced header and an upper-case key
+    """One INI reader (ivshmem/shared/ini.py): a comment after the value, a spaced header and an upper-case key
     mean for client.conf what they mean for server.conf (the client's own reader kept the comment in the address,
     missed the section and the key)."""
     path = tmp_path / "client.conf"

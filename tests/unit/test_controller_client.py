@@ -1,4 +1,4 @@
-"""guest_runtime.controller_client, the one client of the controller, against small HTTP servers of the test's own
+"""ivshmem.shared.controller_client, the one client of the controller, against small HTTP servers of the test's own
 (no controller, no etcd): the address check, errors with the HTTP status and one line, the timeout, the one retry
 of a kept-alive connection, Orion's plain-text endpoints, and what importing it costs a guest program."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from guest_runtime.controller_client import ControllerClient, ControllerClientError, quote, split_address
+from ivshmem.shared.controller_client import ControllerClient, ControllerClientError, quote, split_address
 
 REPO = Path(__file__).resolve().parents[2]
 JOIN_S = 30.0
@@ -190,7 +190,7 @@ def test_a_closed_kept_alive_connection_is_retried_once_a_new_one_never(server: 
 def test_importing_it_costs_a_guest_program_no_http_or_json_module() -> None:
     """A guest program imports it (through allocation.py) at start-up when Orion's environment is set; http.client
     and the email package it needs (about 15 ms) are imported at the first request instead."""
-    code = ("import sys, guest_runtime.controller_client, guest_runtime.allocation; "
+    code = ("import sys, ivshmem.shared.controller_client, guest_runtime.allocation; "
             "print(sorted(m for m in ('http.client', 'email.parser') if m in sys.modules))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, "PYTHONPATH": str(REPO)},

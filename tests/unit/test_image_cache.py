@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from guest_runtime.ini import ConfigError
 from guest_runtime.native.build import CFLAGS, SOURCE_DIR, find_compiler
 from host_agent.config import DEFAULT_IMAGE_CACHE_DIR, DEFAULT_IMAGE_CACHE_MIB, ServerConfig
 from host_agent.image_cache import STALE_TEMP_S, TEMP_PREFIX, CacheSettings, ImageCache
 from ivshmem.driver_api import IMAGE_BY_DIGEST_MIN
+from ivshmem.shared.ini import ConfigError
 
 KIB = 1024
 

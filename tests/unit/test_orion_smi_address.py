@@ -1,4 +1,4 @@
-"""orion-smi's controller address, read by the rule every Orion program uses (guest_runtime.ini.host_port): a port
+"""orion-smi's controller address, read by the rule every Orion program uses (ivshmem.shared.ini.host_port): a port
 it cannot use, or none, is one line naming where the address came from, never a silent :9123 or a raw parse
 error (a word as the port). No controller is
 needed: each case ends before any connection."""

@@ -180,8 +180,8 @@ def guest_wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
 
 def test_guest_wheel_holds_exactly_the_guest_runtime_and_the_wire(guest_wheel: zipfile.ZipFile) -> None:
     names = {n for n in guest_wheel.namelist() if ".dist-info/" not in n}
-    expected = {f"{pkg}/{p.name}" for pkg in ("guest_runtime", "ivshmem") for p in (REPO / pkg).glob("*.py")
-                if f"{pkg}/{p.name}" not in BUILD_HOOKS}
+    expected = {f"{pkg}/{p.name}" for pkg in ("guest_runtime", "ivshmem", "ivshmem/shared")
+                for p in (REPO / pkg).glob("*.py") if f"{pkg}/{p.name}" not in BUILD_HOOKS}
     expected.add("orion_guest.pth")  # the start-up hook that activates forwarding under Orion's environment
     expected.add("ivshmem/cuda_h.txt")  # the driver API's inventory the call table is built from (cuda_header.py)
     if find_compiler() is not None:  # the native driver, compiled by the build hook (docs/native-driver.md)

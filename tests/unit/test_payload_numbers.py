@@ -1,5 +1,5 @@
 """The controller reads numbers in query strings and JSON bodies as Orion's C parser would: ASCII digits only.
-`int()` also took '1_0' (10), '١' (Arabic-Indic 1) and ' 2'; the one whole-number reader (guest_runtime.ini) does
+`int()` also took '1_0' (10), '١' (Arabic-Indic 1) and ' 2'; the one whole-number reader (ivshmem.shared.ini) does
 not."""
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from guest_runtime.ini import ConfigError, host_port, load_ini, whole_number
 from host_agent.config import (
     ServerConfig,
     flag_count,
@@ -19,6 +18,7 @@ from host_agent.config import (
     flag_seconds,
 )
 from host_agent.server_conf import ShmSettings
+from ivshmem.shared.ini import ConfigError, host_port, load_ini, whole_number
 
 ORION_TEMPLATE = """\
 ; this is an example of orion configuration

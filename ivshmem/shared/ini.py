@@ -8,15 +8,18 @@ a value. What a value means, and how a quote in it is treated, is the caller's: 
 strict reading (host_agent/server_conf.py), `read_ini(strict=False)` the client's lenient one
 (client_config.py), which skips what it does not understand, as Orion's client did.
 
-It lives in guest_runtime because the guest wheel needs it and the host installs guest_runtime too; host_agent,
-controller and libvirt_hooks may import it. It imports the standard library only (a guest program imports it at
-start-up), and never ivshmem, cuda or anything that activates forwarding.
+It lives in ivshmem/shared/ because both sides read Orion's files and both wheels ship ivshmem. It imports the
+standard library only (a guest program imports it at start-up), and never cuda or anything that activates forwarding.
+SERVER_CONF is where server.conf lies unless a command is told otherwise (oriond, orion-shm, the libvirt hook and
+orion-check all default to it).
 """
 from __future__ import annotations
 
 import ipaddress
 import os
 import re
+
+SERVER_CONF = "/etc/orion/server.conf"  # where server.conf lies unless a command is told otherwise
 
 Sections = dict[str, dict[str, str]]
 

@@ -1,11 +1,13 @@
 """The system C compiler, as every part of Orion that compiles C at install or start finds it: the native guest
-driver (guest_runtime/native/build.py) and the host's compiled hot path (host_agent/hot_path.py). Standard
-library only, so the host side may import it (tests/unit/test_import_graph.py)."""
+driver (guest_runtime/native/build.py) and the host's compiled hot path (host_agent/hot_path.py), with the same
+flags (CFLAGS: a shared object of C11, warnings on). Standard library only (tests/unit/test_import_graph.py)."""
 from __future__ import annotations
 
 import os
 import shlex
 import shutil
+
+CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-fPIC", "-shared")  # a shared object, as both builds make one
 
 
 def find_compiler() -> list[str] | None:

@@ -2,9 +2,8 @@
 
 Every program that talks to the controller uses it: oriond's link (register, heartbeat, release), its session
 workers (confirm a grant), orion-smi, the guest runtime (allocate, keep alive, release at exit), orion-check
-(Orion's plain-text ``/info`` and ``/devices``) and the tests and benchmarks. It lives in guest_runtime because
-the ``orion-guest`` wheel ships it and must not pull the controller's aiohttp or etcd; the host side installs
-guest_runtime too, and host_agent/ and controller/ may import this module (and guest_runtime/ini.py) only.
+(Orion's plain-text ``/info`` and ``/devices``) and the tests and benchmarks. It lives in ivshmem/shared/, which both
+wheels ship, because the ``orion-guest`` wheel needs it and must not pull the controller's aiohttp or etcd.
 
 What belongs here: one HTTP/1.1 connection per instance (use one instance per thread), a timeout on every
 socket operation, the address check, and one error, :class:`ControllerClientError`, carrying the HTTP status
