@@ -22,6 +22,8 @@ from xml_templates.devices import region_name, shmem_alias, shmem_size_mib
 from xml_templates.errors import DomainXmlError
 from xml_templates.metadata import REGIONS_TAG, RegionRecord, read_regions
 
+from .errors import ServiceError
+
 LIVE, CONFIG = "live", "config"  # the two definitions of a domain, as virsh names its flags
 
 
@@ -30,7 +32,7 @@ def scope_text(scope: str) -> str:
     return "running domain" if scope == LIVE else "persistent definition"
 
 
-class EditConflict(Exception):
+class EditConflict(ServiceError):
     """The domain holds something in the way of the change asked for; the message says what to do."""
 
 

@@ -17,6 +17,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .errors import UnavailableError
+
 TEST_INVENTORY_ENV = "ORION_TEST_GPU_INVENTORY"
 INVENTORY_TIMEOUT_S = 60.0
 
@@ -32,7 +34,7 @@ class GpuInfo:
         return {"index": self.index, "uuid": self.uuid, "name": self.name, "memory_mib": self.memory_mib}
 
 
-class InventoryError(Exception):
+class InventoryError(UnavailableError):
     """The test inventory file is unreadable or malformed (one line saying which and how)."""
 
 

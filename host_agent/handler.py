@@ -14,6 +14,8 @@ from typing import NamedTuple, Protocol
 from ivshmem.channel import HostReason, Sink, Streamed
 from ivshmem.record import Record, Status
 
+from .errors import HostAgentError
+
 _events: Connection | None = None  # where note() goes (oriond's region process); inherited by forked workers
 _session_number = 0  # in a worker process: its session
 
@@ -23,7 +25,7 @@ class Reply(NamedTuple):
     payload: bytes | bytearray | Streamed = b""
 
 
-class ReplyFailed(Exception):
+class ReplyFailed(HostAgentError):
     """A streamed reply's producer failed after the reply's record (and its status) went out: the bytes already
     sent cannot be taken back, nor the rest made right. The worker ends the session with `reason` (REPLY_FAILED: the
     GPU's copy failed; GPU_HOST_LOST: a relay lost the GPU host) rather than let the client read wrong bytes as a

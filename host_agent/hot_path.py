@@ -47,6 +47,8 @@ from ivshmem.driver_api import (
 from ivshmem.record import Op
 from ivshmem.shared.compiler import CFLAGS, find_compiler
 
+from .errors import UnavailableError
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().with_name("hot_dispatch.c")
@@ -102,7 +104,7 @@ _loaded: ModuleType | None | bool = False  # False: not tried yet in this proces
 PUMP_RING, PUMP_SOCKET, PUMP_CHECK, PUMP_LOST = 0, 1, 2, 3  # why Pump.pump() returned (hot_dispatch.c)
 
 
-class Unavailable(Exception):
+class Unavailable(UnavailableError):
     """The compiled hot path cannot be had here; the message says why, in one line."""
 
 

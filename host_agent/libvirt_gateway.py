@@ -27,6 +27,7 @@ from xml_templates.devices import ORION_NS, ORION_PREFIX, region_name, shmem_ali
 from xml_templates.metadata import RegionRecord, regions_xml
 
 from .domain_edit import CONFIG, LIVE, RegionState, read_state, scope_text, without_our_metadata
+from .errors import ServiceError
 
 try:
     import libvirt
@@ -37,7 +38,7 @@ DEFAULT_URI = "qemu:///system"
 _POLL_S = 0.05
 
 
-class GatewayError(Exception):
+class GatewayError(ServiceError):
     """A failure reaching or changing libvirt, or of a workflow run through it (region_attach.py subclasses it);
     str() is the line for the user, with what a workflow undid after it, if anything."""
 

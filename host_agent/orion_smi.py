@@ -24,6 +24,7 @@ from ivshmem.shared.ini import normal_address
 
 from .config import DEFAULT_PATH, ServerConfig
 from .controller_link import Member, load_member
+from .errors import ConfigurationError
 from .server_conf import ConfigError
 
 TIMEOUT_S = 5.0
@@ -95,7 +96,7 @@ def render(pool: dict[str, Any], allocations: list[dict[str, Any]], now: float) 
     return "\n".join(out)
 
 
-class AddressError(ValueError):
+class AddressError(ConfigurationError, ValueError):
     """A controller address that is not HOST:PORT; the message names where it came from."""
 
 

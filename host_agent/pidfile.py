@@ -11,6 +11,8 @@ import contextlib
 import os
 import signal
 
+from .errors import ServiceError
+
 DEFAULT_PID_FILE = "/run/orion/oriond.pid"
 PID_FILE_ENV = "ORION_PID_FILE"  # read by oriond (default of --pid-file) and by the hook
 AGENT_NAME = "oriond"
@@ -21,7 +23,7 @@ def default_path() -> str:
     return os.environ.get(PID_FILE_ENV) or DEFAULT_PID_FILE
 
 
-class PidFileTaken(OSError):
+class PidFileTaken(ServiceError, OSError):
     """The pid file names another running oriond; it is left alone."""
 
 

@@ -29,10 +29,11 @@ from ivshmem.layout import MIB
 from ivshmem.region import Region, region_path
 
 from . import shm_admin
+from .errors import ServiceError
 from .server_conf import ShmSettings
 
 
-class RegionNotReady(Exception):
+class RegionNotReady(ServiceError):
     """An existing region QEMU cannot be given; the message is one line that says what to do."""
 
 

@@ -38,6 +38,7 @@ from ivshmem.codec import Schema
 from ivshmem.errors import RecordError
 from ivshmem.record import HEADER, Flag, Record, check_header
 
+from .errors import UnavailableError
 from .relay_frames import STALL_S, ConnectionLost, FrameWriter
 
 # Where the peer writes and how to reach its queue pair (docs/wire-protocol.md, "RDMA transport").
@@ -54,7 +55,7 @@ NAP_MAX_S = 1e-3  # and then sleeps at most this long between polls (on the TCP 
 SYSFS = Path("/sys/class/infiniband")
 
 
-class RdmaUnavailable(Exception):
+class RdmaUnavailable(UnavailableError):
     """This host cannot carry the connection over RDMA; the message says why (one line, for the log)."""
 
 

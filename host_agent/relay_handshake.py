@@ -29,6 +29,8 @@ import time
 
 from controller.cluster_key import NONCE_BYTES, proofs_match, relay_proof
 
+from .errors import RefusedError
+
 MAGIC = b"ORIONRH1"  # the listener's first bytes: an Orion relay listener speaking handshake 1
 GREETING = struct.Struct(f"8s{NONCE_BYTES}s")
 NAME_BYTES = 191  # a host name or an address; the claim is then 256 bytes exactly
@@ -39,7 +41,7 @@ HANDSHAKE_S = 5.0  # all of it, from the connection's accept (or connect) to the
 _NAME = re.compile(rf"[A-Za-z0-9._:-]{{1,{NAME_BYTES}}}")  # a host name, an IPv4 or IPv6 address
 
 
-class HandshakeFailed(Exception):
+class HandshakeFailed(RefusedError):
     """The handshake did not prove the peer (or this end); the message is one line saying what happened."""
 
 

@@ -49,6 +49,7 @@ from ivshmem.record import (
 from ivshmem.shared.controller_client import ControllerClient, ControllerClientError, split_address
 
 from . import relay_handshake, relay_transport
+from .errors import RefusedError
 from .handler import Reply, refused
 from .rdma_stream import RdmaLink, RdmaStream, RdmaUnavailable
 from .relay_frames import (
@@ -75,7 +76,7 @@ ACCEPT_TIMEOUT_S = 15.0  # RELAY_ACCEPT waits for its turn to start (at most 5 s
 LOOKUP_TIMEOUT_S = 5.0
 
 
-class RouteRefused(Exception):
+class RouteRefused(RefusedError):
     """The session cannot be relayed where it must go; the message is one line for the guest's user."""
 
 

@@ -35,6 +35,7 @@ from ivshmem.layout import (
 )
 from ivshmem.region import SHM_DIR, SHM_PREFIX, Region, list_region_files, region_path
 
+from .errors import HostAgentError
 from .region_file import TENANT_MARK, sealed_directory
 from .server_conf import ShmSettings
 
@@ -47,7 +48,7 @@ _MAX_ID = 2**32 - 2  # (uid_t)-1 means "no change" to chown
 Users = list[tuple[int, str]]
 
 
-class ShmError(Exception):
+class ShmError(HostAgentError):
     """A failure with the exact line to show the user."""
 
 

@@ -17,6 +17,7 @@ from ivshmem.errors import WireError
 from ivshmem.layout import MIB
 from ivshmem.region import SHM_DIR
 
+from .errors import ConfigurationError
 from .server_conf import SERVER_CONF, ConfigError, ShmSettings
 from .shm_admin import (
     CreatedRegion,
@@ -88,7 +89,7 @@ _LIBVIRT_EXITS = (
 _INTEGER = re.compile(r"\s*[+-]?\d+\s*")
 
 
-class UsageError(Exception):
+class UsageError(ConfigurationError):
     """Bad command-line arguments; the message is the line to print."""
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from controller.keys import valid_name
 from ivshmem.shared.controller_client import ControllerClient, ControllerClientError, MemberSigner
 
+from .errors import RefusedError
 from .gpu_inventory import of_driver
 
 CONFIRM_TIMEOUT_S = 5.0
@@ -31,7 +32,7 @@ _signer: MemberSigner | None = None  # set once by oriond (sign_as) before the s
 _session: tuple[int, str] = (0, "")  # (pid, id) of this process's session, made at its first confirm
 
 
-class GrantRefused(Exception):
+class GrantRefused(RefusedError):
     """The allocation cannot be taken up here; the message is one line for the guest's user."""
 
 

@@ -5,6 +5,8 @@ was never installed lacks them, and importing this says how to get them rather t
 """
 from __future__ import annotations
 
+from ..errors import UnavailableError
+
 VERSION = "v1beta1"  # RegisterRequest.version
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
 KUBELET_SOCKET = "kubelet.sock"  # kubelet's Registration service, in DEVICE_PLUGIN_DIR
@@ -13,7 +15,7 @@ RESOURCE_NAME = "virtaitech.com/gpu"  # Orion's resource name
 ENDPOINT = "orion-vgpu.sock"  # this plugin's socket, in DEVICE_PLUGIN_DIR
 
 
-class ApiMissing(ImportError):
+class ApiMissing(UnavailableError, ImportError):
     """The compiled API modules are not there (the package was not built)."""
 
 

@@ -32,6 +32,7 @@ import stat
 from ivshmem.region import region_path
 
 from .. import pidfile, shm_admin
+from ..errors import ServiceError
 
 log = logging.getLogger(__name__)
 DIRECTORY_MODE = 0o700
@@ -40,7 +41,7 @@ STAGING_PREFIX = ".orion-new-"  # a region being made, in a directory of its own
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class RegionDirError(Exception):
+class RegionDirError(ServiceError):
     """The region directory cannot be used; the message says what to do."""
 
 

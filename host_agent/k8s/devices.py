@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import VGPU_RANGE
+from ..errors import ConfigurationError
 
 SLOTS_PER_GPU = VGPU_RANGE[1]  # vgpu_count's upper bound: keeps the devices' region indices apart
 
@@ -40,7 +41,7 @@ class VirtualGpu:
         return self.gpu * SLOTS_PER_GPU + self.slot
 
 
-class MalformedPool(ValueError):
+class MalformedPool(ConfigurationError, ValueError):
     """The controller's pool answer is not of the documented shape."""
 
 

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from ..errors import RefusedError
 from ..shm_admin import ShmError
 from .api import HEALTHY, UNHEALTHY, pb, rpc
 from .container_regions import ContainerRegions
@@ -28,7 +29,7 @@ CONTAINER_REGION_DIR = "/dev/shm"  # where a container finds its region (ORION_S
 WATCH_TICK_S = 1.0  # how often an idle ListAndWatch stream looks whether kubelet went away
 
 
-class Refused(Exception):
+class Refused(RefusedError):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
