@@ -1,5 +1,5 @@
 """Batch memory operations (cuStreamBatchMemOp) and batch memory-operation nodes as the host serves them: a mixin of
-executor.CudaExecutor, registered on the host's HOST handlers (call_handlers.py).
+executor.CudaExecutor, registered on the host's HOST handlers (call_registry.py).
 
 Each operation travels as driver_api.BATCH_MEM_OP (operation, flags, address, value) and becomes the wheel's
 CUstreamBatchMemOpParams: a wait or write of 32 or 64 bits must reach only the session's memory (its 4 or 8 bytes in
@@ -23,7 +23,7 @@ from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, SUCCESS
 from ivshmem.driver_api import DriverCall
 from ivshmem.record import Status
 
-from .call_handlers import HOST
+from .call_registry import HOST
 from .handler import Reply
 
 if TYPE_CHECKING:

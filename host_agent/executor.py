@@ -4,7 +4,7 @@ One instance lives in each session worker process (region_server.py), so a tenan
 crashes stay its own. Every handle and device pointer the client sends is checked against what this session
 created before it reaches the driver (session_ledger.py keeps what it created); a call that fails the check
 gets a CUDA error code, never an exception. A vGPU quota caps what the session's process holds on the GPU
-(vgpu_quota.py decides, quota.py counts) and is what cuMemGetInfo/cuDeviceTotalMem report. Guest device
+(vgpu_quota.py decides, quota_usage.py counts) and is what cuMemGetInfo/cuDeviceTotalMem report. Guest device
 ordinals map to the physical devices given to the session. This module decodes, dispatches and encodes; it
 composes the ledger and the quota and keeps neither's state.
 
@@ -64,7 +64,7 @@ from ivshmem.record import AGENT_INFO_REPLY, BIND_REPLY, BIND_REQUEST, CUDA_OPCO
 from ivshmem.region import Region
 
 from .batch_mem_ops import BatchMemOpCalls
-from .call_handlers import HOST, POLICY  # the calls written out here and in the mixins
+from .call_registry import HOST, POLICY  # the calls written out here and in the mixins
 from .diagnostics import DiagnosticsHandler
 from .gpu_memory import MeterFactory
 from .graph_calls import GraphCalls

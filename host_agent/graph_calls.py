@@ -1,5 +1,5 @@
 """CUDA graphs built node by node (XLA's command buffers, PyTorch's CUDA graphs) as the host serves them: a mixin of
-executor.CudaExecutor, registered on the host's HOST handlers (call_handlers.py).
+executor.CudaExecutor, registered on the host's HOST handlers (call_registry.py).
 
 Each call decodes exactly the request driver_api declares for it, holds every handle and device range it names to
 the session's ledger before the driver sees it, builds the wheel's struct and calls the driver:
@@ -70,7 +70,7 @@ from ivshmem.cuda_status import INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, 
 from ivshmem.driver_api import DriverCall
 from ivshmem.record import Status
 
-from .call_handlers import HOST, POLICY
+from .call_registry import HOST, POLICY
 from .graph_queries import GraphQueries
 from .handler import Reply
 

@@ -1,7 +1,7 @@
 """CUDA graphs, their second part, as the host serves them: node parameters asked back, kernel node attributes,
 capture into a given graph, instantiation with parameters, memory allocation and free nodes, the graph memory
 attributes and the DOT description. A mixin of executor.CudaExecutor (through graph_calls.GraphCalls, which it
-backs), registered on the host's HOST handlers (call_handlers.py). Each call decodes exactly the request driver_api
+backs), registered on the host's HOST handlers (call_registry.py). Each call decodes exactly the request driver_api
 declares for it and holds every handle and device range it names to the session's ledger before the driver sees it
 (an unknown graph or node answers CUDA_ERROR_INVALID_VALUE, a stream or event INVALID_HANDLE, as graph_calls.py's).
 
@@ -60,7 +60,7 @@ from ivshmem.cuda_status import INVALID_DEVICE, INVALID_HANDLE, INVALID_VALUE, N
 from ivshmem.driver_api import LAUNCH_ATTRIBUTES_PLAIN, DriverCall
 from ivshmem.record import Status
 
-from .call_handlers import HOST
+from .call_registry import HOST
 from .handler import Reply
 
 if TYPE_CHECKING:

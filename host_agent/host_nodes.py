@@ -1,5 +1,5 @@
 """Graph host nodes, and host functions run as host nodes run them, as the host serves them: a mixin of
-executor.CudaExecutor, registered on the host's HOST handlers (call_handlers.py).
+executor.CudaExecutor, registered on the host's HOST handlers (call_registry.py).
 
 A host node's function is guest code, which this process cannot call. The guest names it by `words`: its address of
 two u32 words in the session's page-locked pool that stand for one (function, data) pair (the guest's "token":
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, SUCCESS
 from ivshmem.driver_api import HOST_NODE_FUNCTION_REQUEST, DriverCall
 
-from .call_handlers import HOST
+from .call_registry import HOST
 from .handler import Reply
 
 if TYPE_CHECKING:

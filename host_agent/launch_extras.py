@@ -1,7 +1,7 @@
 """Launch-related calls written out by hand on the host: cuOccupancyMaxActiveClusters (a launch configuration)
 and the tensor-map family (TMA descriptors: cuTensorMapEncodeTiled, Im2col, Im2colWide, ReplaceAddress,
 SetAllocationClass). A mixin of executor.CudaExecutor, registered on its HOST
-handlers (call_handlers.py); it also lays out the CUlaunchConfig that cuLaunchKernelEx and
+handlers (call_registry.py); it also lays out the CUlaunchConfig that cuLaunchKernelEx and
 cuOccupancyMaxActiveClusters both hand the driver (`launch_config_for`)."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ivshmem.driver_api import (
 )
 from ivshmem.record import Status
 
-from .call_handlers import HOST
+from .call_registry import HOST
 from .handler import Reply
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """The JIT linker as the host serves it: a mixin of executor.CudaExecutor, registered on the host's HOST and POLICY
-handlers (call_handlers.py).
+handlers (call_registry.py).
 
 A link state is a handle of the session (the ledger records cuLinkCreate's output, and cuLinkDestroy, generic with
 effect `destroys`, gives it back); a state the session did not create answers CUDA_ERROR_INVALID_HANDLE before the
@@ -22,7 +22,7 @@ from typing import Any
 from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS
 from ivshmem.driver_api import JIT_SCALAR_OPTIONS, DriverCall
 
-from .call_handlers import HOST, POLICY
+from .call_registry import HOST, POLICY
 from .handler import Reply
 from .session_ledger import SessionLedger
 

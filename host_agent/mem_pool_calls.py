@@ -1,6 +1,6 @@
 """Memory pools made by the program, CUDA 13's pools by location, pitched allocations and the virtual-memory API's
 queries, as the host serves them: a mixin of executor.CudaExecutor, registered on the host's HOST and POLICY handlers
-(call_handlers.py).
+(call_registry.py).
 
 Written out by hand, because their structs name a device by the guest's own ordinal (which becomes the session's
 physical GPU here, as vmm_calls.py does) or name memory the ledger must map to what the session holds:
@@ -55,7 +55,7 @@ from ivshmem.cuda_status import (
 )
 from ivshmem.driver_api import CALLS, DriverCall
 
-from .call_handlers import HOST, POLICY
+from .call_registry import HOST, POLICY
 from .handler import Reply
 from .session_ledger import CHECKED, SessionLedger
 from .vgpu_quota import VgpuQuota

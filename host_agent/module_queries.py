@@ -1,5 +1,5 @@
 """Module enumeration and names, and the device queries that carry arrays or bytes, as the host serves them: a mixin
-of executor.CudaExecutor, registered on the host's HOST handlers (call_handlers.py).
+of executor.CudaExecutor, registered on the host's HOST handlers (call_registry.py).
 
 * cuModuleEnumerateFunctions / cuLibraryEnumerateKernels: the module or library must be the session's (else
   INVALID_HANDLE, as cuModuleGetFunction answers); every handle the driver gives becomes the session's and its owner's
@@ -19,7 +19,7 @@ from ivshmem.cuda_status import INVALID_DEVICE, INVALID_HANDLE, INVALID_VALUE, S
 from ivshmem.driver_api import CALLS, DriverCall
 from ivshmem.record import Status
 
-from .call_handlers import HOST
+from .call_registry import HOST
 from .handler import Reply
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """Stream attributes and cluster sizing as the host serves them: a mixin of executor.CudaExecutor, registered on its
-HOST handlers (call_handlers.py).
+HOST handlers (call_registry.py).
 
 * cuStreamGetAttribute and cuStreamSetAttribute: a CUstreamAttrValue is CUlaunchAttributeValue's 64-byte union, and
   travels as its bytes. Only the plain-valued attribute IDs travel (driver_api.STREAM_ATTRIBUTES_PLAIN: the guest
@@ -22,7 +22,7 @@ from ivshmem.cuda_status import INVALID_HANDLE, NOT_SUPPORTED, SUCCESS
 from ivshmem.driver_api import LAUNCH_ATTRIBUTE, STREAM_ATTRIBUTES_PLAIN, DriverCall
 from ivshmem.record import Status
 
-from .call_handlers import HOST
+from .call_registry import HOST
 from .handler import Reply
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Structured copies (cuMemcpy2D, cuMemcpy2DUnaligned, cuMemcpy2DAsync, cuMemcpy3D, cuMemcpy3DAsync, cuMemcpy3DPeer,
 cuMemcpy3DPeerAsync: what PyTorch's and CuPy's cudaMemcpy2D(Async) become) as the host serves them: a mixin of
-executor.CudaExecutor, registered on the host's HOST handlers (call_handlers.py).
+executor.CudaExecutor, registered on the host's HOST handlers (call_registry.py).
 
 A request is driver_api.STRUCTURED_COPY: which side, if any, is the guest's pageable memory staged through the
 record, the part of that side's rows (packed back to back: WidthInBytes each, row after row, slice after slice) the
@@ -47,7 +47,7 @@ from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, SU
 from ivshmem.driver_api import DriverCall
 from ivshmem.record import Status
 
-from .call_handlers import HOST
+from .call_registry import HOST
 from .graph_calls import CU_MEMORYTYPE_HOST
 from .handler import Reply
 

@@ -3,7 +3,7 @@
 A quota is per vGPU (guest device). Two vGPUs of a session may share a physical GPU; memory is counted per
 physical GPU (the driver does not say which of two contexts on one GPU an allocation is for), against the sum
 of the quotas of the session's vGPUs there. What counts is what the worker process really holds there beyond
-its first context (quota.py keeps those numbers): allocations exactly, the rest measured with NVML when it
+its first context (quota_usage.py keeps those numbers): allocations exactly, the rest measured with NVML when it
 may have changed.
 
 This module makes the decisions on those numbers: what cuMemGetInfo and cuDeviceTotalMem report, whether an
@@ -22,7 +22,7 @@ from typing import Any
 from ivshmem.cuda_status import SUCCESS
 
 from .gpu_memory import MemoryMeter, MeterFactory, open_nvml
-from .quota import UsageAccount
+from .quota_usage import UsageAccount
 
 log = logging.getLogger(__name__)
 

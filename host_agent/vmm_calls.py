@@ -1,5 +1,5 @@
 """The virtual-memory calls (JAX's allocator, PyTorch's expandable segments) as the host serves them: a mixin of
-executor.CudaExecutor, registered on the host's HOST and POLICY handlers (call_handlers.py).
+executor.CudaExecutor, registered on the host's HOST and POLICY handlers (call_registry.py).
 
 Three are written out by hand because their structs name a device by the guest's own ordinal (which becomes the
 session's physical GPU here): cuMemGetAllocationGranularity, cuMemCreate and cuMemSetAccess. Two generic ones,
@@ -23,7 +23,7 @@ from typing import Any
 from ivshmem.cuda_status import INVALID_DEVICE, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS
 from ivshmem.driver_api import DriverCall
 
-from .call_handlers import HOST, POLICY
+from .call_registry import HOST, POLICY
 from .handler import Reply
 from .session_ledger import SessionLedger
 from .vgpu_quota import VgpuQuota
