@@ -13,12 +13,12 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FOLDERS = ("host_agent", "guest_runtime", "ivshmem", "controller", "libvirt_hooks", "xml_templates", "tests", "docs",
            "bench", "deploy", ".ci")
-PATH = re.compile(r"(?<![\w/.-])((?:%s)/[\w./-]*\w)" % "|".join(map(re.escape, FOLDERS)))
+PATH = re.compile(r"(?<![\w/.-])((?:" + "|".join(map(re.escape, FOLDERS)) + r")/[\w./-]*\w)")
 COMMAND_SPAN = re.compile(r"`((?:orion-[a-z0-9-]+|oriond))(?=[\s`])")
 SCRIPTS = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"])
 # Names of Orion's that look like commands in a code span and are not (a hook's file, Kubernetes objects).
-NOT_COMMANDS = {"orion-vgpu", "orion-system", "orion-cluster-key", "orion-plugin-daemonset", "orion-kubernetes-deploy",
-                "orion-relay-client", "orion-relay-server"}
+NOT_COMMANDS = {"orion-vgpu", "orion-system", "orion-cluster-key", "orion-plugin-daemonset",
+                "orion-kubernetes-deploy", "orion-relay-client", "orion-relay-server"}
 
 
 def _exists(cited: str) -> bool:
@@ -45,7 +45,8 @@ def test_every_command_the_docs_show_is_installed() -> None:
 
 def test_the_native_drivers_file_map_names_every_source_file() -> None:
     text = (REPO / "docs" / "native-driver.md").read_text()
-    layers = text[text.index("## Layers of the library"):text.index("\n## ", text.index("## Layers of the library") + 3)]
+    start = text.index("## Layers of the library")
+    layers = text[start:text.index("\n## ", start + 3)]
     named = set(re.findall(r"`([\w]+\.[ch])`", layers))
     for stem, suffixes in re.findall(r"`([\w]+)\.\{([ch,]+)\}`", layers):  # `integrity.{h,c}`
         named |= {f"{stem}.{suffix}" for suffix in suffixes.split(",")}
