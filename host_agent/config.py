@@ -1,8 +1,9 @@
 """oriond's configuration: Orion's /etc/orion/server.conf (same keys, syntax and defaults), loaded once.
 
 Command-line flags override the file; the frozen result is passed to whoever needs it, never read from
-globals. Every key Orion's server.conf knows is validated here, including those this release does not use
-yet (RDMA, NCCL, the log switches), so a wrong value is reported now, not when the feature arrives; a key
+globals. Every key Orion's server.conf knows is validated here, including those this release accepts without using
+(docs/configuration.md says which: the NCCL and log switches), so a wrong value is reported now, not when the
+feature arrives; a key
 Orion does not know is listed in `unknown_keys` for oriond to warn about (a typo must not pass silently).
 The parsers of oriond's flag values live here too, so that a flag and its server.conf key accept the same
 values. Errors are ConfigError (or ValueError for a flag value) with one line that names the file, key or

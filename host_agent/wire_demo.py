@@ -1,4 +1,5 @@
-"""`orion-wire-demo`: the README's main job for now — a region, the host side, and a client process.
+"""`orion-wire-demo`: the smaller demonstration beside the README's main job (setup.sh's KVM demo) — a region, the host
+side, and a client process, without libvirt.
 
 Everything runs as it would for a user, in separate processes through the real commands: `orion-shm create`
 makes and formats the region, the region server serves it, `orion-guest probe` (a client process) exchanges

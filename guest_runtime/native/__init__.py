@@ -1,4 +1,7 @@
-"""The native guest library (issue 13): C sources and the step that builds them with the system compiler.
+"""The native guest driver: `libcuda.so.1` and `libnvidia-ml.so.1`, C sources, the generator of their calls from
+the one call table (gen_libcuda.py) and the step that builds them with the system compiler (build.py); see
+docs/native-driver.md.
 
-Nothing here is imported by a guest program's start-up; only build.py is Python, and it needs the stdlib alone.
+Nothing here is imported by a guest program's start-up (the start-up hook loads the built library by its path);
+build.py and gen_libcuda.py need the standard library and ivshmem alone, ctypes_client.py is a test and bench view.
 """

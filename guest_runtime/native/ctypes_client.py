@@ -1,6 +1,6 @@
 """A ctypes view of the native wire client (orion_wire.h), for tests and benchmarks on the host.
 
-Programs do not use this: the native library is meant to be loaded by C code (the future libcuda.so.1). It
+Programs do not use this: the wire client is part of libcuda.so.1, the native guest driver, which C code loads. It
 exists so Python can drive the C client against a real served region and compare it with ClientChannel.
 """
 from __future__ import annotations
