@@ -72,8 +72,8 @@ def parse_probe(text: str) -> dict[str, float]:
 def host_local(round_trips: int, bulk_mib: int, directory: str, harness: Path) -> tuple[dict[str, float], str | None]:
     """The host-local figures, and what the C client's ECHO calls got back (hex)."""
     index = free_index(directory)
-    subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "create", "-i", str(index), "-s", "256"], check=True,
-                   cwd=REPO, capture_output=True)
+    subprocess.run([sys.executable, "-m", "host_agent.admin.shm_cli", "create", "-i", str(index), "-s", "256"],
+                   check=True, cwd=REPO, capture_output=True)
     try:
         pidfile.notify(pidfile.DEFAULT_PID_FILE)  # serve it now, not at the next rescan
         result = subprocess.run([sys.executable, "-m", "guest_runtime.cli", "probe", "--region",
@@ -84,7 +84,7 @@ def host_local(round_trips: int, bulk_mib: int, directory: str, harness: Path) -
         native, echoed = harness_rows(harness, region_path(index, directory), str(round_trips))
         return {**parse_probe(result.stdout), "native_p50": native["nop"][0], "native_p99": native["nop"][1]}, echoed
     finally:
-        subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "remove", str(index), "--force"], cwd=REPO,
+        subprocess.run([sys.executable, "-m", "host_agent.admin.shm_cli", "remove", str(index), "--force"], cwd=REPO,
                        capture_output=True)
 
 

@@ -5,7 +5,7 @@ A domain's Orion regions are its `<shmem name='orionsock<N>'>` devices of model 
 property, so it lives in our `<orion:regions>` metadata (xml_templates/metadata.py reads it).
 
 `prepare` makes every region ready for QEMU with the policy `orion-shm attach` uses too
-(host_agent/qemu_region.py: a missing one created as `orion-shm create` does; an existing one checked against
+(host_agent/kvm/qemu_region.py: a missing one created as `orion-shm create` does; an existing one checked against
 its device and, if QEMU's user cannot open it, handed to that user); if one region fails, the ones this call
 created are removed again. `release` removes every non-persistent region, except after a start that failed in
 prepare (the domain never ran; see mark_failed_start). Both then wake the host agent. Nothing here talks to
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from lxml import etree
 
 from host_agent import pidfile, shm_admin
-from host_agent.qemu_region import RegionNotReady, make_ready
+from host_agent.kvm.qemu_region import RegionNotReady, make_ready
 from host_agent.server_conf import ShmSettings
 from ivshmem.region import region_path
 from xml_templates.devices import shmem_size_mib
@@ -77,7 +77,7 @@ def domain_regions(xml: bytes) -> tuple[str, list[DomainRegion]]:
 
 # --- prepare ------------------------------------------------------------------------------------------------
 def prepare(domain: str, regions: list[DomainRegion], settings: ShmSettings) -> list[str]:
-    """Make every region ready for QEMU (host_agent/qemu_region.py: the policy attach uses too); returns notes
+    """Make every region ready for QEMU (host_agent/kvm/qemu_region.py: the policy attach uses too); returns notes
     for the log. All or nothing: see the module docstring."""
     notes: list[str] = []
     with contextlib.ExitStack() as undo:

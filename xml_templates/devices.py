@@ -1,7 +1,7 @@
 """The pieces of domain XML that are Orion's: the ivshmem-plain `<shmem>` device and the `orion:` namespace.
 
-Both the generated domains (xml_templates/domain.py) and the in-place editor (host_agent/libvirt_gateway.py,
-which attaches it for host_agent/region_attach.py) build our device here, so a device attached to an existing
+Both the generated domains (xml_templates/domain.py) and the in-place editor (host_agent/kvm/libvirt_gateway.py,
+which attaches it for host_agent/kvm/region_attach.py) build our device here, so a device attached to an existing
 domain and one in a generated domain are the same bytes, and detach can recognise ours by the user alias
 libvirt keeps (`ua-` prefix). Reading a `<shmem>`'s `<size>` back (the in-place editor from libvirt's XML, the
 qemu hook from the XML libvirt passes it) is here too, once, so both read every unit libvirt accepts alike.

@@ -6,7 +6,7 @@
       </orion:regions>
     </metadata>
 
-The generator (domain.py) writes it, the in-place editor (host_agent/libvirt_gateway.py) rewrites it on attach
+The generator (domain.py) writes it, the in-place editor (host_agent/kvm/libvirt_gateway.py) rewrites it on attach
 and detach, and the qemu hook reads it on prepare/release (persistent="no" regions are removed on release).
 Only building and reading the element belongs here, no libvirt calls. libvirt's metadata API speaks the element
 *without* its namespace (checked on libvirt 9.0): `virDomain.metadata(VIR_DOMAIN_METADATA_ELEMENT, ORION_NS)`

@@ -20,7 +20,7 @@ def smi(*args: str, key: bool = True, **env: str) -> subprocess.CompletedProcess
     """orion-smi with the tests' cluster key (`key`: else none, as a user who cannot read /etc/orion/cluster.key)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
     keyed = ["--key-file", str(key_file() if key else "/nonexistent/cluster.key")]
-    return subprocess.run([sys.executable, "-m", "host_agent.orion_smi", *keyed, *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "host_agent.admin.orion_smi", *keyed, *args], capture_output=True,
                           text=True, cwd=REPO, env={**base, "PYTHONPATH": str(REPO), **env}, timeout=60)
 
 

@@ -84,8 +84,8 @@ OTHER_METADATA = """
 def shm(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
     """orion-shm as a user runs it."""
     prefix = ["runuser", "-u", user, "--"] if user else []
-    return subprocess.run([*prefix, sys.executable, "-m", "host_agent.shm_cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run([*prefix, sys.executable, "-m", "host_agent.admin.shm_cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
 
 
 def assert_fails(result: subprocess.CompletedProcess[str], status: int, *words: str) -> None:
@@ -290,7 +290,7 @@ def test_region_laid_out_larger_than_the_device(busy_domain: Callable[..., Any],
 
 
 def test_region_qemu_cannot_open_is_handed_to_qemu(busy_domain: Callable[..., Any], index: int) -> None:
-    """One policy with the qemu hook (host_agent/qemu_region.py): hand the region over, as the hook would at
+    """One policy with the qemu hook (host_agent/kvm/qemu_region.py): hand the region over, as the hook would at
     the next start anyway; refusing made a stopped domain's attach fail for nothing."""
     dom = busy_domain()
     create(index, 16, SHM_DIR, mode=0o600)  # owned by libvirt-qemu:kvm, but give it to root:

@@ -99,7 +99,7 @@ def test_kernel_domain_starts_with_its_regions(define_domain: Any, test_regions:
     if not (kernel.is_file() and initrd.is_file()):
         pytest.skip(f"no guest kernel in {GUEST_DIR} (make guest-image builds it)")
     made, left = test_regions
-    subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "create", "-i", str(made), "-s", "16"],
+    subprocess.run([sys.executable, "-m", "host_agent.admin.shm_cli", "create", "-i", str(made), "-s", "16"],
                    check=True, capture_output=True, timeout=60, cwd=REPO)
     dom = define_domain(render("--kernel", str(kernel), "--initrd", str(initrd), "--cmdline", "console=ttyS0",
                                "--memory", "256", "--region", f"{made}:16", "--region", f"{left}:32"))

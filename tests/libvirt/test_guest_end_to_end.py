@@ -160,7 +160,7 @@ def test_guest_reaches_the_agent_through_a_libvirt_region(guest: Callable[..., L
     generated, attached = free_indices(), free_indices()
     vm = guest("300", "2", build_native_harness())  # the C wire client too, as the native guest driver opens it
     vm.define([(generated, 32)])  # from orion-domain render
-    attach = cli("host_agent.shm_cli", "attach", vm.name, "-i", str(attached), "-s", "16")
+    attach = cli("host_agent.admin.shm_cli", "attach", vm.name, "-i", str(attached), "-s", "16")
     assert attach.returncode == 0, attach.stderr
     assert region(attached).exists() and not region(generated).exists()  # the hook makes the other at start
 
@@ -194,7 +194,7 @@ def test_guest_without_a_region_says_so(guest: Callable[..., LibvirtGuest], syst
     index = free_indices()
     vm = guest()
     vm.define([(index, 32)])
-    detach = cli("host_agent.shm_cli", "detach", vm.name, "-i", str(index))
+    detach = cli("host_agent.admin.shm_cli", "detach", vm.name, "-i", str(index))
     assert detach.returncode == 0, detach.stderr
     assert "orionsock" not in vm.dom.XMLDesc(0)
 
@@ -218,7 +218,7 @@ def test_region_of_the_wrong_size_is_refused_at_start(guest: Callable[..., Libvi
 
     index = free_indices()
     if formatted:
-        created = cli("host_agent.shm_cli", "create", "-i", str(index), "-s", str(file_mib))
+        created = cli("host_agent.admin.shm_cli", "create", "-i", str(index), "-s", str(file_mib))
         assert created.returncode == 0, created.stderr
     else:
         with open(region(index), "wb") as f:

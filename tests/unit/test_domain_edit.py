@@ -1,4 +1,4 @@
-"""host_agent/domain_edit.py: what attach/detach decide from a domain's XML alone (no libvirt), and the one
+"""host_agent/kvm/domain_edit.py: what attach/detach decide from a domain's XML alone (no libvirt), and the one
 in-place lxml edit (dropping a `<metadata>` that holds only our record) keeping every other byte.
 
 The same decisions against a real libvirtd are in tests/libvirt/test_attach_detach.py."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from host_agent.domain_edit import (
+from host_agent.kvm.domain_edit import (
     CONFIG,
     LIVE,
     EditConflict,
@@ -153,7 +153,7 @@ def test_first_child_metadata_keeps_the_layout() -> None:
 
 # --- the CLI without libvirt ---------------------------------------------------------------------------------
 def shm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "host_agent.shm_cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "host_agent.admin.shm_cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
 
 
@@ -206,7 +206,7 @@ class FakeLibvirtError:
 ])
 def test_libvirt_errors_become_ours(code: str, message: str, domain: int | str, doing: str, kind: str,
                                     words: str) -> None:
-    from host_agent import libvirt_gateway as gw
+    from host_agent.kvm import libvirt_gateway as gw
 
     libvirt = pytest.importorskip("libvirt")
     error_domain = getattr(libvirt, domain) if isinstance(domain, str) else domain

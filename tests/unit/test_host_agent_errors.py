@@ -11,7 +11,7 @@ import host_agent
 from host_agent.errors import ConfigurationError, HostAgentError, RefusedError, ServiceError, UnavailableError
 from ivshmem.errors import WireError
 
-CONTROL_FLOW = {"host_agent.shm_cli._Exit"}  # an exit code carried out of nested calls, not an error
+CONTROL_FLOW = {"host_agent.admin.shm_cli._Exit"}  # an exit code carried out of nested calls, not an error
 
 
 def _defined_exceptions() -> dict[str, type[BaseException]]:
@@ -33,9 +33,9 @@ def test_every_error_host_agent_defines_is_in_its_tree() -> None:
 
 
 def test_each_kind_is_the_one_its_callers_tell_apart() -> None:
+    from host_agent.admin.orion_smi import AddressError
     from host_agent.gpu_inventory import InventoryError
-    from host_agent.libvirt_gateway import GatewayError
-    from host_agent.orion_smi import AddressError
+    from host_agent.kvm.libvirt_gateway import GatewayError
     from host_agent.pidfile import PidFileTaken
     from host_agent.relay_route import RouteRefused
     assert issubclass(AddressError, ConfigurationError) and issubclass(AddressError, ValueError)

@@ -8,6 +8,9 @@
 * guest_runtime/ imports only ivshmem and itself, and nothing but the guest (and tests, benches) imports
   guest_runtime: the host side (host_agent, controller, libvirt_hooks, xml_templates) never does, so the floors read
   one way (host and guest above, ivshmem below).
+* host_agent/'s folders, one job each (docs/architecture.md): kvm/ (libvirt, domain edits, attach) imports of the host
+  agent only its configuration, errors and region maker; admin/ (orion-shm, orion-smi, orion-wire-demo) only those,
+  the controller link and kvm/, and nothing of the host agent imports admin/ (commands are leaves).
 * controller/ imports no host_agent, libvirt or cuda; libvirt_hooks/ never libvirt (a hook runs while libvirt
   holds its locks).
 * The guest wheel (guest_runtime/ and ivshmem/) imports nothing outside itself and the standard library except
@@ -178,6 +181,32 @@ def test_the_host_side_never_imports_the_guest() -> None:
     assert not bad, _report(bad)
 
 
+# What each of host_agent's folders may import of the rest of host_agent (besides itself).
+FOLDER_ALLOWS = {
+    "host_agent.kvm": {"host_agent.errors", "host_agent.server_conf", "host_agent.shm_admin"},
+    "host_agent.admin": {"host_agent.errors", "host_agent.server_conf", "host_agent.shm_admin", "host_agent.config",
+                         "host_agent.controller_link", "host_agent.region_file", "host_agent.kvm"},
+}
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_host_agents_folders_import_what_their_job_needs_only() -> None:
+    bad = []
+    for folder, allowed in FOLDER_ALLOWS.items():
+        for e in EDGES:
+            if not _in(e.source, folder) or not _in(e.target, "host_agent") or _in(e.target, folder):
+                continue
+            if not any(_in(e.target, a) for a in allowed):
+                bad.append(f"{e} ({folder} may import of host_agent only {', '.join(sorted(allowed))})")
+    bad += [f"{e} (nothing of host_agent imports admin/: its commands are leaves)" for e in EDGES
+            if _in(e.target, "host_agent.admin") and _in(e.source, "host_agent")
+            and not _in(e.source, "host_agent.admin")]
+    assert not bad, _report(bad)
+
+
 def test_controller_and_hooks_keep_out_of_the_gpu_host_and_libvirt() -> None:
     bad = [f"{e} (controller/ imports no host_agent)" for e in EDGES
            if _top(e.source) == "controller" and _top(e.target) == "host_agent"]
@@ -196,10 +225,11 @@ def test_the_guest_wheel_needs_only_the_standard_library_and_what_a_guest_brings
 
 def test_the_reader_resolves_relative_function_local_and_type_only_imports() -> None:
     """The reader itself: a rule is only as good as the edges it is given."""
-    tree = ast.parse("from . import layout\nfrom .channel import Ctrl\nimport host_agent.shm_cli\n"
+    tree = ast.parse("from . import layout\nfrom .channel import Ctrl\nimport host_agent.admin.shm_cli\n"
                      "def f():\n    from host_agent import shm_admin\n"
                      "if TYPE_CHECKING:\n    import cuda.bindings.driver\n")
     imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
     targets = {t: id(node) for node in imports for t in _targets("ivshmem.ring", False, node)}
-    assert set(targets) == {"ivshmem.layout", "ivshmem.channel", "host_agent.shm_cli", "host_agent.shm_admin", "cuda"}
+    assert set(targets) == {"ivshmem.layout", "ivshmem.channel", "host_agent.admin.shm_cli", "host_agent.shm_admin",
+                            "cuda"}
     assert {t for t, node in targets.items() if node in _type_only_nodes(tree)} == {"cuda"}

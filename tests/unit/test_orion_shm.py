@@ -1,7 +1,7 @@
 """orion-shm: Orion's exact CLI (help, validation, messages, exit codes), the list/inspect/remove commands,
 and the tenant rules (a region is one tenant's: owner and mode at create, who can reach it in list/inspect).
 
-The CLI is run as a real process (`python -m host_agent.shm_cli`) so exit codes and streams are what a user
+The CLI is run as a real process (`python -m host_agent.admin.shm_cli`) so exit codes and streams are what a user
 sees. Regions go to a tmp dir through -d, except the /dev/shm (posix_ipc) cases, which use a random high
 index and always clean up.
 """
@@ -28,10 +28,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host_agent import shm_cli
+from host_agent.admin import shm_cli
+from host_agent.admin.shm_cli import main
 from host_agent.server_conf import ConfigError, ShmSettings, load_ini
 from host_agent.shm_admin import ShmError, create, users_of
-from host_agent.shm_cli import main
 from ivshmem import layout
 from ivshmem.layout import Geometry
 from ivshmem.region import Region
@@ -56,7 +56,7 @@ COMMAND_NAMES = ("create", "list", "inspect", "remove", "attach", "detach", "hel
 
 
 def shm(*args: str, preexec_fn=None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "host_agent.shm_cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "host_agent.admin.shm_cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=60, preexec_fn=preexec_fn)
 
 
@@ -406,7 +406,7 @@ def test_create_in_dev_shm_needs_no_posix_ipc(nobody_conf: str) -> None:
     index = free_shm_index()
     path = Path(f"/dev/shm/orionsock{index}")
     code = ("import sys; sys.modules['posix_ipc'] = None\n"  # `import posix_ipc` now raises ImportError
-            "from host_agent.shm_cli import main\n"
+            "from host_agent.admin.shm_cli import main\n"
             f"sys.exit(main(['create', '-i', '{index}', '-s', '16', '--config', sys.argv[1]]))\n")
     try:
         result = subprocess.run([sys.executable, "-c", code, nobody_conf], cwd=REPO, capture_output=True, text=True,
@@ -636,7 +636,7 @@ def test_remove_while_the_agent_serves_says_how_to_stop_it(regions: Path, nobody
 def test_detach_says_how_to_remove_a_region_the_agent_still_serves(regions: Path, nobody_conf: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """detach keeps the file and used to advise a plain 'orion-shm remove N', which oriond's serving refuses."""
-    gw = pytest.importorskip("host_agent.region_attach")
+    gw = pytest.importorskip("host_agent.kvm.region_attach")
     assert shm("create", "-i", "1", "-s", "16", "-d", str(regions), "--config", nobody_conf).returncode == 0
     path = regions / "orionsock1"
     done = gw.Outcome(domain="g1", index=1, size_mib=16, path=str(path), scopes=("config",), changed=True)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from host_agent.orion_smi import AddressError, checked_address
+from host_agent.admin.orion_smi import AddressError, checked_address
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def smi(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
-    return subprocess.run([sys.executable, "-m", "host_agent.orion_smi", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "host_agent.admin.orion_smi", *args], capture_output=True, text=True,
                           cwd=REPO, env={**base, "PYTHONPATH": str(REPO), **env}, timeout=60)
 
 

@@ -1,4 +1,5 @@
-"""host_agent/qemu_region.py: the one "is this region ready for QEMU" policy of the qemu hook and `orion-shm attach`.
+"""host_agent/kvm/qemu_region.py: the one "is this region ready for QEMU" policy of the qemu hook and `orion-shm
+attach`.
 
 Each case uses its own directory and QEMU user nobody:nogroup (on every Debian), never /dev/shm or libvirt. The
 hook's own cases (tests/unit/test_qemu_hook.py) and attach's (tests/libvirt/test_attach_detach.py) run the same
@@ -14,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from host_agent import qemu_region, shm_admin
-from host_agent.qemu_region import RegionNotReady, make_ready
+from host_agent import shm_admin
+from host_agent.kvm import qemu_region
+from host_agent.kvm.qemu_region import RegionNotReady, make_ready
 from host_agent.server_conf import ShmSettings
 
 MIB = 1 << 20

@@ -1,5 +1,5 @@
 """xml_templates.devices.shmem_size_mib: the one reader of a `<shmem>`'s `<size unit=...>`, used by the in-place
-editor (host_agent/domain_edit.py) and the qemu hook (libvirt_hooks/regions.py).
+editor (host_agent/kvm/domain_edit.py) and the qemu hook (libvirt_hooks/regions.py).
 
 Every unit libvirt accepts (its schema's `unit` pattern, basictypes.rng, case-insensitive: b, byte, bytes, and
 k/m/g/t/p/e alone, with iB or with B) is read as libvirt reads it; everything else is one line saying what to write.

@@ -59,7 +59,7 @@ def tenant_regions(region_dir: Path, server_factory: Callable[..., ServerProcess
     """One served region per tenant, made as docs/containers.md says: `orion-shm create -i N --owner UID`."""
     paths = []
     for index, uid in enumerate(TENANTS):
-        made = subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "create", "-i", str(index), "-s", "32",
+        made = subprocess.run([sys.executable, "-m", "host_agent.admin.shm_cli", "create", "-i", str(index), "-s", "32",
                                "-d", str(region_dir), "--owner", str(uid)], cwd=REPO, capture_output=True,
                               text=True, timeout=60)
         assert made.returncode == 0 and made.stderr == "", made.stderr

@@ -153,7 +153,7 @@ def _plant_as_nobody(directory: Path) -> None:
 
 
 def _orion_shm_list(directory: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "list", "-d", str(directory)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "host_agent.admin.shm_cli", "list", "-d", str(directory)], cwd=REPO,
                           env=env(), capture_output=True, text=True, timeout=60)
 
 

@@ -255,7 +255,7 @@ def test_a_region_planted_by_a_local_user_is_refused_and_one_root_made_for_them_
         agent.wait_served(shm / "orionsock0")
         planted = make_file(shm / "orionsock1", REGION_SIZE, 0o600)
         os.chown(planted, 4242, 4242)  # what uid 4242 gets by creating the file itself
-        made = subprocess.run([sys.executable, "-m", "host_agent.shm_cli", "create", "-i", "2", "-s", "16", "-d",
+        made = subprocess.run([sys.executable, "-m", "host_agent.admin.shm_cli", "create", "-i", "2", "-s", "16", "-d",
                                str(shm), "--owner", "4242"], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert made.returncode == 0 and made.stderr == "", made.stderr
         agent.sighup()

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def shm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "host_agent.shm_cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "host_agent.admin.shm_cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
 
 

@@ -22,10 +22,10 @@ from controller.cluster_key import ClusterKeyError
 from ivshmem.shared.controller_client import ControllerClient, ControllerClientError
 from ivshmem.shared.ini import normal_address
 
-from .config import DEFAULT_PATH, ServerConfig
-from .controller_link import Member, load_member
-from .errors import ConfigurationError
-from .server_conf import ConfigError
+from ..config import DEFAULT_PATH, ServerConfig
+from ..controller_link import Member, load_member
+from ..errors import ConfigurationError
+from ..server_conf import ConfigError
 
 TIMEOUT_S = 5.0
 DEFAULT_PORT = 9123

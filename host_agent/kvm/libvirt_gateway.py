@@ -5,8 +5,8 @@ reading its live and persistent XML, attachDeviceFlags with our device from xml_
 detachDeviceAlias with our `ua-orion-` alias, setMetadata with the record from xml_templates/metadata.py.
 libvirt rewrites the domain itself, so nothing of the domain that is not ours is touched. Every libvirtError is
 translated here, once, into a GatewayError whose message says what to do and whose class the CLI maps to an
-exit status (host_agent/shm_cli.py). What to change, and in which order, is not decided here: domain_edit.py
-decides from the XML, and the attach/detach workflows (host_agent/region_attach.py) run the steps and undo them.
+exit status (host_agent/admin/shm_cli.py). What to change, and in which order, is not decided here: domain_edit.py
+decides from the XML, and the attach/detach workflows (host_agent/kvm/region_attach.py) run the steps and undo them.
 
 Hot-plug facts (libvirt 9.0, QEMU 7.2, i440fx `type='qemu'` under TCG; docs/kvm.md has the measurements):
 live attach needs nothing from the guest; live detach is an ACPI eject the guest kernel must acknowledge, so
@@ -26,8 +26,8 @@ from typing import Any
 from xml_templates.devices import ORION_NS, ORION_PREFIX, region_name, shmem_alias, shmem_xml
 from xml_templates.metadata import RegionRecord, regions_xml
 
+from ..errors import ServiceError
 from .domain_edit import CONFIG, LIVE, RegionState, read_state, scope_text, without_our_metadata
-from .errors import ServiceError
 
 try:
     import libvirt

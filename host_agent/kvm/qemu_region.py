@@ -1,7 +1,7 @@
 """A region file made ready for QEMU's `<shmem>` device: the one readiness policy of the qemu hook and attach.
 
 Two places hand a region to QEMU: the qemu hook's prepare (libvirt_hooks/regions.py; root, just before QEMU
-opens the file) and `orion-shm attach` (host_agent/region_attach.py; an admin command, which may run while the
+opens the file) and `orion-shm attach` (host_agent/kvm/region_attach.py; an admin command, which may run while the
 domain is down, and whose live attach has QEMU open the file at once, with no hook run). Both call
 `make_ready`, so a region is judged the same way whichever comes first:
 
@@ -28,9 +28,9 @@ from ivshmem.errors import RegionNotFormatted, WireError
 from ivshmem.layout import MIB
 from ivshmem.region import Region, region_path
 
-from . import shm_admin
-from .errors import ServiceError
-from .server_conf import ShmSettings
+from .. import shm_admin
+from ..errors import ServiceError
+from ..server_conf import ShmSettings
 
 
 class RegionNotReady(ServiceError):

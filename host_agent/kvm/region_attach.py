@@ -1,9 +1,9 @@
 """`orion-shm attach/detach`: attach an Orion region to an existing libvirt domain, or detach it, undone on failure.
 
-host_agent/shm_cli.py calls `attach_region` and `detach_region` (importing this lazily: only the host side has
+host_agent/admin/shm_cli.py calls `attach_region` and `detach_region` (importing this lazily: only the host side has
 libvirt). Each reads the domain's live and persistent state through the gateway (libvirt_gateway.py, the only
 code that talks to libvirt), lets domain_edit.py decide what changes, and carries out the steps in an order
-that keeps a failure cheap to undo. The region file is made ready for QEMU by host_agent/qemu_region.py, the
+that keeps a failure cheap to undo. The region file is made ready for QEMU by host_agent/kvm/qemu_region.py, the
 policy the qemu hook uses too. An attach that fails part-way undoes what it did, newest first, and names it
 in the error; a detach needs no undo (running it again finishes the job).
 """
@@ -20,10 +20,10 @@ from ivshmem.region import SHM_DIR, region_path
 from xml_templates.devices import check_region_index, check_region_size, region_name
 from xml_templates.metadata import RegionRecord
 
+from ..server_conf import ShmSettings
 from .domain_edit import LIVE, EditConflict, Plan, RegionState, plan_attach, plan_detach, scope_text
 from .libvirt_gateway import Domain, Gateway, GatewayError, NotPermitted, Refused
 from .qemu_region import RegionNotReady, make_ready
-from .server_conf import ShmSettings
 
 log = logging.getLogger(__name__)
 

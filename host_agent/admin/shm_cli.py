@@ -17,9 +17,9 @@ from ivshmem.errors import WireError
 from ivshmem.layout import MIB
 from ivshmem.region import SHM_DIR
 
-from .errors import ConfigurationError
-from .server_conf import SERVER_CONF, ConfigError, ShmSettings
-from .shm_admin import (
+from ..errors import ConfigurationError
+from ..server_conf import SERVER_CONF, ConfigError, ShmSettings
+from ..shm_admin import (
     CreatedRegion,
     ShmError,
     access_of,
@@ -280,7 +280,7 @@ def _libvirt_command(name: str, args: argparse.Namespace) -> int:
     """attach/detach; the gateway (libvirt, lxml) is imported here only, so create/list/inspect/remove start
     fast and work on a host without libvirt-python."""
     try:
-        from . import libvirt_gateway, region_attach
+        from ..kvm import libvirt_gateway, region_attach
     except ImportError as exc:
         print(f"Error. '{PROG} {name}' needs the host side (libvirt-python, lxml): {exc}; install the orion-vgpu "
               "package (./setup.sh)", file=sys.stderr)

@@ -22,7 +22,7 @@ from xml_templates.devices import region_name, shmem_alias, shmem_size_mib
 from xml_templates.errors import DomainXmlError
 from xml_templates.metadata import REGIONS_TAG, RegionRecord, read_regions
 
-from .errors import ServiceError
+from ..errors import ServiceError
 
 LIVE, CONFIG = "live", "config"  # the two definitions of a domain, as virsh names its flags
 
