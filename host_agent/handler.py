@@ -11,7 +11,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import NamedTuple, Protocol
 
-from ivshmem.channel import HostReason, Sink, Streamed
+from ivshmem.channel import HostReason, Payload, Sink, Streamed
 from ivshmem.record import Record, Status
 
 from .errors import HostAgentError
@@ -59,6 +59,24 @@ class Handler(Protocol):
 
 
 HandlerFactory = Callable[[Session], Handler]
+
+
+class RecordEndpoint(Protocol):
+    """A session's transport as its worker's loop (region_server.RecordLoop) drives it: a region's ring
+    (ivshmem.channel.Endpoint) or a relay connection (stream_endpoint.StreamEndpoint), which both are. The loop
+    receives each record, answers it through `send` in the session's `generation`, and runs `check` (the liveness
+    checks, where the transport has them) when the compiled path's wait asks for them."""
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def check(self) -> Callable[[], None] | None: ...
+
+    def receive(self, sink: Sink | None = None, wait: bool = True,
+                sink_for: Callable[[int, int, int], Sink | None] | None = None) -> Record | None: ...
+
+    def send(self, call_id: int, opcode: int, flags: int = 0, payload: Payload = b"", status: int = 0) -> None: ...
 
 
 def route_notes(events: Connection | None) -> None:

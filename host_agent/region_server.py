@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from ivshmem import layout, liveness
-from ivshmem.channel import Ctrl, Endpoint, HostChannel, HostReason, HostStatus
+from ivshmem.channel import Ctrl, HostChannel, HostReason, HostStatus
 from ivshmem.errors import ChannelCorrupt, RecordError, RegionError, WireError
 from ivshmem.record import Flag, Record, Status
 from ivshmem.region import Region
 from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
 
 from . import hot_path, region_file
-from .handler import Handler, HandlerFactory, Reply, ReplyFailed, Session, notes_for, route_notes
+from .handler import Handler, HandlerFactory, RecordEndpoint, Reply, ReplyFailed, Session, notes_for, route_notes
 from .limits import LogLimiter, TokenBucket
 from .relay_route import RelayRoute, open_session
 from .relay_session import SWITCH_INTERVAL_S
@@ -109,7 +109,7 @@ class RecordLoop:
     reference. A posted record (NO_REPLY) gets no reply unless it failed; then an ASYNC_ERROR reply, the first
     MAX_ASYNC_ERRORS_REPORTED of the session's."""
 
-    def __init__(self, endpoint: Endpoint, handler: Handler, session: Session, options: ServerOptions,
+    def __init__(self, endpoint: RecordEndpoint, handler: Handler, session: Session, options: ServerOptions,
                  hot: hot_path.HotPath | None = None) -> None:
         self.endpoint, self.handler, self.session, self.hot = endpoint, handler, session, hot
         self.malformed = LogLimiter(log, first=options.malformed_logged)

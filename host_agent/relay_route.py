@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from controller.cluster_key import DEFAULT_KEY_FILE, ClusterKeyError, load_key
+from ivshmem.channel import Endpoint
 from ivshmem.driver_api import table_digest
 from ivshmem.errors import RecordError
 from ivshmem.record import (
@@ -262,6 +263,10 @@ def _bind(loop: RecordLoop, record: Record, route: RelayRoute, hello: tuple[int,
 
 
 def _relay(loop: RecordLoop, remote: StreamEndpoint | None, lost: str | None = None) -> Relay:
-    """The session's Relay, with its page-locked pool kept here (relay_pool.py)."""
+    """The session's Relay, with its page-locked pool kept here (relay_pool.py). Only a region's session is relayed:
+    its transport is the ring's Endpoint, whose words the relay's pump drives."""
     number = loop.session.number
-    return Relay(loop.endpoint, remote, number, lost, PoolRelay(getattr(loop.handler, "pool", None), number))
+    ring = loop.endpoint
+    if not isinstance(ring, Endpoint):
+        raise TypeError(f"session {number}: only a region's session is relayed, not one on {type(ring).__name__}")
+    return Relay(ring, remote, number, lost, PoolRelay(getattr(loop.handler, "pool", None), number))

@@ -189,7 +189,7 @@ def serve_relayed(sock: socket.socket, factory: HandlerFactory, session: Session
         log.warning("session %d: relay connection dropped before RELAY_HELLO was answered: %s", session.number, exc)
         return 0
     endpoint = StreamEndpoint(frames, session.generation)
-    loop = RecordLoop(endpoint, _Bounded(handler, options.max_assembled), session, options)  # type: ignore[arg-type]
+    loop = RecordLoop(endpoint, _Bounded(handler, options.max_assembled), session, options)
     loop.hot = hot_path.attach(endpoint, handler)  # type: ignore[arg-type]  # on TCP, the compiled hot records
     try:
         loop.run()
