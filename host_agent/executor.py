@@ -767,6 +767,12 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         """JIT options, then the image (cuModuleLoadDataEx, cuLibraryLoadData): the options as the wheel takes
         them, or the Reply that refuses them. Only scalar JIT options travel."""
         pairs, image = call.request.decode(payload)
+        converted = self._jit_pairs(pairs)
+        return converted if isinstance(converted, Reply) else (*converted, image)
+
+    def _jit_pairs(self, pairs: Sequence[tuple[int, int]]) -> tuple[list[Any], list[Any]] | Reply:
+        """(option, value) pairs as the wheel takes them: scalar JIT options only (else NOT_SUPPORTED), a value the
+        option's enum lacks INVALID_VALUE. The module loads' and the JIT linker's (link_calls.py) one conversion."""
         options, values = [], []
         for option, value in pairs:
             if option not in JIT_SCALAR_OPTIONS:
@@ -782,7 +788,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
                     values.append(getattr(self.driver, kind)(word))
             except ValueError:  # no such enum value
                 return Reply(INVALID_VALUE)
-        return options, values, image
+        return options, values
 
     @HOST.serves("cuModuleLoadDataEx")
     def _module_load_ex(self, call: DriverCall, payload: bytes) -> Reply:

@@ -17,10 +17,11 @@ driver sees it. The driver's state dies with the session's worker process, as it
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS
-from ivshmem.driver_api import JIT_SCALAR_OPTIONS, DriverCall
+from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS
+from ivshmem.driver_api import DriverCall
 
 from .call_registry import HOST, POLICY
 from .handler import Reply
@@ -37,31 +38,15 @@ class LinkCalls:
     driver: Any
     ledger: SessionLedger
 
+    if TYPE_CHECKING:  # CudaExecutor's: the JIT options' one conversion
+        def _jit_pairs(self, pairs: Sequence[tuple[int, int]]) -> tuple[list[Any], list[Any]] | Reply: ...
+
     def _linked(self) -> dict[int, tuple[int, int]]:
         """state -> (address, size) of a cubin the driver made whose bytes the guest has not been sent yet."""
         held: dict[int, tuple[int, int]] | None = self.__dict__.get("_link_held")
         if held is None:
             held = self.__dict__["_link_held"] = {}
         return held
-
-    def _link_options(self, pairs: list[tuple[int, int]]) -> tuple[list[Any], list[Any]] | Reply:
-        """(option, value) pairs as the wheel takes them (cuModuleLoadDataEx's conversion), or the refusing Reply."""
-        options, values = [], []
-        for option, value in pairs:
-            if option not in JIT_SCALAR_OPTIONS:
-                return Reply(NOT_SUPPORTED)
-            kind, word = JIT_SCALAR_OPTIONS[option], value & 0xFFFFFFFF
-            try:
-                options.append(self.driver.CUjit_option(option))
-                if kind == "I":
-                    values.append(word)
-                elif kind == "i":
-                    values.append(word - (1 << 32) if word & 0x80000000 else word)
-                else:
-                    values.append(getattr(self.driver, kind)(word))
-            except ValueError:
-                return Reply(INVALID_VALUE)
-        return options, values
 
     def _link_state(self, state: int) -> int | None:
         """CUDA_ERROR_INVALID_HANDLE unless `state` is one of the session's link states."""
@@ -70,7 +55,7 @@ class LinkCalls:
     @HOST.serves("cuLinkCreate")
     def _link_create(self, call: DriverCall, payload: bytes) -> Reply:
         (pairs,) = call.request.decode(payload)
-        converted = self._link_options(pairs)
+        converted = self._jit_pairs(pairs)
         if isinstance(converted, Reply):
             return converted
         options, values = converted
@@ -89,7 +74,7 @@ class LinkCalls:
         name = bytes(name)
         if input_type not in INPUT_TYPES or b"\0" in name:
             return Reply(INVALID_VALUE)
-        converted = self._link_options(pairs)
+        converted = self._jit_pairs(pairs)
         if isinstance(converted, Reply):
             return converted
         options, values = converted
