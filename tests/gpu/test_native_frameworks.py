@@ -110,46 +110,29 @@ def run_on_driver(program: Path, forwarded: tuple[Oriond, GuestLibraries] | None
     return result
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("name", ["driver_program.py", "core_program.py", "stream_order_program.py",
-                                  "runtime_program.py", "pinned_threads_program.py", "mem_pool_program.py",
-                                  "callbacks_program.py", "structured_copy_program.py", "graph_family_program.py",
-                                  "link_program.py", "tensor_map_program.py", "module_names_program.py"])
+GPU_PROGRAMS = ["driver_program.py", "core_program.py", "stream_order_program.py", "runtime_program.py",
+                "pinned_threads_program.py", "mem_pool_program.py", "callbacks_program.py",
+                "structured_copy_program.py", "graph_family_program.py", "link_program.py", "tensor_map_program.py",
+                "module_names_program.py", "host_node_program.py", "batch_mem_op_program.py"]
+# What a relayed session cannot do of a program's calls: a strict expected failure there, with its reason.
+RELAYED_GAPS = {
+    "host_node_program.py": "a relayed session's GPU host cannot reach the guest's page-locked words a host node "
+                            "counts its runs in: host nodes answer CUDA_ERROR_NOT_SUPPORTED relayed "
+                            "(docs/native-driver.md)",
+    "batch_mem_op_program.py": "the program copies into page-locked memory with a graph memcpy node, which a relayed "
+                               "session answers CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)",
+}
+
+
+def _program_case(name: str, path: str) -> object:
+    gap = RELAYED_GAPS.get(name) if path == "relayed" else None
+    marks = [pytest.mark.xfail(strict=True, reason=gap)] if gap else []
+    return pytest.param(name, path, marks=marks, id=f"{name}-{path}")
+
+
+@pytest.mark.parametrize(("name", "path"), [_program_case(name, path) for name in GPU_PROGRAMS for path in PATHS])
 def test_every_gpu_program_gives_the_native_results_through_the_native_driver(
         name: str, path: str, request: pytest.FixtureRequest, library: GuestLibraries) -> None:
-    expected = native(PROGRAMS / name)
-    assert_same_results(name, expected, run_on_driver(PROGRAMS / name, (served(request, path), library)))
-
-
-RELAYED_HOST_NODES = pytest.mark.xfail(strict=True, reason="a relayed session's GPU host cannot reach the guest's "
-                                                            "page-locked words a host node counts its runs in: host "
-                                                            "nodes answer CUDA_ERROR_NOT_SUPPORTED relayed "
-                                                            "(docs/native-driver.md)")
-
-
-@pytest.mark.parametrize("path", [pytest.param(path, marks=[RELAYED_HOST_NODES] if path == "relayed" else [])
-                                  for path in PATHS])
-def test_graph_host_nodes_give_the_native_results_through_the_native_driver(
-        path: str, request: pytest.FixtureRequest, library: GuestLibraries) -> None:
-    """Host nodes built, set and captured (tests/gpu/programs/host_node_program.py): the guest's function runs once a
-    run, in the graph's order, through oriond's trampoline (host_agent/host_nodes.py)."""
-    name = "host_node_program.py"
-    expected = native(PROGRAMS / name)
-    assert_same_results(name, expected, run_on_driver(PROGRAMS / name, (served(request, path), library)))
-
-
-RELAYED_COPY_NODES = pytest.mark.xfail(strict=True, reason="the program copies into page-locked memory with a graph "
-                                                            "memcpy node, which a relayed session answers "
-                                                            "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)")
-
-
-@pytest.mark.parametrize("path", [pytest.param(path, marks=[RELAYED_COPY_NODES] if path == "relayed" else [])
-                                  for path in PATHS])
-def test_batch_memory_operations_give_the_native_results_through_the_native_driver(
-        path: str, request: pytest.FixtureRequest, library: GuestLibraries) -> None:
-    """cuStreamBatchMemOp and batch memory-operation nodes built, asked, set and captured
-    (tests/gpu/programs/batch_mem_op_program.py)."""
-    name = "batch_mem_op_program.py"
     expected = native(PROGRAMS / name)
     assert_same_results(name, expected, run_on_driver(PROGRAMS / name, (served(request, path), library)))
 
