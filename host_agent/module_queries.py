@@ -21,6 +21,7 @@ from ivshmem.record import Status
 
 from .call_registry import HOST
 from .handler import Reply
+from .vmm_calls import CU_MEM_LOCATION_TYPE_DEVICE
 
 if TYPE_CHECKING:
     from .session_ledger import SessionLedger
@@ -38,14 +39,17 @@ class ModuleQueryCalls:
         driver: Any
         ledger: SessionLedger
 
+        def _location(self, kind: int, ordinal: int, bad_ordinal: int) -> int | Reply: ...  # vmm_calls.py
+
     def _too_many(self, call: DriverCall, count: int) -> Reply | None:
         if count <= MAX_ITEMS:
             return None
         return Reply(Status.MALFORMED, f"{call.name}: {count} items, more than {MAX_ITEMS}".encode())
 
     def _physical(self, ordinal: int) -> int | None:
-        devices = self.ledger.devices
-        return devices[ordinal] if 0 <= ordinal < len(devices) else None
+        """The session's physical GPU of guest ordinal `ordinal` (vmm_calls' mapping of a device location)."""
+        found = self._location(CU_MEM_LOCATION_TYPE_DEVICE, ordinal, INVALID_DEVICE)
+        return None if isinstance(found, Reply) else found
 
     @HOST.serves("cuModuleEnumerateFunctions", "cuLibraryEnumerateKernels")
     def _enumerate(self, call: DriverCall, payload: bytes) -> Reply:
