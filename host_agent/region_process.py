@@ -12,32 +12,28 @@ session come to oriond on one pipe per region, so nothing a session holds is los
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing
 import os
 import signal
-from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
 
 from ivshmem.errors import WireError
 
-from . import region_server
 from .region_file import Identity
 from .region_server import HandlerFactory, RegionRefused, RegionServer, RegionShrunk, ServerOptions
 from .stop import StopRequest
+from .supervised import SupervisedProcess, die_with_parent
 
 log = logging.getLogger(__name__)
 _MP = multiprocessing.get_context("fork")
 EXIT_REFUSED, EXIT_SHRUNK, EXIT_UNUSABLE = 4, 5, 6
-STOP_TIMEOUT_S = 10.0
 
 
 def _supervise(path: str, factory: HandlerFactory, options: ServerOptions, events: Connection) -> None:
     """Body of a region process: serve `path` until SIGTERM/SIGINT or until the region fails."""
     oriond = os.getppid()
-    region_server.die_with_parent(signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)
     stop = StopRequest().on_signals()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # oriond's own wake-up signal; not ours
     name = os.path.basename(path)
@@ -55,62 +51,6 @@ def _supervise(path: str, factory: HandlerFactory, options: ServerOptions, event
         log.error("cannot serve %s: %s", path, exc)
         os._exit(EXIT_UNUSABLE)
     os._exit(0)
-
-
-class SupervisedProcess:
-    """oriond's side of a process that runs sessions (a region's supervisor, the relay listener): the process,
-    and the pipe on which its workers' notes and its ended sessions come."""
-
-    def __init__(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> None:
-        """`target(*args, events)` is the process's body; `events` the sending end of the pipe."""
-        self.events, events = _MP.Pipe(duplex=False)
-        self.process = _MP.Process(target=target, name=name, args=(*args, events))
-        self.process.start()
-        events.close()
-        self.pending: dict[int, list[str]] = {}  # session -> what its worker noted, until the session ends
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid or 0
-
-    def ended_sessions(self) -> list[tuple[int, list[str]]]:
-        """(session, notes) of every session that ended since the last call; never blocks."""
-        ended = []
-        with contextlib.suppress(EOFError, OSError):
-            while self.events.poll():
-                kind, session, text = self.events.recv()
-                if kind == "note":
-                    self.pending.setdefault(session, []).append(text)
-                elif kind == "ended":
-                    ended.append((session, self.pending.pop(session, [])))
-        return ended
-
-    def exitcode(self) -> int | None:
-        """None while it runs."""
-        return self.process.exitcode
-
-    def orphaned_notes(self) -> list[str]:
-        """After the process ended: what its sessions noted and no ended event covered (their workers died
-        with it)."""
-        self.ended_sessions()
-        notes = [text for texts in self.pending.values() for text in texts]
-        self.pending.clear()
-        return notes
-
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """Ask it to end its sessions (a region: and mark the region stopped); kill it if it does not within
-        `timeout`."""
-        if self.process.exitcode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)
-            self.process.join(timeout)
-            if self.process.exitcode is None:
-                log.warning("%s did not stop within %g s; killed", self.process.name, timeout)
-                self.process.kill()
-                self.process.join(timeout)
-
-    def close(self) -> None:
-        self.events.close()
 
 
 class RegionProcess(SupervisedProcess):

@@ -17,34 +17,28 @@ oriond's main process.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import multiprocessing
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from ivshmem import layout, liveness
 from ivshmem.channel import Ctrl, HostChannel, HostReason, HostStatus
-from ivshmem.errors import ChannelCorrupt, RecordError, RegionError, WireError
-from ivshmem.record import Flag, Record, Status
+from ivshmem.errors import ChannelCorrupt, RegionError, WireError
 from ivshmem.region import Region
-from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
 
 from . import hot_path, region_file
-from .handler import Handler, HandlerFactory, RecordEndpoint, Reply, ReplyFailed, Session, notes_for, route_notes
+from .handler import HandlerFactory, ReplyFailed, Session, notes_for, route_notes
 from .limits import LogLimiter, TokenBucket
-from .relay_route import RelayRoute, open_session
-from .relay_session import SWITCH_INTERVAL_S
+from .session_loop import RecordLoop, ServerOptions
 from .stop import StopRequest
+from .supervised import die_with_parent
 
 log = logging.getLogger(__name__)
 _MP = multiprocessing.get_context("fork")
-MAX_ASYNC_ERRORS_REPORTED = 64
-PR_SET_PDEATHSIG = 1
 EXIT_PROTOCOL_VIOLATION = 3
 EXIT_REGION_FAILED = 4
 # A worker that ended its channel in the middle of a reply (handler.ReplyFailed) exits with its reason's code...
@@ -60,120 +54,6 @@ class RegionRefused(RegionError):
 
 class RegionShrunk(RegionError):
     """The region's file became smaller than its mapping while served (truncated by whoever can write it)."""
-
-
-def die_with_parent(signum: int) -> None:
-    """Have the kernel send `signum` to this process when the process that forked it ends, however it ends."""
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
-    if os.getppid() != parent:  # it ended before the request was in place
-        os.kill(os.getpid(), signum)
-
-
-@dataclass
-class ServerOptions:
-    channels: int = layout.DEFAULT_CHANNELS
-    heartbeat_timeout: float = 10.0  # guests: seconds without a client heartbeat before reclaiming
-    scan_interval: float = 0.05
-    policy: WaitPolicy = field(default_factory=lambda: DEFAULT_POLICY)
-    # What one untrusted client can make the host do (docs/security.md):
-    stall_timeout: float = 10.0  # a staged request whose next chunk does not come for this long ends the session
-    max_assembled: int = 256 << 20  # largest staged request a worker assembles in memory (no sink): bigger -> -3
-    region_session_rate: float = 8.0  # session starts per second, per region (a burst of region_session_burst)
-    region_session_burst: int = 16
-    channel_session_rate: float = 2.0  # the same per channel
-    channel_session_burst: int = 4
-    malformed_logged: int = 10  # malformed records logged one by one per session, then one line a minute
-    relay: RelayRoute | None = None  # sessions may be relayed to a GPU host (relay_route.py); None: all served here
-
-
-def _answer(record: Record, generation: int, handler: Handler, session: Session) -> Reply:
-    """The reply to one well-formed record; every failure becomes an error reply, never an exception."""
-    if record.generation != generation:
-        return Reply(Status.MALFORMED, f"record {record.call_id} belongs to generation {record.generation}, "
-                                       f"not {generation}".encode())
-    try:
-        return handler.handle(record)
-    except RecordError as exc:  # a payload the handler could not decode
-        return Reply(exc.status, str(exc).encode())
-    except Exception as exc:  # a handler bug must not end the session silently or crash the agent
-        log.exception("session %d: handler failed on opcode %#x", session.number, record.opcode)
-        return Reply(Status.HANDLER_FAILED, f"{type(exc).__name__}: {exc}".encode())
-
-
-class RecordLoop:
-    """Answers one session's records: the worker's loop, and its state (how many asynchronous errors were sent).
-
-    With `hot`, the compiled hot path (hot_path.py) takes the records it serves straight from the ring and hands
-    back the others, which this loop answers as it answers everything without it: the Python path is the
-    reference. A posted record (NO_REPLY) gets no reply unless it failed; then an ASYNC_ERROR reply, the first
-    MAX_ASYNC_ERRORS_REPORTED of the session's."""
-
-    def __init__(self, endpoint: RecordEndpoint, handler: Handler, session: Session, options: ServerOptions,
-                 hot: hot_path.HotPath | None = None) -> None:
-        self.endpoint, self.handler, self.session, self.hot = endpoint, handler, session, hot
-        self.malformed = LogLimiter(log, first=options.malformed_logged)
-        self.async_errors = 0
-
-    def run(self, until_idle: bool = False) -> None:
-        """Answer records forever (with `until_idle`, until none is waiting: the tests). Raises ChannelCorrupt
-        when the peer broke the ring protocol."""
-        endpoint, handler, hot = self.endpoint, self.handler, self.hot
-        sink_for = lambda _call, opcode, length: handler.sink_for(opcode, length)  # noqa: E731
-        while True:
-            if hot is not None:
-                code, failed_id, failed_status = hot.serve(not until_idle)
-                if code == hot.CHECK:  # the compiled wait's slow phase: the liveness checks the Python wait makes
-                    if endpoint.check is not None:
-                        endpoint.check()
-                    continue
-                if code == hot.IDLE:
-                    return
-            try:
-                if hot is not None and code == hot.POSTED_FAILED:  # a posted call that failed, answered in C
-                    self.send(failed_id, Flag.NO_REPLY, Reply(failed_status))
-                    continue
-                record = endpoint.receive(sink_for=sink_for, wait=not until_idle)
-            except RecordError as exc:  # malformed header: answered, and the session goes on
-                self.answer_malformed(exc)
-                continue
-            if record is None:  # receive() waits for a record unless until_idle: nothing is there
-                if until_idle:
-                    return
-                continue
-            self.answer(record)
-
-    def answer(self, record: Record) -> Reply:
-        """Answer one well-formed record read from the endpoint; the reply (sent, unless it was a posted call's
-        success). A relayable session's opening records (relay_route.py) are answered through this too."""
-        reply = _answer(record, self.endpoint.generation, self.handler, self.session)
-        self.send(record.call_id, record.flags, reply)
-        return reply
-
-    def answer_malformed(self, exc: RecordError) -> None:
-        """Answer a record whose header the endpoint refused; the session goes on."""
-        self.malformed.log(logging.WARNING, "malformed records", "session %d: malformed record: %s",
-                           self.session.number, exc)
-        self.send(getattr(exc, "call_id", 0), getattr(exc, "flags", 0), Reply(exc.status, str(exc).encode()))
-
-    def send(self, call_id: int, flags: int, reply: Reply) -> None:
-        """Send `reply` to record `call_id` (a posted record's: only a failure, and only the session's first
-        MAX_ASYNC_ERRORS_REPORTED)."""
-        if flags & Flag.NO_REPLY:
-            if reply.status == 0:
-                return
-            self.async_errors += 1
-            if self.async_errors > MAX_ASYNC_ERRORS_REPORTED:  # a client failing forever gets its first 64
-                if self.async_errors == MAX_ASYNC_ERRORS_REPORTED + 1:
-                    log.warning("session %d: more than %d asynchronous errors; reporting no more",
-                                self.session.number, MAX_ASYNC_ERRORS_REPORTED)
-                return
-        reply_flags = Flag.ASYNC_ERROR if flags & Flag.NO_REPLY else 0
-        try:
-            self.endpoint.send(call_id, 0, reply_flags, reply.payload, reply.status)
-        except RecordError as exc:  # the handler produced a reply too large to send
-            log.error("session %d: %s", self.session.number, exc)
-            self.endpoint.send(call_id, 0, reply_flags, str(exc).encode(), Status.HANDLER_FAILED)
 
 
 def serve_session(region_path: str, session: Session, factory: HandlerFactory, options: ServerOptions) -> int:
@@ -196,14 +76,12 @@ def serve_session(region_path: str, session: Session, factory: HandlerFactory, o
         attach(region, session.channel)
     loop = RecordLoop(endpoint, handler, session, options)
     try:
-        if options.relay is not None:
-            relayed = open_session(loop, options.relay)
-            if relayed is not None:
-                relay, first = relayed
-                relay.cut_short = lambda failed: os._exit(_end_mid_reply(channel, session, failed))  # type: ignore[method-assign]
-                sys.setswitchinterval(SWITCH_INTERVAL_S)  # this process: one session's relay and nothing else
-                relay.run(first)
-                return 0  # not reached: only an exception ends the relay
+        relayed = loop.open(options.relay) if options.relay is not None else None
+        if relayed is not None:
+            relay, first = relayed
+            sys.setswitchinterval(relay.switch_interval_s)  # this process: one session's relay and nothing else
+            relay.run(first, lambda failed: os._exit(_end_mid_reply(channel, session, failed)))
+            return 0  # not reached: only an exception ends the relay
         loop.hot = hot_path.attach(endpoint, handler)  # the compiled hot records, if this host can build it
         if loop.hot is not None:
             log.info("session %d: compiled hot path serves %s", session.number, ", ".join(loop.hot.calls))

@@ -1,7 +1,8 @@
 """Whether a session on one of this host's regions is served here or relayed to a GPU host (docs/remote.md).
 
-A session's worker answers its opening records here, before anything can have touched a GPU: HELLO (checked by
-the session's own handler, as always), AGENT_INFO, the wire diagnostics, and BIND. The route is decided by the
+A session's loop (session_loop.RecordLoop.open) answers its opening records before anything can have touched a
+GPU: HELLO (checked by the session's own handler, as always), AGENT_INFO, the wire diagnostics, and BIND; it asks
+`RelayRoute` (its SessionRoute) where the session goes, and the route connects it. The route is decided by the
 first of:
 - BIND naming a controller allocation: the controller says which host it was granted on (`GET
   /api/v1/allocations/<id>`, asked of this oriond's own controller, never of an address the guest sends). This
@@ -30,28 +31,16 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from controller.cluster_key import DEFAULT_KEY_FILE, ClusterKeyError, load_key
 from ivshmem.channel import Endpoint
-from ivshmem.driver_api import table_digest
 from ivshmem.errors import RecordError
-from ivshmem.record import (
-    AGENT_INFO_REPLY,
-    BIND_REQUEST,
-    CUDA_OPCODE_BASE,
-    HELLO_REQUEST,
-    PROTOCOL,
-    RELAYING_AGENT,
-    Op,
-    Record,
-    Status,
-)
+from ivshmem.record import AGENT_INFO_REPLY, RELAYING_AGENT, Status
 from ivshmem.shared.controller_client import ControllerClient, ControllerClientError, split_address
 
 from . import relay_handshake, relay_transport
 from .errors import RefusedError
-from .handler import Reply, refused
+from .handler import Handler
 from .rdma_stream import RdmaLink, RdmaStream, RdmaUnavailable
 from .relay_frames import (
     CONTROL_MAX,
@@ -66,9 +55,6 @@ from .relay_pool import PoolRelay
 from .relay_session import Relay
 from .relay_transport import TCP_ONLY, RdmaSettings
 from .stream_endpoint import StreamEndpoint
-
-if TYPE_CHECKING:
-    from .region_server import RecordLoop
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +98,19 @@ class RelayRoute:
         except (KeyError, TypeError, ValueError):
             raise RouteRefused(f"the Orion Controller gave a malformed answer for allocation {allocation[:80]}") \
                 from None
+
+    def relay(self, target: tuple[str, int], hello: tuple[int, int, str, str], allocation: str, ring: Endpoint,
+              handler: Handler, session: int) -> tuple[Relay, bytes]:
+        """The session on `ring` relayed to `target` (the cluster-key handshake, RELAY_HELLO, RELAY_ACCEPT), with
+        its page-locked pool kept here (relay_pool.py); and the GPU host's BIND answer (empty without an
+        allocation). RouteRefused with the reason otherwise."""
+        remote, bound = _dial(target, hello, allocation, self, session)
+        return Relay(ring, remote, session, None, PoolRelay(getattr(handler, "pool", None), session)), bound
+
+    def unreachable(self, why: str, ring: Endpoint, handler: Handler, session: int) -> Relay:
+        """The session on `ring`, whose GPU host could not be reached (`why`): every CUDA call of it answers
+        CUDA_ERROR_DEVICE_UNAVAILABLE."""
+        return Relay(ring, None, session, why, PoolRelay(getattr(handler, "pool", None), session))
 
 
 def host_name(otherwise: str) -> str:
@@ -192,81 +191,3 @@ def _close(sock: socket.socket, link: RdmaLink | None) -> None:
     if link is not None:
         link.close()
     sock.close()
-
-
-def open_session(loop: RecordLoop, route: RelayRoute) -> tuple[Relay, Record | None] | None:
-    """Answer the session's opening records until its route is known: the Relay to run and the record it must
-    forward first (the session is relayed), or None (the rest is this host's, for `loop` to serve; every record
-    read so far has been answered)."""
-    endpoint, session, handler = loop.endpoint, loop.session, loop.handler
-    sink_for = None if route.fixed else (lambda _call, opcode, length: handler.sink_for(opcode, length))
-    # What RELAY_HELLO says of the client: its HELLO's, or (a client that sent none, which the local handler serves
-    # too) this agent's own protocol and call table, for which the relay vouches.
-    hello = (PROTOCOL, 0, "", table_digest())
-    while True:
-        try:
-            record = endpoint.receive(sink_for=sink_for)
-        except RecordError as exc:
-            loop.answer_malformed(exc)
-            continue
-        if record is None:
-            continue
-        opcode = record.opcode
-        if opcode == Op.HELLO:
-            if loop.answer(record).status == Status.OK:
-                hello = HELLO_REQUEST.decode(record.payload)
-        elif opcode == Op.AGENT_INFO and not record.payload and record.generation == endpoint.generation:
-            loop.send(record.call_id, record.flags, Reply(Status.OK, route.agent_info()))
-        elif opcode == Op.BIND:
-            bound = _bind(loop, record, route, hello)
-            if bound is True:
-                return None
-            if bound is not False:
-                return bound, None
-        elif opcode < CUDA_OPCODE_BASE or not route.fixed:
-            loop.answer(record)  # the wire's diagnostics, or this host's first CUDA call
-            if opcode >= CUDA_OPCODE_BASE:
-                return None
-        else:
-            try:
-                remote, _ = _dial(split_address(route.fixed), hello, "", route, session.number)
-            except RouteRefused as exc:
-                log.warning("session %d: %s; its calls answer CUDA_ERROR_DEVICE_UNAVAILABLE", session.number, exc)
-                return _relay(loop, None, str(exc)), record
-            return _relay(loop, remote), record
-
-
-def _bind(loop: RecordLoop, record: Record, route: RelayRoute, hello: tuple[int, int, str, str]) -> Relay | bool:
-    """BIND during the opening, answered: the Relay when the grant is another host's (the answer is that host's
-    BIND reply), True when it is this host's and taken up here, False when refused (the session stays in its
-    opening, as after a refused local BIND)."""
-    try:
-        (allocation,) = BIND_REQUEST.decode(record.payload)
-        target = route.target_of(allocation)
-    except RecordError:
-        loop.answer(record)  # the handler's own refusal of a malformed BIND
-        return False
-    except RouteRefused as exc:
-        log.warning("session %d: %s", loop.session.number, exc)
-        loop.send(record.call_id, record.flags, refused(str(exc)))
-        return False
-    if target is None:
-        return loop.answer(record).status == Status.OK
-    try:
-        remote, bound = _dial(target, hello, allocation, route, loop.session.number)
-    except RouteRefused as exc:
-        log.warning("session %d: %s", loop.session.number, exc)
-        loop.send(record.call_id, record.flags, refused(str(exc)))
-        return False
-    loop.send(record.call_id, record.flags, Reply(Status.OK, bound))
-    return _relay(loop, remote)
-
-
-def _relay(loop: RecordLoop, remote: StreamEndpoint | None, lost: str | None = None) -> Relay:
-    """The session's Relay, with its page-locked pool kept here (relay_pool.py). Only a region's session is relayed:
-    its transport is the ring's Endpoint, whose words the relay's pump drives."""
-    number = loop.session.number
-    ring = loop.endpoint
-    if not isinstance(ring, Endpoint):
-        raise TypeError(f"session {number}: only a region's session is relayed, not one on {type(ring).__name__}")
-    return Relay(ring, remote, number, lost, PoolRelay(getattr(loop.handler, "pool", None), number))

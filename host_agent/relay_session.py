@@ -11,7 +11,7 @@ still waiting and for every later one, within the relay connection's silence bou
 The one answer the relay cannot give is to a call whose reply was cut short: a long reply's record is published to
 the completion ring before its bytes (which follow chunk by chunk as they arrive), so when the GPU host is lost
 midway the record can be neither finished (its bytes would be wrong under the GPU host's status) nor taken back.
-Then the relay ends the session (`cut_short`: the worker ends its channel with HostReason.GPU_HOST_LOST and exits),
+Then the relay ends the session (run's `ended`: the worker ends its channel with HostReason.GPU_HOST_LOST and exits),
 and the guest's wait for the next chunk sees it and answers CUDA_ERROR_DEVICE_UNAVAILABLE, as every later call.
 An answer the relay was not waiting for (a call id it never sent, a record that is no answer) is the GPU host
 breaking the protocol, and loses it as a death does.
@@ -73,7 +73,7 @@ MAX_ASYNC_ERRORS_REPORTED = 64  # as the worker's loop (region_server.RecordLoop
 # Two threads share the GIL in a relaying worker: the ring thread spins while it waits, the answers thread wakes on
 # the socket. At CPython's default switch interval (5 ms) a woken answers thread can wait that long for the GIL;
 # measured on the H100, every synchronous relayed call then took 1.3 ms. The worker process runs one session and
-# nothing else, so it hands over far more often (region_server.serve_session sets it there, never in-process).
+# nothing else, so it hands over far more often (its worker sets it there: switch_interval_s; never in-process).
 SWITCH_INTERVAL_S = 20e-6
 
 
@@ -84,9 +84,7 @@ def _raise(failed: ReplyFailed) -> NoReturn:
 class Relay:
     """One relayed session: `ring` is the host side of its channel, `remote` its relay connection."""
 
-    # What ends the session when a reply was cut short, from whichever thread found it: by default the ReplyFailed is
-    # raised; a worker process ends its channel and exits (region_server.serve_session)
-    cut_short: Callable[[ReplyFailed], NoReturn] = staticmethod(_raise)
+    switch_interval_s = SWITCH_INTERVAL_S  # session_loop.RelayedSession: what its worker process sets
 
     def __init__(self, ring: Endpoint, remote: StreamEndpoint | None, session: int, lost: str | None = None,
                  pool: PoolRelay | None = None) -> None:
@@ -106,10 +104,16 @@ class Relay:
         self.mirror = MirrorRelay(pool.pool) if pool is not None and pool.pool is not None else None
         self._table = b""  # the pump's forwarding table (_start_pump)
         self._said_memory_operation = False
+        # What ends the session when a reply was cut short, from whichever thread found it (run's `ended`)
+        self._cut_short: Callable[[ReplyFailed], NoReturn] = _raise
 
-    def run(self, first: Record | None = None) -> None:
+    def run(self, first: Record | None = None, ended: Callable[[ReplyFailed], NoReturn] | None = None) -> None:
         """Forward the ring's records, `first` (already read) first, until the ring ends the session (its errors
-        end it, as a worker's): through the compiled pump where it can be had, else with the answers thread."""
+        end it, as a worker's): through the compiled pump where it can be had, else with the answers thread.
+        `ended`: how the session ends when a reply was cut short (a worker ends its channel and exits); by default
+        the ReplyFailed is raised."""
+        if ended is not None:
+            self._cut_short = ended
         self._pump = self._start_pump()
         if self._pump is None and self.remote is not None:
             self.remote.spin = False  # two threads share the GIL here: the answers thread sleeps on the connection
@@ -506,7 +510,7 @@ class Relay:
                 self.ring.send(answer.call_id, 0, answer.flags & Flag.ASYNC_ERROR,
                                Streamed(answer.length, remote.frames.read_payload), answer.status)
         except (ConnectionLost, RecordError) as exc:
-            self.cut_short(ReplyFailed(f"the GPU host was lost in the middle of the {answer.length}-byte answer to "
+            self._cut_short(ReplyFailed(f"the GPU host was lost in the middle of the {answer.length}-byte answer to "
                                        f"call {answer.call_id} ({exc})", HostReason.GPU_HOST_LOST))
 
     @staticmethod
