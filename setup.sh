@@ -60,10 +60,14 @@ install_venv() {
   (cd "$REPO" && "$VENV/bin/python" -m guest_runtime.native.build --driver guest_runtime/native/lib/libcuda.so.1 \
     >/dev/null) && echo "   native guest driver built (guest_runtime/native/lib/libcuda.so.1)" \
     || echo "   warning: the native guest driver was not built; forwarded programs take the capsule path" >&2
-  # The session worker's compiled hot path (host_agent/hot_dispatch.c), into the cache oriond loads it from.
-  (cd "$REPO" && "$VENV/bin/python" -m host_agent.hot_path >/dev/null) \
-    && echo "   compiled host hot path built (host_agent/hot_dispatch.c)" \
+  # The host's compiled modules, into the cache oriond loads them from: the session worker's hot path and the relay's
+  # pump (host_agent/native_build.py).
+  (cd "$REPO" && "$VENV/bin/python" -m host_agent.session.hot_path >/dev/null) \
+    && echo "   compiled host hot path built (host_agent/session/hot_dispatch.c)" \
     || echo "   warning: the compiled host hot path was not built; session workers serve every call in Python" >&2
+  (cd "$REPO" && "$VENV/bin/python" -m host_agent.relay.compiled_pump >/dev/null) \
+    && echo "   compiled relay pump built (host_agent/relay/relay_pump.c)" \
+    || echo "   warning: the compiled relay pump was not built; relayed sessions use two Python threads" >&2
   local site; site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   ln -sfn /usr/lib/python3/dist-packages/pyverbs "$site/pyverbs"
   "$VENV/bin/python" -c 'import pyverbs.device' 2>/dev/null && echo "   pyverbs visible in the venv" \

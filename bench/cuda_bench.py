@@ -231,7 +231,7 @@ def main() -> int:
         region = create(0, 2048, work, channels=2).path  # a 256 MiB page-locked buffer fits a channel's slice
         conf = os.path.join(work, "server.conf")
         Path(conf).write_text(f'[server]\n    vgpu_count = 1\n[server-shm]\n    shm_path_base = "{work}/"\n')
-        command = [sys.executable, "-m", "host_agent.oriond", "--config", conf,
+        command = [sys.executable, "-m", "host_agent.daemon.oriond", "--config", conf,
                    "--pid-file", os.path.join(work, "oriond.pid")]
         agent = subprocess.Popen(command, cwd=REPO,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

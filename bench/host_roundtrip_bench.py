@@ -5,7 +5,7 @@ Two parts, both printing medians / percentiles and ratios, no thresholds:
 
 * in-process breakdown (on unless `--no-breakdown`): one session's host side over a real region in this
   process — a client Endpoint queues a record, the worker's stages run one by one: `Endpoint.receive`,
-  `CudaExecutor.handle` (behind region_server's `_answer`), `Endpoint.send`; then the same record served by the
+  `CudaExecutor.handle` (behind session_loop's `answer_record`), `Endpoint.send`; then the same record served by the
   compiled path (`HotPath.serve`), which does all three. The driver is tests.fake_driver.FakeDriver with its
   cuCtxSynchronize and cuStreamQuery replaced by null functions and cuMemcpyHtoD/DtoH by ones that only move the
   bytes to and from the fake's device memory (Python ones for the Python path, C ones for the compiled one), so
@@ -48,10 +48,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.native_wire_bench import TIMING_C, c_output  # noqa: E402
 from bench.verify import Checks  # noqa: E402
 from guest_runtime.native.build import SOURCE_DIR, find_compiler, write_region_header  # noqa: E402
-from host_agent import hot_path  # noqa: E402
-from host_agent.executor import CudaExecutor, ExecutorOptions  # noqa: E402
+from host_agent.daemon.region_server import RegionServer  # noqa: E402
 from host_agent.handler import Session  # noqa: E402
-from host_agent.region_server import RegionServer, ServerOptions, _answer  # noqa: E402
+from host_agent.session import hot_path  # noqa: E402
+from host_agent.session.executor import CudaExecutor, ExecutorOptions  # noqa: E402
+from host_agent.session_loop import ServerOptions  # noqa: E402
+from host_agent.session_loop import answer_record as _answer
 from host_agent.stop import StopRequest  # noqa: E402
 from ivshmem import layout  # noqa: E402
 from ivshmem.channel import Endpoint  # noqa: E402
@@ -296,7 +298,7 @@ def _serve(path: str, driver: str, compiled: bool, null_library: str) -> None:
     os.environ["ORION_HOT_PATH"] = "1" if compiled else "0"
     hot_path.reset()  # the benchmark's own process loaded it before forking this one
     logging.basicConfig(level=logging.INFO, format="    [worker] %(message)s")
-    for name in ("host_agent.region_server", "host_agent.executor"):  # which path served: nothing else
+    for name in ("host_agent.daemon.region_server", "host_agent.session.executor"):  # which path served: nothing else
         logging.getLogger(name).addFilter(lambda r: "hot path" in r.getMessage() or r.levelno >= logging.WARNING)
 
     def factory(session: Session) -> CudaExecutor:

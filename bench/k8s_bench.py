@@ -28,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from host_agent import pidfile, shm_admin  # noqa: E402
+from host_agent import shm_admin  # noqa: E402
+from host_agent.daemon import pidfile  # noqa: E402
 from ivshmem.channel import ClientChannel  # noqa: E402
 from ivshmem.errors import WireError  # noqa: E402
 from ivshmem.region import Region  # noqa: E402

@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.native_wire_bench import ECHO_REQUEST, harness_rows  # noqa: E402
 from bench.verify import Checks  # noqa: E402
-from host_agent import pidfile  # noqa: E402
+from host_agent.daemon import pidfile  # noqa: E402
 from host_agent.server_conf import ShmSettings  # noqa: E402
 from ivshmem.region import region_path  # noqa: E402
 from tests.guest.cuda_guest import python_speed  # noqa: E402

@@ -98,7 +98,8 @@ def main() -> int:
     conf.write_text(f'[server]\n    vgpu_count = 1\n[server-shm]\n    shm_path_base = "{shm}/"\n')
     log = work / "oriond.log"
     with open(log, "wb") as out:
-        oriond = subprocess.Popen([sys.executable, "-m", "host_agent.oriond", "--config", str(conf), "--pid-file",
+        oriond = subprocess.Popen([sys.executable, "-m", "host_agent.daemon.oriond", "--config", str(conf),
+                                   "--pid-file",
                                    str(shm / "oriond.pid")], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                   env={**os.environ, "PYTHONPATH": str(REPO)})
     try:

@@ -48,8 +48,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.verify import Checks, digest, first_wrong  # noqa: E402
 from guest_runtime.native.build import SOURCE_DIR, BuildError, find_compiler, write_region_header  # noqa: E402
 from guest_runtime.native.ctypes_client import NativeChannel, load  # noqa: E402
+from host_agent.daemon.region_server import serve  # noqa: E402
 from host_agent.diagnostics import DiagnosticsHandler  # noqa: E402
-from host_agent.region_server import ServerOptions, serve  # noqa: E402
+from host_agent.session_loop import ServerOptions  # noqa: E402
 from ivshmem import BufferCursor, ClientChannel, Op, Region, layout  # noqa: E402
 from ivshmem.layout import Geometry  # noqa: E402
 from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, Record, fill_pattern  # noqa: E402

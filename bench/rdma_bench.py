@@ -5,7 +5,7 @@ The CI machine's kernel has no RDMA, so this boots the test guest (tests/guest/v
 its loopback and runs tests/guest/rdma_guest.py bench there:
 - raw pyverbs between two processes on rxe0: a 32-byte SEND/RECV ping-pong, and an RDMA WRITE stream (4 MiB
   writes, 4 in flight);
-- the relay's RDMA transport (host_agent/rdma_stream.py) between two processes: a 32-byte record's round trip and
+- the relay's RDMA transport (host_agent/relay/rdma_stream.py) between two processes: a 32-byte record's round trip and
   a one-way stream of 16 MiB records;
 - a session relayed between two real orionds (enable_rdma on both) over RDMA, then over TCP (the GPU host's
   device missing), and local (the GPU host's own region): a synchronous call's round trip and 12 MiB copies,

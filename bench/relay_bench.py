@@ -118,7 +118,7 @@ def _oriond(work: Path, name: str, port: int, relay_to: str = "") -> tuple[subpr
                     f'[server-shm]\n    shm_path_base = "{shm}/"\n[cluster]\n    key_file = {key}\n'
                     + (f"[server-relay]\n    remote_addr = {relay_to}\n" if relay_to else ""))
     log = open(shm / "oriond.log", "wb")  # noqa: SIM115 - the process keeps it
-    agent = subprocess.Popen([sys.executable, "-m", "host_agent.oriond", "--config", str(conf), "--pid-file",
+    agent = subprocess.Popen([sys.executable, "-m", "host_agent.daemon.oriond", "--config", str(conf), "--pid-file",
                               str(shm / "oriond.pid")], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while b"Using SHM" not in (shm / "oriond.log").read_bytes():

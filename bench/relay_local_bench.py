@@ -40,10 +40,11 @@ from bench.native_wire_bench import TIMING_C, c_output  # noqa: E402
 from bench.relay_bench import raw_baseline  # noqa: E402
 from bench.verify import Checks  # noqa: E402
 from guest_runtime.native.build import SOURCE_DIR, find_compiler, write_region_header  # noqa: E402
-from host_agent.executor import CudaExecutor  # noqa: E402
+from host_agent.daemon.region_server import RegionServer  # noqa: E402
 from host_agent.handler import Session  # noqa: E402
-from host_agent.region_server import RegionServer, ServerOptions  # noqa: E402
-from host_agent.relay_route import RelayRoute  # noqa: E402
+from host_agent.relay.route import RelayRoute  # noqa: E402
+from host_agent.session.executor import CudaExecutor  # noqa: E402
+from host_agent.session_loop import ServerOptions  # noqa: E402
 from host_agent.stop import StopRequest  # noqa: E402
 from ivshmem.driver_api import BY_OPCODE  # noqa: E402
 from tests.cluster_key import key_file  # noqa: E402

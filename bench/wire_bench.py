@@ -33,8 +33,9 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.verify import Checks, digest, pattern  # noqa: E402
+from host_agent.daemon.region_server import serve  # noqa: E402
 from host_agent.handler import Reply, Session  # noqa: E402
-from host_agent.region_server import ServerOptions, serve  # noqa: E402
+from host_agent.session_loop import ServerOptions  # noqa: E402
 from ivshmem import ClientChannel, Op, Region, Streamed, layout  # noqa: E402
 from ivshmem.channel import BufferCursor, Ctrl, HostChannel, Sink  # noqa: E402
 from ivshmem.codec import Schema  # noqa: E402

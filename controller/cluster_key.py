@@ -11,7 +11,7 @@ Two uses, both HMAC-SHA256 with a domain label so that a MAC made for one use is
 - requests to the controller's member-only endpoints (`sign_request` / `verify_request`): a MAC over method,
   path, a timestamp and the body's digest, with the member's name, so that the controller knows which node asks.
 
-What does not belong here: who may call what (controller/http_api.py, host_agent/relay_listener.py).
+What does not belong here: who may call what (controller/http_api.py, host_agent/relay/listener.py).
 """
 from __future__ import annotations
 

@@ -70,8 +70,8 @@ class Process:
         """The value of one of oriond's one-letter options (``-b IP``, ``-p9960``, ``-p=9960``; the last one
         wins, as for argparse), "" when it was not given: ``-b`` and ``-p`` override server.conf."""
         value = ""
-        own = [i for i, a in enumerate(self.argv[:3]) if os.path.basename(a) == "oriond" or a == "host_agent.oriond"]
-        start = own[0] + 1 if own else 1  # past the interpreter's own options (python3 -b -m host_agent.oriond)
+        own = [i for i, a in enumerate(self.argv[:3]) if os.path.basename(a) == "oriond" or a == "host_agent.daemon.oriond"]
+        start = own[0] + 1 if own else 1  # past the interpreter's own options (python3 -b -m host_agent.daemon.oriond)
         for i, arg in enumerate(self.argv[start:], start):
             if arg == flag:
                 value = self.argv[i + 1] if i + 1 < len(self.argv) else ""
@@ -97,10 +97,10 @@ def mps_running() -> bool:
 
 
 def oriond() -> Process | None:
-    """The running oriond: the ``oriond`` script, or ``python -m host_agent.oriond``."""
+    """The running oriond: the ``oriond`` script, or ``python -m host_agent.daemon.oriond``."""
     for pid, argv in _processes():
         names = [os.path.basename(a) for a in argv[:3]]
-        if "oriond" in names or "host_agent.oriond" in argv[:3]:
+        if "oriond" in names or "host_agent.daemon.oriond" in argv[:3]:
             try:
                 import pwd
                 user = pwd.getpwuid(Path(f"/proc/{pid}").stat().st_uid).pw_name

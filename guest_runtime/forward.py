@@ -4,7 +4,7 @@
 C arguments the capsule trampoline receives (ints; None for NULL pointers) and returning a CUresult. Calls
 whose parameters are all scalars, handles or pointers to them are marshalled straight from the table; the
 others are written out here, registered in `GUEST` by name, and encode and decode exactly the request and
-reply the table declares for them (host_agent/executor.py serves the same declarations). What a call
+reply the table declares for them (host_agent/session/executor.py serves the same declarations). What a call
 allocates, frees or unloads comes from the table's effects too.
 
 The session state the guest keeps lives apart, so that this module is marshalling: the calling threads'

@@ -125,7 +125,7 @@ def runtime_server(out: TextIO) -> int:
     print(f"{'Enable SHM':<40}[{yes.get(server.get('enable_shm', 'true'), 'No')}]", file=out)
     print(f"{'Enable RDMA':<40}[{yes.get(server.get('enable_rdma', 'false'), 'No')}]", file=out)
     print(f"{'Enable Local QEMU-KVM with SHM':<40}[{yes.get(server.get('enable_kvm', 'false'), 'No')}]", file=out)
-    # oriond's -b and -p override server.conf (host_agent/oriond.py); Orion's defaults otherwise
+    # oriond's -b and -p override server.conf (host_agent/daemon/oriond.py); Orion's defaults otherwise
     bind_addr = (proc.option("-b") if proc else "") or server.get("bind_addr", "127.0.0.1")
     listen_port = (proc.option("-p") if proc else "") or server.get("listen_port", "9960")
     print(f"{'Binding IP Address :':<40}{bind_addr}", file=out)

@@ -1,4 +1,4 @@
-"""The guest's view of its channel's slice of the region's page-locked pool (host_agent/pinned_pool.py).
+"""The guest's view of its channel's slice of the region's page-locked pool (host_agent/session/pinned_pool.py).
 
 cuMemAllocHost and cuMemHostAlloc hand out memory from this slice: the host allocates (its bookkeeping cannot be
 corrupted from here) and both sides see the same pages, so copies from and to it need no staging and a kernel

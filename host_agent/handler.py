@@ -1,18 +1,20 @@
 """What a session worker and the handler of its records share: `Session`, `Reply`, the `Handler` protocol, and
 `note()`, by which a handler tells oriond what it must act on when the session ends.
 
-region_server.py runs the workers and calls a handler for each record; diagnostics.py and executor.py are
-handlers. Both sides import this module and neither imports the other, so they form no import cycle. Nothing
-here serves a region or looks inside a payload.
+session_loop.py reads each record off a session's transport (RecordEndpoint, StreamTransport: the transports are
+declared here) and calls a handler for it; diagnostics.py and session/executor.py are handlers. Both sides import
+this module and neither imports the other, so they form no import cycle. Nothing here serves a region or looks
+inside a payload.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ivshmem.channel import HostReason, Payload, Sink, Streamed
 from ivshmem.record import Record, Status
+from ivshmem.wait import WaitPolicy
 
 from .errors import HostAgentError
 
@@ -62,8 +64,8 @@ HandlerFactory = Callable[[Session], Handler]
 
 
 class RecordEndpoint(Protocol):
-    """A session's transport as its worker's loop (region_server.RecordLoop) drives it: a region's ring
-    (ivshmem.channel.Endpoint) or a relay connection (stream_endpoint.StreamEndpoint), which both are. The loop
+    """A session's transport as its worker's loop (session_loop.RecordLoop) drives it: a region's ring
+    (ivshmem.channel.Endpoint) or a relay connection (relay/stream_endpoint.StreamEndpoint), which both are. The loop
     receives each record, answers it through `send` in the session's `generation`, and runs `check` (the liveness
     checks, where the transport has them) when the compiled path's wait asks for them."""
 
@@ -77,6 +79,22 @@ class RecordEndpoint(Protocol):
                 sink_for: Callable[[int, int, int], Sink | None] | None = None) -> Record | None: ...
 
     def send(self, call_id: int, opcode: int, flags: int = 0, payload: Payload = b"", status: int = 0) -> None: ...
+
+
+class StreamTransport(RecordEndpoint, Protocol):
+    """A session transport that is a relay connection (relay/stream_endpoint.StreamEndpoint), as the compiled hot
+    path (session/hot_path.py) serves it: the socket and write lock it may read and write itself, and the report of
+    when it last heard the peer (the transport's liveness counts what C read)."""
+
+    @property
+    def policy(self) -> WaitPolicy: ...
+
+    def compiled_socket(self) -> tuple[int, Any] | None:
+        """(socket fd, write lock: an object whose `address` is its pthread mutex) where compiled code may serve
+        this connection; None where it may not (RDMA)."""
+
+    def heard(self, when: float) -> None:
+        """The peer was heard from at `when` (time.monotonic()) by compiled code."""
 
 
 def route_notes(events: Connection | None) -> None:

@@ -2,7 +2,7 @@
 regions live, who QEMU runs as, their size; and [cluster] key_file (`cluster_key_file`): the cluster key that makes
 this host a member of the cluster (docs/security.md, "Who may talk to whom: the cluster key").
 
-orion-shm, the qemu hook and oriond (through host_agent/config.py, which reads the rest of server.conf) all
+orion-shm, the qemu hook and oriond (through host_agent/daemon/config.py, which reads the rest of server.conf) all
 take these settings from here, so each refuses a wrong value with the same line. The file is read by the one
 INI reader, ivshmem/shared/ini.py (`load_ini`, `ConfigError`; imported from here by the host's modules). Whether
 the key file itself is usable is controller/cluster_key.load_key's to say, when it is read.

@@ -52,6 +52,9 @@ class SessionRoute(Protocol):
     @property
     def fixed(self) -> str: ...  # every session goes to this GPU host ("": only those whose grant is elsewhere)
 
+    def prepare(self) -> None:
+        """Load what a relayed session runs, before the region's workers are forked (each then has it at once)."""
+
     def agent_info(self) -> bytes:
         """The AGENT_INFO answer of this host."""
 

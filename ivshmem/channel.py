@@ -80,7 +80,7 @@ class HostReason(IntEnum):
     AGENT_RESTARTED = 5
     PROTOCOL_VIOLATION = 6
     AGENT_STOPPED = 7
-    GPU_HOST_LOST = 8  # a relaying host's worker lost the GPU host in the middle of a reply (relay_session.py)
+    GPU_HOST_LOST = 8  # a relaying host's worker lost the GPU host in the middle of a reply (relay/relayed_session.py)
     REPLY_FAILED = 9  # the GPU failed in the middle of a reply whose success had gone out (handler.ReplyFailed)
 
 

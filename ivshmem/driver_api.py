@@ -1,7 +1,7 @@
 """The table of forwarded CUDA driver calls: the one contract both sides of every forwarded call follow.
 
 Each entry declares, once, everything the guest (guest_runtime/forward.py) and the host
-(host_agent/executor.py) must agree on:
+(host_agent/session/executor.py) must agree on:
 
 * the driver function, its opcode (its position: the table is append-only) and its exact C signature, as the
   capsule in `cuda.bindings.cydriver.__pyx_capi__` spells it (tests/unit/test_driver_api.py holds every entry
@@ -443,7 +443,7 @@ _SPEC: list[tuple[Any, ...]] = [
      "tensor_map_out in in device_address dims strides box element_strides in in in in",
      {"request": "data_type:i32 rank:u32 address:u64 interleave:i32 swizzle:i32 l2_promotion:i32 oob_fill:i32 "
                  "dims:[Q] strides:[Q] box:[I] element_strides:[I]", "reply": "map:tail"}),
-    # The rest of the tensor-map family (host_agent/launch_extras.py, guest_runtime/native/tensor_map.c): im2col
+    # The rest of the tensor-map family (host_agent/session/launch_extras.py, guest_runtime/native/tensor_map.c): im2col
     # maps checked as tiled ones are; a replace or an allocation class travels as the map's 128 bytes, which the host
     # takes only if it encoded them for this session (docs/native-driver.md), and comes back as the new bytes.
     ("cuTensorMapEncodeIm2col", "CUresult (CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, "
@@ -558,7 +558,7 @@ _SPEC: list[tuple[Any, ...]] = [
                  "deps:[Q] edges:[Q]", "reply": "node:u64 graphs:[Q]"}),
     # Graph host nodes: the function is guest code, so it travels as `words`, the guest's address of the two u32 words
     # in its page-locked pool that stand for one (function, data) pair; the node the host makes calls oriond's
-    # trampoline with them, which hands each run to the guest (host_agent/host_nodes.py).
+    # trampoline with them, which hands each run to the guest (host_agent/session/host_nodes.py).
     ("cuGraphAddHostNode", "CUresult (CUgraphNode *, CUgraph, CUgraphNode const *, size_t, "
      "CUDA_HOST_NODE_PARAMS const *)", "out in nodes_in count host_node_params",
      {"request": "graph:u64 words:u64 deps:[Q]", "reply": "node:u64"}),
@@ -568,7 +568,7 @@ _SPEC: list[tuple[Any, ...]] = [
      {"request": "node:u64 words:u64"}),
     ("cuGraphExecHostNodeSetParams", "CUresult (CUgraphExec, CUgraphNode, CUDA_HOST_NODE_PARAMS const *)",
      "in in host_node_params", {"request": "exec:u64 node:u64 words:u64"}),
-    # Batch memory operations and batch memory-operation nodes (host_agent/batch_mem_ops.py): each
+    # Batch memory operations and batch memory-operation nodes (host_agent/session/batch_mem_ops.py): each
     # CUstreamBatchMemOpParams as BATCH_MEM_OP travels (its operation, its flags, the address and value of a wait or
     # write: a 32-bit one's value zero-extended), a node's CUDA_BATCH_MEM_OP_NODE_PARAMS as its context, flags and ops.
     ("cuStreamBatchMemOp", "CUresult (CUstream, unsigned int, CUstreamBatchMemOpParams *, unsigned int)",
@@ -584,7 +584,7 @@ _SPEC: list[tuple[Any, ...]] = [
     ("cuGraphExecBatchMemOpNodeSetParams", "CUresult (CUgraphExec, CUgraphNode, "
      "CUDA_BATCH_MEM_OP_NODE_PARAMS const *)", "in in batch_mem_op_node_params",
      {"request": f"exec:u64 node:u64 context:u64 flags:u32 ops:{BATCH_MEM_OP}"}),
-    # Module enumeration and names (host_agent/module_queries.py): the handles enumerated become the session's, as
+    # Module enumeration and names (host_agent/session/module_queries.py): the handles enumerated become the session's, as
     # cuModuleGetFunction's and cuLibraryGetKernel's do; a name travels as its bytes (the guest keeps a copy per
     # handle, which the pointer it hands out names).
     ("cuModuleEnumerateFunctions", "CUresult (CUfunction *, unsigned int, CUmodule)", "handles_out count in",
@@ -606,7 +606,7 @@ _SPEC: list[tuple[Any, ...]] = [
      "CUdevice, CUdevice)", "capabilities_out operations count in in",
      {"request": "source:i32 destination:i32 operations:[i]", "reply": "capabilities:[I]"}),
     # Memory pools made by the program, CUDA 13's pools by location, and the virtual-memory queries: their structs
-    # field by field, each device location as the guest's ordinal (host_agent/mem_pool_calls.py).
+    # field by field, each device location as the guest's ordinal (host_agent/session/mem_pool_calls.py).
     ("cuMemPoolCreate", "CUresult (CUmemoryPool *, CUmemPoolProps const *)", "out pool_props",
      {"request": POOL_PROPS, "reply": "pool:u64"}),
     ("cuMemPoolSetAccess", "CUresult (CUmemoryPool, CUmemAccessDesc const *, size_t)", "in access_descs count",
@@ -626,7 +626,7 @@ _SPEC: list[tuple[Any, ...]] = [
     ("cuMemGetAllocationPropertiesFromHandle", "CUresult (CUmemAllocationProp *, CUmemGenericAllocationHandle)",
      "allocation_prop_out in", {"request": "handle:u64", "reply": ALLOCATION_PROP}),
     # Stream attributes: a CUstreamAttrValue is CUlaunchAttributeValue's 64-byte union, travelling as its bytes, for
-    # the attribute IDs of STREAM_ATTRIBUTES_PLAIN only (host_agent/stream_extras.py); cluster sizing takes the
+    # the attribute IDs of STREAM_ATTRIBUTES_PLAIN only (host_agent/session/stream_extras.py); cluster sizing takes the
     # launch configuration as cuOccupancyMaxActiveClusters does.
     ("cuStreamGetAttribute", "CUresult (CUstream, CUstreamAttrID, CUstreamAttrValue *)", "in in attr_value_out",
      {"request": "stream:u64 attribute:i32", "reply": "value:tail"}),
@@ -634,7 +634,7 @@ _SPEC: list[tuple[Any, ...]] = [
      {"request": "stream:u64 attribute:i32 value:tail"}),
     ("cuOccupancyMaxPotentialClusterSize", "CUresult (int *, CUfunction, CUlaunchConfig const *)",
      "out in launch_config", {"request": f"{LAUNCH} attributes:{LAUNCH_ATTRIBUTE_KIND}", "reply": "cluster_size:i32"}),
-    # CUDA graphs, their second part (host_agent/graph_queries.py, guest_runtime/native/graph_queries.c): node
+    # CUDA graphs, their second part (host_agent/session/graph_queries.py, guest_runtime/native/graph_queries.c): node
     # parameters asked back, kernel node attributes, capture into a given graph, instantiation with parameters, memory
     # nodes and the graph memory attributes, the DOT description. A kernel node's parameters come back packed by the
     # function's layout (`offsets`: each parameter's; `given`: 0 where the node holds none) with the graph the node
@@ -678,7 +678,7 @@ _SPEC: list[tuple[Any, ...]] = [
      {"request": "device:i32 attribute:i32 value:u64"}),
     ("cuGraphDebugDotPrint", "CUresult (CUgraph, char const *, unsigned int)", "in guest_path in",
      {"request": "graph:u64 flags:u32", "reply": "text:tail"}),
-    # Structured copies (host_agent/structured_copies.py, guest_runtime/native/structured_copies.c): STRUCTURED_COPY
+    # Structured copies (host_agent/session/structured_copies.py, guest_runtime/native/structured_copies.c): STRUCTURED_COPY
     # (a peer copy's contexts before it, an async copy's stream first); a staged source's rows follow as the tail, a
     # staged destination's come back as the reply.
     ("cuMemcpy2D", "CUresult (CUDA_MEMCPY2D const *)", "copy_2d",
@@ -695,7 +695,7 @@ _SPEC: list[tuple[Any, ...]] = [
      {"request": f"src_context:u64 dst_context:u64 {STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
     ("cuMemcpy3DPeerAsync", "CUresult (CUDA_MEMCPY3D_PEER const *, CUstream)", "copy_peer in",
      {"request": f"stream:u64 src_context:u64 dst_context:u64 {STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
-    # The JIT linker (host_agent/link_calls.py, guest_runtime/native/link_calls.c): a link state is the session's
+    # The JIT linker (host_agent/session/link_calls.py, guest_runtime/native/link_calls.c): a link state is the session's
     # handle. JIT options travel as cuModuleLoadDataEx's (log and wall-time ones stay in the guest: empty logs); an
     # input travels as its bytes with its name (cuLinkAddFile is the guest's file read and sent so). cuLinkComplete's
     # `capacity` is the guest's buffer: the cubin comes back if it fits, else only its size, and the guest asks
@@ -799,23 +799,23 @@ def attribute_mask(ids: frozenset[int]) -> int:
 # Opcodes of the forwarding layer that are not driver calls, far above any table position.
 POOL_MAP_OPCODE = CUDA_OPCODE_BASE + 0x0F00  # map this channel's pinned-pool slice (POOL_MAP_REQUEST below)
 # A relaying oriond's own call to the GPU host: the mirror of a relayed session's pool there (POOL_MIRROR_REQUEST
-# below; host_agent/pool_mirror.py). Refused on any session that is not relayed.
+# below; host_agent/session/pool_mirror.py). Refused on any session that is not relayed.
 POOL_MIRROR_OPCODE = CUDA_OPCODE_BASE + 0x0F01
 POOL_MIRROR_MAP, POOL_MIRROR_WRITE, POOL_MIRROR_READ, POOL_MIRROR_UNMAP = 0, 1, 2, 3
 # The native driver's cuLaunchHostFunc on a relayed session (guest_runtime/native/host_functions.c): posted to the
-# relaying oriond, which serves it itself (host_agent/relay_session.py) and never sends it on.
+# relaying oriond, which serves it itself (host_agent/relay/relayed_session.py) and never sends it on.
 HOST_FUNCTION_OPCODE = CUDA_OPCODE_BASE + 0x0F02
 # The native driver's cuLaunchHostFunc while a stream capture may be under way: the function as a host node runs it
-# (HOST_NODE_FUNCTION_REQUEST below; host_agent/host_nodes.py), so that a capture records a host node.
+# (HOST_NODE_FUNCTION_REQUEST below; host_agent/session/host_nodes.py), so that a capture records a host node.
 HOST_NODE_FUNCTION_OPCODE = CUDA_OPCODE_BASE + 0x0F03
 # Added to a copy call's opcode: its host buffer lies in the pinned pool and travels as its address, not its bytes.
 PINNED_COPY = 0x2000
-# Answered from the host worker's pool bookkeeping (host_agent/pinned_pool.py), not by the driver function.
+# Answered from the host worker's pool bookkeeping (host_agent/session/pinned_pool.py), not by the driver function.
 PINNED_POOL_CALLS = frozenset({"cuMemAllocHost", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostGetDevicePointer",
                                "cuMemHostGetFlags"})
 PINNED_COPIES = frozenset({"cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync"})
 # Added to a module or library load's opcode: the image travels as its SHA-256 and size (IMAGE_BY_DIGEST_REQUEST
-# below), for the agent to load from its per-host cache (host_agent/image_cache.py) instead of receiving megabytes
+# below), for the agent to load from its per-host cache (host_agent/session/image_cache.py) instead of receiving megabytes
 # of fatbin again. An agent that does not hold it answers the wire status IMAGE_NOT_CACHED, and the guest then sends
 # the usual request with the whole image, which the agent hashes itself and keeps (docs/wire-protocol.md).
 IMAGE_BY_DIGEST = 0x4000

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from host_agent.pidfile import DEFAULT_PID_FILE
+from host_agent.daemon.pidfile import DEFAULT_PID_FILE
 
 from .installer import InstallError, install, status, uninstall
 from .qemu_hook import SERVER_CONF

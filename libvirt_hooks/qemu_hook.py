@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None) -> int:
 
 def run(domain: str, operation: str, xml: bytes) -> list[str]:
     """Prepare or release the Orion regions of the domain in `xml`; returns notes for the log."""
-    from host_agent import pidfile
+    from host_agent.daemon import pidfile
     from host_agent.server_conf import ConfigError, ShmSettings
 
     from . import regions

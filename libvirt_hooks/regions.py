@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from host_agent import pidfile, shm_admin
+from host_agent import shm_admin
+from host_agent.daemon import pidfile
 from host_agent.kvm.qemu_region import RegionNotReady, make_ready
 from host_agent.server_conf import ShmSettings
 from ivshmem.region import region_path

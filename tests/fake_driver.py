@@ -1,7 +1,7 @@
 """A pure-Python stand-in for `cuda.bindings.driver`, for CI machines that have no GPU and no libcuda.
 
 THIS IS A FAKE, NOT CUDA. It runs no kernel and knows nothing about GPUs beyond what is written here. It exists
-because host_agent/executor.py touches CUDA only through the Python API of `cuda.bindings.driver`, which can be
+because host_agent/session/executor.py touches CUDA only through the Python API of `cuda.bindings.driver`, which can be
 injected (`CudaExecutor(session, options, driver=FakeDriver())`), so the whole forwarding path — guest trampoline
 implementations, records, rings, staging, the executor's checks and conversions — can be exercised on a machine
 without a GPU. A test that passes against the fake proves the plumbing, not that CUDA behaves this way; the GPU
@@ -38,7 +38,7 @@ To keep it honest:
   the real driver (checked on an H200), it does not refuse an `extra` buffer whose size differs from the
   kernel's parameter size; the record says whether it matched.
 * What the process holds on each GPU, as NVML would report it (`process_memory`, read by `FakeMeter`, the
-  stand-in for host_agent/gpu_memory.py's NVML meter): `context_bytes` per live context (a primary one while
+  stand-in for host_agent/session/gpu_memory.py's NVML meter): `context_bytes` per live context (a primary one while
   retained), plus its allocations and module/library globals, byte for byte (no 2 MiB rounding).
 * `cuMemHostRegister` needs a current context (CUDA_ERROR_INVALID_CONTEXT otherwise, as on an H200) and
   refuses overlapping registrations; it pins nothing.
@@ -1492,7 +1492,7 @@ class _ConditionalNode:
 
 
 class FakeDriver:
-    """The subset of cuda.bindings.driver's API that host_agent/executor.py uses; see the module docstring."""
+    """The subset of cuda.bindings.driver's API that host_agent/session/executor.py uses; see the module docstring."""
 
     CUresult = CUresult
     CUdevice_attribute = CUdevice_attribute
@@ -6018,7 +6018,7 @@ IMPLEMENTED = frozenset(name for name, value in vars(FakeDriver).items()
 
 
 class FakeMeter:
-    """host_agent.gpu_memory's NVML meter for a FakeDriver (CI has no NVML): `FakeDriver.process_memory`.
+    """host_agent.session.gpu_memory's NVML meter for a FakeDriver (CI has no NVML): `FakeDriver.process_memory`.
 
     Pass it as `ExecutorOptions(meter=FakeMeter)`: the executor calls it with the session's driver. Each query is
     journalled as a call named `nvml.held` (args [device], result [bytes]), so tests can see when the executor

@@ -2,7 +2,8 @@
 
 Shared by tests/unit/test_forwarding_roundtrip.py (driver calls) and tests/unit/test_runtime_shim.py (runtime
 calls built on them); moved here unchanged from the former. The host half is a real `RegionServer` in a forked
-child process whose sessions run `host_agent.executor.CudaExecutor` with `tests/fake_driver.FakeDriver` instead of
+child process whose sessions run `host_agent.session.executor.CudaExecutor` with `tests/fake_driver.FakeDriver`
+instead of
 cuda.bindings.driver; the guest half is `guest_runtime.forward.Forwarder(...).implementations()`, called directly
 with the raw C arguments a capsule trampoline would pass. The fake appends every call it sees to a JSON-lines
 journal (`Rig.entries`), which is how tests check what reached the "driver".
@@ -33,9 +34,10 @@ from typing import Any
 import pytest
 
 from guest_runtime.forward import Forwarder
-from host_agent.executor import CudaExecutor, ExecutorOptions
-from host_agent.region_server import RegionServer, ServerOptions
-from host_agent.relay_route import RelayRoute
+from host_agent.daemon.region_server import RegionServer
+from host_agent.relay.route import RelayRoute
+from host_agent.session.executor import CudaExecutor, ExecutorOptions
+from host_agent.session_loop import ServerOptions
 from host_agent.stop import StopRequest
 from ivshmem import layout
 from ivshmem.channel import ClientChannel, Ctrl

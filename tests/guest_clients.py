@@ -1,7 +1,8 @@
 """Both guest clients driven through one program against a host that records every request record raw: the rig of
 tests/unit/test_guest_clients_agree.py.
 
-The host is a real `RegionServer` (host_agent/region_server.py) in a forked child, as tests/forwarding_rig.py runs
+The host is a real `RegionServer` (host_agent/daemon/region_server.py) in a forked child, as tests/forwarding_rig.py
+runs
 one, whose session handler (`Recorder`) appends every request record -- opcode, flags, payload -- to a file of its
 session and answers it as the call table declares: SUCCESS with a reply of the table's reply schema whose values are
 derived from the request's own bytes (`answer`), so two clients that send the same request get the same reply
@@ -34,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from host_agent.daemon.region_server import RegionServer
 from host_agent.diagnostics import DiagnosticsHandler
 from host_agent.handler import Reply, Session
-from host_agent.region_server import RegionServer, ServerOptions
+from host_agent.session_loop import ServerOptions
 from host_agent.stop import StopRequest
 from ivshmem import layout
 from ivshmem.driver_api import (
@@ -180,7 +182,8 @@ DEVICE_VIEW = 0x7E00_0000_0000  # where cuMemHostGetDevicePointer says the GPU s
 class Recorder:
     """A session's handler: records each request raw (`RECORD_HEAD` then the payload) in `<log_dir>/session-<n>`,
     then answers it. HELLO is the agent's own answer (DiagnosticsHandler, serving this table). The page-locked pool's
-    bookkeeping is answered as the agent's is (host_agent/pinned_pool.py), at the address the guest proposed: memory
+    bookkeeping is answered as the agent's is (host_agent/session/pinned_pool.py), at the address the guest proposed:
+    memory
     handed out from the start of the slice, page by page, and what a reply says of it relative to the slice (so both
     clients, whose slices lie at different addresses, are told the same)."""
 

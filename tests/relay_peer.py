@@ -15,10 +15,10 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from host_agent.handler import HandlerFactory
-from host_agent.region_server import ServerOptions
-from host_agent.relay_frames import BEAT, RELAY_HELLO, RELAY_HELLO_REQUEST, FrameStream
-from host_agent.relay_handshake import HANDSHAKE_S, prove
-from host_agent.relay_listener import MAX_SESSIONS, Admission, RelayListener, listen_socket
+from host_agent.relay.frames import BEAT, RELAY_HELLO, RELAY_HELLO_REQUEST, FrameStream
+from host_agent.relay.handshake import HANDSHAKE_S, prove
+from host_agent.relay.listener import MAX_SESSIONS, Admission, RelayListener, listen_socket
+from host_agent.session_loop import ServerOptions
 from host_agent.stop import StopRequest
 from ivshmem.driver_api import CALLS, table_digest
 from ivshmem.record import PROTOCOL, Record

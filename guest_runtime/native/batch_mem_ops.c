@@ -4,7 +4,7 @@
  * Each CUstreamBatchMemOpParams travels as driver_api.BATCH_MEM_OP (orion_layouts.h places it): its operation, its
  * flags, the address and value of a wait or a write (a 32-bit one's value read as the union's 32 bits, never its 64).
  * A barrier or a flush of remote writes travels with its flags only. The host checks every address against the
- * session's memory, as it checks a single stream memory operation's (host_agent/batch_mem_ops.py). An atomic
+ * session's memory, as it checks a single stream memory operation's (host_agent/session/batch_mem_ops.py). An atomic
  * reduction (CUDA 13's CU_STREAM_MEM_OP_ATOMIC_REDUCTION) answers 801, named once; an operation cuda.h does not have
  * answers CUDA_ERROR_INVALID_VALUE, before anything is sent.
  *

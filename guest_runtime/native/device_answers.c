@@ -3,7 +3,7 @@
  * forwarded answer (answer_cache.h).
  *
  * Why they cannot change while the process runs: the host answers them from its driver (a device's attributes,
- * name and UUID are fixed for the driver's lifetime) and from the session's vGPUs (host_agent/executor.py's POLICY
+ * name and UUID are fixed for the driver's lifetime) and from the session's vGPUs (host_agent/session/executor.py's POLICY
  * handlers: the count, which guest ordinals exist, total memory as the quota caps it). The vGPUs change only at a
  * controller BIND, which the host refuses after the session's first context or allocation, and which the native
  * library never sends (the capsule path sends it right after HELLO, guest_runtime/activate.py); a BIND added

@@ -2,7 +2,7 @@
  * cuGraph* calls of the call table, marshalling exactly the requests and replies ivshmem/driver_api.py declares
  * (KERNEL_NODE, MEMSET_NODE and MEMCPY_3D for the node parameter structs; node arrays and dependency lists as
  * counted u64 lists; CUgraphEdgeData's 8 bytes as a u64). The host checks every handle and device range against the
- * session and translates page-locked host memory (host_agent/graph_calls.py).
+ * session and translates page-locked host memory (host_agent/session/graph_calls.py).
  *
  * - A kernel node's parameters travel as a launch's do (launch_calls.c): packed from kernelParams at the offsets of
  *   the function's layout (param_layouts.h: for `kern` where `func` is NULL), or the buffer an `extra` list names,
@@ -64,7 +64,7 @@
 #include "param_layouts.h"
 
 enum {
-    MAX_DEPENDENCIES = 1 << 16,   /* host_agent/graph_calls.py MAX_DEPENDENCIES */
+    MAX_DEPENDENCIES = 1 << 16,   /* host_agent/session/graph_calls.py MAX_DEPENDENCIES */
     DIRECT_QUERY = 1024,          /* a query's capacity up to which it is asked at once */
     PACKED_ON_STACK = 1024,
     MEMORYTYPE_HOST = 1, MEMORYTYPE_ARRAY = 3, MEMORYTYPE_UNIFIED = 4, /* CUmemorytype */
@@ -76,7 +76,7 @@ enum {
     NODE_WAIT_EVENT = 6, NODE_EVENT_RECORD = 7, NODE_EXT_SEMAS_SIGNAL = 8, NODE_EXT_SEMAS_WAIT = 9,
     NODE_MEM_ALLOC = 10, NODE_MEM_FREE = 11, NODE_BATCH_MEM_OP = 12, NODE_CONDITIONAL = 13, NODE_TYPES = 14,
     OWNERSHIP_CLONE = 0, OWNERSHIP_MOVE = 1, /* CUgraphChildGraphNodeOwnership */
-    MAX_CONDITIONAL_BODIES = 64,  /* host_agent/graph_calls.py MAX_CONDITIONAL_BODIES */
+    MAX_CONDITIONAL_BODIES = 64,  /* host_agent/session/graph_calls.py MAX_CONDITIONAL_BODIES */
     MAX_CONDITIONAL_NODES = 1 << 16, /* conditional nodes whose body arrays this library keeps at once */
     EDGES_ON_STACK = 64,
 };

@@ -1,7 +1,7 @@
 /* graph_queries.c: CUDA graphs, their second part (graph_calls.c has the first): node parameters asked back, kernel
  * node attributes, capture into a given graph, instantiation with parameters, memory allocation and free nodes, the
  * graph memory attributes and the DOT description; hand-written calls of the call table, marshalling exactly what
- * ivshmem/driver_api.py declares for them. The host checks every handle and range (host_agent/graph_queries.py).
+ * ivshmem/driver_api.py declares for them. The host checks every handle and range (host_agent/session/graph_queries.py).
  *
  * - cuGraphKernelNodeGetParams: cuda.h lets the caller read the argument values through `kernelParams` (or `extra`,
  *   whichever was set last) in memory "owned by the node ... valid until the node is destroyed or its parameters are
@@ -48,9 +48,9 @@
 #include "param_layouts.h" /* ORION_MAX_PARAM_BYTES */
 
 enum {
-    MAX_ACCESS_DESCS = 64,        /* host_agent/graph_queries.py MAX_ACCESS_DESCS */
+    MAX_ACCESS_DESCS = 64,        /* host_agent/session/graph_queries.py MAX_ACCESS_DESCS */
     MAX_PARAM_COUNT = ORION_MAX_PARAM_BYTES, /* a parameter takes at least a byte */
-    MAX_DOT_BYTES = 64 << 20,     /* host_agent/graph_queries.py MAX_DOT_BYTES */
+    MAX_DOT_BYTES = 64 << 20,     /* host_agent/session/graph_queries.py MAX_DOT_BYTES */
     MAX_KEPT = 1 << 16,
     ATTRIBUTE_BYTES = 64,
     ERROR_OPERATING_SYSTEM = 304, /* CUDA_ERROR_OPERATING_SYSTEM */

@@ -34,7 +34,7 @@
  * under way (which the capture must record as a host node) cannot be a pair of memory operations: a graph's
  * operations carry fixed values, and a replay would find its sequence number already released. They are tokens
  * instead: one per (function, data) pair, a pair of words in the same block (TOKEN_BYTES each, after the slots'). The
- * node the host makes calls oriond's trampoline (host_agent/host_nodes.py) with the token's words: each run adds one
+ * node the host makes calls oriond's trampoline (host_agent/session/host_nodes.py) with the token's words: each run adds one
  * to `reached` and waits until `release` reaches the new count. The watcher runs the token's function once for each
  * count `reached` moved past the last it ran (`ran`), and then stores that count in `release`; so every run of every
  * node holding the token runs the function once, in the order the host's driver runs them, and the stream waits for

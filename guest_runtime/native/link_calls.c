@@ -1,5 +1,5 @@
 /* link_calls.c: the JIT linker (cuLinkCreate, cuLinkAddData, cuLinkAddFile, cuLinkComplete, cuLinkDestroy; cuda.h's
- * _v2 names are aliases of them). The link state is the host's handle (host_agent/link_calls.py); this file keeps
+ * _v2 names are aliases of them). The link state is the host's handle (host_agent/session/link_calls.py); this file keeps
  * what the program is handed that the host's driver holds: the linked cubin.
  *
  * - JIT options travel as cuModuleLoadDataEx's do (module_calls.c): scalar ones as (option, value) pairs; the log
@@ -31,7 +31,7 @@
 /* CUjit_option values that name guest memory (driver_api.JIT_GUEST_OPTIONS) and CUjitInputType's PTX. */
 enum { JIT_WALL_TIME = 2, JIT_INFO_LOG_BUFFER = 3, JIT_INFO_LOG_SIZE = 4, JIT_ERROR_LOG_BUFFER = 5,
        JIT_ERROR_LOG_SIZE = 6, JIT_LOG_VERBOSE = 12, JIT_GUEST_OPTIONS = 13, INPUT_PTX = 1 };
-#define MAX_LINK_BYTES ((size_t)1 << 30)    /* host_agent/link_calls.py MAX_CUBIN: what a record carries */
+#define MAX_LINK_BYTES ((size_t)1 << 30)    /* host_agent/session/link_calls.py MAX_CUBIN: what a record carries */
 #define FIRST_CUBIN_BUFFER ((size_t)1 << 20) /* most linked cubins fit: one round trip */
 
 /* driver_api.JIT_SCALAR_OPTIONS */

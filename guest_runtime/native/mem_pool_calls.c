@@ -3,7 +3,7 @@
  * cuMemRetainAllocationHandle, cuMemGetAllocationPropertiesFromHandle): calls whose structs the call table cannot
  * marshal by itself (ivshmem/driver_api.py's POOL_PROPS, MEM_LOCATION, ALLOCATION_PROP and `[iii]` access
  * descriptors). Their device locations travel as this guest's own ordinals; the host maps them to the session's GPUs
- * and checks every pool, handle and address against what the session holds (host_agent/mem_pool_calls.py).
+ * and checks every pool, handle and address against what the session holds (host_agent/session/mem_pool_calls.py).
  * cuMemPoolDestroy and cuMemAllocPitch are generated (a pitched allocation's pitch x rows join the device ranges:
  * effect allocates_pitched).
  */

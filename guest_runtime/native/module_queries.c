@@ -1,7 +1,7 @@
 /* module_queries.c: module enumeration and names, and the device queries that carry arrays or bytes, for the native
  * guest driver: cuModuleEnumerateFunctions, cuLibraryEnumerateKernels, cuFuncGetName, cuKernelGetName,
  * cuDeviceGetLuid, cuDeviceGetHostAtomicCapabilities and cuDeviceGetP2PAtomicCapabilities (host:
- * host_agent/module_queries.py).
+ * host_agent/session/module_queries.py).
  *
  * An enumeration asks for at most as many handles as the caller's array holds and copies what the host sends. A name
  * comes back as its bytes; the driver hands out a pointer to a string it owns, so this library keeps one copy per

@@ -27,7 +27,7 @@
 #define CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED 713
 
 enum {
-    HOST_ALLOC_FLAGS = 0x7,     /* CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED (host_agent/pinned_pool.py) */
+    HOST_ALLOC_FLAGS = 0x7,     /* CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED (host_agent/session/pinned_pool.py) */
     REGISTER_FLAGS = 0xF,       /* CU_MEMHOSTREGISTER_PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY */
     REGISTER_IOMEMORY = 0x4,    /* CU_MEMHOSTREGISTER_IOMEMORY: a device's I/O memory, which no GPU here can reach */
 };

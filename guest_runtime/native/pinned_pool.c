@@ -1,5 +1,5 @@
 /* pinned_pool.c: the guest's view of its channel's slice of the region's page-locked pool
- * (guest_runtime/pinned_pool.py in C; the host side is host_agent/pinned_pool.py).
+ * (guest_runtime/pinned_pool.py in C; the host side is host_agent/session/pinned_pool.py).
  *
  * cuMemAllocHost and cuMemHostAlloc hand out memory from this slice: the host allocates and both sides see the same
  * pages, so a copy from or to it travels as an address (the pinned variant of the copy), not as bytes. At the first

@@ -2,7 +2,7 @@
  * is CUlaunchAttributeValue's 64-byte union (cuda.h), and travels as its bytes: a set streams them from the caller's
  * union, a get writes the reply's into it. Only the plain-valued attribute IDs travel (driver_api's
  * STREAM_ATTRIBUTES_PLAIN, generated as ORION_STREAM_ATTRIBUTES_FORWARDED); the host's driver answers for each, its
- * own error for an ID that is not a stream's (host_agent/stream_extras.py). Any other ID (an event's, which names a
+ * own error for an ID that is not a stream's (host_agent/session/stream_extras.py). Any other ID (an event's, which names a
  * handle, DEVICE_UPDATABLE_KERNEL_NODE, or one newer than this library) answers CUDA_ERROR_NOT_SUPPORTED, named once.
  * cuStreamCopyAttributes is a generic call of the table. */
 #include <string.h>

@@ -1,7 +1,7 @@
 /* structured_copies.c: cuMemcpy2D, cuMemcpy2DUnaligned, cuMemcpy2DAsync, cuMemcpy3D, cuMemcpy3DAsync, cuMemcpy3DPeer
  * and cuMemcpy3DPeerAsync (what PyTorch's and CuPy's cudaMemcpy2D(Async) become). A copy travels as
  * driver_api.STRUCTURED_COPY: a 2D one as a CUDA_MEMCPY3D whose third dimension is empty, a peer one with its two
- * contexts, an async one with its stream (the host: host_agent/structured_copies.py).
+ * contexts, an async one with its stream (the host: host_agent/session/structured_copies.py).
  *
  * Each side is, to the host, one of:
  * - device memory: CU_MEMORYTYPE_DEVICE, UNIFIED at an address of this process's device ranges (device_ranges.c,
@@ -82,7 +82,7 @@ _Static_assert(sizeof(CUDA_MEMCPY3D_PEER) == 200 && offsetof(CUDA_MEMCPY3D_PEER,
                offsetof(CUDA_MEMCPY3D_PEER, WidthInBytes) == 176, "CUDA_MEMCPY3D_PEER as cuda.h lays it out");
 
 enum {
-    PART_BYTES = 64 << 20, /* rows per record: host_agent/structured_copies.py MAX_STAGED_PART */
+    PART_BYTES = 64 << 20, /* rows per record: host_agent/session/structured_copies.py MAX_STAGED_PART */
     PIECES = 64,           /* a staged source's pieces sent from where they lie; more are gathered first */
     MEMORYTYPE_HOST = 1, MEMORYTYPE_ARRAY = 3, MEMORYTYPE_UNIFIED = 4, /* CUmemorytype */
     STAGED_NONE = 0, STAGED_SOURCE = 1, STAGED_DESTINATION = 2,       /* STRUCTURED_COPY's `staged` */

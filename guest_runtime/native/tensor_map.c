@@ -1,6 +1,6 @@
 /* tensor_map.c: the tensor-map family for the native guest driver (cuTensorMapEncodeTiled, Im2col, Im2colWide,
  * ReplaceAddress, SetAllocationClass). A TMA descriptor is 128 opaque bytes that only the driver can write, so the
- * host encodes it (host_agent/launch_extras.py, which checks the global memory it describes is the session's) and
+ * host encodes it (host_agent/session/launch_extras.py, which checks the global memory it describes is the session's) and
  * the guest copies them into the caller's CUtensorMap; kernels then receive it by value as a launch parameter, as
  * natively. A replace or an allocation class sends the map's bytes, which the host takes only if it encoded them
  * for this session, and copies the new bytes back. */

@@ -1,7 +1,7 @@
 /* vmm_calls.c: the virtual-memory calls whose structs the call table cannot marshal by itself (JAX's allocator):
  * cuMemGetAllocationGranularity and cuMemCreate (a CUmemAllocationProp: ivshmem/driver_api.py's ALLOCATION_PROP)
  * and cuMemSetAccess (an array of CUmemAccessDesc: `[iii]`). Their device locations travel as this guest's own
- * ordinals; the host maps them to the session's GPUs and checks everything (host_agent/vmm_calls.py). The rest of
+ * ordinals; the host maps them to the session's GPUs and checks everything (host_agent/session/vmm_calls.py). The rest of
  * the VMM calls are generated (cuMemAddressReserve and cuMemAddressFree also keep the reserved ranges in
  * device_ranges.c, so unified-addressing copies treat them as device memory).
  */

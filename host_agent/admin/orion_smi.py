@@ -22,8 +22,8 @@ from controller.cluster_key import ClusterKeyError
 from ivshmem.shared.controller_client import ControllerClient, ControllerClientError
 from ivshmem.shared.ini import normal_address
 
-from ..config import DEFAULT_PATH, ServerConfig
-from ..controller_link import Member, load_member
+from ..daemon.config import DEFAULT_PATH, ServerConfig
+from ..daemon.controller_link import Member, load_member
 from ..errors import ConfigurationError
 from ..server_conf import ConfigError
 

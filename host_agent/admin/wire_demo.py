@@ -46,8 +46,8 @@ def run_demo(size_mib: int = 64) -> None:
     index = _free_index()
     path = region_path(index)
     _run(os.path.join(bindir, "orion-shm"), "create", "-i", str(index), "-s", str(size_mib))
-    print(f"$ {sys.executable} -m host_agent.region_server {path} &", flush=True)
-    server = subprocess.Popen([sys.executable, "-m", "host_agent.region_server", path])
+    print(f"$ {sys.executable} -m host_agent.daemon.region_server {path} &", flush=True)
+    server = subprocess.Popen([sys.executable, "-m", "host_agent.daemon.region_server", path])
     try:
         _wait_serving(path, server)
         _run(os.path.join(bindir, "orion-shm"), "inspect", str(index))

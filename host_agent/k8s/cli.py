@@ -13,8 +13,8 @@ import sys
 
 from ivshmem.shared.ini import ConfigError, normal_address
 
-from ..cli_args import OneLineParser, flag_type
-from ..config import DEFAULT_PATH, ServerConfig, flag_host, flag_seconds
+from ..daemon.cli_args import OneLineParser, flag_type
+from ..daemon.config import DEFAULT_PATH, ServerConfig, flag_host, flag_seconds
 from ..stop import StopRequest
 from .api import DEVICE_PLUGIN_DIR, RESOURCE_NAME
 from .container_regions import ContainerRegions, RegionDirError

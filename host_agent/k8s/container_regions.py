@@ -31,7 +31,8 @@ import stat
 
 from ivshmem.region import region_path
 
-from .. import pidfile, shm_admin
+from .. import shm_admin
+from ..daemon import pidfile
 from ..errors import ServiceError
 
 log = logging.getLogger(__name__)

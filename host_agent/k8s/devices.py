@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import VGPU_RANGE
+from ..daemon.config import VGPU_RANGE
 from ..errors import ConfigurationError
 
 SLOTS_PER_GPU = VGPU_RANGE[1]  # vgpu_count's upper bound: keeps the devices' region indices apart

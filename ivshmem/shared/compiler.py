@@ -1,5 +1,5 @@
 """The system C compiler, as every part of Orion that compiles C at install or start finds it: the native guest
-driver (guest_runtime/native/build.py) and the host's compiled hot path (host_agent/hot_path.py), with the same
+driver (guest_runtime/native/build.py) and the host's compiled hot path (host_agent/session/hot_path.py), with the same
 flags (CFLAGS: a shared object of C11, warnings on). Standard library only (tests/unit/test_import_graph.py)."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A host agent with made-up GPUs for the guest-allocation tests: the real oriond parts, only the driver faked.
 
-``python tests/controller/fake_gpu_agent.py REGION HOST [CONTROLLER]`` serves REGION with host_agent.agent.Agent,
+``python tests/controller/fake_gpu_agent.py REGION HOST [CONTROLLER]`` serves REGION with host_agent.daemon.agent.Agent,
 whose sessions run the real CudaExecutor over tests/fake_driver.FakeDriver (two GPUs), and, given CONTROLLER,
 links to it with the real ControllerLink: registers the fake GPUs under HOST (their UUIDs as the executor will
 read them), heartbeats, and gives back the allocations of sessions that end. It logs as oriond does, to
@@ -24,15 +24,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from controller.cluster_key import load_key  # noqa: E402
-from host_agent import vgpu_grant  # noqa: E402
-from host_agent.agent import Agent  # noqa: E402
-from host_agent.config import ServerConfig  # noqa: E402
-from host_agent.controller_link import ControllerLink, LinkProcess, load_member  # noqa: E402
-from host_agent.executor import CudaExecutor, ExecutorOptions  # noqa: E402
-from host_agent.gpu_inventory import of_driver  # noqa: E402
-from host_agent.region_server import ServerOptions  # noqa: E402
-from host_agent.relay_listener import Admission, listen_socket  # noqa: E402
-from host_agent.relay_transport import RdmaSettings  # noqa: E402
+from host_agent.daemon.agent import Agent  # noqa: E402
+from host_agent.daemon.config import ServerConfig  # noqa: E402
+from host_agent.daemon.controller_link import ControllerLink, LinkProcess, load_member  # noqa: E402
+from host_agent.relay.listener import Admission, listen_socket  # noqa: E402
+from host_agent.relay.transport import RdmaSettings  # noqa: E402
+from host_agent.session import vgpu_grant  # noqa: E402
+from host_agent.session.executor import CudaExecutor, ExecutorOptions  # noqa: E402
+from host_agent.session.gpu_inventory import of_driver  # noqa: E402
+from host_agent.session_loop import ServerOptions  # noqa: E402
 from host_agent.stop import StopRequest  # noqa: E402
 from tests.cluster_key import TEST_KEY  # noqa: E402
 from tests.fake_driver import FakeDriver  # noqa: E402

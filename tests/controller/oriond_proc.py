@@ -1,6 +1,6 @@
 """A real oriond process for the controller tests: its own server.conf, region dir and (made-up) GPU inventory.
 
-No GPU is needed: the inventory comes from ORION_TEST_GPU_INVENTORY (host_agent/gpu_inventory.py, a test-only
+No GPU is needed: the inventory comes from ORION_TEST_GPU_INVENTORY (host_agent/session/gpu_inventory.py, a test-only
 override) and the region dir is empty, so oriond registers and heartbeats but never opens a CUDA session.
 Every wait is bounded; ``stop`` never hangs (SIGINT, then SIGKILL).
 """
@@ -60,7 +60,7 @@ class Oriond:
             env["ORION_TEST_GPU_INVENTORY"] = str(self.inventory)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "host_agent.oriond", "--config", str(self.conf), "--pid-file",
+                [sys.executable, "-m", "host_agent.daemon.oriond", "--config", str(self.conf), "--pid-file",
                  str(self.pid_file)], cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_stop_with_parent)
         return self

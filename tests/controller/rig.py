@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from controller.cluster_key import load_key, sign_request
-from host_agent.controller_link import Member
+from host_agent.daemon.controller_link import Member
 from ivshmem.shared.controller_client import ControllerClient
 from tests.cluster_key import key_file
 from tests.processes import python_path, stop_process

@@ -115,7 +115,7 @@ def test_without_a_configured_controller_oriond_talks_to_none(oriond: Callable[.
 
 def test_a_host_without_gpus_registers_nothing_and_says_so_once(
         controllers: Callable[..., ControllerProcess], oriond: Callable[..., Oriond]) -> None:
-    from host_agent.gpu_inventory import read
+    from host_agent.session.gpu_inventory import read
 
     if read()[0]:
         pytest.skip("this host has a GPU")

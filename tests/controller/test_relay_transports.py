@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from host_agent.rdma_stream import SYSFS
+from host_agent.relay.rdma_stream import SYSFS
 from tests.controller.rig import REPO
 from tests.guest.rdma_guest import Hosts, session_check
 from tests.processes import python_path

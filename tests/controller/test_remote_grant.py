@@ -4,7 +4,7 @@ Real etcd, a real controller process, a GPU host (test_guest_allocation's FakeGp
 fake_gpu_agent.py --listen, the Agent, region server, executor, relay listener and ControllerLink of oriond over
 tests/fake_driver.py, registered as 127.0.0.2 with its listen port) and a relay-only host: a real oriond whose
 made-up GPU inventory is empty, so it registers nothing and
-answers AGENT_INFO with "*" (host_agent/relay_route.py). The guest (allocating_guest.py) talks to the relay's
+answers AGENT_INFO with "*" (host_agent/relay/route.py). The guest (allocating_guest.py) talks to the relay's
 region only; the controller grants its vGPUs on the GPU host, the relay dials that host's registered
 address:port, and the GPU host confirms the grant with the controller (docs/remote.md). Waits are bounded and
 assert state, never how long it took.

@@ -302,7 +302,7 @@ def test_the_native_driver_instantiates_by_cuda_hs_name(served: Rig, library: Pa
 
 
 @pytest.mark.xfail(strict=True, reason="a relayed page-locked copy becomes a plain cuMemcpyHtoD/DtoHAsync carrying "
-                   "(or answering) the bytes at call time (relay_pool.py), which the GPU host serves by "
+                   "(or answering) the bytes at call time (relay/pool.py), which the GPU host serves by "
                    "cuStreamSynchronize and a synchronous copy (executor._start_copy): on a capturing stream 900, "
                    "and the capture is invalidated")
 def test_a_relayed_capture_replays_page_locked_copies(relayed: Rig) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from host_agent.graph_calls import MAX_CONDITIONAL_BODIES
+from host_agent.session.graph_calls import MAX_CONDITIONAL_BODIES
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Status
 from tests import forwarding_rig

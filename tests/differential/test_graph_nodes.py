@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from host_agent.executor import CudaExecutor
-from host_agent.graph_calls import MAX_DEPENDENCIES
 from host_agent.handler import Reply, Session
+from host_agent.session.executor import CudaExecutor
+from host_agent.session.graph_calls import MAX_DEPENDENCIES
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Record, Status
 from tests import forwarding_rig

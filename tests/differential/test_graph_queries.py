@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from host_agent.executor import CudaExecutor, ExecutorOptions
 from host_agent.handler import Session
+from host_agent.session.executor import CudaExecutor, ExecutorOptions
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Status
 from tests import forwarding_rig
@@ -424,7 +424,7 @@ def test_access_descriptors_are_read_from_the_drivers_array_not_the_wheels_list(
     import ctypes
 
     driver = pytest.importorskip("cuda.bindings.driver")
-    from host_agent.graph_queries import access_descs
+    from host_agent.session.graph_queries import access_descs
 
     struct_bytes = ctypes.create_string_buffer(120)
     descs = (ctypes.c_int * 6)(1, 0, 3, 1, 1, 1)

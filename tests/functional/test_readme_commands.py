@@ -189,7 +189,7 @@ class Rig:
     def host(self, controller: str | None = None) -> tuple[Path, Path]:
         """A server.conf whose shm_path_base is a directory of our own, with one region in it, served by `oriond`
         as the README writes it; returns (region, oriond's log). With a `controller`, oriond registers there a
-        made-up GPU (ORION_TEST_GPU_INVENTORY, host_agent/gpu_inventory.py), so that a machine without a GPU
+        made-up GPU (ORION_TEST_GPU_INVENTORY, host_agent/session/gpu_inventory.py), so that a machine without a GPU
         has a pool to allocate from."""
         shm = self.tmp / "shm"
         shm.mkdir(exist_ok=True)
@@ -414,11 +414,11 @@ def _allocating_app(rig: Rig) -> None:
     assert EXIT_LINE.search(out), out
 
 
-@smoke(".venv/bin/python -m host_agent.region_server PATH")
+@smoke(".venv/bin/python -m host_agent.daemon.region_server PATH")
 def _region_server(rig: Rig) -> None:
     region = rig.tmp / "orionsock6"
     rig.run(f"orion-shm create -i 6 -s 32 -d {rig.tmp}", "successfully created")
-    rig.start(f".venv/bin/python -m host_agent.region_server {region}")
+    rig.start(f".venv/bin/python -m host_agent.daemon.region_server {region}")
     out = rig.until(f"orion-guest probe --region {region} --round-trips 10 --bulk-mib 1", "the region is served")
     assert "ORION-PROBE ok" in out
 

@@ -92,7 +92,7 @@ class Oriond:
                         + (f"[server-relay]\n    remote_addr = {relay_to}\n" if relay_to else ""))
         self.log = workdir / "oriond.log"
         with open(self.log, "wb") as log:
-            command = [sys.executable, "-m", "host_agent.oriond", "--config", str(conf),
+            command = [sys.executable, "-m", "host_agent.daemon.oriond", "--config", str(conf),
                        "--pid-file", str(self.shm_dir / "oriond.pid"), *flags]
             self.proc = subprocess.Popen(command,
                                          cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)

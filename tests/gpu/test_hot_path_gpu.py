@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from host_agent import hot_path
+from host_agent.session import hot_path
 from tests.gpu.test_forwarded_programs import HAS_GPU, PROGRAMS, Oriond, run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (device machine)"),

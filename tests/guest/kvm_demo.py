@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from host_agent import pidfile
+from host_agent.daemon import pidfile
 from host_agent.server_conf import ShmSettings
 from ivshmem.region import region_path
 from tests.processes import stop_process

@@ -62,10 +62,11 @@ class GuestRun:
 def start_system_agent(log_path: Path, timeout: float = 30.0) -> subprocess.Popen[bytes]:
     """Start oriond as the installed hook knows it: the system server.conf and pid file (the hook wakes that
     pid). Returns once the pid file names it; LibvirtGuestError if it exits or does not get there in time."""
-    from host_agent import pidfile
+    from host_agent.daemon import pidfile
 
     with open(log_path, "ab") as log:
-        agent = subprocess.Popen([sys.executable, "-m", "host_agent.oriond", "--pid-file", pidfile.DEFAULT_PID_FILE],
+        agent = subprocess.Popen([sys.executable, "-m", "host_agent.daemon.oriond", "--pid-file",
+                                  pidfile.DEFAULT_PID_FILE],
                                  cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True)
     deadline = time.monotonic() + timeout

@@ -1,6 +1,6 @@
 """Runs inside the test guest (tests/guest/vm.py): the relay's RDMA transport on Soft-RoCE (rdma_rxe).
 
-  rdma_guest.py stream   two processes joined by a TCP connection move to RDMA (host_agent/relay_transport.py)
+  rdma_guest.py stream   two processes joined by a TCP connection move to RDMA (host_agent/relay/transport.py)
                          and exchange records: small ones both ways, one larger than the whole inbox, one
                          written and read in uneven pieces; then the far end dies and the near end must see it
   rdma_guest.py relay    a GPU host (tests/controller/fake_gpu_agent.py --listen --rdma: the real listener,
@@ -36,10 +36,10 @@ for site in glob.glob("/mnt/orion/.venv/lib/python3*/site-packages"):  # in the 
     sys.path.append(site)  # the checkout's own environment (posix_ipc, ...): the guest's Python is the same 3.11
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), site) if p)
 
-from host_agent import relay_transport  # noqa: E402
-from host_agent.rdma_stream import PIECE, SLOTS, RdmaStream  # noqa: E402
-from host_agent.relay_frames import ConnectionLost  # noqa: E402
-from host_agent.relay_transport import RdmaSettings  # noqa: E402
+from host_agent.relay import transport  # noqa: E402
+from host_agent.relay.frames import ConnectionLost  # noqa: E402
+from host_agent.relay.rdma_stream import PIECE, SLOTS, RdmaStream  # noqa: E402
+from host_agent.relay.transport import RdmaSettings  # noqa: E402
 
 
 def sh(command: str) -> str:
@@ -70,13 +70,13 @@ def _pair() -> tuple[socket.socket, socket.socket]:
 
 def _far(sock: socket.socket, offer_out: int, offer_in: int) -> None:
     """The far end (a child): answers each record with its payload reversed; a record of opcode 9 ends it hard."""
-    link, why = relay_transport.prepare(sock, RdmaSettings(True))
+    link, why = transport.prepare(sock, RdmaSettings(True))
     if link is None:
         print("RDMA-FAR no link:", why, flush=True)
         os._exit(3)
     os.write(offer_out, link.offer())
     peer = os.read(offer_in, 4096)
-    stream = relay_transport.connect(link, peer, sock)
+    stream = transport.connect(link, peer, sock)
     while True:
         record = stream.begin()
         if record is None:
@@ -104,12 +104,12 @@ def _transport_pair() -> tuple[RdmaStream, int]:
         near_sock.close()
         _far(far_sock, from_far, to_far)
     far_sock.close()
-    link, why = relay_transport.prepare(near_sock, RdmaSettings(True))
+    link, why = transport.prepare(near_sock, RdmaSettings(True))
     if link is None:
         raise SystemExit(f"RDMA-NOLINK {why}")
-    print("RDMA-PORT", relay_transport.describe(link))
+    print("RDMA-PORT", transport.describe(link))
     os.write(from_near, link.offer())
-    return relay_transport.connect(link, os.read(to_near, 4096), near_sock), pid
+    return transport.connect(link, os.read(to_near, 4096), near_sock), pid
 
 
 def stream() -> int:
@@ -182,7 +182,7 @@ def _raw_end(sock: socket.socket, serve: bool) -> None:
     from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
     from pyverbs.wr import SGE, RecvWR, SendWR
 
-    from host_agent.rdma_stream import find_port
+    from host_agent.relay.rdma_stream import find_port
     port = find_port("127.0.0.1")
     ctx = Context(name=port.device)
     pd, cq = PD(ctx), CQ(ctx, 256)

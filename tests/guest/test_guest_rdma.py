@@ -1,6 +1,6 @@
 """Relay connections over RDMA, for real: Soft-RoCE (rdma_rxe) inside the test guest, since the CI machine's kernel
 has no RDMA (TESTBED.md). One boot runs tests/guest/rdma_guest.py check:
-- the transport alone (host_agent/rdma_stream.py): two processes move a TCP connection to an RC queue pair and
+- the transport alone (host_agent/relay/rdma_stream.py): two processes move a TCP connection to an RC queue pair and
   exchange records of every size class (empty, one piece, exactly a piece, several, twice the whole inbox) and a
   frame written and read in uneven pieces, each checked byte for byte; then the far end dies and the near end says
   so;

@@ -40,7 +40,8 @@ def _blank_region() -> str:
 @pytest.fixture
 def served_region() -> Iterator[str]:
     path = _blank_region()
-    server = subprocess.Popen([sys.executable, "-m", "host_agent.region_server", path, "--heartbeat-timeout", "5"])
+    server = subprocess.Popen([sys.executable, "-m", "host_agent.daemon.region_server", path, "--heartbeat-timeout",
+                               "5"])
     try:
         deadline = time.monotonic() + 15
         while True:

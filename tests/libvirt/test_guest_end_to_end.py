@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from host_agent import pidfile
+from host_agent.daemon import pidfile
 from host_agent.server_conf import ShmSettings
 from tests.guest.libvirt_guest import GuestRun, LibvirtGuest, build_native_harness, start_system_agent
 from tests.guest.vm import image_ready

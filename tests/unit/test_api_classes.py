@@ -10,7 +10,7 @@ import pytest
 from cuda.bindings import driver
 
 from guest_runtime.native import gen_libcuda
-from host_agent.session_ledger import SessionLedger
+from host_agent.session.session_ledger import SessionLedger
 from ivshmem import api_classes, cuda_header
 from ivshmem.cuda_status import INVALID_VALUE
 from ivshmem.driver_api import (

@@ -15,7 +15,7 @@ from cuda.bindings import cydriver, driver
 
 from guest_runtime.capsule_hook import capsule_signature
 from guest_runtime.forward import GUEST, NATIVE_ONLY
-from host_agent.executor import HOST, POLICY
+from host_agent.session.executor import HOST, POLICY
 from ivshmem.codec import SCALARS
 from ivshmem.driver_api import (
     BY_OPCODE,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from host_agent.executor import CudaExecutor
 from host_agent.handler import Session
+from host_agent.session.executor import CudaExecutor
 from ivshmem.cuda_status import NOT_SUPPORTED
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Record
@@ -44,7 +44,7 @@ def test_an_entry_point_the_hosts_driver_lacks_answers_not_supported_named_once(
         node = fake.cuGraphAddEmptyNode(graph, None, 0)[1]
         executor.ledger.handles["CUgraphNode"].add(int(node))
         payload = CALLS[name].request.encode(int(node))
-    with caplog.at_level(logging.INFO, logger="host_agent.executor"):
+    with caplog.at_level(logging.INFO, logger="host_agent.session.executor"):
         assert [_request(executor, name, payload) for _ in range(2)] == [NOT_SUPPORTED, NOT_SUPPORTED]
     said = [r.getMessage() for r in caplog.records if name in r.getMessage()]
     assert len(said) == 1 and "no such entry point" in said[0], said

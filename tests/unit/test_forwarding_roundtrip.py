@@ -3,7 +3,7 @@
 The rig (tests/forwarding_rig.py) is shared with the runtime shim's tests. The guest half is
 `guest_runtime.forward.Forwarder(...).implementations()`, called directly with the raw C arguments a capsule
 trampoline would pass (ints, None for NULL, ctypes buffers for out-pointers); no hook is installed. The host half
-is a real `RegionServer` in a forked child process whose sessions run `host_agent.executor.CudaExecutor` with
+is a real `RegionServer` in a forked child process whose sessions run `host_agent.session.executor.CudaExecutor` with
 `tests/fake_driver.FakeDriver` instead of cuda.bindings.driver. Records
 travel through a real region file in /dev/shm, its rings and staging arenas. The fake lives in the session worker
 (a grandchild of this process): it appends every call it sees to a JSON-lines journal, which is how these tests
@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from guest_runtime import forward
-from host_agent.executor import ExecutorOptions
+from host_agent.session.executor import ExecutorOptions
 from ivshmem.api_classes import GENERATED
 from ivshmem.channel import Streamed
 from ivshmem.cuda_status import NOT_SUPPORTED
@@ -175,7 +175,7 @@ def test_the_fake_implements_what_the_executor_calls() -> None:
     """Every call of the hand table the host runs through the driver, and every `driver.cu*` the executor names.
     Calls forwarded by construction (api_classes.GENERATED) that the fake lacks answer CUDA_ERROR_NOT_SUPPORTED
     through the executor, as on a driver without them (UNMODELLED, below)."""
-    source = (REPO / "host_agent" / "executor.py").read_text()
+    source = (REPO / "host_agent" / "session" / "executor.py").read_text()
     named = set(re.findall(r"driver\.(cu[A-Z]\w+)", source))
     assert named, "the executor names no driver function?"
     host_side = {name for name, call in CALLS.items() if not call.answered_in_guest and name not in GENERATED}

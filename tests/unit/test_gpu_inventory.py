@@ -12,7 +12,7 @@ import sys
 
 from tests.processes import REPO, python_path
 
-READ_AND_REPORT = ("import json, sys; from host_agent import gpu_inventory; gpus, why = gpu_inventory.read(); "
+READ_AND_REPORT = ("import json, sys; from host_agent.session import gpu_inventory; gpus, why = gpu_inventory.read(); "
                    "print(json.dumps({'cuda_loaded': 'cuda.bindings.driver' in sys.modules, 'gpus': len(gpus), "
                    "'why': why}))")
 

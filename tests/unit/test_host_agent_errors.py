@@ -34,10 +34,10 @@ def test_every_error_host_agent_defines_is_in_its_tree() -> None:
 
 def test_each_kind_is_the_one_its_callers_tell_apart() -> None:
     from host_agent.admin.orion_smi import AddressError
-    from host_agent.gpu_inventory import InventoryError
+    from host_agent.daemon.pidfile import PidFileTaken
     from host_agent.kvm.libvirt_gateway import GatewayError
-    from host_agent.pidfile import PidFileTaken
-    from host_agent.relay_route import RouteRefused
+    from host_agent.relay.route import RouteRefused
+    from host_agent.session.gpu_inventory import InventoryError
     assert issubclass(AddressError, ConfigurationError) and issubclass(AddressError, ValueError)
     assert issubclass(RouteRefused, RefusedError) and issubclass(InventoryError, UnavailableError)
     assert issubclass(GatewayError, ServiceError) and issubclass(PidFileTaken, OSError)

@@ -18,7 +18,7 @@ from tests.processes import REPO, python_path
 
 
 @pytest.mark.parametrize("argv,host", [
-    (["python", "-m", "host_agent.oriond"], True),
+    (["python", "-m", "host_agent.daemon.oriond"], True),
     (["python", "/srv/.venv/bin/oriond", "--config", "x"], True),
     (["python", "-X", "dev", "-m", "controller", "start"], True),
     (["python", "/usr/local/bin/orion-shm", "list"], True),
@@ -46,7 +46,7 @@ def test_every_host_side_console_script_is_a_host_command() -> None:
 def test_oriond_s_gpu_inventory_reader_reads_the_driver_not_a_forwarded_one() -> None:
     env = {**os.environ, "PYTHONPATH": python_path(), "ORION_SHM": "/nonexistent/orionsock0",
            "ORION_CONTROLLER": "127.0.0.1:9"}
-    done = subprocess.run([sys.executable, "-m", "host_agent.gpu_inventory"], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-m", "host_agent.session.gpu_inventory"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
     assert "orion:" not in done.stderr, done.stderr  # forwarding's one-line messages
     assert "Orion" not in json.loads(done.stdout)["why"], done.stdout

@@ -1,7 +1,7 @@
-"""The compiled hot path (host_agent/hot_dispatch.c, hot_path.py) answers exactly as the Python path does.
+"""The compiled hot path (host_agent/session/hot_dispatch.c, hot_path.py) answers exactly as the Python path does.
 
 One session is served in this process over a real region: a client Endpoint queues records on the request ring,
-`region_server.RecordLoop` (the worker's loop) answers them with a CudaExecutor over tests.fake_driver.FakeDriver,
+`session_loop.RecordLoop` (the worker's loop) answers them with a CudaExecutor over tests.fake_driver.FakeDriver,
 and the replies are read back from the completion ring. The same corpus of records -- the hot calls well-formed,
 and hostile (handles and pointers the session does not own, truncated and oversized payloads, another generation,
 unknown flags, posted calls that fail) -- is served once by the Python path alone and once with the compiled path, whose
@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from host_agent import hot_path
-from host_agent.executor import CudaExecutor
 from host_agent.handler import Session
-from host_agent.region_server import RecordLoop, ServerOptions
+from host_agent.session import hot_path
+from host_agent.session.executor import CudaExecutor
+from host_agent.session_loop import RecordLoop, ServerOptions
 from ivshmem.channel import Endpoint
 from ivshmem.cuda_status import INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, SUCCESS
 from ivshmem.driver_api import BY_OPCODE, PINNED_COPY, DriverCall
@@ -407,7 +407,7 @@ def test_without_a_compiler_the_worker_serves_in_python_and_says_so_once(
     monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))  # nothing built here yet
     hot_path.reset()
     try:
-        with caplog.at_level(logging.WARNING, logger="host_agent.hot_path"):
+        with caplog.at_level(logging.WARNING, logger="host_agent.native_build"):
             s = make(False)
             assert hot_path.attach(s.host, s.executor) is None
             assert hot_path.attach(s.host, s.executor) is None
@@ -486,7 +486,7 @@ def test_no_code_is_loaded_from_a_cache_others_can_write(
     monkeypatch.setenv("ORION_CACHE_DIR", str(cache))
     hot_path.reset()
     try:
-        with caplog.at_level(logging.WARNING, logger="host_agent.hot_path"):
+        with caplog.at_level(logging.WARNING, logger="host_agent.native_build"):
             s = make(False)
             assert hot_path.attach(s.host, s.executor) is None
         assert "writable by others" in caplog.text

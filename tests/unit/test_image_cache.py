@@ -1,4 +1,5 @@
-"""The agent's module image cache (host_agent/image_cache.py), its server.conf keys, and the native guest's SHA-256
+"""The agent's module image cache (host_agent/session/image_cache.py), its server.conf keys, and the native guest's
+SHA-256
 (guest_runtime/native/sha256.c) against FIPS 180-2's test vectors. CPU only; no agent
 (tests/wire/test_images_by_digest.py runs the cache behind a real agent)."""
 from __future__ import annotations
@@ -18,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from guest_runtime.native.build import CFLAGS, SOURCE_DIR, find_compiler
-from host_agent.config import DEFAULT_IMAGE_CACHE_DIR, DEFAULT_IMAGE_CACHE_MIB, ServerConfig
-from host_agent.image_cache import STALE_TEMP_S, TEMP_PREFIX, CacheSettings, ImageCache
+from host_agent.daemon.config import DEFAULT_IMAGE_CACHE_DIR, DEFAULT_IMAGE_CACHE_MIB, ServerConfig
+from host_agent.session.image_cache import STALE_TEMP_S, TEMP_PREFIX, CacheSettings, ImageCache
 from ivshmem.driver_api import IMAGE_BY_DIGEST_MIN
 from ivshmem.shared.ini import ConfigError
 
@@ -101,7 +102,7 @@ def test_a_corrupted_file_is_detected_removed_and_replaced(cache_dir: Path, dama
     else:
         raw += b"\0"
     path.write_bytes(bytes(raw))
-    with caplog.at_level(logging.WARNING, logger="host_agent.image_cache"):
+    with caplog.at_level(logging.WARNING, logger="host_agent.session.image_cache"):
         assert cache.load(sha(data), len(data)) is None
         # The right size but the wrong bytes is corruption: removed. Another size is a miss (a guest may name any
         # size); the guest's whole image, stored next, replaces the file either way.
@@ -188,7 +189,7 @@ def test_an_unusable_directory_means_no_cache_logged_once(tmp_path: Path, caplog
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)  # others may write: they could plant files and race renames
     data = image(50)
-    with caplog.at_level(logging.WARNING, logger="host_agent.image_cache"):
+    with caplog.at_level(logging.WARNING, logger="host_agent.session.image_cache"):
         for where in (not_a_dir / "images", shared):
             cache = make(where)
             assert not cache.usable
@@ -208,7 +209,7 @@ def test_a_directory_that_vanishes_or_turns_read_only_falls_back(cache_dir: Path
     data = image(51)
     if os.geteuid() != 0:  # root writes through a read-only mode
         cache_dir.chmod(0o500)
-        with caplog.at_level(logging.WARNING, logger="host_agent.image_cache"):
+        with caplog.at_level(logging.WARNING, logger="host_agent.session.image_cache"):
             assert cache.store(data) is None
             assert cache.store(data) is None
         assert len(caplog.records) == 1

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from controller.cli import _parser as controller_parser
-from host_agent import oriond, pidfile
-from host_agent.config import ServerConfig
+from host_agent.daemon import oriond, pidfile
+from host_agent.daemon.config import ServerConfig
 from host_agent.k8s import cli as plugin_cli
 from host_agent.k8s.api import DEVICE_PLUGIN_DIR, RESOURCE_NAME
 

@@ -1,12 +1,12 @@
-"""The JIT linker as the host serves it (host_agent/link_calls.py), against the fake driver: a link state is the
+"""The JIT linker as the host serves it (host_agent/session/link_calls.py), against the fake driver: a link state is the
 session's own handle, checked before the driver; hostile payloads are wire errors; cuLinkComplete's cubin comes back
 whole, or, past the guest's buffer, as its size first and then from the cubin the driver holds. CPU only."""
 from __future__ import annotations
 
 import struct
 
-from host_agent.executor import CudaExecutor
 from host_agent.handler import Session
+from host_agent.session.executor import CudaExecutor
 from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, SUCCESS
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Record, Status

@@ -1,7 +1,7 @@
 """A real `oriond` given a bad server.conf, flag or environment variable says so in one line and exits non-zero,
 before it serves anything (issue 11).
 
-Each case runs `python -m host_agent.oriond` with a server.conf in a temporary directory whose shm_path_base is
+Each case runs `python -m host_agent.daemon.oriond` with a server.conf in a temporary directory whose shm_path_base is
 a temporary directory holding a blank region file, and a pid file there too: oriond writes its pid file and
 formats a blank region only once it serves, so after a refused start both must be as they were. A good
 configuration, started the same way, is the control: it gets as far as its pid file.
@@ -122,7 +122,7 @@ class Rig:
             args = ["--config", str(self.conf), *args]
         if not any(a.startswith("--pid-file") for a in args) and "ORION_PID_FILE" not in extra:
             args += ["--pid-file", str(self.pid_file)]
-        return [sys.executable, "-m", "host_agent.oriond", *args]
+        return [sys.executable, "-m", "host_agent.daemon.oriond", *args]
 
     def env(self, extra: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
@@ -177,7 +177,7 @@ def test_a_missing_shm_path_base_says_to_create_it_and_is_not_created(rig: Rig) 
 
 
 def three_gpus(rig: Rig) -> str:
-    """A made-up inventory of GPUs 0, 1 and 2 (host_agent/gpu_inventory.py's test override), so that --devices
+    """A made-up inventory of GPUs 0, 1 and 2 (host_agent/session/gpu_inventory.py's test override), so that --devices
     is judged the same on a machine with or without GPUs."""
     path = rig.tmp / "gpus.json"
     path.write_text(json.dumps([{"uuid": f"GPU-{i}", "name": "made-up", "memory_mib": 1024} for i in range(3)]))
@@ -216,9 +216,9 @@ def test_a_machine_whose_host_name_was_never_set_names_itself_by_its_address(mon
     (docs/security.md): the relaying oriond then names itself by its bind_addr (issue 27's RDMA guest)."""
     import socket
 
-    from host_agent import relay_handshake
-    from host_agent.relay_route import host_name
+    from host_agent.relay import handshake
+    from host_agent.relay.route import host_name
     monkeypatch.setattr(socket, "gethostname", lambda: "(none)")
-    assert not relay_handshake.valid_name("(none)") and host_name("10.0.0.7") == "10.0.0.7"
+    assert not handshake.valid_name("(none)") and host_name("10.0.0.7") == "10.0.0.7"
     monkeypatch.setattr(socket, "gethostname", lambda: "gpu-node-3")
     assert host_name("10.0.0.7") == "gpu-node-3"

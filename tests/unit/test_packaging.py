@@ -41,7 +41,8 @@ NEEDED_BY_OTHERS: dict[str, str] = {}
 # Imported, but installed by the system's package manager, never by pip: each with the reason.
 SYSTEM_PACKAGES = {"pyverbs": "rdma-core's python3-pyverbs (apt): PyPI's pyverbs builds and then fails to import "
                               "against Debian's libibverbs (TESTBED.md); setup.sh links Debian's into the venv, and "
-                              "without it relay connections use TCP (host_agent/rdma_stream.py imports it lazily)"}
+                              "without it relay connections use TCP (host_agent/relay/rdma_stream.py imports "
+                              "it lazily)"}
 # Run by the build backend at `pip install`, not shipped: their imports are the build system's requirements.
 BUILD_HOOKS = {"guest_runtime/hatch_build.py": "guest_runtime/pyproject.toml", "hatch_build.py": "pyproject.toml"}
 # Imported by the tests only where the test tool or the device machine brings them: never a dependency.

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from controller.config import ConfigError, parse_listen
-from host_agent.pidfile import read_pid
+from host_agent.daemon.pidfile import read_pid
 
 
 @pytest.mark.parametrize("content", [b"\xc2\xb2", "\u0663".encode(), b"\xff\xfe12", b"-5", b"0", b"12 34",

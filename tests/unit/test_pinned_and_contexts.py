@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from guest_runtime.occupancy import PotentialBlockSize
-from host_agent.pinned_pool import HostPool
+from host_agent.session.pinned_pool import HostPool
 from ivshmem import fixed_map
 from ivshmem.driver_api import (
     CALLS,
@@ -337,7 +337,8 @@ def test_launch_attributes_reach_the_driver_and_events_in_them_are_checked(rig: 
 
 @local_only("a relayed session is the one POOL_MIRROR serves")
 def test_a_local_session_cannot_ask_for_a_pool_mirror(rig: Rig) -> None:
-    """POOL_MIRROR is a relaying oriond's call (host_agent/pool_mirror.py): from a region's client it is an unknown
+    """POOL_MIRROR is a relaying oriond's call (host_agent/session/pool_mirror.py): from a region's client it is an
+    unknown
     opcode, so a guest cannot make its worker map or pin memory through it (docs/security.md)."""
     g = rig.guest()
     g.setup()

@@ -1,6 +1,6 @@
 """The mirror of a relayed session's page-locked memory, each half on its own (docs/remote.md, "Kernels given
-page-locked memory"): the GPU host's PoolMirror (host_agent/pool_mirror.py) and the relay's MirrorRelay
-(host_agent/relay_mirror.py). End to end, relayed, the program of tests/differential/pool_kernels.py checks them
+page-locked memory"): the GPU host's PoolMirror (host_agent/session/pool_mirror.py) and the relay's MirrorRelay
+(host_agent/relay/mirror.py). End to end, relayed, the program of tests/differential/pool_kernels.py checks them
 (tests/differential/test_differential.py, and on the GPU tests/gpu/test_differential_gpu.py)."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import ctypes
 import mmap
 import struct
 
-from host_agent.pinned_pool import HostPool
-from host_agent.pool_mirror import MAX_MIRROR_BYTES, PoolMirror
-from host_agent.relay_mirror import MirrorRelay, runs
+from host_agent.relay.mirror import MirrorRelay, runs
+from host_agent.session.pinned_pool import HostPool
+from host_agent.session.pool_mirror import MAX_MIRROR_BYTES, PoolMirror
 from ivshmem.cuda_status import INVALID_VALUE, OUT_OF_MEMORY, SUCCESS
 from ivshmem.driver_api import (
     CALLS,

@@ -6,7 +6,7 @@ The session's first context on a GPU is its baseline, never counted; module glob
 library's globals are, and a load or context that would pass the quota is undone and answered
 CUDA_ERROR_OUT_OF_MEMORY. The journal's `nvml.held` entries show when the executor measured.
 
-Also here: host_agent/gpu_memory.py's NVML meter against a stand-in `nvml` module.
+Also here: host_agent/session/gpu_memory.py's NVML meter against a stand-in `nvml` module.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from host_agent import gpu_memory
-from host_agent.executor import ExecutorOptions
+from host_agent.session import gpu_memory
+from host_agent.session.executor import ExecutorOptions
 from tests import forwarding_rig
 from tests.fake_driver import FakeDriver, FakeMeter
 from tests.forwarding_rig import GUEST_DEVICES, Guest, Rig
@@ -189,7 +189,8 @@ def test_without_a_quota_nothing_is_measured(start: Callable[..., Rig]) -> None:
     assert not rig.entries(0, "nvml.held")
 
 
-# --- the NVML meter (host_agent/gpu_memory.py) against a stand-in nvml module -------------------------------------
+# --- the NVML meter (host_agent/session/gpu_memory.py) against a stand-in nvml module
+# -------------------------------------
 
 class NvmlError(Exception):
     pass

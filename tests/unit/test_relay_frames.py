@@ -1,4 +1,4 @@
-"""Relay frames (host_agent/relay_frames.py): records over a real connected socket pair, well-formed and hostile;
+"""Relay frames (host_agent/relay/frames.py): records over a real connected socket pair, well-formed and hostile;
 every wait bounded."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from host_agent.relay_frames import (
+from host_agent.relay.frames import (
     BEAT,
     RELAY_ACCEPT_REPLY,
     RELAY_HELLO,

@@ -1,5 +1,5 @@
 """A session relayed end to end in one process: a client on a real region's channel, the relay
-(host_agent/relay_session.py) on the host side of that channel, a socket pair as the network, and on the far
+(host_agent/relay/relayed_session.py) on the host side of that channel, a socket pair as the network, and on the far
 end the worker's own loop with a real handler (the wire diagnostics) behind a StreamEndpoint, as the GPU host
 runs it. Payloads larger than a slot cross the staging arenas on the relay's side and one frame on the wire.
 When the far end goes, every waiting and later call answers CUDA_ERROR_DEVICE_UNAVAILABLE within the bound."""
@@ -18,10 +18,11 @@ import pytest
 
 from host_agent.diagnostics import DiagnosticsHandler
 from host_agent.handler import Session
-from host_agent.region_server import RecordLoop, ServerOptions
-from host_agent.relay_frames import FrameStream
-from host_agent.relay_session import DEVICE_UNAVAILABLE, Relay
-from host_agent.stream_endpoint import StreamEndpoint
+from host_agent.relay import compiled_pump
+from host_agent.relay.frames import FrameStream
+from host_agent.relay.relayed_session import DEVICE_UNAVAILABLE, Relay
+from host_agent.relay.stream_endpoint import StreamEndpoint
+from host_agent.session_loop import RecordLoop, ServerOptions
 from ivshmem.channel import Endpoint
 from ivshmem.layout import Geometry
 from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, Flag, Op, Record, Status, fill_pattern
@@ -35,6 +36,7 @@ class Relayed:
     def __init__(self, dead_s: float = 5.0, mode: str = "pump") -> None:
         """`mode`: "pump" (the relay's compiled pump, where it builds) or "threads" (its Python threads, the path
         an RDMA connection takes)."""
+        self.mode = mode
         self.path = f"/dev/shm/orion-relay-{uuid.uuid4().hex[:10]}"
         with open(self.path, "wb") as f:
             f.truncate(16 << 20)
@@ -124,6 +126,8 @@ def test_records_are_answered_through_the_relay_as_by_a_local_worker(relayed: Re
     posted_unknown = relayed.call(0x7777, flags=Flag.NO_REPLY)  # fails: an asynchronous error comes back
     failed = relayed.reply(posted_unknown)
     assert failed.flags & Flag.ASYNC_ERROR and failed.status == Status.UNKNOWN_OPCODE
+    if relayed.mode == "pump" and compiled_pump.PROGRAM.load() is not None:  # the pump carried the small records
+        assert relayed.relay._pump is not None and relayed.relay._pump.pumped >= 100
 
 
 def test_when_the_gpu_host_goes_every_call_answers_device_unavailable_within_the_bound(bounded: None) -> None:  # noqa: F811

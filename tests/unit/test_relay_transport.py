@@ -1,4 +1,4 @@
-"""Choosing a relay connection's transport (host_agent/relay_transport.py, rdma_stream.find_port / check_offer).
+"""Choosing a relay connection's transport (host_agent/relay/transport.py, rdma_stream.find_port / check_offer).
 
 The verbs path itself runs on Soft-RoCE in the test guest (tests/guest/test_guest_rdma.py): this machine's kernel
 has no RDMA. Here: which device port carries an address, read from an RDMA sysfs tree laid out as the kernel's
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from host_agent.rdma_stream import (
+from host_agent.relay.rdma_stream import (
     MAX_INBOX,
     RDMA_OFFER,
     SYSFS,
@@ -22,7 +22,7 @@ from host_agent.rdma_stream import (
     find_port,
     gid_of,
 )
-from host_agent.relay_transport import RdmaSettings, prepare
+from host_agent.relay.transport import RdmaSettings, prepare
 
 V4_LOOPBACK = "0000:0000:0000:0000:0000:ffff:7f00:0001"
 V4_OTHER = "0000:0000:0000:0000:0000:ffff:c000:0201"  # 192.0.2.1

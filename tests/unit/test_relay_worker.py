@@ -1,4 +1,4 @@
-"""The GPU host's side of a relayed session (host_agent/relay_worker.py) over a real socket pair: RELAY_HELLO
+"""The GPU host's side of a relayed session (host_agent/relay/worker.py) over a real socket pair: RELAY_HELLO
 judged by the handler's own HELLO and BIND (the CUDA executor over the fake driver), RELAY_ACCEPT, then
 forwarded calls answered as on a region; refusals carry the reason; a silent connection is closed."""
 from __future__ import annotations
@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from host_agent.executor import CudaExecutor
 from host_agent.handler import Session
-from host_agent.region_server import ServerOptions
-from host_agent.relay_frames import (
+from host_agent.relay.frames import (
     RELAY_ACCEPT,
     RELAY_ACCEPT_REPLY,
     ConnectionLost,
     FrameStream,
 )
-from host_agent.relay_worker import accept_relay, serve_relayed
+from host_agent.relay.worker import accept_relay, serve_relayed
+from host_agent.session.executor import CudaExecutor
+from host_agent.session_loop import ServerOptions
 from ivshmem.driver_api import CALLS
 from ivshmem.record import PROTOCOL, Status
 from tests.fake_driver import FakeDriver

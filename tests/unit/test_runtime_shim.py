@@ -29,7 +29,7 @@ import pytest
 from guest_runtime import runtime_shim
 from guest_runtime.forward import Forwarder
 from guest_runtime.runtime_shim import ERROR_TABLE, RuntimeShim, runtime_version
-from host_agent.executor import ExecutorOptions
+from host_agent.session.executor import ExecutorOptions
 from ivshmem.channel import ClientChannel
 from ivshmem.errors import WireError
 from tests import forwarding_rig

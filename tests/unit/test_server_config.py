@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from host_agent.config import (
+from host_agent.daemon.config import (
     ServerConfig,
     flag_count,
     flag_devices,

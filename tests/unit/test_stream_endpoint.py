@@ -1,5 +1,5 @@
-"""A session served over a relay connection (host_agent/stream_endpoint.py): the worker's own loop
-(region_server.RecordLoop) and a real handler (the wire diagnostics) answer records that arrive on a real
+"""A session served over a relay connection (host_agent/relay/stream_endpoint.py): the worker's own loop
+(session_loop.RecordLoop) and a real handler (the wire diagnostics) answer records that arrive on a real
 socket instead of a ring, replies produced piece by piece included; beats keep it alive, silence ends it."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 
 from host_agent.diagnostics import DiagnosticsHandler
 from host_agent.handler import Session
-from host_agent.region_server import RecordLoop, ServerOptions
-from host_agent.relay_frames import BEAT, ConnectionLost, FrameStream
-from host_agent.stream_endpoint import StreamEndpoint
+from host_agent.relay.frames import BEAT, ConnectionLost, FrameStream
+from host_agent.relay.stream_endpoint import StreamEndpoint
+from host_agent.session_loop import RecordLoop, ServerOptions
 from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, Flag, Op, Record, Status, fill_pattern
 from tests.relay_peer import RelayPeer
 

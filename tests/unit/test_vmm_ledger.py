@@ -1,9 +1,9 @@
-"""The session ledger's virtual-memory effects (host_agent/session_ledger.py: SessionLedger and Reservations),
+"""The session ledger's virtual-memory effects (host_agent/session/session_ledger.py: SessionLedger and Reservations),
 driven by the call table's effects as the executor drives them: what a session reserved, created and mapped is the
 only virtual memory it may name, and physical memory counts against its quota until released and mapped nowhere."""
 from __future__ import annotations
 
-from host_agent.session_ledger import SessionLedger
+from host_agent.session.session_ledger import SessionLedger
 from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE
 from ivshmem.driver_api import CALLS
 

@@ -1,4 +1,4 @@
-"""A real `python -m host_agent.oriond` over a directory of region files, and the probes tests need around it.
+"""A real `python -m host_agent.daemon.oriond` over a directory of region files, and the probes tests need around it.
 
 Shared by tests/wire/test_region_faults.py and tests/wire/test_hostile.py. oriond runs as its own process
 (its own session, stopped with SIGINT, killed if the test process dies) with a server.conf whose
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from host_agent import region_server
+from host_agent import supervised
 from ivshmem import layout
 from ivshmem.channel import ClientChannel
 from ivshmem.record import Op
@@ -53,8 +53,8 @@ def env() -> dict[str, str]:
 
 def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None]:
     """A preexec_fn: the child gets `signum` when the test process dies without stopping it (oriond's own
-    region_server.die_with_parent, which its workers use)."""
-    return functools.partial(region_server.die_with_parent, signum)
+    supervised.die_with_parent, which its workers use)."""
+    return functools.partial(supervised.die_with_parent, signum)
 
 
 def until(probe: Callable[[], T], what: str, bound: float = WAIT_S, detail: Callable[[], str] = lambda: "") -> T:
@@ -186,7 +186,7 @@ def maps_file(pid: int, path: Path) -> bool:
 
 # --- oriond ------------------------------------------------------------------------------------------------
 class Oriond:
-    """`python -m host_agent.oriond --config <dir>/server.conf --pid-file ... --rescan-interval 0.2` serving
+    """`python -m host_agent.daemon.oriond --config <dir>/server.conf --pid-file ... --rescan-interval 0.2` serving
     every orionsock<N> of `directory`; its log (every process of its tree writes there) at `log_path`."""
 
     def __init__(self, directory: Path, log_path: Path, rescan_s: float = RESCAN_S) -> None:
@@ -197,7 +197,7 @@ class Oriond:
         self.pid_file = directory / "oriond.pid"
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "host_agent.oriond", "--config", str(self.conf), "--pid-file",
+                [sys.executable, "-m", "host_agent.daemon.oriond", "--config", str(self.conf), "--pid-file",
                  str(self.pid_file), "--rescan-interval", str(rescan_s)], cwd=REPO, env=env(),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=die_with_parent())

@@ -14,8 +14,9 @@ import logging
 import signal
 import sys
 
+from host_agent.daemon.region_server import RegionServer
 from host_agent.diagnostics import DiagnosticsHandler
-from host_agent.region_server import RegionServer, ServerOptions
+from host_agent.session_loop import ServerOptions
 
 
 def main(argv: list[str] | None = None) -> int:

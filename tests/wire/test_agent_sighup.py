@@ -68,7 +68,7 @@ class Host:
     def start_agent(self) -> None:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "host_agent.oriond", "--config", str(self.conf), "--pid-file",
+                [sys.executable, "-m", "host_agent.daemon.oriond", "--config", str(self.conf), "--pid-file",
                  str(self.pid_file), "--rescan-interval", "3600"], cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_stop_with_parent)
 

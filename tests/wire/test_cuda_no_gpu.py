@@ -1,6 +1,6 @@
 """A real oriond on a host without a GPU, and unmodified cuda-python programs forwarded to it.
 
-No fake anywhere: `python -m host_agent.oriond` runs as its own process on a region file `orionsock<N>` in a
+No fake anywhere: `python -m host_agent.daemon.oriond` runs as its own process on a region file `orionsock<N>` in a
 temporary directory (its server.conf points shm_path_base there); each guest is a fresh interpreter that calls
 `guest_runtime.startup.autoload()` (what the orion_guest.pth hook does) before any CUDA import, with ORION_SHM
 naming the region. This host has no libcuda, so the agent's sessions answer as CUDA does after a failed cuInit,
@@ -70,7 +70,7 @@ def _agent_words(path: Path) -> tuple[int, int, int]:
 
 
 class Oriond:
-    """`python -m host_agent.oriond --config <workdir>/server.conf`, serving <workdir>/orionsock<index>."""
+    """`python -m host_agent.daemon.oriond --config <workdir>/server.conf`, serving <workdir>/orionsock<index>."""
 
     def __init__(self, workdir: Path, index: int) -> None:
         self.name = f"orionsock{index}"
@@ -82,7 +82,7 @@ class Oriond:
         self.log_path = workdir / "oriond.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "host_agent.oriond", "--config", str(conf),
+                [sys.executable, "-m", "host_agent.daemon.oriond", "--config", str(conf),
                  "--pid-file", str(workdir / "oriond.pid")], cwd=REPO, env=_env(),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=_stop_with_parent)

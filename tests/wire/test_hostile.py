@@ -1,7 +1,7 @@
 """Hostile clients against a live oriond: the agent survives, other regions keep serving, memory comes back
 (issue 11, "a hostile-input test suite ... runs in CI against a live oriond").
 
-One real `python -m host_agent.oriond` (tests/wire/oriond_rig.py) serves two regions for the whole module: A is
+One real `python -m host_agent.daemon.oriond` (tests/wire/oriond_rig.py) serves two regions for the whole module: A is
 attacked, B is probed. Each test is one phase of a bounded, seeded loop (fixed seeds, so a failure replays):
 random record headers and payloads written straight into A's request ring, staged requests that lie about
 their length, random writes to A's channel control words, ring indices and agent words, a client re-claiming
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from host_agent.region_server import ServerOptions
+from host_agent.session_loop import ServerOptions
 from ivshmem import layout, liveness
 from ivshmem.channel import MAX_PAYLOAD, ClientChannel, Control, Ctrl, HostReason, HostStatus
 from ivshmem.errors import ChannelError, RecordError, RegionFormatError, WireError

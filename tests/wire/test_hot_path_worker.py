@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from host_agent import hot_path
-from host_agent.executor import CudaExecutor
-from host_agent.region_server import RegionServer, ServerOptions
+from host_agent.daemon.region_server import RegionServer
+from host_agent.session import hot_path
+from host_agent.session.executor import CudaExecutor
+from host_agent.session_loop import ServerOptions
 from host_agent.stop import StopRequest
 from ivshmem import layout
 from ivshmem.channel import ClientChannel, Ctrl

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from host_agent.executor import CudaExecutor, ExecutorOptions
-from host_agent.image_cache import CacheSettings
+from host_agent.session.executor import CudaExecutor, ExecutorOptions
+from host_agent.session.image_cache import CacheSettings
 from ivshmem.driver_api import (
     CALLS,
     IMAGE_BY_DIGEST,

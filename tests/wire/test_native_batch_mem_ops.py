@@ -1,5 +1,5 @@
 """Batch memory operations and batch memory-operation nodes (guest_runtime/native/batch_mem_ops.c;
-host_agent/batch_mem_ops.py) against a real agent whose sessions run the executor over the fake driver
+host_agent/session/batch_mem_ops.py) against a real agent whose sessions run the executor over the fake driver
 (tests/forwarding_rig.py), the native guest driver loaded with ctypes in a subprocess (test_native_callbacks's
 helpers). Values written by the operations are read back from device memory and compared with what the program
 asked for; what the guest refuses itself (an atomic reduction: 801; an operation cuda.h lacks, a NULL array) and what

@@ -1,5 +1,6 @@
 """The native guest driver's stream callbacks, sync-mode host functions, stream attributes and cluster sizing
-(guest_runtime/native/host_functions.c, stream_attributes.c, occupancy_calls.c; host_agent/stream_extras.py) against a
+(guest_runtime/native/host_functions.c, stream_attributes.c, occupancy_calls.c; host_agent/session/stream_extras.py)
+against a
 real agent whose sessions run the executor over the fake driver (tests/forwarding_rig.py). The driver is built with
 the system compiler and loaded with ctypes in a subprocess (test_native_launch_calls.PRELUDE: a primary context
 current, the PTX module's helpers); values are compared with the fake driver's own answers to the same calls, and

@@ -1,5 +1,5 @@
 """Graph host nodes and host functions captured into graphs (guest_runtime/native/host_functions.c, graph_calls.c;
-host_agent/host_nodes.py) against a real agent whose sessions run the executor over the fake driver
+host_agent/session/host_nodes.py) against a real agent whose sessions run the executor over the fake driver
 (tests/forwarding_rig.py), the native guest driver loaded with ctypes in a subprocess (test_native_callbacks's
 helpers). What the program's functions saw is compared with what CUDA specifies (one call per run of a node, in the
 graph's order, with the node's own data); what the driver was handed (the trampoline, the host's address of the

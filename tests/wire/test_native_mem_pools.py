@@ -1,6 +1,7 @@
 """The native guest driver's memory-pool calls and virtual-memory queries (guest_runtime/native/mem_pool_calls.c and the
 generated cuMemPoolDestroy and cuMemAllocPitch) against a real agent whose sessions run the executor over the fake
-driver (tests/forwarding_rig.py; host_agent/mem_pool_calls.py serves them): a pool of the program's own moves the
+driver (tests/forwarding_rig.py; host_agent/session/mem_pool_calls.py serves them): a pool of the program's own moves
+the
 program's bytes and is counted on its own GPU, pools by location agree with the device calls, a pitched allocation is
 the session's memory pitch x rows, a retained handle is the guest's own and owes one more release, and what a hostile
 or mistaken guest sends (another session's pool, made-up handles, other devices, host memory, shareable handles)
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from guest_runtime.native import gen_libcuda
-from host_agent.executor import ExecutorOptions
+from host_agent.session.executor import ExecutorOptions
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Op, Status
 from tests import forwarding_rig

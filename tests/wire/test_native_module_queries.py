@@ -1,5 +1,6 @@
 """Module enumeration and names, and the device queries that carry arrays or bytes (guest_runtime/native/
-module_queries.c, answered_in_guest.c's cuDeviceGetByPCIBusId; host_agent/module_queries.py) against a real agent
+module_queries.c, answered_in_guest.c's cuDeviceGetByPCIBusId; host_agent/session/module_queries.py) against a real
+agent
 whose sessions run the executor over the fake driver (tests/forwarding_rig.py), the native guest driver loaded with
 ctypes in a subprocess (test_native_launch_calls's prelude: a context current, a PTX module of three kernels). What
 the program saw is compared with the fake's own answers to the same questions; handles enumerated are usable (a

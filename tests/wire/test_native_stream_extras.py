@@ -1,6 +1,6 @@
 """The native guest driver's host functions, stream memory operations, cluster occupancy, tensor maps, context
 limits and capture info (guest_runtime/native/host_functions.c, occupancy_calls.c, tensor_map.c,
-answered_in_guest.c; host_agent/launch_extras.py) against a real agent whose sessions run the executor over the
+answered_in_guest.c; host_agent/session/launch_extras.py) against a real agent whose sessions run the executor over the
 fake driver (tests/forwarding_rig.py). The driver is built with the system compiler and loaded with ctypes in a
 subprocess (test_native_launch_calls.PRELUDE: a primary context current, the PTX module's helpers). CPU only."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Structured copies (cuMemcpy2D, cuMemcpy2DUnaligned, cuMemcpy2DAsync, cuMemcpy3D, cuMemcpy3DAsync, cuMemcpy3DPeer,
 cuMemcpy3DPeerAsync) through the native `libcuda.so.1` (guest_runtime/native/structured_copies.c) and the host's
-host_agent/structured_copies.py, over the fake driver. CPU only.
+host_agent/session/structured_copies.py, over the fake driver. CPU only.
 
 Each copy runs in a child process (ctypes, ORION_SHM naming the rig's region: tests/forwarding_rig.py) on memory
 filled with a known pattern; every byte of the destination afterwards is compared with a numpy reference of the copy
@@ -31,9 +31,9 @@ import numpy as np
 import pytest
 
 from guest_runtime.native import gen_libcuda
-from host_agent.executor import CudaExecutor
 from host_agent.handler import Reply, Session
-from host_agent.structured_copies import MAX_STAGED_PART, boxes
+from host_agent.session.executor import CudaExecutor
+from host_agent.session.structured_copies import MAX_STAGED_PART, boxes
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Record, Status
 from tests import forwarding_rig

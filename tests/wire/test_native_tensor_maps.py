@@ -1,5 +1,5 @@
 """The native guest driver's tensor-map family past the tiled map (guest_runtime/native/tensor_map.c,
-host_agent/launch_extras.py): im2col and wide im2col maps encoded on the host and checked as tiled ones are, and
+host_agent/session/launch_extras.py): im2col and wide im2col maps encoded on the host and checked as tiled ones are, and
 cuTensorMapReplaceAddress / cuTensorMapSetAllocationClass, which the host serves only for descriptors it encoded for
 the session (`KnownTensorMaps`) and only towards memory of the session. Through the C library against a real agent
 over the fake driver (tests/forwarding_rig.py); CPU only."""
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from host_agent.launch_extras import KnownTensorMaps, TensorMapFacts
+from host_agent.session.launch_extras import KnownTensorMaps, TensorMapFacts
 from tests.fake_driver import (
     CUtensorMapDataType,
     CUtensorMapIm2ColWideMode,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from guest_runtime.native import gen_libcuda
-from host_agent.executor import ExecutorOptions
+from host_agent.session.executor import ExecutorOptions
 from tests import forwarding_rig
 from tests.fake_driver import VMM_GRANULARITY
 from tests.forwarding_rig import GUEST_DEVICES, Rig, native_child_env

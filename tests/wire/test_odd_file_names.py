@@ -2,7 +2,7 @@
 
 docs/security.md, *What each party can and cannot reach*: a local user can create files named like regions in
 `shm_path_base` (`/dev/shm` is writable by every local user), and cannot crash or hang oriond or stop other
-regions. A real `python -m host_agent.oriond` (tests/wire/oriond_rig.py) serves a directory made like /dev/shm
+regions. A real `python -m host_agent.daemon.oriond` (tests/wire/oriond_rig.py) serves a directory made like /dev/shm
 (sticky, writable by all) holding one region with a live session, held by a client in a process of its own.
 Then `nobody` plants every odd name we could think of: Unicode digits that `str.isdigit` accepts and `int`
 refuses (², ¹², ①) or turns into another number (Arabic-Indic, fullwidth), blanks and control characters,
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from host_agent.agent import RETRY_MAX_S
+from host_agent.daemon.agent import RETRY_MAX_S
 from ivshmem.region import list_region_files
 from tests.processes import REPO
 from tests.wire.oriond_rig import (

@@ -1,6 +1,6 @@
 """A live oriond against region files that go bad under it, or were never good (issue 11).
 
-A real `python -m host_agent.oriond` (tests/wire/oriond_rig.py) serves a fresh directory in /dev/shm (tmpfs:
+A real `python -m host_agent.daemon.oriond` (tests/wire/oriond_rig.py) serves a fresh directory in /dev/shm (tmpfs:
 truncating a mapped file gives real SIGBUS semantics) holding good regions and, per case, a bad one: a served
 region truncated under a client, a region whose supervisor is killed with SIGBUS, and files oriond must refuse
 (too small, foreign bytes, a link, a FIFO, a file every local user may write) or serve with a warning. Each
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from host_agent.agent import RETRY_MAX_S
+from host_agent.daemon.agent import RETRY_MAX_S
 from ivshmem.channel import ClientChannel
 from ivshmem.errors import PeerGone
 from ivshmem.record import Op

@@ -1,4 +1,4 @@
-"""The GPU host's relay listener (host_agent/relay_listener.py) in its own process on a real TCP port of this
+"""The GPU host's relay listener (host_agent/relay/listener.py) in its own process on a real TCP port of this
 machine: a worker process per connection (the CUDA executor over the fake driver), sessions independent of each
 other, a bounded number of them, and a hostile or vanished peer costing only its own session."""
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from host_agent.executor import CudaExecutor
 from host_agent.handler import Session
-from host_agent.relay_frames import (
+from host_agent.relay.frames import (
     RELAY_ACCEPT,
     RELAY_ACCEPT_REPLY,
     RELAY_HELLO,
 )
+from host_agent.session.executor import CudaExecutor
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Status
 from tests.fake_driver import FakeDriver

@@ -1,5 +1,5 @@
 """Who may open a relayed session (docs/security.md, "Who may talk to whom: the cluster key"), against real orionds:
-`python -m host_agent.oriond` processes, and for a GPU host whose sessions run CUDA calls, the fake-driver host
+`python -m host_agent.daemon.oriond` processes, and for a GPU host whose sessions run CUDA calls, the fake-driver host
 agent (tests/controller/fake_gpu_agent.py: oriond's listener, workers and executor over tests/fake_driver.py).
 
 Issue 27, item 2: every oriond listened on 127.0.0.1:9960 by default, and a local user with no region (`nobody`)
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from controller.cluster_key import relay_proof
-from host_agent.executor import CudaExecutor
 from host_agent.handler import Session
-from host_agent.relay_handshake import CLAIM, GREETING, HANDSHAKE_S, MAGIC, VERDICT
+from host_agent.relay.handshake import CLAIM, GREETING, HANDSHAKE_S, MAGIC, VERDICT
+from host_agent.session.executor import CudaExecutor
 from ivshmem.channel import ClientChannel
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Op, Status
@@ -81,7 +81,8 @@ def oriond(tmp: Path, conf: str, ns: str = "") -> tuple[Daemon, Path]:
     with open(region, "wb") as f:
         f.truncate(32 * MIB)  # blank: oriond formats it
     (tmp / "server.conf").write_text(conf + f'[server-shm]\n    shm_path_base = "{shm}/"\n')
-    daemon = Daemon([sys.executable, "-m", "host_agent.oriond", "--config", str(tmp / "server.conf"), "--pid-file",
+    daemon = Daemon([sys.executable, "-m", "host_agent.daemon.oriond", "--config", str(tmp / "server.conf"),
+                     "--pid-file",
                      str(tmp / "oriond.pid")], tmp / "oriond.log", ns)
     daemon.wait_for("Using SHM", "oriond to serve its region")
     return daemon, region
@@ -139,7 +140,7 @@ import json, os, pwd, socket, struct, sys, time
 nobody = pwd.getpwnam("nobody")
 os.setgroups([]); os.setgid(nobody.pw_gid); os.setuid(nobody.pw_uid)
 host, port, key_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-from host_agent.relay_frames import BEAT, RELAY_ACCEPT, RELAY_HELLO, RELAY_HELLO_REQUEST
+from host_agent.relay.frames import BEAT, RELAY_ACCEPT, RELAY_HELLO, RELAY_HELLO_REQUEST
 from ivshmem.driver_api import CALLS, table_digest
 from ivshmem.record import HEADER, PROTOCOL
 report = {"uid": os.getuid()}

@@ -1,7 +1,7 @@
 """What one peer of a GPU host's relay listener can hold (docs/security.md, "Limits on one client" and "Who may talk
-to whom: the cluster key"; host_agent/relay_admission.py), against real processes: the fake-driver GPU host agent
+to whom: the cluster key"; host_agent/relay/admission.py), against real processes: the fake-driver GPU host agent
 (tests/controller/fake_gpu_agent.py: oriond's listener, workers and executor over tests/fake_driver.py) and a real
-relaying oriond (`python -m host_agent.oriond`, [server-relay] remote_addr).
+relaying oriond (`python -m host_agent.daemon.oriond`, [server-relay] remote_addr).
 
 Issue 27, items 4 and 5. Before: a frame's declared length was allocated whole before any handshake (1 GiB per
 connection), and after it ECHO did the same; one peer filled the listener's 64 session slots with idle, slowloris or
@@ -35,8 +35,8 @@ from typing import Any
 
 import pytest
 
-from host_agent.relay_admission import PeerLimits
-from host_agent.relay_frames import (
+from host_agent.relay.admission import PeerLimits
+from host_agent.relay.frames import (
     BEAT,
     CONTROL_MAX,
     RELAY_ACCEPT,
@@ -45,7 +45,7 @@ from host_agent.relay_frames import (
     ConnectionLost,
     FrameStream,
 )
-from host_agent.relay_handshake import HANDSHAKE_S, prove
+from host_agent.relay.handshake import HANDSHAKE_S, prove
 from ivshmem.channel import MAX_PAYLOAD
 from ivshmem.driver_api import CALLS, table_digest
 from ivshmem.errors import RecordError

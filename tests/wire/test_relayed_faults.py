@@ -30,9 +30,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from host_agent.executor import CudaExecutor, ExecutorOptions
-from host_agent.region_server import ServerOptions
-from host_agent.relay_frames import FrameStream
+from host_agent.relay.frames import FrameStream
+from host_agent.session.executor import CudaExecutor, ExecutorOptions
+from host_agent.session_loop import ServerOptions
 from ivshmem.driver_api import CALLS
 from ivshmem.record import HEADER
 from tests import forwarding_rig, relay_net

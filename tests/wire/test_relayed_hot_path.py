@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from host_agent import hot_path
+from host_agent.session import hot_path
 from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, SUCCESS
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Flag

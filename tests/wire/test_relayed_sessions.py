@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import pytest
 
-from host_agent import hot_path
+from host_agent.relay import compiled_pump
 from ivshmem.channel import Ctrl
 from tests import forwarding_rig, relay_net
 from tests.controller.rig import wait_until
@@ -170,10 +170,10 @@ def test_page_locked_memory_serves_as_device_memory_as_natively(start: Callable[
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Unified addressing: page-locked memory is device memory too, so a copy or memset may name it as its device
     side (XLA's autotuner copies from it). Relayed, the GPU host cannot address it, so the relay serves those calls
-    on the pool (host_agent/relay_uva.py): the bytes are the pool's, in stream order after earlier copies into it.
+    on the pool (host_agent/relay/uva.py): the bytes are the pool's, in stream order after earlier copies into it.
     Both ways a relay runs: the compiled pump, and Python's two threads (RDMA, or no compiler)."""
     if relay == "python threads":
-        monkeypatch.setattr(hot_path, "_loaded", None)  # no compiled module in this process or its forks
+        monkeypatch.setattr(compiled_pump.PROGRAM, "_loaded", None)  # no compiled pump in this process or its forks
     g = start(relayed=True).guest()
     g.setup()
     device = g.alloc(1 << 16)

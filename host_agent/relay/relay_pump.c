@@ -1,0 +1,335 @@
+/* relay_pump.c: a relayed session's records between its ring and its relay connection, on the relaying host
+ * (CPython extension `_orion_relay_pump`, loaded by relay/compiled_pump.py for relay/relayed_session.py).
+ *
+ * Why: a relayed call crossed two Python threads on the relaying host (the ring thread forwarding, the answers
+ * thread writing the completion ring), each record paying a Python ring read, a frame write, a select wake-up and
+ * a GIL hand-over between them. The pump does both directions in one loop without the GIL: a ring record it is
+ * sure of (not staged, flags NO_REPLY at most, an opcode the relay forwards as it is, a payload in its slot) is
+ * written to the socket as its frame; an answer frame already whole in the socket (small, a plain answer or a BEAT)
+ * is written to the completion ring. Anything else -- a staged record, one of the pool's calls, a malformed
+ * header, a large answer, a pinned DtoH's answer, a full completion ring, an error on the socket -- is left where it
+ * is (the record at the ring's head, the frame unread in the socket) and pump() returns, so the relay's Python path
+ * (the reference) handles it. Frames are peeked (MSG_PEEK) before they are taken, so Python reads the socket from a
+ * frame boundary. Socket writes hold the connection's write lock (relay/frames.FrameLock), which FrameStream's
+ * writers (the beat thread) hold too. The call ids still waiting for an answer are kept here, for both paths
+ * (expect / take / take_pending). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "native_common.h"
+
+/* pump()'s answers: why it gave control back to Python */
+enum { PUMP_RING = 0, PUMP_SOCKET = 1, PUMP_CHECK = 2, PUMP_LOST = 3 };
+
+typedef struct { uint64_t call_id; uint32_t flags, python; } pending_call;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *buffer; /* the region: exported only while pump() runs, so the ring's owner can close it between */
+    void *base;
+    int fd, lost_errno;
+    ring in, out;
+    uint32_t ring_generation, remote_generation, inline_capacity;
+    double spin_s, busy_spin_s, min_sleep, max_sleep, check_every_s;
+    double wait_start, sleep, next_check, heard;
+    int waiting, busy;
+    PyObject *lock; /* a relay/frames.FrameLock, kept alive while its mutex is used */
+    pthread_mutex_t *mutex;
+    uint8_t forward[65536]; /* opcodes forwarded as they are: 1; 2 (3): unless the u64 at payload offset 0 (or 8)
+                               lies in the page-locked pool, whose calls relay/uva.py serves; 4: unless any u64 at a
+                               4-byte aligned offset of the payload does (a launch: relay/mirror.py); 0: never */
+    uint64_t pool_base, pool_size; /* the guest's page-locked pool (set_pool), or size 0 */
+    pending_call *pending;
+    size_t npending, cap;
+    unsigned long long pumped;
+    uint8_t *frame; /* a peeked frame: header and an inline payload */
+} Pump;
+
+static int pending_add(Pump *self, uint64_t call_id, uint32_t flags, uint32_t python) {
+    for (size_t i = 0; i < self->npending; i++)
+        if (self->pending[i].call_id == call_id) { self->pending[i].flags = flags; self->pending[i].python = python; return 0; }
+    if (self->npending == self->cap) {
+        size_t cap = self->cap ? self->cap * 2 : 64;
+        pending_call *grown = realloc(self->pending, cap * sizeof *grown);
+        if (grown == NULL) return -1;
+        self->pending = grown;
+        self->cap = cap;
+    }
+    self->pending[self->npending++] = (pending_call){ call_id, flags, python };
+    return 0;
+}
+
+static pending_call *pending_find(Pump *self, uint64_t call_id) {
+    for (size_t i = 0; i < self->npending; i++)
+        if (self->pending[i].call_id == call_id) return &self->pending[i];
+    return NULL;
+}
+
+static void pending_drop(Pump *self, pending_call *entry) {
+    *entry = self->pending[--self->npending];
+}
+
+/* One ring record forwarded: 1, 0 when it is Python's, -1 when the socket failed (lost_errno). */
+static int forward_record(Pump *self, uint32_t *head) {
+    const uint8_t *slot = self->in.data + (size_t)(*head & self->in.mask) * self->in.cell;
+    uint64_t call_id = rd64(slot);
+    uint32_t opcode = rd32(slot + 8), flags = rd32(slot + 12), length = rd32(slot + 16), reserved = rd32(slot + 28);
+    if (reserved || (flags & ~FLAG_NO_REPLY) || opcode > 0xFFFF || !self->forward[opcode]
+        || length > self->inline_capacity)
+        return 0;
+    uint8_t how = self->forward[opcode];
+    if (how == 4 && self->pool_size) { /* a launch naming pool memory anywhere: Python's (relay/mirror.py) */
+        for (uint32_t at = 0; at + 8 <= length; at += 4)
+            if (rd64(slot + RECORD_HEADER + at) - self->pool_base < self->pool_size) return 0;
+    } else if (how >= 2 && self->pool_size) { /* a device side in the pool: Python's (relay/uva.py) */
+        if (length < 8u * (how - 1)) return 0;
+        for (uint32_t i = 0; i + 1 < how; i++)
+            if (rd64(slot + RECORD_HEADER + 8u * i) - self->pool_base < self->pool_size) return 0;
+    }
+    if (!(flags & FLAG_NO_REPLY) && pending_add(self, call_id, flags, 0) < 0) return 0;
+    uint32_t words[6] = { opcode, flags, length, self->remote_generation, 0, 0 };
+    uint8_t header[RECORD_HEADER];
+    memcpy(header, &call_id, 8);
+    memcpy(header + 8, words, sizeof words);
+    struct iovec iov[2] = { { header, RECORD_HEADER }, { (void *)(slot + RECORD_HEADER), length } };
+    int err = send_locked(self->fd, self->mutex, iov, length ? 2 : 1);
+    *head += 1;
+    store32(self->in.head, *head);
+    if (err) { self->lost_errno = err; return -1; }
+    return 1;
+}
+
+/* Whether the peer has closed its end: a frame cut short by it stays short, and a peek (which sees its bytes, not
+ * the end behind them) would wait for the rest for ever. */
+static int peer_closed(int fd) {
+    struct pollfd p = { fd, POLLRDHUP, 0 };
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* One frame taken from the socket: 1, 0 when none is whole there yet, -1 when it is Python's. */
+static int take_frame(Pump *self, uint32_t *tail_out) {
+    size_t want = RECORD_HEADER + (self->out.cell - RECORD_HEADER);
+    ssize_t n = recv(self->fd, self->frame, want, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+    if (n == 0) return -1; /* the end of the stream: Python says so */
+    if ((size_t)n < RECORD_HEADER) return 0;
+    uint64_t call_id = rd64(self->frame);
+    uint32_t opcode = rd32(self->frame + 8), flags = rd32(self->frame + 12), length = rd32(self->frame + 16);
+    uint32_t reserved = rd32(self->frame + 28);
+    if (reserved || (flags & ~FLAG_ASYNC_ERROR) || length > self->out.cell - RECORD_HEADER
+        || (opcode != 0 && !(opcode == OP_BEAT && length == 0)))
+        return -1;
+    if ((size_t)n < RECORD_HEADER + length) return peer_closed(self->fd) ? -1 : 0; /* closed mid-frame: Python says so */
+    if (opcode == 0) {
+        pending_call *entry = pending_find(self, call_id);
+        if (entry != NULL && entry->python) return -1; /* a pinned DtoH: its bytes land in the pool */
+        if (entry == NULL && !(flags & FLAG_ASYNC_ERROR)) return -1; /* answers nothing asked: Python refuses it */
+        if (*tail_out - load32(self->out.head) >= self->out.capacity) return -1; /* Python waits for room */
+        if (entry != NULL) pending_drop(self, entry);
+    }
+    if (recv(self->fd, self->frame, RECORD_HEADER + length, MSG_DONTWAIT) != (ssize_t)(RECORD_HEADER + length))
+        return -1; /* not reached: what was peeked is there */
+    self->heard = now_s();
+    if (opcode == OP_BEAT) return 1;
+    uint8_t *out = self->out.data + (size_t)(*tail_out & self->out.mask) * self->out.cell;
+    uint32_t words[6] = { 0, flags & FLAG_ASYNC_ERROR, length, self->ring_generation, rd32(self->frame + 24), 0 };
+    memcpy(out + RECORD_HEADER, self->frame + RECORD_HEADER, length);
+    memcpy(out, &call_id, 8);
+    memcpy(out + 8, words, sizeof words);
+    *tail_out += 1;
+    store32(self->out.tail, *tail_out);
+    return 1;
+}
+
+static PyObject *Pump_pump(Pump *self, PyObject *unused) {
+    (void)unused;
+    Py_buffer view;
+    if (self->buffer == NULL) { PyErr_SetString(PyExc_ValueError, "closed"); return NULL; }
+    if (PyObject_GetBuffer(self->buffer, &view, PyBUF_WRITABLE) < 0) return NULL;
+    if (view.buf != self->base) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "the region moved");
+        return NULL;
+    }
+    uint32_t head = load32(self->in.head), tail_out = load32(self->out.tail);
+    int code;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        int moved = 0, r;
+        uint32_t fill = load32(self->in.tail) - head;
+        if (fill > self->in.capacity) { code = PUMP_RING; break; } /* a broken peer: Python's receive says so */
+        if (fill) {
+            r = forward_record(self, &head);
+            if (r < 0) { code = PUMP_LOST; break; }
+            if (r == 0) { code = PUMP_RING; break; }
+            moved = 1;
+        }
+        r = take_frame(self, &tail_out);
+        if (r < 0) { code = PUMP_SOCKET; break; }
+        moved |= r;
+        double t = now_s();
+        if (moved) {
+            if (self->waiting) { self->waiting = 0; self->busy = t - self->wait_start < self->busy_spin_s; }
+            self->pumped += 1;
+            continue;
+        }
+        if (!self->waiting) { self->waiting = 1; self->wait_start = t; self->sleep = 0.0; }
+        if (t - self->wait_start < (self->busy ? self->busy_spin_s : self->spin_s)) { cpu_relax(); continue; }
+        if (t >= self->next_check) { self->next_check = t + self->check_every_s; code = PUMP_CHECK; break; }
+        self->sleep = self->sleep == 0.0 ? self->min_sleep
+                      : (self->sleep * 2 < self->max_sleep ? self->sleep * 2 : self->max_sleep);
+        wait_readable(self->fd, self->sleep); /* a frame wakes it; a ring record waits for the sleep, as a ring wait does */
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(code);
+}
+
+static int Pump_init(Pump *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"buffer", "requests", "completions", "generations", "fd", "lock", "policy", NULL};
+    PyObject *buffer, *requests, *completions, *lock;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!(II)iO(ddddd)", names, &buffer, &PyTuple_Type, &requests,
+                                     &PyTuple_Type, &completions, &self->ring_generation, &self->remote_generation,
+                                     &self->fd, &lock, &self->spin_s, &self->busy_spin_s,
+                                     &self->min_sleep, &self->max_sleep, &self->check_every_s))
+        return -1;
+    pthread_mutex_t *mutex = lock_mutex(lock);
+    if (mutex == NULL) return -1;
+    Py_buffer view; /* ring_from() reads its bounds only */
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE) < 0) return -1;
+    int bad = ring_from(&view, &self->in, requests) < 0 || ring_from(&view, &self->out, completions) < 0;
+    self->base = view.buf;
+    PyBuffer_Release(&view);
+    if (bad) return -1;
+    Py_XSETREF(self->buffer, Py_NewRef(buffer));
+    self->inline_capacity = self->in.cell - RECORD_HEADER;
+    free(self->frame);
+    self->frame = malloc(self->out.cell);
+    if (self->frame == NULL) { PyErr_NoMemory(); return -1; }
+    Py_XSETREF(self->lock, Py_NewRef(lock));
+    self->mutex = mutex;
+    self->heard = now_s();
+    return 0;
+}
+
+static void Pump_dealloc(Pump *self) {
+    Py_XDECREF(self->buffer);
+    Py_XDECREF(self->lock);
+    free(self->pending);
+    free(self->frame);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Pump_set_forward(Pump *self, PyObject *arg) {
+    Py_buffer table;
+    if (PyObject_GetBuffer(arg, &table, PyBUF_SIMPLE) < 0) return NULL;
+    int ok = table.len == (Py_ssize_t)sizeof self->forward;
+    if (ok) memcpy(self->forward, table.buf, sizeof self->forward);
+    PyBuffer_Release(&table);
+    if (!ok) { PyErr_SetString(PyExc_ValueError, "one byte per opcode (65536)"); return NULL; }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pump_set_pool(Pump *self, PyObject *args) {
+    unsigned long long base, size;
+    if (!PyArg_ParseTuple(args, "KK", &base, &size)) return NULL;
+    self->pool_base = base;
+    self->pool_size = size;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pump_expect(Pump *self, PyObject *args) {
+    unsigned long long call_id;
+    unsigned int flags;
+    int python;
+    if (!PyArg_ParseTuple(args, "KIp", &call_id, &flags, &python)) return NULL;
+    if (pending_add(self, call_id, flags, (uint32_t)python) < 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pump_take(Pump *self, PyObject *arg) {
+    unsigned long long call_id = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    pending_call *entry = pending_find(self, call_id);
+    if (entry == NULL) Py_RETURN_NONE; /* nobody waits for it */
+    uint32_t flags = entry->flags;
+    pending_drop(self, entry);
+    return PyLong_FromUnsignedLong(flags);
+}
+
+static PyObject *Pump_take_pending(Pump *self, PyObject *unused) {
+    (void)unused;
+    PyObject *list = PyList_New((Py_ssize_t)self->npending);
+    if (list == NULL) return NULL;
+    for (size_t i = 0; i < self->npending; i++)
+        PyList_SET_ITEM(list, (Py_ssize_t)i, Py_BuildValue("(KI)", (unsigned long long)self->pending[i].call_id,
+                                                           (unsigned int)self->pending[i].flags));
+    self->npending = 0;
+    return list;
+}
+
+static PyObject *Pump_close(Pump *self, PyObject *unused) {
+    (void)unused;
+    Py_CLEAR(self->buffer);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pump_get_heard(Pump *self, void *closure) { (void)closure; return PyFloat_FromDouble(self->heard); }
+static PyObject *Pump_get_pumped(Pump *self, void *closure) { (void)closure; return PyLong_FromUnsignedLongLong(self->pumped); }
+static PyObject *Pump_get_lost(Pump *self, void *closure) {
+    (void)closure;
+    return PyUnicode_FromString(self->lost_errno ? strerror(self->lost_errno) : "");
+}
+
+static PyMethodDef Pump_methods[] = {
+    {"pump", (PyCFunction)Pump_pump, METH_NOARGS,
+     "pump() -> code: move records both ways until Python must act (RING, SOCKET, CHECK or LOST)."},
+    {"set_forward", (PyCFunction)Pump_set_forward, METH_O,
+     "set_forward(table): per opcode (65536 bytes), whether a ring record of it is forwarded here as it is."},
+    {"set_pool", (PyCFunction)Pump_set_pool, METH_VARARGS,
+     "set_pool(base, size): the guest's page-locked pool, whose addresses as a device side are Python's."},
+    {"expect", (PyCFunction)Pump_expect, METH_VARARGS,
+     "expect(call_id, flags, python): a record sent by Python waits for its answer (python: Python takes it)."},
+    {"take", (PyCFunction)Pump_take, METH_O, "take(call_id) -> the guest's flags of a waiting call, forgotten (None: nobody waits for it)."},
+    {"take_pending", (PyCFunction)Pump_take_pending, METH_NOARGS, "Every waiting (call_id, flags), forgotten."},
+    {"close", (PyCFunction)Pump_close, METH_NOARGS, "Forget the region (pump() then refuses)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Pump_getset[] = {
+    {"heard", (getter)Pump_get_heard, NULL, "when the pump last took a frame (CLOCK_MONOTONIC seconds)", NULL},
+    {"pumped", (getter)Pump_get_pumped, NULL, "records and frames moved here", NULL},
+    {"lost", (getter)Pump_get_lost, NULL, "why the last socket write failed ('' : none did)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PumpType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_orion_relay_pump.Pump",
+    .tp_basicsize = sizeof(Pump),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A relayed session's records between its ring and its relay connection (relay/relayed_session.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Pump_init,
+    .tp_dealloc = (destructor)Pump_dealloc,
+    .tp_methods = Pump_methods,
+    .tp_getset = Pump_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_orion_relay_pump", "A relayed session's records between its ring and its connection.", -1,
+    NULL, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__orion_relay_pump(void) {
+    if (PyType_Ready(&PumpType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "Pump", (PyObject *)&PumpType) < 0) { Py_DECREF(m); return NULL; }
+    static const struct { const char *name; int value; } constants[] = {
+        {"PUMP_RING", PUMP_RING}, {"PUMP_SOCKET", PUMP_SOCKET}, {"PUMP_CHECK", PUMP_CHECK}, {"PUMP_LOST", PUMP_LOST},
+    };
+    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) { Py_DECREF(m); return NULL; }
+    return m;
+}
