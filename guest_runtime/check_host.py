@@ -70,7 +70,8 @@ class Process:
         """The value of one of oriond's one-letter options (``-b IP``, ``-p9960``, ``-p=9960``; the last one
         wins, as for argparse), "" when it was not given: ``-b`` and ``-p`` override server.conf."""
         value = ""
-        own = [i for i, a in enumerate(self.argv[:3]) if os.path.basename(a) == "oriond" or a == "host_agent.daemon.oriond"]
+        own = [i for i, a in enumerate(self.argv[:3])
+               if os.path.basename(a) == "oriond" or a == "host_agent.daemon.oriond"]
         start = own[0] + 1 if own else 1  # past the interpreter's own options (python3 -b -m host_agent.daemon.oriond)
         for i, arg in enumerate(self.argv[start:], start):
             if arg == flag:

@@ -584,8 +584,8 @@ _SPEC: list[tuple[Any, ...]] = [
     ("cuGraphExecBatchMemOpNodeSetParams", "CUresult (CUgraphExec, CUgraphNode, "
      "CUDA_BATCH_MEM_OP_NODE_PARAMS const *)", "in in batch_mem_op_node_params",
      {"request": f"exec:u64 node:u64 context:u64 flags:u32 ops:{BATCH_MEM_OP}"}),
-    # Module enumeration and names (host_agent/session/module_queries.py): the handles enumerated become the session's, as
-    # cuModuleGetFunction's and cuLibraryGetKernel's do; a name travels as its bytes (the guest keeps a copy per
+    # Module enumeration and names (host_agent/session/module_queries.py): the handles enumerated become the session's,
+    # as cuModuleGetFunction's and cuLibraryGetKernel's do; a name travels as its bytes (the guest keeps a copy per
     # handle, which the pointer it hands out names).
     ("cuModuleEnumerateFunctions", "CUresult (CUfunction *, unsigned int, CUmodule)", "handles_out count in",
      {"request": "module:u64 count:u32", "reply": "functions:[Q]"}),
@@ -678,9 +678,9 @@ _SPEC: list[tuple[Any, ...]] = [
      {"request": "device:i32 attribute:i32 value:u64"}),
     ("cuGraphDebugDotPrint", "CUresult (CUgraph, char const *, unsigned int)", "in guest_path in",
      {"request": "graph:u64 flags:u32", "reply": "text:tail"}),
-    # Structured copies (host_agent/session/structured_copies.py, guest_runtime/native/structured_copies.c): STRUCTURED_COPY
-    # (a peer copy's contexts before it, an async copy's stream first); a staged source's rows follow as the tail, a
-    # staged destination's come back as the reply.
+    # Structured copies (host_agent/session/structured_copies.py, guest_runtime/native/structured_copies.c):
+    # STRUCTURED_COPY (a peer copy's contexts before it, an async copy's stream first); a staged source's rows follow as
+    # the tail, a staged destination's come back as the reply.
     ("cuMemcpy2D", "CUresult (CUDA_MEMCPY2D const *)", "copy_2d",
      {"request": f"{STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
     ("cuMemcpy2DUnaligned", "CUresult (CUDA_MEMCPY2D const *)", "copy_2d",
@@ -695,11 +695,11 @@ _SPEC: list[tuple[Any, ...]] = [
      {"request": f"src_context:u64 dst_context:u64 {STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
     ("cuMemcpy3DPeerAsync", "CUresult (CUDA_MEMCPY3D_PEER const *, CUstream)", "copy_peer in",
      {"request": f"stream:u64 src_context:u64 dst_context:u64 {STRUCTURED_COPY} data:tail", "reply": "data:tail"}),
-    # The JIT linker (host_agent/session/link_calls.py, guest_runtime/native/link_calls.c): a link state is the session's
-    # handle. JIT options travel as cuModuleLoadDataEx's (log and wall-time ones stay in the guest: empty logs); an
-    # input travels as its bytes with its name (cuLinkAddFile is the guest's file read and sent so). cuLinkComplete's
-    # `capacity` is the guest's buffer: the cubin comes back if it fits, else only its size, and the guest asks
-    # again with that capacity (the host answers from the cubin its driver holds, without linking twice).
+    # The JIT linker (host_agent/session/link_calls.py, guest_runtime/native/link_calls.c): a link state is the
+    # session's handle. JIT options travel as cuModuleLoadDataEx's (log and wall-time ones stay in the guest: empty
+    # logs); an input travels as its bytes with its name (cuLinkAddFile is the guest's file read and sent so).
+    # cuLinkComplete's `capacity` is the guest's buffer: the cubin comes back if it fits, else only its size, and the
+    # guest asks again with that capacity (the host answers from the cubin its driver holds, without linking twice).
     ("cuLinkCreate", "CUresult (unsigned int, CUjit_option *, void **, CUlinkState *)",
      "count options option_values out", {"request": f"options:{JIT_OPTIONS_KIND}", "reply": "state:u64"}),
     ("cuLinkAddData", "CUresult (CUlinkState, CUjitInputType, void *, size_t, char const *, unsigned int, "
@@ -814,10 +814,10 @@ PINNED_COPY = 0x2000
 PINNED_POOL_CALLS = frozenset({"cuMemAllocHost", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostGetDevicePointer",
                                "cuMemHostGetFlags"})
 PINNED_COPIES = frozenset({"cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync"})
-# Added to a module or library load's opcode: the image travels as its SHA-256 and size (IMAGE_BY_DIGEST_REQUEST
-# below), for the agent to load from its per-host cache (host_agent/session/image_cache.py) instead of receiving megabytes
-# of fatbin again. An agent that does not hold it answers the wire status IMAGE_NOT_CACHED, and the guest then sends
-# the usual request with the whole image, which the agent hashes itself and keeps (docs/wire-protocol.md).
+# Added to a module or library load's opcode: the image travels as its SHA-256 and size (IMAGE_BY_DIGEST_REQUEST below),
+# for the agent to load from its per-host cache (host_agent/session/image_cache.py) instead of receiving megabytes of
+# fatbin again. An agent that does not hold it answers the wire status IMAGE_NOT_CACHED, and the guest then sends the
+# usual request with the whole image, which the agent hashes itself and keeps (docs/wire-protocol.md).
 IMAGE_BY_DIGEST = 0x4000
 IMAGE_LOADS = frozenset({"cuModuleLoadData", "cuModuleLoadDataEx", "cuLibraryLoadData"})
 IMAGE_NOT_CACHED = -16  # a wire status (negative, as ivshmem.record.Status's) of IMAGE_BY_DIGEST requests only
