@@ -132,7 +132,7 @@ class StreamEndpoint:
         while `consume` takes the other, in order, so the socket and the GPU work overlap. The helper thread runs the
         socket's side (`aside`: "consume" when sending, "produce" when reading): the driver's side stays on this
         thread, whose CUDA context is current. The first failure is raised once the piece in flight is done."""
-        if self._buffers is None:
+        if self._buffers is None or self._helper is None:
             self._buffers = (memoryview(bytearray(CHUNK + LEAD)), memoryview(bytearray(CHUNK + LEAD)))
             self._helper = ThreadPoolExecutor(1, thread_name_prefix="relay-pieces")
         helper, buffers = self._helper, self._buffers
@@ -145,14 +145,14 @@ class StreamEndpoint:
                     produce(piece)  # the other buffer's consume may still run: this one's finished two pieces ago
                     if in_flight is not None:
                         in_flight.result()
-                    in_flight = helper.submit(consume, piece)  # type: ignore[union-attr]
+                    in_flight = helper.submit(consume, piece)
             else:
                 for i, piece in enumerate(pieces):
                     if i == 0:
-                        helper.submit(produce, piece).result()  # type: ignore[union-attr]
+                        helper.submit(produce, piece).result()
                     elif in_flight is not None:
                         in_flight.result()
-                    in_flight = helper.submit(produce, pieces[i + 1]) if i + 1 < len(pieces) else None  # type: ignore[union-attr]
+                    in_flight = helper.submit(produce, pieces[i + 1]) if i + 1 < len(pieces) else None
                     consume(piece)
         finally:
             if in_flight is not None:

@@ -191,7 +191,7 @@ def serve_relayed(sock: socket.socket, factory: HandlerFactory, session: Session
         return 0
     endpoint = StreamEndpoint(frames, session.generation)
     loop = RecordLoop(endpoint, _Bounded(handler, options.max_assembled), session, options)
-    loop.hot = hot_path.attach(endpoint, handler)  # type: ignore[arg-type]  # on TCP, the compiled hot records
+    loop.hot = hot_path.attach(endpoint, handler)  # on TCP, the compiled hot records
     try:
         loop.run()
     except ConnectionLost as exc:

@@ -82,7 +82,7 @@ def _act(fault: Fault, stream: FrameStream, note: str) -> None:
 def install(fault: Fault, note: str) -> None:
     """Plant `fault` in this process's FrameStream (the GPU host's worker: its answers and its reads)."""
     state = {"frame": False, "out": 0, "request": False, "in": 0, "length": 0}
-    open_frame, write, send, begin, read = (FrameStream.open_frame, FrameStream._write, FrameStream.send,
+    open_frame, write, send, begin, read = (FrameStream.open_frame, FrameStream.write_piece, FrameStream.send,
                                             FrameStream.begin, FrameStream.read_payload)
 
     def patched_open_frame(self: FrameStream, call_id: int, opcode: int, length: int, *args: Any) -> Any:
@@ -129,7 +129,7 @@ def install(fault: Fault, note: str) -> None:
                 _act(fault, self, note)
 
     FrameStream.open_frame = patched_open_frame  # type: ignore[method-assign]
-    FrameStream._write = patched_write  # type: ignore[method-assign]
+    FrameStream.write_piece = patched_write  # type: ignore[method-assign]
     FrameStream.send = patched_send  # type: ignore[method-assign]
     FrameStream.begin = patched_begin  # type: ignore[method-assign]
     FrameStream.read_payload = patched_read  # type: ignore[method-assign]
