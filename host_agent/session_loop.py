@@ -15,6 +15,7 @@ What does not belong here: serving a region (channels, claims, workers: daemon/r
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
@@ -23,7 +24,17 @@ from ivshmem import layout
 from ivshmem.channel import Endpoint
 from ivshmem.driver_api import table_digest
 from ivshmem.errors import RecordError
-from ivshmem.record import BIND_REQUEST, CUDA_OPCODE_BASE, HELLO_REQUEST, PROTOCOL, Flag, Op, Record, Status
+from ivshmem.record import (
+    BIND_REQUEST,
+    CUDA_OPCODE_BASE,
+    HELLO_REQUEST,
+    PROTOCOL,
+    STATS_REPLY,
+    Flag,
+    Op,
+    Record,
+    Status,
+)
 from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
 
 from .errors import RefusedError
@@ -79,6 +90,8 @@ class CompiledServing(Protocol):
 
     def serve(self, block: bool = True) -> tuple[int, int, int]: ...
 
+    def counts(self) -> dict[int, int]: ...  # records it served so far, by opcode
+
 
 @dataclass
 class ServerOptions:
@@ -117,13 +130,15 @@ class RecordLoop:
     With `hot`, the compiled hot path takes the records it serves straight from the transport and hands back the
     others, which this loop answers as it answers everything without it: the Python path is the reference. A
     posted record (NO_REPLY) gets no reply unless it failed; then an ASYNC_ERROR reply, the first
-    MAX_ASYNC_ERRORS_REPORTED of the session's."""
+    MAX_ASYNC_ERRORS_REPORTED of the session's. The loop counts what it answers, by opcode, with its time, and
+    answers the wire's STATS with that and the compiled path's counts (ORION_STATS, docs/performance.md)."""
 
     def __init__(self, endpoint: RecordEndpoint, handler: Handler, session: Session, options: ServerOptions,
                  hot: CompiledServing | None = None) -> None:
         self.endpoint, self.handler, self.session, self.hot = endpoint, handler, session, hot
         self.malformed = LogLimiter(log, first=options.malformed_logged)
         self.async_errors = 0
+        self.answered: dict[int, list[int]] = {}  # opcode -> [records answered here, nanoseconds spent on them]
 
     def run(self, until_idle: bool = False) -> None:
         """Answer records forever (with `until_idle`, until none is waiting: the tests). Raises ChannelCorrupt
@@ -156,9 +171,24 @@ class RecordLoop:
     def answer(self, record: Record) -> Reply:
         """Answer one well-formed record read from the endpoint; the reply (sent, unless it was a posted call's
         success)."""
-        reply = answer_record(record, self.endpoint.generation, self.handler, self.session)
+        if record.opcode == Op.STATS and record.generation == self.endpoint.generation:
+            reply = Reply(Status.OK, self.stats())
+        else:
+            started = time.perf_counter_ns()
+            reply = answer_record(record, self.endpoint.generation, self.handler, self.session)
+            counted = self.answered.get(record.opcode)
+            if counted is None:
+                counted = self.answered[record.opcode] = [0, 0]
+            counted[0] += 1
+            counted[1] += time.perf_counter_ns() - started
         self.send(record.call_id, record.flags, reply)
         return reply
+
+    def stats(self) -> bytes:
+        """STATS_REPLY: per opcode, the records the compiled path served, those answered here and their time."""
+        compiled = self.hot.counts() if self.hot is not None else {}
+        opcodes = sorted(set(compiled) | set(self.answered))
+        return STATS_REPLY.encode([(op, compiled.get(op, 0), *self.answered.get(op, (0, 0))) for op in opcodes])
 
     def answer_malformed(self, exc: RecordError) -> None:
         """Answer a record whose header the endpoint refused; the session goes on."""

@@ -54,6 +54,7 @@ class Op(IntEnum):
     FILL = 5
     AGENT_INFO = 6
     BIND = 7
+    STATS = 8
 
 
 # `calls`: the digest of the forwarded-call table the client speaks (driver_api.table_digest()), "" for a client
@@ -65,6 +66,9 @@ RELAYING_AGENT = "*"  # AGENT_INFO's host of an oriond with no GPU of its own th
 BIND_REQUEST = Schema("BIND", ("allocation", "str"))
 BIND_REPLY = Schema("BIND reply", ("vgpus", "u32"), ("memory_mib", "u32"))
 DRAIN_REPLY = Schema("DRAIN reply", ("length", "u64"), ("crc32", "u32"))
+# STATS (ORION_STATS): per opcode, the session's records the agent served with its compiled hot path, those it served
+# in Python, and Python's time for them in nanoseconds (docs/wire-protocol.md).
+STATS_REPLY = Schema("STATS reply", ("calls", "[IQQQ]"))
 FILL_REQUEST = Schema("FILL", ("length", "u64"), ("seed", "u32"))
 PATTERN_BLOCK = 4096
 

@@ -19,6 +19,7 @@ enum { CU_MODULE_EAGER_LOADING = 1, CU_MODULE_LAZY_LOADING = 2 };
  * does the host agent's driver for the modules this process loads there, whose environment is the agent's: the
  * answer describes what this process asked for, which is what the runtime uses it to decide. */
 CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) {
+    ORION_ENTRY("cuModuleGetLoadingMode");
     if (!mode) return CUDA_ERROR_INVALID_VALUE;
     const char *asked = getenv("CUDA_MODULE_LOADING");
     *mode = asked && strcmp(asked, "EAGER") == 0 ? CU_MODULE_EAGER_LOADING : CU_MODULE_LAZY_LOADING;
@@ -28,6 +29,7 @@ CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) {
 /* "domain:bus:device.0" as the driver writes it (a 4-digit domain: "0000:00:06.0" on the H200, where NVML's bus id
  * has 8), from the device's PCI attributes (forwarded). */
 CUresult cuDeviceGetPCIBusId(char *bus_id, int length, CUdevice device) {
+    ORION_ENTRY("cuDeviceGetPCIBusId");
     enum { PCI_BUS = 33, PCI_DEVICE = 34, PCI_DOMAIN = 50 };
     if (!bus_id || length <= 0) return CUDA_ERROR_INVALID_VALUE;
     int domain = 0, bus = 0, slot = 0;
@@ -54,6 +56,7 @@ int orion_parse_bus_id(const char *text, unsigned *domain, unsigned *bus, unsign
 }
 
 CUresult cuDeviceGetByPCIBusId(CUdevice *device, const char *bus_id) {
+    ORION_ENTRY("cuDeviceGetByPCIBusId");
     enum { PCI_BUS = 33, PCI_DEVICE = 34, PCI_DOMAIN = 50 };
     if (!device || !bus_id) return CUDA_ERROR_INVALID_VALUE;
     unsigned domain = 0, bus = 0, slot = 0;
@@ -76,6 +79,7 @@ CUresult cuDeviceGetByPCIBusId(CUdevice *device, const char *bus_id) {
 /* Several pointer attributes at once, as cuPointerGetAttribute gives each; a pointer CUDA does not know is not an
  * error here (cuda.h): its attributes read as zero. */
 CUresult cuPointerGetAttributes(unsigned int count, int *attributes, void **data, CUdeviceptr pointer) {
+    ORION_ENTRY("cuPointerGetAttributes");
     if (!attributes || !data) return CUDA_ERROR_INVALID_VALUE;
     for (unsigned i = 0; i < count; i++) {
         unsigned a = (unsigned)attributes[i];
@@ -114,6 +118,7 @@ static long counted_u64s(const uint8_t *at, size_t len, size_t *used) {
 
 CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
                                 const CUgraphNode **dependencies, const CUgraphEdgeData **edges, size_t *count) {
+    ORION_ENTRY("cuStreamGetCaptureInfo");
     if (!status) return CUDA_ERROR_INVALID_VALUE;
     /* the reply's fixed part, then its lists (`nodes` first, right after the fixed part) */
     enum { HEAD = ORION_REP_cuStreamGetCaptureInfo_SIZE,
@@ -161,6 +166,7 @@ static CUresult capture_info(CUstream stream, CUstreamCaptureStatus *status, cuu
 /* The _v2 ABI (CUDA 11.3 to 12.2): no edge data. */
 CUresult cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
                                    const CUgraphNode **dependencies, size_t *count) {
+    ORION_ENTRY("cuStreamGetCaptureInfo_v2");
     return capture_info(stream, status, id, graph, dependencies, NULL, count);
 }
 

@@ -86,6 +86,7 @@ static int ops_of(const char *call, const CUstreamBatchMemOpParams *ops, unsigne
 }
 
 CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstreamBatchMemOpParams *ops, unsigned int flags) {
+    ORION_ENTRY("cuStreamBatchMemOp");
     uint8_t *items;
     size_t len;
     int status = ops_of("cuStreamBatchMemOp", ops, count, &items, &len);
@@ -133,6 +134,7 @@ static int params_pieces(const char *call, const CUDA_BATCH_MEM_OP_NODE_PARAMS *
 
 CUresult cuGraphAddBatchMemOpNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
                                   CUDA_BATCH_MEM_OP_NODE_PARAMS const *params) {
+    ORION_ENTRY("cuGraphAddBatchMemOpNode");
     if (!node || (count && !deps)) return CUDA_ERROR_INVALID_VALUE;
     int status = orion_graph_too_many("cuGraphAddBatchMemOpNode", count);
     uint8_t *items = NULL;
@@ -182,6 +184,7 @@ static int unpack_ops(const uint8_t *tail, size_t got, CUstreamBatchMemOpParams 
 }
 
 CUresult cuGraphBatchMemOpNodeGetParams(CUgraphNode node, CUDA_BATCH_MEM_OP_NODE_PARAMS *params) {
+    ORION_ENTRY("cuGraphBatchMemOpNodeGetParams");
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     uint8_t request[ORION_REQ_cuGraphBatchMemOpNodeGetParams_SIZE], rep[GET(SIZE)];
     orion_put_u64(request + ORION_REQ_cuGraphBatchMemOpNodeGetParams_node, (uint64_t)(uintptr_t)node);
@@ -236,6 +239,7 @@ static int set_params(uint32_t opcode, const char *call, uint8_t *head, size_t h
 #define EXEC_SET(field) ORION_REQ_cuGraphExecBatchMemOpNodeSetParams_##field
 
 CUresult cuGraphBatchMemOpNodeSetParams(CUgraphNode node, CUDA_BATCH_MEM_OP_NODE_PARAMS const *params) {
+    ORION_ENTRY("cuGraphBatchMemOpNodeSetParams");
     uint8_t head[SET(SIZE)];
     orion_put_u64(head + SET(node), (uint64_t)(uintptr_t)node);
     int status = set_params(ORION_OP_cuGraphBatchMemOpNodeSetParams, "cuGraphBatchMemOpNodeSetParams", head,
@@ -246,6 +250,7 @@ CUresult cuGraphBatchMemOpNodeSetParams(CUgraphNode node, CUDA_BATCH_MEM_OP_NODE
 
 CUresult cuGraphExecBatchMemOpNodeSetParams(CUgraphExec exec, CUgraphNode node,
                                             CUDA_BATCH_MEM_OP_NODE_PARAMS const *params) {
+    ORION_ENTRY("cuGraphExecBatchMemOpNodeSetParams");
     uint8_t head[EXEC_SET(SIZE)];
     orion_put_u64(head + EXEC_SET(exec), (uint64_t)(uintptr_t)exec);
     orion_put_u64(head + EXEC_SET(node), (uint64_t)(uintptr_t)node);

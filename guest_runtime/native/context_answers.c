@@ -154,6 +154,7 @@ static int ask_current(uint32_t opcode, uint8_t *rep, size_t cap) {
 }
 
 CUresult cuCtxGetDevice(CUdevice *device) {
+    ORION_ENTRY("cuCtxGetDevice");
     if (!device) return CUDA_ERROR_INVALID_VALUE;
     if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t ctx = (uint64_t)(uintptr_t)orion_current_context();
@@ -173,6 +174,7 @@ CUresult cuCtxGetDevice(CUdevice *device) {
 }
 
 CUresult cuCtxGetFlags(unsigned int *flags) {
+    ORION_ENTRY("cuCtxGetFlags");
     if (!flags) return CUDA_ERROR_INVALID_VALUE;
     uint64_t ctx = (uint64_t)(uintptr_t)orion_current_context();
     struct answers a;
@@ -190,6 +192,7 @@ CUresult cuCtxGetFlags(unsigned int *flags) {
 }
 
 CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
+    ORION_ENTRY("cuCtxGetStreamPriorityRange");
     if (!least || !greatest) return CUDA_ERROR_INVALID_VALUE; /* as the generated call (the table's roles) */
     uint64_t ctx = (uint64_t)(uintptr_t)orion_current_context();
     struct answers a;
@@ -227,6 +230,7 @@ static int ask_named(uint32_t opcode, CUcontext named, unsigned field, struct an
 }
 
 CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
+    ORION_ENTRY("cuCtxGetApiVersion");
     if (!version) return CUDA_ERROR_INVALID_VALUE;
     struct answers a = { 0 };
     uint8_t rep[ORION_REP_cuCtxGetApiVersion_SIZE];
@@ -238,6 +242,7 @@ CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
 }
 
 CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
+    ORION_ENTRY("cuCtxGetId");
     if (!id) return CUDA_ERROR_INVALID_VALUE;
     struct answers a = { 0 };
     uint8_t rep[ORION_REP_cuCtxGetId_SIZE];
@@ -251,6 +256,7 @@ CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
 /* --- primary contexts ---------------------------------------------------------------------------------------- */
 
 CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int *flags, int *active) {
+    ORION_ENTRY("cuDevicePrimaryCtxGetState");
     if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
     int cached = in_table(device) && orion_is_initialized();
     if (cached) {
@@ -279,6 +285,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int *flags, int *a
 }
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice device) {
+    ORION_ENTRY("cuDevicePrimaryCtxRetain");
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuDevicePrimaryCtxRetain_SIZE], rep[ORION_REP_cuDevicePrimaryCtxRetain_SIZE];
     orion_put_i32(req + ORION_REQ_cuDevicePrimaryCtxRetain_arg1, device);
@@ -312,20 +319,24 @@ static int primary_call(uint32_t opcode, CUdevice device, const unsigned int *fl
 }
 
 CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
+    ORION_ENTRY("cuDevicePrimaryCtxRelease");
     return primary_call(ORION_OP_cuDevicePrimaryCtxRelease, device, NULL);
 }
 
 CUresult cuDevicePrimaryCtxReset(CUdevice device) {
+    ORION_ENTRY("cuDevicePrimaryCtxReset");
     return primary_call(ORION_OP_cuDevicePrimaryCtxReset, device, NULL);
 }
 
 CUresult cuDevicePrimaryCtxSetFlags(CUdevice device, unsigned int flags) {
+    ORION_ENTRY("cuDevicePrimaryCtxSetFlags");
     return primary_call(ORION_OP_cuDevicePrimaryCtxSetFlags, device, &flags);
 }
 
 /* cuCtxSetFlags changes the current context's flags (and a primary context's state): sent as the generated call
  * sends it, then that context's answers forgotten, whatever it answered, so the next query asks again. */
 CUresult cuCtxSetFlags(unsigned int flags) {
+    ORION_ENTRY("cuCtxSetFlags");
     uint8_t req[ORION_REQ_cuCtxSetFlags_SIZE];
     orion_put_u32(req + ORION_REQ_cuCtxSetFlags_arg0, flags);
     uint64_t ctx = (uint64_t)(uintptr_t)orion_current_context();

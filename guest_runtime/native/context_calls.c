@@ -21,6 +21,7 @@ static int names_parameters(const CUctxCreateParams *params) {
 }
 
 int cuCtxCreate(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev) {
+    ORION_ENTRY("cuCtxCreate");
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (names_parameters(params)) return orion_not_forwarded("cuCtxCreate with execution-affinity or CIG parameters");
     uint8_t req[ORION_REQ_cuCtxCreate_SIZE], rep[ORION_REP_cuCtxCreate_SIZE];
@@ -41,6 +42,7 @@ int cuCtxCreate(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, 
 }
 
 int cuCtxDestroy(CUcontext ctx) {
+    ORION_ENTRY("cuCtxDestroy");
     uint8_t req[ORION_REQ_cuCtxDestroy_SIZE];
     orion_put_u64(req + ORION_REQ_cuCtxDestroy_arg0, (uint64_t)(uintptr_t)ctx);
     orion_turn_take();
@@ -56,6 +58,7 @@ int cuCtxDestroy(CUcontext ctx) {
 }
 
 int cuCtxGetCurrent(CUcontext *pctx) {
+    ORION_ENTRY("cuCtxGetCurrent");
     if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     *pctx = orion_current_context();
@@ -63,16 +66,19 @@ int cuCtxGetCurrent(CUcontext *pctx) {
 }
 
 int cuCtxSetCurrent(CUcontext ctx) {
+    ORION_ENTRY("cuCtxSetCurrent");
     return orion_set_current_context(ctx);
 }
 
 int cuCtxPushCurrent(CUcontext ctx) {
+    ORION_ENTRY("cuCtxPushCurrent");
     if (!ctx) return CUDA_ERROR_INVALID_VALUE;
     int status = orion_check_context((uint64_t)(uintptr_t)ctx);
     return status == CUDA_SUCCESS ? orion_stack_push((uint64_t)(uintptr_t)ctx) : status;
 }
 
 int cuCtxPopCurrent(CUcontext *pctx) {
+    ORION_ENTRY("cuCtxPopCurrent");
     if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t popped;
     if (!orion_stack_pop(&popped)) return CUDA_ERROR_INVALID_CONTEXT;

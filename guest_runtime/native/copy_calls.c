@@ -95,18 +95,22 @@ static int dtoh(uint32_t opcode, void *dst, CUdeviceptr src, size_t size, const 
 }
 
 int cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t size) {
+    ORION_ENTRY("cuMemcpyHtoD");
     return htod(ORION_OP_cuMemcpyHtoD, dst, src, size, NULL);
 }
 
 int cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t size, CUstream stream) {
+    ORION_ENTRY("cuMemcpyHtoDAsync");
     return htod(ORION_OP_cuMemcpyHtoDAsync, dst, src, size, &stream);
 }
 
 int cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t size) {
+    ORION_ENTRY("cuMemcpyDtoH");
     return dtoh(ORION_OP_cuMemcpyDtoH, dst, src, size, NULL);
 }
 
 int cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t size, CUstream stream) {
+    ORION_ENTRY("cuMemcpyDtoHAsync");
     return dtoh(ORION_OP_cuMemcpyDtoHAsync, dst, src, size, &stream);
 }
 
@@ -128,9 +132,11 @@ static int uva_copy(CUdeviceptr dst, CUdeviceptr src, size_t size, const CUstrea
 }
 
 int cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t size) {
+    ORION_ENTRY("cuMemcpy");
     return uva_copy(dst, src, size, NULL);
 }
 
 int cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream stream) {
+    ORION_ENTRY("cuMemcpyAsync");
     return uva_copy(dst, src, size, &stream);
 }

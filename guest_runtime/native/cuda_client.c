@@ -82,6 +82,7 @@ int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, voi
         int32_t status = 0;
         size_t got = 0;
         int rc = orion_callv(channel, opcode, req, nreq, &status, rep, cap, tail, tail_cap, &got);
+        if (orion_stats_on) orion_stat_wire(0);
         if (rc != ORION_OK) {
             result = not_carried("a forwarded call", rc);
         } else if (status == ORION_IMAGE_NOT_CACHED && (flags & ORION_CALL_BY_DIGEST)) {
@@ -119,6 +120,7 @@ int orion_forward_postv(uint32_t opcode, const struct orion_piece *req, int nreq
     int result = CUDA_ERROR_NOT_INITIALIZED;
     if (connect_once()) {
         int rc = orion_postv(channel, opcode, req, nreq);
+        if (orion_stats_on) orion_stat_wire(1);
         result = rc == ORION_OK ? CUDA_SUCCESS : not_carried("a posted call", rc);
     }
     pthread_mutex_unlock(&lock);
@@ -154,6 +156,7 @@ void *orion_versioned_entry(const char *symbol, int version); /* answered_in_gue
 /* cuda.h's cuGetProcAddress (the _v2 ABI): the entry point of any table call by its API name; for the few names
  * whose ABI changed, the one a caller built against `version` expects (orion_versioned_entry). */
 int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status) {
+    ORION_ENTRY("cuGetProcAddress_v2");
     (void)flags;
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
     *pfn = orion_versioned_entry(symbol, version);
@@ -173,7 +176,15 @@ int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned lo
 
 /* The legacy four-argument ABI of the same name. */
 int cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags) {
+    ORION_ENTRY("cuGetProcAddress");
     return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
+
+int orion_connected(void) {
+    pthread_mutex_lock(&lock);
+    int connected = channel != NULL && !unreachable;
+    pthread_mutex_unlock(&lock);
+    return connected;
 }
 
 orion_channel *orion_process_channel(void) {

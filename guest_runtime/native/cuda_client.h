@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "call_stats.h"
+
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
 #define CUDA_ERROR_OUT_OF_MEMORY 2
@@ -37,6 +39,8 @@ enum {
 
 struct orion_entry { const char *name; void *function; };
 extern const struct orion_entry orion_entries[]; /* every table call, by its API name (generated) */
+struct orion_opcode_name { uint32_t opcode; const char *name; };
+extern const struct orion_opcode_name orion_opcode_names[]; /* every table call's opcode (generated; NULL name ends) */
 extern const char orion_table_digest[];          /* driver_api.table_digest() (generated) */
 
 /* Send one call and wait: its CUresult; on success the reply (exactly `cap` bytes) is in `rep`. */
@@ -78,5 +82,7 @@ static inline float orion_get_f32(const uint8_t *p) { float v; memcpy(&v, p, 4);
  * be reached. For read-only questions about the region (orion_pool_slice); records go through orion_forward*. */
 struct orion_channel;
 struct orion_channel *orion_process_channel(void);
+/* Whether the process's channel is open (without opening it: call_stats.c asks at exit). */
+int orion_connected(void);
 
 #endif

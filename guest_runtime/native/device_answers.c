@@ -71,16 +71,19 @@ static int scalar(_Atomic uint64_t *slot, int attribute_query, uint32_t opcode, 
 }
 
 CUresult cuDriverGetVersion(int *value) {
+    ORION_ENTRY("cuDriverGetVersion");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     return scalar(&version, 0, ORION_OP_cuDriverGetVersion, NULL, 0, value);
 }
 
 CUresult cuDeviceGetCount(int *value) {
+    ORION_ENTRY("cuDeviceGetCount");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     return scalar(&count, 0, ORION_OP_cuDeviceGetCount, NULL, 0, value);
 }
 
 CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    ORION_ENTRY("cuDeviceGet");
     if (!device) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuDeviceGet_SIZE];
     orion_put_i32(req + ORION_REQ_cuDeviceGet_arg1, ordinal);
@@ -88,6 +91,7 @@ CUresult cuDeviceGet(CUdevice *device, int ordinal) {
 }
 
 CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attribute, CUdevice device) {
+    ORION_ENTRY("cuDeviceGetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuDeviceGetAttribute_SIZE];
     orion_put_i32(req + ORION_REQ_cuDeviceGetAttribute_arg1, attribute);
@@ -98,6 +102,7 @@ CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attribute, CUdevice
 }
 
 CUresult cuDeviceCanAccessPeer(int *value, CUdevice device, CUdevice peer) {
+    ORION_ENTRY("cuDeviceCanAccessPeer");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuDeviceCanAccessPeer_SIZE];
     orion_put_i32(req + ORION_REQ_cuDeviceCanAccessPeer_arg1, device);
@@ -107,6 +112,7 @@ CUresult cuDeviceCanAccessPeer(int *value, CUdevice device, CUdevice peer) {
 }
 
 CUresult cuDeviceTotalMem(size_t *bytes, CUdevice device) {
+    ORION_ENTRY("cuDeviceTotalMem");
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     int cached = in_table(device) && orion_is_initialized();
     if (cached) {
@@ -154,6 +160,7 @@ static int text(struct text_answer *answer, uint32_t opcode, const uint8_t *req,
 }
 
 CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
+    ORION_ENTRY("cuDeviceGetName");
     if (!name || length <= 0) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuDeviceGetName_SIZE];
     orion_put_i32(req + ORION_REQ_cuDeviceGetName_device, device);
@@ -179,6 +186,7 @@ CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
 }
 
 CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice device) {
+    ORION_ENTRY("cuDeviceGetUuid");
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuDeviceGetUuid_SIZE];
     orion_put_i32(req + ORION_REQ_cuDeviceGetUuid_device, device);

@@ -179,9 +179,11 @@ static int static_text(uint32_t opcode, int code, const char **out) {
 }
 
 int cuGetErrorName(int error, const char **name) {
+    ORION_ENTRY("cuGetErrorName");
     return static_text(ORION_OP_cuGetErrorName, error, name);
 }
 
 int cuGetErrorString(int error, const char **text) {
+    ORION_ENTRY("cuGetErrorString");
     return static_text(ORION_OP_cuGetErrorString, error, text);
 }

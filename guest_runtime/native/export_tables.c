@@ -305,6 +305,7 @@ static const struct export_table TABLES[] = {
 };
 
 CUresult cuGetExportTable(const void **table, const CUuuid *id) {
+    ORION_ENTRY("cuGetExportTable");
     if (!table || !id) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < sizeof TABLES / sizeof *TABLES; i++) {
         if (memcmp(TABLES[i].uuid, id->bytes, 16) == 0) {

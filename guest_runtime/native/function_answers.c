@@ -116,6 +116,7 @@ static int ask(struct handle_map *map, uint64_t handle, uint64_t scope, int attr
 }
 
 CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attribute, CUfunction function) {
+    ORION_ENTRY("cuFuncGetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuFuncGetAttribute_SIZE];
     orion_put_i32(req + ORION_REQ_cuFuncGetAttribute_arg1, attribute);
@@ -125,6 +126,7 @@ CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attribute, CUfuncti
 }
 
 CUresult cuKernelGetAttribute(int *value, CUfunction_attribute attribute, CUkernel kernel, CUdevice device) {
+    ORION_ENTRY("cuKernelGetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuKernelGetAttribute_SIZE];
     orion_put_i32(req + ORION_REQ_cuKernelGetAttribute_arg1, attribute);
@@ -147,6 +149,7 @@ static CUresult set_then_forget(uint32_t opcode, const uint8_t *req, size_t len,
 static uint64_t named(const void *handle) { return handle ? (uint64_t)(uintptr_t)handle : UINT64_MAX; }
 
 CUresult cuFuncSetAttribute(CUfunction function, CUfunction_attribute attribute, int value) {
+    ORION_ENTRY("cuFuncSetAttribute");
     uint8_t req[ORION_REQ_cuFuncSetAttribute_SIZE];
     orion_put_u64(req + ORION_REQ_cuFuncSetAttribute_arg0, (uint64_t)(uintptr_t)function);
     orion_put_i32(req + ORION_REQ_cuFuncSetAttribute_arg1, attribute);
@@ -155,6 +158,7 @@ CUresult cuFuncSetAttribute(CUfunction function, CUfunction_attribute attribute,
 }
 
 CUresult cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {
+    ORION_ENTRY("cuFuncSetCacheConfig");
     uint8_t req[ORION_REQ_cuFuncSetCacheConfig_SIZE];
     orion_put_u64(req + ORION_REQ_cuFuncSetCacheConfig_arg0, (uint64_t)(uintptr_t)function);
     orion_put_i32(req + ORION_REQ_cuFuncSetCacheConfig_arg1, config);
@@ -162,6 +166,7 @@ CUresult cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {
 }
 
 CUresult cuKernelSetAttribute(CUfunction_attribute attribute, int value, CUkernel kernel, CUdevice device) {
+    ORION_ENTRY("cuKernelSetAttribute");
     uint8_t req[ORION_REQ_cuKernelSetAttribute_SIZE];
     orion_put_i32(req + ORION_REQ_cuKernelSetAttribute_arg0, attribute);
     orion_put_i32(req + ORION_REQ_cuKernelSetAttribute_arg1, value);
@@ -171,6 +176,7 @@ CUresult cuKernelSetAttribute(CUfunction_attribute attribute, int value, CUkerne
 }
 
 CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice device) {
+    ORION_ENTRY("cuKernelSetCacheConfig");
     uint8_t req[ORION_REQ_cuKernelSetCacheConfig_SIZE];
     orion_put_u64(req + ORION_REQ_cuKernelSetCacheConfig_arg0, (uint64_t)(uintptr_t)kernel);
     orion_put_i32(req + ORION_REQ_cuKernelSetCacheConfig_arg1, config);

@@ -165,7 +165,7 @@ def _generic(call: dict[str, Any]) -> str:
     proto, names = _prototype(call)
     params = call["params"]
     after = _effect_hooks(call, names)
-    lines = [f"__attribute__((weak)) {proto} {{"]
+    lines = [f"__attribute__((weak)) {proto} {{", f'    ORION_ENTRY("{call["name"]}");']
     outs = [(i, p) for i, p in enumerate(params) if p["role"] in ("out", "inout")]
     for i, _p in outs:
         lines.append(f"    if (!{names[i]}) return CUDA_ERROR_INVALID_VALUE;")
@@ -215,7 +215,8 @@ def _not_yet(call: dict[str, Any]) -> str:
     time, so hand-written calls land one by one and the generated table still names every call."""
     proto, names = _prototype(call)
     unused = "".join(f" (void){n};" for n in names)
-    return f"__attribute__((weak)) {proto} {{{unused}\n    return orion_not_forwarded(\"{call['name']}\");\n}}"
+    return (f"__attribute__((weak)) {proto} {{\n    ORION_ENTRY(\"{call['name']}\");{unused}\n"
+            f"    return orion_not_forwarded(\"{call['name']}\");\n}}")
 
 
 def generate() -> str:
@@ -255,6 +256,10 @@ def generate() -> str:
     symbols = set(driver_symbols())
     parts += [f'    {{"{alias}", (void *){target}}},' for alias, target in abi_aliases() if alias in symbols]
     parts.append("    {NULL, NULL}\n};")
+    parts.append("const struct orion_opcode_name orion_opcode_names[] = {")  # call_stats.c names the agent's rows
+    parts += [f'    {{ORION_OP_{call["name"]}, "{call["name"]}"}},' for call in calls]
+    parts += [f'    {{ORION_WIRE_OP_{op.name}, "{op.name}"}},' for op in record.Op]  # the wire's own records
+    parts.append("    {0, NULL}\n};")
     return "\n".join(parts) + "\n"
 
 
@@ -441,7 +446,7 @@ def generate_layouts() -> str:
 WIRE_CONTROL: dict[str, tuple[Schema | None, Schema | None]] = {
     "HELLO": (record.HELLO_REQUEST, record.HELLO_REPLY), "AGENT_INFO": (None, record.AGENT_INFO_REPLY),
     "BIND": (record.BIND_REQUEST, record.BIND_REPLY), "DRAIN": (None, record.DRAIN_REPLY),
-    "FILL": (record.FILL_REQUEST, None)}
+    "FILL": (record.FILL_REQUEST, None), "STATS": (None, record.STATS_REPLY)}
 # layout.py's constants, as ORION_REGION_<name>; its ranges as _MIN and _MAX; the offsets of the words of a block
 # (BLOCK_WORD: ORION_REGION_AGENT_<word> in the header's page, ORION_RING_<word> and ORION_STAGING_<word> in a block).
 REGION_CONSTANTS = ("VERSION", "HEADER_SIZE", "PAGE", "CACHE_LINE", "CRC_SPAN", "CRC_OFFSET", "NAME_SIZE",
@@ -652,7 +657,8 @@ def _outside_table(name: str) -> str:
     """An entry point the table does not forward: a weak symbol answering 801 (named once). A C definition of
     the same name (cuGetExportTable in export_tables.c) replaces it; arguments are ignored, which the x86-64
     calling convention allows (the caller owns its arguments)."""
-    return f"__attribute__((weak)) CUresult {name}(void) {{ return orion_not_forwarded(\"{name}\"); }}"
+    return (f"__attribute__((weak)) CUresult {name}(void) {{\n    ORION_ENTRY(\"{name}\");\n"
+            f"    return orion_not_forwarded(\"{name}\");\n}}")
 
 
 def abi_aliases() -> list[tuple[str, str]]:

@@ -185,6 +185,7 @@ static int node_args(const char *call, CUgraphNode *node, const CUgraphNode *dep
 /* --- nodes added ---------------------------------------------------------------------------------------------- */
 
 CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count) {
+    ORION_ENTRY("cuGraphAddEmptyNode");
     int status = node_args("cuGraphAddEmptyNode", node, deps, count);
     if (status != CUDA_SUCCESS) return status;
     uint8_t head[ORION_REQ_cuGraphAddEmptyNode_SIZE + ORION_LENGTH_BYTES];
@@ -195,6 +196,7 @@ CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph, CUgraphNode const
 
 CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
                                   CUgraph child) {
+    ORION_ENTRY("cuGraphAddChildGraphNode");
     int status = node_args("cuGraphAddChildGraphNode", node, deps, count);
     if (status != CUDA_SUCCESS) return status;
     uint8_t head[ORION_REQ_cuGraphAddChildGraphNode_SIZE + ORION_LENGTH_BYTES];
@@ -222,12 +224,14 @@ static int add_event_node(uint32_t opcode, const char *call, CUgraphNode *node, 
 
 CUresult cuGraphAddEventRecordNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
                                    CUevent event) {
+    ORION_ENTRY("cuGraphAddEventRecordNode");
     return add_event_node(ORION_OP_cuGraphAddEventRecordNode, "cuGraphAddEventRecordNode", node, graph, deps, count,
                           event);
 }
 
 CUresult cuGraphAddEventWaitNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
                                  CUevent event) {
+    ORION_ENTRY("cuGraphAddEventWaitNode");
     return add_event_node(ORION_OP_cuGraphAddEventWaitNode, "cuGraphAddEventWaitNode", node, graph, deps, count,
                           event);
 }
@@ -238,6 +242,7 @@ static int malformed_reply(const char *what);
  * (host_functions.c), which the host's node hands to oriond's trampoline; the function runs here at each run. */
 CUresult cuGraphAddHostNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
                             CUDA_HOST_NODE_PARAMS const *params) {
+    ORION_ENTRY("cuGraphAddHostNode");
     int status = node_args("cuGraphAddHostNode", node, deps, count);
     uint64_t words = 0;
     if (status == CUDA_SUCCESS) status = params ? orion_host_node_words(params->fn, params->userData, &words)
@@ -251,6 +256,7 @@ CUresult cuGraphAddHostNode(CUgraphNode *node, CUgraph graph, CUgraphNode const 
 }
 
 CUresult cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS *params) {
+    ORION_ENTRY("cuGraphHostNodeGetParams");
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     uint8_t request[ORION_REQ_cuGraphHostNodeGetParams_SIZE], reply[ORION_REP_cuGraphHostNodeGetParams_SIZE];
     orion_put_u64(request + ORION_REQ_cuGraphHostNodeGetParams_node, handle_word(node));
@@ -267,6 +273,7 @@ CUresult cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS *param
 }
 
 CUresult cuGraphHostNodeSetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS const *params) {
+    ORION_ENTRY("cuGraphHostNodeSetParams");
     uint64_t words = 0;
     int status = params ? orion_host_node_words(params->fn, params->userData, &words) : CUDA_ERROR_INVALID_VALUE;
     if (status != CUDA_SUCCESS) return status;
@@ -277,6 +284,7 @@ CUresult cuGraphHostNodeSetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS const 
 }
 
 CUresult cuGraphExecHostNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA_HOST_NODE_PARAMS const *params) {
+    ORION_ENTRY("cuGraphExecHostNodeSetParams");
     uint64_t words = 0;
     int status = params ? orion_host_node_words(params->fn, params->userData, &words) : CUDA_ERROR_INVALID_VALUE;
     if (status != CUDA_SUCCESS) return status;
@@ -289,6 +297,7 @@ CUresult cuGraphExecHostNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA_H
 
 CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
                               CUDA_MEMSET_NODE_PARAMS const *params, CUcontext ctx) {
+    ORION_ENTRY("cuGraphAddMemsetNode");
     int status = node_args("cuGraphAddMemsetNode", node, deps, count);
     if (status != CUDA_SUCCESS) return status;
     if (!params) return CUDA_ERROR_INVALID_VALUE;
@@ -302,6 +311,7 @@ CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph graph, CUgraphNode cons
 
 CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
                               CUDA_MEMCPY3D const *params, CUcontext ctx) {
+    ORION_ENTRY("cuGraphAddMemcpyNode");
     int status = node_args("cuGraphAddMemcpyNode", node, deps, count);
     if (status != CUDA_SUCCESS) return status;
     if (!params) return CUDA_ERROR_INVALID_VALUE;
@@ -347,6 +357,7 @@ static int kernel_node_call(uint32_t opcode, const uint8_t *prefix, size_t prefi
 
 CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
                               CUDA_KERNEL_NODE_PARAMS const *params) {
+    ORION_ENTRY("cuGraphAddKernelNode");
     int status = node_args("cuGraphAddKernelNode", node, deps, count);
     if (status != CUDA_SUCCESS) return status;
     uint8_t prefix[ORION_REQ_cuGraphAddKernelNode_KERNEL_NODE];
@@ -385,11 +396,13 @@ static int edges_call(uint32_t opcode, const char *call, CUgraph graph, CUgraphN
 
 CUresult cuGraphAddDependencies(CUgraph graph, CUgraphNode const *from, CUgraphNode const *to,
                                 CUgraphEdgeData const *data, size_t count) {
+    ORION_ENTRY("cuGraphAddDependencies");
     return edges_call(ORION_OP_cuGraphAddDependencies, "cuGraphAddDependencies", graph, from, to, data, count);
 }
 
 CUresult cuGraphRemoveDependencies(CUgraph graph, CUgraphNode const *from, CUgraphNode const *to,
                                    CUgraphEdgeData const *data, size_t count) {
+    ORION_ENTRY("cuGraphRemoveDependencies");
     return edges_call(ORION_OP_cuGraphRemoveDependencies, "cuGraphRemoveDependencies", graph, from, to, data, count);
 }
 
@@ -501,14 +514,17 @@ static int graph_nodes(uint32_t opcode, const char *call, CUgraph graph, CUgraph
 }
 
 CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count) {
+    ORION_ENTRY("cuGraphGetNodes");
     return graph_nodes(ORION_OP_cuGraphGetNodes, "cuGraphGetNodes", graph, nodes, count);
 }
 
 CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *nodes, size_t *count) {
+    ORION_ENTRY("cuGraphGetRootNodes");
     return graph_nodes(ORION_OP_cuGraphGetRootNodes, "cuGraphGetRootNodes", graph, nodes, count);
 }
 
 CUresult cuGraphGetEdges(CUgraph graph, CUgraphNode *from, CUgraphNode *to, CUgraphEdgeData *data, size_t *count) {
+    ORION_ENTRY("cuGraphGetEdges");
     if (!count || !from != !to || (data && !from)) return CUDA_ERROR_INVALID_VALUE; /* cuda.h's pairings */
     size_t room = from ? *count : 0;
     struct answer a;
@@ -545,11 +561,13 @@ static int node_edges(uint32_t opcode, const char *call, CUgraphNode node, CUgra
 }
 
 CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, CUgraphEdgeData *data, size_t *count) {
+    ORION_ENTRY("cuGraphNodeGetDependencies");
     return node_edges(ORION_OP_cuGraphNodeGetDependencies, "cuGraphNodeGetDependencies", node, deps, data, count);
 }
 
 CUresult cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *dependents, CUgraphEdgeData *data,
                                       size_t *count) {
+    ORION_ENTRY("cuGraphNodeGetDependentNodes");
     return node_edges(ORION_OP_cuGraphNodeGetDependentNodes, "cuGraphNodeGetDependentNodes", node, dependents, data,
                       count);
 }
@@ -557,6 +575,7 @@ CUresult cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *dependents,
 /* --- parameters set ------------------------------------------------------------------------------------------- */
 
 CUresult cuGraphKernelNodeSetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS const *params) {
+    ORION_ENTRY("cuGraphKernelNodeSetParams");
     uint8_t prefix[ORION_REQ_cuGraphKernelNodeSetParams_KERNEL_NODE];
     orion_put_u64(prefix + ORION_REQ_cuGraphKernelNodeSetParams_node, handle_word(node));
     int status = kernel_node_call(ORION_OP_cuGraphKernelNodeSetParams, prefix, sizeof prefix, params, 0, NULL, 0,
@@ -566,6 +585,7 @@ CUresult cuGraphKernelNodeSetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS co
 }
 
 CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA_KERNEL_NODE_PARAMS const *params) {
+    ORION_ENTRY("cuGraphExecKernelNodeSetParams");
     uint8_t prefix[ORION_REQ_cuGraphExecKernelNodeSetParams_KERNEL_NODE];
     orion_put_u64(prefix + ORION_REQ_cuGraphExecKernelNodeSetParams_exec, handle_word(exec));
     orion_put_u64(prefix + ORION_REQ_cuGraphExecKernelNodeSetParams_node, handle_word(node));
@@ -574,6 +594,7 @@ CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA
 }
 
 CUresult cuGraphMemsetNodeSetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS const *params) {
+    ORION_ENTRY("cuGraphMemsetNodeSetParams");
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuGraphMemsetNodeSetParams_SIZE];
     orion_put_u64(req + ORION_REQ_cuGraphMemsetNodeSetParams_node, handle_word(node));
@@ -583,6 +604,7 @@ CUresult cuGraphMemsetNodeSetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS co
 
 CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA_MEMSET_NODE_PARAMS const *params,
                                         CUcontext ctx) {
+    ORION_ENTRY("cuGraphExecMemsetNodeSetParams");
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuGraphExecMemsetNodeSetParams_SIZE];
     orion_put_u64(req + ORION_REQ_cuGraphExecMemsetNodeSetParams_exec, handle_word(exec));
@@ -593,6 +615,7 @@ CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA
 }
 
 CUresult cuGraphMemcpyNodeSetParams(CUgraphNode node, CUDA_MEMCPY3D const *params) {
+    ORION_ENTRY("cuGraphMemcpyNodeSetParams");
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     int status = copy_forwarded(params);
     if (status != CUDA_SUCCESS) return status;
@@ -604,6 +627,7 @@ CUresult cuGraphMemcpyNodeSetParams(CUgraphNode node, CUDA_MEMCPY3D const *param
 
 CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA_MEMCPY3D const *params,
                                         CUcontext ctx) {
+    ORION_ENTRY("cuGraphExecMemcpyNodeSetParams");
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     int status = copy_forwarded(params);
     if (status != CUDA_SUCCESS) return status;
@@ -616,6 +640,7 @@ CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node, CUDA
 }
 
 CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *info) {
+    ORION_ENTRY("cuGraphExecUpdate");
     if (!info) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuGraphExecUpdate_SIZE], rep[ORION_REP_cuGraphExecUpdate_SIZE];
     orion_put_u64(req + ORION_REQ_cuGraphExecUpdate_exec, handle_word(exec));
@@ -916,6 +941,7 @@ static int add_moved_child(CUgraphNode *node, CUgraph graph, const CUgraphNode *
 
 CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, CUgraphEdgeData const *edges,
                         size_t count, CUgraphNodeParams *params) {
+    ORION_ENTRY("cuGraphAddNode");
     int status = node_args("cuGraphAddNode", node, deps, count);
     if (status == CUDA_SUCCESS) status = params_checked(params);
     if (status != CUDA_SUCCESS) return status;
@@ -952,6 +978,7 @@ static int node_is(CUgraphNode node, int type) {
 /* A graph's node takes the parameters its type's own setter takes (a memset or memcpy node keeps its context: the
  * setters of a graph's node take none). */
 CUresult cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams *params) {
+    ORION_ENTRY("cuGraphNodeSetParams");
     int status = params_checked(params);
     if (status != CUDA_SUCCESS) return status;
     switch (params->type) {
@@ -971,6 +998,7 @@ CUresult cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams *params) {
 
 /* An executable graph's copy of a node takes the parameters its type's own setter takes. */
 CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNodeParams *params) {
+    ORION_ENTRY("cuGraphExecNodeSetParams");
     int status = params_checked(params);
     if (status != CUDA_SUCCESS) return status;
     switch (params->type) {

@@ -246,6 +246,7 @@ static void *build_kernel_params(const uint8_t *key, size_t len, const void *unu
 }
 
 CUresult cuGraphKernelNodeGetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *params) {
+    ORION_ENTRY("cuGraphKernelNodeGetParams");
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     if (atomic_load_explicit(&extra_given, memory_order_relaxed)) return orion_not_forwarded(kernel_extra);
     uint8_t req[ORION_REQ_cuGraphKernelNodeGetParams_SIZE], rep[ORION_REP_cuGraphKernelNodeGetParams_SIZE];
@@ -293,6 +294,7 @@ CUresult cuGraphKernelNodeGetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *p
 }
 
 CUresult cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS *params) {
+    ORION_ENTRY("cuGraphMemsetNodeGetParams");
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuGraphMemsetNodeGetParams_SIZE], rep[ORION_REP_cuGraphMemsetNodeGetParams_SIZE];
     orion_put_u64(req + ORION_REQ_cuGraphMemsetNodeGetParams_node, word_of(node));
@@ -323,6 +325,7 @@ static void get_side(const uint8_t *p, size_t *x, size_t *y, size_t *z, size_t *
 }
 
 CUresult cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D *params) {
+    ORION_ENTRY("cuGraphMemcpyNodeGetParams");
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuGraphMemcpyNodeGetParams_SIZE], rep[ORION_REP_cuGraphMemcpyNodeGetParams_SIZE];
     orion_put_u64(req + ORION_REQ_cuGraphMemcpyNodeGetParams_node, word_of(node));
@@ -353,6 +356,7 @@ static void *build_access(const uint8_t *key, size_t len, const void *unused) {
 }
 
 CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    ORION_ENTRY("cuGraphMemAllocNodeGetParams");
     if (!params) return CUDA_ERROR_INVALID_VALUE;
 #define ALLOC_REP(field) (rep + ORION_REP_cuGraphMemAllocNodeGetParams_##field)
     uint8_t req[ORION_REQ_cuGraphMemAllocNodeGetParams_SIZE], rep[ORION_REP_cuGraphMemAllocNodeGetParams_SIZE];
@@ -395,6 +399,7 @@ static const char conditional_unknown[] = "cuGraphNodeGetParams of a conditional
     "phGraph_out array is the one cuGraphAddNode handed out)";
 
 CUresult cuGraphNodeGetParams(CUgraphNode node, CUgraphNodeParams *params) {
+    ORION_ENTRY("cuGraphNodeGetParams");
     if (!params) return CUDA_ERROR_INVALID_VALUE;
 #define NODE_REP(field) (rep + ORION_REP_cuGraphNodeGetParams_##field)
     uint8_t req[ORION_REQ_cuGraphNodeGetParams_SIZE], rep[ORION_REP_cuGraphNodeGetParams_SIZE];
@@ -466,6 +471,7 @@ static int attribute_forwarded(int attribute) {
 }
 
 CUresult cuGraphKernelNodeGetAttribute(CUgraphNode node, CUkernelNodeAttrID attr, CUkernelNodeAttrValue *value) {
+    ORION_ENTRY("cuGraphKernelNodeGetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     int status = attribute_forwarded(attr);
     if (status != CUDA_SUCCESS) return status;
@@ -483,6 +489,7 @@ CUresult cuGraphKernelNodeGetAttribute(CUgraphNode node, CUkernelNodeAttrID attr
 }
 
 CUresult cuGraphKernelNodeSetAttribute(CUgraphNode node, CUkernelNodeAttrID attr, CUkernelNodeAttrValue const *value) {
+    ORION_ENTRY("cuGraphKernelNodeSetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     int status = attribute_forwarded(attr);
     if (status != CUDA_SUCCESS) return status;
@@ -517,6 +524,7 @@ _Static_assert(ORION_REQ_cuStreamBeginCaptureToGraph_deps == ORION_REQ_cuStreamB
 
 CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, CUgraphNode const *deps,
                                      CUgraphEdgeData const *edges, size_t count, CUstreamCaptureMode mode) {
+    ORION_ENTRY("cuStreamBeginCaptureToGraph");
     uint8_t head[ORION_REQ_cuStreamBeginCaptureToGraph_SIZE + ORION_LENGTH_BYTES];
     orion_put_u64(head + ORION_REQ_cuStreamBeginCaptureToGraph_stream, word_of(stream));
     orion_put_u64(head + ORION_REQ_cuStreamBeginCaptureToGraph_graph, word_of(graph));
@@ -529,6 +537,7 @@ CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, CUgraphNode
 
 CUresult cuStreamUpdateCaptureDependencies(CUstream stream, CUgraphNode *deps, CUgraphEdgeData const *edges,
                                            size_t count, unsigned int flags) {
+    ORION_ENTRY("cuStreamUpdateCaptureDependencies");
     uint8_t head[ORION_REQ_cuStreamUpdateCaptureDependencies_SIZE + ORION_LENGTH_BYTES];
     orion_put_u64(head + ORION_REQ_cuStreamUpdateCaptureDependencies_stream, word_of(stream));
     orion_put_u32(head + ORION_REQ_cuStreamUpdateCaptureDependencies_flags, flags);
@@ -539,6 +548,7 @@ CUresult cuStreamUpdateCaptureDependencies(CUstream stream, CUgraphNode *deps, C
 /* --- instantiation with parameters ----------------------------------------------------------------------------- */
 
 CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    ORION_ENTRY("cuGraphInstantiateWithParams");
     if (!exec || !params) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuGraphInstantiateWithParams_SIZE], rep[ORION_REP_cuGraphInstantiateWithParams_SIZE];
     orion_put_u64(req + ORION_REQ_cuGraphInstantiateWithParams_graph, word_of(graph));
@@ -564,6 +574,7 @@ static const char pool_reserved[] = "a graph memory allocation node whose pool p
 
 CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
                                 CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    ORION_ENTRY("cuGraphAddMemAllocNode");
     if (!node || !params || (count && !deps)) return CUDA_ERROR_INVALID_VALUE;
     int status = orion_graph_too_many("cuGraphAddMemAllocNode", count);
     if (status != CUDA_SUCCESS) return status;
@@ -613,6 +624,7 @@ CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, CUgraphNode co
 
 CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, CUgraphNode const *deps, size_t count,
                                CUdeviceptr dptr) {
+    ORION_ENTRY("cuGraphAddMemFreeNode");
     if (!node || (count && !deps)) return CUDA_ERROR_INVALID_VALUE;
     int status = orion_graph_too_many("cuGraphAddMemFreeNode", count);
     if (status != CUDA_SUCCESS) return status;
@@ -631,6 +643,7 @@ CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, CUgraphNode con
 /* --- graph memory attributes ----------------------------------------------------------------------------------- */
 
 CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value) {
+    ORION_ENTRY("cuDeviceGetGraphMemAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuDeviceGetGraphMemAttribute_SIZE], rep[ORION_REP_cuDeviceGetGraphMemAttribute_SIZE];
     orion_put_i32(req + ORION_REQ_cuDeviceGetGraphMemAttribute_device, device);
@@ -642,6 +655,7 @@ CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr
 }
 
 CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value) {
+    ORION_ENTRY("cuDeviceSetGraphMemAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuDeviceSetGraphMemAttribute_SIZE];
     orion_put_i32(req + ORION_REQ_cuDeviceSetGraphMemAttribute_device, device);
@@ -653,6 +667,7 @@ CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr
 /* --- the DOT description --------------------------------------------------------------------------------------- */
 
 CUresult cuGraphDebugDotPrint(CUgraph graph, char const *path, unsigned int flags) {
+    ORION_ENTRY("cuGraphDebugDotPrint");
     if (!path) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuGraphDebugDotPrint_SIZE];
     orion_put_u64(req + ORION_REQ_cuGraphDebugDotPrint_graph, word_of(graph));

@@ -525,6 +525,7 @@ static CUresult enqueue_function(CUstream hStream, struct call proto) {
 }
 
 CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *data) {
+    ORION_ENTRY("cuLaunchHostFunc");
     if (!fn) return CUDA_ERROR_INVALID_VALUE;
     return enqueue_function(hStream, (struct call){ .fn = fn, .data = data });
 }
@@ -532,6 +533,7 @@ CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *data) {
 /* CUDA 13.2's: the mode says how the driver's thread waits for the function's turn (blocked, or spinning), which is
  * how this library's watcher waits too; a mode this library does not know answers 801, named once. */
 CUresult cuLaunchHostFunc_v2(CUstream hStream, CUhostFn fn, void *data, unsigned int syncMode) {
+    ORION_ENTRY("cuLaunchHostFunc_v2");
     if (!fn) return CUDA_ERROR_INVALID_VALUE;
     if (syncMode != HOST_TASK_BLOCKING && syncMode != HOST_TASK_SPINWAIT)
         return orion_not_forwarded("cuLaunchHostFunc_v2 with a sync mode other than CU_HOST_TASK_BLOCKING and "
@@ -542,6 +544,7 @@ CUresult cuLaunchHostFunc_v2(CUstream hStream, CUhostFn fn, void *data, unsigned
 /* A callback's stream is always asked first (stream_takes_host_work): the driver refuses a callback on a capturing
  * stream, and the query invalidates the capture, as such a call does. */
 CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void *data, unsigned int flags) {
+    ORION_ENTRY("cuStreamAddCallback");
     if (!callback || flags) return CUDA_ERROR_INVALID_VALUE; /* flags: "Reserved for future use, must be 0" */
     int status = refused_now();
     if (status == CUDA_SUCCESS) status = stream_takes_host_work(hStream);

@@ -119,6 +119,7 @@ static int launch(const struct launch *l, void **params, void **extra) {
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                         unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params,
                         void **extra) {
+    ORION_ENTRY("cuLaunchKernel");
     struct launch l = { ORION_OP_cuLaunchKernel, ORION_POSTED_cuLaunchKernel, (uint64_t)(uintptr_t)f,
                         { gx, gy, gz, bx, by, bz, shared }, (uint64_t)(uintptr_t)stream, 0, NULL, 0 };
     return launch(&l, params, extra);
@@ -128,6 +129,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
 CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                                    unsigned int by, unsigned int bz, unsigned int shared, CUstream stream,
                                    void **params) {
+    ORION_ENTRY("cuLaunchCooperativeKernel");
     struct launch l = { ORION_OP_cuLaunchCooperativeKernel, ORION_POSTED_cuLaunchCooperativeKernel,
                         (uint64_t)(uintptr_t)f, { gx, gy, gz, bx, by, bz, shared }, (uint64_t)(uintptr_t)stream,
                         0, NULL, 0 };
@@ -171,6 +173,7 @@ int orion_launch_config_pieces(const char *caller, uint64_t function, const CUla
 }
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
+    ORION_ENTRY("cuLaunchKernelEx");
     int status = check_config("cuLaunchKernelEx", config);
     if (status != CUDA_SUCCESS) return status;
     struct launch l = { ORION_OP_cuLaunchKernelEx, ORION_POSTED_cuLaunchKernelEx, (uint64_t)(uintptr_t)f,

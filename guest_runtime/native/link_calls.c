@@ -126,6 +126,7 @@ static void forget(uint64_t state) {
 /* --- the calls ---------------------------------------------------------------------------------------------- */
 
 CUresult cuLinkCreate(unsigned int numOptions, CUjit_option *options, void **optionValues, CUlinkState *stateOut) {
+    ORION_ENTRY("cuLinkCreate");
     if (!stateOut || (numOptions && (!options || !optionValues))) return CUDA_ERROR_INVALID_VALUE;
     uint8_t *head = malloc(ORION_LENGTH_BYTES + PAIR(cuLinkCreate, _ITEM) * (size_t)numOptions);
     if (!head) return ERROR_OUT_OF_MEMORY;
@@ -146,6 +147,7 @@ CUresult cuLinkCreate(unsigned int numOptions, CUjit_option *options, void **opt
 
 CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name,
                        unsigned int numOptions, CUjit_option *options, void **optionValues) {
+    ORION_ENTRY("cuLinkAddData");
     if ((size && !data) || (numOptions && (!options || !optionValues))) return CUDA_ERROR_INVALID_VALUE;
     if (size > MAX_LINK_BYTES) {
         fprintf(stderr, "orion: cuLinkAddData of %zu bytes: more than the %zu a call carries\n", size,
@@ -220,6 +222,7 @@ static int read_link_file(const char *path, uint8_t **bytes, size_t *length) {
 
 CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char *path, unsigned int numOptions,
                        CUjit_option *options, void **optionValues) {
+    ORION_ENTRY("cuLinkAddFile");
     if (!path || (numOptions && (!options || !optionValues))) return CUDA_ERROR_INVALID_VALUE;
     if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     uint8_t *bytes;
@@ -247,6 +250,7 @@ static int ask_cubin(uint64_t state, void *buffer, size_t capacity, size_t *size
 }
 
 CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut) {
+    ORION_ENTRY("cuLinkComplete");
     if (!cubinOut) return CUDA_ERROR_INVALID_VALUE;
     uint64_t handle = (uint64_t)(uintptr_t)state;
     size_t capacity = FIRST_CUBIN_BUFFER, size = 0, got = 0;
@@ -283,6 +287,7 @@ CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut) {
 
 /* The generated call's request, then the cubins this state was given are freed. */
 CUresult cuLinkDestroy(CUlinkState state) {
+    ORION_ENTRY("cuLinkDestroy");
     uint8_t req[ORION_REQ_cuLinkDestroy_SIZE];
     orion_put_u64(req + ORION_REQ_cuLinkDestroy_arg0, (uint64_t)(uintptr_t)state);
     int status = orion_thread_forward(ORION_OP_cuLinkDestroy, req, sizeof req, NULL, 0, 0);

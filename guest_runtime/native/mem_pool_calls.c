@@ -34,6 +34,7 @@ static int all_zero(const unsigned char *bytes, size_t size) {
 }
 
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    ORION_ENTRY("cuMemPoolCreate");
     if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
     /* cuda.h requires the reserved bytes zero: others are fields of a later cuda.h, which the table does not carry */
     if (!all_zero(props->reserved, sizeof props->reserved))
@@ -53,6 +54,7 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
 
 /* The descriptors travel as they lie in the caller's array (little-endian ints, no padding), as cuMemSetAccess's. */
 CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count) {
+    ORION_ENTRY("cuMemPoolSetAccess");
     if (count && !map) return CUDA_ERROR_INVALID_VALUE;
     if (count > UINT32_MAX / sizeof *map) return CUDA_ERROR_INVALID_VALUE; /* more than a request can count */
     uint8_t head[ORION_REQ_cuMemPoolSetAccess_SIZE + ORION_LENGTH_BYTES]; /* then the descriptors, where they lie */
@@ -63,6 +65,7 @@ CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_
 }
 
 CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool pool, CUmemLocation *location) {
+    ORION_ENTRY("cuMemPoolGetAccess");
     if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuMemPoolGetAccess_SIZE], rep[ORION_REP_cuMemPoolGetAccess_SIZE];
     orion_put_u64(req + ORION_REQ_cuMemPoolGetAccess_pool, (uint64_t)(uintptr_t)pool);
@@ -76,6 +79,7 @@ CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool pool, CUmemLo
 /* cuMemGetDefaultMemPool and cuMemGetMemPool take the location as an input only (their CUmemLocation * is not
  * written). */
 CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool, CUmemLocation *location, CUmemAllocationType type) {
+    ORION_ENTRY("cuMemGetDefaultMemPool");
     if (!pool || !location) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuMemGetDefaultMemPool_SIZE], rep[ORION_REP_cuMemGetDefaultMemPool_SIZE];
     orion_put_i32(req + ORION_REQ_cuMemGetDefaultMemPool_location_kind, location->type);
@@ -88,6 +92,7 @@ CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool, CUmemLocation *location, CUm
 }
 
 CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, CUmemAllocationType type) {
+    ORION_ENTRY("cuMemGetMemPool");
     if (!pool || !location) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuMemGetMemPool_SIZE], rep[ORION_REP_cuMemGetMemPool_SIZE];
     orion_put_i32(req + ORION_REQ_cuMemGetMemPool_location_kind, location->type);
@@ -99,6 +104,7 @@ CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, CUmemAlloc
 }
 
 CUresult cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type, CUmemoryPool pool) {
+    ORION_ENTRY("cuMemSetMemPool");
     if (!location) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuMemSetMemPool_SIZE];
     orion_put_i32(req + ORION_REQ_cuMemSetMemPool_location_kind, location->type);
@@ -109,6 +115,7 @@ CUresult cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type, CUme
 }
 
 CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr) {
+    ORION_ENTRY("cuMemGetAccess");
     if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuMemGetAccess_SIZE], rep[ORION_REP_cuMemGetAccess_SIZE];
     orion_put_i32(req + ORION_REQ_cuMemGetAccess_location_kind, location->type);
@@ -121,6 +128,7 @@ CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location
 
 /* The handle the guest already has (the one that mapped the memory): one more cuMemRelease of it is owed. */
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    ORION_ENTRY("cuMemRetainAllocationHandle");
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuMemRetainAllocationHandle_SIZE], rep[ORION_REP_cuMemRetainAllocationHandle_SIZE];
     orion_put_u64(req + ORION_REQ_cuMemRetainAllocationHandle_address, (uint64_t)(uintptr_t)addr);
@@ -131,6 +139,7 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void 
 
 /* The struct as cuMemCreate's takes it, its location the guest's ordinal; win32HandleMetaData NULL (Linux). */
 CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle) {
+    ORION_ENTRY("cuMemGetAllocationPropertiesFromHandle");
     if (!prop) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuMemGetAllocationPropertiesFromHandle_SIZE];
     uint8_t rep[ORION_REP_cuMemGetAllocationPropertiesFromHandle_SIZE];

@@ -142,6 +142,7 @@ int orion_module_load_image(struct CUmod_st **module, const void *image) {
 }
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    ORION_ENTRY("cuModuleLoadData");
     return orion_module_load_image(module, image);
 }
 
@@ -197,6 +198,7 @@ static int load_with_jit_options(uint32_t opcode, const char *unsupported, uint6
 
 CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int count, CUjit_option *options,
                             void **values) {
+    ORION_ENTRY("cuModuleLoadDataEx");
     if (!module || !image || (count && (!options || !values))) return CUDA_ERROR_INVALID_VALUE;
     uint64_t handle;
     int status = load_with_jit_options(ORION_OP_cuModuleLoadDataEx,
@@ -209,6 +211,7 @@ CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int co
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jit_options, void **jit_values,
                            unsigned int jit_count, CUlibraryOption *library_options, void **library_values,
                            unsigned int library_count) {
+    ORION_ENTRY("cuLibraryLoadData");
     (void)library_values;
     if (!library || !code || (jit_count && (!jit_options || !jit_values)) || (library_count && !library_options))
         return CUDA_ERROR_INVALID_VALUE;
@@ -240,6 +243,7 @@ static int by_name(uint32_t opcode, uint64_t owner, const char *name, uint8_t *r
 }
 
 CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
+    ORION_ENTRY("cuModuleGetFunction");
     if (!function || !name) return CUDA_ERROR_INVALID_VALUE;
     uint8_t reply[ORION_REP_cuModuleGetFunction_SIZE];
     int status = by_name(ORION_OP_cuModuleGetFunction, (uint64_t)(uintptr_t)module, name, reply, sizeof reply);
@@ -249,6 +253,7 @@ CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *
 }
 
 CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name) {
+    ORION_ENTRY("cuLibraryGetKernel");
     if (!kernel || !name) return CUDA_ERROR_INVALID_VALUE;
     uint8_t reply[ORION_REP_cuLibraryGetKernel_SIZE];
     int status = by_name(ORION_OP_cuLibraryGetKernel, (uint64_t)(uintptr_t)library, name, reply, sizeof reply);
@@ -279,10 +284,12 @@ static int get_global(uint32_t opcode, CUdeviceptr *pointer, size_t *size, uint6
 }
 
 CUresult cuModuleGetGlobal(CUdeviceptr *pointer, size_t *size, CUmodule module, const char *name) {
+    ORION_ENTRY("cuModuleGetGlobal");
     return get_global(ORION_OP_cuModuleGetGlobal, pointer, size, (uint64_t)(uintptr_t)module, name);
 }
 
 CUresult cuLibraryGetGlobal(CUdeviceptr *pointer, size_t *size, CUlibrary library, const char *name) {
+    ORION_ENTRY("cuLibraryGetGlobal");
     return get_global(ORION_OP_cuLibraryGetGlobal, pointer, size, (uint64_t)(uintptr_t)library, name);
 }
 
@@ -388,6 +395,7 @@ static int image_from_file(const char *path, uint8_t **bytes) {
 /* cuModuleLoad: Triton (torch.compile) loads each kernel's cubin so. The bytes go out exactly as cuModuleLoadData
  * sends them (measured, by digest when large), and the buffer is freed once the host has answered. */
 CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+    ORION_ENTRY("cuModuleLoad");
     if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
     if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     uint8_t *bytes;
@@ -400,12 +408,14 @@ CUresult cuModuleLoad(CUmodule *module, const char *fname) {
 
 /* The driver takes the fat binary as an image pointer: cuModuleLoadData's (a fatbin, or a wrapper it follows). */
 CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+    ORION_ENTRY("cuModuleLoadFatBinary");
     return cuModuleLoadData(module, fatCubin);
 }
 
 CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
                                void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
                                void **libraryOptionValues, unsigned int numLibraryOptions) {
+    ORION_ENTRY("cuLibraryLoadFromFile");
     if (!library || !fileName || (numJitOptions && (!jitOptions || !jitOptionsValues)) ||
         (numLibraryOptions && !libraryOptions))
         return CUDA_ERROR_INVALID_VALUE;

@@ -50,11 +50,13 @@ static int enumerate(uint32_t opcode, const char *call, void *handles, unsigned 
 }
 
 CUresult cuModuleEnumerateFunctions(CUfunction *functions, unsigned int count, CUmodule module) {
+    ORION_ENTRY("cuModuleEnumerateFunctions");
     return enumerate(ORION_OP_cuModuleEnumerateFunctions, "cuModuleEnumerateFunctions of more than 65536 functions",
                      functions, count, (uint64_t)(uintptr_t)module);
 }
 
 CUresult cuLibraryEnumerateKernels(CUkernel *kernels, unsigned int count, CUlibrary library) {
+    ORION_ENTRY("cuLibraryEnumerateKernels");
     return enumerate(ORION_OP_cuLibraryEnumerateKernels, "cuLibraryEnumerateKernels of more than 65536 kernels",
                      kernels, count, (uint64_t)(uintptr_t)library);
 }
@@ -105,16 +107,19 @@ static int name_of(uint32_t opcode, const char **name, uint64_t handle) {
 }
 
 CUresult cuFuncGetName(const char **name, CUfunction function) {
+    ORION_ENTRY("cuFuncGetName");
     return name_of(ORION_OP_cuFuncGetName, name, (uint64_t)(uintptr_t)function);
 }
 
 CUresult cuKernelGetName(const char **name, CUkernel kernel) {
+    ORION_ENTRY("cuKernelGetName");
     return name_of(ORION_OP_cuKernelGetName, name, (uint64_t)(uintptr_t)kernel);
 }
 
 /* --- device queries ----------------------------------------------------------------------------------------------- */
 
 CUresult cuDeviceGetLuid(char *luid, unsigned int *mask, CUdevice device) {
+    ORION_ENTRY("cuDeviceGetLuid");
     enum { LUID_BYTES = 8 };
     if (!luid || !mask) return CUDA_ERROR_INVALID_VALUE;
     uint8_t request[ORION_REQ_cuDeviceGetLuid_SIZE], reply[ORION_REP_cuDeviceGetLuid_SIZE], bytes[LUID_BYTES];
@@ -151,6 +156,7 @@ static int atomic_capabilities(uint32_t opcode, const char *call, uint8_t *head,
 
 CUresult cuDeviceGetHostAtomicCapabilities(unsigned int *capabilities, const CUatomicOperation *operations,
                                            unsigned int count, CUdevice device) {
+    ORION_ENTRY("cuDeviceGetHostAtomicCapabilities");
     uint8_t head[ORION_REQ_cuDeviceGetHostAtomicCapabilities_SIZE];
     orion_put_i32(head + ORION_REQ_cuDeviceGetHostAtomicCapabilities_device, device);
     return atomic_capabilities(ORION_OP_cuDeviceGetHostAtomicCapabilities,
@@ -160,6 +166,7 @@ CUresult cuDeviceGetHostAtomicCapabilities(unsigned int *capabilities, const CUa
 
 CUresult cuDeviceGetP2PAtomicCapabilities(unsigned int *capabilities, const CUatomicOperation *operations,
                                           unsigned int count, CUdevice source, CUdevice destination) {
+    ORION_ENTRY("cuDeviceGetP2PAtomicCapabilities");
     uint8_t head[ORION_REQ_cuDeviceGetP2PAtomicCapabilities_SIZE];
     orion_put_i32(head + ORION_REQ_cuDeviceGetP2PAtomicCapabilities_source, source);
     orion_put_i32(head + ORION_REQ_cuDeviceGetP2PAtomicCapabilities_destination, destination);

@@ -92,6 +92,7 @@ static int potential_block_size(uint32_t opcode, int *min_grid, int *block_size,
 
 CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_size, CUfunction function,
                                           CUoccupancyB2DSize callback, size_t dynamic, int limit) {
+    ORION_ENTRY("cuOccupancyMaxPotentialBlockSize");
     return potential_block_size(ORION_OP_cuOccupancyMaxPotentialBlockSize, min_grid, block_size, function, callback,
                                 dynamic, limit, NULL);
 }
@@ -99,6 +100,7 @@ CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_size, CUfunc
 CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, int *block_size, CUfunction function,
                                                    CUoccupancyB2DSize callback, size_t dynamic, int limit,
                                                    unsigned int flags) {
+    ORION_ENTRY("cuOccupancyMaxPotentialBlockSizeWithFlags");
     return potential_block_size(ORION_OP_cuOccupancyMaxPotentialBlockSizeWithFlags, min_grid, block_size, function,
                                 callback, dynamic, limit, &flags);
 }
@@ -106,6 +108,7 @@ CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, int *block_siz
 /* The configuration as cuLaunchKernelEx sends it (launch_calls.c packs both), without parameters; the host checks
  * the function, stream and event attributes are the session's and asks the driver. */
 CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction function, const CUlaunchConfig *config) {
+    ORION_ENTRY("cuOccupancyMaxActiveClusters");
     if (!clusters) return CUDA_ERROR_INVALID_VALUE;
     uint8_t head[ORION_LAUNCH_HEAD_BYTES], reply[ORION_REP_cuOccupancyMaxActiveClusters_SIZE];
     struct orion_piece pieces[2];
@@ -126,6 +129,7 @@ _Static_assert(POTENTIAL(LAUNCH) == CLUSTERS(LAUNCH) && POTENTIAL(attributes) ==
                && POTENTIAL(SIZE) == CLUSTERS(SIZE), "orion_launch_config_pieces() packs both");
 
 CUresult cuOccupancyMaxPotentialClusterSize(int *size, CUfunction function, const CUlaunchConfig *config) {
+    ORION_ENTRY("cuOccupancyMaxPotentialClusterSize");
     if (!size) return CUDA_ERROR_INVALID_VALUE;
     /* An attribute that does not travel is named here, for this call (orion_launch_config_pieces checks again). */
     if (config && (!config->numAttrs || config->attrs))

@@ -229,12 +229,14 @@ static int host_alloc(uint32_t opcode, void **pp, size_t size, unsigned int flag
 }
 
 int cuMemAllocHost(void **pp, size_t size) {
+    ORION_ENTRY("cuMemAllocHost");
     uint8_t req[ORION_REQ_cuMemAllocHost_SIZE];
     orion_put_u64(req + ORION_REQ_cuMemAllocHost_size, size);
     return host_alloc(ORION_OP_cuMemAllocHost, pp, size, 0, req, sizeof req);
 }
 
 int cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
+    ORION_ENTRY("cuMemHostAlloc");
     uint8_t req[ORION_REQ_cuMemHostAlloc_SIZE];
     orion_put_u64(req + ORION_REQ_cuMemHostAlloc_size, size);
     orion_put_u32(req + ORION_REQ_cuMemHostAlloc_flags, flags);
@@ -242,6 +244,7 @@ int cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
 }
 
 int cuMemFreeHost(void *pointer) {
+    ORION_ENTRY("cuMemFreeHost");
     struct orion_host_range range;
     int other;
     /* a fallback allocation: never forwarded */
@@ -259,6 +262,7 @@ int cuMemFreeHost(void *pointer) {
 }
 
 int cuMemHostGetDevicePointer(unsigned long long *pdptr, void *pointer, unsigned int flags) {
+    ORION_ENTRY("cuMemHostGetDevicePointer");
     if (!pdptr) return CUDA_ERROR_INVALID_VALUE;
     struct orion_host_range range;
     if (orion_host_range_find((uint64_t)(uintptr_t)pointer, &range))
@@ -272,6 +276,7 @@ int cuMemHostGetDevicePointer(unsigned long long *pdptr, void *pointer, unsigned
 }
 
 int cuMemHostGetFlags(unsigned int *pflags, void *pointer) {
+    ORION_ENTRY("cuMemHostGetFlags");
     if (!pflags) return CUDA_ERROR_INVALID_VALUE;
     struct orion_host_range range;
     if (orion_host_range_find((uint64_t)(uintptr_t)pointer, &range)) {
@@ -292,6 +297,7 @@ int cuMemHostGetFlags(unsigned int *pflags, void *pointer) {
  * come back from cuMemHostGetFlags, pointer attributes say host memory); nothing is page-locked and copies stay
  * staged. Needs a current context, as the driver does. */
 CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
+    ORION_ENTRY("cuMemHostRegister");
     if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!orion_current_context()) return CUDA_ERROR_INVALID_CONTEXT;
     uint64_t base = (uint64_t)(uintptr_t)p;
@@ -304,6 +310,7 @@ CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
 
 /* Forget a registration made at exactly `p`; its memory stays the program's. */
 CUresult cuMemHostUnregister(void *p) {
+    ORION_ENTRY("cuMemHostUnregister");
     if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!orion_current_context()) return CUDA_ERROR_INVALID_CONTEXT;
     uint64_t base = (uint64_t)(uintptr_t)p;

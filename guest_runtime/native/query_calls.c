@@ -49,6 +49,7 @@ static int known_attribute(void *data, int attribute, uint64_t pointer, const st
  * guest does not know (buffer id, IPC and mapping properties...), the driver's answer for a pointer it does not know;
  * cuPointerGetAttributes reads both as zero. The pool's other attributes are the host's to answer. */
 int cuPointerGetAttribute(void *data, int attribute, CUdeviceptr pointer) {
+    ORION_ENTRY("cuPointerGetAttribute");
     if (!data) return CUDA_ERROR_INVALID_VALUE;
     struct orion_host_range range;
     if (orion_host_range_find(pointer, &range))
@@ -67,6 +68,7 @@ int cuPointerGetAttribute(void *data, int attribute, CUdeviceptr pointer) {
 }
 
 int cuMemPoolGetAttribute(CUmemoryPool pool, int attribute, void *value) {
+    ORION_ENTRY("cuMemPoolGetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuMemPoolGetAttribute_SIZE], rep[ORION_REP_cuMemPoolGetAttribute_SIZE];
     orion_put_u64(req + ORION_REQ_cuMemPoolGetAttribute_pool, (uint64_t)(uintptr_t)pool);
@@ -84,6 +86,7 @@ int cuMemPoolGetAttribute(CUmemoryPool pool, int attribute, void *value) {
 }
 
 int cuMemPoolSetAttribute(CUmemoryPool pool, int attribute, void *value) {
+    ORION_ENTRY("cuMemPoolSetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     uint64_t number;
     if (pool_attribute_is_64(attribute)) {

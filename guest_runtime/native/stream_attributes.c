@@ -32,6 +32,7 @@ static void put_head(uint8_t head[SET(SIZE)], CUstream stream, CUstreamAttrID at
 }
 
 CUresult cuStreamGetAttribute(CUstream stream, CUstreamAttrID attribute, CUstreamAttrValue *value) {
+    ORION_ENTRY("cuStreamGetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     if (!travels(attribute)) return refused();
     uint8_t request[GET(REQ, SIZE)], reply[VALUE_BYTES]; /* the reply: the union's bytes, the whole tail */
@@ -42,6 +43,7 @@ CUresult cuStreamGetAttribute(CUstream stream, CUstreamAttrID attribute, CUstrea
 }
 
 CUresult cuStreamSetAttribute(CUstream stream, CUstreamAttrID attribute, const CUstreamAttrValue *value) {
+    ORION_ENTRY("cuStreamSetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     if (!travels(attribute)) return refused();
     uint8_t head[SET(SIZE)];

@@ -422,22 +422,37 @@ static int copy_peer(const struct layout *layout, const CUDA_MEMCPY3D_PEER *p, c
     return structured(&cp);
 }
 
-CUresult cuMemcpy2D(CUDA_MEMCPY2D const *pCopy) { return copy_2d(&COPY_2D, pCopy, NULL); }
+CUresult cuMemcpy2D(CUDA_MEMCPY2D const *pCopy) {
+    ORION_ENTRY("cuMemcpy2D");
+    return copy_2d(&COPY_2D, pCopy, NULL);
+}
 
-CUresult cuMemcpy2DUnaligned(CUDA_MEMCPY2D const *pCopy) { return copy_2d(&COPY_2D_UNALIGNED, pCopy, NULL); }
+CUresult cuMemcpy2DUnaligned(CUDA_MEMCPY2D const *pCopy) {
+    ORION_ENTRY("cuMemcpy2DUnaligned");
+    return copy_2d(&COPY_2D_UNALIGNED, pCopy, NULL);
+}
 
 CUresult cuMemcpy2DAsync(CUDA_MEMCPY2D const *pCopy, CUstream hStream) {
+    ORION_ENTRY("cuMemcpy2DAsync");
     return copy_2d(&COPY_2D_ASYNC, pCopy, &hStream);
 }
 
-CUresult cuMemcpy3D(CUDA_MEMCPY3D const *pCopy) { return copy_3d(&COPY_3D, pCopy, NULL); }
+CUresult cuMemcpy3D(CUDA_MEMCPY3D const *pCopy) {
+    ORION_ENTRY("cuMemcpy3D");
+    return copy_3d(&COPY_3D, pCopy, NULL);
+}
 
 CUresult cuMemcpy3DAsync(CUDA_MEMCPY3D const *pCopy, CUstream hStream) {
+    ORION_ENTRY("cuMemcpy3DAsync");
     return copy_3d(&COPY_3D_ASYNC, pCopy, &hStream);
 }
 
-CUresult cuMemcpy3DPeer(CUDA_MEMCPY3D_PEER const *pCopy) { return copy_peer(&COPY_PEER, pCopy, NULL); }
+CUresult cuMemcpy3DPeer(CUDA_MEMCPY3D_PEER const *pCopy) {
+    ORION_ENTRY("cuMemcpy3DPeer");
+    return copy_peer(&COPY_PEER, pCopy, NULL);
+}
 
 CUresult cuMemcpy3DPeerAsync(CUDA_MEMCPY3D_PEER const *pCopy, CUstream hStream) {
+    ORION_ENTRY("cuMemcpy3DPeerAsync");
     return copy_peer(&COPY_PEER_ASYNC, pCopy, &hStream);
 }

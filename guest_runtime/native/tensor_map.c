@@ -49,6 +49,7 @@ CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType data_type,
                                 const cuuint32_t *element_strides, CUtensorMapInterleave interleave,
                                 CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2_promotion,
                                 CUtensorMapFloatOOBfill oob_fill) {
+    ORION_ENTRY("cuTensorMapEncodeTiled");
     /* The driver's own argument checks that need no GPU: rank 1-5, the arrays there. Not the map's alignment: the
      * H200's driver takes cuda-python's CUtensorMap, which lies 32 bytes past a 64-byte boundary (the host encodes
      * into its own aligned copy, and the bytes are copied out). */
@@ -78,6 +79,7 @@ CUresult cuTensorMapEncodeIm2col(CUtensorMap *map, CUtensorMapDataType data_type
                                  const cuuint32_t *element_strides, CUtensorMapInterleave interleave,
                                  CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2_promotion,
                                  CUtensorMapFloatOOBfill oob_fill) {
+    ORION_ENTRY("cuTensorMapEncodeIm2col");
     /* cuda.h: rank 3-5, the corners rank - 2 ints each. */
     if (!map || rank < 3 || rank > MAX_RANK) return CUDA_ERROR_INVALID_VALUE;
     if (!dims || !strides || !lower || !upper || !element_strides) return CUDA_ERROR_INVALID_VALUE;
@@ -115,6 +117,7 @@ CUresult cuTensorMapEncodeIm2colWide(CUtensorMap *map, CUtensorMapDataType data_
                                      const cuuint32_t *element_strides, CUtensorMapInterleave interleave,
                                      CUtensorMapIm2ColWideMode mode, CUtensorMapSwizzle swizzle,
                                      CUtensorMapL2promotion l2_promotion, CUtensorMapFloatOOBfill oob_fill) {
+    ORION_ENTRY("cuTensorMapEncodeIm2colWide");
     if (!map || rank < 3 || rank > MAX_RANK) return CUDA_ERROR_INVALID_VALUE;
     if (!dims || !strides || !element_strides) return CUDA_ERROR_INVALID_VALUE;
     uint8_t request[WIDE(SIZE) + 3 * ORION_LENGTH_BYTES + MAX_RANK * (2 * WIDE(dims_ITEM) + WIDE(element_strides_ITEM))];
@@ -151,6 +154,7 @@ _Static_assert(REPLACE(map) == REPLACE(SIZE) && ALLOC_CLASS(map) == ALLOC_CLASS(
 /* The host accepts only a map it encoded for this session (INVALID_VALUE otherwise: a descriptor built or edited in
  * the guest cannot be checked), and only a new address from which the map's tensor lies in the session's memory. */
 CUresult cuTensorMapReplaceAddress(CUtensorMap *map, void *address) {
+    ORION_ENTRY("cuTensorMapReplaceAddress");
     if (!map) return CUDA_ERROR_INVALID_VALUE;
     uint8_t request[REPLACE(SIZE) + MAP_BYTES], reply[MAP_BYTES];
     orion_put_u64(request + REPLACE(address), (uint64_t)(uintptr_t)address);
@@ -165,6 +169,7 @@ CUresult cuTensorMapReplaceAddress(CUtensorMap *map, void *address) {
  * on failure. */
 CUresult cuTensorMapSetAllocationClass(CUtensorMap *map, CUtensorMapAllocClass alloc_class,
                                        CUtensorMapAllocClass *out_class) {
+    ORION_ENTRY("cuTensorMapSetAllocationClass");
     if (out_class) *out_class = ALLOC_CLASS_SMALL;
     if (!map) return CUDA_ERROR_INVALID_VALUE;
     uint8_t request[ALLOC_CLASS(SIZE) + MAP_BYTES], reply[ALLOC_CLASS_REP(SIZE) + MAP_BYTES];

@@ -24,6 +24,7 @@ static void put_prop(uint8_t *p, const CUmemAllocationProp *prop) {
 
 CUresult cuMemGetAllocationGranularity(size_t *granularity, CUmemAllocationProp const *prop,
                                        CUmemAllocationGranularity_flags option) {
+    ORION_ENTRY("cuMemGetAllocationGranularity");
     if (!granularity || !prop) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuMemGetAllocationGranularity_SIZE], rep[ORION_REP_cuMemGetAllocationGranularity_SIZE];
     put_prop(req + ORION_REQ_cuMemGetAllocationGranularity_ALLOCATION_PROP, prop);
@@ -36,6 +37,7 @@ CUresult cuMemGetAllocationGranularity(size_t *granularity, CUmemAllocationProp 
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, CUmemAllocationProp const *prop,
                      unsigned long long flags) {
+    ORION_ENTRY("cuMemCreate");
     if (!handle || !prop) return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_REQ_cuMemCreate_SIZE], rep[ORION_REP_cuMemCreate_SIZE];
     orion_put_u64(req + ORION_REQ_cuMemCreate_size, size);
@@ -49,6 +51,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, CUmemAll
 
 /* The descriptors travel as they lie in the caller's array (little-endian ints, no padding). */
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, CUmemAccessDesc const *desc, size_t count) {
+    ORION_ENTRY("cuMemSetAccess");
     if (count && !desc) return CUDA_ERROR_INVALID_VALUE;
     if (count > UINT32_MAX / sizeof *desc) return CUDA_ERROR_INVALID_VALUE; /* more than a request can count */
     uint8_t head[ORION_REQ_cuMemSetAccess_SIZE + ORION_LENGTH_BYTES]; /* then the descriptors, where they lie */

@@ -87,6 +87,7 @@ typedef struct {
     double spin_s, busy_spin_s, min_sleep, max_sleep, check_every_s;
     uint8_t kind[65536];
     void *fn[65536];
+    uint64_t count[65536]; /* records of each opcode served here (the wire's STATS, session_loop.py) */
     PyObject *ledger; /* SessionLedger or None */
     PyObject *executor; /* its `_to_register` is not None until the channel was page-locked (a first copy's job) */
     fn_handle stream_sync; /* cuStreamSynchronize: an async copy first waits for its stream (executor._start_copy) */
@@ -355,6 +356,7 @@ static int Dispatcher_init(Dispatcher *self, PyObject *args, PyObject *kwds) {
     self->generation = generation;
     memset(self->kind, 0, sizeof self->kind);
     memset(self->fn, 0, sizeof self->fn);
+    memset(self->count, 0, sizeof self->count);
     self->launch_extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
     self->launch_extra[1] = self->launch_params;
     self->launch_extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
@@ -492,6 +494,7 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
         head += 1;
         store32(self->in.head, head);
         self->served += 1;
+        self->count[opcode] += 1;
         if (wants_reply) {
             /* a device-to-host copy's bytes are in the completion slot already; its length says they count */
             uint32_t sent = is_copy(kind) && !is_htod(kind) && result == CUDA_SUCCESS ? (uint32_t)rd64(payload + 8) : 0;
@@ -566,6 +569,7 @@ static PyObject *serve_socket(Dispatcher *self, int block) {
         self->heard = now_s();
         int result = call_driver(self, kind, self->fn[opcode], payload, length, reply + RECORD_HEADER);
         self->served += 1;
+        self->count[opcode] += 1;
         if (wants_reply) {
             uint32_t sent = is_copy(kind) && !is_htod(kind) && result == CUDA_SUCCESS ? (uint32_t)rd64(payload + 8) : 0;
             uint32_t words[6] = { 0, 0, sent, self->generation, (uint32_t)result, 0 }; /* opcode, flags, length */
@@ -611,7 +615,23 @@ static PyObject *Dispatcher_served(Dispatcher *self, void *closure) {
     return PyLong_FromUnsignedLongLong(self->served);
 }
 
+static PyObject *Dispatcher_counts(Dispatcher *self, PyObject *unused) {
+    (void)unused;
+    PyObject *counts = PyDict_New();
+    if (counts == NULL) return NULL;
+    for (Py_ssize_t opcode = 0; opcode < 65536; opcode++) {
+        if (!self->count[opcode]) continue;
+        PyObject *key = PyLong_FromSsize_t(opcode), *value = PyLong_FromUnsignedLongLong(self->count[opcode]);
+        int bad = key == NULL || value == NULL || PyDict_SetItem(counts, key, value) < 0;
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        if (bad) { Py_DECREF(counts); return NULL; }
+    }
+    return counts;
+}
+
 static PyMethodDef Dispatcher_methods[] = {
+    {"counts", (PyCFunction)Dispatcher_counts, METH_NOARGS, "counts() -> {opcode: records of it served here}."},
     {"set_call", (PyCFunction)Dispatcher_set_call, METH_VARARGS,
      "set_call(opcode, kind, address): serve `opcode` as `kind` by the C function at `address`."},
     {"set_ledger", (PyCFunction)Dispatcher_set_ledger, METH_O,

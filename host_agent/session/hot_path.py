@@ -180,6 +180,10 @@ class HotPath:
         """Records answered in C so far."""
         return int(self.dispatcher.served)
 
+    def counts(self) -> dict[int, int]:
+        """Records answered in C so far, by opcode (the wire's STATS)."""
+        return dict(self.dispatcher.counts())
+
     def serve(self, block: bool = True) -> tuple[int, int, int]:
         """Serve hot records until Python must act; (code, call_id, status) as hot_dispatch.c's serve(). The
         Python endpoint's private ring indices are reloaded afterwards (C moved the shared ones)."""

@@ -28,7 +28,7 @@ from ivshmem.channel import Endpoint
 from ivshmem.cuda_status import INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, SUCCESS
 from ivshmem.driver_api import BY_OPCODE, PINNED_COPY, DriverCall
 from ivshmem.layout import Geometry
-from ivshmem.record import Flag, Op, Status
+from ivshmem.record import STATS_REPLY, Flag, Op, Status
 from ivshmem.region import Region
 from ivshmem.wait import WaitPolicy
 from tests.fake_driver import CUlaunchConfig, FakeDriver
@@ -419,6 +419,36 @@ def test_without_a_compiler_the_worker_serves_in_python_and_says_so_once(
         assert [r[2] for r in s.serve()] == [SUCCESS]
     finally:
         hot_path.reset()
+
+
+def test_stats_count_each_opcodes_records_by_the_path_that_served_them(make: Any) -> None:
+    """The wire's STATS (ORION_STATS): per opcode, the records the compiled path served, those Python answered and
+    Python's time, for this session so far. A stream's first query is C's like the rest; an unknown handle is
+    Python's (C leaves it), and so is every call C does not serve."""
+    s = make(True)
+    h = setup_session(s)
+    before = dict((op, (c, p)) for op, c, p, _ns in STATS_REPLY.decode(_stats(s))[0])
+    for _ in range(3):
+        s.request("cuStreamQuery", h["stream"])
+    s.request("cuStreamQuery", 0xBAD)  # not the session's: Python refuses it
+    s.request("cuDeviceGetCount")
+    s.serve()
+    after = dict((op, (c, p)) for op, c, p, _ns in STATS_REPLY.decode(_stats(s))[0])
+    query, count = CALLS["cuStreamQuery"].opcode, CALLS["cuDeviceGetCount"].opcode
+
+    def grew(op: int) -> tuple[int, int]:
+        was = before.get(op, (0, 0))
+        return after[op][0] - was[0], after[op][1] - was[1]
+    assert grew(query) == (3, 1)
+    assert grew(count) == (0, 1)
+    assert int(Op.STATS) not in after  # asking is not a record served
+
+
+def _stats(s: Any) -> bytes:
+    s.send(int(Op.STATS))
+    ((_, _, status, payload),) = s.serve()
+    assert status == SUCCESS
+    return payload
 
 
 def test_a_changed_table_entry_is_left_to_the_python_path(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -237,8 +237,14 @@ def test_every_generated_region_constant_is_ivshmems() -> None:
             _check(f"ORION_{name}_{kind}", schema, numbers)  # where the codec packs each field
             want |= {f"ORION_{name}_{kind}_{field}": offset for field, offset in schema.offsets().items()}
             want[f"ORION_{name}_{kind}_SIZE"] = schema.fixed.size
+            for field, _kind in schema.fields:  # an array's item (STATS reply's): its size and its members
+                item = schema.item(field)
+                if item is not None:
+                    want[f"ORION_{name}_{kind}_{field}_ITEM"] = item.size
+                    want |= {f"ORION_{name}_{kind}_{field}_ITEM_{k}": offset
+                             for k, (offset, _size) in enumerate(members(item))}
             schemas += 1
-    assert schemas == 7 and WIRE_CONTROL["HELLO"] == (record.HELLO_REQUEST, record.HELLO_REPLY)
+    assert schemas == 8 and WIRE_CONTROL["HELLO"] == (record.HELLO_REQUEST, record.HELLO_REPLY)
     assert numbers == want
     assert strings == {"ORION_REGION_MAGIC": layout.MAGIC.decode()}
     # the ones orion_wire.c and vgpu_lease.c use, as docs/wire-protocol.md has them
@@ -320,6 +326,19 @@ def test_the_wire_client_spells_none_of_the_wires_constants() -> None:
               "#define ASYNC_KEEP 256u\nenum { HOSTNAME = ORION_HELLO_REQ_hostname };\n")
     assert _spelled_wire_constants(before) == ["HEADER_SIZE", "RING_TAIL", "MAX_OPCODE", "CLIENT_GEN", "CLIENT_ACTIVE",
                                                "LIVENESS", "HOST_HEARTBEAT", "OP_AGENT_INFO", "STATUS_UNKNOWN_OPCODE"]
+
+
+def test_every_entry_point_begins_with_its_account() -> None:
+    """ORION_STATS counts every call a program makes (call_stats.h): each entry point the C defines begins with
+    ORION_ENTRY and its own name, as the generator writes each generated one."""
+    definition = re.compile(r"^(?:CUresult|int) (cu\w+)\(([^()]|\([^()]*\))*\)\s*\{\n(.*)", re.MULTILINE)
+    found, bad = 0, []
+    for path in sorted(NATIVE.glob("*.c")):
+        for match in definition.finditer(path.read_text(encoding="utf-8")):
+            found += 1
+            if match[3].strip() != f'ORION_ENTRY("{match[1]}");':
+                bad.append(f"{path.name}: {match[1]} begins with {match[3].strip()[:60]!r}")
+    assert found > 150 and not bad, bad
 
 
 def test_every_hand_written_call_has_exactly_one_c_definition() -> None:

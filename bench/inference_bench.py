@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Latency-bound work natively and through the native guest driver (issue 30), in one run on the GPU machine:
+batch-1 inference of ResNet-18 and ResNet-50 (torchvision, random weights, p50 latency of one image), token-by-token
+decoding with a KV cache of a GPT-2-small-shaped model (`transformers.GPT2Config()`, random weights, tokens per
+second), and one ResNet-18 training process alone (batch 64, images per second). Each is timed inside its own process
+after a warm-up, natively and with the native driver as its libcuda talking to a real oriond on the same machine.
+
+Every result is checked against the native run's before a ratio prints (bench/verify.py): the logits' digest of
+the inference models within 1e-3 relative (cuDNN may pick another algorithm in another process), the decoded tokens
+exactly, the training's last loss within 1e-3 relative. A result that differs prints WRONG RESULT and no ratio, and
+the exit status is 1.
+
+With --stats, each forwarded workload runs once more under ORION_STATS and its table's summary and costliest calls
+are printed (docs/performance.md, "Where the time goes"): where the forwarded time goes, call by call.
+
+Run: python3 bench/inference_bench.py [--stats] [--only NAME ...]   (from the repository root; needs gcc, a GPU,
+torch, torchvision and transformers)
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.verify import Checks  # noqa: E402
+from guest_runtime.native.build import build_driver  # noqa: E402
+from tests.gpu.test_forwarded_programs import Oriond  # noqa: E402
+
+_RESNET = r"""
+import torch, torchvision
+torch.manual_seed(0)
+model = torchvision.models.{name}(weights=None).cuda().eval()
+image = torch.randn(1, 3, 224, 224, device="cuda")
+out = []
+def item():
+    with torch.no_grad():
+        out[:] = [model(image)]
+    torch.cuda.synchronize()
+def result():
+    return float(out[0].double().abs().sum().item())
+"""
+WORKLOADS = {
+    "resnet18_b1": ("torchvision", _RESNET.replace("{name}", "resnet18"), "latency"),
+    "resnet50_b1": ("torchvision", _RESNET.replace("{name}", "resnet50"), "latency"),
+    "gpt2_decode": ("transformers", r"""
+import torch, transformers
+torch.manual_seed(0)
+model = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda().eval()
+prompt = torch.randint(0, 50257, (1, 16), device="cuda")
+tokens = []
+def run(n):  # n tokens decoded one by one, each step feeding back the KV cache
+    with torch.no_grad():
+        past, ids, new = None, prompt, []
+        for _ in range(n):
+            step = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past = step.past_key_values
+            ids = step.logits[:, -1:].argmax(-1)
+            new.append(ids)
+        tokens[:] = torch.cat(new, 1)[0].tolist()
+    torch.cuda.synchronize()
+def result():
+    return tokens
+""", "throughput"),
+    "resnet18_train": ("torchvision", r"""
+import torch, torchvision
+torch.manual_seed(0)
+model = torchvision.models.resnet18(weights=None).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+images, labels = torch.randn(64, 3, 224, 224, device="cuda"), torch.randint(0, 1000, (64,), device="cuda")
+losses = []
+def run(n):  # n images: n // 64 steps
+    for _ in range(max(1, n // 64)):
+        opt.zero_grad(); loss = torch.nn.functional.cross_entropy(model(images), labels); loss.backward(); opt.step()
+    losses[:] = [loss]
+    torch.cuda.synchronize()
+def result():
+    return float(losses[0].item())
+""", "throughput"),
+}
+ITEMS = {"resnet18_b1": 200, "resnet50_b1": 100, "gpt2_decode": 64, "resnet18_train": 640}
+UNITS = {"latency": "p50 ms", "throughput": "items/s"}
+REL_TOL = {"resnet18_b1": 1e-3, "resnet50_b1": 1e-3, "resnet18_train": 1e-3}  # gpt2_decode: its tokens exactly
+TIMERS = {
+    # latency: each item timed alone, the median of ITEMS after a warm-up; throughput: items per second, best of 3
+    "latency": r"""
+import time, json, statistics
+for _ in range(10): item()
+times = []
+for _ in range(ITEMS):
+    t = time.perf_counter(); item(); times.append(time.perf_counter() - t)
+print("RESULT " + json.dumps({"value": statistics.median(times) * 1e3, "result": result()}))
+""",
+    "throughput": r"""
+import time, json
+run(max(1, ITEMS // 4))
+best = None
+for _ in range(3):
+    t = time.perf_counter(); run(ITEMS); rate = ITEMS / (time.perf_counter() - t)
+    best = rate if best is None else max(best, rate)
+print("RESULT " + json.dumps({"value": best, "result": result()}))
+""",
+}
+LOAD = "import sys; from guest_runtime.startup import load_native; load_native(sys.argv[1])\n"
+STATS_ROWS = 8
+
+
+def measure(name: str, agent: Oriond | None, library: Path | None, stats: Path | None = None) -> tuple[float, object]:
+    """The workload's figure (p50 ms of one item, or items per second), natively (agent None) or forwarded, and its
+    result after the timed runs. With `stats`, the forwarded process writes its ORION_STATS table there."""
+    _module, body, kind = WORKLOADS[name]
+    code = (LOAD if library else "") + body + f"ITEMS = {ITEMS[name]}\n" + TIMERS[kind]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"PYTHONPATH": str(REPO)}
+    if agent is not None:
+        env |= {"ORION_SHM": str(agent.region), "ORION_NATIVE": "1", "ORION_NATIVE_LIB": str(library)}
+    if stats is not None:
+        env["ORION_STATS"] = str(stats)
+    done = subprocess.run([sys.executable, "-c", code, *([str(library)] if library else [])], capture_output=True,
+                          text=True, timeout=900, env=env, cwd=REPO)
+    line = next((t for t in done.stdout.splitlines() if t.startswith("RESULT ")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"{name} failed: {done.stderr[-1500:]}")
+    measured = json.loads(line[7:])
+    return float(measured["value"]), measured["result"]
+
+
+def show_stats(path: Path) -> None:
+    """The table's summary line and its costliest calls (the table is sorted by total time)."""
+    lines = path.read_text().splitlines()
+    for line in lines[:2 + STATS_ROWS]:
+        print(f"    {line}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stats", action="store_true", help="also run each forwarded workload under ORION_STATS")
+    parser.add_argument("--only", nargs="*", choices=sorted(WORKLOADS), help="these workloads only")
+    args = parser.parse_args()
+    checks = Checks()
+    with tempfile.TemporaryDirectory() as tmp:
+        library = build_driver(Path(tmp) / "libcuda.so.1")
+        agent = Oriond(Path(tmp))
+        try:
+            print(f"{'workload':<16} {'unit':>8} {'native':>10} {'forwarded':>10} {'forwarded/native':>17}")
+            for name, (module, _body, kind) in WORKLOADS.items():
+                if args.only and name not in args.only:
+                    continue
+                if importlib.util.find_spec(module) is None:
+                    print(f"{name:<16} skipped: {module} is not installed")
+                    continue
+                try:
+                    (native, expected), (forwarded, got) = measure(name, None, None), measure(name, agent, library)
+                except RuntimeError as exc:
+                    print(f"{name:<16} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
+                    continue
+                # time ratios (latency: forwarded / native) and rate ratios (throughput: forwarded / native)
+                ratio = checks.ratio(name, forwarded, native, expected, got, rel_tol=REL_TOL.get(name))
+                print(f"{name:<16} {UNITS[kind]:>8} {native:10.2f} {forwarded:10.2f} {ratio:>16}"
+                      f"{'x' if ratio != 'WRONG' else ''}")
+                if args.stats:
+                    table = Path(tmp) / f"{name}.stats"
+                    measure(name, agent, library, stats=table)
+                    show_stats(table)
+        finally:
+            agent.stop()
+    return checks.exit_status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""ORION_STATS: the native guest driver's account of a program's driver calls (guest_runtime/native/call_stats.c) and
+the agent's side of it (the wire's STATS record, answered by host_agent/session_loop.py), against a real agent whose
+sessions run the executor over the fake driver (tests/forwarding_rig.py), locally or relayed.
+
+A program makes a known number of calls of each kind: answered in the guest, posted, and waited for. The table it
+prints at exit must count exactly those, class each as it was served, and give the agent's count of the records of
+each call (the compiled hot path's and Python's together) equal to what the program sent. The library's own use of
+an entry point (cuGetProcAddress calls cuGetProcAddress_v2) is not counted twice. A fork child that exits writes no
+table and never speaks on the parent's channel. Without ORION_STATS nothing is printed."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests import forwarding_rig
+from tests.forwarding_rig import Rig, native_child_env
+from tests.wire.test_native_launch_calls import EPILOGUE, PRELUDE, PTX, REPO
+
+bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
+
+CALLS = r"""
+mode = c_int()
+for _ in range(5):
+    assert lib.cuModuleGetLoadingMode(byref(mode)) == 0          # answered in the guest
+status, module = load(PTX)
+assert status == 0
+noargs = function(module, b"noargs")
+for _ in range(10):
+    assert launch(noargs) == 0                                   # posted
+import os
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # through exit(): the child writes no table and leaves the parent's channel alone
+assert os.waitpid(child, 0)[1] == 0
+for _ in range(4):
+    assert lib.cuCtxSynchronize() == 0                           # waited for
+entry = c_void_p()
+lib.cuGetProcAddress.argtypes = [ctypes.c_char_p, c_void_p, c_int, ctypes.c_uint64]
+assert lib.cuGetProcAddress(b"cuCtxSynchronize", byref(entry), 12000, 0) == 0  # calls cuGetProcAddress_v2 inside
+"""
+
+
+def _run(library: Path, rig: Rig, stats: str | None) -> subprocess.CompletedProcess[str]:
+    env = native_child_env(library, rig.path) | ({"ORION_STATS": stats} if stats is not None else {})
+    done = subprocess.run([sys.executable, "-c", PRELUDE + CALLS + EPILOGUE, str(library), PTX.hex()], env=env,
+                          capture_output=True, text=True, timeout=50, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _table(text: str) -> tuple[str, dict[str, list[str]]]:
+    """The summary line, and each call's row: calls, guest, posted, round trip, total ms, mean us | compiled, python,
+    python us."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    summary = next(line for line in lines if line.startswith("orion-stats: pid"))
+    rows = {}
+    for line in lines:
+        if "|" in line and not line.startswith("call "):
+            left, right = line.split("|")
+            name, *cells = left.split()
+            rows[name] = cells + right.split()
+    return summary, rows
+
+
+def test_each_call_is_counted_once_and_classed_by_how_it_was_served(library: Path, rig: Rig,
+                                                                     tmp_path: Path) -> None:
+    _run(library, rig, str(tmp_path / "stats-%p.txt"))
+    (written,) = tmp_path.glob("stats-*.txt")  # "%p": the process id; the fork child wrote none
+    summary, rows = _table(written.read_text())
+    calls, guest, posted, round_trip = (0, 1, 2, 3)
+    compiled, python = 6, 7
+    assert rows["cuModuleGetLoadingMode"][:4] == ["5", "5", "0", "0"]
+    assert rows["cuModuleGetLoadingMode"][compiled:] == ["-", "-", "-"]  # no record of it reached the agent
+    assert rows["cuLaunchKernel"][:4] == ["10", "0", "10", "0"]
+    assert int(rows["cuLaunchKernel"][compiled]) + int(rows["cuLaunchKernel"][python]) == 10
+    assert rows["cuCtxSynchronize"][:4] == ["4", "0", "0", "4"]
+    assert int(rows["cuCtxSynchronize"][compiled]) + int(rows["cuCtxSynchronize"][python]) == 4
+    assert rows["cuInit"][calls] == "1" and rows["cuInit"][round_trip] == "1"
+    assert rows["cuGetProcAddress"][:4] == ["1", "1", "0", "0"]
+    assert "cuGetProcAddress_v2" not in rows  # the library's own call inside it
+    total = sum(int(cells[calls]) for cells in rows.values() if cells[calls].isdigit())
+    assert f", {total} calls (" in summary
+    assert sum(int(cells[guest]) + int(cells[posted]) + int(cells[round_trip]) for cells in rows.values()
+               if cells[calls].isdigit()) == total
+    assert float(rows["cuCtxSynchronize"][5]) > 0  # a mean time in microseconds
+
+
+def test_without_orion_stats_nothing_is_counted_or_printed(library: Path, rig: Rig) -> None:
+    done = _run(library, rig, None)
+    assert "orion-stats" not in done.stderr
+    done = _run(library, rig, "1")  # to stderr
+    summary, rows = _table(done.stderr)
+    assert rows["cuCtxSynchronize"][:4] == ["4", "0", "0", "4"]
