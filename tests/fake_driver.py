@@ -1586,6 +1586,7 @@ class FakeDriver:
         self.libraries: dict[int, dict[bytes, int]] = {}  # handle -> name -> kernel handle
         self.functions: dict[int, _Kernel] = {}
         self.kernels: dict[int, _Kernel] = {}
+        self._kernel_functions: dict[tuple[int, int | None], tuple[int, _Kernel]] = {}  # cuKernelGetFunction's
         self.images: dict[int, Image] = {}  # module/library -> parsed image
         self.links: dict[int, _Link] = {}  # link state -> its inputs and, once complete, its cubin
         self.pools: dict[int, dict[int, int]] = {}  # handle -> attribute -> value
@@ -4966,8 +4967,15 @@ class FakeDriver:
         source = self.kernels.get(int(kernel))
         if source is None:
             return _result(CUresult.CUDA_ERROR_INVALID_HANDLE, 1)
-        handle = self._handle()  # a function of the kernel in the current context
+        # One function of the kernel per context, the same handle each time it is asked for (as the H200's driver
+        # answers: a kernel of a library loaded again is another, and so is its function)
+        key = (int(kernel), self._current())
+        known = self._kernel_functions.get(key)
+        if known is not None and known[1] is source and known[0] in self.functions:
+            return CUresult(0), CUfunction(known[0])
+        handle = self._handle()
         self.functions[handle] = _Kernel(source.name, source.layout, source.owner)
+        self._kernel_functions[key] = (handle, source)
         return CUresult(0), CUfunction(handle)
 
     FUNCTION_ATTRIBUTES = {0: 1024, 1: 0, 2: 0, 3: 0, 4: 32, 5: 90, 6: 90, 7: 0, 8: 0, 9: -1}

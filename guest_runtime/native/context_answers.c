@@ -126,6 +126,7 @@ void orion_context_gone(uint64_t ctx) {
     pthread_rwlock_wrlock(&lock);
     forget_locked(ctx);
     pthread_rwlock_unlock(&lock);
+    orion_function_answers_forget(); /* its handle may name another context, whose kernels' functions differ */
 }
 
 int orion_context_known(uint64_t ctx) {
@@ -315,6 +316,7 @@ static int primary_call(uint32_t opcode, CUdevice device, const unsigned int *fl
     int status = orion_thread_forward(opcode, req, flags ? ORION_REQ_cuDevicePrimaryCtxSetFlags_SIZE
                                       : ORION_REQ_cuDevicePrimaryCtxRelease_SIZE, NULL, 0, 0);
     primary_changed(device);
+    orion_function_answers_forget(); /* a released or reset primary context takes its functions along */
     return status;
 }
 

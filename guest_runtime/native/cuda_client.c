@@ -180,6 +180,14 @@ int cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long 
     return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
 }
 
+int orion_pending_async_error(void) {
+    pthread_mutex_lock(&lock);
+    int32_t status = CUDA_SUCCESS;
+    int failed = channel != NULL && orion_take_async_error(channel, NULL, NULL, &status);
+    pthread_mutex_unlock(&lock);
+    return failed ? (status > 0 ? status : CUDA_ERROR_UNKNOWN) : CUDA_SUCCESS;
+}
+
 int orion_connected(void) {
     pthread_mutex_lock(&lock);
     int connected = channel != NULL && !unreachable;

@@ -84,5 +84,8 @@ struct orion_channel;
 struct orion_channel *orion_process_channel(void);
 /* Whether the process's channel is open (without opening it: call_stats.c asks at exit). */
 int orion_connected(void);
+/* A call answered in the guest first reports an earlier posted call's failure, as a forwarded one would: that
+ * error (taken), or CUDA_SUCCESS when none came back. */
+int orion_pending_async_error(void);
 
 #endif

@@ -1,6 +1,7 @@
 /* function_answers.c: cuFuncGetAttribute and cuKernelGetAttribute answered from what the host said the first time,
  * and the calls that change those answers (cuFuncSetAttribute, cuFuncSetCacheConfig, cuKernelSetAttribute,
- * cuKernelSetCacheConfig), which forget them (answer_cache.h).
+ * cuKernelSetCacheConfig), which forget them (answer_cache.h); a kernel's function in the current context and the
+ * occupancy queries likewise (the last part of this file).
  *
  * Keys: a function's answers by (function, the calling thread's current context): a CUfunction belongs to one
  * context, but CUDA 12+ also takes a CUkernel where a CUfunction goes, and then answers for the current context's
@@ -89,10 +90,13 @@ static void forget_in(struct handle_map *map, uint64_t handle) {
     for (struct answers *a = handle_map_get(map, handle); a; a = a->next) a->known = 0;
 }
 
+static void forget_kept(int unloaded);
+
 static void forget(uint64_t function, uint64_t kernel) {
     pthread_rwlock_wrlock(&lock);
     forget_in(&functions, function);
     forget_in(&kernels, kernel);
+    forget_kept(function == 0 && kernel == 0);
     atomic_fetch_add(&epoch, 1);
     pthread_rwlock_unlock(&lock);
 }
@@ -182,4 +186,156 @@ CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice d
     orion_put_i32(req + ORION_REQ_cuKernelSetCacheConfig_arg1, config);
     orion_put_i32(req + ORION_REQ_cuKernelSetCacheConfig_arg2, device);
     return set_then_forget(ORION_OP_cuKernelSetCacheConfig, req, sizeof req, 0, named(kernel));
+}
+
+/* --- a kernel's function in the current context, and occupancy --------------------------------------------------
+ * cuKernelGetFunction's answer for (kernel, current context) stays the same until the kernel's library is unloaded or
+ * the context goes (an unload, cuCtxDestroy and the primary-context calls forget everything: orion_function_answers_
+ * forget); an attribute set changes a function's attributes, not which function it is. cuOccupancyMaxActiveBlocksPerMultiprocessor(WithFlags) depends on the function, its attributes and its
+ * context's cache and limit settings: kept under (function, context, block size, dynamic shared memory, flags) and
+ * forgotten by every set above, and by cuCtxSetCacheConfig, cuCtxSetSharedMemConfig and cuCtxSetLimit
+ * (orion_occupancy_changed, the generator's status hooks). A batch-1 ResNet inference in PyTorch asked these 18 to
+ * 50 times per image, each a round trip of 14 to 38 us (docs/performance.md, "Where the time goes"). */
+struct kept_function {
+    uint64_t context, function;
+    struct kept_function *next;
+};
+
+struct kept_occupancy {
+    uint64_t context, smem;
+    int32_t block, blocks;
+    uint32_t flags;
+    struct kept_occupancy *next;
+};
+
+static struct handle_map kernel_functions; /* kernel -> its struct kept_function chain, one per context */
+static struct handle_map occupancy;        /* function -> its struct kept_occupancy chain */
+
+static void free_functions(void *head) {
+    for (struct kept_function *k = head, *next; k; k = next) {
+        next = k->next;
+        free(k);
+    }
+}
+
+static void free_occupancy(void *head) {
+    for (struct kept_occupancy *k = head, *next; k; k = next) {
+        next = k->next;
+        free(k);
+    }
+}
+
+/* In the write side: what forget() forgets of these: every occupancy answer (a set may change any), and with
+ * `unloaded` (an unload, a context gone) every kernel's function too; a set changes no kernel's function. */
+static void forget_kept(int unloaded) {
+    if (unloaded) handle_map_clear(&kernel_functions, free_functions);
+    handle_map_clear(&occupancy, free_occupancy);
+}
+
+void orion_occupancy_changed(int status) {
+    (void)status; /* a failed set changed nothing, but forgetting costs one question */
+    pthread_rwlock_wrlock(&lock);
+    handle_map_clear(&occupancy, free_occupancy);
+    atomic_fetch_add(&epoch, 1);
+    pthread_rwlock_unlock(&lock);
+}
+
+CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
+    ORION_ENTRY("cuKernelGetFunction");
+    if (!pFunc) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t handle = (uint64_t)(uintptr_t)kernel, context = (uint64_t)(uintptr_t)orion_current_context();
+    int cacheable = handle && context && orion_is_initialized();
+    if (cacheable) {
+        int found = 0;
+        pthread_rwlock_rdlock(&lock);
+        for (const struct kept_function *k = handle_map_get(&kernel_functions, handle); k; k = k->next) {
+            if (k->context == context) {
+                *pFunc = (CUfunction)(uintptr_t)k->function;
+                found = 1;
+                break;
+            }
+        }
+        pthread_rwlock_unlock(&lock);
+        if (found) return CUDA_SUCCESS;
+    }
+    uint64_t seen = atomic_load(&epoch);
+    uint8_t req[ORION_REQ_cuKernelGetFunction_SIZE], rep[ORION_REP_cuKernelGetFunction_SIZE];
+    orion_put_u64(req + ORION_REQ_cuKernelGetFunction_arg1, handle);
+    CUresult status = orion_thread_forward(ORION_OP_cuKernelGetFunction, req, sizeof req, rep, sizeof rep, 0);
+    if (status != CUDA_SUCCESS) return status;
+    uint64_t function = orion_get_u64(rep + ORION_REP_cuKernelGetFunction_arg0);
+    *pFunc = (CUfunction)(uintptr_t)function;
+    if (cacheable) {
+        pthread_rwlock_wrlock(&lock);
+        struct kept_function *head = handle_map_get(&kernel_functions, handle), *k;
+        if (atomic_load(&epoch) == seen && (k = malloc(sizeof *k)) != NULL) {
+            *k = (struct kept_function){ context, function, head };
+            if (handle_map_put(&kernel_functions, handle, k)) free(k); /* out of memory: not kept */
+        }
+        pthread_rwlock_unlock(&lock);
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult occupancy_of(int *blocks, CUfunction function, int block, size_t smem, unsigned int flags,
+                             uint32_t opcode, const uint8_t *req, size_t len) {
+    if (!blocks) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t handle = (uint64_t)(uintptr_t)function, context = (uint64_t)(uintptr_t)orion_current_context();
+    int cacheable = handle && context && orion_is_initialized();
+    if (cacheable) {
+        int found = 0;
+        pthread_rwlock_rdlock(&lock);
+        for (const struct kept_occupancy *k = handle_map_get(&occupancy, handle); k; k = k->next) {
+            if (k->context == context && k->block == block && k->smem == smem && k->flags == flags) {
+                *blocks = k->blocks;
+                found = 1;
+                break;
+            }
+        }
+        pthread_rwlock_unlock(&lock);
+        if (found) return CUDA_SUCCESS;
+    }
+    uint64_t seen = atomic_load(&epoch);
+    _Static_assert(ORION_REP_cuOccupancyMaxActiveBlocksPerMultiprocessor_SIZE
+                   == ORION_REP_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags_SIZE
+                   && ORION_REP_cuOccupancyMaxActiveBlocksPerMultiprocessor_arg0
+                   == ORION_REP_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags_arg0, "one reply for both");
+    uint8_t rep[ORION_REP_cuOccupancyMaxActiveBlocksPerMultiprocessor_SIZE];
+    CUresult status = orion_thread_forward(opcode, req, len, rep, sizeof rep, 0);
+    if (status != CUDA_SUCCESS) return status;
+    *blocks = orion_get_i32(rep + ORION_REP_cuOccupancyMaxActiveBlocksPerMultiprocessor_arg0);
+    if (cacheable) {
+        pthread_rwlock_wrlock(&lock);
+        struct kept_occupancy *head = handle_map_get(&occupancy, handle), *k;
+        if (atomic_load(&epoch) == seen && (k = malloc(sizeof *k)) != NULL) {
+            *k = (struct kept_occupancy){ context, smem, block, *blocks, flags, head };
+            if (handle_map_put(&occupancy, handle, k)) free(k);
+        }
+        pthread_rwlock_unlock(&lock);
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+                                                     size_t dynamicSMemSize) {
+    ORION_ENTRY("cuOccupancyMaxActiveBlocksPerMultiprocessor");
+    uint8_t req[ORION_REQ_cuOccupancyMaxActiveBlocksPerMultiprocessor_SIZE];
+    orion_put_u64(req + ORION_REQ_cuOccupancyMaxActiveBlocksPerMultiprocessor_arg1, (uint64_t)(uintptr_t)func);
+    orion_put_i32(req + ORION_REQ_cuOccupancyMaxActiveBlocksPerMultiprocessor_arg2, blockSize);
+    orion_put_u64(req + ORION_REQ_cuOccupancyMaxActiveBlocksPerMultiprocessor_arg3, dynamicSMemSize);
+    return occupancy_of(numBlocks, func, blockSize, dynamicSMemSize, 0,
+                        ORION_OP_cuOccupancyMaxActiveBlocksPerMultiprocessor, req, sizeof req);
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize,
+                                                              size_t dynamicSMemSize, unsigned int flags) {
+    ORION_ENTRY("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags");
+    uint8_t req[ORION_REQ_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags_SIZE];
+    orion_put_u64(req + ORION_REQ_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags_arg1,
+                  (uint64_t)(uintptr_t)func);
+    orion_put_i32(req + ORION_REQ_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags_arg2, blockSize);
+    orion_put_u64(req + ORION_REQ_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags_arg3, dynamicSMemSize);
+    orion_put_u32(req + ORION_REQ_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags_arg4, flags);
+    return occupancy_of(numBlocks, func, blockSize, dynamicSMemSize, flags,
+                        ORION_OP_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, req, sizeof req);
 }

@@ -420,24 +420,11 @@ static CUresult enqueue(CUstream hStream, struct call proto) {
 /* --- stream capture: a host function as a host node -------------------------------------------------------------
  * The pair of stream memory operations a host function is made of would be captured as two memory-operation nodes,
  * and a replay of the graph would find its sequence number already released: the function would run at most once.
- * So while any capture may be under way in this process (begun and not yet ended: `captures`), a local session's
- * host function runs as a host node does (its token through oriond's trampoline, which a capture records as a host
- * node, as the driver's would be); a relayed session's stream is asked first, as a callback's always is: a capturing
- * stream answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and its capture is invalidated (an error, never a graph that is
- * wrong). No capture under way costs nothing. */
-static atomic_int captures;
-
-void orion_capture_began(int status) {
-    if (status == CUDA_SUCCESS) atomic_fetch_add(&captures, 1);
-}
-
-void orion_capture_ended(int status) {
-    enum { CAPTURE_INVALIDATED = 901, CAPTURE_UNJOINED = 904 }; /* capture ends with these too */
-    if (status != CUDA_SUCCESS && status != CAPTURE_INVALIDATED && status != CAPTURE_UNJOINED) return;
-    int now = atomic_load(&captures);
-    while (now > 0 && !atomic_compare_exchange_weak(&captures, &now, now - 1)) {
-    }
-}
+ * So while any capture may be under way in this process (capture_state.c), a local session's host function runs as a
+ * host node does (its token through oriond's trampoline, which a capture records as a host node, as the driver's
+ * would be); a relayed session's stream is asked first, as a callback's always is: a capturing stream answers
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and its capture is invalidated (an error, never a graph that is wrong). No
+ * capture under way costs nothing. */
 
 /* The stream asked of the host (cuStreamQuery, its answer not folded with earlier posted calls' errors, which stay
  * for the next call): NOT_READY and SUCCESS let a function or callback queue; a stream the session does not own, or
@@ -509,7 +496,7 @@ static CUresult host_node_function(CUstream hStream, CUhostFn fn, void *data) {
 /* A host function: while a capture may be under way, a local session's runs as a host node runs it; a relayed
  * session's stream is asked first (a capturing one refuses it). No capture under way costs nothing. */
 static CUresult enqueue_function(CUstream hStream, struct call proto) {
-    if (atomic_load(&captures) > 0) {
+    if (orion_captures_may_run()) {
         int status = refused_now();
         if (status == CUDA_SUCCESS) {
             pthread_mutex_lock(&lock);

@@ -66,8 +66,10 @@ int orion_stack_pop(uint64_t *ctx);         /* 1 and the popped top, or 0 for an
 int orion_stack_replace_top(uint64_t ctx);  /* cuCtxSetCurrent: the top replaced (NULL pops it) */
 void orion_stack_destroyed(uint64_t ctx);   /* cuCtxDestroy: popped if it is the calling thread's top */
 
-/* --- function_answers.c (answer_cache.h): an unload forgets every function's and kernel's kept answers -------- */
+/* --- function_answers.c (answer_cache.h): an unload forgets every function's and kernel's kept answers, a context's
+ * cache or limit settings the kept occupancy answers (the generator's status hooks) ----------------------------- */
 void orion_function_answers_forget(void);
+void orion_occupancy_changed(int status);
 
 /* --- device_ranges.c: device memory this process got (cuMemcpy with unified addressing) ---------------------- */
 void orion_range_add(uint64_t base, uint64_t size);
@@ -113,10 +115,13 @@ int orion_parse_bus_id(const char *text, unsigned *domain, unsigned *bus, unsign
 void orion_host_functions_saw(int status);
 /* cuGetProcAddress's cuLaunchHostFunc for a caller built against `version` (13.2 on: the _v2 ABI), or NULL. */
 void *orion_host_function_entry(const char *symbol, int version);
+/* --- capture_state.c: whether a stream capture may be under way in this process --------------------------------- */
 /* A stream capture began or ended with `status` (the generated cuStreamBeginCapture/cuStreamEndCapture and
- * cuStreamBeginCaptureToGraph call them): while one may be under way, a host function's stream is asked first. */
+ * cuStreamBeginCaptureToGraph call them): while one may be under way, a host function's stream is asked first and
+ * cuStreamIsCapturing is the host's to answer. */
 void orion_capture_began(int status);
 void orion_capture_ended(int status);
+int orion_captures_may_run(void);
 /* The guest's address of the page-locked words that stand for (fn, data) in a host node (made at first use), which
  * oriond's trampoline counts runs in: a CUresult (NOT_SUPPORTED on a relayed session). */
 int orion_host_node_words(CUhostFn fn, void *data, uint64_t *words);

@@ -1,0 +1,56 @@
+/* capture_state.c: whether a stream capture may be under way in this process, and the capture query it lets the
+ * guest answer.
+ *
+ * Every capture of the process begins and ends through this library (the generated cuStreamBeginCapture and
+ * cuStreamEndCapture, graph_queries.c's cuStreamBeginCaptureToGraph call the hooks below with the driver's status),
+ * so a count of captures begun and not yet ended is never below the true number: a begin counts only when it
+ * succeeded, an end only with a status that ends a capture (success, or the capture invalidated or unjoined). A
+ * capture the program abandons (its stream destroyed) keeps the count up: the queries below are then asked of the
+ * host, slower but right.
+ *
+ * cuStreamIsCapturing on a default stream (the NULL stream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: always valid
+ * handles) of an initialised process with a current context, while no capture may be under way, is
+ * CU_STREAM_CAPTURE_STATUS_NONE, what the driver answers; PyTorch asks it before its allocations and copies (3096
+ * round trips of 43 us each, waiting behind posted launches, in 64 decoded tokens: docs/performance.md). An earlier
+ * posted call's failure is still reported first, as a forwarded answer would report it. Any other stream, or a
+ * capture that may run, is asked of the host.
+ */
+#include <stdatomic.h>
+
+#include "orion_guest.h"
+
+enum { CU_STREAM_CAPTURE_STATUS_NONE = 0 };
+
+static atomic_int captures;
+
+void orion_capture_began(int status) {
+    if (status == CUDA_SUCCESS) atomic_fetch_add(&captures, 1);
+}
+
+void orion_capture_ended(int status) {
+    enum { CAPTURE_INVALIDATED = 901, CAPTURE_UNJOINED = 904 }; /* capture ends with these too */
+    if (status != CUDA_SUCCESS && status != CAPTURE_INVALIDATED && status != CAPTURE_UNJOINED) return;
+    int now = atomic_load(&captures);
+    while (now > 0 && !atomic_compare_exchange_weak(&captures, &now, now - 1)) {
+    }
+}
+
+int orion_captures_may_run(void) { return atomic_load(&captures) > 0; }
+
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+    ORION_ENTRY("cuStreamIsCapturing");
+    if (!captureStatus) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t stream = (uint64_t)(uintptr_t)hStream;
+    if (stream <= 2 && !orion_captures_may_run() && orion_is_initialized() && orion_current_context() != NULL) {
+        int pending = orion_pending_async_error();
+        if (pending != CUDA_SUCCESS) return pending;
+        *captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
+        return CUDA_SUCCESS;
+    }
+    uint8_t req[ORION_REQ_cuStreamIsCapturing_SIZE], rep[ORION_REP_cuStreamIsCapturing_SIZE];
+    orion_put_u64(req + ORION_REQ_cuStreamIsCapturing_arg0, stream);
+    CUresult status = orion_thread_forward(ORION_OP_cuStreamIsCapturing, req, sizeof req, rep, sizeof rep, 0);
+    if (status != CUDA_SUCCESS) return status;
+    *captureStatus = (CUstreamCaptureStatus)orion_get_i32(rep + ORION_REP_cuStreamIsCapturing_arg1);
+    return CUDA_SUCCESS;
+}

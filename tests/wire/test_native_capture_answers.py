@@ -1,0 +1,80 @@
+"""cuStreamIsCapturing answered in the guest (guest_runtime/native/capture_state.c) against a real agent whose sessions
+run the executor over the fake driver (tests/forwarding_rig.py), locally or relayed.
+
+While no capture may be under way in the process, a default stream's status is NONE without a record to the agent;
+once a capture begins, every query is the agent's again (the legacy stream's answer while a blocking stream captures
+is the driver's error, which only the agent can give), and after the capture ends the guest answers again. A capture
+whose end failed and left it running (an end asked of a stream that is not capturing) keeps the queries the agent's.
+A posted call's failure is still reported by the next query, answered here or not. Every status is the one the fake
+driver itself gives for the same sequence (its docstrings say whose semantics those are)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests import forwarding_rig
+from tests.forwarding_rig import Rig
+from tests.wire.test_native_callbacks import run
+
+bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
+SUCCESS, INVALID_VALUE, ILLEGAL_STATE, CAPTURE_IMPLICIT = 0, 1, 401, 906
+NONE, ACTIVE = 0, 1
+
+QUERIES = r"""
+lib.cuStreamIsCapturing.argtypes = [c_void_p, c_void_p]
+lib.cuStreamBeginCapture_v2.argtypes = [c_void_p, c_int]
+lib.cuStreamEndCapture.argtypes = [c_void_p, c_void_p]
+def capturing(s):
+    status = c_int(-1)
+    return [lib.cuStreamIsCapturing(s, byref(status)), status.value]
+out["idle"] = [capturing(s) for s in (None, 1, 2)]
+out["null_status"] = lib.cuStreamIsCapturing(None, None)
+side = stream(0)  # blocking
+out["begin"] = lib.cuStreamBeginCapture_v2(side, 0)  # global mode
+out["during"] = [capturing(None), capturing(side)]
+graph = c_void_p()
+out["end"] = lib.cuStreamEndCapture(side, byref(graph))
+out["after"] = capturing(None)
+out["begin_again"] = lib.cuStreamBeginCapture_v2(side, 0)
+other = stream(1)
+out["end_other"] = [lib.cuStreamEndCapture(other, byref(graph)), capturing(side), capturing(None)]
+out["end_at_last"] = lib.cuStreamEndCapture(side, byref(graph))
+out["after_all"] = capturing(None)
+"""
+
+FAILED_POST = r"""
+lib.cuStreamIsCapturing.argtypes = [c_void_p, c_void_p]
+lib.cuMemsetD32Async.argtypes = [ctypes.c_uint64, c_uint, c_size_t, c_void_p]
+status = c_int(-1)
+assert lib.cuStreamIsCapturing(None, byref(status)) == 0 and status.value == 0
+assert lib.cuMemsetD32Async(0xDEAD0000, 7, 4, None) == 0  # posted: its failure comes back later
+seen = []
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline:
+    got = lib.cuStreamIsCapturing(None, byref(status))
+    if got != 0:
+        seen.append(got)
+        break
+    time.sleep(0.01)
+seen.append(lib.cuStreamIsCapturing(None, byref(status)))  # reported once
+out["seen"] = seen
+"""
+
+
+def test_default_streams_are_answered_here_until_a_capture_may_run(library: Path, rig: Rig) -> None:
+    mark = rig.mark()
+    out, _ = run(library, rig, QUERIES)
+    assert out["idle"] == [[SUCCESS, NONE]] * 3
+    assert out["null_status"] == INVALID_VALUE
+    assert out["begin"] == SUCCESS
+    assert out["during"] == [[CAPTURE_IMPLICIT, -1], [SUCCESS, ACTIVE]]  # the fake's answers, through the agent
+    assert out["end"] == SUCCESS and out["after"] == [SUCCESS, NONE]
+    assert out["begin_again"] == SUCCESS
+    assert out["end_other"] == [ILLEGAL_STATE, [SUCCESS, ACTIVE], [CAPTURE_IMPLICIT, -1]]  # a failed end: still one
+    assert out["end_at_last"] == SUCCESS and out["after_all"] == [SUCCESS, NONE]
+    asked = [e for e in rig.entries(since=mark, name="cuStreamIsCapturing")]
+    assert len(asked) == 4  # during the captures only: the default streams' other answers never left the guest
+
+
+def test_a_failed_posted_call_is_reported_by_a_query_answered_here(library: Path, rig: Rig) -> None:
+    out, _ = run(library, rig, "import time\n" + FAILED_POST)
+    assert out["seen"] == [INVALID_VALUE, SUCCESS]  # the memset's own error (not the session's memory), once
