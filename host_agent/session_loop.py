@@ -47,7 +47,7 @@ Hello = tuple[int, int, str, str]  # what a HELLO says of its client: protocol, 
 
 
 class RelayedSession(Protocol):
-    """A session carried to a GPU host (relay/session.py): what a region worker runs instead of the loop."""
+    """A session carried to a GPU host (relay/relayed_session.py): what a region worker runs instead of the loop."""
 
     switch_interval_s: float  # the interpreter's switch interval its process wants (it runs nothing else)
 
