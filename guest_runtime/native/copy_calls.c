@@ -8,9 +8,11 @@
  * bytes travel, and an async one is posted to run in stream order on the host, as natively.
  *
  * Any other host memory, page-locked in the program's eyes or not (a fallback allocation when the pool had no room,
- * a cuMemHostRegister'ed range: page_locked_calls.c), is pageable here: its bytes travel, and even an async copy
- * waits for its reply, so a copy to the host has written the program's buffer when it returns (and a later
- * synchronize finds nothing of it outstanding), and a copy from it has taken the bytes. A pageable copy larger than
+ * a cuMemHostRegister'ed range: page_locked_calls.c), is pageable here: its bytes travel, and an async copy waits
+ * for its reply, so a copy to the host has written the program's buffer when it returns (and a later synchronize
+ * finds nothing of it outstanding), and a copy from it has taken the bytes; but a small async copy to the device
+ * that the driver would take returns once its bytes are in the channel, as the driver's returns once it staged
+ * them (posted_as_the_driver_would), instead of waiting behind the stream's work for the host's answer. A pageable copy larger than
  * one request may carry (ORION_MAX_PAYLOAD each way) travels as consecutive requests of at most PAGEABLE_PIECE
  * bytes, in order, each awaited: the driver takes a copy of any size. One that fails part of the way answers the
  * error, as the driver's would, with the pieces before it copied.
@@ -36,6 +38,7 @@ _Static_assert(SAME_COPY(cuMemcpyDtoH, cuMemcpyHtoD) && SAME_COPY(cuMemcpyDtoHAs
                && ORION_PINNED_cuMemcpyHtoD_SIZE <= ORION_PINNED_cuMemcpyHtoDAsync_SIZE, "one packing for four copies");
 #define HEAD_BYTES ORION_PINNED_cuMemcpyHtoDAsync_SIZE /* the longest: an async copy's pinned request */
 #define PAGEABLE_PIECE (ORION_MAX_PAYLOAD / 2)      /* the most one pageable copy request carries: well within */
+#define POSTED_PAGEABLE_MAX (64u << 10)             /* the largest pageable async copy to the device posted */
 
 /* The fixed part: (device, size) and the stream of an async copy; its length. */
 static size_t head_of(uint8_t head[HEAD_BYTES], uint64_t device, size_t size, const CUstream *stream) {
@@ -71,6 +74,17 @@ static int in_pieces(int to_device, uint32_t opcode, CUdeviceptr device, uint8_t
     return CUDA_SUCCESS;
 }
 
+/* Whether a pageable async copy to the device may return once its bytes are taken, as the driver's does: posted,
+ * when nothing the driver checks before returning can fail. Small (its bytes in the ring or its staging: taken when
+ * the post returns), into memory this process allocated (not a reserved range nor a graph's allocation: device
+ * memory only while mapped or live), on a default stream (always a valid handle), with a context current. Anything
+ * else waits for the host's answer, as before. A failure found later on the host (the GPU's) comes back as an
+ * earlier posted call's error at the next call, as the driver reports an asynchronous one. */
+static int posted_as_the_driver_would(CUdeviceptr dst, size_t size, CUstream stream) {
+    return size && size <= POSTED_PAGEABLE_MAX && (uintptr_t)stream <= 2 && orion_is_initialized()
+           && orion_current_context() != NULL && orion_range_allocated(dst, size);
+}
+
 static int htod(uint32_t opcode, CUdeviceptr dst, const void *src, size_t size, const CUstream *stream) {
     if (size && !src) return CUDA_ERROR_INVALID_VALUE;
     uint8_t head[HEAD_BYTES];
@@ -79,6 +93,10 @@ static int htod(uint32_t opcode, CUdeviceptr dst, const void *src, size_t size, 
         return pinned_copy(opcode, head, src, stream != NULL);
     if (size > PAGEABLE_PIECE) return in_pieces(1, opcode, dst, (uint8_t *)(uintptr_t)src, size, stream);
     struct orion_piece pieces[2] = { { head, len }, { src, size } };
+    if (stream && posted_as_the_driver_would(dst, size, *stream)) {
+        int pending = orion_pending_async_error();
+        return pending != CUDA_SUCCESS ? pending : orion_thread_postv(opcode, pieces, size ? 2 : 1);
+    }
     return orion_thread_forwardv(opcode, pieces, size ? 2 : 1, NULL, 0, NULL, 0, NULL, 0);
 }
 

@@ -4,14 +4,16 @@
  * guest cannot ask the GPU, so it remembers every range an allocation (the generated calls whose table effect is
  * `allocates`) or a module or library global gave it, and forgets an allocation when it is freed (effect
  * `frees`). Whether the session may use a pointer is the host's check, not this file's: a pointer not listed
- * here is treated as host memory.
+ * here is treated as host memory. A reserved range (effect `reserves`) and a graph's allocation are listed too, as
+ * not allocated: they are device memory only while mapped or while their graph's allocation lives, so a copy into
+ * one is never posted (copy_calls.c asks orion_range_allocated).
  */
 #include <pthread.h>
 #include <stdlib.h>
 
 #include "orion_guest.h"
 
-struct range { uint64_t base, size; };
+struct range { uint64_t base, size; int allocated; /* 0: reserved (VMM), or a graph's allocation */ };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct range *ranges;
@@ -24,7 +26,7 @@ static size_t find(uint64_t base) {
     return i;
 }
 
-void orion_range_add(uint64_t base, uint64_t size) {
+static void add(uint64_t base, uint64_t size, int allocated) {
     pthread_mutex_lock(&lock);
     size_t i = find(base);
     if (i == count && count == cap) {
@@ -36,11 +38,15 @@ void orion_range_add(uint64_t base, uint64_t size) {
         }
     }
     if (i < cap) { /* without room the range stays unlisted: a copy with it is then taken as host memory */
-        ranges[i] = (struct range){ base, size };
+        ranges[i] = (struct range){ base, size, allocated };
         if (i == count) count++;
     }
     pthread_mutex_unlock(&lock);
 }
+
+void orion_range_add(uint64_t base, uint64_t size) { add(base, size, 1); }
+
+void orion_range_reserve(uint64_t base, uint64_t size) { add(base, size, 0); }
 
 void orion_range_remove(uint64_t base) {
     pthread_mutex_lock(&lock);
@@ -54,6 +60,16 @@ int orion_range_contains(uint64_t pointer) {
     int inside = 0;
     for (size_t i = 0; i < count && !inside; i++)
         inside = ranges[i].base <= pointer && pointer - ranges[i].base < ranges[i].size;
+    pthread_mutex_unlock(&lock);
+    return inside;
+}
+
+int orion_range_allocated(uint64_t pointer, uint64_t size) {
+    pthread_mutex_lock(&lock);
+    int inside = 0;
+    for (size_t i = 0; i < count && !inside; i++)
+        inside = ranges[i].allocated && ranges[i].base <= pointer && pointer - ranges[i].base <= ranges[i].size
+                 && size <= ranges[i].size - (pointer - ranges[i].base);
     pthread_mutex_unlock(&lock);
     return inside;
 }

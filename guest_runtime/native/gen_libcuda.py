@@ -142,8 +142,10 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
     effects = call["effects"]
     if "initializes" in effects:
         after.append("    orion_initialized();")
-    if "allocates" in effects or "reserves" in effects:  # a reserved range is device memory once mapped
+    if "allocates" in effects:
         after.append(f"    orion_range_add((uint64_t)*{names[0]}, (uint64_t){names[1]});")
+    if "reserves" in effects:  # device memory once mapped: listed, but not as allocated (device_ranges.c)
+        after.append(f"    orion_range_reserve((uint64_t)*{names[0]}, (uint64_t){names[1]});")
     if "allocates_pitched" in effects:  # cuMemAllocPitch: pitch x rows (its first two outputs, its second input)
         outs = [i for i, p in enumerate(call["params"]) if p["role"] == "out"]
         rows = [i for i, p in enumerate(call["params"]) if p["role"] == "in"][1]

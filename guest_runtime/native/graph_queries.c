@@ -614,7 +614,7 @@ CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, CUgraphNode co
         pthread_mutex_lock(&kept_lock);
         range->next = ranges;
         ranges = range;
-        orion_range_add(dptr, params->bytesize);
+        orion_range_reserve(dptr, params->bytesize); /* device memory only while its allocation lives */
         pthread_mutex_unlock(&kept_lock);
     }
     params->dptr = dptr;

@@ -73,8 +73,11 @@ void orion_occupancy_changed(int status);
 
 /* --- device_ranges.c: device memory this process got (cuMemcpy with unified addressing) ---------------------- */
 void orion_range_add(uint64_t base, uint64_t size);
+void orion_range_reserve(uint64_t base, uint64_t size); /* a reserved range, a graph's allocation: not allocated */
 void orion_range_remove(uint64_t base);
 int orion_range_contains(uint64_t pointer);
+/* Whether [pointer, pointer + size) lies in one allocated range (copy_calls.c posts a small pageable copy there). */
+int orion_range_allocated(uint64_t pointer, uint64_t size);
 
 /* --- pinned_pool.c: this channel's slice of the region's page-locked pool -------------------------------------- */
 int orion_pool_ready(void);                            /* agree on the slice's address with the host (once) */

@@ -1,0 +1,63 @@
+"""A small pageable cuMemcpyHtoDAsync that the driver would take returns once its bytes are in the channel
+(guest_runtime/native/copy_calls.c, posted_as_the_driver_would), against a real agent whose sessions run the executor
+over the fake driver (tests/forwarding_rig.py), locally or relayed.
+
+Posted: a copy of at most 64 KiB into memory this process allocated, on a default stream, with a context current.
+The program may overwrite its buffer as soon as the call returns, and the device holds the bytes it gave, in stream
+order with the calls around it. Waited for, as before (ORION_STATS says which was which): a copy on a stream the
+guest did not make itself sure of, a larger one, one into a reserved range that is not mapped, and one into memory
+the process never allocated, whose error (the agent's, the driver's) is the call's own answer."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests import forwarding_rig
+from tests.forwarding_rig import Rig, native_child_env
+from tests.wire.test_native_call_stats import _table
+from tests.wire.test_native_callbacks import EXTRAS
+from tests.wire.test_native_launch_calls import EPILOGUE, PRELUDE, PTX, REPO
+
+bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
+SUCCESS, INVALID_VALUE = 0, 1
+
+PROGRAM = r"""
+lib.cuMemcpyDtoH.argtypes = [c_void_p, c_uint64, c_size_t]
+lib.cuMemAddressReserve.argtypes = [c_void_p, c_size_t, c_size_t, c_uint64, c_uint64]
+memory = device(1 << 20)
+data = bytes((i * 7 + 3) & 0xFF for i in range(4096))
+buffer = ctypes.create_string_buffer(data, len(data))
+out["posted"] = [lib.cuMemcpyHtoDAsync(memory + 256 * i, buffer, 256, None) for i in range(16)]
+ctypes.memset(buffer, 0, len(data))  # the bytes were taken: the program may reuse its buffer at once
+back = ctypes.create_string_buffer(4096)
+out["read_back"] = [lib.cuMemcpyDtoH(back, memory, 4096), back.raw == data]
+ctypes.memmove(buffer, data, len(data))
+side = stream(1)
+out["created_stream"] = lib.cuMemcpyHtoDAsync(memory, buffer, 256, side)
+large = ctypes.create_string_buffer(128 << 10)
+out["large"] = lib.cuMemcpyHtoDAsync(memory, large, 128 << 10, None)
+reserved = c_uint64()
+assert lib.cuMemAddressReserve(byref(reserved), 2 << 20, 0, 0, 0) == 0
+out["reserved"] = lib.cuMemcpyHtoDAsync(reserved.value, buffer, 256, None)
+out["unallocated"] = lib.cuMemcpyHtoDAsync(0xDEAD0000, buffer, 256, None)
+assert lib.cuCtxSynchronize() == 0
+"""
+
+
+def test_a_small_copy_the_driver_would_take_returns_once_its_bytes_are_in_the_channel(library: Path, rig: Rig,
+                                                                                      tmp_path: Path) -> None:
+    stats = tmp_path / "stats.txt"
+    env = native_child_env(library, rig.path) | {"ORION_STATS": str(stats)}
+    done = subprocess.run([sys.executable, "-c", PRELUDE + EXTRAS + PROGRAM + EPILOGUE, str(library), PTX.hex()],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert out["posted"] == [SUCCESS] * 16
+    assert out["read_back"] == [SUCCESS, True]  # the bytes given, in stream order before the read
+    assert out["created_stream"] == SUCCESS and out["large"] == SUCCESS
+    assert out["reserved"] != SUCCESS and out["unallocated"] == INVALID_VALUE  # the call's own error, at once
+    _summary, rows = _table(stats.read_text())
+    calls, guest, posted, round_trip = rows["cuMemcpyHtoDAsync"][:4]
+    assert (calls, guest, posted, round_trip) == ("20", "0", "16", "4")
