@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Several tenants on one GPU (issue 30): K = 1, 2, 4 processes each training a ResNet-18 (batch 64, random data),
+natively and through the native guest driver against one oriond (a session each), in one run on the GPU machine.
+
+Each process warms up, says it is ready, and starts its timed steps when all K are ready, so the K runs overlap.
+Printed per K: the aggregate images per second of the K native processes and of the K forwarded ones, their ratio,
+and the spread (fastest over slowest process) of each: how evenly the GPU was shared. Every process's last loss is
+checked against the native run's first (the same seed and data everywhere: within 1e-3 relative, cuDNN's backward
+may sum in another order); a wrong one prints WRONG RESULT and no ratio, and the exit status is 1.
+
+Run: python3 bench/tenants_bench.py [--tenants 1 2 4] [--steps N]   (from the repository root; needs gcc, a GPU,
+torch and torchvision)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.verify import Checks  # noqa: E402
+from guest_runtime.native.build import build_driver  # noqa: E402
+from tests.gpu.test_forwarded_programs import Oriond  # noqa: E402
+
+TENANT = r"""
+import json, sys, time, torch, torchvision
+torch.manual_seed(0)
+model = torchvision.models.resnet18(weights=None).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+images, labels = torch.randn(64, 3, 224, 224, device="cuda"), torch.randint(0, 1000, (64,), device="cuda")
+def step():
+    opt.zero_grad(); loss = torch.nn.functional.cross_entropy(model(images), labels); loss.backward(); opt.step()
+    return loss
+for _ in range(5): step()
+torch.cuda.synchronize()
+print("READY", flush=True)
+sys.stdin.readline()  # GO: every tenant is ready
+t = time.perf_counter()
+for _ in range(STEPS): loss = step()
+torch.cuda.synchronize()
+print("RESULT " + json.dumps({"rate": STEPS * 64 / (time.perf_counter() - t), "loss": float(loss.item())}))
+"""
+LOAD = "import sys; from guest_runtime.startup import load_native; load_native(sys.argv[1])\n"
+
+
+def tenants(k: int, steps: int, agent: Oriond | None, library: Path | None) -> list[dict[str, float]]:
+    """Each of `k` processes' images per second and last loss, their timed steps run together."""
+    code = (LOAD if library else "") + f"STEPS = {steps}\n" + TENANT
+    env = {k2: v for k2, v in os.environ.items() if not k2.startswith("ORION_")} | {"PYTHONPATH": str(REPO)}
+    if agent is not None:
+        env |= {"ORION_SHM": str(agent.region), "ORION_NATIVE": "1", "ORION_NATIVE_LIB": str(library)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, *([str(library)] if library else [])], cwd=REPO, env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(k)]
+    try:
+        for p in procs:
+            line = p.stdout.readline() if p.stdout else ""
+            if line.strip() != "READY":
+                why = p.stderr.read()[-1500:] if p.stderr else ""
+                raise RuntimeError(f"a tenant did not start: {line.strip()} {why}")
+        for p in procs:
+            if p.stdin:
+                p.stdin.write("GO\n")
+                p.stdin.flush()
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=900)
+            result = next((t for t in out.splitlines() if t.startswith("RESULT ")), None)
+            if p.returncode != 0 or result is None:
+                raise RuntimeError(f"a tenant failed: {err[-1500:]}")
+            results.append(json.loads(result[7:]))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tenants", type=int, nargs="*", default=[1, 2, 4], help="the K to run (default 1 2 4)")
+    parser.add_argument("--steps", type=int, default=40, help="timed training steps per tenant (default 40)")
+    args = parser.parse_args()
+    checks = Checks()
+    with tempfile.TemporaryDirectory() as tmp:
+        library = build_driver(Path(tmp) / "libcuda.so.1")
+        agent = Oriond(Path(tmp))
+        try:
+            print(f"{'K':>2} {'native img/s':>13} {'forwarded img/s':>16} {'ratio':>7} {'native spread':>14} "
+                  f"{'forwarded spread':>17}")
+            for k in args.tenants:
+                try:
+                    native, forwarded = tenants(k, args.steps, None, None), tenants(k, args.steps, agent, library)
+                except RuntimeError as exc:
+                    print(f"{k:>2} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
+                    continue
+                expected = native[0]["loss"]
+                ratio: str = "WRONG"
+                total_native, total_forwarded = sum(r["rate"] for r in native), sum(r["rate"] for r in forwarded)
+                for i, r in enumerate(forwarded):  # every tenant's loss, the first decides the ratio cell
+                    cell = checks.ratio(f"K={k} tenant {i}", total_forwarded, total_native, expected, r["loss"],
+                                        rel_tol=1e-3)
+                    ratio = cell if i == 0 or cell == "WRONG" else ratio
+                spread = [max(r["rate"] for r in rs) / min(r["rate"] for r in rs) for rs in (native, forwarded)]
+                mark = "x" if ratio != "WRONG" else " "
+                print(f"{k:>2} {total_native:13.1f} {total_forwarded:16.1f} {ratio:>6}{mark} {spread[0]:14.3f} "
+                      f"{spread[1]:17.3f}")
+        finally:
+            agent.stop()
+    return checks.exit_status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
