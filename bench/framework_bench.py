@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.verify import Checks  # noqa: E402
+from bench.workload_process import command  # noqa: E402
 from guest_runtime.native.build import build_driver  # noqa: E402
 from tests.gpu.test_forwarded_programs import Oriond  # noqa: E402
 
@@ -94,20 +94,17 @@ for _ in range(3):
     best = dt if best is None else min(best, dt)
 print("RESULT " + json.dumps({"us": best, "result": result()}))
 """
-LOAD = "import sys; from guest_runtime.startup import load_native; load_native(sys.argv[1])\n"
 
 
 def measure(name: str, agent: Oriond | None, library: Path | None) -> tuple[float, object]:
     """Microseconds per item of workload `name`, natively (agent None) or forwarded, and its result after the
     timed runs (a digest of its data, or the training step's last loss)."""
     _module, body = WORKLOADS[name]
-    code = (LOAD if library else "") + PRELUDE + body + f"ITEMS = {ITEMS[name]}\n" + TIMER
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {
-        "PYTHONPATH": str(REPO), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # JAX's default allocator otherwise
-    if agent is not None:  # (the driver's NVML answers device counts; CUDA_VISIBLE_DEVICES="" would hide them)
-        env |= {"ORION_SHM": str(agent.region), "ORION_NATIVE": "1", "ORION_NATIVE_LIB": str(library)}
-    done = subprocess.run([sys.executable, "-c", code, *([str(library)] if library else [])], capture_output=True,
-                          text=True, timeout=600, env=env, cwd=REPO)
+    argv, env = command(PRELUDE + body + f"ITEMS = {ITEMS[name]}\n" + TIMER,
+                        (agent.region, library) if agent is not None and library is not None else None)
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # JAX's default allocator otherwise
+    # (forwarded, the driver's NVML answers device counts: CUDA_VISIBLE_DEVICES="" would hide them)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     line = next((t for t in done.stdout.splitlines() if t.startswith("RESULT ")), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"{name} failed: {done.stderr[-1500:]}")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.verify import Checks  # noqa: E402
+from bench.workload_process import command  # noqa: E402
 from guest_runtime.native.build import build_driver  # noqa: E402
 from tests.gpu.test_forwarded_programs import Oriond  # noqa: E402
 
@@ -108,7 +108,6 @@ for _ in range(3):
 print("RESULT " + json.dumps({"value": best, "result": result()}))
 """,
 }
-LOAD = "import sys; from guest_runtime.startup import load_native; load_native(sys.argv[1])\n"
 STATS_ROWS = 8
 
 
@@ -116,14 +115,11 @@ def measure(name: str, agent: Oriond | None, library: Path | None, stats: Path |
     """The workload's figure (p50 ms of one item, or items per second), natively (agent None) or forwarded, and its
     result after the timed runs. With `stats`, the forwarded process writes its ORION_STATS table there."""
     _module, body, kind = WORKLOADS[name]
-    code = (LOAD if library else "") + body + f"ITEMS = {ITEMS[name]}\n" + TIMERS[kind]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"PYTHONPATH": str(REPO)}
-    if agent is not None:
-        env |= {"ORION_SHM": str(agent.region), "ORION_NATIVE": "1", "ORION_NATIVE_LIB": str(library)}
+    argv, env = command(body + f"ITEMS = {ITEMS[name]}\n" + TIMERS[kind],
+                        (agent.region, library) if agent is not None and library is not None else None)
     if stats is not None:
         env["ORION_STATS"] = str(stats)
-    done = subprocess.run([sys.executable, "-c", code, *([str(library)] if library else [])], capture_output=True,
-                          text=True, timeout=900, env=env, cwd=REPO)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     line = next((t for t in done.stdout.splitlines() if t.startswith("RESULT ")), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"{name} failed: {done.stderr[-1500:]}")

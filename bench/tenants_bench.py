@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.verify import Checks  # noqa: E402
+from bench.workload_process import command  # noqa: E402
 from guest_runtime.native.build import build_driver  # noqa: E402
 from tests.gpu.test_forwarded_programs import Oriond  # noqa: E402
 
@@ -46,18 +46,14 @@ for _ in range(STEPS): loss = step()
 torch.cuda.synchronize()
 print("RESULT " + json.dumps({"rate": STEPS * 64 / (time.perf_counter() - t), "loss": float(loss.item())}))
 """
-LOAD = "import sys; from guest_runtime.startup import load_native; load_native(sys.argv[1])\n"
 
 
 def tenants(k: int, steps: int, agent: Oriond | None, library: Path | None) -> list[dict[str, float]]:
     """Each of `k` processes' images per second and last loss, their timed steps run together."""
-    code = (LOAD if library else "") + f"STEPS = {steps}\n" + TENANT
-    env = {k2: v for k2, v in os.environ.items() if not k2.startswith("ORION_")} | {"PYTHONPATH": str(REPO)}
-    if agent is not None:
-        env |= {"ORION_SHM": str(agent.region), "ORION_NATIVE": "1", "ORION_NATIVE_LIB": str(library)}
-    procs = [subprocess.Popen([sys.executable, "-c", code, *([str(library)] if library else [])], cwd=REPO, env=env,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(k)]
+    argv, env = command(f"STEPS = {steps}\n" + TENANT,
+                        (agent.region, library) if agent is not None and library is not None else None)
+    procs = [subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(k)]
     try:
         for p in procs:
             line = p.stdout.readline() if p.stdout else ""
