@@ -26,7 +26,7 @@ from ivshmem.errors import WireError
 from ivshmem.record import AGENT_INFO_REPLY, BIND_REQUEST, Op, Status
 from ivshmem.region import Region
 
-from . import allocation, capsule_hook
+from . import allocation, call_stats, capsule_hook
 from .client_config import ClientConfigError
 from .forward import Forwarder
 from .runtime_shim import RuntimeShim
@@ -80,6 +80,8 @@ def _agent_host(channel: ClientChannel) -> str:
 def _connect() -> ClientChannel:
     region = Region.discover()  # $ORION_SHM, an ivshmem PCI device, or /dev/shm/orionsock<N>
     channel = ClientChannel.claim(region)
+    if call_stats.ENABLED:
+        call_stats.watch(channel)
     try:
         channel.hello(table_digest())  # an agent built from another call table refuses here, in one line
         take_up_vgpus(channel)
@@ -117,11 +119,15 @@ def activate() -> Forwarder:
     if _forwarder is None:
         forwarder = Forwarder(_connect)
         driver = forwarder.implementations()
+        if call_stats.ENABLED:  # ORION_STATS: each driver function counted (call_stats.py)
+            driver = {name: call_stats.counted(name, function) for name, function in driver.items()}
         wheel = importlib.import_module("cuda.bindings.cydriver").__pyx_capi__
         capsule_hook.install("cuda.bindings.cydriver",
                              same_signature(driver, {n: capsule_hook.capsule_signature(c) for n, c in wheel.items()}))
         _forwarder = forwarder
         atexit.register(_at_exit)  # after the hook's own handler, so it runs before that one
+        if call_stats.ENABLED:
+            atexit.register(call_stats.report)  # after _at_exit, so it runs first: the session still open
         shim = RuntimeShim(driver)  # cyruntime's statically linked cudart would bypass the driver hook
         try:
             capsule_hook.install("cuda.bindings.cyruntime", shim.implementations(), shim.fallback)

@@ -9,6 +9,7 @@ an entry point (cuGetProcAddress calls cuGetProcAddress_v2) is not counted twice
 table and never speaks on the parent's channel. Without ORION_STATS nothing is printed."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,36 @@ def test_without_orion_stats_nothing_is_counted_or_printed(library: Path, rig: R
     done = _run(library, rig, "1")  # to stderr
     summary, rows = _table(done.stderr)
     assert rows["cuCtxSynchronize"][:4] == ["4", "0", "0", "4"]
+
+
+CAPSULE_PROGRAM = r"""
+from cuda.bindings import driver
+assert driver.cuInit(0)[0] == 0
+err, device = driver.cuDeviceGet(0)
+err, context = driver.cuDevicePrimaryCtxRetain(device)
+assert driver.cuCtxSetCurrent(context)[0] == 0
+for _ in range(3):
+    assert driver.cuCtxSynchronize()[0] == 0
+print("RESULT {}")
+"""
+
+
+def test_the_capsule_path_keeps_the_same_account(rig: Rig, tmp_path: Path) -> None:
+    """A cuda-python program forwarded without the native driver (guest_runtime/call_stats.py): its driver calls
+    counted and classed as the native library counts them, with the agent's side; nothing without ORION_STATS."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {
+        "ORION_SHM": rig.path, "ORION_NATIVE": "0", "ORION_STATS": str(tmp_path / "capsule-%p.txt")}
+    done = subprocess.run([sys.executable, "-c", CAPSULE_PROGRAM], env=env, capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (written,) = tmp_path.glob("capsule-*.txt")
+    summary, rows = _table(written.read_text())
+    assert "(the capsule path)" in summary
+    assert rows["cuCtxSynchronize"][:4] == ["3", "0", "0", "3"]
+    assert int(rows["cuCtxSynchronize"][6]) + int(rows["cuCtxSynchronize"][7]) == 3
+    assert rows["cuInit"][0] == "1"
+    total = sum(int(cells[0]) for cells in rows.values() if cells[0].isdigit())
+    assert f", {total} calls (" in summary
+    quiet = subprocess.run([sys.executable, "-c", CAPSULE_PROGRAM], env=env | {"ORION_STATS": "0"},
+                           capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert quiet.returncode == 0 and "orion-stats" not in quiet.stderr
