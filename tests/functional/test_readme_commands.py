@@ -320,6 +320,13 @@ def _forwarded_app(rig: Rig) -> None:
     assert log.read_text().count("Creating session") > sessions, log.read_text()
 
 
+@smoke("ORION_STATS=1 ORION_SHM=/dev/shm/orionsock0 .venv/bin/python app.py")
+def _forwarded_app_with_stats(rig: Rig) -> None:
+    region, _log = rig.host()
+    out = rig.run(f"ORION_STATS=1 ORION_SHM={region} .venv/bin/python {rig.app()}", "cuInit: CUDA_", "orion-stats: pid")
+    assert re.search(r"^cuInit +1 ", out, re.M), out  # the program's one cuInit, counted
+
+
 @smoke("orion-shm attach DOMAIN [-i N] [-s MiB] [--live] [--config] / detach")
 def _attach_detach(rig: Rig) -> None:
     if subprocess.run(["virsh", "-c", "qemu:///system", "version"], capture_output=True, timeout=60,
