@@ -3,9 +3,10 @@ docs/performance.md "Where the time goes"), for a cuda-python program forwarded 
 
 Each driver function the capsule hook forwards is counted under its name with its time, and classed by how it was
 served: in the guest (no record sent), posted (records sent, no reply waited for), or round trip (a reply waited
-for). A call made while another is under way on the same thread is the outer call's. At exit the agent's STATS
-answer adds how it served each call's records, and one table goes to stderr, or to ORION_STATS's path (`%p`: the
-process id). Without ORION_STATS nothing here runs: activate.py wraps nothing.
+for). A call made while another is under way on the same thread is the outer call's. After cuInit the agent is asked
+to count too (a posted STATS), and at exit its STATS answer adds how it served each call's records, and one table
+goes to stderr, or to ORION_STATS's path (`%p`: the process id). Without ORION_STATS nothing here runs: activate.py
+wraps nothing.
 
 What does not belong here: forwarding itself (forward.py), the hook (capsule_hook.py).
 """
@@ -49,6 +50,8 @@ _lock = threading.Lock()
 _local = threading.local()
 _owner = os.getpid()
 _started = time.monotonic()
+_channel: ClientChannel | None = None  # the process's channel (watch)
+_asked = False  # the agent was asked to count (_agent_counts)
 
 
 def counted(name: str, target: Callable[..., Any]) -> Callable[..., Any]:
@@ -60,7 +63,10 @@ def counted(name: str, target: Callable[..., Any]) -> Callable[..., Any]:
         scope = _local.scope = _Scope()
         started = time.perf_counter_ns()
         try:
-            return target(*args)
+            result = target(*args)
+            if name == "cuInit" and result == 0:
+                _agent_counts()
+            return result
         finally:
             elapsed = time.perf_counter_ns() - started
             _local.scope = None
@@ -75,6 +81,16 @@ def counted(name: str, target: Callable[..., Any]) -> Callable[..., Any]:
                 else:
                     account.guest += 1
     return call
+
+
+def _agent_counts() -> None:
+    """After cuInit (the session's route known, a relayed one's included): a posted STATS, from which the agent
+    serving the session times its Python path (an agent never asked times nothing), once."""
+    global _asked
+    if _channel is not None and not _asked:
+        _asked = True
+        _channel.post(int(Op.STATS))
+
 
 
 def _marked(method: Callable[..., Any], waits: bool) -> Callable[..., Any]:
@@ -97,8 +113,6 @@ def watch(channel: ClientChannel) -> None:
         setattr(channel, name, _marked(getattr(channel, name), waits))
     _channel = channel
 
-
-_channel: ClientChannel | None = None
 
 
 def _host_rows(channel: ClientChannel | None) -> tuple[dict[int, tuple[int, int, int]], str]:

@@ -130,15 +130,17 @@ class RecordLoop:
     With `hot`, the compiled hot path takes the records it serves straight from the transport and hands back the
     others, which this loop answers as it answers everything without it: the Python path is the reference. A
     posted record (NO_REPLY) gets no reply unless it failed; then an ASYNC_ERROR reply, the first
-    MAX_ASYNC_ERRORS_REPORTED of the session's. The loop counts what it answers, by opcode, with its time, and
-    answers the wire's STATS with that and the compiled path's counts (ORION_STATS, docs/performance.md)."""
+    MAX_ASYNC_ERRORS_REPORTED of the session's. The wire's STATS (ORION_STATS, docs/performance.md) is answered with
+    the compiled path's counts and, from the session's first STATS on, what this loop answered, by opcode, with its
+    time: a session that never asks pays nothing for it here."""
 
     def __init__(self, endpoint: RecordEndpoint, handler: Handler, session: Session, options: ServerOptions,
                  hot: CompiledServing | None = None) -> None:
         self.endpoint, self.handler, self.session, self.hot = endpoint, handler, session, hot
         self.malformed = LogLimiter(log, first=options.malformed_logged)
         self.async_errors = 0
-        self.answered: dict[int, list[int]] = {}  # opcode -> [records answered here, nanoseconds spent on them]
+        # opcode -> [records answered here, nanoseconds spent on them]; None until the client asks STATS
+        self.answered: dict[int, list[int]] | None = None
 
     def run(self, until_idle: bool = False) -> None:
         """Answer records forever (with `until_idle`, until none is waiting: the tests). Raises ChannelCorrupt
@@ -173,6 +175,10 @@ class RecordLoop:
         success)."""
         if record.opcode == Op.STATS and record.generation == self.endpoint.generation:
             reply = Reply(Status.OK, self.stats())
+            if self.answered is None:
+                self.answered = {}  # counted from now on
+        elif self.answered is None:
+            reply = answer_record(record, self.endpoint.generation, self.handler, self.session)
         else:
             started = time.perf_counter_ns()
             reply = answer_record(record, self.endpoint.generation, self.handler, self.session)
@@ -187,8 +193,9 @@ class RecordLoop:
     def stats(self) -> bytes:
         """STATS_REPLY: per opcode, the records the compiled path served, those answered here and their time."""
         compiled = self.hot.counts() if self.hot is not None else {}
-        opcodes = sorted(set(compiled) | set(self.answered))
-        return STATS_REPLY.encode([(op, compiled.get(op, 0), *self.answered.get(op, (0, 0))) for op in opcodes])
+        answered = self.answered or {}
+        opcodes = sorted(set(compiled) | set(answered))
+        return STATS_REPLY.encode([(op, compiled.get(op, 0), *answered.get(op, (0, 0))) for op in opcodes])
 
     def answer_malformed(self, exc: RecordError) -> None:
         """Answer a record whose header the endpoint refused; the session goes on."""

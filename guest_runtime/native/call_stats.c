@@ -91,6 +91,12 @@ void orion_stat_wire(int posted) {
     else current->round_trips++;
 }
 
+void orion_stats_initialized(void) {
+    static atomic_int asked;
+    if (orion_stats_on && !atomic_exchange(&asked, 1))
+        (void)orion_forward_post(ORION_WIRE_OP_STATS, NULL, 0); /* its answer, posted and fine, never comes back */
+}
+
 /* --- at exit: the agent's side, and the table ------------------------------------------------------------------ */
 struct host_row { uint32_t opcode; uint64_t compiled, python, python_ns; int shown; };
 

@@ -5,9 +5,9 @@
  * tests/unit/test_native_layouts.py holds the hand-written ones to it). With ORION_STATS set, each call the program
  * makes is counted under its name with its time, and classed by how it was served: in the guest (nothing crossed
  * the wire), posted (records sent, none waited for), or round trip (at least one reply waited for). A call made from
- * inside another entry point (the library's own use of its API) is the outer call's, never counted twice. At exit
- * the library asks the agent how it served each opcode (its compiled hot path or Python, and Python's time: the
- * wire's STATS record) and prints one table (call_stats.c). Without ORION_STATS an entry point pays one load and
+ * inside another entry point (the library's own use of its API) is the outer call's, never counted twice. After
+ * cuInit the library asks the agent to count too, and at exit how it served each opcode (its compiled hot path or
+ * Python, and Python's time: the wire's STATS record); then it prints one table (call_stats.c). Without ORION_STATS an entry point pays one load and
  * one branch.
  */
 #ifndef ORION_CALL_STATS_H
@@ -28,6 +28,10 @@ void orion_stat_enter(struct orion_stat_scope *scope, const char *name, int *id)
 void orion_stat_finish(struct orion_stat_scope *scope);
 /* The wire functions (cuda_client.c): the call under way sent a record (posted: no reply waited for). */
 void orion_stat_wire(int posted);
+/* cuInit succeeded (the generated cuInit): with ORION_STATS, a STATS record is posted so that the agent that serves
+ * the session (the route is known by now, a relayed one's included) counts its Python path from here; an agent
+ * never asked times nothing. */
+void orion_stats_initialized(void);
 
 static inline void orion_stat_leave(struct orion_stat_scope *scope) {
     if (scope->id >= 0) orion_stat_finish(scope);

@@ -142,6 +142,7 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
     effects = call["effects"]
     if "initializes" in effects:
         after.append("    orion_initialized();")
+        after.append("    orion_stats_initialized();")  # call_stats.c: the agent's account begins (ORION_STATS)
     if "allocates" in effects:
         after.append(f"    orion_range_add((uint64_t)*{names[0]}, (uint64_t){names[1]});")
     if "reserves" in effects:  # device memory once mapped: listed, but not as allocated (device_ranges.c)
