@@ -191,35 +191,24 @@ CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice d
 /* --- a kernel's function in the current context, and occupancy --------------------------------------------------
  * cuKernelGetFunction's answer for (kernel, current context) stays the same until the kernel's library is unloaded or
  * the context goes (an unload, cuCtxDestroy and the primary-context calls forget everything: orion_function_answers_
- * forget); an attribute set changes a function's attributes, not which function it is. cuOccupancyMaxActiveBlocksPerMultiprocessor(WithFlags) depends on the function, its attributes and its
- * context's cache and limit settings: kept under (function, context, block size, dynamic shared memory, flags) and
+ * forget); an attribute set changes a function's attributes, not which function it is.
+ * cuOccupancyMaxActiveBlocksPerMultiprocessor(WithFlags) depends on the function, its attributes and its context's
+ * cache and limit settings: kept under (function, context, block size, dynamic shared memory, flags) and
  * forgotten by every set above, and by cuCtxSetCacheConfig, cuCtxSetSharedMemConfig and cuCtxSetLimit
  * (orion_occupancy_changed, the generator's status hooks). A batch-1 ResNet inference in PyTorch asked these 18 to
  * 50 times per image, each a round trip of 14 to 38 us (docs/performance.md, "Where the time goes"). */
-struct kept_function {
-    uint64_t context, function;
-    struct kept_function *next;
+struct kept {
+    uint64_t context, a, b; /* the question beyond its handle: (0, 0) for a kernel's function; (shared memory,
+                               block size << 32 | flags) for occupancy */
+    uint64_t value;
+    struct kept *next;
 };
 
-struct kept_occupancy {
-    uint64_t context, smem;
-    int32_t block, blocks;
-    uint32_t flags;
-    struct kept_occupancy *next;
-};
+static struct handle_map kernel_functions; /* kernel -> its struct kept chain: the function, one per context */
+static struct handle_map occupancy;        /* function -> its struct kept chain: blocks per multiprocessor */
 
-static struct handle_map kernel_functions; /* kernel -> its struct kept_function chain, one per context */
-static struct handle_map occupancy;        /* function -> its struct kept_occupancy chain */
-
-static void free_functions(void *head) {
-    for (struct kept_function *k = head, *next; k; k = next) {
-        next = k->next;
-        free(k);
-    }
-}
-
-static void free_occupancy(void *head) {
-    for (struct kept_occupancy *k = head, *next; k; k = next) {
+static void free_kept(void *head) {
+    for (struct kept *k = head, *next; k; k = next) {
         next = k->next;
         free(k);
     }
@@ -228,72 +217,82 @@ static void free_occupancy(void *head) {
 /* In the write side: what forget() forgets of these: every occupancy answer (a set may change any), and with
  * `unloaded` (an unload, a context gone) every kernel's function too; a set changes no kernel's function. */
 static void forget_kept(int unloaded) {
-    if (unloaded) handle_map_clear(&kernel_functions, free_functions);
-    handle_map_clear(&occupancy, free_occupancy);
+    if (unloaded) handle_map_clear(&kernel_functions, free_kept);
+    handle_map_clear(&occupancy, free_kept);
 }
 
 void orion_occupancy_changed(int status) {
     (void)status; /* a failed set changed nothing, but forgetting costs one question */
     pthread_rwlock_wrlock(&lock);
-    handle_map_clear(&occupancy, free_occupancy);
+    handle_map_clear(&occupancy, free_kept);
     atomic_fetch_add(&epoch, 1);
     pthread_rwlock_unlock(&lock);
+}
+
+/* 1 and *value when the answer to `question` of `handle` is kept; 0 when the host must be asked. */
+static int kept_get(const struct handle_map *map, uint64_t handle, const struct kept *question, uint64_t *value) {
+    int found = 0;
+    pthread_rwlock_rdlock(&lock);
+    for (const struct kept *k = handle_map_get(map, handle); k && !found; k = k->next) {
+        if (k->context == question->context && k->a == question->a && k->b == question->b) {
+            *value = k->value;
+            found = 1;
+        }
+    }
+    pthread_rwlock_unlock(&lock);
+    return found;
+}
+
+/* Keep the host's answer to `question`, unless something was forgotten since `seen` (the epoch before asking). */
+static void kept_put(struct handle_map *map, uint64_t handle, const struct kept *question, uint64_t value,
+                     uint64_t seen) {
+    pthread_rwlock_wrlock(&lock);
+    struct kept *k;
+    if (atomic_load(&epoch) == seen && (k = malloc(sizeof *k)) != NULL) {
+        *k = *question;
+        k->value = value;
+        k->next = handle_map_get(map, handle);
+        if (handle_map_put(map, handle, k)) free(k); /* out of memory: not kept */
+    }
+    pthread_rwlock_unlock(&lock);
+}
+
+/* The question about `handle` in the current context, and whether it may be kept (after cuInit, a context current). */
+static int keepable(uint64_t handle, uint64_t a, uint64_t b, struct kept *question) {
+    *question = (struct kept){ (uint64_t)(uintptr_t)orion_current_context(), a, b, 0, NULL };
+    return handle && question->context && orion_is_initialized();
 }
 
 CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
     ORION_ENTRY("cuKernelGetFunction");
     if (!pFunc) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t handle = (uint64_t)(uintptr_t)kernel, context = (uint64_t)(uintptr_t)orion_current_context();
-    int cacheable = handle && context && orion_is_initialized();
-    if (cacheable) {
-        int found = 0;
-        pthread_rwlock_rdlock(&lock);
-        for (const struct kept_function *k = handle_map_get(&kernel_functions, handle); k; k = k->next) {
-            if (k->context == context) {
-                *pFunc = (CUfunction)(uintptr_t)k->function;
-                found = 1;
-                break;
-            }
-        }
-        pthread_rwlock_unlock(&lock);
-        if (found) return CUDA_SUCCESS;
+    uint64_t handle = (uint64_t)(uintptr_t)kernel, function;
+    struct kept question;
+    int cacheable = keepable(handle, 0, 0, &question);
+    if (cacheable && kept_get(&kernel_functions, handle, &question, &function)) {
+        *pFunc = (CUfunction)(uintptr_t)function;
+        return CUDA_SUCCESS;
     }
     uint64_t seen = atomic_load(&epoch);
     uint8_t req[ORION_REQ_cuKernelGetFunction_SIZE], rep[ORION_REP_cuKernelGetFunction_SIZE];
     orion_put_u64(req + ORION_REQ_cuKernelGetFunction_arg1, handle);
     CUresult status = orion_thread_forward(ORION_OP_cuKernelGetFunction, req, sizeof req, rep, sizeof rep, 0);
     if (status != CUDA_SUCCESS) return status;
-    uint64_t function = orion_get_u64(rep + ORION_REP_cuKernelGetFunction_arg0);
+    function = orion_get_u64(rep + ORION_REP_cuKernelGetFunction_arg0);
     *pFunc = (CUfunction)(uintptr_t)function;
-    if (cacheable) {
-        pthread_rwlock_wrlock(&lock);
-        struct kept_function *head = handle_map_get(&kernel_functions, handle), *k;
-        if (atomic_load(&epoch) == seen && (k = malloc(sizeof *k)) != NULL) {
-            *k = (struct kept_function){ context, function, head };
-            if (handle_map_put(&kernel_functions, handle, k)) free(k); /* out of memory: not kept */
-        }
-        pthread_rwlock_unlock(&lock);
-    }
+    if (cacheable) kept_put(&kernel_functions, handle, &question, function, seen);
     return CUDA_SUCCESS;
 }
 
 static CUresult occupancy_of(int *blocks, CUfunction function, int block, size_t smem, unsigned int flags,
                              uint32_t opcode, const uint8_t *req, size_t len) {
     if (!blocks) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t handle = (uint64_t)(uintptr_t)function, context = (uint64_t)(uintptr_t)orion_current_context();
-    int cacheable = handle && context && orion_is_initialized();
-    if (cacheable) {
-        int found = 0;
-        pthread_rwlock_rdlock(&lock);
-        for (const struct kept_occupancy *k = handle_map_get(&occupancy, handle); k; k = k->next) {
-            if (k->context == context && k->block == block && k->smem == smem && k->flags == flags) {
-                *blocks = k->blocks;
-                found = 1;
-                break;
-            }
-        }
-        pthread_rwlock_unlock(&lock);
-        if (found) return CUDA_SUCCESS;
+    uint64_t handle = (uint64_t)(uintptr_t)function, value;
+    struct kept question;
+    int cacheable = keepable(handle, smem, (uint64_t)(uint32_t)block << 32 | flags, &question);
+    if (cacheable && kept_get(&occupancy, handle, &question, &value)) {
+        *blocks = (int)(int32_t)value;
+        return CUDA_SUCCESS;
     }
     uint64_t seen = atomic_load(&epoch);
     _Static_assert(ORION_REP_cuOccupancyMaxActiveBlocksPerMultiprocessor_SIZE
@@ -304,15 +303,7 @@ static CUresult occupancy_of(int *blocks, CUfunction function, int block, size_t
     CUresult status = orion_thread_forward(opcode, req, len, rep, sizeof rep, 0);
     if (status != CUDA_SUCCESS) return status;
     *blocks = orion_get_i32(rep + ORION_REP_cuOccupancyMaxActiveBlocksPerMultiprocessor_arg0);
-    if (cacheable) {
-        pthread_rwlock_wrlock(&lock);
-        struct kept_occupancy *head = handle_map_get(&occupancy, handle), *k;
-        if (atomic_load(&epoch) == seen && (k = malloc(sizeof *k)) != NULL) {
-            *k = (struct kept_occupancy){ context, smem, block, *blocks, flags, head };
-            if (handle_map_put(&occupancy, handle, k)) free(k);
-        }
-        pthread_rwlock_unlock(&lock);
-    }
+    if (cacheable) kept_put(&occupancy, handle, &question, (uint64_t)(uint32_t)*blocks, seen);
     return CUDA_SUCCESS;
 }
 
