@@ -13,19 +13,14 @@ Run: python3 bench/framework_bench.py   (from the repository root; needs gcc, a 
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.verify import Checks  # noqa: E402
-from bench.workload_process import command  # noqa: E402
-from guest_runtime.native.build import build_driver  # noqa: E402
-from tests.gpu.test_forwarded_programs import Oriond  # noqa: E402
+from bench.workload_process import Forwarded, forwarding, run  # noqa: E402
 
 WORKLOADS = {
     "torch_op": ("torch", r"""
@@ -96,42 +91,32 @@ print("RESULT " + json.dumps({"us": best, "result": result()}))
 """
 
 
-def measure(name: str, agent: Oriond | None, library: Path | None) -> tuple[float, object]:
-    """Microseconds per item of workload `name`, natively (agent None) or forwarded, and its result after the
+def measure(name: str, forwarded: Forwarded | None) -> tuple[float, object]:
+    """Microseconds per item of workload `name`, natively (`forwarded` None) or forwarded, and its result after the
     timed runs (a digest of its data, or the training step's last loss)."""
     _module, body = WORKLOADS[name]
-    argv, env = command(PRELUDE + body + f"ITEMS = {ITEMS[name]}\n" + TIMER,
-                        (agent.region, library) if agent is not None and library is not None else None)
-    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # JAX's default allocator otherwise
-    # (forwarded, the driver's NVML answers device counts: CUDA_VISIBLE_DEVICES="" would hide them)
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
-    line = next((t for t in done.stdout.splitlines() if t.startswith("RESULT ")), None)
-    if done.returncode != 0 or line is None:
-        raise RuntimeError(f"{name} failed: {done.stderr[-1500:]}")
-    measured = json.loads(line[7:])
+    # (JAX's default allocator would take the GPU otherwise; forwarded, the driver's NVML answers device counts:
+    # CUDA_VISIBLE_DEVICES="" would hide them)
+    measured = run(name, PRELUDE + body + f"ITEMS = {ITEMS[name]}\n" + TIMER, forwarded, 600,
+                   {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
     return float(measured["us"]), measured["result"]
 
 
 def main() -> int:
     checks = Checks()
-    with tempfile.TemporaryDirectory() as tmp:
-        library = build_driver(Path(tmp) / "libcuda.so.1")
-        agent = Oriond(Path(tmp))
-        try:
-            print(f"{'workload':<12} {'native us':>10} {'forwarded us':>13} {'ratio':>7}")
-            for name, (module, _body) in WORKLOADS.items():
-                if importlib.util.find_spec(module) is None:
-                    print(f"{name:<12} skipped: {module} is not installed")
-                    continue
-                try:
-                    (native, expected), (forwarded, got) = measure(name, None, None), measure(name, agent, library)
-                except RuntimeError as exc:
-                    print(f"{name:<12} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
-                    continue
-                ratio = checks.ratio(name, forwarded, native, expected, got, rel_tol=REL_TOL.get(name))
-                print(f"{name:<12} {native:10.1f} {forwarded:13.1f} {ratio:>7}{'x' if ratio != 'WRONG' else ''}")
-        finally:
-            agent.stop()
+    with forwarding() as forwarded_to:
+        print(f"{'workload':<12} {'native us':>10} {'forwarded us':>13} {'ratio':>7}")
+        for name, (module, _body) in WORKLOADS.items():
+            if importlib.util.find_spec(module) is None:
+                print(f"{name:<12} skipped: {module} is not installed")
+                continue
+            try:
+                (native, expected), (forwarded, got) = measure(name, None), measure(name, forwarded_to)
+            except RuntimeError as exc:
+                print(f"{name:<12} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
+                continue
+            ratio = checks.ratio(name, forwarded, native, expected, got, rel_tol=REL_TOL.get(name))
+            print(f"{name:<12} {native:10.1f} {forwarded:13.1f} {ratio:>7}{'x' if ratio != 'WRONG' else ''}")
     return checks.exit_status()
 
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,9 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.verify import Checks  # noqa: E402
-from bench.workload_process import command  # noqa: E402
-from guest_runtime.native.build import build_driver  # noqa: E402
-from tests.gpu.test_forwarded_programs import Oriond  # noqa: E402
+from bench.workload_process import Forwarded, forwarding, run  # noqa: E402
 
 _RESNET = r"""
 import torch, torchvision
@@ -111,19 +107,12 @@ print("RESULT " + json.dumps({"value": best, "result": result()}))
 STATS_ROWS = 8
 
 
-def measure(name: str, agent: Oriond | None, library: Path | None, stats: Path | None = None) -> tuple[float, object]:
-    """The workload's figure (p50 ms of one item, or items per second), natively (agent None) or forwarded, and its
-    result after the timed runs. With `stats`, the forwarded process writes its ORION_STATS table there."""
+def measure(name: str, forwarded: Forwarded | None, stats: Path | None = None) -> tuple[float, object]:
+    """The workload's figure (p50 ms of one item, or items per second), natively (`forwarded` None) or forwarded,
+    and its result after the timed runs. With `stats`, the forwarded process writes its ORION_STATS table there."""
     _module, body, kind = WORKLOADS[name]
-    argv, env = command(body + f"ITEMS = {ITEMS[name]}\n" + TIMERS[kind],
-                        (agent.region, library) if agent is not None and library is not None else None)
-    if stats is not None:
-        env["ORION_STATS"] = str(stats)
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
-    line = next((t for t in done.stdout.splitlines() if t.startswith("RESULT ")), None)
-    if done.returncode != 0 or line is None:
-        raise RuntimeError(f"{name} failed: {done.stderr[-1500:]}")
-    measured = json.loads(line[7:])
+    measured = run(name, body + f"ITEMS = {ITEMS[name]}\n" + TIMERS[kind], forwarded, 900,
+                   {"ORION_STATS": str(stats)} if stats is not None else None)
     return float(measured["value"]), measured["result"]
 
 
@@ -140,32 +129,27 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", choices=sorted(WORKLOADS), help="these workloads only")
     args = parser.parse_args()
     checks = Checks()
-    with tempfile.TemporaryDirectory() as tmp:
-        library = build_driver(Path(tmp) / "libcuda.so.1")
-        agent = Oriond(Path(tmp))
-        try:
-            print(f"{'workload':<16} {'unit':>8} {'native':>10} {'forwarded':>10} {'forwarded/native':>17}")
-            for name, (module, _body, kind) in WORKLOADS.items():
-                if args.only and name not in args.only:
-                    continue
-                if importlib.util.find_spec(module) is None:
-                    print(f"{name:<16} skipped: {module} is not installed")
-                    continue
-                try:
-                    (native, expected), (forwarded, got) = measure(name, None, None), measure(name, agent, library)
-                except RuntimeError as exc:
-                    print(f"{name:<16} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
-                    continue
-                # time ratios (latency: forwarded / native) and rate ratios (throughput: forwarded / native)
-                ratio = checks.ratio(name, forwarded, native, expected, got, rel_tol=REL_TOL.get(name))
-                print(f"{name:<16} {UNITS[kind]:>8} {native:10.2f} {forwarded:10.2f} {ratio:>16}"
-                      f"{'x' if ratio != 'WRONG' else ''}")
-                if args.stats:
-                    table = Path(tmp) / f"{name}.stats"
-                    measure(name, agent, library, stats=table)
-                    show_stats(table)
-        finally:
-            agent.stop()
+    with forwarding() as forwarded_to, tempfile.TemporaryDirectory() as tables:
+        print(f"{'workload':<16} {'unit':>8} {'native':>10} {'forwarded':>10} {'forwarded/native':>17}")
+        for name, (module, _body, kind) in WORKLOADS.items():
+            if args.only and name not in args.only:
+                continue
+            if importlib.util.find_spec(module) is None:
+                print(f"{name:<16} skipped: {module} is not installed")
+                continue
+            try:
+                (native, expected), (forwarded, got) = measure(name, None), measure(name, forwarded_to)
+            except RuntimeError as exc:
+                print(f"{name:<16} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
+                continue
+            # time ratios (latency: forwarded / native) and rate ratios (throughput: forwarded / native)
+            ratio = checks.ratio(name, forwarded, native, expected, got, rel_tol=REL_TOL.get(name))
+            print(f"{name:<16} {UNITS[kind]:>8} {native:10.2f} {forwarded:10.2f} {ratio:>16}"
+                  f"{'x' if ratio != 'WRONG' else ''}")
+            if args.stats:
+                table = Path(tables) / f"{name}.stats"
+                measure(name, forwarded_to, stats=table)
+                show_stats(table)
     return checks.exit_status()
 
 

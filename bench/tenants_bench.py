@@ -14,19 +14,15 @@ torch and torchvision)
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.verify import Checks  # noqa: E402
-from bench.workload_process import command  # noqa: E402
-from guest_runtime.native.build import build_driver  # noqa: E402
-from tests.gpu.test_forwarded_programs import Oriond  # noqa: E402
+from bench.workload_process import Forwarded, command, forwarding, result_of  # noqa: E402
 
 TENANT = r"""
 import json, sys, time, torch, torchvision
@@ -48,10 +44,9 @@ print("RESULT " + json.dumps({"rate": STEPS * 64 / (time.perf_counter() - t), "l
 """
 
 
-def tenants(k: int, steps: int, agent: Oriond | None, library: Path | None) -> list[dict[str, float]]:
+def tenants(k: int, steps: int, forwarded: Forwarded | None) -> list[dict[str, float]]:
     """Each of `k` processes' images per second and last loss, their timed steps run together."""
-    argv, env = command(f"STEPS = {steps}\n" + TENANT,
-                        (agent.region, library) if agent is not None and library is not None else None)
+    argv, env = command(f"STEPS = {steps}\n" + TENANT, forwarded)
     procs = [subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(k)]
     try:
@@ -67,10 +62,10 @@ def tenants(k: int, steps: int, agent: Oriond | None, library: Path | None) -> l
         results = []
         for p in procs:
             out, err = p.communicate(timeout=900)
-            result = next((t for t in out.splitlines() if t.startswith("RESULT ")), None)
+            result = result_of(out)
             if p.returncode != 0 or result is None:
                 raise RuntimeError(f"a tenant failed: {err[-1500:]}")
-            results.append(json.loads(result[7:]))
+            results.append(result)
         return results
     finally:
         for p in procs:
@@ -84,31 +79,26 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40, help="timed training steps per tenant (default 40)")
     args = parser.parse_args()
     checks = Checks()
-    with tempfile.TemporaryDirectory() as tmp:
-        library = build_driver(Path(tmp) / "libcuda.so.1")
-        agent = Oriond(Path(tmp))
-        try:
-            print(f"{'K':>2} {'native img/s':>13} {'forwarded img/s':>16} {'ratio':>7} {'native spread':>14} "
-                  f"{'forwarded spread':>17}")
-            for k in args.tenants:
-                try:
-                    native, forwarded = tenants(k, args.steps, None, None), tenants(k, args.steps, agent, library)
-                except RuntimeError as exc:
-                    print(f"{k:>2} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
-                    continue
-                expected = native[0]["loss"]
-                ratio: str = "WRONG"
-                total_native, total_forwarded = sum(r["rate"] for r in native), sum(r["rate"] for r in forwarded)
-                for i, r in enumerate(forwarded):  # every tenant's loss, the first decides the ratio cell
-                    cell = checks.ratio(f"K={k} tenant {i}", total_forwarded, total_native, expected, r["loss"],
-                                        rel_tol=1e-3)
-                    ratio = cell if i == 0 or cell == "WRONG" else ratio
-                spread = [max(r["rate"] for r in rs) / min(r["rate"] for r in rs) for rs in (native, forwarded)]
-                mark = "x" if ratio != "WRONG" else " "
-                print(f"{k:>2} {total_native:13.1f} {total_forwarded:16.1f} {ratio:>6}{mark} {spread[0]:14.3f} "
-                      f"{spread[1]:17.3f}")
-        finally:
-            agent.stop()
+    with forwarding() as forwarded_to:
+        print(f"{'K':>2} {'native img/s':>13} {'forwarded img/s':>16} {'ratio':>7} {'native spread':>14} "
+              f"{'forwarded spread':>17}")
+        for k in args.tenants:
+            try:
+                native, forwarded = tenants(k, args.steps, None), tenants(k, args.steps, forwarded_to)
+            except RuntimeError as exc:
+                print(f"{k:>2} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
+                continue
+            expected = native[0]["loss"]
+            ratio: str = "WRONG"
+            total_native, total_forwarded = sum(r["rate"] for r in native), sum(r["rate"] for r in forwarded)
+            for i, r in enumerate(forwarded):  # every tenant's loss, the first decides the ratio cell
+                cell = checks.ratio(f"K={k} tenant {i}", total_forwarded, total_native, expected, r["loss"],
+                                    rel_tol=1e-3)
+                ratio = cell if i == 0 or cell == "WRONG" else ratio
+            spread = [max(r["rate"] for r in rs) / min(r["rate"] for r in rs) for rs in (native, forwarded)]
+            mark = "x" if ratio != "WRONG" else " "
+            print(f"{k:>2} {total_native:13.1f} {total_forwarded:16.1f} {ratio:>6}{mark} {spread[0]:14.3f} "
+                  f"{spread[1]:17.3f}")
     return checks.exit_status()
 
 

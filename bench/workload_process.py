@@ -1,25 +1,64 @@
 """How a benchmark runs one workload in a process of its own, natively or on the native guest driver against an
-oriond: its command line and environment, shared by bench/framework_bench.py, inference_bench.py and
-tenants_bench.py. What the workload does, and how it is timed and checked, is each benchmark's own."""
+oriond: the driver and the oriond of the run (`forwarding`), the process's command line and environment
+(`command`), and its RESULT line (`result_of`, `run`). Shared by bench/framework_bench.py, inference_bench.py and
+tenants_bench.py; what the workload does, and how it is timed and checked, is each benchmark's own."""
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 # First in a forwarded workload's code: the native guest driver (the argument after the code) loaded before anything
 # opens the CUDA driver, as the start-up hook loads it.
 LOAD = "import sys; from guest_runtime.startup import load_native; load_native(sys.argv[1])\n"
+Forwarded = tuple[Path, Path]  # an oriond's region, and the native guest driver to load
 
 
-def command(code: str, forwarded: tuple[Path, Path] | None) -> tuple[list[str], dict[str, str]]:
+@contextlib.contextmanager
+def forwarding() -> Iterator[Forwarded]:
+    """For the run: the native guest driver, built, and an oriond serving a region of its own; stopped after."""
+    from guest_runtime.native.build import build_driver
+    from tests.gpu.test_forwarded_programs import Oriond
+
+    with tempfile.TemporaryDirectory() as tmp:
+        library = build_driver(Path(tmp) / "libcuda.so.1")
+        agent = Oriond(Path(tmp))
+        try:
+            yield agent.region, library
+        finally:
+            agent.stop()
+
+
+def command(code: str, forwarded: Forwarded | None) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of a process running `code`: natively (`forwarded` None), or on the native
-    guest driver `forwarded[1]` talking to the oriond whose region is `forwarded[0]`. None of the caller's Orion
-    variables are passed on."""
+    guest driver talking to the oriond of `forwarded`. None of the caller's Orion variables are passed on."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"PYTHONPATH": str(REPO)}
     if forwarded is None:
         return [sys.executable, "-c", code], env
     region, library = forwarded
     return [sys.executable, "-c", LOAD + code, str(library)], env | {
         "ORION_SHM": str(region), "ORION_NATIVE": "1", "ORION_NATIVE_LIB": str(library)}
+
+
+def result_of(stdout: str) -> dict[str, Any] | None:
+    """The workload's `RESULT {json}` line, read; None when it printed none."""
+    line = next((text for text in stdout.splitlines() if text.startswith("RESULT ")), None)
+    return json.loads(line[len("RESULT "):]) if line is not None else None
+
+
+def run(name: str, code: str, forwarded: Forwarded | None, timeout_s: float,
+        env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run workload `name` once (with `env` added) and return its RESULT; RuntimeError with its stderr's end."""
+    argv, base = command(code, forwarded)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=base | (env or {}), cwd=REPO)
+    result = result_of(done.stdout)
+    if done.returncode != 0 or result is None:
+        raise RuntimeError(f"{name} failed: {done.stderr[-1500:]}")
+    return result
