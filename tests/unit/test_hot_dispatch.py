@@ -423,8 +423,9 @@ def test_without_a_compiler_the_worker_serves_in_python_and_says_so_once(
 
 def test_stats_count_each_opcodes_records_by_the_path_that_served_them(make: Any) -> None:
     """The wire's STATS (ORION_STATS): per opcode, the records the compiled path served so far, and those Python
-    answered since the session first asked, with Python's time (a session that never asks is not timed). A stream's first query is C's like the rest; an unknown handle is
-    Python's (C leaves it), and so is every call C does not serve."""
+    answered since the session first asked, with Python's time (a session that never asks is not timed). A
+    stream's first query is C's like the rest; an unknown handle is Python's (C leaves it), and so is every call C
+    does not serve."""
     s = make(True)
     h = setup_session(s)
     before = dict((op, (c, p)) for op, c, p, _ns in STATS_REPLY.decode(_stats(s))[0])
