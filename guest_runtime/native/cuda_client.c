@@ -71,6 +71,13 @@ static int not_carried(const char *what, int rc) {
     return rc == ORION_E_DEVICE_LOST ? CUDA_ERROR_DEVICE_UNAVAILABLE : result;
 }
 
+/* Under `lock`: an earlier posted call's failure that came back (taken: said once), or CUDA_SUCCESS. */
+static int async_error_taken(void) {
+    int32_t status = CUDA_SUCCESS;
+    if (channel == NULL || !orion_take_async_error(channel, NULL, NULL, &status)) return CUDA_SUCCESS;
+    return status > 0 ? status : CUDA_ERROR_UNKNOWN;
+}
+
 int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, void *rep, size_t cap, void *tail,
                    size_t tail_cap, size_t *tail_len, int flags) {
     pthread_mutex_lock(&lock);
@@ -90,8 +97,8 @@ int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, voi
         } else if (status < 0) {
             result = failed("the agent refused a call: wire status", status);
         } else if (status == CUDA_SUCCESS && !(flags & ORION_CALL_NO_FOLD)
-                   && orion_take_async_error(channel, NULL, NULL, &status)) {
-            result = status > 0 ? status : CUDA_ERROR_UNKNOWN; /* an earlier posted call failed: say it now */
+                   && (result = async_error_taken()) != CUDA_SUCCESS) {
+            /* an earlier posted call failed: say it now */
         } else if (status == CUDA_SUCCESS && (got < cap || (!tail && got != cap))) {
             result = failed("a reply of the wrong size", (int)got);
         } else {
@@ -182,10 +189,9 @@ int cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long 
 
 int orion_pending_async_error(void) {
     pthread_mutex_lock(&lock);
-    int32_t status = CUDA_SUCCESS;
-    int failed = channel != NULL && orion_take_async_error(channel, NULL, NULL, &status);
+    int result = async_error_taken();
     pthread_mutex_unlock(&lock);
-    return failed ? (status > 0 ? status : CUDA_ERROR_UNKNOWN) : CUDA_SUCCESS;
+    return result;
 }
 
 int orion_connected(void) {
