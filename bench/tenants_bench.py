@@ -8,14 +8,25 @@ and the spread (fastest over slowest process) of each: how evenly the GPU was sh
 checked against the native run's first (the same seed and data everywhere: within 1e-3 relative, cuDNN's backward
 may sum in another order); a wrong one prints WRONG RESULT and no ratio, and the exit status is 1.
 
-Run: python3 bench/tenants_bench.py [--tenants 1 2 4] [--steps N]   (from the repository root; needs gcc, a GPU,
-torch and torchvision)
+`--mps` adds, per K, K native processes under an MPS control daemon and K forwarded tenants against an oriond whose
+session workers run under MPS (host_agent/daemon/mps.py), both with the GPU carved into K vGPUs (each process 100/K %
+of the SMs): the forwarded aggregate over the native one under the same MPS share, its losses checked against
+theirs (cuDNN and cuBLAS choose their kernels by the SMs a process may use, so a loss under MPS is compared with one
+under MPS), and each MPS aggregate over one native process alone, which is what MPS is for. `--batch` sets the
+tenants' batch (default 64; a small one leaves the GPU idle between a tenant's kernels, where MPS pays).
+
+Run: python3 bench/tenants_bench.py [--tenants 1 2 4] [--steps N] [--batch B] [--mps]   (from the repository
+root; needs gcc, a GPU, torch and torchvision)
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +40,7 @@ import json, sys, time, torch, torchvision
 torch.manual_seed(0)
 model = torchvision.models.resnet18(weights=None).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-images, labels = torch.randn(64, 3, 224, 224, device="cuda"), torch.randint(0, 1000, (64,), device="cuda")
+images, labels = torch.randn(BATCH, 3, 224, 224, device="cuda"), torch.randint(0, 1000, (BATCH,), device="cuda")
 def step():
     opt.zero_grad(); loss = torch.nn.functional.cross_entropy(model(images), labels); loss.backward(); opt.step()
     return loss
@@ -40,13 +51,16 @@ sys.stdin.readline()  # GO: every tenant is ready
 t = time.perf_counter()
 for _ in range(STEPS): loss = step()
 torch.cuda.synchronize()
-print("RESULT " + json.dumps({"rate": STEPS * 64 / (time.perf_counter() - t), "loss": float(loss.item())}))
+print("RESULT " + json.dumps({"rate": STEPS * BATCH / (time.perf_counter() - t), "loss": float(loss.item())}))
 """
 
 
-def tenants(k: int, steps: int, forwarded: Forwarded | None) -> list[dict[str, float]]:
-    """Each of `k` processes' images per second and last loss, their timed steps run together."""
-    argv, env = command(f"STEPS = {steps}\n" + TENANT, forwarded)
+def tenants(k: int, steps: int, batch: int, forwarded: Forwarded | None,
+            extra: dict[str, str] | None = None) -> list[dict[str, float]]:
+    """Each of `k` processes' images per second and last loss, their timed steps run together (`extra`: more
+    environment)."""
+    argv, env = command(f"STEPS, BATCH = {steps}, {batch}\n" + TENANT, forwarded)
+    env |= extra or {}
     procs = [subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(k)]
     try:
@@ -73,32 +87,65 @@ def tenants(k: int, steps: int, forwarded: Forwarded | None) -> list[dict[str, f
                 p.kill()
 
 
+@contextlib.contextmanager
+def native_under_mps(k: int) -> Iterator[dict[str, str]]:
+    """An MPS control daemon of its own for K native processes, as oriond starts one for its session workers (each
+    process 100/K % of the SMs): the environment that leads a process to it. This process's own is left as it was."""
+    from host_agent.daemon import mps
+
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = dict(os.environ)
+        daemon = mps.start(mps.MpsSettings(True, tmp), k)
+        os.environ.clear()
+        os.environ.update(saved)
+        if daemon is None:
+            raise RuntimeError("MPS cannot run here (the line above says why)")
+        try:
+            yield daemon.environment
+        finally:
+            daemon.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tenants", type=int, nargs="*", default=[1, 2, 4], help="the K to run (default 1 2 4)")
     parser.add_argument("--steps", type=int, default=40, help="timed training steps per tenant (default 40)")
+    parser.add_argument("--batch", type=int, default=64, help="each tenant's batch (default 64)")
+    parser.add_argument("--mps", action="store_true", help="also K forwarded tenants under MPS, K vGPUs")
     args = parser.parse_args()
     checks = Checks()
+    alone = 0.0  # one native process's images per second: what MPS is measured against
     with forwarding() as forwarded_to:
-        print(f"{'K':>2} {'native img/s':>13} {'forwarded img/s':>16} {'ratio':>7} {'native spread':>14} "
-              f"{'forwarded spread':>17}")
+        print(f"{'K':>2} {'':>4} {'native img/s':>13} {'forwarded img/s':>16} {'ratio':>7} {'native spread':>14} "
+              f"{'forwarded spread':>17} {'/ one native alone':>19}")
         for k in args.tenants:
             try:
-                native, forwarded = tenants(k, args.steps, None), tenants(k, args.steps, forwarded_to)
+                native = tenants(k, args.steps, args.batch, None)
+                runs = [("", native, tenants(k, args.steps, args.batch, forwarded_to))]
+                if args.mps:
+                    with native_under_mps(k) as environment:
+                        native_mps = tenants(k, args.steps, args.batch, None, environment)
+                    with forwarding(vgpu_count=k, mps=True) as under_mps:
+                        runs.append(("MPS", native_mps, tenants(k, args.steps, args.batch, under_mps)))
             except RuntimeError as exc:
                 print(f"{k:>2} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
                 continue
-            expected = native[0]["loss"]
-            ratio: str = "WRONG"
-            total_native, total_forwarded = sum(r["rate"] for r in native), sum(r["rate"] for r in forwarded)
-            for i, r in enumerate(forwarded):  # every tenant's loss, the first decides the ratio cell
-                cell = checks.ratio(f"K={k} tenant {i}", total_forwarded, total_native, expected, r["loss"],
-                                    rel_tol=1e-3)
-                ratio = cell if i == 0 or cell == "WRONG" else ratio
-            spread = [max(r["rate"] for r in rs) / min(r["rate"] for r in rs) for rs in (native, forwarded)]
-            mark = "x" if ratio != "WRONG" else " "
-            print(f"{k:>2} {total_native:13.1f} {total_forwarded:16.1f} {ratio:>6}{mark} {spread[0]:14.3f} "
-                  f"{spread[1]:17.3f}")
+            alone = sum(r["rate"] for r in native) if k == 1 else alone
+            for label, baseline, forwarded in runs:
+                expected = baseline[0]["loss"]
+                total_native = sum(r["rate"] for r in baseline)
+                ratio: str = "WRONG"
+                total_forwarded = sum(r["rate"] for r in forwarded)
+                for i, r in enumerate(forwarded):  # every tenant's loss, the first decides the ratio cell
+                    cell = checks.ratio(f"K={k} {label} tenant {i}", total_forwarded, total_native, expected,
+                                        r["loss"], rel_tol=1e-3)
+                    ratio = cell if i == 0 or cell == "WRONG" else ratio
+                spread = [max(r["rate"] for r in rs) / min(r["rate"] for r in rs) for rs in (baseline, forwarded)]
+                mark = "x" if ratio != "WRONG" else " "
+                over_one = (f"{total_native / alone:5.2f}x {total_forwarded / alone:5.2f}x" if alone and
+                            ratio != "WRONG" else f"{'-':>13}")
+                print(f"{k:>2} {label:>4} {total_native:13.1f} {total_forwarded:16.1f} {ratio:>6}{mark} "
+                      f"{spread[0]:14.3f} {spread[1]:17.3f} {over_one}")
     return checks.exit_status()
 
 

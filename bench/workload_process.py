@@ -22,18 +22,29 @@ Forwarded = tuple[Path, Path]  # an oriond's region, and the native guest driver
 
 
 @contextlib.contextmanager
-def forwarding() -> Iterator[Forwarded]:
-    """For the run: the native guest driver, built, and an oriond serving a region of its own; stopped after."""
+def forwarding(vgpu_count: int = 1, mps: bool = False, relayed: bool = False) -> Iterator[Forwarded]:
+    """For the run: the native guest driver, built, and an oriond serving a region of its own (its GPU carved into
+    `vgpu_count` vGPUs; `mps`: its session workers under NVIDIA MPS, host_agent/daemon/mps.py; `relayed`: a second
+    oriond serves the region and relays every session over TCP loopback to the first, docs/remote.md); stopped
+    after."""
     from guest_runtime.native.build import build_driver
     from tests.gpu.test_forwarded_programs import Oriond
 
     with tempfile.TemporaryDirectory() as tmp:
         library = build_driver(Path(tmp) / "libcuda.so.1")
-        agent = Oriond(Path(tmp))
+        sections = f"[server-mps]\n    enable_mps = true\n    mps_dir = {tmp}/mps\n" if mps else ""
+        agent = Oriond(Path(tmp), vgpu_count=vgpu_count, sections=sections)
+        relay = Oriond(Path(tmp) / "relay", relay_to=f"127.0.0.1:{agent.listen_port}") if relayed else None
         try:
-            yield agent.region, library
+            yield (relay or agent).region, library
         finally:
+            if relay is not None:
+                relay.stop()
             agent.stop()
+        said = agent.log.read_text(errors="replace")
+        if mps and "session workers share the GPU" not in said:  # a measurement without MPS must not pass for one
+            why = [line for line in said.splitlines() if "MPS" in line] or ["no MPS line in oriond's log"]
+            raise RuntimeError(f"oriond ran without MPS: {why[-1]}")
 
 
 def command(code: str, forwarded: Forwarded | None) -> tuple[list[str], dict[str, str]]:

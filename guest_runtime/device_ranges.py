@@ -26,3 +26,7 @@ class DeviceRanges:
     def contains(self, pointer: int) -> bool:
         """Whether `pointer` lies in device memory this process allocated or a module global it looked up."""
         return any(base <= pointer < base + size for base, size in self._ranges.items())
+
+    def holds(self, pointer: int, size: int) -> bool:
+        """Whether all `size` bytes from `pointer` lie in one such range (a copy there cannot miss it)."""
+        return any(base <= pointer and pointer + size <= base + length for base, length in self._ranges.items())

@@ -112,6 +112,8 @@ CTYPES: dict[str, Any] = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_u
 
 
 PAGEABLE_PIECE = MAX_PAYLOAD // 2  # the most one pageable copy request carries (native/copy_calls.c's too)
+POSTED_COPY_MAX = 64 << 10  # the largest copy to the device posted with its bytes (native/copy_calls.c's too)
+CAPTURE_ENDED = frozenset({SUCCESS, 901, 904})  # cuStreamEndCapture's statuses that end a capture (capture_state.c)
 
 
 def _in_pieces(copy: Callable[[int, int], int], size: int) -> int:
@@ -144,6 +146,8 @@ class Forwarder:
         self._lock = threading.RLock()  # one channel per process: one call on it at a time, whichever thread
         self._contexts = ContextStacks()
         self._initialized = False  # cuInit succeeded
+        self._captures = 0  # stream captures begun and not ended: while any may run, every copy waits (_htod)
+        self._unavailable = False  # a call answered CUDA_ERROR_DEVICE_UNAVAILABLE: every copy waits (_htod)
         self._pool = GuestPool()
         # Digests of module images the agent was seen to hold, and how often a noted one was answered "not cached"
         # (the agent dropped it): after IMAGE_DROPS_TO_STOP such answers, images travel whole without asking.
@@ -204,12 +208,14 @@ class Forwarder:
             log.error("orion: the host refused %s (wire status %d): %s", call.name, status,
                       bytes(reply.payload[:200]).decode(errors="replace"))
             return UNKNOWN, None
+        if status == DEVICE_UNAVAILABLE:
+            self._unavailable = True  # a relay that lost its GPU host: no copy is posted any more (_htod)
         if fold and status == SUCCESS and channel.async_errors:  # an earlier posted call failed: report it now
             status = channel.async_errors.pop(0).status
             return (status if status > 0 else UNKNOWN), None
         return status, reply
 
-    def _post(self, call: DriverCall, payload: bytes, opcode: int | None = None) -> int:
+    def _post(self, call: DriverCall, payload: bytes | Streamed, opcode: int | None = None) -> int:
         channel = self.channel()
         if channel is None:
             return self._no_channel(call)
@@ -224,6 +230,7 @@ class Forwarder:
         """A session whose host ended it in the middle of a reply (errors.DeviceLost: a relay lost the GPU host, or
         the GPU failed a copy whose success had gone out): this and every later call answer what the relay answers
         for a lost GPU host, CUDA_ERROR_DEVICE_UNAVAILABLE."""
+        self._unavailable = True
         if not self._said_lost:
             self._said_lost = True
             log.error("orion: %s", exc)
@@ -289,6 +296,10 @@ class Forwarder:
                                       ctypes.c_uint64.from_address(args[1]).value * args[rows])
                 elif frees:
                     device_memory.discard(args[0] or 0)
+            if call.name == "cuStreamBeginCapture" and status == SUCCESS:
+                self._captures += 1
+            elif call.name == "cuStreamEndCapture" and status in CAPTURE_ENDED:
+                self._captures = max(0, self._captures - 1)
             return status
         return forward
 
@@ -502,14 +513,32 @@ class Forwarder:
             if size and not src:
                 return INVALID_VALUE
             fields = (dst, size, stream or 0) if is_async else (dst, size)
-            if pinned is not None and self._pool.contains(src or 0, size):  # the host reads the shared pages
+            posted = self._posted_as_the_driver_would(dst, size, stream if is_async else None)
+            # the host reads the shared pages: an async copy in stream order, a synchronous one unless posted
+            if pinned is not None and self._pool.contains(src or 0, size) and (is_async or not posted):
                 return self._pinned_copy(call, pinned.encode(*fields, src))
             if size > PAGEABLE_PIECE:
                 return _in_pieces(lambda at, n: forward(dst + at, (src or 0) + at, n, stream), size)
             data = _view(src or 0, size) if size else memoryview(b"")
-            status, _ = self._call(call, _Prefixed(prefix_of(*fields), data).payload())
+            payload = _Prefixed(prefix_of(*fields), data).payload()
+            if posted:
+                channel = self.channel()
+                if channel is not None and channel.async_errors:  # an earlier posted call failed: that first
+                    failed = channel.async_errors.pop(0).status
+                    return failed if failed > 0 else UNKNOWN
+                return self._post(call, payload)
+            status, _ = self._call(call, payload)
             return status
         return forward
+
+    def _posted_as_the_driver_would(self, dst: int, size: int, stream: int | None) -> bool:
+        """native/copy_calls.c's rule: a copy to the device returns once its bytes are taken, as the driver's
+        pageable copy does, when nothing the driver checks first can fail: small, synchronous or on a default
+        stream, into memory this process allocated, initialised, a context current, no capture possibly under
+        way, and the GPU not known to be gone (a relay that lost its GPU host answers the copy itself)."""
+        return (0 < size <= POSTED_COPY_MAX and (stream is None or stream <= 2) and self._initialized
+                and bool(self._contexts.current()) and not self._captures and not self._unavailable
+                and self._device_memory.holds(dst, size))
 
     @GUEST.serves("cuMemcpyDtoH", "cuMemcpyDtoHAsync")
     def _dtoh(self, call: DriverCall) -> Callable[..., int]:

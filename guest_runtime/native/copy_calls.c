@@ -10,12 +10,14 @@
  * Any other host memory, page-locked in the program's eyes or not (a fallback allocation when the pool had no room,
  * a cuMemHostRegister'ed range: page_locked_calls.c), is pageable here: its bytes travel, and an async copy waits
  * for its reply, so a copy to the host has written the program's buffer when it returns (and a later synchronize
- * finds nothing of it outstanding), and a copy from it has taken the bytes; but a small async copy to the device
- * that the driver would take returns once its bytes are in the channel, as the driver's returns once it staged
- * them (posted_as_the_driver_would), instead of waiting behind the stream's work for the host's answer. A pageable copy larger than
- * one request may carry (ORION_MAX_PAYLOAD each way) travels as consecutive requests of at most PAGEABLE_PIECE
- * bytes, in order, each awaited: the driver takes a copy of any size. One that fails part of the way answers the
- * error, as the driver's would, with the pieces before it copied.
+ * finds nothing of it outstanding), and a copy from it has taken the bytes. But a small copy to the device, async
+ * on a default stream or synchronous, that the driver would take returns once its bytes are in the channel
+ * (posted_as_the_driver_would), instead of waiting for the host's answer: the driver's pageable copy returns once
+ * it staged the bytes, and this process's later work reaches the GPU through the same channel, after it. A small
+ * synchronous copy from the pool travels so too, its bytes taken now as the driver's copy would have finished
+ * with them. A pageable copy larger than one request may carry (ORION_MAX_PAYLOAD each way) travels as consecutive
+ * requests of at most PAGEABLE_PIECE bytes, in order, each awaited: the driver takes a copy of any size. One that
+ * fails part of the way answers the error, as the driver's would, with the pieces before it copied.
  */
 #include <string.h>
 
@@ -38,7 +40,7 @@ _Static_assert(SAME_COPY(cuMemcpyDtoH, cuMemcpyHtoD) && SAME_COPY(cuMemcpyDtoHAs
                && ORION_PINNED_cuMemcpyHtoD_SIZE <= ORION_PINNED_cuMemcpyHtoDAsync_SIZE, "one packing for four copies");
 #define HEAD_BYTES ORION_PINNED_cuMemcpyHtoDAsync_SIZE /* the longest: an async copy's pinned request */
 #define PAGEABLE_PIECE (ORION_MAX_PAYLOAD / 2)      /* the most one pageable copy request carries: well within */
-#define POSTED_PAGEABLE_MAX (64u << 10)             /* the largest pageable async copy to the device posted */
+#define POSTED_PAGEABLE_MAX (64u << 10)             /* the largest copy to the device posted with its bytes */
 
 /* The fixed part: (device, size) and the stream of an async copy; its length. */
 static size_t head_of(uint8_t head[HEAD_BYTES], uint64_t device, size_t size, const CUstream *stream) {
@@ -74,26 +76,31 @@ static int in_pieces(int to_device, uint32_t opcode, CUdeviceptr device, uint8_t
     return CUDA_SUCCESS;
 }
 
-/* Whether a pageable async copy to the device may return once its bytes are taken, as the driver's does: posted,
+/* Whether a copy to the device may return once its bytes are taken, as the driver's pageable one does: posted,
  * when nothing the driver checks before returning can fail. Small (its bytes in the ring or its staging: taken when
  * the post returns), into memory this process allocated (not a reserved range nor a graph's allocation: device
- * memory only while mapped or live), on a default stream (always a valid handle), with a context current. Anything
- * else waits for the host's answer, as before. A failure found later on the host (the GPU's) comes back as an
- * earlier posted call's error at the next call, as the driver reports an asynchronous one. */
-static int posted_as_the_driver_would(CUdeviceptr dst, size_t size, CUstream stream) {
-    return size && size <= POSTED_PAGEABLE_MAX && (uintptr_t)stream <= 2 && orion_is_initialized()
-           && orion_current_context() != NULL && orion_range_allocated(dst, size);
+ * memory only while mapped or live), synchronous or on a default stream (always a valid handle), with a context
+ * current and no stream capture possibly under way in the process (which a copy on the legacy stream would break,
+ * synchronously), and the GPU not known to be gone (orion_device_unavailable: a relay that lost its GPU host answers
+ * each copy itself). Anything else waits for the host's answer, as before. A failure found later on the host (the
+ * GPU's) comes back as an earlier posted call's error at the next call, as the driver reports an asynchronous one. */
+static int posted_as_the_driver_would(CUdeviceptr dst, size_t size, const CUstream *stream) {
+    return size && size <= POSTED_PAGEABLE_MAX && (!stream || (uintptr_t)*stream <= 2) && orion_is_initialized()
+           && orion_current_context() != NULL && !orion_captures_may_run() && !orion_device_unavailable()
+           && orion_range_allocated(dst, size);
 }
 
 static int htod(uint32_t opcode, CUdeviceptr dst, const void *src, size_t size, const CUstream *stream) {
     if (size && !src) return CUDA_ERROR_INVALID_VALUE;
     uint8_t head[HEAD_BYTES];
     size_t len = head_of(head, dst, size, stream);
-    if (orion_pool_contains((uint64_t)(uintptr_t)src, size)) /* the host reads the shared pages */
+    int posted = posted_as_the_driver_would(dst, size, stream);
+    /* the host reads the shared pages: an async copy in stream order, a synchronous one unless posted with its bytes */
+    if (orion_pool_contains((uint64_t)(uintptr_t)src, size) && (stream || !posted))
         return pinned_copy(opcode, head, src, stream != NULL);
     if (size > PAGEABLE_PIECE) return in_pieces(1, opcode, dst, (uint8_t *)(uintptr_t)src, size, stream);
     struct orion_piece pieces[2] = { { head, len }, { src, size } };
-    if (stream && posted_as_the_driver_would(dst, size, *stream)) {
+    if (posted) {
         int pending = orion_pending_async_error();
         return pending != CUDA_SUCCESS ? pending : orion_thread_postv(opcode, pieces, size ? 2 : 1);
     }

@@ -3,6 +3,7 @@
 #include "cuda_client.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -71,6 +72,10 @@ static int not_carried(const char *what, int rc) {
     return rc == ORION_E_DEVICE_LOST ? CUDA_ERROR_DEVICE_UNAVAILABLE : result;
 }
 
+/* A call answered CUDA_ERROR_DEVICE_UNAVAILABLE (a relay that lost its GPU host answers every later call so): no
+ * copy is posted any more (copy_calls.c), so each gets that answer itself. */
+static atomic_int unavailable;
+
 /* Under `lock`: an earlier posted call's failure that came back (taken: said once), or CUDA_SUCCESS. */
 static int async_error_taken(void) {
     int32_t status = CUDA_SUCCESS;
@@ -107,6 +112,7 @@ int orion_forwardv(uint32_t opcode, const struct orion_piece *req, int nreq, voi
         }
     }
     pthread_mutex_unlock(&lock);
+    if (result == CUDA_ERROR_DEVICE_UNAVAILABLE) atomic_store(&unavailable, 1);
     if (result != CUDA_SUCCESS) orion_host_functions_saw(result); /* an error that ends CUDA fails the callbacks */
     if (result != CUDA_SUCCESS && orion_tracing()) {
         uint64_t first = 0; /* the request's first word: which pointer or handle it named */
@@ -186,6 +192,8 @@ int cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long 
     ORION_ENTRY("cuGetProcAddress");
     return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
 }
+
+int orion_device_unavailable(void) { return atomic_load(&unavailable); }
 
 int orion_pending_async_error(void) {
     pthread_mutex_lock(&lock);

@@ -87,5 +87,7 @@ int orion_connected(void);
 /* A call answered in the guest first reports an earlier posted call's failure, as a forwarded one would: that
  * error (taken), or CUDA_SUCCESS when none came back. */
 int orion_pending_async_error(void);
+/* Whether a call answered CUDA_ERROR_DEVICE_UNAVAILABLE: the GPU is gone for this process (copy_calls.c). */
+int orion_device_unavailable(void);
 
 #endif

@@ -23,6 +23,7 @@ from ivshmem.shared.ini import SERVER_CONF, ConfigError, host_name_or_ip, load_i
 
 from ..server_conf import DEFAULT_KEY_FILE, ShmSettings, cluster_key_file
 from ..session.image_cache import CacheSettings
+from .mps import DEFAULT_MPS_DIR, MpsSettings
 
 DEFAULT_PATH = SERVER_CONF
 DEFAULT_CONTROLLER = "127.0.0.1:9123"
@@ -41,6 +42,7 @@ KNOWN_KEYS = {
     "server-image-cache": {"image_cache_dir", "image_cache_mib"},  # Orion vGPU's own: module images by digest
     "server-relay": {"remote_addr"},  # Orion vGPU's own: relay every session to one GPU host (docs/remote.md)
     "cluster": {"key_file"},  # Orion vGPU's own: the cluster key (docs/security.md)
+    "server-mps": {"enable_mps", "mps_dir"},  # Orion vGPU's own: session workers under NVIDIA MPS (daemon/mps.py)
 }
 # The per-host cache of module images (host_agent/session/image_cache.py): FHS's place for data that can be made again.
 DEFAULT_IMAGE_CACHE_DIR = "/var/cache/orion/images"
@@ -68,6 +70,7 @@ class ServerConfig:
     relay_addr: str = ""  # [server-relay] remote_addr: the one GPU host (HOST:PORT) every session is relayed to
     listen_port_set: bool = False  # listen_port is in the file: the relay listener is on (docs/remote.md)
     cluster_key_file: Path = DEFAULT_KEY_FILE  # [cluster] key_file: the cluster key (docs/security.md)
+    mps: MpsSettings = MpsSettings()  # [server-mps]: session workers under NVIDIA MPS (daemon/mps.py)
 
     @classmethod
     def load(cls, path: str = DEFAULT_PATH, environ: Mapping[str, str] = os.environ) -> ServerConfig:
@@ -136,6 +139,7 @@ class ServerConfig:
             relay_addr=_address(remote, f"{path}: [server-relay] remote_addr", "192.168.1.20:9960") if remote else "",
             listen_port_set="listen_port" in server,
             cluster_key_file=cluster_key_file(sections.get("cluster", {}), path),
+            mps=_mps(path, sections.get("server-mps", {})),
         )
         # Orion refused enable_shm with enable_rdma ("RDMA can not be enabled with SHM support."): its client spoke
         # SHM locally or RDMA remotely. Here every oriond may do both, SHM towards its own guests and RDMA between
@@ -179,6 +183,18 @@ def _image_cache(path: str, section: Mapping[str, str]) -> CacheSettings:
         raise ConfigError(f"{path}: [server-image-cache] image_cache_mib = {raw!r} is not a valid value; write a "
                           f"whole number of MiB from {low} (no cache) to {high}, e.g. {DEFAULT_IMAGE_CACHE_MIB}")
     return CacheSettings(directory, mib << 20)
+
+
+def _mps(path: str, section: Mapping[str, str]) -> MpsSettings:
+    """[server-mps]: enable_mps true or false, and an absolute mps_dir."""
+    raw = section.get("enable_mps", "false")
+    if raw not in ("true", "false"):
+        raise ConfigError(f'{path}: [server-mps] enable_mps = {raw!r} is not a valid value; write "true" or "false"')
+    directory = section.get("mps_dir", DEFAULT_MPS_DIR).strip()
+    if not directory.startswith("/"):
+        raise ConfigError(f"{path}: [server-mps] mps_dir = {directory!r} is not a valid value; write an absolute "
+                          f"path, e.g. {DEFAULT_MPS_DIR}")
+    return MpsSettings(raw == "true", directory)
 
 
 def _unknown(sections: dict[str, dict[str, str]]) -> tuple[str, ...]:

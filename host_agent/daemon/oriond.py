@@ -33,7 +33,7 @@ from ..session import vgpu_grant
 from ..session.executor import ExecutorOptions
 from ..session_loop import ServerOptions
 from ..stop import StopRequest
-from . import controller_link, pidfile
+from . import controller_link, mps, pidfile
 from .agent import RESCAN_S, Agent
 from .cli_args import OneLineParser, flag_type
 from .config import DEFAULT_PATH, ServerConfig, flag_count, flag_devices, flag_host, flag_port, flag_seconds
@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         link = controller_link.start(config.controller_addr, config.bind_addr, config.listen_port,
                                      config.vgpu_count, config.cluster_key_file)
         vgpu_grant.sign_as(link.member if link else None)  # before any session worker is forked
+    sharing = mps.start(config.mps, config.vgpu_count)  # before any session worker is forked
     executor = ExecutorOptions(devices=devices, gmem_mib=args.gmem, vgpu_count=config.vgpu_count,
                                controller=config.controller_addr if link else "", host=config.bind_addr,
                                image_cache=config.image_cache)
@@ -200,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if link is not None:
             link.stop()
+        if sharing is not None:
+            sharing.stop()
         pidfile.remove(args.pid_file)
     return 0
 

@@ -383,15 +383,20 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         self._record(call, (flags, dev), [int(ctx)])
         return Reply(SUCCESS, call.reply.encode(int(ctx)))
 
+    def _check_copy(self, device_pointer: int, size: int, stream: int | None) -> int:
+        """A copy's stream and device range, as the ledger knows them."""
+        if not self.ledger.stream_known(stream):
+            return INVALID_HANDLE
+        return SUCCESS if self._owns(device_pointer, max(size, 1)) else INVALID_VALUE
+
     def _start_copy(self, device_pointer: int, size: int, stream: int | None) -> int:
-        """Check a copy's device range and stream; order an async copy after its stream's earlier work.
+        """Check a copy; order an async copy after its stream's earlier work.
 
         The copy itself runs synchronously (the staging chunk is reused right after), so an async copy first
         waits for its stream: on a non-blocking stream a synchronous copy would not."""
-        if not self.ledger.stream_known(stream):
-            return INVALID_HANDLE
-        if not self._owns(device_pointer, max(size, 1)):
-            return INVALID_VALUE
+        status = self._check_copy(device_pointer, size, stream)
+        if status != SUCCESS:
+            return status
         if stream is not None:
             (err,) = self.driver.cuStreamSynchronize(stream)
             if int(err) != SUCCESS:
@@ -434,17 +439,37 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
 
     @HOST.serves("cuMemcpyHtoD", "cuMemcpyHtoDAsync")
     def _htod(self, call: DriverCall, payload: bytes) -> Reply:
+        """A copy to the device whose bytes came in the request (a larger one was staged: _htod_sink). They are
+        copied into pageable memory of this process's own, which the driver stages before it returns, as it does
+        the guest's own pageable buffer: an async copy is queued in stream order without waiting for its stream,
+        and the ring slot is free at once. Only a stream that may be capturing is waited for, and the copy made
+        synchronously from the slot, as before (a captured copy would name our buffer, reused at once)."""
         if not payload:  # it was staged: the sink already moved the bytes
             state = self._htod_state or (INVALID_VALUE, 0)
             self._htod_state = None
             return Reply(state[0])
         *fields, data = call.request.decode(payload)
-        if len(data) != fields[1]:
+        dst, size = fields[0], fields[1]
+        stream = fields[2] if len(fields) > 2 else None
+        if len(data) != size:
             return Reply(INVALID_VALUE)
-        status = self._start_copy(fields[0], fields[1], fields[2] if len(fields) > 2 else None)
-        if status != SUCCESS or not len(data):
+        status = self._check_copy(dst, size, stream)
+        if status != SUCCESS or not size:
             return Reply(status)
-        return Reply(self._copy_in(fields[0], data))
+        if stream is not None and self._capturing(stream):
+            (err,) = self.driver.cuStreamSynchronize(stream)
+            return Reply(int(err) if int(err) != SUCCESS else self._copy_in(dst, data))
+        own = bytes(data)
+        (err,) = (self.driver.cuMemcpyHtoD(dst, own, size) if stream is None
+                  else self.driver.cuMemcpyHtoDAsync(dst, own, size, stream))
+        return Reply(int(err))
+
+    def _capturing(self, stream: int) -> bool:
+        """Whether `stream` may be capturing (NULL and CU_STREAM_LEGACY never are; a failed query: it may)."""
+        if stream in (0, 1):
+            return False
+        err, status = self.driver.cuStreamIsCapturing(stream)
+        return int(err) != SUCCESS or int(status) != 0
 
     @HOST.serves("cuMemcpyDtoH", "cuMemcpyDtoHAsync")
     def _dtoh(self, call: DriverCall, payload: bytes) -> Reply:

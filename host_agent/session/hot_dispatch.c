@@ -44,13 +44,14 @@ enum { RET_PYTHON = 0, RET_CHECK = 1, RET_POSTED_FAILED = 2, RET_IDLE = 3 };
 enum {
     K_NONE = 0, K_NOP, K_VOID, K_STREAM, K_EVENT, K_CONTEXT, K_EVENT_STREAM, K_STREAM_EVENT_FLAGS,
     K_MEMSET8, K_MEMSET16, K_MEMSET32, K_DTOD, K_LAUNCH, K_HTOD, K_HTOD_ASYNC, K_DTOH, K_DTOH_ASYNC,
-    K_STREAM_VALUE, K_LAUNCH_EX, K_COUNT
+    K_STREAM_VALUE, K_LAUNCH_EX, K_PINNED_HTOD, K_PINNED_HTOD_ASYNC, K_PINNED_DTOH, K_PINNED_DTOH_ASYNC, K_COUNT
 };
 static const uint32_t payload_size[K_COUNT] = {
     [K_NOP] = UINT32_MAX, [K_VOID] = 0, [K_STREAM] = 8, [K_EVENT] = 8, [K_CONTEXT] = 8, [K_EVENT_STREAM] = 16,
     [K_STREAM_EVENT_FLAGS] = 20, [K_MEMSET8] = 25, [K_MEMSET16] = 26, [K_MEMSET32] = 28, [K_DTOD] = 32,
     [K_LAUNCH] = UINT32_MAX, [K_HTOD] = UINT32_MAX, [K_HTOD_ASYNC] = UINT32_MAX, [K_DTOH] = 16, [K_DTOH_ASYNC] = 24,
-    [K_STREAM_VALUE] = 24, [K_LAUNCH_EX] = UINT32_MAX,
+    [K_STREAM_VALUE] = 24, [K_LAUNCH_EX] = UINT32_MAX, [K_PINNED_HTOD] = 24, [K_PINNED_DTOH] = 24,
+    [K_PINNED_HTOD_ASYNC] = 32, [K_PINNED_DTOH_ASYNC] = 32,
 };
 /* the fixed part of a copy's request: device pointer, size[, stream]; a host-to-device copy's bytes follow it */
 #define COPY_FIXED(kind) ((kind) == K_HTOD_ASYNC || (kind) == K_DTOH_ASYNC ? 24u : 16u)
@@ -65,6 +66,9 @@ typedef int (*fn_memset32)(unsigned long long, unsigned int, size_t, void *);
 typedef int (*fn_dtod)(unsigned long long, unsigned long long, size_t, void *);
 typedef int (*fn_htod)(unsigned long long, const void *, size_t);
 typedef int (*fn_dtoh)(void *, unsigned long long, size_t);
+typedef int (*fn_htod_async)(unsigned long long, const void *, size_t, void *);
+typedef int (*fn_dtoh_async)(void *, unsigned long long, size_t, void *);
+typedef int (*fn_is_capturing)(void *, int *);
 typedef int (*fn_launch)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
                          unsigned int, unsigned int, void *, void **, void **);
 typedef int (*fn_stream_value)(void *, unsigned long long, unsigned int, unsigned int);
@@ -89,8 +93,10 @@ typedef struct {
     void *fn[65536];
     uint64_t count[65536]; /* records of each opcode served here (the wire's STATS, session_loop.py) */
     PyObject *ledger; /* SessionLedger or None */
-    PyObject *executor; /* its `_to_register` is not None until the channel was page-locked (a first copy's job) */
-    fn_handle stream_sync; /* cuStreamSynchronize: an async copy first waits for its stream (executor._start_copy) */
+    fn_handle stream_sync; /* cuStreamSynchronize: an async copy from the device first waits for its stream */
+    fn_is_capturing is_capturing; /* cuStreamIsCapturing: an async copy to a capturing stream waits too (_htod) */
+    uint8_t *own; /* a host-to-device copy's bytes, copied out of the ring or frame: pageable memory of this process's
+                   * (never registered), which the driver stages before it returns, as the guest's own (executor._htod) */
     fn_launch launch_kernel; /* cuLaunchKernel: a cuLaunchKernelEx without attributes is one (executor._launch) */
     uint64_t plain_attributes, event_attributes; /* launch attribute IDs C forwards: none until set */
     /* the wait in progress, kept across serve() calls so that a liveness check does not restart the spin */
@@ -117,6 +123,8 @@ typedef struct {
 /* --- the ledger (SessionLedger), read under the GIL ------------------------------------------------------ */
 typedef struct {
     PyObject *handles, *launched, *ranges, *pool;
+    PyObject *pool_allocations; /* the pool's {offset in its slice: (size, flags)}, or NULL */
+    uint64_t pool_guest_base, pool_host_base; /* where its slice lies for the guest and here (0: not mapped) */
     uint64_t plain_attributes, event_attributes; /* the dispatcher's (set_launch_attributes) */
 } ledger_view;
 
@@ -164,11 +172,49 @@ static int owns_memory(const ledger_view *l, uint64_t pointer, unsigned __int128
     return owned;
 }
 
+/* HostPool.host_address (pinned_pool.py), its tables read here under the GIL: where the host maps `size` bytes of
+ * the guest's page-locked allocation at `pointer`, if they lie in one allocation. */
+static int pinned_host(const ledger_view *l, uint64_t pointer, uint64_t size, uint64_t *host) {
+    if (l->pool_allocations == NULL || !l->pool_guest_base || !l->pool_host_base || size == 0
+        || pointer < l->pool_guest_base)
+        return 0;
+    uint64_t offset = pointer - l->pool_guest_base;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(l->pool_allocations, &pos, &key, &value)) {
+        if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) < 1) continue;
+        unsigned long long start = PyLong_AsUnsignedLongLong(key);
+        unsigned long long length = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(value, 0));
+        if (PyErr_Occurred()) { PyErr_Clear(); continue; }
+        if (start <= offset && (unsigned __int128)offset + size <= (unsigned __int128)start + length) {
+            *host = l->pool_host_base + offset;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* session_ledger.DEFAULT_STREAMS: NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD need no creating */
 static int stream_ok(const ledger_view *l, uint64_t stream) { return stream <= 2 || owns_handle(l, "CUstream", stream); }
 
 static void ledger_release(ledger_view *l) {
-    Py_CLEAR(l->handles); Py_CLEAR(l->launched); Py_CLEAR(l->ranges); Py_CLEAR(l->pool);
+    Py_CLEAR(l->handles); Py_CLEAR(l->launched); Py_CLEAR(l->ranges); Py_CLEAR(l->pool); Py_CLEAR(l->pool_allocations);
+}
+
+/* The pool's tables (pinned_host): only a dict of allocations and two mapped bases count; anything else, none. */
+static void pool_fetch(ledger_view *l) {
+    if (l->pool == NULL || l->pool == Py_None) return;
+    PyObject *allocations = PyObject_GetAttrString(l->pool, "allocations");
+    PyObject *guest = PyObject_GetAttrString(l->pool, "guest_base");
+    PyObject *host = PyObject_GetAttrString(l->pool, "host_base");
+    if (allocations != NULL && PyDict_Check(allocations) && guest != NULL && PyLong_Check(guest) && host != NULL
+        && PyLong_Check(host)) {
+        l->pool_guest_base = PyLong_AsUnsignedLongLong(guest);
+        l->pool_host_base = PyLong_AsUnsignedLongLong(host);
+        if (!PyErr_Occurred()) l->pool_allocations = Py_NewRef(allocations);
+    }
+    Py_XDECREF(allocations); Py_XDECREF(guest); Py_XDECREF(host);
+    if (PyErr_Occurred()) { PyErr_Clear(); Py_CLEAR(l->pool_allocations); }
 }
 
 /* The ledger's tables as they are now (the Python path may have replaced or changed them since last time). */
@@ -186,15 +232,17 @@ static int ledger_fetch(Dispatcher *self, ledger_view *l) {
         ledger_release(l);
         return 0;
     }
+    pool_fetch(l);
     return 1;
 }
 
 /* Whether `id` is in a mask of attribute IDs (set_launch_attributes: driver_api's sets, one bit per ID). */
 static int attribute_in(uint64_t mask, int id) { return id >= 0 && id < 64 && (mask >> id) & 1; }
 
-/* Whether the session may make this call: the checks of SessionLedger.check/launchable, as far as C can be
- * sure. 0 sends the record to Python, which answers (and refuses) it. */
-static int allowed(const ledger_view *l, int kind, const uint8_t *p) {
+/* Whether the session may make this call: the checks of SessionLedger.check/launchable (and, for a page-locked copy,
+ * executor._pinned_copy's, with the host's address of its pool memory in `host`), as far as C can be sure. 0 sends
+ * the record to Python, which answers (and refuses) it. */
+static int allowed(const ledger_view *l, int kind, const uint8_t *p, uint64_t *host) {
     switch (kind) {
     case K_STREAM: return stream_ok(l, rd64(p));
     case K_EVENT: return owns_handle(l, "CUevent", rd64(p));
@@ -235,6 +283,12 @@ static int allowed(const ledger_view *l, int kind, const uint8_t *p) {
         return 1;
     }
     case K_STREAM_VALUE: return stream_ok(l, rd64(p)) && owns_memory(l, rd64(p + 8), 4);
+    case K_PINNED_HTOD: case K_PINNED_HTOD_ASYNC: case K_PINNED_DTOH: case K_PINNED_DTOH_ASYNC: {
+        int async = kind == K_PINNED_HTOD_ASYNC || kind == K_PINNED_DTOH_ASYNC;
+        uint64_t size = rd64(p + 8); /* a copy of nothing is Python's */
+        return size && (!async || stream_ok(l, rd64(p + 16))) && owns_memory(l, rd64(p), size)
+               && pinned_host(l, rd64(p + (async ? 24 : 16)), size, host);
+    }
     default: return 0;
     }
 }
@@ -244,26 +298,26 @@ static int is_copy(int kind) { return kind >= K_HTOD && kind <= K_DTOH_ASYNC; }
 static int is_htod(int kind) { return kind == K_HTOD || kind == K_HTOD_ASYNC; }
 
 /* A copy C runs as executor._htod/_dtoh would: its bytes travel inline (a host-to-device copy carries exactly the
- * size it declares; a device-to-host one fits a completion slot and is at most the 4 KiB the executor sends from
- * one buffer), it moves at least one byte (a copy of nothing is Python's), and it wants its reply. */
+ * size it declares, posted or not; a device-to-host one fits a completion slot, is at most the 4 KiB the executor
+ * sends from one buffer, and wants its reply), and it moves at least one byte (a copy of nothing is Python's). */
 static int copy_is_plain(const Dispatcher *self, int kind, const uint8_t *p, uint32_t length, int wants_reply) {
     uint32_t fixed = COPY_FIXED(kind);
-    if (length < fixed || !wants_reply) return 0;
-    if ((kind == K_HTOD_ASYNC || kind == K_DTOH_ASYNC) && self->stream_sync == NULL) return 0;
+    if (length < fixed || (!wants_reply && !is_htod(kind))) return 0;
+    if ((kind == K_DTOH_ASYNC && self->stream_sync == NULL) || (kind == K_HTOD_ASYNC && self->is_capturing == NULL))
+        return 0;
     uint64_t size = rd64(p + 8);
     if (size == 0) return 0;
     if (is_htod(kind)) return size == length - fixed;
     return length == fixed && size <= 4096 && size <= self->out.cell - RECORD_HEADER;
 }
 
-/* The executor page-locks its channel at the first host-to-device copy (_copy_in): until then, copies are Python's. */
-static int channel_registered(const Dispatcher *self) {
-    if (self->executor == NULL) return 1;
-    PyObject *pending = PyObject_GetAttrString(self->executor, "_to_register");
-    if (pending == NULL) { PyErr_Clear(); return 1; } /* an executor without the attribute never registers */
-    int done = pending == Py_None;
-    Py_DECREF(pending);
-    return done;
+/* executor._capturing: whether an async copy to the device goes to a stream that may be capturing (NULL and
+ * CU_STREAM_LEGACY never are), which the Python path serves as before (it waits for the stream, then copies). */
+static int may_capture(const Dispatcher *self, int kind, const uint8_t *p) {
+    if (kind != K_HTOD_ASYNC) return 0;
+    uint64_t stream = rd64(p + 16);
+    int status = 0;
+    return stream > 1 && (self->is_capturing((void *)(uintptr_t)stream, &status) != CUDA_SUCCESS || status != 0);
 }
 
 /* A cuLaunchKernelEx record C can lay out: the fixed part, an attribute count the executor takes, the attributes
@@ -277,18 +331,31 @@ static int launch_ex_fits(const Dispatcher *self, const uint8_t *p, uint32_t len
 }
 
 /* --- the driver call, without the GIL ---------------------------------------------------------------------- */
-static int call_driver(Dispatcher *self, int kind, void *fn, const uint8_t *p, uint32_t length, uint8_t *reply) {
+static int call_driver(Dispatcher *self, int kind, void *fn, const uint8_t *p, uint32_t length, uint8_t *reply,
+                       uint64_t host) {
+    void *stream = (void *)(uintptr_t)rd64(p + 16); /* an async copy's */
     switch (kind) {
-    case K_HTOD: case K_HTOD_ASYNC: case K_DTOH: case K_DTOH_ASYNC: {
-        /* executor._htod/_dtoh: an async copy waits for its stream, then runs synchronously, so the ring slot it
-         * reads from (or the completion slot it writes into) may be reused as soon as it returns */
-        if (kind == K_HTOD_ASYNC || kind == K_DTOH_ASYNC) {
-            int err = self->stream_sync((void *)(uintptr_t)rd64(p + 16));
+    case K_HTOD: case K_HTOD_ASYNC: {
+        /* executor._htod: the bytes copied into our own pageable buffer, which the driver stages before it returns
+         * (an async copy so goes in stream order without waiting for the stream), and the slot is free at once */
+        uint64_t size = rd64(p + 8);
+        memcpy(self->own, p + COPY_FIXED(kind), size);
+        if (kind == K_HTOD) return ((fn_htod)fn)(rd64(p), self->own, size);
+        return ((fn_htod_async)fn)(rd64(p), self->own, size, stream);
+    }
+    case K_DTOH: case K_DTOH_ASYNC:
+        /* executor._dtoh: an async copy waits for its stream, then runs synchronously, so the completion slot it
+         * writes into may be sent as soon as it returns */
+        if (kind == K_DTOH_ASYNC) {
+            int err = self->stream_sync(stream);
             if (err != CUDA_SUCCESS) return err;
         }
-        if (kind == K_HTOD || kind == K_HTOD_ASYNC) return ((fn_htod)fn)(rd64(p), p + COPY_FIXED(kind), rd64(p + 8));
         return ((fn_dtoh)fn)(reply, rd64(p), rd64(p + 8));
-    }
+    /* executor._pinned_copy: the guest's page-locked pages, mapped here at `host` */
+    case K_PINNED_HTOD: return ((fn_htod)fn)(rd64(p), (const void *)(uintptr_t)host, rd64(p + 8));
+    case K_PINNED_DTOH: return ((fn_dtoh)fn)((void *)(uintptr_t)host, rd64(p), rd64(p + 8));
+    case K_PINNED_HTOD_ASYNC: return ((fn_htod_async)fn)(rd64(p), (const void *)(uintptr_t)host, rd64(p + 8), stream);
+    case K_PINNED_DTOH_ASYNC: return ((fn_dtoh_async)fn)((void *)(uintptr_t)host, rd64(p), rd64(p + 8), stream);
     case K_NOP: return CUDA_SUCCESS;
     case K_VOID: return ((fn_void)fn)();
     case K_STREAM: case K_EVENT: case K_CONTEXT: return ((fn_handle)fn)((void *)(uintptr_t)rd64(p));
@@ -353,6 +420,11 @@ static int Dispatcher_init(Dispatcher *self, PyObject *args, PyObject *kwds) {
         if (ring_from(&self->view, &self->in, requests) < 0 || ring_from(&self->view, &self->out, completions) < 0) return -1;
         self->inline_capacity = self->in.cell - RECORD_HEADER;
     }
+    free(self->own);
+    if ((self->own = malloc(self->inline_capacity > SOCKET_INLINE ? self->inline_capacity : SOCKET_INLINE)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     self->generation = generation;
     memset(self->kind, 0, sizeof self->kind);
     memset(self->fn, 0, sizeof self->fn);
@@ -371,7 +443,7 @@ static void Dispatcher_dealloc(Dispatcher *self) {
     Py_XDECREF(self->lock);
     free(self->frame);
     Py_XDECREF(self->ledger);
-    Py_XDECREF(self->executor);
+    free(self->own);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -396,11 +468,10 @@ static PyObject *Dispatcher_set_ledger(Dispatcher *self, PyObject *ledger) {
 }
 
 static PyObject *Dispatcher_set_copies(Dispatcher *self, PyObject *args) {
-    PyObject *executor;
-    unsigned long long stream_sync;
-    if (!PyArg_ParseTuple(args, "OK", &executor, &stream_sync)) return NULL;
-    Py_XSETREF(self->executor, Py_NewRef(executor));
+    unsigned long long stream_sync, is_capturing;
+    if (!PyArg_ParseTuple(args, "KK", &stream_sync, &is_capturing)) return NULL;
     self->stream_sync = (fn_handle)(uintptr_t)stream_sync;
+    self->is_capturing = (fn_is_capturing)(uintptr_t)is_capturing;
     Py_RETURN_NONE;
 }
 
@@ -441,6 +512,11 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
     PyThreadState *saved = PyEval_SaveThread();
     for (;;) {
         uint32_t fill = load32(self->in.tail) - head;
+        /* a record that comes while we spin is taken within a probe, not a probe plus a clock read */
+        for (int probes = 0; fill == 0 && block && self->waiting && probes < 64; probes++) {
+            cpu_relax();
+            fill = load32(self->in.tail) - head;
+        }
         if (fill == 0) {
             double t = now_s();
             if (!block) { code = RET_IDLE; break; }
@@ -483,14 +559,16 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
         const uint8_t *payload = slot + RECORD_HEADER;
         if (is_copy(kind) && !copy_is_plain(self, kind, payload, length, wants_reply)) break;
         if (wants_reply && tail_out - load32(self->out.head) >= self->out.capacity) break; /* Python waits for room */
+        uint64_t host = 0;
         if (needs_ledger(kind)) {
             PyEval_RestoreThread(saved);
-            int ok = have_ledger && allowed(&l, kind, payload) && (!is_htod(kind) || channel_registered(self));
+            int ok = have_ledger && allowed(&l, kind, payload, &host);
             saved = PyEval_SaveThread();
             if (!ok) break;
         }
+        if (may_capture(self, kind, payload)) break;
         uint8_t *out = self->out.data + (size_t)(tail_out & self->out.mask) * self->out.cell;
-        int result = call_driver(self, kind, self->fn[opcode], payload, length, out + RECORD_HEADER);
+        int result = call_driver(self, kind, self->fn[opcode], payload, length, out + RECORD_HEADER, host);
         head += 1;
         store32(self->in.head, head);
         self->served += 1;
@@ -558,16 +636,18 @@ static PyObject *serve_socket(Dispatcher *self, int block) {
             break;
         int wants_reply = !(flags & FLAG_NO_REPLY);
         if (is_copy(kind) && !copy_is_plain(self, kind, payload, length, wants_reply)) break;
+        uint64_t host = 0;
         if (needs_ledger(kind)) {
             PyEval_RestoreThread(saved);
-            int ok = have_ledger && allowed(&l, kind, payload) && (!is_htod(kind) || channel_registered(self));
+            int ok = have_ledger && allowed(&l, kind, payload, &host);
             saved = PyEval_SaveThread();
             if (!ok) break;
         }
+        if (may_capture(self, kind, payload)) break;
         if (recv(self->fd, frame, RECORD_HEADER + length, MSG_DONTWAIT) != (ssize_t)(RECORD_HEADER + length))
             break; /* not reached: what was peeked is there */
         self->heard = now_s();
-        int result = call_driver(self, kind, self->fn[opcode], payload, length, reply + RECORD_HEADER);
+        int result = call_driver(self, kind, self->fn[opcode], payload, length, reply + RECORD_HEADER, host);
         self->served += 1;
         self->count[opcode] += 1;
         if (wants_reply) {
@@ -642,7 +722,8 @@ static PyMethodDef Dispatcher_methods[] = {
      "set_launch_attributes(plain, event): the launch attribute IDs forwarded as their bytes, and those whose value "
      "names an event, as bit masks (driver_api's sets); any other attribute is the Python path's."},
     {"set_copies", (PyCFunction)Dispatcher_set_copies, METH_VARARGS,
-     "set_copies(executor, cuStreamSynchronize address): what copies need besides their own function."},
+     "set_copies(cuStreamSynchronize address, cuStreamIsCapturing address): what copies need besides their own "
+     "function."},
     {"close", (PyCFunction)Dispatcher_close, METH_NOARGS, "Release the region's buffer."},
     {"set_socket", (PyCFunction)Dispatcher_set_socket, METH_VARARGS,
      "set_socket(fd, lock): serve a relayed session's records from its relay connection (written under `lock`)."},
@@ -686,6 +767,8 @@ PyMODINIT_FUNC PyInit__orion_hot_dispatch(void) {
         {"K_MEMSET8", K_MEMSET8}, {"K_MEMSET16", K_MEMSET16}, {"K_MEMSET32", K_MEMSET32}, {"K_DTOD", K_DTOD},
         {"K_LAUNCH", K_LAUNCH}, {"K_HTOD", K_HTOD}, {"K_HTOD_ASYNC", K_HTOD_ASYNC}, {"K_DTOH", K_DTOH},
         {"K_DTOH_ASYNC", K_DTOH_ASYNC}, {"K_STREAM_VALUE", K_STREAM_VALUE}, {"K_LAUNCH_EX", K_LAUNCH_EX},
+        {"K_PINNED_HTOD", K_PINNED_HTOD}, {"K_PINNED_HTOD_ASYNC", K_PINNED_HTOD_ASYNC},
+        {"K_PINNED_DTOH", K_PINNED_DTOH}, {"K_PINNED_DTOH_ASYNC", K_PINNED_DTOH_ASYNC},
     };
     for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
         if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) { Py_DECREF(m); return NULL; }

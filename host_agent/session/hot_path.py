@@ -4,7 +4,8 @@
 
 A forwarded call's host side was ~4 µs of Python (docs/performance.md: receive, the generic dispatch, send)
 around a driver call of about a microsecond. `HotPath` serves the records that dominate a CUDA program's steady
-state — launches (with launch attributes too), async memsets and device copies, stream/event record, wait,
+state — launches (with launch attributes too), async memsets and device copies, small copies to and from the
+host and every copy to or from the guest's page-locked pool memory, stream/event record, wait,
 query and synchronise, the stream memory operations a guest's host functions are made of, the context switch a
 multi-threaded guest posts, and the wire NOP — in C, calling cuda.bindings.cydriver's C
 functions directly; everything else, and every record C is not sure of, is answered by the Python path
@@ -29,6 +30,7 @@ from ivshmem.driver_api import (
     BY_OPCODE,
     LAUNCH_ATTRIBUTES_EVENT,
     LAUNCH_ATTRIBUTES_PLAIN,
+    PINNED_COPY,
     DriverCall,
     attribute_mask,
 )
@@ -77,7 +79,7 @@ HOT_CALLS: dict[str, Hot] = {
     "cuStreamWriteValue32": Hot("K_STREAM_VALUE", "<QQII", ("CUstream", "CUdeviceptr", "cuuint32_t", "unsigned int")),
     "cuStreamWaitValue32": Hot("K_STREAM_VALUE", "<QQII", ("CUstream", "CUdeviceptr", "cuuint32_t", "unsigned int")),
     "cuMemcpyHtoD": Hot("K_HTOD", "<QQ", (*_COPY, ("data", "tail"))),
-    "cuMemcpyHtoDAsync": Hot("K_HTOD_ASYNC", "<QQQ", (*_COPY, ("stream", "u64"), ("data", "tail")), "cuMemcpyHtoD"),
+    "cuMemcpyHtoDAsync": Hot("K_HTOD_ASYNC", "<QQQ", (*_COPY, ("stream", "u64"), ("data", "tail"))),
     "cuMemcpyDtoH": Hot("K_DTOH", "<QQ", _COPY),
     "cuMemcpyDtoHAsync": Hot("K_DTOH_ASYNC", "<QQQ", (*_COPY, ("stream", "u64")), "cuMemcpyDtoH"),
 }
@@ -86,7 +88,15 @@ MIRRORED = {"cuLaunchKernel": "CudaExecutor._launch", "cuLaunchKernelEx": "CudaE
             "cuMemcpyHtoD": "CudaExecutor._htod",
             "cuMemcpyHtoDAsync": "CudaExecutor._htod", "cuMemcpyDtoH": "CudaExecutor._dtoh",
             "cuMemcpyDtoHAsync": "CudaExecutor._dtoh"}
-DRIVER_FUNCTIONS = frozenset(HOT_CALLS) | {"cuStreamSynchronize"}  # what C may call
+# The copies whose host side is the guest's page-locked pool memory (opcode + PINNED_COPY; executor._pinned_copy):
+# their kind, and the pinned request C decodes.
+PINNED_HOT: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "cuMemcpyHtoD": ("K_PINNED_HTOD", (*_COPY, ("host", "u64"))),
+    "cuMemcpyDtoH": ("K_PINNED_DTOH", (*_COPY, ("host", "u64"))),
+    "cuMemcpyHtoDAsync": ("K_PINNED_HTOD_ASYNC", (*_COPY, ("stream", "u64"), ("host", "u64"))),
+    "cuMemcpyDtoHAsync": ("K_PINNED_DTOH_ASYNC", (*_COPY, ("stream", "u64"), ("host", "u64"))),
+}
+DRIVER_FUNCTIONS = frozenset(HOT_CALLS) | {"cuStreamSynchronize", "cuStreamIsCapturing"}  # what C may call
 
 PROGRAM = NativeModule(SOURCE, MODULE, "compiled hot path", "session workers serve every record in Python")
 Unavailable = native_build.Unavailable
@@ -170,10 +180,16 @@ class HotPath:
                     continue
                 self.dispatcher.set_call(call.opcode, getattr(module, hot.kind), address)
                 self.calls.append(name)
+            for name, (kind, shape) in PINNED_HOT.items():
+                call, address = by_name.get(name), functions.get(name, 0)
+                if call is None or not address or call.pinned is None or tuple(call.pinned.fields) != shape:
+                    continue
+                self.dispatcher.set_call(call.opcode + PINNED_COPY, getattr(module, kind), address)
+                self.calls.append(f"{name} (page-locked)")
             self.dispatcher.set_ledger(ledger)
             self.dispatcher.set_launch_attributes(attribute_mask(LAUNCH_ATTRIBUTES_PLAIN),
                                                   attribute_mask(LAUNCH_ATTRIBUTES_EVENT))
-            self.dispatcher.set_copies(handler, functions.get("cuStreamSynchronize", 0))
+            self.dispatcher.set_copies(functions.get("cuStreamSynchronize", 0), functions.get("cuStreamIsCapturing", 0))
 
     @property
     def served(self) -> int:

@@ -75,10 +75,12 @@ NATIVE_SHOWS: dict[str, Callable[[dict[str, Any]], bool]] = {
 
 
 class Oriond:
-    def __init__(self, workdir: Path, *flags: str, listen_port: int = 0, relay_to: str = "") -> None:
+    def __init__(self, workdir: Path, *flags: str, listen_port: int = 0, relay_to: str = "", vgpu_count: int = 1,
+                 sections: str = "") -> None:
         """Serves a 256 MiB region in a fresh directory of /dev/shm (tmpfs: its pages can be page-locked, as the
         pinned pool needs; a disk-backed file's may not be). `listen_port`: where it takes relayed sessions (0: a
-        free one); `relay_to`: relay every session to that HOST:PORT (docs/remote.md)."""
+        free one); `relay_to`: relay every session to that HOST:PORT (docs/remote.md); `sections`: more of
+        server.conf (e.g. [server-mps])."""
         self.shm_dir = Path(tempfile.mkdtemp(prefix="orion-gpu-test-", dir="/dev/shm"))
         self.region = self.shm_dir / "orionsock7"
         with open(self.region, "wb") as f:
@@ -86,10 +88,10 @@ class Oriond:
         self.listen_port = listen_port or free_port()
         workdir.mkdir(parents=True, exist_ok=True)
         conf = workdir / "server.conf"
-        conf.write_text(f'[server]\n    vgpu_count = 1\n    listen_port = {self.listen_port}\n'
+        conf.write_text(f'[server]\n    vgpu_count = {vgpu_count}\n    listen_port = {self.listen_port}\n'
                         f'[server-shm]\n    shm_path_base = "{self.shm_dir}/"\n'
                         f"[cluster]\n    key_file = {key_file()}\n"  # both orionds hold the tests' cluster key
-                        + (f"[server-relay]\n    remote_addr = {relay_to}\n" if relay_to else ""))
+                        + (f"[server-relay]\n    remote_addr = {relay_to}\n" if relay_to else "") + sections)
         self.log = workdir / "oriond.log"
         with open(self.log, "wb") as log:
             command = [sys.executable, "-m", "host_agent.daemon.oriond", "--config", str(conf),

@@ -13,6 +13,7 @@ the latter), only the native driver's, which answers both.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,33 @@ def test_pytorch_past_the_quota_raises_its_own_out_of_memory_error_and_goes_on(
         agent.stop()
     assert forwarded == {"outcome": "OutOfMemoryError: CUDA out of memory", "total": 2.0 * 1024 * 1024,
                          "ok": True}, forwarded
+
+
+def test_under_mps_a_tenant_trains_as_a_native_process_with_the_same_share(
+        library: GuestLibraries, tmp_path: Path) -> None:
+    """issue 30, [server-mps] (host_agent/daemon/mps.py): oriond's session workers under its own MPS control daemon,
+    each with its vGPU's share of the SMs (vgpu_count 2: 50 %). The CNN's 20 losses are a native run's under an MPS
+    daemon with the same share (cuDNN picks its kernels by the SMs a process may use, so the baseline is under MPS
+    too), and the daemon's log shows the session worker as its client: the worker did run under MPS."""
+    from host_agent.daemon import mps
+
+    program = PROGRAMS / "torch_cnn_program.py"
+    saved = dict(os.environ)
+    daemon = mps.start(mps.MpsSettings(True, str(tmp_path / "native-mps")), vgpu_count=2)
+    os.environ.clear()
+    os.environ.update(saved)  # only the native run below goes to that daemon
+    assert daemon is not None, "MPS cannot run on this machine (the log line above says why)"
+    try:
+        expected = native(program, **daemon.environment)
+    finally:
+        daemon.stop()
+    agent = Oriond(tmp_path / "agent", vgpu_count=2,
+                   sections=f"[server-mps]\n    enable_mps = true\n    mps_dir = {tmp_path}/mps\n")
+    try:
+        forwarded = run_on_driver(program, (agent, library))
+    finally:
+        agent.stop()
+    assert "session workers share the GPU through the control daemon" in agent.log.read_text()
+    assert_same_results(program.name, expected, forwarded)
+    control = (tmp_path / "mps" / "log" / "control.log").read_text().lower()
+    assert "client" in control and "server" in control, control[-2000:]  # a server was started for a client

@@ -26,7 +26,7 @@ from host_agent.session.executor import CudaExecutor
 from host_agent.session_loop import RecordLoop, ServerOptions
 from ivshmem.channel import Endpoint
 from ivshmem.cuda_status import INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, SUCCESS
-from ivshmem.driver_api import BY_OPCODE, PINNED_COPY, DriverCall
+from ivshmem.driver_api import BY_OPCODE, PINNED_COPY, POOL_MAP_OPCODE, POOL_MAP_REQUEST, DriverCall
 from ivshmem.layout import Geometry
 from ivshmem.record import STATS_REPLY, Flag, Op, Status
 from ivshmem.region import Region
@@ -56,6 +56,11 @@ def stand_ins(fake: FakeDriver) -> tuple[dict[str, int], list[Any]]:
 
     def launch_ex(config: int, f: int | None, params: int | None, extra: int | None) -> int:
         return int(fake.cuLaunchKernelEx(CUlaunchConfig(_ptr=config), f or 0, params, extra)[0])
+
+    def is_capturing(stream: int | None, status: Any) -> int:
+        err, capturing = fake.cuStreamIsCapturing(stream or 0)
+        status[0] = int(capturing)
+        return int(err)
     made = {
         "cuCtxSynchronize": plain(fake.cuCtxSynchronize),
         "cuStreamSynchronize": plain(fake.cuStreamSynchronize, P),
@@ -75,6 +80,9 @@ def stand_ins(fake: FakeDriver) -> tuple[dict[str, int], list[Any]]:
         "cuStreamWaitValue32": plain(fake.cuStreamWaitValue32, P, Q, U, U),
         "cuMemcpyHtoD": plain(fake.cuMemcpyHtoD, Q, P, ctypes.c_size_t),  # the host side as an address: the fake
         "cuMemcpyDtoH": plain(fake.cuMemcpyDtoH, P, Q, ctypes.c_size_t),  # reads and writes it there
+        "cuMemcpyHtoDAsync": plain(fake.cuMemcpyHtoDAsync, Q, P, ctypes.c_size_t, P),
+        "cuMemcpyDtoHAsync": plain(fake.cuMemcpyDtoHAsync, P, Q, ctypes.c_size_t, P),
+        "cuStreamIsCapturing": ctypes.CFUNCTYPE(ctypes.c_int, P, ctypes.POINTER(ctypes.c_int))(is_capturing),
     }
     return {name: ctypes.cast(fn, ctypes.c_void_p).value or 0 for name, fn in made.items()}, list(made.values())
 
@@ -97,13 +105,15 @@ class Served:
         self.fake = FakeDriver(devices=2)
         self.fake.cuInit(0)
         self.executor = CudaExecutor(Session(1, self.path, 0, GENERATION), driver=self.fake)
+        self.executor.attach_channel(self.region, 0)  # its page-locked pool slice
         self.hot: hot_path.HotPath | None = None
         self._keep: list[Any] = []
         if compiled:
             functions, self._keep = stand_ins(self.fake)
             self.executor.hot_functions = functions  # type: ignore[attr-defined]
             self.hot = hot_path.attach(self.host, self.executor)
-            assert self.hot is not None and len(self.hot.calls) == len(hot_path.HOT_CALLS) + 1  # every one, NOP
+            assert self.hot is not None  # every hot call, NOP and the page-locked copies
+            assert len(self.hot.calls) == len(hot_path.HOT_CALLS) + 1 + len(hot_path.PINNED_HOT)
         self.loop = RecordLoop(self.host, self.executor, self.executor.session, OPTIONS, self.hot)
         self.next_id = 0
         self.replies: list[tuple[int, int, int, bytes]] = []  # the corpus's, in order
@@ -166,8 +176,14 @@ def setup_session(s: Served) -> dict[str, int]:
     (module,) = s.call("cuModuleLoadData", fatbin(minimal_elf()))
     (function,) = s.call("cuModuleGetFunction", module, b"elfkernel")
     (reserved,) = s.call("cuMemAddressReserve", 1 << 21, 0, 0, 0)  # the ledger's own answer (SessionLedger.owns)
+    pool = s.executor.pool
+    assert pool is not None and pool.size
+    s.send(POOL_MAP_OPCODE, POOL_MAP_REQUEST.encode(pool.own_address))
+    ((_, _, status, _),) = s.serve()
+    assert status == SUCCESS
+    (pinned,) = s.call("cuMemAllocHost", 8192)
     return {"context": context, "stream": stream, "event": event, "a": a, "b": b, "function": function,
-            "reserved": reserved}
+            "reserved": reserved, "pinned": pinned}
 
 
 def launch_payload(function: int, stream: int, params: bytes = b"\x01\x02\x03\x04", grid: int = 1) -> bytes:
@@ -180,7 +196,8 @@ def launch_ex_payload(function: int, stream: int, attributes: list[tuple[int, by
 
 def corpus(s: Served, h: dict[str, int]) -> None:
     """Queue the hot calls, well-formed and hostile, in batches the ring holds; serve after each."""
-    stream, event, a, b, f, ctx = h["stream"], h["event"], h["a"], h["b"], h["function"], h["context"]
+    stream, event, a, b, f, ctx, p = (h["stream"], h["event"], h["a"], h["b"], h["function"], h["context"],
+                                       h["pinned"])
     priority, completion = (8, (3).to_bytes(64, "little")), (12, event.to_bytes(8, "little") + bytes(56))
     bogus = 0xDEAD0000
     batches: list[list[tuple[Any, ...]]] = [[
@@ -236,6 +253,23 @@ def corpus(s: Served, h: dict[str, int]) -> None:
         ("cuMemcpyDtoH", a, 0), ("cuMemcpyDtoH", a, 4, "posted"),
         ("cuMemcpyDtoHAsync", a, 16, stream), ("cuMemcpyDtoHAsync", a, 16, 0), ("cuMemcpyDtoHAsync", a, 16, bogus),
         ("cuMemcpyDtoHAsync", b + 250, 16, stream),
+        ("cuMemcpyHtoD", a + 20, 4, b"\x99\x98\x97\x96", "posted"), ("cuMemcpyHtoD", bogus, 4, b"lost", "posted"),
+        ("cuMemcpyHtoDAsync", a + 24, 4, 0, b"pst0", "posted"),
+        ("cuMemcpyHtoDAsync", a + 28, 4, stream, b"pst1", "posted"),
+        ("cuMemcpyDtoH", a, 32), ("cuStreamSynchronize", stream),
+    ], [  # page-locked: the pool memory named by its address (cuMemAllocHost's 8 KiB at `pinned`)
+        ("pinned-write", 0, b"page-locked bytes, written here"),
+        ("pinned", "cuMemcpyHtoD", a + 32, 31, p), ("pinned", "cuMemcpyHtoD", a, 256, p + 8192 - 256),
+        ("pinned", "cuMemcpyHtoD", a, 256, p + 8192 - 255), ("pinned", "cuMemcpyHtoD", a, 257, p),
+        ("pinned", "cuMemcpyHtoD", bogus, 4, p), ("pinned", "cuMemcpyHtoD", a, 0, p),
+        ("pinned", "cuMemcpyHtoD", a, 4, p + 8192), ("pinned", "cuMemcpyHtoD", a, 4, bogus),
+        ("pinned", "cuMemcpyDtoH", a, 256, p + 1024), ("pinned", "cuMemcpyDtoH", b, 16, p - 16),
+        ("pinned", "cuMemcpyHtoDAsync", b, 64, stream, p, "posted"), ("pinned", "cuMemcpyHtoDAsync", b, 64, bogus, p),
+        ("pinned", "cuMemcpyHtoDAsync", b, 64, 0, bogus, "posted"),
+        ("pinned", "cuMemcpyDtoHAsync", b, 128, stream, p + 2048, "posted"),
+        ("pinned", "cuMemcpyDtoHAsync", b, 128, 0, p + 4096),
+        ("pinned", "cuMemcpyDtoHAsync", b, 128, stream, p + 8100), ("pinned-raw", "cuMemcpyDtoH", a, 256),
+        ("cuStreamSynchronize", stream), ("cuCtxSynchronize",),
     ]]
     for batch in batches:
         for item in batch:
@@ -256,8 +290,16 @@ def corpus(s: Served, h: dict[str, int]) -> None:
                 s.send(CALLS[args[0]].opcode, CALLS[args[0]].request.encode(*args[1:]), flags=1 << 5)
             elif name == "async-flag":
                 s.send(CALLS[args[0]].opcode, CALLS[args[0]].request.encode(*args[1:]), flags=Flag.ASYNC_ERROR)
-            elif name == "pinned":
+            elif name == "pinned" and CALLS[args[0]].pinned is None:  # a call without a pinned variant
                 s.send(CALLS[args[0]].opcode | PINNED_COPY, CALLS[args[0]].request.encode(*args[1:]))
+            elif name == "pinned":
+                s.send(CALLS[args[0]].opcode | PINNED_COPY, CALLS[args[0]].pinned.encode(*args[1:]),  # type: ignore[union-attr]
+                       Flag.NO_REPLY if posted else 0)
+            elif name == "pinned-raw":  # its pinned request cut short
+                s.send(CALLS[args[0]].opcode | PINNED_COPY, CALLS[args[0]].request.encode(*args[1:]))
+            elif name == "pinned-write":
+                host = s.executor.pool.host_address(p + args[0], len(args[1]))  # type: ignore[union-attr]
+                ctypes.memmove(host, args[1], len(args[1]))
             elif name.startswith("nop"):
                 s.send(Op.NOP, b"xyz" if name == "nop-payload" else b"", Flag.NO_REPLY if name == "nop-posted" else 0)
             else:
@@ -267,12 +309,15 @@ def corpus(s: Served, h: dict[str, int]) -> None:
 
 def driver_view(fake: FakeDriver) -> list[tuple[str, tuple[Any, ...], tuple[int, ...]]]:
     """What reached the driver, in order; a launch's `extra` (an address in either path) by its contents, a copy's
-    host side (a buffer in Python, an address in C) left out: the bytes it moved are in the replies and memory."""
+    host side (a buffer in Python, an address in C) and the page-locked pool's address left out: the bytes moved
+    are in the replies and memory."""
     seen = []
     for call in fake.calls:
-        if call.name in ("cuMemcpyHtoD", "cuMemcpyDtoH"):
-            call = call._replace(args=tuple("host" if i == (1 if call.name == "cuMemcpyHtoD" else 0) else a
+        if call.name.startswith(("cuMemcpyHtoD", "cuMemcpyDtoH")):
+            call = call._replace(args=tuple("host" if i == (1 if call.name.startswith("cuMemcpyHtoD") else 0) else a
                                             for i, a in enumerate(call.args)))
+        if call.name.startswith("cuMemHost"):  # the page-locked pool: where this run's region lies
+            call = call._replace(args=("pool", *call.args[1:]))
         args = tuple(int(a) if isinstance(a, int) or hasattr(a, "__int__") else a for a in call.args)
         if call.name in ("cuLaunchKernel", "cuLaunchKernelEx"):
             args = args[:-1] + (FakeDriver.decode_extra(int(call.args[-1])) if call.args[-1] else None,)
@@ -290,18 +335,24 @@ def run_corpus(s: Served) -> tuple[list[Any], Any, Any, int]:
     s.replies = []
     before = s.hot.served if s.hot is not None else 0
     corpus(s, handles)
-    memory = bytes(s.fake.memory[handles["a"]]) + bytes(s.fake.memory[handles["b"]])
+    host = s.executor.pool.host_address(handles["pinned"], 8192)  # type: ignore[union-attr]
+    memory = bytes(s.fake.memory[handles["a"]]) + bytes(s.fake.memory[handles["b"]]) + ctypes.string_at(host, 8192)
     return s.replies, driver_view(s.fake), (memory, s.fake.launches), (s.hot.served if s.hot else 0) - before
 
 
 def test_the_compiled_path_answers_the_corpus_exactly_as_the_python_path(make: Any) -> None:
     python_replies, python_driver, python_state, _ = run_corpus(make(False))
-    c_replies, c_driver, c_state, served_in_c = run_corpus(make(True))
+    compiled = make(True)
+    c_replies, c_driver, c_state, served_in_c = run_corpus(compiled)
     assert c_replies == python_replies
     assert c_driver == python_driver
     assert c_state == python_state
     # the corpus is hostile half the time; the well-formed, owned half must have been C's
-    assert served_in_c >= 40, served_in_c
+    assert served_in_c >= 50, served_in_c
+    counts = compiled.hot.counts()  # type: ignore[union-attr]
+    for name in hot_path.PINNED_HOT:  # each page-locked copy too
+        assert counts.get(CALLS[name].opcode + PINNED_COPY, 0) >= 1, name
+    assert b"page-locked bytes, written here" in c_state[0]  # they moved the pool's bytes
     statuses = {status for _, _, status, _ in python_replies}
     assert {SUCCESS, INVALID_HANDLE, INVALID_VALUE, Status.MALFORMED} <= statuses  # the corpus reaches the refusals
 
@@ -497,7 +548,7 @@ def test_with_the_real_driver_the_functions_are_cydrivers() -> None:
     handler = Real()
     handler.driver = driver  # type: ignore[attr-defined]
     functions = hot_path.driver_functions(handler)
-    assert set(functions) == set(hot_path.HOT_CALLS)
+    assert set(functions) == hot_path.DRIVER_FUNCTIONS
     get_name = ctypes.pythonapi.PyCapsule_GetName
     get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -527,17 +578,27 @@ def test_no_code_is_loaded_from_a_cache_others_can_write(
         hot_path.reset()
 
 
-def test_copies_wait_for_the_channel_to_be_page_locked_by_the_python_path(make: Any) -> None:
-    """The executor page-locks its channel at the first host-to-device copy; until then, copies are Python's."""
-    s = make(True)
-    h = setup_session(s)
-    s.executor._to_register = (0x7F0000000000, 4096)
-    served = s.hot.served
-    s.request("cuMemcpyHtoD", h["a"], 4, b"abcd")
-    assert [r[2] for r in s.serve()] == [SUCCESS]
-    assert s.hot.served == served and s.executor._to_register is None
-    assert [c.name for c in s.fake.calls[-2:]] == ["cuMemHostRegister", "cuMemcpyHtoD"]
-    s.request("cuMemcpyHtoD", h["a"], 4, b"efgh")
-    s.request("cuMemcpyDtoH", h["a"], 4)
-    assert s.serve() == [(s.next_id - 1, 0, SUCCESS, b""), (s.next_id, 0, SUCCESS, b"efgh")]
-    assert s.hot.served == served + 2
+def test_small_copies_to_the_device_go_from_pageable_memory_and_async_ones_do_not_wait(make: Any) -> None:
+    """A copy's bytes from the ring are copied into the worker's own pageable memory (the driver stages it before
+    it returns, so the slot is free at once): an async copy is queued on its stream with no wait for the stream,
+    except on a stream that may be capturing, which the Python path waits for and copies synchronously, as before."""
+    for compiled in (False, True):
+        s = make(compiled)
+        h = setup_session(s)
+        served = s.hot.served if s.hot else 0
+        s.fake.calls.clear()
+        s.request("cuMemcpyHtoDAsync", h["a"], 4, h["stream"], b"abcd", posted=True)
+        s.request("cuMemcpyHtoD", h["a"] + 4, 4, b"efgh", posted=True)
+        s.request("cuMemcpyDtoH", h["a"], 8)
+        assert s.serve() == [(s.next_id, 0, SUCCESS, b"abcdefgh")]
+        assert [c.name for c in s.fake.calls] == ["cuStreamIsCapturing", "cuMemcpyHtoDAsync", "cuMemcpyHtoD",
+                                                  "cuMemcpyDtoH"]
+        host_side = s.fake.calls[1].args[1]
+        assert not isinstance(host_side, memoryview)  # not the ring slot: our own copy of its bytes
+        assert (s.hot.served if s.hot else 0) - served == (3 if compiled else 0)
+        s.call("cuStreamBeginCapture", h["stream"], 0)
+        s.fake.calls.clear()
+        s.request("cuMemcpyHtoDAsync", h["a"], 4, h["stream"], b"wxyz")
+        replies = s.serve()
+        assert [c.name for c in s.fake.calls][-2:] == ["cuStreamIsCapturing", "cuStreamSynchronize"]
+        assert replies[0][2] != SUCCESS  # a capturing stream cannot be waited for: the driver's error, as before

@@ -1,12 +1,13 @@
-"""A small pageable cuMemcpyHtoDAsync that the driver would take returns once its bytes are in the channel
+"""A small copy to the device that the driver would take returns once its bytes are in the channel
 (guest_runtime/native/copy_calls.c, posted_as_the_driver_would), against a real agent whose sessions run the executor
 over the fake driver (tests/forwarding_rig.py), locally or relayed.
 
-Posted: a copy of at most 64 KiB into memory this process allocated, on a default stream, with a context current.
-The program may overwrite its buffer as soon as the call returns, and the device holds the bytes it gave, in stream
-order with the calls around it. Waited for, as before (ORION_STATS says which was which): a copy on a stream the
-guest did not make itself sure of, a larger one, one into a reserved range that is not mapped, and one into memory
-the process never allocated, whose error (the agent's, the driver's) is the call's own answer."""
+Posted: a copy of at most 64 KiB into memory this process allocated, synchronous (cuMemcpyHtoD, from pageable or
+page-locked memory) or async on a default stream, with a context current and no capture under way. The program may
+overwrite its buffer as soon as the call returns, and the device holds the bytes it gave, in stream order with the
+calls around it. Waited for, as before (ORION_STATS says which was which): a copy on a stream the guest did not make
+itself sure of, a larger one, one while a capture may be under way, one into a reserved range that is not mapped, and
+one into memory the process never allocated, whose error (the agent's, the driver's) is the call's own answer."""
 from __future__ import annotations
 
 import json
@@ -43,6 +44,24 @@ assert lib.cuMemAddressReserve(byref(reserved), 2 << 20, 0, 0, 0) == 0
 out["reserved"] = lib.cuMemcpyHtoDAsync(reserved.value, buffer, 256, None)
 out["unallocated"] = lib.cuMemcpyHtoDAsync(0xDEAD0000, buffer, 256, None)
 assert lib.cuCtxSynchronize() == 0
+
+lib.cuMemcpyHtoD.argtypes = [c_uint64, c_void_p, c_size_t]
+out["sync"] = [lib.cuMemcpyHtoD(memory + 8192 + 256 * i, addressof(buffer) + 256 * i, 256) for i in range(4)]
+ctypes.memset(buffer, 0, len(data))
+pinned = c_void_p()
+assert lib.cuMemAllocHost(byref(pinned), 4096) == 0
+ctypes.memmove(pinned, data, 4096)
+out["sync_pinned"] = lib.cuMemcpyHtoD(memory + 16384, pinned, 4096)
+ctypes.memset(pinned, 0xEE, 4096)  # taken when the call returned, as the driver's copy had finished with them
+back = ctypes.create_string_buffer(12288)
+out["sync_read_back"] = [lib.cuMemcpyDtoH(back, memory + 8192, 12288), back.raw[:1024] == data[:1024],
+                         back.raw[-4096:] == data]
+out["sync_unallocated"] = lib.cuMemcpyHtoD(0xDEAD0000, buffer, 256)
+capturing = stream(1)
+assert lib.cuStreamBeginCapture(capturing, 2) == 0  # relaxed: a legacy-stream copy is allowed beside it
+out["sync_capturing"] = lib.cuMemcpyHtoD(memory, buffer, 256)
+graph = c_void_p()
+assert lib.cuStreamEndCapture(capturing, byref(graph)) == 0
 """
 
 
@@ -58,6 +77,11 @@ def test_a_small_copy_the_driver_would_take_returns_once_its_bytes_are_in_the_ch
     assert out["read_back"] == [SUCCESS, True]  # the bytes given, in stream order before the read
     assert out["created_stream"] == SUCCESS and out["large"] == SUCCESS
     assert out["reserved"] != SUCCESS and out["unallocated"] == INVALID_VALUE  # the call's own error, at once
+    assert out["sync"] == [SUCCESS] * 4 and out["sync_pinned"] == SUCCESS
+    assert out["sync_read_back"] == [SUCCESS, True, True]
+    assert out["sync_unallocated"] == INVALID_VALUE and out["sync_capturing"] == SUCCESS
     _summary, rows = _table(stats.read_text())
     calls, guest, posted, round_trip = rows["cuMemcpyHtoDAsync"][:4]
     assert (calls, guest, posted, round_trip) == ("20", "0", "16", "4")
+    calls, guest, posted, round_trip = rows["cuMemcpyHtoD"][:4]
+    assert (calls, guest, posted, round_trip) == ("7", "0", "5", "2")  # the capture's and the unallocated one waited
