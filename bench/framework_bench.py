@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.verify import Checks  # noqa: E402
-from bench.workload_process import Forwarded, forwarding, run  # noqa: E402
+from bench.workload_process import Forwarded, forwarding, run, why  # noqa: E402
 
 WORKLOADS = {
     "torch_op": ("torch", r"""
@@ -113,7 +113,7 @@ def main() -> int:
             try:
                 (native, expected), (forwarded, got) = measure(name, None), measure(name, forwarded_to)
             except RuntimeError as exc:
-                print(f"{name:<12} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
+                print(f"{name:<12} FAILED: {why(exc)}")
                 continue
             ratio = checks.ratio(name, forwarded, native, expected, got, rel_tol=REL_TOL.get(name))
             print(f"{name:<12} {native:10.1f} {forwarded:13.1f} {ratio:>7}{'x' if ratio != 'WRONG' else ''}")

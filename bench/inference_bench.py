@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.verify import Checks  # noqa: E402
-from bench.workload_process import Forwarded, forwarding, run  # noqa: E402
+from bench.workload_process import Forwarded, forwarding, run, why  # noqa: E402
 
 _RESNET = r"""
 import torch, torchvision
@@ -162,7 +162,7 @@ def main() -> int:
                 try:
                     (native, expected), (forwarded, got) = measure(name, None), measure(name, forwarded_to)
                 except RuntimeError as exc:
-                    print(f"{name:<16} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
+                    print(f"{name:<16} FAILED: {why(exc)}")
                     break
                 # time ratios (latency: forwarded / native) and rate ratios (throughput: forwarded / native)
                 ratio = checks.ratio(name, forwarded, native, expected, got, rel_tol=REL_TOL.get(name))
@@ -173,7 +173,7 @@ def main() -> int:
                     try:
                         relayed, relayed_got = measure(name, relayed_to)
                     except RuntimeError as exc:
-                        relayed_cells = f" relayed FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}"
+                        relayed_cells = f" relayed FAILED: {why(exc)}"
                     else:
                         over_local = checks.ratio(f"{name} relayed", relayed, forwarded, expected, relayed_got,
                                                   rel_tol=REL_TOL.get(name))

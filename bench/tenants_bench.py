@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.verify import Checks  # noqa: E402
-from bench.workload_process import Forwarded, command, forwarding, result_of  # noqa: E402
+from bench.workload_process import Forwarded, command, forwarding, result_of, why  # noqa: E402
 
 TENANT = r"""
 import json, sys, time, torch, torchvision
@@ -128,7 +128,7 @@ def main() -> int:
                     with forwarding(vgpu_count=k, mps=True) as under_mps:
                         runs.append(("MPS", native_mps, tenants(k, args.steps, args.batch, under_mps)))
             except RuntimeError as exc:
-                print(f"{k:>2} FAILED: {str(exc).splitlines()[-1] if str(exc) else exc}")
+                print(f"{k:>2} FAILED: {why(exc)}")
                 continue
             alone = sum(r["rate"] for r in native) if k == 1 else alone
             for label, baseline, forwarded in runs:

@@ -73,3 +73,9 @@ def run(name: str, code: str, forwarded: Forwarded | None, timeout_s: float,
     if done.returncode != 0 or result is None:
         raise RuntimeError(f"{name} failed: {done.stderr[-1500:]}")
     return result
+
+
+def why(exc: BaseException) -> str:
+    """A failed workload's reason in one line: the last line of its error (its stderr's end), for a FAILED row."""
+    text = str(exc)
+    return text.splitlines()[-1] if text.strip() else repr(exc)

@@ -40,7 +40,7 @@ _Static_assert(SAME_COPY(cuMemcpyDtoH, cuMemcpyHtoD) && SAME_COPY(cuMemcpyDtoHAs
                && ORION_PINNED_cuMemcpyHtoD_SIZE <= ORION_PINNED_cuMemcpyHtoDAsync_SIZE, "one packing for four copies");
 #define HEAD_BYTES ORION_PINNED_cuMemcpyHtoDAsync_SIZE /* the longest: an async copy's pinned request */
 #define PAGEABLE_PIECE (ORION_MAX_PAYLOAD / 2)      /* the most one pageable copy request carries: well within */
-#define POSTED_PAGEABLE_MAX (64u << 10)             /* the largest copy to the device posted with its bytes */
+#define POSTED_COPY_MAX (64u << 10)             /* the largest copy to the device posted with its bytes */
 
 /* The fixed part: (device, size) and the stream of an async copy; its length. */
 static size_t head_of(uint8_t head[HEAD_BYTES], uint64_t device, size_t size, const CUstream *stream) {
@@ -85,7 +85,7 @@ static int in_pieces(int to_device, uint32_t opcode, CUdeviceptr device, uint8_t
  * each copy itself). Anything else waits for the host's answer, as before. A failure found later on the host (the
  * GPU's) comes back as an earlier posted call's error at the next call, as the driver reports an asynchronous one. */
 static int posted_as_the_driver_would(CUdeviceptr dst, size_t size, const CUstream *stream) {
-    return size && size <= POSTED_PAGEABLE_MAX && (!stream || (uintptr_t)*stream <= 2) && orion_is_initialized()
+    return size && size <= POSTED_COPY_MAX && (!stream || (uintptr_t)*stream <= 2) && orion_is_initialized()
            && orion_current_context() != NULL && !orion_captures_may_run() && !orion_device_unavailable()
            && orion_range_allocated(dst, size);
 }
