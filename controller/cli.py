@@ -1,5 +1,6 @@
 """``orion-controller start [--listen 0.0.0.0:9123] [--etcd http://127.0.0.1:2379] [--log FILE] ...`` and
-``orion-controller cluster-key PATH`` (make the cluster's key, docs/security.md).
+``orion-controller cluster-key PATH`` (make the cluster's key, docs/security.md); ``orion-controller help [COMMAND]``,
+Orion's form of ``--help``.
 
 Only argument parsing: the settings become one ControllerConfig and service.run does the rest; the key file is
 made by cluster_key.make_key_file.
@@ -16,11 +17,13 @@ from controller.keys import DEFAULT_ROOT
 from controller.payloads import DEFAULT_MAX_GPUS_PER_HOST, MAX_VGPU_COUNT
 from controller.pool import DEFAULT_HOST_TTL_S, DEFAULT_LEASE_TTL_S, ETCD_DEFAULT_MAX_TXN_OPS
 from controller.service import run
+from ivshmem.shared.version import version_line
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orion-controller",
                                      description="Orion Controller: the vGPU pool in etcd, REST API on :9123")
+    parser.add_argument("--version", action="version", version=version_line("orion-controller"))
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     start = sub.add_parser("start", help="run the controller in the foreground")
     start.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
@@ -74,6 +77,9 @@ def _make_key(path: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["help"]:  # Orion's form: `orion-controller help start`
+        argv = [*argv[1:2], "--help"]
     args = parser.parse_args(argv)
     if args.command == "cluster-key":
         return _make_key(args.path)

@@ -6,6 +6,7 @@ import sys
 
 from ivshmem.errors import WireError
 from ivshmem.region import Region
+from ivshmem.shared.version import version_line
 
 from .probe import run_probe
 from .startup import native_library
@@ -13,6 +14,7 @@ from .startup import native_library
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orion-guest", description="Orion vGPU guest runtime")
+    parser.add_argument("--version", action="version", version=version_line("orion-guest"))
     commands = parser.add_subparsers(dest="command", required=True)
     probe = commands.add_parser("probe", help="check that this machine reaches the host agent through its region")
     probe.add_argument("--region", help="a region file (/dev/shm/orionsock0) or an ivshmem PCI address "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ivshmem.shared import ini
+from ivshmem.shared.version import version_line
 
 from . import check_host
 from .check_controller import DEFAULT_SOURCE, check_controller
@@ -169,6 +170,9 @@ def runtime_client(out: TextIO) -> int:
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     out = out or sys.stdout
+    if args[:1] == ["--version"]:
+        print(version_line("orion-check"), file=out)
+        return 0
     if args and args[0] in ("-h", "--help", "help"):
         print(HELP, file=out)
         return 0

@@ -19,6 +19,7 @@ import grp
 import os
 import pwd
 import re
+import shlex
 import stat
 from dataclasses import dataclass
 
@@ -74,6 +75,14 @@ class Tenant:
 
 
 # --- validation (Orion's messages) ------------------------------------------------------------------------
+
+def remove_command(index: int, path: str, force: bool = False) -> str:
+    """The `orion-shm remove` line that deletes region `index` at `path`: with its directory where that is not the
+    default, so that following the hint acts on the region it is about, never on /dev/shm's of the same index."""
+    directory = os.path.dirname(os.path.abspath(path))
+    where = "" if directory == SHM_DIR else f" -d {shlex.quote(directory)}"
+    return f"orion-shm remove {index}{where}" + (" --force" if force else "")
+
 def check_index(index: int) -> None:
     if not region_index_allowed(index):
         raise ShmError("Error. Invalid SHM file index. It should be in [0, 9999]")
@@ -221,8 +230,9 @@ def _hand_over(fd: int, path: str, index: int, tenant: Tenant | None, settings: 
                            "root to give a region to another user.") from None
         return (0o660 if tenant.shared_group else 0o600), note
     me = user_name(os.geteuid())
-    advice = (f"to give it to a container or local user, create it with --owner USER[:GROUP] ('orion-shm remove "
-              f"{index}' first; oriond serves another user's region only when root made it for them)")
+    advice = (f"to give it to a container or local user, create it with --owner USER[:GROUP] "
+              f"('{remove_command(index, path)}' first; oriond serves another user's region only when root made it "
+              "for them)")
     qemu = qemu_owner_ids(settings)
     if qemu is None:
         return 0o600, (f"only {me} can open {path} (mode 0600): QEMU's user {settings.user}:{settings.group} "
@@ -415,7 +425,7 @@ def _examine(path: str, users: Users, detail: bool) -> dict:
     }
     if kind != "file":
         info["reason"] = (f"{path} is a {kind}, not a region file (Docker makes a directory when a missing "
-                          f"file is bind-mounted); remove it with 'orion-shm remove {info['index']}' and create "
+                          f"file is bind-mounted); remove it with '{remove_command(info['index'], path)}' and create "
                           "the region again")
         return info
     try:

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from host_agent.daemon.pidfile import DEFAULT_PID_FILE
+from ivshmem.shared.version import version_line
 
 from .installer import InstallError, install, status, uninstall
 from .qemu_hook import SERVER_CONF
@@ -13,6 +14,7 @@ from .qemu_hook import SERVER_CONF
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orion-hooks", description="Install the Orion vGPU libvirt qemu hook "
                                      "(and, where AppArmor is active, the rule that lets QEMU open regions)")
+    parser.add_argument("--version", action="version", version=version_line("orion-hooks"))
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {name: sub.add_parser(name, help=text) for name, text in (
         ("install", "install the hook next to any hook already there (idempotent)"),

@@ -10,6 +10,8 @@ import os
 import sys
 from typing import NoReturn
 
+from ivshmem.shared.version import version_line
+
 from . import domain
 from .errors import DomainXmlError
 
@@ -25,6 +27,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="orion-domain", description="libvirt domain XML for guests with Orion regions")
+    parser.add_argument("--version", action="version", version=version_line("orion-domain"))
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     render = commands.add_parser(
         "render", help="write a complete domain XML with Orion regions attached",

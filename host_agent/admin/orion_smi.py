@@ -21,6 +21,7 @@ from typing import Any
 from controller.cluster_key import ClusterKeyError
 from ivshmem.shared.controller_client import ControllerClient, ControllerClientError
 from ivshmem.shared.ini import normal_address
+from ivshmem.shared.version import version_line
 
 from ..daemon.config import DEFAULT_PATH, ServerConfig
 from ..daemon.controller_link import Member, load_member
@@ -143,6 +144,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="orion-smi", description="Show the vGPUs of the Orion Controller's pool")
+    parser.add_argument("--version", action="version", version=version_line("orion-smi"))
     parser.add_argument("--controller", metavar="HOST:PORT",
                         help="the controller (default: ORION_CONTROLLER, else controller_addr of --config)")
     parser.add_argument("--config", default=os.environ.get("ORION_SERVER_CONF", DEFAULT_PATH),

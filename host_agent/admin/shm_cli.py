@@ -16,6 +16,7 @@ import sys
 from ivshmem.errors import WireError
 from ivshmem.layout import MIB
 from ivshmem.region import SHM_DIR
+from ivshmem.shared.version import version_line
 
 from ..errors import ConfigurationError
 from ..server_conf import SERVER_CONF, ConfigError, ShmSettings
@@ -28,6 +29,7 @@ from ..shm_admin import (
     inspect,
     list_regions,
     remove,
+    remove_command,
     serving_agent,
 )
 
@@ -318,10 +320,11 @@ def _libvirt_command(name: str, args: argparse.Namespace) -> int:
         agent = serving_agent(done.path)
         if agent:
             print(f"The region file {done.path} is kept and the host agent (pid {agent}) still serves it; when no "
-                  f"longer needed, '{PROG} remove {args.index} --force' deletes it (oriond then lets go of it).")
+                  f"longer needed, '{remove_command(args.index, done.path, force=True)}' deletes it (oriond then "
+                  "lets go of it).")
         else:
-            print(f"The region file {done.path} is kept; remove it with '{PROG} remove {args.index}' when no "
-                  "longer needed.")
+            print(f"The region file {done.path} is kept; remove it with '{remove_command(args.index, done.path)}' "
+                  "when no longer needed.")
     return 0
 
 
@@ -398,6 +401,9 @@ def _print_inspect(info: dict) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `orion-shm` console script; returns the exit status, never raises."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--version"]:
+        print(version_line(PROG))
+        return 0
     try:
         if argv and argv[0] in COMMANDS:
             return _command(argv[0], argv[1:])

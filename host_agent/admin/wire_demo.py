@@ -8,6 +8,7 @@ from 100 upwards so it never touches a region someone else made.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import time
 
 from ivshmem import layout
 from ivshmem.region import Region, region_path
+from ivshmem.shared.version import version_line
 
 FIRST_INDEX = 100
 
@@ -58,7 +60,10 @@ def run_demo(size_mib: int = 64) -> None:
         _run(os.path.join(bindir, "orion-shm"), "remove", str(index))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="orion-wire-demo", description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser.add_argument("--version", action="version", version=version_line("orion-wire-demo"))
+    parser.parse_args(argv)
     try:
         run_demo()
     except (subprocess.CalledProcessError, RuntimeError) as exc:

@@ -24,6 +24,7 @@ import sys
 from dataclasses import replace
 
 from controller.cluster_key import ClusterKeyError, load_key
+from ivshmem.shared.version import version_line
 
 from ..relay.listener import Admission, ListeningSocket, listen_socket
 from ..relay.route import RelayRoute, host_name
@@ -41,6 +42,7 @@ from .config import DEFAULT_PATH, ServerConfig, flag_count, flag_devices, flag_h
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineParser(prog="oriond", description="Orion Server: runs forwarded CUDA calls on this host's GPUs")
+    parser.add_argument("--version", action="version", version=version_line("oriond"))
     count = flag_type(lambda text: flag_count(text, "a number of clients"), "count")
     parser.add_argument("-n", type=count, metavar="N", help="the maximum number of clients (accepted, unused)")
     parser.add_argument("-b", type=flag_type(flag_host, "address"), metavar="IP",

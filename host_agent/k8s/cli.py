@@ -12,6 +12,7 @@ import os
 import sys
 
 from ivshmem.shared.ini import ConfigError, normal_address
+from ivshmem.shared.version import version_line
 
 from ..daemon.cli_args import OneLineParser, flag_type
 from ..daemon.config import DEFAULT_PATH, ServerConfig, flag_host, flag_seconds
@@ -29,6 +30,7 @@ log = logging.getLogger("orion-k8s-plugin")
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineParser(prog="orion-k8s-plugin", description=f"Advertise this node's Orion vGPUs to kubelet as "
                            f"{RESOURCE_NAME} and set up the containers that get them")
+    parser.add_argument("--version", action="version", version=version_line("orion-k8s-plugin"))
     parser.add_argument("-controller", "--controller", type=flag_type(normal_address, "controller"),
                         metavar="HOST:PORT",
                         help="the Orion Controller (default: ORION_CONTROLLER, else server.conf's controller_addr, "

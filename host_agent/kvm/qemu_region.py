@@ -66,22 +66,23 @@ def make_ready(index: int, size_mib: int, directory: str, settings: ShmSettings,
 
 def _check_existing(index: int, size_mib: int, path: str, settings: ShmSettings, domain: str) -> str:
     st = os.lstat(path)
+    remove = shm_admin.remove_command(index, path)  # the directory too, when it is not /dev/shm
     if not stat.S_ISREG(st.st_mode):
         kind = "directory" if stat.S_ISDIR(st.st_mode) else "symbolic link" if stat.S_ISLNK(st.st_mode) else \
             "special file"
-        raise RegionNotReady(f"{path} is a {kind}, not a region file; remove it (orion-shm remove {index}) so "
+        raise RegionNotReady(f"{path} is a {kind}, not a region file; remove it ({remove}) so "
                              "that it is made again")
     if st.st_size < size_mib * MIB:
         fits = 1 << max(st.st_size // MIB, 1).bit_length() - 1  # device sizes are powers of two
         raise RegionNotReady(f"{path} is {st.st_size / MIB:g} MiB but domain {domain} wants {size_mib} MiB (its "
-                             "<shmem> <size>) and QEMU refuses a smaller file; remove the region (orion-shm remove "
-                             f"{index}) so that it is made again, or give the device a size of at most {fits} MiB "
+                             "<shmem> <size>) and QEMU refuses a smaller file; remove the region "
+                             f"({remove}) so that it is made again, or give the device a size of at most {fits} MiB "
                              "(orion-shm attach -s)")
     usable = _usable_size(path, st.st_size)
     if usable > size_mib * MIB:
         raise RegionNotReady(f"{path} is laid out for {usable / MIB:g} MiB but domain {domain}'s device maps only "
                              f"{size_mib} MiB (its <shmem> <size>), so the guest could not use it; remove the "
-                             f"region (orion-shm remove {index}) so that it is made again, or give the device a "
+                             f"region ({remove}) so that it is made again, or give the device a "
                              f"size of {usable // MIB} MiB (orion-shm attach -s)")
     qemu = _qemu_ids(settings)
     if qemu is None:

@@ -649,9 +649,11 @@ def test_detach_says_how_to_remove_a_region_the_agent_still_serves(regions: Path
         return out.getvalue().splitlines()[-1]
     with serving_agent(path) as (agent, _worker):
         line = detach()
-        assert f"host agent (pid {agent}) still serves it" in line and "'orion-shm remove 1 --force'" in line
-    assert detach() == (f"The region file {path} is kept; remove it with 'orion-shm remove 1' when no longer "
-                        "needed.")
+        # the directory kept (issue 31: the hint used to drop it, so following it acted on /dev/shm's region 1)
+        assert f"host agent (pid {agent}) still serves it" in line
+        assert f"'orion-shm remove 1 -d {regions} --force'" in line
+    assert detach() == (f"The region file {path} is kept; remove it with 'orion-shm remove 1 -d {regions}' when no "
+                        "longer needed.")
 
 
 def test_remove_unused_and_missing(regions: Path, nobody_conf: str) -> None:
@@ -667,7 +669,7 @@ def test_remove_unused_and_missing(regions: Path, nobody_conf: str) -> None:
 def test_remove_the_directory_docker_leaves(regions: Path) -> None:
     (regions / "orionsock0").mkdir()
     listing = shm("list", "-d", str(regions)).stdout
-    assert "is a directory" in listing and "orion-shm remove 0" in listing
+    assert "is a directory" in listing and f"'orion-shm remove 0 -d {regions}'" in listing  # its directory kept
     assert shm("remove", "0", "-d", str(regions)).returncode == 0
     assert not (regions / "orionsock0").exists()
 
