@@ -26,12 +26,13 @@ from controller.errors import BadRequest, ControllerError, Forbidden, NotFound
 from controller.members import CLUSTER_KEY, caller, member, same_host
 from controller.metrics import CONTENT_TYPE, Metrics
 from controller.pool import GpuPool
+from ivshmem.shared.version import VERSION
 
 log = logging.getLogger(__name__)
 
 API_VERSION = "0.2"
 DATA_VERSION = "0.2"
-CONTROLLER_VERSION = "0.1.0"
+CONTROLLER_VERSION = VERSION  # the release (--version of every command)
 
 T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -205,6 +206,25 @@ async def orion_release(request: web.Request) -> web.Response:
     return web.Response(text="OK")
 
 
+async def orion_full_report(request: web.Request) -> web.Response:
+    """``POST /service/fullreport/<server>``: Orion's oriond lists the allocations it holds; each one that is on that
+    host is kept alive (as its heartbeat would), one that is gone or elsewhere is named in the log and skipped."""
+    _log_orion(request)
+    signed = await member(request)
+    server = payloads.name(request.match_info["server"], "server")
+    same_host(signed.member, server, "report the allocations of")
+    pool = request.app[POOL]
+    for alloc_id in payloads.full_report(payloads.json_object(signed.body)):
+        try:
+            alloc = await blocking(request, pool.get_allocation, alloc_id)
+            if server not in (alloc.host, alloc.address):
+                raise NotFound(f"allocation {alloc_id} is on host {alloc.host}, not {server}")
+            await blocking(request, pool.keepalive, alloc_id)
+        except NotFound as exc:
+            log.info("full report of %s: %s; skipped", server, exc)
+    return web.Response(text="OK")
+
+
 async def orion_server_meta(request: web.Request) -> web.Response:
     """Orion's telemetry post (OS, drivers...): accepted and dropped; nothing in the pool depends on it."""
     _log_orion(request)
@@ -342,8 +362,8 @@ def build_app(pool: GpuPool, executor: ThreadPoolExecutor, key: bytes, limits: p
     app[METRICS] = Metrics(pool)
     app[EXECUTOR] = executor
     r = app.router
-    # Orion's endpoints (as its oriond, client and orion-check call them); confirm and release before the
-    # generic /service/{a}/{b}
+    # Orion's endpoints (as its oriond, client and orion-check call them); confirm, release and fullreport before
+    # the generic /service/{a}/{b}
     r.add_get("/info", orion_info)
     r.add_get("/devices", orion_devices)
     r.add_post("/heartbeat/{host}", orion_heartbeat)
@@ -352,6 +372,7 @@ def build_app(pool: GpuPool, executor: ThreadPoolExecutor, key: bytes, limits: p
     r.add_route("PUT", "/service/confirm/{alloc}", orion_confirm)
     r.add_route("POST", "/service/confirm/{alloc}", orion_confirm)
     r.add_route("*", "/service/release/{alloc}", orion_release)
+    r.add_post("/service/fullreport/{server}", orion_full_report)
     r.add_post("/service/{alloc}/{server}", orion_service_resources)
     r.add_post("/server-meta/{server}", orion_server_meta)
     # the JSON API

@@ -158,6 +158,24 @@ def name(value: str, what: str) -> str:
     return value
 
 
+MAX_REPORTED = 1024  # allocations one full report may name: more than a host's vGPUs can hold
+
+
+def full_report(data: Mapping[str, Any]) -> list[str]:
+    """Orion's ``POST /service/fullreport/<server>`` body (its oriond's list of what it holds): the allocation ids of
+    its ``allocation_list`` (objects with ``allocation_id``; ``resource`` and ``resource_list`` are not read), or
+    BadRequest saying what is wrong."""
+    listed = data.get("allocation_list", [])
+    if not isinstance(listed, list) or len(listed) > MAX_REPORTED:
+        raise BadRequest(f"allocation_list must be a list of at most {MAX_REPORTED} objects with an allocation_id")
+    ids = []
+    for entry in listed:
+        if not isinstance(entry, dict) or not isinstance(entry.get("allocation_id"), str):
+            raise BadRequest("each allocation_list entry must be an object with an allocation_id string")
+        ids.append(name(entry["allocation_id"], "allocation id"))
+    return ids
+
+
 def label(data: Mapping[str, Any], key: str, default: str = "", what: str = "") -> str:
     """An optional free-text field (a client's label, a GPU's name): printable, at most MAX_LABEL characters,
     since it is logged and shown by orion-smi, where a newline would forge a line."""

@@ -86,6 +86,7 @@ def member_only(alloc: str) -> list[tuple[str, str, str | None]]:
         ("PUT", f"/service/confirm/{alloc}", None),
         ("POST", f"/service/confirm/{alloc}", None),
         ("POST", "/server-meta/h1", json.dumps({"os": "linux"})),
+        ("POST", "/service/fullreport/h1", json.dumps({"allocation_list": [{"allocation_id": alloc}]})),
     ]
 
 
@@ -531,3 +532,27 @@ def test_the_three_attacks_of_issue_27_now_get_401_and_change_nothing(
     assert state(ctl) == before
     assert [h["host"] for h in ControllerClient(ctl.address).pool("node-1")["hosts"]] == ["node-1"]
     assert node.heartbeat("node-1") > 0  # the node itself still may
+
+
+def test_orions_full_report_keeps_its_hosts_allocations_alive(controllers: Callable[..., ControllerProcess]) -> None:
+    """issue 31: `POST /service/fullreport/<server>` (Orion's oriond, Sept 2019) was taken by /service/<alloc>/<server>
+    and answered `allocation fullreport does not exist`. It keeps alive what it lists on its own host, skips what is
+    gone, and refuses a malformed list."""
+    ctl = controllers()
+    register(ctl, "h1")
+    alloc = ControllerClient(ctl.address).allocate(1, 1000, ttl_s=2)["id"]
+    report = json.dumps({"allocation_list": [{"allocation_id": alloc, "resource": "nvidia_cuda"},
+                                             {"allocation_id": "gone-long-ago"}], "resource_list": []})
+    deadline = time.monotonic() + 5  # more than twice the lease: only the reports keep it
+    while time.monotonic() < deadline:
+        assert call(ctl, "POST", "/service/fullreport/h1", report, JSON, member="h1") == (200, "OK")
+        time.sleep(0.5)
+    observer = member_client(ctl.address, "observer")
+    assert not gone(observer, alloc)
+    for body in ('{"allocation_list": {}}', '{"allocation_list": [{"allocation_id": 7}]}', "[]"):
+        status, text = call(ctl, "POST", "/service/fullreport/h1", body, JSON, member="h1")
+        assert status == 400 and "Traceback" not in text, (body, status, text)
+    until = time.monotonic() + 30
+    while not gone(observer, alloc):  # no more reports: the lease runs out
+        assert time.monotonic() < until, "the allocation outlived its lease without reports"
+        time.sleep(0.2)
