@@ -97,7 +97,7 @@ def in_guest(round_trips: int, bulk_mib: int, directory: str,
     with LibvirtGuest(conn, "tests/guest/cuda_guest.py", (str(round_trips), str(bulk_mib), relative), memory_mib=1024,
                       prefix="orion-bench-") as guest:
         guest.define([(free_index(directory), 256)])
-        run = guest.run(900)
+        run = guest.run(900, progress=lambda line: print(line, file=sys.stderr, flush=True))
     if run.rc != 0 or not run.line("ORION-PROBE ok"):
         raise SystemExit(f"kvm_bench: the guest did not complete its probe:\n{run.serial[-3000:]}")
     speed, native = SPEED.search(run.serial), NATIVE.search(run.serial)

@@ -50,8 +50,18 @@ rm -rf "$R"
 T0=$(now)
 echo "build-image: debootstrap $SUITE from $MIRROR into $R (log: $LOG)"
 t=$(now)
-debootstrap --variant=minbase --include="$PKGS" "$SUITE" "$R" "$MIRROR" >"$LOG" 2>&1 \
-  || die "debootstrap failed, see $LOG (last lines: $(tail -n 3 "$LOG" | tr '\n' ' '))"
+# About 100 s: a line every 10 s says how far it got (its log's last line), so the wait is never silent.
+debootstrap --variant=minbase --include="$PKGS" "$SUITE" "$R" "$MIRROR" >"$LOG" 2>&1 &
+pid=$!
+next=10
+while kill -0 "$pid" 2>/dev/null; do
+  sleep 1
+  if kill -0 "$pid" 2>/dev/null && [ "$(took "$t" | cut -d. -f1)" -ge "$next" ]; then
+    echo "build-image: debootstrap running for $next s: $(tail -n 1 "$LOG" | cut -c1-100)"
+    next=$((next + 10))
+  fi
+done
+wait "$pid" || die "debootstrap failed, see $LOG (last lines: $(tail -n 3 "$LOG" | tr '\n' ' '))"
 echo "PHASE debootstrap: $(took "$t") s"
 
 t=$(now)

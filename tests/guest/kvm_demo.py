@@ -90,7 +90,8 @@ def main() -> int:
             say(f"defined domain {guest.name} from `orion-domain render` (region {region}, {REGION_MIB} MiB, TCG)")
             seen: list[str] = []
             run = guest.run(300, on_start=lambda _dom: seen.append(
-                f"prepare hook made {region}" if region.exists() else f"{region} missing after start"))
+                f"prepare hook made {region}" if region.exists() else f"{region} missing after start"),
+                progress=say)
             say(f"libvirt started it; {seen[0]}" if seen else "libvirt started it")
             for line in run.serial.splitlines():
                 if line.startswith(GUEST_LINES):

@@ -38,6 +38,7 @@ STAGE_ROOT = Path("/var/tmp")
 CUDA_PACKAGES = ("bindings", "pathfinder")
 _END = re.compile(r"ORION-GUEST-END rc=(\d+)")
 _ESC = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|[A-Za-z])")
+PROGRESS_S = 10.0  # how often run() reports a guest still running (its progress callback)
 
 
 class LibvirtGuestError(RuntimeError):
@@ -177,28 +178,42 @@ class LibvirtGuest:
         self.dom = self.conn.defineXML(self.render(regions))
         return self.dom
 
-    def run(self, timeout: float = 300, on_start: Callable[[Any], None] | None = None) -> GuestRun:
+    def run(self, timeout: float = 300, on_start: Callable[[Any], None] | None = None,
+            progress: Callable[[str], None] | None = None) -> GuestRun:
         """Start the defined domain, wait until it has powered itself off, return what the guest printed.
 
         `on_start(dom)` runs as soon as libvirt says the domain runs (the prepare hook is done by then).
-        Raises libvirt.libvirtError if libvirt refuses to start it (the hook's refusal arrives this way)."""
+        `progress(line)` is told every PROGRESS_S how long the guest has run and its console's last line (a TCG
+        boot takes a minute: a user should see it move). Raises libvirt.libvirtError if libvirt refuses to start
+        it (the hook's refusal arrives this way)."""
         t0 = time.monotonic()
         self.dom.create()
         if on_start is not None:
             on_start(self.dom)
         timed_out = False
+        next_progress = t0 + PROGRESS_S
         while self.dom.isActive():
-            if time.monotonic() - t0 > timeout:
+            now = time.monotonic()
+            if now - t0 > timeout:
                 timed_out = True
                 with contextlib.suppress(Exception):
                     self.dom.destroy()
                 break
+            if progress is not None and now >= next_progress:
+                next_progress = now + PROGRESS_S
+                progress(f"guest {self.name} running for {now - t0:.0f} s (TCG); console: {self.last_console_line()}")
             time.sleep(0.25)
         wall = time.monotonic() - t0
         serial = _ESC.sub("", self.serial_log.read_text(errors="replace")) if self.serial_log.exists() else ""
         ends = _END.findall(serial)
         rc = int(ends[-1]) if ends and not timed_out else None
         return GuestRun(rc=rc, serial=serial, wall_s=wall, timed_out=timed_out)
+
+    def last_console_line(self) -> str:
+        """The guest console's last non-empty line so far, shortened (what a progress line shows)."""
+        text = _ESC.sub("", self.serial_log.read_text(errors="replace")) if self.serial_log.exists() else ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return (lines[-1][:100] if lines else "(nothing yet)").encode("ascii", "replace").decode()
 
     def close(self) -> None:
         if self.dom is not None:

@@ -30,7 +30,7 @@ import pytest
 
 from host_agent.daemon import pidfile
 from host_agent.server_conf import ShmSettings
-from tests.guest.libvirt_guest import GuestRun, LibvirtGuest, build_native_harness, start_system_agent
+from tests.guest.libvirt_guest import PROGRESS_S, GuestRun, LibvirtGuest, build_native_harness, start_system_agent
 from tests.guest.vm import image_ready
 from tests.processes import stop_process
 
@@ -165,8 +165,12 @@ def test_guest_reaches_the_agent_through_a_libvirt_region(guest: Callable[..., L
     assert region(attached).exists() and not region(generated).exists()  # the hook makes the other at start
 
     record, seen = watch_regions([region(generated), region(attached)])
-    run = vm.run(GUEST_TIMEOUT_S, on_start=record)
+    said: list[str] = []
+    run = vm.run(GUEST_TIMEOUT_S, on_start=record, progress=said.append)
     assert run.rc == 0, diagnose(run)
+    # a TCG boot of tens of seconds is never silent (issue 31): a line every PROGRESS_S, naming the guest
+    assert len(said) >= int(run.wall_s // PROGRESS_S) - 1 and all(f"guest {vm.name} running for" in s for s in said)
+    assert run.wall_s < 2 * PROGRESS_S or said, said
 
     made = seen[region(generated)]
     assert made is not None, "the prepare hook did not create the region before QEMU started"
