@@ -1,4 +1,4 @@
-"""``orion-controller start [--listen 0.0.0.0:9123] [--etcd http://127.0.0.1:2379] [--log FILE] ...`` and
+"""``orion-controller start [--config-file controller.yaml] [--listen 0.0.0.0:9123] [--etcd URL] [--log FILE] ...`` and
 ``orion-controller cluster-key PATH`` (make the cluster's key, docs/security.md); ``orion-controller help [COMMAND]``,
 Orion's form of ``--help``.
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from controller.cluster_key import DEFAULT_KEY_FILE
 from controller.config import DEFAULT_ETCD, DEFAULT_LISTEN, DEFAULT_MAX_BODY_KIB, ConfigError, ControllerConfig
+from controller.config_file import start_flags
 from controller.keys import DEFAULT_ROOT
 from controller.payloads import DEFAULT_MAX_GPUS_PER_HOST, MAX_VGPU_COUNT
 from controller.pool import DEFAULT_HOST_TTL_S, DEFAULT_LEASE_TTL_S, ETCD_DEFAULT_MAX_TXN_OPS
@@ -26,12 +27,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=version_line("orion-controller"))
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     start = sub.add_parser("start", help="run the controller in the foreground")
-    start.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
-                       help="address of the REST API (default %(default)s)")
-    start.add_argument("--etcd", default=DEFAULT_ETCD, metavar="URL",
-                       help="etcd endpoint(s), comma-separated (default %(default)s)")
+    start.add_argument("--config-file", metavar="YAML",
+                       help="Orion's controller.yaml: its listen address, log settings and etcd client URL "
+                            "(flags given here win)")
+    start.add_argument("--listen", metavar="HOST:PORT", help=f"address of the REST API (default {DEFAULT_LISTEN})")
+    start.add_argument("--etcd", metavar="URL", help=f"etcd endpoint(s), comma-separated (default {DEFAULT_ETCD})")
     start.add_argument("--log", metavar="FILE", help="log to this file instead of stdout")
-    start.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
+    start.add_argument("--log-level", choices=["debug", "info", "warn", "error"], help="(default info)")
     start.add_argument("--lease-ttl", type=int, default=DEFAULT_LEASE_TTL_S, metavar="S",
                        help="an allocation's lease: freed this long after its last keep-alive (default %(default)s)")
     start.add_argument("--host-ttl", type=int, default=DEFAULT_HOST_TTL_S, metavar="S",
@@ -75,6 +77,21 @@ def _make_key(path: str) -> int:
     return 0
 
 
+def start_config(args: argparse.Namespace) -> ControllerConfig:
+    """`start`'s settings: its flags, over those of --config-file (Orion's controller.yaml), over the defaults; a key
+    of the file Orion's does not have is named on stderr. ConfigError, one line, for a bad one."""
+    from_file, unknown = start_flags(args.config_file) if args.config_file else ({}, [])
+    for key in unknown:
+        print(f"orion-controller: {args.config_file}: {key} is not in Orion's controller.yaml; ignored (a typo?)",
+              file=sys.stderr)
+    return ControllerConfig.build(args.listen or from_file.get("listen", DEFAULT_LISTEN),
+                                  args.etcd or from_file.get("etcd", DEFAULT_ETCD), args.log or from_file.get("log"),
+                                  args.log_level or from_file.get("log_level", "info"), args.lease_ttl, args.host_ttl,
+                                  args.key_root, args.etcd_timeout, args.workers, args.etcd_max_txn_ops,
+                                  key_file=args.key_file, max_gpus_per_host=args.max_gpus_per_host,
+                                  max_vgpus_per_gpu=args.max_vgpus_per_gpu, max_body_kib=args.max_body_kib)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -87,11 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        config = ControllerConfig.build(args.listen, args.etcd, args.log, args.log_level, args.lease_ttl,
-                                        args.host_ttl, args.key_root, args.etcd_timeout, args.workers,
-                                        args.etcd_max_txn_ops, key_file=args.key_file,
-                                        max_gpus_per_host=args.max_gpus_per_host,
-                                        max_vgpus_per_gpu=args.max_vgpus_per_gpu, max_body_kib=args.max_body_kib)
+        config = start_config(args)
     except ConfigError as exc:
         print(f"orion-controller: {exc}", file=sys.stderr)
         return 2
