@@ -6,7 +6,9 @@
 # Installs: the apt packages (QEMU, libvirt, etcd, rdma-core/pyverbs, debootstrap, build tools), a virtualenv
 # in .venv built on Debian's python3 with the project installed editable plus test tools (and, as
 # `pip install ./guest_runtime` leaves a guest, the orion_guest.pth start-up hook), and Debian's pyverbs made
-# visible inside it; the project's commands on PATH (links in /usr/local/bin to .venv/bin); the libvirt qemu
+# visible inside it; the project's commands on PATH (links in /usr/local/bin to .venv/bin); /etc/orion/server.conf
+# and controller.yaml (documented, every key at its default; never replaced once there) and the oriond and
+# orion-controller systemd units (enabled where systemd runs, not started); the libvirt qemu
 # hook (orion-hooks install) and the libvirt daemons, started after it; with the demo, the test guest image
 # (tests/guest/build-image.sh). Safe to run again: every step checks first.
 # Environment: ORION_VENV (default .venv) and ORION_BIN_DIR (default /usr/local/bin) move those two.
@@ -131,6 +133,30 @@ start_libvirt() {
   sed 's/^/   /' <<<"$out"
 }
 
+install_services() {
+  # Orion's two configuration files, documented and all-default, installed once (an edited one is never replaced).
+  local name
+  for name in server.conf controller.yaml; do
+    if [ -e "/etc/orion/$name" ]; then echo "   /etc/orion/$name kept"
+    else install -D -m 0644 "deploy/$name" "/etc/orion/$name" && echo "   /etc/orion/$name installed (every key at its default)"
+    fi
+  done
+  # The units, always current: their ExecStart names the commands linked in $BIN_DIR.
+  mkdir -p /etc/systemd/system
+  for name in oriond orion-controller; do
+    sed "s|@BIN@|$BIN_DIR|g" "deploy/systemd/$name.service" > "/etc/systemd/system/$name.service.new"
+    mv "/etc/systemd/system/$name.service.new" "/etc/systemd/system/$name.service"
+  done
+  if [ -d /run/systemd/system ]; then
+    systemctl daemon-reload && systemctl enable oriond orion-controller 2>&1 | sed 's/^/   /'
+    echo "   units oriond and orion-controller enabled (they start at boot; now: systemctl start oriond orion-controller)"
+  else
+    echo "   units written to /etc/systemd/system, but this machine does not run systemd: start the services with"
+    echo "   '$BIN_DIR/oriond --config /etc/orion/server.conf &' and"
+    echo "   '$BIN_DIR/orion-controller start --config-file /etc/orion/controller.yaml &' (etcd first)"
+  fi
+}
+
 step "apt packages"; timed install_apt
 step "python environment ($VENV)"; timed install_venv
 step "the project's commands on PATH"; link_commands
@@ -142,6 +168,7 @@ else
     || die "could not write /etc/orion/cluster.key"
   echo "   /etc/orion/cluster.key made (0600): copy it to every host of this cluster"
 fi
+step "configuration and services: /etc/orion, the oriond and orion-controller units"; install_services
 step "libvirt: the Orion qemu hook, then virtlogd and libvirtd"; timed start_libvirt
 
 if [ "$DEMO" = 1 ]; then

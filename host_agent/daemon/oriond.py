@@ -53,7 +53,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("-k", action="store_true", help="enable shared memory for QEMU-KVM guests")
     parser.add_argument("-r", action="store_true", help="enable RDMA (relay connections use TCP in this release)")
     parser.add_argument("-i", action="store_true", help="enable ibverbs for RDMA (as -r)")
-    parser.add_argument("-d", action="store_true", help="run as a daemon (use your service manager instead)")
+    parser.add_argument("-d", action="store_true", help="Orion's daemon flag: refused; oriond runs in the foreground "
+                        "under a service manager (systemctl start oriond: deploy/systemd/oriond.service)")
     parser.add_argument("--config", metavar="FILE",
                         help=f"server configuration (default {DEFAULT_PATH}; Orion's defaults if that is missing)")
     parser.add_argument("--region", action="append", help="serve this region file only (repeatable)")
@@ -68,6 +69,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="how often to look for new or removed regions (default %(default)s s); SIGHUP "
                              "rescans at once")
     args = parser.parse_args(argv)
+    if args.d:  # a daemon that forks itself away from its service manager loses its logs and its restarts
+        parser.error("-d: oriond does not fork itself into the background; run it under systemd (systemctl start "
+                     "oriond, the unit setup.sh installs) or with `oriond &`")
     # Paths are checked here, before anything is served: a typo must not give an agent serving nothing.
     if args.config is not None and not os.path.isfile(args.config):
         why = "no such file" if not os.path.exists(args.config) else "not a file"

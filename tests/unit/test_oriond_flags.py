@@ -76,6 +76,7 @@ BAD_FLAGS: dict[str, tuple[list[str], dict[str, str]]] = {
     "--devices twice": (["--devices", "0,1,0"], {}),
     "--devices negative": (["--devices=-1"], {}),
     "--devices superscript": (["--devices", "\u00b9"], {}),
+    "-d (daemonise)": (["-d"], {}),
     "--gmem -5": (["--gmem", "-5"], {}),
     "--gmem 0": (["--gmem", "0"], {}),
     "--gmem arabic-indic": (["--gmem", "\u0661\u0660\u0662\u0664"], {}),
