@@ -141,6 +141,10 @@ install_services() {
     else install -D -m 0644 "deploy/$name" "/etc/orion/$name" && echo "   /etc/orion/$name installed (every key at its default)"
     fi
   done
+  # oriond's server.log and session logs (docs/configuration.md, [server-log]): rotated weekly, kept a month.
+  if [ -d /etc/logrotate.d ]; then
+    cp deploy/logrotate.conf /etc/logrotate.d/orion && echo "   /etc/logrotate.d/orion installed"
+  fi
   # The units, always current: their ExecStart names the commands linked in $BIN_DIR.
   mkdir -p /etc/systemd/system
   for name in oriond orion-controller; do

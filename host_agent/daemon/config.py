@@ -2,7 +2,7 @@
 
 Command-line flags override the file; the frozen result is passed to whoever needs it, never read from
 globals. Every key Orion's server.conf knows is validated here, including those this release accepts without using
-(docs/configuration.md says which: the NCCL and log switches), so a wrong value is reported now, not when the
+(docs/configuration.md says which: the NCCL switch), so a wrong value is reported now, not when the
 feature arrives; a key
 Orion does not know is listed in `unknown_keys` for oriond to warn about (a typo must not pass silently).
 The parsers of oriond's flag values live here too, so that a flag and its server.conf key accept the same
@@ -24,6 +24,7 @@ from ivshmem.shared.ini import SERVER_CONF, ConfigError, host_name_or_ip, load_i
 from ..server_conf import DEFAULT_KEY_FILE, ShmSettings, cluster_key_file
 from ..session.image_cache import CacheSettings
 from .mps import DEFAULT_MPS_DIR, MpsSettings
+from .server_log import DEFAULT_LOG_DIR, LogSettings
 
 DEFAULT_PATH = SERVER_CONF
 DEFAULT_CONTROLLER = "127.0.0.1:9123"
@@ -35,7 +36,8 @@ KNOWN_KEYS = {
     "server": {"listen_port", "bind_addr", "enable_shm", "enable_rdma", "enable_kvm", "vgpu_count",
                "enable_ibverbs", "ibverbs_device"},
     "server-nccl": {"comm_id"},
-    "server-log": {"log_with_time", "log_to_screen", "log_to_file", "log_level", "file_log_level"},
+    "server-log": {"log_with_time", "log_to_screen", "log_to_file", "log_level", "file_log_level",
+                   "log_dir"},  # log_dir: Orion vGPU's own (Orion's was fixed: /var/log/orion)
     "server-shm": {"shm_path_base", "shm_group_name", "shm_user_name", "shm_buffer_size"},
     "controller": {"controller_addr"},
     "dev": {f"dev_{n}" for n in range(1, 6)},
@@ -61,6 +63,7 @@ class ServerConfig:
     enable_kvm: bool = False
     vgpu_count: int = 4
     log_level: str = "INFO"
+    log: LogSettings = LogSettings()  # [server-log]: where and how oriond logs (server_log.py)
     controller_addr: str = DEFAULT_CONTROLLER
     controller_configured: bool = False  # ORION_CONTROLLER or [controller] controller_addr given: oriond registers
     shm: ShmSettings = ShmSettings()
@@ -106,7 +109,14 @@ class ServerConfig:
         for key in ("log_with_time", "log_to_screen", "log_to_file"):
             if log.get(key, "0") not in ("0", "1"):
                 raise ConfigError(f"{path}: [server-log] {key} = {log[key]!r} is not a valid value; write 0 or 1")
-        level("file_log_level")
+        log_dir = log.get("log_dir", DEFAULT_LOG_DIR).strip()
+        if not log_dir.startswith("/"):
+            raise ConfigError(f"{path}: [server-log] log_dir = {log_dir!r} is not a valid value; write an absolute "
+                              f"path, e.g. {DEFAULT_LOG_DIR}")
+        logging = LogSettings(with_time=log.get("log_with_time", "1") == "1",
+                              to_screen=log.get("log_to_screen", "1") == "1",
+                              to_file=log.get("log_to_file", "1") == "1", level=level("log_level"),
+                              file_level=level("file_log_level"), directory=log_dir)
         if "ibverbs_device" in server and not server["ibverbs_device"].strip():
             raise ConfigError(f"{path}: [server] ibverbs_device is empty; name an RDMA device (e.g. mlx5_0) or "
                               "remove the key")
@@ -130,6 +140,7 @@ class ServerConfig:
             enable_kvm=boolean("enable_kvm", False),
             vgpu_count=unsigned("vgpu_count", 4, *VGPU_RANGE),
             log_level=level("log_level"),
+            log=logging,
             controller_addr=controller or DEFAULT_CONTROLLER,
             controller_configured=bool(controller),
             shm=ShmSettings.load(path),

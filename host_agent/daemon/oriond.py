@@ -34,7 +34,7 @@ from ..session import vgpu_grant
 from ..session.executor import ExecutorOptions
 from ..session_loop import ServerOptions
 from ..stop import StopRequest
-from . import controller_link, mps, pidfile
+from . import controller_link, mps, pidfile, server_log
 from .agent import RESCAN_S, Agent
 from .cli_args import OneLineParser, flag_type
 from .config import DEFAULT_PATH, ServerConfig, flag_count, flag_devices, flag_host, flag_port, flag_seconds
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     config = replace(config, bind_addr=args.b or config.bind_addr, listen_port=args.p or config.listen_port,
                      enable_rdma=config.enable_rdma or args.r or args.i)
-    logging.basicConfig(level=config.log_level, format="%(asctime)s [%(levelname)s] %(message)s")
+    server_log.configure(config.log)
     if config.path is None:
         logging.info("No configuration file is found. Use default settings and environment variables.")
     for key in config.unknown_keys:

@@ -37,6 +37,7 @@ from ..session import hot_path
 from ..session_loop import RecordLoop, ServerOptions
 from ..stop import StopRequest
 from ..supervised import die_with_parent
+from . import server_log
 
 log = logging.getLogger(__name__)
 _MP = multiprocessing.get_context("fork")
@@ -111,6 +112,7 @@ def _worker_main(region_path: str, session: Session, factory: HandlerFactory, op
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which ends us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     notes_for(session.number)
+    server_log.session_log(session.number)  # its own file beside server.log, as Orion kept (where there is one)
     try:
         code = serve_session(region_path, session, factory, options)
     except WireError as exc:  # the region became unusable under us (its header overwritten): this session ends

@@ -37,6 +37,7 @@ class Oriond:
         if rdma is not None:
             text += "    enable_rdma = true\n" + (f"    ibverbs_device = {rdma}\n" if rdma else "")
         text += f"[server-shm]\n    shm_path_base = \"{self.shm}/\"\n"
+        text += f"[server-log]\n    log_dir = {tmp}/log\n"  # its server.log and session logs beside its other files
         if relay_to:
             text += f"[server-relay]\n    remote_addr = {relay_to}\n"
         if controller:

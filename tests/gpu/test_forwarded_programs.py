@@ -90,6 +90,7 @@ class Oriond:
         conf = workdir / "server.conf"
         conf.write_text(f'[server]\n    vgpu_count = {vgpu_count}\n    listen_port = {self.listen_port}\n'
                         f'[server-shm]\n    shm_path_base = "{self.shm_dir}/"\n'
+                        f"[server-log]\n    log_dir = {workdir}/log\n"
                         f"[cluster]\n    key_file = {key_file()}\n"  # both orionds hold the tests' cluster key
                         + (f"[server-relay]\n    remote_addr = {relay_to}\n" if relay_to else "") + sections)
         self.log = workdir / "oriond.log"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -75,10 +76,19 @@ def test_each_units_exec_start_is_a_command_line_its_program_takes() -> None:
     assert _parser().parse_args(argv[1:]).config_file == "/etc/orion/controller.yaml"
 
 
+@pytest.mark.skipif(shutil.which("logrotate") is None, reason="no logrotate here")
+def test_logrotate_takes_the_shipped_rules() -> None:
+    done = subprocess.run(["logrotate", "--debug", str(DEPLOY / "logrotate.conf")], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "error" not in done.stderr.lower(), done.stderr
+
+
 @pytest.mark.skipif(not (INSTALLED / "oriond.service").exists(), reason="setup.sh has not run on this machine")
 def test_what_setup_sh_installed_runs() -> None:
     for name in ("server.conf", "controller.yaml"):
         assert Path("/etc/orion", name).is_file(), f"/etc/orion/{name} is missing"
+    if Path("/etc/logrotate.d").is_dir():
+        assert Path("/etc/logrotate.d/orion").read_text() == (DEPLOY / "logrotate.conf").read_text()
     for name, command in UNITS.items():
         installed = INSTALLED / f"{name}.service"
         argv = exec_start(installed, "")

@@ -193,7 +193,8 @@ class Oriond:
         self.directory = directory
         self.log_path = log_path
         self.conf = directory / "server.conf"
-        self.conf.write_text(f'[server]\n    vgpu_count = 1\n[server-shm]\n    shm_path_base = "{directory}/"\n')
+        self.conf.write_text(f'[server]\n    vgpu_count = 1\n[server-shm]\n    shm_path_base = "{directory}/"\n'
+                             f"[server-log]\n    log_dir = {log_path.parent}/log\n")  # server.log, session logs
         self.pid_file = directory / "oriond.pid"
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
