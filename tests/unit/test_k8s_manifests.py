@@ -153,3 +153,31 @@ def test_oriond_and_the_controller_hold_the_cluster_key_and_the_plugin_does_not(
               if m["mountPath"] == key]
     assert all(m.get("subPath") == "cluster.key" and m.get("readOnly") for m in mounts) and len(mounts) == 2
     assert not any("secret" in v for v in _pod("DaemonSet", "orion-plugin")["volumes"])
+
+
+def test_the_host_image_carries_oriond_s_compiled_modules(tmp_path: Path) -> None:
+    """issue 31: the image has no compiler, so its oriond ran without the compiled hot path. Its build stage now
+    builds the hot path and the relay pump into ORION_CACHE_DIR, which the runtime stage sets. Those steps run here:
+    built into a scratch cache, then loaded by a process that has no compiler, as in the image."""
+    import os
+    import subprocess
+    import sys
+
+    text = (DEPLOY / "Dockerfile").read_text()
+    build_stage, runtime_stage = text.split("\nFROM debian:12-slim\n")
+    cache = "/opt/orion/native"
+    modules = ("host_agent.session.hot_path", "host_agent.relay.compiled_pump")
+    for module in modules:
+        assert f"ORION_CACHE_DIR={cache} /opt/orion/bin/python -m {module}" in build_stage, module
+    assert f"ORION_CACHE_DIR={cache}" in runtime_stage and "gcc" not in runtime_stage
+    repo = DEPLOY.parents[1]
+    env = {"PYTHONPATH": str(repo), "PATH": os.environ["PATH"], "ORION_CACHE_DIR": str(tmp_path / "native")}
+    for module in modules:
+        done = subprocess.run([sys.executable, "-m", module], env=env, cwd=repo, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+    loads = ("from host_agent.session import hot_path; from host_agent.relay import compiled_pump; "
+             "assert hot_path.load() is not None and compiled_pump.PROGRAM.load() is not None")
+    done = subprocess.run([sys.executable, "-c", loads], env=env | {"PATH": "/nonexistent", "CC": "/nonexistent/cc"},
+                          cwd=repo, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
