@@ -37,6 +37,7 @@ from ivshmem.record import (
 )
 from ivshmem.wait import DEFAULT_POLICY, WaitPolicy
 
+from . import agent_metrics
 from .errors import RefusedError
 from .handler import Handler, RecordEndpoint, Reply, ReplyFailed, Session, refused
 from .limits import LogLimiter
@@ -92,6 +93,9 @@ class CompiledServing(Protocol):
 
     def counts(self) -> dict[int, int]: ...  # records it served so far, by opcode
 
+    @property
+    def served(self) -> int: ...  # records it served so far
+
 
 @dataclass
 class ServerOptions:
@@ -139,6 +143,8 @@ class RecordLoop:
         self.endpoint, self.handler, self.session, self.hot = endpoint, handler, session, hot
         self.malformed = LogLimiter(log, first=options.malformed_logged)
         self.async_errors = 0
+        self.metrics = agent_metrics.enabled()  # oriond's /metrics: records counted by path (agent_metrics.py)
+        self.compiled_counted = 0  # the hot path's records already counted there
         # opcode -> [records answered here, nanoseconds spent on them]; None until the client asks STATS
         self.answered: dict[int, list[int]] | None = None
 
@@ -150,6 +156,10 @@ class RecordLoop:
         while True:
             if hot is not None:
                 code, failed_id, failed_status = hot.serve(not until_idle)
+                if self.metrics:
+                    served = hot.served
+                    agent_metrics.records("compiled", served - self.compiled_counted)
+                    self.compiled_counted = served
                 if code == hot.CHECK:  # the compiled wait's slow phase: the liveness checks the Python wait makes
                     if endpoint.check is not None:
                         endpoint.check()
@@ -188,6 +198,8 @@ class RecordLoop:
             counted[0] += 1
             counted[1] += time.perf_counter_ns() - started
         self.send(record.call_id, record.flags, reply)
+        if self.metrics:
+            agent_metrics.records("python")
         return reply
 
     def stats(self) -> bytes:
@@ -201,6 +213,7 @@ class RecordLoop:
         """Answer a record whose header the endpoint refused; the session goes on."""
         self.malformed.log(logging.WARNING, "malformed records", "session %d: malformed record: %s",
                            self.session.number, exc)
+        agent_metrics.refused("malformed")
         self.send(getattr(exc, "call_id", 0), getattr(exc, "flags", 0), Reply(exc.status, str(exc).encode()))
 
     def send(self, call_id: int, flags: int, reply: Reply) -> None:

@@ -29,7 +29,7 @@ from dataclasses import replace
 from ivshmem.layout import REGION_INDEX_RANGE
 from ivshmem.region import scan_region_files
 
-from .. import region_file
+from .. import agent_metrics, region_file
 from ..handler import HandlerFactory
 from ..relay.listener import ListenerProcess
 from ..relay.transport import RdmaSettings
@@ -200,6 +200,7 @@ class Agent:
                 self.listener = None
 
     def _failed(self, path: str, code: int) -> None:
+        agent_metrics.region_fault()
         """A supervisor ended without being asked: its sessions are over; look at the region again later."""
         ran = time.monotonic() - self._started.get(path, 0.0)
         self._retire(path, stop=False)

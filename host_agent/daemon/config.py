@@ -45,6 +45,7 @@ KNOWN_KEYS = {
     "server-relay": {"remote_addr"},  # Orion vGPU's own: relay every session to one GPU host (docs/remote.md)
     "cluster": {"key_file"},  # Orion vGPU's own: the cluster key (docs/security.md)
     "server-mps": {"enable_mps", "mps_dir"},  # Orion vGPU's own: session workers under NVIDIA MPS (daemon/mps.py)
+    "server-metrics": {"metrics_addr"},  # Orion vGPU's own: oriond's Prometheus /metrics (daemon/metrics_server.py)
 }
 # The per-host cache of module images (host_agent/session/image_cache.py): FHS's place for data that can be made again.
 DEFAULT_IMAGE_CACHE_DIR = "/var/cache/orion/images"
@@ -74,6 +75,7 @@ class ServerConfig:
     listen_port_set: bool = False  # listen_port is in the file: the relay listener is on (docs/remote.md)
     cluster_key_file: Path = DEFAULT_KEY_FILE  # [cluster] key_file: the cluster key (docs/security.md)
     mps: MpsSettings = MpsSettings()  # [server-mps]: session workers under NVIDIA MPS (daemon/mps.py)
+    metrics_addr: str = ""  # [server-metrics] metrics_addr: where oriond serves /metrics ("": nowhere)
 
     @classmethod
     def load(cls, path: str = DEFAULT_PATH, environ: Mapping[str, str] = os.environ) -> ServerConfig:
@@ -151,6 +153,7 @@ class ServerConfig:
             listen_port_set="listen_port" in server,
             cluster_key_file=cluster_key_file(sections.get("cluster", {}), path),
             mps=_mps(path, sections.get("server-mps", {})),
+            metrics_addr=_metrics_addr(path, sections.get("server-metrics", {})),
         )
         # Orion refused enable_shm with enable_rdma ("RDMA can not be enabled with SHM support."): its client spoke
         # SHM locally or RDMA remotely. Here every oriond may do both, SHM towards its own guests and RDMA between
@@ -194,6 +197,12 @@ def _image_cache(path: str, section: Mapping[str, str]) -> CacheSettings:
         raise ConfigError(f"{path}: [server-image-cache] image_cache_mib = {raw!r} is not a valid value; write a "
                           f"whole number of MiB from {low} (no cache) to {high}, e.g. {DEFAULT_IMAGE_CACHE_MIB}")
     return CacheSettings(directory, mib << 20)
+
+
+def _metrics_addr(path: str, section: Mapping[str, str]) -> str:
+    """[server-metrics] metrics_addr: HOST:PORT, or "" (no /metrics)."""
+    raw = section.get("metrics_addr", "").strip()
+    return _address(raw, f"{path}: [server-metrics] metrics_addr", "127.0.0.1:9966") if raw else ""
 
 
 def _mps(path: str, section: Mapping[str, str]) -> MpsSettings:

@@ -34,7 +34,7 @@ from ..session import vgpu_grant
 from ..session.executor import ExecutorOptions
 from ..session_loop import ServerOptions
 from ..stop import StopRequest
-from . import controller_link, mps, pidfile, server_log
+from . import controller_link, metrics_server, mps, pidfile, server_log
 from .agent import RESCAN_S, Agent
 from .cli_args import OneLineParser, flag_type
 from .config import DEFAULT_PATH, ServerConfig, flag_count, flag_devices, flag_host, flag_port, flag_seconds
@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                                      config.vgpu_count, config.cluster_key_file)
         vgpu_grant.sign_as(link.member if link else None)  # before any session worker is forked
     sharing = mps.start(config.mps, config.vgpu_count)  # before any session worker is forked
+    metrics = metrics_server.start(config.metrics_addr)  # likewise: the workers keep their figures for it
     executor = ExecutorOptions(devices=devices, gmem_mib=args.gmem, vgpu_count=config.vgpu_count,
                                controller=config.controller_addr if link else "", host=config.bind_addr,
                                image_cache=config.image_cache)
@@ -209,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             link.stop()
         if sharing is not None:
             sharing.stop()
+        if metrics is not None:
+            metrics.stop()
         pidfile.remove(args.pid_file)
     return 0
 

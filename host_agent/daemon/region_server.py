@@ -30,7 +30,7 @@ from ivshmem.channel import Ctrl, HostChannel, HostReason, HostStatus
 from ivshmem.errors import ChannelCorrupt, RegionError, WireError
 from ivshmem.region import Region
 
-from .. import region_file
+from .. import agent_metrics, region_file
 from ..handler import HandlerFactory, ReplyFailed, Session, notes_for, route_notes
 from ..limits import LogLimiter, TokenBucket
 from ..session import hot_path
@@ -113,6 +113,7 @@ def _worker_main(region_path: str, session: Session, factory: HandlerFactory, op
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     notes_for(session.number)
     server_log.session_log(session.number)  # its own file beside server.log, as Orion kept (where there is one)
+    agent_metrics.session_started(region_path, session.transport)
     try:
         code = serve_session(region_path, session, factory, options)
     except WireError as exc:  # the region became unusable under us (its header overwritten): this session ends
@@ -271,6 +272,8 @@ class RegionServer:
         if worker.is_alive():
             worker.kill()
         worker.join(5)
+        if worker.pid is not None:
+            agent_metrics.process_ended(worker.pid)
         if self._events is not None:
             with contextlib.suppress(OSError):  # oriond is gone; nobody is left to act on it
                 self._events.send(("ended", session.number, ""))

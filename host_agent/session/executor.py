@@ -63,6 +63,7 @@ from ivshmem.errors import RecordError
 from ivshmem.record import AGENT_INFO_REPLY, BIND_REPLY, BIND_REQUEST, CUDA_OPCODE_BASE, Op, Record, Status
 from ivshmem.region import Region
 
+from .. import agent_metrics
 from ..diagnostics import DiagnosticsHandler
 from ..handler import Reply, ReplyFailed, Session, note, refused
 from ..limits import one_line
@@ -252,6 +253,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         reply = policy(self, call, args) if policy is not None else None
         if reply is None and "allocates" in call.effects and not self.quota.allocation_fits(args[0]):
             reply = Reply(OUT_OF_MEMORY)  # past the vGPU's quota: as a full GPU would
+            agent_metrics.refused("quota")
         if reply is not None:
             return reply
         function = getattr(self.driver, call.name, None)
@@ -275,6 +277,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             return Reply(err)
         if retain and self.quota.past_quota(before, converted[0],
                                             lambda: self.driver.cuDevicePrimaryCtxRelease(converted[0])):
+            agent_metrics.refused("quota")
             return Reply(OUT_OF_MEMORY)
         outs = [_from_driver(v) for v in result[1:]]
         for i, ctype in enumerate(call.output_types):

@@ -62,6 +62,7 @@ BAD_CONFS = {
     "controller_addr superscript port": key("controller", "controller_addr = 10.0.0.1:9\u00b9\u00b2\u00b3"),
     "line without =": key("server", "vgpu_count 4"),
     "log_dir relative": key("server-log", "log_dir = log"),
+    "metrics_addr without port": key("server-metrics", "metrics_addr = 127.0.0.1"),
     "enable_mps not true/false": key("server-mps", "enable_mps = yes"),
     "mps_dir relative": key("server-mps", "enable_mps = true\n    mps_dir = run/mps"),
 }

@@ -189,12 +189,13 @@ class Oriond:
     """`python -m host_agent.daemon.oriond --config <dir>/server.conf --pid-file ... --rescan-interval 0.2` serving
     every orionsock<N> of `directory`; its log (every process of its tree writes there) at `log_path`."""
 
-    def __init__(self, directory: Path, log_path: Path, rescan_s: float = RESCAN_S) -> None:
+    def __init__(self, directory: Path, log_path: Path, rescan_s: float = RESCAN_S, sections: str = "") -> None:
         self.directory = directory
         self.log_path = log_path
         self.conf = directory / "server.conf"
         self.conf.write_text(f'[server]\n    vgpu_count = 1\n[server-shm]\n    shm_path_base = "{directory}/"\n'
-                             f"[server-log]\n    log_dir = {log_path.parent}/log\n")  # server.log, session logs
+                             f"[server-log]\n    log_dir = {log_path.parent}/log\n"  # server.log, session logs
+                             + sections)
         self.pid_file = directory / "oriond.pid"
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -259,7 +260,8 @@ class Oriond:
 
 
 @contextlib.contextmanager
-def oriond_over(regions: dict[str, tuple[int, int]], log_path: Path) -> Iterator[tuple[Oriond, Path]]:
+def oriond_over(regions: dict[str, tuple[int, int]], log_path: Path,
+                sections: str = "") -> Iterator[tuple[Oriond, Path]]:
     """A directory in /dev/shm holding `regions` (name -> (size, mode), zero files) and an oriond serving it;
     yields (oriond, directory). Afterwards oriond is stopped (it must exit 0 and leave no process behind) and
     the directory removed."""
@@ -269,7 +271,7 @@ def oriond_over(regions: dict[str, tuple[int, int]], log_path: Path) -> Iterator
     try:
         for name, (size, mode) in regions.items():
             make_file(directory / name, size, mode)
-        agent = Oriond(directory, log_path)
+        agent = Oriond(directory, log_path, sections=sections)
         yield agent, directory
         tree = [agent.pid, *descendants(agent.pid)]
         code = agent.stop()

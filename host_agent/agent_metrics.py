@@ -1,0 +1,78 @@
+"""oriond's Prometheus metrics (`[server-metrics] metrics_addr`): what its session workers did, served by oriond.
+
+Sessions run in worker processes forked from each region's supervisor, which oriond forks; so the figures are kept
+with prometheus_client's multiprocess mode: each process writes its own values into files of one private directory
+(PROMETHEUS_MULTIPROC_DIR, which oriond sets before it forks anything), and oriond's HTTP endpoint sums them at each
+scrape. A worker that ends is marked dead by its supervisor, so a session gauge counts live sessions only.
+
+- `orion_sessions{region, transport}`: sessions being served (a relayed one on the relaying host: transport
+  "relay"; on the GPU host: "tcp" or "rdma").
+- `orion_records_total{path}`: records answered, by who served them: "compiled" (the hot path, counted from its own
+  counters each time it hands back to Python) or "python".
+- `orion_refusals_total{reason}`: calls refused for a limit of ours: "quota" (CUDA_ERROR_OUT_OF_MEMORY past a
+  vGPU's memory quota), "malformed" (a record the wire refused).
+- `orion_region_faults_total`: regions whose supervisor failed (a truncated or broken region file).
+
+Without metrics_addr nothing here is created or counted: each function returns at its first test. Not here: the
+controller's metrics (controller/metrics.py), the HTTP server (daemon/oriond.py starts prometheus_client's).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+_metrics: dict[str, Any] | None = None
+
+
+def enabled() -> bool:
+    """Whether this process keeps metrics (oriond set the directory before it forked it)."""
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+def _all() -> dict[str, Any] | None:
+    """The metrics of this process, made at first use (prometheus_client reads the directory when imported)."""
+    global _metrics
+    if _metrics is None and enabled():
+        from prometheus_client import Counter, Gauge
+
+        _metrics = {
+            "sessions": Gauge("orion_sessions", "Sessions being served", ["region", "transport"],
+                              multiprocess_mode="livesum"),
+            "records": Counter("orion_records", "Records answered, by who served them", ["path"]),
+            "refusals": Counter("orion_refusals", "Calls refused for a limit of Orion vGPU's", ["reason"]),
+            "faults": Counter("orion_region_faults", "Regions whose supervisor failed"),
+        }
+    return _metrics
+
+
+def session_started(region: str, transport: str) -> None:
+    metrics = _all()
+    if metrics is not None:
+        metrics["sessions"].labels(os.path.basename(region), transport or "region").inc()
+
+
+def records(path: str, count: int = 1) -> None:
+    metrics = _all()
+    if metrics is not None and count > 0:
+        metrics["records"].labels(path).inc(count)
+
+
+def refused(reason: str) -> None:
+    metrics = _all()
+    if metrics is not None:
+        metrics["refusals"].labels(reason).inc()
+
+
+def region_fault() -> None:
+    metrics = _all()
+    if metrics is not None:
+        metrics["faults"].inc()
+
+
+def process_ended(pid: int) -> None:
+    """A worker `pid` is gone: its live-only values (the session gauge) no longer count."""
+    if enabled():
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)
