@@ -12,6 +12,9 @@ scrape. A worker that ends is marked dead by its supervisor, so a session gauge 
 - `orion_refusals_total{reason}`: calls refused for a limit of ours: "quota" (CUDA_ERROR_OUT_OF_MEMORY past a
   vGPU's memory quota), "malformed" (a record the wire refused).
 - `orion_region_faults_total`: regions whose supervisor failed (a truncated or broken region file).
+- `orion_session_gpu_memory_bytes{session, gpu}` and `orion_session_gpu_quota_bytes{session, gpu}`: what a session's
+  allocations hold on a physical GPU (the quota ledger's count, updated at each allocation and free) and its quota
+  there.
 
 Without metrics_addr nothing here is created or counted: each function returns at its first test. Not here: the
 controller's metrics (controller/metrics.py), the HTTP server (daemon/oriond.py starts prometheus_client's).
@@ -42,6 +45,10 @@ def _all() -> dict[str, Any] | None:
             "records": Counter("orion_records", "Records answered, by who served them", ["path"]),
             "refusals": Counter("orion_refusals", "Calls refused for a limit of Orion vGPU's", ["reason"]),
             "faults": Counter("orion_region_faults", "Regions whose supervisor failed"),
+            "memory": Gauge("orion_session_gpu_memory_bytes", "GPU memory a session's allocations hold, by the "
+                            "ledger's count", ["session", "gpu"], multiprocess_mode="livesum"),
+            "quota": Gauge("orion_session_gpu_quota_bytes", "A session's vGPU memory quota on a GPU",
+                           ["session", "gpu"], multiprocess_mode="livesum"),
         }
     return _metrics
 
@@ -62,6 +69,16 @@ def refused(reason: str) -> None:
     metrics = _all()
     if metrics is not None:
         metrics["refusals"].labels(reason).inc()
+
+
+def session_memory(session: int, gpu: int, held: int, quota: int | None) -> None:
+    """A session's GPU memory on physical GPU `gpu` now, and its quota there (None: none)."""
+    metrics = _all()
+    if metrics is not None and gpu >= 0:
+        labels = (str(session), str(gpu))
+        metrics["memory"].labels(*labels).set(held)
+        if quota is not None:
+            metrics["quota"].labels(*labels).set(quota)
 
 
 def region_fault() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from ivshmem.cuda_status import SUCCESS
 
+from .. import agent_metrics
 from .gpu_memory import MemoryMeter, MeterFactory, open_nvml
 from .quota_usage import UsageAccount
 
@@ -56,6 +57,7 @@ class VgpuQuota:
         self.limits = limits  # bytes per vGPU, or None: no quota
         self._meter = meter
         self.account = UsageAccount(self._open_meter, session)  # what counts against the quota
+        self.metrics = agent_metrics.enabled()  # oriond's /metrics keeps the session's memory (agent_metrics.py)
 
     def assign(self, devices: tuple[int, ...], limits: tuple[int, ...] | None) -> None:
         """The session's vGPUs changed (it took up a controller allocation)."""
@@ -158,13 +160,20 @@ class VgpuQuota:
 
     # --- what the ledger tells it (session_ledger.Usage) ----------------------------------------------------
     def allocated(self, size: int, device: int | None = None) -> int:
-        if device is None:
-            device = self.current_device() if self.limits is not None else -1  # only a quota needs to know
+        if device is None:  # only a quota, or oriond's /metrics, needs to know
+            device = self.current_device() if self.limits is not None or self.metrics else -1
         self.account.allocated(device, size)
+        self._report(device)
         return device
 
     def freed(self, device: int, size: int) -> None:
         self.account.freed(device, size)
+        self._report(device)
+
+    def _report(self, device: int) -> None:
+        """oriond's /metrics: the session's memory on `device` now, and its quota there."""
+        if self.metrics and device >= 0:
+            agent_metrics.session_memory(self.session, device, self.account.counted(device), self.device_limit(device))
 
     def may_have_changed(self) -> None:
         self.account.may_have_changed()

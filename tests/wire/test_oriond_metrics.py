@@ -49,3 +49,41 @@ def test_metrics_parse_and_move_under_a_session(tmp_path: Path) -> None:
         agent.wait_no_workers()
         until(lambda: sessions(scrape(port)) == 0 or None, "the ended session gone from orion_sessions")
         assert "Prometheus metrics of this oriond on http://127.0.0.1" in agent.log()
+
+
+MEMORY = r"""
+import sys
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from host_agent.session.vgpu_quota import VgpuQuota
+from tests.fake_driver import FakeDriver
+
+driver = FakeDriver(devices=2)
+driver.cuInit(0)
+quota = VgpuQuota(driver, 5, (1,), (256 << 20,), meter=lambda _driver: None)
+quota.allocated(3 << 20, 1)
+quota.allocated(1 << 20, 1)
+quota.freed(1, 1 << 20)
+registry = CollectorRegistry()
+multiprocess.MultiProcessCollector(registry)
+sys.stdout.write(generate_latest(registry).decode())
+"""
+
+
+def test_a_sessions_gpu_memory_and_quota_follow_its_allocations(tmp_path: Path) -> None:
+    """The quota ledger's count of a session's allocations (session 5, vGPU on GPU 1, a 256 MiB quota), as a worker
+    with oriond's metrics on reports it."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.processes import REPO, python_path
+
+    env = {"PYTHONPATH": python_path(), "PATH": os.environ["PATH"], "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", MEMORY], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(done.stdout) for s in family.samples}
+    labels = (("gpu", "1"), ("session", "5"))
+    assert samples[("orion_session_gpu_memory_bytes", labels)] == 3 << 20
+    assert samples[("orion_session_gpu_quota_bytes", labels)] == 256 << 20
