@@ -5,8 +5,8 @@ with prometheus_client's multiprocess mode: each process writes its own values i
 (PROMETHEUS_MULTIPROC_DIR, which oriond sets before it forks anything), and oriond's HTTP endpoint sums them at each
 scrape. A worker that ends is marked dead by its supervisor, so a session gauge counts live sessions only.
 
-- `orion_sessions{region, transport}`: sessions being served (a relayed one on the relaying host: transport
-  "relay"; on the GPU host: "tcp" or "rdma").
+- `orion_sessions{region, transport}`: sessions of this oriond's regions being served (transport "region", whether
+  served here or relayed to a GPU host); the sessions a GPU host serves for relaying hosts are not counted yet.
 - `orion_records_total{path}`: records answered, by who served them: "compiled" (the hot path, counted from its own
   counters each time it hands back to Python) or "python".
 - `orion_refusals_total{reason}`: calls refused for a limit of ours: "quota" (CUDA_ERROR_OUT_OF_MEMORY past a
