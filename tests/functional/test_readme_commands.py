@@ -163,10 +163,18 @@ class Rig:
             self.etcd.start()
         return self.etcd.url
 
-    def controller(self) -> str:
-        """`orion-controller start` on a free port and a key root of its own; returns HOST:PORT once it answers."""
-        address = f"127.0.0.1:{free_port()}"
-        self.start(f"orion-controller start --listen {address} --etcd {self.etcd_url()} --key-file {self.key()} "
+    def controller(self, config_file: bool = False) -> str:
+        """`orion-controller start` on a free port and a key root of its own (`config_file`: its address and etcd
+        given in an Orion controller.yaml, `--config-file`); returns HOST:PORT once it answers."""
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        where = f"--listen {address} --etcd {self.etcd_url()}"
+        if config_file:
+            yaml_file = self.tmp / "controller.yaml"
+            yaml_file.write_text(f"controller:\n  listen_ip: 127.0.0.1\n  listen_port: {port}\n"
+                                 f"database:\n  advertise-client-urls: {self.etcd_url()}\n")
+            where = f"--config-file {yaml_file}"
+        self.start(f"orion-controller start {where} --key-file {self.key()} "
                    f"--key-root /orion-readme-{uuid.uuid4().hex[:8]}/ --log {self.tmp}/controller.log")
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
@@ -365,10 +373,12 @@ def _hooks(rig: Rig) -> None:
     rig.run("orion-hooks status", "runs qemu hooks")  # the real one, installed by setup.sh
 
 
-@smoke("orion-controller start [--listen 0.0.0.0:9123] [--etcd URL]")
+@smoke("orion-controller start [--config-file controller.yaml] [--listen 0.0.0.0:9123] [--etcd URL]")
 def _controller(rig: Rig) -> None:
     address = rig.controller()  # started as written, answering, stopped with Ctrl-C: exit 0
     rig.run(f"orion-smi --controller {address} --key-file {rig.key()}")
+    from_file = rig.controller(config_file=True)  # its address and etcd from Orion's controller.yaml
+    rig.run(f"orion-smi --controller {from_file} --key-file {rig.key()}")
 
 
 @smoke("orion-smi [--controller HOST:PORT]")

@@ -95,5 +95,10 @@ def test_what_setup_sh_installed_runs() -> None:
         assert "@BIN@" not in installed.read_text() and Path(argv[0]).name == command
         expected = exec_start(DEPLOY / "systemd" / f"{name}.service", str(Path(argv[0]).parent))
         assert argv == expected  # the shipped unit, with the directory setup.sh linked the commands into
-        done = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60)
-        assert (done.returncode, done.stdout.strip()) == (0, version_line(command)), done.stderr
+        done = subprocess.run([argv[0], "--version"], capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout.strip()) == (0, version_line(command)), done.stderr  # it is there
+    # and its arguments, with the files installed, are what the programs start with
+    argv = exec_start(INSTALLED / "oriond.service", "")
+    assert ServerConfig.load(oriond._parse(argv[1:]).config).unknown_keys == ()
+    argv = exec_start(INSTALLED / "orion-controller.service", "")
+    assert start_config(_parser().parse_args(argv[1:])).listen == "0.0.0.0:9123"
