@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import subprocess
 import sys
 import tempfile
@@ -90,14 +89,11 @@ def tenants(k: int, steps: int, batch: int, forwarded: Forwarded | None,
 @contextlib.contextmanager
 def native_under_mps(k: int) -> Iterator[dict[str, str]]:
     """An MPS control daemon of its own for K native processes, as oriond starts one for its session workers (each
-    process 100/K % of the SMs): the environment that leads a process to it. This process's own is left as it was."""
+    process 100/K % of the SMs): the environment that leads a process to it."""
     from host_agent.daemon import mps
 
     with tempfile.TemporaryDirectory() as tmp:
-        saved = dict(os.environ)
-        daemon = mps.start(mps.MpsSettings(True, tmp), k)
-        os.environ.clear()
-        os.environ.update(saved)
+        daemon = mps.start(mps.MpsSettings(True, tmp), k, export=False)
         if daemon is None:
             raise RuntimeError("MPS cannot run here (the line above says why)")
         try:

@@ -126,6 +126,12 @@ def _in_pieces(copy: Callable[[int, int], int], size: int) -> int:
     return SUCCESS
 
 
+def _taken_async_error(channel: ClientChannel) -> int:
+    """The oldest posted call's failure that came back, taken (said once): its CUresult."""
+    status = channel.async_errors.pop(0).status
+    return status if status > 0 else UNKNOWN
+
+
 def _view(address: int, size: int) -> memoryview:
     """The guest memory at `address` as a writable byte view (no copy)."""
     return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
@@ -211,8 +217,7 @@ class Forwarder:
         if status == DEVICE_UNAVAILABLE:
             self._unavailable = True  # a relay that lost its GPU host: no copy is posted any more (_htod)
         if fold and status == SUCCESS and channel.async_errors:  # an earlier posted call failed: report it now
-            status = channel.async_errors.pop(0).status
-            return (status if status > 0 else UNKNOWN), None
+            return _taken_async_error(channel), None
         return status, reply
 
     def _post(self, call: DriverCall, payload: bytes | Streamed, opcode: int | None = None) -> int:
@@ -524,8 +529,7 @@ class Forwarder:
             if posted:
                 channel = self.channel()
                 if channel is not None and channel.async_errors:  # an earlier posted call failed: that first
-                    failed = channel.async_errors.pop(0).status
-                    return failed if failed > 0 else UNKNOWN
+                    return _taken_async_error(channel)
                 return self._post(call, payload)
             status, _ = self._call(call, payload)
             return status

@@ -80,9 +80,11 @@ def _answers(control: str, environment: dict[str, str]) -> bool:
     return done.returncode == 0
 
 
-def start(settings: MpsSettings, vgpu_count: int) -> MpsDaemon | None:
-    """The MPS control daemon of `settings` (started when none answers there), its variables set in this process's
-    environment for the session workers it forks; None, said in one line, where MPS cannot run here."""
+def start(settings: MpsSettings, vgpu_count: int, export: bool = True) -> MpsDaemon | None:
+    """The MPS control daemon of `settings` (started when none answers there), with `export` its variables set in
+    this process's environment for the processes it forks (oriond's session workers; a benchmark or test that
+    starts native processes under it passes their environment itself); None, said in one line, where MPS cannot
+    run here."""
     if not settings.enabled:
         return None
     control = shutil.which(CONTROL)
@@ -116,7 +118,8 @@ def start(settings: MpsSettings, vgpu_count: int) -> MpsDaemon | None:
             why = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"see {logs}/control.log"]
             log.warning("MPS: %s -d did not start (%s); sessions time-slice the GPU without MPS", control, why[0])
             return None
-    os.environ.update(environment)  # before any session worker is forked: each one's cuInit connects to it
+    if export:
+        os.environ.update(environment)  # before any session worker is forked: each one's cuInit connects to it
     log.info("MPS: session workers share the GPU through the control daemon in %s (%s), each with %s%% of the SMs",
              pipes, "started" if started else "already running", environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
     return MpsDaemon(environment, control, started)

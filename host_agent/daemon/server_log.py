@@ -21,7 +21,7 @@ import logging.handlers
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 DEFAULT_LOG_DIR = "/var/log/orion"
@@ -65,8 +65,7 @@ def configure(settings: LogSettings) -> None:
             problem = (f"cannot write {settings.directory}/server.log ({exc.strerror or exc}); logging to stderr "
                        "only: make the directory writable for oriond, or set [server-log] log_dir (or log_to_file "
                        "= 0)")
-            settings = LogSettings(settings.with_time, True, False, settings.level, settings.file_level,
-                                   settings.directory)  # the screen instead, whatever log_to_screen said
+            settings = replace(settings, to_screen=True, to_file=False)  # the screen, whatever log_to_screen said
         else:
             file.setLevel(settings.file_level)
             file.setFormatter(_formatter(settings))

@@ -13,7 +13,6 @@ the latter), only the native driver's, which answers both.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -191,10 +190,8 @@ def test_under_mps_a_tenant_trains_as_a_native_process_with_the_same_share(
     from host_agent.daemon import mps
 
     program = PROGRAMS / "torch_cnn_program.py"
-    saved = dict(os.environ)
-    daemon = mps.start(mps.MpsSettings(True, str(tmp_path / "native-mps")), vgpu_count=2)
-    os.environ.clear()
-    os.environ.update(saved)  # only the native run below goes to that daemon
+    daemon = mps.start(mps.MpsSettings(True, str(tmp_path / "native-mps")), vgpu_count=2, export=False)  # only the
+    # native run below goes to that daemon
     assert daemon is not None, "MPS cannot run on this machine (the log line above says why)"
     try:
         expected = native(program, **daemon.environment)

@@ -133,3 +133,11 @@ def test_oriond_with_enable_mps_runs_its_sessions_under_the_daemon_and_stops_it_
     finally:
         assert stop_process(proc) == 0, log.read_text()
     assert journal(stand_in) == [f"start percentage=34 pipe={stand_in}/pipe", "get_server_list", "quit"]
+
+
+def test_a_daemon_for_processes_started_by_hand_leaves_this_environment_alone(stand_in: Path) -> None:
+    """export=False (a benchmark's native processes under MPS): the caller passes the environment itself."""
+    daemon = mps.start(mps.MpsSettings(True, str(stand_in)), vgpu_count=2, export=False)
+    assert daemon is not None and daemon.environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    daemon.stop()
