@@ -22,9 +22,9 @@ from pathlib import Path
 from ivshmem.shared.ini import SERVER_CONF, ConfigError, host_name_or_ip, load_ini, normal_address, whole_number
 
 from ..server_conf import DEFAULT_KEY_FILE, ShmSettings, cluster_key_file
+from ..server_log import DEFAULT_LOG_DIR, LogSettings
 from ..session.image_cache import CacheSettings
 from .mps import DEFAULT_MPS_DIR, MpsSettings
-from .server_log import DEFAULT_LOG_DIR, LogSettings
 
 DEFAULT_PATH = SERVER_CONF
 DEFAULT_CONTROLLER = "127.0.0.1:9123"

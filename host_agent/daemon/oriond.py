@@ -26,6 +26,7 @@ from dataclasses import replace
 from controller.cluster_key import ClusterKeyError, load_key
 from ivshmem.shared.version import version_line
 
+from .. import server_log
 from ..relay.listener import Admission, ListeningSocket, listen_socket
 from ..relay.route import RelayRoute, host_name
 from ..relay.transport import RdmaSettings
@@ -34,7 +35,7 @@ from ..session import vgpu_grant
 from ..session.executor import ExecutorOptions
 from ..session_loop import ServerOptions
 from ..stop import StopRequest
-from . import controller_link, metrics_server, mps, pidfile, server_log
+from . import controller_link, metrics_server, mps, pidfile
 from .agent import RESCAN_S, Agent
 from .cli_args import OneLineParser, flag_type
 from .config import DEFAULT_PATH, ServerConfig, flag_count, flag_devices, flag_host, flag_port, flag_seconds

@@ -30,14 +30,13 @@ from ivshmem.channel import Ctrl, HostChannel, HostReason, HostStatus
 from ivshmem.errors import ChannelCorrupt, RegionError, WireError
 from ivshmem.region import Region
 
-from .. import agent_metrics, region_file
+from .. import agent_metrics, region_file, server_log
 from ..handler import HandlerFactory, ReplyFailed, Session, notes_for, route_notes
 from ..limits import LogLimiter, TokenBucket
 from ..session import hot_path
 from ..session_loop import RecordLoop, ServerOptions
 from ..stop import StopRequest
 from ..supervised import die_with_parent
-from . import server_log
 
 log = logging.getLogger(__name__)
 _MP = multiprocessing.get_context("fork")
@@ -112,7 +111,7 @@ def _worker_main(region_path: str, session: Session, factory: HandlerFactory, op
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which ends us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     notes_for(session.number)
-    server_log.session_log(session.number)  # its own file beside server.log, as Orion kept (where there is one)
+    server_log.session_log(session.number, os.path.basename(region_path))  # beside server.log, as Orion kept
     agent_metrics.session_started(region_path, session.transport)
     try:
         code = serve_session(region_path, session, factory, options)

@@ -135,6 +135,9 @@ class RecordStream(Protocol):
         """(socket, write lock) where compiled code may read and write this connection's frames itself (TCP); None
         where it may not (RDMA)."""
 
+    def moved(self) -> tuple[int, int]:
+        """(bytes sent, bytes received) on this connection so far, whoever moved them (oriond's /metrics)."""
+
     def write_piece(self, data: bytes | bytearray | memoryview) -> None:
         """The next bytes of the frame open_frame began (FrameWriter.write)."""
 
@@ -145,6 +148,10 @@ class RecordStream(Protocol):
 
 STALL_S = 5.0  # a begun frame's next bytes, or a write's progress: the relay's silence bound (StreamEndpoint.dead_s)
 RECV_MAX = 1 << 20  # one recv takes at most this: a huge one holds the socket while later segments queue behind it
+
+
+# Where struct tcp_info (linux/tcp.h, append-only) keeps tcpi_bytes_acked and tcpi_bytes_received, two u64s.
+_TCP_INFO_BYTES = range(120, 136)
 
 
 class ConnectionLost(WireError):
@@ -250,6 +257,19 @@ class FrameStream:
 
     def compiled_socket(self) -> tuple[int, FrameLock]:
         return self.sock.fileno(), self._writing
+
+    def moved(self) -> tuple[int, int]:
+        """(bytes sent and acknowledged by the peer, bytes received) on this connection so far, by the kernel's count
+        (TCP_INFO's tcpi_bytes_acked and tcpi_bytes_received, Linux 4.2 on), so that what compiled writers and
+        readers move is counted too; (0, 0) where the socket is not TCP or the kernel does not say."""
+        try:
+            info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES.stop)
+        except OSError:
+            return 0, 0
+        if len(info) < _TCP_INFO_BYTES.stop:
+            return 0, 0
+        acked, received = struct.unpack_from("=QQ", info, _TCP_INFO_BYTES.start)
+        return acked, received
 
     def write_piece(self, data: bytes | bytearray | memoryview) -> None:
         try:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from ivshmem.record import Status
 
+from .. import agent_metrics, server_log
 from ..handler import HandlerFactory, Session, notes_for, route_notes
 from ..limits import LogLimiter
 from ..session_loop import ServerOptions
@@ -289,6 +290,7 @@ class RelayListener:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 self._close_others(proven.sock)
                 notes_for(session.number)
+                server_log.session_log(session.number, "relay")  # beside server.log, as a region's session
                 conn = proven.sock
                 conn.settimeout(None)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # records are small; never delayed
@@ -320,6 +322,7 @@ class RelayListener:
             if done:
                 number, label, peer = self.workers.pop(pid)
                 peer.sessions -= 1
+                agent_metrics.process_ended(pid)  # its session no longer counts in orion_sessions
                 log.info("relayed session %d from %s ended (exit %d)", number, label,
                          os.waitstatus_to_exitcode(status))
                 if self._events is not None:

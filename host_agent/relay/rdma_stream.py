@@ -255,6 +255,7 @@ class RdmaStream:
         self._filled = 0  # bytes staged in it
         self._received = 0  # pieces of the peer's taken out of our inbox
         self._reported = 0  # the last count of those written to the peer's credit word
+        self._bytes_sent = self._bytes_received = 0  # in pieces written and taken (moved)
         self._current = memoryview(b"")  # what is left unread of the inbox piece being read
         self._left = 0  # payload bytes of the frame begun not read yet
         self._unarrived = 0  # of those, the bytes no piece has brought yet
@@ -319,6 +320,10 @@ class RdmaStream:
         """Compiled code never writes an RDMA connection: its frames go through the queue pair, here."""
         return None
 
+    def moved(self) -> tuple[int, int]:
+        """(bytes written to the peer's inbox, bytes taken out of ours) so far: every piece goes through here."""
+        return self._bytes_sent, self._bytes_received
+
     def _claim(self) -> None:
         """The next outbox slot, once the peer has consumed the piece last written from it (its credit says so)."""
         since = time.monotonic()
@@ -339,6 +344,7 @@ class RdmaStream:
         self._filling = -1
         self._post(wr)
         self._sent += 1
+        self._bytes_sent += length
 
     def _peer_consumed(self) -> int:
         return int.from_bytes(self.link.credit.read(8, 0), "little")
@@ -472,6 +478,7 @@ class RdmaStream:
             raise self._lose(f"the relay peer announced a piece of {length} bytes (at most {self.link.piece})")
         at = self._received % self.link.slots * self.link.piece
         self._current = self._inbox[at:at + length]
+        self._bytes_received += length
         return True
 
     def _release(self) -> None:

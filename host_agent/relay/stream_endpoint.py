@@ -10,6 +10,9 @@ Liveness: a thread sends BEAT every `beat_s`, and a peer heard from for `dead_s`
 included) is gone: `receive` (and `check`, which the compiled hot path's wait calls) raises ConnectionLost, which
 ends the session as a vanished client ends one on a region.
 
+What the connection carries is counted for oriond's /metrics (agent_metrics.relay_bytes, where it keeps metrics):
+the beat thread adds what moved since its last count each beat, and `close` the rest.
+
 Large payloads travel in pieces, as through a ring's staging arena: a request the handler has a sink for (a
 host-to-device copy) is read into it CHUNK by CHUNK, and a reply produced piece by piece (Streamed: a
 device-to-host copy, FILL) is sent as it is produced, through two buffers and a helper thread, so the connection
@@ -26,6 +29,7 @@ from ivshmem.channel import Payload, Sink, Streamed
 from ivshmem.record import Flag, Record
 from ivshmem.wait import DEFAULT_POLICY
 
+from .. import agent_metrics
 from .frames import BEAT, ConnectionLost, FrameLock, FrameStream, RecordStream
 
 CHUNK = 1 << 20  # a multiple of every producer's block (FILL's pattern repeats every 4 KiB)
@@ -49,15 +53,26 @@ class StreamEndpoint:
         self._buffers: tuple[memoryview, memoryview] | None = None  # for payloads in pieces (_pieces)
         self._helper: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
+        self.transport = "tcp" if isinstance(frames, FrameStream) else "rdma"
+        self._counted = (0, 0) if agent_metrics.enabled() else None  # bytes (sent, received) counted so far
         self._beater = threading.Thread(target=self._beat, name="relay-beat", daemon=True)
         self._beater.start()
 
     def _beat(self) -> None:
         while not self._stop.wait(self.beat_s):
+            self._count_bytes()
             try:
                 self.frames.send(0, BEAT)
             except ConnectionLost:
                 return  # the reader sees the end of the stream, or the silence
+
+    def _count_bytes(self) -> None:
+        """Add what the connection moved since the last count to oriond's /metrics (where it keeps metrics)."""
+        if self._counted is None:
+            return
+        moved = self.frames.moved()
+        agent_metrics.relay_bytes(self.transport, moved[0] - self._counted[0], moved[1] - self._counted[1])
+        self._counted = moved
 
     def compiled_socket(self) -> tuple[int, FrameLock] | None:
         """handler.StreamTransport: the connection's socket and write lock where compiled code may serve it."""
@@ -179,5 +194,6 @@ class StreamEndpoint:
     def close(self) -> None:
         self._stop.set()
         self._beater.join(self.beat_s + 1)
+        self._count_bytes()
         if self._helper is not None:
             self._helper.shutdown(wait=True)

@@ -24,6 +24,7 @@ from ivshmem.channel import Sink, Streamed, _Assembler
 from ivshmem.errors import RecordError
 from ivshmem.record import BIND_REQUEST, HELLO_REQUEST, Flag, Op, Record, Status
 
+from .. import agent_metrics
 from ..handler import Handler, HandlerFactory, Reply, ReplyFailed, Session
 from ..session import hot_path
 from ..session_loop import RecordLoop, ServerOptions
@@ -45,6 +46,7 @@ from .transport import TCP_ONLY, RdmaSettings
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0  # a proven connection that sends no RELAY_HELLO is closed after this
+RELAYED_SESSIONS = "relayed"  # their `region` in oriond's orion_sessions (agent_metrics.py)
 
 
 def _ask(handler: Handler, opcode: int, payload: bytes, generation: int) -> tuple[int, bytes]:
@@ -190,6 +192,7 @@ def serve_relayed(sock: socket.socket, factory: HandlerFactory, session: Session
         log.warning("session %d: relay connection dropped before RELAY_HELLO was answered: %s", session.number, exc)
         return 0
     endpoint = StreamEndpoint(frames, session.generation)
+    agent_metrics.session_started(RELAYED_SESSIONS, endpoint.transport)
     loop = RecordLoop(endpoint, _Bounded(handler, options.max_assembled), session, options)
     loop.hot = hot_path.attach(endpoint, handler)  # on TCP, the compiled hot records
     try:

@@ -11,9 +11,10 @@ HOST:PORT (HOST is then an IP address: it is the bind address as well as the hos
 hosts' orionds relay here, served by the same fake-driver executor, and registers PORT with the controller as
 the port those orionds dial (docs/remote.md). Without --listen it listens nowhere and registers port 9960.
 ``--rdma DEVICE`` turns enable_rdma on with ibverbs_device DEVICE (``any``: none named), as server.conf does.
-``--key-file PATH``: the cluster key the link and the session workers sign with as member HOST, as oriond's
-[cluster] key_file (without it they sign nothing, and a controller refuses them); the relay listener admits the
-orionds that prove they hold it (without it, the tests' fixed key: tests/cluster_key.py).
+``--log-dir DIR``: log as oriond's [server-log] log_dir = DIR does (server.log and the session logs there, and
+stderr), instead of stderr alone. ``--key-file PATH``: the cluster key the link and the session workers sign with
+as member HOST, as oriond's [cluster] key_file (without it they sign nothing, and a controller refuses them); the
+relay listener admits the orionds that prove they hold it (without it, the tests' fixed key: tests/cluster_key.py).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from host_agent.daemon.config import ServerConfig  # noqa: E402
 from host_agent.daemon.controller_link import ControllerLink, LinkProcess, load_member  # noqa: E402
 from host_agent.relay.listener import Admission, listen_socket  # noqa: E402
 from host_agent.relay.transport import RdmaSettings  # noqa: E402
+from host_agent.server_log import LogSettings, configure  # noqa: E402
 from host_agent.session import vgpu_grant  # noqa: E402
 from host_agent.session.executor import CudaExecutor, ExecutorOptions  # noqa: E402
 from host_agent.session.gpu_inventory import of_driver  # noqa: E402
@@ -47,8 +49,11 @@ def fake_driver() -> FakeDriver:
 
 
 def main(region: str, host: str, controller: str = "", listen_port: int | None = None, rdma: str | None = None,
-         key_file: str = "") -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(levelname)s] %(message)s", stream=sys.stderr)
+         key_file: str = "", log_dir: str = "") -> int:
+    if log_dir:
+        configure(LogSettings(directory=log_dir))
+    else:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(levelname)s] %(message)s", stream=sys.stderr)
     stop = StopRequest().on_signals()
     # The listener admits holders of the cluster key (docs/security.md): --key-file's, else the tests' fixed one.
     key = load_key(Path(key_file)) if key_file else TEST_KEY
@@ -76,15 +81,16 @@ def main(region: str, host: str, controller: str = "", listen_port: int | None =
     return 0
 
 
-def _arguments(argv: list[str]) -> tuple[str, str, str, int | None, str | None, str]:
+def _arguments(argv: list[str]) -> tuple[str, str, str, int | None, str | None, str, str]:
     """REGION, HOST, CONTROLLER ("" without it), --listen's port (None without it), --rdma's device (None
-    without --rdma, "" for any device) and --key-file's path ("" without it)."""
-    key_file = ""
-    if "--key-file" in argv:
-        at = argv.index("--key-file")
-        if at + 1 >= len(argv):
-            sys.exit("fake_gpu_agent.py: --key-file needs a path")
-        argv, key_file = argv[:at] + argv[at + 2:], argv[at + 1]
+    without --rdma, "" for any device), --key-file's path and --log-dir's ("" without them)."""
+    paths = {"--key-file": "", "--log-dir": ""}
+    for flag in paths:
+        if flag in argv:
+            at = argv.index(flag)
+            if at + 1 >= len(argv):
+                sys.exit(f"fake_gpu_agent.py: {flag} needs a path")
+            argv, paths[flag] = argv[:at] + argv[at + 2:], argv[at + 1]
     rdma = None
     if "--rdma" in argv:
         at = argv.index("--rdma")
@@ -99,9 +105,9 @@ def _arguments(argv: list[str]) -> tuple[str, str, str, int | None, str | None, 
         argv, port = argv[:at] + argv[at + 2:], int(argv[at + 1])
     if not 2 <= len(argv) <= 3:
         sys.exit("usage: fake_gpu_agent.py REGION HOST [CONTROLLER] [--listen PORT] [--rdma DEVICE|any] "
-                 "[--key-file PATH]")
+                 "[--key-file PATH] [--log-dir DIR]")
     region, host, controller = (*argv, "")[:3]
-    return region, host, controller, port, rdma, key_file
+    return region, host, controller, port, rdma, paths["--key-file"], paths["--log-dir"]
 
 
 if __name__ == "__main__":

@@ -26,8 +26,10 @@ def _stop_with_parent() -> None:
 
 class Oriond:
     def __init__(self, tmp: Path, bind_addr: str, controller: str | None, gpus: list[dict[str, object]] | None,
-                 vgpu_count: int = 4, listen_port: int = 9960, rdma: str | None = None, relay_to: str = "") -> None:
-        """`rdma`: enable_rdma, with that ibverbs_device ("": none named); `relay_to`: [server-relay] remote_addr."""
+                 vgpu_count: int = 4, listen_port: int = 9960, rdma: str | None = None, relay_to: str = "",
+                 sections: str = "") -> None:
+        """`rdma`: enable_rdma, with that ibverbs_device ("": none named); `relay_to`: [server-relay] remote_addr;
+        `sections`: more of server.conf, as written."""
         tmp.mkdir(parents=True, exist_ok=True)
         self.shm = tmp / "shm"
         self.shm.mkdir(exist_ok=True)
@@ -45,7 +47,7 @@ class Oriond:
             text += f"[cluster]\n    key_file = {cluster_key_file()}\n"  # a member of the tests' cluster
         else:  # relays without a controller: the tests' fixed key, which the relay listeners they dial hold too
             text += f"[cluster]\n    key_file = {relay_key_file()}\n"
-        self.conf.write_text(text)
+        self.conf.write_text(text + sections)
         self.inventory: Path | None = None
         if gpus is not None:
             self.inventory = tmp / "inventory.json"

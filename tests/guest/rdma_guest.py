@@ -293,7 +293,10 @@ class Hosts:
     with `gpu_rdma` as its ibverbs_device) and a relaying oriond (a real one: enable_rdma, [server-relay]
     remote_addr = the GPU host) in `work`; `relay_region` is the relay's region, `gpu_region` the GPU host's."""
 
-    def __init__(self, work: Path, gpu_rdma: str) -> None:
+    def __init__(self, work: Path, gpu_rdma: str, relay_sections: str = "", gpu_args: tuple[str, ...] = (),
+                 gpu_env: dict[str, str] | None = None) -> None:
+        """`relay_sections`: more of the relay's server.conf; `gpu_args`, `gpu_env`: more of the GPU host's command
+        line (fake_gpu_agent.py's flags) and environment."""
         from tests.controller.oriond_proc import Oriond
         from tests.controller.rig import REPO, free_port, wait_until
         from tests.processes import python_path
@@ -305,10 +308,10 @@ class Hosts:
         with open(self.gpu_log, "wb") as log:
             self.gpu = subprocess.Popen(
                 [sys.executable, "tests/controller/fake_gpu_agent.py", str(self.gpu_region), "127.0.0.1", "--listen",
-                 str(port), "--rdma", gpu_rdma], stdout=log, stderr=subprocess.STDOUT,
-                cwd=REPO, env={**os.environ, "PYTHONPATH": python_path()})
+                 str(port), "--rdma", gpu_rdma, *gpu_args], stdout=log, stderr=subprocess.STDOUT,
+                cwd=REPO, env={**os.environ, "PYTHONPATH": python_path(), **(gpu_env or {})})
         self.relay = Oriond(work / "relay", "127.0.0.1", None, gpus=[], listen_port=free_port(), rdma="",
-                            relay_to=f"127.0.0.1:{port}")
+                            relay_to=f"127.0.0.1:{port}", sections=relay_sections)
         self.relay_region = self.relay.shm / "orionsock0"
         with open(self.relay_region, "wb") as f:
             f.truncate(32 << 20)

@@ -1,4 +1,4 @@
-"""oriond's logging as [server-log] configures it (host_agent/daemon/server_log.py, issue 31): the system log
+"""oriond's logging as [server-log] configures it (host_agent/server_log.py, issue 31): the system log
 <log_dir>/server.log at file_log_level, one log per session beside it, the screen at log_level, the time when
 log_with_time says so; a directory it cannot write is one warning and the screen. Each case configures a fresh
 Python process (logging is process-wide); the last one runs a real oriond and a session on it."""
@@ -15,11 +15,11 @@ from tests.wire.oriond_rig import oriond_over, round_trip
 
 CHILD = r"""
 import json, logging, sys
-from host_agent.daemon.server_log import LogSettings, configure, session_log
+from host_agent.server_log import LogSettings, configure, session_log
 configure(LogSettings(**json.loads(sys.argv[1])))
 logging.info("an info line")
 logging.warning("a warning line")
-print("SESSION", session_log(7))
+print("SESSION", session_log(7, "orionsock2"))
 logging.getLogger("host_agent.x").info("a session's line")
 """
 
@@ -36,7 +36,7 @@ def test_the_file_and_the_screen_each_at_their_level(tmp_path: Path) -> None:
     assert "a warning line" in done.stderr and "an info line" not in done.stderr  # the screen's level
     assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \[INFO\] an info line", server)  # log_with_time = 1
     (session,) = (tmp_path / "session").iterdir()
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d-7\.log", session.name)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d-orionsock2-7\.log", session.name)
     assert f"SESSION {session}" in done.stdout
     assert "a session's line" in session.read_text() and "a session's line" in server
 

@@ -3,8 +3,9 @@
 - The system log `<log_dir>/server.log` (Orion's /var/log/orion/server.log): with `log_to_file = 1` (Orion's
   default), at `file_log_level`. It is written through a WatchedFileHandler, so logrotate may move it
   (setup.sh installs /etc/logrotate.d/orion); the next record opens a new one.
-- Per-session logs `<log_dir>/session/<YYYY-mm-dd-HH-MM-SS>-<session>.log`, where Orion kept them: each session
-  worker adds one, holding its session's records (they go to server.log too).
+- Per-session logs `<log_dir>/session/<YYYY-mm-dd-HH-MM-SS>-<source>-<session>.log`, where Orion kept them:
+  each session worker adds one, a region's and a relayed session's alike, holding its session's records (they go to
+  server.log too).
 - The screen (stderr) at `log_level`: with `log_to_screen = 1`. Orion's default was 0; here the key left out
   means 1, because a service manager's journal and a terminal both read stderr, and an oriond started by hand must
   not be silent.
@@ -12,7 +13,8 @@
 
 A directory that cannot be made or written is one warning, and oriond runs on with the screen: a log it cannot
 keep never stops it. Not here: what is logged (each module's own logger) and the checks of the keys' values
-(config.py).
+(daemon/config.py). It sits beside agent_metrics.py, not in daemon/, because the relay listener's session
+workers (relay/) open their session logs too.
 """
 from __future__ import annotations
 
@@ -82,13 +84,15 @@ def configure(settings: LogSettings) -> None:
         logging.warning("%s", problem)
 
 
-def session_log(session: int) -> Path | None:
-    """In a session worker: its own log file, beside server.log (None where there is no file log)."""
+def session_log(session: int, source: str) -> Path | None:
+    """In a session worker: its own log file, beside server.log (None where there is no file log), named by its
+    start time, `source` (the region file's name, or "relay" for a session relayed here) and its number there:
+    session numbers count per region and per relay listener, so the source keeps two of one second apart."""
     settings = _configured
     if settings is None or not settings.to_file:
         return None
     directory = Path(settings.directory, SESSION_DIR)
-    path = directory / f"{time.strftime('%Y-%m-%d-%H-%M-%S')}-{session}.log"
+    path = directory / f"{time.strftime('%Y-%m-%d-%H-%M-%S')}-{source}-{session}.log"
     try:
         directory.mkdir(mode=0o755, parents=True, exist_ok=True)
         handler = logging.FileHandler(path)
