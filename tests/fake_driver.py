@@ -472,9 +472,13 @@ CUmemAccess_flags = IntEnum("CUmemAccess_flags", [  # type: ignore[misc]
 CUmemAllocationGranularity_flags = IntEnum("CUmemAllocationGranularity_flags", [  # type: ignore[misc]
     ("CU_MEM_ALLOC_GRANULARITY_MINIMUM", 0), ("CU_MEM_ALLOC_GRANULARITY_RECOMMENDED", 1),
 ])
+CUdevice_P2PAttribute = IntEnum("CUdevice_P2PAttribute", [  # type: ignore[misc]
+    ("CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK", 1), ("CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED", 2),
+    ("CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED", 3), ("CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED", 4),
+])
 VMM_GRANULARITY = 2 * 1024 * 1024  # minimum and recommended, as an H100 answers for device memory
 PITCH_ALIGNMENT = 512  # the pitch cuMemAllocPitch gives rows (the fake's choice; a GPU's may differ)
-ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUmemPool_attribute, CUfunction_attribute,
+ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUdevice_P2PAttribute, CUmemPool_attribute, CUfunction_attribute,
                                            CUfunc_cache, CUstreamCaptureStatus, CUpointer_attribute, CUjit_option,
                                            CUjit_target, CUjit_fallback, CUjit_cacheMode, CUlimit,
                                            CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle,
@@ -1496,6 +1500,7 @@ class FakeDriver:
 
     CUresult = CUresult
     CUdevice_attribute = CUdevice_attribute
+    CUdevice_P2PAttribute = CUdevice_P2PAttribute
     CUmemPool_attribute = CUmemPool_attribute
     CUfunction_attribute = CUfunction_attribute
     CUfunc_cache = CUfunc_cache
@@ -1945,6 +1950,18 @@ class FakeDriver:
         if a is None or b is None:
             return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
         return CUresult(0), int(a != b)  # every pair of distinct fake devices is peer-capable
+
+    @_recorded
+    def cuDeviceGetP2PAttribute(self, attrib: Any, src: Any, dst: Any) -> tuple[Any, ...]:
+        """Distinct fake devices are peers with native atomics and array access (rank 0); a device with itself is
+        CUDA_ERROR_INVALID_DEVICE, as the driver answers."""
+        a, b = self._device(src), self._device(dst)
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        if a is None or b is None or a == b:
+            return _result(CUresult.CUDA_ERROR_INVALID_DEVICE, 1)
+        attribute = self._enum(attrib, CUdevice_P2PAttribute, "attrib")
+        return CUresult(0), 0 if attribute == CUdevice_P2PAttribute.CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK else 1
 
     # --- contexts -----------------------------------------------------------------------------------------------
     def _new_context(self, device: int, flags: int, primary: bool) -> int:

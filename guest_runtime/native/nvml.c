@@ -246,6 +246,48 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
     return rc == NVML_SUCCESS ? give_text(text, name, length) : rc;
 }
 
+/* cuda.h's values of the attributes read here (the generated header has the types, not the enumerators). */
+enum { CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+       CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED = 2, CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED = 3 };
+
+/* The compute capability, the device's own (NCCL reads it for every device at start and stops where it fails). */
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
+    DEVICE_OR_RETURN(device, ordinal);
+    if (!major || !minor) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = from_cuda(cuDeviceGetAttribute(major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, ordinal));
+    return rc == NVML_SUCCESS
+               ? from_cuda(cuDeviceGetAttribute(minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, ordinal))
+               : rc;
+}
+
+/* Peer-to-peer status between two vGPUs (NCCL asks READ and WRITE for every pair at start, and stops where one
+ * fails). A device with itself: what NVML answers (measured on two H200s, driver 580: OK for every index but
+ * PCI, whose status is NOT_SUPPORTED). Two devices: reads and writes as the driver's peer access of the GPUs behind
+ * them (CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED), atomics as its native atomics; NVLink, PCI and the UNKNOWN
+ * index are what the driver cannot say, so the call answers NVML_ERROR_NOT_SUPPORTED for them rather than a status
+ * that may be wrong (NVLink pairs answer OK there). tests/gpu/test_multi_gpu.py compares these with the real NVML. */
+enum { NVML_P2P_CAPS_INDEX_READ = 0, NVML_P2P_CAPS_INDEX_WRITE = 1, NVML_P2P_CAPS_INDEX_NVLINK = 2,
+       NVML_P2P_CAPS_INDEX_ATOMICS = 3, NVML_P2P_CAPS_INDEX_PCI = 4, NVML_P2P_CAPS_INDEX_UNKNOWN = 5 };
+enum { NVML_P2P_STATUS_OK = 0, NVML_P2P_STATUS_NOT_SUPPORTED = 5 };
+nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, int index, int *status) {
+    DEVICE_OR_RETURN(device1, first);
+    int second = ordinal_of(device2);
+    if (second < 0 || !status || index < 0 || index > NVML_P2P_CAPS_INDEX_UNKNOWN) return NVML_ERROR_INVALID_ARGUMENT;
+    if (first == second) {
+        *status = index == NVML_P2P_CAPS_INDEX_PCI ? NVML_P2P_STATUS_NOT_SUPPORTED : NVML_P2P_STATUS_OK;
+        return NVML_SUCCESS;
+    }
+    if (index != NVML_P2P_CAPS_INDEX_READ && index != NVML_P2P_CAPS_INDEX_WRITE && index != NVML_P2P_CAPS_INDEX_ATOMICS)
+        return NVML_ERROR_NOT_SUPPORTED;
+    CUdevice_P2PAttribute attribute = index == NVML_P2P_CAPS_INDEX_ATOMICS
+                                          ? CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED
+                                          : CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED;
+    int value = 0;
+    nvmlReturn_t rc = from_cuda(cuDeviceGetP2PAttribute(&value, attribute, first, second));
+    if (rc == NVML_SUCCESS) *status = value ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+    return rc;
+}
+
 /* A vGPU is never a MIG device from inside the session: current and pending mode NVML_DEVICE_MIG_DISABLE. */
 /* The processes using a vGPU as this process sees it: itself, when its current context is on that device (its use
  * from cuMemGetInfo, which the quota counts, as NVML counts a process's use), else none it can know of. PyTorch asks

@@ -49,6 +49,20 @@ if out["init"] == 0:
         d["fields"] = [nvml.nvmlDeviceGetFieldValues(handle, 2, fields), ctypes.c_int.from_buffer(fields, 28).value,
                        ctypes.c_int.from_buffer(fields, 68).value]
         d["pcie"] = nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle, ctypes.byref(index))
+        major, minor, cuda_major, cuda_minor = (ctypes.c_int(-1) for _ in range(4))
+        cuda.cuDeviceGetAttribute(ctypes.byref(cuda_major), 75, i); cuda.cuDeviceGetAttribute(ctypes.byref(cuda_minor), 76, i)
+        d["capability"] = [nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)),
+                           major.value, minor.value, cuda_major.value, cuda_minor.value]
+        d["p2p"] = []  # (peer, index): [rc, status], and the driver's peer access
+        for j in range(count.value):
+            assert nvml.nvmlDeviceGetHandleByIndex_v2(j, ctypes.byref(other)) == 0
+            can = ctypes.c_int(-1)
+            cuda.cuDeviceCanAccessPeer(ctypes.byref(can), i, j)
+            for caps in range(6):
+                status = ctypes.c_int(-1)
+                d["p2p"].append([j, caps, nvml.nvmlDeviceGetP2PStatus(handle, other, caps, ctypes.byref(status)),
+                                 status.value, can.value])
+        d["p2p_bad_index"] = nvml.nvmlDeviceGetP2PStatus(handle, handle, 9, ctypes.byref(index))
         devices.append(d)
     out["devices"] = devices
     out["foreign_handle"] = nvml.nvmlDeviceGetIndex(ctypes.c_void_p(0x1000), ctypes.byref(index))
@@ -87,6 +101,16 @@ def test_nvml_answers_from_the_sessions_devices(library: Path, rig: Rig) -> None
         assert d["by_bus"] == [0, True] * 3 and d["by_uuid"] == [0, True]
         assert d["mig"] == [0, 0, 0]  # MIG disabled, current and pending
         assert d["fields"] == [0, 3, 3] and d["pcie"] == 3  # a vGPU's link and fields: NOT_SUPPORTED
+        rc, major, minor, cuda_major, cuda_minor = d["capability"]
+        assert rc == 0 and (major, minor) == (cuda_major, cuda_minor) and major > 0, d["capability"]
+        for peer, caps, rc, status, can in d["p2p"]:
+            if peer == i:  # itself: as NVML answers (OK, but NOT_SUPPORTED for PCI)
+                assert [rc, status] == [0, 5 if caps == 4 else 0], d["p2p"]
+            elif caps in (0, 1, 3):  # READ, WRITE, ATOMICS: the driver's peer access
+                assert [rc, status] == [0, 0 if can == 1 else 5], d["p2p"]
+            else:  # NVLink, PCI, UNKNOWN: the driver cannot say; the call says so (NVML_ERROR_NOT_SUPPORTED)
+                assert [rc, status] == [3, -1], d["p2p"]
+        assert d["p2p_bad_index"] == 2
     assert len({d["uuid"][1] for d in out["devices"]}) == len(GUEST_DEVICES)
     assert out["foreign_handle"] == 2 and out["unknown_bus"] == 6  # INVALID_ARGUMENT, NOT_FOUND
     assert out["cuda_version"] == [0, True] and out["error_string"] == "Not Supported"
