@@ -39,7 +39,7 @@ APT_PACKAGES=(
   qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu libvirt-dev
   etcd-server etcd-client
   rdma-core ibverbs-providers ibverbs-utils rdmacm-utils python3-pyverbs iproute2
-  debootstrap e2fsprogs psmisc procps libxml2-utils
+  debootstrap buildah e2fsprogs psmisc procps libxml2-utils
   cpio kmod xz-utils
 )
 
