@@ -33,9 +33,9 @@ RING_GENERATION, REMOTE_GENERATION = 5, 9
 
 
 class Relayed:
-    def __init__(self, dead_s: float = 5.0, mode: str = "pump") -> None:
+    def __init__(self, dead_s: float = 5.0, mode: str = "pump", beat_s: float = 0.1) -> None:
         """`mode`: "pump" (the relay's compiled pump, where it builds) or "threads" (its Python threads, the path
-        an RDMA connection takes)."""
+        an RDMA connection takes); `beat_s`: both ends' heartbeat."""
         self.mode = mode
         self.path = f"/dev/shm/orion-relay-{uuid.uuid4().hex[:10]}"
         with open(self.path, "wb") as f:
@@ -50,13 +50,13 @@ class Relayed:
             side.generation = RING_GENERATION
         here, there = socket.socketpair()
         self.sockets = (here, there)
-        self.gpu_side = StreamEndpoint(FrameStream(there), REMOTE_GENERATION, beat_s=0.1,
+        self.gpu_side = StreamEndpoint(FrameStream(there), REMOTE_GENERATION, beat_s=beat_s,
                                        dead_s=dead_s)
         session = Session(1, "relayed", 0, REMOTE_GENERATION)
         loop = RecordLoop(self.gpu_side, DiagnosticsHandler(session), session, ServerOptions())  # type: ignore[arg-type]
         self.gpu_thread = threading.Thread(target=self._quietly, args=(loop.run,), daemon=True)
         self.gpu_thread.start()
-        self.relay_side = StreamEndpoint(FrameStream(here), REMOTE_GENERATION, beat_s=0.1,
+        self.relay_side = StreamEndpoint(FrameStream(here), REMOTE_GENERATION, beat_s=beat_s,
                                          dead_s=dead_s)
         self.relay = Relay(host, self.relay_side, 1)
         if mode != "pump":
@@ -128,6 +128,26 @@ def test_records_are_answered_through_the_relay_as_by_a_local_worker(relayed: Re
     assert failed.flags & Flag.ASYNC_ERROR and failed.status == Status.UNKNOWN_OPCODE
     if relayed.mode == "pump" and compiled_pump.PROGRAM.load() is not None:  # the pump carried the small records
         assert relayed.relay._pump is not None and relayed.relay._pump.pumped >= 100
+
+
+@pytest.mark.skipif(compiled_pump.PROGRAM.load() is None, reason="the compiled pump does not build here")
+def test_after_python_served_a_record_the_pump_waits_afresh() -> None:
+    """A record Python serves (a staged request, and its answer too long for the pump) hands the pump's loop to
+    Python and back. The pump's next wait must begin then, spinning first: it once went on with the wait it was in
+    before the hand-over, already past its spin, so it slept up to 1 ms before it saw the guest's next record (a
+    relayed page-locked 4-byte DtoH, whose answer is Python's, took 1.2 ms on the GPU machine instead of 66 us)."""
+    r = Relayed(beat_s=30.0)  # no beats: a frame taken by the pump would begin a new wait on its own
+    try:
+        assert bytes(r.reply(r.call(Op.ECHO, b"warm-up")).payload) == b"warm-up"
+        time.sleep(0.05)  # the pump waits for the ring
+        sent = time.monotonic()
+        big = bytes(range(256)) * (3 << 12)  # staged on the ring: Python forwards it and takes its answer
+        assert bytes(r.reply(r.call(Op.ECHO, big)).payload) == big
+        assert r.relay._pump is not None
+        since = r.relay._pump.waiting_since
+        assert since is None or since >= sent, (since, sent)  # None: between a hand-over and its next wait
+    finally:
+        r.close()
 
 
 def test_when_the_gpu_host_goes_every_call_answers_device_unavailable_within_the_bound(bounded: None) -> None:  # noqa: F811
