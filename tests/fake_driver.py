@@ -478,7 +478,8 @@ CUdevice_P2PAttribute = IntEnum("CUdevice_P2PAttribute", [  # type: ignore[misc]
 ])
 VMM_GRANULARITY = 2 * 1024 * 1024  # minimum and recommended, as an H100 answers for device memory
 PITCH_ALIGNMENT = 512  # the pitch cuMemAllocPitch gives rows (the fake's choice; a GPU's may differ)
-ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUdevice_P2PAttribute, CUmemPool_attribute, CUfunction_attribute,
+ENUM_CLASSES: tuple[type[IntEnum], ...] = (CUresult, CUdevice_attribute, CUdevice_P2PAttribute, CUmemPool_attribute,
+                                           CUfunction_attribute,
                                            CUfunc_cache, CUstreamCaptureStatus, CUpointer_attribute, CUjit_option,
                                            CUjit_target, CUjit_fallback, CUjit_cacheMode, CUlimit,
                                            CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle,

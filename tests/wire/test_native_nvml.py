@@ -50,7 +50,8 @@ if out["init"] == 0:
                        ctypes.c_int.from_buffer(fields, 68).value]
         d["pcie"] = nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle, ctypes.byref(index))
         major, minor, cuda_major, cuda_minor = (ctypes.c_int(-1) for _ in range(4))
-        cuda.cuDeviceGetAttribute(ctypes.byref(cuda_major), 75, i); cuda.cuDeviceGetAttribute(ctypes.byref(cuda_minor), 76, i)
+        cuda.cuDeviceGetAttribute(ctypes.byref(cuda_major), 75, i)
+        cuda.cuDeviceGetAttribute(ctypes.byref(cuda_minor), 76, i)
         d["capability"] = [nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)),
                            major.value, minor.value, cuda_major.value, cuda_minor.value]
         d["p2p"] = []  # (peer, index): [rc, status], and the driver's peer access
