@@ -22,19 +22,21 @@ Forwarded = tuple[Path, Path]  # an oriond's region, and the native guest driver
 
 
 @contextlib.contextmanager
-def forwarding(vgpu_count: int = 1, mps: bool = False, relayed: bool = False) -> Iterator[Forwarded]:
-    """For the run: the native guest driver, built, and an oriond serving a region of its own (its GPU carved into
-    `vgpu_count` vGPUs; `mps`: its session workers under NVIDIA MPS, host_agent/daemon/mps.py; `relayed`: a second
-    oriond serves the region and relays every session over TCP loopback to the first, docs/remote.md); stopped
-    after."""
+def forwarding(vgpu_count: int = 1, mps: bool = False, relayed: bool = False,
+               region_mib: int = 256) -> Iterator[Forwarded]:
+    """For the run: the native guest driver, built, and an oriond serving a region of its own of `region_mib` MiB
+    (its GPU carved into `vgpu_count` vGPUs; `mps`: its session workers under NVIDIA MPS, host_agent/daemon/mps.py;
+    `relayed`: a second oriond serves the region and relays every session over TCP loopback to the first,
+    docs/remote.md); stopped after."""
     from guest_runtime.native.build import build_driver
     from tests.gpu.test_forwarded_programs import Oriond
 
     with tempfile.TemporaryDirectory() as tmp:
         library = build_driver(Path(tmp) / "libcuda.so.1")
         sections = f"[server-mps]\n    enable_mps = true\n    mps_dir = {tmp}/mps\n" if mps else ""
-        agent = Oriond(Path(tmp), vgpu_count=vgpu_count, sections=sections)
-        relay = Oriond(Path(tmp) / "relay", relay_to=f"127.0.0.1:{agent.listen_port}") if relayed else None
+        agent = Oriond(Path(tmp), vgpu_count=vgpu_count, sections=sections, region_mib=region_mib)
+        relay = Oriond(Path(tmp) / "relay", relay_to=f"127.0.0.1:{agent.listen_port}",
+                       region_mib=region_mib) if relayed else None
         try:
             yield (relay or agent).region, library
         finally:

@@ -84,6 +84,8 @@ int orion_pool_ready(void);                            /* agree on the slice's a
 int orion_pool_contains(uint64_t pointer, uint64_t size); /* [pointer, pointer+size) lies in the slice */
 int orion_pool_overlaps(uint64_t pointer, uint64_t size); /* [pointer, pointer+size) shares a byte with the slice */
 uint64_t orion_pool_size(void);
+/* The region file and the offset in it of [pointer, pointer+size) of the slice: 1, or 0 where it is not all there. */
+int orion_pool_file(uint64_t pointer, uint64_t size, int *fd, uint64_t *offset);
 
 /* --- page_locked_calls.c: guest memory answered for as page-locked, outside the pool -------------------------- */
 /* A fallback allocation (owned 1: cuMemAllocHost/cuMemHostAlloc when the pool could not serve it; cuMemFreeHost
@@ -91,7 +93,14 @@ uint64_t orion_pool_size(void);
  * are pageable (staged); the GPU cannot reach them. An allocation in the pool (owned 2) is listed apart, for its
  * pointer attributes only. Each keeps the context current at its allocation or registration, and its device (-1:
  * not known), which the driver answers as its CONTEXT and DEVICE_ORDINAL attributes. */
-struct orion_host_range { uint64_t base, size; unsigned flags; int owned; uint64_t context; int device; };
+struct orion_host_range {
+    uint64_t base, size; unsigned flags; int owned; uint64_t context; int device;
+    uint64_t pool; /* a registered range moved into the pool (moved_ranges.c): where its pages are there (0: not) */
+};
+/* moved_ranges.c: a registered range of whole pages moved into the pool (1, and its pool address) or not (0); and
+ * given back at its cuMemHostUnregister (a CUresult). */
+int orion_move_into_pool(uint64_t base, uint64_t size, unsigned flags, uint64_t *pool);
+int orion_move_back(uint64_t base);
 /* 1 and the range outside the pool holding `pointer`, or 0 (one atomic load when none is listed). */
 int orion_host_range_find(uint64_t pointer, struct orion_host_range *range);
 /* 1 and this process's pool allocation holding `pointer`, or 0. */

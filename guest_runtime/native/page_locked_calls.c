@@ -5,15 +5,17 @@
  *
  * Page-locked memory is never refused for want of room: when the slice cannot serve an allocation (the region has
  * no pool, or the host answers OUT_OF_MEMORY for it) the allocation comes from ordinary guest pages instead, said
- * once on stderr. And cuMemHostRegister / cuMemHostUnregister (outside the call table) are answered here: the
- * guest's own memory cannot be page-locked for a GPU on another machine, so registering only records the range.
- * Both kinds of range are kept in one registry (owned: a fallback allocation this file frees; registered: the
- * program's memory, only forgotten). Copies to and from them are pageable copies (copy_calls.c: they are not in
- * the pool, so their bytes travel, staged, and an async copy to the host is complete when it returns); the GPU
- * cannot reach them, so they have no device pointer (cuMemHostGetDevicePointer answers CUDA_ERROR_NOT_SUPPORTED,
+ * once on stderr. And cuMemHostRegister / cuMemHostUnregister (outside the call table) are answered here: a
+ * registered range of whole pages is moved into the pool where it can be (moved_ranges.c), so the GPU reaches it and
+ * it has the pool pages' device pointer; any other is only recorded. Both kinds of range, and fallback allocations,
+ * are kept in one registry (owned: a fallback allocation this file frees; registered: the program's memory, only
+ * forgotten, or given back by moved_ranges.c). Copies to and from them are pageable copies (copy_calls.c: they are
+ * not in the pool's address range, so their bytes travel, staged, and an async copy to the host is complete when it
+ * returns); an unmoved range has no device pointer (cuMemHostGetDevicePointer answers CUDA_ERROR_NOT_SUPPORTED,
  * said once); cuPointerGetAttribute answers for them in the guest (query_calls.c, orion_host_range_find).
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -265,10 +267,14 @@ int cuMemHostGetDevicePointer(unsigned long long *pdptr, void *pointer, unsigned
     ORION_ENTRY("cuMemHostGetDevicePointer");
     if (!pdptr) return CUDA_ERROR_INVALID_VALUE;
     struct orion_host_range range;
-    if (orion_host_range_find((uint64_t)(uintptr_t)pointer, &range))
-        return flags ? CUDA_ERROR_INVALID_VALUE : no_device_pointer();
+    uint64_t asked = (uint64_t)(uintptr_t)pointer;
+    if (orion_host_range_find(asked, &range)) {
+        if (flags) return CUDA_ERROR_INVALID_VALUE;
+        if (!range.pool) return no_device_pointer();
+        asked = range.pool + (asked - range.base); /* moved into the pool: its pages' device pointer */
+    }
     uint8_t req[ORION_REQ_cuMemHostGetDevicePointer_SIZE], rep[ORION_REP_cuMemHostGetDevicePointer_SIZE];
-    orion_put_u64(req + ORION_REQ_cuMemHostGetDevicePointer_pointer, (uint64_t)(uintptr_t)pointer);
+    orion_put_u64(req + ORION_REQ_cuMemHostGetDevicePointer_pointer, asked);
     orion_put_u32(req + ORION_REQ_cuMemHostGetDevicePointer_flags, flags);
     int status = orion_thread_forward(ORION_OP_cuMemHostGetDevicePointer, req, sizeof req, rep, sizeof rep, 0);
     if (status == CUDA_SUCCESS) *pdptr = orion_get_u64(rep + ORION_REP_cuMemHostGetDevicePointer_device_pointer);
@@ -290,12 +296,12 @@ int cuMemHostGetFlags(unsigned int *pflags, void *pointer) {
     return status;
 }
 
-/* --- registration: recorded in the guest, never forwarded -------------------------------------------------------- */
+/* --- registration: moved into the pool where it can be, else recorded in the guest ------------------------------- */
 
-/* cuda.h's cuMemHostRegister (the name cuMemHostRegister_v2 too: build.py's aliases). The range is remembered so
- * that the program sees the driver's answers (an overlap is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, the flags
- * come back from cuMemHostGetFlags, pointer attributes say host memory); nothing is page-locked and copies stay
- * staged. Needs a current context, as the driver does. */
+/* cuda.h's cuMemHostRegister (the name cuMemHostRegister_v2 too: build.py's aliases). The range is moved into the
+ * pool where it can be, else only recorded; either way the program sees the driver's answers (an overlap is
+ * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, the flags come back from cuMemHostGetFlags, pointer attributes say
+ * host memory). Needs a current context, as the driver does. */
 CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
     ORION_ENTRY("cuMemHostRegister");
     if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
@@ -305,10 +311,21 @@ CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
         return CUDA_ERROR_INVALID_VALUE;
     if (Flags & REGISTER_IOMEMORY) return orion_not_forwarded("cuMemHostRegister with CU_MEMHOSTREGISTER_IOMEMORY");
     struct orion_host_range range = { .base = base, .size = bytesize, .flags = Flags, .owned = 0 };
-    return outside_add(range);
+    int status = outside_add(range); /* listed first: an overlap is refused before anything moves */
+    if (status != CUDA_SUCCESS) return status;
+    int saved = errno; /* a move that cannot be made leaves the program's errno as it was */
+    int moved = orion_move_into_pool(base, bytesize, Flags, &range.pool);
+    errno = saved;
+    if (moved) {
+        struct orion_host_range listed;
+        int other;
+        (void)range_take(&outside, base, 0, &listed, &other);
+        (void)range_add(&outside, range); /* the slot just freed: it fits */
+    }
+    return CUDA_SUCCESS;
 }
 
-/* Forget a registration made at exactly `p`; its memory stays the program's. */
+/* Forget a registration made at exactly `p`; its memory stays the program's (a moved range's bytes moved back). */
 CUresult cuMemHostUnregister(void *p) {
     ORION_ENTRY("cuMemHostUnregister");
     if (!orion_is_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
@@ -316,7 +333,7 @@ CUresult cuMemHostUnregister(void *p) {
     uint64_t base = (uint64_t)(uintptr_t)p;
     struct orion_host_range range;
     int other;
-    if (range_take(&outside, base, 0, &range, &other)) return CUDA_SUCCESS;
+    if (range_take(&outside, base, 0, &range, &other)) return range.pool ? orion_move_back(base) : CUDA_SUCCESS;
     /* memory that cuMemHostAlloc gave is not "not registered" to the driver: it answers INVALID_VALUE (as reported
      * against driver 590.48) */
     if (orion_pool_contains(base, 1)) return CUDA_ERROR_INVALID_VALUE;

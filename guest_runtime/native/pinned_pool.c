@@ -22,6 +22,8 @@
 static pthread_mutex_t setting_up = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic uint64_t pool_base; /* what this process's pointers into the slice are relative to (0: not set up) */
 static _Atomic uint64_t pool_size;
+static int pool_fd = -1;           /* the region file, and where the slice lies in it (set before pool_base) */
+static uint64_t pool_file_offset;
 
 /* POOL_MAP: propose `address` for the slice; a CUresult and the host's address. */
 static int map_call(uint64_t address, uint64_t *host) {
@@ -76,6 +78,8 @@ static int set_up(void) {
                     "pointer cuMemHostGetDevicePointer gives, not the host pointer\n", (unsigned long long)ours,
                     (unsigned long long)host);
     }
+    pool_fd = fd;
+    pool_file_offset = offset;
     atomic_store(&pool_size, size);
     atomic_store(&pool_base, base); /* last: orion_pool_contains reads it first */
     return CUDA_SUCCESS;
@@ -104,3 +108,10 @@ int orion_pool_overlaps(uint64_t pointer, uint64_t size) {
 }
 
 uint64_t orion_pool_size(void) { return atomic_load(&pool_size); }
+
+int orion_pool_file(uint64_t pointer, uint64_t size, int *fd, uint64_t *offset) {
+    if (!orion_pool_contains(pointer, size)) return 0;
+    *fd = pool_fd;
+    *offset = pool_file_offset + (pointer - atomic_load(&pool_base));
+    return 1;
+}

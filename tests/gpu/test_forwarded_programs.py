@@ -76,15 +76,15 @@ NATIVE_SHOWS: dict[str, Callable[[dict[str, Any]], bool]] = {
 
 class Oriond:
     def __init__(self, workdir: Path, *flags: str, listen_port: int = 0, relay_to: str = "", vgpu_count: int = 1,
-                 sections: str = "") -> None:
-        """Serves a 256 MiB region in a fresh directory of /dev/shm (tmpfs: its pages can be page-locked, as the
-        pinned pool needs; a disk-backed file's may not be). `listen_port`: where it takes relayed sessions (0: a
-        free one); `relay_to`: relay every session to that HOST:PORT (docs/remote.md); `sections`: more of
-        server.conf (e.g. [server-mps])."""
+                 sections: str = "", region_mib: int = 256) -> None:
+        """Serves a region of `region_mib` MiB in a fresh directory of /dev/shm (tmpfs: its pages can be
+        page-locked, as the pinned pool needs; a disk-backed file's may not be). `listen_port`: where it takes
+        relayed sessions (0: a free one); `relay_to`: relay every session to that HOST:PORT (docs/remote.md);
+        `sections`: more of server.conf (e.g. [server-mps])."""
         self.shm_dir = Path(tempfile.mkdtemp(prefix="orion-gpu-test-", dir="/dev/shm"))
         self.region = self.shm_dir / "orionsock7"
         with open(self.region, "wb") as f:
-            f.truncate(256 << 20)
+            f.truncate(region_mib << 20)
         self.listen_port = listen_port or free_port()
         workdir.mkdir(parents=True, exist_ok=True)
         conf = workdir / "server.conf"

@@ -5,7 +5,8 @@ Each program runs natively and on the native guest driver through a real oriond 
 machine (the `oriond` fixture: no --devices, vgpu_count 1), and the two results are compared by value:
 - one process driving two devices with PyTorch (work on each, a peer copy, an event across devices);
 - what NCCL reads from NVML at start, against the machine's own NVML;
-- NCCL across one process's devices (torch.cuda.nccl, JAX's psum) and across processes (torch.distributed).
+- NCCL across one process's devices (torch.cuda.nccl, JAX's psum; a 2 GiB region, whose pool holds NCCL's shared
+  segments) and across processes (torch.distributed).
 What a forwarded session cannot do yet is a strict expected failure with its reason (docs/multi-gpu.md), so the
 day it works the test says so.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,9 +42,18 @@ def _gpu_count() -> int:
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpu_count() < 2, reason="needs a machine with two GPUs")]
 JAX_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-HOST_MEMORY_GAP = ("NCCL keeps its proxy's and its transports' buffers in POSIX shared memory it page-locks with "
-                   "cuMemHostRegister, which the GPU cannot reach in a guest's ordinary memory; and its peer transport "
-                   "between processes opens IPC handles, which sessions cannot share yet (docs/multi-gpu.md)")
+BETWEEN_SESSIONS_GAP = ("between processes NCCL shares device memory through IPC or cuMem handles, which one session "
+                        "cannot open of another yet, and page-locks its shared segments in both processes, where only "
+                        "the first one's moves into the region's pool (docs/multi-gpu.md)")
+NCCL_REGION_MIB = 2048  # NCCL page-locks two ~9 MiB shared segments per process: the pool must hold them
+
+
+@pytest.fixture
+def nccl_oriond(tmp_path: Path) -> Iterator[Oriond]:
+    """An oriond whose region's page-locked pool holds NCCL's shared segments (moved there at registration)."""
+    agent = Oriond(tmp_path, region_mib=NCCL_REGION_MIB)
+    yield agent
+    agent.stop()
 
 
 def run(program: str, agent: Oriond | None, libraries: GuestLibraries | None, *args: str,
@@ -76,15 +88,16 @@ def test_nvml_answers_what_nccl_reads_as_the_machines_nvml(oriond: Oriond, libra
     assert all(forwarded[key] == [3, -1] for key in unanswered), forwarded
 
 
-@pytest.mark.xfail(strict=True, reason=HOST_MEMORY_GAP)
-def test_nccl_across_one_process_devices(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
+def test_nccl_across_one_process_devices(nccl_oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
+    """torch.cuda.nccl's all-reduce and broadcast, and JAX's psum, over both devices of one process: NCCL's shared
+    segments, page-locked, are moved into the region's pool (moved_ranges.c), so its proxy and the GPU share them."""
     expected = run("local_devices_nccl_program.py", None, None, **JAX_ENV)
     assert expected["ok"] and expected["jax_devices"] >= 2, expected
-    assert run("local_devices_nccl_program.py", oriond, library, **JAX_ENV) == expected
+    assert run("local_devices_nccl_program.py", nccl_oriond, library, **JAX_ENV) == expected
 
 
-@pytest.mark.xfail(strict=True, reason=HOST_MEMORY_GAP)
-def test_nccl_across_two_processes(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
+@pytest.mark.xfail(strict=True, reason=BETWEEN_SESSIONS_GAP)
+def test_nccl_across_two_processes(nccl_oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
     expected = run("nccl_ranks_program.py", None, None, "2")
     assert expected["ok"], expected
-    assert run("nccl_ranks_program.py", oriond, library, "2") == expected
+    assert run("nccl_ranks_program.py", nccl_oriond, library, "2") == expected

@@ -343,6 +343,7 @@ GENERIC_INPUTS: dict[str, Callable[[Env], tuple[Any, ...]]] = {
     "cuDeviceGetAttribute": lambda e: (16, 1),  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT of guest device 1
     "cuDeviceTotalMem": lambda e: (1,),
     "cuDeviceCanAccessPeer": lambda e: (0, 1),
+    "cuDeviceGetP2PAttribute": lambda e: (2, 0, 1),  # CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, guest devices 0 -> 1
     "cuDevicePrimaryCtxRetain": lambda e: (1,),
     "cuDevicePrimaryCtxRelease": lambda e: e.retained(1),
     "cuDevicePrimaryCtxReset": lambda e: (1,),

@@ -2,10 +2,11 @@
 the guest (guest_runtime/native/page_locked_calls.c, query_calls.c's cuPointerGetAttribute).
 
 When this channel's slice of the region's pool cannot serve cuMemAllocHost/cuMemHostAlloc, the allocation comes
-from ordinary guest pages (said once on stderr); registered ranges are only recorded. Copies with either are
-pageable (their bytes travel), the GPU cannot reach them (no device pointer), and their pointer attributes say host
-memory. Each test builds `libcuda.so.1`, loads it with ctypes in a subprocess whose ORION_SHM names the rig's region
-(tests/forwarding_rig.py: a real agent over the fake driver) and compares the values the program saw. CPU only.
+from ordinary guest pages (said once on stderr); registered ranges are only recorded, but for whole pages, which are
+moved into the pool (the last test). Copies with any of them are pageable (their bytes travel), the GPU cannot reach
+the unmoved ones (no device pointer), and their pointer attributes say host memory. Each test builds
+`libcuda.so.1`, loads it with ctypes in a subprocess whose ORION_SHM names the rig's region (tests/forwarding_rig.py:
+a real agent over the fake driver) and compares the values the program saw. CPU only.
 """
 from __future__ import annotations
 
@@ -248,6 +249,102 @@ thread.join()
 out["no_context"] = seen
 out["unregister_mapped"] = lib.cuMemHostUnregister(mapped)
 """,
+    # Whole pages registered: moved into the pool, so the GPU reaches the program's bytes; given back at unregister.
+    "moved": r"""
+import mmap, os, subprocess, tempfile, time
+for name, args in {"cuStreamWriteValue32": [P, c_uint64, c_uint, c_uint], "cuStreamSynchronize": [P]}.items():
+    getattr(lib, name).argtypes = args
+setup()
+PAGES = 3 * 4096
+def address_of(view): return ctypes.addressof(ctypes.c_char.from_buffer(view))
+def gpu_writes(pointer, offset, value):  # the GPU writes a word through the device pointer, in stream order
+    status, device = device_pointer(pointer)
+    if status != 0:
+        return [status]
+    return [lib.cuStreamWriteValue32(None, device + offset, value, 0), lib.cuStreamSynchronize(None),
+            ctypes.c_uint32.from_address(pointer + offset).value == value]
+private = mmap.mmap(-1, PAGES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+base = address_of(private)
+out["private_before"] = mapping_of(base)
+private[:] = pattern(PAGES, 5)
+out["private_register"] = lib.cuMemHostRegister(base, PAGES, 1)
+out["private_mapping"] = mapping_of(base)  # the region's pages now
+out["private_kept"] = at(base, PAGES) == pattern(PAGES, 5)
+out["private_gpu_write"] = gpu_writes(base, 4100, 0xABCDEF01)
+out["private_flags"] = flags_of(base + 5)
+device = alloc(PAGES)
+out["private_copies"] = [lib.cuMemcpyHtoD(device, base, PAGES), lib.cuMemcpyDtoH(base + 8192, device, 4096),
+                         at(base + 8192, 4096) == at(base, 4096)]
+expected = at(base, PAGES)
+out["private_unregister"] = lib.cuMemHostUnregister(base)
+out["private_after"] = [at(base, PAGES) == expected, mapping_of(base), device_pointer(base)[0]]
+private[0:4] = b"mine"  # still the program's, writable
+out["private_writable"] = at(base, 4) == b"mine"
+
+path = tempfile.mktemp(dir="/dev/shm", prefix="orion-moved-")
+with open(path, "wb") as f:
+    f.write(pattern(PAGES + 4, 9))  # as NCCL's segments: 4 bytes past whole pages (its reference count)
+fd = os.open(path, os.O_RDWR)
+shared = mmap.mmap(fd, PAGES + 4, mmap.MAP_SHARED)
+base = address_of(shared)
+out["shared_register"] = lib.cuMemHostRegister(base, PAGES + 4, 3)  # PORTABLE | DEVICEMAP, as NCCL asks
+out["shared_moved"] = mapping_of(base) != path
+out["shared_gpu_write"] = gpu_writes(base, 8, 0x12345678) + gpu_writes(base, PAGES, 0x0BADCAFE)  # and its tail
+out["shared_unregister"] = lib.cuMemHostUnregister(base)
+out["shared_in_file"] = [os.pread(fd, 4, 8) == (0x12345678).to_bytes(4, "little"),  # the bytes went back to the file
+                         os.pread(fd, 4, PAGES) == (0x0BADCAFE).to_bytes(4, "little")]
+out["shared_mapping_after"] = mapping_of(base) == path
+shared[100:104] = b"file"
+out["shared_is_the_file_again"] = os.pread(fd, 4, 100) == b"file"
+
+other = subprocess.Popen([sys.executable, "-c", "import mmap, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); "
+                          "m = mmap.mmap(fd, 4096); print('mapped', flush=True); time.sleep(60)", path],
+                         stdout=subprocess.PIPE, text=True)
+assert other.stdout.readline().strip() == "mapped"
+out["another_mapper"] = [lib.cuMemHostRegister(base, PAGES, 0), mapping_of(base) == path, device_pointer(base)[0],
+                         lib.cuMemHostUnregister(base)]
+other.kill(); other.wait()
+read_only = mmap.mmap(-1, PAGES)
+out["read_only"] = [lib.cuMemHostRegister(address_of(read_only), PAGES, 8), device_pointer(address_of(read_only))[0],
+                    lib.cuMemHostUnregister(address_of(read_only))]
+part = mmap.mmap(-1, PAGES)
+out["partial_pages"] = [lib.cuMemHostRegister(address_of(part) + 16, 4096, 0),
+                        device_pointer(address_of(part) + 16)[0], lib.cuMemHostUnregister(address_of(part) + 16)]
+# NCCL's pattern in one process: the creator maps and registers; its peer maps the same file, writes through the
+# file (the reference count), registers; both see one set of bytes until the last registration ends.
+shared.close(); os.close(fd); os.unlink(path)
+path = tempfile.mktemp(dir="/dev/shm", prefix="orion-moved-")
+with open(path, "wb") as f:
+    f.write(bytes(PAGES + 4))
+fd = os.open(path, os.O_RDWR)
+creator = mmap.mmap(fd, PAGES + 4, mmap.MAP_SHARED)
+peer = mmap.mmap(fd, PAGES + 4, mmap.MAP_SHARED)  # mapped before the creator registers: another mapping here
+first = address_of(creator)
+out["both_mapped_first"] = [lib.cuMemHostRegister(first, PAGES + 4, 3), device_pointer(first)[0],
+                            lib.cuMemHostUnregister(first)]  # not alone: left where it is
+peer.close()
+out["creator_register"] = lib.cuMemHostRegister(first, PAGES + 4, 3)
+creator[0:4] = b"made"  # the creator's write, into the pool pages
+peer = mmap.mmap(fd, PAGES + 4, mmap.MAP_SHARED)
+second = address_of(peer)
+peer[PAGES:PAGES + 4] = b"peer"  # the peer's, through the file, before it registers
+out["peer_register"] = lib.cuMemHostRegister(second, PAGES + 4, 3)
+out["one_set_of_bytes"] = [creator[PAGES:PAGES + 4] == b"peer", peer[0:4] == b"made",
+                           gpu_writes(second, 64, 0x5EED) + [creator[64:68] == (0x5EED).to_bytes(4, "little")]]
+out["creator_unregister"] = lib.cuMemHostUnregister(first)
+creator[200:204] = b"late"  # still one set of bytes while the peer's registration lasts
+out["still_shared"] = peer[200:204] == b"late"
+out["peer_unregister"] = lib.cuMemHostUnregister(second)
+out["file_after"] = [os.pread(fd, 4, 0) == b"made", os.pread(fd, 4, PAGES) == b"peer", os.pread(fd, 4, 200) == b"late",
+                     mapping_of(first) == path, mapping_of(second) == path, os.fstat(fd).st_size == PAGES + 4]
+creator.close(); peer.close(); os.close(fd); os.unlink(path)
+anonymous = mmap.mmap(-1, PAGES)  # shared and anonymous (what a fork would share): moved, and given back to itself
+base = address_of(anonymous)
+before = mapping_of(base)
+out["anonymous"] = [lib.cuMemHostRegister(base, PAGES, 0), mapping_of(base) != before, gpu_writes(base, 0, 7),
+                    lib.cuMemHostUnregister(base), mapping_of(base) == before,
+                    anonymous[0:4] == (7).to_bytes(4, "little")]
+""",
     # Many threads allocating, registering and freeing at once: one registry, never confused.
     "threads": r"""
 ctx = setup()
@@ -442,3 +539,34 @@ def test_threads_share_one_registry(library: Path, rig: Rig) -> None:
     assert result["failures"] == []
     assert result["left"] == INVALID_VALUE
     assert len(_lines(stderr, FALLBACK_NOTICE)) == 1
+
+
+@forwarding_rig.local_only("the GPU's write into page-locked memory is a stream memory operation, which a relayed "
+                            "session answers CUDA_ERROR_NOT_SUPPORTED on the pool (docs/remote.md)")
+def test_whole_pages_registered_are_moved_into_the_pool_and_given_back(library: Path, rig: Rig) -> None:
+    """cuMemHostRegister of whole pages (NCCL page-locks its POSIX shared memory so, and hands the GPU the device
+    pointer): the range's bytes move to pool pages mapped over it, so a GPU write through its device pointer is in
+    the program's memory (the fake driver's stream write, served on the host); cuMemHostUnregister gives them back,
+    a private range as private pages, a shared mapping (a file's, or anonymous) into its file, mapped again. NCCL's
+    pattern in one process (a second mapping of the file, written through the file, then registered) shares the
+    pool pages, the file's write merged in. Not moved, as before (no device pointer: CUDA_ERROR_NOT_SUPPORTED): a
+    file another process maps, or this one twice at the first registration, a READ_ONLY registration, partial
+    pages."""
+    out, _stderr = _run(library, rig, "moved")
+    assert out["private_register"] == 0 and out["private_kept"], out
+    assert out["private_mapping"] != "", out  # the region file's pages, not anonymous ones
+    assert out["private_gpu_write"] == [0, 0, True], out
+    assert out["private_flags"] == [0, 1] and out["private_copies"] == [0, 0, True], out
+    assert out["private_unregister"] == 0 and out["private_after"][:2] == [True, out["private_before"]], out
+    assert out["private_after"][2] != 0 and out["private_writable"], out  # no device pointer once given back
+    assert out["shared_register"] == 0 and out["shared_moved"] and out["shared_gpu_write"] == [0, 0, True] * 2, out
+    assert out["shared_unregister"] == 0 and out["shared_in_file"] == [True, True], out
+    assert out["shared_mapping_after"] and out["shared_is_the_file_again"], out
+    assert out["another_mapper"] == [0, True, NOT_SUPPORTED, 0], out
+    assert out["anonymous"] == [0, True, [0, 0, True], 0, True, True], out
+    assert out["both_mapped_first"] == [0, NOT_SUPPORTED, 0], out
+    assert out["creator_register"] == 0 and out["peer_register"] == 0, out
+    assert out["one_set_of_bytes"] == [True, True, [0, 0, True, True]], out
+    assert out["creator_unregister"] == 0 and out["still_shared"] and out["peer_unregister"] == 0, out
+    assert out["file_after"] == [True] * 6, out
+    assert out["read_only"] == [0, NOT_SUPPORTED, 0] and out["partial_pages"] == [0, NOT_SUPPORTED, 0], out
