@@ -808,6 +808,10 @@ HOST_FUNCTION_OPCODE = CUDA_OPCODE_BASE + 0x0F02
 # The native driver's cuLaunchHostFunc while a stream capture may be under way: the function as a host node runs it
 # (HOST_NODE_FUNCTION_REQUEST below; host_agent/session/host_nodes.py), so that a capture records a host node.
 HOST_NODE_FUNCTION_OPCODE = CUDA_OPCODE_BASE + 0x0F03
+# The native driver's NVML asking the GPU host's NVML what only it knows of the session's GPUs (NVML_QUERY_REQUEST
+# below; host_agent/session/nvml_queries.py): NVLink state, capability and remote PCI, P2P status.
+NVML_QUERY_OPCODE = CUDA_OPCODE_BASE + 0x0F04
+NVML_NVLINK_STATE, NVML_NVLINK_REMOTE_PCI, NVML_NVLINK_CAPABILITY, NVML_P2P_STATUS = 0, 1, 2, 3
 # Added to a copy call's opcode: its host buffer lies in the pinned pool and travels as its address, not its bytes.
 PINNED_COPY = 0x2000
 # Answered from the host worker's pool bookkeeping (host_agent/session/pinned_pool.py), not by the driver function.
@@ -852,6 +856,16 @@ HOST_FUNCTION_REQUEST = Schema("HOST_FUNCTION", ("stream", "u64"), ("reached", "
                                ("seq", "u32"), ("reserved", "u32"))
 # HOST_NODE_FUNCTION: cuLaunchHostFunc(stream, oriond's trampoline, the host's address of the guest's `words`).
 HOST_NODE_FUNCTION_REQUEST = Schema("HOST_NODE_FUNCTION", ("stream", "u64"), ("words", "u64"))
+# NVML_QUERY: `query` (NVML_NVLINK_STATE, _REMOTE_PCI: `link`; NVML_NVLINK_CAPABILITY: `link`, `which` the
+# capability; NVML_P2P_STATUS: `link` the peer's guest ordinal, `which` the P2P index) about guest device `device`.
+# The reply carries NVML's own return code (`result`), the answer (`value`; a remote end's PCI fields), and as its
+# tail always NVML_QUERY_BUS_IDS bytes: for NVML_NVLINK_REMOTE_PCI the bus ID (32 bytes) and its legacy form (16),
+# each NUL-terminated within its field, else zeros.
+NVML_QUERY_BUS_IDS = 48
+NVML_QUERY_REQUEST = Schema("NVML_QUERY", ("query", "u32"), ("device", "i32"), ("link", "u32"), ("which", "u32"))
+NVML_QUERY_REPLY = Schema("NVML_QUERY reply", ("result", "i32"), ("value", "u32"), ("domain", "u32"), ("bus", "u32"),
+                          ("pci_device", "u32"), ("pci_device_id", "u32"), ("pci_sub_system_id", "u32"),
+                          ("bus_ids", "tail"))
 # The request of a load's IMAGE_BY_DIGEST variant: the image's size and SHA-256 (32 bytes), then the load's own
 # request with an empty image (its JIT options, if any): the usual request is `request` + the image's bytes.
 IMAGE_BY_DIGEST_REQUEST = Schema("IMAGE_BY_DIGEST", ("size", "u64"), ("digest", "bytes"), ("request", "tail"))
@@ -869,6 +883,10 @@ def describe() -> dict[str, Any]:
                                 "unmap": POOL_MIRROR_UNMAP}},
         "host_function": {"opcode": HOST_FUNCTION_OPCODE, "request": HOST_FUNCTION_REQUEST.describe()},
         "host_node_function": {"opcode": HOST_NODE_FUNCTION_OPCODE, "request": HOST_NODE_FUNCTION_REQUEST.describe()},
+        "nvml_query": {"opcode": NVML_QUERY_OPCODE, "request": NVML_QUERY_REQUEST.describe(),
+                       "reply": NVML_QUERY_REPLY.describe(),
+                       "queries": {"nvlink_state": NVML_NVLINK_STATE, "nvlink_remote_pci": NVML_NVLINK_REMOTE_PCI,
+                                   "nvlink_capability": NVML_NVLINK_CAPABILITY, "p2p_status": NVML_P2P_STATUS}},
         "image_by_digest": {"added": IMAGE_BY_DIGEST, "calls": sorted(IMAGE_LOADS), "not_cached": IMAGE_NOT_CACHED,
                             "min_size": IMAGE_BY_DIGEST_MIN, "request": IMAGE_BY_DIGEST_REQUEST.describe()},
         "effects": EFFECTS, "calls": [call.describe() for call in CALLS.values()],
@@ -986,6 +1004,11 @@ def markdown() -> str:
               f"Forwarding-layer opcode: HOST_NODE_FUNCTION `{HOST_NODE_FUNCTION_OPCODE:#x}`, request "
               f"{_fields_text(HOST_NODE_FUNCTION_REQUEST)}: a host function on `stream` as a host node runs it, "
               "sent by the native driver while a stream capture may be under way (local sessions).", "",
+              f"Forwarding-layer opcode: NVML_QUERY `{NVML_QUERY_OPCODE:#x}`, request "
+              f"{_fields_text(NVML_QUERY_REQUEST)} (query {NVML_NVLINK_STATE} NVLink state, "
+              f"{NVML_NVLINK_REMOTE_PCI} NVLink remote PCI, {NVML_NVLINK_CAPABILITY} NVLink capability, "
+              f"{NVML_P2P_STATUS} P2P status), reply "
+              f"{_fields_text(NVML_QUERY_REPLY)}: the GPU host's NVML about the session's own GPUs.", "",
               f"Image by digest: {', '.join(f'`{name}`' for name in sorted(IMAGE_LOADS))} also travel as opcode "
               f"+ {IMAGE_BY_DIGEST:#x}, request {_fields_text(IMAGE_BY_DIGEST_REQUEST)} (`digest` the image's "
               "SHA-256, `request` the call's own request without the image), for images of at least "

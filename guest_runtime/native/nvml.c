@@ -5,7 +5,9 @@
  * plugin (XLA) finds no GPU at all without it ("No visible GPU devices", measured on the H100 with NVML hidden and
  * the real driver). So the native driver exports the part of NVML they call, under the SONAME libnvidia-ml.so.1
  * too (build.py's alias), answered from the forwarded CUDA queries: devices, handles by index, PCI bus ID and UUID,
- * names, the CUDA driver version, MIG off. What a vGPU has no answer for (its PCIe link, NVLink fields, fabric)
+ * names, the CUDA driver version, MIG off, compute capability and P2P status. What only the GPU host's NVML knows of
+ * the GPUs behind the vGPUs (NVLink state, capability and far ends, the NVLink P2P index: NCCL's topology reads
+ * them) is asked of it (NVML_QUERY). What a vGPU has no answer for (its PCIe link, NVLink counters, fabric)
  * answers NVML_ERROR_NOT_SUPPORTED, as NVML does for a feature a device lacks. Every other NVML entry point of the
  * headers is a generated weak stub answering NVML_ERROR_NOT_SUPPORTED, named once (orion_nvml_not_supported;
  * nvml_symbols.txt): no name a framework resolves is missing.
@@ -260,12 +262,84 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
                : rc;
 }
 
+/* --- what only the GPU host's NVML knows (NVML_QUERY; host_agent/session/nvml_queries.py) ------------------------ */
+
+enum { NVML_QUERY_NVLINK_STATE = 0, NVML_QUERY_NVLINK_REMOTE_PCI = 1, NVML_QUERY_NVLINK_CAPABILITY = 2,
+       NVML_QUERY_P2P_STATUS = 3, NVML_QUERY_BUS_IDS = 48 /* driver_api.NVML_QUERY_BUS_IDS */,
+       NVML_QUERY_REPLY_SIZE = ORION_NVML_QUERY_REP_SIZE + NVML_QUERY_BUS_IDS };
+
+/* Ask the GPU host's NVML about vGPU `ordinal`: NVML's own return code, the reply in `rep` on NVML_SUCCESS. An agent
+ * that cannot answer (an older release, no NVML there) is NVML_ERROR_NOT_SUPPORTED, as for a device without the
+ * feature; one that is unreachable, as from_cuda says. */
+static nvmlReturn_t host_nvml(uint32_t query, int ordinal, uint32_t link, uint32_t which,
+                              uint8_t rep[NVML_QUERY_REPLY_SIZE]) {
+    uint8_t req[ORION_NVML_QUERY_REQ_SIZE];
+    orion_put_u32(req + ORION_NVML_QUERY_REQ_query, query);
+    orion_put_i32(req + ORION_NVML_QUERY_REQ_device, ordinal);
+    orion_put_u32(req + ORION_NVML_QUERY_REQ_link, link);
+    orion_put_u32(req + ORION_NVML_QUERY_REQ_which, which);
+    int status = orion_thread_forward(ORION_OP_NVML_QUERY, req, sizeof req, rep, NVML_QUERY_REPLY_SIZE,
+                                      ORION_CALL_NO_FOLD);
+    if (status == CUDA_ERROR_NOT_INITIALIZED || status == CUDA_ERROR_NO_DEVICE) return from_cuda(status);
+    if (status != CUDA_SUCCESS) return NVML_ERROR_NOT_SUPPORTED;
+    return (nvmlReturn_t)(int32_t)orion_get_u32(rep + ORION_NVML_QUERY_REP_result);
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive) {
+    DEVICE_OR_RETURN(device, ordinal);
+    if (!isActive) return NVML_ERROR_INVALID_ARGUMENT;
+    uint8_t rep[NVML_QUERY_REPLY_SIZE];
+    nvmlReturn_t rc = host_nvml(NVML_QUERY_NVLINK_STATE, ordinal, link, 0, rep);
+    if (rc == NVML_SUCCESS) *isActive = (int)orion_get_u32(rep + ORION_NVML_QUERY_REP_value);
+    return rc;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link, int capability,
+                                           unsigned int *capResult) {
+    DEVICE_OR_RETURN(device, ordinal);
+    if (!capResult || capability < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    uint8_t rep[NVML_QUERY_REPLY_SIZE];
+    nvmlReturn_t rc = host_nvml(NVML_QUERY_NVLINK_CAPABILITY, ordinal, link, (uint32_t)capability, rep);
+    if (rc == NVML_SUCCESS) *capResult = orion_get_u32(rep + ORION_NVML_QUERY_REP_value);
+    return rc;
+}
+
+/* nvml.h's nvmlPciInfo_t (68 bytes): what NCCL reads of a link's far end is its busId. */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci) {
+    DEVICE_OR_RETURN(device, ordinal);
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    uint8_t rep[NVML_QUERY_REPLY_SIZE];
+    nvmlReturn_t rc = host_nvml(NVML_QUERY_NVLINK_REMOTE_PCI, ordinal, link, 0, rep);
+    if (rc != NVML_SUCCESS) return rc;
+    const uint8_t *ids = rep + ORION_NVML_QUERY_REP_SIZE;
+    memset(pci, 0, sizeof *pci);
+    memcpy(pci->busId, ids, sizeof pci->busId - 1);             /* NUL-terminated within its field */
+    memcpy(pci->busIdLegacy, ids + 32, sizeof pci->busIdLegacy - 1);
+    pci->domain = orion_get_u32(rep + ORION_NVML_QUERY_REP_domain);
+    pci->bus = orion_get_u32(rep + ORION_NVML_QUERY_REP_bus);
+    pci->device = orion_get_u32(rep + ORION_NVML_QUERY_REP_pci_device);
+    pci->pciDeviceId = orion_get_u32(rep + ORION_NVML_QUERY_REP_pci_device_id);
+    pci->pciSubSystemId = orion_get_u32(rep + ORION_NVML_QUERY_REP_pci_sub_system_id);
+    return NVML_SUCCESS;
+}
+
+/* The plain name, as NCCL resolves it (with nvml.h's current nvmlPciInfo_t). */
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, pci);
+}
+
 /* Peer-to-peer status between two vGPUs (NCCL asks READ and WRITE for every pair at start, and stops where one
  * fails). A device with itself: what NVML answers (measured on two H200s, driver 580: OK for every index but
  * PCI, whose status is NOT_SUPPORTED). Two devices: reads and writes as the driver's peer access of the GPUs behind
  * them (CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED), atomics as its native atomics; NVLink, PCI and the UNKNOWN
- * index are what the driver cannot say, so the call answers NVML_ERROR_NOT_SUPPORTED for them rather than a status
- * that may be wrong (NVLink pairs answer OK there). tests/gpu/test_multi_gpu.py compares these with the real NVML. */
+ * index, which the driver cannot say, as the GPU host's NVML answers them (NVML_QUERY). tests/gpu/test_multi_gpu.py
+ * compares these with the real NVML. */
 enum { NVML_P2P_CAPS_INDEX_READ = 0, NVML_P2P_CAPS_INDEX_WRITE = 1, NVML_P2P_CAPS_INDEX_NVLINK = 2,
        NVML_P2P_CAPS_INDEX_ATOMICS = 3, NVML_P2P_CAPS_INDEX_PCI = 4, NVML_P2P_CAPS_INDEX_UNKNOWN = 5 };
 enum { NVML_P2P_STATUS_OK = 0, NVML_P2P_STATUS_NOT_SUPPORTED = 5 };
@@ -277,8 +351,12 @@ nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, 
         *status = index == NVML_P2P_CAPS_INDEX_PCI ? NVML_P2P_STATUS_NOT_SUPPORTED : NVML_P2P_STATUS_OK;
         return NVML_SUCCESS;
     }
-    if (index != NVML_P2P_CAPS_INDEX_READ && index != NVML_P2P_CAPS_INDEX_WRITE && index != NVML_P2P_CAPS_INDEX_ATOMICS)
-        return NVML_ERROR_NOT_SUPPORTED;
+    if (index != NVML_P2P_CAPS_INDEX_READ && index != NVML_P2P_CAPS_INDEX_WRITE && index != NVML_P2P_CAPS_INDEX_ATOMICS) {
+        uint8_t rep[NVML_QUERY_REPLY_SIZE];
+        nvmlReturn_t rc = host_nvml(NVML_QUERY_P2P_STATUS, first, (uint32_t)second, (uint32_t)index, rep);
+        if (rc == NVML_SUCCESS) *status = (int)orion_get_u32(rep + ORION_NVML_QUERY_REP_value);
+        return rc;
+    }
     CUdevice_P2PAttribute attribute = index == NVML_P2P_CAPS_INDEX_ATOMICS
                                           ? CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED
                                           : CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED;

@@ -45,6 +45,7 @@ from ivshmem.driver_api import (
     IMAGE_NOT_CACHED,
     JIT_SCALAR_OPTIONS,
     LAUNCH_ATTRIBUTE,
+    NVML_QUERY_OPCODE,
     PINNED_COPY,
     POINTER_ATTRIBUTE_WIDTHS,
     POINTER_CONTEXT,
@@ -77,6 +78,7 @@ from .launch_extras import MAX_LAUNCH_ATTRIBUTES, LaunchExtraCalls
 from .link_calls import LinkCalls
 from .mem_pool_calls import CU_MEMPOOL_ATTR_LOCATION_ID, MemPoolCalls
 from .module_queries import ModuleQueryCalls
+from .nvml_queries import NvmlOpener, NvmlQueries
 from .pinned_pool import HostPool, answer_bookkeeping
 from .pool_mirror import PoolMirror
 from .session_ledger import CHECKED, SessionLedger
@@ -104,6 +106,7 @@ class ExecutorOptions:
     host: str = ""  # this host's name in that controller's pool
     meter: MeterFactory | None = None  # how a worker measures its GPU memory (gpu_memory.py); None: NVML
     image_cache: CacheSettings = CacheSettings()  # the per-host module image cache (image_cache.py); off by default
+    nvml: NvmlOpener | None = None  # how a worker opens NVML for NVML_QUERY (nvml_queries.py); None: the host's
 
 
 def _load_driver() -> Any:
@@ -158,6 +161,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         self._launch_config = LaunchConfig()
         self._launch_attributes = ctypes.create_string_buffer(MAX_LAUNCH_ATTRIBUTES * LAUNCH_ATTRIBUTE.size)
         self.images = ImageCache(self.options.image_cache)  # module images by digest, shared by the host's sessions
+        self.nvml_queries = NvmlQueries(self.driver, lambda: self.ledger.devices, self.options.nvml)
         self._image_from_cache = False  # the load in progress got its image from the cache (not stored again)
 
     def attach_channel(self, region: Region, index: int) -> None:
@@ -213,6 +217,9 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             return self._pool_map(bytes(record.payload))
         if record.opcode == POOL_MIRROR_OPCODE and self.session.region.startswith(RELAYED):
             return self._pool_mirror(bytes(record.payload))
+        if record.opcode == NVML_QUERY_OPCODE:
+            return self.nvml_queries.answer(bytes(record.payload)) if self.driver is not None \
+                else Reply(NOT_INITIALIZED)
         if record.opcode == HOST_NODE_FUNCTION_OPCODE and self.driver is not None:
             try:
                 return self._host_node_function(bytes(record.payload))

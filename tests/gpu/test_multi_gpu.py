@@ -76,16 +76,11 @@ def test_one_process_drives_two_devices_as_natively(oriond: Oriond, library: Gue
 
 
 def test_nvml_answers_what_nccl_reads_as_the_machines_nvml(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
-    """Every device's compute capability, and every P2P status NCCL reads (READ and WRITE for every pair, itself
-    included), as the machine's NVML; the indices the driver cannot answer for two devices (NVLink, PCI, UNKNOWN)
-    are NVML_ERROR_NOT_SUPPORTED, never a status that may be wrong."""
+    """Every device's compute capability, every P2P status of every pair (itself included, every index), and each
+    NVLink's state and far end, as the machine's NVML: the driver's answers where it has them, the GPU host's NVML
+    (NVML_QUERY) for the rest. The oriond serves every GPU in the machine's order, so bus IDs compare as they are."""
     expected = run("nvml_nccl_program.py", None, None)
-    forwarded = run("nvml_nccl_program.py", oriond, library)
-    unanswered = {key for key in expected if key.startswith("p2p ") and key.split()[1] != key.split()[2]
-                  and key.split()[3] in ("2", "4", "5")}
-    assert {k: v for k, v in forwarded.items() if k not in unanswered} == \
-           {k: v for k, v in expected.items() if k not in unanswered}
-    assert all(forwarded[key] == [3, -1] for key in unanswered), forwarded
+    assert run("nvml_nccl_program.py", oriond, library) == expected
 
 
 def test_nccl_across_one_process_devices(nccl_oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811

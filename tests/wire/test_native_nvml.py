@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.forwarding_rig import GUEST_DEVICES, Rig, native_child_env, rig, start  # noqa: F401 (fixtures)
@@ -200,3 +201,69 @@ def test_nvml_lists_this_process_on_its_vgpu_with_what_it_uses(library: Path, ri
     out = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
     assert out == {"no_context": [0, 0], "nvmlDeviceGetComputeRunningProcesses": [0, 1, True, True],
                    "nvmlDeviceGetComputeRunningProcesses_v3": [0, 1, True, True], "short": [7, 1]}
+
+
+NVLINK = r"""
+import ctypes, json, sys
+from guest_runtime.startup import load_native
+load_native(sys.argv[1])
+nvml = ctypes.CDLL("libnvidia-ml.so.1")
+cuda = ctypes.CDLL(sys.argv[1])
+assert nvml.nvmlInit_v2() == 0
+class PciInfo(ctypes.Structure):
+    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
+                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
+                ("busId", ctypes.c_char * 32)]
+handles = []
+for i in range(2):
+    handle = ctypes.c_void_p()
+    assert nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) == 0
+    handles.append(handle)
+out = {"bus": []}
+for i in range(2):
+    bus = ctypes.create_string_buffer(32)
+    cuda.cuDeviceGetPCIBusId(bus, 32, i)
+    out["bus"].append(bus.value.decode())
+for i, handle in enumerate(handles):
+    for link in range(3):
+        state, cap, pci, plain = ctypes.c_int(-1), ctypes.c_uint(7), PciInfo(), PciInfo()
+        out[f"{i} {link}"] = [nvml.nvmlDeviceGetNvLinkState(handle, link, ctypes.byref(state)), state.value,
+                              nvml.nvmlDeviceGetNvLinkCapability(handle, link, 0, ctypes.byref(cap)), cap.value,
+                              nvml.nvmlDeviceGetNvLinkRemotePciInfo_v2(handle, link, ctypes.byref(pci)),
+                              pci.busId.decode(), pci.busIdLegacy.decode(), [pci.domain, pci.bus, pci.device],
+                              nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link, ctypes.byref(plain)),
+                              plain.busId.decode()]
+    status = ctypes.c_int(-1)
+    out[f"p2p nvlink {i}"] = [nvml.nvmlDeviceGetP2PStatus(handle, handles[1 - i], 2, ctypes.byref(status)),
+                              status.value]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_nvlink_is_the_gpu_hosts_nvml_about_the_sessions_gpus(library: Path, start: Callable[..., Rig]) -> None:  # noqa: F811
+    """NVML_QUERY end to end (nvml.c, the executor, host_agent/session/nvml_queries.py over tests/fake_nvml.py's
+    NVLinks): guest 0 is the fake's GPU 2, whose link 0 leads to GPU 0 (guest 1) and link 1 to GPU 1 (no vGPU of the
+    session); link 2 is none (NVML_ERROR_NOT_SUPPORTED, as NVML answers it). The far end's bus ID is the one the
+    session's own driver reports for that vGPU, so NCCL's topology joins them."""
+    from host_agent.session.executor import ExecutorOptions
+    from tests.fake_nvml import open_fake_nvml
+
+    served = start(ExecutorOptions(devices=GUEST_DEVICES, nvml=open_fake_nvml))
+    env = native_child_env(library, served.path)
+    done = subprocess.run([sys.executable, "-c", NVLINK, str(library)], env=env, capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(next(t for t in done.stdout.splitlines() if t.startswith("RESULT "))[len("RESULT "):])
+
+    def same_bus(a: str, b: str) -> bool:
+        return [int(x, 16) for x in a.replace(".", ":").split(":")] == \
+               [int(x, 16) for x in b.replace(".", ":").split(":")]
+
+    for i, (link, far_guest) in {0: (0, 1), 1: (1, 0)}.items():  # the link of each that leads to the other vGPU
+        state, active, cap_rc, cap, rc, bus_id, legacy, _fields, plain_rc, plain_bus = out[f"{i} {link}"]
+        assert [state, active, cap_rc, cap, rc, plain_rc] == [0, 1, 0, 1, 0, 0], out
+        assert same_bus(bus_id, out["bus"][far_guest]) and same_bus(legacy, out["bus"][far_guest]), out
+        assert plain_bus == bus_id
+    for i in range(2):
+        assert out[f"{i} 2"][:1] == [3] and out[f"{i} 2"][2] == 3 and out[f"{i} 2"][4] == 3, out  # no link 2
+        assert out[f"p2p nvlink {i}"] == [0, 0], out

@@ -1,6 +1,7 @@
 """What NCCL asks NVML at start (its nvmlwrap: every device's compute capability and every pair's P2P read and write
-status, the PCI bus ID), and the other P2P indices, as this process's libnvidia-ml.so.1 answers: the machine's
-natively, the native guest driver's forwarded. Each answer is [return code, value]."""
+status, the PCI bus ID), the other P2P indices, and what its topology reads (each NVLink's state and far end), as
+this process's libnvidia-ml.so.1 answers: the machine's natively, the native guest driver's forwarded. Each answer
+is [return code, value]."""
 import ctypes
 import json
 
@@ -22,4 +23,9 @@ for i, handle in enumerate(handles):
             status = ctypes.c_int(-1)
             out[f"p2p {i} {j} {index}"] = [nvml.nvmlDeviceGetP2PStatus(handle, other, index, ctypes.byref(status)),
                                            status.value]
+    for link in range(18):  # NCCL's topology: each NVLink's state and the bus ID at its far end
+        state, pci = ctypes.c_int(-1), (ctypes.c_char * 68)()
+        rc = nvml.nvmlDeviceGetNvLinkState(handle, link, ctypes.byref(state))
+        remote = nvml.nvmlDeviceGetNvLinkRemotePciInfo_v2(handle, link, pci)
+        out[f"nvlink {i} {link}"] = [rc, state.value, remote, bytes(pci[36:68]).split(b"\0")[0].decode()]
 print("RESULT " + json.dumps(out))

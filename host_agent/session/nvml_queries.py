@@ -1,0 +1,133 @@
+"""NVML_QUERY: what a guest's NVML (guest_runtime/native/nvml.c) asks the GPU host's NVML about the session's GPUs.
+
+The guest's NVML answers most of what frameworks ask from the forwarded CUDA driver. NCCL's topology also reads the
+NVLinks between GPUs, which the driver does not tell: without them it takes two NVLink-joined GPUs for PCIe ones and
+moves its data through host memory (docs/multi-gpu.md). These queries are answered by the host's own NVML about the
+physical GPUs behind the session's guest ordinals, read-only, and for those GPUs only:
+
+- NVML_NVLINK_STATE (link): whether the link is active;
+- NVML_NVLINK_REMOTE_PCI (link): the PCI identity of what is at the link's other end (a GPU's bus ID as the guest's
+  driver reports it, since cuDeviceGetPCIBusId is forwarded too);
+- NVML_NVLINK_CAPABILITY (link, capability): nvmlNvLinkCapability_t's answer;
+- NVML_P2P_STATUS (peer, index): nvmlDeviceGetP2PStatus between two of the session's GPUs.
+
+The reply carries NVML's own return code: a GPU without NVLink answers NVML_ERROR_NOT_SUPPORTED there as here, and
+so does a host whose NVML cannot be opened. A guest ordinal the session does not have, a link past NVML's 18 or an
+unknown query is NVML_ERROR_INVALID_ARGUMENT, as NVML answers one; a payload of another shape is MALFORMED. NVML is
+opened in the session worker at the first query (never in oriond's serving process). Not here: the executor's
+dispatch (executor.py), the guest's side (nvml.c).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ivshmem.driver_api import (
+    NVML_NVLINK_CAPABILITY,
+    NVML_NVLINK_REMOTE_PCI,
+    NVML_NVLINK_STATE,
+    NVML_P2P_STATUS,
+    NVML_QUERY_BUS_IDS,
+    NVML_QUERY_REPLY,
+    NVML_QUERY_REQUEST,
+)
+from ivshmem.errors import RecordError
+from ivshmem.record import Status
+
+from ..handler import Reply
+from .gpu_memory import uuid_text
+
+log = logging.getLogger(__name__)
+
+NVML_SUCCESS, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN = 0, 2, 3, 999
+MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
+MAX_CAPABILITY = 6  # nvmlNvLinkCapability_t's values are below NVML_NVLINK_CAP_COUNT
+MAX_P2P_INDEX = 5  # NVML_P2P_CAPS_INDEX_UNKNOWN
+NvmlOpener = Callable[[Any], Any]  # the session's driver -> an initialised NVML with cuda.bindings.nvml's API, or None
+
+
+def open_host_nvml(driver: Any) -> Any:
+    """cuda.bindings.nvml, initialised; None where this host's NVML cannot be opened (the reason logged once)."""
+    try:
+        from cuda.bindings import nvml
+        nvml.init_v2()
+    except Exception as exc:  # no cuda.bindings.nvml, no libnvidia-ml (DynamicLibNotFoundError), NvmlError
+        log.info("NVML is not available for NVML_QUERY (%s)", str(exc).splitlines()[0] if str(exc) else exc)
+        return None
+    return nvml
+
+
+class NvmlQueries:
+    """One session's NVML_QUERY answers: `devices()` gives the physical ordinals in guest order."""
+
+    def __init__(self, driver: Any, devices: Callable[[], tuple[int, ...]], opener: NvmlOpener | None) -> None:
+        self._driver, self._devices = driver, devices
+        self._opener = opener or open_host_nvml
+        self._nvml: Any = None
+        self._opened = False
+        self._handles: dict[int, Any] = {}
+
+    def answer(self, payload: bytes) -> Reply:
+        try:
+            query, device, link, which = NVML_QUERY_REQUEST.decode(payload)
+        except RecordError as exc:
+            return Reply(Status.MALFORMED, str(exc).encode())
+        devices = self._devices()
+        linked = query in (NVML_NVLINK_STATE, NVML_NVLINK_REMOTE_PCI, NVML_NVLINK_CAPABILITY)
+        if not 0 <= device < len(devices) or not (linked or query == NVML_P2P_STATUS) or (linked and link >= MAX_LINKS):
+            return self._result(NVML_ERROR_INVALID_ARGUMENT)
+        nvml = self._open()
+        if nvml is None:
+            return self._result(NVML_ERROR_NOT_SUPPORTED)
+        try:
+            handle = self._handle(nvml, devices[device])
+            if query == NVML_NVLINK_STATE:
+                return self._result(NVML_SUCCESS, int(nvml.device_get_nvlink_state(handle, link)))
+            if query == NVML_NVLINK_CAPABILITY:
+                if which >= MAX_CAPABILITY:
+                    return self._result(NVML_ERROR_INVALID_ARGUMENT)
+                return self._result(NVML_SUCCESS, int(nvml.device_get_nvlink_capability(handle, link, which)))
+            if query == NVML_P2P_STATUS:
+                if not 0 <= link < len(devices) or which > MAX_P2P_INDEX:
+                    return self._result(NVML_ERROR_INVALID_ARGUMENT)
+                peer = self._handle(nvml, devices[link])
+                return self._result(NVML_SUCCESS, int(nvml.device_get_p2p_status(handle, peer, which)))
+            return self._remote_pci(nvml.device_get_nvlink_remote_pci_info_v2(handle, link))
+        except nvml.NvmlError as exc:
+            return self._result(int(getattr(exc, "status", NVML_ERROR_UNKNOWN)))
+        except LookupError as exc:  # the driver could not name the GPU
+            log.debug("NVML_QUERY: %s", exc)
+            return self._result(NVML_ERROR_UNKNOWN)
+
+    def _open(self) -> Any:
+        if not self._opened:
+            self._opened = True
+            self._nvml = self._opener(self._driver)
+        return self._nvml
+
+    def _handle(self, nvml: Any, physical: int) -> Any:
+        """NVML's handle of a physical GPU, found by its CUDA UUID (NVML's order may differ from CUDA's)."""
+        if physical not in self._handles:
+            err, uuid = self._driver.cuDeviceGetUuid(physical)
+            if int(err) != 0:
+                raise LookupError(f"cuDeviceGetUuid({physical}) failed with {err}")
+            self._handles[physical] = nvml.device_get_handle_by_uuid(uuid_text(bytes(uuid.bytes)[:16]))
+        return self._handles[physical]
+
+    @staticmethod
+    def _result(result: int, value: int = 0) -> Reply:
+        return Reply(0, NVML_QUERY_REPLY.encode(result, value & 0xFFFFFFFF, 0, 0, 0, 0, 0, bytes(NVML_QUERY_BUS_IDS)))
+
+    @staticmethod
+    def _remote_pci(info: Any) -> Reply:
+        bus_ids = _text(info.bus_id).encode()[:31].ljust(32, b"\0") + _text(info.bus_id_legacy).encode()[:15].ljust(
+            16, b"\0")
+        return Reply(0, NVML_QUERY_REPLY.encode(
+            NVML_SUCCESS, 0, int(info.domain), int(info.bus), int(info.device_), int(info.pci_device_id),
+            int(info.pci_sub_system_id), bus_ids))
+
+
+def _text(value: Any) -> str:
+    """An NVML string field as text (the bindings give str or bytes)."""
+    return value.decode(errors="replace").rstrip("\0") if isinstance(value, bytes | bytearray) else str(value)
