@@ -14,7 +14,7 @@
  * Another mapping of the same file in this process that registers later (NCCL's peer attaching to a segment in the
  * same process) gets the same pool pages; what it wrote through the file before (NCCL's reference count) is merged
  * in first: each byte that differs from the file's bytes at the move. The bytes go back when the last registration
- * of the file ends: into the file, and every mapping moved is the file's again. A private range goes back as fresh
+ * of the file ends (or the process does): into the file, and every mapping moved is the file's again. A private range goes back as fresh
  * private pages holding its bytes. A mapping that the program unmapped or replaced meanwhile is left alone.
  *
  * What does not belong here: the registry of registered ranges and the driver's answers about them
@@ -342,4 +342,18 @@ int orion_move_back(uint64_t base) {
     }
     pthread_mutex_unlock(&lock);
     return status;
+}
+
+/* At exit, a shared file still moved (its last registration never ended) gets its bytes back, as its own pages
+ * would have kept them: the pool pages go with the process. */
+__attribute__((destructor)) static void give_back_files_at_exit(void) {
+    pthread_mutex_lock(&lock);
+    for (struct moved *moved = moves; moved; moved = moved->next) {
+        if (moved->fd < 0) continue;
+        merge_file_writes(moved, moved->file_offset, moved->size);
+        uint64_t size = in_file(moved->fd, moved->file_offset, moved->size);
+        if (pwrite(moved->fd, (void *)(uintptr_t)moved->pool, size, (off_t)moved->file_offset) != (ssize_t)size)
+            fprintf(stderr, "orion: could not write a registered shared mapping's bytes back to its file at exit\n");
+    }
+    pthread_mutex_unlock(&lock);
 }

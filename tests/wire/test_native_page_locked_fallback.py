@@ -338,6 +338,14 @@ out["peer_unregister"] = lib.cuMemHostUnregister(second)
 out["file_after"] = [os.pread(fd, 4, 0) == b"made", os.pread(fd, 4, PAGES) == b"peer", os.pread(fd, 4, 200) == b"late",
                      mapping_of(first) == path, mapping_of(second) == path, os.fstat(fd).st_size == PAGES + 4]
 creator.close(); peer.close(); os.close(fd); os.unlink(path)
+exit_path = tempfile.mktemp(dir="/dev/shm", prefix="orion-moved-")  # registered, never unregistered: at exit, the
+with open(exit_path, "wb") as f:                                     # bytes go to the file (the child checks it)
+    f.write(bytes(PAGES))
+exit_fd = os.open(exit_path, os.O_RDWR)
+left = mmap.mmap(exit_fd, PAGES, mmap.MAP_SHARED)
+out["exit_path"] = exit_path
+out["left_registered"] = [lib.cuMemHostRegister(address_of(left), PAGES, 0), mapping_of(address_of(left)) != exit_path]
+left[0:4] = b"kept"
 anonymous = mmap.mmap(-1, PAGES)  # shared and anonymous (what a fork would share): moved, and given back to itself
 base = address_of(anonymous)
 before = mapping_of(base)
@@ -549,9 +557,9 @@ def test_whole_pages_registered_are_moved_into_the_pool_and_given_back(library: 
     the program's memory (the fake driver's stream write, served on the host); cuMemHostUnregister gives them back,
     a private range as private pages, a shared mapping (a file's, or anonymous) into its file, mapped again. NCCL's
     pattern in one process (a second mapping of the file, written through the file, then registered) shares the
-    pool pages, the file's write merged in. Not moved, as before (no device pointer: CUDA_ERROR_NOT_SUPPORTED): a
-    file another process maps, or this one twice at the first registration, a READ_ONLY registration, partial
-    pages."""
+    pool pages, the file's write merged in; one still registered at exit has its bytes written back. Not moved, as
+    before (no device pointer: CUDA_ERROR_NOT_SUPPORTED): a file another process maps, or this one twice at the
+    first registration, a READ_ONLY registration, partial pages."""
     out, _stderr = _run(library, rig, "moved")
     assert out["private_register"] == 0 and out["private_kept"], out
     assert out["private_mapping"] != "", out  # the region file's pages, not anonymous ones
@@ -569,4 +577,9 @@ def test_whole_pages_registered_are_moved_into_the_pool_and_given_back(library: 
     assert out["one_set_of_bytes"] == [True, True, [0, 0, True, True]], out
     assert out["creator_unregister"] == 0 and out["still_shared"] and out["peer_unregister"] == 0, out
     assert out["file_after"] == [True] * 6, out
+    assert out["left_registered"] == [0, True], out
+    with open(out["exit_path"], "rb") as f:  # the child exited with it still registered: its bytes reached the file
+        kept = f.read(4)
+    Path(out["exit_path"]).unlink()
+    assert kept == b"kept"
     assert out["read_only"] == [0, NOT_SUPPORTED, 0] and out["partial_pages"] == [0, NOT_SUPPORTED, 0], out
