@@ -65,6 +65,7 @@ from ivshmem.driver_api import (
     POOL_MAP_OPCODE,
     POOL_MAP_REPLY,
     POOL_MAP_REQUEST,
+    STREAM_CREATES,
     DriverCall,
     Handlers,
     LaunchConfig,
@@ -154,6 +155,9 @@ class Forwarder:
         self._initialized = False  # cuInit succeeded
         self._captures = 0  # stream captures begun and not ended: while any may run, every copy waits (_htod)
         self._unavailable = False  # a call answered CUDA_ERROR_DEVICE_UNAVAILABLE: every copy waits (_htod)
+        # The streams this process created and has not destroyed, and the context of each (native/known_streams.c):
+        # a small copy to the device on one of them, in its context, is posted as on a default stream (_htod).
+        self._streams: dict[int, int] = {}
         self._pool = GuestPool()
         # Digests of module images the agent was seen to hold, and how often a noted one was answered "not cached"
         # (the agent dropped it): after IMAGE_DROPS_TO_STOP such answers, images travel whole without asking.
@@ -281,6 +285,9 @@ class Forwarder:
         pitched = "allocates_pitched" in call.effects  # (CUdeviceptr *out, size_t *pitch, width, rows, ...)
         rows = call.input_positions[1] if pitched else 0
         device_memory = self._device_memory
+        makes_stream = call.name in STREAM_CREATES
+        ends_stream = "destroys" in call.effects and call.params[0].base == "CUstream"
+        ends_streams = call.name in ("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset")  # its streams may go
 
         def forward(*args: Any) -> int:
             if any(not args[i] for i, _ in outs):
@@ -301,6 +308,12 @@ class Forwarder:
                                       ctypes.c_uint64.from_address(args[1]).value * args[rows])
                 elif frees:
                     device_memory.discard(args[0] or 0)
+                elif makes_stream:
+                    self._streams[ctypes.c_uint64.from_address(args[0]).value] = self._contexts.current()
+                elif ends_stream:
+                    self._streams.pop(args[0] or 0, None)
+            if ends_streams:
+                self._streams.clear()
             if call.name == "cuStreamBeginCapture" and status == SUCCESS:
                 self._captures += 1
             elif call.name == "cuStreamEndCapture" and status in CAPTURE_ENDED:
@@ -381,6 +394,7 @@ class Forwarder:
             status, _ = self._call(call, call.inputs.pack(ctx or 0))
             if status == SUCCESS:
                 self._contexts.destroyed(ctx or 0)
+                self._streams.clear()  # its streams went with it
             return status
         return forward
 
@@ -537,12 +551,14 @@ class Forwarder:
 
     def _posted_as_the_driver_would(self, dst: int, size: int, stream: int | None) -> bool:
         """native/copy_calls.c's rule: a copy to the device returns once its bytes are taken, as the driver's
-        pageable copy does, when nothing the driver checks first can fail: small, synchronous or on a default
-        stream, into memory this process allocated, initialised, a context current, no capture possibly under
-        way, and the GPU not known to be gone (a relay that lost its GPU host answers the copy itself)."""
-        return (0 < size <= POSTED_COPY_MAX and (stream is None or stream <= 2) and self._initialized
-                and bool(self._contexts.current()) and not self._captures and not self._unavailable
-                and self._device_memory.holds(dst, size))
+        pageable copy does, when nothing the driver checks first can fail: small, synchronous, on a default stream
+        or on one this process created in the current context and has not destroyed, into memory this process
+        allocated, initialised, a context current, no capture possibly under way, and the GPU not known to be gone
+        (a relay that lost its GPU host answers the copy itself)."""
+        current = self._contexts.current()
+        return (0 < size <= POSTED_COPY_MAX and self._initialized and bool(current)
+                and (stream is None or stream <= 2 or self._streams.get(stream) == current)
+                and not self._captures and not self._unavailable and self._device_memory.holds(dst, size))
 
     @GUEST.serves("cuMemcpyDtoH", "cuMemcpyDtoHAsync")
     def _dtoh(self, call: DriverCall) -> Callable[..., int]:

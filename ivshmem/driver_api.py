@@ -812,6 +812,9 @@ HOST_NODE_FUNCTION_OPCODE = CUDA_OPCODE_BASE + 0x0F03
 # below; host_agent/session/nvml_queries.py): NVLink state, capability and remote PCI, P2P status.
 NVML_QUERY_OPCODE = CUDA_OPCODE_BASE + 0x0F04
 NVML_NVLINK_STATE, NVML_NVLINK_REMOTE_PCI, NVML_NVLINK_CAPABILITY, NVML_P2P_STATUS = 0, 1, 2, 3
+# The calls that make a stream of the program's own (its first parameter): both guest clients keep the streams they
+# made, so that a small copy to the device on one may be posted (native/known_streams.c, forward.py's _htod).
+STREAM_CREATES = frozenset({"cuStreamCreate", "cuStreamCreateWithPriority"})
 # Added to a copy call's opcode: its host buffer lies in the pinned pool and travels as its address, not its bytes.
 PINNED_COPY = 0x2000
 # Answered from the host worker's pool bookkeeping (host_agent/session/pinned_pool.py), not by the driver function.

@@ -564,6 +564,21 @@ for _size in (0, 24, 70_000):
                            "cuMemcpyDtoHAsync"))
 
 
+OWN_STREAM_COPY = "cuMemcpyHtoDAsync on a stream of the program's own, then once it is destroyed"
+
+
+@_hand(OWN_STREAM_COPY, "cuMemcpyHtoDAsync")
+def _own_stream_copy(api: Api, state: dict[str, Any]) -> Any:
+    """A small copy on a stream this process made is posted, as on a default stream; once the stream is destroyed
+    the same copy waits for the host's answer (tests/unit/test_guest_clients_agree.py checks both)."""
+    made, stream = _u64_out(api, "cuStreamCreate", 0)
+    source = ctypes.create_string_buffer(_pattern(24, 3), 24)
+    posted = api("cuMemcpyHtoDAsync", state["device"] + 64, ctypes.addressof(source), 24, stream)
+    destroyed = api("cuStreamDestroy", stream)
+    after = api("cuMemcpyHtoDAsync", state["device"] + 64, ctypes.addressof(source), 24, stream)
+    return [made, posted, destroyed, after]
+
+
 @_hand("cuMemcpyHtoD from NULL", "cuMemcpyHtoD")
 def _htod_null(api: Api, state: dict[str, Any]) -> Any:
     return [api("cuMemcpyHtoD", state["device"], None, 4), api("cuMemcpyDtoH", None, state["device"], 4)]

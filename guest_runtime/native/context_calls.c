@@ -51,6 +51,7 @@ int cuCtxDestroy(CUcontext ctx) {
     if (status == CUDA_SUCCESS) {
         orion_stack_destroyed((uint64_t)(uintptr_t)ctx);
         orion_context_gone((uint64_t)(uintptr_t)ctx);
+        orion_streams_forget(); /* its streams went with it */
         orion_host_current_unknown();
     }
     orion_turn_give();

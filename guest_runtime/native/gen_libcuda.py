@@ -55,6 +55,7 @@ from ivshmem.driver_api import (
     POOL_MIRROR_REQUEST,
     SCALARS,
     STREAM_ATTRIBUTES_PLAIN,
+    STREAM_CREATES,
     attribute_mask,
     describe,
     markdown,
@@ -138,8 +139,8 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
     """The statements a generic call's table effects run after success (hooks of orion_guest.h and
     param_layouts.h): the device ranges unified addressing reads (allocates, reserves: the first output and the
     first input's size; frees, unreserves: the first input), forgotten parameter layouts (unloads: the handles
-    may name other functions later), cuInit's success, as forward.py's `_generic` keeps them, and a destroyed
-    graph's or node's conditional bodies (graph_calls.c)."""
+    may name other functions later), cuInit's success, as forward.py's `_generic` keeps them, a destroyed
+    graph's or node's conditional bodies (graph_calls.c), and streams made and destroyed (known_streams.c)."""
     after: list[str] = []
     effects = call["effects"]
     if "initializes" in effects:
@@ -162,6 +163,10 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
     destroyed = GRAPH_DESTROYED.get(call["params"][0]["ctype"]) if "destroys" in effects else None
     if destroyed:  # graph_calls.c keeps conditional nodes' body arrays until their node or graph goes
         after.append(f"    {destroyed}({names[0]});")
+    if call["name"] in STREAM_CREATES:  # known_streams.c: a copy on a stream of the process's own may be posted
+        after.append(f"    orion_stream_created((uint64_t)(uintptr_t)*{names[0]});")
+    if "destroys" in effects and call["params"][0]["ctype"] == "CUstream":
+        after.append(f"    orion_stream_destroyed((uint64_t)(uintptr_t){names[0]});")
     return after
 
 

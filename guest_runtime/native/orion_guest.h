@@ -80,6 +80,12 @@ int orion_range_contains(uint64_t pointer);
 /* Whether [pointer, pointer + size) lies in one allocated range (copy_calls.c posts a small pageable copy there). */
 int orion_range_allocated(uint64_t pointer, uint64_t size);
 
+/* --- known_streams.c: streams this process created (generated cuStreamCreate*, cuStreamDestroy call these) ----- */
+void orion_stream_created(uint64_t stream);
+void orion_stream_destroyed(uint64_t stream);
+void orion_streams_forget(void);       /* a context may have gone: no stream is known any more */
+int orion_stream_known(uint64_t stream); /* created here, in the current context, and not destroyed */
+
 /* --- pinned_pool.c: this channel's slice of the region's page-locked pool -------------------------------------- */
 int orion_pool_ready(void);                            /* agree on the slice's address with the host (once) */
 int orion_pool_contains(uint64_t pointer, uint64_t size); /* [pointer, pointer+size) lies in the slice */

@@ -56,6 +56,7 @@ from ivshmem.record import HELLO_REQUEST, Flag, Op
 from tests.forwarding_rig import native_child_env
 from tests.guest_clients import (
     NATIVE_STEPS,
+    OWN_STREAM_COPY,
     CapsuleApi,
     Capture,
     Rec,
@@ -347,6 +348,16 @@ def test_a_generic_call_sends_the_same_records(captured: Captured, name: str) ->
 def test_a_hand_written_call_sends_the_same_records(captured: Captured, label: str) -> None:
     problems = captured.check(label)
     assert not problems, "\n".join(problems)
+
+
+def test_a_small_copy_on_a_stream_of_the_programs_own_is_posted_until_it_is_destroyed(captured: Captured) -> None:
+    """Issue 30: both clients post a small copy to the device on a stream the process made (NO_REPLY: it returns once
+    its bytes are taken, as on a default stream), and wait for the host's answer once the stream is destroyed."""
+    i = captured.index(OWN_STREAM_COPY)
+    copy = CALLS["cuMemcpyHtoDAsync"].opcode
+    for capture in (captured.capsule, captured.native):
+        copies = [r for r in capture.steps[i] if r.opcode == copy]
+        assert [bool(r.flags & Flag.NO_REPLY) for r in copies] == [True, False], copies
 
 
 @pytest.mark.parametrize("label", _params(NATIVE_LABELS))

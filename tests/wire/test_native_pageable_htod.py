@@ -3,11 +3,12 @@
 over the fake driver (tests/forwarding_rig.py), locally or relayed.
 
 Posted: a copy of at most 64 KiB into memory this process allocated, synchronous (cuMemcpyHtoD, from pageable or
-page-locked memory) or async on a default stream, with a context current and no capture under way. The program may
-overwrite its buffer as soon as the call returns, and the device holds the bytes it gave, in stream order with the
-calls around it. Waited for, as before (ORION_STATS says which was which): a copy on a stream the guest did not make
-itself sure of, a larger one, one while a capture may be under way, one into a reserved range that is not mapped, and
-one into memory the process never allocated, whose error (the agent's, the driver's) is the call's own answer."""
+page-locked memory), async on a default stream or on a stream the process made (and has not destroyed), with a
+context current and no capture under way. The program may overwrite its buffer as soon as the call returns, and the
+device holds the bytes it gave, in stream order with the calls around it. Waited for, as before (ORION_STATS says
+which was which): a copy on a stream the process destroyed (the host's INVALID_HANDLE is the call's answer), a
+larger one, one while a capture may be under way, one into a reserved range that is not mapped, and one into memory
+the process never allocated, whose error (the agent's, the driver's) is the call's own answer."""
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ from tests.wire.test_native_callbacks import EXTRAS
 from tests.wire.test_native_launch_calls import EPILOGUE, PRELUDE, PTX, REPO
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
-SUCCESS, INVALID_VALUE = 0, 1
+SUCCESS, INVALID_VALUE, INVALID_HANDLE = 0, 1, 400
 
 PROGRAM = r"""
 lib.cuMemcpyDtoH.argtypes = [c_void_p, c_uint64, c_size_t]
@@ -35,8 +36,15 @@ ctypes.memset(buffer, 0, len(data))  # the bytes were taken: the program may reu
 back = ctypes.create_string_buffer(4096)
 out["read_back"] = [lib.cuMemcpyDtoH(back, memory, 4096), back.raw == data]
 ctypes.memmove(buffer, data, len(data))
-side = stream(1)
-out["created_stream"] = lib.cuMemcpyHtoDAsync(memory, buffer, 256, side)
+side = stream(1)  # a stream this process made: a copy on it is posted too
+out["created_stream"] = lib.cuMemcpyHtoDAsync(memory + 32768, buffer, 256, side)
+ctypes.memset(buffer, 0, 256)
+back = ctypes.create_string_buffer(256)
+out["created_stream_read_back"] = [lib.cuStreamSynchronize(side), lib.cuMemcpyDtoH(back, memory + 32768, 256),
+                                   back.raw == data[:256]]
+ctypes.memmove(buffer, data, len(data))
+assert lib.cuStreamDestroy(side) == 0
+out["destroyed_stream"] = lib.cuMemcpyHtoDAsync(memory, buffer, 256, side)  # no longer known: waited for
 large = ctypes.create_string_buffer(128 << 10)
 out["large"] = lib.cuMemcpyHtoDAsync(memory, large, 128 << 10, None)
 reserved = c_uint64()
@@ -75,13 +83,14 @@ def test_a_small_copy_the_driver_would_take_returns_once_its_bytes_are_in_the_ch
     out = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert out["posted"] == [SUCCESS] * 16
     assert out["read_back"] == [SUCCESS, True]  # the bytes given, in stream order before the read
-    assert out["created_stream"] == SUCCESS and out["large"] == SUCCESS
+    assert out["created_stream"] == SUCCESS and out["created_stream_read_back"] == [SUCCESS, SUCCESS, True]
+    assert out["destroyed_stream"] == INVALID_HANDLE and out["large"] == SUCCESS  # the host's error, at once
     assert out["reserved"] != SUCCESS and out["unallocated"] == INVALID_VALUE  # the call's own error, at once
     assert out["sync"] == [SUCCESS] * 4 and out["sync_pinned"] == SUCCESS
     assert out["sync_read_back"] == [SUCCESS, True, True]
     assert out["sync_unallocated"] == INVALID_VALUE and out["sync_capturing"] == SUCCESS
     _summary, rows = _table(stats.read_text())
     calls, guest, posted, round_trip = rows["cuMemcpyHtoDAsync"][:4]
-    assert (calls, guest, posted, round_trip) == ("20", "0", "16", "4")
+    assert (calls, guest, posted, round_trip) == ("21", "0", "17", "4")
     calls, guest, posted, round_trip = rows["cuMemcpyHtoD"][:4]
     assert (calls, guest, posted, round_trip) == ("7", "0", "5", "2")  # the capture's and the unallocated one waited
