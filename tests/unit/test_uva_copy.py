@@ -39,7 +39,8 @@ def test_host_to_host_stays_in_the_guest_and_async_keeps_its_stream(rig: Rig) ->
     mark = rig.mark()
     assert g.fn["cuMemcpy"](ctypes.addressof(b), ctypes.addressof(a), 64) == SUCCESS
     assert b.raw == a.raw and not rig.entries(mark)  # nothing travelled
-    assert g.fn["cuMemcpyAsync"](pointer, ctypes.addressof(a), 64, stream) == SUCCESS
+    assert g.fn["cuMemcpyAsync"](pointer, ctypes.addressof(a), 64, stream) == SUCCESS  # posted: a stream of its own
+    assert g.call("cuStreamSynchronize", stream)[0] == SUCCESS
     # queued on its stream from the worker's own pageable copy of the bytes (executor._htod): in stream order
     (seen,) = rig.entries(mark, "cuMemcpyHtoDAsync")
     assert seen["args"][0] == pointer and seen["args"][2:] == [64, stream]
