@@ -7,62 +7,55 @@
  * forgotten at once when a context may have gone (cuCtxDestroy, a primary context's release or reset): a stream of a
  * gone context is then unknown, and a copy on it waits for the host's answer (its INVALID_HANDLE), as before.
  *
+ * Kept in a handle_map (stream -> its context), which forgets only all at once: a destroyed stream's entry says so
+ * (DESTROYED) until the handle names a new stream or the map is emptied (at a context's end, or past MAX_KNOWN).
+ *
  * What does not belong here: the copies (copy_calls.c), captures (capture_state.c: a stream being captured is never
  * posted to, whatever this says).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
-#include <stdlib.h>
 
+#include "handle_map.h"
 #include "orion_guest.h"
 
-struct known { uint64_t stream, context; };
 static pthread_rwlock_t lock = PTHREAD_RWLOCK_INITIALIZER;
-static struct known *streams;
-static size_t count, cap;
+static struct handle_map streams;
+static char destroyed_mark;
+#define DESTROYED ((void *)&destroyed_mark)
 
-void orion_stream_created(uint64_t stream) {
-    uint64_t context = (uint64_t)(uintptr_t)orion_current_context();
+static void put(uint64_t stream, void *value) {
+    if (!stream) return;
     pthread_rwlock_wrlock(&lock);
-    size_t i = 0;
-    while (i < count && streams[i].stream != stream) i++; /* a handle seen before names a new stream now */
-    if (i == count && count == cap) {
-        size_t more = cap ? cap * 2 : 32;
-        struct known *grown = realloc(streams, more * sizeof *grown);
-        if (grown) {
-            streams = grown;
-            cap = more;
-        }
-    }
-    if (i < cap) {
-        streams[i] = (struct known){ stream, context };
-        if (i == count) count++;
-    }
+    (void)handle_map_put(&streams, stream, value); /* without memory the stream stays unknown: its copies wait */
     pthread_rwlock_unlock(&lock);
 }
 
+void orion_stream_created(uint64_t stream) {
+    void *context = (void *)orion_current_context();
+    put(stream, context ? context : DESTROYED);
+}
+
+/* A destroyed stream's mark stays until the map is emptied; past MAX_KNOWN handles it is emptied at once (every
+ * stream unknown: their copies wait), so that making and destroying streams without end takes bounded memory. */
+enum { MAX_KNOWN = 4096 };
 void orion_stream_destroyed(uint64_t stream) {
+    put(stream, DESTROYED);
     pthread_rwlock_wrlock(&lock);
-    for (size_t i = 0; i < count; i++) {
-        if (streams[i].stream == stream) {
-            streams[i] = streams[--count];
-            break;
-        }
-    }
+    if (streams.used > MAX_KNOWN) handle_map_clear(&streams, NULL);
     pthread_rwlock_unlock(&lock);
 }
 
 void orion_streams_forget(void) {
     pthread_rwlock_wrlock(&lock);
-    count = 0;
+    handle_map_clear(&streams, NULL);
     pthread_rwlock_unlock(&lock);
 }
 
 int orion_stream_known(uint64_t stream) {
-    uint64_t context = (uint64_t)(uintptr_t)orion_current_context();
-    int known = 0;
+    void *context = (void *)orion_current_context();
     pthread_rwlock_rdlock(&lock);
-    for (size_t i = 0; i < count && !known; i++) known = streams[i].stream == stream && streams[i].context == context;
+    void *of = stream ? handle_map_get(&streams, stream) : NULL;
     pthread_rwlock_unlock(&lock);
-    return known;
+    return context && of == context;
 }

@@ -286,15 +286,18 @@ int orion_move_into_pool(uint64_t base, uint64_t bytes, unsigned flags, uint64_t
     return done;
 }
 
+/* A moved file's bytes into the file, with what was written through it merged first; the file keeps its size (what
+ * lies past its end on the last page is not its): 1, or 0 when the write failed. */
+static int write_back(struct moved *moved) {
+    merge_file_writes(moved, moved->file_offset, moved->size);
+    uint64_t size = in_file(moved->fd, moved->file_offset, moved->size);
+    return pwrite(moved->fd, (void *)(uintptr_t)moved->pool, size, (off_t)moved->file_offset) == (ssize_t)size;
+}
+
 /* The last registration of `moved` ended: its bytes back where they belong, every view shown as it was. */
 static int give_back(struct moved *moved) {
     int status = CUDA_SUCCESS;
-    if (moved->fd >= 0) { /* the file keeps its size: what lies past its end on the last page is not its */
-        merge_file_writes(moved, moved->file_offset, moved->size);
-        uint64_t size = in_file(moved->fd, moved->file_offset, moved->size);
-        if (pwrite(moved->fd, (void *)(uintptr_t)moved->pool, size, (off_t)moved->file_offset) != (ssize_t)size)
-            return CUDA_ERROR_UNKNOWN; /* the pool pages stay shown: nothing is lost */
-    }
+    if (moved->fd >= 0 && !write_back(moved)) return CUDA_ERROR_UNKNOWN; /* the pool pages stay shown: nothing lost */
     for (int i = 0; i < moved->view_count; i++) {
         const struct view *view = &moved->views[i];
         if (!still_shown(moved, view)) continue;
@@ -349,10 +352,7 @@ int orion_move_back(uint64_t base) {
 __attribute__((destructor)) static void give_back_files_at_exit(void) {
     pthread_mutex_lock(&lock);
     for (struct moved *moved = moves; moved; moved = moved->next) {
-        if (moved->fd < 0) continue;
-        merge_file_writes(moved, moved->file_offset, moved->size);
-        uint64_t size = in_file(moved->fd, moved->file_offset, moved->size);
-        if (pwrite(moved->fd, (void *)(uintptr_t)moved->pool, size, (off_t)moved->file_offset) != (ssize_t)size)
+        if (moved->fd >= 0 && !write_back(moved))
             fprintf(stderr, "orion: could not write a registered shared mapping's bytes back to its file at exit\n");
     }
     pthread_mutex_unlock(&lock);

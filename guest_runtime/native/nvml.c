@@ -285,23 +285,25 @@ static nvmlReturn_t host_nvml(uint32_t query, int ordinal, uint32_t link, uint32
     return (nvmlReturn_t)(int32_t)orion_get_u32(rep + ORION_NVML_QUERY_REP_result);
 }
 
+/* A query whose answer is one number (`value`), written to *value on success. */
+static nvmlReturn_t host_value(uint32_t query, int ordinal, uint32_t link, uint32_t which, unsigned int *value) {
+    uint8_t rep[NVML_QUERY_REPLY_SIZE];
+    nvmlReturn_t rc = host_nvml(query, ordinal, link, which, rep);
+    if (rc == NVML_SUCCESS) *value = orion_get_u32(rep + ORION_NVML_QUERY_REP_value);
+    return rc;
+}
+
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive) {
     DEVICE_OR_RETURN(device, ordinal);
     if (!isActive) return NVML_ERROR_INVALID_ARGUMENT;
-    uint8_t rep[NVML_QUERY_REPLY_SIZE];
-    nvmlReturn_t rc = host_nvml(NVML_QUERY_NVLINK_STATE, ordinal, link, 0, rep);
-    if (rc == NVML_SUCCESS) *isActive = (int)orion_get_u32(rep + ORION_NVML_QUERY_REP_value);
-    return rc;
+    return host_value(NVML_QUERY_NVLINK_STATE, ordinal, link, 0, (unsigned int *)isActive);
 }
 
 nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link, int capability,
                                            unsigned int *capResult) {
     DEVICE_OR_RETURN(device, ordinal);
     if (!capResult || capability < 0) return NVML_ERROR_INVALID_ARGUMENT;
-    uint8_t rep[NVML_QUERY_REPLY_SIZE];
-    nvmlReturn_t rc = host_nvml(NVML_QUERY_NVLINK_CAPABILITY, ordinal, link, (uint32_t)capability, rep);
-    if (rc == NVML_SUCCESS) *capResult = orion_get_u32(rep + ORION_NVML_QUERY_REP_value);
-    return rc;
+    return host_value(NVML_QUERY_NVLINK_CAPABILITY, ordinal, link, (uint32_t)capability, capResult);
 }
 
 /* nvml.h's nvmlPciInfo_t (68 bytes): what NCCL reads of a link's far end is its busId. */
@@ -351,12 +353,8 @@ nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, 
         *status = index == NVML_P2P_CAPS_INDEX_PCI ? NVML_P2P_STATUS_NOT_SUPPORTED : NVML_P2P_STATUS_OK;
         return NVML_SUCCESS;
     }
-    if (index != NVML_P2P_CAPS_INDEX_READ && index != NVML_P2P_CAPS_INDEX_WRITE && index != NVML_P2P_CAPS_INDEX_ATOMICS) {
-        uint8_t rep[NVML_QUERY_REPLY_SIZE];
-        nvmlReturn_t rc = host_nvml(NVML_QUERY_P2P_STATUS, first, (uint32_t)second, (uint32_t)index, rep);
-        if (rc == NVML_SUCCESS) *status = (int)orion_get_u32(rep + ORION_NVML_QUERY_REP_value);
-        return rc;
-    }
+    if (index != NVML_P2P_CAPS_INDEX_READ && index != NVML_P2P_CAPS_INDEX_WRITE && index != NVML_P2P_CAPS_INDEX_ATOMICS)
+        return host_value(NVML_QUERY_P2P_STATUS, first, (uint32_t)second, (uint32_t)index, (unsigned int *)status);
     CUdevice_P2PAttribute attribute = index == NVML_P2P_CAPS_INDEX_ATOMICS
                                           ? CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED
                                           : CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED;

@@ -314,14 +314,14 @@ CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
     int status = outside_add(range); /* listed first: an overlap is refused before anything moves */
     if (status != CUDA_SUCCESS) return status;
     int saved = errno; /* a move that cannot be made leaves the program's errno as it was */
-    int moved = orion_move_into_pool(base, bytesize, Flags, &range.pool);
-    errno = saved;
-    if (moved) {
-        struct orion_host_range listed;
-        int other;
-        (void)range_take(&outside, base, 0, &listed, &other);
-        (void)range_add(&outside, range); /* the slot just freed: it fits */
+    uint64_t pool = 0;
+    if (orion_move_into_pool(base, bytesize, Flags, &pool)) {
+        pthread_rwlock_wrlock(&outside.lock);
+        size_t i = holding(&outside, base);
+        if (i < outside.count) outside.ranges[i].pool = pool; /* listed above: its pool pages, for its device pointer */
+        pthread_rwlock_unlock(&outside.lock);
     }
+    errno = saved;
     return CUDA_SUCCESS;
 }
 

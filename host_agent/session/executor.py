@@ -217,15 +217,15 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             return self._pool_map(bytes(record.payload))
         if record.opcode == POOL_MIRROR_OPCODE and self.session.region.startswith(RELAYED):
             return self._pool_mirror(bytes(record.payload))
-        if record.opcode == NVML_QUERY_OPCODE:
-            return self.nvml_queries.answer(bytes(record.payload)) if self.driver is not None \
-                else Reply(NOT_INITIALIZED)
         if record.opcode == HOST_NODE_FUNCTION_OPCODE and self.driver is not None:
             try:
                 return self._host_node_function(bytes(record.payload))
             except RecordError as exc:
                 return Reply(Status.MALFORMED, str(exc).encode())
         if call is None or (pinned and call.pinned is None):
+            if record.opcode == NVML_QUERY_OPCODE:  # rare: tested only here, off the calls' path
+                return self.nvml_queries.answer(bytes(record.payload)) if self.driver is not None \
+                    else Reply(NOT_INITIALIZED)
             return Reply(Status.UNKNOWN_OPCODE, f"opcode {record.opcode:#x} is not a forwarded CUDA call".encode())
         if self.driver is None:
             return Reply(NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED)

@@ -37,16 +37,16 @@ def uuid_text(raw: bytes) -> str:
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-class NvmlMeter:
-    """NVML's `used_gpu_memory` of this process on a GPU found by its CUDA UUID (NVML's device order may
-    differ from CUDA's, so never by index)."""
+class NvmlHandles:
+    """NVML's handle of a physical GPU (a CUDA ordinal), found by its CUDA UUID (NVML's device order may differ from
+    CUDA's, so never by index), kept once found. Shared by the meter here and NVML_QUERY (nvml_queries.py)."""
 
     def __init__(self, nvml: Any, driver: Any) -> None:
-        self._nvml = nvml
-        self._driver = driver
+        self._nvml, self._driver = nvml, driver
         self._handles: dict[int, Any] = {}
 
-    def _handle(self, device: int) -> Any:
+    def handle(self, device: int) -> Any:
+        """LookupError when the driver cannot name the GPU; the NVML error when NVML does not know it."""
         if device not in self._handles:
             err, uuid = self._driver.cuDeviceGetUuid(device)
             if int(err) != 0:
@@ -54,10 +54,18 @@ class NvmlMeter:
             self._handles[device] = self._nvml.device_get_handle_by_uuid(uuid_text(bytes(uuid.bytes)[:16]))
         return self._handles[device]
 
+
+class NvmlMeter:
+    """NVML's `used_gpu_memory` of this process on a GPU."""
+
+    def __init__(self, nvml: Any, driver: Any) -> None:
+        self._nvml = nvml
+        self._handles = NvmlHandles(nvml, driver)
+
     def held(self, device: int) -> int | None:
         """This process's bytes on `device`: 0 while it has no context there, None if NVML cannot say."""
         try:
-            processes = self._nvml.device_get_compute_running_processes_v3(self._handle(device))
+            processes = self._nvml.device_get_compute_running_processes_v3(self._handles.handle(device))
         except (self._nvml.NvmlError, LookupError) as exc:
             log.debug("NVML cannot list the processes of GPU %d: %s", device, exc)
             return None
@@ -69,10 +77,9 @@ class NvmlMeter:
         return 0
 
 
-def open_nvml(driver: Any) -> NvmlMeter | None:
-    """An NvmlMeter for this process, NVML initialised; None (and the reason logged) where NVML is unavailable.
-
-    Call it in the process that will be measured, after fork: never in oriond's serving process."""
+def init_nvml() -> Any:
+    """cuda.bindings.nvml, initialised; None (and the reason logged) where NVML is unavailable. Call it in the
+    session worker that uses it, after fork: never in oriond's serving process."""
     try:
         from cuda.bindings import nvml
         nvml.init_v2()
@@ -80,4 +87,10 @@ def open_nvml(driver: Any) -> NvmlMeter | None:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         log.info("NVML is not available (%s)", reason)
         return None
-    return NvmlMeter(nvml, driver)
+    return nvml
+
+
+def open_nvml(driver: Any) -> NvmlMeter | None:
+    """An NvmlMeter for this process (init_nvml); None where NVML is unavailable."""
+    nvml = init_nvml()
+    return None if nvml is None else NvmlMeter(nvml, driver)

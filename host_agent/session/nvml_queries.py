@@ -36,7 +36,7 @@ from ivshmem.errors import RecordError
 from ivshmem.record import Status
 
 from ..handler import Reply
-from .gpu_memory import uuid_text
+from .gpu_memory import NvmlHandles, init_nvml
 
 log = logging.getLogger(__name__)
 
@@ -47,26 +47,15 @@ MAX_P2P_INDEX = 5  # NVML_P2P_CAPS_INDEX_UNKNOWN
 NvmlOpener = Callable[[Any], Any]  # the session's driver -> an initialised NVML with cuda.bindings.nvml's API, or None
 
 
-def open_host_nvml(driver: Any) -> Any:
-    """cuda.bindings.nvml, initialised; None where this host's NVML cannot be opened (the reason logged once)."""
-    try:
-        from cuda.bindings import nvml
-        nvml.init_v2()
-    except Exception as exc:  # no cuda.bindings.nvml, no libnvidia-ml (DynamicLibNotFoundError), NvmlError
-        log.info("NVML is not available for NVML_QUERY (%s)", str(exc).splitlines()[0] if str(exc) else exc)
-        return None
-    return nvml
-
-
 class NvmlQueries:
     """One session's NVML_QUERY answers: `devices()` gives the physical ordinals in guest order."""
 
     def __init__(self, driver: Any, devices: Callable[[], tuple[int, ...]], opener: NvmlOpener | None) -> None:
         self._driver, self._devices = driver, devices
-        self._opener = opener or open_host_nvml
+        self._opener = opener or (lambda _driver: init_nvml())
         self._nvml: Any = None
+        self._handles: NvmlHandles | None = None
         self._opened = False
-        self._handles: dict[int, Any] = {}
 
     def answer(self, payload: bytes) -> Reply:
         try:
@@ -77,11 +66,12 @@ class NvmlQueries:
         linked = query in (NVML_NVLINK_STATE, NVML_NVLINK_REMOTE_PCI, NVML_NVLINK_CAPABILITY)
         if not 0 <= device < len(devices) or not (linked or query == NVML_P2P_STATUS) or (linked and link >= MAX_LINKS):
             return self._result(NVML_ERROR_INVALID_ARGUMENT)
-        nvml = self._open()
-        if nvml is None:
+        handles = self._open()
+        if handles is None:
             return self._result(NVML_ERROR_NOT_SUPPORTED)
+        nvml = self._nvml
         try:
-            handle = self._handle(nvml, devices[device])
+            handle = handles.handle(devices[device])
             if query == NVML_NVLINK_STATE:
                 return self._result(NVML_SUCCESS, int(nvml.device_get_nvlink_state(handle, link)))
             if query == NVML_NVLINK_CAPABILITY:
@@ -91,7 +81,7 @@ class NvmlQueries:
             if query == NVML_P2P_STATUS:
                 if not 0 <= link < len(devices) or which > MAX_P2P_INDEX:
                     return self._result(NVML_ERROR_INVALID_ARGUMENT)
-                peer = self._handle(nvml, devices[link])
+                peer = handles.handle(devices[link])
                 return self._result(NVML_SUCCESS, int(nvml.device_get_p2p_status(handle, peer, which)))
             return self._remote_pci(nvml.device_get_nvlink_remote_pci_info_v2(handle, link))
         except nvml.NvmlError as exc:
@@ -100,20 +90,14 @@ class NvmlQueries:
             log.debug("NVML_QUERY: %s", exc)
             return self._result(NVML_ERROR_UNKNOWN)
 
-    def _open(self) -> Any:
+    def _open(self) -> NvmlHandles | None:
+        """The GPUs' NVML handles, NVML opened at the first query; None where it cannot be."""
         if not self._opened:
             self._opened = True
             self._nvml = self._opener(self._driver)
-        return self._nvml
-
-    def _handle(self, nvml: Any, physical: int) -> Any:
-        """NVML's handle of a physical GPU, found by its CUDA UUID (NVML's order may differ from CUDA's)."""
-        if physical not in self._handles:
-            err, uuid = self._driver.cuDeviceGetUuid(physical)
-            if int(err) != 0:
-                raise LookupError(f"cuDeviceGetUuid({physical}) failed with {err}")
-            self._handles[physical] = nvml.device_get_handle_by_uuid(uuid_text(bytes(uuid.bytes)[:16]))
-        return self._handles[physical]
+            if self._nvml is not None:
+                self._handles = NvmlHandles(self._nvml, self._driver)
+        return self._handles
 
     @staticmethod
     def _result(result: int, value: int = 0) -> Reply:
