@@ -811,7 +811,11 @@ HOST_NODE_FUNCTION_OPCODE = CUDA_OPCODE_BASE + 0x0F03
 # The native driver's NVML asking the GPU host's NVML what only it knows of the session's GPUs (NVML_QUERY_REQUEST
 # below; host_agent/session/nvml_queries.py): NVLink state, capability and remote PCI, P2P status.
 NVML_QUERY_OPCODE = CUDA_OPCODE_BASE + 0x0F04
-NVML_NVLINK_STATE, NVML_NVLINK_REMOTE_PCI, NVML_NVLINK_CAPABILITY, NVML_P2P_STATUS = 0, 1, 2, 3
+NVML_NVLINK_STATE, NVML_NVLINK_REMOTE_PCI, NVML_NVLINK_CAPABILITY, NVML_P2P_STATUS, NVML_FIELD_VALUE = 0, 1, 2, 3, 4
+# The nvmlDeviceGetFieldValues fields NVML_FIELD_VALUE answers: what a link is, never a counter of its traffic or
+# errors (nvml.h's NVML_FI_DEV_NVLINK_LINK_COUNT, _NVLINK_GET_SPEED, _GET_STATE, _GET_VERSION, _C2C_LINK_COUNT,
+# _C2C_LINK_GET_STATUS, _C2C_LINK_GET_MAX_BW). NCCL reads an NVLink's state this way on sm_90 and later.
+NVML_LINK_FIELDS = frozenset({91, 164, 165, 166, 170, 171, 172})
 # The calls that make a stream of the program's own (its first parameter): both guest clients keep the streams they
 # made, so that a small copy to the device on one may be posted (native/known_streams.c, forward.py's _htod).
 STREAM_CREATES = frozenset({"cuStreamCreate", "cuStreamCreateWithPriority"})
@@ -860,15 +864,16 @@ HOST_FUNCTION_REQUEST = Schema("HOST_FUNCTION", ("stream", "u64"), ("reached", "
 # HOST_NODE_FUNCTION: cuLaunchHostFunc(stream, oriond's trampoline, the host's address of the guest's `words`).
 HOST_NODE_FUNCTION_REQUEST = Schema("HOST_NODE_FUNCTION", ("stream", "u64"), ("words", "u64"))
 # NVML_QUERY: `query` (NVML_NVLINK_STATE, _REMOTE_PCI: `link`; NVML_NVLINK_CAPABILITY: `link`, `which` the
-# capability; NVML_P2P_STATUS: `link` the peer's guest ordinal, `which` the P2P index) about guest device `device`.
-# The reply carries NVML's own return code (`result`), the answer (`value`; a remote end's PCI fields), and as its
-# tail always NVML_QUERY_BUS_IDS bytes: for NVML_NVLINK_REMOTE_PCI the bus ID (32 bytes) and its legacy form (16),
+# capability; NVML_P2P_STATUS: `link` the peer's guest ordinal, `which` the P2P index; NVML_FIELD_VALUE: `which` the
+# field ID, one of NVML_LINK_FIELDS, `link` its scope ID) about guest device `device`. The reply carries NVML's own
+# return code (`result`; a field's own), the answer (`value`; a field's 8 bytes, of NVML's `value_type`; a remote
+# end's PCI fields), and as its tail always NVML_QUERY_BUS_IDS bytes: for NVML_NVLINK_REMOTE_PCI the bus ID (32 bytes) and its legacy form (16),
 # each NUL-terminated within its field, else zeros.
 NVML_QUERY_BUS_IDS = 48
 NVML_QUERY_REQUEST = Schema("NVML_QUERY", ("query", "u32"), ("device", "i32"), ("link", "u32"), ("which", "u32"))
-NVML_QUERY_REPLY = Schema("NVML_QUERY reply", ("result", "i32"), ("value", "u32"), ("domain", "u32"), ("bus", "u32"),
-                          ("pci_device", "u32"), ("pci_device_id", "u32"), ("pci_sub_system_id", "u32"),
-                          ("bus_ids", "tail"))
+NVML_QUERY_REPLY = Schema("NVML_QUERY reply", ("result", "i32"), ("value_type", "i32"), ("value", "u64"),
+                          ("domain", "u32"), ("bus", "u32"), ("pci_device", "u32"), ("pci_device_id", "u32"),
+                          ("pci_sub_system_id", "u32"), ("bus_ids", "tail"))
 # The request of a load's IMAGE_BY_DIGEST variant: the image's size and SHA-256 (32 bytes), then the load's own
 # request with an empty image (its JIT options, if any): the usual request is `request` + the image's bytes.
 IMAGE_BY_DIGEST_REQUEST = Schema("IMAGE_BY_DIGEST", ("size", "u64"), ("digest", "bytes"), ("request", "tail"))
@@ -1010,7 +1015,7 @@ def markdown() -> str:
               f"Forwarding-layer opcode: NVML_QUERY `{NVML_QUERY_OPCODE:#x}`, request "
               f"{_fields_text(NVML_QUERY_REQUEST)} (query {NVML_NVLINK_STATE} NVLink state, "
               f"{NVML_NVLINK_REMOTE_PCI} NVLink remote PCI, {NVML_NVLINK_CAPABILITY} NVLink capability, "
-              f"{NVML_P2P_STATUS} P2P status), reply "
+              f"{NVML_P2P_STATUS} P2P status, {NVML_FIELD_VALUE} a link field's value), reply "
               f"{_fields_text(NVML_QUERY_REPLY)}: the GPU host's NVML about the session's own GPUs.", "",
               f"Image by digest: {', '.join(f'`{name}`' for name in sorted(IMAGE_LOADS))} also travel as opcode "
               f"+ {IMAGE_BY_DIGEST:#x}, request {_fields_text(IMAGE_BY_DIGEST_REQUEST)} (`digest` the image's "

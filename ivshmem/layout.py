@@ -69,7 +69,13 @@ def region_size_allowed(size_mib: int) -> bool:
 
 DEFAULT_CHANNELS = 8
 DEFAULT_RING_ENTRIES = 64
-DEFAULT_SLOT_SIZE = 512
+# A slot holds what a launch carries inline, and the compiled hot path serves only inline records: NCCL's launches
+# (cuLaunchKernelEx with its attributes and a few KiB of arguments) were staged with 512-byte slots and served in
+# Python, an all-reduce of 1 MiB across two H200s then 0.49x native; 4096 bytes serve them compiled (1.3x native).
+# 8 channels x 2 rings x 64 slots: 4 MiB of a region. A small region with many channels gets smaller slots (down to
+# MIN_DEFAULT_SLOT_SIZE), so that the rings keep within a quarter of it.
+DEFAULT_SLOT_SIZE = 4096
+MIN_DEFAULT_SLOT_SIZE = 512
 DEFAULT_CHUNK_COUNT = 8
 MAX_DEFAULT_CHUNK = 1 * MIB
 MIN_CHUNK = 16 * 1024
@@ -136,16 +142,23 @@ class Geometry:
 
     @classmethod
     def build(cls, region_size: int, channels: int = DEFAULT_CHANNELS, ring_entries: int = DEFAULT_RING_ENTRIES,
-              slot_size: int = DEFAULT_SLOT_SIZE, chunk_size: int | None = None,
+              slot_size: int | None = None, chunk_size: int | None = None,
               chunk_count: int = DEFAULT_CHUNK_COUNT, name: str = "") -> Geometry:
         """Lay out a region: the channels first, the page-locked pool after them.
 
-        Without an explicit chunk size the largest power of two up to 1 MiB that keeps the channels within
-        half the region is used (128 MiB and 8 channels: 256 KiB chunks; 16 MiB: 32 KiB), but never below
+        Without an explicit slot size the largest power of two up to DEFAULT_SLOT_SIZE whose rings keep within a
+        quarter of the region is used (at least MIN_DEFAULT_SLOT_SIZE: 128 MiB and 8 channels: 4096 bytes; 16 MiB:
+        2048). Without an explicit chunk size the largest power of two up to 1 MiB that keeps the channels within
+        half the region is used (128 MiB and 8 channels: 256 KiB chunks; 16 MiB: 16 KiB), but never below
         16 KiB, so many channels in a small region may take more than half of it.
         """
         if not 1 <= channels <= MAX_CHANNELS:
             raise ValueError(f"channel count must be in [1, {MAX_CHANNELS}], not {channels}")
+        if slot_size is None:
+            slot_size = DEFAULT_SLOT_SIZE
+            while slot_size > MIN_DEFAULT_SLOT_SIZE and 2 * cls.ring_bytes(ring_entries, slot_size) * channels > \
+                    region_size // 4:
+                slot_size //= 2
         rings = 2 * cls.ring_bytes(ring_entries, slot_size)
         if chunk_size is None:
             budget = (region_size - HEADER_SIZE) // 2 // channels - PAGE - rings - 2 * STAGING_CHUNKS

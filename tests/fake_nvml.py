@@ -12,6 +12,7 @@ from host_agent.session.gpu_memory import uuid_text
 from tests.fake_driver import FakeDriver
 
 NOT_SUPPORTED, INVALID_ARGUMENT = 3, 2
+LINK_COUNT, LINK_STATE, UNSIGNED_INT = 91, 165, 1  # NVML_FI_DEV_NVLINK_LINK_COUNT, _GET_STATE; NVML_VALUE_TYPE_UNSIGNED_INT
 
 
 class NvmlError(Exception):
@@ -20,8 +21,18 @@ class NvmlError(Exception):
         self.status = status
 
 
+class FieldValue:
+    """cuda.bindings.nvml.FieldValue(1)'s attributes, as NvmlQueries reads them."""
+
+    def __init__(self, count: int) -> None:
+        assert count == 1
+        self.field_id = self.scope_id = self.value_type = self.nvml_return = 0
+        self.value = {"ull_val": [0]}
+
+
 class FakeNvml:
     NvmlError = NvmlError
+    FieldValue = FieldValue
 
     def __init__(self, driver: FakeDriver) -> None:
         self.count = len(driver.total_mem)
@@ -53,6 +64,15 @@ class FakeNvml:
         return SimpleNamespace(bus_id=f"{domain:08x}:{bus:02x}:{device:02x}.0", domain=domain, bus=bus,
                                bus_id_legacy=f"{domain:04x}:{bus:02x}:{device:02x}.0", device_=device,
                                pci_device_id=0x233510DE, pci_sub_system_id=0)
+
+    def device_get_field_values(self, handle: tuple[str, int], values: FieldValue) -> None:
+        """A link's state (active where _far_end has one) and the link count; every other field NOT_SUPPORTED."""
+        self.asked.append(("field", handle[1], values.field_id, values.scope_id))
+        values.nvml_return, values.value_type = NOT_SUPPORTED, 0
+        if values.field_id == LINK_COUNT:
+            values.nvml_return, values.value_type, values.value["ull_val"][0] = 0, UNSIGNED_INT, self.count - 1
+        elif values.field_id == LINK_STATE and values.scope_id < self.count - 1:
+            values.nvml_return, values.value_type, values.value["ull_val"][0] = 0, UNSIGNED_INT, 1
 
     def device_get_p2p_status(self, first: tuple[str, int], second: tuple[str, int], index: int) -> int:
         return 5 if index == 4 else 0  # every pair NVLink-joined: OK, but for PCI

@@ -120,6 +120,17 @@ CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus *status, 
                                 const CUgraphNode **dependencies, const CUgraphEdgeData **edges, size_t *count) {
     ORION_ENTRY("cuStreamGetCaptureInfo");
     if (!status) return CUDA_ERROR_INVALID_VALUE;
+    if (orion_known_not_capturing((uint64_t)(uintptr_t)stream)) { /* capture_state.c: what the forwarded call says */
+        int pending = orion_pending_async_error();
+        if (pending != CUDA_SUCCESS) return pending;
+        *status = (CUstreamCaptureStatus)0; /* CU_STREAM_CAPTURE_STATUS_NONE */
+        if (id) *id = 0;
+        if (graph) *graph = NULL;
+        if (dependencies) *dependencies = NULL;
+        if (edges) *edges = NULL;
+        if (count) *count = 0;
+        return CUDA_SUCCESS;
+    }
     /* the reply's fixed part, then its lists (`nodes` first, right after the fixed part) */
     enum { HEAD = ORION_REP_cuStreamGetCaptureInfo_SIZE,
            TAIL = 2 * (ORION_LENGTH_BYTES + CAPTURE_ITEM * CAPTURE_MAX_DEPENDENCIES) };

@@ -8,12 +8,14 @@
  * capture the program abandons (its stream destroyed) keeps the count up: the queries below are then asked of the
  * host, slower but right.
  *
- * cuStreamIsCapturing on a default stream (the NULL stream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: always valid
- * handles) of an initialised process with a current context, while no capture may be under way, is
- * CU_STREAM_CAPTURE_STATUS_NONE, what the driver answers; PyTorch asks it before its allocations and copies (3096
- * round trips of 43 us each, waiting behind posted launches, in 64 decoded tokens: docs/performance.md). An earlier
- * posted call's failure is still reported first, as a forwarded answer would report it. Any other stream, or a
- * capture that may run, is asked of the host.
+ * cuStreamIsCapturing and cuStreamGetCaptureInfo (answered_in_guest.c) on a valid stream of an initialised process
+ * with a current context, while no capture may be under way, say CU_STREAM_CAPTURE_STATUS_NONE, what the driver
+ * answers. A valid stream: a default one (the NULL stream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) or one this
+ * process made in the current context and has not destroyed (known_streams.c). PyTorch asks the first before its
+ * allocations and copies (3096 round trips of 43 us each, waiting behind posted launches, in 64 decoded tokens), NCCL
+ * the second before every collective on each device (2 round trips of 49 us in each all-reduce across two H200s):
+ * docs/performance.md. An earlier posted call's failure is still reported first, as a forwarded answer would report
+ * it. Any other stream, or a capture that may run, is asked of the host.
  */
 #include <stdatomic.h>
 
@@ -37,11 +39,16 @@ void orion_capture_ended(int status) {
 
 int orion_captures_may_run(void) { return atomic_load(&captures) > 0; }
 
+int orion_known_not_capturing(uint64_t stream) {
+    return !orion_captures_may_run() && orion_is_initialized() && orion_current_context() != NULL
+           && (stream <= 2 || orion_stream_known(stream));
+}
+
 CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
     ORION_ENTRY("cuStreamIsCapturing");
     if (!captureStatus) return CUDA_ERROR_INVALID_VALUE;
     uint64_t stream = (uint64_t)(uintptr_t)hStream;
-    if (stream <= 2 && !orion_captures_may_run() && orion_is_initialized() && orion_current_context() != NULL) {
+    if (orion_known_not_capturing(stream)) {
         int pending = orion_pending_async_error();
         if (pending != CUDA_SUCCESS) return pending;
         *captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;

@@ -12,10 +12,12 @@
  * headers is a generated weak stub answering NVML_ERROR_NOT_SUPPORTED, named once (orion_nvml_not_supported;
  * nvml_symbols.txt): no name a framework resolves is missing.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "orion_guest.h"
@@ -35,7 +37,7 @@ enum { MAX_DEVICES = 64, UUID_TEXT = 41 /* "GPU-" and 36 characters and a NUL */
 typedef struct nvmlDevice_st { char slot; } *nvmlDevice_t;
 static struct nvmlDevice_st handles[MAX_DEVICES];
 
-/* nvml.h's nvmlFieldValue_t (40 bytes): only its per-value status is written here. */
+/* nvml.h's nvmlFieldValue_t (40 bytes; `value` its union's 8 bytes). */
 typedef struct {
     unsigned int fieldId, scopeId;
     long long timestamp, latencyUsec;
@@ -264,9 +266,7 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
 
 /* --- what only the GPU host's NVML knows (NVML_QUERY; host_agent/session/nvml_queries.py) ------------------------ */
 
-enum { NVML_QUERY_NVLINK_STATE = 0, NVML_QUERY_NVLINK_REMOTE_PCI = 1, NVML_QUERY_NVLINK_CAPABILITY = 2,
-       NVML_QUERY_P2P_STATUS = 3, NVML_QUERY_BUS_IDS = 48 /* driver_api.NVML_QUERY_BUS_IDS */,
-       NVML_QUERY_REPLY_SIZE = ORION_NVML_QUERY_REP_SIZE + NVML_QUERY_BUS_IDS };
+enum { NVML_QUERY_REPLY_SIZE = ORION_NVML_QUERY_REP_SIZE + ORION_NVML_QUERY_BUS_IDS };
 
 /* Ask the GPU host's NVML about vGPU `ordinal`: NVML's own return code, the reply in `rep` on NVML_SUCCESS. An agent
  * that cannot answer (an older release, no NVML there) is NVML_ERROR_NOT_SUPPORTED, as for a device without the
@@ -289,21 +289,21 @@ static nvmlReturn_t host_nvml(uint32_t query, int ordinal, uint32_t link, uint32
 static nvmlReturn_t host_value(uint32_t query, int ordinal, uint32_t link, uint32_t which, unsigned int *value) {
     uint8_t rep[NVML_QUERY_REPLY_SIZE];
     nvmlReturn_t rc = host_nvml(query, ordinal, link, which, rep);
-    if (rc == NVML_SUCCESS) *value = orion_get_u32(rep + ORION_NVML_QUERY_REP_value);
+    if (rc == NVML_SUCCESS) *value = (unsigned int)orion_get_u64(rep + ORION_NVML_QUERY_REP_value);
     return rc;
 }
 
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive) {
     DEVICE_OR_RETURN(device, ordinal);
     if (!isActive) return NVML_ERROR_INVALID_ARGUMENT;
-    return host_value(NVML_QUERY_NVLINK_STATE, ordinal, link, 0, (unsigned int *)isActive);
+    return host_value(ORION_NVML_QUERY_NVLINK_STATE, ordinal, link, 0, (unsigned int *)isActive);
 }
 
 nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link, int capability,
                                            unsigned int *capResult) {
     DEVICE_OR_RETURN(device, ordinal);
     if (!capResult || capability < 0) return NVML_ERROR_INVALID_ARGUMENT;
-    return host_value(NVML_QUERY_NVLINK_CAPABILITY, ordinal, link, (uint32_t)capability, capResult);
+    return host_value(ORION_NVML_QUERY_NVLINK_CAPABILITY, ordinal, link, (uint32_t)capability, capResult);
 }
 
 /* nvml.h's nvmlPciInfo_t (68 bytes): what NCCL reads of a link's far end is its busId. */
@@ -317,7 +317,7 @@ nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned i
     DEVICE_OR_RETURN(device, ordinal);
     if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
     uint8_t rep[NVML_QUERY_REPLY_SIZE];
-    nvmlReturn_t rc = host_nvml(NVML_QUERY_NVLINK_REMOTE_PCI, ordinal, link, 0, rep);
+    nvmlReturn_t rc = host_nvml(ORION_NVML_QUERY_NVLINK_REMOTE_PCI, ordinal, link, 0, rep);
     if (rc != NVML_SUCCESS) return rc;
     const uint8_t *ids = rep + ORION_NVML_QUERY_REP_SIZE;
     memset(pci, 0, sizeof *pci);
@@ -328,6 +328,30 @@ nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned i
     pci->device = orion_get_u32(rep + ORION_NVML_QUERY_REP_pci_device);
     pci->pciDeviceId = orion_get_u32(rep + ORION_NVML_QUERY_REP_pci_device_id);
     pci->pciSubSystemId = orion_get_u32(rep + ORION_NVML_QUERY_REP_pci_sub_system_id);
+    return NVML_SUCCESS;
+}
+
+/* Field values. Those that say what a link is (driver_api.NVML_LINK_FIELDS: NCCL reads an NVLink's state so on
+ * sm_90 and later) are the GPU host's NVML's, each with its own return code, type and time; every other field (a
+ * counter of traffic or errors) is NOT_SUPPORTED, as NVML says of a field the device does not have. The call itself
+ * succeeds, as NVML's does. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count_, nvmlFieldValue_t *values) {
+    DEVICE_OR_RETURN(device, ordinal);
+    if (count_ < 0 || (count_ && !values)) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < count_; i++) {
+        nvmlFieldValue_t *field = &values[i];
+        uint8_t rep[NVML_QUERY_REPLY_SIZE];
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        field->timestamp = (long long)now.tv_sec * 1000000 + now.tv_nsec / 1000;
+        field->latencyUsec = 0;
+        field->nvmlReturn = ORION_NVML_LINK_FIELD(field->fieldId)
+                                ? host_nvml(ORION_NVML_QUERY_FIELD_VALUE, ordinal, field->scopeId, field->fieldId, rep)
+                                : NVML_ERROR_NOT_SUPPORTED;
+        if (field->nvmlReturn != NVML_SUCCESS) continue;
+        field->valueType = (int)orion_get_u32(rep + ORION_NVML_QUERY_REP_value_type);
+        field->value = orion_get_u64(rep + ORION_NVML_QUERY_REP_value);
+    }
     return NVML_SUCCESS;
 }
 
@@ -354,7 +378,7 @@ nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, 
         return NVML_SUCCESS;
     }
     if (index != NVML_P2P_CAPS_INDEX_READ && index != NVML_P2P_CAPS_INDEX_WRITE && index != NVML_P2P_CAPS_INDEX_ATOMICS)
-        return host_value(NVML_QUERY_P2P_STATUS, first, (uint32_t)second, (uint32_t)index, (unsigned int *)status);
+        return host_value(ORION_NVML_QUERY_P2P_STATUS, first, (uint32_t)second, (uint32_t)index, (unsigned int *)status);
     CUdevice_P2PAttribute attribute = index == NVML_P2P_CAPS_INDEX_ATOMICS
                                           ? CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED
                                           : CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED;
@@ -411,15 +435,6 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, un
     (void)ordinal;
     if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
     *current = *pending = 0;
-    return NVML_SUCCESS;
-}
-
-/* Fields (NVLink counters and the like): each value says NOT_SUPPORTED; the call itself succeeds, as NVML's does. */
-nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count_, nvmlFieldValue_t *values) {
-    DEVICE_OR_RETURN(device, ordinal);
-    (void)ordinal;
-    if (count_ < 0 || (count_ && !values)) return NVML_ERROR_INVALID_ARGUMENT;
-    for (int i = 0; i < count_; i++) values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
     return NVML_SUCCESS;
 }
 

@@ -141,6 +141,9 @@ void *orion_host_function_entry(const char *symbol, int version);
 void orion_capture_began(int status);
 void orion_capture_ended(int status);
 int orion_captures_may_run(void);
+/* Whether `stream` is known here not to be capturing (none may run, and it is a valid handle in the current context
+ * of an initialised process): cuStreamIsCapturing and cuStreamGetCaptureInfo then answer NONE without asking. */
+int orion_known_not_capturing(uint64_t stream);
 /* The guest's address of the page-locked words that stand for (fn, data) in a host node (made at first use), which
  * oriond's trampoline counts runs in: a CUresult (NOT_SUPPORTED on a relayed session). */
 int orion_host_node_words(CUhostFn fn, void *data, uint64_t *words);

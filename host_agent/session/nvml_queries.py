@@ -9,7 +9,10 @@ physical GPUs behind the session's guest ordinals, read-only, and for those GPUs
 - NVML_NVLINK_REMOTE_PCI (link): the PCI identity of what is at the link's other end (a GPU's bus ID as the guest's
   driver reports it, since cuDeviceGetPCIBusId is forwarded too);
 - NVML_NVLINK_CAPABILITY (link, capability): nvmlNvLinkCapability_t's answer;
-- NVML_P2P_STATUS (peer, index): nvmlDeviceGetP2PStatus between two of the session's GPUs.
+- NVML_P2P_STATUS (peer, index): nvmlDeviceGetP2PStatus between two of the session's GPUs;
+- NVML_FIELD_VALUE (scope, field): one nvmlDeviceGetFieldValues value, for the fields that say what a link is
+  (NVML_LINK_FIELDS: NCCL reads an NVLink's state so on sm_90 and later), never a traffic or error counter, which
+  would tell one tenant of a shared GPU about another's work.
 
 The reply carries NVML's own return code: a GPU without NVLink answers NVML_ERROR_NOT_SUPPORTED there as here, and
 so does a host whose NVML cannot be opened. A guest ordinal the session does not have, a link past NVML's 18 or an
@@ -24,6 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ivshmem.driver_api import (
+    NVML_FIELD_VALUE,
+    NVML_LINK_FIELDS,
     NVML_NVLINK_CAPABILITY,
     NVML_NVLINK_REMOTE_PCI,
     NVML_NVLINK_STATE,
@@ -63,9 +68,11 @@ class NvmlQueries:
         except RecordError as exc:
             return Reply(Status.MALFORMED, str(exc).encode())
         devices = self._devices()
-        linked = query in (NVML_NVLINK_STATE, NVML_NVLINK_REMOTE_PCI, NVML_NVLINK_CAPABILITY)
+        linked = query in (NVML_NVLINK_STATE, NVML_NVLINK_REMOTE_PCI, NVML_NVLINK_CAPABILITY, NVML_FIELD_VALUE)
         if not 0 <= device < len(devices) or not (linked or query == NVML_P2P_STATUS) or (linked and link >= MAX_LINKS):
             return self._result(NVML_ERROR_INVALID_ARGUMENT)
+        if query == NVML_FIELD_VALUE and which not in NVML_LINK_FIELDS:
+            return self._result(NVML_ERROR_NOT_SUPPORTED)  # as NVML says of a field a device does not have
         handles = self._open()
         if handles is None:
             return self._result(NVML_ERROR_NOT_SUPPORTED)
@@ -83,6 +90,8 @@ class NvmlQueries:
                     return self._result(NVML_ERROR_INVALID_ARGUMENT)
                 peer = handles.handle(devices[link])
                 return self._result(NVML_SUCCESS, int(nvml.device_get_p2p_status(handle, peer, which)))
+            if query == NVML_FIELD_VALUE:
+                return self._field(nvml, handle, which, link)
             return self._remote_pci(nvml.device_get_nvlink_remote_pci_info_v2(handle, link))
         except nvml.NvmlError as exc:
             return self._result(int(getattr(exc, "status", NVML_ERROR_UNKNOWN)))
@@ -100,15 +109,24 @@ class NvmlQueries:
         return self._handles
 
     @staticmethod
-    def _result(result: int, value: int = 0) -> Reply:
-        return Reply(0, NVML_QUERY_REPLY.encode(result, value & 0xFFFFFFFF, 0, 0, 0, 0, 0, bytes(NVML_QUERY_BUS_IDS)))
+    def _result(result: int, value: int = 0, value_type: int = 0) -> Reply:
+        return Reply(0, NVML_QUERY_REPLY.encode(result, value_type, value & (1 << 64) - 1, 0, 0, 0, 0, 0,
+                                                bytes(NVML_QUERY_BUS_IDS)))
+
+    @classmethod
+    def _field(cls, nvml: Any, handle: Any, field: int, scope: int) -> Reply:
+        """One field's value as NVML gave it: its own return code, type and 8 bytes (the union's widest view)."""
+        values = nvml.FieldValue(1)
+        values.field_id, values.scope_id = field, scope
+        nvml.device_get_field_values(handle, values)
+        return cls._result(int(values.nvml_return), int(values.value["ull_val"][0]), int(values.value_type))
 
     @staticmethod
     def _remote_pci(info: Any) -> Reply:
         bus_ids = _text(info.bus_id).encode()[:31].ljust(32, b"\0") + _text(info.bus_id_legacy).encode()[:15].ljust(
             16, b"\0")
         return Reply(0, NVML_QUERY_REPLY.encode(
-            NVML_SUCCESS, 0, int(info.domain), int(info.bus), int(info.device_), int(info.pci_device_id),
+            NVML_SUCCESS, 0, 0, int(info.domain), int(info.bus), int(info.device_), int(info.pci_device_id),
             int(info.pci_sub_system_id), bus_ids))
 
 

@@ -201,6 +201,9 @@ def test_default_channel_layout_matches_the_doc() -> None:
     # "a 128 MiB region gets 256 KiB chunks and a 16 MiB one 32 KiB chunks"
     assert g.chunk_size == 256 * 1024
     assert Geometry.build(16 * MIB).chunk_size == 32 * 1024
+    # slots that hold an NCCL launch (a few KiB), smaller where the rings would take more than a quarter of the region
+    assert g.slot_size == 4096
+    assert Geometry.build(16 * MIB).slot_size == 2048 and Geometry.build(16 * MIB, 32).slot_size == 512
     assert g.features == layout.FEATURE_STAGED | layout.FEATURE_ASYNC_ERRORS | layout.FEATURE_HOST_HEARTBEAT
 
 

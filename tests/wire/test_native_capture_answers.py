@@ -1,7 +1,8 @@
-"""cuStreamIsCapturing answered in the guest (guest_runtime/native/capture_state.c) against a real agent whose sessions
+"""cuStreamIsCapturing and cuStreamGetCaptureInfo answered in the guest (guest_runtime/native/capture_state.c) against a real agent whose sessions
 run the executor over the fake driver (tests/forwarding_rig.py), locally or relayed.
 
-While no capture may be under way in the process, a default stream's status is NONE without a record to the agent;
+While no capture may be under way in the process, the status of a default stream or of one the process made (and has
+not destroyed) is NONE without a record to the agent;
 once a capture begins, every query is the agent's again (the legacy stream's answer while a blocking stream captures
 is the driver's error, which only the agent can give), and after the capture ends the guest answers again. A capture
 whose end failed and left it running (an end asked of a stream that is not capturing) keeps the queries the agent's.
@@ -16,7 +17,7 @@ from tests.forwarding_rig import Rig
 from tests.wire.test_native_callbacks import run
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
-SUCCESS, INVALID_VALUE, ILLEGAL_STATE, CAPTURE_IMPLICIT = 0, 1, 401, 906
+SUCCESS, INVALID_VALUE, INVALID_HANDLE, ILLEGAL_STATE, CAPTURE_IMPLICIT = 0, 1, 400, 401, 906
 NONE, ACTIVE = 0, 1
 
 QUERIES = r"""
@@ -73,6 +74,50 @@ def test_default_streams_are_answered_here_until_a_capture_may_run(library: Path
     assert out["end_at_last"] == SUCCESS and out["after_all"] == [SUCCESS, NONE]
     asked = [e for e in rig.entries(since=mark, name="cuStreamIsCapturing")]
     assert len(asked) == 4  # during the captures only: the default streams' other answers never left the guest
+
+
+CAPTURE_INFO = r"""
+lib.cuStreamIsCapturing.argtypes = [c_void_p, c_void_p]
+lib.cuStreamGetCaptureInfo.argtypes = [c_void_p] + [c_void_p] * 6
+lib.cuStreamBeginCapture_v2.argtypes = [c_void_p, c_int]
+lib.cuStreamEndCapture.argtypes = [c_void_p, c_void_p]
+lib.cuStreamDestroy_v2.argtypes = [c_void_p]
+def info(s):
+    status, ident, graph, nodes, edges, count = c_int(-1), ctypes.c_uint64(7), c_void_p(7), c_void_p(7), c_void_p(7), \
+        c_size_t(7)
+    rc = lib.cuStreamGetCaptureInfo(s, byref(status), byref(ident), byref(graph), byref(nodes), byref(edges),
+                                    byref(count))
+    return [rc, status.value, ident.value, graph.value, nodes.value, edges.value, count.value]
+def capturing(s):
+    status = c_int(-1)
+    return [lib.cuStreamIsCapturing(s, byref(status)), status.value]
+mine, side, gone = stream(1), stream(1), stream(1)
+assert lib.cuStreamDestroy_v2(gone) == 0
+out["idle"] = [info(None), info(2), info(mine), capturing(mine)]
+out["gone"] = [info(gone)[0], capturing(gone)[0]]
+out["begin"] = lib.cuStreamBeginCapture_v2(side, 2)  # relaxed: other streams may be asked of
+out["during"] = [info(mine), info(side)[1]]
+graph = c_void_p()
+out["end"] = lib.cuStreamEndCapture(side, byref(graph))
+out["after"] = info(mine)
+"""
+
+
+def test_a_stream_of_the_process_and_capture_info_are_answered_here(library: Path, rig: Rig) -> None:
+    """cuStreamGetCaptureInfo (NCCL asks it before each collective) and cuStreamIsCapturing of a stream the process
+    made: NONE with no record while no capture may run, every output what the agent's answer for a stream that is not
+    capturing holds (asked while another stream captures); a destroyed stream's query is the agent's
+    (INVALID_HANDLE: the agent's own check)."""
+    mark = rig.mark()
+    out, _ = run(library, rig, CAPTURE_INFO)
+    none = [SUCCESS, NONE, 0, None, None, None, 0]
+    assert out["idle"] == [none, none, none, [SUCCESS, NONE]], out
+    assert out["gone"] == [INVALID_HANDLE, INVALID_HANDLE], out
+    assert out["begin"] == SUCCESS
+    assert out["during"] == [none, ACTIVE], out  # the agent's answer for `mine`: the same as the guest's
+    assert out["end"] == SUCCESS and out["after"] == none
+    asked = rig.entries(since=mark, name="cuStreamGetCaptureInfo") + rig.entries(since=mark, name="cuStreamIsCapturing")
+    assert len(asked) == 2, asked  # the two during the capture (the destroyed stream's the agent refused itself)
 
 
 def test_a_failed_posted_call_is_reported_by_a_query_answered_here(library: Path, rig: Rig) -> None:

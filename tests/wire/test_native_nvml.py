@@ -233,6 +233,17 @@ for i, handle in enumerate(handles):
                               pci.busId.decode(), pci.busIdLegacy.decode(), [pci.domain, pci.bus, pci.device],
                               nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link, ctypes.byref(plain)),
                               plain.busId.decode()]
+        fields = (ctypes.c_byte * 120)()  # three nvmlFieldValue_t: the link's state, the link count, a counter
+        for k, field in enumerate((165, 91, 161)):  # NVML_FI_DEV_NVLINK_GET_STATE, _LINK_COUNT, _ERROR_DL_REPLAY
+            ctypes.c_uint.from_buffer(fields, 40 * k).value = field
+            ctypes.c_uint.from_buffer(fields, 40 * k + 4).value = link
+            ctypes.c_int.from_buffer(fields, 40 * k + 24).value = -1
+        rc = nvml.nvmlDeviceGetFieldValues(handle, 3, fields)
+        out[f"fields {i} {link}"] = [rc] + [[ctypes.c_int.from_buffer(fields, 40 * k + 28).value,
+                                             ctypes.c_int.from_buffer(fields, 40 * k + 24).value,
+                                             ctypes.c_uint.from_buffer(fields, 40 * k + 32).value,
+                                             ctypes.c_longlong.from_buffer(fields, 40 * k + 8).value > 0]
+                                            for k in range(3)]
     status = ctypes.c_int(-1)
     out[f"p2p nvlink {i}"] = [nvml.nvmlDeviceGetP2PStatus(handle, handles[1 - i], 2, ctypes.byref(status)),
                               status.value]
@@ -267,3 +278,9 @@ def test_nvlink_is_the_gpu_hosts_nvml_about_the_sessions_gpus(library: Path, sta
     for i in range(2):
         assert out[f"{i} 2"][:1] == [3] and out[f"{i} 2"][2] == 3 and out[f"{i} 2"][4] == 3, out  # no link 2
         assert out[f"p2p nvlink {i}"] == [0, 0], out
+        # field values (NCCL's NVLink state on sm_90): [return, type, value, timestamped]; the link count the fake's
+        # (2 links per GPU); a traffic or error counter NOT_SUPPORTED, untouched but for its time
+        count, counter = [0, 1, 2, True], [3, -1, 0, True]
+        for link in (0, 1):
+            assert out[f"fields {i} {link}"] == [0, [0, 1, 1, True], count, counter], out
+        assert out[f"fields {i} 2"] == [0, [3, -1, 0, True], count, counter], out
