@@ -95,6 +95,9 @@ GUEST: dict[str, str] = {
     "cuGraphNodeSetParams": "graph_calls.c", "cuGraphExecNodeSetParams": "graph_calls.c",
     # guest memory registered with the GPU: copies from and to it are staged, as from pageable memory
     "cuMemHostRegister": "page_locked_calls.c", "cuMemHostUnregister": "page_locked_calls.c",
+    # cuMem memory shared between the processes of one guest as a file descriptor of the guest's own (a memfd naming
+    # the GPU host's export), which the program may pass on as NCCL does
+    "cuMemExportToShareableHandle": "shareable_handles.c", "cuMemImportFromShareableHandle": "shareable_handles.c",
 }
 
 def _not_yet(what: str) -> str:
@@ -134,7 +137,7 @@ UNSUPPORTED: list[tuple[str, str]] = [
      "green contexts and device resources partition the GPU's SMs, which a vGPU shares and does not own"),
     (r"cuCtxCreate_v|cuCtxGetExecAffinity",
      "contexts with execution affinity or creation parameters (SM limits) partition a GPU a vGPU does not own"),
-    (r"cuIpc|cuMemExportToShareableHandle|cuMemImportFromShareableHandle|cuMemPoolExport|cuMemPoolImport"
+    (r"cuIpc|cuMemPoolExport|cuMemPoolImport"
      r"|cuMemGetHandleForAddressRange|cuImportExternal|cuDestroyExternal|cuExternalMemory"
      r"|cuSignalExternalSemaphores|cuWaitExternalSemaphores|cuDeviceGetNvSciSyncAttributes",
      "sharing memory between processes or APIs hands out an OS handle of the GPU host, which the guest cannot use"),

@@ -816,6 +816,13 @@ NVML_NVLINK_STATE, NVML_NVLINK_REMOTE_PCI, NVML_NVLINK_CAPABILITY, NVML_P2P_STAT
 # errors (nvml.h's NVML_FI_DEV_NVLINK_LINK_COUNT, _NVLINK_GET_SPEED, _GET_STATE, _GET_VERSION, _C2C_LINK_COUNT,
 # _C2C_LINK_GET_STATUS, _C2C_LINK_GET_MAX_BW). NCCL reads an NVLink's state this way on sm_90 and later.
 NVML_LINK_FIELDS = frozenset({91, 164, 165, 166, 170, 171, 172})
+# The native driver's cuMemExportToShareableHandle and cuMemImportFromShareableHandle (guest_runtime/native/
+# shareable_handles.c; host_agent/session/shared_handles.py): cuMem physical memory shared between the sessions of
+# one region, as NCCL's P2P transport shares it between the processes of one guest. EXPORT answers a token (the
+# exporting worker's pid and a 128-bit secret) for the session's handle; IMPORT of a token answers a handle of the
+# importing session for the same memory, where both sessions are one region's.
+SHARE_EXPORT_OPCODE = CUDA_OPCODE_BASE + 0x0F05
+SHARE_IMPORT_OPCODE = CUDA_OPCODE_BASE + 0x0F06
 # The calls that make a stream of the program's own (its first parameter): both guest clients keep the streams they
 # made, so that a small copy to the device on one may be posted (native/known_streams.c, forward.py's _htod).
 STREAM_CREATES = frozenset({"cuStreamCreate", "cuStreamCreateWithPriority"})
@@ -867,13 +874,20 @@ HOST_NODE_FUNCTION_REQUEST = Schema("HOST_NODE_FUNCTION", ("stream", "u64"), ("w
 # capability; NVML_P2P_STATUS: `link` the peer's guest ordinal, `which` the P2P index; NVML_FIELD_VALUE: `which` the
 # field ID, one of NVML_LINK_FIELDS, `link` its scope ID) about guest device `device`. The reply carries NVML's own
 # return code (`result`; a field's own), the answer (`value`; a field's 8 bytes, of NVML's `value_type`; a remote
-# end's PCI fields), and as its tail always NVML_QUERY_BUS_IDS bytes: for NVML_NVLINK_REMOTE_PCI the bus ID (32 bytes) and its legacy form (16),
-# each NUL-terminated within its field, else zeros.
+# end's PCI fields), and as its tail always NVML_QUERY_BUS_IDS bytes: for NVML_NVLINK_REMOTE_PCI the bus ID (32
+# bytes) and its legacy form (16), each NUL-terminated within its field, else zeros.
 NVML_QUERY_BUS_IDS = 48
 NVML_QUERY_REQUEST = Schema("NVML_QUERY", ("query", "u32"), ("device", "i32"), ("link", "u32"), ("which", "u32"))
 NVML_QUERY_REPLY = Schema("NVML_QUERY reply", ("result", "i32"), ("value_type", "i32"), ("value", "u64"),
                           ("domain", "u32"), ("bus", "u32"), ("pci_device", "u32"), ("pci_device_id", "u32"),
                           ("pci_sub_system_id", "u32"), ("bus_ids", "tail"))
+# SHARE_EXPORT: `handle` (the session's CUmemGenericAllocationHandle) exported as `handle_type` with `flags`;
+# SHARE_IMPORT: the token (`pid`, `secret_a`, `secret_b`) imported as `handle_type`. Both reply with the token and
+# the handle (an export's own handle; an import's new one).
+SHARE_EXPORT_REQUEST = Schema("SHARE_EXPORT", ("handle", "u64"), ("flags", "u64"), ("handle_type", "i32"))
+SHARE_IMPORT_REQUEST = Schema("SHARE_IMPORT", ("secret_a", "u64"), ("secret_b", "u64"), ("pid", "u32"),
+                              ("handle_type", "i32"))
+SHARE_REPLY = Schema("SHARE reply", ("handle", "u64"), ("secret_a", "u64"), ("secret_b", "u64"), ("pid", "u32"))
 # The request of a load's IMAGE_BY_DIGEST variant: the image's size and SHA-256 (32 bytes), then the load's own
 # request with an empty image (its JIT options, if any): the usual request is `request` + the image's bytes.
 IMAGE_BY_DIGEST_REQUEST = Schema("IMAGE_BY_DIGEST", ("size", "u64"), ("digest", "bytes"), ("request", "tail"))
@@ -895,6 +909,10 @@ def describe() -> dict[str, Any]:
                        "reply": NVML_QUERY_REPLY.describe(),
                        "queries": {"nvlink_state": NVML_NVLINK_STATE, "nvlink_remote_pci": NVML_NVLINK_REMOTE_PCI,
                                    "nvlink_capability": NVML_NVLINK_CAPABILITY, "p2p_status": NVML_P2P_STATUS}},
+        "share_export": {"opcode": SHARE_EXPORT_OPCODE, "request": SHARE_EXPORT_REQUEST.describe(),
+                         "reply": SHARE_REPLY.describe()},
+        "share_import": {"opcode": SHARE_IMPORT_OPCODE, "request": SHARE_IMPORT_REQUEST.describe(),
+                         "reply": SHARE_REPLY.describe()},
         "image_by_digest": {"added": IMAGE_BY_DIGEST, "calls": sorted(IMAGE_LOADS), "not_cached": IMAGE_NOT_CACHED,
                             "min_size": IMAGE_BY_DIGEST_MIN, "request": IMAGE_BY_DIGEST_REQUEST.describe()},
         "effects": EFFECTS, "calls": [call.describe() for call in CALLS.values()],
@@ -1017,6 +1035,10 @@ def markdown() -> str:
               f"{NVML_NVLINK_REMOTE_PCI} NVLink remote PCI, {NVML_NVLINK_CAPABILITY} NVLink capability, "
               f"{NVML_P2P_STATUS} P2P status, {NVML_FIELD_VALUE} a link field's value), reply "
               f"{_fields_text(NVML_QUERY_REPLY)}: the GPU host's NVML about the session's own GPUs.", "",
+              f"Forwarding-layer opcodes: SHARE_EXPORT `{SHARE_EXPORT_OPCODE:#x}`, request "
+              f"{_fields_text(SHARE_EXPORT_REQUEST)}, and SHARE_IMPORT `{SHARE_IMPORT_OPCODE:#x}`, request "
+              f"{_fields_text(SHARE_IMPORT_REQUEST)}, both replying {_fields_text(SHARE_REPLY)}: cuMem physical "
+              "memory shared between sessions of one region (local sessions).", "",
               f"Image by digest: {', '.join(f'`{name}`' for name in sorted(IMAGE_LOADS))} also travel as opcode "
               f"+ {IMAGE_BY_DIGEST:#x}, request {_fields_text(IMAGE_BY_DIGEST_REQUEST)} (`digest` the image's "
               "SHA-256, `request` the call's own request without the image), for images of at least "

@@ -153,6 +153,7 @@ import ctypes
 import functools
 import hashlib
 import json
+import mmap
 import os
 import re
 import struct
@@ -1307,13 +1308,28 @@ _SHORT_BUS_ID = re.compile(rb"([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)")  #
 
 @dataclass
 class _Physical:
-    """Physical memory of cuMemCreate: its bytes (shared by every mapping of it), its device, whether released."""
-    data: bytearray
+    """Physical memory of cuMemCreate: its bytes (shared by every mapping of it), its device, whether released.
+    Memory created exportable as a POSIX file descriptor lives in a memfd (`descriptor`), mapped: what another
+    process imports from an export of it is the same bytes, as on a GPU."""
+    data: Any  # a bytearray, or an mmap of `descriptor`
     device: int
     released: bool = False
     references: int = 1  # cuMemCreate's and each cuMemRetainAllocationHandle's, until released
     handle_types: int = 0  # requestedHandleTypes, and allocFlags (compression, RDMA, usage) as created
     flags: tuple[int, int, int] = (0, 0, 0)
+    descriptor: int = -1
+    imported: bool = False  # counted where it was created, not here
+
+
+POSIX_FILE_DESCRIPTOR = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+EXPORT_NAME = "fake-cumem-device-"  # a memfd's name: the device its memory is on follows
+
+
+def _exportable(size: int, device: int) -> tuple[Any, int]:
+    """`size` bytes in a memfd of their own, mapped; and the memfd."""
+    descriptor = os.memfd_create(f"{EXPORT_NAME}{device}", os.MFD_CLOEXEC)
+    os.ftruncate(descriptor, size)
+    return mmap.mmap(descriptor, size), descriptor
 
 
 @dataclass
@@ -5397,8 +5413,10 @@ class FakeDriver:
         handle = self._handle()
         alloc_flags = (int(prop.allocFlags.compressionType), int(prop.allocFlags.gpuDirectRDMACapable),
                        int(prop.allocFlags.usage))
-        self.physical[handle] = _Physical(bytearray(size), device, handle_types=int(prop.requestedHandleTypes),
-                                          flags=alloc_flags)
+        handle_types = int(prop.requestedHandleTypes)
+        data, descriptor = _exportable(size, device) if handle_types & POSIX_FILE_DESCRIPTOR else (bytearray(size), -1)
+        self.physical[handle] = _Physical(data, device, handle_types=handle_types, flags=alloc_flags,
+                                          descriptor=descriptor)
         self.used[device] += size
         self._note = {"device": device}
         return CUresult(0), CUmemGenericAllocationHandle(handle)
@@ -5408,7 +5426,10 @@ class FakeDriver:
         physical = self.physical.get(handle)
         if physical is not None and physical.released and all(m.handle != handle for m in self.mappings.values()):
             del self.physical[handle]
-            self.used[physical.device] -= len(physical.data)
+            if not physical.imported:
+                self.used[physical.device] -= len(physical.data)
+            if physical.descriptor >= 0:
+                os.close(physical.descriptor)
 
     @_recorded
     def cuMemRelease(self, handle: Any) -> tuple[Any, ...]:
@@ -5421,6 +5442,38 @@ class FakeDriver:
         physical.released = physical.references == 0
         self._vmm_give_back(int(handle))
         return _result(0)
+
+    @_recorded
+    def cuMemExportToShareableHandle(self, handle: Any, handle_type: Any, flags: int) -> tuple[Any, ...]:
+        """A new descriptor of the memory (the caller's to close), for memory created exportable as one."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        physical = self.physical.get(int(handle or 0))
+        if (physical is None or physical.released or int(flags) or int(handle_type) != POSIX_FILE_DESCRIPTOR
+                or physical.descriptor < 0):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        return CUresult(0), os.dup(physical.descriptor)
+
+    @_recorded
+    def cuMemImportFromShareableHandle(self, os_handle: Any, handle_type: Any) -> tuple[Any, ...]:
+        """A handle of this process for the memory behind an exported descriptor (the same bytes); the descriptor
+        stays the caller's. The memory counts where it was created."""
+        if not self.initialized:
+            return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
+        try:
+            descriptor = int(os_handle)
+            name = os.readlink(f"/proc/self/fd/{descriptor}")
+            size = os.fstat(descriptor).st_size
+        except (OSError, TypeError, ValueError):
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        found = re.match(rf"/memfd:{EXPORT_NAME}(\d+) ", name)
+        if int(handle_type) != POSIX_FILE_DESCRIPTOR or found is None or not size:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        kept = os.dup(descriptor)
+        handle = self._handle()
+        self.physical[handle] = _Physical(mmap.mmap(kept, size), int(found.group(1)),
+                                          handle_types=POSIX_FILE_DESCRIPTOR, descriptor=kept, imported=True)
+        return CUresult(0), CUmemGenericAllocationHandle(handle)
 
     @_recorded
     def cuMemMap(self, ptr: Any, size: int, offset: int, handle: Any, flags: int) -> tuple[Any, ...]:

@@ -56,6 +56,8 @@ from ivshmem.driver_api import (
     POOL_ATTRIBUTES_64,
     POOL_MAP_OPCODE,
     POOL_MIRROR_OPCODE,
+    SHARE_EXPORT_OPCODE,
+    SHARE_IMPORT_OPCODE,
     DriverCall,
     LaunchConfig,
     table_digest,
@@ -82,6 +84,7 @@ from .nvml_queries import NvmlOpener, NvmlQueries
 from .pinned_pool import HostPool, answer_bookkeeping
 from .pool_mirror import PoolMirror
 from .session_ledger import CHECKED, SessionLedger
+from .shared_handles import SharedHandles
 from .stream_extras import StreamExtraCalls
 from .structured_copies import StructuredCopies
 from .vgpu_grant import GrantRefused, take_up
@@ -162,6 +165,8 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         self._launch_attributes = ctypes.create_string_buffer(MAX_LAUNCH_ATTRIBUTES * LAUNCH_ATTRIBUTE.size)
         self.images = ImageCache(self.options.image_cache)  # module images by digest, shared by the host's sessions
         self.nvml_queries = NvmlQueries(self.driver, lambda: self.ledger.devices, self.options.nvml)
+        self.shared_handles = SharedHandles(self.driver, self.ledger, session.region,
+                                            relayed=session.region.startswith(RELAYED))
         self._image_from_cache = False  # the load in progress got its image from the cache (not stored again)
 
     def attach_channel(self, region: Region, index: int) -> None:
@@ -226,6 +231,12 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             if record.opcode == NVML_QUERY_OPCODE:  # rare: tested only here, off the calls' path
                 return self.nvml_queries.answer(bytes(record.payload)) if self.driver is not None \
                     else Reply(NOT_INITIALIZED)
+            if record.opcode in (SHARE_EXPORT_OPCODE, SHARE_IMPORT_OPCODE):
+                if self.driver is None:
+                    return Reply(NOT_INITIALIZED)
+                shared = self.shared_handles
+                return (shared.export if record.opcode == SHARE_EXPORT_OPCODE else shared.import_)(
+                    bytes(record.payload))
             return Reply(Status.UNKNOWN_OPCODE, f"opcode {record.opcode:#x} is not a forwarded CUDA call".encode())
         if self.driver is None:
             return Reply(NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED)

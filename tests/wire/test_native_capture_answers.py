@@ -1,5 +1,5 @@
-"""cuStreamIsCapturing and cuStreamGetCaptureInfo answered in the guest (guest_runtime/native/capture_state.c) against a real agent whose sessions
-run the executor over the fake driver (tests/forwarding_rig.py), locally or relayed.
+"""cuStreamIsCapturing and cuStreamGetCaptureInfo answered in the guest (guest_runtime/native/capture_state.c) against
+a real agent whose sessions run the executor over the fake driver (tests/forwarding_rig.py), locally or relayed.
 
 While no capture may be under way in the process, the status of a default stream or of one the process made (and has
 not destroyed) is NONE without a record to the agent;

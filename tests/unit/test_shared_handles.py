@@ -1,0 +1,136 @@
+"""SHARE_EXPORT and SHARE_IMPORT, the GPU host's side (host_agent/session/shared_handles.py): exported memory reaches
+a session of the same region only, through a worker that holds the export; a secret no worker holds, another
+region, another user, a relayed session, a handle that is not the session's or another handle type never reach
+the driver's import. The exporting worker is a forked process of its own, as a session's worker is; the memory is
+the fake driver's (a memfd, so an import really is the same bytes)."""
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from host_agent.session.shared_handles import MAX_EXPORTS, SharedHandles, _ask
+from ivshmem.driver_api import SHARE_EXPORT_REQUEST, SHARE_IMPORT_REQUEST, SHARE_REPLY
+from ivshmem.record import Status
+from tests.fake_driver import (
+    VMM_GRANULARITY,
+    CUmemAllocationHandleType,
+    CUmemAllocationProp,
+    CUmemAllocationType,
+    CUmemLocationType,
+    FakeDriver,
+)
+
+SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_SUPPORTED = 0, 1, 2, 801
+POSIX, FABRIC = 1, 8
+PHYSICAL = "CUmemGenericAllocationHandle"
+
+
+def _ledger() -> Any:
+    return SimpleNamespace(handles={PHYSICAL: set()})
+
+
+def _memory(driver: FakeDriver, ledger: Any, handle_types: int = POSIX) -> int:
+    """Exportable memory of the session's, its first bytes written."""
+    prop = CUmemAllocationProp()
+    prop.type = CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.requestedHandleTypes = CUmemAllocationHandleType(handle_types)
+    prop.location.type = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    err, handle = driver.cuMemCreate(VMM_GRANULARITY, prop, 0)
+    assert int(err) == SUCCESS
+    driver.physical[int(handle)].data[:5] = b"hello"
+    ledger.handles[PHYSICAL].add(int(handle))
+    return int(handle)
+
+
+def _driver() -> FakeDriver:
+    driver = FakeDriver()
+    driver.cuInit(0)
+    return driver
+
+
+def _token(reply: Any) -> tuple[int, int, int]:
+    _handle, secret_a, secret_b, pid = SHARE_REPLY.decode(reply.payload)
+    return secret_a, secret_b, pid
+
+
+@pytest.fixture
+def exporter() -> Iterator[tuple[int, int, int]]:
+    """A forked worker of region "guest-a" that exported memory and serves its token until the test ends."""
+    tokens, stop = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the exporting worker
+        try:
+            driver, ledger = _driver(), _ledger()
+            shared = SharedHandles(driver, ledger, "guest-a", relayed=False)
+            reply = shared.export(SHARE_EXPORT_REQUEST.encode(_memory(driver, ledger), 0, POSIX))
+            os.write(tokens[1], struct.pack("<QQI", *_token(reply)) if reply.status == SUCCESS else b"!")
+            os.read(stop[0], 1)
+        finally:
+            os._exit(0)
+    token = os.read(tokens[0], 20)
+    assert len(token) == 20, "the exporting worker failed"
+    yield struct.unpack("<QQI", token)
+    os.write(stop[1], b"x")
+    os.waitpid(pid, 0)
+    for end in (*tokens, *stop):
+        os.close(end)
+
+
+def _import(shared: SharedHandles, token: tuple[int, int, int], handle_type: int = POSIX) -> Any:
+    return shared.import_(SHARE_IMPORT_REQUEST.encode(*token, handle_type))
+
+
+def test_a_session_of_the_same_region_imports_the_same_memory(exporter: tuple[int, int, int]) -> None:
+    driver, ledger = _driver(), _ledger()
+    reply = _import(SharedHandles(driver, ledger, "guest-a", relayed=False), exporter)
+    assert reply.status == SUCCESS
+    handle = SHARE_REPLY.decode(reply.payload)[0]
+    assert handle in ledger.handles[PHYSICAL]  # the importing session's to map from now on
+    assert bytes(driver.physical[handle].data[:5]) == b"hello"  # the exporter's bytes
+    assert driver.physical[handle].imported and driver.used[0] == 0  # counted where it was made only
+
+
+def test_another_region_user_or_secret_gets_nothing(exporter: tuple[int, int, int]) -> None:
+    driver = _driver()
+    secret_a, secret_b, pid = exporter
+    for region, token in [("guest-b", exporter), ("guest-a", (secret_a ^ 1, secret_b, pid)),
+                          ("guest-a", (secret_a, secret_b, 1))]:  # another guest; a forged secret; no such worker
+        assert _import(SharedHandles(driver, _ledger(), region, relayed=False), token).status == INVALID_VALUE
+    assert [call.name for call in driver.calls if call.name == "cuMemImportFromShareableHandle"] == []
+    child = os.fork()
+    if child == 0:  # another user of the host asking the worker directly
+        os.setgid(65534)
+        os.setuid(65534)
+        os._exit(0 if _ask(pid, struct.pack("<QQ", secret_a, secret_b), "guest-a") is None else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+
+
+def test_what_is_not_shared_is_refused_before_the_driver() -> None:
+    driver, ledger = _driver(), _ledger()
+    shared = SharedHandles(driver, ledger, "guest-a", relayed=False)
+    handle = _memory(driver, ledger)
+    assert shared.export(SHARE_EXPORT_REQUEST.encode(handle + 99, 0, POSIX)).status == INVALID_VALUE  # not its own
+    assert shared.export(SHARE_EXPORT_REQUEST.encode(handle, 0, FABRIC)).status == NOT_SUPPORTED
+    assert shared.export(b"\0" * 3).status == Status.MALFORMED
+    relayed = SharedHandles(driver, ledger, "relay 10.0.0.1:9000", relayed=True)
+    assert relayed.export(SHARE_EXPORT_REQUEST.encode(handle, 0, POSIX)).status == NOT_SUPPORTED
+    assert _import(relayed, (1, 2, os.getpid())).status == NOT_SUPPORTED
+    own = shared.export(SHARE_EXPORT_REQUEST.encode(handle, 0, POSIX))
+    assert own.status == SUCCESS
+    assert _import(shared, _token(own)).status == SUCCESS  # a session imports what it exported itself
+    assert _import(shared, _token(own), FABRIC).status == NOT_SUPPORTED
+
+
+def test_exports_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    driver, ledger = _driver(), _ledger()
+    shared = SharedHandles(driver, ledger, "guest-a", relayed=False)
+    handle = _memory(driver, ledger)
+    monkeypatch.setattr("host_agent.session.shared_handles.MAX_EXPORTS", 2)
+    replies = [shared.export(SHARE_EXPORT_REQUEST.encode(handle, 0, POSIX)).status for _ in range(3)]
+    assert replies == [SUCCESS, SUCCESS, OUT_OF_MEMORY] and MAX_EXPORTS > 2

@@ -1,0 +1,114 @@
+"""cuMem memory shared between two processes of one guest (issue 32: NCCL's P2P transport between ranks), through the
+native guest driver (guest_runtime/native/shareable_handles.c) and a real agent whose sessions run the executor
+over the fake driver (host_agent/session/shared_handles.py; tests/forwarding_rig.py).
+
+The exporting process creates memory exportable as a POSIX file descriptor, maps it and writes it, exports it and
+passes the descriptor to the other process over a UNIX socket (SCM_RIGHTS), as NCCL does; the importing process
+imports it, maps it, reads the exporter's bytes and writes its own, which the exporter then reads. The fake driver
+keeps such memory in a memfd, so the two session workers really share it, as two processes share a GPU's memory.
+What is not an export of a session of the same region gets CUDA_ERROR_INVALID_VALUE, another handle type
+CUDA_ERROR_NOT_SUPPORTED. CPU only; the real driver's side runs on the GPU machine (tests/gpu/test_multi_gpu.py).
+"""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests import forwarding_rig
+from tests.forwarding_rig import Rig, local_only, native_child_env
+from tests.wire.test_native_mem_pools import PRELUDE, REPO
+
+bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
+SUCCESS, INVALID_VALUE, NOT_SUPPORTED = 0, 1, 801
+SIZE = 2 << 20
+
+SHARING = r"""
+import array, os, socket
+for name, args in {"cuMemExportToShareableHandle": [P, c_uint64, c_int, c_uint64],
+                   "cuMemImportFromShareableHandle": [U64, P, c_int]}.items():
+    getattr(lib, name).argtypes = args
+peer = socket.socket(fileno=int(sys.argv[3]))
+SIZE = int(sys.argv[4])
+def mapped(handle):
+    base = reserve(SIZE)
+    assert lib.cuMemMap(base, SIZE, 0, handle, 0) == 0
+    assert lib.cuMemSetAccess(base, SIZE, (Access * 1)(access(0)), 1) == 0
+    return base
+def write(base, data):
+    source = ctypes.create_string_buffer(data, len(data))
+    return lib.cuMemcpyHtoD(base, source, len(data))
+def export(handle, kind=1):
+    fd = c_int(-1)
+    return lib.cuMemExportToShareableHandle(byref(fd), handle, kind, 0), fd.value
+def import_(fd, kind=1):
+    handle = c_uint64()
+    return lib.cuMemImportFromShareableHandle(byref(handle), c_void_p(fd), kind), handle.value
+setup()
+"""
+
+EXPORTER = r"""
+prop = Prop()
+prop.type, prop.requestedHandleTypes, prop.location = 1, 1, loc(0)  # exportable as a POSIX file descriptor
+handle = c_uint64()
+assert lib.cuMemCreate(byref(handle), SIZE, byref(prop), 0) == 0
+base = mapped(handle.value)
+out["write"] = write(base, pattern(SIZE, 5))
+out["export"], fd = export(handle.value)
+out["fabric"] = export(handle.value, 8)[0]  # CU_MEM_HANDLE_TYPE_FABRIC
+plain = create(SIZE)[1]  # not created exportable: the driver's own refusal
+out["plain"] = export(plain)[0]
+socket.send_fds(peer, [b"fd"], [fd])
+os.close(fd)  # the program's descriptor: its own to close, as the driver's is
+assert peer.recv(4) == b"done"
+out["read_back"] = read(base, SIZE)[1] == pattern(SIZE, 9)  # what the importing process wrote
+"""
+
+IMPORTER = r"""
+_, fds, _, _ = socket.recv_fds(peer, 2, 1)
+out["import"], handle = import_(fds[0])
+base = mapped(handle)
+status, data = read(base, SIZE)
+out["read"] = [status, data == pattern(SIZE, 5)]
+out["write"] = write(base, pattern(SIZE, 9))
+out["again"] = import_(fds[0])[0]  # a descriptor imports as often as the driver's does
+out["fabric"] = import_(fds[0], 8)[0]
+forged = os.memfd_create("forged")
+os.write(forged, b"ORIONSH1" + bytes(range(20)))  # the right shape, a secret no worker holds
+out["forged"] = import_(forged)[0]
+pipe = os.pipe()
+out["not_an_export"] = import_(pipe[0])[0]
+peer.sendall(b"done")
+"""
+
+
+def _start(library: Path, rig: Rig, body: str, end: socket.socket) -> subprocess.Popen[str]:
+    script = PRELUDE + SHARING + body + '\nprint("RESULT " + json.dumps(out))\n'
+    return subprocess.Popen([sys.executable, "-c", script, str(library), "", str(end.fileno()), str(SIZE)],
+                            env=native_child_env(library, rig.path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO, pass_fds=[end.fileno()])
+
+
+def _result(child: subprocess.Popen[str]) -> dict[str, Any]:
+    stdout, stderr = child.communicate(timeout=60)
+    assert child.returncode == 0, stderr[-3000:]
+    return json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+
+
+@local_only("a relayed session's region is not the GPU host's to vouch for: export answers NOT_SUPPORTED there")
+def test_two_processes_of_a_guest_share_exported_memory(library: Path, rig: Rig) -> None:
+    mark = rig.mark()
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        exporter, importer = _start(library, rig, EXPORTER, ours), _start(library, rig, IMPORTER, theirs)
+        exported, imported = _result(exporter), _result(importer)
+    assert exported == {"write": SUCCESS, "export": SUCCESS, "fabric": NOT_SUPPORTED, "plain": INVALID_VALUE,
+                        "read_back": True}, exported
+    assert imported == {"import": SUCCESS, "read": [SUCCESS, True], "write": SUCCESS, "again": SUCCESS,
+                        "fabric": NOT_SUPPORTED, "forged": INVALID_VALUE, "not_an_export": INVALID_VALUE}, imported
+    exports = rig.entries(since=mark, name="cuMemExportToShareableHandle")
+    imports = rig.entries(since=mark, name="cuMemImportFromShareableHandle")
+    assert len(exports) == 2 and len(imports) == 2  # the plain one reached the driver; forged and foreign did not
