@@ -113,7 +113,8 @@ def run_on_driver(program: Path, forwarded: tuple[Oriond, GuestLibraries] | None
 GPU_PROGRAMS = ["driver_program.py", "core_program.py", "stream_order_program.py", "runtime_program.py",
                 "pinned_threads_program.py", "mem_pool_program.py", "callbacks_program.py",
                 "structured_copy_program.py", "graph_family_program.py", "link_program.py", "tensor_map_program.py",
-                "module_names_program.py", "host_node_program.py", "batch_mem_op_program.py"]
+                "module_names_program.py", "host_node_program.py", "batch_mem_op_program.py",
+                "shared_memory_program.py"]
 # What a relayed session cannot do of a program's calls: a strict expected failure there, with its reason.
 RELAYED_GAPS = {
     "host_node_program.py": "a relayed session's GPU host cannot reach the guest's page-locked words a host node "
@@ -121,6 +122,8 @@ RELAYED_GAPS = {
                             "(docs/native-driver.md)",
     "batch_mem_op_program.py": "the program copies into page-locked memory with a graph memcpy node, which a relayed "
                                "session answers CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)",
+    "shared_memory_program.py": "a relayed session's region is not the GPU host's to vouch for: exporting cuMem memory "
+                                "answers CUDA_ERROR_NOT_SUPPORTED relayed (docs/multi-gpu.md)",
 }
 
 

@@ -112,3 +112,16 @@ def test_two_processes_of_a_guest_share_exported_memory(library: Path, rig: Rig)
     exports = rig.entries(since=mark, name="cuMemExportToShareableHandle")
     imports = rig.entries(since=mark, name="cuMemImportFromShareableHandle")
     assert len(exports) == 2 and len(imports) == 2  # the plain one reached the driver; forged and foreign did not
+
+
+@local_only("a relayed session's region is not the GPU host's to vouch for: export answers NOT_SUPPORTED there")
+def test_the_gpu_program_runs_through_the_native_driver_on_the_fake(library: Path, rig: Rig) -> None:
+    """tests/gpu/programs/shared_memory_program.py, unmodified, as cuda-python runs it on the native driver (both of
+    its processes): its results are the fake driver's (on a GPU they are compared with a native run instead)."""
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "gpu" / "programs" / "shared_memory_program.py")],
+                          env=native_child_env(library, rig.path), capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+    assert out == {"export": SUCCESS, "export_plain": INVALID_VALUE, "importer": {"import": SUCCESS, "read": True},
+                   "importer_exit": 0, "read_back": True, "size": SIZE}, out
