@@ -51,11 +51,11 @@ static int token_descriptor(const uint8_t token[TOKEN_SIZE]) {
     return fd;
 }
 
-CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
-                                      int handleType, unsigned long long flags) {
+CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle, int handleType,
+                                      unsigned long long flags) {
     ORION_ENTRY("cuMemExportToShareableHandle");
     if (!shareableHandle) return CUDA_ERROR_INVALID_VALUE;
-    CUresult status = posix_only("cuMemExportToShareableHandle", (int)handleType);
+    CUresult status = posix_only("cuMemExportToShareableHandle", handleType);
     if (status != CUDA_SUCCESS) return status;
     uint8_t req[ORION_SHARE_EXPORT_REQ_SIZE], rep[ORION_SHARE_EXPORT_REP_SIZE];
     orion_put_u64(req + ORION_SHARE_EXPORT_REQ_handle, (uint64_t)handle);
@@ -73,11 +73,10 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocat
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
-                                        int shHandleType) {
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, int shHandleType) {
     ORION_ENTRY("cuMemImportFromShareableHandle");
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
-    CUresult status = posix_only("cuMemImportFromShareableHandle", (int)shHandleType);
+    CUresult status = posix_only("cuMemImportFromShareableHandle", shHandleType);
     if (status != CUDA_SUCCESS) return status;
     int fd = (int)(intptr_t)osHandle; /* cuda.h: the descriptor, cast to a pointer */
     uint8_t bytes[TOKEN_AT + TOKEN_SIZE + 1];

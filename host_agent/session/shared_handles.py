@@ -95,11 +95,14 @@ class _Exports:
     def _answer(self, peer: socket.socket) -> None:
         """One request: the descriptor for a secret held here, to a process of this one's user asking for a session
         of the export's region; anything else gets a refusal and nothing."""
-        peer.settimeout(ASK_TIMEOUT_S)
         uid = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+        if uid != os.geteuid():  # refused before a byte is read: another user cannot hold this thread
+            peer.sendall(b"\0")
+            return
+        peer.settimeout(ASK_TIMEOUT_S)
         secret, length = REQUEST.unpack(_receive(peer, REQUEST.size))
         region = _receive(peer, length).decode() if length <= MAX_REGION_NAME else ""
-        descriptor = self.duplicate(secret, region) if uid == os.geteuid() and region else None
+        descriptor = self.duplicate(secret, region) if region else None
         if descriptor is None:
             peer.sendall(b"\0")
             return
