@@ -98,6 +98,10 @@ GUEST: dict[str, str] = {
     # cuMem memory shared between the processes of one guest as a file descriptor of the guest's own (a memfd naming
     # the GPU host's export), which the program may pass on as NCCL does
     "cuMemExportToShareableHandle": "shareable_handles.c", "cuMemImportFromShareableHandle": "shareable_handles.c",
+    # legacy IPC the same way: the 64-byte handle holds the GPU host's token
+    "cuIpcGetMemHandle": "shareable_handles.c", "cuIpcOpenMemHandle": "shareable_handles.c",
+    "cuIpcCloseMemHandle": "shareable_handles.c", "cuIpcGetEventHandle": "shareable_handles.c",
+    "cuIpcOpenEventHandle": "shareable_handles.c",
 }
 
 def _not_yet(what: str) -> str:
@@ -137,7 +141,7 @@ UNSUPPORTED: list[tuple[str, str]] = [
      "green contexts and device resources partition the GPU's SMs, which a vGPU shares and does not own"),
     (r"cuCtxCreate_v|cuCtxGetExecAffinity",
      "contexts with execution affinity or creation parameters (SM limits) partition a GPU a vGPU does not own"),
-    (r"cuIpc|cuMemPoolExport|cuMemPoolImport"
+    (r"cuMemPoolExport|cuMemPoolImport"
      r"|cuMemGetHandleForAddressRange|cuImportExternal|cuDestroyExternal|cuExternalMemory"
      r"|cuSignalExternalSemaphores|cuWaitExternalSemaphores|cuDeviceGetNvSciSyncAttributes",
      "sharing memory between processes or APIs hands out an OS handle of the GPU host, which the guest cannot use"),

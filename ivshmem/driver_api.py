@@ -823,6 +823,13 @@ NVML_LINK_FIELDS = frozenset({91, 164, 165, 166, 170, 171, 172})
 # importing session for the same memory, where both sessions are one region's.
 SHARE_EXPORT_OPCODE = CUDA_OPCODE_BASE + 0x0F05
 SHARE_IMPORT_OPCODE = CUDA_OPCODE_BASE + 0x0F06
+# The native driver's legacy IPC (cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle, cuIpcGetEventHandle,
+# cuIpcOpenEventHandle), between the sessions of one region as SHARE_* are: the guest's 64-byte handle holds a token,
+# and the opening worker gets the driver's handle from the exporting one. `kind` IPC_MEMORY or IPC_EVENT.
+IPC_EXPORT_OPCODE = CUDA_OPCODE_BASE + 0x0F07
+IPC_OPEN_OPCODE = CUDA_OPCODE_BASE + 0x0F08
+IPC_CLOSE_OPCODE = CUDA_OPCODE_BASE + 0x0F09
+IPC_MEMORY, IPC_EVENT = 0, 1
 # The calls that make a stream of the program's own (its first parameter): both guest clients keep the streams they
 # made, so that a small copy to the device on one may be posted (native/known_streams.c, forward.py's _htod).
 STREAM_CREATES = frozenset({"cuStreamCreate", "cuStreamCreateWithPriority"})
@@ -888,6 +895,13 @@ SHARE_EXPORT_REQUEST = Schema("SHARE_EXPORT", ("handle", "u64"), ("flags", "u64"
 SHARE_IMPORT_REQUEST = Schema("SHARE_IMPORT", ("secret_a", "u64"), ("secret_b", "u64"), ("pid", "u32"),
                               ("handle_type", "i32"))
 SHARE_REPLY = Schema("SHARE reply", ("handle", "u64"), ("secret_a", "u64"), ("secret_b", "u64"), ("pid", "u32"))
+# IPC_EXPORT: `value` (a device pointer of the session's, or its CUevent) of `kind`; IPC_OPEN: the token as `kind`,
+# with cuIpcOpenMemHandle's `flags`; both reply SHARE_REPLY (`handle`: the value exported, or the one opened).
+# IPC_CLOSE: the device pointer an IPC_OPEN gave (no reply payload).
+IPC_EXPORT_REQUEST = Schema("IPC_EXPORT", ("value", "u64"), ("kind", "u32"))
+IPC_OPEN_REQUEST = Schema("IPC_OPEN", ("secret_a", "u64"), ("secret_b", "u64"), ("pid", "u32"), ("kind", "u32"),
+                          ("flags", "u32"))
+IPC_CLOSE_REQUEST = Schema("IPC_CLOSE", ("pointer", "u64"))
 # The request of a load's IMAGE_BY_DIGEST variant: the image's size and SHA-256 (32 bytes), then the load's own
 # request with an empty image (its JIT options, if any): the usual request is `request` + the image's bytes.
 IMAGE_BY_DIGEST_REQUEST = Schema("IMAGE_BY_DIGEST", ("size", "u64"), ("digest", "bytes"), ("request", "tail"))
@@ -913,6 +927,11 @@ def describe() -> dict[str, Any]:
                          "reply": SHARE_REPLY.describe()},
         "share_import": {"opcode": SHARE_IMPORT_OPCODE, "request": SHARE_IMPORT_REQUEST.describe(),
                          "reply": SHARE_REPLY.describe()},
+        "ipc_export": {"opcode": IPC_EXPORT_OPCODE, "request": IPC_EXPORT_REQUEST.describe(),
+                       "reply": SHARE_REPLY.describe(), "kinds": {"memory": IPC_MEMORY, "event": IPC_EVENT}},
+        "ipc_open": {"opcode": IPC_OPEN_OPCODE, "request": IPC_OPEN_REQUEST.describe(),
+                     "reply": SHARE_REPLY.describe()},
+        "ipc_close": {"opcode": IPC_CLOSE_OPCODE, "request": IPC_CLOSE_REQUEST.describe()},
         "image_by_digest": {"added": IMAGE_BY_DIGEST, "calls": sorted(IMAGE_LOADS), "not_cached": IMAGE_NOT_CACHED,
                             "min_size": IMAGE_BY_DIGEST_MIN, "request": IMAGE_BY_DIGEST_REQUEST.describe()},
         "effects": EFFECTS, "calls": [call.describe() for call in CALLS.values()],
@@ -1039,6 +1058,11 @@ def markdown() -> str:
               f"{_fields_text(SHARE_EXPORT_REQUEST)}, and SHARE_IMPORT `{SHARE_IMPORT_OPCODE:#x}`, request "
               f"{_fields_text(SHARE_IMPORT_REQUEST)}, both replying {_fields_text(SHARE_REPLY)}: cuMem physical "
               "memory shared between sessions of one region (local sessions).", "",
+              f"Forwarding-layer opcodes: IPC_EXPORT `{IPC_EXPORT_OPCODE:#x}`, request "
+              f"{_fields_text(IPC_EXPORT_REQUEST)}, and IPC_OPEN `{IPC_OPEN_OPCODE:#x}`, request "
+              f"{_fields_text(IPC_OPEN_REQUEST)}, both replying {_fields_text(SHARE_REPLY)}; IPC_CLOSE "
+              f"`{IPC_CLOSE_OPCODE:#x}`, request {_fields_text(IPC_CLOSE_REQUEST)}: legacy IPC of memory (kind "
+              f"{IPC_MEMORY}) and events (kind {IPC_EVENT}) between sessions of one region (local sessions).", "",
               f"Image by digest: {', '.join(f'`{name}`' for name in sorted(IMAGE_LOADS))} also travel as opcode "
               f"+ {IMAGE_BY_DIGEST:#x}, request {_fields_text(IMAGE_BY_DIGEST_REQUEST)} (`digest` the image's "
               "SHA-256, `request` the call's own request without the image), for images of at least "

@@ -1332,6 +1332,29 @@ def _exportable(size: int, device: int) -> tuple[Any, int]:
     return mmap.mmap(descriptor, size), descriptor
 
 
+class _IpcHandle:
+    """CUipcMemHandle and CUipcEventHandle as the wheel has them: 64 bytes reached through getPtr()."""
+
+    def __init__(self) -> None:
+        self._bytes = ctypes.create_string_buffer(64)
+
+    def getPtr(self) -> int:  # noqa: N802 (the wheel's name)
+        return ctypes.addressof(self._bytes)
+
+
+class CUipcMemHandle(_IpcHandle):
+    pass
+
+
+class CUipcEventHandle(_IpcHandle):
+    pass
+
+
+IPC_MEMORY_HANDLE = struct.Struct("<8sIIQ")  # b"FAKEIPCM", the exporting pid, its memfd, the size
+IPC_EVENT_HANDLE = struct.Struct("<8sIQ")  # b"FAKEIPCE", the exporting pid, the event
+EVENT_INTERPROCESS_FLAGS = 0x6  # CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, which cuIpcGetEventHandle needs
+
+
 @dataclass
 class _Mapping:
     size: int
@@ -1535,6 +1558,7 @@ class FakeDriver:
     CUtensorMapL2promotion, CUtensorMapFloatOOBfill = CUtensorMapL2promotion, CUtensorMapFloatOOBfill
     CUtensorMapIm2ColWideMode, CUtensorMapAllocClass = CUtensorMapIm2ColWideMode, CUtensorMapAllocClass
     CUuuid = CUuuid
+    CUipcMemHandle, CUipcEventHandle = CUipcMemHandle, CUipcEventHandle
     CUlaunchConfig = CUlaunchConfig
     CUstreamAttrID, CUstreamAttrValue = CUstreamAttrID, CUstreamAttrValue
     CUmemAllocationType, CUmemLocationType, CUmemAllocationHandleType = (CUmemAllocationType, CUmemLocationType,
@@ -1624,6 +1648,8 @@ class FakeDriver:
         self.origin: dict[int, tuple[int, int]] = {}  # base -> (context it was made in, pool it came from or 0)
         self.reserved: dict[int, int] = {}  # virtual address ranges (cuMemAddressReserve): base -> size
         self.physical: dict[int, _Physical] = {}  # cuMemCreate's memory, until released and unmapped
+        self.ipc_exported: dict[int, int] = {}  # allocation base -> the memfd its bytes moved to (cuIpcGetMemHandle)
+        self.ipc_opened: dict[int, int] = {}  # base here -> the memfd of another process's allocation opened
         self.mappings: dict[int, _Mapping] = {}  # mapped address -> what it maps (cuMemMap)
         self.stream_ids: dict[int, int] = {}  # stream -> cuStreamGetId's answer
         self.stream_attributes: dict[int, dict[int, bytes]] = {}  # stream -> attribute ID -> value set (64 bytes)
@@ -5474,6 +5500,85 @@ class FakeDriver:
         self.physical[handle] = _Physical(mmap.mmap(kept, size), int(found.group(1)),
                                           handle_types=POSIX_FILE_DESCRIPTOR, descriptor=kept, imported=True)
         return CUresult(0), CUmemGenericAllocationHandle(handle)
+
+    @_recorded
+    def cuIpcGetMemHandle(self, dptr: Any) -> tuple[Any, ...]:
+        """A handle for an allocation of cuMemAlloc, by its base. Its bytes move into a memfd at the first export, so
+        that another process opening the handle maps the same memory, as on a GPU."""
+        if err := self._context_error():
+            return _result(err, 1)
+        base = int(dptr or 0)
+        if base not in self.allocations:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if base not in self.ipc_exported:
+            data = self.memory[base]
+            shared, descriptor = _exportable(len(data), self.allocations[base])
+            shared[:len(data)] = data
+            self.memory[base], self.ipc_exported[base] = shared, descriptor
+        handle = CUipcMemHandle()
+        ctypes.memmove(handle.getPtr(), IPC_MEMORY_HANDLE.pack(b"FAKEIPCM", os.getpid(), self.ipc_exported[base],
+                                                               len(self.memory[base])), IPC_MEMORY_HANDLE.size)
+        return CUresult(0), handle
+
+    @_recorded
+    def cuIpcOpenMemHandle(self, handle: Any, flags: int) -> tuple[Any, ...]:
+        """Another process's exported allocation mapped here (its memfd reopened through /proc), at an address of
+        this process's, counted where it was allocated. A handle of this process's own is the driver's
+        CUDA_ERROR_INVALID_CONTEXT (the fake's choice: a GPU's answer is not modelled)."""
+        if err := self._context_error():
+            return _result(err, 1)
+        raw = ctypes.string_at(handle.getPtr(), IPC_MEMORY_HANDLE.size)
+        magic, pid, descriptor, size = IPC_MEMORY_HANDLE.unpack(raw)
+        if magic != b"FAKEIPCM" or not size or int(flags) & ~1:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if pid == os.getpid():
+            return _result(CUresult.CUDA_ERROR_INVALID_CONTEXT, 1)
+        try:
+            opened = os.open(f"/proc/{pid}/fd/{descriptor}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        base = self._allocate(size, self._device_of_current(), track=False)
+        self.memory[base], self.ipc_opened[base] = mmap.mmap(opened, size), opened
+        return CUresult(0), CUdeviceptr(base)
+
+    @_recorded
+    def cuIpcCloseMemHandle(self, dptr: Any) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err)
+        base = int(dptr or 0)
+        if base not in self.ipc_opened:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE)
+        self._drain()
+        del self.memory[base]
+        os.close(self.ipc_opened.pop(base))
+        return _result(0)
+
+    @_recorded
+    def cuIpcGetEventHandle(self, event: Any) -> tuple[Any, ...]:
+        if err := self._context_error():
+            return _result(err, 1)
+        known = self.events.get(int(event or 0))
+        if known is None or known["flags"] & EVENT_INTERPROCESS_FLAGS != EVENT_INTERPROCESS_FLAGS:
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        handle = CUipcEventHandle()
+        ctypes.memmove(handle.getPtr(), IPC_EVENT_HANDLE.pack(b"FAKEIPCE", os.getpid(), int(event)),
+                       IPC_EVENT_HANDLE.size)
+        return CUresult(0), handle
+
+    @_recorded
+    def cuIpcOpenEventHandle(self, handle: Any) -> tuple[Any, ...]:
+        """An event of this process standing for another's (the fake keeps no state across processes: it is
+        complete, as an event nothing was recorded on is)."""
+        if err := self._context_error():
+            return _result(err, 1)
+        magic, pid, _event = IPC_EVENT_HANDLE.unpack(ctypes.string_at(handle.getPtr(), IPC_EVENT_HANDLE.size))
+        if magic != b"FAKEIPCE":
+            return _result(CUresult.CUDA_ERROR_INVALID_VALUE, 1)
+        if pid == os.getpid():
+            return _result(CUresult.CUDA_ERROR_INVALID_CONTEXT, 1)
+        opened = self._handle()
+        self.events[opened] = {"flags": EVENT_INTERPROCESS_FLAGS, "recorded": 0, "stream": 0, "capture": 0}
+        return CUresult(0), CUevent(opened)
 
     @_recorded
     def cuMemMap(self, ptr: Any, size: int, offset: int, handle: Any, flags: int) -> tuple[Any, ...]:

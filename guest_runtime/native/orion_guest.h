@@ -24,11 +24,12 @@
 #include "orion_layouts.h"
 
 /* The forwarding layer's own opcodes: the pool's mapping, a relayed host function, a host function run as a host node
- * runs it, an NVML question for the GPU host, cuMem memory's export and import between sessions, and a pinned copy
- * (its call's opcode + ORION_PINNED_COPY). */
+ * runs it, an NVML question for the GPU host, cuMem memory's export and import between sessions, legacy IPC between
+ * sessions, and a pinned copy (its call's opcode + ORION_PINNED_COPY). */
 enum {
     ORION_OP_POOL_MAP = 0x1000, ORION_OP_HOST_FUNCTION = 0x1002, ORION_OP_HOST_NODE_FUNCTION = 0x1003,
     ORION_OP_NVML_QUERY = 0x1004, ORION_OP_SHARE_EXPORT = 0x1005, ORION_OP_SHARE_IMPORT = 0x1006,
+    ORION_OP_IPC_EXPORT = 0x1007, ORION_OP_IPC_OPEN = 0x1008, ORION_OP_IPC_CLOSE = 0x1009,
     ORION_PINNED_COPY = 0x2000,
 };
 

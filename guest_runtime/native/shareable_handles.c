@@ -11,8 +11,13 @@
  * that is not one of these, or a token another guest made, is CUDA_ERROR_INVALID_VALUE, as a descriptor that is not
  * an export is for the driver.
  *
- * Only POSIX file descriptors: a fabric handle (or a Win32 one) is CUDA_ERROR_NOT_SUPPORTED, said once. Not here:
- * legacy IPC (cuIpc*) and memory pools' exports, which are not forwarded (docs/api-table.md).
+ * Only POSIX file descriptors: a fabric handle (or a Win32 one) is CUDA_ERROR_NOT_SUPPORTED, said once.
+ *
+ * Legacy IPC (cuIpcGetMemHandle, cuIpcGetEventHandle: what PyTorch's multiprocessing shares CUDA tensors with, and
+ * NCCL with NCCL_CUMEM_ENABLE=0) the same way: the 64-byte CUipcMemHandle or CUipcEventHandle the program gets holds
+ * a magic word, the token and what it is (IPC_EXPORT), and cuIpcOpenMemHandle / cuIpcOpenEventHandle send the token
+ * back (IPC_OPEN); a handle that does not hold one is CUDA_ERROR_INVALID_VALUE. cuIpcCloseMemHandle closes what an
+ * open gave (IPC_CLOSE). Not here: memory pools' exports, which are not forwarded (docs/api-table.md).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -92,4 +97,78 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
     if (status != CUDA_SUCCESS) return status;
     *handle = (CUmemGenericAllocationHandle)orion_get_u64(rep + ORION_SHARE_IMPORT_REP_handle);
     return CUDA_SUCCESS;
+}
+
+/* --- legacy IPC ------------------------------------------------------------------------------------------------ */
+
+typedef struct { char reserved[64]; } ipc_handle; /* cuda.h's CUipcMemHandle and CUipcEventHandle */
+static const char IPC_MAGIC[8] = "ORIONIP1";
+enum { IPC_KIND_AT = TOKEN_AT + TOKEN_SIZE, IPC_MEMORY = 0 /* driver_api.IPC_MEMORY */, IPC_EVENT = 1 };
+
+static CUresult ipc_export(ipc_handle *out, uint64_t value, uint32_t kind) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    uint8_t req[ORION_IPC_EXPORT_REQ_SIZE], rep[ORION_IPC_EXPORT_REP_SIZE];
+    orion_put_u64(req + ORION_IPC_EXPORT_REQ_value, value);
+    orion_put_u32(req + ORION_IPC_EXPORT_REQ_kind, kind);
+    CUresult status = orion_thread_forward(ORION_OP_IPC_EXPORT, req, sizeof req, rep, sizeof rep, 0);
+    if (status != CUDA_SUCCESS) return status;
+    memset(out, 0, sizeof *out);
+    memcpy(out->reserved, IPC_MAGIC, sizeof IPC_MAGIC);
+    memcpy(out->reserved + TOKEN_AT, rep + ORION_IPC_EXPORT_REP_secret_a, 8);
+    memcpy(out->reserved + TOKEN_AT + 8, rep + ORION_IPC_EXPORT_REP_secret_b, 8);
+    memcpy(out->reserved + TOKEN_AT + 16, rep + ORION_IPC_EXPORT_REP_pid, 4);
+    orion_put_u32((uint8_t *)out->reserved + IPC_KIND_AT, kind);
+    return CUDA_SUCCESS;
+}
+
+/* What an open of `handle` as `kind` gives (a device pointer, or a CUevent), or CUDA_ERROR_INVALID_VALUE for a handle
+ * that holds no token of that kind. */
+static CUresult ipc_open(const ipc_handle *handle, uint32_t kind, unsigned int flags, uint64_t *value) {
+    const uint8_t *bytes = (const uint8_t *)handle->reserved;
+    if (memcmp(bytes, IPC_MAGIC, sizeof IPC_MAGIC) != 0 || orion_get_u32(bytes + IPC_KIND_AT) != kind)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint8_t req[ORION_IPC_OPEN_REQ_SIZE], rep[ORION_IPC_OPEN_REP_SIZE];
+    memcpy(req + ORION_IPC_OPEN_REQ_secret_a, bytes + TOKEN_AT, 8);
+    memcpy(req + ORION_IPC_OPEN_REQ_secret_b, bytes + TOKEN_AT + 8, 8);
+    memcpy(req + ORION_IPC_OPEN_REQ_pid, bytes + TOKEN_AT + 16, 4);
+    orion_put_u32(req + ORION_IPC_OPEN_REQ_kind, kind);
+    orion_put_u32(req + ORION_IPC_OPEN_REQ_flags, flags);
+    CUresult status = orion_thread_forward(ORION_OP_IPC_OPEN, req, sizeof req, rep, sizeof rep, 0);
+    if (status == CUDA_SUCCESS) *value = orion_get_u64(rep + ORION_IPC_OPEN_REP_handle);
+    return status;
+}
+
+CUresult cuIpcGetMemHandle(ipc_handle *pHandle, CUdeviceptr dptr) {
+    ORION_ENTRY("cuIpcGetMemHandle");
+    return ipc_export(pHandle, (uint64_t)dptr, IPC_MEMORY);
+}
+
+CUresult cuIpcGetEventHandle(ipc_handle *pHandle, CUevent event) {
+    ORION_ENTRY("cuIpcGetEventHandle");
+    return ipc_export(pHandle, (uint64_t)(uintptr_t)event, IPC_EVENT);
+}
+
+CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, ipc_handle handle, unsigned int Flags) {
+    ORION_ENTRY("cuIpcOpenMemHandle");
+    if (!pdptr) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t pointer = 0;
+    CUresult status = ipc_open(&handle, IPC_MEMORY, Flags, &pointer);
+    if (status == CUDA_SUCCESS) *pdptr = (CUdeviceptr)pointer;
+    return status;
+}
+
+CUresult cuIpcOpenEventHandle(CUevent *phEvent, ipc_handle handle) {
+    ORION_ENTRY("cuIpcOpenEventHandle");
+    if (!phEvent) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t event = 0;
+    CUresult status = ipc_open(&handle, IPC_EVENT, 0, &event);
+    if (status == CUDA_SUCCESS) *phEvent = (CUevent)(uintptr_t)event;
+    return status;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    ORION_ENTRY("cuIpcCloseMemHandle");
+    uint8_t req[ORION_IPC_CLOSE_REQ_SIZE];
+    orion_put_u64(req + ORION_IPC_CLOSE_REQ_pointer, (uint64_t)dptr);
+    return orion_thread_forward(ORION_OP_IPC_CLOSE, req, sizeof req, NULL, 0, 0);
 }

@@ -43,6 +43,9 @@ from ivshmem.driver_api import (
     IMAGE_BY_DIGEST_REQUEST,
     IMAGE_LOADS,
     IMAGE_NOT_CACHED,
+    IPC_CLOSE_OPCODE,
+    IPC_EXPORT_OPCODE,
+    IPC_OPEN_OPCODE,
     JIT_SCALAR_OPTIONS,
     LAUNCH_ATTRIBUTE,
     NVML_QUERY_OPCODE,
@@ -231,12 +234,12 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             if record.opcode == NVML_QUERY_OPCODE:  # rare: tested only here, off the calls' path
                 return self.nvml_queries.answer(bytes(record.payload)) if self.driver is not None \
                     else Reply(NOT_INITIALIZED)
-            if record.opcode in (SHARE_EXPORT_OPCODE, SHARE_IMPORT_OPCODE):
-                if self.driver is None:
-                    return Reply(NOT_INITIALIZED)
-                shared = self.shared_handles
-                return (shared.export if record.opcode == SHARE_EXPORT_OPCODE else shared.import_)(
-                    bytes(record.payload))
+            shared = self.shared_handles
+            sharing = {SHARE_EXPORT_OPCODE: shared.export, SHARE_IMPORT_OPCODE: shared.import_,
+                       IPC_EXPORT_OPCODE: shared.ipc_export, IPC_OPEN_OPCODE: shared.ipc_open,
+                       IPC_CLOSE_OPCODE: shared.ipc_close}.get(record.opcode)
+            if sharing is not None:
+                return sharing(bytes(record.payload)) if self.driver is not None else Reply(NOT_INITIALIZED)
             return Reply(Status.UNKNOWN_OPCODE, f"opcode {record.opcode:#x} is not a forwarded CUDA call".encode())
         if self.driver is None:
             return Reply(NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED)

@@ -67,6 +67,9 @@ class SessionLedger:
         self.vmm = Reservations(usage)  # reserved ranges, physical memory, mappings (cuMemAddressReserve ...)
         # base -> size of each graph memory allocation node's range while its graph lives (graph_queries.py)
         self.graph_memory: dict[int, int] = {}
+        # base -> size of memory another session of the region shared by legacy IPC, open here (shared_handles.py):
+        # the session's to name until cuIpcCloseMemHandle, counted against the exporter's quota only
+        self.imported: dict[int, int] = {}
         self._usage = usage
 
     @property
@@ -106,9 +109,10 @@ class SessionLedger:
 
     def ranges(self) -> tuple[dict[int, int], ...]:
         """The session's device ranges as base -> size tables: allocations, module globals, reserved virtual
-        ranges (whatever is mapped there is its own physical memory; an unmapped part the driver refuses) and graph
-        memory allocation nodes' ranges. The compiled hot path reads these same tables (hot_dispatch.c)."""
-        return self.allocations, self.globals, self.vmm.reserved, self.graph_memory
+        ranges (whatever is mapped there is its own physical memory; an unmapped part the driver refuses), graph
+        memory allocation nodes' ranges and memory opened by legacy IPC. The compiled hot path reads these same tables
+        (hot_dispatch.c)."""
+        return self.allocations, self.globals, self.vmm.reserved, self.graph_memory, self.imported
 
     def owns(self, pointer: int, size: int) -> bool:
         """Whether a device range lies in this session's memory: one of its ranges, or the device mapping of its

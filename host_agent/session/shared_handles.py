@@ -1,4 +1,5 @@
-"""SHARE_EXPORT and SHARE_IMPORT: cuMem physical memory shared between the sessions of one region (issue 32).
+"""SHARE_* and IPC_*: cuMem physical memory, and legacy IPC memory and events, shared between the sessions of one
+region (issue 32).
 
 NCCL's P2P transport between two processes of one guest exports each buffer with cuMemExportToShareableHandle as a
 POSIX file descriptor, passes it to the peer over a UNIX socket, and the peer imports it. Each of those processes is
@@ -12,6 +13,11 @@ other's driver. The guest's side (guest_runtime/native/shareable_handles.c) carr
   hands it over (SCM_RIGHTS) only to a process of its own user, for a secret it holds, to a session of its own region.
   The importer's driver imports it, and the new handle is the importing session's.
 
+Legacy IPC (IPC_EXPORT, IPC_OPEN, IPC_CLOSE: cuIpcGetMemHandle and cuIpcGetEventHandle, which PyTorch's
+multiprocessing shares CUDA tensors with) goes the same way, with the driver's 64-byte handle handed over instead of a
+descriptor: the opening worker opens it with its own driver, and the memory opened is the session's to name (a range
+of the ledger's `imported`, never counted against its quota) until cuIpcCloseMemHandle.
+
 So a guest reaches memory another of its own processes exported, and nothing else: a token from another region, a
 forged or stale one, or a relayed session (whose region the GPU host does not know) is CUDA_ERROR_INVALID_VALUE or
 CUDA_ERROR_NOT_SUPPORTED. Imported memory counts against the exporter's quota only (the ledger never counts it). An
@@ -21,16 +27,26 @@ executor's dispatch (executor.py), the guest's side.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import secrets
 import socket
 import struct
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
-from ivshmem.cuda_status import INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS
-from ivshmem.driver_api import SHARE_EXPORT_REQUEST, SHARE_IMPORT_REQUEST, SHARE_REPLY
+from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS
+from ivshmem.driver_api import (
+    IPC_CLOSE_REQUEST,
+    IPC_EVENT,
+    IPC_EXPORT_REQUEST,
+    IPC_MEMORY,
+    IPC_OPEN_REQUEST,
+    SHARE_EXPORT_REQUEST,
+    SHARE_IMPORT_REQUEST,
+    SHARE_REPLY,
+)
 from ivshmem.errors import RecordError
 from ivshmem.record import Status
 
@@ -40,11 +56,14 @@ from .session_ledger import SessionLedger
 log = logging.getLogger(__name__)
 
 POSIX_FILE_DESCRIPTOR = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+DESCRIPTOR = 2  # an export's kind besides driver_api.IPC_MEMORY and IPC_EVENT: a cuMem file descriptor
+IPC_HANDLE_SIZE = 64  # CUipcMemHandle, CUipcEventHandle
 MAX_EXPORTS = 4096
 ASK_TIMEOUT_S = 5.0
 REQUEST = struct.Struct("<16sH")  # the secret, the length of the region name that follows (UTF-8)
 MAX_REGION_NAME = 1024
 PHYSICAL = "CUmemGenericAllocationHandle"
+REFUSED, GIVEN = b"\0", b"\1"  # the first byte of an answer; a given IPC handle's kind and 64 bytes follow
 
 
 def socket_name(pid: int) -> str:
@@ -52,17 +71,26 @@ def socket_name(pid: int) -> str:
     return f"\0orion-cumem-exports-{pid}"
 
 
+class Export(NamedTuple):
+    """What a session exported: its region, the kind, and the driver's descriptor or IPC handle."""
+
+    region: str
+    kind: int
+    descriptor: int = -1
+    handle: bytes = b""
+
+
 class _Exports:
-    """What this process exported, by secret: each descriptor kept open with the region of the session that made it,
-    offered to other workers on one listening socket (started at the first export; a daemon thread in accept)."""
+    """What this process exported, by secret (descriptors kept open), offered to other workers on one listening
+    socket (started at the first export; a daemon thread in accept)."""
 
     def __init__(self) -> None:
-        self.held: dict[bytes, tuple[int, str]] = {}  # secret -> (the driver's descriptor, its session's region)
+        self.held: dict[bytes, Export] = {}
         self.lock = threading.Lock()
         self._listener: socket.socket | None = None
 
-    def add(self, descriptor: int, region: str) -> bytes:
-        """Keep `descriptor` for `region`'s sessions; its secret. OSError where it cannot be offered."""
+    def add(self, export: Export) -> bytes:
+        """Keep `export`; its secret. OSError where it cannot be offered."""
         with self.lock:
             if self._listener is None:
                 listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -71,14 +99,16 @@ class _Exports:
                 self._listener = listener
                 threading.Thread(target=self._serve, args=(listener,), name="cumem-exports", daemon=True).start()
             secret = secrets.token_bytes(16)
-            self.held[secret] = (descriptor, region)
+            self.held[secret] = export
             return secret
 
-    def duplicate(self, secret: bytes, region: str) -> int | None:
-        """A new descriptor for `secret`'s export, if a session of `region` made it."""
+    def copy(self, secret: bytes, region: str) -> Export | None:
+        """`secret`'s export, if a session of `region` made it (a descriptor duplicated: the caller's to close)."""
         with self.lock:
-            descriptor, owner = self.held.get(secret, (-1, ""))
-            return os.dup(descriptor) if descriptor >= 0 and owner == region else None
+            export = self.held.get(secret)
+            if export is None or export.region != region:
+                return None
+            return export._replace(descriptor=os.dup(export.descriptor)) if export.kind == DESCRIPTOR else export
 
     def _serve(self, listener: socket.socket) -> None:
         while True:
@@ -93,23 +123,25 @@ class _Exports:
                     log.debug("a request for exported memory ended early: %s", exc)
 
     def _answer(self, peer: socket.socket) -> None:
-        """One request: the descriptor for a secret held here, to a process of this one's user asking for a session
-        of the export's region; anything else gets a refusal and nothing."""
+        """One request: the export of a secret held here, to a process of this one's user asking for a session of
+        the export's region; anything else gets a refusal and nothing."""
         uid = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
         if uid != os.geteuid():  # refused before a byte is read: another user cannot hold this thread
-            peer.sendall(b"\0")
+            peer.sendall(REFUSED)
             return
         peer.settimeout(ASK_TIMEOUT_S)
         secret, length = REQUEST.unpack(_receive(peer, REQUEST.size))
         region = _receive(peer, length).decode() if length <= MAX_REGION_NAME else ""
-        descriptor = self.duplicate(secret, region) if region else None
-        if descriptor is None:
-            peer.sendall(b"\0")
-            return
-        try:
-            socket.send_fds(peer, [b"\1"], [descriptor])
-        finally:
-            os.close(descriptor)
+        export = self.copy(secret, region) if region else None
+        if export is None:
+            peer.sendall(REFUSED)
+        elif export.kind == DESCRIPTOR:
+            try:
+                socket.send_fds(peer, [GIVEN + bytes([DESCRIPTOR])], [export.descriptor])
+            finally:
+                os.close(export.descriptor)
+        else:
+            peer.sendall(GIVEN + bytes([export.kind]) + export.handle)
 
 
 _EXPORTS = _Exports()  # one per worker process (a session's worker serves one session)
@@ -125,12 +157,13 @@ os.register_at_fork(after_in_child=_forked)
 
 
 class SharedHandles:
-    """One session's exports and imports."""
+    """One session's exports, imports and opened IPC memory."""
 
     def __init__(self, driver: Any, ledger: SessionLedger, region: str, relayed: bool) -> None:
         self._driver, self._ledger, self._region, self._relayed = driver, ledger, region, relayed
         self._exported = 0
 
+    # --- cuMem descriptors ----------------------------------------------------------------------------------------
     def export(self, payload: bytes) -> Reply:
         try:
             handle, flags, handle_type = SHARE_EXPORT_REQUEST.decode(payload)
@@ -147,14 +180,7 @@ class SharedHandles:
             handle, driver.CUmemAllocationHandleType(POSIX_FILE_DESCRIPTOR), flags)
         if int(err) != SUCCESS:
             return Reply(int(err))
-        try:
-            secret = _EXPORTS.add(int(descriptor), self._region)
-        except OSError as exc:
-            os.close(int(descriptor))
-            log.warning("cannot offer exported memory to the region's other sessions: %s", exc)
-            return Reply(NOT_SUPPORTED)
-        self._exported += 1
-        return Reply(SUCCESS, _token_reply(handle, secret, os.getpid()))
+        return self._keep(handle, Export(self._region, DESCRIPTOR, descriptor=int(descriptor)))
 
     def import_(self, payload: bytes) -> Reply:
         try:
@@ -164,20 +190,109 @@ class SharedHandles:
         if self._relayed or handle_type != POSIX_FILE_DESCRIPTOR:
             return Reply(NOT_SUPPORTED)
         secret = struct.pack("<QQ", secret_a, secret_b)
-        mine = pid == os.getpid()
-        descriptor = _EXPORTS.duplicate(secret, self._region) if mine else _ask(pid, secret, self._region)
-        if descriptor is None:
+        export = self._find(secret, pid, DESCRIPTOR)
+        if export is None:
             return Reply(INVALID_VALUE)  # no such export for this region: as a descriptor that is not one
         driver = self._driver
         try:
             err, handle = driver.cuMemImportFromShareableHandle(
-                descriptor, driver.CUmemAllocationHandleType(POSIX_FILE_DESCRIPTOR))
+                export.descriptor, driver.CUmemAllocationHandleType(POSIX_FILE_DESCRIPTOR))
         finally:
-            os.close(descriptor)
+            os.close(export.descriptor)
         if int(err) != SUCCESS:
             return Reply(int(err))
         self._ledger.handles[PHYSICAL].add(int(handle))  # the session's to map; never counted against its quota
         return Reply(SUCCESS, _token_reply(int(handle), secret, pid))
+
+    # --- legacy IPC -----------------------------------------------------------------------------------------------
+    def ipc_export(self, payload: bytes) -> Reply:
+        """cuIpcGetMemHandle of the session's memory, or cuIpcGetEventHandle of its event."""
+        try:
+            value, kind = IPC_EXPORT_REQUEST.decode(payload)
+        except RecordError as exc:
+            return Reply(Status.MALFORMED, str(exc).encode())
+        if self._relayed:
+            return Reply(NOT_SUPPORTED)
+        if kind == IPC_MEMORY and not self._ledger.owns(value, 1):
+            return Reply(INVALID_VALUE)
+        if kind == IPC_EVENT and value not in self._ledger.handles["CUevent"]:
+            return Reply(INVALID_HANDLE)
+        if kind not in (IPC_MEMORY, IPC_EVENT):
+            return Reply(INVALID_VALUE)
+        if self._exported >= MAX_EXPORTS:
+            return Reply(OUT_OF_MEMORY)
+        driver = self._driver
+        err, handle = (driver.cuIpcGetMemHandle if kind == IPC_MEMORY else driver.cuIpcGetEventHandle)(value)
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        return self._keep(value, Export(self._region, kind, handle=ctypes.string_at(handle.getPtr(), IPC_HANDLE_SIZE)))
+
+    def ipc_open(self, payload: bytes) -> Reply:
+        """cuIpcOpenMemHandle or cuIpcOpenEventHandle of a token: what the driver opens of the exporter's handle,
+        the session's from now on."""
+        try:
+            secret_a, secret_b, pid, kind, flags = IPC_OPEN_REQUEST.decode(payload)
+        except RecordError as exc:
+            return Reply(Status.MALFORMED, str(exc).encode())
+        if self._relayed:
+            return Reply(NOT_SUPPORTED)
+        secret = struct.pack("<QQ", secret_a, secret_b)
+        export = self._find(secret, pid, kind) if kind in (IPC_MEMORY, IPC_EVENT) else None
+        if export is None:
+            return Reply(INVALID_VALUE)  # not a handle an export of this region made: as a malformed one is
+        driver = self._driver
+        handle = driver.CUipcMemHandle() if kind == IPC_MEMORY else driver.CUipcEventHandle()
+        ctypes.memmove(handle.getPtr(), export.handle, IPC_HANDLE_SIZE)
+        if kind == IPC_EVENT:
+            err, event = driver.cuIpcOpenEventHandle(handle)
+            if int(err) != SUCCESS:
+                return Reply(int(err))
+            self._ledger.handles["CUevent"].add(int(event))
+            return Reply(SUCCESS, _token_reply(int(event), secret, pid))
+        err, pointer = driver.cuIpcOpenMemHandle(handle, flags)
+        if int(err) != SUCCESS:
+            return Reply(int(err))
+        err, base, size = driver.cuMemGetAddressRange(pointer)
+        if int(err) != SUCCESS:  # a range the driver cannot size is none the session can be held to
+            driver.cuIpcCloseMemHandle(pointer)
+            return Reply(int(err))
+        self._ledger.imported[int(base)] = int(size)  # the session's to name; counted where it was allocated
+        return Reply(SUCCESS, _token_reply(int(pointer), secret, pid))
+
+    def ipc_close(self, payload: bytes) -> Reply:
+        """cuIpcCloseMemHandle of memory an IPC_OPEN gave this session, and only that."""
+        try:
+            (pointer,) = IPC_CLOSE_REQUEST.decode(payload)
+        except RecordError as exc:
+            return Reply(Status.MALFORMED, str(exc).encode())
+        if pointer not in self._ledger.imported:
+            return Reply(INVALID_VALUE)
+        (err,) = self._driver.cuIpcCloseMemHandle(pointer)
+        if int(err) == SUCCESS:
+            del self._ledger.imported[pointer]
+        return Reply(int(err))
+
+    # --- both -----------------------------------------------------------------------------------------------------
+    def _keep(self, value: int, export: Export) -> Reply:
+        """Offer `export` to the region's other sessions: the token, or NOT_SUPPORTED where it cannot be offered."""
+        try:
+            secret = _EXPORTS.add(export)
+        except OSError as exc:
+            if export.kind == DESCRIPTOR:
+                os.close(export.descriptor)
+            log.warning("cannot offer exported memory to the region's other sessions: %s", exc)
+            return Reply(NOT_SUPPORTED)
+        self._exported += 1
+        return Reply(SUCCESS, _token_reply(value, secret, os.getpid()))
+
+    def _find(self, secret: bytes, pid: int, kind: int) -> Export | None:
+        """The export of `secret` in worker `pid` (this one's own too) of `kind`, made by a session of this region."""
+        export = _EXPORTS.copy(secret, self._region) if pid == os.getpid() else _ask(pid, secret, self._region)
+        if export is not None and export.kind != kind:
+            if export.kind == DESCRIPTOR:
+                os.close(export.descriptor)
+            return None
+        return export
 
 
 def _token_reply(handle: int, secret: bytes, pid: int) -> bytes:
@@ -195,20 +310,24 @@ def _receive(peer: socket.socket, size: int) -> bytes:
     return data
 
 
-def _ask(pid: int, secret: bytes, region: str) -> int | None:
-    """The descriptor worker `pid` exported under `secret`, if it gives it to a session of `region`; else None."""
+def _ask(pid: int, secret: bytes, region: str) -> Export | None:
+    """The export worker `pid` made under `secret`, if it gives it to a session of `region`; else None."""
     name = region.encode()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as peer:
             peer.settimeout(ASK_TIMEOUT_S)
             peer.connect(socket_name(pid))
             peer.sendall(REQUEST.pack(secret, len(name)) + name)
-            answer, descriptors, _flags, _address = socket.recv_fds(peer, 1, 1)
-    except OSError as exc:
-        log.debug("no exported memory from worker %d: %s", pid, exc)
+            answer, descriptors, _flags, _address = socket.recv_fds(peer, 2 + IPC_HANDLE_SIZE, 1)
+            if answer[:1] == GIVEN and answer[1:2] != bytes([DESCRIPTOR]):
+                answer += _receive(peer, 2 + IPC_HANDLE_SIZE - len(answer))
+    except (OSError, ValueError) as exc:
+        log.debug("no export from worker %d: %s", pid, exc)
         return None
-    if answer == b"\1" and len(descriptors) == 1:
-        return descriptors[0]
+    if answer[:2] == GIVEN + bytes([DESCRIPTOR]) and len(descriptors) == 1:
+        return Export(region, DESCRIPTOR, descriptor=descriptors[0])
     for descriptor in descriptors:
         os.close(descriptor)
+    if answer[:1] == GIVEN and answer[1] in (IPC_MEMORY, IPC_EVENT):
+        return Export(region, answer[1], handle=answer[2:2 + IPC_HANDLE_SIZE])
     return None

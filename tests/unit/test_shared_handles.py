@@ -1,8 +1,8 @@
-"""SHARE_EXPORT and SHARE_IMPORT, the GPU host's side (host_agent/session/shared_handles.py): exported memory reaches
-a session of the same region only, through a worker that holds the export; a secret no worker holds, another
-region, another user, a relayed session, a handle that is not the session's or another handle type never reach
-the driver's import. The exporting worker is a forked process of its own, as a session's worker is; the memory is
-the fake driver's (a memfd, so an import really is the same bytes)."""
+"""SHARE_* and IPC_*, the GPU host's side (host_agent/session/shared_handles.py): exported memory (and an IPC event)
+reaches a session of the same region only, through a worker that holds the export; a secret no worker holds, another
+region, another user, a relayed session, a handle that is not the session's, another handle type or an export of
+another kind never reach the driver's import or open. The exporting worker is a forked process of its own, as a
+session's worker is; the memory is the fake driver's (a memfd, so an import really is the same bytes)."""
 from __future__ import annotations
 
 import os
@@ -13,8 +13,18 @@ from typing import Any
 
 import pytest
 
+from host_agent.session.session_ledger import SessionLedger
 from host_agent.session.shared_handles import MAX_EXPORTS, SharedHandles, _ask
-from ivshmem.driver_api import SHARE_EXPORT_REQUEST, SHARE_IMPORT_REQUEST, SHARE_REPLY
+from ivshmem.driver_api import (
+    IPC_CLOSE_REQUEST,
+    IPC_EVENT,
+    IPC_EXPORT_REQUEST,
+    IPC_MEMORY,
+    IPC_OPEN_REQUEST,
+    SHARE_EXPORT_REQUEST,
+    SHARE_IMPORT_REQUEST,
+    SHARE_REPLY,
+)
 from ivshmem.record import Status
 from tests.fake_driver import (
     VMM_GRANULARITY,
@@ -25,13 +35,15 @@ from tests.fake_driver import (
     FakeDriver,
 )
 
-SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_SUPPORTED = 0, 1, 2, 801
+SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, INVALID_HANDLE, NOT_SUPPORTED = 0, 1, 2, 400, 801
 POSIX, FABRIC = 1, 8
 PHYSICAL = "CUmemGenericAllocationHandle"
 
 
-def _ledger() -> Any:
-    return SimpleNamespace(handles={PHYSICAL: set()})
+def _ledger() -> SessionLedger:
+    usage = SimpleNamespace(allocated=lambda size, device=None: 0, freed=lambda device, size: None,
+                            may_have_changed=lambda: None)
+    return SessionLedger((0,), usage)
 
 
 def _memory(driver: FakeDriver, ledger: Any, handle_types: int = POSIX) -> int:
@@ -51,6 +63,7 @@ def _memory(driver: FakeDriver, ledger: Any, handle_types: int = POSIX) -> int:
 def _driver() -> FakeDriver:
     driver = FakeDriver()
     driver.cuInit(0)
+    driver.cuCtxSetCurrent(driver.cuDevicePrimaryCtxRetain(0)[1])
     return driver
 
 
@@ -60,22 +73,31 @@ def _token(reply: Any) -> tuple[int, int, int]:
 
 
 @pytest.fixture
-def exporter() -> Iterator[tuple[int, int, int]]:
-    """A forked worker of region "guest-a" that exported memory and serves its token until the test ends."""
+def exporters() -> Iterator[list[tuple[int, int, int]]]:
+    """A forked worker of region "guest-a" that exported cuMem memory, an allocation by IPC and an event by IPC, and
+    serves their tokens until the test ends."""
     tokens, stop = os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:  # the exporting worker
         try:
             driver, ledger = _driver(), _ledger()
             shared = SharedHandles(driver, ledger, "guest-a", relayed=False)
-            reply = shared.export(SHARE_EXPORT_REQUEST.encode(_memory(driver, ledger), 0, POSIX))
-            os.write(tokens[1], struct.pack("<QQI", *_token(reply)) if reply.status == SUCCESS else b"!")
+            pointer = int(driver.cuMemAlloc(VMM_GRANULARITY)[1])
+            driver.memory[pointer][:5] = b"world"
+            ledger.allocations[pointer] = VMM_GRANULARITY
+            event = int(driver.cuEventCreate(0x6)[1])
+            ledger.handles["CUevent"].add(event)
+            replies = [shared.export(SHARE_EXPORT_REQUEST.encode(_memory(driver, ledger), 0, POSIX)),
+                       shared.ipc_export(IPC_EXPORT_REQUEST.encode(pointer, IPC_MEMORY)),
+                       shared.ipc_export(IPC_EXPORT_REQUEST.encode(event, IPC_EVENT))]
+            ok = all(reply.status == SUCCESS for reply in replies)
+            os.write(tokens[1], b"".join(struct.pack("<QQI", *_token(reply)) for reply in replies) if ok else b"!")
             os.read(stop[0], 1)
         finally:
             os._exit(0)
-    token = os.read(tokens[0], 20)
-    assert len(token) == 20, "the exporting worker failed"
-    yield struct.unpack("<QQI", token)
+    made = os.read(tokens[0], 60)
+    assert len(made) == 60, "the exporting worker failed"
+    yield [struct.unpack_from("<QQI", made, at) for at in (0, 20, 40)]
     os.write(stop[1], b"x")
     os.waitpid(pid, 0)
     for end in (*tokens, *stop):
@@ -84,6 +106,11 @@ def exporter() -> Iterator[tuple[int, int, int]]:
 
 def _import(shared: SharedHandles, token: tuple[int, int, int], handle_type: int = POSIX) -> Any:
     return shared.import_(SHARE_IMPORT_REQUEST.encode(*token, handle_type))
+
+
+@pytest.fixture
+def exporter(exporters: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+    return exporters[0]
 
 
 def test_a_session_of_the_same_region_imports_the_same_memory(exporter: tuple[int, int, int]) -> None:
@@ -134,3 +161,39 @@ def test_exports_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("host_agent.session.shared_handles.MAX_EXPORTS", 2)
     replies = [shared.export(SHARE_EXPORT_REQUEST.encode(handle, 0, POSIX)).status for _ in range(3)]
     assert replies == [SUCCESS, SUCCESS, OUT_OF_MEMORY] and MAX_EXPORTS > 2
+
+
+def _open(shared: SharedHandles, token: tuple[int, int, int], kind: int) -> Any:
+    return shared.ipc_open(IPC_OPEN_REQUEST.encode(*token, kind, 0))
+
+
+def test_ipc_memory_and_events_open_for_the_same_region_only(exporters: list[tuple[int, int, int]]) -> None:
+    _share, memory, event = exporters
+    driver, ledger = _driver(), _ledger()
+    shared = SharedHandles(driver, ledger, "guest-a", relayed=False)
+    for kind, token in [(IPC_EVENT, memory), (IPC_MEMORY, event), (IPC_MEMORY, _share)]:  # an export of another kind
+        assert _open(shared, token, kind).status == INVALID_VALUE
+    assert _open(SharedHandles(driver, _ledger(), "guest-b", relayed=False), memory, IPC_MEMORY).status == INVALID_VALUE
+    assert [call for call in driver.calls if call.name.startswith("cuIpcOpen")] == []
+    opened = _open(shared, memory, IPC_MEMORY)
+    assert opened.status == SUCCESS
+    pointer = SHARE_REPLY.decode(opened.payload)[0]
+    assert ledger.owns(pointer, 5) and bytes(driver.memory[pointer][:5]) == b"world"  # the exporter's bytes
+    assert driver.used[0] == 0  # counted where it was allocated
+    event_reply = _open(shared, event, IPC_EVENT)
+    assert event_reply.status == SUCCESS and SHARE_REPLY.decode(event_reply.payload)[0] in ledger.handles["CUevent"]
+    close = IPC_CLOSE_REQUEST.encode(pointer)
+    assert shared.ipc_close(close).status == SUCCESS and not ledger.owns(pointer, 1)
+    assert shared.ipc_close(close).status == INVALID_VALUE  # closed once; and never what the session allocated
+
+
+def test_ipc_exports_only_what_the_session_owns() -> None:
+    driver, ledger = _driver(), _ledger()
+    shared = SharedHandles(driver, ledger, "guest-a", relayed=False)
+    assert shared.ipc_export(IPC_EXPORT_REQUEST.encode(0xDEAD0000, IPC_MEMORY)).status == INVALID_VALUE
+    assert shared.ipc_export(IPC_EXPORT_REQUEST.encode(12345, IPC_EVENT)).status == INVALID_HANDLE
+    assert shared.ipc_export(IPC_EXPORT_REQUEST.encode(0, 7)).status == INVALID_VALUE
+    assert [call for call in driver.calls if call.name.startswith("cuIpc")] == []
+    relayed = SharedHandles(driver, ledger, "relay 10.0.0.1:9000", relayed=True)
+    assert relayed.ipc_export(IPC_EXPORT_REQUEST.encode(0, IPC_MEMORY)).status == NOT_SUPPORTED
+    assert relayed.ipc_open(IPC_OPEN_REQUEST.encode(1, 2, 3, IPC_MEMORY, 0)).status == NOT_SUPPORTED

@@ -1,4 +1,5 @@
-"""cuMem memory shared between two processes of one guest (issue 32: NCCL's P2P transport between ranks), through the
+"""cuMem memory, and legacy IPC memory and events, shared between two processes of one guest (issue 32: NCCL's P2P
+transport between ranks; PyTorch's multiprocessing shares CUDA tensors by legacy IPC), through the
 native guest driver (guest_runtime/native/shareable_handles.c) and a real agent whose sessions run the executor
 over the fake driver (host_agent/session/shared_handles.py; tests/forwarding_rig.py).
 
@@ -123,5 +124,79 @@ def test_the_gpu_program_runs_through_the_native_driver_on_the_fake(library: Pat
                           cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
-    assert out == {"export": SUCCESS, "export_plain": INVALID_VALUE, "importer": {"import": SUCCESS, "read": True},
-                   "importer_exit": 0, "read_back": True, "size": SIZE}, out
+    assert out == {"export": SUCCESS, "export_plain": INVALID_VALUE, "ipc_export": SUCCESS,
+                   "importer": {"import": SUCCESS, "read": True, "ipc_open": SUCCESS, "ipc_read": True,
+                                "ipc_close": SUCCESS},
+                   "importer_exit": 0, "read_back": True, "ipc_read_back": True, "size": SIZE}, out
+
+
+IPC_SHARING = r"""
+class Handle(ctypes.Structure):  # CUipcMemHandle, CUipcEventHandle: 64 bytes, passed by value
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+for name, args in {"cuIpcGetMemHandle": [P, c_uint64], "cuIpcOpenMemHandle": [U64, Handle, c_uint],
+                   "cuIpcCloseMemHandle": [c_uint64], "cuIpcGetEventHandle": [P, P],
+                   "cuIpcOpenEventHandle": [P, Handle], "cuEventCreate": [P, c_uint], "cuEventRecord": [P, P],
+                   "cuEventSynchronize": [P]}.items():
+    getattr(lib, name).argtypes = args
+def event(flags):
+    e = c_void_p()
+    assert lib.cuEventCreate(byref(e), flags) == 0
+    return e
+"""
+
+IPC_EXPORTER = r"""
+status, pointer = alloc(SIZE)
+assert status == 0 and write(pointer, pattern(SIZE, 5)) == 0
+memory, shared_event = Handle(), event(0x6)  # CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING
+out["export"] = lib.cuIpcGetMemHandle(byref(memory), pointer)
+out["export_event"] = lib.cuIpcGetEventHandle(byref(Handle()), event(0))  # not interprocess: the driver's refusal
+out["export_foreign"] = lib.cuIpcGetMemHandle(byref(Handle()), 0xDEAD0000)  # not the session's memory
+ipc_event = Handle()
+out["export_ipc_event"] = lib.cuIpcGetEventHandle(byref(ipc_event), shared_event)
+assert lib.cuEventRecord(shared_event, None) == 0
+peer.sendall(bytes(memory) + bytes(ipc_event))
+assert peer.recv(4) == b"done"
+out["read_back"] = read(pointer, SIZE)[1] == pattern(SIZE, 9)  # what the other process wrote
+"""
+
+IPC_OPENER = r"""
+received = b""
+while len(received) < 128:
+    received += peer.recv(128 - len(received))
+memory, ipc_event = Handle.from_buffer_copy(received[:64]), Handle.from_buffer_copy(received[64:])
+pointer = c_uint64()
+out["open"] = lib.cuIpcOpenMemHandle(byref(pointer), memory, 1)  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+status, data = read(pointer.value, SIZE)
+out["read"] = [status, data == pattern(SIZE, 5)]
+out["write"] = write(pointer.value, pattern(SIZE, 9))
+opened = c_void_p()
+out["open_event"] = lib.cuIpcOpenEventHandle(byref(opened), ipc_event)
+out["event_sync"] = lib.cuEventSynchronize(opened)
+out["open_as_event"] = lib.cuIpcOpenEventHandle(byref(c_void_p()), memory)  # a memory handle is no event's
+out["free"] = lib.cuMemFree(pointer.value)  # opened memory is closed, never freed
+out["close"] = lib.cuIpcCloseMemHandle(pointer.value)
+out["close_again"] = lib.cuIpcCloseMemHandle(pointer.value)
+out["read_closed"] = read(pointer.value, 16)[0]
+out["zeros"] = lib.cuIpcOpenMemHandle(byref(c_uint64()), Handle(), 0)
+forged = Handle.from_buffer_copy(b"ORIONIP1" + bytes(56))
+out["forged"] = lib.cuIpcOpenMemHandle(byref(c_uint64()), forged, 0)
+peer.sendall(b"done")
+"""
+
+
+@local_only("a relayed session's region is not the GPU host's to vouch for: IPC answers NOT_SUPPORTED there")
+def test_two_processes_of_a_guest_share_memory_and_events_by_legacy_ipc(library: Path, rig: Rig) -> None:
+    mark = rig.mark()
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        exporter = _start(library, rig, IPC_SHARING + IPC_EXPORTER, ours)
+        opener = _start(library, rig, IPC_SHARING + IPC_OPENER, theirs)
+        exported, opened = _result(exporter), _result(opener)
+    assert exported == {"export": SUCCESS, "export_event": INVALID_VALUE, "export_foreign": INVALID_VALUE,
+                        "export_ipc_event": SUCCESS, "read_back": True}, exported
+    assert opened == {"open": SUCCESS, "read": [SUCCESS, True], "write": SUCCESS, "open_event": SUCCESS,
+                      "event_sync": SUCCESS, "open_as_event": INVALID_VALUE, "free": INVALID_VALUE,
+                      "close": SUCCESS, "close_again": INVALID_VALUE, "read_closed": INVALID_VALUE,
+                      "zeros": INVALID_VALUE, "forged": INVALID_VALUE}, opened
+    assert len(rig.entries(since=mark, name="cuIpcOpenMemHandle")) == 1  # the refused ones never reached the driver
+    assert len(rig.entries(since=mark, name="cuIpcCloseMemHandle")) == 1

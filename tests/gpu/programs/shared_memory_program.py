@@ -1,8 +1,10 @@
-"""Two processes share cuMem memory as NCCL's P2P transport shares it between ranks (issue 32): the first creates
-memory exportable as a POSIX file descriptor, maps and fills it, exports it and passes the descriptor to the second
-over a UNIX socket (SCM_RIGHTS); the second imports and maps it, reads the first's bytes and writes its own, which
-the first reads back. A second export of memory created without that handle type is the driver's refusal.
-RESULT: each step's status and what each process read."""
+"""Two processes share GPU memory as NCCL's P2P transport shares it between ranks, and as PyTorch's multiprocessing
+shares CUDA tensors (issue 32): the first creates cuMem memory exportable as a POSIX file descriptor, maps and fills it,
+exports it and passes the descriptor to the second over a UNIX socket (SCM_RIGHTS); it also fills a cuMemAlloc
+allocation and sends its legacy IPC handle (cuIpcGetMemHandle). The second imports and maps the first, opens the
+second, reads the first process's bytes in both and writes its own, which the first reads back. An export of memory
+created without that handle type is the driver's refusal. RESULT: each step's status and what each process read."""
+import ctypes
 import json
 import os
 import socket
@@ -67,16 +69,21 @@ def exporter():
     out["export"] = int(err)
     plain = check(cu.cuMemCreate(size, prop(cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE), 0))
     out["export_plain"] = int(cu.cuMemExportToShareableHandle(plain, POSIX, 0)[0])
+    allocation = check(cu.cuMemAlloc(size))
+    check(cu.cuMemcpyHtoD(allocation, pattern(size, 6), size))
+    err, ipc = cu.cuIpcGetMemHandle(allocation)
+    out["ipc_export"] = int(err)
     ours, theirs = socket.socketpair()
     prefix = sys.orig_argv[:len(sys.orig_argv) - len(sys.argv)]  # the interpreter and a loader's -c, if any
     child = subprocess.Popen([*prefix, sys.argv[0], "import", str(theirs.fileno()), str(size)],
                              pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, text=True)
     theirs.close()
-    socket.send_fds(ours, [b"fd"], [int(descriptor)])
+    socket.send_fds(ours, [ctypes.string_at(ipc.getPtr(), 64)], [int(descriptor)])
     os.close(int(descriptor))
     answer = ours.recv(4096)
     out["importer"] = json.loads(answer.decode())
     out["read_back"] = read(base, size) == pattern(size, 9)
+    out["ipc_read_back"] = read(allocation, size) == pattern(size, 10)
     ours.sendall(b"bye")
     child.wait(timeout=120)
     out["importer_exit"] = child.returncode
@@ -86,7 +93,9 @@ def exporter():
 def importer(descriptor_socket, size):
     setup()
     peer = socket.socket(fileno=descriptor_socket)
-    _, descriptors, _, _ = socket.recv_fds(peer, 16, 1)
+    ipc_bytes, descriptors, _, _ = socket.recv_fds(peer, 64, 1)
+    while len(ipc_bytes) < 64:
+        ipc_bytes += peer.recv(64 - len(ipc_bytes))
     out = {}
     err, handle = cu.cuMemImportFromShareableHandle(descriptors[0], POSIX)
     out["import"] = int(err)
@@ -94,8 +103,16 @@ def importer(descriptor_socket, size):
         base = mapped(handle, size)
         out["read"] = read(base, size) == pattern(size, 5)
         check(cu.cuMemcpyHtoD(base, pattern(size, 9), size))
-        check(cu.cuCtxSynchronize())
     os.close(descriptors[0])
+    handle = cu.CUipcMemHandle()
+    ctypes.memmove(handle.getPtr(), ipc_bytes, 64)
+    err, pointer = cu.cuIpcOpenMemHandle(handle, cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+    out["ipc_open"] = int(err)
+    if int(err) == 0:
+        out["ipc_read"] = read(pointer, size) == pattern(size, 6)
+        check(cu.cuMemcpyHtoD(pointer, pattern(size, 10), size))
+        check(cu.cuCtxSynchronize())
+        out["ipc_close"] = int(cu.cuIpcCloseMemHandle(pointer)[0])
     peer.sendall(json.dumps(out, sort_keys=True).encode())
     peer.recv(16)  # the exporter has read what this process wrote
 
