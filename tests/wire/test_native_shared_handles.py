@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests import forwarding_rig
+import pytest
+
+from tests import forwarding_rig, relay_net
 from tests.forwarding_rig import Rig, local_only, native_child_env
 from tests.wire.test_native_mem_pools import PRELUDE, REPO
 
@@ -200,3 +202,29 @@ def test_two_processes_of_a_guest_share_memory_and_events_by_legacy_ipc(library:
                       "zeros": INVALID_VALUE, "forged": INVALID_VALUE}, opened
     assert len(rig.entries(since=mark, name="cuIpcOpenMemHandle")) == 1  # the refused ones never reached the driver
     assert len(rig.entries(since=mark, name="cuIpcCloseMemHandle")) == 1
+
+
+RELAYED_BODY = r"""
+prop = Prop()
+prop.type, prop.requestedHandleTypes, prop.location = 1, 1, loc(0)
+handle = c_uint64()
+assert lib.cuMemCreate(byref(handle), SIZE, byref(prop), 0) == 0
+out["export"] = export(handle.value)[0]
+status, pointer = alloc(SIZE)
+out["ipc_export"] = lib.cuIpcGetMemHandle(byref(Handle()), pointer)
+out["ipc_open"] = lib.cuIpcOpenMemHandle(byref(c_uint64()), Handle.from_buffer_copy(b"ORIONIP1" + bytes(56)), 0)
+"""
+
+
+def test_a_relayed_session_shares_nothing(library: Path, start: Any) -> None:
+    """The GPU host cannot tell which guest a relayed session's region is: sharing answers NOT_SUPPORTED there, before
+    the driver."""
+    if relay_net.why_not():
+        pytest.skip(relay_net.why_not())
+    rig = start(relayed=True)
+    mark = rig.mark()
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        out = _result(_start(library, rig, IPC_SHARING + RELAYED_BODY, ours))
+    assert out == {"export": NOT_SUPPORTED, "ipc_export": NOT_SUPPORTED, "ipc_open": NOT_SUPPORTED}, out
+    assert [e for e in rig.entries(since=mark) if "Ipc" in e["name"] or "Shareable" in e["name"]] == []
