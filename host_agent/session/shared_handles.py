@@ -9,8 +9,9 @@ other's driver. The guest's side (guest_runtime/native/shareable_handles.c) carr
 - SHARE_EXPORT of a session's CUmemGenericAllocationHandle: the driver exports it; this worker keeps the descriptor
   under a random 128-bit secret and answers the token (its own pid, the secret).
 - SHARE_IMPORT of a token: the importing worker asks the exporting one (the token's pid) for the descriptor over a
-  host-local UNIX socket (abstract, `orion-cumem-exports-<pid>`), saying which region its session is of; the exporter
-  hands it over (SCM_RIGHTS) only to a process of its own user, for a secret it holds, to a session of its own region.
+  host-local UNIX socket (abstract, `orion-cumem-exports-<pid>`, whose listener must be that pid of its own user),
+  saying which region its session is of; the exporter hands it over (SCM_RIGHTS) only to a process of its own user,
+  for a secret it holds, to a session of its own region.
   The importer's driver imports it, and the new handle is the importing session's.
 
 Legacy IPC (IPC_EXPORT, IPC_OPEN, IPC_CLOSE: cuIpcGetMemHandle and cuIpcGetEventHandle, which PyTorch's
@@ -317,6 +318,9 @@ def _ask(pid: int, secret: bytes, region: str) -> Export | None:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as peer:
             peer.settimeout(ASK_TIMEOUT_S)
             peer.connect(socket_name(pid))
+            owner, uid, _gid = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if owner != pid or uid != os.geteuid():  # a name another process took first: told nothing
+                return None
             peer.sendall(REQUEST.pack(secret, len(name)) + name)
             answer, descriptors, _flags, _address = socket.recv_fds(peer, 2 + IPC_HANDLE_SIZE, 1)
             if answer[:1] == GIVEN and answer[1:2] != bytes([DESCRIPTOR]):

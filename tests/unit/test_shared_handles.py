@@ -197,3 +197,32 @@ def test_ipc_exports_only_what_the_session_owns() -> None:
     relayed = SharedHandles(driver, ledger, "relay 10.0.0.1:9000", relayed=True)
     assert relayed.ipc_export(IPC_EXPORT_REQUEST.encode(0, IPC_MEMORY)).status == NOT_SUPPORTED
     assert relayed.ipc_open(IPC_OPEN_REQUEST.encode(1, 2, 3, IPC_MEMORY, 0)).status == NOT_SUPPORTED
+
+
+def test_a_socket_name_taken_by_another_process_is_told_nothing() -> None:
+    """A process that binds the socket name of a worker pid that is not its own (to hand out memory of its choosing,
+    or to learn secrets) is never asked: the asker checks the listener's pid and user first."""
+    import contextlib
+    import socket
+    import threading
+
+    from host_agent.session.shared_handles import socket_name
+
+    squatted = 4_000_000 + os.getpid() % 1000  # no such pid here (above pid_max's default)
+    heard: list[bytes] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as squatter:
+        squatter.bind(socket_name(squatted))
+        squatter.listen(1)
+
+        def answer() -> None:
+            peer, _ = squatter.accept()
+            with peer, contextlib.suppress(OSError):  # the asker may have gone already
+                peer.settimeout(2)
+                heard.append(peer.recv(64))
+                peer.sendall(b"\1\0" + bytes(64))
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        assert _ask(squatted, bytes(16), "guest-a") is None
+        thread.join(timeout=5)
+    assert heard in ([], [b""])  # not a byte of the request reached it
