@@ -2229,6 +2229,8 @@ class FakeDriver:
         device = self.allocations.pop(base)
         size = len(self.memory.pop(base))
         self.used[device] -= size
+        if base in self.ipc_exported:  # the memfd its bytes moved to at an export (cuIpcGetMemHandle)
+            os.close(self.ipc_exported.pop(base))
         pool = self.origin.get(base, (0, 0))[1]
         if pool in self.pools:  # its pool's memory in use goes down (a destroyed pool is gone already)
             self.pools[pool][7] -= size

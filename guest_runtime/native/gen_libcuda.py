@@ -48,12 +48,7 @@ from ivshmem.driver_api import (
     LAUNCH_ATTRIBUTES_PLAIN,
     MEMCPY_3D,
     MEMSET_NODE,
-    NVML_FIELD_VALUE,
     NVML_LINK_FIELDS,
-    NVML_NVLINK_CAPABILITY,
-    NVML_NVLINK_REMOTE_PCI,
-    NVML_NVLINK_STATE,
-    NVML_P2P_STATUS,
     NVML_QUERY_BUS_IDS,
     NVML_QUERY_REPLY,
     NVML_QUERY_REQUEST,
@@ -455,10 +450,8 @@ def generate_layouts() -> str:
         parts += _schema_layout(f"ORION_{name}_REQ", request)
         if reply is not None:
             parts += _schema_layout(f"ORION_{name}_REP", reply)
-    queries = {"NVLINK_STATE": NVML_NVLINK_STATE, "NVLINK_REMOTE_PCI": NVML_NVLINK_REMOTE_PCI,
-               "NVLINK_CAPABILITY": NVML_NVLINK_CAPABILITY, "P2P_STATUS": NVML_P2P_STATUS,
-               "FIELD_VALUE": NVML_FIELD_VALUE}
-    parts += [f"#define ORION_NVML_QUERY_{name} {value}" for name, value in queries.items()]
+    queries = describe()["nvml_query"]["queries"]
+    parts += [f"#define ORION_NVML_QUERY_{name.upper()} {value}" for name, value in queries.items()]
     parts.append(f"#define ORION_NVML_QUERY_BUS_IDS {NVML_QUERY_BUS_IDS}")
     fields = " || ".join(f"(id) == {field}" for field in sorted(NVML_LINK_FIELDS))
     parts.append(f"#define ORION_NVML_LINK_FIELD(id) ({fields}) /* driver_api.NVML_LINK_FIELDS */")

@@ -32,6 +32,16 @@ enum { CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 };
 static const char MAGIC[8] = "ORIONSH1"; /* the memfd's first bytes: the token's format */
 enum { TOKEN_AT = sizeof MAGIC, TOKEN_SIZE = 20 /* secret_a, secret_b (u64), pid (u32) */ };
 
+/* The token is one run of TOKEN_SIZE bytes in each payload that carries it (driver_api's SHARE_REPLY, the reply of
+ * every export, import and open; SHARE_IMPORT and IPC_OPEN requests), so it moves with one memcpy. */
+#define TOKEN_RUN(a, b, p) ((b) == (a) + 8 && (p) == (a) + 16)
+_Static_assert(TOKEN_RUN(ORION_SHARE_EXPORT_REP_secret_a, ORION_SHARE_EXPORT_REP_secret_b, ORION_SHARE_EXPORT_REP_pid)
+               && ORION_IPC_EXPORT_REP_secret_a == ORION_SHARE_EXPORT_REP_secret_a, "the replies' token");
+_Static_assert(TOKEN_RUN(ORION_SHARE_IMPORT_REQ_secret_a, ORION_SHARE_IMPORT_REQ_secret_b, ORION_SHARE_IMPORT_REQ_pid)
+               && TOKEN_RUN(ORION_IPC_OPEN_REQ_secret_a, ORION_IPC_OPEN_REQ_secret_b, ORION_IPC_OPEN_REQ_pid),
+               "the requests' token");
+enum { REPLY_TOKEN = ORION_SHARE_EXPORT_REP_secret_a };
+
 static CUresult posix_only(const char *call, int type) {
     if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_SUCCESS;
     if (orion_first_time(call))
@@ -68,11 +78,7 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocat
     orion_put_i32(req + ORION_SHARE_EXPORT_REQ_handle_type, (int32_t)handleType);
     status = orion_thread_forward(ORION_OP_SHARE_EXPORT, req, sizeof req, rep, sizeof rep, 0);
     if (status != CUDA_SUCCESS) return status;
-    uint8_t token[TOKEN_SIZE];
-    memcpy(token, rep + ORION_SHARE_EXPORT_REP_secret_a, 8);
-    memcpy(token + 8, rep + ORION_SHARE_EXPORT_REP_secret_b, 8);
-    memcpy(token + 16, rep + ORION_SHARE_EXPORT_REP_pid, 4);
-    int fd = token_descriptor(token);
+    int fd = token_descriptor(rep + REPLY_TOKEN);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY; /* no descriptor to give: as the driver says when it has none */
     *(int *)shareableHandle = fd;
     return CUDA_SUCCESS;
@@ -89,9 +95,7 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
     if (got != TOKEN_AT + TOKEN_SIZE || memcmp(bytes, MAGIC, sizeof MAGIC) != 0)
         return CUDA_ERROR_INVALID_VALUE; /* not an export of this library's: no memory of the GPU host's */
     uint8_t req[ORION_SHARE_IMPORT_REQ_SIZE], rep[ORION_SHARE_IMPORT_REP_SIZE];
-    memcpy(req + ORION_SHARE_IMPORT_REQ_secret_a, bytes + TOKEN_AT, 8);
-    memcpy(req + ORION_SHARE_IMPORT_REQ_secret_b, bytes + TOKEN_AT + 8, 8);
-    memcpy(req + ORION_SHARE_IMPORT_REQ_pid, bytes + TOKEN_AT + 16, 4);
+    memcpy(req + ORION_SHARE_IMPORT_REQ_secret_a, bytes + TOKEN_AT, TOKEN_SIZE);
     orion_put_i32(req + ORION_SHARE_IMPORT_REQ_handle_type, (int32_t)shHandleType);
     status = orion_thread_forward(ORION_OP_SHARE_IMPORT, req, sizeof req, rep, sizeof rep, 0);
     if (status != CUDA_SUCCESS) return status;
@@ -114,9 +118,7 @@ static CUresult ipc_export(ipc_handle *out, uint64_t value, uint32_t kind) {
     if (status != CUDA_SUCCESS) return status;
     memset(out, 0, sizeof *out);
     memcpy(out->reserved, IPC_MAGIC, sizeof IPC_MAGIC);
-    memcpy(out->reserved + TOKEN_AT, rep + ORION_IPC_EXPORT_REP_secret_a, 8);
-    memcpy(out->reserved + TOKEN_AT + 8, rep + ORION_IPC_EXPORT_REP_secret_b, 8);
-    memcpy(out->reserved + TOKEN_AT + 16, rep + ORION_IPC_EXPORT_REP_pid, 4);
+    memcpy(out->reserved + TOKEN_AT, rep + REPLY_TOKEN, TOKEN_SIZE);
     orion_put_u32((uint8_t *)out->reserved + IPC_KIND_AT, kind);
     return CUDA_SUCCESS;
 }
@@ -128,9 +130,7 @@ static CUresult ipc_open(const ipc_handle *handle, uint32_t kind, unsigned int f
     if (memcmp(bytes, IPC_MAGIC, sizeof IPC_MAGIC) != 0 || orion_get_u32(bytes + IPC_KIND_AT) != kind)
         return CUDA_ERROR_INVALID_VALUE;
     uint8_t req[ORION_IPC_OPEN_REQ_SIZE], rep[ORION_IPC_OPEN_REP_SIZE];
-    memcpy(req + ORION_IPC_OPEN_REQ_secret_a, bytes + TOKEN_AT, 8);
-    memcpy(req + ORION_IPC_OPEN_REQ_secret_b, bytes + TOKEN_AT + 8, 8);
-    memcpy(req + ORION_IPC_OPEN_REQ_pid, bytes + TOKEN_AT + 16, 4);
+    memcpy(req + ORION_IPC_OPEN_REQ_secret_a, bytes + TOKEN_AT, TOKEN_SIZE);
     orion_put_u32(req + ORION_IPC_OPEN_REQ_kind, kind);
     orion_put_u32(req + ORION_IPC_OPEN_REQ_flags, flags);
     CUresult status = orion_thread_forward(ORION_OP_IPC_OPEN, req, sizeof req, rep, sizeof rep, 0);

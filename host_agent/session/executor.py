@@ -43,9 +43,6 @@ from ivshmem.driver_api import (
     IMAGE_BY_DIGEST_REQUEST,
     IMAGE_LOADS,
     IMAGE_NOT_CACHED,
-    IPC_CLOSE_OPCODE,
-    IPC_EXPORT_OPCODE,
-    IPC_OPEN_OPCODE,
     JIT_SCALAR_OPTIONS,
     LAUNCH_ATTRIBUTE,
     NVML_QUERY_OPCODE,
@@ -59,8 +56,6 @@ from ivshmem.driver_api import (
     POOL_ATTRIBUTES_64,
     POOL_MAP_OPCODE,
     POOL_MIRROR_OPCODE,
-    SHARE_EXPORT_OPCODE,
-    SHARE_IMPORT_OPCODE,
     DriverCall,
     LaunchConfig,
     table_digest,
@@ -87,6 +82,7 @@ from .nvml_queries import NvmlOpener, NvmlQueries
 from .pinned_pool import HostPool, answer_bookkeeping
 from .pool_mirror import PoolMirror
 from .session_ledger import CHECKED, SessionLedger
+from .shared_handles import OPCODES as SHARING_OPCODES
 from .shared_handles import SharedHandles
 from .stream_extras import StreamExtraCalls
 from .structured_copies import StructuredCopies
@@ -234,12 +230,9 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             if record.opcode == NVML_QUERY_OPCODE:  # rare: tested only here, off the calls' path
                 return self.nvml_queries.answer(bytes(record.payload)) if self.driver is not None \
                     else Reply(NOT_INITIALIZED)
-            shared = self.shared_handles
-            sharing = {SHARE_EXPORT_OPCODE: shared.export, SHARE_IMPORT_OPCODE: shared.import_,
-                       IPC_EXPORT_OPCODE: shared.ipc_export, IPC_OPEN_OPCODE: shared.ipc_open,
-                       IPC_CLOSE_OPCODE: shared.ipc_close}.get(record.opcode)
-            if sharing is not None:
-                return sharing(bytes(record.payload)) if self.driver is not None else Reply(NOT_INITIALIZED)
+            if record.opcode in SHARING_OPCODES:
+                return self.shared_handles.answer(record.opcode, bytes(record.payload)) if self.driver is not None \
+                    else Reply(NOT_INITIALIZED)
             return Reply(Status.UNKNOWN_OPCODE, f"opcode {record.opcode:#x} is not a forwarded CUDA call".encode())
         if self.driver is None:
             return Reply(NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED)

@@ -39,12 +39,17 @@ from typing import Any, NamedTuple
 
 from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS
 from ivshmem.driver_api import (
+    IPC_CLOSE_OPCODE,
     IPC_CLOSE_REQUEST,
     IPC_EVENT,
+    IPC_EXPORT_OPCODE,
     IPC_EXPORT_REQUEST,
     IPC_MEMORY,
+    IPC_OPEN_OPCODE,
     IPC_OPEN_REQUEST,
+    SHARE_EXPORT_OPCODE,
     SHARE_EXPORT_REQUEST,
+    SHARE_IMPORT_OPCODE,
     SHARE_IMPORT_REQUEST,
     SHARE_REPLY,
 )
@@ -164,12 +169,16 @@ class SharedHandles:
         self._driver, self._ledger, self._region, self._relayed = driver, ledger, region, relayed
         self._exported = 0
 
-    # --- cuMem descriptors ----------------------------------------------------------------------------------------
-    def export(self, payload: bytes) -> Reply:
+    def answer(self, opcode: int, payload: bytes) -> Reply:
+        """A record of one of OPCODES (a payload of another shape is MALFORMED)."""
         try:
-            handle, flags, handle_type = SHARE_EXPORT_REQUEST.decode(payload)
+            return getattr(self, OPCODES[opcode])(payload)  # type: ignore[no-any-return]
         except RecordError as exc:
             return Reply(Status.MALFORMED, str(exc).encode())
+
+    # --- cuMem descriptors ----------------------------------------------------------------------------------------
+    def export(self, payload: bytes) -> Reply:
+        handle, flags, handle_type = SHARE_EXPORT_REQUEST.decode(payload)
         if self._relayed or handle_type != POSIX_FILE_DESCRIPTOR:
             return Reply(NOT_SUPPORTED)
         if handle not in self._ledger.handles[PHYSICAL]:
@@ -184,10 +193,7 @@ class SharedHandles:
         return self._keep(handle, Export(self._region, DESCRIPTOR, descriptor=int(descriptor)))
 
     def import_(self, payload: bytes) -> Reply:
-        try:
-            secret_a, secret_b, pid, handle_type = SHARE_IMPORT_REQUEST.decode(payload)
-        except RecordError as exc:
-            return Reply(Status.MALFORMED, str(exc).encode())
+        secret_a, secret_b, pid, handle_type = SHARE_IMPORT_REQUEST.decode(payload)
         if self._relayed or handle_type != POSIX_FILE_DESCRIPTOR:
             return Reply(NOT_SUPPORTED)
         secret = struct.pack("<QQ", secret_a, secret_b)
@@ -208,10 +214,7 @@ class SharedHandles:
     # --- legacy IPC -----------------------------------------------------------------------------------------------
     def ipc_export(self, payload: bytes) -> Reply:
         """cuIpcGetMemHandle of the session's memory, or cuIpcGetEventHandle of its event."""
-        try:
-            value, kind = IPC_EXPORT_REQUEST.decode(payload)
-        except RecordError as exc:
-            return Reply(Status.MALFORMED, str(exc).encode())
+        value, kind = IPC_EXPORT_REQUEST.decode(payload)
         if self._relayed:
             return Reply(NOT_SUPPORTED)
         if kind == IPC_MEMORY and not self._ledger.owns(value, 1):
@@ -231,10 +234,7 @@ class SharedHandles:
     def ipc_open(self, payload: bytes) -> Reply:
         """cuIpcOpenMemHandle or cuIpcOpenEventHandle of a token: what the driver opens of the exporter's handle,
         the session's from now on."""
-        try:
-            secret_a, secret_b, pid, kind, flags = IPC_OPEN_REQUEST.decode(payload)
-        except RecordError as exc:
-            return Reply(Status.MALFORMED, str(exc).encode())
+        secret_a, secret_b, pid, kind, flags = IPC_OPEN_REQUEST.decode(payload)
         if self._relayed:
             return Reply(NOT_SUPPORTED)
         secret = struct.pack("<QQ", secret_a, secret_b)
@@ -262,10 +262,7 @@ class SharedHandles:
 
     def ipc_close(self, payload: bytes) -> Reply:
         """cuIpcCloseMemHandle of memory an IPC_OPEN gave this session, and only that."""
-        try:
-            (pointer,) = IPC_CLOSE_REQUEST.decode(payload)
-        except RecordError as exc:
-            return Reply(Status.MALFORMED, str(exc).encode())
+        (pointer,) = IPC_CLOSE_REQUEST.decode(payload)
         if pointer not in self._ledger.imported:
             return Reply(INVALID_VALUE)
         (err,) = self._driver.cuIpcCloseMemHandle(pointer)
@@ -294,6 +291,10 @@ class SharedHandles:
                 os.close(export.descriptor)
             return None
         return export
+
+
+OPCODES = {SHARE_EXPORT_OPCODE: "export", SHARE_IMPORT_OPCODE: "import_", IPC_EXPORT_OPCODE: "ipc_export",
+           IPC_OPEN_OPCODE: "ipc_open", IPC_CLOSE_OPCODE: "ipc_close"}  # SharedHandles.answer's
 
 
 def _token_reply(handle: int, secret: bytes, pid: int) -> bytes:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from host_agent.session.session_ledger import SessionLedger
-from host_agent.session.shared_handles import MAX_EXPORTS, SharedHandles, _ask
+from host_agent.session.shared_handles import MAX_EXPORTS, OPCODES, SharedHandles, _ask
 from ivshmem.driver_api import (
     IPC_CLOSE_REQUEST,
     IPC_EVENT,
@@ -144,7 +144,8 @@ def test_what_is_not_shared_is_refused_before_the_driver() -> None:
     handle = _memory(driver, ledger)
     assert shared.export(SHARE_EXPORT_REQUEST.encode(handle + 99, 0, POSIX)).status == INVALID_VALUE  # not its own
     assert shared.export(SHARE_EXPORT_REQUEST.encode(handle, 0, FABRIC)).status == NOT_SUPPORTED
-    assert shared.export(b"\0" * 3).status == Status.MALFORMED
+    for opcode in OPCODES:  # a payload of another shape, through the executor's entry
+        assert shared.answer(opcode, b"\0" * 3).status == Status.MALFORMED
     relayed = SharedHandles(driver, ledger, "relay 10.0.0.1:9000", relayed=True)
     assert relayed.export(SHARE_EXPORT_REQUEST.encode(handle, 0, POSIX)).status == NOT_SUPPORTED
     assert _import(relayed, (1, 2, os.getpid())).status == NOT_SUPPORTED
