@@ -190,8 +190,9 @@ def launch_payload(function: int, stream: int, params: bytes = b"\x01\x02\x03\x0
     return CALLS["cuLaunchKernel"].request.fixed.pack(function, grid, 1, 1, 32, 1, 1, 0, stream) + params
 
 
-def launch_ex_payload(function: int, stream: int, attributes: list[tuple[int, bytes]]) -> bytes:
-    return CALLS["cuLaunchKernelEx"].request.encode(function, 2, 1, 1, 32, 1, 1, 0, stream, attributes, b"\x05\x06")
+def launch_ex_payload(function: int, stream: int, attributes: list[tuple[int, bytes]],
+                      params: bytes = b"\x05\x06") -> bytes:
+    return CALLS["cuLaunchKernelEx"].request.encode(function, 2, 1, 1, 32, 1, 1, 0, stream, attributes, params)
 
 
 def corpus(s: Served, h: dict[str, int]) -> None:
@@ -394,6 +395,17 @@ def test_attributed_launches_and_stream_memory_operations_are_served_in_c(make: 
     assert s.hot.served - served == 7
     assert [[a[0] for a in launch.get("attributes", [])] for launch in s.fake.launches[-3:]] == [[8], [12], []]
     assert s.fake.launches[-1]["params"] == "0506"
+    # NCCL's shape: three attributes and a few KiB of arguments, inline in a default slot and so C's too
+    nccl = bytes(range(256)) * 12
+    attributes = [(8, (3).to_bytes(64, "little")), (12, event), (10, (1).to_bytes(64, "little"))]
+    payload = launch_ex_payload(h["function"], h["stream"], attributes, nccl)
+    assert len(payload) + 32 <= Geometry.build(s.region.size, 1).slot_size
+    served = s.hot.served
+    s.send(CALLS["cuLaunchKernelEx"].opcode, payload, Flag.NO_REPLY)
+    s.request("cuStreamSynchronize", h["stream"])
+    assert [r[2] for r in s.serve()] == [SUCCESS]
+    assert s.hot.served - served == 2
+    assert s.fake.launches[-1]["params"] == nccl.hex()
 
 
 def test_a_freed_allocation_is_refused_at_once(make: Any) -> None:
