@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""NCCL all-reduce across the GPUs of one process (issue 32), natively and through the native guest driver, in one run
-on a machine with two GPUs: torch.cuda.nccl.all_reduce (what DataParallel uses) over one float32 tensor on each
-device, sizes 1 KiB to 256 MiB; bus bandwidth as nccl-tests defines it for all-reduce (size / time x 2(n-1)/n).
+"""NCCL all-reduce over the GPUs of a machine (issue 32), natively and through the native guest driver, in one run
+on a machine with two GPUs, sizes 1 KiB to 256 MiB, one float32 tensor per device; bus bandwidth as nccl-tests
+defines it for all-reduce (size / time x 2(n-1)/n). Two ways a program does it:
+- `--across devices` (default): one process drives every device, torch.cuda.nccl.all_reduce (what DataParallel uses);
+- `--across processes`: one process (rank) per device, torch.distributed's all_reduce with the nccl backend (what
+  DistributedDataParallel uses); each rank is its own session, and NCCL's P2P transport shares their device memory
+  through exported cuMem handles (docs/multi-gpu.md). Rank 0 reports, and the slowest rank's time counts.
 
-Each process checks every size's result on every device (device d holds d+1 everywhere; the sum is n(n+1)/2) and
-reports the sums; the forwarded run's are compared with the native run's before any ratio prints (bench/verify.py).
+Device or rank d holds d+1 everywhere; every size's sum is checked on every device (n(n+1)/2 each element) and
+reported, and the forwarded run's sums are compared with the native run's before any ratio prints (bench/verify.py).
 The forwarded session's region is 2 GiB: NCCL page-locks two ~9 MiB POSIX shared-memory segments per process, which
 the native driver moves into the region's page-locked pool (docs/multi-gpu.md), so the pool must hold them.
 
-Run: python3 bench/allreduce_bench.py [--rounds N]   (from the repository root; needs two GPUs and torch)
+Run: python3 bench/allreduce_bench.py [--rounds N] [--across devices|processes]   (repository root; two GPUs, torch)
 """
 from __future__ import annotations
 
@@ -45,14 +49,50 @@ for size in SIZES:
     out["busbw"][size] = size / took * 2 * (n - 1) / n / 1e9
 print("RESULT " + json.dumps(out))
 """
+# One rank per device: started from the command line this process was (interpreter, loader, code), with --rank.
+RANKS = r"""
+import json, os, subprocess, sys, time
+if "--rank" not in sys.argv:
+    import torch
+    n = torch.cuda.device_count()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(20000 + os.getpid() % 20000), "WORLD": str(n)}
+    ranks = [subprocess.Popen([*sys.orig_argv, "--rank", str(r)], env=env) for r in range(n)]
+    sys.exit(max(rank.wait(timeout=600) for rank in ranks))
+import torch, torch.distributed as dist
+rank, n = int(sys.argv[sys.argv.index("--rank") + 1]), int(os.environ["WORLD"])
+device = torch.device("cuda", rank)
+torch.cuda.set_device(device)
+dist.init_process_group("nccl", rank=rank, world_size=n, device_id=device)
+out = {"devices": n, "busbw": {}, "sums": {}}
+for size in SIZES:
+    tensor = torch.full((size // 4,), float(rank + 1), device=device)
+    dist.all_reduce(tensor)
+    sums = [None] * n
+    dist.all_gather_object(sums, float(tensor.double().sum().item()))
+    out["sums"][size] = sums
+    reps = 50 if size <= (1 << 22) else 10
+    for _ in range(3): dist.all_reduce(tensor)
+    torch.cuda.synchronize(); dist.barrier()
+    t = time.perf_counter()
+    for _ in range(reps): dist.all_reduce(tensor)
+    torch.cuda.synchronize()
+    took = [None] * n
+    dist.all_gather_object(took, (time.perf_counter() - t) / reps)
+    out["busbw"][size] = size / max(took) * 2 * (n - 1) / n / 1e9
+dist.destroy_process_group()
+if rank == 0:
+    print("RESULT " + json.dumps(out))
+"""
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=1, help="alternating native/forwarded pairs (default 1)")
+    parser.add_argument("--across", choices=["devices", "processes"], default="devices",
+                        help="one process driving every device, or one process per device (default devices)")
     args = parser.parse_args()
     checks = Checks()
-    code = f"SIZES = {SIZES!r}\n" + WORKLOAD
+    code = f"SIZES = {SIZES!r}\n" + (WORKLOAD if args.across == "devices" else RANKS)
     ratios: dict[int, list[float]] = {size: [] for size in SIZES}
     with forwarding(region_mib=REGION_MIB) as forwarded:
         print(f"{'size':>10} {'native GB/s':>12} {'forwarded GB/s':>15} {'forwarded/native':>17}")

@@ -43,12 +43,14 @@ enum { RET_PYTHON = 0, RET_CHECK = 1, RET_POSTED_FAILED = 2, RET_IDLE = 3 };
  * checks each against the table before registering it). */
 enum {
     K_NONE = 0, K_NOP, K_VOID, K_STREAM, K_EVENT, K_CONTEXT, K_EVENT_STREAM, K_STREAM_EVENT_FLAGS,
+    K_EVENT_STREAM_FLAGS,
     K_MEMSET8, K_MEMSET16, K_MEMSET32, K_DTOD, K_LAUNCH, K_HTOD, K_HTOD_ASYNC, K_DTOH, K_DTOH_ASYNC,
     K_STREAM_VALUE, K_LAUNCH_EX, K_PINNED_HTOD, K_PINNED_HTOD_ASYNC, K_PINNED_DTOH, K_PINNED_DTOH_ASYNC, K_COUNT
 };
 static const uint32_t payload_size[K_COUNT] = {
     [K_NOP] = UINT32_MAX, [K_VOID] = 0, [K_STREAM] = 8, [K_EVENT] = 8, [K_CONTEXT] = 8, [K_EVENT_STREAM] = 16,
-    [K_STREAM_EVENT_FLAGS] = 20, [K_MEMSET8] = 25, [K_MEMSET16] = 26, [K_MEMSET32] = 28, [K_DTOD] = 32,
+    [K_STREAM_EVENT_FLAGS] = 20, [K_EVENT_STREAM_FLAGS] = 20, [K_MEMSET8] = 25, [K_MEMSET16] = 26, [K_MEMSET32] = 28,
+    [K_DTOD] = 32,
     [K_LAUNCH] = UINT32_MAX, [K_HTOD] = UINT32_MAX, [K_HTOD_ASYNC] = UINT32_MAX, [K_DTOH] = 16, [K_DTOH_ASYNC] = 24,
     [K_STREAM_VALUE] = 24, [K_LAUNCH_EX] = UINT32_MAX, [K_PINNED_HTOD] = 24, [K_PINNED_DTOH] = 24,
     [K_PINNED_HTOD_ASYNC] = 32, [K_PINNED_DTOH_ASYNC] = 32,
@@ -59,7 +61,7 @@ static const uint32_t payload_size[K_COUNT] = {
 typedef int (*fn_void)(void);
 typedef int (*fn_handle)(void *);
 typedef int (*fn_handle2)(void *, void *);
-typedef int (*fn_wait_event)(void *, void *, unsigned int);
+typedef int (*fn_handle2_flags)(void *, void *, unsigned int);
 typedef int (*fn_memset8)(unsigned long long, unsigned char, size_t, void *);
 typedef int (*fn_memset16)(unsigned long long, unsigned short, size_t, void *);
 typedef int (*fn_memset32)(unsigned long long, unsigned int, size_t, void *);
@@ -247,7 +249,8 @@ static int allowed(const ledger_view *l, int kind, const uint8_t *p, uint64_t *h
     case K_STREAM: return stream_ok(l, rd64(p));
     case K_EVENT: return owns_handle(l, "CUevent", rd64(p));
     case K_CONTEXT: return rd64(p) == 0 || owns_handle(l, "CUcontext", rd64(p));
-    case K_EVENT_STREAM: return owns_handle(l, "CUevent", rd64(p)) && stream_ok(l, rd64(p + 8));
+    case K_EVENT_STREAM: case K_EVENT_STREAM_FLAGS:
+        return owns_handle(l, "CUevent", rd64(p)) && stream_ok(l, rd64(p + 8));
     case K_STREAM_EVENT_FLAGS: return stream_ok(l, rd64(p)) && owns_handle(l, "CUevent", rd64(p + 8));
     case K_MEMSET8: case K_MEMSET16: case K_MEMSET32: {
         unsigned width = kind == K_MEMSET8 ? 1 : kind == K_MEMSET16 ? 2 : 4;
@@ -360,8 +363,8 @@ static int call_driver(Dispatcher *self, int kind, void *fn, const uint8_t *p, u
     case K_VOID: return ((fn_void)fn)();
     case K_STREAM: case K_EVENT: case K_CONTEXT: return ((fn_handle)fn)((void *)(uintptr_t)rd64(p));
     case K_EVENT_STREAM: return ((fn_handle2)fn)((void *)(uintptr_t)rd64(p), (void *)(uintptr_t)rd64(p + 8));
-    case K_STREAM_EVENT_FLAGS:
-        return ((fn_wait_event)fn)((void *)(uintptr_t)rd64(p), (void *)(uintptr_t)rd64(p + 8), rd32(p + 16));
+    case K_STREAM_EVENT_FLAGS: case K_EVENT_STREAM_FLAGS:  /* (stream, event) or (event, stream), then flags */
+        return ((fn_handle2_flags)fn)((void *)(uintptr_t)rd64(p), (void *)(uintptr_t)rd64(p + 8), rd32(p + 16));
     case K_MEMSET8: return ((fn_memset8)fn)(rd64(p), p[8], rd64(p + 9), (void *)(uintptr_t)rd64(p + 17));
     case K_MEMSET16: return ((fn_memset16)fn)(rd64(p), rd16(p + 8), rd64(p + 10), (void *)(uintptr_t)rd64(p + 18));
     case K_MEMSET32: return ((fn_memset32)fn)(rd64(p), rd32(p + 8), rd64(p + 12), (void *)(uintptr_t)rd64(p + 20));
@@ -764,6 +767,7 @@ PyMODINIT_FUNC PyInit__orion_hot_dispatch(void) {
         {"PYTHON", RET_PYTHON}, {"CHECK", RET_CHECK}, {"POSTED_FAILED", RET_POSTED_FAILED}, {"IDLE", RET_IDLE},
         {"K_NOP", K_NOP}, {"K_VOID", K_VOID}, {"K_STREAM", K_STREAM}, {"K_EVENT", K_EVENT},
         {"K_CONTEXT", K_CONTEXT}, {"K_EVENT_STREAM", K_EVENT_STREAM}, {"K_STREAM_EVENT_FLAGS", K_STREAM_EVENT_FLAGS},
+        {"K_EVENT_STREAM_FLAGS", K_EVENT_STREAM_FLAGS},
         {"K_MEMSET8", K_MEMSET8}, {"K_MEMSET16", K_MEMSET16}, {"K_MEMSET32", K_MEMSET32}, {"K_DTOD", K_DTOD},
         {"K_LAUNCH", K_LAUNCH}, {"K_HTOD", K_HTOD}, {"K_HTOD_ASYNC", K_HTOD_ASYNC}, {"K_DTOH", K_DTOH},
         {"K_DTOH_ASYNC", K_DTOH_ASYNC}, {"K_STREAM_VALUE", K_STREAM_VALUE}, {"K_LAUNCH_EX", K_LAUNCH_EX},

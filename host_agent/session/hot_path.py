@@ -6,7 +6,7 @@ A forwarded call's host side was ~4 µs of Python (docs/performance.md: receive,
 around a driver call of about a microsecond. `HotPath` serves the records that dominate a CUDA program's steady
 state — launches (with launch attributes too), async memsets and device copies, small copies to and from the
 host and every copy to or from the guest's page-locked pool memory, stream/event record, wait,
-query and synchronise, the stream memory operations a guest's host functions are made of, the context switch a
+query and synchronise (an event record with flags too, as NCCL records one per collective), the stream memory operations a guest's host functions are made of, the context switch a
 multi-threaded guest posts, and the wire NOP — in C, calling cuda.bindings.cydriver's C
 functions directly; everything else, and every record C is not sure of, is answered by the Python path
 (session_loop.RecordLoop, executor.py), which stays the reference: C never refuses a record itself, so every
@@ -69,6 +69,7 @@ HOT_CALLS: dict[str, Hot] = {
     "cuEventSynchronize": Hot("K_EVENT", "<Q", ("CUevent",)),
     "cuCtxSetCurrent": Hot("K_CONTEXT", "<Q", ("CUcontext",)),
     "cuEventRecord": Hot("K_EVENT_STREAM", "<QQ", ("CUevent", "CUstream")),
+    "cuEventRecordWithFlags": Hot("K_EVENT_STREAM_FLAGS", "<QQI", ("CUevent", "CUstream", "unsigned int")),
     "cuStreamWaitEvent": Hot("K_STREAM_EVENT_FLAGS", "<QQI", ("CUstream", "CUevent", "unsigned int")),
     "cuMemsetD8Async": Hot("K_MEMSET8", "<QBQQ", ("CUdeviceptr", "unsigned char", "size_t", "CUstream")),
     "cuMemsetD16Async": Hot("K_MEMSET16", "<QHQQ", ("CUdeviceptr", "unsigned short", "size_t", "CUstream")),

@@ -44,10 +44,7 @@ def _gpu_count() -> int:
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpu_count() < 2, reason="needs a machine with two GPUs")]
 JAX_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-BETWEEN_SESSIONS_GAP = ("between processes NCCL shares device memory through cuMem handles exported as file "
-                        "descriptors: without their export between sessions its ranks waited for ever; the export "
-                        "(SHARE_EXPORT/SHARE_IMPORT) is built and has not run on the GPU yet (docs/multi-gpu.md)")
-NCCL_HANG_S = 120  # NCCL's ranks wait for a handle their proxy failed to export: ended here, with every rank
+NCCL_HANG_S = 120  # a rank waiting for a handle its peer's proxy failed to export waits for ever: ended here
 NCCL_REGION_MIB = 2048  # NCCL page-locks two ~9 MiB shared segments per process: the pool must hold them
 
 
@@ -103,14 +100,12 @@ def test_nccl_across_one_process_devices(nccl_oriond: Oriond, library: GuestLibr
     assert run("local_devices_nccl_program.py", nccl_oriond, library, **JAX_ENV) == expected
 
 
-@pytest.mark.xfail(strict=True, reason=BETWEEN_SESSIONS_GAP)
 def test_nccl_across_two_processes(nccl_oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
     expected = run("nccl_ranks_program.py", None, None, "2")
     assert expected["ok"], expected
     assert run("nccl_ranks_program.py", nccl_oriond, library, "2", timeout=NCCL_HANG_S) == expected
 
 
-@pytest.mark.xfail(strict=True, reason=BETWEEN_SESSIONS_GAP)
 def test_ddp_resnet50_with_two_ranks_trains_as_natively(nccl_oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
     """Orion's guide's job: DistributedDataParallel ResNet-50, two ranks on two GPUs, NCCL: the same losses as a
     native run (deterministic kernels) and every rank with the same parameters after the last step."""
