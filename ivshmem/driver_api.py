@@ -830,6 +830,12 @@ IPC_EXPORT_OPCODE = CUDA_OPCODE_BASE + 0x0F07
 IPC_OPEN_OPCODE = CUDA_OPCODE_BASE + 0x0F08
 IPC_CLOSE_OPCODE = CUDA_OPCODE_BASE + 0x0F09
 IPC_MEMORY, IPC_EVENT = 0, 1
+# The native driver's event pool (guest_runtime/native/event_pool.c): up to EVENTS_CREATE_MAX events made at once
+# with one cuEventCreate's flags, in the current context, which the guest then hands out one per cuEventCreate
+# without a round trip (a round trip waits behind the posted work before it; PyTorch's ProcessGroupNCCL makes two
+# events per collective).
+EVENTS_CREATE_OPCODE = CUDA_OPCODE_BASE + 0x0F0A
+EVENTS_CREATE_MAX = 32
 # The calls that make a stream of the program's own (its first parameter): both guest clients keep the streams they
 # made, so that a small copy to the device on one may be posted (native/known_streams.c, forward.py's _htod).
 STREAM_CREATES = frozenset({"cuStreamCreate", "cuStreamCreateWithPriority"})
@@ -902,6 +908,10 @@ IPC_EXPORT_REQUEST = Schema("IPC_EXPORT", ("value", "u64"), ("kind", "u32"))
 IPC_OPEN_REQUEST = Schema("IPC_OPEN", ("secret_a", "u64"), ("secret_b", "u64"), ("pid", "u32"), ("kind", "u32"),
                           ("flags", "u32"))
 IPC_CLOSE_REQUEST = Schema("IPC_CLOSE", ("pointer", "u64"))
+# EVENTS_CREATE: `count` (1..EVENTS_CREATE_MAX) cuEventCreate(`flags`) in a row, stopping at the first failure; the
+# reply's tail is the events made (8 bytes each, at least one), or, when none could be, the failure's status.
+EVENTS_CREATE_REQUEST = Schema("EVENTS_CREATE", ("flags", "u32"), ("count", "u32"))
+EVENTS_CREATE_REPLY = Schema("EVENTS_CREATE reply", ("events", "tail"))
 # The request of a load's IMAGE_BY_DIGEST variant: the image's size and SHA-256 (32 bytes), then the load's own
 # request with an empty image (its JIT options, if any): the usual request is `request` + the image's bytes.
 IMAGE_BY_DIGEST_REQUEST = Schema("IMAGE_BY_DIGEST", ("size", "u64"), ("digest", "bytes"), ("request", "tail"))
@@ -933,6 +943,8 @@ def describe() -> dict[str, Any]:
         "ipc_open": {"opcode": IPC_OPEN_OPCODE, "request": IPC_OPEN_REQUEST.describe(),
                      "reply": SHARE_REPLY.describe()},
         "ipc_close": {"opcode": IPC_CLOSE_OPCODE, "request": IPC_CLOSE_REQUEST.describe()},
+        "events_create": {"opcode": EVENTS_CREATE_OPCODE, "request": EVENTS_CREATE_REQUEST.describe(),
+                          "reply": EVENTS_CREATE_REPLY.describe(), "max": EVENTS_CREATE_MAX},
         "image_by_digest": {"added": IMAGE_BY_DIGEST, "calls": sorted(IMAGE_LOADS), "not_cached": IMAGE_NOT_CACHED,
                             "min_size": IMAGE_BY_DIGEST_MIN, "request": IMAGE_BY_DIGEST_REQUEST.describe()},
         "effects": EFFECTS, "calls": [call.describe() for call in CALLS.values()],
@@ -1064,6 +1076,10 @@ def markdown() -> str:
               f"{_fields_text(IPC_OPEN_REQUEST)}, both replying {_fields_text(SHARE_REPLY)}; IPC_CLOSE "
               f"`{IPC_CLOSE_OPCODE:#x}`, request {_fields_text(IPC_CLOSE_REQUEST)}: legacy IPC of memory (kind "
               f"{IPC_MEMORY}) and events (kind {IPC_EVENT}) between sessions of one region (local sessions).", "",
+              f"Forwarding-layer opcode: EVENTS_CREATE `{EVENTS_CREATE_OPCODE:#x}`, request "
+              f"{_fields_text(EVENTS_CREATE_REQUEST)} (`count` 1 to {EVENTS_CREATE_MAX}), reply "
+              f"{_fields_text(EVENTS_CREATE_REPLY)}: `count` cuEventCreate(`flags`) in the current context, stopping "
+              "at the first failure; the events made, 8 bytes each, or the failure's status when none was.", "",
               f"Image by digest: {', '.join(f'`{name}`' for name in sorted(IMAGE_LOADS))} also travel as opcode "
               f"+ {IMAGE_BY_DIGEST:#x}, request {_fields_text(IMAGE_BY_DIGEST_REQUEST)} (`digest` the image's "
               "SHA-256, `request` the call's own request without the image), for images of at least "

@@ -317,7 +317,10 @@ static int primary_call(uint32_t opcode, CUdevice device, const unsigned int *fl
                                       : ORION_REQ_cuDevicePrimaryCtxRelease_SIZE, NULL, 0, 0);
     primary_changed(device);
     orion_function_answers_forget(); /* a released or reset primary context takes its functions along */
-    if (!flags) orion_streams_forget(); /* and, released for the last time or reset, its streams */
+    if (!flags) { /* and, released for the last time or reset, its streams and events */
+        orion_streams_forget();
+        orion_events_forget();
+    }
     return status;
 }
 

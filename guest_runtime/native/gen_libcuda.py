@@ -35,6 +35,9 @@ from ivshmem.driver_api import (
     ALLOCATION_PROP,
     CALLS,
     ENUMS,
+    EVENTS_CREATE_MAX,
+    EVENTS_CREATE_REPLY,
+    EVENTS_CREATE_REQUEST,
     HOST_FUNCTION_REQUEST,
     HOST_NODE_FUNCTION_REQUEST,
     IMAGE_BY_DIGEST_REQUEST,
@@ -343,7 +346,7 @@ FORWARDING_LAYER: dict[str, tuple[Schema, Schema | None]] = {
     "IMAGE_BY_DIGEST": (IMAGE_BY_DIGEST_REQUEST, None), "NVML_QUERY": (NVML_QUERY_REQUEST, NVML_QUERY_REPLY),
     "SHARE_EXPORT": (SHARE_EXPORT_REQUEST, SHARE_REPLY), "SHARE_IMPORT": (SHARE_IMPORT_REQUEST, SHARE_REPLY),
     "IPC_EXPORT": (IPC_EXPORT_REQUEST, SHARE_REPLY), "IPC_OPEN": (IPC_OPEN_REQUEST, SHARE_REPLY),
-    "IPC_CLOSE": (IPC_CLOSE_REQUEST, None)}
+    "IPC_CLOSE": (IPC_CLOSE_REQUEST, None), "EVENTS_CREATE": (EVENTS_CREATE_REQUEST, EVENTS_CREATE_REPLY)}
 
 
 def _fields_schema(name: str, fields: str) -> Schema:
@@ -453,6 +456,7 @@ def generate_layouts() -> str:
     queries = describe()["nvml_query"]["queries"]
     parts += [f"#define ORION_NVML_QUERY_{name.upper()} {value}" for name, value in queries.items()]
     parts.append(f"#define ORION_NVML_QUERY_BUS_IDS {NVML_QUERY_BUS_IDS}")
+    parts.append(f"#define ORION_EVENTS_CREATE_MAX {EVENTS_CREATE_MAX}")
     fields = " || ".join(f"(id) == {field}" for field in sorted(NVML_LINK_FIELDS))
     parts.append(f"#define ORION_NVML_LINK_FIELD(id) ({fields}) /* driver_api.NVML_LINK_FIELDS */")
     parts.append("")

@@ -25,11 +25,12 @@
 
 /* The forwarding layer's own opcodes: the pool's mapping, a relayed host function, a host function run as a host node
  * runs it, an NVML question for the GPU host, cuMem memory's export and import between sessions, legacy IPC between
- * sessions, and a pinned copy (its call's opcode + ORION_PINNED_COPY). */
+ * sessions, events made ahead (event_pool.c), and a pinned copy (its call's opcode + ORION_PINNED_COPY). */
 enum {
     ORION_OP_POOL_MAP = 0x1000, ORION_OP_HOST_FUNCTION = 0x1002, ORION_OP_HOST_NODE_FUNCTION = 0x1003,
     ORION_OP_NVML_QUERY = 0x1004, ORION_OP_SHARE_EXPORT = 0x1005, ORION_OP_SHARE_IMPORT = 0x1006,
     ORION_OP_IPC_EXPORT = 0x1007, ORION_OP_IPC_OPEN = 0x1008, ORION_OP_IPC_CLOSE = 0x1009,
+    ORION_OP_EVENTS_CREATE = 0x100A,
     ORION_PINNED_COPY = 0x2000,
 };
 
@@ -87,6 +88,9 @@ void orion_stream_created(uint64_t stream);
 void orion_stream_destroyed(uint64_t stream);
 void orion_streams_forget(void);       /* a context may have gone: no stream is known any more */
 int orion_stream_known(uint64_t stream); /* created here, in the current context, and not destroyed */
+
+/* --- event_pool.c: events made ahead and handed out without a round trip ------------------------------------ */
+void orion_events_forget(void);        /* a context may have gone: no pooled or known event any more */
 
 /* --- pinned_pool.c: this channel's slice of the region's page-locked pool -------------------------------------- */
 int orion_pool_ready(void);                            /* agree on the slice's address with the host (once) */

@@ -37,7 +37,11 @@ from ivshmem.cuda_status import (
 )
 from ivshmem.driver_api import (
     BY_OPCODE,
+    CALLS,
     ENUMS,
+    EVENTS_CREATE_MAX,
+    EVENTS_CREATE_OPCODE,
+    EVENTS_CREATE_REQUEST,
     HOST_NODE_FUNCTION_OPCODE,
     IMAGE_BY_DIGEST,
     IMAGE_BY_DIGEST_REQUEST,
@@ -229,6 +233,9 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         if call is None or (pinned and call.pinned is None):
             if record.opcode == NVML_QUERY_OPCODE:  # rare: tested only here, off the calls' path
                 return self.nvml_queries.answer(bytes(record.payload)) if self.driver is not None \
+                    else Reply(NOT_INITIALIZED)
+            if record.opcode == EVENTS_CREATE_OPCODE:
+                return self._events_create(bytes(record.payload)) if self.driver is not None \
                     else Reply(NOT_INITIALIZED)
             if record.opcode in SHARING_OPCODES:
                 return self.shared_handles.answer(record.opcode, bytes(record.payload)) if self.driver is not None \
@@ -711,6 +718,25 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         self.ledger.handles["CUgraphNode"].update(nodes)
         return Reply(SUCCESS, call.reply.encode(int(status), int(ident or 0), int(graph or 0), [(n,) for n in nodes],
                                                 [(_edge_word(edge),) for edge in edges or ()]))
+
+    # --- the native driver's event pool (guest_runtime/native/event_pool.c) ----------------------------------------
+    def _events_create(self, payload: bytes) -> Reply:
+        """EVENTS_CREATE: `count` events made as `count` cuEventCreate(`flags`) records would make them (the generic
+        path: checks, ledger), stopping at the first failure; that failure's status when none was made."""
+        try:
+            flags, count = EVENTS_CREATE_REQUEST.decode(payload)
+        except RecordError as exc:
+            return Reply(Status.MALFORMED, str(exc).encode())
+        if not 1 <= count <= EVENTS_CREATE_MAX:
+            return Reply(Status.MALFORMED, f"EVENTS_CREATE of {count} events (1 to {EVENTS_CREATE_MAX})".encode())
+        create, made = CALLS["cuEventCreate"], []
+        request = create.request.encode(flags)
+        for _ in range(count):
+            reply = self._generic(create, request)
+            if reply.status != SUCCESS:
+                return Reply(SUCCESS, b"".join(made)) if made else reply
+            made.append(reply.payload)
+        return Reply(SUCCESS, b"".join(made))
 
     # --- page-locked host memory (pinned_pool.py) ----------------------------------------------------------
     def _pool_map(self, payload: bytes) -> Reply:

@@ -176,12 +176,14 @@ def test_codec_kinds_cover_the_scalar_codes_of_the_table() -> None:
 
 
 def test_the_native_drivers_forwarding_layer_opcodes_are_the_tables() -> None:
-    """guest_runtime/native/orion_guest.h spells the forwarding layer's own opcodes by hand: POOL_MAP, HOST_FUNCTION
-    (served by a relaying oriond) and the pinned-copy bit must be the values both hosts decode."""
-    from ivshmem.driver_api import HOST_FUNCTION_OPCODE, HOST_NODE_FUNCTION_OPCODE, PINNED_COPY, POOL_MAP_OPCODE
+    """guest_runtime/native/orion_guest.h spells the forwarding layer's own opcodes by hand: each must be the value
+    both hosts decode (driver_api's <NAME>_OPCODE), every one of driver_api's must be spelled, and so must the
+    pinned-copy bit."""
+    from ivshmem import driver_api
     header = (REPO / "guest_runtime" / "native" / "orion_guest.h").read_text()
-    spelled = {name: int(value, 0) for name, value in re.findall(r"(ORION_OP_POOL_MAP|ORION_OP_HOST_FUNCTION|"
-                                                                   r"ORION_OP_HOST_NODE_FUNCTION|ORION_PINNED_COPY) "
-                                                                   r"= (0x[0-9A-Fa-f]+)", header)}
-    assert spelled == {"ORION_OP_POOL_MAP": POOL_MAP_OPCODE, "ORION_OP_HOST_FUNCTION": HOST_FUNCTION_OPCODE,
-                       "ORION_OP_HOST_NODE_FUNCTION": HOST_NODE_FUNCTION_OPCODE, "ORION_PINNED_COPY": PINNED_COPY}
+    spelled = {name: int(value, 0) for name, value in re.findall(r"ORION_OP_([A-Z_]+) = (0x[0-9A-Fa-f]+)", header)}
+    tables = {name[:-len("_OPCODE")]: value for name, value in vars(driver_api).items()
+              if name.endswith("_OPCODE") and isinstance(value, int)
+              and name != "POOL_MIRROR_OPCODE"}  # a relaying oriond's own, never a guest's
+    assert spelled == tables
+    assert int(re.search(r"ORION_PINNED_COPY = (0x[0-9A-Fa-f]+)", header).group(1), 0) == driver_api.PINNED_COPY
