@@ -5,9 +5,9 @@
 A forwarded call's host side was ~4 µs of Python (docs/performance.md: receive, the generic dispatch, send)
 around a driver call of about a microsecond. `HotPath` serves the records that dominate a CUDA program's steady
 state — launches (with launch attributes too), async memsets and device copies, small copies to and from the
-host and every copy to or from the guest's page-locked pool memory, stream/event record, wait,
-query and synchronise (an event record with flags too, as NCCL records one per collective), the stream memory operations a guest's host functions are made of, the context switch a
-multi-threaded guest posts, and the wire NOP — in C, calling cuda.bindings.cydriver's C
+host and every copy to or from the guest's page-locked pool memory, stream/event record (with flags too, as NCCL
+records one per collective), wait, query and synchronise, the stream memory operations a guest's host functions are
+made of, the context switch a multi-threaded guest posts, and the wire NOP — in C, calling cuda.bindings.cydriver's C
 functions directly; everything else, and every record C is not sure of, is answered by the Python path
 (session_loop.RecordLoop, executor.py), which stays the reference: C never refuses a record itself, so every
 error a guest can provoke is the Python path's (hot_dispatch.c says how).
