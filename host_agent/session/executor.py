@@ -729,14 +729,14 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             return Reply(Status.MALFORMED, str(exc).encode())
         if not 1 <= count <= EVENTS_CREATE_MAX:
             return Reply(Status.MALFORMED, f"EVENTS_CREATE of {count} events (1 to {EVENTS_CREATE_MAX})".encode())
-        create, made = CALLS["cuEventCreate"], []
+        create, made = CALLS["cuEventCreate"], bytearray()
         request = create.request.encode(flags)
         for _ in range(count):
             reply = self._generic(create, request)
             if reply.status != SUCCESS:
-                return Reply(SUCCESS, b"".join(made)) if made else reply
-            made.append(reply.payload)
-        return Reply(SUCCESS, b"".join(made))
+                break
+            made += bytes(reply.payload)  # type: ignore[arg-type]  # a generic reply is never Streamed
+        return Reply(SUCCESS, made) if made else reply
 
     # --- page-locked host memory (pinned_pool.py) ----------------------------------------------------------
     def _pool_map(self, payload: bytes) -> Reply:
