@@ -7,8 +7,8 @@ machine (the `oriond` fixture: no --devices, vgpu_count 1), and the two results 
 - what NCCL reads from NVML at start, against the machine's own NVML;
 - NCCL across one process's devices (torch.cuda.nccl, JAX's psum; a 2 GiB region, whose pool holds NCCL's shared
   segments) and across processes (torch.distributed; a DDP ResNet-50 with two ranks).
-What a forwarded session cannot do yet is a strict expected failure with its reason (docs/multi-gpu.md), so the
-day it works the test says so.
+Across processes each rank is its own session; NCCL shares their memory through exported cuMem handles
+(docs/multi-gpu.md). A rank that waits for ever (NCCL does not pass its proxy's failure on) is killed with the rest.
 """
 from __future__ import annotations
 
