@@ -1284,6 +1284,9 @@ H100_ATTRIBUTES = {
     # CAN_USE_STREAM_WAIT_VALUE_NOR), as the H200 (driver 580) answers them: the deprecated _V1 attribute reads 0 there,
     # though the operations work
     92: 0, 122: 1, 123: 1,
+    # sharing with another process (HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, MEMPOOL_SUPPORTED_HANDLE_TYPES: POSIX
+    # and FABRIC, IPC_EVENT_SUPPORTED, HANDLE_TYPE_FABRIC_SUPPORTED), as the H200 (driver 580) answered on 2026-11-28
+    103: 1, 119: 9, 125: 1, 128: 1,
 }
 
 # cuDeviceGetHostAtomicCapabilities' and cuDeviceGetP2PAtomicCapabilities' answers: CUatomicOperation value -> bitmask

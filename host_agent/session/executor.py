@@ -100,6 +100,13 @@ CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE
 CU_MEMHOSTREGISTER_PORTABLE = 1
 MIB = 1 << 20
 RELAYED = "relay "  # a relayed session's region: "relay IP:PORT" of the relaying oriond (relay/listener.py)
+# Device attributes of sharing with another process (cuda.h's CUdevice_attribute). No session can export a memory
+# pool (cuMemPoolCreate with handle types answers NOT_SUPPORTED: mem_pool_calls.py) or fabric memory
+# (shared_handles.py); only a local session can export cuMem memory as a POSIX file descriptor or an event by IPC.
+MEMPOOL_SUPPORTED_HANDLE_TYPES, HANDLE_TYPE_FABRIC_SUPPORTED = 119, 128
+HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, IPC_EVENT_SUPPORTED = 103, 125
+UNSHARED_ATTRIBUTES = frozenset({MEMPOOL_SUPPORTED_HANDLE_TYPES, HANDLE_TYPE_FABRIC_SUPPORTED})
+LOCAL_SHARING_ATTRIBUTES = frozenset({HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, IPC_EVENT_SUPPORTED})
 CONVERTED = ENUMS | {"CUdevice"}  # input types the driver API wants as its own objects
 
 
@@ -340,6 +347,19 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         if total is None:
             return None
         return Reply(total[0]) if total[0] != SUCCESS else _ok(call, total[1])
+
+    @POLICY.serves("cuDeviceGetAttribute")
+    def _device_attribute(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
+        """What the session's device can share with another process, as this session can: the GPU's own answer
+        where the session can do it too, else 0, what a device without the feature answers, so that a program that
+        asks first (CUDA's samples, NCCL) takes another path instead of meeting NOT_SUPPORTED later."""
+        attribute, device = args
+        relayed = self.session.region.startswith(RELAYED)
+        if not 0 <= device < len(self.ledger.devices):
+            return None  # the generic path's INVALID_DEVICE
+        if attribute in UNSHARED_ATTRIBUTES or (relayed and attribute in LOCAL_SHARING_ATTRIBUTES):
+            return _ok(call, 0)
+        return None
 
     # --- a controller allocation (BIND) ---------------------------------------------------------------------
     def _bind(self, allocation: str) -> Reply:
