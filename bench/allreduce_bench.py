@@ -7,8 +7,9 @@ defines it for all-reduce (size / time x 2(n-1)/n). Two ways a program does it:
   DistributedDataParallel uses); each rank is its own session, and NCCL's P2P transport shares their device memory
   through exported cuMem handles (docs/multi-gpu.md). Rank 0 reports, and the slowest rank's time counts.
 
-Device or rank d holds d+1 everywhere; every size's sum is checked on every device (n(n+1)/2 each element) and
-reported, and the forwarded run's sums are compared with the native run's before any ratio prints (bench/verify.py).
+Device or rank d holds d+1 everywhere, so a right all-reduce leaves n(n+1)/2 in every element; every size's sum on
+every device is reported, and the forwarded run's sums are compared with the native run's before any ratio prints
+(bench/verify.py).
 The forwarded session's region is 2 GiB: NCCL page-locks two ~9 MiB POSIX shared-memory segments per process, which
 the native driver moves into the region's page-locked pool (docs/multi-gpu.md), so the pool must hold them.
 
