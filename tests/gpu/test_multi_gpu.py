@@ -3,7 +3,8 @@ machine has fewer than two.
 
 Each program runs natively and on the native guest driver through a real oriond that serves every GPU of the
 machine (the `oriond` fixture: no --devices, vgpu_count 1), and the two results are compared by value:
-- one process driving two devices with PyTorch (work on each, a peer copy, an event across devices);
+- one process driving two devices with PyTorch (work on each, a peer copy, an event across devices), and one
+  device's memory mapped for both with the virtual-memory API (cuda-python);
 - what NCCL reads from NVML at start, against the machine's own NVML;
 - NCCL across one process's devices (torch.cuda.nccl, JAX's psum; a 2 GiB region, whose pool holds NCCL's shared
   segments) and across processes (torch.distributed; a DDP ResNet-50 with two ranks).
@@ -82,6 +83,14 @@ def test_one_process_drives_two_devices_as_natively(oriond: Oriond, library: Gue
     expected = run("torch_two_devices_program.py", None, None)
     assert expected["count"] >= 2 and expected["ok"], expected
     assert run("torch_two_devices_program.py", oriond, library) == expected
+
+
+def test_memory_of_one_device_mapped_for_both_as_natively(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
+    """The virtual-memory API with access for both devices: device 1 reads and writes device 0's memory through one
+    mapping, and a second mapping for device 0 alone reports no access for device 1 (multi_device_vmm_program.py)."""
+    expected = run("multi_device_vmm_program.py", None, None)
+    assert expected["ok"], expected
+    assert run("multi_device_vmm_program.py", oriond, library) == expected
 
 
 def test_nvml_answers_what_nccl_reads_as_the_machines_nvml(oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811
