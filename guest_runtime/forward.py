@@ -155,7 +155,7 @@ class Forwarder:
         self._initialized = False  # cuInit succeeded
         self._captures = 0  # stream captures begun and not ended: while any may run, every copy waits (_htod)
         self._unavailable = False  # a call answered CUDA_ERROR_DEVICE_UNAVAILABLE: every copy waits (_htod)
-        # The streams this process created and has not destroyed, and the context of each (native/known_streams.c):
+        # The streams this process created and has not destroyed, and the context of each (native/known_handles.c):
         # a small copy to the device on one of them, in its context, is posted as on a default stream (_htod).
         self._streams: dict[int, int] = {}
         self._pool = GuestPool()

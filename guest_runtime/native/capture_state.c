@@ -11,7 +11,7 @@
  * cuStreamIsCapturing and cuStreamGetCaptureInfo (answered_in_guest.c) on a valid stream of an initialised process
  * with a current context, while no capture may be under way, say CU_STREAM_CAPTURE_STATUS_NONE, what the driver
  * answers. A valid stream: a default one (the NULL stream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) or one this
- * process made in the current context and has not destroyed (known_streams.c). PyTorch asks the first before its
+ * process made in the current context and has not destroyed (known_handles.c). PyTorch asks the first before its
  * allocations and copies (3096 round trips of 43 us each, waiting behind posted launches, in 64 decoded tokens), NCCL
  * the second before every collective on each device (2 round trips of 49 us in each all-reduce across two H200s):
  * docs/performance.md. An earlier posted call's failure is still reported first, as a forwarded answer would report
@@ -41,7 +41,7 @@ int orion_captures_may_run(void) { return atomic_load(&captures) > 0; }
 
 int orion_known_not_capturing(uint64_t stream) {
     return !orion_captures_may_run() && orion_is_initialized() && orion_current_context() != NULL
-           && (stream <= 2 || orion_stream_known(stream));
+           && (stream <= 2 || orion_known(ORION_KNOWN_STREAMS, stream));
 }
 
 CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {

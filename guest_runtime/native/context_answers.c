@@ -318,7 +318,7 @@ static int primary_call(uint32_t opcode, CUdevice device, const unsigned int *fl
     primary_changed(device);
     orion_function_answers_forget(); /* a released or reset primary context takes its functions along */
     if (!flags) { /* and, released for the last time or reset, its streams and events */
-        orion_streams_forget();
+        orion_known_forget(ORION_KNOWN_STREAMS);
         orion_events_forget();
     }
     return status;

@@ -51,7 +51,7 @@ int cuCtxDestroy(CUcontext ctx) {
     if (status == CUDA_SUCCESS) {
         orion_stack_destroyed((uint64_t)(uintptr_t)ctx);
         orion_context_gone((uint64_t)(uintptr_t)ctx);
-        orion_streams_forget(); /* its streams and events went with it */
+        orion_known_forget(ORION_KNOWN_STREAMS); /* its streams and events went with it */
         orion_events_forget();
         orion_host_current_unknown();
     }

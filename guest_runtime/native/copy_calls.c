@@ -80,14 +80,15 @@ static int in_pieces(int to_device, uint32_t opcode, CUdeviceptr device, uint8_t
  * when nothing the driver checks before returning can fail. Small (its bytes in the ring or its staging: taken when
  * the post returns), into memory this process allocated (not a reserved range nor a graph's allocation: device
  * memory only while mapped or live), synchronous, on a default stream (always a valid handle) or on a stream this
- * process created in the current context and has not destroyed (known_streams.c), with a context
+ * process created in the current context and has not destroyed (known_handles.c), with a context
  * current and no stream capture possibly under way in the process (which a copy on the legacy stream would break,
  * synchronously), and the GPU not known to be gone (orion_device_unavailable: a relay that lost its GPU host answers
  * each copy itself). Anything else waits for the host's answer, as before. A failure found later on the host (the
  * GPU's) comes back as an earlier posted call's error at the next call, as the driver reports an asynchronous one. */
 static int posted_as_the_driver_would(CUdeviceptr dst, size_t size, const CUstream *stream) {
+    uint64_t handle = stream ? (uint64_t)(uintptr_t)*stream : 0;
     return size && size <= POSTED_COPY_MAX && orion_is_initialized()
-           && (!stream || (uintptr_t)*stream <= 2 || orion_stream_known((uint64_t)(uintptr_t)*stream))
+           && (handle <= 2 || orion_known(ORION_KNOWN_STREAMS, handle))
            && orion_current_context() != NULL && !orion_captures_may_run() && !orion_device_unavailable()
            && orion_range_allocated(dst, size);
 }

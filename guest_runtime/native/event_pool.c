@@ -15,8 +15,8 @@
  * pool makes 2 events, each next twice as many up to EVENTS_CREATE_MAX, so a program that makes one event makes at
  * most one more.
  *
- * cuEventDestroy of an event this process made in the current context, and has not destroyed, cannot fail: it is
- * posted. Any other goes to the host for its answer.
+ * cuEventDestroy of an event this process made in the current context, and has not destroyed (known_handles.c),
+ * cannot fail: it is posted. Any other goes to the host for its answer.
  *
  * A context may have gone (cuCtxDestroy, a primary context's release or reset: orion_events_forget): every pool and
  * every known event is forgotten, since their handles may name other objects later. A pooled event of a context that
@@ -29,14 +29,12 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "handle_map.h"
 #include "orion_guest.h"
 
 enum {
     POOLS = 16,                /* (context, flags) pairs pooled at once; past that, plain calls */
     FIRST_BATCH = 2,
     POOLED_FLAGS = 0x3,        /* CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING */
-    MAX_KNOWN = 4096,          /* known events kept before the map is emptied (their destroys then wait) */
     EVENT_BYTES = sizeof(uint64_t), /* an event as EVENTS_CREATE's reply lists it */
 };
 
@@ -48,10 +46,7 @@ struct pool {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct pool pools[POOLS];
-static struct handle_map known; /* event -> its context, or DESTROYED */
 static unsigned long generation;  /* contexts may have gone this many times (orion_events_forget) */
-static char destroyed_mark;
-#define DESTROYED ((void *)&destroyed_mark)
 
 static struct pool *pool_of(uint64_t context, unsigned flags) {
     struct pool *free_slot = NULL;
@@ -78,11 +73,6 @@ static CUresult create_events(unsigned flags, unsigned count, uint64_t *events, 
     for (*made = 0; *made < got / EVENT_BYTES; (*made)++)
         events[*made] = orion_get_u64(rep + EVENT_BYTES * *made);
     return CUDA_SUCCESS;
-}
-
-static void remember(uint64_t event, void *value) {
-    if (known.used > MAX_KNOWN) handle_map_clear(&known, NULL);
-    (void)handle_map_put(&known, event, value); /* without memory it stays unknown: its destroy waits */
 }
 
 static CUresult post_destroy(uint64_t event) {
@@ -117,11 +107,7 @@ static uint64_t pooled_event(uint64_t context, unsigned flags, CUresult *status)
     }
     for (unsigned i = 0; i < surplus; i++) /* another thread filled the pool first (or a context went) */
         if (same) (void)post_destroy(made_events[i]);
-    if (event) {
-        pthread_mutex_lock(&lock);
-        remember(event, (void *)(uintptr_t)context);
-        pthread_mutex_unlock(&lock);
-    }
+    if (event) orion_known_made(ORION_KNOWN_EVENTS, event);
     return event;
 }
 
@@ -140,9 +126,7 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
         CUresult status = orion_thread_forward(ORION_OP_cuEventCreate, req, sizeof req, rep, sizeof rep, 0);
         if (status != CUDA_SUCCESS) return status;
         event = orion_get_u64(rep + ORION_REP_cuEventCreate_arg0);
-        pthread_mutex_lock(&lock);
-        if (context) remember(event, (void *)(uintptr_t)context);
-        pthread_mutex_unlock(&lock);
+        orion_known_made(ORION_KNOWN_EVENTS, event);
     }
     *phEvent = (CUevent)(uintptr_t)event;
     return CUDA_SUCCESS;
@@ -150,13 +134,8 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
 
 CUresult cuEventDestroy(CUevent hEvent) {
     ORION_ENTRY("cuEventDestroy");
-    uint64_t event = (uint64_t)(uintptr_t)hEvent, context = (uint64_t)(uintptr_t)orion_current_context();
-    pthread_mutex_lock(&lock);
-    void *of = event ? handle_map_get(&known, event) : NULL;
-    int posted = context && of == (void *)(uintptr_t)context && !orion_captures_may_run();
-    if (of && of != DESTROYED) remember(event, DESTROYED);
-    pthread_mutex_unlock(&lock);
-    if (posted) return post_destroy(event);
+    uint64_t event = (uint64_t)(uintptr_t)hEvent;
+    if (orion_known_destroyed(ORION_KNOWN_EVENTS, event) && !orion_captures_may_run()) return post_destroy(event);
     uint8_t req[ORION_REQ_cuEventDestroy_SIZE];
     orion_put_u64(req + ORION_REQ_cuEventDestroy_arg0, event);
     return orion_thread_forward(ORION_OP_cuEventDestroy, req, sizeof req, NULL, 0, 0);
@@ -165,7 +144,7 @@ CUresult cuEventDestroy(CUevent hEvent) {
 void orion_events_forget(void) {
     pthread_mutex_lock(&lock);
     memset(pools, 0, sizeof pools);
-    handle_map_clear(&known, NULL);
     generation++;
     pthread_mutex_unlock(&lock);
+    orion_known_forget(ORION_KNOWN_EVENTS);
 }

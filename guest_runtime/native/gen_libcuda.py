@@ -151,7 +151,7 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
     param_layouts.h): the device ranges unified addressing reads (allocates, reserves: the first output and the
     first input's size; frees, unreserves: the first input), forgotten parameter layouts (unloads: the handles
     may name other functions later), cuInit's success, as forward.py's `_generic` keeps them, a destroyed
-    graph's or node's conditional bodies (graph_calls.c), and streams made and destroyed (known_streams.c)."""
+    graph's or node's conditional bodies (graph_calls.c), and streams made and destroyed (known_handles.c)."""
     after: list[str] = []
     effects = call["effects"]
     if "initializes" in effects:
@@ -174,10 +174,10 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
     destroyed = GRAPH_DESTROYED.get(call["params"][0]["ctype"]) if "destroys" in effects else None
     if destroyed:  # graph_calls.c keeps conditional nodes' body arrays until their node or graph goes
         after.append(f"    {destroyed}({names[0]});")
-    if call["name"] in STREAM_CREATES:  # known_streams.c: a copy on a stream of the process's own may be posted
-        after.append(f"    orion_stream_created((uint64_t)(uintptr_t)*{names[0]});")
+    if call["name"] in STREAM_CREATES:  # known_handles.c: a copy on a stream of the process's own may be posted
+        after.append(f"    orion_known_made(ORION_KNOWN_STREAMS, (uint64_t)(uintptr_t)*{names[0]});")
     if "destroys" in effects and call["params"][0]["ctype"] == "CUstream":
-        after.append(f"    orion_stream_destroyed((uint64_t)(uintptr_t){names[0]});")
+        after.append(f"    (void)orion_known_destroyed(ORION_KNOWN_STREAMS, (uint64_t)(uintptr_t){names[0]});")
     return after
 
 
@@ -456,6 +456,7 @@ def generate_layouts() -> str:
     queries = describe()["nvml_query"]["queries"]
     parts += [f"#define ORION_NVML_QUERY_{name.upper()} {value}" for name, value in queries.items()]
     parts.append(f"#define ORION_NVML_QUERY_BUS_IDS {NVML_QUERY_BUS_IDS}")
+    parts += [f"#define ORION_IPC_{name.upper()} {value}" for name, value in describe()["ipc_export"]["kinds"].items()]
     parts.append(f"#define ORION_EVENTS_CREATE_MAX {EVENTS_CREATE_MAX}")
     fields = " || ".join(f"(id) == {field}" for field in sorted(NVML_LINK_FIELDS))
     parts.append(f"#define ORION_NVML_LINK_FIELD(id) ({fields}) /* driver_api.NVML_LINK_FIELDS */")

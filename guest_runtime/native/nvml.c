@@ -378,7 +378,8 @@ nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, 
         return NVML_SUCCESS;
     }
     if (index != NVML_P2P_CAPS_INDEX_READ && index != NVML_P2P_CAPS_INDEX_WRITE && index != NVML_P2P_CAPS_INDEX_ATOMICS)
-        return host_value(ORION_NVML_QUERY_P2P_STATUS, first, (uint32_t)second, (uint32_t)index, (unsigned int *)status);
+        return host_value(ORION_NVML_QUERY_P2P_STATUS, first, (uint32_t)second, (uint32_t)index,
+                          (unsigned int *)status);
     CUdevice_P2PAttribute attribute = index == NVML_P2P_CAPS_INDEX_ATOMICS
                                           ? CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED
                                           : CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED;

@@ -83,11 +83,13 @@ int orion_range_contains(uint64_t pointer);
 /* Whether [pointer, pointer + size) lies in one allocated range (copy_calls.c posts a small pageable copy there). */
 int orion_range_allocated(uint64_t pointer, uint64_t size);
 
-/* --- known_streams.c: streams this process created (generated cuStreamCreate*, cuStreamDestroy call these) ----- */
-void orion_stream_created(uint64_t stream);
-void orion_stream_destroyed(uint64_t stream);
-void orion_streams_forget(void);       /* a context may have gone: no stream is known any more */
-int orion_stream_known(uint64_t stream); /* created here, in the current context, and not destroyed */
+/* --- known_handles.c: streams and events this process made, each with its context (the generated cuStreamCreate*
+ * and cuStreamDestroy, event_pool.c) ------------------------------------------------------------------------------ */
+enum { ORION_KNOWN_STREAMS, ORION_KNOWN_EVENTS, ORION_KNOWN_KINDS };
+void orion_known_made(int kind, uint64_t handle);      /* made in the current context */
+int orion_known_destroyed(int kind, uint64_t handle);  /* marked gone; whether it was known in the current context */
+void orion_known_forget(int kind);                     /* a context may have gone: no handle of the kind is known */
+int orion_known(int kind, uint64_t handle);            /* made here, in the current context, and not destroyed */
 
 /* --- event_pool.c: events made ahead and handed out without a round trip ------------------------------------ */
 void orion_events_forget(void);        /* a context may have gone: no pooled or known event any more */

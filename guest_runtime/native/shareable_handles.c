@@ -107,7 +107,7 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
 
 typedef struct { char reserved[64]; } ipc_handle; /* cuda.h's CUipcMemHandle and CUipcEventHandle */
 static const char IPC_MAGIC[8] = "ORIONIP1";
-enum { IPC_KIND_AT = TOKEN_AT + TOKEN_SIZE, IPC_MEMORY = 0 /* driver_api.IPC_MEMORY */, IPC_EVENT = 1 };
+enum { IPC_KIND_AT = TOKEN_AT + TOKEN_SIZE };
 
 static CUresult ipc_export(ipc_handle *out, uint64_t value, uint32_t kind) {
     if (!out) return CUDA_ERROR_INVALID_VALUE;
@@ -140,19 +140,19 @@ static CUresult ipc_open(const ipc_handle *handle, uint32_t kind, unsigned int f
 
 CUresult cuIpcGetMemHandle(ipc_handle *pHandle, CUdeviceptr dptr) {
     ORION_ENTRY("cuIpcGetMemHandle");
-    return ipc_export(pHandle, (uint64_t)dptr, IPC_MEMORY);
+    return ipc_export(pHandle, (uint64_t)dptr, ORION_IPC_MEMORY);
 }
 
 CUresult cuIpcGetEventHandle(ipc_handle *pHandle, CUevent event) {
     ORION_ENTRY("cuIpcGetEventHandle");
-    return ipc_export(pHandle, (uint64_t)(uintptr_t)event, IPC_EVENT);
+    return ipc_export(pHandle, (uint64_t)(uintptr_t)event, ORION_IPC_EVENT);
 }
 
 CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, ipc_handle handle, unsigned int Flags) {
     ORION_ENTRY("cuIpcOpenMemHandle");
     if (!pdptr) return CUDA_ERROR_INVALID_VALUE;
     uint64_t pointer = 0;
-    CUresult status = ipc_open(&handle, IPC_MEMORY, Flags, &pointer);
+    CUresult status = ipc_open(&handle, ORION_IPC_MEMORY, Flags, &pointer);
     if (status == CUDA_SUCCESS) *pdptr = (CUdeviceptr)pointer;
     return status;
 }
@@ -161,7 +161,7 @@ CUresult cuIpcOpenEventHandle(CUevent *phEvent, ipc_handle handle) {
     ORION_ENTRY("cuIpcOpenEventHandle");
     if (!phEvent) return CUDA_ERROR_INVALID_VALUE;
     uint64_t event = 0;
-    CUresult status = ipc_open(&handle, IPC_EVENT, 0, &event);
+    CUresult status = ipc_open(&handle, ORION_IPC_EVENT, 0, &event);
     if (status == CUDA_SUCCESS) *phEvent = (CUevent)(uintptr_t)event;
     return status;
 }

@@ -162,6 +162,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         self.allocation = ""  # the controller allocation this session took up (BIND), if any
         self._said_missing: set[str | tuple[str, int]] = set()  # what the host's driver or bindings lack, said once
         self.pool: HostPool | None = None  # this session's slice of the page-locked pool (attach_channel)
+        self.relayed = session.region.startswith(RELAYED)  # the relay listener's sessions: "relay IP:PORT"
         self.mirror: PoolMirror | None = None  # a relayed session's page-locked memory mirrored here (POOL_MIRROR)
         self._htod_state: tuple[int, int] | None = None
         self._to_register: tuple[int, int] | None = None  # (address, size) of the channel, until page-locked
@@ -175,8 +176,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         self._launch_attributes = ctypes.create_string_buffer(MAX_LAUNCH_ATTRIBUTES * LAUNCH_ATTRIBUTE.size)
         self.images = ImageCache(self.options.image_cache)  # module images by digest, shared by the host's sessions
         self.nvml_queries = NvmlQueries(self.driver, lambda: self.ledger.devices, self.options.nvml)
-        self.shared_handles = SharedHandles(self.driver, self.ledger, session.region,
-                                            relayed=session.region.startswith(RELAYED))
+        self.shared_handles = SharedHandles(self.driver, self.ledger, session.region, relayed=self.relayed)
         self._image_from_cache = False  # the load in progress got its image from the cache (not stored again)
 
     def attach_channel(self, region: Region, index: int) -> None:
@@ -230,7 +230,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         call = BY_OPCODE.get(record.opcode & ~PINNED_COPY)
         if record.opcode == POOL_MAP_OPCODE:
             return self._pool_map(bytes(record.payload))
-        if record.opcode == POOL_MIRROR_OPCODE and self.session.region.startswith(RELAYED):
+        if record.opcode == POOL_MIRROR_OPCODE and self.relayed:
             return self._pool_mirror(bytes(record.payload))
         if record.opcode == HOST_NODE_FUNCTION_OPCODE and self.driver is not None:
             try:
@@ -354,10 +354,9 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         where the session can do it too, else 0, what a device without the feature answers, so that a program that
         asks first (CUDA's samples, NCCL) takes another path instead of meeting NOT_SUPPORTED later."""
         attribute, device = args
-        relayed = self.session.region.startswith(RELAYED)
         if not 0 <= device < len(self.ledger.devices):
             return None  # the generic path's INVALID_DEVICE
-        if attribute in UNSHARED_ATTRIBUTES or (relayed and attribute in LOCAL_SHARING_ATTRIBUTES):
+        if attribute in UNSHARED_ATTRIBUTES or (self.relayed and attribute in LOCAL_SHARING_ATTRIBUTES):
             return _ok(call, 0)
         return None
 
@@ -368,12 +367,11 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             return refused(f"this session already took up allocation {self.allocation}")
         if not self.ledger.empty:
             return refused("BIND must come before the session's first context or allocation")
-        relayed = self.session.region.startswith(RELAYED)  # the relay listener's sessions: "relay IP:PORT"
         try:
             grant = take_up(self.options.controller, self.options.host, allocation, self.driver,
-                            relay=self.session.region[len(RELAYED):] if relayed else "",
-                            transport=self.session.transport if relayed else "",
-                            relay_member=self.session.relay_member if relayed else "")
+                            relay=self.session.region[len(RELAYED):] if self.relayed else "",
+                            transport=self.session.transport if self.relayed else "",
+                            relay_member=self.session.relay_member if self.relayed else "")
         except GrantRefused as exc:  # its text may quote the client's id: one bounded, escaped line
             reason = one_line(str(exc))
             log.warning("session %d: %s", self.session.number, reason)

@@ -131,8 +131,7 @@ class _Exports:
     def _answer(self, peer: socket.socket) -> None:
         """One request: the export of a secret held here, to a process of this one's user asking for a session of
         the export's region; anything else gets a refusal and nothing."""
-        uid = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
-        if uid != os.geteuid():  # refused before a byte is read: another user cannot hold this thread
+        if _credentials(peer)[1] != os.geteuid():  # refused before a byte is read: another user cannot hold it
             peer.sendall(REFUSED)
             return
         peer.settimeout(ASK_TIMEOUT_S)
@@ -302,6 +301,12 @@ def _token_reply(handle: int, secret: bytes, pid: int) -> bytes:
     return SHARE_REPLY.encode(handle, secret_a, secret_b, pid)
 
 
+def _credentials(peer: socket.socket) -> tuple[int, int, int]:
+    """The pid, uid and gid of the process at the other end of a UNIX socket (SO_PEERCRED)."""
+    pid, uid, gid = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid, uid, gid
+
+
 def _receive(peer: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
@@ -319,8 +324,7 @@ def _ask(pid: int, secret: bytes, region: str) -> Export | None:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as peer:
             peer.settimeout(ASK_TIMEOUT_S)
             peer.connect(socket_name(pid))
-            owner, uid, _gid = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-            if owner != pid or uid != os.geteuid():  # a name another process took first: told nothing
+            if _credentials(peer)[:2] != (pid, os.geteuid()):  # a name another process took first: told nothing
                 return None
             peer.sendall(REQUEST.pack(secret, len(name)) + name)
             answer, descriptors, _flags, _address = socket.recv_fds(peer, 2 + IPC_HANDLE_SIZE, 1)
