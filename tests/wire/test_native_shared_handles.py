@@ -88,9 +88,9 @@ peer.sendall(b"done")
 """
 
 
-def _start(library: Path, rig: Rig, body: str, end: socket.socket) -> subprocess.Popen[str]:
+def _start(library: Path, rig: Rig, body: str, end: socket.socket, size: int = SIZE) -> subprocess.Popen[str]:
     script = PRELUDE + SHARING + body + '\nprint("RESULT " + json.dumps(out))\n'
-    return subprocess.Popen([sys.executable, "-c", script, str(library), "", str(end.fileno()), str(SIZE)],
+    return subprocess.Popen([sys.executable, "-c", script, str(library), "", str(end.fileno()), str(size)],
                             env=native_child_env(library, rig.path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=REPO, pass_fds=[end.fileno()])
 
@@ -102,11 +102,12 @@ def _result(child: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 @local_only("a relayed session's region is not the GPU host's to vouch for: export answers NOT_SUPPORTED there")
-def test_two_processes_of_a_guest_share_exported_memory(library: Path, rig: Rig) -> None:
+@pytest.mark.parametrize("size", [SIZE, 3 * SIZE])  # one granule, and several: every byte compared
+def test_two_processes_of_a_guest_share_exported_memory(library: Path, rig: Rig, size: int) -> None:
     mark = rig.mark()
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        exporter, importer = _start(library, rig, EXPORTER, ours), _start(library, rig, IMPORTER, theirs)
+        exporter, importer = _start(library, rig, EXPORTER, ours, size), _start(library, rig, IMPORTER, theirs, size)
         exported, imported = _result(exporter), _result(importer)
     assert exported == {"write": SUCCESS, "export": SUCCESS, "fabric": NOT_SUPPORTED, "plain": INVALID_VALUE,
                         "read_back": True}, exported
@@ -187,12 +188,13 @@ peer.sendall(b"done")
 
 
 @local_only("a relayed session's region is not the GPU host's to vouch for: IPC answers NOT_SUPPORTED there")
-def test_two_processes_of_a_guest_share_memory_and_events_by_legacy_ipc(library: Path, rig: Rig) -> None:
+@pytest.mark.parametrize("size", [100, 3 * SIZE])  # a small allocation, and a large one: every byte compared
+def test_two_processes_of_a_guest_share_memory_and_events_by_legacy_ipc(library: Path, rig: Rig, size: int) -> None:
     mark = rig.mark()
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        exporter = _start(library, rig, IPC_SHARING + IPC_EXPORTER, ours)
-        opener = _start(library, rig, IPC_SHARING + IPC_OPENER, theirs)
+        exporter = _start(library, rig, IPC_SHARING + IPC_EXPORTER, ours, size)
+        opener = _start(library, rig, IPC_SHARING + IPC_OPENER, theirs, size)
         exported, opened = _result(exporter), _result(opener)
     assert exported == {"export": SUCCESS, "export_event": INVALID_VALUE, "export_foreign": INVALID_VALUE,
                         "export_ipc_event": SUCCESS, "read_back": True}, exported
