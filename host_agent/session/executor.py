@@ -90,6 +90,7 @@ from .shared_handles import OPCODES as SHARING_OPCODES
 from .shared_handles import SharedHandles
 from .stream_extras import StreamExtraCalls
 from .structured_copies import StructuredCopies
+from .vgpu_contexts import PCI_DEVICE_ID, VgpuContextCalls, VgpuContexts
 from .vgpu_grant import GrantRefused, take_up
 from .vgpu_quota import VgpuQuota, initial_limits
 from .vmm_calls import VirtualMemoryCalls
@@ -137,7 +138,8 @@ def _load_driver() -> Any:
 
 
 class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraCalls, HostNodeCalls, BatchMemOpCalls,
-                   ModuleQueryCalls, GraphCalls, MemPoolCalls, StructuredCopies, DiagnosticsHandler):
+                   ModuleQueryCalls, GraphCalls, MemPoolCalls, StructuredCopies, VgpuContextCalls,
+                   DiagnosticsHandler):
     """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
 
     call_table = table_digest()  # what a forwarding client's HELLO must name
@@ -154,7 +156,9 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             wanted = self.options.devices if self.options.devices is not None else physical
             devices = tuple(d for d in wanted if d in physical)
         limits = initial_limits(self.driver, devices, self.options.gmem_mib, self.options.vgpu_count)
-        self.quota = VgpuQuota(self.driver, session.number, devices, limits, self.options.meter)
+        self.contexts = VgpuContexts(self.driver, devices)  # each vGPU's primary context, each context's vGPU
+        self.quota = VgpuQuota(self.driver, session.number, devices, limits, self.contexts.current_vgpu,
+                               self.options.meter)
         self.ledger = SessionLedger(devices, self.quota)  # what the session created: all it may name
         # The ledger's checks and effects, bound once: the generic path and launches call them per call.
         self._check, self._record = self.ledger.check, self.ledger.record
@@ -193,6 +197,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
     def _place(self, devices: tuple[int, ...], limits: tuple[int, ...] | None) -> None:
         """The session's vGPUs: which physical GPU each guest ordinal is, and its quota (bytes, or None)."""
         self.ledger.devices = devices
+        self.contexts.assign(devices)
         self.quota.assign(devices, limits)
 
     def _register_channel(self) -> None:
@@ -303,16 +308,30 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         err = int(result[0])
         if err != SUCCESS:
             return Reply(err)
-        if retain and self.quota.past_quota(before, converted[0],
+        if retain and self.quota.past_quota(before, args[0],
                                             lambda: self.driver.cuDevicePrimaryCtxRelease(converted[0])):
             agent_metrics.refused("quota")
             return Reply(OUT_OF_MEMORY)
         outs = [_from_driver(v) for v in result[1:]]
+        if retain:
+            self.contexts.made(outs[0], args[0])
         for i, ctype in enumerate(call.output_types):
             if ctype == "CUdevice":  # the guest knows devices by its own ordinals
-                outs[i] = self.ledger.guest_ordinal(outs[i])
+                outs[i] = self._guest_device(call, args, outs[i])
         self._record(call, args, outs)
         return Reply(SUCCESS, call.outputs.pack(*outs) if outs else b"")
+
+    def _guest_device(self, call: DriverCall, args: tuple[int, ...], physical: int) -> int:
+        """The guest's ordinal of a device a call's answer names: the vGPU of the context it asked about (its
+        CUcontext input, its stream's context, else the current one), which tells two vGPUs of one GPU apart."""
+        context = None
+        if self.contexts.shared:
+            if "CUcontext" in call.input_types:
+                context = args[call.input_types.index("CUcontext")] or None
+            elif "CUstream" in call.input_types:
+                err, got = self.driver.cuStreamGetCtx(args[call.input_types.index("CUstream")])
+                context = int(got) if int(err) == SUCCESS else None
+        return self.contexts.vgpu(physical, context)
 
     def _to_driver(self, ctype: str, value: int) -> Any:
         """An input as the driver API takes it: its enum member, or the physical GPU of a guest ordinal."""
@@ -352,12 +371,16 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
     def _device_attribute(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
         """What the session's device can share with another process, as this session can: the GPU's own answer
         where the session can do it too, else 0, what a device without the feature answers, so that a program that
-        asks first (CUDA's samples, NCCL) takes another path instead of meeting NOT_SUPPORTED later."""
+        asks first (CUDA's samples, NCCL) takes another path instead of meeting NOT_SUPPORTED later. A later vGPU
+        of a GPU has a PCI device number of its own (vgpu_contexts.py)."""
         attribute, device = args
         if not 0 <= device < len(self.ledger.devices):
             return None  # the generic path's INVALID_DEVICE
         if attribute in UNSHARED_ATTRIBUTES or (self.relayed and attribute in LOCAL_SHARING_ATTRIBUTES):
             return _ok(call, 0)
+        if attribute == PCI_DEVICE_ID:  # a later vGPU of a GPU has a PCI address of its own (vgpu_contexts.py)
+            number = self.contexts.pci_device(device)
+            return None if number is None else _ok(call, number)
         return None
 
     # --- a controller allocation (BIND) ---------------------------------------------------------------------
@@ -399,7 +422,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         if not 0 <= dev < len(self.ledger.devices):
             return Reply(INVALID_DEVICE)
         err, uuid = self.driver.cuDeviceGetUuid(self.ledger.devices[dev])
-        return _answer(call, err, lambda: (bytes(uuid.bytes),))
+        return _answer(call, err, lambda: (self.contexts.uuid(dev, bytes(uuid.bytes)),))
 
     @HOST.serves("cuGetErrorName", "cuGetErrorString")
     def _error_text(self, call: DriverCall, payload: bytes) -> Reply:
@@ -420,8 +443,9 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         err, ctx = self.driver.cuCtxCreate(None, flags, self.ledger.devices[dev])
         if int(err) != SUCCESS:
             return Reply(int(err))
-        if self.quota.past_quota(before, self.ledger.devices[dev], lambda: self.driver.cuCtxDestroy(ctx)):
+        if self.quota.past_quota(before, dev, lambda: self.driver.cuCtxDestroy(ctx)):
             return Reply(OUT_OF_MEMORY)  # destroyed: the context current before is current again, as in the guest
+        self.contexts.made(int(ctx), dev)
         self._record(call, (flags, dev), [int(ctx)])
         return Reply(SUCCESS, call.reply.encode(int(ctx)))
 
@@ -608,7 +632,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             if call.name == "cuMemPoolGetAttribute":
                 err, got = self.driver.cuMemPoolGetAttribute(pool, which)
                 if attribute == CU_MEMPOOL_ATTR_LOCATION_ID and int(err) == SUCCESS:  # the guest's ordinal of its GPU
-                    return _answer(call, err, lambda: (self.ledger.guest_ordinal(int(got)) & 0xFFFFFFFFFFFFFFFF,))
+                    return _answer(call, err, lambda: (self.contexts.vgpu(int(got)) & 0xFFFFFFFFFFFFFFFF,))
                 return _answer(call, err, lambda: (int(got),))
             number = value[0]
             (err,) = self.driver.cuMemPoolSetAttribute(
@@ -690,6 +714,14 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         (err,) = self.driver.cuLaunchKernelEx(wrapped, f, None, self._launch_extra_at)
         return int(err)
 
+    def _pointer_context(self, pointer: int) -> int | None:
+        """The context a pointer's memory was made in, where two vGPUs of one GPU must be told apart (None: not
+        asked, or none: cuMemCreate's memory belongs to no context)."""
+        if not self.contexts.shared:
+            return None
+        err, context = self.driver.cuPointerGetAttribute(self.driver.CUpointer_attribute(POINTER_CONTEXT), pointer)
+        return int(context) or None if int(err) == SUCCESS else None
+
     @HOST.serves("cuPointerGetAttribute")
     def _pointer_attribute(self, call: DriverCall, payload: bytes) -> Reply:
         """The value and its width in bytes. Only pointers into this session's own ranges."""
@@ -712,8 +744,8 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         number = int(value)
         if host is not None and attribute == POINTER_HOST_POINTER:  # in the guest's view
             number += pointer - host
-        elif attribute == POINTER_DEVICE_ORDINAL:  # the guest knows devices by its own ordinals
-            number = self.ledger.guest_ordinal(number)
+        elif attribute == POINTER_DEVICE_ORDINAL:  # the guest's ordinal: the vGPU whose context made it
+            number = self.contexts.vgpu(number, self._pointer_context(pointer if host is None else host))
         elif attribute == POINTER_CONTEXT and number:
             self.ledger.handles["CUcontext"].add(number)  # the context of its own memory
         elif attribute == POINTER_MEMPOOL_HANDLE and number:

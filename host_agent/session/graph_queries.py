@@ -66,6 +66,7 @@ from .call_registry import HOST
 if TYPE_CHECKING:
     from .pinned_pool import HostPool
     from .session_ledger import SessionLedger
+    from .vgpu_contexts import VgpuContexts
     from .vgpu_quota import VgpuQuota
 
 MAX_ACCESS_DESCS = 64  # access descriptors of one allocation node: a program names each device once
@@ -98,6 +99,7 @@ class GraphQueries:
         ledger: SessionLedger
         pool: HostPool | None
         quota: VgpuQuota
+        contexts: VgpuContexts
 
         def _param_layout(self, function: int) -> tuple[int, list[tuple[int, int]]]: ...
         def _location(self, kind: int, ordinal: int, bad_ordinal: int) -> int | Reply: ...
@@ -108,7 +110,7 @@ class GraphQueries:
 
     _graph_of_node: dict[int, int]  # made when first needed (_node_graphs)
     _copies_given: dict[int, tuple[CopyFields, CopyFields]]  # node -> (the guest's fields, the driver's as set)
-    _graph_allocations: dict[int, tuple[int, int, int, int]]  # dptr -> (graph, node, physical GPU, bytes)
+    _graph_allocations: dict[int, tuple[int, int, int, int]]  # dptr -> (graph, node, its vGPU, bytes)
 
     # --- bookkeeping graph_calls.py shares --------------------------------------------------------------------
     def _node_graphs(self) -> dict[int, int]:
@@ -149,11 +151,11 @@ class GraphQueries:
             graphs.pop(each, None)
             copies.pop(each, None)
         allocations = self._allocations()
-        for dptr, (owner, made, device, size) in list(allocations.items()):
+        for dptr, (owner, made, vgpu, size) in list(allocations.items()):
             if (graph and owner == graph) or (node and made == node):
                 del allocations[dptr]
                 self.ledger.graph_memory.pop(dptr, None)
-                self.quota.freed(device, size)
+                self.quota.freed(vgpu, size)
                 self.quota.may_have_changed()
 
     # --- node parameters asked back -----------------------------------------------------------------------------
@@ -437,7 +439,7 @@ class GraphQueries:
         if rdma:
             props.gpuDirectRDMACapable = rdma
         params.accessDescs, params.accessDescCount, params.bytesize = descs, len(descs), size
-        if not self.quota.allocation_fits(size, device):
+        if not self.quota.allocation_fits(size, location):
             return Reply(OUT_OF_MEMORY)  # past the vGPU's quota: as a full GPU would
         err, node = driver.cuGraphAddMemAllocNode(graph, nodes or None, len(nodes), params)
         if int(err) != SUCCESS:
@@ -445,9 +447,9 @@ class GraphQueries:
         made, dptr = int(node), int(params.dptr)
         self.ledger.handles["CUgraphNode"].add(made)
         self._node_graphs()[made] = graph
-        self._allocations()[dptr] = (graph, made, device, size)
+        self._allocations()[dptr] = (graph, made, location, size)
         self.ledger.graph_memory[dptr] = size
-        self.quota.allocated(size, device)
+        self.quota.allocated(size, location)
         return Reply(SUCCESS, call.reply.encode(made, dptr))
 
     @HOST.serves("cuGraphAddMemFreeNode")
@@ -488,7 +490,7 @@ class GraphQueries:
         """A CUmemLocation's id in the guest's terms: a device as the guest's ordinal (None: not the session's)."""
         if kind != CU_MEM_LOCATION_TYPE_DEVICE:
             return device
-        ordinal = self.ledger.guest_ordinal(device)
+        ordinal = self.contexts.vgpu(device)
         return ordinal if ordinal >= 0 else None
 
     # --- graph memory attributes ----------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ from ivshmem.driver_api import CALLS, DriverCall
 from ..handler import Reply
 from .call_registry import HOST, POLICY
 from .session_ledger import CHECKED, SessionLedger
+from .vgpu_contexts import VgpuContexts
 from .vgpu_quota import VgpuQuota
 from .vmm_calls import CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, HOST_LOCATIONS, MAX_ACCESS_DESCS
 
@@ -77,6 +78,7 @@ class MemPoolCalls:
     driver: Any
     ledger: SessionLedger
     quota: VgpuQuota
+    contexts: VgpuContexts
 
     # --- what a request names -----------------------------------------------------------------------------------
     def _memory_location(self, kind: int, ordinal: int, bad_ordinal: int) -> Any:
@@ -225,33 +227,34 @@ class MemPoolCalls:
     def _alloc_from_pool(self, call: DriverCall, args: tuple[int, ...]) -> Reply | None:
         """Counted on the pool's GPU where the session spans several under a quota; else the generic call."""
         size, pool, stream = args
-        device = self._pool_device(pool)
-        if device is None:
+        vgpu = self._pool_vgpu(pool)
+        if vgpu is None:
             return None
         for position, ctype, value in zip(call.input_positions, call.input_types, args, strict=True):
             problem = self.ledger.check(call, position, ctype, value, args) if ctype in CHECKED else None
             if problem is not None:
                 return Reply(problem)
-        if not self.quota.allocation_fits(size, device):
+        if not self.quota.allocation_fits(size, vgpu):
             return Reply(OUT_OF_MEMORY)
         err, pointer = self.driver.cuMemAllocFromPoolAsync(size, pool, stream)
         if int(err) != SUCCESS:
             return Reply(int(err))
-        self.ledger.record(call, args, [int(pointer)], placed=device)
+        self.ledger.record(call, args, [int(pointer)], placed=vgpu)
         return Reply(SUCCESS, call.outputs.pack(int(pointer)))
 
-    def _pool_device(self, pool: int) -> int | None:
-        """The physical GPU of a pool of the session's, where it matters: a session whose vGPUs lie on several GPUs,
-        under a quota (None otherwise, and for a pool the session does not have: the generic call refuses it)."""
-        if self.quota.limits is None or len(set(self.ledger.devices)) < 2 or not self._pool_known(pool):
+    def _pool_vgpu(self, pool: int) -> int | None:
+        """The vGPU a pool of the session's counts on, where it matters: a session of several vGPUs, under a quota
+        (None otherwise, and for a pool the session does not have: the generic call refuses it). A pool is a GPU's,
+        not a context's: of two vGPUs of one GPU, the current context's, else the first."""
+        if self.quota.limits is None or len(self.ledger.devices) < 2 or not self._pool_known(pool):
             return None
         try:
             which = self.driver.CUmemPool_attribute(CU_MEMPOOL_ATTR_LOCATION_ID)
         except ValueError:
             return None
         err, value = self.driver.cuMemPoolGetAttribute(pool, which)
-        device = int(value) if int(err) == SUCCESS else -1
-        return device if device in self.ledger.devices else None
+        vgpu = self.contexts.vgpu(int(value)) if int(err) == SUCCESS else -1
+        return vgpu if vgpu >= 0 else None
 
     # --- pitched allocations --------------------------------------------------------------------------------------
     @POLICY.serves("cuMemAllocPitch")
@@ -340,7 +343,7 @@ class MemPoolCalls:
             return Reply(int(err))
         location_kind, location = int(prop.location.type), int(prop.location.id)
         if location_kind == CU_MEM_LOCATION_TYPE_DEVICE:
-            location = self.ledger.guest_ordinal(location)
+            location = self.contexts.vgpu(location)
         flags = prop.allocFlags
         return Reply(SUCCESS, call.reply.encode(
             int(prop.type), _handle_types(prop), location_kind, location, int(flags.compressionType),

@@ -1,17 +1,20 @@
-"""What a session has used of its vGPU memory quota, per physical GPU.
+"""What a session has used of its vGPU memory quotas, per vGPU.
 
-Counted against the quota is what the session's worker process really holds on the GPU, less the unavoidable
-cost of its first context there:
+Counted against a vGPU's quota is what the session's worker process really holds for it on its GPU, less the
+unavoidable cost of the vGPU's first context:
 
-    counted = ledger + beyond,   beyond = max(0, held − baseline − ledger) at the last measurement
+    counted(v) = ledger(v) + beyond(v),   the GPU's beyond = max(0, held − baseline − its vGPUs' ledgers)
 
-* `held`: the process's bytes on the GPU (gpu_memory.py: NVML); `baseline`: `held` right after the session's
-  first context on that GPU was made, before anything else;
-* `ledger`: the bytes of the session's live cuMemAlloc* allocations, kept exactly at every allocation and free,
-  so the hot path (an allocation's check) needs no measurement;
-* `beyond`: everything else the process holds — module and library globals, extra contexts, lazily loaded
-  code, local memory, allocation rounding — measured only when something may have changed it (the session's
-  ledger marks those calls from their effects; the account then measures at its next use).
+* `held`: the process's bytes on a physical GPU (gpu_memory.py: NVML); `baseline`: `held` right after the
+  session's first context on that GPU was made, before anything else, grown by the cost of each later vGPU's first
+  context there (vgpu_contexts.py: two vGPUs of one GPU have a context each);
+* `ledger(v)`: the bytes of the session's live allocations made for vGPU v, kept exactly at every allocation and
+  free, so the hot path (an allocation's check) needs no measurement;
+* `beyond`: everything else the process holds on the GPU — module and library globals, extra contexts, lazily
+  loaded code, local memory, allocation rounding — measured only when something may have changed it (the
+  session's ledger marks those calls from their effects; the account then measures at its next use). NVML counts
+  a process per GPU, not per context, so a change is laid on the vGPU whose context is current when it is
+  measured (the one whose calls made it), and a shrink is taken from that vGPU first.
 
 Without a meter (no NVML) `beyond` stays 0: allocations alone are counted, as before this module existed.
 This module keeps the numbers; deciding what to refuse and undoing calls is vgpu_quota.py's business.
@@ -29,24 +32,42 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Gpu:
+    """One physical GPU of the session."""
     baseline: int | None = None  # held right after the session's first context here; None: not measured
-    ledger: int = 0  # bytes of live cuMemAlloc* allocations
-    beyond: int = 0  # bytes held beyond baseline + ledger at the last measurement
-    stale: bool = False  # something may have changed `beyond` since
+    stale: bool = False  # something may have changed what is held beyond the ledgers since the last measurement
+
+
+@dataclass
+class _Vgpu:
+    ledger: int = 0  # bytes of live allocations made for it
+    beyond: int = 0  # its part of what its GPU held beyond baseline + ledgers at the last measurement
+    has_context: bool = False  # its first context was made (its cost is in its GPU's baseline)
 
 
 class UsageAccount:
-    """The counted bytes of one session on each physical GPU it uses."""
+    """The counted bytes of one session's vGPUs."""
 
-    def __init__(self, open_meter: Callable[[], MemoryMeter | None], session: int) -> None:
-        """`open_meter` is called once, at the first context (in the worker process, never before fork)."""
+    def __init__(self, open_meter: Callable[[], MemoryMeter | None], session: int, devices: tuple[int, ...],
+                 current: Callable[[], int]) -> None:
+        """`open_meter` is called once, at the first context (in the worker process, never before fork);
+        `devices` is the physical GPU of each vGPU; `current` answers the current context's vGPU (-1: none)."""
         self._open_meter: Callable[[], MemoryMeter | None] | None = open_meter
         self._meter: MemoryMeter | None = None
         self._session = session
+        self._current = current
         self._gpus: dict[int, _Gpu] = {}
+        self.assign(devices)
+
+    def assign(self, devices: tuple[int, ...]) -> None:
+        """The session's vGPUs changed (a BIND, before anything was counted)."""
+        self.devices = devices
+        self._vgpus = [_Vgpu() for _ in devices]
 
     def _gpu(self, device: int) -> _Gpu:
         return self._gpus.setdefault(device, _Gpu())
+
+    def _on(self, device: int) -> list[_Vgpu]:
+        return [v for d, v in zip(self.devices, self._vgpus, strict=True) if d == device]
 
     def measured_devices(self) -> list[int]:
         """The GPUs whose usage is measured: those where the session has made its first context."""
@@ -55,29 +76,40 @@ class UsageAccount:
         return [d for d, gpu in self._gpus.items() if gpu.baseline is not None]
 
     # --- the ledger: exact, no measurement ------------------------------------------------------------------
-    def allocated(self, device: int, size: int) -> None:
-        self._gpu(device).ledger += size
+    def allocated(self, vgpu: int, size: int) -> None:
+        if 0 <= vgpu < len(self._vgpus):
+            self._vgpus[vgpu].ledger += size
 
-    def freed(self, device: int, size: int) -> None:
-        self._gpu(device).ledger -= size
+    def freed(self, vgpu: int, size: int) -> None:
+        if 0 <= vgpu < len(self._vgpus):
+            self._vgpus[vgpu].ledger -= size
 
     # --- measurements ---------------------------------------------------------------------------------------
     def held(self, device: int) -> int | None:
-        """The process's bytes on `device` now (None without a meter, or when it cannot tell)."""
+        """The process's bytes on physical GPU `device` now (None without a meter, or when it cannot tell)."""
         return None if self._meter is None else self._meter.held(device)
 
-    def context_made(self, device: int) -> None:
-        """After a context was made on `device`: the first one's cost is the baseline, never counted."""
+    def context_made(self, vgpu: int, held_before: int | None) -> None:
+        """After a context was made for `vgpu`: the first one's cost on its GPU is the baseline, never counted, and
+        so is what the first context of each later vGPU of that GPU added (`held_before`: held before it)."""
         if self._open_meter is not None:  # the first context of the session, on any GPU
             opener, self._open_meter = self._open_meter, None
             self._meter = opener()
             if self._meter is None:
                 log.info("session %d: the vGPU quota counts cuMemAlloc* allocations only (no NVML in this worker)",
                          self._session)
+        if not 0 <= vgpu < len(self._vgpus) or self._vgpus[vgpu].has_context:
+            return
+        self._vgpus[vgpu].has_context = True
+        device = self.devices[vgpu]
         gpu = self._gpu(device)
-        if self._meter is None or gpu.baseline is not None:
+        if self._meter is None:
             return
         held = self._meter.held(device)
+        if gpu.baseline is not None:  # a later vGPU's own context on a GPU already measured
+            if held and held_before is not None:
+                gpu.baseline += max(0, held - held_before)
+            return
         if not held:  # NVML does not list this process (another PID namespace), or cannot say
             log.warning("session %d: NVML does not report this process's memory on GPU %d; the vGPU quota counts "
                         "cuMemAlloc* allocations only", self._session, device)
@@ -87,28 +119,46 @@ class UsageAccount:
         log.debug("session %d: its first context on GPU %d holds %d bytes (not counted)", self._session, device, held)
 
     def note(self, device: int, held: int | None) -> None:
-        """Take a measurement of `device` made by the caller (None: it could not be made; nothing changes)."""
+        """Take a measurement of physical GPU `device` made by the caller (None: it could not be made; nothing
+        changes)."""
         gpu = self._gpu(device)
         if gpu.baseline is None:
             return
-        if held is not None:  # a failed measurement keeps the last one (and is not retried at every use)
-            gpu.beyond = max(0, held - gpu.baseline - gpu.ledger)
         gpu.stale = False
+        if held is None:  # a failed measurement keeps the last one (and is not retried at every use)
+            return
+        vgpus = self._on(device)
+        beyond = max(0, held - gpu.baseline - sum(v.ledger for v in vgpus))
+        change = beyond - sum(v.beyond for v in vgpus)
+        current = self._current()
+        first = self._vgpus[current] if 0 <= current < len(self._vgpus) and self.devices[current] == device \
+            else vgpus[0]
+        if change >= 0:
+            first.beyond += change
+            return
+        for vgpu in [first] + [v for v in vgpus if v is not first]:  # a shrink: the current vGPU's part first
+            taken = min(vgpu.beyond, -change)
+            vgpu.beyond -= taken
+            change += taken
 
-    def refresh(self, device: int) -> int:
-        """Measure `device` now; its counted bytes."""
+    def refresh(self, vgpu: int) -> int:
+        """Measure the GPU of `vgpu` now; its counted bytes."""
+        device = self.devices[vgpu]
         if device in self.measured_devices():
             self.note(device, self.held(device))
-        return self.counted(device)
+        return self.counted(vgpu)
 
     def may_have_changed(self) -> None:
         """After a call that may change what the process holds outside the ledger: measure at the next use."""
         for gpu in self._gpus.values():
             gpu.stale = gpu.baseline is not None
 
-    def counted(self, device: int) -> int:
-        """The bytes counted against the quota on `device` (measured first if something may have changed)."""
+    def counted(self, vgpu: int) -> int:
+        """The bytes counted against `vgpu`'s quota (its GPU measured first if something may have changed)."""
+        if not 0 <= vgpu < len(self._vgpus):
+            return 0
+        device = self.devices[vgpu]
         gpu = self._gpu(device)
         if gpu.stale and self._meter is not None:
             self.note(device, self._meter.held(device))
-        return gpu.ledger + gpu.beyond
+        return self._vgpus[vgpu].ledger + self._vgpus[vgpu].beyond

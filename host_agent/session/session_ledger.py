@@ -37,13 +37,13 @@ VALUE_HANDLES = frozenset({"CUmemGenericAllocationHandle", "CUgraph", "CUgraphEx
 class Usage(Protocol):
     """What the ledger tells whoever counts the session's GPU memory (vgpu_quota.VgpuQuota)."""
 
-    def allocated(self, size: int, device: int | None = None) -> int:
-        """An allocation of `size` bytes was made on `device` (None: the current context's GPU); the physical GPU
-        it counts on (-1: not told)."""
+    def allocated(self, size: int, vgpu: int | None = None) -> int:
+        """An allocation of `size` bytes was made for `vgpu`, a guest ordinal (None: the current context's); the
+        vGPU it counts on (-1: not told)."""
         ...
 
-    def freed(self, device: int, size: int) -> None:
-        """An allocation of `size` bytes on `device` was given back."""
+    def freed(self, vgpu: int, size: int) -> None:
+        """An allocation of `size` bytes for `vgpu` was given back."""
         ...
 
     def may_have_changed(self) -> None:
@@ -60,7 +60,7 @@ class SessionLedger:
         self.allocations: dict[int, int] = {}  # base -> size (cuMemAlloc*)
         self.globals: dict[int, int] = {}  # base -> size (module/library globals)
         self.children: dict[int, list[tuple[str, int]]] = {}  # module/library -> what it gave
-        self.placed: dict[int, int] = {}  # base -> physical device (cuMemAlloc*)
+        self.placed: dict[int, int] = {}  # base -> the vGPU it counts on (cuMemAlloc*)
         self.pool: HostPool | None = None  # the session's page-locked pool slice, once its channel is attached
         self.launched: set[int] = set()  # functions/kernels launched once (a first launch may load code)
         self.param_layouts: dict[int, list[tuple[int, int]]] = {}  # function/kernel -> (offset, size) per param
@@ -137,15 +137,10 @@ class SessionLedger:
             self._usage.may_have_changed()
         return SUCCESS
 
-    # --- guest ordinals -------------------------------------------------------------------------------------
-    def guest_ordinal(self, device: int) -> int:
-        """The guest's ordinal of a physical GPU (-1: not one of the session's)."""
-        return self.devices.index(device) if device in self.devices else -1
-
     # --- effects, after a call succeeded --------------------------------------------------------------------
     def record(self, call: DriverCall, args: tuple[int, ...], outs: list[Any], placed: int | None = None) -> None:
         """Remember what the call created or destroyed (its effects), so later calls can be checked. `placed`:
-        the physical GPU of the memory it made, where the call names it (cuMemCreate's location)."""
+        the vGPU of the memory it made, where the call names it (cuMemCreate's location)."""
         handles = self.handles
         for ctype, value in zip(call.output_types, outs, strict=True):
             if ctype in HANDLES and value:
@@ -163,7 +158,7 @@ class SessionLedger:
                     self.globals.pop(value, None)
                 else:
                     handles[kind].discard(value)
-        elif "allocates" in effects:  # `placed`: a pool's GPU, where it is not the current context's
+        elif "allocates" in effects:  # `placed`: a pool's vGPU, where it is not the current context's
             self.allocations[outs[0]] = args[0]
             self.placed[outs[0]] = self._usage.allocated(args[0], placed)
         elif "allocates_pitched" in effects:  # cuMemAllocPitch: (pointer, pitch) out, its rows the second input
@@ -200,7 +195,7 @@ class Reservations:
 
     def __init__(self, usage: Usage) -> None:
         self.reserved: dict[int, int] = {}  # base -> size (cuMemAddressReserve)
-        self.physical: dict[int, tuple[int, int]] = {}  # handle -> (size, physical GPU) until given back
+        self.physical: dict[int, tuple[int, int]] = {}  # handle -> (size, its vGPU) until given back
         self.released: set[int] = set()  # handles released (cuMemRelease) while still mapped
         self.mappings: dict[int, tuple[int, int]] = {}  # mapped address -> (size, handle) (cuMemMap)
         self.retained: dict[int, int] = {}  # handle -> references cuMemRetainAllocationHandle added, not released
@@ -241,5 +236,5 @@ class Reservations:
         if handle in self.released and not any(h == handle for _s, h in self.mappings.values()):
             self.released.discard(handle)
             if handle in self.physical:
-                size, device = self.physical.pop(handle)
-                self._usage.freed(device, size)
+                size, vgpu = self.physical.pop(handle)
+                self._usage.freed(vgpu, size)

@@ -1,10 +1,10 @@
 """The vGPU memory quota of one session: what its vGPUs report, and whether what it asks for fits.
 
-A quota is per vGPU (guest device). Two vGPUs of a session may share a physical GPU; memory is counted per
-physical GPU (the driver does not say which of two contexts on one GPU an allocation is for), against the sum
-of the quotas of the session's vGPUs there. What counts is what the worker process really holds there beyond
-its first context (quota_usage.py keeps those numbers): allocations exactly, the rest measured with NVML when it
-may have changed.
+A quota is per vGPU (guest device). Two vGPUs of a session may share a physical GPU; each has a context of its
+own there (vgpu_contexts.py), and memory counts against the quota of the vGPU whose context made it (a pool's,
+a graph's or cuMemCreate's memory: the vGPU it names). What counts is what the worker process really holds beyond
+each vGPU's first context (quota_usage.py keeps those numbers): allocations exactly, the rest measured with NVML
+when it may have changed.
 
 This module makes the decisions on those numbers: what cuMemGetInfo and cuDeviceTotalMem report, whether an
 allocation fits (past the quota it fails as on a full GPU, CUDA_ERROR_OUT_OF_MEMORY), and whether a context,
@@ -49,19 +49,22 @@ class VgpuQuota:
     """One session's vGPUs (the physical GPU and the quota of each) and the usage counted against them."""
 
     def __init__(self, driver: Any, session: int, devices: tuple[int, ...], limits: tuple[int, ...] | None,
-                 meter: MeterFactory | None = None) -> None:
-        """`meter` measures the worker's GPU memory (gpu_memory.py); None: NVML."""
+                 current_vgpu: Callable[[], int], meter: MeterFactory | None = None) -> None:
+        """`current_vgpu` answers the current context's vGPU (-1: none; vgpu_contexts.py); `meter` measures the
+        worker's GPU memory (gpu_memory.py), None: NVML."""
         self.driver = driver
         self.session = session
         self.devices = devices  # the physical GPU of each vGPU, in guest order
         self.limits = limits  # bytes per vGPU, or None: no quota
+        self.current_vgpu = current_vgpu
         self._meter = meter
-        self.account = UsageAccount(self._open_meter, session)  # what counts against the quota
+        self.account = UsageAccount(self._open_meter, session, devices, current_vgpu)  # what counts against it
         self.metrics = agent_metrics.enabled()  # oriond's /metrics keeps the session's memory (agent_metrics.py)
 
     def assign(self, devices: tuple[int, ...], limits: tuple[int, ...] | None) -> None:
         """The session's vGPUs changed (it took up a controller allocation)."""
         self.devices, self.limits = devices, limits
+        self.account.assign(devices)
 
     def _open_meter(self) -> MemoryMeter | None:
         """The session's GPU memory meter, opened at its first context (in the worker): none without a quota."""
@@ -69,32 +72,25 @@ class VgpuQuota:
             return None
         return (self._meter or open_nvml)(self.driver)
 
-    def current_device(self) -> int:
-        """The physical GPU of the current context (asked only when the session spans several)."""
-        if len(set(self.devices)) <= 1:
-            return self.devices[0] if self.devices else -1
-        err, device = self.driver.cuCtxGetDevice()
-        return int(device) if int(err) == SUCCESS else -1
-
-    def device_limit(self, device: int) -> int | None:
-        """The session's quota on a physical GPU; None without quotas or without a current context there (the
-        driver then answers for itself, e.g. CUDA_ERROR_INVALID_CONTEXT)."""
-        if self.limits is None or device not in self.devices:
+    def vgpu_limit(self, vgpu: int) -> int | None:
+        """A vGPU's quota; None without quotas or for no vGPU (-1: no current context; the driver then answers
+        for itself, e.g. CUDA_ERROR_INVALID_CONTEXT)."""
+        if self.limits is None or not 0 <= vgpu < len(self.limits):
             return None
-        return sum(q for d, q in zip(self.devices, self.limits, strict=True) if d == device)
+        return self.limits[vgpu]
 
     # --- what the vGPUs report ------------------------------------------------------------------------------
     def memory_info(self) -> tuple[int, int, int] | None:
         """cuMemGetInfo under the quota: (status, free, total) of the current context's GPU; None: the driver
         answers for itself."""
-        device = self.current_device()
-        limit = self.device_limit(device)
+        vgpu = self.current_vgpu() if self.limits is not None else -1
+        limit = self.vgpu_limit(vgpu)
         if limit is None:
             return None
         err, free, _total = self.driver.cuMemGetInfo()
         if int(err) != SUCCESS:
             return int(err), 0, 0
-        return SUCCESS, min(int(free), max(limit - self.account.counted(device), 0)), limit
+        return SUCCESS, min(int(free), max(limit - self.account.counted(vgpu), 0)), limit
 
     def total_memory(self, ordinal: int) -> tuple[int, int] | None:
         """cuDeviceTotalMem of a vGPU (a valid guest ordinal): (status, bytes); None: the driver answers."""
@@ -106,74 +102,79 @@ class VgpuQuota:
         return SUCCESS, min(int(total), self.limits[ordinal])
 
     # --- decisions ------------------------------------------------------------------------------------------
-    def allocation_fits(self, size: int, device: int | None = None) -> bool:
-        """Whether an allocation of `size` bytes stays within the quota of `device`, a physical GPU (None: the
-        current context's; cuMemCreate names its GPU itself).
+    def allocation_fits(self, size: int, vgpu: int | None = None) -> bool:
+        """Whether an allocation of `size` bytes stays within the quota of `vgpu` (None: the current context's;
+        cuMemCreate names its device itself).
 
         The ledger keeps this exact without a measurement; only an allocation that would be refused measures
         again first, since what the process holds beyond it may have shrunk (a pool trimmed, say)."""
         if self.limits is None:
             return True
-        if device is None:
-            device = self.current_device()
-        limit = self.device_limit(device)
-        if limit is None or self.account.counted(device) + size <= limit:
+        if vgpu is None:
+            vgpu = self.current_vgpu()
+        limit = self.vgpu_limit(vgpu)
+        if limit is None or self.account.counted(vgpu) + size <= limit:
             return True
-        counted = self.account.refresh(device) + size
+        counted = self.account.refresh(vgpu) + size
         if counted <= limit:
             return True
-        self._log_exceeded(device, counted)
+        self._log_exceeded(vgpu, counted)
         return False
 
     def usage_before(self) -> dict[int, int | None]:
         """Before a call that may make the process hold more GPU memory outside the ledger (a context, a
-        module, a library): what it holds on each measured GPU now ({} when nothing is measured)."""
+        module, a library): what it holds on each measured physical GPU now ({} when nothing is measured)."""
         return {device: self.account.held(device) for device in self.account.measured_devices()}
 
-    def past_quota(self, before: dict[int, int | None], made_context_on: int | None,
+    def past_quota(self, before: dict[int, int | None], made_context_for: int | None,
                    undo: Callable[[], object]) -> bool:
-        """After such a call succeeded: whether it pushed a GPU past the session's quota there; if so it has
-        been undone (a full GPU would have failed it with CUDA_ERROR_OUT_OF_MEMORY).
+        """After such a call succeeded: whether it pushed a vGPU past its quota; if so it has been undone (a full
+        GPU would have failed it with CUDA_ERROR_OUT_OF_MEMORY). `made_context_for`: the vGPU the call made a
+        context for, if it did.
 
-        A session's first context on a GPU is its baseline there, never counted."""
+        Each vGPU's first context is its baseline, never counted."""
         if self.limits is None:
             return False
         account = self.account
-        if made_context_on is not None:
-            account.context_made(made_context_on)
+        if made_context_for is not None:
+            account.context_made(made_context_for, before.get(self.devices[made_context_for]))
         for device, held_before in before.items():
-            limit = self.device_limit(device)
             held = account.held(device)
             account.note(device, held)
-            if (limit is None or held is None or held_before is None or held <= held_before
-                    or account.counted(device) <= limit):
+            if held is None or held_before is None or held <= held_before:
                 continue
-            self._log_exceeded(device, account.counted(device))
-            undo()
-            account.may_have_changed()
-            return True
+            for vgpu in (v for v, d in enumerate(self.devices) if d == device):
+                if account.counted(vgpu) > self.limits[vgpu]:
+                    self._log_exceeded(vgpu, account.counted(vgpu))
+                    undo()
+                    account.may_have_changed()
+                    return True
         return False
 
-    def _log_exceeded(self, device: int, counted: int) -> None:
+    def _log_exceeded(self, vgpu: int, counted: int) -> None:
         log.info("session %d: memory %d MB exceeds <vgpu %d, pgpu %d> quota", self.session, counted >> 20,
-                 self.devices.index(device), device)  # Orion's words
+                 vgpu, self.devices[vgpu])  # Orion's words
 
     # --- what the ledger tells it (session_ledger.Usage) ----------------------------------------------------
-    def allocated(self, size: int, device: int | None = None) -> int:
-        if device is None:  # only a quota, or oriond's /metrics, needs to know
-            device = self.current_device() if self.limits is not None or self.metrics else -1
-        self.account.allocated(device, size)
-        self._report(device)
-        return device
+    def allocated(self, size: int, vgpu: int | None = None) -> int:
+        if vgpu is None:  # only a quota, or oriond's /metrics, needs to know
+            vgpu = self.current_vgpu() if self.limits is not None or self.metrics else -1
+        self.account.allocated(vgpu, size)
+        self._report(vgpu)
+        return vgpu
 
-    def freed(self, device: int, size: int) -> None:
-        self.account.freed(device, size)
-        self._report(device)
+    def freed(self, vgpu: int, size: int) -> None:
+        self.account.freed(vgpu, size)
+        self._report(vgpu)
 
-    def _report(self, device: int) -> None:
-        """oriond's /metrics: the session's memory on `device` now, and its quota there."""
-        if self.metrics and device >= 0:
-            agent_metrics.session_memory(self.session, device, self.account.counted(device), self.device_limit(device))
+    def _report(self, vgpu: int) -> None:
+        """oriond's /metrics: the session's memory on the vGPU's GPU now, and its quota there (of all its vGPUs
+        there)."""
+        if self.metrics and 0 <= vgpu < len(self.devices):
+            device = self.devices[vgpu]
+            on = [v for v, d in enumerate(self.devices) if d == device]
+            limit = None if self.limits is None else sum(self.limits[v] for v in on)
+            agent_metrics.session_memory(self.session, device, sum(self.account.counted(v) for v in on), limit)
 
     def may_have_changed(self) -> None:
         self.account.may_have_changed()

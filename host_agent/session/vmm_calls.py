@@ -104,13 +104,13 @@ class VirtualMemoryCalls:
         made = self._allocation_prop(tuple(fields), INVALID_DEVICE)
         if isinstance(made, Reply):
             return made
-        device, prop = made
-        if not self.quota.allocation_fits(size, device):
+        vgpu = fields[3]  # the guest ordinal _allocation_prop found to be one of the session's devices
+        if not self.quota.allocation_fits(size, vgpu):
             return Reply(OUT_OF_MEMORY)
-        err, handle = self.driver.cuMemCreate(size, prop, flags)
+        err, handle = self.driver.cuMemCreate(size, made[1], flags)
         if int(err) != SUCCESS:
             return Reply(int(err))
-        self.ledger.record(call, (size, flags), [int(handle)], placed=device)
+        self.ledger.record(call, (size, flags), [int(handle)], placed=vgpu)
         return Reply(SUCCESS, call.reply.encode(int(handle)))
 
     @HOST.serves("cuMemSetAccess")

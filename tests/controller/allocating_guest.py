@@ -1,8 +1,9 @@
 """A guest process for the allocation tests: its first CUDA calls, through the real Forwarder, under the ORION_*
 environment the test gives it. Prints one JSON line: ``cuInit``'s CUresult, the allocation id and host (or
 null), and, when cuInit succeeded, the device count, each device's total memory, what cuMemAlloc answers for
-one byte more than device 0's memory and for 1 MiB, and cuMemGetInfo after that. Then it waits for a line on
-stdin (or EOF) and exits normally, so atexit runs.
+one byte more than device 0's memory and for 1 MiB, and cuMemGetInfo after that; then, for each device, the
+handle of its primary context, and with that context current, cuCtxGetDevice and cuMemGetInfo. Then it waits
+for a line on stdin (or EOF) and exits normally, so atexit runs.
 
 ``python tests/controller/allocating_guest.py [--native LIBCUDA]`` — run with ORION_CONTROLLER / ORION_VGPU /
 ORION_GMEM set; with --native, through the native guest driver instead.
@@ -35,8 +36,17 @@ def devices(fn: dict[str, Any]) -> dict[str, Any]:
     too_much = fn["cuMemAlloc"](ctypes.addressof(pointer), totals[0] + 1)
     one_mib = fn["cuMemAlloc"](ctypes.addressof(pointer), 1 << 20)
     assert fn["cuMemGetInfo"](ctypes.addressof(free), ctypes.addressof(total)) == 0
-    return {"count": count.value, "total": totals, "alloc_too_much": too_much, "alloc_1mib": one_mib,
+    seen = {"count": count.value, "total": totals, "alloc_too_much": too_much, "alloc_1mib": one_mib,
             "mem_info": [free.value, total.value]}
+    contexts = []
+    for device in range(count.value):
+        named = ctypes.c_int(-1)
+        assert fn["cuDevicePrimaryCtxRetain"](ctypes.addressof(ctx), device) == 0
+        assert fn["cuCtxSetCurrent"](ctx.value) == 0
+        assert fn["cuCtxGetDevice"](ctypes.addressof(named)) == 0
+        assert fn["cuMemGetInfo"](ctypes.addressof(free), ctypes.addressof(total)) == 0
+        contexts.append([ctx.value, named.value, free.value, total.value])
+    return {**seen, "contexts": contexts}
 
 
 def native(library: str) -> dict[str, Any]:
@@ -50,7 +60,7 @@ def native(library: str) -> dict[str, Any]:
         return lambda *args: function(*(ctypes.c_uint64(a) for a in args))
     return {name: words(getattr(lib, name)) for name in ("cuInit", "cuDeviceGetCount", "cuDeviceTotalMem",
                                                           "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc",
-                                                          "cuMemGetInfo")}
+                                                          "cuMemGetInfo", "cuCtxGetDevice")}
 
 
 def helper_holds(fd: int) -> list[int]:

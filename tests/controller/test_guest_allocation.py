@@ -167,6 +167,36 @@ def test_a_native_driver_guest_gets_its_vgpus_and_its_lease_helper_releases_them
         stop_process(proc, 5)
 
 
+@pytest.mark.parametrize("path", ["capsule", "native"])
+def test_four_vgpus_on_two_gpus_are_four_devices_each_with_its_context_and_quota(
+        controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost], tmp_path: Path,
+        native_driver: Path, path: str) -> None:
+    """Orion's guide: ORION_VGPU=4 on a host of two GPUs puts two vGPUs on a GPU. Each is a device of its own, as
+    natively: its own primary context, which cuCtxGetDevice names as that device, and its own quota."""
+    ctl = controllers()
+    client = member_client(ctl.address, "pytest")
+    agent = gpu_host(ctl.address, client=client)
+    env = {"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "4", "ORION_GMEM": "4000"}
+    proc = guest(env, tmp_path, agent.region, native_driver if path == "native" else None)
+    try:
+        seen = first_line(proc)
+        assert seen["cuInit"] == 0, seen
+        (held,) = client.allocations()
+        gpus = [v["gpu"] for v in held["vgpus"]]
+        assert len(gpus) == 4 and len(set(gpus)) < 4, held  # two vGPUs (at least) share a GPU
+        quota = 4000 * MIB
+        assert seen["count"] == 4 and seen["total"] == [quota] * 4
+        assert (seen["alloc_too_much"], seen["alloc_1mib"]) == (OUT_OF_MEMORY, 0)
+        contexts = seen["contexts"]
+        assert len({c[0] for c in contexts}) == 4, contexts  # four primary contexts
+        assert [c[1] for c in contexts] == [0, 1, 2, 3], contexts  # each names its own device
+        assert [c[2:] for c in contexts] == [[quota - MIB, quota]] + [[quota, quota]] * 3, contexts
+        _, err = proc.communicate("\n", timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        stop_process(proc, 5)
+
+
 def test_a_native_driver_guest_refused_vgpus_is_one_line_and_no_device(
         controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost], tmp_path: Path,
         native_driver: Path) -> None:

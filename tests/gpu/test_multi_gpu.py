@@ -5,6 +5,8 @@ Each program runs natively and on the native guest driver through a real oriond 
 machine (the `oriond` fixture: no --devices, vgpu_count 1), and the two results are compared by value:
 - one process driving two devices with PyTorch (work on each, a peer copy, an event across devices), and one
   device's memory mapped for both with the virtual-memory API (cuda-python);
+- four vGPUs on the two GPUs, as Orion's guide runs them (ORION_VGPU=4 from a real controller on a real etcd, which
+  the device machine is given with the working tree: skipped without them);
 - what NCCL reads from NVML at start, against the machine's own NVML;
 - NCCL across one process's devices (torch.cuda.nccl, JAX's psum; a 2 GiB region, whose pool holds NCCL's shared
   segments) and across processes (torch.distributed; a DDP ResNet-50 with two ranks).
@@ -14,15 +16,18 @@ Across processes each rank is its own session; NCCL shares their memory through 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.controller.rig import ControllerProcess, EtcdServer, etcd_binary
 from tests.gpu.test_forwarded_programs import (  # noqa: F401 (fixtures)
     HAS_GPU,
     NATIVE_TIMEOUT_S,
@@ -55,6 +60,31 @@ def nccl_oriond(tmp_path: Path) -> Iterator[Oriond]:
     agent = Oriond(tmp_path, region_mib=NCCL_REGION_MIB)
     yield agent
     agent.stop()
+
+
+@pytest.fixture
+def vgpu_oriond(tmp_path: Path) -> Iterator[tuple[Oriond, str]]:
+    """An oriond linked to a controller (on an etcd of its own) that carves each GPU into two vGPUs, and the
+    controller's address."""
+    binary = etcd_binary()
+    try:
+        import pyetcd  # noqa: F401 - the controller's etcd client
+    except ImportError:
+        binary = None
+    if binary is None:
+        pytest.skip("needs etcd and etcd-sdk-python (give the device machine both under .whl/: docs/testing.md)")
+    etcd = EtcdServer(binary, tmp_path / "etcd-data")
+    etcd.start()
+    controller = ControllerProcess(etcd.url, f"/orion-gpu-test-{uuid.uuid4().hex[:8]}/", tmp_path / "controller.log")
+    try:
+        controller.start()
+        agent = Oriond(tmp_path / "oriond", vgpu_count=2, region_mib=NCCL_REGION_MIB,
+                       sections=f'[controller]\n    controller_addr = "{controller.address}"\n')
+        yield agent, controller.address
+        agent.stop()
+    finally:
+        controller.stop()
+        etcd.stop()
 
 
 def run(program: str, agent: Oriond | None, libraries: GuestLibraries | None, *args: str,
@@ -122,3 +152,26 @@ def test_ddp_resnet50_with_two_ranks_trains_as_natively(nccl_oriond: Oriond, lib
     assert expected["same_parameters"] and len(expected["losses"]) >= 2, expected
     forwarded = run("ddp_resnet_program.py", nccl_oriond, library, timeout=NCCL_HANG_S + 120)
     assert {**forwarded, "step_ms": None} == {**expected, "step_ms": None}
+
+
+def test_four_vgpus_on_two_gpus_are_four_devices_as_in_orions_guide(vgpu_oriond: tuple[Oriond, str],
+                                                                    library: GuestLibraries) -> None:  # noqa: F811
+    """ORION_VGPU=4 ORION_GMEM=7800 on two GPUs carved into two vGPUs each (Orion's guide): the program sees four
+    devices, and each computes, copies and waits as the machine's own GPUs do natively, and NCCL all-reduces across
+    the four. Its primary context names itself (two vGPUs of one GPU are two contexts), its total is its quota, and
+    every pair can access each other as peers, as the two GPUs (NVLink) natively can."""
+    native = run("vgpu_devices_program.py", None, None)
+    assert native["ok"] and native["count"] == 2, native
+    agent, controller = vgpu_oriond
+    forwarded = run("vgpu_devices_program.py", agent, library, ORION_VGPU="4", ORION_GMEM="7800",
+                    ORION_CONTROLLER=controller)
+    placed = dict(re.findall(r"Registered v-GPU (\d+) on p-GPU (\d+)\.", agent.log.read_text()))
+    gpus = [int(placed[str(i)]) for i in range(4)]
+    assert sorted(gpus) == [0, 0, 1, 1], gpus
+    assert forwarded["ok"] and forwarded["count"] == 4, forwarded
+    assert forwarded["names"] == [native["names"][0]] * 4
+    assert forwarded["matmul_sums"] == [native["matmul_sums"][0]] * 4 == [native["matmul_sums"][1]] * 4
+    assert forwarded["context_devices"] == [0, 1, 2, 3]
+    assert forwarded["totals_mib"] == [7800] * 4
+    assert native["peer_access"] == [[False, True], [True, False]]  # (a device with itself: the driver's 0)
+    assert forwarded["peer_access"] == [[i != j for j in range(4)] for i in range(4)]

@@ -38,7 +38,7 @@ from host_agent.session.executor import ExecutorOptions
 from ivshmem.api_classes import GENERATED
 from ivshmem.channel import Streamed
 from ivshmem.cuda_status import NOT_SUPPORTED
-from ivshmem.driver_api import CALLS, ENUMS, INOUT, OUT, PINNED_POOL_CALLS
+from ivshmem.driver_api import CALLS, ENUMS, INOUT, OUT, PINNED_POOL_CALLS, POINTER_DEVICE_ORDINAL
 from ivshmem.record import CUDA_OPCODE_BASE, Op, Status
 from tests import forwarding_rig
 from tests.fake_driver import ENUM_CLASSES, IMPLEMENTED, FakeDriver
@@ -49,6 +49,7 @@ bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_r
 
 SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED = 0, 1, 2, 3
 INVALID_DEVICE, INVALID_IMAGE, INVALID_CONTEXT, INVALID_HANDLE, NOT_FOUND = 101, 200, 201, 400, 500
+PEER_ACCESS_ALREADY_ENABLED, PEER_ACCESS_NOT_ENABLED = 704, 705
 FOREIGN = 0x7E00_0000_1000  # a device address no session ever allocated
 BAD_HANDLE = 0xBAD0
 
@@ -1054,26 +1055,116 @@ def test_the_quota_limits_allocations_and_is_the_reported_memory(start: Callable
     assert second
 
 
-def test_two_vgpus_on_one_gpu_share_its_primary_context_and_their_summed_quota(start: Callable[..., Rig]) -> None:
+def test_two_vgpus_on_one_gpu_have_a_primary_context_each_and_a_quota_each(start: Callable[..., Rig]) -> None:
+    """Natively two devices have two primary contexts, and cuCtxGetDevice names the current one's device; here two
+    vGPUs of one GPU are two devices (vgpu_contexts.py), each with its own quota (vgpu_quota.py)."""
     rig = start(ExecutorOptions(devices=(0, 0), gmem_mib=1))
     g = rig.guest()
-    g.setup(1)
-    assert g.ok("cuDevicePrimaryCtxRetain", 0) == g.ok("cuCtxGetCurrent")  # CUDA: one primary context per GPU
+    second = g.setup(1)
+    first = g.ok("cuDevicePrimaryCtxRetain", 0)
+    assert first != second and g.ok("cuDevicePrimaryCtxRetain", 1) == second  # a retain keeps its handle
+    assert g.ok("cuCtxGetDevice") == 1  # the retain of device 0 left device 1's context current
     assert [g.ok("cuDeviceTotalMem", d) for d in (0, 1)] == [1 << 20, 1 << 20]
-    assert g.ok("cuMemGetInfo") == [2 << 20, 2 << 20]
-    assert g.alloc(3 << 19)  # more than one vGPU's quota, within the two together
-    assert g.call("cuMemAlloc", 1 << 19)[0] == SUCCESS
+    assert g.ok("cuMemGetInfo") == [1 << 20, 1 << 20]
+    on_second = g.alloc(768 << 10)
+    assert g.call("cuMemAlloc", 512 << 10)[0] == OUT_OF_MEMORY  # past vGPU 1's quota, whatever vGPU 0 has
+    assert g.ok("cuMemGetInfo") == [256 << 10, 1 << 20]
+    g.ok("cuCtxSetCurrent", first)
+    assert g.ok("cuCtxGetDevice") == 0
+    assert g.ok("cuMemGetInfo") == [1 << 20, 1 << 20]
+    on_first = g.alloc(1 << 20)
     assert g.call("cuMemAlloc", 1)[0] == OUT_OF_MEMORY
+    assert [_device_ordinal(g, p) for p in (on_first, on_second)] == [(SUCCESS, 0), (SUCCESS, 1)]
+    made = ctypes.c_uint64()
+    assert g.fn["cuCtxCreate"](ctypes.addressof(made), None, 0, 1) == SUCCESS  # (the v4 ABI: params NULL)
+    assert g.ok("cuCtxGetDevice") == 1 and made.value not in (first, second)
+    g.ok("cuCtxDestroy", made.value)
+    g.ok("cuMemFree", on_second)
+    g.ok("cuCtxSetCurrent", second)
+    assert g.ok("cuMemGetInfo") == [1 << 20, 1 << 20]
 
 
-@pytest.mark.xfail(strict=True, reason="two vGPUs of one GPU share one primary context handle, so the guest cannot "
-                   "tell which of the two a context belongs to: cuCtxGetDevice names the first (docs/controller.md)")
-def test_two_vgpus_on_one_gpu_tell_their_contexts_apart(start: Callable[..., Rig]) -> None:
-    """Natively two devices have two primary contexts, and cuCtxGetDevice names the current one's device."""
-    rig = start(ExecutorOptions(devices=(0, 0), gmem_mib=1))
+def _device_ordinal(g: Guest, pointer: int) -> tuple[int, int]:
+    cell = ctypes.c_int(-7)
+    return g.fn["cuPointerGetAttribute"](ctypes.addressof(cell), POINTER_DEVICE_ORDINAL, pointer), cell.value
+
+
+def test_a_stand_in_primary_context_is_retained_released_reset_and_flagged_as_the_drivers(
+        start: Callable[..., Rig]) -> None:
+    """The second vGPU of a GPU has a context of its own standing in for its primary (vgpu_contexts.py): made at the
+    first retain, gone at the last release or a reset, its flags kept until a reset, as the driver's primary."""
+    rig = start(ExecutorOptions(devices=(0, 0)))
     g = rig.guest()
-    g.setup(1)
-    assert g.ok("cuCtxGetDevice") == 1
+    g.setup(0)
+    assert g.ok("cuDevicePrimaryCtxGetState", 1) == [0, 0]
+    g.ok("cuDevicePrimaryCtxSetFlags", 1, 4)  # CU_CTX_SCHED_BLOCKING_SYNC, before the context is made
+    assert g.call("cuDevicePrimaryCtxSetFlags", 1, 0x100)[0] == INVALID_VALUE
+    context = g.ok("cuDevicePrimaryCtxRetain", 1)
+    assert g.ok("cuDevicePrimaryCtxRetain", 1) == context
+    assert g.ok("cuDevicePrimaryCtxGetState", 1) == [4, 1]
+    assert g.ok("cuCtxGetDevice") == 0  # a retain makes nothing current
+    g.ok("cuCtxSetCurrent", context)
+    assert g.ok("cuCtxGetFlags") & 7 == 4
+    g.ok("cuCtxSetCurrent", 0)
+    g.ok("cuDevicePrimaryCtxRelease", 1)
+    assert g.ok("cuDevicePrimaryCtxGetState", 1) == [4, 1]  # one reference left
+    g.ok("cuDevicePrimaryCtxRelease", 1)
+    assert g.ok("cuDevicePrimaryCtxGetState", 1) == [4, 0]
+    assert g.call("cuDevicePrimaryCtxRelease", 1)[0] == INVALID_CONTEXT  # none left: as the driver answers
+    assert g.call("cuCtxSetCurrent", context)[0] == INVALID_CONTEXT  # destroyed: no longer the session's
+    again = g.ok("cuDevicePrimaryCtxRetain", 1)
+    g.ok("cuDevicePrimaryCtxReset", 1)
+    assert g.ok("cuDevicePrimaryCtxGetState", 1) == [0, 0]
+    assert g.call("cuDevicePrimaryCtxRelease", 1)[0] == INVALID_CONTEXT
+    assert g.call("cuCtxSetCurrent", again)[0] == INVALID_CONTEXT
+    assert g.ok("cuDevicePrimaryCtxGetState", 0)[1] == 1  # device 0's own primary is untouched throughout
+
+
+def test_two_vgpus_of_one_gpu_are_peers_as_two_gpus_joined_by_nvlink(start: Callable[..., Rig]) -> None:
+    """A kernel of one context reads another context's memory on the same GPU (measured on an H200), so the pair
+    are peers (vgpu_contexts.py): the peer queries answer as for GPUs with peer access, and enabling and disabling
+    it between their contexts answers as the driver does for two GPUs; a vGPU of another GPU gets the driver's
+    answers."""
+    rig = start(ExecutorOptions(devices=(0, 0, 1)))
+    g = rig.guest()
+    first = g.setup(0)
+    second = g.ok("cuDevicePrimaryCtxRetain", 1)
+    other = g.ok("cuDevicePrimaryCtxRetain", 2)
+    assert [g.ok("cuDeviceCanAccessPeer", 0, 1), g.ok("cuDeviceCanAccessPeer", 1, 0)] == [1, 1]
+    assert [g.ok("cuDeviceGetP2PAttribute", a, 0, 1) for a in (1, 2, 3, 4)] == [0, 1, 1, 1]
+    mark = rig.mark()
+    assert g.call("cuCtxEnablePeerAccess", second, 1)[0] == INVALID_VALUE
+    assert g.call("cuCtxEnablePeerAccess", second, 0)[0] == SUCCESS
+    assert g.call("cuCtxEnablePeerAccess", second, 0)[0] == PEER_ACCESS_ALREADY_ENABLED
+    assert g.call("cuCtxDisablePeerAccess", second)[0] == SUCCESS
+    assert g.call("cuCtxDisablePeerAccess", second)[0] == PEER_ACCESS_NOT_ENABLED
+    g.ok("cuCtxSetCurrent", second)
+    assert g.call("cuCtxEnablePeerAccess", first, 0)[0] == SUCCESS  # each direction on its own
+    assert not rig.entries(mark, "cuCtxEnablePeerAccess") and not rig.entries(mark, "cuCtxDisablePeerAccess")
+    assert g.ok("cuDeviceCanAccessPeer", 0, 2) == g.ok("cuDeviceCanAccessPeer", 1, 2) == 1  # the fake's GPUs peer
+    assert g.call("cuCtxEnablePeerAccess", other, 0)[0] == NOT_SUPPORTED  # the driver's answer (the fake has none)
+
+
+def test_every_vgpu_has_a_pci_address_and_uuid_of_its_own(start: Callable[..., Rig]) -> None:
+    """NCCL refuses two ranks on one device, which it tells by PCI address; NVML finds devices by address and
+    UUID. A later vGPU of a GPU takes the next device number free on its GPU's bus (vgpu_contexts.py)."""
+    rig = start(ExecutorOptions(devices=(0, 0, 1, 0)))
+    g = rig.guest()
+    g.setup(0)
+    addresses = [tuple(g.ok("cuDeviceGetAttribute", a, d) for a in (50, 33, 34)) for d in range(4)]
+    fake = FakeDriver()  # as the rig's sessions have it
+    fake.cuInit(0)
+    real = [tuple(int(fake.cuDeviceGetAttribute(fake.CUdevice_attribute(a), d)[1]) for a in (50, 33, 34))
+            for d in (0, 1)]
+    assert addresses[0] == real[0] and addresses[2] == real[1]  # a GPU's first vGPU: the GPU's own
+    assert len(set(addresses)) == 4 and not {addresses[1], addresses[3]} & set(real)
+    assert addresses[1][:2] == addresses[3][:2] == real[0][:2]  # on its GPU's bus
+    uuid = ctypes.create_string_buffer(16)
+    uuids = []
+    for d in range(4):
+        assert g.fn["cuDeviceGetUuid"](ctypes.addressof(uuid), d) == SUCCESS
+        uuids.append(uuid.raw)
+    assert len(set(uuids)) == 4 and uuids[1][:15] == uuids[0][:15]
 
 
 def test_without_a_quota_each_vgpu_gets_its_share_of_its_own_device(start: Callable[..., Rig]) -> None:

@@ -144,6 +144,27 @@ def test_a_primary_context_after_a_created_one_is_an_extra_context(start: Callab
     assert primary and free_memory(g) == QUOTA
 
 
+def test_two_vgpus_of_one_gpu_count_what_each_ones_context_made(start: Callable[..., Rig]) -> None:
+    """NVML counts the process per GPU, not per context: the second vGPU's own context is its baseline, and what
+    is measured after a call is laid on the vGPU whose context was current (host_agent/session/quota_usage.py)."""
+    rig = start(ExecutorOptions(devices=(0, 0), gmem_mib=QUOTA // MIB, meter=FakeMeter), context_bytes=300 * MIB)
+    g = rig.guest()
+    first = g.setup(0)
+    second = g.ok("cuDevicePrimaryCtxRetain", 1)  # a context of its own, 300 MiB: not counted
+    g.ok("cuCtxSetCurrent", second)
+    assert free_memory(g) == QUOTA
+    status, module = load(g, ptx_with_global(4 * MIB, b"small"))
+    assert status == SUCCESS and free_memory(g) == QUOTA - 4 * MIB
+    assert load(g, ptx_with_global(13 * MIB))[0] == OUT_OF_MEMORY  # past vGPU 1's quota, whatever vGPU 0 has
+    g.ok("cuCtxSetCurrent", first)
+    assert free_memory(g) == QUOTA  # vGPU 0 has used nothing
+    assert g.alloc(QUOTA)
+    g.ok("cuCtxSetCurrent", second)
+    g.ok("cuModuleUnload", module)  # its global goes: vGPU 1's room again
+    assert free_memory(g) == QUOTA
+    assert g.alloc(QUOTA)
+
+
 def test_allocations_are_counted_without_measuring(start: Callable[..., Rig]) -> None:
     rig = metered(start)
     g = rig.guest()

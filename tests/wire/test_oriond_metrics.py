@@ -59,10 +59,10 @@ from tests.fake_driver import FakeDriver
 
 driver = FakeDriver(devices=2)
 driver.cuInit(0)
-quota = VgpuQuota(driver, 5, (1,), (256 << 20,), meter=lambda _driver: None)
-quota.allocated(3 << 20, 1)
-quota.allocated(1 << 20, 1)
-quota.freed(1, 1 << 20)
+quota = VgpuQuota(driver, 5, (1,), (256 << 20,), lambda: 0, meter=lambda _driver: None)
+quota.allocated(3 << 20, 0)  # for vGPU 0, which is GPU 1
+quota.allocated(1 << 20, 0)
+quota.freed(0, 1 << 20)
 registry = CollectorRegistry()
 multiprocess.MultiProcessCollector(registry)
 sys.stdout.write(generate_latest(registry).decode())
