@@ -90,7 +90,7 @@ from .shared_handles import OPCODES as SHARING_OPCODES
 from .shared_handles import SharedHandles
 from .stream_extras import StreamExtraCalls
 from .structured_copies import StructuredCopies
-from .vgpu_contexts import PCI_DEVICE_ID, VgpuContextCalls, VgpuContexts
+from .vgpu_contexts import PCI_DOMAIN_ID, VgpuContextCalls, VgpuContexts
 from .vgpu_grant import GrantRefused, take_up
 from .vgpu_quota import VgpuQuota, initial_limits
 from .vmm_calls import VirtualMemoryCalls
@@ -194,10 +194,11 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         self._to_register = (address, geometry.channel_stride)
         self.pool = self.ledger.pool = HostPool(region, index)
 
-    def _place(self, devices: tuple[int, ...], limits: tuple[int, ...] | None) -> None:
-        """The session's vGPUs: which physical GPU each guest ordinal is, and its quota (bytes, or None)."""
+    def _place(self, devices: tuple[int, ...], limits: tuple[int, ...] | None, slots: tuple[int, ...] = ()) -> None:
+        """The session's vGPUs: which physical GPU each guest ordinal is, its quota (bytes, or None) and its place
+        among its GPU's vGPUs in the controller's carving (vgpu_contexts.py)."""
         self.ledger.devices = devices
-        self.contexts.assign(devices)
+        self.contexts.assign(devices, slots)
         self.quota.assign(devices, limits)
 
     def _register_channel(self) -> None:
@@ -372,15 +373,15 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         """What the session's device can share with another process, as this session can: the GPU's own answer
         where the session can do it too, else 0, what a device without the feature answers, so that a program that
         asks first (CUDA's samples, NCCL) takes another path instead of meeting NOT_SUPPORTED later. A later vGPU
-        of a GPU has a PCI device number of its own (vgpu_contexts.py)."""
+        of a GPU has a PCI domain of its own (vgpu_contexts.py)."""
         attribute, device = args
         if not 0 <= device < len(self.ledger.devices):
             return None  # the generic path's INVALID_DEVICE
         if attribute in UNSHARED_ATTRIBUTES or (self.relayed and attribute in LOCAL_SHARING_ATTRIBUTES):
             return _ok(call, 0)
-        if attribute == PCI_DEVICE_ID:  # a later vGPU of a GPU has a PCI address of its own (vgpu_contexts.py)
-            number = self.contexts.pci_device(device)
-            return None if number is None else _ok(call, number)
+        if attribute == PCI_DOMAIN_ID:  # a vGPU past its GPU's first slot has a PCI address of its own
+            domain = self.contexts.pci_domain(device)
+            return None if domain is None else _ok(call, domain)
         return None
 
     # --- a controller allocation (BIND) ---------------------------------------------------------------------
@@ -401,7 +402,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             return refused(reason)
         self.allocation = allocation
         note(f"allocation {allocation} {grant.session}")  # oriond gives it back when the session ends, however
-        self._place(grant.devices, tuple(m * MIB for m in grant.memory_mib))
+        self._place(grant.devices, tuple(m * MIB for m in grant.memory_mib), grant.slots)
         log.info("Resource successfully confirmed with controller")
         for number, device in enumerate(grant.devices):
             log.info("Registered v-GPU %d on p-GPU %d.", number, device)

@@ -19,10 +19,15 @@ access enabled (the driver refuses to enable it between contexts of one GPU: CUD
 So each peer query of such a pair answers what a GPU with peer access answers (cuDeviceCanAccessPeer 1), and
 enabling and disabling peer access between their contexts is kept here and answered as the driver answers it for two
 GPUs (SUCCESS, then CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED; disabling what is not enabled
-CUDA_ERROR_PEER_ACCESS_NOT_ENABLED). NCCL then moves data between them as between two GPUs. Every device has its own
-PCI
-address and UUID, which NCCL and NVML tell devices apart by: a later vGPU of a GPU reports its GPU's bus with another
-device number (the next free one) and its GPU's UUID with the last byte changed by its rank on the GPU.
+CUDA_ERROR_PEER_ACCESS_NOT_ENABLED). NCCL then moves data between them as between two GPUs.
+
+Every device has its own PCI address and UUID, which NCCL (it refuses two ranks on one device) and NVML tell devices
+apart by. A vGPU's slot on its GPU decides them: slot 0 reports its GPU's own; slot k its GPU's bus and device
+number in PCI domain (the GPU's domain + k·0x100), the next free one where that is taken, every GPU of the host and
+every slot counted (GPUs of a virtual machine may share bus 0, so another device number could be a neighbour's), and
+its GPU's UUID with the last byte changed by k. The slot is the controller's (the vGPU's place in its carving of the
+GPU), so two sessions given two vGPUs of one GPU (two ranks of a job, each with ORION_VGPU=1) report two addresses;
+a session without a grant numbers its vGPUs of a GPU in guest order.
 
 Not here: what memory a vGPU counts (vgpu_quota.py), which handles the session owns (session_ledger.py).
 """
@@ -52,7 +57,7 @@ if TYPE_CHECKING:
 
 CU_CTX_FLAGS_MASK = 0xFF  # cuda.h: scheduling, map-host, local-memory, coredump and sync-memops flags
 PCI_BUS_ID, PCI_DEVICE_ID, PCI_DOMAIN_ID = 33, 34, 50  # CUdevice_attribute
-PCI_DEVICES = 32  # device numbers on a PCI bus
+MAX_SLOTS = 100  # vGPUs of one GPU at most (controller/payloads.py MAX_VGPU_COUNT)
 P2P_PERFORMANCE_RANK = 1  # CUdevice_P2PAttribute: the rank is 0 (the best); the other three are 1 (supported)
 P2P_ATTRIBUTES = frozenset({1, 2, 3, 4})
 
@@ -72,39 +77,40 @@ class VgpuContexts:
         self.driver = driver
         self.assign(devices)
 
-    def assign(self, devices: tuple[int, ...]) -> None:
-        """The session's vGPUs (the physical GPU of each guest ordinal); before any context (BIND's rule)."""
+    def assign(self, devices: tuple[int, ...], slots: tuple[int, ...] = ()) -> None:
+        """The session's vGPUs (the physical GPU of each guest ordinal) and their slots on their GPUs (the
+        controller's; () without a grant: their order among the session's vGPUs of that GPU); before any context
+        (BIND's rule)."""
         self.devices = devices
+        self.slots = slots if len(slots) == len(devices) else tuple(devices[:o].count(d) for o, d in enumerate(devices))
         self.shared = len(set(devices)) < len(devices)
         self._stand_ins = {o: _StandIn() for o, d in enumerate(devices) if devices.index(d) != o}
         self._vgpu_of: dict[int, int] = {}  # context -> guest ordinal (only while `shared`)
-        self._pci_devices: dict[int, int] = {}  # a later vGPU of a GPU -> the PCI device number it reports
+        self._slot_domains: dict[tuple[int, int], int] | None = None  # (GPU, slot) -> its PCI domain, once asked
         self._peers: set[tuple[int, int]] = set()  # (context, peer context) with peer access enabled, one GPU's
 
-    def rank(self, ordinal: int) -> int:
-        """How many earlier vGPUs of the session share this one's GPU (0: it is its GPU's first)."""
-        return self.devices[:ordinal].count(self.devices[ordinal])
-
-    def pci_device(self, ordinal: int) -> int | None:
-        """The PCI device number a later vGPU of a GPU reports (None: its GPU's own): the next number on its GPU's
-        bus that no GPU of the host and no earlier vGPU uses, so that no two devices share an address."""
-        if not self.stand_in(ordinal):
+    def pci_domain(self, ordinal: int) -> int | None:
+        """The PCI domain a vGPU reports (None: its GPU's own, for slot 0; module docstring)."""
+        slot = self.slots[ordinal]
+        if not slot:
             return None
-        if ordinal not in self._pci_devices:
-            taken = {self._address(d) for d in range(self._count())}
-            taken |= {self._address(self.devices[o])[:2] + (n,) for o, n in self._pci_devices.items()}
-            domain, bus, number = self._address(self.devices[ordinal])
-            for _ in range(1, PCI_DEVICES):
-                number = (number + 1) % PCI_DEVICES
-                if (domain, bus, number) not in taken:
-                    break
-            self._pci_devices[ordinal] = number
-        return self._pci_devices[ordinal]
+        if self._slot_domains is None:  # every GPU's every slot, in one order: each session finds the same
+            gpus = [self._address(d) for d in range(self._count())]
+            taken, domains = set(gpus), {}
+            for gpu, (domain, bus, number) in enumerate(gpus):
+                for each in range(1, MAX_SLOTS):
+                    candidate = (domain + each * 0x100) & 0xFFFF
+                    while (candidate, bus, number) in taken:
+                        candidate = (candidate + 1) & 0xFFFF
+                    taken.add((candidate, bus, number))
+                    domains[gpu, each] = candidate
+            self._slot_domains = domains
+        return self._slot_domains.get((self.devices[ordinal], slot))
 
     def uuid(self, ordinal: int, gpu_uuid: bytes) -> bytes:
-        """The UUID a vGPU reports: its GPU's, the last byte changed by its rank on the GPU (the first: unchanged)."""
-        rank = self.rank(ordinal)
-        return gpu_uuid[:-1] + bytes([gpu_uuid[-1] ^ rank]) if rank and gpu_uuid else gpu_uuid
+        """The UUID a vGPU reports: its GPU's, the last byte changed by its slot (slot 0: unchanged)."""
+        slot = self.slots[ordinal] & 0xFF
+        return gpu_uuid[:-1] + bytes([gpu_uuid[-1] ^ slot]) if slot and gpu_uuid else gpu_uuid
 
     def _count(self) -> int:
         err, count = self.driver.cuDeviceGetCount()

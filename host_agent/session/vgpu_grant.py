@@ -42,6 +42,7 @@ class Grant:
     devices: tuple[int, ...]  # physical ordinals, one per vGPU, in guest order
     memory_mib: tuple[int, ...]  # each vGPU's quota
     session: str = ""  # the session id the controller bound the grant to (what a release of it names)
+    slots: tuple[int, ...] = ()  # each vGPU's place among its GPU's vGPUs in the controller's carving
 
 
 def sign_as(signer: MemberSigner | None) -> None:
@@ -91,11 +92,12 @@ def take_up(controller: str, host: str, allocation: str, driver: Any, relay: str
         raise GrantRefused(f"cannot ask the Orion Controller: {exc}") from None
     local = {gpu.uuid: gpu.index for gpu in of_driver(driver)}  # as oriond registered them
     try:
-        vgpus = [(str(v["uuid"]), int(v["memory_mib"])) for v in answer["vgpus"]]
+        vgpus = [(str(v["uuid"]), int(v["memory_mib"]), int(v["vgpu"])) for v in answer["vgpus"]]
     except (KeyError, TypeError, ValueError):
         raise GrantRefused(f"the Orion Controller gave a malformed answer for allocation {allocation}") from None
-    missing = sorted({uuid for uuid, _ in vgpus if uuid not in local})
+    missing = sorted({uuid for uuid, _m, _s in vgpus if uuid not in local})
     if missing or not vgpus:
         raise GrantRefused(f"allocation {allocation} names GPU(s) {', '.join(missing) or '(none)'} that host {host} "
                            f"does not have; oriond's registration is stale: restart oriond")
-    return Grant(allocation, tuple(local[uuid] for uuid, _ in vgpus), tuple(memory for _, memory in vgpus), session)
+    return Grant(allocation, tuple(local[uuid] for uuid, _m, _s in vgpus), tuple(m for _u, m, _s in vgpus), session,
+                 tuple(slot for _u, _m, slot in vgpus))

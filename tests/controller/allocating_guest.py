@@ -2,7 +2,8 @@
 environment the test gives it. Prints one JSON line: ``cuInit``'s CUresult, the allocation id and host (or
 null), and, when cuInit succeeded, the device count, each device's total memory, what cuMemAlloc answers for
 one byte more than device 0's memory and for 1 MiB, and cuMemGetInfo after that; then, for each device, the
-handle of its primary context, and with that context current, cuCtxGetDevice and cuMemGetInfo. Then it waits
+handle of its primary context, and with that context current, cuCtxGetDevice and cuMemGetInfo, and its PCI address
+(domain, bus, device) and UUID. Then it waits
 for a line on stdin (or EOF) and exits normally, so atexit runs.
 
 ``python tests/controller/allocating_guest.py [--native LIBCUDA]`` — run with ORION_CONTROLLER / ORION_VGPU /
@@ -46,7 +47,18 @@ def devices(fn: dict[str, Any]) -> dict[str, Any]:
         assert fn["cuCtxGetDevice"](ctypes.addressof(named)) == 0
         assert fn["cuMemGetInfo"](ctypes.addressof(free), ctypes.addressof(total)) == 0
         contexts.append([ctx.value, named.value, free.value, total.value])
-    return {**seen, "contexts": contexts}
+    addresses, uuids = [], []
+    for device in range(count.value):
+        values = []
+        for attribute in (50, 33, 34):  # CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, _BUS_ID, _DEVICE_ID
+            value = ctypes.c_int(-1)
+            assert fn["cuDeviceGetAttribute"](ctypes.addressof(value), attribute, device) == 0
+            values.append(value.value)
+        addresses.append(values)
+        uuid = ctypes.create_string_buffer(16)
+        assert fn["cuDeviceGetUuid"](ctypes.addressof(uuid), device) == 0
+        uuids.append(uuid.raw.hex())
+    return {**seen, "contexts": contexts, "addresses": addresses, "uuids": uuids}
 
 
 def native(library: str) -> dict[str, Any]:
@@ -60,7 +72,8 @@ def native(library: str) -> dict[str, Any]:
         return lambda *args: function(*(ctypes.c_uint64(a) for a in args))
     return {name: words(getattr(lib, name)) for name in ("cuInit", "cuDeviceGetCount", "cuDeviceTotalMem",
                                                           "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc",
-                                                          "cuMemGetInfo", "cuCtxGetDevice")}
+                                                          "cuMemGetInfo", "cuCtxGetDevice", "cuDeviceGetAttribute",
+                                                          "cuDeviceGetUuid")}
 
 
 def helper_holds(fd: int) -> list[int]:

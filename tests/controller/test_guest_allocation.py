@@ -197,6 +197,34 @@ def test_four_vgpus_on_two_gpus_are_four_devices_each_with_its_context_and_quota
         stop_process(proc, 5)
 
 
+def test_two_guests_given_vgpus_of_one_gpu_see_two_devices_with_their_own_addresses(
+        controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost], tmp_path: Path,
+        native_driver: Path) -> None:
+    """Two ranks of a job, each a process with ORION_VGPU=1, may get two vGPUs of one GPU: each reports the PCI
+    address and UUID of its vGPU's slot (slot 0 the GPU's own), so NCCL does not take the two for one device."""
+    ctl = controllers()
+    client = member_client(ctl.address, "pytest")
+    agent = gpu_host(ctl.address, client=client)
+    env = {"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "1", "ORION_GMEM": "1000"}
+    procs = [guest(env, tmp_path / str(n), agent.region, native_driver) for n in range(2)]
+    try:
+        seen = [first_line(proc) for proc in procs]
+        assert all(s["cuInit"] == 0 and s["count"] == 1 for s in seen), seen
+        held = client.allocations()
+        slots = sorted((v["gpu"], v["vgpu"]) for allocation in held for v in allocation["vgpus"])
+        assert len(slots) == 2 and slots[0][0] == slots[1][0] and slots[0][1] != slots[1][1], held  # one GPU
+        addresses = [tuple(s["addresses"][0]) for s in seen]
+        uuids = [s["uuids"][0] for s in seen]
+        assert addresses[0] != addresses[1] and addresses[0][1:] == addresses[1][1:], addresses  # one GPU's
+        assert uuids[0] != uuids[1] and uuids[0][:30] == uuids[1][:30], uuids
+        for proc in procs:
+            _, err = proc.communicate("\n", timeout=30)
+            assert proc.returncode == 0, err
+    finally:
+        for proc in procs:
+            stop_process(proc, 5)
+
+
 def test_a_native_driver_guest_refused_vgpus_is_one_line_and_no_device(
         controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost], tmp_path: Path,
         native_driver: Path) -> None:

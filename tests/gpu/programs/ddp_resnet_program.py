@@ -2,7 +2,9 @@
 DistributedDataParallel with the NCCL backend, one process (rank) per device, random data, a few SGD steps.
 
 `python ddp_resnet_program.py` starts DDP_WORLD ranks (default 2; each with the interpreter, loader and arguments this
-one was started with, so the ranks run on the same driver) and prints rank 0's RESULT: its losses (deterministic
+one was started with, so the ranks run on the same driver), rank r on device r modulo the devices it sees, with the
+DDP_BACKEND process group (default nccl; gloo gives a native baseline where NCCL refuses two ranks on one GPU), and
+prints rank 0's RESULT: its losses (deterministic
 kernels, so a forwarded run's equal a native run's), whether every rank holds the same parameters after the last
 step, and the median step time past the first two (`step_ms`, for bench/ddp_bench.py; not a value to compare)."""
 import json
@@ -15,6 +17,7 @@ import time
 WORLD = int(os.environ.get("DDP_WORLD", "2"))
 STEPS = int(os.environ.get("DDP_STEPS", "8"))
 BATCH = int(os.environ.get("DDP_BATCH", "32"))
+BACKEND = os.environ.get("DDP_BACKEND", "nccl")
 
 if "--rank" not in sys.argv:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(20000 + os.getpid() % 20000)}
@@ -31,7 +34,7 @@ torch.backends.cudnn.benchmark = False
 torch.backends.cudnn.deterministic = True
 device = torch.device("cuda", rank % torch.cuda.device_count())
 torch.cuda.set_device(device)
-dist.init_process_group("nccl", rank=rank, world_size=WORLD, device_id=device)
+dist.init_process_group(BACKEND, rank=rank, world_size=WORLD, **({"device_id": device} if BACKEND == "nccl" else {}))
 torch.manual_seed(0)  # every rank starts from the same weights, as DDP's first broadcast makes sure anyway
 model = torchvision.models.resnet50().to(device)
 ddp = DistributedDataParallel(model, device_ids=[device.index])
