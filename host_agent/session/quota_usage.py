@@ -118,28 +118,31 @@ class UsageAccount:
         gpu.baseline = held
         log.debug("session %d: its first context on GPU %d holds %d bytes (not counted)", self._session, device, held)
 
-    def note(self, device: int, held: int | None) -> None:
+    def note(self, device: int, held: int | None, on: int | None = None) -> int | None:
         """Take a measurement of physical GPU `device` made by the caller (None: it could not be made; nothing
-        changes)."""
+        changes). A change is laid on vGPU `on` (None: the current context's, where that is on `device`, else the
+        GPU's first vGPU of the session); that vGPU, or None when nothing was measured."""
         gpu = self._gpu(device)
         if gpu.baseline is None:
-            return
+            return None
         gpu.stale = False
         if held is None:  # a failed measurement keeps the last one (and is not retried at every use)
-            return
+            return None
+        current = self._current() if on is None else on
+        if not (0 <= current < len(self._vgpus) and self.devices[current] == device):
+            current = self.devices.index(device)
         vgpus = self._on(device)
         beyond = max(0, held - gpu.baseline - sum(v.ledger for v in vgpus))
         change = beyond - sum(v.beyond for v in vgpus)
-        current = self._current()
-        first = self._vgpus[current] if 0 <= current < len(self._vgpus) and self.devices[current] == device \
-            else vgpus[0]
+        first = self._vgpus[current]
         if change >= 0:
             first.beyond += change
-            return
-        for vgpu in [first] + [v for v in vgpus if v is not first]:  # a shrink: the current vGPU's part first
+            return current
+        for vgpu in [first] + [v for v in vgpus if v is not first]:  # a shrink: that vGPU's part first
             taken = min(vgpu.beyond, -change)
             vgpu.beyond -= taken
             change += taken
+        return current
 
     def refresh(self, vgpu: int) -> int:
         """Measure the GPU of `vgpu` now; its counted bytes."""

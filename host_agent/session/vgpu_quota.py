@@ -140,15 +140,14 @@ class VgpuQuota:
             account.context_made(made_context_for, before.get(self.devices[made_context_for]))
         for device, held_before in before.items():
             held = account.held(device)
-            account.note(device, held)
-            if held is None or held_before is None or held <= held_before:
+            vgpu = account.note(device, held, made_context_for)  # a context's cost is its vGPU's, current or not
+            if (vgpu is None or held is None or held_before is None or held <= held_before
+                    or account.counted(vgpu) <= self.limits[vgpu]):
                 continue
-            for vgpu in (v for v, d in enumerate(self.devices) if d == device):
-                if account.counted(vgpu) > self.limits[vgpu]:
-                    self._log_exceeded(vgpu, account.counted(vgpu))
-                    undo()
-                    account.may_have_changed()
-                    return True
+            self._log_exceeded(vgpu, account.counted(vgpu))
+            undo()
+            account.may_have_changed()
+            return True
         return False
 
     def _log_exceeded(self, vgpu: int, counted: int) -> None:
