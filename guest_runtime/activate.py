@@ -18,12 +18,14 @@ from __future__ import annotations
 import atexit
 import importlib
 import logging
+import os
+import sys
 from collections.abc import Callable, Mapping
 
 from ivshmem.channel import ClientChannel
 from ivshmem.driver_api import CALLS, table_digest
 from ivshmem.errors import WireError
-from ivshmem.record import AGENT_INFO_REPLY, BIND_REQUEST, Op, Status
+from ivshmem.record import AGENT_INFO_REPLY, BIND_REQUEST, GRANT_JOIN_REQUEST, GRANT_SHARE_REPLY, Op, Status
 from ivshmem.region import Region
 
 from . import allocation, call_stats, capsule_hook
@@ -53,9 +55,22 @@ def _at_exit() -> None:
 def take_up_vgpus(channel: ClientChannel) -> allocation.Allocation | None:
     """Ask the configured controller for ORION_VGPU vGPUs of ORION_GMEM MiB on the host serving ``channel``, and
     bind them to this session (wire opcodes AGENT_INFO, then BIND). None when no controller is configured or
-    ORION_VGPU is unset: then nothing changes, the session gets the agent's default devices and quota."""
+    ORION_VGPU is unset: then nothing changes, the session gets the agent's default devices and quota.
+
+    A grant is shared with the processes this one starts (host_agent/session/grant_sharing.py): after BIND the
+    session's token goes into ORION_GRANT (GRANT_SHARE), and with ORION_GRANT set this session joins that grant
+    (GRANT_JOIN) instead; a refused join is said once, and the controller asked as without it."""
     global _without_allocation
+    token = os.environ.get("ORION_GRANT", "")
     try:
+        if token and allocation.wanted_request() is not None:
+            joined = channel.call(Op.GRANT_JOIN, GRANT_JOIN_REQUEST.encode(token))
+            if joined.ok:
+                return None
+            reason = ("the host agent predates sharing" if joined.status == Status.UNKNOWN_OPCODE
+                      else bytes(joined.payload).decode(errors="replace"))
+            print(f"orion: did not join the vGPUs of the process that shared them ({reason}); asking the Orion "
+                  f"Controller for this process's own", file=sys.stderr)
         alloc = allocation.acquire_configured(lambda: _agent_host(channel))
         if alloc is None:
             return None
@@ -64,6 +79,9 @@ def take_up_vgpus(channel: ClientChannel) -> allocation.Allocation | None:
             allocation.abandon()
             raise allocation.AllocationError(f"host {alloc.host} did not take up allocation {alloc.id}: "
                                              f"{bytes(reply.payload).decode(errors='replace')}")
+        shared = channel.call(Op.GRANT_SHARE)
+        if shared.ok:  # (a relayed session, an agent that predates sharing: nothing is shared)
+            os.environ["ORION_GRANT"] = GRANT_SHARE_REPLY.decode(shared.payload)[0]
         return alloc
     except (ClientConfigError, allocation.AllocationError) as exc:
         _without_allocation = True

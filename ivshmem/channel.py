@@ -82,6 +82,7 @@ class HostReason(IntEnum):
     AGENT_STOPPED = 7
     GPU_HOST_LOST = 8  # a relaying host's worker lost the GPU host in the middle of a reply (relay/relayed_session.py)
     REPLY_FAILED = 9  # the GPU failed in the middle of a reply whose success had gone out (handler.ReplyFailed)
+    GRANT_ENDED = 10  # the process whose vGPUs this session joined ended (host_agent/session/grant_sharing.py)
 
 
 REASON_TEXT: dict[int, str] = {
@@ -93,8 +94,10 @@ REASON_TEXT: dict[int, str] = {
     HostReason.AGENT_STOPPED: "the host agent stopped",
     HostReason.GPU_HOST_LOST: "the GPU host serving this relayed session is gone, in the middle of a reply",
     HostReason.REPLY_FAILED: "the GPU failed in the middle of a reply",
+    HostReason.GRANT_ENDED: "the process whose vGPUs this one shared ended, and its vGPUs with it",
 }
-DEVICE_LOST_REASONS = (HostReason.GPU_HOST_LOST, HostReason.REPLY_FAILED)  # a client answers 46 (DeviceLost)
+# a client answers 46 (DeviceLost)
+DEVICE_LOST_REASONS = (HostReason.GPU_HOST_LOST, HostReason.REPLY_FAILED, HostReason.GRANT_ENDED)
 
 
 class Control:

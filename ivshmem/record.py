@@ -55,6 +55,8 @@ class Op(IntEnum):
     AGENT_INFO = 6
     BIND = 7
     STATS = 8
+    GRANT_SHARE = 9
+    GRANT_JOIN = 10
 
 
 # `calls`: the digest of the forwarded-call table the client speaks (driver_api.table_digest()), "" for a client
@@ -65,6 +67,10 @@ AGENT_INFO_REPLY = Schema("AGENT_INFO reply", ("host", "str"), ("controller", "s
 RELAYING_AGENT = "*"  # AGENT_INFO's host of an oriond with no GPU of its own that relays its sessions (docs/remote.md)
 BIND_REQUEST = Schema("BIND", ("allocation", "str"))
 BIND_REPLY = Schema("BIND reply", ("vgpus", "u32"), ("memory_mib", "u32"))
+# GRANT_SHARE: the token with which the processes this one starts join its grant (ORION_GRANT); GRANT_JOIN sends it,
+# and is answered as BIND is (host_agent/session/grant_sharing.py).
+GRANT_SHARE_REPLY = Schema("GRANT_SHARE reply", ("token", "str"))
+GRANT_JOIN_REQUEST = Schema("GRANT_JOIN", ("token", "str"))
 DRAIN_REPLY = Schema("DRAIN reply", ("length", "u64"), ("crc32", "u32"))
 # STATS (ORION_STATS): per opcode, the session's records the agent served with its compiled hot path, those it served
 # in Python, and Python's time for them in nanoseconds (docs/wire-protocol.md).

@@ -479,7 +479,8 @@ def generate_layouts() -> str:
 WIRE_CONTROL: dict[str, tuple[Schema | None, Schema | None]] = {
     "HELLO": (record.HELLO_REQUEST, record.HELLO_REPLY), "AGENT_INFO": (None, record.AGENT_INFO_REPLY),
     "BIND": (record.BIND_REQUEST, record.BIND_REPLY), "DRAIN": (None, record.DRAIN_REPLY),
-    "FILL": (record.FILL_REQUEST, None), "STATS": (None, record.STATS_REPLY)}
+    "FILL": (record.FILL_REQUEST, None), "STATS": (None, record.STATS_REPLY),
+    "GRANT_SHARE": (None, record.GRANT_SHARE_REPLY), "GRANT_JOIN": (record.GRANT_JOIN_REQUEST, record.BIND_REPLY)}
 # layout.py's constants, as ORION_REGION_<name>; its ranges as _MIN and _MAX; the offsets of the words of a block
 # (BLOCK_WORD: ORION_REGION_AGENT_<word> in the header's page, ORION_RING_<word> and ORION_STAGING_<word> in a block).
 REGION_CONSTANTS = ("VERSION", "HEADER_SIZE", "PAGE", "CACHE_LINE", "CRC_SPAN", "CRC_OFFSET", "NAME_SIZE",

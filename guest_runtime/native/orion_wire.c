@@ -326,6 +326,8 @@ static const char *reason_text(uint32_t reason) {
     case ORION_HOST_REASON_GPU_HOST_LOST:
         return "the GPU host serving this relayed session is gone, in the middle of a reply";
     case ORION_HOST_REASON_REPLY_FAILED: return "the GPU failed in the middle of a reply";
+    case ORION_HOST_REASON_GRANT_ENDED:
+        return "the process whose vGPUs this one shared ended, and its vGPUs with it";
     default: return NULL;
     }
 }
@@ -345,6 +347,7 @@ static int check_host(orion_channel *ch) {
         else
             say(ch->error, sizeof ch->error, "%s channel %d: the host ended this session (reason %u)", ch->where, ch->index, reason);
         return broken(ch, reason == ORION_HOST_REASON_GPU_HOST_LOST || reason == ORION_HOST_REASON_REPLY_FAILED
+                              || reason == ORION_HOST_REASON_GRANT_ENDED
                               ? ORION_E_DEVICE_LOST : ORION_E_PEER_GONE);  /* channel.DEVICE_LOST_REASONS */
     }
     if (status != ORION_HOST_STATUS_SERVING)

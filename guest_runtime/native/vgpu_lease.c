@@ -6,6 +6,11 @@
  * line -- is guest_runtime/vgpu_lease.py, run as a helper process that lives as long as this one: a program on
  * the native driver need not be Python, and Python code never runs inside a driver call. The helper reads a
  * socket this process holds open (never closed here): its end of file, however the process ends, is the release.
+ *
+ * A grant is shared with the processes this one starts (host_agent/session/grant_sharing.py): after BIND the session's
+ * token goes into ORION_GRANT (GRANT_SHARE), and a process that finds ORION_GRANT joins that grant (GRANT_JOIN)
+ * instead of asking the controller. A join refused (its holder gone, a token of another guest) is said once, and the
+ * process asks the controller for its own. An agent that predates sharing answers UNKNOWN_OPCODE: nothing is shared.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,7 +32,8 @@ extern char **environ;
 
 /* Seconds the helper may take to answer; the bytes kept of an AGENT_INFO reply and of a refused BIND's reason; the
  * longest allocation id BIND sends. */
-enum { HELPER_ANSWER_S = 60, AGENT_INFO_REPLY_CAP = 1024, BIND_REPLY_CAP = 512, ALLOCATION_ID_MAX = 256 };
+enum { HELPER_ANSWER_S = 60, AGENT_INFO_REPLY_CAP = 1024, BIND_REPLY_CAP = 512, ALLOCATION_ID_MAX = 256,
+       GRANT_TOKEN_MAX = 64 };
 
 /* Run by the interpreter the start-up hook names (ORION_PYTHON), with the directory guest_runtime is in first. */
 static const char HELPER[] =
@@ -155,10 +161,57 @@ static int bind_grant(orion_channel *channel, const char *id, char *reason, size
     return -1;
 }
 
+/* GRANT_JOIN of the token in ORION_GRANT: 0 when this session took up that grant. */
+static int join_grant(orion_channel *channel, const char *token, char *reason, size_t cap) {
+    /* record.GRANT_JOIN_REQUEST: token (a u32 length, its bytes) */
+    enum { AT = ORION_GRANT_JOIN_REQ_token + ORION_LENGTH_BYTES };
+    uint8_t request[AT + GRANT_TOKEN_MAX], reply[BIND_REPLY_CAP];
+    uint32_t len = (uint32_t)strlen(token);
+    if (len > GRANT_TOKEN_MAX) {
+        snprintf(reason, cap, "ORION_GRANT holds %u bytes, not a token", len);
+        return -1;
+    }
+    memcpy(request + ORION_GRANT_JOIN_REQ_token, &len, sizeof len);
+    memcpy(request + AT, token, len);
+    int32_t status = 0;
+    size_t got = 0;
+    int rc = orion_call(channel, ORION_WIRE_OP_GRANT_JOIN, request, AT + len, &status, reply, sizeof reply - 1, &got);
+    if (rc == ORION_OK && status == 0) return 0;
+    if (rc != ORION_OK) snprintf(reason, cap, "%s", orion_error(channel));
+    else if (status == ORION_WIRE_STATUS_UNKNOWN_OPCODE) snprintf(reason, cap, "the host agent predates sharing");
+    else snprintf(reason, cap, "%.*s", (int)(got < sizeof reply - 1 ? got : sizeof reply - 1), (char *)reply);
+    return -1;
+}
+
+/* GRANT_SHARE: the session's token into ORION_GRANT, for the processes this one starts (nothing where the agent
+ * does not share it: a relayed session, an agent that predates sharing). */
+static void share_grant(orion_channel *channel) {
+    uint8_t reply[ORION_GRANT_SHARE_REP_token + ORION_LENGTH_BYTES + GRANT_TOKEN_MAX + 1];
+    int32_t status = 0;
+    size_t got = 0;
+    int rc = orion_call(channel, ORION_WIRE_OP_GRANT_SHARE, NULL, 0, &status, reply, sizeof reply - 1, &got);
+    uint32_t len = 0;
+    const size_t at = ORION_GRANT_SHARE_REP_token + ORION_LENGTH_BYTES;
+    if (rc != ORION_OK || status != 0 || got < at) return;
+    memcpy(&len, reply + ORION_GRANT_SHARE_REP_token, sizeof len);
+    if (len == 0 || len > GRANT_TOKEN_MAX || len > got - at) return;
+    char token[GRANT_TOKEN_MAX + 1];
+    memcpy(token, reply + at, len);
+    token[len] = 0;
+    setenv("ORION_GRANT", token, 1); /* at the first connection, before the program starts anything */
+}
+
 int orion_take_up_vgpus(orion_channel *channel, const char *where, char *err, size_t errlen) {
     static int lease = -1;
     char host[256], line[1024];
     int predates = 0;
+    const char *token = getenv("ORION_GRANT");
+    if (token && *token) {
+        char reason[512];
+        if (join_grant(channel, token, reason, sizeof reason) == 0) return 0;
+        fprintf(stderr, "orion: did not join the vGPUs of the process that shared them (%s); asking the Orion "
+                "Controller for this process's own\n", reason);
+    }
     if (agent_host(channel, host, sizeof host, &predates, err, errlen) != 0) return -1;
     if (ask_helper(where, host, predates, &lease, line, sizeof line, err, errlen) != 0) return -1;
     if (strcmp(line, "NONE") == 0) return 0;
@@ -172,7 +225,10 @@ int orion_take_up_vgpus(orion_channel *channel, const char *where, char *err, si
     }
     const char *id = line + 11;
     char reason[512];
-    if (bind_grant(channel, id, reason, sizeof reason) == 0) return 0;
+    if (bind_grant(channel, id, reason, sizeof reason) == 0) {
+        share_grant(channel);
+        return 0;
+    }
     send(lease, "abandon\n", 8, MSG_NOSIGNAL);
     snprintf(err, errlen, "host %s did not take up allocation %s: %s", host, id, reason);
     return -1;

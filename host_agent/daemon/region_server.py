@@ -34,6 +34,7 @@ from .. import agent_metrics, region_file, server_log
 from ..handler import HandlerFactory, ReplyFailed, Session, notes_for, route_notes
 from ..limits import LogLimiter, TokenBucket
 from ..session import hot_path
+from ..session.grant_sharing import EXIT_GRANT_ENDED  # a joined session's worker, once its grant's holder ended
 from ..session_loop import RecordLoop, ServerOptions
 from ..stop import StopRequest
 from ..supervised import die_with_parent
@@ -45,7 +46,7 @@ EXIT_REGION_FAILED = 4
 # A worker that ended its channel in the middle of a reply (handler.ReplyFailed) exits with its reason's code...
 EXIT_MID_REPLY = {HostReason.GPU_HOST_LOST: 5, HostReason.REPLY_FAILED: 6}
 # ... and the supervisor, ending the channel again when the worker is gone, says the same reason.
-EXIT_REASONS = {EXIT_PROTOCOL_VIOLATION: HostReason.PROTOCOL_VIOLATION,
+EXIT_REASONS = {EXIT_PROTOCOL_VIOLATION: HostReason.PROTOCOL_VIOLATION, EXIT_GRANT_ENDED: HostReason.GRANT_ENDED,
                 **{code: reason for reason, code in EXIT_MID_REPLY.items()}}
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import secrets
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any
 
 from ivshmem.channel import Sink, Streamed
 from ivshmem.cuda_status import (
+    DEVICE_UNAVAILABLE,
     INVALID_DEVICE,
     INVALID_HANDLE,
     INVALID_VALUE,
@@ -65,7 +67,16 @@ from ivshmem.driver_api import (
     table_digest,
 )
 from ivshmem.errors import RecordError
-from ivshmem.record import AGENT_INFO_REPLY, BIND_REPLY, BIND_REQUEST, CUDA_OPCODE_BASE, Op, Record, Status
+from ivshmem.record import (
+    AGENT_INFO_REPLY,
+    BIND_REPLY,
+    BIND_REQUEST,
+    CUDA_OPCODE_BASE,
+    GRANT_JOIN_REQUEST,
+    Op,
+    Record,
+    Status,
+)
 from ivshmem.region import Region
 
 from .. import agent_metrics
@@ -75,6 +86,7 @@ from ..limits import one_line
 from .batch_mem_ops import BatchMemOpCalls
 from .call_registry import HOST, POLICY  # the calls written out here and in the mixins
 from .gpu_memory import MeterFactory
+from .grant_sharing import GrantSharingCalls, SharedGrant, VgpuClaims
 from .graph_calls import GraphCalls
 from .host_nodes import HostNodeCalls
 from .image_cache import CacheSettings, ImageCache
@@ -106,6 +118,7 @@ RELAYED = "relay "  # a relayed session's region: "relay IP:PORT" of the relayin
 # (shared_handles.py); only a local session can export cuMem memory as a POSIX file descriptor or an event by IPC.
 MEMPOOL_SUPPORTED_HANDLE_TYPES, HANDLE_TYPE_FABRIC_SUPPORTED = 119, 128
 HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, IPC_EVENT_SUPPORTED = 103, 125
+COMPUTE_MODE, COMPUTE_MODE_EXCLUSIVE_PROCESS = 20, 3  # a grant's vGPU: one session at a time (grant_sharing.py)
 UNSHARED_ATTRIBUTES = frozenset({MEMPOOL_SUPPORTED_HANDLE_TYPES, HANDLE_TYPE_FABRIC_SUPPORTED})
 LOCAL_SHARING_ATTRIBUTES = frozenset({HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, IPC_EVENT_SUPPORTED})
 CONVERTED = ENUMS | {"CUdevice"}  # input types the driver API wants as its own objects
@@ -139,7 +152,7 @@ def _load_driver() -> Any:
 
 class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraCalls, HostNodeCalls, BatchMemOpCalls,
                    ModuleQueryCalls, GraphCalls, MemPoolCalls, StructuredCopies, VgpuContextCalls,
-                   DiagnosticsHandler):
+                   GrantSharingCalls, DiagnosticsHandler):
     """A region_server Handler: the wire diagnostics plus every call in ivshmem.driver_api."""
 
     call_table = table_digest()  # what a forwarding client's HELLO must name
@@ -163,7 +176,9 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         # The ledger's checks and effects, bound once: the generic path and launches call them per call.
         self._check, self._record = self.ledger.check, self.ledger.record
         self._owns, self._launchable = self.ledger.owns, self.ledger.launchable
-        self.allocation = ""  # the controller allocation this session took up (BIND), if any
+        self.allocation = ""  # the controller allocation this session took up (BIND) or joined, if any
+        self.shared_grant: SharedGrant | None = None  # what BIND took up, as GRANT_SHARE offers it (grant_sharing.py)
+        self.claims = VgpuClaims()  # the grant's vGPUs this session made contexts on: one session at a time
         self._said_missing: set[str | tuple[str, int]] = set()  # what the host's driver or bindings lack, said once
         self.pool: HostPool | None = None  # this session's slice of the page-locked pool (attach_channel)
         self.relayed = session.region.startswith(RELAYED)  # the relay listener's sessions: "relay IP:PORT"
@@ -229,6 +244,10 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
                 return Reply(0, AGENT_INFO_REPLY.encode(self.options.host if linked else "", self.options.controller))
             if record.opcode == Op.BIND:
                 return self._bind(BIND_REQUEST.decode(record.payload)[0])
+            if record.opcode == Op.GRANT_SHARE:
+                return self._grant_share(record.payload)
+            if record.opcode == Op.GRANT_JOIN:
+                return self._grant_join(GRANT_JOIN_REQUEST.decode(record.payload)[0])
             return super().handle(record)
         if record.opcode & IMAGE_BY_DIGEST:
             return self._image_by_digest(record.opcode & ~IMAGE_BY_DIGEST, bytes(record.payload))
@@ -379,6 +398,8 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             return None  # the generic path's INVALID_DEVICE
         if attribute in UNSHARED_ATTRIBUTES or (self.relayed and attribute in LOCAL_SHARING_ATTRIBUTES):
             return _ok(call, 0)
+        if attribute == COMPUTE_MODE and self.allocation:  # one session at a time on a grant's vGPU
+            return _ok(call, COMPUTE_MODE_EXCLUSIVE_PROCESS)
         if attribute == PCI_DOMAIN_ID:  # a vGPU past its GPU's first slot has a PCI address of its own
             domain = self.contexts.pci_domain(device)
             return None if domain is None else _ok(call, domain)
@@ -401,6 +422,8 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             log.warning("session %d: %s", self.session.number, reason)
             return refused(reason)
         self.allocation = allocation
+        self.shared_grant = SharedGrant(allocation, grant.devices, grant.memory_mib, grant.slots)
+        self.claims.key = secrets.token_bytes(16)  # the grant's secret: its token's, and its claims' key
         note(f"allocation {allocation} {grant.session}")  # oriond gives it back when the session ends, however
         self._place(grant.devices, tuple(m * MIB for m in grant.memory_mib), grant.slots)
         log.info("Resource successfully confirmed with controller")
@@ -440,6 +463,8 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         flags, dev = call.request.decode(payload)
         if not 0 <= dev < len(self.ledger.devices):
             return Reply(INVALID_DEVICE)
+        if not self._claimed(dev):
+            return Reply(DEVICE_UNAVAILABLE)  # another process of the guest uses this vGPU of the grant
         before = self.quota.usage_before()
         err, ctx = self.driver.cuCtxCreate(None, flags, self.ledger.devices[dev])
         if int(err) != SUCCESS:

@@ -131,12 +131,12 @@ class _Exports:
     def _answer(self, peer: socket.socket) -> None:
         """One request: the export of a secret held here, to a process of this one's user asking for a session of
         the export's region; anything else gets a refusal and nothing."""
-        if _credentials(peer)[1] != os.geteuid():  # refused before a byte is read: another user cannot hold it
+        if peer_credentials(peer)[1] != os.geteuid():  # refused before a byte is read: another user cannot hold it
             peer.sendall(REFUSED)
             return
         peer.settimeout(ASK_TIMEOUT_S)
-        secret, length = REQUEST.unpack(_receive(peer, REQUEST.size))
-        region = _receive(peer, length).decode() if length <= MAX_REGION_NAME else ""
+        secret, length = REQUEST.unpack(receive_exactly(peer, REQUEST.size))
+        region = receive_exactly(peer, length).decode() if length <= MAX_REGION_NAME else ""
         export = self.copy(secret, region) if region else None
         if export is None:
             peer.sendall(REFUSED)
@@ -301,13 +301,13 @@ def _token_reply(handle: int, secret: bytes, pid: int) -> bytes:
     return SHARE_REPLY.encode(handle, secret_a, secret_b, pid)
 
 
-def _credentials(peer: socket.socket) -> tuple[int, int, int]:
+def peer_credentials(peer: socket.socket) -> tuple[int, int, int]:
     """The pid, uid and gid of the process at the other end of a UNIX socket (SO_PEERCRED)."""
     pid, uid, gid = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     return pid, uid, gid
 
 
-def _receive(peer: socket.socket, size: int) -> bytes:
+def receive_exactly(peer: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
         chunk = peer.recv(size - len(data))
@@ -324,12 +324,12 @@ def _ask(pid: int, secret: bytes, region: str) -> Export | None:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as peer:
             peer.settimeout(ASK_TIMEOUT_S)
             peer.connect(socket_name(pid))
-            if _credentials(peer)[:2] != (pid, os.geteuid()):  # a name another process took first: told nothing
+            if peer_credentials(peer)[:2] != (pid, os.geteuid()):  # a name another process took first: told nothing
                 return None
             peer.sendall(REQUEST.pack(secret, len(name)) + name)
             answer, descriptors, _flags, _address = socket.recv_fds(peer, 2 + IPC_HANDLE_SIZE, 1)
             if answer[:1] == GIVEN and answer[1:2] != bytes([DESCRIPTOR]):
-                answer += _receive(peer, 2 + IPC_HANDLE_SIZE - len(answer))
+                answer += receive_exactly(peer, 2 + IPC_HANDLE_SIZE - len(answer))
     except (OSError, ValueError) as exc:
         log.debug("no export from worker %d: %s", pid, exc)
         return None

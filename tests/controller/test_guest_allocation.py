@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,9 @@ pytestmark = pytest.mark.functional
 
 AGENT = Path(__file__).with_name("fake_gpu_agent.py")
 GUEST = Path(__file__).with_name("allocating_guest.py")
-NO_DEVICE, OUT_OF_MEMORY = 100, 2
+SHARER = Path(__file__).with_name("sharing_guest.py")
+NO_DEVICE, OUT_OF_MEMORY, DEVICE_UNAVAILABLE = 100, 2, 46
+EXCLUSIVE_PROCESS = 3  # CUcomputemode
 MIB = 1 << 20
 EXIT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[INFO\] Client exits with allocation ID (\S+)$", re.M)
 
@@ -222,6 +225,84 @@ def test_two_guests_given_vgpus_of_one_gpu_see_two_devices_with_their_own_addres
             assert proc.returncode == 0, err
     finally:
         for proc in procs:
+            stop_process(proc, 5)
+
+
+def sharer(env: dict[str, str], tmp_path: Path, region: Path, native: Path | None) -> subprocess.Popen[str]:
+    """sharing_guest.py, with `env` over the test's environment (no ORION_* of its own)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+    full.update(HOME=str(tmp_path), ORION_SHM=str(region), ORION_NATIVE="1" if native else "0", **env)
+    if native:
+        full["ORION_NATIVE_LIB"] = str(native)
+    return subprocess.Popen([sys.executable, str(SHARER), *(["--native", str(native)] if native else [])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
+                            start_new_session=True)
+
+
+def ask(proc: subprocess.Popen[str], command: str) -> Any:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(command + "\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(10)
+        raise AssertionError(proc.stderr.read() if proc.stderr else "no output")
+    return json.loads(line)
+
+
+@pytest.mark.parametrize("path", ["capsule", "native"])
+def test_the_processes_a_vgpu_holder_starts_share_its_grant_one_process_per_vgpu(
+        controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost], tmp_path: Path,
+        native_driver: Path, path: str) -> None:
+    """Orion's guide: ORION_VGPU=4 and one rank per device, each rank a process the first one started. The holder's
+    token (ORION_GRANT) lets them join its grant instead of asking the controller (grant_sharing.py); each vGPU is
+    one process's at a time (exclusive-process compute mode); a token no holder gives is said once and the process
+    asks for its own; and when the holder ends, the processes that joined it lose their vGPUs (an error, never a
+    session outliving its grant)."""
+    ctl = controllers()
+    client = member_client(ctl.address, "pytest")
+    agent = gpu_host(ctl.address, client=client)
+    native = native_driver if path == "native" else None
+    env = {"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "2", "ORION_GMEM": "1000"}
+    holder = sharer(env, tmp_path, agent.region, native)
+    joined: list[subprocess.Popen[str]] = []
+    try:
+        seen = ask(holder, "init")
+        assert (seen["cuInit"], seen["count"], seen["compute_mode"]) == (0, 2, EXCLUSIVE_PROCESS), seen
+        token = seen["grant"]
+        assert re.fullmatch(r"[0-9]+-[0-9a-f]{32}", token), seen
+        (held,) = client.allocations()
+        child = ask(holder, "spawn")  # started by the holder: its environment, ORION_GRANT included
+        assert child["returncode"] == 0, child
+        first, retained = child["lines"]
+        assert (first["cuInit"], first["count"], first["grant"]) == (0, 2, token), child
+        assert retained == [0, 0, 0, [1000 * MIB, 1000 * MIB]], child
+        assert "Using Orion resource" not in child["stderr"], child  # it asked the controller for nothing
+        assert [a["id"] for a in client.allocations()] == [held["id"]]
+
+        a, b = (sharer({**env, "ORION_GRANT": token}, tmp_path, agent.region, native) for _ in range(2))
+        joined += [a, b]
+        assert ask(a, "init")["cuInit"] == 0 and ask(b, "init")["cuInit"] == 0
+        assert ask(a, "retain 0")[:3] == [0, 0, 0]
+        assert ask(b, "retain 0")[0] == DEVICE_UNAVAILABLE  # vGPU 0 is a's
+        assert ask(b, "retain 1")[:3] == [0, 0, 1]
+        assert [a["id"] for a in client.allocations()] == [held["id"]]
+
+        stranger = sharer({**env, "ORION_GRANT": token[:-8] + "00000000"}, tmp_path, agent.region, native)
+        seen = ask(stranger, "init")
+        assert seen["cuInit"] == 0 and seen["grant"] not in ("", token), seen  # its own grant, shared in turn
+        assert len(client.allocations()) == 2
+        _, err = stranger.communicate("", timeout=30)
+        assert err.count("did not join the vGPUs of the process that shared them") == 1, err
+
+        _, err = holder.communicate("", timeout=30)
+        assert holder.returncode == 0, err
+        wait_until("the joined sessions to end with the holder", lambda: ask(a, "retain 0")[0] == DEVICE_UNAVAILABLE,
+                   log=agent.log)
+        wait_until("the holder's grant to be given back", lambda: gone(client, str(held["id"])))
+        assert "the process whose vGPUs this session joined ended" in agent.log()
+    finally:
+        for proc in [holder, *joined]:
             stop_process(proc, 5)
 
 

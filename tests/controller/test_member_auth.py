@@ -449,7 +449,9 @@ def test_a_second_session_replaying_a_bound_grant_is_refused_and_cannot_release_
             assert client.allocation(alloc)["bound_to"] == bound, agent.log()
         wait_until("the owner's grant to be given back when its session ends", lambda: gone(client, alloc),
                    log=agent.log)
-        assert agent.log().count(f"Release resource with allocation ID {alloc}") == 1
+        said = f"Release resource with allocation ID {alloc}"
+        wait_until("the agent to say it gave the grant back", lambda: said in agent.log(), log=agent.log)
+        assert agent.log().count(said) == 1
     finally:
         region.close()
 

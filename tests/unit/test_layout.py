@@ -186,7 +186,8 @@ def test_record_header_fields_sit_at_documented_offsets() -> None:
                                                    ("TOO_LARGE", -3), ("HANDLER_FAILED", -4),
                                                    ("PROTOCOL_VIOLATION", -5), ("REFUSED", -6)]
     assert [(o.name, int(o)) for o in Op] == [("HELLO", 1), ("ECHO", 2), ("NOP", 3), ("DRAIN", 4), ("FILL", 5),
-                                              ("AGENT_INFO", 6), ("BIND", 7), ("STATS", 8)]
+                                              ("AGENT_INFO", 6), ("BIND", 7), ("STATS", 8),
+                                              ("GRANT_SHARE", 9), ("GRANT_JOIN", 10)]
     assert CUDA_OPCODE_BASE == 0x100 and MAX_OPCODE == 0xFFFF
 
 

@@ -244,14 +244,15 @@ def test_every_generated_region_constant_is_ivshmems() -> None:
                     want |= {f"ORION_{name}_{kind}_{field}_ITEM_{k}": offset
                              for k, (offset, _size) in enumerate(members(item))}
             schemas += 1
-    assert schemas == 8 and WIRE_CONTROL["HELLO"] == (record.HELLO_REQUEST, record.HELLO_REPLY)
+    assert schemas == 11 and WIRE_CONTROL["HELLO"] == (record.HELLO_REQUEST, record.HELLO_REPLY)
     assert numbers == want
     assert strings == {"ORION_REGION_MAGIC": layout.MAGIC.decode()}
     # the ones orion_wire.c and vgpu_lease.c use, as docs/wire-protocol.md has them
     assert (numbers["ORION_CONTROL_client_heartbeat"], numbers["ORION_CONTROL_host_heartbeat"],
             numbers["ORION_RECORD_status"], numbers["ORION_RECORD_SIZE"]) == (16, 80, 24, 32)
     assert (numbers["ORION_HELLO_REQ_hostname"], numbers["ORION_HELLO_REP_agent"], numbers["ORION_BIND_REQ_allocation"],
-            numbers["ORION_AGENT_INFO_REP_host"]) == (8, 8, 0, 0)
+            numbers["ORION_AGENT_INFO_REP_host"], numbers["ORION_GRANT_JOIN_REQ_token"],
+            numbers["ORION_GRANT_SHARE_REP_token"]) == (8, 8, 0, 0, 0, 0)
 
 
 def test_the_record_cell_fields_lie_where_record_header_packs_them() -> None:
