@@ -196,3 +196,22 @@ def test_ddp_resnet50_with_four_ranks_on_four_vgpus_of_two_gpus(vgpu_oriond: tup
     assert forwarded["losses"][0] == expected["losses"][0], (forwarded, expected)
     assert forwarded["losses"][1] == pytest.approx(expected["losses"][1], rel=1e-3), (forwarded, expected)
     assert forwarded["losses"] == pytest.approx(expected["losses"], rel=2e-2), (forwarded, expected)
+
+
+def test_orions_guide_ddp_with_orion_vgpu_4_ranks_join_the_launchers_grant(vgpu_oriond: tuple[Oriond, str],
+                                                                          library: GuestLibraries) -> None:  # noqa: F811
+    """Orion's guide as written: ORION_VGPU=4 ORION_GMEM=7800 for the launcher, which counts its four devices and
+    starts one rank per device; each rank inherits ORION_VGPU=4 and joins the launcher's grant (ORION_GRANT) instead
+    of asking for four more, and trains on its own vGPU with NCCL. One allocation, four joined sessions; the losses
+    as in the four-rank test above (the gloo baseline)."""
+    agent, controller = vgpu_oriond
+    job = {"DDP_BATCH": "16", "DDP_STEPS": "6"}
+    expected = run("ddp_resnet_program.py", None, None, DDP_BACKEND="gloo", DDP_WORLD="4", **job)
+    forwarded = run("ddp_resnet_program.py", agent, library, timeout=NCCL_HANG_S + 180, DDP_LAUNCH="guide",
+                    ORION_VGPU="4", ORION_GMEM="7800", ORION_CONTROLLER=controller, **job)
+    log = agent.log.read_text()
+    assert log.count("Resource successfully confirmed with controller") == 1, log[-3000:]
+    assert len(re.findall(r"joined allocation \S+ of the process that shared it \(4 vGPUs\)", log)) == 4
+    assert forwarded["world"] == 4 and forwarded["same_parameters"], forwarded
+    assert forwarded["losses"][0] == expected["losses"][0], (forwarded, expected)
+    assert forwarded["losses"] == pytest.approx(expected["losses"], rel=2e-2), (forwarded, expected)

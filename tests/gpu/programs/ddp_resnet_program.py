@@ -4,9 +4,11 @@ DistributedDataParallel with the NCCL backend, one process (rank) per device, ra
 `python ddp_resnet_program.py` starts DDP_WORLD ranks (default 2; each with the interpreter, loader and arguments this
 one was started with, so the ranks run on the same driver), rank r on device r modulo the devices it sees, with the
 DDP_BACKEND process group (default nccl; gloo gives a native baseline where NCCL refuses two ranks on one GPU), and
-prints rank 0's RESULT: its losses (deterministic
-kernels, so a forwarded run's equal a native run's), whether every rank holds the same parameters after the last
-step, and the median step time past the first two (`step_ms`, for bench/ddp_bench.py; not a value to compare)."""
+prints rank 0's RESULT: its losses (deterministic kernels, so a forwarded run's equal a native run's), whether every
+rank holds the same parameters after the last step, and the median step time past the first two (`step_ms`, for
+bench/ddp_bench.py; not a value to compare). With DDP_LAUNCH=guide the launcher first counts the devices
+(torch.cuda.device_count(), as the main.py of Orion's guide does) and starts one rank per device; the ranks inherit
+its environment as torch.multiprocessing's do (ORION_GRANT included: they join its vGPUs)."""
 import json
 import os
 import statistics
@@ -20,8 +22,13 @@ BATCH = int(os.environ.get("DDP_BATCH", "32"))
 BACKEND = os.environ.get("DDP_BACKEND", "nccl")
 
 if "--rank" not in sys.argv:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(20000 + os.getpid() % 20000)}
-    ranks = [subprocess.Popen([*sys.orig_argv, "--rank", str(rank)], env=env) for rank in range(WORLD)]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(20000 + os.getpid() % 20000))
+    if os.environ.get("DDP_LAUNCH") == "guide":
+        import torch
+        WORLD = torch.cuda.device_count()
+        os.environ["DDP_WORLD"] = str(WORLD)
+    # no env=: the ranks inherit the C library's environment, as multiprocessing's spawned processes do
+    ranks = [subprocess.Popen([*sys.orig_argv, "--rank", str(rank)]) for rank in range(WORLD)]
     sys.exit(max(rank.wait(timeout=900) for rank in ranks))
 
 import torch  # noqa: E402
