@@ -31,8 +31,8 @@
 extern char **environ;
 
 /* Seconds the helper may take to answer; the bytes kept of an AGENT_INFO reply and of a refused BIND's reason; the
- * longest allocation id BIND sends. */
-enum { HELPER_ANSWER_S = 60, AGENT_INFO_REPLY_CAP = 1024, BIND_REPLY_CAP = 512, ALLOCATION_ID_MAX = 256,
+ * longest BIND or GRANT_JOIN payload sent; the longest grant token. */
+enum { HELPER_ANSWER_S = 60, AGENT_INFO_REPLY_CAP = 1024, BIND_REPLY_CAP = 512, REQUEST_CAP = 512,
        GRANT_TOKEN_MAX = 64 };
 
 /* Run by the interpreter the start-up hook names (ORION_PYTHON), with the directory guest_runtime is in first. */
@@ -140,47 +140,38 @@ static int ask_helper(const char *where, const char *host, int predates, int *le
     return 0;
 }
 
-/* BIND: the grant becomes this session's devices and quotas (refused with the agent's reason otherwise). */
-static int bind_grant(orion_channel *channel, const char *id, char *reason, size_t cap) {
-    /* record.BIND_REQUEST: allocation (a u32 length, its bytes) */
-    enum { AT = ORION_BIND_REQ_allocation + ORION_LENGTH_BYTES };
-    uint8_t request[AT + ALLOCATION_ID_MAX], reply[BIND_REPLY_CAP];
-    uint32_t len = (uint32_t)strlen(id);
-    if (len > ALLOCATION_ID_MAX) {
-        snprintf(reason, cap, "an allocation id of %u bytes", len);
+/* A wire request whose payload is one string at offset `at` (a u32 length, its bytes): 0 when the agent took it,
+ * else -1 and the agent's reason (or what went wrong) in `reason`. */
+static int call_with_text(orion_channel *channel, int opcode, size_t at, const char *what, const char *text,
+                          char *reason, size_t cap) {
+    uint8_t request[REQUEST_CAP], reply[BIND_REPLY_CAP];
+    uint32_t len = (uint32_t)strlen(text);
+    if (at + ORION_LENGTH_BYTES + len > sizeof request) {
+        snprintf(reason, cap, "%s of %u bytes", what, len);
         return -1;
     }
-    memcpy(request + ORION_BIND_REQ_allocation, &len, sizeof len);
-    memcpy(request + AT, id, len);
+    memcpy(request + at, &len, sizeof len);
+    memcpy(request + at + ORION_LENGTH_BYTES, text, len);
     int32_t status = 0;
     size_t got = 0;
-    int rc = orion_call(channel, ORION_WIRE_OP_BIND, request, AT + len, &status, reply, sizeof reply - 1, &got);
+    int rc = orion_call(channel, opcode, request, at + ORION_LENGTH_BYTES + len, &status, reply, sizeof reply - 1,
+                        &got);
     if (rc == ORION_OK && status == 0) return 0;
     if (rc != ORION_OK) snprintf(reason, cap, "%s", orion_error(channel));
+    else if (status == ORION_WIRE_STATUS_UNKNOWN_OPCODE) snprintf(reason, cap, "the host agent predates it");
     else snprintf(reason, cap, "%.*s", (int)(got < sizeof reply - 1 ? got : sizeof reply - 1), (char *)reply);
     return -1;
 }
 
+/* BIND: the grant becomes this session's devices and quotas (refused with the agent's reason otherwise). */
+static int bind_grant(orion_channel *channel, const char *id, char *reason, size_t cap) {
+    return call_with_text(channel, ORION_WIRE_OP_BIND, ORION_BIND_REQ_allocation, "an allocation id", id, reason, cap);
+}
+
 /* GRANT_JOIN of the token in ORION_GRANT: 0 when this session took up that grant. */
 static int join_grant(orion_channel *channel, const char *token, char *reason, size_t cap) {
-    /* record.GRANT_JOIN_REQUEST: token (a u32 length, its bytes) */
-    enum { AT = ORION_GRANT_JOIN_REQ_token + ORION_LENGTH_BYTES };
-    uint8_t request[AT + GRANT_TOKEN_MAX], reply[BIND_REPLY_CAP];
-    uint32_t len = (uint32_t)strlen(token);
-    if (len > GRANT_TOKEN_MAX) {
-        snprintf(reason, cap, "ORION_GRANT holds %u bytes, not a token", len);
-        return -1;
-    }
-    memcpy(request + ORION_GRANT_JOIN_REQ_token, &len, sizeof len);
-    memcpy(request + AT, token, len);
-    int32_t status = 0;
-    size_t got = 0;
-    int rc = orion_call(channel, ORION_WIRE_OP_GRANT_JOIN, request, AT + len, &status, reply, sizeof reply - 1, &got);
-    if (rc == ORION_OK && status == 0) return 0;
-    if (rc != ORION_OK) snprintf(reason, cap, "%s", orion_error(channel));
-    else if (status == ORION_WIRE_STATUS_UNKNOWN_OPCODE) snprintf(reason, cap, "the host agent predates sharing");
-    else snprintf(reason, cap, "%.*s", (int)(got < sizeof reply - 1 ? got : sizeof reply - 1), (char *)reply);
-    return -1;
+    return call_with_text(channel, ORION_WIRE_OP_GRANT_JOIN, ORION_GRANT_JOIN_REQ_token, "ORION_GRANT", token, reason,
+                          cap);
 }
 
 /* GRANT_SHARE: the session's token into ORION_GRANT, for the processes this one starts (nothing where the agent

@@ -39,7 +39,7 @@ from ivshmem.record import BIND_REPLY, GRANT_SHARE_REPLY, Status
 from ..handler import Reply, Session, refused
 from ..limits import one_line
 from .session_ledger import SessionLedger
-from .shared_handles import peer_credentials, receive_exactly
+from .shared_handles import listen_abstract, peer_credentials, receive_exactly
 
 log = logging.getLogger(__name__)
 
@@ -103,21 +103,12 @@ class _Holder:
         offered."""
         with self.lock:
             if self._listener is None:
-                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-                listener.bind(socket_name(os.getpid()))
-                listener.listen(16)
-                self._listener = listener
-                threading.Thread(target=self._serve, args=(listener,), name="grant-sharing", daemon=True).start()
+                self._listener = listen_abstract(socket_name(os.getpid()), self._serve_one, "grant-sharing")
             self.grant, self.region, self.secret = grant, region, secret
             return f"{os.getpid()}-{secret.hex()}"
 
-    def _serve(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                peer, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(peer,), name="grant-joined", daemon=True).start()
+    def _serve_one(self, peer: socket.socket) -> None:
+        threading.Thread(target=self._answer, args=(peer,), name="grant-joined", daemon=True).start()
 
     def _answer(self, peer: socket.socket) -> None:
         """One joining worker: the grant, if it asks with the secret for a session of the grant's region and runs

@@ -35,6 +35,7 @@ import secrets
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ivshmem.cuda_status import INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS
@@ -99,11 +100,7 @@ class _Exports:
         """Keep `export`; its secret. OSError where it cannot be offered."""
         with self.lock:
             if self._listener is None:
-                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-                listener.bind(socket_name(os.getpid()))
-                listener.listen(16)
-                self._listener = listener
-                threading.Thread(target=self._serve, args=(listener,), name="cumem-exports", daemon=True).start()
+                self._listener = listen_abstract(socket_name(os.getpid()), self._serve_one, "cumem-exports")
             secret = secrets.token_bytes(16)
             self.held[secret] = export
             return secret
@@ -116,17 +113,12 @@ class _Exports:
                 return None
             return export._replace(descriptor=os.dup(export.descriptor)) if export.kind == DESCRIPTOR else export
 
-    def _serve(self, listener: socket.socket) -> None:
-        while True:
+    def _serve_one(self, peer: socket.socket) -> None:
+        with peer:
             try:
-                peer, _ = listener.accept()
-            except OSError:
-                return
-            with peer:
-                try:
-                    self._answer(peer)
-                except (OSError, ValueError, struct.error) as exc:
-                    log.debug("a request for exported memory ended early: %s", exc)
+                self._answer(peer)
+            except (OSError, ValueError, struct.error) as exc:
+                log.debug("a request for exported memory ended early: %s", exc)
 
     def _answer(self, peer: socket.socket) -> None:
         """One request: the export of a secret held here, to a process of this one's user asking for a session of
@@ -299,6 +291,28 @@ OPCODES = {SHARE_EXPORT_OPCODE: "export", SHARE_IMPORT_OPCODE: "import_", IPC_EX
 def _token_reply(handle: int, secret: bytes, pid: int) -> bytes:
     secret_a, secret_b = struct.unpack("<QQ", secret)
     return SHARE_REPLY.encode(handle, secret_a, secret_b, pid)
+
+
+def listen_abstract(name: str, on_connection: Callable[[socket.socket], None], thread: str) -> socket.socket:
+    """A listening abstract UNIX socket `name` (OSError where it cannot be bound), each connection handed to
+    `on_connection` by a daemon thread (named `thread`) in accept, which ends when the socket is closed."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        listener.bind(name)
+        listener.listen(16)
+    except OSError:
+        listener.close()
+        raise
+
+    def serve() -> None:
+        while True:
+            try:
+                peer, _ = listener.accept()
+            except OSError:
+                return
+            on_connection(peer)
+    threading.Thread(target=serve, name=thread, daemon=True).start()
+    return listener
 
 
 def peer_credentials(peer: socket.socket) -> tuple[int, int, int]:
