@@ -86,7 +86,7 @@ from ..limits import one_line
 from .batch_mem_ops import BatchMemOpCalls
 from .call_registry import HOST, POLICY  # the calls written out here and in the mixins
 from .gpu_memory import MeterFactory
-from .grant_sharing import GrantSharingCalls, SharedGrant, VgpuClaims
+from .grant_sharing import GrantSharingCalls, VgpuClaims
 from .graph_calls import GraphCalls
 from .host_nodes import HostNodeCalls
 from .image_cache import CacheSettings, ImageCache
@@ -103,7 +103,7 @@ from .shared_handles import SharedHandles
 from .stream_extras import StreamExtraCalls
 from .structured_copies import StructuredCopies
 from .vgpu_contexts import PCI_DOMAIN_ID, VgpuContextCalls, VgpuContexts
-from .vgpu_grant import GrantRefused, take_up
+from .vgpu_grant import Grant, GrantRefused, take_up
 from .vgpu_quota import VgpuQuota, initial_limits
 from .vmm_calls import VirtualMemoryCalls
 
@@ -176,8 +176,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         # The ledger's checks and effects, bound once: the generic path and launches call them per call.
         self._check, self._record = self.ledger.check, self.ledger.record
         self._owns, self._launchable = self.ledger.owns, self.ledger.launchable
-        self.allocation = ""  # the controller allocation this session took up (BIND) or joined, if any
-        self.shared_grant: SharedGrant | None = None  # what BIND took up, as GRANT_SHARE offers it (grant_sharing.py)
+        self.grant: Grant | None = None  # the controller grant this session took up (BIND) or joined (GRANT_JOIN)
         self.claims = VgpuClaims()  # the grant's vGPUs this session made contexts on: one session at a time
         self._said_missing: set[str | tuple[str, int]] = set()  # what the host's driver or bindings lack, said once
         self.pool: HostPool | None = None  # this session's slice of the page-locked pool (attach_channel)
@@ -209,12 +208,28 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         self._to_register = (address, geometry.channel_stride)
         self.pool = self.ledger.pool = HostPool(region, index)
 
-    def _place(self, devices: tuple[int, ...], limits: tuple[int, ...] | None, slots: tuple[int, ...] = ()) -> None:
-        """The session's vGPUs: which physical GPU each guest ordinal is, its quota (bytes, or None) and its place
-        among its GPU's vGPUs in the controller's carving (vgpu_contexts.py)."""
-        self.ledger.devices = devices
-        self.contexts.assign(devices, slots)
-        self.quota.assign(devices, limits)
+    @property
+    def allocation(self) -> str:
+        """The controller allocation this session took up or joined ("": none)."""
+        return self.grant.allocation if self.grant is not None else ""
+
+    def _may_take_up(self, what: str) -> Reply | None:
+        """The refusal of a BIND or GRANT_JOIN (`what`) this session may no longer make, else None."""
+        if self.grant is not None:
+            return refused(f"this session already took up allocation {self.grant.allocation}")
+        if not self.ledger.empty:
+            return refused(f"{what} must come before the session's first context or allocation")
+        return None
+
+    def _place(self, grant: Grant, key: bytes) -> Reply:
+        """The grant's vGPUs become the session's devices (which physical GPU each guest ordinal is, its place among
+        its GPU's vGPUs: vgpu_contexts.py), their sizes its quotas; `key` is the grant's secret (its claims', and the
+        token's with which it is shared: grant_sharing.py). BIND's reply."""
+        self.grant, self.claims.key = grant, key
+        self.ledger.devices = grant.devices
+        self.contexts.assign(grant.devices, grant.slots)
+        self.quota.assign(grant.devices, tuple(m * MIB for m in grant.memory_mib))
+        return Reply(0, BIND_REPLY.encode(len(grant.devices), min(grant.memory_mib)))
 
     def _register_channel(self) -> None:
         """Page-lock the channel at the first staged copy: registration needs a current context, which the
@@ -408,10 +423,9 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
     # --- a controller allocation (BIND) ---------------------------------------------------------------------
     def _bind(self, allocation: str) -> Reply:
         """Take up the guest's allocation: its vGPUs become this session's devices, their sizes its quotas."""
-        if self.allocation:
-            return refused(f"this session already took up allocation {self.allocation}")
-        if not self.ledger.empty:
-            return refused("BIND must come before the session's first context or allocation")
+        refusal = self._may_take_up("BIND")
+        if refusal is not None:
+            return refusal
         try:
             grant = take_up(self.options.controller, self.options.host, allocation, self.driver,
                             relay=self.session.region[len(RELAYED):] if self.relayed else "",
@@ -421,15 +435,11 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             reason = one_line(str(exc))
             log.warning("session %d: %s", self.session.number, reason)
             return refused(reason)
-        self.allocation = allocation
-        self.shared_grant = SharedGrant(allocation, grant.devices, grant.memory_mib, grant.slots)
-        self.claims.key = secrets.token_bytes(16)  # the grant's secret: its token's, and its claims' key
         note(f"allocation {allocation} {grant.session}")  # oriond gives it back when the session ends, however
-        self._place(grant.devices, tuple(m * MIB for m in grant.memory_mib), grant.slots)
         log.info("Resource successfully confirmed with controller")
         for number, device in enumerate(grant.devices):
             log.info("Registered v-GPU %d on p-GPU %d.", number, device)
-        return Reply(0, BIND_REPLY.encode(len(grant.devices), min(grant.memory_mib)))
+        return self._place(grant, secrets.token_bytes(16))
 
     # --- hand-written calls ----------------------------------------------------------------------------------
     @HOST.serves("cuDeviceGetName")

@@ -31,20 +31,19 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from ivshmem.record import BIND_REPLY, GRANT_SHARE_REPLY, Status
+from ivshmem.record import GRANT_SHARE_REPLY, Status
 
 from ..handler import Reply, Session, refused
 from ..limits import one_line
 from .session_ledger import SessionLedger
 from .shared_handles import listen_abstract, peer_credentials, receive_exactly
+from .vgpu_grant import Grant
 
 log = logging.getLogger(__name__)
 
 EXIT_GRANT_ENDED = 7  # a joined session's worker's exit code once its holder ended (region_server.EXIT_REASONS)
-MIB = 1 << 20
 
 ASK_TIMEOUT_S = 5.0
 MAX_JOINED = 256  # sessions joined to one holder at once (a region has at most this many channels)
@@ -60,30 +59,23 @@ def socket_name(pid: int) -> str:
     return f"\0orion-grants-{pid}"
 
 
-@dataclass(frozen=True)
-class SharedGrant:
-    """What a joining session takes up: the holder's allocation, its vGPUs' GPUs, quotas and slots."""
+def encode(grant: Grant) -> bytes:
+    """What a joining session takes up of the holder's grant: its allocation, its vGPUs' GPUs, quotas and slots."""
+    return json.dumps({"allocation": grant.allocation, "devices": grant.devices, "memory_mib": grant.memory_mib,
+                       "slots": grant.slots}).encode()
 
-    allocation: str
-    devices: tuple[int, ...]
-    memory_mib: tuple[int, ...]
-    slots: tuple[int, ...]
 
-    def encode(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> SharedGrant:
-        """Raises ValueError for anything but a grant of that shape."""
-        try:
-            fields = json.loads(data)
-            grant = cls(str(fields["allocation"]), tuple(int(d) for d in fields["devices"]),
-                        tuple(int(m) for m in fields["memory_mib"]), tuple(int(s) for s in fields["slots"]))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(f"not a grant: {exc}") from None
-        if not grant.devices or not len(grant.devices) == len(grant.memory_mib) == len(grant.slots):
-            raise ValueError("not a grant: its vGPUs' lists differ in length")
-        return grant
+def decode(data: bytes) -> Grant:
+    """The grant `encode` sent; ValueError for anything of another shape."""
+    try:
+        fields = json.loads(data)
+        grant = Grant(str(fields["allocation"]), tuple(int(d) for d in fields["devices"]),
+                      tuple(int(m) for m in fields["memory_mib"]), slots=tuple(int(s) for s in fields["slots"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"not a grant: {exc}") from None
+    if not grant.devices or not len(grant.devices) == len(grant.memory_mib) == len(grant.slots):
+        raise ValueError("not a grant: its vGPUs' lists differ in length")
+    return grant
 
 
 class _Holder:
@@ -93,12 +85,12 @@ class _Holder:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.secret = b""
-        self.grant: SharedGrant | None = None
+        self.grant: Grant | None = None
         self.region = ""
         self.joined = 0
         self._listener: socket.socket | None = None
 
-    def share(self, grant: SharedGrant, region: str, secret: bytes) -> str:
+    def share(self, grant: Grant, region: str, secret: bytes) -> str:
         """The token for `grant` of a session of `region` under `secret` (16 bytes); OSError where it cannot be
         offered."""
         with self.lock:
@@ -129,7 +121,7 @@ class _Holder:
                     peer.sendall(ANSWER.pack(0, 0))
                     return
                 try:
-                    data = grant.encode()
+                    data = encode(grant)
                     peer.sendall(ANSWER.pack(1, len(data)) + data)
                     peer.settimeout(None)
                     while peer.recv(64):  # held: its end is the joined session's
@@ -153,12 +145,12 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-def share(grant: SharedGrant, region: str, secret: bytes) -> str:
+def share(grant: Grant, region: str, secret: bytes) -> str:
     """GRANT_SHARE: the token the holder's processes pass on (OSError where the grant cannot be offered)."""
     return _HOLDER.share(grant, region, secret)
 
 
-def join(token: str, region: str, on_end: Callable[[], None]) -> tuple[SharedGrant, bytes]:
+def join(token: str, region: str, on_end: Callable[[], None]) -> tuple[Grant, bytes]:
     """GRANT_JOIN: the grant the token's holder gives a session of `region`, and its secret (the claims' key);
     `on_end` runs (on a thread of its own) when the holder's worker ends. Raises ValueError with the reason, for
     the guest, when it gives none."""
@@ -178,7 +170,7 @@ def join(token: str, region: str, on_end: Callable[[], None]) -> tuple[SharedGra
         given, length = ANSWER.unpack(receive_exactly(peer, ANSWER.size))
         if not given or length > MAX_GRANT_BYTES:
             raise ValueError("the process that shared it does not share it with this session")
-        grant = SharedGrant.decode(receive_exactly(peer, length))
+        grant = decode(receive_exactly(peer, length))
     except OSError as exc:
         peer.close()
         raise ValueError(f"the process that shared it is gone ({exc.strerror or exc})") from None
@@ -227,16 +219,15 @@ class GrantSharingCalls:
     """GRANT_SHARE and GRANT_JOIN, and the claim of a vGPU before a context is made on it. A CudaExecutor mixin."""
 
     # CudaExecutor's, set in its __init__
-    allocation: str
+    grant: Grant | None
     relayed: bool
     session: Session
     ledger: SessionLedger
     claims: VgpuClaims
-    shared_grant: SharedGrant | None
 
-    if TYPE_CHECKING:
-        def _place(self, devices: tuple[int, ...], limits: tuple[int, ...] | None,
-                   slots: tuple[int, ...] = ()) -> None: ...  # executor.py
+    if TYPE_CHECKING:  # executor.py
+        def _may_take_up(self, what: str) -> Reply | None: ...
+        def _place(self, grant: Grant, key: bytes) -> Reply: ...
 
     def _grant_share(self, payload: bytes | bytearray) -> Reply:
         if len(payload):
@@ -244,10 +235,10 @@ class GrantSharingCalls:
         if self.relayed:
             return refused("a relayed session's vGPUs are not shared: the GPU host cannot tell its guest's processes "
                            "from another guest's")
-        if self.shared_grant is None:
+        if self.grant is None:
             return refused("this session took up no controller grant to share (BIND comes first)")
         try:
-            token = share(self.shared_grant, self.session.region, self.claims.key)
+            token = share(self.grant, self.session.region, self.claims.key)
         except OSError as exc:
             log.warning("session %d: cannot offer its grant to its guest's other processes: %s", self.session.number,
                         exc)
@@ -256,21 +247,18 @@ class GrantSharingCalls:
 
     def _grant_join(self, token: str) -> Reply:
         """Take up the grant of the process that shared it: its vGPUs become this session's, with their quotas."""
-        if self.allocation:
-            return refused(f"this session already took up allocation {self.allocation}")
-        if not self.ledger.empty:
-            return refused("GRANT_JOIN must come before the session's first context or allocation")
+        refusal = self._may_take_up("GRANT_JOIN")
+        if refusal is not None:
+            return refusal
         if self.relayed:
             return refused("a relayed session cannot join another session's vGPUs")
         try:
-            grant, self.claims.key = join(token, self.session.region, _grant_ended)
+            grant, key = join(token, self.session.region, _grant_ended)
         except ValueError as exc:
             return refused(one_line(f"cannot join the vGPUs of the process that shared them: {exc}"))
-        self.allocation = grant.allocation
-        self._place(grant.devices, tuple(m * MIB for m in grant.memory_mib), grant.slots)
         log.info("session %d: joined allocation %s of the process that shared it (%d vGPUs)", self.session.number,
                  grant.allocation, len(grant.devices))
-        return Reply(0, BIND_REPLY.encode(len(grant.devices), min(grant.memory_mib)))
+        return self._place(grant, key)
 
     def _claimed(self, ordinal: int) -> bool:
         """Whether this session may make a context on vGPU `ordinal` (a valid one: the claim of its grant's vGPU)."""

@@ -14,18 +14,19 @@ from collections.abc import Iterator
 import pytest
 
 from host_agent.session import grant_sharing
-from host_agent.session.grant_sharing import SharedGrant, VgpuClaims, join, share
+from host_agent.session.grant_sharing import VgpuClaims, decode, encode, join, share
+from host_agent.session.vgpu_grant import Grant
 from ivshmem.record import GRANT_JOIN_REQUEST, Op, Status
 from tests import forwarding_rig
 from tests.forwarding_rig import Rig
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
-GRANT = SharedGrant("a1b2", (0, 0, 1), (1000, 1000, 2000), (0, 1, 0))
+GRANT = Grant("a1b2", (0, 0, 1), (1000, 1000, 2000), slots=(0, 1, 0))
 REGION = "/dev/shm/orionsock3"
 SECRET = bytes(range(16))
 
 
-def _hold(grant: SharedGrant, region: str, tokens: multiprocessing.connection.Connection) -> None:
+def _hold(grant: Grant, region: str, tokens: multiprocessing.connection.Connection) -> None:
     tokens.send(share(grant, region, SECRET))
     signal.pause()  # until the test ends it
 
@@ -69,8 +70,8 @@ def test_a_grant_of_another_shape_is_refused() -> None:
     for data in (b"", b"[]", b'{"allocation": "x"}', b'{"allocation": "x", "devices": [0], "memory_mib": [], '
                  b'"slots": [0]}', b'{"allocation": "x", "devices": ["a"], "memory_mib": [1], "slots": [0]}'):
         with pytest.raises(ValueError):
-            SharedGrant.decode(data)
-    assert SharedGrant.decode(GRANT.encode()) == GRANT
+            decode(data)
+    assert decode(encode(GRANT)) == GRANT
 
 
 def test_a_vgpu_of_a_grant_is_one_sessions_at_a_time() -> None:
