@@ -81,12 +81,15 @@ def gpu_host(tmp_path: Path) -> Iterator[Callable[..., FakeGpuHost]]:
         agent.stop()
 
 
-def guest(env: dict[str, str], tmp_path: Path, region: Path, native: Path | None = None) -> subprocess.Popen[str]:
+def guest(env: dict[str, str], tmp_path: Path, region: Path, native: Path | None = None,
+          script: Path = GUEST) -> subprocess.Popen[str]:
+    """`script` (allocating_guest.py, or sharing_guest.py) with `env` over the test's environment (no ORION_* of its
+    own), on the native driver `native` or the capsule path."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
     full.update(HOME=str(tmp_path), ORION_SHM=str(region), ORION_NATIVE="1" if native else "0", **env)
     if native:
         full["ORION_NATIVE_LIB"] = str(native)  # the build under test, the one the start-up hook loads
-    return subprocess.Popen([sys.executable, str(GUEST), *(["--native", str(native)] if native else [])],
+    return subprocess.Popen([sys.executable, str(script), *(["--native", str(native)] if native else [])],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
                             start_new_session=True)
 
@@ -228,17 +231,6 @@ def test_two_guests_given_vgpus_of_one_gpu_see_two_devices_with_their_own_addres
             stop_process(proc, 5)
 
 
-def sharer(env: dict[str, str], tmp_path: Path, region: Path, native: Path | None) -> subprocess.Popen[str]:
-    """sharing_guest.py, with `env` over the test's environment (no ORION_* of its own)."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
-    full.update(HOME=str(tmp_path), ORION_SHM=str(region), ORION_NATIVE="1" if native else "0", **env)
-    if native:
-        full["ORION_NATIVE_LIB"] = str(native)
-    return subprocess.Popen([sys.executable, str(SHARER), *(["--native", str(native)] if native else [])],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
-                            start_new_session=True)
-
-
 def ask(proc: subprocess.Popen[str], command: str) -> Any:
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(command + "\n")
@@ -264,7 +256,7 @@ def test_the_processes_a_vgpu_holder_starts_share_its_grant_one_process_per_vgpu
     agent = gpu_host(ctl.address, client=client)
     native = native_driver if path == "native" else None
     env = {"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "2", "ORION_GMEM": "1000"}
-    holder = sharer(env, tmp_path, agent.region, native)
+    holder = guest(env, tmp_path, agent.region, native, SHARER)
     joined: list[subprocess.Popen[str]] = []
     try:
         seen = ask(holder, "init")
@@ -280,7 +272,7 @@ def test_the_processes_a_vgpu_holder_starts_share_its_grant_one_process_per_vgpu
         assert "Using Orion resource" not in child["stderr"], child  # it asked the controller for nothing
         assert [a["id"] for a in client.allocations()] == [held["id"]]
 
-        a, b = (sharer({**env, "ORION_GRANT": token}, tmp_path, agent.region, native) for _ in range(2))
+        a, b = (guest({**env, "ORION_GRANT": token}, tmp_path, agent.region, native, SHARER) for _ in range(2))
         joined += [a, b]
         assert ask(a, "init")["cuInit"] == 0 and ask(b, "init")["cuInit"] == 0
         assert ask(a, "retain 0")[:3] == [0, 0, 0]
@@ -288,7 +280,7 @@ def test_the_processes_a_vgpu_holder_starts_share_its_grant_one_process_per_vgpu
         assert ask(b, "retain 1")[:3] == [0, 0, 1]
         assert [a["id"] for a in client.allocations()] == [held["id"]]
 
-        stranger = sharer({**env, "ORION_GRANT": token[:-8] + "00000000"}, tmp_path, agent.region, native)
+        stranger = guest({**env, "ORION_GRANT": token[:-8] + "00000000"}, tmp_path, agent.region, native, SHARER)
         seen = ask(stranger, "init")
         assert seen["cuInit"] == 0 and seen["grant"] not in ("", token), seen  # its own grant, shared in turn
         assert len(client.allocations()) == 2
