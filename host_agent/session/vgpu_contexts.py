@@ -178,12 +178,8 @@ class VgpuContexts:
         """The vGPU of the current context (-1: no current context, or not one of the session's GPUs)."""
         if len(self.devices) == 1:
             return 0
-        context = self.current_context() if self.shared else None
-        ordinal = self._vgpu_of.get(context) if context else None
-        if ordinal is not None:
-            return ordinal
         err, device = self.driver.cuCtxGetDevice()
-        return self.vgpu(int(device), context) if int(err) == SUCCESS else -1
+        return self.vgpu(int(device)) if int(err) == SUCCESS else -1
 
     def current_context(self) -> int:
         """The host thread's current context (0: none), which is the calling guest thread's."""
