@@ -27,7 +27,6 @@ from typing import Any
 
 from ivshmem.channel import Sink, Streamed
 from ivshmem.cuda_status import (
-    DEVICE_UNAVAILABLE,
     INVALID_DEVICE,
     INVALID_HANDLE,
     INVALID_VALUE,
@@ -86,7 +85,7 @@ from ..limits import one_line
 from .batch_mem_ops import BatchMemOpCalls
 from .call_registry import HOST, POLICY  # the calls written out here and in the mixins
 from .gpu_memory import MeterFactory
-from .grant_sharing import GrantSharingCalls, VgpuClaims
+from .grant_sharing import GrantSharingCalls
 from .graph_calls import GraphCalls
 from .host_nodes import HostNodeCalls
 from .image_cache import CacheSettings, ImageCache
@@ -118,7 +117,6 @@ RELAYED = "relay "  # a relayed session's region: "relay IP:PORT" of the relayin
 # (shared_handles.py); only a local session can export cuMem memory as a POSIX file descriptor or an event by IPC.
 MEMPOOL_SUPPORTED_HANDLE_TYPES, HANDLE_TYPE_FABRIC_SUPPORTED = 119, 128
 HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, IPC_EVENT_SUPPORTED = 103, 125
-COMPUTE_MODE, COMPUTE_MODE_EXCLUSIVE_PROCESS = 20, 3  # a grant's vGPU: one session at a time (grant_sharing.py)
 UNSHARED_ATTRIBUTES = frozenset({MEMPOOL_SUPPORTED_HANDLE_TYPES, HANDLE_TYPE_FABRIC_SUPPORTED})
 LOCAL_SHARING_ATTRIBUTES = frozenset({HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, IPC_EVENT_SUPPORTED})
 CONVERTED = ENUMS | {"CUdevice"}  # input types the driver API wants as its own objects
@@ -177,7 +175,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         self._check, self._record = self.ledger.check, self.ledger.record
         self._owns, self._launchable = self.ledger.owns, self.ledger.launchable
         self.grant: Grant | None = None  # the controller grant this session took up (BIND) or joined (GRANT_JOIN)
-        self.claims = VgpuClaims()  # the grant's vGPUs this session made contexts on: one session at a time
+        self.grant_secret = b""  # the grant's secret: the token's with which it is shared (grant_sharing.py)
         self._said_missing: set[str | tuple[str, int]] = set()  # what the host's driver or bindings lack, said once
         self.pool: HostPool | None = None  # this session's slice of the page-locked pool (attach_channel)
         self.relayed = session.region.startswith(RELAYED)  # the relay listener's sessions: "relay IP:PORT"
@@ -221,11 +219,11 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             return refused(f"{what} must come before the session's first context or allocation")
         return None
 
-    def _place(self, grant: Grant, key: bytes) -> Reply:
+    def _place(self, grant: Grant, secret: bytes) -> Reply:
         """The grant's vGPUs become the session's devices (which physical GPU each guest ordinal is, its place among
-        its GPU's vGPUs: vgpu_contexts.py), their sizes its quotas; `key` is the grant's secret (its claims', and the
-        token's with which it is shared: grant_sharing.py). BIND's reply."""
-        self.grant, self.claims.key = grant, key
+        its GPU's vGPUs: vgpu_contexts.py), their sizes its quotas; `secret` is the token's with which it is shared
+        (grant_sharing.py). BIND's reply."""
+        self.grant, self.grant_secret = grant, secret
         self.ledger.devices = grant.devices
         self.contexts.assign(grant.devices, grant.slots)
         self.quota.assign(grant.devices, tuple(m * MIB for m in grant.memory_mib))
@@ -413,8 +411,6 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             return None  # the generic path's INVALID_DEVICE
         if attribute in UNSHARED_ATTRIBUTES or (self.relayed and attribute in LOCAL_SHARING_ATTRIBUTES):
             return _ok(call, 0)
-        if attribute == COMPUTE_MODE and self.allocation:  # one session at a time on a grant's vGPU
-            return _ok(call, COMPUTE_MODE_EXCLUSIVE_PROCESS)
         if attribute == PCI_DOMAIN_ID:  # a vGPU past its GPU's first slot has a PCI address of its own
             domain = self.contexts.pci_domain(device)
             return None if domain is None else _ok(call, domain)
@@ -473,8 +469,6 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         flags, dev = call.request.decode(payload)
         if not 0 <= dev < len(self.ledger.devices):
             return Reply(INVALID_DEVICE)
-        if not self._claimed(dev):
-            return Reply(DEVICE_UNAVAILABLE)  # another process of the guest uses this vGPU of the grant
         before = self.quota.usage_before()
         err, ctx = self.driver.cuCtxCreate(None, flags, self.ledger.devices[dev])
         if int(err) != SUCCESS:

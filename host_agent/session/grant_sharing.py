@@ -13,15 +13,13 @@ cannot tell (docs/security.md). The joining worker keeps that connection open: w
 process ended; oriond then gives the grant back), the joined worker ends too, its session with reason GRANT_ENDED
 (CUDA_ERROR_DEVICE_UNAVAILABLE in the guest), so no session outlives the grant it uses.
 
-Each vGPU of a grant is used by one session at a time, as CUDA's exclusive-process compute mode has it: a session
-claims a vGPU at its first context there (an abstract socket named by a hash of the grant's secret and the vGPU's
-ordinal, held until the worker ends: /proc/net/unix shows bound names to any local user, and one name tells nothing
-of another vGPU's), and a context of another session on a claimed vGPU answers CUDA_ERROR_DEVICE_UNAVAILABLE. So
-each vGPU's quota is counted by one worker, as before. Not here: the opcodes' decoding (executor.py), the quota.
+Every session of a grant may use each of its vGPUs, as processes share a GPU natively (PyTorch's ranks each retain
+device 0's primary context at start, whatever device they then train on): a vGPU's quota bounds what the grant's
+sessions count on it together, through the usage table the holder hands over with the grant (grant_usage.py).
+Not here: the opcodes' decoding (executor.py), the quota's decisions (vgpu_quota.py).
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -37,21 +35,22 @@ from ivshmem.record import GRANT_SHARE_REPLY, Status
 
 from ..handler import Reply, Session, refused
 from ..limits import one_line
-from .session_ledger import SessionLedger
+from .grant_usage import UsageBoard
 from .shared_handles import listen_abstract, peer_credentials, receive_exactly
 from .vgpu_grant import Grant
+from .vgpu_quota import VgpuQuota
 
 log = logging.getLogger(__name__)
 
 EXIT_GRANT_ENDED = 7  # a joined session's worker's exit code once its holder ended (region_server.EXIT_REASONS)
 
 ASK_TIMEOUT_S = 5.0
-MAX_JOINED = 256  # sessions joined to one holder at once (a region has at most this many channels)
 MAX_REGION_NAME = 1024
 MAX_GRANT_BYTES = 64 << 10
 TOKEN = re.compile(r"^([1-9][0-9]{0,9})-([0-9a-f]{32})$")
 REQUEST = struct.Struct("<16sH")  # the secret, the length of the region name that follows (UTF-8)
-ANSWER = struct.Struct("<BI")  # 1 given (0 refused), the length of the grant's JSON that follows
+ANSWER = struct.Struct("<BIH")  # 1 given (0 refused), the length of the grant's JSON that follows, the usage row
+# (with the usage table's descriptor, SCM_RIGHTS, when given)
 
 
 def socket_name(pid: int) -> str:
@@ -80,55 +79,64 @@ def decode(data: bytes) -> Grant:
 
 class _Holder:
     """This worker's grant, offered to the other processes of its guest (one listening socket, started at the first
-    GRANT_SHARE; a daemon thread in accept, and one per joined session, which holds its connection)."""
+    GRANT_SHARE; a daemon thread in accept, and one per joined session, which holds its connection), and the table
+    of what each of the grant's sessions counts (grant_usage.py: row 0 is this worker's)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.secret = b""
         self.grant: Grant | None = None
         self.region = ""
-        self.joined = 0
+        self.board: UsageBoard | None = None
+        self.rows = {0}  # the usage rows given and not yet cleared
         self._listener: socket.socket | None = None
 
-    def share(self, grant: Grant, region: str, secret: bytes) -> str:
-        """The token for `grant` of a session of `region` under `secret` (16 bytes); OSError where it cannot be
-        offered."""
+    def share(self, grant: Grant, region: str, secret: bytes) -> tuple[str, UsageBoard]:
+        """The token for `grant` of a session of `region` under `secret` (16 bytes), and the grant's usage table;
+        OSError where it cannot be offered."""
         with self.lock:
+            if self.board is None:
+                self.board = UsageBoard.create(len(grant.devices))
             if self._listener is None:
                 self._listener = listen_abstract(socket_name(os.getpid()), self._serve_one, "grant-sharing")
             self.grant, self.region, self.secret = grant, region, secret
-            return f"{os.getpid()}-{secret.hex()}"
+            return f"{os.getpid()}-{secret.hex()}", self.board
 
     def _serve_one(self, peer: socket.socket) -> None:
         threading.Thread(target=self._answer, args=(peer,), name="grant-joined", daemon=True).start()
 
     def _answer(self, peer: socket.socket) -> None:
-        """One joining worker: the grant, if it asks with the secret for a session of the grant's region and runs
-        as this worker's user; then its connection is held until either end goes."""
+        """One joining worker: the grant and a usage row, if it asks with the secret for a session of the grant's
+        region and runs as this worker's user; then its connection is held until either end goes, and its row is
+        cleared."""
         with peer:
             try:
                 if peer_credentials(peer)[1] != os.geteuid():  # refused before a byte is read
-                    peer.sendall(ANSWER.pack(0, 0))
+                    peer.sendall(ANSWER.pack(0, 0, 0))
                     return
                 peer.settimeout(ASK_TIMEOUT_S)
                 secret, length = REQUEST.unpack(receive_exactly(peer, REQUEST.size))
                 region = receive_exactly(peer, length).decode() if length <= MAX_REGION_NAME else ""
                 with self.lock:
-                    grant = self.grant if (self.secret and hmac.compare_digest(secret, self.secret) and region
-                                           and region == self.region and self.joined < MAX_JOINED) else None
-                    self.joined += grant is not None
-                if grant is None:
-                    peer.sendall(ANSWER.pack(0, 0))
+                    grant, board, row = self.grant, self.board, None
+                    if (grant is not None and board is not None and self.secret
+                            and hmac.compare_digest(secret, self.secret) and region and region == self.region):
+                        row = board.give_row(self.rows)
+                    if row is not None:
+                        self.rows.add(row)
+                if grant is None or board is None or row is None:
+                    peer.sendall(ANSWER.pack(0, 0, 0))
                     return
                 try:
                     data = encode(grant)
-                    peer.sendall(ANSWER.pack(1, len(data)) + data)
+                    socket.send_fds(peer, [ANSWER.pack(1, len(data), row) + data], [board.descriptor])
                     peer.settimeout(None)
                     while peer.recv(64):  # held: its end is the joined session's
                         pass
                 finally:
+                    board.clear_row(row)
                     with self.lock:
-                        self.joined -= 1
+                        self.rows.discard(row)
             except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
                 log.debug("a request to join this session's grant ended early: %s", exc)
 
@@ -145,15 +153,16 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-def share(grant: Grant, region: str, secret: bytes) -> str:
-    """GRANT_SHARE: the token the holder's processes pass on (OSError where the grant cannot be offered)."""
+def share(grant: Grant, region: str, secret: bytes) -> tuple[str, UsageBoard]:
+    """GRANT_SHARE: the token the holder's processes pass on, and the grant's usage table (OSError where the grant
+    cannot be offered)."""
     return _HOLDER.share(grant, region, secret)
 
 
-def join(token: str, region: str, on_end: Callable[[], None]) -> tuple[Grant, bytes]:
-    """GRANT_JOIN: the grant the token's holder gives a session of `region`, and its secret (the claims' key);
-    `on_end` runs (on a thread of its own) when the holder's worker ends. Raises ValueError with the reason, for
-    the guest, when it gives none."""
+def join(token: str, region: str, on_end: Callable[[], None]) -> tuple[Grant, bytes, UsageBoard]:
+    """GRANT_JOIN: the grant the token's holder gives a session of `region`, its secret, and this session's view of
+    the grant's usage table; `on_end` runs (on a thread of its own) when the holder's worker ends. Raises ValueError
+    with the reason, for the guest, when it gives none."""
     found = TOKEN.match(token)
     if found is None:
         raise ValueError(f"{token[:80]!r} is not a grant token (ORION_GRANT holds one the process that shared its "
@@ -161,25 +170,34 @@ def join(token: str, region: str, on_end: Callable[[], None]) -> tuple[Grant, by
     pid, secret = int(found.group(1)), bytes.fromhex(found.group(2))
     name = region.encode()
     peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    descriptors: list[int] = []
     try:
         peer.settimeout(ASK_TIMEOUT_S)
         peer.connect(socket_name(pid))
         if peer_credentials(peer)[:2] != (pid, os.geteuid()):  # a name another process took first: told nothing
             raise ValueError("the grant's holder is not a worker of this host agent")
         peer.sendall(REQUEST.pack(secret, len(name)) + name)
-        given, length = ANSWER.unpack(receive_exactly(peer, ANSWER.size))
-        if not given or length > MAX_GRANT_BYTES:
+        head, descriptors, _flags, _address = socket.recv_fds(peer, ANSWER.size, 1)
+        given, length, row = ANSWER.unpack(head + receive_exactly(peer, ANSWER.size - len(head)))
+        if not given or length > MAX_GRANT_BYTES or len(descriptors) != 1:
             raise ValueError("the process that shared it does not share it with this session")
         grant = decode(receive_exactly(peer, length))
+        board = UsageBoard(descriptors.pop(), len(grant.devices), row)
     except OSError as exc:
-        peer.close()
+        _close(peer, descriptors)
         raise ValueError(f"the process that shared it is gone ({exc.strerror or exc})") from None
     except (ValueError, struct.error) as exc:
-        peer.close()
+        _close(peer, descriptors)
         raise ValueError(str(exc)) from None
     peer.settimeout(None)
     threading.Thread(target=_watch, args=(peer, on_end), name="grant-holder", daemon=True).start()
-    return grant, secret
+    return grant, secret, board
+
+
+def _close(peer: socket.socket, descriptors: list[int]) -> None:
+    peer.close()
+    for descriptor in descriptors:
+        os.close(descriptor)
 
 
 def _watch(peer: socket.socket, on_end: Callable[[], None]) -> None:
@@ -193,41 +211,19 @@ def _watch(peer: socket.socket, on_end: Callable[[], None]) -> None:
     on_end()
 
 
-class VgpuClaims:
-    """The vGPUs of a grant this session uses, each claimed at its first context here: one session at a time."""
-
-    def __init__(self) -> None:
-        self.key = b""  # the grant's secret ("": no grant, nothing to claim)
-        self._held: dict[int, socket.socket] = {}
-
-    def claim(self, ordinal: int) -> bool:
-        """Whether this session may make a context on vGPU `ordinal`: it holds the vGPU, or now claimed it."""
-        if not self.key or ordinal in self._held:
-            return True
-        claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        name = hashlib.sha256(self.key + ordinal.to_bytes(4, "little")).hexdigest()[:40]
-        try:
-            claim.bind(f"\0orion-vgpu-{name}")
-        except OSError:
-            claim.close()
-            return False
-        self._held[ordinal] = claim
-        return True
-
-
 class GrantSharingCalls:
-    """GRANT_SHARE and GRANT_JOIN, and the claim of a vGPU before a context is made on it. A CudaExecutor mixin."""
+    """GRANT_SHARE and GRANT_JOIN. A CudaExecutor mixin."""
 
     # CudaExecutor's, set in its __init__
     grant: Grant | None
     relayed: bool
     session: Session
-    ledger: SessionLedger
-    claims: VgpuClaims
+    grant_secret: bytes
+    quota: VgpuQuota
 
     if TYPE_CHECKING:  # executor.py
         def _may_take_up(self, what: str) -> Reply | None: ...
-        def _place(self, grant: Grant, key: bytes) -> Reply: ...
+        def _place(self, grant: Grant, secret: bytes) -> Reply: ...
 
     def _grant_share(self, payload: bytes | bytearray) -> Reply:
         if len(payload):
@@ -237,8 +233,12 @@ class GrantSharingCalls:
                            "from another guest's")
         if self.grant is None:
             return refused("this session took up no controller grant to share (BIND comes first)")
+        if self.quota.board is not None and self.quota.board.row != 0:
+            return refused("a session that joined a grant does not share it again: its processes inherit the "
+                           "holder's ORION_GRANT")
         try:
-            token = share(self.grant, self.session.region, self.claims.key)
+            token, board = share(self.grant, self.session.region, self.grant_secret)
+            self.quota.share(board)
         except OSError as exc:
             log.warning("session %d: cannot offer its grant to its guest's other processes: %s", self.session.number,
                         exc)
@@ -253,16 +253,14 @@ class GrantSharingCalls:
         if self.relayed:
             return refused("a relayed session cannot join another session's vGPUs")
         try:
-            grant, key = join(token, self.session.region, _grant_ended)
+            grant, secret, board = join(token, self.session.region, _grant_ended)
         except ValueError as exc:
             return refused(one_line(f"cannot join the vGPUs of the process that shared them: {exc}"))
         log.info("session %d: joined allocation %s of the process that shared it (%d vGPUs)", self.session.number,
                  grant.allocation, len(grant.devices))
-        return self._place(grant, key)
-
-    def _claimed(self, ordinal: int) -> bool:
-        """Whether this session may make a context on vGPU `ordinal` (a valid one: the claim of its grant's vGPU)."""
-        return not 0 <= ordinal < len(self.ledger.devices) or self.claims.claim(ordinal)
+        reply = self._place(grant, secret)
+        self.quota.share(board)
+        return reply
 
 
 def _grant_ended() -> None:

@@ -164,4 +164,10 @@ class UsageAccount:
         gpu = self._gpu(device)
         if gpu.stale and self._meter is not None:
             self.note(device, self._meter.held(device))
+        return self.known(vgpu)
+
+    def known(self, vgpu: int) -> int:
+        """`counted` as of the last measurement (none is made)."""
+        if not 0 <= vgpu < len(self._vgpus):
+            return 0
         return self._vgpus[vgpu].ledger + self._vgpus[vgpu].beyond

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ivshmem.cuda_status import (
-    DEVICE_UNAVAILABLE,
     INVALID_CONTEXT,
     INVALID_VALUE,
     OUT_OF_MEMORY,
@@ -253,7 +252,6 @@ class VgpuContextCalls:
     ledger: SessionLedger
     quota: VgpuQuota
     _record: Callable[[DriverCall, tuple[int, ...], list[Any]], None]
-    _claimed: Callable[[int], bool]  # grant_sharing.GrantSharingCalls
     def _stand_in(self, ordinal: int) -> bool:
         return 0 <= ordinal < len(self.ledger.devices) and self.contexts.stand_in(ordinal)
 
@@ -262,8 +260,6 @@ class VgpuContextCalls:
         """A stand-in is made at its first retain; past the vGPU's quota it is undone (OUT_OF_MEMORY), as the
         generic path undoes a primary context's."""
         (ordinal,) = args
-        if not self._claimed(ordinal):
-            return Reply(DEVICE_UNAVAILABLE)  # another process of the guest uses this vGPU of the grant
         if not self._stand_in(ordinal):
             return None
         before = self.quota.usage_before()

@@ -6,6 +6,10 @@ a graph's or cuMemCreate's memory: the vGPU it names). What counts is what the w
 each vGPU's first context (quota_usage.py keeps those numbers): allocations exactly, the rest measured with NVML
 when it may have changed.
 
+The processes that share a grant (grant_sharing.py) may use one vGPU together; then its quota bounds what their
+sessions count on it together: each publishes its own count in the grant's usage table (grant_usage.py), and each
+decision adds the others'.
+
 This module makes the decisions on those numbers: what cuMemGetInfo and cuDeviceTotalMem report, whether an
 allocation fits (past the quota it fails as on a full GPU, CUDA_ERROR_OUT_OF_MEMORY), and whether a context,
 module or library that was just made pushed a GPU past the quota, in which case it is undone. It logs Orion's
@@ -15,6 +19,7 @@ no; requests, replies and which handles a session owns are the executor's (execu
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +28,7 @@ from ivshmem.cuda_status import SUCCESS
 
 from .. import agent_metrics
 from .gpu_memory import MemoryMeter, MeterFactory, open_nvml
+from .grant_usage import UsageBoard
 from .quota_usage import UsageAccount
 
 log = logging.getLogger(__name__)
@@ -59,12 +65,35 @@ class VgpuQuota:
         self.current_vgpu = current_vgpu
         self._meter = meter
         self.account = UsageAccount(self._open_meter, session, devices, current_vgpu)  # what counts against it
+        self.board: UsageBoard | None = None  # the grant's usage table, where its processes share it
         self.metrics = agent_metrics.enabled()  # oriond's /metrics keeps the session's memory (agent_metrics.py)
 
     def assign(self, devices: tuple[int, ...], limits: tuple[int, ...] | None) -> None:
         """The session's vGPUs changed (it took up a controller allocation)."""
         self.devices, self.limits = devices, limits
         self.account.assign(devices)
+
+    def share(self, board: UsageBoard) -> None:
+        """The session's grant is shared (it holds it, or joined it): its vGPUs' quotas bound what every session of
+        the grant counts on them, `board` holding their counts."""
+        self.board = board
+        for vgpu in range(len(self.devices)):
+            self._own(vgpu)
+
+    def _own(self, vgpu: int, extra: int = 0, measure: bool = True) -> int:
+        """What this session counts on `vgpu` (with `extra` bytes it is about to allocate), published for the
+        grant's other sessions."""
+        counted = (self.account.counted(vgpu) if measure else self.account.known(vgpu)) + extra
+        if self.board is not None:
+            self.board.publish(vgpu, counted)
+        return counted
+
+    def _others(self, vgpu: int) -> int:
+        """What the grant's other sessions count on `vgpu` (0 where the grant is not shared)."""
+        return 0 if self.board is None else self.board.others(vgpu)
+
+    def _one_at_a_time(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext() if self.board is None else self.board.locked()
 
     def _open_meter(self) -> MemoryMeter | None:
         """The session's GPU memory meter, opened at its first context (in the worker): none without a quota."""
@@ -90,7 +119,7 @@ class VgpuQuota:
         err, free, _total = self.driver.cuMemGetInfo()
         if int(err) != SUCCESS:
             return int(err), 0, 0
-        return SUCCESS, min(int(free), max(limit - self.account.counted(vgpu), 0)), limit
+        return SUCCESS, min(int(free), max(limit - self._own(vgpu) - self._others(vgpu), 0)), limit
 
     def total_memory(self, ordinal: int) -> tuple[int, int] | None:
         """cuDeviceTotalMem of a vGPU (a valid guest ordinal): (status, bytes); None: the driver answers."""
@@ -107,17 +136,25 @@ class VgpuQuota:
         cuMemCreate names its device itself).
 
         The ledger keeps this exact without a measurement; only an allocation that would be refused measures
-        again first, since what the process holds beyond it may have shrunk (a pool trimmed, say)."""
+        again first, since what the process holds beyond it may have shrunk (a pool trimmed, say). Where the grant
+        is shared, the check and the publication of the bytes it lets through happen while the grant's other
+        sessions wait (their allocations cannot both take the last of the room)."""
         if self.limits is None:
             return True
         if vgpu is None:
             vgpu = self.current_vgpu()
         limit = self.vgpu_limit(vgpu)
-        if limit is None or self.account.counted(vgpu) + size <= limit:
+        if limit is None:
             return True
-        counted = self.account.refresh(vgpu) + size
-        if counted <= limit:
-            return True
+        with self._one_at_a_time():
+            others = self._others(vgpu)
+            if self.account.counted(vgpu) + others + size <= limit:
+                self._own(vgpu, size)  # reserved until the allocation's own count replaces it
+                return True
+            counted = self.account.refresh(vgpu) + others + size
+            if counted <= limit:
+                self._own(vgpu, size)
+                return True
         self._log_exceeded(vgpu, counted)
         return False
 
@@ -141,12 +178,15 @@ class VgpuQuota:
         for device, held_before in before.items():
             held = account.held(device)
             vgpu = account.note(device, held, made_context_for)  # a context's cost is its vGPU's, current or not
-            if (vgpu is None or held is None or held_before is None or held <= held_before
-                    or account.counted(vgpu) <= self.limits[vgpu]):
+            if vgpu is None or held is None or held_before is None or held <= held_before:
                 continue
-            self._log_exceeded(vgpu, account.counted(vgpu))
+            counted = self._own(vgpu) + self._others(vgpu)
+            if counted <= self.limits[vgpu]:
+                continue
+            self._log_exceeded(vgpu, counted)
             undo()
             account.may_have_changed()
+            self._own(vgpu)
             return True
         return False
 
@@ -159,11 +199,17 @@ class VgpuQuota:
         if vgpu is None:  # only a quota, or oriond's /metrics, needs to know
             vgpu = self.current_vgpu() if self.limits is not None or self.metrics else -1
         self.account.allocated(vgpu, size)
-        self._report(vgpu)
+        self._published(vgpu)
         return vgpu
 
     def freed(self, vgpu: int, size: int) -> None:
         self.account.freed(vgpu, size)
+        self._published(vgpu)
+
+    def _published(self, vgpu: int) -> None:
+        """After an allocation or free: the session's count of `vgpu` published (no measurement) and reported."""
+        if self.board is not None:
+            self._own(vgpu, measure=False)
         self._report(vgpu)
 
     def _report(self, vgpu: int) -> None:

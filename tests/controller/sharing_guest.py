@@ -7,6 +7,7 @@ Each line on stdin is a command, answered by one JSON line on stdout:
   (the C library's environment: the native driver sets it with setenv);
 - ``retain D``: device D's primary context retained and made current: both CUresults, then cuCtxGetDevice and
   cuMemGetInfo (free, total), or nulls;
+- ``alloc M``: cuMemAlloc of M MiB in the current context: its CUresult;
 - ``spawn``: this script started as a child that inherits this process's environment as a program's children do,
   which runs ``init`` and ``retain 0`` and prints both; the answer is its two lines.
 
@@ -53,6 +54,9 @@ def answer(fn: dict[str, Any], command: list[str]) -> Any:
         fn["cuCtxGetDevice"](ctypes.addressof(device))
         info = fn["cuMemGetInfo"](ctypes.addressof(free), ctypes.addressof(total))
         return [retained, current, device.value, [free.value, total.value] if info == 0 else info]
+    if command[0] == "alloc":
+        pointer = ctypes.c_uint64()
+        return fn["cuMemAlloc"](ctypes.addressof(pointer), int(command[1]) << 20)
     if command[0] == "spawn":
         child = subprocess.run([sys.executable, *sys.orig_argv[1:]], input="init\nretain 0\n", capture_output=True,
                                text=True, timeout=60)  # the environment as the C library holds it: inherited

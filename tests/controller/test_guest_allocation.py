@@ -34,7 +34,7 @@ AGENT = Path(__file__).with_name("fake_gpu_agent.py")
 GUEST = Path(__file__).with_name("allocating_guest.py")
 SHARER = Path(__file__).with_name("sharing_guest.py")
 NO_DEVICE, OUT_OF_MEMORY, DEVICE_UNAVAILABLE = 100, 2, 46
-EXCLUSIVE_PROCESS = 3  # CUcomputemode
+COMPUTE_MODE_DEFAULT = 0  # CUcomputemode: the GPU's own (the fake's)
 MIB = 1 << 20
 EXIT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[INFO\] Client exits with allocation ID (\S+)$", re.M)
 
@@ -243,24 +243,25 @@ def ask(proc: subprocess.Popen[str], command: str) -> Any:
 
 
 @pytest.mark.parametrize("path", ["capsule", "native"])
-def test_the_processes_a_vgpu_holder_starts_share_its_grant_one_process_per_vgpu(
+def test_the_processes_a_vgpu_holder_starts_share_its_grant_and_its_quotas(
         controllers: Callable[..., ControllerProcess], gpu_host: Callable[..., FakeGpuHost], tmp_path: Path,
         native_driver: Path, path: str) -> None:
     """Orion's guide: ORION_VGPU=4 and one rank per device, each rank a process the first one started. The holder's
-    token (ORION_GRANT) lets them join its grant instead of asking the controller (grant_sharing.py); each vGPU is
-    one process's at a time (exclusive-process compute mode); a token no holder gives is said once and the process
-    asks for its own; and when the holder ends, the processes that joined it lose their vGPUs (an error, never a
-    session outliving its grant)."""
+    token (ORION_GRANT) lets them join its grant instead of asking the controller (grant_sharing.py); each may use
+    every vGPU, as processes share a GPU natively (PyTorch's ranks all touch device 0), and a vGPU's quota bounds
+    what they hold on it together (grant_usage.py: a process that ends counts nothing); a token no holder gives is
+    said once and the process asks for its own; and when the holder ends, the processes that joined it lose their
+    vGPUs (an error, never a session outliving its grant)."""
     ctl = controllers()
     client = member_client(ctl.address, "pytest")
     agent = gpu_host(ctl.address, client=client)
     native = native_driver if path == "native" else None
-    env = {"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "2", "ORION_GMEM": "1000"}
+    env = {"ORION_CONTROLLER": ctl.address, "ORION_VGPU": "2", "ORION_GMEM": "100"}
     holder = guest(env, tmp_path, agent.region, native, SHARER)
     joined: list[subprocess.Popen[str]] = []
     try:
         seen = ask(holder, "init")
-        assert (seen["cuInit"], seen["count"], seen["compute_mode"]) == (0, 2, EXCLUSIVE_PROCESS), seen
+        assert (seen["cuInit"], seen["count"], seen["compute_mode"]) == (0, 2, COMPUTE_MODE_DEFAULT), seen
         token = seen["grant"]
         assert re.fullmatch(r"[0-9]+-[0-9a-f]{32}", token), seen
         (held,) = client.allocations()
@@ -268,17 +269,25 @@ def test_the_processes_a_vgpu_holder_starts_share_its_grant_one_process_per_vgpu
         assert child["returncode"] == 0, child
         first, retained = child["lines"]
         assert (first["cuInit"], first["count"], first["grant"]) == (0, 2, token), child
-        assert retained == [0, 0, 0, [1000 * MIB, 1000 * MIB]], child
+        assert retained == [0, 0, 0, [100 * MIB, 100 * MIB]], child
         assert "Using Orion resource" not in child["stderr"], child  # it asked the controller for nothing
         assert [a["id"] for a in client.allocations()] == [held["id"]]
 
         a, b = (guest({**env, "ORION_GRANT": token}, tmp_path, agent.region, native, SHARER) for _ in range(2))
         joined += [a, b]
         assert ask(a, "init")["cuInit"] == 0 and ask(b, "init")["cuInit"] == 0
-        assert ask(a, "retain 0")[:3] == [0, 0, 0]
-        assert ask(b, "retain 0")[0] == DEVICE_UNAVAILABLE  # vGPU 0 is a's
-        assert ask(b, "retain 1")[:3] == [0, 0, 1]
+        assert ask(a, "retain 0") == [0, 0, 0, [100 * MIB, 100 * MIB]]
+        assert ask(a, "alloc 60") == 0
+        assert ask(b, "retain 0") == [0, 0, 0, [40 * MIB, 100 * MIB]]  # a's 60 MiB count on vGPU 0 for b too
+        assert ask(b, "alloc 60") == OUT_OF_MEMORY  # together past vGPU 0's quota
+        assert ask(b, "alloc 30") == 0
+        assert ask(holder, "retain 0")[3] == [10 * MIB, 100 * MIB]
+        assert ask(b, "retain 1")[2:] == [1, [100 * MIB, 100 * MIB]]  # vGPU 1's quota is its own
         assert [a["id"] for a in client.allocations()] == [held["id"]]
+        a.communicate("", timeout=30)  # its session ends: its 60 MiB count no more
+        wait_until("an ended session's bytes to leave the grant's count",
+                   lambda: ask(b, "retain 0")[3] == [70 * MIB, 100 * MIB], log=agent.log)
+        assert ask(b, "alloc 60") == 0
 
         stranger = guest({**env, "ORION_GRANT": token[:-8] + "00000000"}, tmp_path, agent.region, native, SHARER)
         seen = ask(stranger, "init")
@@ -289,7 +298,7 @@ def test_the_processes_a_vgpu_holder_starts_share_its_grant_one_process_per_vgpu
 
         _, err = holder.communicate("", timeout=30)
         assert holder.returncode == 0, err
-        wait_until("the joined sessions to end with the holder", lambda: ask(a, "retain 0")[0] == DEVICE_UNAVAILABLE,
+        wait_until("the joined sessions to end with the holder", lambda: ask(b, "retain 0")[0] == DEVICE_UNAVAILABLE,
                    log=agent.log)
         wait_until("the holder's grant to be given back", lambda: gone(client, str(held["id"])))
         assert "the process whose vGPUs this session joined ended" in agent.log()

@@ -103,8 +103,8 @@ def run(program: str, agent: Oriond | None, libraries: GuestLibraries | None, *a
             stdout, stderr = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
-            child.communicate()
-            raise
+            _, stderr = child.communicate()
+            pytest.fail(f"{program} still ran after {timeout:.0f} s; its stderr ends:\n{stderr[-6000:]}")
     done = subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
     return _result(done, f"{program} {'forwarded' if agent else 'native'}")
 

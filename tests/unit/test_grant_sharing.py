@@ -1,10 +1,10 @@
 """A grant shared with the processes its holder starts (host_agent/session/grant_sharing.py): what the holding worker
-gives, to whom, and what a joining worker sees when the holder ends; the claim of a vGPU; and GRANT_SHARE and
+gives, to whom, and what a joining worker sees when the holder ends; the grant's usage table (grant_usage.py); and
+GRANT_SHARE and
 GRANT_JOIN at a session that has no grant to give (the end-to-end runs are tests/controller/test_guest_allocation.py).
 """
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import signal
@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from host_agent.session import grant_sharing
-from host_agent.session.grant_sharing import VgpuClaims, decode, encode, join, share
+from host_agent.session.grant_sharing import decode, encode, join, share
+from host_agent.session.grant_usage import UsageBoard
 from host_agent.session.vgpu_grant import Grant
 from ivshmem.record import GRANT_JOIN_REQUEST, Op, Status
 from tests import forwarding_rig
@@ -27,7 +28,9 @@ SECRET = bytes(range(16))
 
 
 def _hold(grant: Grant, region: str, tokens: multiprocessing.connection.Connection) -> None:
-    tokens.send(share(grant, region, SECRET))
+    token, board = share(grant, region, SECRET)
+    board.publish(0, 123)  # what the holder counts on vGPU 0
+    tokens.send(token)
     signal.pause()  # until the test ends it
 
 
@@ -47,7 +50,13 @@ def test_a_worker_of_the_holders_region_gets_the_grant_and_learns_when_the_holde
         holder: tuple[str, multiprocessing.Process]) -> None:
     token, process = holder
     ended = threading.Event()
-    assert join(token, REGION, ended.set) == (GRANT, SECRET)
+    grant, secret, board = join(token, REGION, ended.set)
+    assert (grant, secret, board.row) == (GRANT, SECRET, 1)
+    assert (board.others(0), board.others(1)) == (123, 0)  # the holder's count, through the table it handed over
+    board.publish(0, 7)
+    assert board.others(0) == 123
+    again = join(token, REGION, lambda: None)[2]  # a second joined session: the next row, and both counts
+    assert (again.row, again.others(0)) == (2, 130)
     assert not ended.wait(0.2)
     process.kill()
     assert ended.wait(10)  # the holder's end is the joined session's
@@ -74,17 +83,49 @@ def test_a_grant_of_another_shape_is_refused() -> None:
     assert decode(encode(GRANT)) == GRANT
 
 
-def test_a_vgpu_of_a_grant_is_one_sessions_at_a_time() -> None:
-    first, second, unbound, other = VgpuClaims(), VgpuClaims(), VgpuClaims(), VgpuClaims()
-    first.key = second.key = os.urandom(16)
-    other.key = os.urandom(16)  # another grant's
-    assert first.claim(0) and first.claim(0)  # held: claimed again as often as it likes
-    assert not second.claim(0) and second.claim(1)
-    assert other.claim(0) and other.claim(1)
-    assert unbound.claim(0) and unbound.claim(0)  # no grant: nothing to claim
-    del first  # its worker ended: the vGPU is free again
-    gc.collect()
-    assert second.claim(0)
+def test_a_grants_usage_table_sums_the_other_sessions_and_forgets_an_ended_one() -> None:
+    holder = UsageBoard.create(3)
+    row = holder.give_row({0})
+    assert row == 1
+    joined = UsageBoard(os.dup(holder.descriptor), 3, row)
+    holder.publish(2, 5 << 20)
+    joined.publish(2, 1 << 20)
+    joined.publish(9, 1)  # no such vGPU: nothing
+    assert (holder.others(2), joined.others(2), joined.others(0), joined.others(-1)) == (1 << 20, 5 << 20, 0, 0)
+    assert holder.give_row({0, 1}) == 2 and holder.give_row(set(range(257))) is None
+    holder.clear_row(row)  # its session ended
+    assert holder.others(2) == 0
+    assert holder.give_row({0}) == 1
+
+
+def test_a_check_on_a_grants_table_waits_for_another_sessions() -> None:
+    board = UsageBoard.create(1)
+    locked, release = multiprocessing.get_context("fork").Event(), multiprocessing.get_context("fork").Event()
+
+    def hold() -> None:
+        with UsageBoard(os.dup(board.descriptor), 1, 1).locked():
+            locked.set()
+            release.wait(10)
+    other = multiprocessing.get_context("fork").Process(target=hold, daemon=True)
+    other.start()
+    assert locked.wait(10)
+    waited = threading.Event()
+
+    def check() -> None:
+        with board.locked():
+            waited.set()
+    threading.Thread(target=check, daemon=True).start()
+    assert not waited.wait(0.3)  # the other session's check is under way
+    release.set()
+    assert waited.wait(10)
+    other.join(10)
+
+
+def test_a_table_of_another_size_is_refused() -> None:
+    board = UsageBoard.create(2)
+    for vgpus, row in ((3, 1), (0, 1), (2, 257)):
+        with pytest.raises(ValueError):
+            UsageBoard(os.dup(board.descriptor), vgpus, row)
 
 
 def test_a_session_without_a_grant_shares_nothing_and_a_bad_token_joins_nothing(rig: Rig) -> None:
