@@ -9,7 +9,8 @@ machine (the `oriond` fixture: no --devices, vgpu_count 1), and the two results 
   the device machine is given with the working tree: skipped without them);
 - what NCCL reads from NVML at start, against the machine's own NVML;
 - NCCL across one process's devices (torch.cuda.nccl, JAX's psum; a 2 GiB region, whose pool holds NCCL's shared
-  segments) and across processes (torch.distributed; a DDP ResNet-50 with two ranks).
+  segments) and across processes (torch.distributed; a DDP ResNet-50 with two ranks; two ranks whose GPUs are not
+  peers, where NCCL is given its network transport).
 Across processes each rank is its own session; NCCL shares their memory through exported cuMem handles
 (docs/multi-gpu.md). A rank that waits for ever (NCCL does not pass its proxy's failure on) is killed with the rest.
 """
@@ -143,6 +144,19 @@ def test_nccl_across_two_processes(nccl_oriond: Oriond, library: GuestLibraries)
     expected = run("nccl_ranks_program.py", None, None, "2")
     assert expected["ok"], expected
     assert run("nccl_ranks_program.py", nccl_oriond, library, "2", timeout=NCCL_HANG_S) == expected
+
+
+def test_nccl_across_two_processes_whose_gpus_are_not_peers(nccl_oriond: Oriond,
+                                                           library: GuestLibraries) -> None:  # noqa: F811
+    """Where NCCL cannot connect two ranks' GPUs directly (NCCL_P2P_DISABLE=1 stands for a host whose GPUs are not
+    peers, say on two CPU sockets), it takes its SHM transport natively: POSIX shared memory that both processes
+    page-lock. Forwarded, a segment page-locked by two processes cannot be (docs/multi-gpu.md), so the guest driver
+    turns SHM off (nccl_transport.c) and NCCL takes its network transport over loopback; the sums are the native
+    ones. (With SHM left on, NCCL_SHM_DISABLE=0, the first all-reduce fails: Cuda failure 801.)"""
+    expected = run("nccl_ranks_program.py", None, None, "2", NCCL_P2P_DISABLE="1")
+    assert expected["ok"], expected
+    forwarded = run("nccl_ranks_program.py", nccl_oriond, library, "2", timeout=NCCL_HANG_S, NCCL_P2P_DISABLE="1")
+    assert forwarded == expected
 
 
 def test_ddp_resnet50_with_two_ranks_trains_as_natively(nccl_oriond: Oriond, library: GuestLibraries) -> None:  # noqa: F811

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,22 @@ def _compiler() -> list[str]:
 def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _compiler()
     return build_driver(tmp_path_factory.mktemp("native") / "libcuda.so.1")
+
+
+@pytest.mark.parametrize("set_by_user", [None, "0"])
+def test_nccls_shm_transport_is_off_once_the_driver_is_loaded_unless_the_user_set_it(library: Path,
+                                                                                     set_by_user: str | None) -> None:
+    """NCCL's SHM transport cannot work between forwarded processes (nccl_transport.c): loading the driver turns it
+    off, before NCCL could read its environment, and keeps what the user set."""
+    env = {k: v for k, v in os.environ.items() if k != "NCCL_SHM_DISABLE"}
+    if set_by_user is not None:
+        env["NCCL_SHM_DISABLE"] = set_by_user
+    read = ("import ctypes, sys; ctypes.CDLL(sys.argv[1]); libc = ctypes.CDLL(None); "
+            "libc.getenv.restype = ctypes.c_char_p; print(libc.getenv(b'NCCL_SHM_DISABLE').decode())")
+    done = subprocess.run([sys.executable, "-c", read, str(library)], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (set_by_user or "1")
 
 
 def test_every_table_call_is_exported_and_found_through_get_proc_address(library: Path) -> None:
