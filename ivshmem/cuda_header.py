@@ -9,6 +9,12 @@ unclassified. The inventory is committed (`cuda_h.txt`), since guests and hosts 
 regenerated from a toolkit's cuda.h, and keeps names an earlier header or the installed cuda-bindings wheel
 declared (names only grow: a library must still export an entry point a newer runtime resolves).
 
+The inventory also keeps which pointer parameters cuda.h's documentation lets a caller pass as NULL ("Both
+parameters pbase and psize are optional", "paramSize - Optionally returns ...", "A NULL may be passed in for
+*leastPriority"): a forwarded call must answer those as the driver does, not CUDA_ERROR_INVALID_VALUE (NCCL frees
+its cuMem buffers with `cuMemGetAddressRange(NULL, &size, ptr)`). Found from the documentation's own phrases, so a
+new entry point's optional outputs are found when the inventory is regenerated.
+
 Signatures are spelled as the wheel's `cuda.bindings.cydriver` capsules spell them (`char const *`,
 `unsigned PY_LONG_LONG`), so the table can be held to both. Parsing is deliberately small: cuda.h declares every
 entry point as `CUresult CUDAAPI name(params);`, outside the block of pre-versioned ABIs
@@ -18,7 +24,7 @@ only: the guest and the host both read this module's output.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 INVENTORY = Path(__file__).with_name("cuda_h.txt")
@@ -28,6 +34,13 @@ _ENUM = re.compile(r"typedef\s+enum\s+\w*\s*\{[^}]*\}\s*(\w+)\s*;")
 _HANDLE = re.compile(r"typedef\s+struct\s+\w+\s*\*\s*(\w+)\s*;")
 _ALIAS = re.compile(r"typedef\s+((?:unsigned\s+)?(?:long\s+long|int|short|char|\w+))\s+(\w+)\s*;")
 _PARAM = re.compile(r"(.*?)(\w+)\s*(\[\s*\w*\s*\])?$")
+_DOCUMENTED = re.compile(r"/\*\*((?:(?!\*/).)*?)\*/\s*(?:__CUDA_DEPRECATED\s+)?"
+                         r"CUresult\s+CUDAAPI\s+(cu\w+)\s*\(([^;{]*?)\)\s*;", re.S)
+# What cuda.h says of a parameter a caller may leave NULL: in its \param text, or in a sentence that names it first.
+_MAY_BE_NULL = re.compile(r"\b(?:[Mm]ay|[Cc]an)\s+be\s+NULL|\bare\s+(?:both\s+)?optional|\bis\s+optional|"
+                          r"is\s+NULL,?\s+it\s+is\s+ignored|^(?:An?\s+|The\s+)?[Oo]ptional(?:ly)?\b|\bIf\s+NULL\b")
+# ... or in "A NULL may be passed in for \p *a or \p *b": the names that follow.
+_NULL_PASSED = re.compile(r"NULL\s+may\s+be\s+passed\s+(?:in\s+)?(?:for|as)\b(.*)")
 # The C scalar types a typedef chain may end at, and how the capsules spell them.
 C_SCALARS = {"int": "int", "unsigned int": "unsigned int", "unsigned": "unsigned int", "unsigned char":
              "unsigned char", "unsigned short": "unsigned short", "size_t": "size_t", "float": "float",
@@ -43,6 +56,7 @@ class Inventory:
     enums: frozenset[str]
     handles: frozenset[str]
     scalars: dict[str, str]
+    optional: dict[str, tuple[int, ...]] = field(default_factory=dict)  # entry point -> parameters that may be NULL
 
 
 def _strip(text: str) -> str:
@@ -63,6 +77,50 @@ def _strip(text: str) -> str:
             continue
         kept.append(line)
     return "\n".join(kept)
+
+
+def _names(params: str) -> list[str]:
+    """The parameter names of a declaration's parameter list."""
+    names = []
+    for param in params.split(","):
+        param = " ".join(param.split())
+        match = _PARAM.match(param) if param not in ("", "void") else None
+        if match is not None:
+            names.append(match.group(2))
+    return names
+
+
+def _may_be_null(doc: str, names: list[str]) -> set[int]:
+    """The parameters a declaration's documentation lets a caller pass as NULL."""
+    doc = re.sub(r"\n\s*\*", "\n", doc)
+    found = set()
+    for index, name in enumerate(names):
+        described = re.search(rf"\\param\s+{name}\s+(.*?)(?=\\param|\\return|\\note|\n\s*\n)", doc, re.S)
+        if described and _MAY_BE_NULL.search(described.group(1).lstrip(" -")):
+            found.add(index)
+    mention = r"\\p\s+\*?({})\b".format("|".join(map(re.escape, names)) or "$^")
+    for sentence in re.split(r"(?<=\.)\s+", doc):
+        allowed = _MAY_BE_NULL.search(sentence)
+        if allowed:  # "\p a and \p b are optional": the names before the phrase
+            found |= {names.index(n) for n in re.findall(mention, sentence[:allowed.start()])}
+        passed = _NULL_PASSED.search(sentence)
+        if passed:  # "A NULL may be passed in for \p *a or \p *b": the names after it
+            found |= {names.index(n) for n in re.findall(mention, passed.group(1))}
+    return found
+
+
+def optional_parameters(text: str, entries: dict[str, str]) -> dict[str, tuple[int, ...]]:
+    """cuda.h's documented NULL-able parameters by entry point (only declarations whose parameter count is the
+    entry point's: not the pre-versioned ABIs)."""
+    optional: dict[str, tuple[int, ...]] = {}
+    for doc, name, params in _DOCUMENTED.findall(text):
+        names = _names(params)
+        if name not in entries or len(names) != (entries[name].count(",") + 1 if "(void)" not in entries[name] else 0):
+            continue
+        found = _may_be_null(doc, names)
+        if found:
+            optional[name] = tuple(sorted(found))
+    return dict(sorted(optional.items()))
 
 
 def _spell(param: str) -> str | None:
@@ -111,12 +169,12 @@ def parse(text: str) -> Inventory:
             handles.add(name)
         elif target in C_SCALARS:
             scalars[name] = C_SCALARS[target]
-    return Inventory(entries, frozenset(enums), frozenset(handles), scalars)
+    return Inventory(entries, frozenset(enums), frozenset(handles), scalars, optional_parameters(text, entries))
 
 
 def read(path: Path = INVENTORY) -> Inventory:
     """The committed inventory."""
-    entries, enums, handles, scalars = {}, set(), set(), {}
+    entries, enums, handles, scalars, optional = {}, set(), set(), {}, {}
     for line in path.read_text().splitlines():
         if not line.strip() or line.startswith("#"):
             continue
@@ -129,9 +187,11 @@ def read(path: Path = INVENTORY) -> Inventory:
             handles.add(name)
         elif kind == "scalar":
             scalars[name] = rest[0]
+        elif kind == "optional":
+            optional[name] = tuple(int(i) for i in rest[0].split())
         else:
             raise ValueError(f"{path}: unknown line {line!r}")
-    return Inventory(entries, frozenset(enums), frozenset(handles), scalars)
+    return Inventory(entries, frozenset(enums), frozenset(handles), scalars, optional)
 
 
 def merged(header: Inventory, earlier: Inventory, wheel: dict[str, str]) -> Inventory:
@@ -140,7 +200,8 @@ def merged(header: Inventory, earlier: Inventory, wheel: dict[str, str]) -> Inve
     entries = {**earlier.entry_points, **{k: v for k, v in wheel.items() if k not in header.entry_points},
                **header.entry_points}
     return Inventory(dict(sorted(entries.items())), earlier.enums | header.enums, earlier.handles | header.handles,
-                     dict(sorted({**earlier.scalars, **header.scalars}.items())))
+                     dict(sorted({**earlier.scalars, **header.scalars}.items())),
+                     dict(sorted({**earlier.optional, **header.optional}.items())))
 
 
 def write(inventory: Inventory, path: Path = INVENTORY, source: str = "") -> None:
@@ -152,4 +213,5 @@ def write(inventory: Inventory, path: Path = INVENTORY, source: str = "") -> Non
     lines += [f"enum {name}" for name in sorted(inventory.enums)]
     lines += [f"handle {name}" for name in sorted(inventory.handles)]
     lines += [f"scalar {name} {ctype}" for name, ctype in inventory.scalars.items()]
+    lines += [f"optional {name} {' '.join(map(str, indices))}" for name, indices in inventory.optional.items()]
     path.write_text("\n".join(lines) + "\n")

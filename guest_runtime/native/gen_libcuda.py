@@ -21,6 +21,7 @@ Standard library and ivshmem only.
 """
 from __future__ import annotations
 
+import functools
 import re
 import struct
 import sys
@@ -181,6 +182,16 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
     return after
 
 
+def _optional_outputs(call: dict[str, Any]) -> set[int]:
+    """The outputs of `call` cuda.h lets a caller pass as NULL (ivshmem/cuda_header.py): not checked, not written."""
+    return {i for i in _documented_optional().get(call["name"], ()) if call["params"][i]["role"] == "out"}
+
+
+@functools.cache
+def _documented_optional() -> dict[str, tuple[int, ...]]:
+    return cuda_header.read().optional
+
+
 def _generic(call: dict[str, Any]) -> str:
     """A generic call: `in` parameters packed in order, `out` parameters filled from the reply. Weak, so that a
     hand-written C definition of the same name replaces it (a call whose guest state needs more than its
@@ -189,9 +200,11 @@ def _generic(call: dict[str, Any]) -> str:
     params = call["params"]
     after = _effect_hooks(call, names)
     lines = [f"__attribute__((weak)) {proto} {{", f'    ORION_ENTRY("{call["name"]}");']
+    optional = _optional_outputs(call)  # cuda.h: "may be NULL" (cuMemGetAddressRange's pbase and psize)
     outs = [(i, p) for i, p in enumerate(params) if p["role"] in ("out", "inout")]
     for i, _p in outs:
-        lines.append(f"    if (!{names[i]}) return CUDA_ERROR_INVALID_VALUE;")
+        if i not in optional:
+            lines.append(f"    if (!{names[i]}) return CUDA_ERROR_INVALID_VALUE;")
     # offsets and sizes from orion_layouts.h (generate_layouts), as the hand-written C takes them
     req_layout, rep_layout = f"ORION_REQ_{call['name']}", f"ORION_REP_{call['name']}"
     req_size = f"{req_layout}_SIZE" if call["request"] else "0"
@@ -226,7 +239,8 @@ def _generic(call: dict[str, Any]) -> str:
         kind = field["kind"]
         got = f"orion_get_{kind}(rep + {rep_layout}_{field['name']})"
         value = f"({base})(uintptr_t){got}" if base in HANDLES else f"({base}){got}"
-        lines.append(f"    *{names[index]} = {value};")
+        guard = f"if ({names[index]}) " if index in optional else ""
+        lines.append(f"    {guard}*{names[index]} = {value};")
     lines += after
     lines.append("    return CUDA_SUCCESS;")
     lines.append("}")

@@ -107,6 +107,26 @@ del source
 out["dtoh"] = lib.cuMemcpyDtoHAsync(target, device, size, None)
 out["same"] = target.raw == data
 """,
+    "null_outputs": r"""
+setup()
+pointer = alloc(4096)
+lib.cuMemGetAddressRange.argtypes = [P, P, c_uint64]
+lib.cuCtxGetStreamPriorityRange.argtypes = [P, P]
+lib.cuMemGetInfo.argtypes = [P, P]
+base, size, least, greatest, total = c_uint64(), c_size_t(), c_int(7), c_int(7), c_size_t()
+out["range_both"] = [lib.cuMemGetAddressRange(byref(base), byref(size), pointer + 100), base.value, size.value]
+size.value = 0
+out["range_size_only"] = [lib.cuMemGetAddressRange(None, byref(size), pointer + 100), size.value]
+base.value = 0
+out["range_base_only"] = [lib.cuMemGetAddressRange(byref(base), None, pointer + 100), base.value]
+out["range_neither"] = lib.cuMemGetAddressRange(None, None, pointer + 100)
+out["priorities_both"] = [lib.cuCtxGetStreamPriorityRange(byref(least), byref(greatest)), least.value,
+                          greatest.value]
+least.value, greatest.value = 7, 7
+out["priorities_greatest_only"] = [lib.cuCtxGetStreamPriorityRange(None, byref(greatest)), greatest.value]
+out["priorities_least_only"] = [lib.cuCtxGetStreamPriorityRange(byref(least), None), least.value]
+out["info_without_free"] = lib.cuMemGetInfo(None, byref(total))  # not optional in cuda.h
+""",
     "uva": r"""
 setup()
 a, b = alloc(4096), alloc(4096)
@@ -363,6 +383,22 @@ def test_a_pageable_copy_larger_than_one_request_travels_in_pieces(library: Path
     htod = [e for e in entries if e["name"].startswith("cuMemcpyHtoD")]
     dtoh = [e for e in entries if e["name"].startswith("cuMemcpyDtoH")]
     assert _tiles(htod, "dst", device, data) and _tiles(dtoh, "src", device, data)
+
+
+def test_outputs_cuda_h_lets_a_caller_leave_null_are_answered_as_the_driver_does(library: Path, rig: Rig) -> None:
+    """cuda.h: "Both parameters pbase and psize are optional" (cuMemGetAddressRange, which NCCL calls with a NULL
+    base when it frees its buffers), "A NULL may be passed in for *leastPriority or *greatestPriority". The generated
+    calls and the hand-written ones skip such an output (ivshmem/cuda_header.py finds them in cuda.h's text); an
+    output cuda.h does not call optional is still CUDA_ERROR_INVALID_VALUE."""
+    result = _run(library, rig, "null_outputs")
+    status, base, size = result["range_both"]
+    assert status == 0 and size == 4096
+    assert result["range_size_only"] == [0, size] and result["range_base_only"] == [0, base]
+    assert result["range_neither"] == 0
+    status, least, greatest = result["priorities_both"]
+    assert status == 0 and (least, greatest) != (7, 7)
+    assert result["priorities_greatest_only"] == [0, greatest] and result["priorities_least_only"] == [0, least]
+    assert result["info_without_free"] == 1
 
 
 def test_cumemcpy_takes_its_direction_from_the_device_ranges(library: Path, rig: Rig) -> None:
