@@ -285,17 +285,19 @@ class Forwarder:
         pitched = "allocates_pitched" in call.effects  # (CUdeviceptr *out, size_t *pitch, width, rows, ...)
         rows = call.input_positions[1] if pitched else 0
         device_memory = self._device_memory
+        optional = call.optional_outputs  # cuda.h lets a caller leave these NULL
         makes_stream = call.name in STREAM_CREATES
         ends_stream = "destroys" in call.effects and call.params[0].base == "CUstream"
         ends_streams = call.name in ("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset")  # its streams may go
 
         def forward(*args: Any) -> int:
-            if any(not args[i] for i, _ in outs):
+            if any(not args[i] for i, _ in outs if i not in optional):
                 return INVALID_VALUE  # a NULL output pointer, as the driver would say
             status, reply = self._call(call, request(args))
             if status == SUCCESS and outs and reply is not None:
                 for (i, ctype), value in zip(outs, unpack(reply.payload), strict=True):
-                    ctype.from_address(args[i]).value = value
+                    if args[i]:  # (an output cuda.h lets be NULL is skipped)
+                        ctype.from_address(args[i]).value = value
             if status == SUCCESS:
                 if initializes:
                     self._initialized = True

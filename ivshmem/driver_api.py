@@ -138,6 +138,13 @@ class DriverCall:
         return all(p.role in GENERIC_ROLES for p in self.params)
 
     @cached_property
+    def optional_outputs(self) -> frozenset[int]:
+        """The `out` parameters cuda.h lets a caller leave NULL (cuMemGetAddressRange's base and size): both guest
+        clients skip them, as the driver does, instead of answering CUDA_ERROR_INVALID_VALUE (cuda_header.py)."""
+        return frozenset(i for i in _HEADER.optional.get(self.name, ())
+                         if i < len(self.params) and self.params[i].role == OUT)
+
+    @cached_property
     def answered_in_guest(self) -> bool:
         """The guest turns this call into others (cuMemcpy with unified addressing): its opcode never travels."""
         return any(p.role in GUEST_ROLES for p in self.params)
@@ -177,6 +184,7 @@ class DriverCall:
         return {
             "name": self.name, "opcode": self.opcode, "signature": self.signature,
             "params": [{"ctype": p.ctype, "role": p.role} for p in self.params],
+            "optional_outputs": sorted(self.optional_outputs),
             "generic": self.generic, "answered_in_guest": self.answered_in_guest, "posted": self.posted,
             "request": self.request.describe(), "reply": self.reply.describe(),
             "pinned_request": self.pinned.describe() if self.pinned is not None else None,

@@ -21,7 +21,6 @@ Standard library and ivshmem only.
 """
 from __future__ import annotations
 
-import functools
 import re
 import struct
 import sys
@@ -182,16 +181,6 @@ def _effect_hooks(call: dict[str, Any], names: list[str]) -> list[str]:
     return after
 
 
-def _optional_outputs(call: dict[str, Any]) -> set[int]:
-    """The outputs of `call` cuda.h lets a caller pass as NULL (ivshmem/cuda_header.py): not checked, not written."""
-    return {i for i in _documented_optional().get(call["name"], ()) if call["params"][i]["role"] == "out"}
-
-
-@functools.cache
-def _documented_optional() -> dict[str, tuple[int, ...]]:
-    return cuda_header.read().optional
-
-
 def _generic(call: dict[str, Any]) -> str:
     """A generic call: `in` parameters packed in order, `out` parameters filled from the reply. Weak, so that a
     hand-written C definition of the same name replaces it (a call whose guest state needs more than its
@@ -200,7 +189,7 @@ def _generic(call: dict[str, Any]) -> str:
     params = call["params"]
     after = _effect_hooks(call, names)
     lines = [f"__attribute__((weak)) {proto} {{", f'    ORION_ENTRY("{call["name"]}");']
-    optional = _optional_outputs(call)  # cuda.h: "may be NULL" (cuMemGetAddressRange's pbase and psize)
+    optional = set(call["optional_outputs"])  # cuda.h: "may be NULL" (cuMemGetAddressRange's pbase and psize)
     outs = [(i, p) for i, p in enumerate(params) if p["role"] in ("out", "inout")]
     for i, _p in outs:
         if i not in optional:
