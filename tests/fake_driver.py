@@ -2037,6 +2037,8 @@ class FakeDriver:
         if self.primary_refs[device] == 0:
             return _result(CUresult.CUDA_ERROR_INVALID_CONTEXT)
         self.primary_refs[device] -= 1
+        if self.primary_refs[device] == 0:  # the last release destroys it
+            self._context_ended(self.primary[device])
         return _result(0)
 
     @_recorded
@@ -2047,6 +2049,8 @@ class FakeDriver:
         if device is None:
             return _result(CUresult.CUDA_ERROR_INVALID_DEVICE)
         self.primary_flags[device] = 0
+        if device in self.primary:  # "destroys all allocations" (it is not released: cuda.h)
+            self._context_ended(self.primary[device])
         return _result(0)
 
     @_recorded
@@ -2094,9 +2098,21 @@ class FakeDriver:
         handle = self._known_context(ctx)
         if handle is None or self.contexts[handle].primary:
             return _result(CUresult.CUDA_ERROR_INVALID_CONTEXT)
+        self._context_ended(handle)
         del self.contexts[handle]
         self.stack = [c for c in self.stack if c != handle]
         return _result(0)
+
+    def _context_ended(self, handle: int) -> None:
+        """The allocations made in a context that ended (destroyed; a primary one released for the last time or
+        reset) are freed with it, as the driver frees them (a pool's stay with their pool)."""
+        for base in [b for b, (context, pool) in self.origin.items() if context == handle and not pool
+                     and b in self.allocations]:
+            device = self.allocations.pop(base)
+            self.used[device] -= len(self.memory.pop(base))
+            del self.origin[base]
+            if base in self.ipc_exported:
+                os.close(self.ipc_exported.pop(base))
 
     @_recorded
     def cuCtxGetCurrent(self) -> tuple[Any, ...]:

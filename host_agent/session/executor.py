@@ -229,6 +229,18 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         self.quota.assign(grant.devices, tuple(m * MIB for m in grant.memory_mib))
         return Reply(0, BIND_REPLY.encode(len(grant.devices), min(grant.memory_mib)))
 
+    def forget_freed_allocations(self) -> None:
+        """After a context may have ended (destroyed; a primary one released for the last time, or reset): the
+        driver freed the allocations made in it, so the ledger and the quota give them back (else a program that
+        resets its device meets a quota still full of memory it no longer has). Which ones is asked of the driver:
+        a pointer it no longer knows answers CUDA_ERROR_INVALID_VALUE; any other answer keeps the allocation."""
+        range_size = self.driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_SIZE
+        gone = [base for base in self.ledger.allocations
+                if int(self.driver.cuPointerGetAttribute(range_size, base)[0]) == INVALID_VALUE]
+        for base in gone:
+            self.ledger.forget_allocation(base)
+        self.quota.contexts_ended()
+
     def _register_channel(self) -> None:
         """Page-lock the channel at the first staged copy: registration needs a current context, which the
         client has made by then (at attach time there is none: CUDA_ERROR_INVALID_CONTEXT). Tried once."""
@@ -352,6 +364,8 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
             if ctype == "CUdevice":  # the guest knows devices by its own ordinals
                 outs[i] = self._guest_device(call, args, outs[i])
         self._record(call, args, outs)
+        if "may_end_context" in call.effects:
+            self.forget_freed_allocations()
         return Reply(SUCCESS, call.outputs.pack(*outs) if outs else b"")
 
     def _guest_device(self, call: DriverCall, args: tuple[int, ...], physical: int) -> int:

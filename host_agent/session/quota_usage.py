@@ -151,6 +151,16 @@ class UsageAccount:
             self.note(device, self.held(device))
         return self.counted(vgpu)
 
+    def contexts_ended(self) -> None:
+        """After contexts may have ended: a GPU where the process now holds nothing (no context left there) is
+        counted afresh, its next context a first one (the baseline); elsewhere it is measured at the next use."""
+        for device in self.measured_devices():
+            if self.held(device) == 0:
+                self._gpus[device] = _Gpu()
+                for vgpu in self._on(device):
+                    vgpu.beyond, vgpu.has_context = 0, False
+        self.may_have_changed()
+
     def may_have_changed(self) -> None:
         """After a call that may change what the process holds outside the ledger: measure at the next use."""
         for gpu in self._gpus.values():

@@ -166,8 +166,7 @@ class SessionLedger:
             self.allocations[outs[0]] = size
             self.placed[outs[0]] = self._usage.allocated(size, placed)
         elif "frees" in effects and args[0]:
-            size = self.allocations.pop(args[0], 0)
-            self._usage.freed(self.placed.pop(args[0], -1), size)
+            self.forget_allocation(args[0])
         elif "child" in effects:  # (handle) or (global's base, its size), of the module or library args[0]
             if call.output_types[0] == "CUdeviceptr":
                 self.globals[outs[0]] = outs[1]
@@ -179,6 +178,12 @@ class SessionLedger:
             self._usage.may_have_changed()
         if effects & VMM_EFFECTS:
             self.vmm.record(effects, args, outs, placed)
+
+
+    def forget_allocation(self, base: int) -> None:
+        """The allocation at `base` is gone (freed, or with the context it was made in): given back to the quota."""
+        size = self.allocations.pop(base, 0)
+        self._usage.freed(self.placed.pop(base, -1), size)
 
 
 VMM_EFFECTS = frozenset({"reserves", "unreserves", "creates_physical", "releases_physical"})

@@ -252,6 +252,8 @@ class VgpuContextCalls:
     ledger: SessionLedger
     quota: VgpuQuota
     _record: Callable[[DriverCall, tuple[int, ...], list[Any]], None]
+    forget_freed_allocations: Callable[[], None]
+
     def _stand_in(self, ordinal: int) -> bool:
         return 0 <= ordinal < len(self.ledger.devices) and self.contexts.stand_in(ordinal)
 
@@ -305,10 +307,11 @@ class VgpuContextCalls:
         return Reply(SUCCESS, call.outputs.pack(*self.contexts.state(ordinal)))
 
     def _primary_gone(self, ordinal: int, err: int, context: int) -> None:
-        """A stand-in was destroyed: its handle names nothing of the session's any more."""
+        """A stand-in was destroyed: its handle names nothing of the session's any more, and the allocations made
+        in it are gone."""
         if err == SUCCESS and context:
             self.ledger.handles["CUcontext"].discard(context)
-            self.quota.may_have_changed()
+            self.forget_freed_allocations()
 
     # --- peer access between two vGPUs of one GPU ----------------------------------------------------------
     @POLICY.serves("cuDeviceCanAccessPeer")

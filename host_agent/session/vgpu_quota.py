@@ -223,3 +223,7 @@ class VgpuQuota:
 
     def may_have_changed(self) -> None:
         self.account.may_have_changed()
+
+    def contexts_ended(self) -> None:
+        """After a context may have ended (its allocations given back already: the ledger's)."""
+        self.account.contexts_ended()

@@ -73,3 +73,19 @@ def test_module_globals_and_extra_contexts_count_against_the_quota(tmp_path: Pat
                      f"{forwarded['nvml_query_us']}\n")
     assert held - context < 64 * MIB  # the refused module's global is not held
     assert abs(held - context - counted) <= ROUNDING  # the worker's first context costs what a native one does
+
+
+def test_memory_freed_with_a_reset_or_released_context_leaves_the_quota(tmp_path: Path) -> None:
+    """cudaDeviceReset and a primary context's last release free what was allocated in it: natively the program
+    can allocate as much again, and under a 16 MiB quota so can the forwarded one (12 MiB three times)."""
+    program = PROGRAMS / "reset_quota_program.py"
+    native = run(program, None)
+    assert {k: v for k, v in native.items() if k != "free_mib"} == {
+        "first_12_mib": 0, "reset": 0, "after_reset_12_mib": 0, "last_release": 0, "new_context_12_mib": 0}
+    agent = Oriond(tmp_path, "--gmem", str(QUOTA_MIB))
+    try:
+        forwarded = run(program, agent)
+    finally:
+        agent.stop()
+    assert {**forwarded, "free_mib": None} == {**native, "free_mib": None}
+    assert forwarded["free_mib"] <= QUOTA_MIB - 12
