@@ -5415,6 +5415,8 @@ class FakeDriver:
             return _result(CUresult.CUDA_ERROR_NOT_INITIALIZED, 1)
         self._enum(option, CUmemAllocationGranularity_flags, "option")
         err, _device = self._vmm_prop(prop)
+        if err == CUresult.CUDA_ERROR_NOT_SUPPORTED:  # host memory: the driver answers its granularity (H200)
+            return CUresult(0), VMM_GRANULARITY
         if err:  # a device it does not have is an invalid property here (cuda.h lists no INVALID_DEVICE)
             return _result(CUresult.CUDA_ERROR_INVALID_VALUE if err == CUresult.CUDA_ERROR_INVALID_DEVICE else err, 1)
         return CUresult(0), VMM_GRANULARITY

@@ -9,11 +9,13 @@ ledger must know which range maps which physical memory (for the quota: session_
 (cuMemAddressReserve, cuMemAddressFree, cuMemRelease) are generic, checked and recorded from their table effects.
 
 What is not forwarded: memory located on the host (CU_MEM_LOCATION_TYPE_HOST*: the guest's host memory is not
-the agent's; CUDA_ERROR_NOT_SUPPORTED) and the export or import of shareable handles (cuMemExportToShareableHandle
-and its kin are not in the call table: 801 in the guest), since a file descriptor or fabric handle of the agent's
-worker process means nothing in the guest and would hand the tenant a way into the host process's memory. The
-handle types a program requests (XLA asks for POSIX file descriptors, and fabric handles, at start) are passed to
-the driver as they came, which judges them; nothing can be exported with them.
+the agent's; CUDA_ERROR_NOT_SUPPORTED; only its granularity is answered, as the driver's, so that a program
+probing for host allocations, as NCCL does at start, meets the refusal where it expects one: at cuMemCreate), and
+the export or import of shareable handles (cuMemExportToShareableHandle and its kin are not in the call table: 801
+in the guest), since a file descriptor or fabric handle of the agent's worker process means nothing in the guest
+and would hand the tenant a way into the host process's memory. The handle types a program requests (XLA asks for
+POSIX file descriptors, and fabric handles, at start) are passed to the driver as they came, which judges them;
+nothing can be exported with them.
 """
 from __future__ import annotations
 
@@ -44,23 +46,25 @@ class VirtualMemoryCalls:
     ledger: SessionLedger
     quota: VgpuQuota
 
-    def _location(self, kind: int, ordinal: int, bad_ordinal: int) -> int | Reply:
+    def _location(self, kind: int, ordinal: int, bad_ordinal: int, host: bool = False) -> int | Reply:
         """The physical GPU of a CUmemLocation the guest sent, or the Reply refusing it: a device of another
-        numbering than the session's answers `bad_ordinal` (INVALID_DEVICE where the driver documents it)."""
+        numbering than the session's answers `bad_ordinal` (INVALID_DEVICE where the driver documents it). A host
+        location is refused (NOT_SUPPORTED) unless `host`; then its NUMA node goes to the driver as it came."""
         if kind in HOST_LOCATIONS:
-            return Reply(NOT_SUPPORTED)
+            return ordinal if host else Reply(NOT_SUPPORTED)
         if kind != CU_MEM_LOCATION_TYPE_DEVICE:
             return Reply(INVALID_VALUE)
         devices = self.ledger.devices
         return devices[ordinal] if 0 <= ordinal < len(devices) else Reply(bad_ordinal)
 
-    def _allocation_prop(self, fields: tuple[int, ...], bad_ordinal: int) -> tuple[int, Any] | Reply:
+    def _allocation_prop(self, fields: tuple[int, ...], bad_ordinal: int,
+                         host: bool = False) -> tuple[int, Any] | Reply:
         """A CUmemAllocationProp as it travelled (driver_api.ALLOCATION_PROP) -> (its physical GPU, the wheel's
-        struct naming that GPU), or the Reply refusing it."""
+        struct naming that GPU), or the Reply refusing it (a host location too, unless `host`)."""
         kind, handle_types, location_kind, location, compression, rdma_capable, usage = fields
         if kind != CU_MEM_ALLOCATION_TYPE_PINNED:
             return Reply(INVALID_VALUE)
-        device = self._location(location_kind, location, bad_ordinal)
+        device = self._location(location_kind, location, bad_ordinal, host)
         if isinstance(device, Reply):
             return device
         driver = self.driver
@@ -83,8 +87,9 @@ class VirtualMemoryCalls:
     @HOST.serves("cuMemGetAllocationGranularity")
     def _allocation_granularity(self, call: DriverCall, payload: bytes) -> Reply:
         *fields, option = call.request.decode(payload)
-        # cuMemGetAllocationGranularity documents no INVALID_DEVICE: an unknown device is an invalid property
-        made = self._allocation_prop(tuple(fields), INVALID_VALUE)
+        # cuMemGetAllocationGranularity documents no INVALID_DEVICE: an unknown device is an invalid property.
+        # A host location's granularity is the driver's answer (NCCL asks before it tries a host cuMemCreate).
+        made = self._allocation_prop(tuple(fields), INVALID_VALUE, host=True)
         if isinstance(made, Reply):
             return made
         try:

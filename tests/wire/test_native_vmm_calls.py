@@ -146,6 +146,10 @@ out["create_negative_device"] = create(2 * MIB, prop(device=-1))[0]
 out["granularity_other_device"] = lib.cuMemGetAllocationGranularity(byref(c_size_t()), byref(prop(device=5)), 0)
 out["create_shareable"] = create(2 * MIB, prop(handle_types=1))[0]
 out["create_host"] = create(2 * MIB, prop(location_type=2))[0]
+granularity = c_size_t()  # NCCL's probe for host allocations: the granularity of HOST_NUMA, then a create
+out["granularity_host_numa"] = [lib.cuMemGetAllocationGranularity(byref(granularity), byref(prop(location_type=3)), 0),
+                                granularity.value]
+out["create_host_numa"] = create(2 * MIB, prop(location_type=3))[0]
 out["create_not_pinned"] = create(2 * MIB, prop(kind=0))[0]
 out["create_null"] = lib.cuMemCreate(None, 2 * MIB, byref(prop()), 0)
 out["create_null_prop"] = lib.cuMemCreate(byref(c_uint64()), 2 * MIB, None, 0)
@@ -233,7 +237,7 @@ def test_hostile_virtual_memory_requests_get_the_drivers_errors(library: Path, r
         "free_inside": INVALID_VALUE, "free_plain": INVALID_VALUE, "free_never": INVALID_VALUE,
         "release_unknown": INVALID_VALUE, "create_other_device": INVALID_DEVICE,
         "create_negative_device": INVALID_DEVICE, "granularity_other_device": INVALID_VALUE,
-        "create_host": NOT_SUPPORTED, "create_not_pinned": INVALID_VALUE,
+        "create_host": NOT_SUPPORTED, "create_host_numa": NOT_SUPPORTED, "create_not_pinned": INVALID_VALUE,
         "access_other_device": INVALID_DEVICE, "access_plain": INVALID_VALUE, "access_bad_flags": INVALID_VALUE,
         "map_released": INVALID_VALUE,
     }
@@ -252,7 +256,10 @@ def test_hostile_virtual_memory_requests_get_the_drivers_errors(library: Path, r
     # the shareable one got there; nothing can be exported with it (the export calls are not forwarded)
     assert out["create_shareable"] == SUCCESS
     assert ["requestedHandleTypes=1" in repr(c) for c in _names(rig, "cuMemCreate")] == [False, True]
-    assert len(_names(rig, "cuMemGetAllocationGranularity")) == 0
+    # only a host location's granularity reaches the driver, which answers it (NCCL then meets NOT_SUPPORTED at the
+    # create and falls back to its /dev/shm host memory, as in a container without NUMA support)
+    assert out["granularity_host_numa"] == [SUCCESS, VMM_GRANULARITY]
+    assert len(_names(rig, "cuMemGetAllocationGranularity")) == 1
     (granted,) = _names(rig, "cuMemSetAccess")
     assert granted["args"][2] == ["CUmemAccessDesc(location=CUmemLocation(type=1, id=2), flags=3)",
                                   "CUmemAccessDesc(location=CUmemLocation(type=1, id=0), flags=3)"]
