@@ -149,7 +149,9 @@ class VgpuQuota:
         with self._one_at_a_time():
             others = self._others(vgpu)
             if self.account.counted(vgpu) + others + size <= limit:
-                self._own(vgpu, size)  # reserved until the allocation's own count replaces it
+                # reserved until the allocation's own count replaces it (a failed allocation's: until the
+                # session's next allocation, free or memory query)
+                self._own(vgpu, size)
                 return True
             counted = self.account.refresh(vgpu) + others + size
             if counted <= limit:
