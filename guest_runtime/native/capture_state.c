@@ -16,6 +16,13 @@
  * the second before every collective on each device (2 round trips of 49 us in each all-reduce across two H200s):
  * docs/performance.md. An earlier posted call's failure is still reported first, as a forwarded answer would report
  * it. Any other stream, or a capture that may run, is asked of the host.
+ *
+ * The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode) is kept here too: it decides
+ * only what a thread may call while a capture is under way, so while none may run it is exchanged without a round
+ * trip (NCCL exchanges it around its allocations: about 740 round trips at the start of each communicator,
+ * docs/performance.md). The host runs every thread's calls on one thread, with one mode; while a capture may run,
+ * each call goes out with the calling thread's mode made the host's first (orion_sync_capture_mode, in the turn,
+ * as the current context is), so a thread that relaxed its mode is treated as relaxed and the others are not.
  */
 #include <stdatomic.h>
 
@@ -60,4 +67,42 @@ CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureSta
     if (status != CUDA_SUCCESS) return status;
     *captureStatus = (CUstreamCaptureStatus)orion_get_i32(rep + ORION_REP_cuStreamIsCapturing_arg1);
     return CUDA_SUCCESS;
+}
+
+/* --- the thread's capture interaction mode ------------------------------------------------------------------- */
+
+enum { CAPTURE_MODE_GLOBAL = 0, CAPTURE_MODE_RELAXED = 2 };
+
+static _Thread_local int thread_mode = CAPTURE_MODE_GLOBAL; /* CUDA's default for every thread */
+static int host_mode = CAPTURE_MODE_GLOBAL;                 /* the host thread's, in the turn */
+
+int orion_sync_capture_mode(void) {
+    if (!orion_captures_may_run() || thread_mode == host_mode) return CUDA_SUCCESS;
+    uint8_t req[ORION_REQ_cuThreadExchangeStreamCaptureMode_SIZE];
+    orion_put_i32(req + ORION_REQ_cuThreadExchangeStreamCaptureMode_arg0, thread_mode);
+    int status = orion_forward_post(ORION_OP_cuThreadExchangeStreamCaptureMode, req, sizeof req);
+    if (status == CUDA_SUCCESS) host_mode = thread_mode;
+    return status;
+}
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+    ORION_ENTRY("cuThreadExchangeStreamCaptureMode");
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    int wanted = (int)*mode;
+    if (orion_is_initialized() && wanted >= CAPTURE_MODE_GLOBAL && wanted <= CAPTURE_MODE_RELAXED) {
+        int pending = orion_pending_async_error(); /* an earlier posted call's failure first, as forwarded */
+        if (pending != CUDA_SUCCESS) return pending;
+        *mode = (CUstreamCaptureMode)thread_mode;
+        thread_mode = wanted; /* the host's follows before this thread's next call while a capture may run */
+        return CUDA_SUCCESS;
+    }
+    /* not initialised, or not a mode: the driver's answer */
+    uint8_t req[ORION_REQ_cuThreadExchangeStreamCaptureMode_SIZE];
+    uint8_t rep[ORION_REP_cuThreadExchangeStreamCaptureMode_SIZE];
+    orion_put_i32(req + ORION_REQ_cuThreadExchangeStreamCaptureMode_arg0, wanted);
+    CUresult status = orion_thread_forward(ORION_OP_cuThreadExchangeStreamCaptureMode, req, sizeof req, rep,
+                                           sizeof rep, 0);
+    if (status == CUDA_SUCCESS)
+        *mode = (CUstreamCaptureMode)orion_get_i32(rep + ORION_REP_cuThreadExchangeStreamCaptureMode_arg0);
+    return status;
 }

@@ -6,7 +6,7 @@
  * or checked once: context_answers.c). Before a call goes out the host's current context is made the calling
  * thread's (one posted cuCtxSetCurrent, only when threads with different contexts take turns:
  * Forwarder._sync_context). The "turn" lock makes that set and the call one step, so another thread's set cannot
- * slip in between.
+ * slip in between; the same holds the thread's capture interaction mode while a capture may run (capture_state.c).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -111,6 +111,7 @@ int orion_thread_forwardv(uint32_t opcode, const struct orion_piece *req, int nr
     if (tail_len) *tail_len = 0;
     orion_turn_take();
     int status = orion_sync_context();
+    if (status == CUDA_SUCCESS) status = orion_sync_capture_mode();
     if (status == CUDA_SUCCESS)
         status = orion_forwardv(opcode, req, nreq, rep, cap, tail, tail_cap, tail_len, flags);
     else if (flags & ORION_CALL_INIT)
@@ -127,6 +128,7 @@ int orion_thread_forward(uint32_t opcode, const void *req, size_t len, void *rep
 int orion_thread_postv(uint32_t opcode, const struct orion_piece *req, int nreq) {
     orion_turn_take();
     int status = orion_sync_context();
+    if (status == CUDA_SUCCESS) status = orion_sync_capture_mode();
     if (status == CUDA_SUCCESS) status = orion_forward_postv(opcode, req, nreq);
     orion_turn_give();
     return status;

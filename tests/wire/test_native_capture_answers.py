@@ -7,7 +7,11 @@ once a capture begins, every query is the agent's again (the legacy stream's ans
 is the driver's error, which only the agent can give), and after the capture ends the guest answers again. A capture
 whose end failed and left it running (an end asked of a stream that is not capturing) keeps the queries the agent's.
 A posted call's failure is still reported by the next query, answered here or not. Every status is the one the fake
-driver itself gives for the same sequence (its docstrings say whose semantics those are)."""
+driver itself gives for the same sequence (its docstrings say whose semantics those are).
+
+A thread's capture interaction mode is exchanged without a record while no capture may run; during one, each
+thread's calls reach the agent (one thread there) with that thread's mode, so a relaxed thread may allocate during a
+global capture and a thread left in the global mode may not, as the driver's rules have it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,7 +22,8 @@ from tests.wire.test_native_callbacks import run
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 SUCCESS, INVALID_VALUE, INVALID_HANDLE, ILLEGAL_STATE, CAPTURE_IMPLICIT = 0, 1, 400, 401, 906
-NONE, ACTIVE = 0, 1
+CAPTURE_UNSUPPORTED, CAPTURE_INVALIDATED = 900, 901
+NONE, ACTIVE, INVALIDATED = 0, 1, 2
 
 QUERIES = r"""
 lib.cuStreamIsCapturing.argtypes = [c_void_p, c_void_p]
@@ -123,3 +128,49 @@ def test_a_stream_of_the_process_and_capture_info_are_answered_here(library: Pat
 def test_a_failed_posted_call_is_reported_by_a_query_answered_here(library: Path, rig: Rig) -> None:
     out, _ = run(library, rig, "import time\n" + FAILED_POST)
     assert out["seen"] == [INVALID_VALUE, SUCCESS]  # the memset's own error (not the session's memory), once
+
+
+CAPTURE_MODES = r"""
+lib.cuThreadExchangeStreamCaptureMode.argtypes = [c_void_p]
+lib.cuStreamBeginCapture_v2.argtypes = [c_void_p, c_int]
+lib.cuStreamIsCapturing.argtypes = [c_void_p, c_void_p]
+def exchange(mode):
+    cell = c_int(mode)
+    return [lib.cuThreadExchangeStreamCaptureMode(byref(cell)), cell.value]
+def allocate():
+    pointer = c_uint64()
+    return lib.cuMemAlloc(byref(pointer), 4096)
+out["idle"] = [exchange(2), exchange(0), exchange(2)]  # RELAXED, GLOBAL, RELAXED: each answers the one before
+out["not_a_mode"] = exchange(7)
+side = stream(1)
+out["begin"] = lib.cuStreamBeginCapture_v2(side, 0)  # a global capture, begun by this (relaxed) thread
+out["relaxed_alloc"] = allocate()
+def other():
+    assert lib.cuCtxSetCurrent(context) == 0
+    out["global_alloc"] = allocate()  # a thread in the default mode: prohibited, and the capture invalidated
+worker = threading.Thread(target=other)
+worker.start()
+worker.join()
+status = c_int(-1)
+out["capture_after"] = [lib.cuStreamIsCapturing(side, byref(status)), status.value]
+out["relaxed_alloc_again"] = allocate()
+graph = c_void_p()
+out["end"] = lib.cuStreamEndCapture(side, byref(graph))
+out["after"] = exchange(0)
+"""
+
+
+def test_a_threads_capture_mode_is_kept_here_and_is_the_agents_during_a_capture(library: Path, rig: Rig) -> None:
+    mark = rig.mark()
+    out, _ = run(library, rig, CAPTURE_MODES)
+    assert out["idle"] == [[SUCCESS, 0], [SUCCESS, 2], [SUCCESS, 0]]
+    assert out["not_a_mode"][0] == INVALID_VALUE  # the driver's answer
+    assert out["begin"] == SUCCESS
+    assert out["relaxed_alloc"] == SUCCESS  # this thread is relaxed: the agent's thread was made so first
+    assert out["global_alloc"] == CAPTURE_UNSUPPORTED
+    assert out["capture_after"] == [SUCCESS, INVALIDATED] and out["relaxed_alloc_again"] == SUCCESS
+    assert out["end"] == CAPTURE_INVALIDATED and out["after"] == [SUCCESS, 2]
+    # the agent's thread was told a mode only during the capture, before a call of a thread whose mode differed:
+    # the relaxed one's first call, the other thread's, the relaxed one's again (idle exchanges never left)
+    exchanged = [e["args"][0][1] for e in rig.entries(since=mark, name="cuThreadExchangeStreamCaptureMode")]
+    assert exchanged == [2, 0, 2]
