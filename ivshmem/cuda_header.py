@@ -115,7 +115,8 @@ def optional_parameters(text: str, entries: dict[str, str]) -> dict[str, tuple[i
     optional: dict[str, tuple[int, ...]] = {}
     for doc, name, params in _DOCUMENTED.findall(text):
         names = _names(params)
-        if name not in entries or len(names) != (entries[name].count(",") + 1 if "(void)" not in entries[name] else 0):
+        signature = entries.get(name, "")
+        if not signature or len(names) != (0 if signature.endswith("(void)") else signature.count(",") + 1):
             continue
         found = _may_be_null(doc, names)
         if found:
