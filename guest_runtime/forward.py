@@ -106,6 +106,8 @@ NATIVE_ONLY = frozenset({"cuOccupancyMaxActiveClusters", "cuTensorMapEncodeTiled
                          "cuDeviceGetLuid", "cuDeviceGetHostAtomicCapabilities", "cuDeviceGetP2PAtomicCapabilities",
                          *(name for name in CALLS if name.startswith("cuGraph") and not CALLS[name].generic)})
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
+EXCHANGE_CAPTURE_MODE = CALLS["cuThreadExchangeStreamCaptureMode"]
+CAPTURE_MODE_GLOBAL, CAPTURE_MODE_RELAXED = 0, 2  # CUstreamCaptureMode: GLOBAL is every thread's at first
 LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption
 FORWARDED_LAUNCH_ATTRIBUTES = LAUNCH_ATTRIBUTES_PLAIN | LAUNCH_ATTRIBUTES_EVENT
 CTYPES: dict[str, Any] = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_uint64, "f": ctypes.c_float,
@@ -154,6 +156,8 @@ class Forwarder:
         self._contexts = ContextStacks()
         self._initialized = False  # cuInit succeeded
         self._captures = 0  # stream captures begun and not ended: while any may run, every copy waits (_htod)
+        self._capture_modes = threading.local()  # each thread's capture interaction mode (`mode`; absent: GLOBAL)
+        self._host_capture_mode = CAPTURE_MODE_GLOBAL  # the host thread's
         self._unavailable = False  # a call answered CUDA_ERROR_DEVICE_UNAVAILABLE: every copy waits (_htod)
         # The streams this process created and has not destroyed, and the context of each (native/known_handles.c):
         # a small copy to the device on one of them, in its context, is posted as on a default stream (_htod).
@@ -192,11 +196,17 @@ class Forwarder:
         return NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED
 
     def _sync_context(self, channel: ClientChannel) -> None:
-        """Make the calling thread's current context the host's before its call goes out (contexts.py)."""
+        """Make the calling thread's current context the host's before its call goes out (contexts.py), and, while a
+        capture may run, its capture interaction mode (_exchange_capture_mode)."""
         wanted = self._contexts.current()
         if wanted != self._contexts.host_current:
             channel.post(SET_CURRENT.opcode, SET_CURRENT.inputs.pack(wanted))
             self._contexts.host_current = wanted
+        if self._captures:
+            mode = getattr(self._capture_modes, "mode", CAPTURE_MODE_GLOBAL)
+            if mode != self._host_capture_mode:
+                channel.post(EXCHANGE_CAPTURE_MODE.opcode, EXCHANGE_CAPTURE_MODE.inputs.pack(mode))
+                self._host_capture_mode = mode
 
     def _call(self, call: DriverCall, payload: bytes | memoryview | Streamed, sink: Any = None,
               fold: bool = True, opcode: int | None = None) -> tuple[int, Record | None]:
@@ -368,6 +378,27 @@ class Forwarder:
                     return INVALID_VALUE
                 address = self._error_texts.keep(key, text)
             ctypes.c_void_p.from_address(out).value = address
+            return SUCCESS
+        return forward
+
+    @GUEST.serves("cuThreadExchangeStreamCaptureMode")
+    def _exchange_capture_mode(self, call: DriverCall) -> Callable[..., int]:
+        """Each thread's capture interaction mode is kept here (native/capture_state.c): it decides only what a
+        thread may call while a capture is under way, so it is exchanged without a round trip, and made the host
+        thread's before each call while a capture may run (_sync_context). Before cuInit, or for a value that is not
+        a mode, the driver answers."""
+        asked = self._generic(call)
+
+        def forward(mode: int | None) -> int:
+            if not mode:
+                return INVALID_VALUE
+            cell = ctypes.c_int.from_address(mode)
+            if not self._initialized or not CAPTURE_MODE_GLOBAL <= cell.value <= CAPTURE_MODE_RELAXED:
+                return asked(mode)
+            channel = self.channel()
+            if channel is not None and channel.async_errors:  # an earlier posted call's failure first, as forwarded
+                return _taken_async_error(channel)
+            cell.value, self._capture_modes.mode = getattr(self._capture_modes, "mode", CAPTURE_MODE_GLOBAL), cell.value
             return SUCCESS
         return forward
 

@@ -317,9 +317,33 @@ def test_unknown_graph_handles_answer_as_the_driver_does(rig: Rig) -> None:
                                                   "cuGraphNodeGetType")] == [1, 1, 1, 1]
 
 
+def test_a_guest_threads_capture_mode_is_its_own_during_a_capture(rig: Rig) -> None:
+    """Each guest thread's capture interaction mode is kept in the guest and made the executor thread's before that
+    thread's calls while a capture may run (forward.py, as native/capture_state.c): a thread that relaxed its mode
+    may allocate during a global capture, a thread left in the default mode may not, as the driver rules."""
+    g = rig.guest()
+    context = g.setup()
+    stream = g.ok("cuStreamCreate", 1)
+    mark = rig.mark()
+    assert g.call("cuThreadExchangeStreamCaptureMode", 2) == (0, [0])  # RELAXED; GLOBAL before
+    assert not rig.entries(mark, "cuThreadExchangeStreamCaptureMode")  # kept here while no capture may run
+    assert g.call("cuStreamBeginCapture", stream, 0)[0] == 0  # GLOBAL
+    assert g.call("cuMemAlloc", 64)[0] == 0  # this thread is relaxed
+    seen: list[int] = []
+
+    def other() -> None:
+        g.ok("cuCtxSetCurrent", context)
+        seen.append(g.call("cuMemAlloc", 64)[0])
+    worker = threading.Thread(target=other)
+    worker.start()
+    worker.join()
+    assert seen == [900]  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: the other thread's mode is GLOBAL
+    assert [e["args"][0][1] for e in rig.entries(mark, "cuThreadExchangeStreamCaptureMode")] == [2, 0]
+
+
 @pytest.mark.xfail(strict=True, reason="every guest thread's calls run on the session's one executor thread, so the "
-                   "capture mode of cuThreadExchangeStreamCaptureMode and the thread a capture began on are the "
-                   "process's, not the calling thread's")
+                   "thread a capture began on is the process's, not the calling thread's (each thread's capture mode "
+                   "is its own: the test above)")
 def test_capture_modes_stay_with_the_guest_thread(rig: Rig) -> None:
     g = rig.guest()
     context = g.setup()
