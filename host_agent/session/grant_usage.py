@@ -24,7 +24,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-ROWS = 257  # the holder and 256 joined sessions at once (a region has at most 256 channels)
+from ivshmem.layout import MAX_CHANNELS
+
+ROWS = 1 + MAX_CHANNELS  # the holder, and a session joined from each channel of its region at once
 CELL = 8
 
 

@@ -179,7 +179,6 @@ class SessionLedger:
         if effects & VMM_EFFECTS:
             self.vmm.record(effects, args, outs, placed)
 
-
     def forget_allocation(self, base: int) -> None:
         """The allocation at `base` is gone (freed, or with the context it was made in): given back to the quota."""
         size = self.allocations.pop(base, 0)

@@ -5,6 +5,7 @@ GRANT_JOIN at a session that has no grant to give (the end-to-end runs are tests
 """
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
 import signal
@@ -98,7 +99,8 @@ def test_a_grants_usage_table_sums_the_other_sessions_and_forgets_an_ended_one()
     assert holder.give_row({0}) == 1
 
 
-def test_a_check_on_a_grants_table_waits_for_another_sessions() -> None:
+def test_a_check_on_a_grants_table_holds_off_another_sessions() -> None:
+    """While one worker is inside `locked()`, another process cannot take the table's lock (asked without waiting)."""
     board = UsageBoard.create(1)
     locked, release = multiprocessing.get_context("fork").Event(), multiprocessing.get_context("fork").Event()
 
@@ -108,17 +110,15 @@ def test_a_check_on_a_grants_table_waits_for_another_sessions() -> None:
             release.wait(10)
     other = multiprocessing.get_context("fork").Process(target=hold, daemon=True)
     other.start()
-    assert locked.wait(10)
-    waited = threading.Event()
-
-    def check() -> None:
-        with board.locked():
-            waited.set()
-    threading.Thread(target=check, daemon=True).start()
-    assert not waited.wait(0.3)  # the other session's check is under way
-    release.set()
-    assert waited.wait(10)
-    other.join(10)
+    try:
+        assert locked.wait(10)
+        with pytest.raises(OSError):  # EAGAIN/EACCES: held by the other session
+            fcntl.lockf(board.descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        release.set()
+        other.join(10)
+    with board.locked():  # free again once the other session's check is done
+        pass
 
 
 def test_a_table_of_another_size_is_refused() -> None:
