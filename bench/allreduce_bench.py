@@ -10,6 +10,8 @@ defines it for all-reduce (size / time x 2(n-1)/n). Two ways a program does it:
 Device or rank d holds d+1 everywhere, so a right all-reduce leaves n(n+1)/2 in every element; every size's sum on
 every device is reported, and the forwarded run's sums are compared with the native run's before any ratio prints
 (bench/verify.py).
+Each size: three untimed all-reduces, then 50 timed between two synchronizes (nccl-tests' way), so the loop's fixed
+costs (its synchronize, the ranks' skew after the barrier) stay small next to its work at every size.
 The forwarded session's region is 2 GiB: NCCL page-locks two ~9 MiB POSIX shared-memory segments per process, which
 the native driver moves into the region's page-locked pool (docs/multi-gpu.md), so the pool must hold them.
 
@@ -40,7 +42,7 @@ for size in SIZES:
     nccl.all_reduce(tensors)
     for d in range(n): torch.cuda.synchronize(d)
     out["sums"][size] = [float(t.double().sum().item()) for t in tensors]
-    reps = 50 if size <= (1 << 22) else 10
+    reps = 50
     for _ in range(3): nccl.all_reduce(tensors)
     for d in range(n): torch.cuda.synchronize(d)
     t = time.perf_counter()
@@ -52,13 +54,13 @@ print("RESULT " + json.dumps(out))
 """
 # One rank per device: started from the command line this process was (interpreter, loader, code), with --rank.
 RANKS = r"""
-import json, os, subprocess, sys, time
+import json, os, sys, time
 if "--rank" not in sys.argv:
     import torch
     n = torch.cuda.device_count()
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(20000 + os.getpid() % 20000), "WORLD": str(n)}
-    ranks = [subprocess.Popen([*sys.orig_argv, "--rank", str(r)], env=env) for r in range(n)]
-    sys.exit(max(rank.wait(timeout=600) for rank in ranks))
+    from tests.gpu.programs.rank_launcher import free_port, run_ranks
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD": str(n)}
+    sys.exit(run_ranks([[*sys.orig_argv, "--rank", str(r)] for r in range(n)], 500, env))
 import torch, torch.distributed as dist
 rank, n = int(sys.argv[sys.argv.index("--rank") + 1]), int(os.environ["WORLD"])
 device = torch.device("cuda", rank)
@@ -71,7 +73,7 @@ for size in SIZES:
     sums = [None] * n
     dist.all_gather_object(sums, float(tensor.double().sum().item()))
     out["sums"][size] = sums
-    reps = 50 if size <= (1 << 22) else 10
+    reps = 50
     for _ in range(3): dist.all_reduce(tensor)
     torch.cuda.synchronize(); dist.barrier()
     t = time.perf_counter()

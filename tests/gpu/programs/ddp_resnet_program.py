@@ -12,7 +12,6 @@ its environment as torch.multiprocessing's do (ORION_GRANT included: they join i
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -22,14 +21,14 @@ BATCH = int(os.environ.get("DDP_BATCH", "32"))
 BACKEND = os.environ.get("DDP_BACKEND", "nccl")
 
 if "--rank" not in sys.argv:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(20000 + os.getpid() % 20000))
+    from tests.gpu.programs.rank_launcher import free_port, run_ranks
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     if os.environ.get("DDP_LAUNCH") == "guide":
         import torch
         WORLD = torch.cuda.device_count()
         os.environ["DDP_WORLD"] = str(WORLD)
     # no env=: the ranks inherit the C library's environment, as multiprocessing's spawned processes do
-    ranks = [subprocess.Popen([*sys.orig_argv, "--rank", str(rank)]) for rank in range(WORLD)]
-    sys.exit(max(rank.wait(timeout=900) for rank in ranks))
+    sys.exit(run_ranks([[*sys.orig_argv, "--rank", str(rank)] for rank in range(WORLD)], 900))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -3,15 +3,14 @@ device, all-reduce and broadcast checked by value. `python nccl_ranks_program.py
 the interpreter and loader this one was started with) and prints rank 0's RESULT."""
 import json
 import os
-import subprocess
 import sys
 
 if len(sys.argv) == 2:
     world = int(sys.argv[1])
     prefix = sys.orig_argv[:len(sys.orig_argv) - len(sys.argv)]  # the interpreter, and a loader's -c if any
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(20000 + os.getpid() % 20000)}
-    ranks = [subprocess.Popen([*prefix, sys.argv[0], str(world), str(rank)], env=env) for rank in range(world)]
-    sys.exit(max(rank.wait(timeout=240) for rank in ranks))
+    from tests.gpu.programs.rank_launcher import free_port, run_ranks
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    sys.exit(run_ranks([[*prefix, sys.argv[0], str(world), str(rank)] for rank in range(world)], 240, env))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
