@@ -321,6 +321,8 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
                 log.info("session %d: %s answers CUDA_ERROR_NOT_SUPPORTED: this host's driver has no such entry "
                          "point (%s)", self.session.number, call.name, exc)
             return Reply(NOT_SUPPORTED)
+        finally:
+            self.quota.settle()
 
     def _generic(self, call: DriverCall, payload: bytes) -> Reply:
         try:

@@ -66,6 +66,7 @@ class VgpuQuota:
         self._meter = meter
         self.account = UsageAccount(self._open_meter, session, devices, current_vgpu)  # what counts against it
         self.board: UsageBoard | None = None  # the grant's usage table, where its processes share it
+        self._reserved: int | None = None  # the vGPU whose published count holds an allocation not yet made
         self.metrics = agent_metrics.enabled()  # oriond's /metrics keeps the session's memory (agent_metrics.py)
 
     def assign(self, devices: tuple[int, ...], limits: tuple[int, ...] | None) -> None:
@@ -148,17 +149,30 @@ class VgpuQuota:
             return True
         with self._one_at_a_time():
             others = self._others(vgpu)
-            if self.account.counted(vgpu) + others + size <= limit:
-                # reserved until the allocation's own count replaces it (a failed allocation's: until the
-                # session's next allocation, free or memory query)
-                self._own(vgpu, size)
-                return True
-            counted = self.account.refresh(vgpu) + others + size
+            counted = self.account.counted(vgpu) + others + size
+            if counted > limit:
+                counted = self.account.refresh(vgpu) + others + size
             if counted <= limit:
-                self._own(vgpu, size)
+                self._reserve(vgpu, size)
                 return True
         self._log_exceeded(vgpu, counted)
         return False
+
+    def _reserve(self, vgpu: int, size: int) -> None:
+        """Where the grant is shared: `size` bytes the check let through are published at once, so the other
+        sessions' checks see them before the allocation is made; the allocation's own count replaces them
+        (allocated), or settle() takes them back."""
+        if self.board is not None:
+            self._own(vgpu, size)
+            self._reserved = vgpu
+
+    def settle(self) -> None:
+        """After every call served in Python: a reservation the call did not turn into an allocation (the driver
+        refused it, or a check after the quota's did) is taken back, so the grant's other sessions do not see less
+        room than there is."""
+        if self._reserved is not None:
+            vgpu, self._reserved = self._reserved, None
+            self._own(vgpu, measure=False)
 
     def usage_before(self) -> dict[int, int | None]:
         """Before a call that may make the process hold more GPU memory outside the ledger (a context, a
@@ -209,8 +223,10 @@ class VgpuQuota:
         self._published(vgpu)
 
     def _published(self, vgpu: int) -> None:
-        """After an allocation or free: the session's count of `vgpu` published (no measurement) and reported."""
+        """After an allocation or free: the session's count of `vgpu` published (no measurement; a reservation
+        replaced) and reported."""
         if self.board is not None:
+            self._reserved = None
             self._own(vgpu, measure=False)
         self._report(vgpu)
 

@@ -73,7 +73,7 @@ def native(library: str) -> dict[str, Any]:
     return {name: words(getattr(lib, name)) for name in ("cuInit", "cuDeviceGetCount", "cuDeviceTotalMem",
                                                           "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc",
                                                           "cuMemGetInfo", "cuCtxGetDevice", "cuDeviceGetAttribute",
-                                                          "cuDeviceGetUuid")}
+                                                          "cuDeviceGetUuid", "cuMemAllocPitch")}
 
 
 def helper_holds(fd: int) -> list[int]:

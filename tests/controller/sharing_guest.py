@@ -8,6 +8,8 @@ Each line on stdin is a command, answered by one JSON line on stdout:
 - ``retain D``: device D's primary context retained and made current: both CUresults, then cuCtxGetDevice and
   cuMemGetInfo (free, total), or nulls;
 - ``alloc M``: cuMemAlloc of M MiB in the current context: its CUresult;
+- ``pitch M E``: cuMemAllocPitch of M rows of 1 MiB with elements of E bytes in the current context: its CUresult
+  (E other than 4, 8 or 16 is the driver's INVALID_VALUE, after the quota's check let the bytes through);
 - ``spawn``: this script started as a child that inherits this process's environment as a program's children do,
   which runs ``init`` and ``retain 0`` and prints both; the answer is its two lines.
 
@@ -27,6 +29,7 @@ from guest_runtime.activate import activate  # noqa: E402
 from tests.controller.allocating_guest import native  # noqa: E402
 
 COMPUTE_MODE = 20
+MIB = 1 << 20
 
 
 def grant() -> str:
@@ -57,6 +60,10 @@ def answer(fn: dict[str, Any], command: list[str]) -> Any:
     if command[0] == "alloc":
         pointer = ctypes.c_uint64()
         return fn["cuMemAlloc"](ctypes.addressof(pointer), int(command[1]) << 20)
+    if command[0] == "pitch":
+        pointer, pitch = ctypes.c_uint64(), ctypes.c_uint64()
+        return fn["cuMemAllocPitch"](ctypes.addressof(pointer), ctypes.addressof(pitch), MIB, int(command[1]),
+                                     int(command[2]))
     if command[0] == "spawn":
         child = subprocess.run([sys.executable, *sys.orig_argv[1:]], input="init\nretain 0\n", capture_output=True,
                                text=True, timeout=60)  # the environment as the C library holds it: inherited

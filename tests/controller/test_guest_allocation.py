@@ -33,7 +33,7 @@ pytestmark = pytest.mark.functional
 AGENT = Path(__file__).with_name("fake_gpu_agent.py")
 GUEST = Path(__file__).with_name("allocating_guest.py")
 SHARER = Path(__file__).with_name("sharing_guest.py")
-NO_DEVICE, OUT_OF_MEMORY, DEVICE_UNAVAILABLE = 100, 2, 46
+NO_DEVICE, OUT_OF_MEMORY, INVALID_VALUE, DEVICE_UNAVAILABLE = 100, 2, 1, 46
 COMPUTE_MODE_DEFAULT = 0  # CUcomputemode: the GPU's own (the fake's)
 MIB = 1 << 20
 EXIT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[INFO\] Client exits with allocation ID (\S+)$", re.M)
@@ -281,6 +281,8 @@ def test_the_processes_a_vgpu_holder_starts_share_its_grant_and_its_quotas(
         assert ask(b, "retain 0") == [0, 0, 0, [40 * MIB, 100 * MIB]]  # a's 60 MiB count on vGPU 0 for b too
         assert ask(b, "alloc 60") == OUT_OF_MEMORY  # together past vGPU 0's quota
         assert ask(b, "alloc 30") == 0
+        assert ask(holder, "retain 0")[3] == [10 * MIB, 100 * MIB]
+        assert ask(a, "pitch 8 3") == INVALID_VALUE  # within the room, refused by the driver: its room given back
         assert ask(holder, "retain 0")[3] == [10 * MIB, 100 * MIB]
         assert ask(b, "retain 1")[2:] == [1, [100 * MIB, 100 * MIB]]  # vGPU 1's quota is its own
         assert [a["id"] for a in client.allocations()] == [held["id"]]
