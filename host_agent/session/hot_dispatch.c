@@ -510,6 +510,9 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
     ledger_view l;
     int have_ledger = ledger_fetch(self, &l);
     uint32_t head = load32(self->in.head), tail_out = load32(self->out.tail); /* ours: Python may have moved them */
+    /* the guest's completion head, read again only when it says the ring is full: a reply then does not wait for
+     * the line the guest last wrote (a stale value only understates the room) */
+    uint32_t out_head = load32(self->out.head);
     int code = RET_PYTHON, status = 0;
     unsigned long long failed_id = 0;
     PyThreadState *saved = PyEval_SaveThread();
@@ -561,7 +564,9 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
         int wants_reply = !(flags & FLAG_NO_REPLY);
         const uint8_t *payload = slot + RECORD_HEADER;
         if (is_copy(kind) && !copy_is_plain(self, kind, payload, length, wants_reply)) break;
-        if (wants_reply && tail_out - load32(self->out.head) >= self->out.capacity) break; /* Python waits for room */
+        if (wants_reply && tail_out - out_head >= self->out.capacity
+            && tail_out - (out_head = load32(self->out.head)) >= self->out.capacity)
+            break; /* Python waits for room */
         uint64_t host = 0;
         if (needs_ledger(kind)) {
             PyEval_RestoreThread(saved);

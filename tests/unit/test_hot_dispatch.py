@@ -459,6 +459,19 @@ def test_the_compiled_wait_hands_back_for_liveness_checks(make: Any) -> None:
     assert s.serve() == [(1, 0, INVALID_CONTEXT, b"")] and s.hot.served == 1
 
 
+def test_a_full_completion_ring_is_left_to_the_python_path_and_no_reply_is_overwritten(make: Any) -> None:
+    """hot_dispatch.c reads the guest's completion head again only when its last reading says "full": a ring of
+    replies the client has not taken stops it, and the replies already there stay as they were."""
+    s = make(True)
+    entries = s.region.geometry.ring_entries
+    ids = [s.request("cuCtxSynchronize") for _ in range(entries)]
+    assert s.hot is not None and s.hot.serve(False)[0] == s.hot.IDLE  # all answered: the completion ring is full
+    one_more = s.request("cuCtxSynchronize")
+    assert s.hot.serve(False)[0] == s.hot.PYTHON  # no room for its reply: left where it is
+    assert [s.client.receive(wait=False).call_id for _ in range(entries)] == ids  # type: ignore[union-attr]
+    assert s.serve() == [(one_more, 0, INVALID_CONTEXT, b"")]
+
+
 def test_a_ring_the_peer_broke_is_left_to_the_python_path(make: Any) -> None:
     from ivshmem.errors import ChannelCorrupt
     s = make(True)

@@ -29,7 +29,7 @@ from guest_runtime.native.ctypes_client import ERRORS, NativeChannel, NativeWire
 from ivshmem import layout
 from ivshmem.channel import ClientChannel, Ctrl, HostChannel, HostReason, HostStatus
 from ivshmem.layout import Geometry
-from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, Op, Status, fill_pattern
+from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, STATS_REPLY, Op, Status, fill_pattern
 from ivshmem.region import Region
 
 T = TypeVar("T")
@@ -124,6 +124,33 @@ def test_posted_nops_then_a_call_and_a_failed_post_kept_as_an_async_error(native
     assert bounded(lambda: native.call(Op.ECHO, b"after")) == (0, b"after")
     # kept by call id; the successful NOPs produced no completion at all
     assert [(call_id, status) for call_id, _, status in native.async_errors()] == [(bad, Status.UNKNOWN_OPCODE)]
+
+
+def test_a_full_request_ring_holds_the_next_post_until_the_agent_takes_one(native: NativeChannel,
+                                                                           served_region: str) -> None:
+    """The client reads the host's request-ring head again only when its last reading says "full" (orion_wire.c,
+    lazy_head). With the agent's worker stopped, a ring's worth of posts fits; the next one waits, overwriting
+    nothing, and once the worker goes on every post reaches it (its count of ECHOs, STATS)."""
+    def echoes_served() -> int:
+        status, reply = bounded(lambda: native.call(Op.STATS))
+        assert status == 0
+        return sum(python for opcode, _compiled, python, _ns in STATS_REPLY.decode(reply)[0] if opcode == Op.ECHO)
+    before = echoes_served()  # the agent counts what its Python answers from the first STATS on
+    with Region.open(served_region) as observer:
+        entries = observer.geometry.ring_entries
+        worker = HostChannel(observer, native.index).ctrl[Ctrl.HOST_WORKER]
+    assert worker > 0
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        for i in range(entries):
+            bounded(lambda: native.post(Op.ECHO, i.to_bytes(4, "little")))  # noqa: B023
+        one_more = Background(lambda: native.post(Op.ECHO, b"one more"))
+        one_more.thread.join(0.5)
+        assert one_more.thread.is_alive(), "a post went into a full ring"
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    one_more.result()
+    assert echoes_served() - before == entries + 1
 
 
 def test_two_native_clients_get_two_channels(lib: ctypes.CDLL, served_region: str) -> None:
