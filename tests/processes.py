@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -25,3 +26,10 @@ def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> int | None:  
             proc.kill()
             proc.wait(timeout)
     return proc.returncode
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nobody listens on now (the kernel's choice, not a guess)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -18,7 +18,6 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from controller.cluster_key import load_key, sign_request
 from host_agent.daemon.controller_link import Member
 from ivshmem.shared.controller_client import ControllerClient
 from tests.cluster_key import key_file
-from tests.processes import python_path, stop_process
+from tests.processes import free_port, python_path, stop_process  # noqa: F401 - free_port: the tests' import
 
 REPO = Path(__file__).resolve().parents[2]
 ETCD_READY_TIMEOUT_S = 20.0
@@ -46,12 +45,6 @@ def wait_until(what: str, predicate: Callable[[], object], timeout: float = WAIT
     while not predicate():
         assert time.monotonic() < deadline, f"{what} (gave up waiting after {timeout} s)\n{log()}"
         time.sleep(0.05)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cluster_key_file() -> Path:

@@ -10,18 +10,12 @@ Two things a launcher must get right, or a job that failed looks like one that h
 Not here: anything about CUDA or NCCL; the ranks' own arguments and environment are the caller's."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 
-
-def free_port() -> int:
-    """A TCP port on the loopback nobody listens on now, for MASTER_PORT."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.processes import free_port  # noqa: F401 - MASTER_PORT: the launchers' import
 
 
 def run_ranks(argvs: Sequence[Sequence[str]], timeout_s: float, env: Mapping[str, str] | None = None) -> int:
