@@ -73,6 +73,8 @@ from ivshmem.driver_api import (
 from ivshmem.errors import DeviceLost, WireError
 from ivshmem.record import Record
 
+from . import capture_owners
+from .capture_owners import CaptureOwners
 from .contexts import UNKNOWN as UNKNOWN_CONTEXT
 from .contexts import ContextStacks
 from .device_ranges import DeviceRanges
@@ -107,7 +109,7 @@ NATIVE_ONLY = frozenset({"cuOccupancyMaxActiveClusters", "cuTensorMapEncodeTiled
                          *(name for name in CALLS if name.startswith("cuGraph") and not CALLS[name].generic)})
 SET_CURRENT = CALLS["cuCtxSetCurrent"]
 EXCHANGE_CAPTURE_MODE = CALLS["cuThreadExchangeStreamCaptureMode"]
-CAPTURE_MODE_GLOBAL, CAPTURE_MODE_RELAXED = 0, 2  # CUstreamCaptureMode: GLOBAL is every thread's at first
+CAPTURE_WRONG_THREAD = 908  # CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
 LIBRARY_BINARY_IS_PRESERVED = 1  # CUlibraryOption
 FORWARDED_LAUNCH_ATTRIBUTES = LAUNCH_ATTRIBUTES_PLAIN | LAUNCH_ATTRIBUTES_EVENT
 CTYPES: dict[str, Any] = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_uint64, "f": ctypes.c_float,
@@ -116,7 +118,6 @@ CTYPES: dict[str, Any] = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_u
 
 PAGEABLE_PIECE = MAX_PAYLOAD // 2  # the most one pageable copy request carries (native/copy_calls.c's too)
 POSTED_COPY_MAX = 64 << 10  # the largest copy to the device posted with its bytes (native/copy_calls.c's too)
-CAPTURE_ENDED = frozenset({SUCCESS, 901, 904})  # cuStreamEndCapture's statuses that end a capture (capture_state.c)
 
 
 def _in_pieces(copy: Callable[[int, int], int], size: int) -> int:
@@ -155,9 +156,9 @@ class Forwarder:
         self._lock = threading.RLock()  # one channel per process: one call on it at a time, whichever thread
         self._contexts = ContextStacks()
         self._initialized = False  # cuInit succeeded
-        self._captures = 0  # stream captures begun and not ended: while any may run, every copy waits (_htod)
+        self._captures = CaptureOwners()  # begun and not ended (true while any may run: every copy waits, _htod)
         self._capture_modes = threading.local()  # each thread's capture interaction mode (`mode`; absent: GLOBAL)
-        self._host_capture_mode = CAPTURE_MODE_GLOBAL  # the host thread's
+        self._host_capture_mode = capture_owners.GLOBAL  # the host thread's
         self._unavailable = False  # a call answered CUDA_ERROR_DEVICE_UNAVAILABLE: every copy waits (_htod)
         # The streams this process created and has not destroyed, and the context of each (native/known_handles.c):
         # a small copy to the device on one of them, in its context, is posted as on a default stream (_htod).
@@ -202,8 +203,8 @@ class Forwarder:
         if wanted != self._contexts.host_current:
             channel.post(SET_CURRENT.opcode, SET_CURRENT.inputs.pack(wanted))
             self._contexts.host_current = wanted
-        if self._captures:
-            mode = getattr(self._capture_modes, "mode", CAPTURE_MODE_GLOBAL)
+        if self._captures:  # the host thread's mode: the driver's rule for this thread (capture_owners.py)
+            mode = self._captures.presented(getattr(self._capture_modes, "mode", capture_owners.GLOBAL))
             if mode != self._host_capture_mode:
                 channel.post(EXCHANGE_CAPTURE_MODE.opcode, EXCHANGE_CAPTURE_MODE.inputs.pack(mode))
                 self._host_capture_mode = mode
@@ -327,9 +328,9 @@ class Forwarder:
             if ends_streams:
                 self._streams.clear()
             if call.name == "cuStreamBeginCapture" and status == SUCCESS:
-                self._captures += 1
-            elif call.name == "cuStreamEndCapture" and status in CAPTURE_ENDED:
-                self._captures = max(0, self._captures - 1)
+                self._captures.began(args[0] or 0, args[1])
+            elif call.name == "cuStreamEndCapture":
+                self._captures.ended(args[0] or 0, status)
             return status
         return forward
 
@@ -393,13 +394,29 @@ class Forwarder:
             if not mode:
                 return INVALID_VALUE
             cell = ctypes.c_int.from_address(mode)
-            if not self._initialized or not CAPTURE_MODE_GLOBAL <= cell.value <= CAPTURE_MODE_RELAXED:
+            if not self._initialized or not capture_owners.GLOBAL <= cell.value <= capture_owners.RELAXED:
                 return asked(mode)
             channel = self.channel()
             if channel is not None and channel.async_errors:  # an earlier posted call's failure first, as forwarded
                 return _taken_async_error(channel)
-            cell.value, self._capture_modes.mode = getattr(self._capture_modes, "mode", CAPTURE_MODE_GLOBAL), cell.value
+            cell.value, self._capture_modes.mode = (getattr(self._capture_modes, "mode", capture_owners.GLOBAL),
+                                                    cell.value)
             return SUCCESS
+        return forward
+
+    @GUEST.serves("cuStreamEndCapture")
+    def _end_capture(self, call: DriverCall) -> Callable[..., int]:
+        """A capture another thread began, not RELAXED, is that thread's to end (capture_owners.py): answered here,
+        since the host thread began them all."""
+        asked = self._generic(call)
+
+        def forward(stream: int | None, graph: int | None) -> int:
+            if graph and self._captures.begun_elsewhere(stream or 0):
+                channel = self.channel()
+                if channel is not None and channel.async_errors:  # an earlier posted call's failure first
+                    return _taken_async_error(channel)
+                return CAPTURE_WRONG_THREAD
+            return asked(stream, graph)
         return forward
 
     @GUEST.serves("cuCtxCreate")

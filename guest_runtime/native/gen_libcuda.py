@@ -127,10 +127,10 @@ WIRE_C = {"i32": "int32_t", "u32": "uint32_t", "u64": "uint64_t", "u8": "uint8_t
 IN_CLIENT = {"cuGetProcAddress": "cuGetProcAddress_v2"}
 # The guest hook a generated destroy of these handles calls (graph_calls.c).
 GRAPH_DESTROYED = {"CUgraphNode": "orion_graph_node_destroyed", "CUgraph": "orion_graph_destroyed"}
-# The guest hook told of these calls' status, failed or not (host_functions.c counts the captures under way).
-STATUS_HOOKS = {"cuStreamBeginCapture": "orion_capture_began", "cuStreamEndCapture": "orion_capture_ended",
-                **{name: "orion_occupancy_changed"  # function_answers.c: kept occupancy answers depend on these
-                   for name in ("cuCtxSetCacheConfig", "cuCtxSetSharedMemConfig", "cuCtxSetLimit")}}
+# The guest hook told of these calls' status, failed or not (function_answers.c: kept occupancy answers depend on
+# them).
+STATUS_HOOKS = {name: "orion_occupancy_changed" for name in ("cuCtxSetCacheConfig", "cuCtxSetSharedMemConfig",
+                                                             "cuCtxSetLimit")}
 C_WORDS = frozenset({"void", "char", "int", "long", "short", "unsigned", "float", "double", "size_t"})
 
 

@@ -531,7 +531,7 @@ CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, CUgraphNode
     orion_put_i32(head + ORION_REQ_cuStreamBeginCaptureToGraph_mode, mode);
     CUresult status = capture_call(ORION_OP_cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph", head,
                                    sizeof head, ORION_REQ_cuStreamBeginCaptureToGraph_deps, deps, edges, count);
-    orion_capture_began(status);
+    orion_capture_began(status, word_of(stream), (int)mode);
     return status;
 }
 

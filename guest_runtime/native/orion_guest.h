@@ -143,11 +143,11 @@ void orion_host_functions_saw(int status);
 /* cuGetProcAddress's cuLaunchHostFunc for a caller built against `version` (13.2 on: the _v2 ABI), or NULL. */
 void *orion_host_function_entry(const char *symbol, int version);
 /* --- capture_state.c: whether a stream capture may be under way in this process --------------------------------- */
-/* A stream capture began or ended with `status` (the generated cuStreamBeginCapture/cuStreamEndCapture and
- * cuStreamBeginCaptureToGraph call them): while one may be under way, a host function's stream is asked first and
- * cuStreamIsCapturing is the host's to answer. */
-void orion_capture_began(int status);
-void orion_capture_ended(int status);
+/* A stream capture of `stream` began (in capture mode `mode`, on the calling thread) or ended with `status`
+ * (cuStreamBeginCapture, cuStreamEndCapture and cuStreamBeginCaptureToGraph call them): while one may be under way,
+ * a host function's stream is asked first and cuStreamIsCapturing is the host's to answer. */
+void orion_capture_began(int status, uint64_t stream, int mode);
+void orion_capture_ended(int status, uint64_t stream);
 int orion_captures_may_run(void);
 /* In the turn, while a capture may run: the calling thread's capture interaction mode made the host thread's. */
 int orion_sync_capture_mode(void);

@@ -11,7 +11,8 @@ driver itself gives for the same sequence (its docstrings say whose semantics th
 
 A thread's capture interaction mode is exchanged without a record while no capture may run; during one, each
 thread's calls reach the agent (one thread there) with that thread's mode, so a relaxed thread may allocate during a
-global capture and a thread left in the global mode may not, as the driver's rules have it."""
+global capture and a thread left in the global mode may not, as the driver's rules have it. The guest also keeps
+which thread began each capture: a thread-local capture holds only its own thread, and only that thread may end it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,7 +23,7 @@ from tests.wire.test_native_callbacks import run
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 SUCCESS, INVALID_VALUE, INVALID_HANDLE, ILLEGAL_STATE, CAPTURE_IMPLICIT = 0, 1, 400, 401, 906
-CAPTURE_UNSUPPORTED, CAPTURE_INVALIDATED = 900, 901
+CAPTURE_UNSUPPORTED, CAPTURE_INVALIDATED, CAPTURE_WRONG_THREAD = 900, 901, 908
 NONE, ACTIVE, INVALIDATED = 0, 1, 2
 
 QUERIES = r"""
@@ -174,3 +175,45 @@ def test_a_threads_capture_mode_is_kept_here_and_is_the_agents_during_a_capture(
     # the relaxed one's first call, the other thread's, the relaxed one's again (idle exchanges never left)
     exchanged = [e["args"][0][1] for e in rig.entries(since=mark, name="cuThreadExchangeStreamCaptureMode")]
     assert exchanged == [2, 0, 2]
+
+
+CAPTURE_OWNERS = r"""
+lib.cuStreamBeginCapture_v2.argtypes = [c_void_p, c_int]
+lib.cuStreamIsCapturing.argtypes = [c_void_p, c_void_p]
+def allocate():
+    pointer = c_uint64()
+    return lib.cuMemAlloc(byref(pointer), 4096)
+def capturing(s):
+    status = c_int(-1)
+    return [lib.cuStreamIsCapturing(s, byref(status)), status.value]
+def end(s):
+    graph = c_void_p()
+    return lib.cuStreamEndCapture(s, byref(graph))
+def elsewhere(*steps):
+    seen = []
+    def other():
+        assert lib.cuCtxSetCurrent(context) == 0
+        seen.extend(step() for step in steps)
+    worker = threading.Thread(target=other)
+    worker.start()
+    worker.join()
+    return seen
+side = stream(1)
+out["begin"] = lib.cuStreamBeginCapture_v2(side, 1)  # THREAD_LOCAL, begun by this thread (mode GLOBAL)
+out["other_thread"] = elsewhere(allocate, lambda: end(side))  # not this capture's thread
+out["still"] = capturing(side)
+out["this_thread_alloc"] = allocate()  # its own capture, not relaxed: prohibited, and the capture invalidated
+out["end"] = end(side)
+"""
+
+
+def test_a_capture_stays_with_the_guest_thread_that_began_it(library: Path, rig: Rig) -> None:
+    """The agent's one thread began every capture, so the guest keeps which thread began each (capture_state.c): a
+    thread-local capture prohibits only its own thread's allocations, and only its own thread may end it, as the
+    driver rules for threads of one process."""
+    out, _ = run(library, rig, CAPTURE_OWNERS)
+    assert out["begin"] == SUCCESS
+    assert out["other_thread"] == [SUCCESS, CAPTURE_WRONG_THREAD]  # allowed; and not the capture's thread to end
+    assert out["still"] == [SUCCESS, ACTIVE]
+    assert out["this_thread_alloc"] == CAPTURE_UNSUPPORTED
+    assert out["end"] == CAPTURE_INVALIDATED
