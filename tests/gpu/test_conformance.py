@@ -36,6 +36,7 @@ CASES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "torch_cuda_graph": (("torch",), {}),
     "torch_compile_default": (("torch", "triton"), {}),
     "torch_compile_reduce_overhead": (("torch", "triton"), {}),
+    "torch_compile_reduce_overhead_training": (("torch", "triton"), {}),
     "transformers_gpt2": (("torch", "transformers"), {}),
     "torchvision_resnet18": (("torch", "torchvision"), {}),
     "jax_default": (("jax",), JAX_ENV),

@@ -170,6 +170,30 @@ def torch_compile_reduce_overhead() -> dict[str, Any]:
 
 
 @case
+def torch_compile_reduce_overhead_training() -> dict[str, Any]:
+    """CUDA graphs of the forward and the backward (torch.compile's cudagraph trees): the backward is captured on
+    autograd's own thread while the forward's thread holds the capture mode it began with, which is what the guest's
+    per-thread capture owners are for (guest_runtime/capture_owners.py)."""
+    import math
+
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4)).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled = torch.compile(model, mode="reduce-overhead")
+    losses = []
+    for i in range(6):
+        x = torch.full((16, 64), 0.1 * (i + 1), device="cuda")
+        optimizer.zero_grad(set_to_none=True)
+        loss = compiled(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(round(float(loss), 6))
+    return {"losses": losses, "ok": all(math.isfinite(value) for value in losses)}
+
+
+@case
 def transformers_gpt2() -> dict[str, Any]:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
