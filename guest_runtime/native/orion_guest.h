@@ -149,7 +149,8 @@ void *orion_host_function_entry(const char *symbol, int version);
 void orion_capture_began(int status, uint64_t stream, int mode);
 void orion_capture_ended(int status, uint64_t stream);
 int orion_captures_may_run(void);
-/* In the turn, while a capture may run: the calling thread's capture interaction mode made the host thread's. */
+/* In the turn, while a capture may run: the host thread given the capture interaction mode under which the driver's
+ * rule is the calling thread's (capture_state.c). */
 int orion_sync_capture_mode(void);
 /* Whether `stream` is known here not to be capturing (none may run, and it is a valid handle in the current context
  * of an initialised process): cuStreamIsCapturing and cuStreamGetCaptureInfo then answer NONE without asking. */
