@@ -5,7 +5,8 @@ process several vGPUs of one GPU (Orion's guide: `ORION_VGPU=4` on two GPUs), wh
 devices, so it must see as many primary contexts, each naming its own device. The first vGPU of a GPU keeps the
 GPU's real primary context; every later vGPU of that GPU gets a context of its own (cuCtxCreate), a stand-in that
 this module retains, releases, resets and flags as the driver does a primary context: made at the first retain
-without becoming current, destroyed at the last release or at a reset, its flags kept until a reset.
+without becoming current, destroyed at the last release or at a reset (which, as the driver's, keeps its references:
+the next retain makes it again), its flags kept until a reset.
 
 Every context the session makes for a vGPU (a primary, cuCtxCreate on that vGPU) is remembered with it, so a device
 the driver names for a context (cuCtxGetDevice, a stream's or a pointer's device) is told back as the vGPU of that
@@ -208,9 +209,11 @@ class VgpuContexts:
         return SUCCESS, self._destroy(stand_in) if not stand_in.references else 0
 
     def reset(self, ordinal: int) -> int:
-        """The context destroyed (0: none was active); the flags go back to 0 and no reference is left."""
+        """The context destroyed (0: none was made); the flags go back to 0. Its references stay: cuda.h's reset
+        "does not release" the primary context, and a later release by whoever retained it is "safe". The next
+        retain makes a context again, with a new handle (the driver's keeps its handle: not given here)."""
         stand_in = self._stand_ins[ordinal]
-        stand_in.references, stand_in.flags = 0, 0
+        stand_in.flags = 0
         return self._destroy(stand_in)
 
     def set_flags(self, ordinal: int, flags: int) -> int:
@@ -230,9 +233,9 @@ class VgpuContexts:
         return SUCCESS
 
     def state(self, ordinal: int) -> tuple[int, int]:
-        """cuDevicePrimaryCtxGetState: (flags, active)."""
+        """cuDevicePrimaryCtxGetState: (flags, active): active while retained, a reset notwithstanding."""
         stand_in = self._stand_ins[ordinal]
-        return stand_in.flags, int(bool(stand_in.context))
+        return stand_in.flags, int(stand_in.references > 0)
 
     def _destroy(self, stand_in: _StandIn) -> int:
         context, stand_in.context = stand_in.context, 0
