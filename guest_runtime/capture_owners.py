@@ -1,6 +1,6 @@
-"""The stream captures under way in this process, and which thread began each: what the capsule path needs to give
-every guest thread the driver's capture rules, though the host runs all of them on one thread (native twin:
-native/capture_state.c).
+"""The stream captures under way in this process, which thread began each, and each thread's capture interaction
+mode: what the capsule path needs to give every guest thread the driver's capture rules, though the host runs all of
+them on one thread (native twin: native/capture_state.c).
 
 cuda.h prohibits a thread's potentially unsafe calls while a capture runs when the thread's capture interaction
 mode is GLOBAL and it began a capture not RELAXED or another thread began a GLOBAL one, or its mode is THREAD_LOCAL
@@ -10,7 +10,10 @@ call while a capture may run (`presented`) is GLOBAL exactly when the calling th
 capture that prohibits it is the host thread's too) and RELAXED otherwise. Past KEPT captures at once, the calling
 thread's own mode is given instead.
 
-Not here: forwarding, and each thread's own mode (forward.py keeps it, per thread)."""
+Each thread's own mode decides only what it may call while a capture is under way, so it is exchanged here without
+a round trip (`exchange`; NCCL exchanges it about 740 times at each communicator's start).
+
+Not here: forwarding (forward.py posts the mode `presented` names when it differs from `host_mode`)."""
 from __future__ import annotations
 
 import threading
@@ -28,6 +31,8 @@ class CaptureOwners:
         self._count = 0  # never below the true number: a capture whose stream the program destroyed stays counted
         self._owners: dict[int, tuple[int, int]] = {}  # stream -> (thread ident, mode)
         self._lost = False  # a capture under way began past KEPT
+        self._modes = threading.local()  # each thread's own mode (`mode`; absent: GLOBAL, CUDA's default)
+        self.host_mode = GLOBAL  # the host thread's, as forward.py last set it
 
     def __bool__(self) -> bool:
         return self._count > 0
@@ -58,8 +63,15 @@ class CaptureOwners:
             owner = self._owners.get(stream)
         return owner is not None and owner[0] != threading.get_ident() and owner[1] != RELAXED
 
-    def presented(self, mode: int) -> int:
-        """The host thread's mode that makes the driver's rule that of this thread, whose own mode is `mode`."""
+    def exchange(self, mode: int) -> int:
+        """cuThreadExchangeStreamCaptureMode of a valid mode: this thread's mode is `mode`; the one before it."""
+        previous = getattr(self._modes, "mode", GLOBAL)
+        self._modes.mode = mode
+        return previous
+
+    def presented(self) -> int:
+        """The host thread's mode that makes the driver's rule this thread's."""
+        mode = getattr(self._modes, "mode", GLOBAL)
         if mode == RELAXED:
             return mode
         me = threading.get_ident()

@@ -157,8 +157,6 @@ class Forwarder:
         self._contexts = ContextStacks()
         self._initialized = False  # cuInit succeeded
         self._captures = CaptureOwners()  # begun and not ended (true while any may run: every copy waits, _htod)
-        self._capture_modes = threading.local()  # each thread's capture interaction mode (`mode`; absent: GLOBAL)
-        self._host_capture_mode = capture_owners.GLOBAL  # the host thread's
         self._unavailable = False  # a call answered CUDA_ERROR_DEVICE_UNAVAILABLE: every copy waits (_htod)
         # The streams this process created and has not destroyed, and the context of each (native/known_handles.c):
         # a small copy to the device on one of them, in its context, is posted as on a default stream (_htod).
@@ -196,6 +194,12 @@ class Forwarder:
             return DEINITIALIZED
         return NO_DEVICE if call.name == "cuInit" else NOT_INITIALIZED
 
+    def _pending_async_error(self) -> int:
+        """An earlier posted call's failure that came back, taken, or SUCCESS: a call answered without a round trip
+        reports it first, as a forwarded answer would (native: orion_pending_async_error)."""
+        channel = self.channel()
+        return _taken_async_error(channel) if channel is not None and channel.async_errors else SUCCESS
+
     def _sync_context(self, channel: ClientChannel) -> None:
         """Make the calling thread's current context the host's before its call goes out (contexts.py), and, while a
         capture may run, its capture interaction mode (_exchange_capture_mode)."""
@@ -204,10 +208,10 @@ class Forwarder:
             channel.post(SET_CURRENT.opcode, SET_CURRENT.inputs.pack(wanted))
             self._contexts.host_current = wanted
         if self._captures:  # the host thread's mode: the driver's rule for this thread (capture_owners.py)
-            mode = self._captures.presented(getattr(self._capture_modes, "mode", capture_owners.GLOBAL))
-            if mode != self._host_capture_mode:
+            mode = self._captures.presented()
+            if mode != self._captures.host_mode:
                 channel.post(EXCHANGE_CAPTURE_MODE.opcode, EXCHANGE_CAPTURE_MODE.inputs.pack(mode))
-                self._host_capture_mode = mode
+                self._captures.host_mode = mode
 
     def _call(self, call: DriverCall, payload: bytes | memoryview | Streamed, sink: Any = None,
               fold: bool = True, opcode: int | None = None) -> tuple[int, Record | None]:
@@ -327,10 +331,6 @@ class Forwarder:
                     self._streams.pop(args[0] or 0, None)
             if ends_streams:
                 self._streams.clear()
-            if call.name == "cuStreamBeginCapture" and status == SUCCESS:
-                self._captures.began(args[0] or 0, args[1])
-            elif call.name == "cuStreamEndCapture":
-                self._captures.ended(args[0] or 0, status)
             return status
         return forward
 
@@ -384,10 +384,9 @@ class Forwarder:
 
     @GUEST.serves("cuThreadExchangeStreamCaptureMode")
     def _exchange_capture_mode(self, call: DriverCall) -> Callable[..., int]:
-        """Each thread's capture interaction mode is kept here (native/capture_state.c): it decides only what a
-        thread may call while a capture is under way, so it is exchanged without a round trip, and made the host
-        thread's before each call while a capture may run (_sync_context). Before cuInit, or for a value that is not
-        a mode, the driver answers."""
+        """Each thread's capture interaction mode is kept in the guest (capture_owners.py), and the host thread is
+        given the mode that makes the driver's rule the calling thread's before each call while a capture may run
+        (_sync_context). Before cuInit, or for a value that is not a mode, the driver answers."""
         asked = self._generic(call)
 
         def forward(mode: int | None) -> int:
@@ -396,12 +395,21 @@ class Forwarder:
             cell = ctypes.c_int.from_address(mode)
             if not self._initialized or not capture_owners.GLOBAL <= cell.value <= capture_owners.RELAXED:
                 return asked(mode)
-            channel = self.channel()
-            if channel is not None and channel.async_errors:  # an earlier posted call's failure first, as forwarded
-                return _taken_async_error(channel)
-            cell.value, self._capture_modes.mode = (getattr(self._capture_modes, "mode", capture_owners.GLOBAL),
-                                                    cell.value)
-            return SUCCESS
+            pending = self._pending_async_error()
+            if pending == SUCCESS:
+                cell.value = self._captures.exchange(cell.value)
+            return pending
+        return forward
+
+    @GUEST.serves("cuStreamBeginCapture")
+    def _begin_capture(self, call: DriverCall) -> Callable[..., int]:
+        asked = self._generic(call)
+
+        def forward(stream: int | None, mode: int) -> int:
+            status = asked(stream, mode)
+            if status == SUCCESS:
+                self._captures.began(stream or 0, mode)
+            return status
         return forward
 
     @GUEST.serves("cuStreamEndCapture")
@@ -412,11 +420,11 @@ class Forwarder:
 
         def forward(stream: int | None, graph: int | None) -> int:
             if graph and self._captures.begun_elsewhere(stream or 0):
-                channel = self.channel()
-                if channel is not None and channel.async_errors:  # an earlier posted call's failure first
-                    return _taken_async_error(channel)
-                return CAPTURE_WRONG_THREAD
-            return asked(stream, graph)
+                pending = self._pending_async_error()
+                return pending if pending != SUCCESS else CAPTURE_WRONG_THREAD
+            status = asked(stream, graph)
+            self._captures.ended(stream or 0, status)
+            return status
         return forward
 
     @GUEST.serves("cuCtxCreate")
@@ -591,10 +599,8 @@ class Forwarder:
             data = _view(src or 0, size) if size else memoryview(b"")
             payload = _Prefixed(prefix_of(*fields), data).payload()
             if posted:
-                channel = self.channel()
-                if channel is not None and channel.async_errors:  # an earlier posted call failed: that first
-                    return _taken_async_error(channel)
-                return self._post(call, payload)
+                pending = self._pending_async_error()
+                return self._post(call, payload) if pending == SUCCESS else pending
             status, _ = self._call(call, payload)
             return status
         return forward
