@@ -114,7 +114,9 @@ static void report(const char *what, long long *v, int n) {
 }
 
 /* A minimal native host for channel 0 of a region Python formatted (argv: "wire" PATH N CHANNEL_OFFSET OFF_REQ
- * OFF_CPL SLOT ENTRIES): accept the claim, then echo every request until the parent is gone. */
+ * OFF_CPL SLOT ENTRIES): accept the claim, then echo every request until the parent is gone. Protocol 3: it watches
+ * each request slot's publish mark and publishes a reply by its tail, then its mark (docs/wire-protocol.md, "Ring"). */
+static inline unsigned mark(unsigned tail) { return 0x80000000u | (tail & 0x7FFFFFFFu); }
 static pid_t parent, host_pid;
 
 static void native_host(unsigned char *ch, unsigned req, unsigned cpl, unsigned slot, unsigned entries) {
@@ -124,20 +126,22 @@ static void native_host(unsigned char *ch, unsigned req, unsigned cpl, unsigned 
     unsigned *rq_head = (unsigned *)(ch + req), *rq_tail = (unsigned *)(ch + req + 64);
     unsigned *cp_head = (unsigned *)(ch + cpl), *cp_tail = (unsigned *)(ch + cpl + 64);
     __atomic_store_n(rq_head, 0, __ATOMIC_RELEASE);
+    for (unsigned k = 0; k < entries; k++) __atomic_store_n((unsigned *)(ch + cpl + 128 + (size_t)k * slot + 28), 0, __ATOMIC_RELEASE);
     __atomic_store_n(cp_tail, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&ctrl[17], 1, __ATOMIC_RELEASE);  /* HOST_STATUS SERVING */
     __atomic_store_n(&ctrl[16], gen, __ATOMIC_RELEASE);  /* HOST_GEN */
     unsigned head = 0, tail = 0;
     unsigned long long beat = 0, spins = 0;
+    (void)rq_tail;
     for (;;) {
-        if (__atomic_load_n(rq_tail, __ATOMIC_ACQUIRE) == head) {
+        unsigned char *in = ch + req + 128 + (size_t)(head & (entries - 1)) * slot;
+        if (__atomic_load_n((unsigned *)(in + 28), __ATOMIC_ACQUIRE) != mark(head + 1)) {
             if (++spins % 100000 == 0) {
                 __atomic_store_n((unsigned long long *)&ctrl[20], ++beat, __ATOMIC_RELEASE);  /* HOST_HEARTBEAT */
                 if (getppid() != parent) _exit(0);
             }
             continue;
         }
-        unsigned char *in = ch + req + 128 + (size_t)(head & (entries - 1)) * slot;
         while (tail - __atomic_load_n(cp_head, __ATOMIC_ACQUIRE) >= entries) {}
         unsigned char *out = ch + cpl + 128 + (size_t)(tail & (entries - 1)) * slot;
         unsigned length, flags;
@@ -156,6 +160,7 @@ static void native_host(unsigned char *ch, unsigned req, unsigned cpl, unsigned 
                 memset(out + 40, 0, 4);
             }
             __atomic_store_n(cp_tail, ++tail, __ATOMIC_RELEASE);
+            __atomic_store_n((unsigned *)(out + 28), mark(tail), __ATOMIC_RELEASE);
         }
         __atomic_store_n(rq_head, ++head, __ATOMIC_RELEASE);
     }

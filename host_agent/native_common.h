@@ -1,7 +1,7 @@
 /* native_common.h: what the host's compiled modules share (session/hot_dispatch.c, relay/relay_pump.c).
  *
- * The ring's shape and its index words (loaded with acquire, stored with release, as guest_runtime/native/orion_wire.c
- * does), the clock and the waits, and writes to a relay connection under its write lock. The lock is a pthread mutex
+ * The ring's shape, its index words (loaded with acquire, stored with release, as guest_runtime/native/orion_wire.c
+ * does) and its slots' publish marks, the clock and the waits, and writes to a relay connection under its write lock. The lock is a pthread mutex
  * that relay/frames.py's FrameLock owns and Python's writers take too; C is given its address. Nothing here knows a
  * CUDA call or a relay's bookkeeping. Included once per module, after Python.h.
  */
@@ -33,6 +33,27 @@ static inline void store32(uint8_t *p, uint32_t v) { atomic_store_explicit((_Ato
 static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* A slot's publish mark (record.SEQ_AT, record.publish_mark): the tail that covers it, with the top bit set; stored
+ * after the tail, so whoever sees the mark sees the record and the tail. */
+#define SEQ_AT 28u
+static inline uint32_t seq_mark(uint32_t tail) { return 0x80000000u | (tail & 0x7FFFFFFFu); }
+
+static inline uint8_t *ring_slot(const ring *r, uint32_t index) { return r->data + (size_t)(index & r->mask) * r->cell; }
+
+/* Producer: the record at *tail is written; publish it (the tail, then its mark) and move *tail on. */
+static inline void ring_publish(ring *r, uint32_t *tail) {
+    uint8_t *slot = ring_slot(r, *tail);
+    *tail += 1;
+    store32(r->tail, *tail);
+    store32(slot + SEQ_AT, seq_mark(*tail));
+}
+
+/* Consumer: whether the record at `head` is published, from its mark alone (the line the record is read from: the
+ * tail's line is left to the producer, which stores it before every mark). */
+static inline int ring_marked(const ring *r, uint32_t head) {
+    return load32(ring_slot(r, head) + SEQ_AT) == seq_mark(head + 1);
+}
 
 static double now_s(void) {
     struct timespec ts;

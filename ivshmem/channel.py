@@ -38,6 +38,8 @@ from .wait import DEFAULT_POLICY, WaitPolicy
 MAX_PAYLOAD = 1 << 30
 ASSEMBLE_STEP = 16 << 20  # a payload assembled in memory grows by at most this much ahead of what arrived
 _pack, _unpack = HEADER.pack_into, HEADER.unpack_from
+OLDER_AGENT = (" (the agent could not read this client's HELLO record: it is older than wire protocol 3; install the "
+               "oriond of the same release as orion-guest)")
 
 
 def _record(fields: tuple) -> Record:  # type: ignore[type-arg]
@@ -281,8 +283,8 @@ class Endpoint:
                 return None
             offset = self._wait(ring.readable, f"a record on the {ring.name}")
         fields = _unpack(self.buf, offset)
-        call_id, opcode, flags, length, generation, status, reserved = fields
-        if reserved or flags & ~KNOWN_FLAGS or opcode > MAX_OPCODE or length > self.capacity:
+        call_id, opcode, flags, length, generation, status, _seq = fields  # the mark: compiled consumers' hint
+        if flags & ~KNOWN_FLAGS or opcode > MAX_OPCODE or length > self.capacity:
             try:
                 check_header(fields, self.capacity, MAX_PAYLOAD)
             except RecordError as exc:
@@ -540,6 +542,8 @@ class ClientChannel:
         reply = self.call(Op.HELLO, HELLO_REQUEST.encode(PROTOCOL, os.getpid(), socket.gethostname(), calls))
         if not reply.ok:
             reason = bytes(reply.payload[:300]).decode(errors="replace") or f"status {reply.status}"
+            if reply.status == Status.MALFORMED:  # an agent of protocol 2 refuses a slot's publish mark
+                reason += OLDER_AGENT
             raise ChannelError(f"{self.region.where}: the host agent refused this client: {reason}")
         agent, session = HELLO_REPLY.decode(reply.payload)
         return agent, session

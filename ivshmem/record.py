@@ -15,10 +15,21 @@ from .codec import Schema
 from .errors import RecordError
 
 HEADER = struct.Struct("<QIIIIiI")
-HEADER_FIELDS = ("call_id", "opcode", "flags", "length", "generation", "status", "reserved")  # HEADER's, in order
+HEADER_FIELDS = ("call_id", "opcode", "flags", "length", "generation", "status", "seq")  # HEADER's, in order
 assert HEADER.size == 32
+SEQ_AT = 28  # the `seq` word's offset in a record
 
-PROTOCOL = 2  # 2: HELLO names the call table the client forwards with
+PROTOCOL = 3  # 2: HELLO names the call table the client forwards with; 3: ring slots carry their publish mark (seq)
+# A ring slot's `seq` once its producer has published it: the tail value that covers it, with the top bit set, so
+# that a zeroed word (a reset ring, a slot being written) never reads as published. Written after the tail, so a
+# consumer that sees the mark sees the tail too (docs/wire-protocol.md, "Ring"). 0 in records on a socket.
+SEQ_MARK = 0x80000000
+SEQ_INDEX = 0x7FFFFFFF
+
+
+def publish_mark(tail: int) -> int:
+    """The `seq` a slot carries once `tail` (the index after it) publishes it."""
+    return SEQ_MARK | (tail & SEQ_INDEX)
 CUDA_OPCODE_BASE = 0x100
 MAX_OPCODE = 0xFFFF
 
@@ -102,9 +113,9 @@ class Record(NamedTuple):
 
 def check_header(fields: tuple[int, ...], capacity: int, max_length: int) -> None:
     """Raise RecordError (with the wire status a reply should carry) if unpacked header fields are invalid."""
-    call_id, opcode, flags, length, _generation, _status, reserved = fields
-    if reserved or flags & ~KNOWN_FLAGS:
-        raise RecordError(f"record {call_id}: unknown flags {flags:#x} or reserved word {reserved:#x}")
+    call_id, opcode, flags, length, _generation, _status, _seq = fields  # seq: only a compiled consumer's hint
+    if flags & ~KNOWN_FLAGS:
+        raise RecordError(f"record {call_id}: unknown flags {flags:#x}")
     if opcode > MAX_OPCODE:
         raise RecordError(f"record {call_id}: opcode {opcode:#x} beyond {MAX_OPCODE:#x}", Status.UNKNOWN_OPCODE)
     if length > max_length:

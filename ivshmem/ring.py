@@ -10,6 +10,12 @@ path does the same arithmetic as with literals). One process writes each index:
 | tail            | RING_TAIL, STAGING_TAIL (64)                             | producer   | consumer |
 | slots / chunks  | RING_SLOTS (128) / STAGING_CHUNKS (4096)                 | producer   | consumer |
 
+A ring slot's record also carries its publish mark (record.SEQ_AT, `seq`), stored after the tail: the compiled
+consumers (the native guest driver, the host's hot path) watch that word, in the line they read the record from,
+instead of the tail's line, so a round trip moves one cache line each way where it moved two. The consumers here
+read the tail and leave the mark alone; a producer's reset zeroes the marks with its tail, so a slot of an earlier
+generation never reads as published.
+
 Memory ordering: Python has no atomics or fences. Slot bytes are written with memoryview slice assignment
 and indices with item assignment on a memoryview cast to 'I', which CPython performs as one aligned 4-byte
 memcpy, i.e. one `mov`. x86-64 is TSO: stores are not reordered with older stores and loads not with older
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 from .errors import ChannelCorrupt
 from .layout import RING_HEAD, RING_SLOTS, RING_TAIL, STAGING_CHUNKS, STAGING_HEAD, STAGING_TAIL
+from .record import SEQ_AT, SEQ_INDEX, SEQ_MARK
 
 U32 = 0xFFFFFFFF
 
@@ -99,9 +106,27 @@ class _Spsc:
 class Ring(_Spsc):
     """A ring of `entries` slots of `slot_size` bytes (one record each)."""
 
+    __slots__ = ("_seq_i", "_seq_stride")
+
     def __init__(self, words: memoryview, base: int, entries: int, slot_size: int, name: str,
                  head: int = RING_HEAD, tail: int = RING_TAIL, slots: int = RING_SLOTS) -> None:
         super().__init__(words, base, head, tail, slots, slot_size, entries, name)
+        self._seq_i = (self.data + SEQ_AT) >> 2  # slot 0's mark, in words; slot k's is slot_size/4 * k further
+        self._seq_stride = slot_size >> 2
+
+    def reset_owned(self, side: str) -> None:
+        if side == "producer":  # the marks first: a consumer that sees the zeroed tail finds no old slot published
+            words, first, stride = self._words, self._seq_i, self._seq_stride
+            for k in range(self.capacity):
+                words[first + k * stride] = 0
+        super().reset_owned(side)
+
+    def publish(self) -> None:
+        """Store the tail, then the slot's mark: a consumer that sees the mark never finds a tail behind it."""
+        slot = self._tail & self.mask
+        self._tail = tail = (self._tail + 1) & U32
+        self._words[self._tail_i] = tail
+        self._words[self._seq_i + slot * self._seq_stride] = SEQ_MARK | (tail & SEQ_INDEX)  # publish_mark(tail)
 
 
 class StagingArena(_Spsc):

@@ -69,6 +69,9 @@ typedef struct {
                          * wait for the line the host last wrote (one cache-line transfer less on every round trip's
                          * path; a stale value only understates the room). The arenas read it at every chunk, where
                          * a read costs nothing beside the chunk's copy, so a broken host's index is seen at once. */
+    int marked;         /* a ring (not an arena): its slots carry publish marks (record.SEQ_AT). Producing, the mark is
+                         * stored after the tail; consuming, the mark is watched instead of the tail, which is read
+                         * only while a wait sleeps (spsc_readable) */
 } spsc;
 
 typedef struct { uint64_t call_id; uint32_t opcode; int32_t status; } async_error;
@@ -77,7 +80,7 @@ typedef struct {
     uint64_t call_id;
     uint32_t opcode, flags, length, generation;
     int32_t status;
-    uint32_t reserved;
+    uint32_t seq;
 } record_header;
 
 /* Where a reply's payload goes: its first `head_cap` bytes into `head`, the rest into `tail` (orion_callv). */
@@ -99,6 +102,7 @@ struct orion_channel {
     uint64_t agent_seen;  double agent_since;
     uint64_t worker_seen; double worker_since;
     int busy;
+    int sleeping;  /* a wait is past its spin: a marked ring's probe reads the tail too (spsc_readable) */
     async_error async_q[ASYNC_KEEP];
     uint32_t async_head, async_count;
     uint64_t async_dropped;
@@ -290,7 +294,12 @@ static void spsc_init(spsc *r, uint8_t *block, uint32_t cells_at, uint32_t cell,
     r->own = 0;
     r->seen = 0;
     r->lazy_head = 0;
+    r->marked = 0;
 }
+
+/* record.publish_mark: the tail that covers a slot, with the top bit set (a zeroed word is never a mark) */
+static uint32_t seq_mark(uint32_t tail) { return ORION_WIRE_SEQ_MARK | (tail & ORION_WIRE_SEQ_INDEX); }
+static uint8_t *spsc_cell(const spsc *r, uint32_t index) { return r->data + (size_t)(index & r->mask) * r->cell; }
 
 /* Producer: the next free cell, NULL when full; -1 in *bad when the indices are impossible. */
 static uint8_t *spsc_writable(spsc *r, int *bad) {
@@ -302,20 +311,30 @@ static uint8_t *spsc_writable(spsc *r, int *bad) {
             return NULL;
         }
     }
-    return r->data + (size_t)(r->own & r->mask) * r->cell;
+    return spsc_cell(r, r->own);
 }
 
 static void spsc_publish(spsc *r) {
+    uint8_t *cell = spsc_cell(r, r->own);
     r->own += 1;
     store32(r->base + ORION_RING_tail, r->own);  /* release: the cell's bytes are visible before the tail */
+    if (r->marked) store32(cell + ORION_RECORD_seq, seq_mark(r->own));  /* and the tail before the mark */
 }
 
-/* Consumer: the oldest published cell, NULL when empty. */
-static uint8_t *spsc_readable(spsc *r, int *bad) {
+/* Consumer: the oldest published cell, NULL when empty. A marked ring's cell is seen by its mark, in the line its
+ * record is read from; its tail only when `tail_too` (a sleeping wait): reading the tail's line while the host is
+ * about to store it would make that store, and the mark after it, wait for our copy's invalidation. A record
+ * published without its mark (not by this project's hosts) is taken that way, later. */
+static uint8_t *spsc_readable(spsc *r, int *bad, int tail_too) {
+    if (r->marked) {
+        uint8_t *cell = spsc_cell(r, r->own);
+        if (load32(cell + ORION_RECORD_seq) == seq_mark(r->own + 1)) return cell;  /* acquire: the record after it */
+        if (!tail_too) return NULL;
+    }
     uint32_t fill = load32(r->base + ORION_RING_tail) - r->own;  /* acquire: the cell's bytes after the tail */
     if (fill == 0) return NULL;
     if (fill > r->capacity) { *bad = 1; return NULL; }
-    return r->data + (size_t)(r->own & r->mask) * r->cell;
+    return spsc_cell(r, r->own);
 }
 
 static void spsc_release(spsc *r) {
@@ -414,15 +433,17 @@ static uint8_t *wait_for(orion_channel *ch, probe_fn probe, int check, double ti
         if (now_s() >= spin_until) break;
     }
     double sleep = MIN_SLEEP_S, next_check = start;
+    ch->sleeping = 1;
     for (;;) {
         cell = probe(ch, &bad);
         if (cell || bad) break;
         double t = now_s();
         if (t >= next_check) {
             int rc = check ? check_host(ch) : ORION_OK;
-            if (rc) { *code = rc; return NULL; }
+            if (rc) { *code = rc; ch->sleeping = 0; return NULL; }
             if (timeout >= 0 && t - start > timeout) {
                 *code = FAIL(ch, ORION_E_PEER_GONE, "no answer from %s within %g s", what, timeout);
+                ch->sleeping = 0;
                 return NULL;
             }
             next_check = t + CHECK_EVERY_S;
@@ -431,6 +452,7 @@ static uint8_t *wait_for(orion_channel *ch, probe_fn probe, int check, double ti
         sleep = sleep * 2 < MAX_SLEEP_S ? sleep * 2 : MAX_SLEEP_S;
     }
 done:
+    ch->sleeping = 0;
     /* Endpoint._wait: a wait that ended within the busy spin, in whichever phase, means the peer is active. */
     ch->busy = now_s() - start < BUSY_SPIN_S;
     if (bad == 2) {
@@ -445,7 +467,7 @@ done:
     return cell;
 }
 
-static uint8_t *probe_in(orion_channel *ch, int *bad) { return spsc_readable(&ch->in, bad); }
+static uint8_t *probe_in(orion_channel *ch, int *bad) { return spsc_readable(&ch->in, bad, ch->sleeping); }
 
 static uint8_t *probe_accept(orion_channel *ch, int *bad) {
     (void)bad;
@@ -511,7 +533,7 @@ static void deliver_at(const reply_dest *d, size_t at, const uint8_t *src, size_
     if (in_tail < d->tail_cap) bulk_copy((uint8_t *)d->tail + in_tail, src, smaller(n, d->tail_cap - in_tail));
 }
 
-static uint8_t *probe_in_chunk(orion_channel *ch, int *bad) { return spsc_readable(&ch->in_st, bad); }
+static uint8_t *probe_in_chunk(orion_channel *ch, int *bad) { return spsc_readable(&ch->in_st, bad, 1); }
 
 /* Take a staged payload of `length` bytes chunk by chunk (channel.Endpoint._stream_in), into `dest` when there is
  * one, else dropped: either way every chunk is released, so the chunk stream stays in step with the records. */
@@ -519,7 +541,7 @@ static int stream_in(orion_channel *ch, size_t length, const reply_dest *dest) {
     size_t size = ch->in_st.cell;
     for (size_t at = 0; at < length; at += size) {
         int bad = 0, code = ORION_OK;
-        uint8_t *chunk = spsc_readable(&ch->in_st, &bad);
+        uint8_t *chunk = spsc_readable(&ch->in_st, &bad, 1);
         if (!chunk) {
             chunk = wait_for(ch, probe_in_chunk, 1, -1, "the next chunk on the completion staging arena", &code);
             if (!chunk) return code;
@@ -530,10 +552,10 @@ static int stream_in(orion_channel *ch, size_t length, const reply_dest *dest) {
     return ORION_OK;
 }
 
-/* Known flags, reserved 0, an opcode in range, and a length its slot holds (inline) or the wire allows (staged:
+/* Known flags, an opcode in range, and a length its slot holds (inline) or the wire allows (staged:
  * checked before any chunk is touched, as record.check_header does). */
 static int well_formed(const orion_channel *ch, const record_header *r) {
-    if (r->reserved || (r->flags & ~ORION_WIRE_KNOWN_FLAGS) || r->opcode > ORION_WIRE_MAX_OPCODE) return 0;
+    if ((r->flags & ~ORION_WIRE_KNOWN_FLAGS) || r->opcode > ORION_WIRE_MAX_OPCODE) return 0;
     if (r->flags & ORION_FLAG_STAGED) return r->length <= ORION_MAX_PAYLOAD;
     return r->length <= ch->capacity;
 }
@@ -543,7 +565,7 @@ static int well_formed(const orion_channel *ch, const record_header *r) {
 static int receive(orion_channel *ch, int wait, uint64_t want, record_header *r, const reply_dest *out, int *got) {
     int code = ORION_OK, bad = 0;
     *got = 0;
-    uint8_t *cell = spsc_readable(&ch->in, &bad);
+    uint8_t *cell = spsc_readable(&ch->in, &bad, !wait);
     if (!cell && !bad && !wait) return ORION_OK;
     if (!cell) {
         cell = wait_for(ch, probe_in, 1, -1, "a record on the completion ring", &code);
@@ -552,7 +574,7 @@ static int receive(orion_channel *ch, int wait, uint64_t want, record_header *r,
     memcpy(&r->call_id, cell + ORION_RECORD_call_id, sizeof r->call_id);
     r->opcode = rd32(cell + ORION_RECORD_opcode); r->flags = rd32(cell + ORION_RECORD_flags);
     r->length = rd32(cell + ORION_RECORD_length); r->generation = rd32(cell + ORION_RECORD_generation);
-    memcpy(&r->status, cell + ORION_RECORD_status, sizeof r->status); r->reserved = rd32(cell + ORION_RECORD_reserved);
+    memcpy(&r->status, cell + ORION_RECORD_status, sizeof r->status); r->seq = rd32(cell + ORION_RECORD_seq);
     if (!well_formed(ch, r)) {
         spsc_release(&ch->in);
         return broken(ch, FAIL(ch, ORION_E_PROTOCOL, "%s channel %d: completion %llu (flags %#x, %u bytes) is "
@@ -642,9 +664,9 @@ static int stream_out(orion_channel *ch, piece_cursor *from, size_t len) {
 /* The six u32 words after the call id, in the cell's order, as one copy. */
 _Static_assert(ORION_RECORD_flags == ORION_RECORD_opcode + 4 && ORION_RECORD_length == ORION_RECORD_flags + 4 &&
                ORION_RECORD_generation == ORION_RECORD_length + 4 &&
-               ORION_RECORD_status == ORION_RECORD_generation + 4 && ORION_RECORD_reserved == ORION_RECORD_status + 4 &&
-               ORION_RECORD_SIZE == ORION_RECORD_reserved + 4,
-               "record.HEADER: after the call id come opcode, flags, length, generation, status, reserved (u32 each)");
+               ORION_RECORD_status == ORION_RECORD_generation + 4 && ORION_RECORD_seq == ORION_RECORD_status + 4 &&
+               ORION_RECORD_SIZE == ORION_RECORD_seq + 4,
+               "record.HEADER: after the call id come opcode, flags, length, generation, status, seq (u32 each)");
 
 /* HELLO's protocol and pid are copied as one pair of u32 words; a length before a variable field is a u32. */
 _Static_assert(ORION_HELLO_REQ_pid == ORION_HELLO_REQ_protocol + 4 && ORION_HELLO_REQ_SIZE == ORION_HELLO_REQ_pid + 4,
@@ -653,7 +675,7 @@ _Static_assert(ORION_LENGTH_BYTES == sizeof(uint32_t), "codec.LENGTH is not a u3
 
 static void write_header(uint8_t *cell, uint64_t call_id, uint32_t opcode, uint32_t flags, uint32_t length,
                          uint32_t generation) {
-    uint32_t words[6] = { opcode, flags, length, generation, 0, 0 };  /* status 0, reserved 0 */
+    uint32_t words[6] = { opcode, flags, length, generation, 0, 0 };  /* status 0, seq 0 until published */
     memcpy(cell + ORION_RECORD_call_id, &call_id, sizeof call_id);
     memcpy(cell + ORION_RECORD_opcode, words, sizeof words);
 }
@@ -781,11 +803,16 @@ int orion_hello(orion_channel *ch, const char *calls, uint64_t *session) {
     int rc = orion_call(ch, ORION_WIRE_OP_HELLO, req, len, &status, reply, ch->capacity, &got);
     if (rc == ORION_OK && status != 0) {
         int shown = (int)(got < 300 ? got : 300);
+        /* channel.OLDER_AGENT: an agent of protocol 2 refuses a slot's publish mark as a malformed record */
+        const char *older = status != ORION_WIRE_STATUS_MALFORMED ? "" :
+            " (the agent could not read this client's HELLO record: it is older than wire protocol 3; install the "
+            "oriond of the same release as orion-guest)";
         if (shown)
-            rc = FAIL(ch, ORION_E_REFUSED, "%s: the host agent refused this client: %.*s", ch->where, shown,
-                      (const char *)reply);
+            rc = FAIL(ch, ORION_E_REFUSED, "%s: the host agent refused this client: %.*s%s", ch->where, shown,
+                      (const char *)reply, older);
         else
-            rc = FAIL(ch, ORION_E_REFUSED, "%s: the host agent refused this client: status %d", ch->where, status);
+            rc = FAIL(ch, ORION_E_REFUSED, "%s: the host agent refused this client: status %d%s", ch->where, status,
+                      older);
     } else if (rc == ORION_OK && (got < AGENT + LENGTH || AGENT + LENGTH + (size_t)rd32(reply + AGENT) != got)) {
         rc = FAIL(ch, ORION_E_PROTOCOL, "%s: malformed HELLO reply of %zu bytes", ch->where, got);
     } else if (rc == ORION_OK && session) {
@@ -1094,6 +1121,8 @@ int orion_open_ex(const char *path, double accept_timeout, double agent_timeout,
     /* ClientChannel._accept, word for word: reset the indices we own (request ring and staging tails,
      * completion ring and staging heads), then pid, liveness, heartbeat, active, and the generation last. */
     uint8_t *c = ch->ctrl;
+    for (uint32_t k = 0; k < g.entries; k++)  /* Ring.reset_owned: our slots' marks, then our tail */
+        store32(base + g.o_req + ORION_RING_slots + (size_t)k * g.slot + ORION_RECORD_seq, 0);
     store32(base + g.o_req + ORION_RING_tail, 0);
     store32(base + g.o_reqst + ORION_STAGING_tail, 0);
     store32(base + g.o_cpl + ORION_RING_head, 0);
@@ -1134,6 +1163,7 @@ int orion_open_ex(const char *path, double accept_timeout, double agent_timeout,
     ch->out.own = load32(ch->out.base + ORION_RING_tail);
     ch->out.seen = load32(ch->out.base + ORION_RING_head);
     ch->out.lazy_head = 1;
+    ch->out.marked = ch->in.marked = 1;
     ch->in.own = load32(ch->in.base + ORION_RING_head);
     ch->out_st.own = load32(ch->out_st.base + ORION_STAGING_tail);
     ch->in_st.own = load32(ch->in_st.base + ORION_STAGING_head);

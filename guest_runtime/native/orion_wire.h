@@ -49,7 +49,7 @@ enum {
  * orion_region.h's ORION_WIRE_* (_Static_assert), so they cannot drift from record.py and channel.py. */
 enum { ORION_OP_HELLO = 1, ORION_OP_ECHO = 2, ORION_OP_NOP = 3, ORION_OP_DRAIN = 4, ORION_OP_FILL = 5 };
 enum { ORION_FLAG_NO_REPLY = 1, ORION_FLAG_STAGED = 2, ORION_FLAG_ASYNC_ERROR = 4 };
-#define ORION_PROTOCOL 2u
+#define ORION_PROTOCOL 3u
 
 typedef struct orion_channel orion_channel;
 
@@ -67,7 +67,7 @@ int orion_discover(char *out, size_t len);
 int orion_open_ex(const char *path, double accept_timeout, double agent_timeout, orion_channel **channel,
                   char *err, size_t errlen);
 
-/* HELLO: protocol 2, this pid, this host name and `calls` (the forwarded-call table's digest, "" for the wire
+/* HELLO: protocol ORION_PROTOCOL, this pid, this host name and `calls` (the forwarded-call table's digest, "" for the wire
  * alone). `session` (may be NULL) receives the agent's session number. ORION_E_REFUSED carries the agent's
  * reason in orion_error(). */
 int orion_hello(orion_channel *channel, const char *calls, uint64_t *session);

@@ -71,10 +71,10 @@ static void pending_drop(Pump *self, pending_call *entry) {
 
 /* One ring record forwarded: 1, 0 when it is Python's, -1 when the socket failed (lost_errno). */
 static int forward_record(Pump *self, uint32_t *head) {
-    const uint8_t *slot = self->in.data + (size_t)(*head & self->in.mask) * self->in.cell;
+    const uint8_t *slot = ring_slot(&self->in, *head);
     uint64_t call_id = rd64(slot);
-    uint32_t opcode = rd32(slot + 8), flags = rd32(slot + 12), length = rd32(slot + 16), reserved = rd32(slot + 28);
-    if (reserved || (flags & ~FLAG_NO_REPLY) || opcode > 0xFFFF || !self->forward[opcode]
+    uint32_t opcode = rd32(slot + 8), flags = rd32(slot + 12), length = rd32(slot + 16);
+    if ((flags & ~FLAG_NO_REPLY) || opcode > 0xFFFF || !self->forward[opcode]
         || length > self->inline_capacity)
         return 0;
     uint8_t how = self->forward[opcode];
@@ -115,8 +115,7 @@ static int take_frame(Pump *self, uint32_t *tail_out) {
     if ((size_t)n < RECORD_HEADER) return 0;
     uint64_t call_id = rd64(self->frame);
     uint32_t opcode = rd32(self->frame + 8), flags = rd32(self->frame + 12), length = rd32(self->frame + 16);
-    uint32_t reserved = rd32(self->frame + 28);
-    if (reserved || (flags & ~FLAG_ASYNC_ERROR) || length > self->out.cell - RECORD_HEADER
+    if ((flags & ~FLAG_ASYNC_ERROR) || length > self->out.cell - RECORD_HEADER
         || (opcode != 0 && !(opcode == OP_BEAT && length == 0)))
         return -1;
     if ((size_t)n < RECORD_HEADER + length) return peer_closed(self->fd) ? -1 : 0; /* closed mid-frame: Python says so */
@@ -131,13 +130,12 @@ static int take_frame(Pump *self, uint32_t *tail_out) {
         return -1; /* not reached: what was peeked is there */
     self->heard = now_s();
     if (opcode == OP_BEAT) return 1;
-    uint8_t *out = self->out.data + (size_t)(*tail_out & self->out.mask) * self->out.cell;
+    uint8_t *out = ring_slot(&self->out, *tail_out);
     uint32_t words[6] = { 0, flags & FLAG_ASYNC_ERROR, length, self->ring_generation, rd32(self->frame + 24), 0 };
     memcpy(out + RECORD_HEADER, self->frame + RECORD_HEADER, length);
     memcpy(out, &call_id, 8);
     memcpy(out + 8, words, sizeof words);
-    *tail_out += 1;
-    store32(self->out.tail, *tail_out);
+    ring_publish(&self->out, tail_out);
     return 1;
 }
 

@@ -102,7 +102,7 @@ typedef struct {
     fn_launch launch_kernel; /* cuLaunchKernel: a cuLaunchKernelEx without attributes is one (executor._launch) */
     uint64_t plain_attributes, event_attributes; /* launch attribute IDs C forwards: none until set */
     /* the wait in progress, kept across serve() calls so that a liveness check does not restart the spin */
-    int waiting, busy;
+    int waiting, busy, spun; /* spun: this wait's spin is over (the tail may be read) */
     double wait_start, sleep, next_check;
     unsigned long long served, failed_call_id;
     int failed_status;
@@ -517,22 +517,29 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
     unsigned long long failed_id = 0;
     PyThreadState *saved = PyEval_SaveThread();
     for (;;) {
-        uint32_t fill = load32(self->in.tail) - head;
-        /* a record that comes while we spin is taken within a probe, not a probe plus a clock read */
-        for (int probes = 0; fill == 0 && block && self->waiting && probes < 64; probes++) {
+        /* The next record is seen by its mark, in the line it is read from; a record that comes while we spin is
+         * taken within a probe, not a probe plus a clock read. The tail's line is read only by a non-blocking call and
+         * once the spin is over: a read while we spin would make the guest's next tail store wait for our copy's
+         * invalidation, and its mark with it. A record published without its mark is served then. */
+        uint32_t fill = ring_marked(&self->in, head);
+        for (int probes = 0; !fill && block && probes < 64; probes++) {
             cpu_relax();
-            fill = load32(self->in.tail) - head;
+            fill = ring_marked(&self->in, head);
         }
+        if (!fill && (!block || (self->waiting && self->spun)))
+            fill = load32(self->in.tail) - head;
         if (fill == 0) {
             double t = now_s();
             if (!block) { code = RET_IDLE; break; }
             if (!self->waiting) {
                 self->waiting = 1;
+                self->spun = 0;
                 self->wait_start = t;
                 self->sleep = 0.0;
             }
             double spin = self->busy ? self->busy_spin_s : self->spin_s;
             if (t - self->wait_start < spin) { cpu_relax(); continue; }
+            if (!self->spun) { self->spun = 1; continue; } /* the tail, once, before the first check or sleep */
             if (t >= self->next_check) { /* WaitPolicy.wait_for: checks from the sleeping phase only */
                 self->next_check = t + self->check_every_s;
                 code = RET_CHECK;
@@ -548,11 +555,11 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
             self->busy = now_s() - self->wait_start < self->busy_spin_s;
         }
         if (fill > self->in.capacity) break; /* a broken peer: Python's receive says so (ChannelCorrupt) */
-        const uint8_t *slot = self->in.data + (size_t)(head & self->in.mask) * self->in.cell;
+        const uint8_t *slot = ring_slot(&self->in, head);
         uint64_t call_id = rd64(slot);
         uint32_t opcode = rd32(slot + 8), flags = rd32(slot + 12), length = rd32(slot + 16);
-        uint32_t generation = rd32(slot + 20), reserved = rd32(slot + 28);
-        if (reserved || (flags & ~FLAG_NO_REPLY) || generation != self->generation || opcode > 0xFFFF
+        uint32_t generation = rd32(slot + 20);
+        if ((flags & ~FLAG_NO_REPLY) || generation != self->generation || opcode > 0xFFFF
             || length > self->inline_capacity)
             break;
         int kind = self->kind[opcode];
@@ -575,7 +582,7 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
             if (!ok) break;
         }
         if (may_capture(self, kind, payload)) break;
-        uint8_t *out = self->out.data + (size_t)(tail_out & self->out.mask) * self->out.cell;
+        uint8_t *out = ring_slot(&self->out, tail_out);
         int result = call_driver(self, kind, self->fn[opcode], payload, length, out + RECORD_HEADER, host);
         head += 1;
         store32(self->in.head, head);
@@ -587,8 +594,7 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
             uint32_t words[6] = { 0, 0, sent, self->generation, (uint32_t)result, 0 }; /* opcode, flags, length */
             memcpy(out, &call_id, 8);
             memcpy(out + 8, words, sizeof words);
-            tail_out += 1;
-            store32(self->out.tail, tail_out);
+            ring_publish(&self->out, &tail_out);
         } else if (result != CUDA_SUCCESS) {
             code = RET_POSTED_FAILED;
             failed_id = call_id;

@@ -28,7 +28,7 @@ from ivshmem.channel import Endpoint
 from ivshmem.cuda_status import INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, SUCCESS
 from ivshmem.driver_api import BY_OPCODE, PINNED_COPY, POOL_MAP_OPCODE, POOL_MAP_REQUEST, DriverCall
 from ivshmem.layout import Geometry
-from ivshmem.record import STATS_REPLY, Flag, Op, Status
+from ivshmem.record import SEQ_AT, STATS_REPLY, Flag, Op, Status, publish_mark
 from ivshmem.region import Region
 from ivshmem.wait import WaitPolicy
 from tests.fake_driver import CUlaunchConfig, FakeDriver
@@ -468,8 +468,35 @@ def test_a_full_completion_ring_is_left_to_the_python_path_and_no_reply_is_overw
     assert s.hot is not None and s.hot.serve(False)[0] == s.hot.IDLE  # all answered: the completion ring is full
     one_more = s.request("cuCtxSynchronize")
     assert s.hot.serve(False)[0] == s.hot.PYTHON  # no room for its reply: left where it is
+    completions = s.client.in_ring  # each reply published with the mark a compiled guest watches
+    assert [s.region.u32[(completions.data + i * completions.cell + SEQ_AT) >> 2] for i in range(entries)] == \
+        [publish_mark(i + 1) for i in range(entries)]
     assert [s.client.receive(wait=False).call_id for _ in range(entries)] == ids  # type: ignore[union-attr]
     assert s.serve() == [(one_more, 0, INVALID_CONTEXT, b"")]
+
+
+def test_a_request_is_seen_by_its_mark_and_one_without_a_mark_by_its_tail(make: Any) -> None:
+    """The compiled path watches each request slot's mark (the line it reads the record from) and reads the tail only
+    when it does not wait (serve(False)) or once its spin is over, so a guest that published a record by its tail alone
+    is served all the same."""
+    s = make(True, WaitPolicy(spin_s=0.0, busy_spin_s=0.0, min_sleep=1e-4, max_sleep=1e-3, check_every_s=0.01))
+    assert s.hot is not None
+    requests = s.host.in_ring
+    tail_word = requests._tail_i
+
+    def slot_mark(index: int) -> int:
+        return (requests.data + (index % requests.capacity) * requests.cell + SEQ_AT) >> 2
+    s.request("cuCtxSynchronize")
+    s.region.u32[tail_word] = 0  # published by its mark alone
+    s.hot.serve(True)  # it then finds the tail behind its head, as from a broken guest, and leaves that to Python
+    assert s.hot.served == 1 and s.host.in_ring.snapshot() == (1, 0)  # taken though the tail never said so
+    s.region.u32[tail_word] = 1
+    for block in (False, True):  # by the tail alone: at once without a wait, after the spin with one
+        s.request("cuCtxSynchronize")
+        s.region.u32[slot_mark(s.next_id - 1)] = 0
+        s.hot.serve(block)
+        assert s.hot.served == s.next_id, block
+    assert [record.status for record in iter(lambda: s.client.receive(wait=False), None)] == [INVALID_CONTEXT] * 3
 
 
 def test_a_ring_the_peer_broke_is_left_to_the_python_path(make: Any) -> None:

@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from ivshmem import layout, liveness
+from ivshmem import layout, liveness, record
 from ivshmem.channel import Control, Ctrl, HostReason, HostStatus
 from ivshmem.errors import RegionFormatError
 from ivshmem.layout import Geometry
@@ -180,7 +180,8 @@ def test_record_header_fields_sit_at_documented_offsets() -> None:
     assert struct.unpack_from("<I", raw, 16) == (0x31323334,)  # length
     assert struct.unpack_from("<I", raw, 20) == (0x41424344,)  # generation
     assert struct.unpack_from("<i", raw, 24) == (-5,)  # status (signed)
-    assert struct.unpack_from("<I", raw, 28) == (0x51525354,)  # reserved
+    assert struct.unpack_from("<I", raw, 28) == (0x51525354,)  # seq (a ring slot's publish mark)
+    assert record.SEQ_AT == 28 and record.publish_mark(1) == 0x80000001 and record.publish_mark(0) == 0x80000000
     assert (Flag.NO_REPLY, Flag.STAGED, Flag.ASYNC_ERROR) == (1, 2, 4)
     assert [(s.name, int(s)) for s in Status] == [("OK", 0), ("MALFORMED", -1), ("UNKNOWN_OPCODE", -2),
                                                    ("TOO_LARGE", -3), ("HANDLER_FAILED", -4),

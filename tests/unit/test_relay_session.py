@@ -25,7 +25,7 @@ from host_agent.relay.stream_endpoint import StreamEndpoint
 from host_agent.session_loop import RecordLoop, ServerOptions
 from ivshmem.channel import Endpoint
 from ivshmem.layout import Geometry
-from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, Flag, Op, Record, Status, fill_pattern
+from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, SEQ_AT, Flag, Op, Record, Status, fill_pattern, publish_mark
 from ivshmem.region import Region
 from tests.forwarding_rig import bounded  # noqa: F401 (fixture)
 
@@ -146,6 +146,22 @@ def test_after_python_served_a_record_the_pump_waits_afresh() -> None:
         assert r.relay._pump is not None
         since = r.relay._pump.waiting_since
         assert since is None or since >= sent, (since, sent)  # None: between a hand-over and its next wait
+    finally:
+        r.close()
+
+
+@pytest.mark.skipif(compiled_pump.PROGRAM.load() is None, reason="the compiled pump does not build here")
+def test_the_pumps_answers_carry_the_marks_a_compiled_guest_watches() -> None:
+    """Each answer the pump writes into the completion ring carries its slot's publish mark (record.publish_mark),
+    which the native guest driver waits on rather than the tail."""
+    r = Relayed()
+    try:
+        ids = [r.call(Op.NOP) for _ in range(8)]
+        assert [r.reply(call_id).status for call_id in ids] == [Status.OK] * 8
+        assert r.relay._pump is not None and r.relay._pump.pumped >= 16  # each NOP there and back by the pump
+        ring = r.client.in_ring
+        assert [r.region.u32[(ring.data + i * ring.cell + SEQ_AT) >> 2] for i in range(8)] == \
+            [publish_mark(i + 1) for i in range(8)]
     finally:
         r.close()
 

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from ivshmem.errors import ChannelCorrupt
+from ivshmem.layout import RECORD_HEADER_SIZE as RECORD_HEADER
+from ivshmem.record import SEQ_AT, publish_mark
 from ivshmem.ring import U32, Ring, StagingArena
 
 BASE = 256  # the block does not start at 0, as in a real region
@@ -27,6 +29,7 @@ class _QueueMachine(RuleBasedStateMachine):
 
     data_offset = 128
     cell_choices: tuple[int, ...] = (64,)
+    payload_at = 0  # where in a cell the test's bytes go (a ring's cell starts with a record header: its mark)
 
     def build(self, words: memoryview, capacity: int, cell: int) -> Ring | StagingArena:
         raise NotImplementedError
@@ -61,8 +64,10 @@ class _QueueMachine(RuleBasedStateMachine):
             return
         assert offset == self._cell_at(self.start + self.produced)
         self.counter += 1
+        size = min(size, self.cell - self.payload_at - 2)
         payload = self.counter.to_bytes(4, "little") * (size // 4 + 1)
         payload = payload[:size]
+        offset += self.payload_at
         self.buf[offset:offset + 2] = size.to_bytes(2, "little")
         self.buf[offset + 2:offset + 2 + size] = payload
         self.producer.publish()
@@ -76,6 +81,7 @@ class _QueueMachine(RuleBasedStateMachine):
             assert offset is None, "empty at zero"
             return
         assert offset is not None
+        offset += self.payload_at
         size = int.from_bytes(self.buf[offset:offset + 2], "little")
         got = bytes(self.buf[offset + 2:offset + 2 + size])
         assert got == self.model.popleft(), "FIFO, no loss, no duplicate"
@@ -112,9 +118,21 @@ class _QueueMachine(RuleBasedStateMachine):
 class RingMachine(_QueueMachine):
     data_offset = 128
     cell_choices = (64, 128, 512)
+    payload_at = RECORD_HEADER
 
     def build(self, words: memoryview, capacity: int, cell: int) -> Ring:
         return Ring(words, BASE, capacity, cell, "test ring")
+
+    @invariant()
+    def published_slots_carry_their_marks(self) -> None:
+        """What the compiled consumers watch: each published, unconsumed slot's `seq` is the tail that covers it."""
+        if not hasattr(self, "model"):
+            return
+        tail = (self.start + self.produced) & U32
+        for back in range(1, len(self.model) + 1):
+            index = (tail - back) & U32
+            seq = struct.unpack_from("<I", self.buf, self._cell_at(index) + SEQ_AT)[0]
+            assert seq == publish_mark((index + 1) & U32)
 
 
 class StagingMachine(_QueueMachine):
@@ -231,3 +249,18 @@ def test_reset_owned_zeroes_only_the_own_index() -> None:
     assert producer.snapshot() == (0, 0)
     consumer.resync()
     assert consumer.readable() is None
+
+
+def test_a_producers_reset_zeroes_its_slots_marks() -> None:
+    """A ring reset for a new session leaves no slot that reads as published to a consumer watching marks (a slot of
+    the earlier session with index k carries the mark the new session's index k will)."""
+    buf, producer, consumer = _pair("ring", 8, 0, 0)
+    for _ in range(3):
+        assert producer.writable() is not None
+        producer.publish()
+    marks = [struct.unpack_from("<I", buf, BASE + 128 + k * 64 + SEQ_AT)[0] for k in range(8)]
+    assert marks == [publish_mark(1), publish_mark(2), publish_mark(3)] + [0] * 5
+    buf[BASE + 128 + 7 * 64 + SEQ_AT] = 0x5A  # whatever an earlier session left
+    producer.reset_owned("producer")
+    assert all(struct.unpack_from("<I", buf, BASE + 128 + k * 64 + SEQ_AT)[0] == 0 for k in range(8))
+    assert producer.snapshot()[1] == 0

@@ -361,15 +361,14 @@ def clients(tmp_path: Path) -> Iterator[Callable[[str, str], Client]]:
 
 
 def raw_request(ch: ClientChannel, call_id: int, opcode: int = Op.ECHO, flags: int = 0, payload: bytes = b"",
-                length: int | None = None, generation: int | None = None, status: int = 0,
-                reserved: int = 0) -> None:
+                length: int | None = None, generation: int | None = None, status: int = 0) -> None:
     """Write one record straight into the channel's request ring (and its payload into the slot, or through
     the staging arena when STAGED), bypassing every check the client library makes."""
     ep, buf = ch.endpoint, ch.region.buf
     ring = ep.out_ring
     offset = wait_until(ring.writable, 10, "room in the request ring")
     HEADER.pack_into(buf, offset, call_id, opcode, flags, len(payload) if length is None else length,
-                     ep.generation if generation is None else generation, status, reserved)
+                     ep.generation if generation is None else generation, status, 0)
     if not flags & Flag.STAGED:
         buf[offset + 32:offset + 32 + len(payload)] = payload
     ring.publish()
@@ -592,7 +591,6 @@ def test_idle_guest_client_with_a_heartbeat_is_not_reclaimed(served_region: str,
 HOSTILE = {
     "unknown flag": (dict(flags=1 << 3), Status.MALFORMED),
     "high unknown flag": (dict(flags=1 << 31), Status.MALFORMED),
-    "nonzero reserved word": (dict(reserved=0xDEAD, payload=b"x"), Status.MALFORMED),
     "inline length past the slot": (dict(length=-1), Status.MALFORMED),  # -1: inline capacity + 1
     "inline length of 4 GiB": (dict(length=U32), Status.TOO_LARGE),
     "opcode past 0xffff": (dict(opcode=0x10000), Status.UNKNOWN_OPCODE),

@@ -7,6 +7,7 @@ timeout, so a client that hangs fails the test instead of stalling the suite.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -29,7 +30,7 @@ from guest_runtime.native.ctypes_client import ERRORS, NativeChannel, NativeWire
 from ivshmem import layout
 from ivshmem.channel import ClientChannel, Ctrl, HostChannel, HostReason, HostStatus
 from ivshmem.layout import Geometry
-from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, STATS_REPLY, Op, Status, fill_pattern
+from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, SEQ_AT, STATS_REPLY, Op, Status, fill_pattern, publish_mark
 from ivshmem.region import Region
 
 T = TypeVar("T")
@@ -381,12 +382,29 @@ def forge_completion(served_region: str, index: int, slot: bytes | None, tail_ah
         region.u32[(ring + layout.RING_TAIL) >> 2] = (head + tail_ahead) & 0xFFFFFFFF
 
 
+@contextlib.contextmanager
+def frozen_worker(native: NativeChannel, served_region: str) -> Iterator[None]:
+    """The agent's worker for `native`'s session stopped (SIGSTOP) meanwhile: it answers nothing, overwrites
+    nothing, so what a test forged in the completion ring is what the client finds."""
+    with Region.open(served_region) as observer:
+        worker = HostChannel(observer, native.index).ctrl[Ctrl.HOST_WORKER]
+    assert worker > 0
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(worker, signal.SIGCONT)
+
+
 def test_a_malformed_completion_breaks_the_channel_with_an_error(native: NativeChannel, served_region: str) -> None:
+    """Published by the tail alone, as a broken host might: the client, which watches each slot's mark, finds it once
+    its wait sleeps, and refuses it."""
     assert bounded(lambda: native.call(Op.ECHO, b"a")) == (0, b"a")
     forged = struct.pack("<QIIIIiI", 99, 0, 0x80, 0, native.generation, 0, 0)  # an unknown flag
-    forge_completion(served_region, native.index, forged, 1)
-    with pytest.raises(NativeWireError) as caught:
-        bounded(lambda: native.call(Op.ECHO, b"b"))
+    with frozen_worker(native, served_region):
+        forge_completion(served_region, native.index, forged, 1)
+        with pytest.raises(NativeWireError) as caught:
+            bounded(lambda: native.call(Op.ECHO, b"b"))
     assert caught.value.code == "PROTOCOL" and "malformed" in str(caught.value)
     with pytest.raises(NativeWireError) as again:  # broken for good: close it and open another
         bounded(lambda: native.call(Op.NOP))
@@ -395,10 +413,59 @@ def test_a_malformed_completion_breaks_the_channel_with_an_error(native: NativeC
 
 def test_impossible_completion_indices_are_an_error(native: NativeChannel, served_region: str) -> None:
     assert bounded(lambda: native.call(Op.NOP)) == (0, b"")
-    forge_completion(served_region, native.index, None, 100000)
-    with pytest.raises(NativeWireError) as caught:
-        bounded(lambda: native.call(Op.NOP))
+    with frozen_worker(native, served_region):
+        forge_completion(served_region, native.index, None, 100000)
+        with pytest.raises(NativeWireError) as caught:
+            bounded(lambda: native.call(Op.NOP))
     assert caught.value.code == "PROTOCOL" and "broke the protocol" in str(caught.value)
+
+
+def test_each_request_carries_its_publish_mark(lib: ctypes.CDLL, served_region: str) -> None:
+    """What the host's compiled path watches: every request slot the client published carries the tail that covers
+    it (record.publish_mark), and the same channel claimed again starts with no slot marked (a slot of the earlier
+    session would otherwise read as the new session's record of the same index)."""
+    def marks(index: int) -> list[int]:
+        with Region.open(served_region) as region:
+            g = region.geometry
+            ring = g.channel_base(index) + g.off_req_ring
+            return [region.u32[(ring + layout.RING_SLOTS + k * g.slot_size + SEQ_AT) >> 2] for k in range(8)]
+    with bounded(lambda: NativeChannel(lib, served_region)) as first:
+        for i in range(8):
+            assert bounded(lambda: first.call(Op.ECHO, bytes([i]))) == (0, bytes([i]))  # noqa: B023
+        index = first.index
+        assert marks(index) == [publish_mark(k + 1) for k in range(8)]
+    with bounded(lambda: NativeChannel(lib, served_region)) as second:
+        assert second.index == index
+        assert marks(index) == [0] * 8
+        assert bounded(lambda: second.call(Op.ECHO, b"x")) == (0, b"x")
+        assert marks(index) == [publish_mark(1)] + [0] * 7
+
+
+def test_a_completion_is_taken_by_its_mark_before_its_tail(native: NativeChannel, served_region: str) -> None:
+    """The client takes a reply its host published by the slot's mark alone (record.publish_mark), the tail not yet
+    stored: the mark it watches is the one every host producer writes. A slot whose mark is another lap's, or zero
+    (a reset ring), is not taken."""
+    assert bounded(lambda: native.call(Op.ECHO, b"a")) == (0, b"a")
+    call_id = int(native.lib.orion_last_call_id(native.handle)) + 1  # the id of the call below
+    with Region.open(served_region) as region:
+        g = region.geometry
+        ring = g.channel_base(native.index) + g.off_cpl_ring
+        head = region.u32[(ring + layout.RING_HEAD) >> 2]
+        cell = ring + layout.RING_SLOTS + (head % g.ring_entries) * g.slot_size
+        with frozen_worker(native, served_region):
+            reply = Background(lambda: native.call(Op.ECHO, b"b"))
+            for stale in (0, publish_mark(head + 1 - g.ring_entries), publish_mark(head)):
+                region.buf[cell:cell + 34] = struct.pack("<QIIIIiI", call_id, 0, 0, 2,
+                                                         native.generation, 0, stale) + b"ok"
+                reply.thread.join(0.3)
+                assert reply.thread.is_alive(), f"a reply taken by the mark {stale:#x}"
+            region.u32[(cell + SEQ_AT) >> 2] = publish_mark(head + 1)  # the tail stays where it was
+            assert reply.result() == (0, b"ok")
+            assert region.u32[(ring + layout.RING_TAIL) >> 2] == head  # taken by the mark alone
+            region.u32[(ring + layout.RING_TAIL) >> 2] = head + 1  # as the host would have (it is frozen)
+        # the worker answers the forged call's request after all: the client drops that reply as one it never
+        # waits for, and goes on
+        assert bounded(lambda: native.call(Op.ECHO, b"c")) == (0, b"c")
 
 
 # --- regions it must refuse, in one line, without crashing ----------------------------------------------------
