@@ -126,7 +126,8 @@ static void native_host(unsigned char *ch, unsigned req, unsigned cpl, unsigned 
     unsigned *rq_head = (unsigned *)(ch + req), *rq_tail = (unsigned *)(ch + req + 64);
     unsigned *cp_head = (unsigned *)(ch + cpl), *cp_tail = (unsigned *)(ch + cpl + 64);
     __atomic_store_n(rq_head, 0, __ATOMIC_RELEASE);
-    for (unsigned k = 0; k < entries; k++) __atomic_store_n((unsigned *)(ch + cpl + 128 + (size_t)k * slot + 28), 0, __ATOMIC_RELEASE);
+    for (unsigned k = 0; k < entries; k++)
+        __atomic_store_n((unsigned *)(ch + cpl + 128 + (size_t)k * slot + 28), 0, __ATOMIC_RELEASE);
     __atomic_store_n(cp_tail, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&ctrl[17], 1, __ATOMIC_RELEASE);  /* HOST_STATUS SERVING */
     __atomic_store_n(&ctrl[16], gen, __ATOMIC_RELEASE);  /* HOST_GEN */
