@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.native_wire_bench import TIMING_C, c_output  # noqa: E402
 from bench.verify import Checks  # noqa: E402
-from guest_runtime.native.build import SOURCE_DIR, find_compiler, write_region_header  # noqa: E402
+from guest_runtime.native.build import SOURCE_DIR, build_driver, find_compiler, write_region_header  # noqa: E402
 from host_agent.daemon.region_server import RegionServer  # noqa: E402
 from host_agent.handler import Session  # noqa: E402
 from host_agent.session import hot_path  # noqa: E402
@@ -161,8 +161,70 @@ int main(int argc, char **argv) {
 """
 
 
+DRIVER_CLIENT = TIMING_C + r"""
+#include <dlfcn.h>
+/* argv: LIBRARY N VALUE LAUNCH. The same calls through a CUDA driver library's own API: the machine's libcuda.so.1
+ * (native) or the native guest driver (ORION_SHM names the region), so that the two differ only in the library. */
+typedef int (*fn)();
+static fn get(void *lib, const char *name) {
+    fn f = (fn)dlsym(lib, name);
+    if (f == NULL) { fprintf(stderr, "the library has no %s\n", name); exit(1); }
+    return f;
+}
+#define CHECK(call) do { int rc_ = (call); if (rc_) { fprintf(stderr, "%s: %d\n", #call, rc_); return 1; } } while (0)
+static const char PTX[] = ".version 7.0\n.target sm_50\n.address_size 64\n.visible .entry empty()\n{\n ret;\n}\n";
+int main(int argc, char **argv) {
+    if (argc != 5) return 2;
+    void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+    int n = atoi(argv[2]);
+    unsigned value = (unsigned)strtoul(argv[3], NULL, 0), back = 0;
+    int device;
+    void *context, *module = NULL, *function = NULL;
+    unsigned long long memory;
+    unsigned char *pinned;
+    CHECK(get(lib, "cuInit")(0));
+    CHECK(get(lib, "cuDeviceGet")(&device, 0));
+    CHECK(get(lib, "cuDevicePrimaryCtxRetain")(&context, device));
+    CHECK(get(lib, "cuCtxSetCurrent")(context));
+    CHECK(get(lib, "cuMemAlloc_v2")(&memory, (size_t)64));
+    CHECK(get(lib, "cuMemAllocHost_v2")((void **)&pinned, (size_t)4096));
+    fn sync = get(lib, "cuCtxSynchronize"), query = get(lib, "cuStreamQuery"), htod = get(lib, "cuMemcpyHtoD_v2"),
+       dtoh = get(lib, "cuMemcpyDtoH_v2"), launch = get(lib, "cuLaunchKernel");
+    /* LAUNCH 1: an empty kernel from PTX, launched and waited for (a real driver: the fake's launches are Python's) */
+    int launches = atoi(argv[4]) && !get(lib, "cuModuleLoadData")(&module, PTX)
+                   && !get(lib, "cuModuleGetFunction")(&function, module, "empty");
+    long long *v = calloc(n, sizeof *v);
+    seen_t read_back = { "", 0 }, pinned_back = { "", 0 };
+    const char *names[6] = { "cuCtxSynchronize", "cuStreamQuery", "htod-4B", "dtoh-4B", "pinned-dtoh-4B",
+                             "launch+sync" };
+    for (int k = 0; k < (launches ? 6 : 5); k++) {
+        for (int i = -n / 10; i < n; i++) {
+            back = 0;
+            memset(pinned, 0, 4);
+            long long t = ns();
+            int rc = k == 0 ? sync() : k == 1 ? query((void *)0) : k == 2 ? htod(memory, &value, (size_t)4)
+                     : k == 3 ? dtoh(&back, memory, (size_t)4) : k == 4 ? dtoh(pinned, memory, (size_t)4)
+                     : (launch(function, 1, 1, 1, 1, 1, 1, 0, (void *)0, (void *)0, (void *)0) || sync());
+            long long took = ns() - t;
+            if (rc) { fprintf(stderr, "%s: %d\n", names[k], rc); return 1; }
+            if (i >= 0) v[i] = took;
+            if (k == 3 && i >= 0) see_reply(&read_back, &back, 4, &value, 4, i == n - 1);
+            if (k == 4 && i >= 0) see_reply(&pinned_back, pinned, 4, &value, 4, i == n - 1);
+        }
+        qsort(v, n, sizeof *v, cmp);
+        printf("%s %lld %lld\n", names[k], v[n / 2], v[(int)(n * 0.99)]);
+    }
+    print_bytes("dtoh-4B", read_back.value);
+    print_bytes("pinned-dtoh-4B", pinned_back.value);
+    return 0;
+}
+"""
+
+
 def build(directory: Path) -> tuple[Path, Path]:
-    """(the C client, the library of null driver functions), built with the system compiler."""
+    """(the C client, the library of null driver functions), built with the system compiler; the driver-API
+    client (`driver_client`) and the native guest driver (`libcuda.so.1`) beside them."""
     compiler = find_compiler()
     if compiler is None:
         raise SystemExit("no C compiler: this benchmark needs one (and the compiled path does too)")
@@ -174,7 +236,31 @@ def build(directory: Path) -> tuple[Path, Path]:
                     str(SOURCE_DIR / "orion_wire.c"), "-lpthread"], check=True)
     subprocess.run([*compiler, *flags, "-fPIC", "-shared", "-o", str(directory / "null.so"),
                     str(directory / "null.c")], check=True)
+    (directory / "driver_client.c").write_text(DRIVER_CLIENT)
+    subprocess.run([*compiler, *flags, "-o", str(directory / "driver_client"), str(directory / "driver_client.c"),
+                    "-ldl"], check=True)
+    build_driver(directory / "guest" / "libcuda.so.1")
     return directory / "client", directory / "null.so"
+
+
+def driver_round_trips(directory: Path, null_library: Path, driver: str, forwarded: bool, n: int,
+                       value: int) -> tuple[dict[str, tuple[float, float]], dict[str, str]]:
+    """The driver-API client's rows (name: p50, p99 in us) and what its reads delivered: through the native guest
+    driver against a worker with the compiled path (`forwarded`), or through the machine's own libcuda.so.1."""
+    client = [str(directory / "driver_client")]
+    if not forwarded:
+        done = subprocess.run([*client, "libcuda.so.1", str(n), str(value), "1"], capture_output=True, text=True,
+                              timeout=600, check=False)
+    else:
+        with served_region(32 * MIB, _serve, (driver, True, str(null_library))) as path:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {"ORION_SHM": path}
+            done = subprocess.run([*client, str(directory / "guest" / "libcuda.so.1"), str(n), str(value),
+                                   str(int(driver == "real"))],
+                                  capture_output=True, text=True, timeout=600, check=False, env=env)
+    if done.returncode:
+        raise SystemExit(f"the driver-API client failed ({'forwarded' if forwarded else 'native'}): "
+                         f"{done.stderr.strip()[-500:]}")
+    return c_output(done.stdout)
 
 
 def null_executor(session: Session, null_library: Path) -> CudaExecutor:
@@ -452,7 +538,38 @@ def main() -> int:
                     continue
                 print(f"{name:<18} native {native_us:6.2f}   compiled {in_c:6.2f} ({in_c / native_us:4.2f}x)   "
                       f"Python {in_python:6.2f} ({in_python / native_us:4.2f}x)")
+        library_rows(Path(directory), null_library, args, checks)
     return checks.exit_status()
+
+
+def library_rows(directory: Path, null_library: Path, args: argparse.Namespace, checks: Checks) -> None:
+    """The same calls made by a C program through a driver library's API: the native guest driver (libcuda.so.1,
+    the compiled path behind it), and with `--driver real` the machine's own driver, alternating. No Python wrapper
+    on either side, so the ratio is the guest driver's and the wire's cost alone."""
+    print("\n## through a driver library's API: C client, the native guest driver against the compiled path "
+          "(p50 / p99, µs)")
+    sides = (True, False) if args.driver == "real" else (True,)
+    runs: dict[bool, list[dict[str, tuple[float, float]]]] = {side: [] for side in sides}
+    right = True
+    for round_ in range(args.rounds):
+        for forwarded in sides:
+            value = copy_value(100 + 2 * round_ + forwarded)
+            rows, delivered = driver_round_trips(directory, null_library, args.driver, forwarded, args.n, value)
+            runs[forwarded].append(rows)
+            for row in ("dtoh-4B", "pinned-dtoh-4B"):
+                right &= checks.same(f"{row} through the {'guest' if forwarded else 'native'} driver, round "
+                                     f"{round_ + 1}", copy_bytes(value), delivered.get(row), "what cuMemcpyHtoD wrote")
+    print(f"{'call':<18} {'guest p50':>9} {'p99':>7}" + (f" {'native p50':>10} {'p99':>7} {'guest/native':>13}"
+                                                       if args.driver == "real" else ""))
+    for name in runs[True][0]:
+        p50 = statistics.median(r[name][0] for r in runs[True])
+        line = f"{name:<18} {p50:9.2f} {max(r[name][1] for r in runs[True]):7.2f}"
+        if args.driver == "real" and all(name in r for r in runs[False]):
+            native = statistics.median(r[name][0] for r in runs[False])
+            ratio = f"{p50 / native:12.2f}x" if right or "dtoh" not in name else "WRONG"
+            line += f" {native:10.2f} {max(r[name][1] for r in runs[False]):7.2f} {ratio:>13}"
+        print(line)
+    print("  (p50: median over rounds; p99: the worst round's)")
 
 
 if __name__ == "__main__":
