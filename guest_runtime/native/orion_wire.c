@@ -565,7 +565,10 @@ static int well_formed(const orion_channel *ch, const record_header *r) {
 static int receive(orion_channel *ch, int wait, uint64_t want, record_header *r, const reply_dest *out, int *got) {
     int code = ORION_OK, bad = 0;
     *got = 0;
-    uint8_t *cell = spsc_readable(&ch->in, &bad, !wait);
+    /* a look without a wait (the async errors after a call, room for a send) sees a record by its mark alone: a read
+     * of the tail's line here, after every call, would make the host's next tail store, and the mark of the next
+     * reply after it, wait for our copy's invalidation */
+    uint8_t *cell = spsc_readable(&ch->in, &bad, 0);
     if (!cell && !bad && !wait) return ORION_OK;
     if (!cell) {
         cell = wait_for(ch, probe_in, 1, -1, "a record on the completion ring", &code);

@@ -341,7 +341,7 @@ def staged_completion(native: NativeChannel, length: int) -> bytes:
 def test_a_staged_completion_declaring_more_than_the_limit_is_malformed(native: NativeChannel,
                                                                          served_region: str) -> None:
     assert bounded(lambda: native.call(Op.ECHO, b"a")) == (0, b"a")
-    forge_completion(served_region, native.index, staged_completion(native, (1 << 30) + 1), 1)
+    forge_completion(served_region, native.index, staged_completion(native, (1 << 30) + 1), 1, marked=True)
     assert bounded(native.async_errors) == []  # takes what arrived: the forged record, refused unread
     with pytest.raises(NativeWireError) as caught:
         bounded(lambda: native.call(Op.NOP))
@@ -353,7 +353,7 @@ def test_impossible_completion_arena_counters_are_an_error(native: NativeChannel
                                                            ahead: int) -> None:
     assert bounded(lambda: native.call(Op.ECHO, b"a")) == (0, b"a")
     forge_staging(served_region, native.index, "off_cpl_staging", layout.STAGING_TAIL, ahead)
-    forge_completion(served_region, native.index, staged_completion(native, 3 * native.capacity), 1)
+    forge_completion(served_region, native.index, staged_completion(native, 3 * native.capacity), 1, marked=True)
     assert bounded(native.async_errors) == []  # the forged record's chunks: impossible counters, nothing read
     with pytest.raises(NativeWireError) as caught:
         bounded(lambda: native.call(Op.NOP))
@@ -369,9 +369,10 @@ def test_impossible_request_arena_counters_are_an_error(native: NativeChannel, s
 
 
 # --- a peer that breaks the protocol ------------------------------------------------------------------------
-def forge_completion(served_region: str, index: int, slot: bytes | None, tail_ahead: int) -> None:
-    """Write what a broken host would into channel `index`'s completion ring: optionally a slot at the tail,
-    then the tail moved `tail_ahead` past the head. Only while no call is outstanding (the host is idle)."""
+def forge_completion(served_region: str, index: int, slot: bytes | None, tail_ahead: int, marked: bool = False) -> None:
+    """Write what a broken host would into channel `index`'s completion ring: optionally a slot at the tail (with its
+    publish mark when `marked`: then the client sees it even where it does not wait), then the tail moved
+    `tail_ahead` past the head. Only while no call is outstanding (the host is idle)."""
     with Region.open(served_region) as region:
         g = region.geometry
         ring = g.channel_base(index) + g.off_cpl_ring
@@ -380,6 +381,8 @@ def forge_completion(served_region: str, index: int, slot: bytes | None, tail_ah
             cell = ring + layout.RING_SLOTS + (head % g.ring_entries) * g.slot_size
             region.buf[cell:cell + len(slot)] = slot
         region.u32[(ring + layout.RING_TAIL) >> 2] = (head + tail_ahead) & 0xFFFFFFFF
+        if slot is not None and marked:
+            region.u32[(cell + SEQ_AT) >> 2] = publish_mark(head + 1)
 
 
 @contextlib.contextmanager
