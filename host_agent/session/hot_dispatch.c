@@ -97,8 +97,11 @@ typedef struct {
     PyObject *ledger; /* SessionLedger or None */
     fn_handle stream_sync; /* cuStreamSynchronize: an async copy from the device first waits for its stream */
     fn_is_capturing is_capturing; /* cuStreamIsCapturing: an async copy to a capturing stream waits too (_htod) */
-    uint8_t *own; /* a host-to-device copy's bytes, copied out of the ring or frame: pageable memory of this process's
-                   * (never registered), which the driver stages before it returns, as the guest's own (executor._htod) */
+    uint8_t *own; /* the payload of the ring record being served, copied out of its slot before anything in it is
+                   * checked: the guest may rewrite its slot meanwhile, and a size or count checked there and read again
+                   * for the call could be another (a frame is read into `frame`, ours already). A host-to-device copy's
+                   * bytes go to the driver from here: pageable memory of this process's (never registered), which the
+                   * driver stages before it returns, as the guest's own (executor._htod) */
     fn_launch launch_kernel; /* cuLaunchKernel: a cuLaunchKernelEx without attributes is one (executor._launch) */
     uint64_t plain_attributes, event_attributes; /* launch attribute IDs C forwards: none until set */
     /* the wait in progress, kept across serve() calls so that a liveness check does not restart the spin */
@@ -339,12 +342,11 @@ static int call_driver(Dispatcher *self, int kind, void *fn, const uint8_t *p, u
     void *stream = (void *)(uintptr_t)rd64(p + 16); /* an async copy's */
     switch (kind) {
     case K_HTOD: case K_HTOD_ASYNC: {
-        /* executor._htod: the bytes copied into our own pageable buffer, which the driver stages before it returns
-         * (an async copy so goes in stream order without waiting for the stream), and the slot is free at once */
+        /* executor._htod: the bytes in our own pageable buffer (`p`: own or frame), which the driver stages before it
+         * returns (an async copy so goes in stream order without waiting for the stream) */
         uint64_t size = rd64(p + 8);
-        memcpy(self->own, p + COPY_FIXED(kind), size);
-        if (kind == K_HTOD) return ((fn_htod)fn)(rd64(p), self->own, size);
-        return ((fn_htod_async)fn)(rd64(p), self->own, size, stream);
+        if (kind == K_HTOD) return ((fn_htod)fn)(rd64(p), p + COPY_FIXED(kind), size);
+        return ((fn_htod_async)fn)(rd64(p), p + COPY_FIXED(kind), size, stream);
     }
     case K_DTOH: case K_DTOH_ASYNC:
         /* executor._dtoh: an async copy waits for its stream, then runs synchronously, so the completion slot it
@@ -564,12 +566,13 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
             break;
         int kind = self->kind[opcode];
         if (kind == K_NONE) break;
+        const uint8_t *payload = self->own; /* checked and used from our copy: the slot is the guest's to rewrite */
+        memcpy(self->own, slot + RECORD_HEADER, length);
         if (kind == K_LAUNCH ? (length < LAUNCH_FIXED || length - LAUNCH_FIXED > MAX_PARAMS)
-            : kind == K_LAUNCH_EX ? !launch_ex_fits(self, slot + RECORD_HEADER, length)
+            : kind == K_LAUNCH_EX ? !launch_ex_fits(self, payload, length)
             : (payload_size[kind] != UINT32_MAX && length != payload_size[kind]))
             break;
         int wants_reply = !(flags & FLAG_NO_REPLY);
-        const uint8_t *payload = slot + RECORD_HEADER;
         if (is_copy(kind) && !copy_is_plain(self, kind, payload, length, wants_reply)) break;
         if (wants_reply && tail_out - out_head >= self->out.capacity
             && tail_out - (out_head = load32(self->out.head)) >= self->out.capacity)

@@ -499,6 +499,30 @@ def test_a_request_is_seen_by_its_mark_and_one_without_a_mark_by_its_tail(make: 
     assert [record.status for record in iter(lambda: s.client.receive(wait=False), None)] == [INVALID_CONTEXT] * 3
 
 
+def test_a_slot_rewritten_while_it_is_served_changes_nothing_that_was_checked(make: Any) -> None:
+    """The guest owns its request slots and may rewrite one while the compiled path serves it: the record is checked
+    and used from one copy taken out of the slot. Here the guest's rewrite lands between the checks and the driver
+    call (during the capture query of an async copy to the device): the copy's size, checked against the record's
+    length, grows to 60,000 bytes and its bytes change. The driver must see the size and bytes that were checked."""
+    s = make(True)
+    h = setup_session(s)
+    ring = s.client.out_ring
+    slot = ring.data + (ring.snapshot()[1] & ring.mask) * ring.cell  # where the next request goes
+    query = s.fake.cuStreamIsCapturing
+
+    def guest_rewrites_its_slot(stream: int) -> Any:
+        s.region.buf[slot + 32 + 8:slot + 32 + 16] = (60_000).to_bytes(8, "little")  # the copy's size
+        s.region.buf[slot + 32 + 24:slot + 32 + 28] = b"EVIL"
+        return query(stream)
+    s.fake.cuStreamIsCapturing = guest_rewrites_its_slot  # type: ignore[method-assign]
+    s.fake.calls.clear()
+    s.request("cuMemcpyHtoDAsync", h["a"], 4, h["stream"], b"abcd", posted=True)
+    s.request("cuMemcpyDtoH", h["a"], 4)
+    assert s.serve() == [(s.next_id, 0, SUCCESS, b"abcd")]
+    copy = next(c for c in s.fake.calls if c.name == "cuMemcpyHtoDAsync")
+    assert copy.args[2] == 4 and s.hot is not None and s.hot.served >= 2
+
+
 def test_a_ring_the_peer_broke_is_left_to_the_python_path(make: Any) -> None:
     from ivshmem.errors import ChannelCorrupt
     s = make(True)
