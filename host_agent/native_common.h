@@ -1,9 +1,9 @@
 /* native_common.h: what the host's compiled modules share (session/hot_dispatch.c, relay/relay_pump.c).
  *
  * The ring's shape, its index words (loaded with acquire, stored with release, as guest_runtime/native/orion_wire.c
- * does) and its slots' publish marks, the clock and the waits, and writes to a relay connection under its write lock. The lock is a pthread mutex
- * that relay/frames.py's FrameLock owns and Python's writers take too; C is given its address. Nothing here knows a
- * CUDA call or a relay's bookkeeping. Included once per module, after Python.h.
+ * does) and its slots' publish marks, the clock and the waits, and writes to a relay connection under its write lock.
+ * The lock is a pthread mutex that relay/frames.py's FrameLock owns and Python's writers take too; C is given its
+ * address. Nothing here knows a CUDA call or a relay's bookkeeping. Included once per module, after Python.h.
  */
 #ifndef ORION_NATIVE_COMMON_H
 #define ORION_NATIVE_COMMON_H

@@ -564,6 +564,7 @@ def generate_region() -> str:
     parts.append(f"#define ORION_WIRE_MAX_OPCODE {record.MAX_OPCODE}")
     parts.append(f"#define ORION_WIRE_SEQ_MARK {record.SEQ_MARK}")
     parts.append(f"#define ORION_WIRE_SEQ_INDEX {record.SEQ_INDEX}")
+    parts.append(f'#define ORION_WIRE_OLDER_AGENT "{channel.OLDER_AGENT}"')
     parts.append(f"#define ORION_WIRE_MAX_PAYLOAD {channel.MAX_PAYLOAD}")
     parts += [f"#define ORION_WIRE_FLAG_{name} {getattr(record.Flag, name)}"
               for name in vars(record.Flag) if not name.startswith("_")]

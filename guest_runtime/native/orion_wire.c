@@ -102,7 +102,7 @@ struct orion_channel {
     uint64_t agent_seen;  double agent_since;
     uint64_t worker_seen; double worker_since;
     int busy;
-    int sleeping;  /* a wait is past its spin: a marked ring's probe reads the tail too (spsc_readable) */
+    int sleeping;  /* the wait under way is past its spin: a marked ring's probe reads the tail too (spsc_readable) */
     async_error async_q[ASYNC_KEEP];
     uint32_t async_head, async_count;
     uint64_t async_dropped;
@@ -416,6 +416,7 @@ typedef uint8_t *(*probe_fn)(orion_channel *ch, int *bad);
  * (< 0: none) bounds the whole wait; the accept wait checks nothing but its timeout (as in Python). Returns the probe's cell, or NULL with ch->error set and *code. */
 static uint8_t *wait_for(orion_channel *ch, probe_fn probe, int check, double timeout, const char *what, int *code) {
     int bad = 0;
+    ch->sleeping = 0;  /* until this wait's spin is over (probe_in) */
     uint8_t *cell = probe(ch, &bad);
     if (cell && !bad) { /* there at once: no wait to time, and the peer is active */
         ch->busy = 1;
@@ -440,10 +441,9 @@ static uint8_t *wait_for(orion_channel *ch, probe_fn probe, int check, double ti
         double t = now_s();
         if (t >= next_check) {
             int rc = check ? check_host(ch) : ORION_OK;
-            if (rc) { *code = rc; ch->sleeping = 0; return NULL; }
+            if (rc) { *code = rc; return NULL; }
             if (timeout >= 0 && t - start > timeout) {
                 *code = FAIL(ch, ORION_E_PEER_GONE, "no answer from %s within %g s", what, timeout);
-                ch->sleeping = 0;
                 return NULL;
             }
             next_check = t + CHECK_EVERY_S;
@@ -452,7 +452,6 @@ static uint8_t *wait_for(orion_channel *ch, probe_fn probe, int check, double ti
         sleep = sleep * 2 < MAX_SLEEP_S ? sleep * 2 : MAX_SLEEP_S;
     }
 done:
-    ch->sleeping = 0;
     /* Endpoint._wait: a wait that ended within the busy spin, in whichever phase, means the peer is active. */
     ch->busy = now_s() - start < BUSY_SPIN_S;
     if (bad == 2) {
@@ -806,10 +805,8 @@ int orion_hello(orion_channel *ch, const char *calls, uint64_t *session) {
     int rc = orion_call(ch, ORION_WIRE_OP_HELLO, req, len, &status, reply, ch->capacity, &got);
     if (rc == ORION_OK && status != 0) {
         int shown = (int)(got < 300 ? got : 300);
-        /* channel.OLDER_AGENT: an agent of protocol 2 refuses a slot's publish mark as a malformed record */
-        const char *older = status != ORION_WIRE_STATUS_MALFORMED ? "" :
-            " (the agent could not read this client's HELLO record: it is older than wire protocol 3; install the "
-            "oriond of the same release as orion-guest)";
+        /* an agent of protocol 2 refuses a slot's publish mark as a malformed record */
+        const char *older = status == ORION_WIRE_STATUS_MALFORMED ? ORION_WIRE_OLDER_AGENT : "";
         if (shown)
             rc = FAIL(ch, ORION_E_REFUSED, "%s: the host agent refused this client: %.*s%s", ch->where, shown,
                       (const char *)reply, older);

@@ -247,7 +247,7 @@ def test_every_generated_region_constant_is_ivshmems() -> None:
             schemas += 1
     assert schemas == 11 and WIRE_CONTROL["HELLO"] == (record.HELLO_REQUEST, record.HELLO_REPLY)
     assert numbers == want
-    assert strings == {"ORION_REGION_MAGIC": layout.MAGIC.decode()}
+    assert strings == {"ORION_REGION_MAGIC": layout.MAGIC.decode(), "ORION_WIRE_OLDER_AGENT": channel.OLDER_AGENT}
     # the ones orion_wire.c and vgpu_lease.c use, as docs/wire-protocol.md has them
     assert (numbers["ORION_CONTROL_client_heartbeat"], numbers["ORION_CONTROL_host_heartbeat"],
             numbers["ORION_RECORD_status"], numbers["ORION_RECORD_SIZE"]) == (16, 80, 24, 32)
