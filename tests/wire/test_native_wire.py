@@ -444,6 +444,29 @@ def test_each_request_carries_its_publish_mark(lib: ctypes.CDLL, served_region: 
         assert marks(index) == [publish_mark(1)] + [0] * 7
 
 
+def test_an_agent_that_refuses_the_hello_record_is_named_older(native: NativeChannel, served_region: str) -> None:
+    """An oriond of wire protocol 2 answers a protocol-3 HELLO with -1 (MALFORMED): to it the slot's publish mark is
+    a reserved word that is not 0. Written here as that agent writes it (its worker frozen meanwhile); the client's
+    refusal says which side to update."""
+    call_id = int(native.lib.orion_last_call_id(native.handle)) + 1  # the HELLO's
+    with Region.open(served_region) as region:
+        g = region.geometry
+        ring = g.channel_base(native.index) + g.off_cpl_ring
+        head = region.u32[(ring + layout.RING_HEAD) >> 2]
+        cell = ring + layout.RING_SLOTS + (head % g.ring_entries) * g.slot_size
+        why = f"record {call_id}: unknown flags 0x0 or reserved word 0x80000001".encode()
+        with frozen_worker(native, served_region):
+            hello = Background(native.hello)
+            region.buf[cell:cell + 32 + len(why)] = struct.pack("<QIIIIiI", call_id, 0, 0, len(why),
+                                                                native.generation, Status.MALFORMED, 0) + why
+            region.u32[(ring + layout.RING_TAIL) >> 2] = head + 1
+            region.u32[(cell + SEQ_AT) >> 2] = publish_mark(head + 1)
+            with pytest.raises(NativeWireError) as caught:
+                hello.result()
+    assert caught.value.code == "REFUSED"
+    assert "older than wire protocol 3; install the oriond of the same release as orion-guest" in str(caught.value)
+
+
 def test_a_completion_is_taken_by_its_mark_before_its_tail(native: NativeChannel, served_region: str) -> None:
     """The client takes a reply its host published by the slot's mark alone (record.publish_mark), the tail not yet
     stored: the mark it watches is the one every host producer writes. A slot whose mark is another lap's, or zero
