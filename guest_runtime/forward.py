@@ -34,6 +34,7 @@ from ivshmem.cuda_status import (
     INVALID_CONTEXT,
     INVALID_IMAGE,
     INVALID_VALUE,
+    LOSSY_QUERY,
     NO_DEVICE,
     NOT_FOUND,
     NOT_INITIALIZED,
@@ -94,7 +95,7 @@ GUEST = Handlers("guest")  # the calls written out below, by name
 NATIVE_ONLY = frozenset({"cuOccupancyMaxActiveClusters", "cuTensorMapEncodeTiled", "cuMemGetAllocationGranularity",
                          "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2colWide", "cuTensorMapReplaceAddress",
                          "cuTensorMapSetAllocationClass",
-                         "cuMemCreate", "cuMemSetAccess", "cuStreamGetCaptureInfo",
+                         "cuMemCreate", "cuMemSetAccess",
                          "cuMemPoolCreate", "cuMemPoolSetAccess", "cuMemPoolGetAccess", "cuMemGetDefaultMemPool",
                          "cuMemGetMemPool", "cuMemSetMemPool", "cuMemGetAccess", "cuMemRetainAllocationHandle",
                          "cuMemGetAllocationPropertiesFromHandle",
@@ -425,6 +426,42 @@ class Forwarder:
             status = asked(stream, graph)
             self._captures.ended(stream or 0, status)
             return status
+        return forward
+
+    @GUEST.serves("cuStreamGetCaptureInfo")
+    def _capture_info(self, call: DriverCall) -> Callable[..., int]:
+        """The capture's status, id and graph, and the arrays of its dependencies and their edges' data, as
+        native/answered_in_guest.c answers them: the arrays are this thread's and stay valid until its next call
+        here, as the driver's stay valid until the next call on the stream. Edges with data of their own and no
+        `edges` to write it to: the driver's CUDA_ERROR_LOSSY_QUERY."""
+        kept = threading.local()
+
+        def forward(stream: int | None, status: int | None, ident: int | None, graph: int | None,
+                    dependencies: int | None, edges: int | None, count: int | None) -> int:
+            if not status:
+                return INVALID_VALUE
+            answer, reply = self._call(call, call.request.encode(stream or 0))
+            if answer != SUCCESS or reply is None:
+                return answer
+            state, number, made, items, edge_items = call.reply.decode(reply.payload)  # [Q]: 1-tuples
+            nodes, data = [node for (node,) in items], [edge for (edge,) in edge_items]
+            if data and len(data) != len(nodes):
+                return UNKNOWN  # not a reply the host's executor writes
+            data = data or [0] * len(nodes)  # no data: default edges
+            if not edges and any(data):
+                return LOSSY_QUERY
+            kept.nodes = (ctypes.c_uint64 * max(len(nodes), 1))(*nodes)
+            kept.edges = (ctypes.c_uint64 * max(len(data), 1))(*data)
+            ctypes.c_int32.from_address(status).value = state
+            for address, value in ((ident, number), (graph, made)):
+                if address:
+                    ctypes.c_uint64.from_address(address).value = value
+            for address, array in ((dependencies, kept.nodes), (edges, kept.edges)):
+                if address:
+                    ctypes.c_void_p.from_address(address).value = ctypes.addressof(array) if nodes else None
+            if count:
+                ctypes.c_size_t.from_address(count).value = len(nodes)
+            return SUCCESS
         return forward
 
     @GUEST.serves("cuCtxCreate")

@@ -19,6 +19,7 @@ INVALID_CONTEXT = 201
 PEER_ACCESS_ALREADY_ENABLED = 704  # two vGPUs of one GPU (host_agent/session/vgpu_contexts.py)
 PEER_ACCESS_NOT_ENABLED = 705
 INVALID_HANDLE = 400
+LOSSY_QUERY = 402  # cuStreamGetCaptureInfo: edges with data of their own, and nowhere to write it
 NOT_FOUND = 500
 NOT_SUPPORTED = 801
 UNKNOWN = 999

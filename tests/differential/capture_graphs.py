@@ -21,9 +21,7 @@ Two parts are behind switches, each for a reason outside this program:
 
 * `capture_info` (test_capture_graphs.CAPTURE_INFO_FORWARDED, per path): cuStreamGetCaptureInfo after each
   captured call (the capture's status, id and graph, one dependency, and that node's type by cuGraphNodeGetType).
-  It is being made forwarded: the native library forwards it, the capsule path still answers
-  CUDA_ERROR_NOT_SUPPORTED (guest_runtime/forward.py NATIVE_ONLY), so the program runs without it there; a strict
-  xfail starts failing (XPASS) the day it is forwarded: then switch it on.
+  Both guest paths forward it; the switch stays for a path that would answer it CUDA_ERROR_NOT_SUPPORTED.
 * `pinned_copies`: captured copies between device memory and page-locked memory (cuMemAllocHost), whose replays
   must read and write the host memory as it is when the graph runs (the relayed paths run without them: a gap,
   held by a strict xfail).

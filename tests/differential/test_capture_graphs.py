@@ -28,10 +28,9 @@ from tests.forwarding_rig import Rig
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 
-# cuStreamGetCaptureInfo is being made forwarded. The native library forwards it; the capsule path still answers
-# CUDA_ERROR_NOT_SUPPORTED (guest_runtime/forward.py NATIVE_ONLY), so the program runs without its capture-info
-# steps there. When it forwards it, its xfail below XPASSes: set its entry True and delete that xfail.
-CAPTURE_INFO_FORWARDED = {"capsule": False, "native": True}
+# Which paths forward cuStreamGetCaptureInfo (the program runs its capture-info steps there): both, since the capsule
+# path's forward.py wrote it out (2026-11-28); a path that answered 801 would run without those steps.
+CAPTURE_INFO_FORWARDED = {"capsule": True, "native": True}
 ACTIVE, INVALIDATED = CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE, \
     CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED
 
@@ -286,14 +285,6 @@ def test_the_native_driver_captures_and_replays_as_the_fake_does(served: Rig, li
 
 
 # --- forwarding gaps (strict xfails: each passes, and so fails, the day its gap is closed) ----------------------
-
-@pytest.mark.xfail(strict=True, reason="cuStreamGetCaptureInfo is not forwarded on the capsule path yet "
-                                       "(guest_runtime/forward.py NATIVE_ONLY: 801)")
-def test_the_capsule_path_forwards_capture_info(served: Rig) -> None:
-    pinned = not served.relayed
-    got = CaptureGraphProgram(served.guest().fn, capture_info=True, pinned_copies=pinned).run()
-    assert got == reference(True, pinned), _first_difference(reference(True, pinned), got)
-
 
 def test_the_native_driver_instantiates_by_cuda_hs_name(served: Rig, library: Path) -> None:
     pinned = not served.relayed

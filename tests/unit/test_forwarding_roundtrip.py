@@ -325,8 +325,8 @@ class Env:
         return int(self.g.ok("cuGraphInstantiate", self.graph(), 0))
 
     def captured_node(self) -> tuple[int]:
-        """The node a capture made, as cuStreamGetCaptureInfo names it (sent as its record: the capsule path does
-        not forward that call), then the capture ended."""
+        """The node a capture made, as cuStreamGetCaptureInfo names it (sent as its record, decoded with the table's
+        codec), then the capture ended."""
         stream = self.capturing()
         call = CALLS["cuStreamGetCaptureInfo"]
         status, reply = self.g.forwarder._call(call, call.request.encode(stream))
