@@ -65,13 +65,12 @@ typedef struct {
     uint32_t cell, capacity, mask;
     uint32_t own;       /* private copy of the index this side writes (tail producing, head consuming) */
     uint32_t seen;      /* producing: the consumer's head as last read */
-    int lazy_head;      /* the request ring: its head is read again only when `seen` says "full", so a send does not
-                         * wait for the line the host last wrote (one cache-line transfer less on every round trip's
-                         * path; a stale value only understates the room). The arenas read it at every chunk, where
-                         * a read costs nothing beside the chunk's copy, so a broken host's index is seen at once. */
     int marked;         /* a ring (not an arena): its slots carry publish marks (record.SEQ_AT). Producing, the mark is
-                         * stored after the tail; consuming, the mark is watched instead of the tail, which is read
-                         * only while a wait sleeps (spsc_readable) */
+                         * stored after the tail, and the head is read again only when `seen` says "full", so a send
+                         * does not wait for the line the host last wrote (a stale value only understates the room);
+                         * consuming, the mark is watched instead of the tail, which is read only while a wait sleeps
+                         * (spsc_readable). The arenas read the other side's index at every chunk, where a read costs
+                         * nothing beside the chunk's copy, so a broken host's index is seen at once. */
 } spsc;
 
 typedef struct { uint64_t call_id; uint32_t opcode; int32_t status; } async_error;
@@ -293,7 +292,6 @@ static void spsc_init(spsc *r, uint8_t *block, uint32_t cells_at, uint32_t cell,
     r->mask = capacity - 1;
     r->own = 0;
     r->seen = 0;
-    r->lazy_head = 0;
     r->marked = 0;
 }
 
@@ -303,7 +301,7 @@ static uint8_t *spsc_cell(const spsc *r, uint32_t index) { return r->data + (siz
 
 /* Producer: the next free cell, NULL when full; -1 in *bad when the indices are impossible. */
 static uint8_t *spsc_writable(spsc *r, int *bad) {
-    if (!r->lazy_head || r->own - r->seen >= r->capacity) {
+    if (!r->marked || r->own - r->seen >= r->capacity) {
         r->seen = load32(r->base + ORION_RING_head);  /* acquire: the consumer is done with the cells it passed */
         uint32_t fill = r->own - r->seen;
         if (fill >= r->capacity) {
@@ -1162,7 +1160,6 @@ int orion_open_ex(const char *path, double accept_timeout, double agent_timeout,
     /* resync: the private copies of our indices from shared memory (both zero after the accept) */
     ch->out.own = load32(ch->out.base + ORION_RING_tail);
     ch->out.seen = load32(ch->out.base + ORION_RING_head);
-    ch->out.lazy_head = 1;
     ch->out.marked = ch->in.marked = 1;
     ch->in.own = load32(ch->in.base + ORION_RING_head);
     ch->out_st.own = load32(ch->out_st.base + ORION_STAGING_tail);

@@ -105,7 +105,7 @@ typedef struct {
     fn_launch launch_kernel; /* cuLaunchKernel: a cuLaunchKernelEx without attributes is one (executor._launch) */
     uint64_t plain_attributes, event_attributes; /* launch attribute IDs C forwards: none until set */
     /* the wait in progress, kept across serve() calls so that a liveness check does not restart the spin */
-    int waiting, busy, spun; /* spun: this wait's spin is over (the tail may be read) */
+    int waiting, busy;
     double wait_start, sleep, next_check;
     unsigned long long served, failed_call_id;
     int failed_status;
@@ -426,7 +426,7 @@ static int Dispatcher_init(Dispatcher *self, PyObject *args, PyObject *kwds) {
         self->inline_capacity = self->in.cell - RECORD_HEADER;
     }
     free(self->own);
-    if ((self->own = malloc(self->inline_capacity > SOCKET_INLINE ? self->inline_capacity : SOCKET_INLINE)) == NULL) {
+    if ((self->own = malloc(self->inline_capacity)) == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -528,20 +528,21 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
             cpu_relax();
             fill = ring_marked(&self->in, head);
         }
-        if (!fill && (!block || (self->waiting && self->spun)))
-            fill = load32(self->in.tail) - head;
+        if (!fill && !block) fill = load32(self->in.tail) - head;
+        double t = 0.0;
         if (fill == 0) {
-            double t = now_s();
+            t = now_s();
             if (!block) { code = RET_IDLE; break; }
             if (!self->waiting) {
                 self->waiting = 1;
-                self->spun = 0;
                 self->wait_start = t;
                 self->sleep = 0.0;
             }
             double spin = self->busy ? self->busy_spin_s : self->spin_s;
             if (t - self->wait_start < spin) { cpu_relax(); continue; }
-            if (!self->spun) { self->spun = 1; continue; } /* the tail, once, before the first check or sleep */
+            fill = load32(self->in.tail) - head; /* past the spin */
+        }
+        if (fill == 0) {
             if (t >= self->next_check) { /* WaitPolicy.wait_for: checks from the sleeping phase only */
                 self->next_check = t + self->check_every_s;
                 code = RET_CHECK;

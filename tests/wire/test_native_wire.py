@@ -130,8 +130,8 @@ def test_posted_nops_then_a_call_and_a_failed_post_kept_as_an_async_error(native
 def test_a_full_request_ring_holds_the_next_post_until_the_agent_takes_one(native: NativeChannel,
                                                                            served_region: str) -> None:
     """The client reads the host's request-ring head again only when its last reading says "full" (orion_wire.c,
-    lazy_head). With the agent's worker stopped, a ring's worth of posts fits; the next one waits, overwriting
-    nothing, and once the worker goes on every post reaches it (its count of ECHOs, STATS)."""
+    spsc_writable of a marked ring). With the agent's worker stopped, a ring's worth of posts fits; the next one
+    waits, overwriting nothing, and once the worker goes on every post reaches it (its count of ECHOs, STATS)."""
     def echoes_served() -> int:
         status, reply = bounded(lambda: native.call(Op.STATS))
         assert status == 0
