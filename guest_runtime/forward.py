@@ -446,7 +446,7 @@ class Forwarder:
             state, number, made, items, edge_items = call.reply.decode(reply.payload)  # [Q]: 1-tuples
             nodes, data = [node for (node,) in items], [edge for (edge,) in edge_items]
             if data and len(data) != len(nodes):
-                return UNKNOWN  # not a reply the host's executor writes
+                return NOT_SUPPORTED  # a reply that does not read as one: the native twin's answer too
             data = data or [0] * len(nodes)  # no data: default edges
             if not edges and any(data):
                 return LOSSY_QUERY
