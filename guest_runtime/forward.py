@@ -167,7 +167,7 @@ class Forwarder:
         # (the agent dropped it): after IMAGE_DROPS_TO_STOP such answers, images travel whole without asking.
         self._images_held: set[bytes] = set()
         self._image_drops = 0
-        self._said_lost = False  # the session's DeviceLost was logged
+        self._said_lost = False  # the channel's end was logged (_not_carried)
 
     # --- the channel ---------------------------------------------------------------------------------------
     def channel(self) -> ClientChannel | None:
@@ -225,8 +225,8 @@ class Forwarder:
         try:
             self._sync_context(channel)
             reply = channel.call(call.opcode if opcode is None else opcode, payload, sink=sink)
-        except DeviceLost as exc:
-            return self._device_lost(exc), None
+        except WireError as exc:
+            return self._not_carried(exc), None
         status = reply.status
         if status == IMAGE_NOT_CACHED and opcode is not None and opcode & IMAGE_BY_DIGEST:
             return status, None  # a load by digest the agent cannot serve: _load_image sends the image whole
@@ -247,19 +247,24 @@ class Forwarder:
         try:
             self._sync_context(channel)
             channel.post(call.opcode if opcode is None else opcode, payload)
-        except DeviceLost as exc:
-            return self._device_lost(exc)
+        except WireError as exc:
+            return self._not_carried(exc)
         return SUCCESS
 
-    def _device_lost(self, exc: DeviceLost) -> int:
-        """A session whose host ended it in the middle of a reply (errors.DeviceLost: a relay lost the GPU host, or
-        the GPU failed a copy whose success had gone out): this and every later call answer what the relay answers
-        for a lost GPU host, CUDA_ERROR_DEVICE_UNAVAILABLE."""
-        self._unavailable = True
+    def _not_carried(self, exc: WireError) -> int:
+        """A call the channel could not carry, said once, as the native driver's not_carried (cuda_client.c): a
+        session whose host ended it in the middle of a reply (errors.DeviceLost: a relay lost the GPU host, the GPU
+        failed a copy whose success had gone out, the grant it joined ended) answers, for this and every later call,
+        what a relay answers for a lost GPU host, CUDA_ERROR_DEVICE_UNAVAILABLE; any other end of the channel (its
+        worker died, the agent went away) CUDA_ERROR_UNKNOWN. Never a raise: the capsule trampoline would answer
+        UNKNOWN with a traceback, and a caller of the table (a test) would see the exception."""
         if not self._said_lost:
             self._said_lost = True
             log.error("orion: %s", exc)
-        return DEVICE_UNAVAILABLE
+        if isinstance(exc, DeviceLost):
+            self._unavailable = True
+            return DEVICE_UNAVAILABLE
+        return UNKNOWN
 
     # --- the table ------------------------------------------------------------------------------------------
     def implementations(self) -> dict[str, Callable[..., int]]:
@@ -509,7 +514,10 @@ class Forwarder:
         channel = self.channel()
         if channel is None or not self._initialized:
             return NOT_INITIALIZED
-        reply = channel.call(SET_CURRENT.opcode, SET_CURRENT.inputs.pack(ctx))
+        try:
+            reply = channel.call(SET_CURRENT.opcode, SET_CURRENT.inputs.pack(ctx))
+        except WireError as exc:  # the host ended the session while this call waited: an answer, not a raise
+            return self._not_carried(exc)
         if reply.status == SUCCESS:
             self._contexts.host_current = ctx
         else:
