@@ -17,7 +17,7 @@ from guest_runtime.startup import NATIVE_ALIASES
 from ivshmem.shared.compiler import CFLAGS, find_compiler
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("orion_wire.c",)
+SOURCES = ("orion_wire.c", "copy_helper.c")
 LIBS = ("-lpthread",)
 
 

@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "orion_wire.h"
 #include "orion_region.h" /* generated (gen_libcuda.generate_region): every offset and constant of the wire below */
+#include "copy_helper.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -530,23 +531,46 @@ static void deliver_at(const reply_dest *d, size_t at, const uint8_t *src, size_
     if (in_tail < d->tail_cap) bulk_copy((uint8_t *)d->tail + in_tail, src, smaller(n, d->tail_cap - in_tail));
 }
 
+/* Half of a chunk's delivery (copy_helper.c runs one half on a second core). */
+typedef struct { const reply_dest *dest; size_t at; const uint8_t *src; size_t n; } delivery;
+static void deliver_half(void *job) {
+    const delivery *d = job;
+    deliver_at(d->dest, d->at, d->src, d->n);
+}
+
+/* Where a chunk of `n` bytes is split between two cores: a cache-line boundary near its middle. */
+static size_t half_of(size_t n) { return (n / 2) & ~(size_t)63; }
+
 static uint8_t *probe_in_chunk(orion_channel *ch, int *bad) { return spsc_readable(&ch->in_st, bad, 1); }
 
 /* Take a staged payload of `length` bytes chunk by chunk (channel.Endpoint._stream_in), into `dest` when there is
- * one, else dropped: either way every chunk is released, so the chunk stream stays in step with the records. */
+ * one, else dropped: either way every chunk is released, so the chunk stream stays in step with the records. A
+ * large chunk is copied out by two cores, when the copy helper is free (copy_helper.h); it is released once both
+ * halves are done. */
 static int stream_in(orion_channel *ch, size_t length, const reply_dest *dest) {
     size_t size = ch->in_st.cell;
+    int helped = dest && length >= 2 * ORION_COPY_SPLIT_MIN && size >= ORION_COPY_SPLIT_MIN
+                 && orion_copy_helper_claim();
+    int code = ORION_OK;
     for (size_t at = 0; at < length; at += size) {
-        int bad = 0, code = ORION_OK;
+        int bad = 0;
         uint8_t *chunk = spsc_readable(&ch->in_st, &bad, 1);
         if (!chunk) {
             chunk = wait_for(ch, probe_in_chunk, 1, -1, "the next chunk on the completion staging arena", &code);
-            if (!chunk) return code;
+            if (!chunk) break;
         }
-        if (dest) deliver_at(dest, at, chunk, smaller(length - at, size));
+        size_t n = smaller(length - at, size);
+        if (helped && n >= ORION_COPY_SPLIT_MIN) {
+            size_t half = half_of(n);
+            delivery mine = { dest, at, chunk, half }, theirs = { dest, at + half, chunk + half, n - half };
+            orion_copy_halves(deliver_half, &mine, &theirs);
+        } else if (dest) {
+            deliver_at(dest, at, chunk, n);
+        }
         spsc_release(&ch->in_st);
     }
-    return ORION_OK;
+    if (helped) orion_copy_helper_release();
+    return code;
 }
 
 /* Known flags, an opcode in range, and a length its slot holds (inline) or the wire allows (staged:
@@ -646,19 +670,48 @@ static void cursor_copy(piece_cursor *c, uint8_t *to, size_t n) {
     }
 }
 
+/* Advance the cursor by `n` bytes without copying them. */
+static void cursor_skip(piece_cursor *c, size_t n) {
+    while (n) {
+        size_t take = smaller(c->parts[c->index].len - c->at, n);
+        n -= take;
+        c->at += take;
+        if (c->at == c->parts[c->index].len) { c->index++; c->at = 0; }
+    }
+}
+
+/* Half of a chunk's filling (copy_helper.c runs one half on a second core). */
+typedef struct { piece_cursor from; uint8_t *to; size_t n; } filling;
+static void fill_half(void *job) {
+    filling *f = job;
+    cursor_copy(&f->from, f->to, f->n);
+}
+
 /* Stream `len` bytes from the pieces through the request staging arena, one chunk at a time, in order
- * (channel.Endpoint._stream_out). */
+ * (channel.Endpoint._stream_out). A large chunk is filled by two cores, when the copy helper is free
+ * (copy_helper.h); it is published once both halves are done. */
 static int stream_out(orion_channel *ch, piece_cursor *from, size_t len) {
     size_t size = ch->out_st.cell;
+    int helped = len >= 2 * ORION_COPY_SPLIT_MIN && size >= ORION_COPY_SPLIT_MIN && orion_copy_helper_claim();
+    int code = ORION_OK;
     for (size_t at = 0; at < len; at += size) {
-        int code = ORION_OK;
         uint8_t *chunk = wait_room(ch, &ch->out_st, probe_chunk_or_drain, "a free chunk in the request staging "
                                    "arena", &code);
-        if (!chunk) return code;
-        cursor_copy(from, chunk, smaller(len - at, size));
+        if (!chunk) break;
+        size_t n = smaller(len - at, size);
+        if (helped && n >= ORION_COPY_SPLIT_MIN) {
+            size_t half = half_of(n);
+            filling mine = { *from, chunk, half }, theirs = { *from, chunk + half, n - half };
+            cursor_skip(&theirs.from, half);
+            orion_copy_halves(fill_half, &mine, &theirs);
+            *from = theirs.from;
+        } else {
+            cursor_copy(from, chunk, n);
+        }
         spsc_publish(&ch->out_st);
     }
-    return ORION_OK;
+    if (helped) orion_copy_helper_release();
+    return code;
 }
 
 /* The six u32 words after the call id, in the cell's order, as one copy. */

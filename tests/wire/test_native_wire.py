@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import mmap
 import os
 import random
@@ -16,6 +17,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -35,6 +37,7 @@ from ivshmem.region import Region
 
 T = TypeVar("T")
 BOUND_S = 30.0
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Background:
@@ -605,3 +608,60 @@ def test_the_sources_compile_without_a_warning(tmp_path: Path) -> None:
                            *(str(build.SOURCE_DIR / s) for s in build.SOURCES), *build.LIBS],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+# --- a second copying core (copy_helper.c) ----------------------------------------------------------------------
+TWO_CORES = r"""
+import ctypes, json, os, random, sys, zlib
+from guest_runtime.native.ctypes_client import NativeChannel, load
+from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, Op, fill_pattern
+lib_path, region, chunk, arena, split = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+lib = load(lib_path)
+lib.orion_copy_helper_halves.restype = ctypes.c_uint64
+native = NativeChannel(lib, region)
+def pattern(size, seed): return random.Random(seed).randbytes(size)
+checked = 0
+for size in (native.capacity + 1, split - 1, split, 2 * split, chunk - 1, chunk, chunk + 1, chunk + split + 3,
+             5 * chunk + 77, 2 * arena + 5):
+    payload = pattern(size, size)
+    for head_cap in sorted({size, size // 3, min(size, chunk // 2), min(size, chunk // 2 + 1), 0}):
+        head, tail = bytearray(head_cap), bytearray(size - head_cap)  # the two halves' copies straddle head and tail
+        assert native.callv(Op.ECHO, [payload], head, tail) == (0, size), size
+        assert head + tail == payload, f"ECHO of {size} bytes, head {head_cap}"
+        checked += 1
+pieces = [pattern(100, 1), pattern(chunk // 2 - 37, 2), pattern(13, 3), pattern(3 * chunk + 7, 4), b"", pattern(9, 5)]
+whole, reply = b"".join(pieces), bytearray(64)  # piece boundaries inside each chunk's two halves
+assert native.callv(Op.DRAIN, pieces, reply)[0] == 0
+assert DRAIN_REPLY.decode(bytes(reply[:12])) == (len(whole), zlib.crc32(whole)), "DRAIN in pieces"
+length = 3 * arena + 11
+head, tail = bytearray(chunk + 5), bytearray(length - chunk - 5)
+assert native.callv(Op.FILL, [FILL_REQUEST.encode(length, 9)], head, tail) == (0, length)
+assert head + tail == fill_pattern(9, length), "FILL"
+names = {open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")}
+print(json.dumps({"checked": checked, "helper": "orion-copy" in names, "halves": lib.orion_copy_helper_halves()}))
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_staged_copies_split_over_two_cores_are_byte_exact(lib: ctypes.CDLL, region_path: str, threads: str,
+                                                            server_factory: Callable[..., Any]) -> None:
+    """ORION_COPY_THREADS=2 (the default with 4 CPUs or more): each staging chunk of a large copy is filled or
+    emptied by two cores, half each (copy_helper.c), and published or released once both are done. Every byte
+    arrives in its place through chunks, halves, pieces and reply buffers whose boundaries all differ; =1 copies on
+    one core and starts no helper thread."""
+    chunk = 256 << 10
+    with Region.open(region_path) as region:
+        region.format(Geometry.build(region.size, 2, chunk_size=chunk))
+    server_factory(region_path)
+    arena = chunk * layout.DEFAULT_CHUNK_COUNT
+    split = 128 << 10  # copy_helper.h's ORION_COPY_SPLIT_MIN
+    assert f"#define ORION_COPY_SPLIT_MIN ({split >> 10}u << 10)" in Path(
+        REPO, "guest_runtime/native/copy_helper.h").read_text()
+    done = subprocess.run([sys.executable, "-c", TWO_CORES, lib._name, region_path, str(chunk), str(arena), str(split)],
+                          cwd=REPO, env={**os.environ, "ORION_COPY_THREADS": threads}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout)
+    assert seen["checked"] >= 40 and seen["helper"] == (threads == "2"), seen
+    assert (seen["halves"] > 0) == (threads == "2"), seen  # the helper did copy halves (some: this may be 2 cores)
+    assert done.stderr == "", done.stderr
