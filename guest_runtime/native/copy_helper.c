@@ -113,6 +113,7 @@ static void forked_child(void) {
     mode = -1;  /* the parent's helper is not in this process */
     atomic_store(&state, IDLE);
     atomic_store(&sleeping, 0);
+    atomic_store(&helped, 0);
     atomic_flag_clear(&held);
     pthread_mutex_init(&starting, NULL);
 }

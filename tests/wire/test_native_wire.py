@@ -612,7 +612,7 @@ def test_the_sources_compile_without_a_warning(tmp_path: Path) -> None:
 
 # --- a second copying core (copy_helper.c) ----------------------------------------------------------------------
 TWO_CORES = r"""
-import ctypes, json, os, random, sys, zlib
+import ctypes, json, os, random, sys, warnings, zlib
 from guest_runtime.native.ctypes_client import NativeChannel, load
 from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, Op, fill_pattern
 lib_path, region, chunk, arena, split = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
@@ -638,7 +638,22 @@ head, tail = bytearray(chunk + 5), bytearray(length - chunk - 5)
 assert native.callv(Op.FILL, [FILL_REQUEST.encode(length, 9)], head, tail) == (0, length)
 assert head + tail == fill_pattern(9, length), "FILL"
 names = {open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")}
-print(json.dumps({"checked": checked, "helper": "orion-copy" in names, "halves": lib.orion_copy_helper_halves()}))
+reader, writer = os.pipe()
+warnings.simplefilter("ignore", DeprecationWarning)  # fork() with the helper thread running: the point here
+child = os.fork()
+if child == 0:  # a fork child has no helper thread (its parent's is not in it): it starts its own
+    os.close(reader)
+    with NativeChannel(lib, region) as mine:
+        payload = pattern(5 * chunk + 77, 7)
+        head = bytearray(len(payload))
+        ok = mine.callv(Op.ECHO, [payload], head) == (0, len(payload)) and head == payload
+    os.write(writer, json.dumps([ok, lib.orion_copy_helper_halves()]).encode())
+    os._exit(0)
+os.close(writer)
+forked = json.loads(os.read(reader, 1000))
+assert os.waitpid(child, 0)[1] == 0
+print(json.dumps({"checked": checked, "helper": "orion-copy" in names, "halves": lib.orion_copy_helper_halves(),
+                  "forked": forked}))
 """
 
 
@@ -647,8 +662,8 @@ def test_staged_copies_split_over_two_cores_are_byte_exact(lib: ctypes.CDLL, reg
                                                             server_factory: Callable[..., Any]) -> None:
     """ORION_COPY_THREADS=2 (the default with 4 CPUs or more): each staging chunk of a large copy is filled or
     emptied by two cores, half each (copy_helper.c), and published or released once both are done. Every byte
-    arrives in its place through chunks, halves, pieces and reply buffers whose boundaries all differ; =1 copies on
-    one core and starts no helper thread."""
+    arrives in its place through chunks, halves, pieces and reply buffers whose boundaries all differ, in a fork
+    child too (which starts its own helper); =1 copies on one core and starts no helper thread."""
     chunk = 256 << 10
     with Region.open(region_path) as region:
         region.format(Geometry.build(region.size, 2, chunk_size=chunk))
@@ -664,4 +679,5 @@ def test_staged_copies_split_over_two_cores_are_byte_exact(lib: ctypes.CDLL, reg
     seen = json.loads(done.stdout)
     assert seen["checked"] >= 40 and seen["helper"] == (threads == "2"), seen
     assert (seen["halves"] > 0) == (threads == "2"), seen  # the helper did copy halves (some: this may be 2 cores)
+    assert seen["forked"][0] is True and seen["forked"][1] <= 10, seen  # its own count: 5 chunks each way at most
     assert done.stderr == "", done.stderr
