@@ -148,9 +148,41 @@ static int owns_handle(const ledger_view *l, const char *kind, uint64_t value) {
     return in_set(set, value);
 }
 
-/* One of SessionLedger.ranges()' tables (base -> size). */
+/* The greatest of a RangeTable's sorted `bases` at or below `pointer` (range_table.py), -1 for none or an error. */
+static int range_candidate(PyObject *bases, uint64_t pointer, unsigned long long *found) {
+    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(bases); /* the first base above `pointer` lies in [lo, hi] */
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        unsigned long long base = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(bases, mid));
+        if (PyErr_Occurred()) { PyErr_Clear(); return -1; }
+        if (base <= pointer) lo = mid + 1; else hi = mid;
+    }
+    if (lo == 0) return -1;
+    *found = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(bases, lo - 1));
+    return 0;
+}
+
+/* One of SessionLedger.ranges()' tables (base -> size): a RangeTable searched by its sorted bases (its ranges never
+ * overlap, so only the nearest base at or below `pointer` can hold it), any other dict scanned. */
 static int owns_range(PyObject *table, uint64_t pointer, unsigned __int128 size) {
     if (table == NULL || !PyDict_Check(table)) return 0;
+    PyObject *bases = PyObject_GetAttrString(table, "bases");
+    if (bases == NULL) PyErr_Clear();
+    if (bases != NULL && PyList_Check(bases) && PyList_GET_SIZE(bases) == PyDict_GET_SIZE(table)) {
+        unsigned long long base = 0;
+        int held = 0;
+        if (range_candidate(bases, pointer, &base) == 0) {
+            PyObject *key = PyLong_FromUnsignedLongLong(base);
+            PyObject *value = key != NULL ? PyDict_GetItemWithError(table, key) : NULL; /* borrowed */
+            unsigned long long length = value != NULL ? PyLong_AsUnsignedLongLong(value) : 0;
+            Py_XDECREF(key);
+            if (PyErr_Occurred()) PyErr_Clear();
+            else held = value != NULL && (unsigned __int128)pointer + size <= (unsigned __int128)base + length;
+        }
+        Py_DECREF(bases);
+        return held;
+    }
+    Py_XDECREF(bases);
     Py_ssize_t pos = 0;
     PyObject *key, *value;
     while (PyDict_Next(table, &pos, &key, &value)) {

@@ -22,6 +22,7 @@ from ivshmem.cuda_status import INVALID_CONTEXT, INVALID_DEVICE, INVALID_HANDLE,
 from ivshmem.driver_api import HANDLES, DriverCall
 
 from .pinned_pool import HostPool
+from .range_table import RangeTable
 
 # Handles a guest may pass as 0 (NULL) meaning "the default": the legacy stream, no current context.
 NULL_ALLOWED = frozenset({"CUstream", "CUcontext"})
@@ -57,8 +58,8 @@ class SessionLedger:
     def __init__(self, devices: tuple[int, ...], usage: Usage) -> None:
         self.devices = devices  # the physical GPU of each guest ordinal
         self.handles: dict[str, set[int]] = {name: set() for name in HANDLES}
-        self.allocations: dict[int, int] = {}  # base -> size (cuMemAlloc*)
-        self.globals: dict[int, int] = {}  # base -> size (module/library globals)
+        self.allocations = RangeTable()  # base -> size (cuMemAlloc*)
+        self.globals = RangeTable()  # base -> size (module/library globals)
         self.children: dict[int, list[tuple[str, int]]] = {}  # module/library -> what it gave
         self.placed: dict[int, int] = {}  # base -> the vGPU it counts on (cuMemAlloc*)
         self.pool: HostPool | None = None  # the session's page-locked pool slice, once its channel is attached
@@ -109,18 +110,20 @@ class SessionLedger:
 
     def ranges(self) -> tuple[dict[int, int], ...]:
         """The session's device ranges as base -> size tables: allocations, module globals, reserved virtual
-        ranges (whatever is mapped there is its own physical memory; an unmapped part the driver refuses), graph
-        memory allocation nodes' ranges and memory opened by legacy IPC. The compiled hot path reads these same tables
-        (hot_dispatch.c)."""
+        ranges (whatever is mapped there is its own physical memory; an unmapped part the driver refuses), each a
+        RangeTable (searched, not scanned), then graph memory allocation nodes' ranges and memory opened by legacy
+        IPC (few; scanned). The compiled hot path reads these same tables (hot_dispatch.c)."""
         return self.allocations, self.globals, self.vmm.reserved, self.graph_memory, self.imported
 
     def owns(self, pointer: int, size: int) -> bool:
         """Whether a device range lies in this session's memory: one of its ranges, or the device mapping of its
         page-locked host allocations."""
         for table in self.ranges():
-            for base, length in table.items():
-                if base <= pointer and pointer + size <= base + length:
+            if isinstance(table, RangeTable):
+                if table.holds(pointer, size):
                     return True
+            elif any(base <= pointer and pointer + size <= base + length for base, length in table.items()):
+                return True
         return self.pool is not None and self.pool.owns_device(pointer, size)
 
     def launchable(self, function: int, stream: int) -> int:
@@ -198,7 +201,7 @@ class Reservations:
     Reserved ranges cost no GPU memory and are not counted."""
 
     def __init__(self, usage: Usage) -> None:
-        self.reserved: dict[int, int] = {}  # base -> size (cuMemAddressReserve)
+        self.reserved = RangeTable()  # base -> size (cuMemAddressReserve)
         self.physical: dict[int, tuple[int, int]] = {}  # handle -> (size, its vGPU) until given back
         self.released: set[int] = set()  # handles released (cuMemRelease) while still mapped
         self.mappings: dict[int, tuple[int, int]] = {}  # mapped address -> (size, handle) (cuMemMap)
@@ -207,8 +210,7 @@ class Reservations:
 
     def reservation_holds(self, pointer: int, size: int) -> bool:
         """Whether [pointer, pointer + size) lies inside one of the session's reserved ranges (size > 0)."""
-        return size > 0 and any(base <= pointer and pointer + size <= base + length
-                                for base, length in self.reserved.items())
+        return size > 0 and self.reserved.holds(pointer, size)
 
     def record(self, effects: frozenset[str], args: tuple[int, ...], outs: list[Any], placed: int | None) -> None:
         """The table's virtual-memory effects of a call that succeeded (EFFECTS in ivshmem/driver_api.py)."""

@@ -682,3 +682,37 @@ def test_small_copies_to_the_device_go_from_pageable_memory_and_async_ones_do_no
         replies = s.serve()
         assert [c.name for c in s.fake.calls][-2:] == ["cuStreamIsCapturing", "cuStreamSynchronize"]
         assert replies[0][2] != SUCCESS  # a capturing stream cannot be waited for: the driver's error, as before
+
+
+def test_many_allocations_are_searched_with_the_python_paths_answers(make: Any) -> None:
+    """The ledger's range tables are searched by their sorted bases (range_table.py; hot_dispatch.c owns_range), not
+    scanned: with 200 allocations of varied sizes, some freed, a memset at each one's first and last byte, one byte
+    past its end, straddling into the next, in a freed one's place and before them all is answered as the Python
+    path answers it, and every owned one by C."""
+    answers = []
+    for compiled in (False, True):
+        s = make(compiled)
+        setup_session(s)
+        bases = [s.call("cuMemAlloc", 256 * (1 + i % 7))[0] for i in range(200)]
+        for base in bases[::9]:
+            s.call("cuMemFree", base)
+        sizes = dict(s.executor.ledger.allocations)
+        probes = [(bases[0] - 1, 1)]
+        for base in bases:
+            size = sizes.get(base, 256)
+            probes += [(base, 1), (base + size - 1, 1), (base + size, 1), (base + size - 2, 4), (base, size)]
+        served = s.hot.served if s.hot is not None else 0
+        replies = []
+        for at in range(0, len(probes), 32):  # batches the request ring holds
+            for pointer, count in probes[at:at + 32]:
+                s.request("cuMemsetD8Async", pointer, 7, count, 0)
+            replies += s.serve()
+        answers.append([r[2] for r in replies])
+        owned = sum(s.executor.ledger.owns(pointer, count) for pointer, count in probes)
+        if s.hot is not None:
+            assert s.hot.served - served == owned, (s.hot.served - served, owned)
+        # and both as a scan of every live allocation answers
+        assert answers[-1] == [SUCCESS if any(b <= p and p + n <= b + size for b, size in sizes.items())
+                               else INVALID_VALUE for p, n in probes]
+    assert answers[0] == answers[1]
+    assert answers[0].count(SUCCESS) > 300 and answers[0].count(INVALID_VALUE) > 300, answers[0]
