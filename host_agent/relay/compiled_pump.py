@@ -20,6 +20,10 @@ from .frames import RecordStream
 PROGRAM = NativeModule(Path(__file__).resolve().with_name("relay_pump.c"), "_orion_relay_pump",
                        "compiled relay pump", "relayed sessions are carried by two Python threads")
 PUMP_RING, PUMP_SOCKET, PUMP_CHECK, PUMP_LOST = 0, 1, 2, 3  # why Pump.pump() returned (relay_pump.c)
+# The forwarding table's code for a synchronous page-locked DtoH of at most a completion slot, sent as the plain DtoH
+# with its bytes landing in the pool in C (relay_pump.c's LANDS_IN_POOL), and the payload sizes that code reads
+# (PINNED_DTOH_SIZE, PLAIN_DTOH_SIZE: tests/unit/test_relay_session.py holds them to the call table)
+LANDS_IN_POOL, PINNED_DTOH_SIZE, PLAIN_DTOH_SIZE = 5, 24, 16
 
 
 def start(ring: Endpoint, frames: RecordStream, remote_generation: int) -> Any:

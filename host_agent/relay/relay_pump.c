@@ -6,8 +6,10 @@
  * a GIL hand-over between them. The pump does both directions in one loop without the GIL: a ring record it is
  * sure of (not staged, flags NO_REPLY at most, an opcode the relay forwards as it is, a payload in its slot) is
  * written to the socket as its frame; an answer frame already whole in the socket (small, a plain answer or a BEAT)
- * is written to the completion ring. Anything else -- a staged record, one of the pool's calls, a malformed
- * header, a large answer, a pinned DtoH's answer, a full completion ring, an error on the socket -- is left where it
+ * is written to the completion ring. A synchronous page-locked DtoH of at most a completion slot is sent as the plain
+ * DtoH the GPU host serves (relay/pool.py's rewrite), its answer's bytes landing in the pool here (landing_of).
+ * Anything else -- a staged record, the pool's other calls, a malformed header, a large answer, a posted or large
+ * page-locked DtoH's answer, a full completion ring, an error on the socket -- is left where it
  * is (the record at the ring's head, the frame unread in the socket) and pump() returns, so the relay's Python path
  * (the reference) handles it. Frames are peeked (MSG_PEEK) before they are taken, so Python reads the socket from a
  * frame boundary. Socket writes hold the connection's write lock (relay/frames.FrameLock), which FrameStream's
@@ -21,12 +23,20 @@
 /* pump()'s answers: why it gave control back to Python */
 enum { PUMP_RING = 0, PUMP_SOCKET = 1, PUMP_CHECK = 2, PUMP_LOST = 3 };
 
-typedef struct { uint64_t call_id; uint32_t flags, python; } pending_call;
+/* A call waiting for its answer: the guest's flags; `python`: its answer is the relay's Python path's; a
+ * page-locked DtoH sent from here: where its bytes land (land_size > 0). */
+typedef struct { uint64_t call_id; uint32_t flags, python; uint64_t land_at; uint32_t land_size; } pending_call;
+
+/* relay/uva.py's codes for the pool, and this file's own: how a ring record of an opcode is forwarded (forward[]) */
+enum { NEVER = 0, AS_IT_IS = 1, LANDS_IN_POOL = 5 };
+#define PINNED_DTOH_SIZE 24 /* a page-locked cuMemcpyDtoH: device, size, the pool pointer (u64 each) */
+#define PLAIN_DTOH_SIZE 16  /* the plain cuMemcpyDtoH sent instead: device, size */
 
 typedef struct {
     PyObject_HEAD
     PyObject *buffer; /* the region: exported only while pump() runs, so the ring's owner can close it between */
     void *base;
+    Py_ssize_t base_len;
     int fd, lost_errno;
     ring in, out;
     uint32_t ring_generation, remote_generation, inline_capacity;
@@ -37,8 +47,11 @@ typedef struct {
     pthread_mutex_t *mutex;
     uint8_t forward[65536]; /* opcodes forwarded as they are: 1; 2 (3): unless the u64 at payload offset 0 (or 8)
                                lies in the page-locked pool, whose calls relay/uva.py serves; 4: unless any u64 at a
-                               4-byte aligned offset of the payload does (a launch: relay/mirror.py); 0: never */
+                               4-byte aligned offset of the payload does (a launch: relay/mirror.py); 5: a
+                               synchronous page-locked DtoH landing in the pool (LANDS_IN_POOL); 0: never */
     uint64_t pool_base, pool_size; /* the guest's page-locked pool (set_pool), or size 0 */
+    PyObject *host_address; /* HostPool.host_address (set_landing), or NULL: every page-locked DtoH is Python's */
+    uint32_t plain_dtoh;    /* cuMemcpyDtoH's opcode (set_landing) */
     pending_call *pending;
     size_t npending, cap;
     unsigned long long pumped;
@@ -47,7 +60,10 @@ typedef struct {
 
 static int pending_add(Pump *self, uint64_t call_id, uint32_t flags, uint32_t python) {
     for (size_t i = 0; i < self->npending; i++)
-        if (self->pending[i].call_id == call_id) { self->pending[i].flags = flags; self->pending[i].python = python; return 0; }
+        if (self->pending[i].call_id == call_id) {
+            self->pending[i] = (pending_call){ call_id, flags, python, 0, 0 };
+            return 0;
+        }
     if (self->npending == self->cap) {
         size_t cap = self->cap ? self->cap * 2 : 64;
         pending_call *grown = realloc(self->pending, cap * sizeof *grown);
@@ -55,7 +71,7 @@ static int pending_add(Pump *self, uint64_t call_id, uint32_t flags, uint32_t py
         self->pending = grown;
         self->cap = cap;
     }
-    self->pending[self->npending++] = (pending_call){ call_id, flags, python };
+    self->pending[self->npending++] = (pending_call){ call_id, flags, python, 0, 0 };
     return 0;
 }
 
@@ -69,8 +85,44 @@ static void pending_drop(Pump *self, pending_call *entry) {
     *entry = self->pending[--self->npending];
 }
 
+/* Where a page-locked DtoH's `size` bytes at the guest's `pointer` land here: HostPool.host_address asked under the
+ * GIL (the pool's bookkeeping is Python's; a DtoH waits a round trip anyway), and held to lie in the region. */
+static int landing_of(Pump *self, PyThreadState **save, uint64_t pointer, uint64_t size, uint64_t *host) {
+    if (self->host_address == NULL) return 0;
+    PyEval_RestoreThread(*save);
+    PyObject *answer = PyObject_CallFunction(self->host_address, "KK", (unsigned long long)pointer,
+                                             (unsigned long long)size);
+    int found = answer != NULL && PyLong_Check(answer);
+    if (found) *host = PyLong_AsUnsignedLongLong(answer);
+    Py_XDECREF(answer);
+    if (PyErr_Occurred()) { PyErr_Clear(); found = 0; }
+    *save = PyEval_SaveThread();
+    uint64_t start = (uint64_t)(uintptr_t)self->base;
+    return found && *host >= start && *host - start <= (uint64_t)self->base_len
+           && size <= (uint64_t)self->base_len - (*host - start);
+}
+
+/* A synchronous page-locked DtoH (LANDS_IN_POOL) as the plain DtoH the GPU host serves, in `plain`: 1 (its landing
+ * kept as a waiting call's), 0 when it is Python's (posted, larger than a completion slot, a device side in the pool,
+ * a pointer in no allocation, malformed). Read from our copy of its payload: the slot is the guest's to rewrite. */
+static int pinned_dtoh(Pump *self, PyThreadState **save, uint64_t call_id, uint32_t flags, const uint8_t *payload,
+                       uint32_t length, uint8_t plain[PLAIN_DTOH_SIZE]) {
+    uint8_t own[PINNED_DTOH_SIZE];
+    if ((flags & FLAG_NO_REPLY) || length != PINNED_DTOH_SIZE || !self->plain_dtoh) return 0;
+    memcpy(own, payload, sizeof own);
+    uint64_t device = rd64(own), size = rd64(own + 8), pointer = rd64(own + 16), host = 0;
+    if (size == 0 || size > self->out.cell - RECORD_HEADER) return 0;
+    if (self->pool_size && device - self->pool_base < self->pool_size) return 0; /* relay/uva.py's */
+    if (!landing_of(self, save, pointer, size, &host) || pending_add(self, call_id, flags, 0) < 0) return 0;
+    pending_call *entry = pending_find(self, call_id);
+    entry->land_at = host;
+    entry->land_size = (uint32_t)size;
+    memcpy(plain, own, PLAIN_DTOH_SIZE);
+    return 1;
+}
+
 /* One ring record forwarded: 1, 0 when it is Python's, -1 when the socket failed (lost_errno). */
-static int forward_record(Pump *self, uint32_t *head) {
+static int forward_record(Pump *self, uint32_t *head, PyThreadState **save) {
     const uint8_t *slot = ring_slot(&self->in, *head);
     uint64_t call_id = rd64(slot);
     uint32_t opcode = rd32(slot + 8), flags = rd32(slot + 12), length = rd32(slot + 16);
@@ -78,7 +130,12 @@ static int forward_record(Pump *self, uint32_t *head) {
         || length > self->inline_capacity)
         return 0;
     uint8_t how = self->forward[opcode];
-    if (how == 4 && self->pool_size) { /* a launch naming pool memory anywhere: Python's (relay/mirror.py) */
+    const uint8_t *payload = slot + RECORD_HEADER;
+    uint8_t plain[PLAIN_DTOH_SIZE];
+    if (how == LANDS_IN_POOL) {
+        if (!pinned_dtoh(self, save, call_id, flags, payload, length, plain)) return 0;
+        opcode = self->plain_dtoh, flags = 0, length = PLAIN_DTOH_SIZE, payload = plain;
+    } else if (how == 4 && self->pool_size) { /* a launch naming pool memory anywhere: Python's (relay/mirror.py) */
         for (uint32_t at = 0; at + 8 <= length; at += 4)
             if (rd64(slot + RECORD_HEADER + at) - self->pool_base < self->pool_size) return 0;
     } else if (how >= 2 && self->pool_size) { /* a device side in the pool: Python's (relay/uva.py) */
@@ -86,12 +143,12 @@ static int forward_record(Pump *self, uint32_t *head) {
         for (uint32_t i = 0; i + 1 < how; i++)
             if (rd64(slot + RECORD_HEADER + 8u * i) - self->pool_base < self->pool_size) return 0;
     }
-    if (!(flags & FLAG_NO_REPLY) && pending_add(self, call_id, flags, 0) < 0) return 0;
+    if (how != LANDS_IN_POOL && !(flags & FLAG_NO_REPLY) && pending_add(self, call_id, flags, 0) < 0) return 0;
     uint32_t words[6] = { opcode, flags, length, self->remote_generation, 0, 0 };
     uint8_t header[RECORD_HEADER];
     memcpy(header, &call_id, 8);
     memcpy(header + 8, words, sizeof words);
-    struct iovec iov[2] = { { header, RECORD_HEADER }, { (void *)(slot + RECORD_HEADER), length } };
+    struct iovec iov[2] = { { header, RECORD_HEADER }, { (void *)payload, length } };
     int err = send_locked(self->fd, self->mutex, iov, length ? 2 : 1);
     *head += 1;
     store32(self->in.head, *head);
@@ -119,19 +176,30 @@ static int take_frame(Pump *self, uint32_t *tail_out) {
         || (opcode != 0 && !(opcode == OP_BEAT && length == 0)))
         return -1;
     if ((size_t)n < RECORD_HEADER + length) return peer_closed(self->fd) ? -1 : 0; /* closed mid-frame: Python says so */
+    uint64_t land_at = 0;
+    uint32_t land_size = 0;
     if (opcode == 0) {
         pending_call *entry = pending_find(self, call_id);
-        if (entry != NULL && entry->python) return -1; /* a pinned DtoH: its bytes land in the pool */
+        if (entry != NULL && entry->python) return -1; /* a pinned DtoH of Python's: its bytes land in the pool */
         if (entry == NULL && !(flags & FLAG_ASYNC_ERROR)) return -1; /* answers nothing asked: Python refuses it */
         if (*tail_out - load32(self->out.head) >= self->out.capacity) return -1; /* Python waits for room */
-        if (entry != NULL) pending_drop(self, entry);
+        if (entry != NULL) {
+            land_at = entry->land_at, land_size = entry->land_size;
+            pending_drop(self, entry);
+        }
     }
     if (recv(self->fd, self->frame, RECORD_HEADER + length, MSG_DONTWAIT) != (ssize_t)(RECORD_HEADER + length))
         return -1; /* not reached: what was peeked is there */
     self->heard = now_s();
     if (opcode == OP_BEAT) return 1;
     uint8_t *out = ring_slot(&self->out, *tail_out);
-    uint32_t words[6] = { 0, flags & FLAG_ASYNC_ERROR, length, self->ring_generation, rd32(self->frame + 24), 0 };
+    int32_t status = (int32_t)rd32(self->frame + 24);
+    if (land_size) { /* a page-locked DtoH sent from here: its bytes into the pool (all, or none: relay/pool.py's
+                      * landing_for), the guest answered with its status alone, as the relay's _deliver does */
+        if (status == 0 && length == land_size) memcpy((void *)(uintptr_t)land_at, self->frame + RECORD_HEADER, length);
+        flags = 0, length = 0;
+    }
+    uint32_t words[6] = { 0, flags & FLAG_ASYNC_ERROR, length, self->ring_generation, (uint32_t)status, 0 };
     memcpy(out + RECORD_HEADER, self->frame + RECORD_HEADER, length);
     memcpy(out, &call_id, 8);
     memcpy(out + 8, words, sizeof words);
@@ -165,7 +233,7 @@ static PyObject *Pump_pump(Pump *self, PyObject *unused) {
         uint32_t fill = load32(self->in.tail) - head;
         if (fill > self->in.capacity) { code = PUMP_RING; break; } /* a broken peer: Python's receive says so */
         if (fill) {
-            r = forward_record(self, &head);
+            r = forward_record(self, &head, &_save);
             if (r < 0) { code = PUMP_LOST; break; }
             if (r == 0) { moved_now(self, now_s()); code = PUMP_RING; break; }
             moved = 1;
@@ -205,6 +273,7 @@ static int Pump_init(Pump *self, PyObject *args, PyObject *kwds) {
     if (PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE) < 0) return -1;
     int bad = ring_from(&view, &self->in, requests) < 0 || ring_from(&view, &self->out, completions) < 0;
     self->base = view.buf;
+    self->base_len = view.len;
     PyBuffer_Release(&view);
     if (bad) return -1;
     Py_XSETREF(self->buffer, Py_NewRef(buffer));
@@ -220,6 +289,7 @@ static int Pump_init(Pump *self, PyObject *args, PyObject *kwds) {
 
 static void Pump_dealloc(Pump *self) {
     Py_XDECREF(self->buffer);
+    Py_XDECREF(self->host_address);
     Py_XDECREF(self->lock);
     free(self->pending);
     free(self->frame);
@@ -241,6 +311,19 @@ static PyObject *Pump_set_pool(Pump *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KK", &base, &size)) return NULL;
     self->pool_base = base;
     self->pool_size = size;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pump_set_landing(Pump *self, PyObject *args) {
+    PyObject *host_address;
+    unsigned int plain_dtoh;
+    if (!PyArg_ParseTuple(args, "OI", &host_address, &plain_dtoh)) return NULL;
+    if (host_address != Py_None && !PyCallable_Check(host_address)) {
+        PyErr_SetString(PyExc_TypeError, "host_address: HostPool.host_address or None");
+        return NULL;
+    }
+    Py_XSETREF(self->host_address, host_address == Py_None ? NULL : Py_NewRef(host_address));
+    self->plain_dtoh = plain_dtoh;
     Py_RETURN_NONE;
 }
 
@@ -299,6 +382,9 @@ static PyMethodDef Pump_methods[] = {
      "set_forward(table): per opcode (65536 bytes), whether a ring record of it is forwarded here as it is."},
     {"set_pool", (PyCFunction)Pump_set_pool, METH_VARARGS,
      "set_pool(base, size): the guest's page-locked pool, whose addresses as a device side are Python's."},
+    {"set_landing", (PyCFunction)Pump_set_landing, METH_VARARGS,
+     "set_landing(host_address, plain_dtoh): the pool's HostPool.host_address (None: none) and cuMemcpyDtoH's opcode, "
+     "for the page-locked DtoHs served here (forward code 5)."},
     {"expect", (PyCFunction)Pump_expect, METH_VARARGS,
      "expect(call_id, flags, python): a record sent by Python waits for its answer (python: Python takes it)."},
     {"take", (PyCFunction)Pump_take, METH_O, "take(call_id) -> the guest's flags of a waiting call, forgotten (None: nobody waits for it)."},

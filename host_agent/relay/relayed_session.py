@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 NAMES_POOL = MEMORY_OPERATIONS | BATCH_OPERATIONS  # refused where an address lies in the pool (mirror.names_pool)
 
 CONTEXT_SYNCHRONIZE = CALLS["cuCtxSynchronize"].opcode
+PINNED_DTOH = CALLS["cuMemcpyDtoH"].opcode | PINNED_COPY  # the page-locked DtoH the pump may serve (LANDS_IN_POOL)
 STREAM_SYNCHRONIZE, DRIVER_VERSION = CALLS["cuStreamSynchronize"], CALLS["cuDriverGetVersion"]
 # A host function's wait for the guest to run it: polls of the release word from 20 us, doubling to 1 ms; a call of
 # the relay's own to the GPU host every second meanwhile, so that each end hears the other.
@@ -145,6 +146,7 @@ class Relay:
                 table[opcode] = how
             for opcode in LAUNCHES | MEMORY_OPERATIONS:  # Python's when a parameter names pool memory
                 table[opcode] = 4
+            table[PINNED_DTOH] = compiled_pump.LANDS_IN_POOL  # synchronous, a slot at most: landing in C (pool.py)
         self._table = bytes(table)
         pump.set_forward(self._table)
         return pump
@@ -153,7 +155,7 @@ class Relay:
         """Once pool memory is mirrored, every launch and wait is the relay's (the pump forwards them no more)."""
         if self._pump is not None:
             table = bytearray(self._table)
-            for opcode in LAUNCHES | WAITS:
+            for opcode in LAUNCHES | WAITS | {PINNED_DTOH}:  # (landings the mirror's barrier must see: _push)
                 table[opcode] = 0
             self._table = bytes(table)
             self._pump.set_forward(self._table)
@@ -239,6 +241,8 @@ class Relay:
                     own = plain
             elif record.opcode == POOL_MAP_OPCODE and own.status == SUCCESS and self._pump is not None:
                 self._pump.set_pool(self.pool.pool.guest_base, self.pool.pool.size)  # type: ignore[union-attr]
+                self._pump.set_landing(self.pool.pool.host_address,  # type: ignore[union-attr]
+                                       CALLS["cuMemcpyDtoH"].opcode)
             if own is not None:
                 self._answer(record.call_id, record.flags, own.status, bytes(own.payload))  # type: ignore[arg-type]
                 return

@@ -77,6 +77,14 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.02)
 
 
+def noted_worker(observer: Region, index: int) -> int:
+    """The pid of the worker serving channel `index`, which the supervisor notes just after it accepted the claim:
+    a client may hear its HELLO answered first (on a loaded machine, by some milliseconds)."""
+    ctrl = HostChannel(observer, index).ctrl
+    wait_until(lambda: ctrl[Ctrl.HOST_WORKER] > 0, 10, "the supervisor to note the session's worker")
+    return int(ctrl[Ctrl.HOST_WORKER])
+
+
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     if find_compiler() is None:
@@ -142,8 +150,7 @@ def test_a_full_request_ring_holds_the_next_post_until_the_agent_takes_one(nativ
     before = echoes_served()  # the agent counts what its Python answers from the first STATS on
     with Region.open(served_region) as observer:
         entries = observer.geometry.ring_entries
-        worker = HostChannel(observer, native.index).ctrl[Ctrl.HOST_WORKER]
-    assert worker > 0
+        worker = noted_worker(observer, native.index)
     os.kill(worker, signal.SIGSTOP)
     try:
         for i in range(entries):
@@ -310,8 +317,7 @@ def test_agent_killed_in_the_middle_of_a_staged_transfer(lib: ctypes.CDLL, regio
     with bounded(lambda: NativeChannel(lib, region_path, agent_timeout=1.0)) as channel, \
             Region.open(region_path) as observer:
         bounded(channel.hello)
-        worker = HostChannel(observer, channel.index).ctrl[Ctrl.HOST_WORKER]
-        assert worker > 0
+        worker = noted_worker(observer, channel.index)
         chunks_sent = (g.channel_base(channel.index) + g.off_req_staging + layout.STAGING_TAIL) >> 2
         transfer = Background(lambda: channel.callv(Op.DRAIN, [block] * 16, bytearray(64)))  # 1 GiB, one buffer
         wait_until(lambda: observer.u32[chunks_sent] > 0, 10, "the staged request's first chunk")
@@ -393,8 +399,7 @@ def frozen_worker(native: NativeChannel, served_region: str) -> Iterator[None]:
     """The agent's worker for `native`'s session stopped (SIGSTOP) meanwhile: it answers nothing, overwrites
     nothing, so what a test forged in the completion ring is what the client finds."""
     with Region.open(served_region) as observer:
-        worker = HostChannel(observer, native.index).ctrl[Ctrl.HOST_WORKER]
-    assert worker > 0
+        worker = noted_worker(observer, native.index)
     os.kill(worker, signal.SIGSTOP)
     try:
         yield

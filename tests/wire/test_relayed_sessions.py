@@ -48,9 +48,9 @@ def _gpu_worker(rig: Rig, mark: int = 0) -> int:
 def _relaying_worker(g: Guest) -> int:
     """The pid of the relaying side's worker of `g`'s session (read after the session is up: the supervisor notes
     it just after accepting the claim)."""
-    pid = int(g.channel.ctrl[Ctrl.HOST_WORKER])
-    assert pid > 0, "the supervisor noted no worker"
-    return pid
+    ctrl = g.channel.ctrl
+    wait_until("the supervisor to note the session's worker", lambda: ctrl[Ctrl.HOST_WORKER] > 0)
+    return int(ctrl[Ctrl.HOST_WORKER])
 
 
 def _wait_gone(pid: int, what: str) -> None:
@@ -113,6 +113,35 @@ def test_page_locked_memory_stays_on_the_relaying_host_and_its_bytes_travel(rela
     assert g.fn["cuMemcpyHtoD"](device, pinned + (2 << 20), 128 << 10) == INVALID_VALUE
     assert g.call("cuMemFreeHost", pinned)[0] == SUCCESS
     assert g.call("cuMemFreeHost", pinned)[0] == INVALID_VALUE
+
+
+def test_a_synchronous_page_locked_read_lands_in_the_pool_byte_for_byte(relayed: Rig) -> None:
+    """A synchronous cuMemcpyDtoH into page-locked memory of at most a completion slot is sent by the relaying side's
+    compiled pump as a plain DtoH, its answer's bytes written into the pool there (relay_pump.c, LANDS_IN_POOL); a
+    larger one and a posted one are the relay's Python path's, as before. Every byte lands where the copy says and
+    nowhere else; a copy the GPU host refuses lands nothing."""
+    g = relayed.guest()
+    g.setup()
+    device = g.alloc(64 << 10)
+    source = bytes((i * 7 + 3) & 0xFF for i in range(64 << 10))
+    assert g.htod(device, source) == SUCCESS
+    status, pinned = host_alloc(g, 64 << 10)
+    assert status == SUCCESS and pinned
+    slot = g.channel.endpoint.in_ring.cell  # a completion slot: its record header (32 bytes), then the payload
+    for size in (1, 4, 100, slot - 33, slot - 32, slot - 31, slot, 3 * slot + 5, 60 << 10):
+        for offset in (0, 1, 4096 - size % 4096):
+            if offset + size > (64 << 10):
+                continue
+            ctypes.memset(pinned, 0xEE, 64 << 10)
+            assert g.fn["cuMemcpyDtoH"](pinned + offset, device + offset, size) == SUCCESS, (size, offset)
+            after = ctypes.string_at(pinned, 64 << 10)
+            assert after[offset:offset + size] == source[offset:offset + size], (size, offset)
+            assert after[:offset] + after[offset + size:] == b"\xee" * (len(after) - size), (size, offset)
+    ctypes.memset(pinned, 0xEE, 64)
+    assert g.fn["cuMemcpyDtoH"](pinned, device + (64 << 10), 4) == INVALID_VALUE  # past the device allocation
+    assert ctypes.string_at(pinned, 64) == b"\xee" * 64
+    assert g.fn["cuMemcpyDtoH"](pinned + 8, device + 8, 4) == SUCCESS  # and the session goes on
+    assert ctypes.string_at(pinned + 8, 4) == source[8:12]
 
 
 def _relayed_guest(rig: Rig) -> tuple[Guest, int, int]:
