@@ -341,9 +341,10 @@ static PyObject *Pump_take(Pump *self, PyObject *arg) {
     if (PyErr_Occurred()) return NULL;
     pending_call *entry = pending_find(self, call_id);
     if (entry == NULL) Py_RETURN_NONE; /* nobody waits for it */
-    uint32_t flags = entry->flags;
+    pending_call taken = *entry;
     pending_drop(self, entry);
-    return PyLong_FromUnsignedLong(flags);
+    return Py_BuildValue("(IKI)", (unsigned int)taken.flags, (unsigned long long)taken.land_at,
+                         (unsigned int)taken.land_size);
 }
 
 static PyObject *Pump_take_pending(Pump *self, PyObject *unused) {
@@ -387,7 +388,9 @@ static PyMethodDef Pump_methods[] = {
      "for the page-locked DtoHs served here (forward code 5)."},
     {"expect", (PyCFunction)Pump_expect, METH_VARARGS,
      "expect(call_id, flags, python): a record sent by Python waits for its answer (python: Python takes it)."},
-    {"take", (PyCFunction)Pump_take, METH_O, "take(call_id) -> the guest's flags of a waiting call, forgotten (None: nobody waits for it)."},
+    {"take", (PyCFunction)Pump_take, METH_O,
+     "take(call_id) -> (the guest's flags, landing address, landing size) of a waiting call, forgotten (None: nobody "
+     "waits for it); a landing size of 0: none (a page-locked DtoH sent from here lands its bytes there)."},
     {"take_pending", (PyCFunction)Pump_take_pending, METH_NOARGS, "Every waiting (call_id, flags), forgotten."},
     {"close", (PyCFunction)Pump_close, METH_NOARGS, "Forget the region (pump() then refuses)."},
     {NULL, NULL, 0, NULL},

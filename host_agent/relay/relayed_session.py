@@ -173,7 +173,7 @@ class Relay:
                 elif code == compiled_pump.PUMP_SOCKET:
                     answer = remote.next(wait=False)
                     if answer is not None:
-                        self._deliver(remote, answer, pump.take(answer.call_id))  # None: not waited for
+                        self._deliver(remote, answer, self._taken(answer.call_id))  # None: not waited for
                 elif code == compiled_pump.PUMP_CHECK:
                     remote.heard(pump.heard)
                     remote.check()
@@ -423,7 +423,7 @@ class Relay:
                     continue
                 if answer.call_id == call_id:
                     return self._whole(remote, answer)
-                self._deliver(remote, answer, self._pump.take(answer.call_id))
+                self._deliver(remote, answer, self._taken(answer.call_id))
         except (ConnectionLost, RecordError) as exc:
             self._lose(str(exc))
             return None
@@ -435,6 +435,19 @@ class Relay:
         payload = bytearray(answer.length)
         remote.frames.read_payload(memoryview(payload))
         return answer._replace(payload=payload)
+
+    def _taken(self, call_id: int) -> int | None:
+        """The guest's flags of a call the pump waited for, forgotten there, its answer Python's to deliver (None:
+        nobody waits for it). A page-locked DtoH the pump sent itself lands its bytes where the pump would have
+        (pool.landing), so an answer Python reads for it (a full completion ring, one read while the relay asks the
+        GPU host something of its own) lands as well."""
+        taken = self._pump.take(call_id)
+        if taken is None:
+            return None
+        flags, land_at, land_size = taken
+        if land_size and self.pool is not None:
+            self.pool.landing[call_id] = (land_at, land_size)
+        return int(flags)
 
     def _expect(self, call_id: int, flags: int) -> bool:
         """Note a record about to be sent as waiting for its answer; False (and the record answered

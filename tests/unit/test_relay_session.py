@@ -13,6 +13,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,6 +21,7 @@ from host_agent.diagnostics import DiagnosticsHandler
 from host_agent.handler import Session
 from host_agent.relay import compiled_pump
 from host_agent.relay.frames import FrameStream
+from host_agent.relay.pool import PoolRelay
 from host_agent.relay.relayed_session import DEVICE_UNAVAILABLE, Relay
 from host_agent.relay.stream_endpoint import StreamEndpoint
 from host_agent.session_loop import RecordLoop, ServerOptions
@@ -181,3 +183,18 @@ def test_when_the_gpu_host_goes_every_call_answers_device_unavailable_within_the
         assert r.relay.lost is not None
     finally:
         r.close()
+
+
+def test_an_answer_python_reads_for_a_page_locked_read_the_pump_sent_still_lands_in_the_pool() -> None:
+    """The pump sends a synchronous page-locked DtoH itself and lands its answer's bytes in the pool (relay_pump.c,
+    LANDS_IN_POOL); when Python reads that answer instead (the completion ring was full, or the relay was asking the
+    GPU host something of its own), the landing the pump kept goes with the flags it hands back (Relay._taken), so
+    Python's delivery lands the bytes too, never as a reply payload the guest would not read."""
+    relay = Relay.__new__(Relay)  # only what _taken reads
+    relay.pool = PoolRelay(None, 1)
+    taken = {7: (0, 0x7F00_0000_1000, 4), 8: (1, 0, 0)}
+    relay._pump = SimpleNamespace(take=taken.pop)
+    assert relay._taken(7) == 0 and relay.pool.landing == {7: (0x7F00_0000_1000, 4)}
+    assert relay._taken(8) == 1 and 8 not in relay.pool.landing  # a plain call: no landing
+    relay._pump = SimpleNamespace(take=lambda call_id: None)
+    assert relay._taken(9) is None
