@@ -27,8 +27,8 @@ enum { PUMP_RING = 0, PUMP_SOCKET = 1, PUMP_CHECK = 2, PUMP_LOST = 3 };
  * page-locked DtoH sent from here: where its bytes land (land_size > 0). */
 typedef struct { uint64_t call_id; uint32_t flags, python; uint64_t land_at; uint32_t land_size; } pending_call;
 
-/* relay/uva.py's codes for the pool, and this file's own: how a ring record of an opcode is forwarded (forward[]) */
-enum { NEVER = 0, AS_IT_IS = 1, LANDS_IN_POOL = 5 };
+/* forward[]'s code of a synchronous page-locked DtoH served here (compiled_pump.LANDS_IN_POOL) */
+enum { LANDS_IN_POOL = 5 };
 #define PINNED_DTOH_SIZE 24 /* a page-locked cuMemcpyDtoH: device, size, the pool pointer (u64 each) */
 #define PLAIN_DTOH_SIZE 16  /* the plain cuMemcpyDtoH sent instead: device, size */
 

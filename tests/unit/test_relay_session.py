@@ -26,6 +26,7 @@ from host_agent.relay.relayed_session import DEVICE_UNAVAILABLE, Relay
 from host_agent.relay.stream_endpoint import StreamEndpoint
 from host_agent.session_loop import RecordLoop, ServerOptions
 from ivshmem.channel import Endpoint
+from ivshmem.driver_api import CALLS
 from ivshmem.layout import Geometry
 from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, SEQ_AT, Flag, Op, Record, Status, fill_pattern, publish_mark
 from ivshmem.region import Region
@@ -198,3 +199,16 @@ def test_an_answer_python_reads_for_a_page_locked_read_the_pump_sent_still_lands
     assert relay._taken(8) == 1 and 8 not in relay.pool.landing  # a plain call: no landing
     relay._pump = SimpleNamespace(take=lambda call_id: None)
     assert relay._taken(9) is None
+
+
+def test_the_pumps_page_locked_read_reads_the_call_tables_layouts() -> None:
+    """relay_pump.c reads a page-locked cuMemcpyDtoH as (device, size, pointer) and sends (device, size): the sizes
+    it and compiled_pump.py spell are the call table's."""
+    dtoh = CALLS["cuMemcpyDtoH"]
+    assert dtoh.pinned is not None
+    assert (dtoh.pinned.fixed.size, dtoh.request.fixed.size) == (compiled_pump.PINNED_DTOH_SIZE,
+                                                                 compiled_pump.PLAIN_DTOH_SIZE)
+    source = compiled_pump.PROGRAM.source.read_text()
+    assert f"#define PINNED_DTOH_SIZE {compiled_pump.PINNED_DTOH_SIZE} " in source
+    assert f"#define PLAIN_DTOH_SIZE {compiled_pump.PLAIN_DTOH_SIZE} " in source
+    assert f"enum {{ LANDS_IN_POOL = {compiled_pump.LANDS_IN_POOL} }};" in source
