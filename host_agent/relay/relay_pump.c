@@ -56,6 +56,8 @@ typedef struct {
     size_t npending, cap;
     unsigned long long pumped;
     uint8_t *frame; /* a peeked frame: header and an inline payload */
+    uint8_t *own;   /* the payload of the ring record being forwarded, copied out of its slot before anything in it is
+                     * checked: the guest may rewrite its slot meanwhile (as hot_dispatch.c's `own`) */
 } Pump;
 
 static int pending_add(Pump *self, uint64_t call_id, uint32_t flags, uint32_t python) {
@@ -102,22 +104,19 @@ static int landing_of(Pump *self, PyThreadState **save, uint64_t pointer, uint64
            && size <= (uint64_t)self->base_len - (*host - start);
 }
 
-/* A synchronous page-locked DtoH (LANDS_IN_POOL) as the plain DtoH the GPU host serves, in `plain`: 1 (its landing
- * kept as a waiting call's), 0 when it is Python's (posted, larger than a completion slot, a device side in the pool,
- * a pointer in no allocation, malformed). Read from our copy of its payload: the slot is the guest's to rewrite. */
+/* A synchronous page-locked DtoH (LANDS_IN_POOL) whose payload, (device, size, pointer), becomes the plain DtoH the
+ * GPU host serves, (device, size): 1 (its landing kept as a waiting call's), 0 when it is Python's (posted, larger
+ * than a completion slot, a device side in the pool, a pointer in no allocation, malformed). */
 static int pinned_dtoh(Pump *self, PyThreadState **save, uint64_t call_id, uint32_t flags, const uint8_t *payload,
-                       uint32_t length, uint8_t plain[PLAIN_DTOH_SIZE]) {
-    uint8_t own[PINNED_DTOH_SIZE];
+                       uint32_t length) {
     if ((flags & FLAG_NO_REPLY) || length != PINNED_DTOH_SIZE || !self->plain_dtoh) return 0;
-    memcpy(own, payload, sizeof own);
-    uint64_t device = rd64(own), size = rd64(own + 8), pointer = rd64(own + 16), host = 0;
+    uint64_t device = rd64(payload), size = rd64(payload + 8), pointer = rd64(payload + 16), host = 0;
     if (size == 0 || size > self->out.cell - RECORD_HEADER) return 0;
     if (self->pool_size && device - self->pool_base < self->pool_size) return 0; /* relay/uva.py's */
     if (!landing_of(self, save, pointer, size, &host) || pending_add(self, call_id, flags, 0) < 0) return 0;
     pending_call *entry = pending_find(self, call_id);
     entry->land_at = host;
     entry->land_size = (uint32_t)size;
-    memcpy(plain, own, PLAIN_DTOH_SIZE);
     return 1;
 }
 
@@ -130,18 +129,18 @@ static int forward_record(Pump *self, uint32_t *head, PyThreadState **save) {
         || length > self->inline_capacity)
         return 0;
     uint8_t how = self->forward[opcode];
-    const uint8_t *payload = slot + RECORD_HEADER;
-    uint8_t plain[PLAIN_DTOH_SIZE];
+    const uint8_t *payload = self->own; /* checked and sent from our copy: the slot is the guest's to rewrite */
+    memcpy(self->own, slot + RECORD_HEADER, length);
     if (how == LANDS_IN_POOL) {
-        if (!pinned_dtoh(self, save, call_id, flags, payload, length, plain)) return 0;
-        opcode = self->plain_dtoh, flags = 0, length = PLAIN_DTOH_SIZE, payload = plain;
+        if (!pinned_dtoh(self, save, call_id, flags, payload, length)) return 0;
+        opcode = self->plain_dtoh, flags = 0, length = PLAIN_DTOH_SIZE; /* its payload's first two words */
     } else if (how == 4 && self->pool_size) { /* a launch naming pool memory anywhere: Python's (relay/mirror.py) */
         for (uint32_t at = 0; at + 8 <= length; at += 4)
-            if (rd64(slot + RECORD_HEADER + at) - self->pool_base < self->pool_size) return 0;
+            if (rd64(payload + at) - self->pool_base < self->pool_size) return 0;
     } else if (how >= 2 && self->pool_size) { /* a device side in the pool: Python's (relay/uva.py) */
         if (length < 8u * (how - 1)) return 0;
         for (uint32_t i = 0; i + 1 < how; i++)
-            if (rd64(slot + RECORD_HEADER + 8u * i) - self->pool_base < self->pool_size) return 0;
+            if (rd64(payload + 8u * i) - self->pool_base < self->pool_size) return 0;
     }
     if (how != LANDS_IN_POOL && !(flags & FLAG_NO_REPLY) && pending_add(self, call_id, flags, 0) < 0) return 0;
     uint32_t words[6] = { opcode, flags, length, self->remote_generation, 0, 0 };
@@ -279,8 +278,10 @@ static int Pump_init(Pump *self, PyObject *args, PyObject *kwds) {
     Py_XSETREF(self->buffer, Py_NewRef(buffer));
     self->inline_capacity = self->in.cell - RECORD_HEADER;
     free(self->frame);
+    free(self->own);
     self->frame = malloc(self->out.cell);
-    if (self->frame == NULL) { PyErr_NoMemory(); return -1; }
+    self->own = malloc(self->inline_capacity ? self->inline_capacity : 1);
+    if (self->frame == NULL || self->own == NULL) { PyErr_NoMemory(); return -1; }
     Py_XSETREF(self->lock, Py_NewRef(lock));
     self->mutex = mutex;
     self->heard = now_s();
@@ -293,6 +294,7 @@ static void Pump_dealloc(Pump *self) {
     Py_XDECREF(self->lock);
     free(self->pending);
     free(self->frame);
+    free(self->own);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

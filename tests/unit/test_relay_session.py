@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -26,9 +27,20 @@ from host_agent.relay.relayed_session import DEVICE_UNAVAILABLE, Relay
 from host_agent.relay.stream_endpoint import StreamEndpoint
 from host_agent.session_loop import RecordLoop, ServerOptions
 from ivshmem.channel import Endpoint
-from ivshmem.driver_api import CALLS
+from ivshmem.driver_api import CALLS, PINNED_COPY
 from ivshmem.layout import Geometry
-from ivshmem.record import DRAIN_REPLY, FILL_REQUEST, SEQ_AT, Flag, Op, Record, Status, fill_pattern, publish_mark
+from ivshmem.record import (
+    DRAIN_REPLY,
+    FILL_REQUEST,
+    HEADER,
+    SEQ_AT,
+    Flag,
+    Op,
+    Record,
+    Status,
+    fill_pattern,
+    publish_mark,
+)
 from ivshmem.region import Region
 from tests.forwarding_rig import bounded  # noqa: F401 (fixture)
 
@@ -212,3 +224,59 @@ def test_the_pumps_page_locked_read_reads_the_call_tables_layouts() -> None:
     assert f"#define PINNED_DTOH_SIZE {compiled_pump.PINNED_DTOH_SIZE} " in source
     assert f"#define PLAIN_DTOH_SIZE {compiled_pump.PLAIN_DTOH_SIZE} " in source
     assert f"enum {{ LANDS_IN_POOL = {compiled_pump.LANDS_IN_POOL} }};" in source
+
+
+@pytest.mark.skipif(compiled_pump.PROGRAM.load() is None, reason="the compiled pump does not build here")
+def test_the_pump_lands_a_page_locked_read_from_what_it_checked() -> None:
+    """The pump's page-locked DtoH (LANDS_IN_POOL), driven directly: the record is checked and sent from the pump's
+    copy of its slot, so a guest that rewrites the slot meanwhile (here from inside the pool's answer, which the pump
+    asks between its checks and its send) changes nothing that was sent; the answer's bytes land where the pool said,
+    the guest hears its status alone; a landing place outside the region is refused (the record left to Python)."""
+    path = f"/dev/shm/orion-pump-{uuid.uuid4().hex[:10]}"
+    with open(path, "wb") as f:
+        f.truncate(16 << 20)
+    region = Region.open(path)
+    here, there = socket.socketpair()
+    try:
+        region.format(Geometry.build(region.size, 1, name="pump"))
+        client, host = Endpoint(region, 0, "client"), Endpoint(region, 0, "host")
+        for side in (client, host):
+            side.reset_owned()
+            side.resync()
+            side.generation = RING_GENERATION
+        pump = compiled_pump.start(host, FrameStream(here), REMOTE_GENERATION)
+        table = bytearray(0x10000)
+        pinned = CALLS["cuMemcpyDtoH"].opcode | PINNED_COPY
+        table[pinned] = compiled_pump.LANDS_IN_POOL
+        pump.set_forward(bytes(table))
+        landing = region.address(region.size - 4096)  # somewhere in the region, as the pool is
+        slot = client.out_ring.writable()  # where the record goes: its payload follows its 32-byte header
+        assert slot is not None
+
+        def host_address(pointer: int, size: int) -> int | None:
+            region.buf[slot + 32:slot + 48] = struct.pack("<QQ", 0xBAD0, 999)  # the guest rewrites device and size
+            return {0x5000: landing, 0x6000: 1 << 62}.get(pointer)
+        pump.set_landing(host_address, CALLS["cuMemcpyDtoH"].opcode)
+        client.send(41, pinned, 0, struct.pack("<QQQ", 0xD000, 4, 0x5000))
+        codes: list[int] = []
+        worker = threading.Thread(target=lambda: codes.append(pump.pump()), daemon=True)
+        worker.start()
+        frame = there.recv(48, socket.MSG_WAITALL)
+        call_id, opcode, flags, length, _gen, _status, _seq = HEADER.unpack(frame[:32])
+        assert (call_id, opcode, flags, length) == (41, CALLS["cuMemcpyDtoH"].opcode, 0, 16)
+        assert struct.unpack("<QQ", frame[32:48]) == (0xD000, 4)  # what was checked, not what the slot says now
+        there.sendall(HEADER.pack(41, 0, 0, 4, REMOTE_GENERATION, 0, 0) + b"\x11\x22\x33\x44")
+        reply = client.receive()
+        assert reply is not None and (reply.call_id, reply.status, len(reply.payload)) == (41, 0, 0)
+        assert bytes(region.buf[region.size - 4096:region.size - 4092]) == b"\x11\x22\x33\x44"
+        worker.join(5)
+        client.send(42, pinned, 0, struct.pack("<QQQ", 0xD000, 4, 0x6000))  # lands outside the region: Python's
+        assert codes in ([], [compiled_pump.PUMP_CHECK])  # (a liveness check may have come)
+        assert pump.pump() == compiled_pump.PUMP_RING
+        host.in_ring.resync()
+        assert host.in_ring.readable() is not None  # left at the head of the ring, untaken
+    finally:
+        here.close()
+        there.close()
+        region.close()
+        os.unlink(path)
