@@ -118,7 +118,7 @@ CTYPES: dict[str, Any] = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_u
 
 
 PAGEABLE_PIECE = MAX_PAYLOAD // 2  # the most one pageable copy request carries (native/copy_calls.c's too)
-POSTED_COPY_MAX = 64 << 10  # the largest copy to the device posted with its bytes (native/copy_calls.c's too)
+POSTED_FROM_POOL_MAX = 64 << 10  # the largest synchronous copy from page-locked memory posted with its bytes (as C)
 
 
 def _in_pieces(copy: Callable[[int, int], int], size: int) -> int:
@@ -636,8 +636,9 @@ class Forwarder:
                 return INVALID_VALUE
             fields = (dst, size, stream or 0) if is_async else (dst, size)
             posted = self._posted_as_the_driver_would(dst, size, stream if is_async else None)
-            # the host reads the shared pages: an async copy in stream order, a synchronous one unless posted
-            if pinned is not None and self._pool.contains(src or 0, size) and (is_async or not posted):
+            # the host reads the shared pages: an async copy in stream order, a synchronous one unless posted (small)
+            if pinned is not None and self._pool.contains(src or 0, size) and (
+                    is_async or not posted or size > POSTED_FROM_POOL_MAX):
                 return self._pinned_copy(call, pinned.encode(*fields, src))
             if size > PAGEABLE_PIECE:
                 return _in_pieces(lambda at, n: forward(dst + at, (src or 0) + at, n, stream), size)
@@ -652,12 +653,12 @@ class Forwarder:
 
     def _posted_as_the_driver_would(self, dst: int, size: int, stream: int | None) -> bool:
         """native/copy_calls.c's rule: a copy to the device returns once its bytes are taken, as the driver's
-        pageable copy does, when nothing the driver checks first can fail: small, synchronous, on a default stream
+        pageable copy does, when nothing the driver checks first can fail: synchronous, on a default stream
         or on one this process created in the current context and has not destroyed, into memory this process
         allocated, initialised, a context current, no capture possibly under way, and the GPU not known to be gone
         (a relay that lost its GPU host answers the copy itself)."""
         current = self._contexts.current()
-        return (0 < size <= POSTED_COPY_MAX and self._initialized and bool(current)
+        return (0 < size and self._initialized and bool(current)
                 and (stream is None or stream <= 2 or self._streams.get(stream) == current)
                 and not self._captures and not self._unavailable and self._device_memory.holds(dst, size))
 

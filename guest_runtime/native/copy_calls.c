@@ -40,7 +40,8 @@ _Static_assert(SAME_COPY(cuMemcpyDtoH, cuMemcpyHtoD) && SAME_COPY(cuMemcpyDtoHAs
                && ORION_PINNED_cuMemcpyHtoD_SIZE <= ORION_PINNED_cuMemcpyHtoDAsync_SIZE, "one packing for four copies");
 #define HEAD_BYTES ORION_PINNED_cuMemcpyHtoDAsync_SIZE /* the longest: an async copy's pinned request */
 #define PAGEABLE_PIECE (ORION_MAX_PAYLOAD / 2)      /* the most one pageable copy request carries: well within */
-#define POSTED_COPY_MAX (64u << 10)             /* the largest copy to the device posted with its bytes */
+#define POSTED_FROM_POOL_MAX (64u << 10)        /* the largest synchronous copy from page-locked memory posted with
+                                                   its bytes; a larger one is the host's copy out of the pool */
 
 /* The fixed part: (device, size) and the stream of an async copy; its length. */
 static size_t head_of(uint8_t head[HEAD_BYTES], uint64_t device, size_t size, const CUstream *stream) {
@@ -76,9 +77,9 @@ static int in_pieces(int to_device, uint32_t opcode, CUdeviceptr device, uint8_t
     return CUDA_SUCCESS;
 }
 
-/* Whether a copy to the device may return once its bytes are taken, as the driver's pageable one does: posted,
- * when nothing the driver checks before returning can fail. Small (its bytes in the ring or its staging: taken when
- * the post returns), into memory this process allocated (not a reserved range nor a graph's allocation: device
+/* Whether a copy to the device may return once its bytes are taken, as the driver's pageable one does (it returns
+ * once its staging holds them, before the DMA): posted, when nothing the driver checks before returning can fail. Its
+ * bytes are in the ring or its staging chunks when the post returns, however large; into memory this process allocated (not a reserved range nor a graph's allocation: device
  * memory only while mapped or live), synchronous, on a default stream (always a valid handle) or on a stream this
  * process created in the current context and has not destroyed (known_handles.c), with a context
  * current and no stream capture possibly under way in the process (which a copy on the legacy stream would break,
@@ -87,7 +88,7 @@ static int in_pieces(int to_device, uint32_t opcode, CUdeviceptr device, uint8_t
  * GPU's) comes back as an earlier posted call's error at the next call, as the driver reports an asynchronous one. */
 static int posted_as_the_driver_would(CUdeviceptr dst, size_t size, const CUstream *stream) {
     uint64_t handle = stream ? (uint64_t)(uintptr_t)*stream : 0;
-    return size && size <= POSTED_COPY_MAX && orion_is_initialized()
+    return size && orion_is_initialized()
            && (handle <= 2 || orion_known(ORION_KNOWN_STREAMS, handle))
            && orion_current_context() != NULL && !orion_captures_may_run() && !orion_device_unavailable()
            && orion_range_allocated(dst, size);
@@ -98,8 +99,9 @@ static int htod(uint32_t opcode, CUdeviceptr dst, const void *src, size_t size, 
     uint8_t head[HEAD_BYTES];
     size_t len = head_of(head, dst, size, stream);
     int posted = posted_as_the_driver_would(dst, size, stream);
-    /* the host reads the shared pages: an async copy in stream order, a synchronous one unless posted with its bytes */
-    if (orion_pool_contains((uint64_t)(uintptr_t)src, size) && (stream || !posted))
+    /* the host reads the shared pages: an async copy in stream order, a synchronous one unless posted with its bytes
+     * (a small one: a larger one is the host's DMA out of the pool, which the driver's page-locked copy waits for too) */
+    if (orion_pool_contains((uint64_t)(uintptr_t)src, size) && (stream || !posted || size > POSTED_FROM_POOL_MAX))
         return pinned_copy(opcode, head, src, stream != NULL);
     if (size > PAGEABLE_PIECE) return in_pieces(1, opcode, dst, (uint8_t *)(uintptr_t)src, size, stream);
     struct orion_piece pieces[2] = { { head, len }, { src, size } };

@@ -1,14 +1,16 @@
-"""A small copy to the device that the driver would take returns once its bytes are in the channel
-(guest_runtime/native/copy_calls.c, posted_as_the_driver_would), against a real agent whose sessions run the executor
-over the fake driver (tests/forwarding_rig.py), locally or relayed.
+"""A copy to the device that the driver would take returns once its bytes are in the channel, as the driver's
+pageable copy returns once its staging holds them (guest_runtime/native/copy_calls.c, posted_as_the_driver_would),
+against a real agent whose sessions run the executor over the fake driver (tests/forwarding_rig.py), locally or
+relayed.
 
-Posted: a copy of at most 64 KiB into memory this process allocated, synchronous (cuMemcpyHtoD, from pageable or
-page-locked memory), async on a default stream or on a stream the process made (and has not destroyed), with a
-context current and no capture under way. The program may overwrite its buffer as soon as the call returns, and the
-device holds the bytes it gave, in stream order with the calls around it. Waited for, as before (ORION_STATS says
-which was which): a copy on a stream the process destroyed (the host's INVALID_HANDLE is the call's answer), a
-larger one, one while a capture may be under way, one into a reserved range that is not mapped, and one into memory
-the process never allocated, whose error (the agent's, the driver's) is the call's own answer."""
+Posted: a copy from pageable memory of any size, or from page-locked memory of at most 64 KiB, into memory this
+process allocated, synchronous (cuMemcpyHtoD), async on a default stream or on a stream the process made (and has
+not destroyed), with a context current and no capture under way. The program may overwrite its buffer as soon as
+the call returns, and the device holds the bytes it gave, in stream order with the calls around it. Waited for, as
+before (ORION_STATS says which was which): a copy on a stream the process destroyed (the host's INVALID_HANDLE is the
+call's answer), a larger one from page-locked memory (the host's copy out of the pool, which the driver's page-locked
+copy waits for too), one while a capture may be under way, one into a reserved range that is not mapped, and one into
+memory the process never allocated, whose error (the agent's, the driver's) is the call's own answer."""
 from __future__ import annotations
 
 import json
@@ -45,8 +47,13 @@ out["created_stream_read_back"] = [lib.cuStreamSynchronize(side), lib.cuMemcpyDt
 ctypes.memmove(buffer, data, len(data))
 assert lib.cuStreamDestroy(side) == 0
 out["destroyed_stream"] = lib.cuMemcpyHtoDAsync(memory, buffer, 256, side)  # no longer known: waited for
-large = ctypes.create_string_buffer(128 << 10)
-out["large"] = lib.cuMemcpyHtoDAsync(memory, large, 128 << 10, None)
+large_data = bytes((i * 13 + 5) & 0xFF for i in range(640 << 10))  # 640 KiB: staged, many chunks
+large = ctypes.create_string_buffer(large_data, len(large_data))
+out["large"] = lib.cuMemcpyHtoDAsync(memory + (256 << 10), large, len(large_data), None)
+ctypes.memset(large, 0, len(large_data))  # taken when the call returned, however large
+large_back = ctypes.create_string_buffer(len(large_data))
+out["large_read_back"] = [lib.cuMemcpyDtoH(large_back, memory + (256 << 10), len(large_data)),
+                          large_back.raw == large_data]
 reserved = c_uint64()
 assert lib.cuMemAddressReserve(byref(reserved), 2 << 20, 0, 0, 0) == 0
 out["reserved"] = lib.cuMemcpyHtoDAsync(reserved.value, buffer, 256, None)
@@ -61,6 +68,10 @@ assert lib.cuMemAllocHost(byref(pinned), 4096) == 0
 ctypes.memmove(pinned, data, 4096)
 out["sync_pinned"] = lib.cuMemcpyHtoD(memory + 16384, pinned, 4096)
 ctypes.memset(pinned, 0xEE, 4096)  # taken when the call returned, as the driver's copy had finished with them
+pinned_large = c_void_p()
+assert lib.cuMemAllocHost(byref(pinned_large), 128 << 10) == 0
+ctypes.memmove(pinned_large, large_data, 128 << 10)
+out["sync_pinned_large"] = lib.cuMemcpyHtoD(memory + (128 << 10), pinned_large, 128 << 10)  # the host's DMA: waited
 back = ctypes.create_string_buffer(12288)
 out["sync_read_back"] = [lib.cuMemcpyDtoH(back, memory + 8192, 12288), back.raw[:1024] == data[:1024],
                          back.raw[-4096:] == data]
@@ -73,7 +84,7 @@ assert lib.cuStreamEndCapture(capturing, byref(graph)) == 0
 """
 
 
-def test_a_small_copy_the_driver_would_take_returns_once_its_bytes_are_in_the_channel(library: Path, rig: Rig,
+def test_a_copy_the_driver_would_take_returns_once_its_bytes_are_in_the_channel(library: Path, rig: Rig,
                                                                                       tmp_path: Path) -> None:
     stats = tmp_path / "stats.txt"
     env = native_child_env(library, rig.path) | {"ORION_STATS": str(stats)}
@@ -84,13 +95,15 @@ def test_a_small_copy_the_driver_would_take_returns_once_its_bytes_are_in_the_ch
     assert out["posted"] == [SUCCESS] * 16
     assert out["read_back"] == [SUCCESS, True]  # the bytes given, in stream order before the read
     assert out["created_stream"] == SUCCESS and out["created_stream_read_back"] == [SUCCESS, SUCCESS, True]
-    assert out["destroyed_stream"] == INVALID_HANDLE and out["large"] == SUCCESS  # the host's error, at once
+    assert out["destroyed_stream"] == INVALID_HANDLE  # the host's error, at once
+    assert out["large"] == SUCCESS and out["large_read_back"] == [SUCCESS, True]
     assert out["reserved"] != SUCCESS and out["unallocated"] == INVALID_VALUE  # the call's own error, at once
-    assert out["sync"] == [SUCCESS] * 4 and out["sync_pinned"] == SUCCESS
+    assert out["sync"] == [SUCCESS] * 4 and out["sync_pinned"] == SUCCESS and out["sync_pinned_large"] == SUCCESS
     assert out["sync_read_back"] == [SUCCESS, True, True]
     assert out["sync_unallocated"] == INVALID_VALUE and out["sync_capturing"] == SUCCESS
     _summary, rows = _table(stats.read_text())
     calls, guest, posted, round_trip = rows["cuMemcpyHtoDAsync"][:4]
-    assert (calls, guest, posted, round_trip) == ("21", "0", "17", "4")
+    assert (calls, guest, posted, round_trip) == ("21", "0", "18", "3")  # the large one posted too
     calls, guest, posted, round_trip = rows["cuMemcpyHtoD"][:4]
-    assert (calls, guest, posted, round_trip) == ("7", "0", "5", "2")  # the capture's and the unallocated one waited
+    assert (calls, guest, posted, round_trip) == ("8", "0", "5", "3")  # the capture's, the unallocated one and the
+    # large page-locked one waited

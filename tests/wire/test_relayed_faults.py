@@ -9,7 +9,9 @@ header, in the middle of its payload, in the middle of a host-to-device request 
 answer should be, or answers a call nobody asked. The guest, through the capsule path and through the native
 `libcuda.so.1`, must get CUDA_ERROR_DEVICE_UNAVAILABLE for that call within the documented bound, and for its next
 call at once: never a hang (before issue 26's fix a death in the middle of a long answer hung the guest for ever),
-never a success.
+never a success. A copy to the device is posted once its bytes are taken, as the driver's pageable copy returns once
+they are staged (docs/cuda-forwarding.md): it may answer SUCCESS, and then its error is the next call's, within the
+bound, as the driver reports an asynchronous error.
 
 The bound asserted is the documented one (5 s of silence, which the relay checks every second) plus
 SCHEDULING_SLACK_S for a loaded 2-core machine: it tells a bounded wait from a hang, and says nothing of speed.
@@ -43,7 +45,7 @@ from tests.relay_peer import start_listener
 bounded, start = forwarding_rig.bounded, forwarding_rig.start  # the rig's fixtures
 pytestmark = pytest.mark.skipif(bool(relay_net.why_not()), reason=relay_net.why_not() or "")
 
-DEVICE_UNAVAILABLE = 46
+SUCCESS, DEVICE_UNAVAILABLE = 0, 46
 DOCUMENTED_BOUND_S = 5.0 + 1.0  # the relay's silence bound, checked every second
 SCHEDULING_SLACK_S = 4.0
 REPO = Path(__file__).resolve().parents[2]
@@ -186,7 +188,8 @@ def _capsule_run(rig: Rig, fault: Fault) -> dict[str, Any]:
     else:
         status = fn["cuMemcpyDtoH"](ctypes.addressof(host), device, fault.size)
     elapsed = time.monotonic() - started
-    return {"status": status, "elapsed": elapsed, "next": fn["cuCtxSynchronize"]()}
+    following = fn["cuCtxSynchronize"]()
+    return {"status": status, "elapsed": elapsed, "next": following, "through_next": time.monotonic() - started}
 
 
 NATIVE = r"""
@@ -213,7 +216,8 @@ elif copy == "pinned":
 else:
     status = lib.cuMemcpyDtoH(host, device, size)
 elapsed = time.monotonic() - started
-print(json.dumps({"status": status, "elapsed": elapsed, "next": lib.cuCtxSynchronize()}))
+following = lib.cuCtxSynchronize()
+print(json.dumps({"status": status, "elapsed": elapsed, "next": following, "through_next": time.monotonic() - started}))
 """
 
 
@@ -225,18 +229,21 @@ def _native_run(rig: Rig, fault: Fault, library: Path) -> dict[str, Any]:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def _judge(seen: dict[str, Any]) -> None:
-    assert seen["status"] == DEVICE_UNAVAILABLE, seen
-    assert seen["elapsed"] < DOCUMENTED_BOUND_S + SCHEDULING_SLACK_S, seen
+def _judge(seen: dict[str, Any], fault: Fault) -> None:
+    posted = fault.copy == "htod" and seen["status"] == SUCCESS  # its error is the next call's
+    assert seen["status"] == DEVICE_UNAVAILABLE or posted, seen
+    assert seen["through_next" if posted else "elapsed"] < DOCUMENTED_BOUND_S + SCHEDULING_SLACK_S, seen
     assert seen["next"] == DEVICE_UNAVAILABLE, seen
 
 
 @pytest.mark.parametrize("faulty", FAULTS, indirect=True, ids=lambda f: "-".join(f))
 def test_the_capsule_path_gets_its_error_within_the_bound(faulty: Rig, request: pytest.FixtureRequest) -> None:
-    _judge(_capsule_run(faulty, request.node.callspec.params["faulty"]))
+    fault = request.node.callspec.params["faulty"]
+    _judge(_capsule_run(faulty, fault), fault)
 
 
 @pytest.mark.parametrize("faulty", FAULTS, indirect=True, ids=lambda f: "-".join(f))
 def test_the_native_driver_gets_its_error_within_the_bound(faulty: Rig, library: Path,
                                                            request: pytest.FixtureRequest) -> None:
-    _judge(_native_run(faulty, request.node.callspec.params["faulty"], library))
+    fault = request.node.callspec.params["faulty"]
+    _judge(_native_run(faulty, fault, library), fault)
