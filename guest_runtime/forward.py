@@ -658,7 +658,7 @@ class Forwarder:
         allocated, initialised, a context current, no capture possibly under way, and the GPU not known to be gone
         (a relay that lost its GPU host answers the copy itself)."""
         current = self._contexts.current()
-        return (0 < size and self._initialized and bool(current)
+        return (size > 0 and self._initialized and bool(current)
                 and (stream is None or stream <= 2 or self._streams.get(stream) == current)
                 and not self._captures and not self._unavailable and self._device_memory.holds(dst, size))
 
