@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.native_wire_bench import TIMING_C, c_output  # noqa: E402
 from bench.verify import Checks  # noqa: E402
-from guest_runtime.native.build import SOURCE_DIR, build_driver, find_compiler, write_region_header  # noqa: E402
+from guest_runtime.native.build import SOURCE_DIR, build_driver, find_compiler, wire_sources, write_region_header  # noqa: E402
 from host_agent.daemon.region_server import RegionServer  # noqa: E402
 from host_agent.handler import Session  # noqa: E402
 from host_agent.session import hot_path  # noqa: E402
@@ -234,7 +234,7 @@ def build(directory: Path) -> tuple[Path, Path]:
     write_region_header(directory)  # orion_wire.c includes the generated orion_region.h
     flags = ["-std=c11", "-O2", "-Wall", "-Wextra", f"-I{SOURCE_DIR}", f"-I{directory}"]
     subprocess.run([*compiler, *flags, "-o", str(directory / "client"), str(directory / "client.c"),
-                    str(SOURCE_DIR / "orion_wire.c"), "-lpthread"], check=True)
+                    *wire_sources(), "-lpthread"], check=True)
     subprocess.run([*compiler, *flags, "-fPIC", "-shared", "-o", str(directory / "null.so"),
                     str(directory / "null.c")], check=True)
     (directory / "driver_client.c").write_text(DRIVER_CLIENT)

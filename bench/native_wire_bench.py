@@ -46,7 +46,7 @@ from typing import NamedTuple, cast
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.verify import Checks, digest, first_wrong  # noqa: E402
-from guest_runtime.native.build import SOURCE_DIR, BuildError, find_compiler, write_region_header  # noqa: E402
+from guest_runtime.native.build import SOURCE_DIR, BuildError, find_compiler, wire_sources, write_region_header  # noqa: E402
 from guest_runtime.native.ctypes_client import NativeChannel, load  # noqa: E402
 from host_agent.daemon.region_server import serve  # noqa: E402
 from host_agent.diagnostics import DiagnosticsHandler  # noqa: E402
@@ -249,9 +249,9 @@ def build_harness(directory: Path) -> tuple[Path, Path]:
     exe, lib = directory / "harness", directory / "liborion_wire.so"
     write_region_header(directory)  # orion_wire.c includes the generated orion_region.h
     flags = ["-std=c11", "-O2", "-Wall", "-Wextra", f"-I{SOURCE_DIR}", f"-I{directory}"]
-    subprocess.run([*compiler, *flags, "-o", str(exe), str(source), str(SOURCE_DIR / "orion_wire.c"), "-lpthread"],
+    subprocess.run([*compiler, *flags, "-o", str(exe), str(source), *wire_sources(), "-lpthread"],
                    check=True)
-    subprocess.run([*compiler, *flags, "-fPIC", "-shared", "-o", str(lib), str(SOURCE_DIR / "orion_wire.c"),
+    subprocess.run([*compiler, *flags, "-fPIC", "-shared", "-o", str(lib), *wire_sources(),
                     "-lpthread"], check=True)
     return exe, lib
 

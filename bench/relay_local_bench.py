@@ -39,7 +39,7 @@ from bench.host_roundtrip_bench import copy_bytes, copy_value, null_executor, se
 from bench.native_wire_bench import TIMING_C, c_output  # noqa: E402
 from bench.relay_bench import raw_baseline  # noqa: E402
 from bench.verify import Checks  # noqa: E402
-from guest_runtime.native.build import SOURCE_DIR, find_compiler, write_region_header  # noqa: E402
+from guest_runtime.native.build import SOURCE_DIR, find_compiler, wire_sources, write_region_header  # noqa: E402
 from host_agent.daemon.region_server import RegionServer  # noqa: E402
 from host_agent.handler import Session  # noqa: E402
 from host_agent.relay.route import RelayRoute  # noqa: E402
@@ -197,7 +197,7 @@ def build(directory: Path) -> tuple[Path, Path, Path]:
     write_region_header(directory)  # orion_wire.c includes the generated orion_region.h
     flags = ["-std=gnu11", "-O2", f"-I{SOURCE_DIR}", f"-I{directory}"]
     subprocess.run([*compiler, *flags, "-o", str(directory / "relay_client"), str(directory / "relay_client.c"),
-                    str(SOURCE_DIR / "orion_wire.c"), "-lpthread"], check=True)
+                    *wire_sources(), "-lpthread"], check=True)
     subprocess.run([*compiler, *flags, "-o", str(directory / "raw"), str(directory / "raw.c"), "-lpthread"],
                    check=True)
     return directory / "relay_client", directory / "raw", null_library

@@ -25,12 +25,18 @@ class BuildError(Exception):
     """The library could not be built; the message is one line that says why."""
 
 
+def wire_sources() -> list[str]:
+    """The wire client's C files (orion_wire.h's API), to compile into a program or library of one's own (the
+    benchmarks' C clients), with write_region_header's directory on the include path."""
+    return [str(SOURCE_DIR / s) for s in SOURCES]
+
+
 def build_library(output: str | os.PathLike[str]) -> Path:
     """Compile the wire client alone into `output` (its directory is created, with the generated orion_region.h
     beside it); raises BuildError with one line."""
     target = Path(output)
     write_region_header(target.parent)
-    return _compile(target, [SOURCE_DIR / s for s in SOURCES], [f"-I{target.parent}"])
+    return _compile(target, [Path(source) for source in wire_sources()], [f"-I{target.parent}"])
 
 
 def write_region_header(directory: Path) -> Path:

@@ -79,11 +79,11 @@ static int in_pieces(int to_device, uint32_t opcode, CUdeviceptr device, uint8_t
 
 /* Whether a copy to the device may return once its bytes are taken, as the driver's pageable one does (it returns
  * once its staging holds them, before the DMA): posted, when nothing the driver checks before returning can fail. Its
- * bytes are in the ring or its staging chunks when the post returns, however large; into memory this process allocated (not a reserved range nor a graph's allocation: device
- * memory only while mapped or live), synchronous, on a default stream (always a valid handle) or on a stream this
- * process created in the current context and has not destroyed (known_handles.c), with a context
- * current and no stream capture possibly under way in the process (which a copy on the legacy stream would break,
- * synchronously), and the GPU not known to be gone (orion_device_unavailable: a relay that lost its GPU host answers
+ * bytes are in the ring or its staging chunks when the post returns, however large. Into memory this process
+ * allocated (not a reserved range nor a graph's allocation: device memory only while mapped or live), synchronous,
+ * on a default stream (always a valid handle) or on a stream this process created in the current context and has not
+ * destroyed (known_handles.c), with a context current and no stream capture possibly under way in the process (which
+ * a copy on the legacy stream would break, synchronously), and the GPU not known to be gone (orion_device_unavailable: a relay that lost its GPU host answers
  * each copy itself). Anything else waits for the host's answer, as before. A failure found later on the host (the
  * GPU's) comes back as an earlier posted call's error at the next call, as the driver reports an asynchronous one. */
 static int posted_as_the_driver_would(CUdeviceptr dst, size_t size, const CUstream *stream) {

@@ -69,7 +69,8 @@ static void *helper_main(void *unused) {
             relax();
             if (i % 64 || now_ns() < spin_until) continue;
             atomic_store(&sleeping, 1);  /* seq_cst with the owner's post: one of us sees the other's store */
-            if (atomic_load(&state) != POSTED) futex(FUTEX_WAIT_PRIVATE, atomic_load(&state));
+            uint32_t seen = atomic_load(&state);
+            if (seen != POSTED) futex(FUTEX_WAIT_PRIVATE, seen);  /* returns at once if it is no longer `seen` */
             atomic_store(&sleeping, 0);
             spin_until = now_ns() + SPIN_NS;
         }

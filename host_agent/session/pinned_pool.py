@@ -26,6 +26,8 @@ from ivshmem.driver_api import CALLS, POOL_MAP_OPCODE, POOL_MAP_REPLY, POOL_MAP_
 from ivshmem.layout import PAGE
 from ivshmem.region import Region
 
+from .range_table import RangeTable
+
 log = logging.getLogger(__name__)
 
 CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP = 1, 2
@@ -45,6 +47,10 @@ class HostPool:
         self.fixed_mapping = False  # host_base is a second mapping made at the guest's address
         self.device_base = 0  # device pointer of host_base once registered
         self.allocations: dict[int, tuple[int, int]] = {}  # offset in the slice -> (size, flags)
+        # offset in the slice -> size, the same allocations searched by sorted offsets (range_table.py): every
+        # page-locked copy looks its pointer up here, and so does hot_dispatch.c (pinned_host); kept in step with
+        # `allocations` by allocate and free, their only writers
+        self.extents = RangeTable()
 
     def map(self, proposed: int) -> tuple[int, int]:
         """POOL_MAP: the guest's slice is at `proposed`. Returns (CUresult, host address of the slice): equal to
@@ -99,20 +105,24 @@ class HostPool:
             return INVALID_VALUE, 0
         rounded = -(-size // PAGE) * PAGE
         start = 0
-        for offset, (length, _) in sorted(self.allocations.items()):
+        for offset in self.extents.bases:  # in address order
             if offset - start >= rounded:
                 break
-            start = offset + -(-length // PAGE) * PAGE
+            start = offset + -(-self.extents[offset] // PAGE) * PAGE
         if start + rounded > self.size:
             return OUT_OF_MEMORY, 0
         err = self.register(driver) if driver is not None else SUCCESS
         if err != SUCCESS:
             return err, 0
         self.allocations[start] = (size, flags)
+        self.extents[start] = size
         return SUCCESS, self.guest_base + start
 
     def free(self, pointer: int) -> int:
-        return SUCCESS if self.allocations.pop(pointer - self.guest_base, None) is not None else INVALID_VALUE
+        if self.allocations.pop(pointer - self.guest_base, None) is None:
+            return INVALID_VALUE
+        del self.extents[pointer - self.guest_base]
+        return SUCCESS
 
     def _allocation(self, pointer: int, size: int, base: int) -> tuple[int, int, int] | None:
         """(offset of its allocation, size, flags) if [pointer, pointer+size) lies in one allocation, counted
@@ -120,10 +130,11 @@ class HostPool:
         if not base:
             return None
         offset = pointer - base
-        for start, (length, flags) in self.allocations.items():
-            if start <= offset and offset + size <= start + length:
-                return start, length, flags
-        return None
+        start = self.extents.holder(offset, size)
+        if start is None:
+            return None
+        length, flags = self.allocations[start]
+        return start, length, flags
 
     def allocation_of(self, pointer: int) -> int | None:
         """The offset in the slice of the allocation guest pointer `pointer` lies in."""

@@ -49,13 +49,17 @@ class RangeTable(dict[int, int]):
         super().clear()
         self.bases.clear()
 
-    def holds(self, pointer: int, size: int) -> bool:
-        """Whether [pointer, pointer + size) lies inside one range."""
+    def holder(self, pointer: int, size: int) -> int | None:
+        """The base of the range [pointer, pointer + size) lies inside, or None."""
         at = bisect.bisect_right(self.bases, pointer) - 1
         if at < 0:
-            return False
+            return None
         base = self.bases[at]
-        return pointer + size <= base + super().__getitem__(base)
+        return base if pointer + size <= base + super().__getitem__(base) else None
+
+    def holds(self, pointer: int, size: int) -> bool:
+        """Whether [pointer, pointer + size) lies inside one range."""
+        return self.holder(pointer, size) is not None
 
     def _refused(self, *_args: Any, **_kwargs: Any) -> NoReturn:
         raise TypeError("RangeTable keeps its sorted bases through item assignment, del and pop only")
