@@ -47,22 +47,28 @@ from tests.forwarding_rig import bounded  # noqa: F401 (fixture)
 RING_GENERATION, REMOTE_GENERATION = 5, 9
 
 
+def ring_pair(name: str) -> tuple[str, Region, Endpoint, Endpoint]:
+    """A fresh one-channel 16 MiB region in /dev/shm (remove it afterwards) and its client and host endpoints, reset
+    to RING_GENERATION."""
+    path = f"/dev/shm/orion-{name}-{uuid.uuid4().hex[:10]}"
+    with open(path, "wb") as f:
+        f.truncate(16 << 20)
+    region = Region.open(path)
+    region.format(Geometry.build(region.size, 1, name=name))
+    client, host = Endpoint(region, 0, "client"), Endpoint(region, 0, "host")
+    for side in (client, host):
+        side.reset_owned()
+        side.resync()
+        side.generation = RING_GENERATION
+    return path, region, client, host
+
+
 class Relayed:
     def __init__(self, dead_s: float = 5.0, mode: str = "pump", beat_s: float = 0.1) -> None:
         """`mode`: "pump" (the relay's compiled pump, where it builds) or "threads" (its Python threads, the path
         an RDMA connection takes); `beat_s`: both ends' heartbeat."""
         self.mode = mode
-        self.path = f"/dev/shm/orion-relay-{uuid.uuid4().hex[:10]}"
-        with open(self.path, "wb") as f:
-            f.truncate(16 << 20)
-        self.region = Region.open(self.path)
-        self.region.format(Geometry.build(self.region.size, 1, name="relay"))
-        self.client = Endpoint(self.region, 0, "client")
-        host = Endpoint(self.region, 0, "host")
-        for side in (self.client, host):
-            side.reset_owned()
-            side.resync()
-            side.generation = RING_GENERATION
+        self.path, self.region, self.client, host = ring_pair("relay")
         here, there = socket.socketpair()
         self.sockets = (here, there)
         self.gpu_side = StreamEndpoint(FrameStream(there), REMOTE_GENERATION, beat_s=beat_s,
@@ -232,18 +238,9 @@ def test_the_pump_lands_a_page_locked_read_from_what_it_checked() -> None:
     copy of its slot, so a guest that rewrites the slot meanwhile (here from inside the pool's answer, which the pump
     asks between its checks and its send) changes nothing that was sent; the answer's bytes land where the pool said,
     the guest hears its status alone; a landing place outside the region is refused (the record left to Python)."""
-    path = f"/dev/shm/orion-pump-{uuid.uuid4().hex[:10]}"
-    with open(path, "wb") as f:
-        f.truncate(16 << 20)
-    region = Region.open(path)
+    path, region, client, host = ring_pair("pump")
     here, there = socket.socketpair()
     try:
-        region.format(Geometry.build(region.size, 1, name="pump"))
-        client, host = Endpoint(region, 0, "client"), Endpoint(region, 0, "host")
-        for side in (client, host):
-            side.reset_owned()
-            side.resync()
-            side.generation = RING_GENERATION
         pump = compiled_pump.start(host, FrameStream(here), REMOTE_GENERATION)
         table = bytearray(0x10000)
         pinned = CALLS["cuMemcpyDtoH"].opcode | PINNED_COPY
