@@ -1,6 +1,7 @@
 """Runs corpus sequences (tests/differential/corpus.py) in this process through one driver and prints one JSON
-object: the transcripts, one per seed, and every libcuda file mapped into the process at the end (so a caller can
-tell which driver answered).
+object: the transcripts, one per seed, every libcuda file mapped into the process at the end (so a caller can
+tell which driver answered), and how many staging-chunk halves the native guest driver's copy helper copied
+(guest_runtime/native/copy_helper.c; None for a driver without one).
 
     python -m tests.differential.run_corpus driver LIBRARY SEED [SEED ...]
     python -m tests.differential.run_corpus capsule SEED [SEED ...]
@@ -34,6 +35,15 @@ def table(mode: str, argv: list[str]) -> tuple[Table, list[str]]:
     raise SystemExit(f"unknown mode {mode!r}: driver or capsule")
 
 
+def copy_halves(argv: list[str]) -> int | None:
+    """The native guest driver's count of halves its copy helper ran (the same library, already loaded)."""
+    counter = getattr(ctypes.CDLL(argv[1]), "orion_copy_helper_halves", None) if argv[0] == "driver" else None
+    if counter is None:
+        return None
+    counter.restype = ctypes.c_uint64
+    return int(counter())
+
+
 def main(argv: list[str]) -> int:
     driver, seeds = table(argv[0], argv[1:])
     transcripts: list[Any] = []
@@ -46,7 +56,7 @@ def main(argv: list[str]) -> int:
         transcripts.append(runner.run(sequence(int(seed))))
     with open("/proc/self/maps") as maps:
         mapped = sorted({line.split()[-1] for line in maps if "/libcuda.so" in line})
-    print(json.dumps({"transcripts": transcripts, "libcuda": mapped}))
+    print(json.dumps({"transcripts": transcripts, "libcuda": mapped, "copy_halves": copy_halves(argv)}))
     return 0
 
 

@@ -19,9 +19,12 @@ import functools
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ivshmem.layout import Geometry
+from ivshmem.region import Region
 from tests import forwarding_rig
 from tests.differential.corpus import Runner, compare, fake_table, first_difference, sequence
 from tests.differential.pool_kernels import PoolKernelProgram, fake_table_with_kernels
@@ -51,12 +54,30 @@ def test_the_capsule_path_gives_the_fake_drivers_own_transcript(served: Rig) -> 
     _assert_as_the_fake([runner.run(sequence(seed)) for seed in SEEDS])
 
 
-def test_the_native_driver_gives_the_fake_drivers_own_transcript(served: Rig, library: Path) -> None:
+def _native_corpus(rig: Rig, library: Path, **env: str) -> dict[str, Any]:
     done = subprocess.run([sys.executable, "-m", "tests.differential.run_corpus", "driver", str(library),
-                           *map(str, SEEDS)], cwd=REPO, env=native_child_env(library, served.path),
+                           *map(str, SEEDS)], cwd=REPO, env=native_child_env(library, rig.path) | env,
                           capture_output=True, text=True, timeout=NATIVE_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-4000:]
-    _assert_as_the_fake(json.loads(done.stdout)["transcripts"])
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def test_the_native_driver_gives_the_fake_drivers_own_transcript(served: Rig, library: Path) -> None:
+    _assert_as_the_fake(_native_corpus(served, library)["transcripts"])
+
+
+def test_copies_split_over_two_guest_cores_give_the_fake_drivers_own_transcript(
+        start: Callable[..., Rig], region_path: str, library: Path) -> None:
+    """The native driver with its copy helper on (ORION_COPY_THREADS=2, copy_helper.c) on a region whose staging
+    chunks are large enough to split (the rig's default region has 64 KiB chunks, which never are): the corpus'
+    copies, 1 byte to 2.5 MiB both ways, each chunk filled or emptied half by the helper, give the fake's own
+    values; and the helper did copy halves."""
+    with Region.open(region_path) as region:
+        region.format(Geometry.build(region.size, 2))
+        assert region.geometry.chunk_size >= 256 << 10  # ORION_COPY_SPLIT_MIN (128 KiB) twice: split chunks
+    seen = _native_corpus(start(), library, ORION_COPY_THREADS="2")
+    _assert_as_the_fake(seen["transcripts"])
+    assert seen["copy_halves"] > 0, seen["copy_halves"]
 
 
 @functools.cache
