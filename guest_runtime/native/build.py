@@ -25,10 +25,10 @@ class BuildError(Exception):
     """The library could not be built; the message is one line that says why."""
 
 
-def wire_sources() -> list[str]:
+def wire_sources() -> list[Path]:
     """The wire client's C files (orion_wire.h's API), to compile into a program or library of one's own (the
     benchmarks' C clients), with write_region_header's directory on the include path."""
-    return [str(SOURCE_DIR / s) for s in SOURCES]
+    return [SOURCE_DIR / s for s in SOURCES]
 
 
 def build_library(output: str | os.PathLike[str]) -> Path:
@@ -36,7 +36,7 @@ def build_library(output: str | os.PathLike[str]) -> Path:
     beside it); raises BuildError with one line."""
     target = Path(output)
     write_region_header(target.parent)
-    return _compile(target, [Path(source) for source in wire_sources()], [f"-I{target.parent}"])
+    return _compile(target, wire_sources(), [f"-I{target.parent}"])
 
 
 def write_region_header(directory: Path) -> Path:

@@ -541,6 +541,12 @@ static void deliver_half(void *job) {
 /* Where a chunk of `n` bytes is split between two cores: a cache-line boundary near its middle. */
 static size_t half_of(size_t n) { return (n / 2) & ~(size_t)63; }
 
+/* Whether a staged transfer of `length` bytes through chunks of `chunk` bytes takes the copy helper: its chunks are
+ * split (ORION_COPY_SPLIT_MIN or more) and the helper is free; release it after the transfer. */
+static int helper_for(size_t length, size_t chunk) {
+    return length >= ORION_COPY_SPLIT_MIN && chunk >= ORION_COPY_SPLIT_MIN && orion_copy_helper_claim();
+}
+
 static uint8_t *probe_in_chunk(orion_channel *ch, int *bad) { return spsc_readable(&ch->in_st, bad, 1); }
 
 /* Take a staged payload of `length` bytes chunk by chunk (channel.Endpoint._stream_in), into `dest` when there is
@@ -549,8 +555,7 @@ static uint8_t *probe_in_chunk(orion_channel *ch, int *bad) { return spsc_readab
  * halves are done. */
 static int stream_in(orion_channel *ch, size_t length, const reply_dest *dest) {
     size_t size = ch->in_st.cell;
-    int helped = dest && length >= 2 * ORION_COPY_SPLIT_MIN && size >= ORION_COPY_SPLIT_MIN
-                 && orion_copy_helper_claim();
+    int helped = dest && helper_for(length, size);
     int code = ORION_OK;
     for (size_t at = 0; at < length; at += size) {
         int bad = 0;
@@ -692,7 +697,7 @@ static void fill_half(void *job) {
  * (copy_helper.h); it is published once both halves are done. */
 static int stream_out(orion_channel *ch, piece_cursor *from, size_t len) {
     size_t size = ch->out_st.cell;
-    int helped = len >= 2 * ORION_COPY_SPLIT_MIN && size >= ORION_COPY_SPLIT_MIN && orion_copy_helper_claim();
+    int helped = helper_for(len, size);
     int code = ORION_OK;
     for (size_t at = 0; at < len; at += size) {
         uint8_t *chunk = wait_room(ch, &ch->out_st, probe_chunk_or_drain, "a free chunk in the request staging "

@@ -610,7 +610,7 @@ def test_the_sources_compile_without_a_warning(tmp_path: Path) -> None:
         pytest.skip("no C compiler (cc/gcc/$CC) to build the native wire client; setup.sh installs gcc")
     build.write_region_header(tmp_path)  # the generated orion_region.h the sources include
     done = subprocess.run([*compiler, *build.CFLAGS, "-Werror", f"-I{tmp_path}", "-o", str(tmp_path / "lib.so"),
-                           *(str(build.SOURCE_DIR / s) for s in build.SOURCES), *build.LIBS],
+                           *build.wire_sources(), *build.LIBS],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
 
