@@ -8,8 +8,8 @@ are RangeTables (host_agent/session/range_table.py) searched by their sorted bas
 cuMemsetD8Async served by the compiled path (a client Endpoint in Python queues 32, the hot path serves them) with
 N live allocations, the probe in the middle one, both ways in one run: the tables as plain dicts (the scan, the
 baseline) and as RangeTables. Then the same for one posted page-locked 4-byte cuMemcpyHtoDAsync from the middle one
-of N page-locked allocations (HostPool.extents, which hot_dispatch.c's pinned_host searches, or a plain dict it
-scans). The driver is tests.fake_driver.FakeDriver with its memset and async copy replaced by null ones, so the
+of N page-locked allocations (HostPool.allocations, which hot_dispatch.c's pinned_host searches, or a plain dict
+it scans). The driver is tests.fake_driver.FakeDriver with its memset and async copy replaced by null ones, so the
 figures are the check's and the wire's, not a driver's.
 
 The result is checked before a ratio prints: every memset of both runs must be served in C and answered SUCCESS
@@ -96,8 +96,8 @@ def timed_page_locked(allocations: int, scanned: bool) -> tuple[float, str]:
         statuses = [reply[2] for reply in s.serve()]  # (before the baseline's dict, which only C can read)
         if statuses != [INVALID_VALUE]:
             return 0.0, f"a copy from past the allocations answered {statuses}, not [{INVALID_VALUE}]"
-        if scanned:  # the pool's extents as a plain dict, which the compiled path scans
-            pool.extents = dict(pool.extents)  # type: ignore[assignment]
+        if scanned:  # the pool's allocations as a plain dict, which the compiled path scans
+            pool.allocations = dict(pool.allocations)  # type: ignore[assignment]
         request = bytes(copy.pinned.encode(h["a"], 4, 0, pinned[allocations // 2]))
         return best_of_rounds(s, lambda: s.send(copy.opcode | PINNED_COPY, request, Flag.NO_REPLY))
     finally:

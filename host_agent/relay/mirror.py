@@ -145,7 +145,7 @@ class MirrorRelay:
 
     def extent(self, offset: int) -> tuple[int, int]:
         """(guest address, page-rounded size) of the allocation at pool `offset`: what the GPU host maps."""
-        size = self.pool.allocations[offset][0]
+        size = self.pool.allocations[offset]
         return self.pool.guest_base + offset, -(-size // PAGE) * PAGE
 
     def adopt(self, offset: int, where: int) -> None:
@@ -164,7 +164,7 @@ class MirrorRelay:
         gone: list[int] = []
         for offset in list(self.agreed):
             found = self.pool.allocations.get(offset)
-            if found is None or -(-found[0] // PAGE) * PAGE != len(self.agreed[offset]):
+            if found is None or -(-found // PAGE) * PAGE != len(self.agreed[offset]):
                 del self.agreed[offset]
                 gone.append(self.where.pop(offset))
         return gone

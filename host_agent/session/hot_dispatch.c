@@ -128,7 +128,7 @@ typedef struct {
 /* --- the ledger (SessionLedger), read under the GIL ------------------------------------------------------ */
 typedef struct {
     PyObject *handles, *launched, *ranges, *pool;
-    PyObject *pool_extents; /* the pool's allocations, {offset in its slice: size} (a RangeTable), or NULL */
+    PyObject *pool_allocations; /* the pool's {offset in its slice: size} (a RangeTable), or NULL */
     uint64_t pool_guest_base, pool_host_base; /* where its slice lies for the guest and here (0: not mapped) */
     uint64_t plain_attributes, event_attributes; /* the dispatcher's (set_launch_attributes) */
 } ledger_view;
@@ -210,13 +210,13 @@ static int owns_memory(const ledger_view *l, uint64_t pointer, unsigned __int128
 }
 
 /* HostPool.host_address (pinned_pool.py), its tables read here under the GIL: where the host maps `size` bytes of
- * the guest's page-locked allocation at `pointer`, if they lie in one allocation (its extents, searched). */
+ * the guest's page-locked allocation at `pointer`, if they lie in one allocation (searched). */
 static int pinned_host(const ledger_view *l, uint64_t pointer, uint64_t size, uint64_t *host) {
-    if (l->pool_extents == NULL || !l->pool_guest_base || !l->pool_host_base || size == 0
+    if (l->pool_allocations == NULL || !l->pool_guest_base || !l->pool_host_base || size == 0
         || pointer < l->pool_guest_base)
         return 0;
     uint64_t offset = pointer - l->pool_guest_base;
-    if (!owns_range(l->pool_extents, offset, size)) return 0;
+    if (!owns_range(l->pool_allocations, offset, size)) return 0;
     *host = l->pool_host_base + offset;
     return 1;
 }
@@ -225,23 +225,23 @@ static int pinned_host(const ledger_view *l, uint64_t pointer, uint64_t size, ui
 static int stream_ok(const ledger_view *l, uint64_t stream) { return stream <= 2 || owns_handle(l, "CUstream", stream); }
 
 static void ledger_release(ledger_view *l) {
-    Py_CLEAR(l->handles); Py_CLEAR(l->launched); Py_CLEAR(l->ranges); Py_CLEAR(l->pool); Py_CLEAR(l->pool_extents);
+    Py_CLEAR(l->handles); Py_CLEAR(l->launched); Py_CLEAR(l->ranges); Py_CLEAR(l->pool); Py_CLEAR(l->pool_allocations);
 }
 
-/* The pool's tables (pinned_host): only a dict of extents and two mapped bases count; anything else, none. */
+/* The pool's tables (pinned_host): only a dict of allocations and two mapped bases count; anything else, none. */
 static void pool_fetch(ledger_view *l) {
     if (l->pool == NULL || l->pool == Py_None) return;
-    PyObject *extents = PyObject_GetAttrString(l->pool, "extents");
+    PyObject *allocations = PyObject_GetAttrString(l->pool, "allocations");
     PyObject *guest = PyObject_GetAttrString(l->pool, "guest_base");
     PyObject *host = PyObject_GetAttrString(l->pool, "host_base");
-    if (extents != NULL && PyDict_Check(extents) && guest != NULL && PyLong_Check(guest) && host != NULL
+    if (allocations != NULL && PyDict_Check(allocations) && guest != NULL && PyLong_Check(guest) && host != NULL
         && PyLong_Check(host)) {
         l->pool_guest_base = PyLong_AsUnsignedLongLong(guest);
         l->pool_host_base = PyLong_AsUnsignedLongLong(host);
-        if (!PyErr_Occurred()) l->pool_extents = Py_NewRef(extents);
+        if (!PyErr_Occurred()) l->pool_allocations = Py_NewRef(allocations);
     }
-    Py_XDECREF(extents); Py_XDECREF(guest); Py_XDECREF(host);
-    if (PyErr_Occurred()) { PyErr_Clear(); Py_CLEAR(l->pool_extents); }
+    Py_XDECREF(allocations); Py_XDECREF(guest); Py_XDECREF(host);
+    if (PyErr_Occurred()) { PyErr_Clear(); Py_CLEAR(l->pool_allocations); }
 }
 
 /* The ledger's tables as they are now (the Python path may have replaced or changed them since last time). */

@@ -46,11 +46,10 @@ class HostPool:
         self.guest_base = 0  # the address the guest's pointers are relative to
         self.fixed_mapping = False  # host_base is a second mapping made at the guest's address
         self.device_base = 0  # device pointer of host_base once registered
-        self.allocations: dict[int, tuple[int, int]] = {}  # offset in the slice -> (size, flags)
-        # offset in the slice -> size, the same allocations searched by sorted offsets (range_table.py): every
-        # page-locked copy looks its pointer up here, and so does hot_dispatch.c (pinned_host); kept in step with
-        # `allocations` by allocate and free, their only writers
-        self.extents = RangeTable()
+        # offset in the slice -> size, searched by sorted offsets (range_table.py): every page-locked copy looks
+        # its pointer up here, and so does hot_dispatch.c (pinned_host)
+        self.allocations = RangeTable()
+        self._flags: dict[int, int] = {}  # offset in the slice -> cuMemHostAlloc's flags
 
     def map(self, proposed: int) -> tuple[int, int]:
         """POOL_MAP: the guest's slice is at `proposed`. Returns (CUresult, host address of the slice): equal to
@@ -105,23 +104,23 @@ class HostPool:
             return INVALID_VALUE, 0
         rounded = -(-size // PAGE) * PAGE
         start = 0
-        for offset in self.extents.bases:  # in address order
+        for offset in self.allocations.bases:  # in address order
             if offset - start >= rounded:
                 break
-            start = offset + -(-self.extents[offset] // PAGE) * PAGE
+            start = offset + -(-self.allocations[offset] // PAGE) * PAGE
         if start + rounded > self.size:
             return OUT_OF_MEMORY, 0
         err = self.register(driver) if driver is not None else SUCCESS
         if err != SUCCESS:
             return err, 0
-        self.allocations[start] = (size, flags)
-        self.extents[start] = size
+        self.allocations[start] = size
+        self._flags[start] = flags
         return SUCCESS, self.guest_base + start
 
     def free(self, pointer: int) -> int:
         if self.allocations.pop(pointer - self.guest_base, None) is None:
             return INVALID_VALUE
-        del self.extents[pointer - self.guest_base]
+        del self._flags[pointer - self.guest_base]
         return SUCCESS
 
     def _allocation(self, pointer: int, size: int, base: int) -> tuple[int, int, int] | None:
@@ -130,11 +129,8 @@ class HostPool:
         if not base:
             return None
         offset = pointer - base
-        start = self.extents.holder(offset, size)
-        if start is None:
-            return None
-        length, flags = self.allocations[start]
-        return start, length, flags
+        start = self.allocations.holder(offset, size)
+        return None if start is None else (start, self.allocations[start], self._flags[start])
 
     def allocation_of(self, pointer: int) -> int | None:
         """The offset in the slice of the allocation guest pointer `pointer` lies in."""

@@ -49,7 +49,7 @@ def test_mutations_that_would_bypass_the_bases_are_refused() -> None:
 
 
 def test_the_page_locked_pools_allocations_are_found_and_placed_as_by_a_scan(region_path: str) -> None:
-    """HostPool keeps its allocations' extents in a RangeTable (pinned_pool.py): every lookup a page-locked copy makes
+    """HostPool keeps its allocations in a RangeTable (pinned_pool.py): every lookup a page-locked copy makes
     (host_address, owns_device, flags, allocation_of) answers what a scan of its allocations answers, and first fit
     places each new allocation where a scan in address order would, through random allocations and frees."""
     rng = random.Random(31)
@@ -77,7 +77,7 @@ def test_the_page_locked_pools_allocations_are_found_and_placed_as_by_a_scan(reg
             assert pool.host_address(probe, width) == (None if holder is None else
                                                         pool.host_base + probe - pool.guest_base)
             assert pool.flags(probe) == next((f for p, (n, f) in live.items() if p <= probe < p + n), None)
-        assert pool.extents.bases == sorted(p - pool.guest_base for p in live)
+        assert pool.allocations.bases == sorted(p - pool.guest_base for p in live)
 
 
 def first_fit(live: dict[int, tuple[int, int]], base: int, size: int, capacity: int) -> int | None:
