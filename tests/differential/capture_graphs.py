@@ -19,9 +19,9 @@ memory and facts about handles (non-zero, equal to another, distinct).
 
 Two parts are behind switches, each for a reason outside this program:
 
-* `capture_info` (test_capture_graphs.CAPTURE_INFO_FORWARDED, per path): cuStreamGetCaptureInfo after each
-  captured call (the capture's status, id and graph, one dependency, and that node's type by cuGraphNodeGetType).
-  Both guest paths forward it; the switch stays for a path that would answer it CUDA_ERROR_NOT_SUPPORTED.
+* `capture_info`: cuStreamGetCaptureInfo after each captured call (the capture's status, id and graph, one
+  dependency, and that node's type by cuGraphNodeGetType). Both guest paths forward it and run with it; the switch
+  stays for a driver that would answer it CUDA_ERROR_NOT_SUPPORTED (the fake's own test runs both ways).
 * `pinned_copies`: captured copies between device memory and page-locked memory (cuMemAllocHost), whose replays
   must read and write the host memory as it is when the graph runs (the relayed paths run without them: a gap,
   held by a strict xfail).

@@ -28,9 +28,6 @@ from tests.forwarding_rig import Rig
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 
-# Which paths forward cuStreamGetCaptureInfo (the program runs its capture-info steps there): both, since the capsule
-# path's forward.py wrote it out (2026-11-28); a path that answered 801 would run without those steps.
-CAPTURE_INFO_FORWARDED = {"capsule": True, "native": True}
 ACTIVE, INVALIDATED = CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE, \
     CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED
 
@@ -270,17 +267,16 @@ def test_events_in_a_capture() -> None:
 # too: below).
 
 def test_the_capsule_path_captures_and_replays_as_the_fake_does(served: Rig) -> None:
-    capture_info, pinned = CAPTURE_INFO_FORWARDED["capsule"], not served.relayed
-    got = CaptureGraphProgram(served.guest().fn, capture_info=capture_info, pinned_copies=pinned).run()
-    want = reference(capture_info, pinned)
+    pinned = not served.relayed  # with its capture-info steps: both paths forward cuStreamGetCaptureInfo
+    got = CaptureGraphProgram(served.guest().fn, capture_info=True, pinned_copies=pinned).run()
+    want = reference(True, pinned)
     assert got == want, _first_difference(want, got)
 
 
 def test_the_native_driver_captures_and_replays_as_the_fake_does(served: Rig, library: Path) -> None:
-    capture_info, pinned = CAPTURE_INFO_FORWARDED["native"], not served.relayed
-    got = _native(served, library, "instantiate-by-api-name", *(["pinned-copies"] if pinned else []),
-                  *(["capture-info"] if capture_info else []))
-    want = reference(capture_info, pinned)
+    pinned = not served.relayed
+    got = _native(served, library, "instantiate-by-api-name", *(["pinned-copies"] if pinned else []), "capture-info")
+    want = reference(True, pinned)
     assert got == want, _first_difference(want, got)
 
 
