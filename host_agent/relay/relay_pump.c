@@ -52,6 +52,8 @@ typedef struct {
     uint64_t pool_base, pool_size; /* the guest's page-locked pool (set_pool), or size 0 */
     PyObject *host_address; /* HostPool.host_address (set_landing), or NULL: every page-locked DtoH is Python's */
     uint32_t plain_dtoh;    /* cuMemcpyDtoH's opcode (set_landing) */
+    uint64_t landing_base, landing_size; /* the pool's mapping in this process (HostPool.host_base, size: a mapping
+                                          * at the guest's address, apart from the region's): landings lie in it */
     pending_call *pending;
     size_t npending, cap;
     unsigned long long pumped;
@@ -88,7 +90,8 @@ static void pending_drop(Pump *self, pending_call *entry) {
 }
 
 /* Where a page-locked DtoH's `size` bytes at the guest's `pointer` land here: HostPool.host_address asked under the
- * GIL (the pool's bookkeeping is Python's; a DtoH waits a round trip anyway), and held to lie in the region. */
+ * GIL (the pool's bookkeeping is Python's; a DtoH waits a round trip anyway), and held to lie in the pool's mapping
+ * set_landing was told of. */
 static int landing_of(Pump *self, PyThreadState **save, uint64_t pointer, uint64_t size, uint64_t *host) {
     if (self->host_address == NULL) return 0;
     PyEval_RestoreThread(*save);
@@ -99,9 +102,8 @@ static int landing_of(Pump *self, PyThreadState **save, uint64_t pointer, uint64
     Py_XDECREF(answer);
     if (PyErr_Occurred()) { PyErr_Clear(); found = 0; }
     *save = PyEval_SaveThread();
-    uint64_t start = (uint64_t)(uintptr_t)self->base;
-    return found && *host >= start && *host - start <= (uint64_t)self->base_len
-           && size <= (uint64_t)self->base_len - (*host - start);
+    return found && *host - self->landing_base < self->landing_size
+           && size <= self->landing_size - (*host - self->landing_base);
 }
 
 /* A synchronous page-locked DtoH (LANDS_IN_POOL) whose payload, (device, size, pointer), becomes the plain DtoH the
@@ -319,13 +321,15 @@ static PyObject *Pump_set_pool(Pump *self, PyObject *args) {
 static PyObject *Pump_set_landing(Pump *self, PyObject *args) {
     PyObject *host_address;
     unsigned int plain_dtoh;
-    if (!PyArg_ParseTuple(args, "OI", &host_address, &plain_dtoh)) return NULL;
+    unsigned long long mapped_at, mapped_size;
+    if (!PyArg_ParseTuple(args, "OIKK", &host_address, &plain_dtoh, &mapped_at, &mapped_size)) return NULL;
     if (host_address != Py_None && !PyCallable_Check(host_address)) {
         PyErr_SetString(PyExc_TypeError, "host_address: HostPool.host_address or None");
         return NULL;
     }
     Py_XSETREF(self->host_address, host_address == Py_None ? NULL : Py_NewRef(host_address));
     self->plain_dtoh = plain_dtoh;
+    self->landing_base = mapped_at, self->landing_size = mapped_size;
     Py_RETURN_NONE;
 }
 
@@ -386,8 +390,9 @@ static PyMethodDef Pump_methods[] = {
     {"set_pool", (PyCFunction)Pump_set_pool, METH_VARARGS,
      "set_pool(base, size): the guest's page-locked pool, whose addresses as a device side are Python's."},
     {"set_landing", (PyCFunction)Pump_set_landing, METH_VARARGS,
-     "set_landing(host_address, plain_dtoh): the pool's HostPool.host_address (None: none) and cuMemcpyDtoH's opcode, "
-     "for the page-locked DtoHs served here (forward code 5)."},
+     "set_landing(host_address, plain_dtoh, mapped_at, mapped_size): the pool's HostPool.host_address (None: none), "
+     "cuMemcpyDtoH's opcode and the pool's mapping here (HostPool.host_base, size), for the page-locked DtoHs served "
+     "here (forward code 5): a landing outside that mapping is Python's."},
     {"expect", (PyCFunction)Pump_expect, METH_VARARGS,
      "expect(call_id, flags, python): a record sent by Python waits for its answer (python: Python takes it)."},
     {"take", (PyCFunction)Pump_take, METH_O,

@@ -239,10 +239,12 @@ class Relay:
                     opcode, flags, payload, tail = plain
                 else:
                     own = plain
-            elif record.opcode == POOL_MAP_OPCODE and own.status == SUCCESS and self._pump is not None:
-                self._pump.set_pool(self.pool.pool.guest_base, self.pool.pool.size)  # type: ignore[union-attr]
-                self._pump.set_landing(self.pool.pool.host_address,  # type: ignore[union-attr]
-                                       CALLS["cuMemcpyDtoH"].opcode)
+            elif record.opcode == POOL_MAP_OPCODE and own.status == SUCCESS and self._pump is not None \
+                    and self.pool is not None and self.pool.pool is not None:
+                pool = self.pool.pool
+                self._pump.set_pool(pool.guest_base, pool.size)
+                # (its pages mapped at the guest's address: another mapping than the region's)
+                self._pump.set_landing(pool.host_address, CALLS["cuMemcpyDtoH"].opcode, pool.host_base, pool.size)
             if own is not None:
                 self._answer(record.call_id, record.flags, own.status, bytes(own.payload))  # type: ignore[arg-type]
                 return

@@ -6,6 +6,7 @@ When the far end goes, every waiting and later call answers CUDA_ERROR_DEVICE_UN
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import socket
 import struct
@@ -237,7 +238,9 @@ def test_the_pump_lands_a_page_locked_read_from_what_it_checked() -> None:
     """The pump's page-locked DtoH (LANDS_IN_POOL), driven directly: the record is checked and sent from the pump's
     copy of its slot, so a guest that rewrites the slot meanwhile (here from inside the pool's answer, which the pump
     asks between its checks and its send) changes nothing that was sent; the answer's bytes land where the pool said,
-    the guest hears its status alone; a landing place outside the region is refused (the record left to Python)."""
+    in the pool's own mapping (the relay maps it at the guest's address, apart from the region), the guest hears its
+    status alone; a landing place outside that mapping, the region's other pages included, is refused (the record
+    left to Python)."""
     path, region, client, host = ring_pair("pump")
     here, there = socket.socketpair()
     try:
@@ -246,14 +249,16 @@ def test_the_pump_lands_a_page_locked_read_from_what_it_checked() -> None:
         pinned = CALLS["cuMemcpyDtoH"].opcode | PINNED_COPY
         table[pinned] = compiled_pump.LANDS_IN_POOL
         pump.set_forward(bytes(table))
-        landing = region.address(region.size - 4096)  # somewhere in the region, as the pool is
+        pool = ctypes.create_string_buffer(2 * 4096)  # the pool's mapping: not the region's
+        mapped_at = ctypes.addressof(pool)
+        landing = mapped_at + 4096
         slot = client.out_ring.writable()  # where the record goes: its payload follows its 32-byte header
         assert slot is not None
 
         def host_address(pointer: int, size: int) -> int | None:
             region.buf[slot + 32:slot + 48] = struct.pack("<QQ", 0xBAD0, 999)  # the guest rewrites device and size
-            return {0x5000: landing, 0x6000: 1 << 62}.get(pointer)
-        pump.set_landing(host_address, CALLS["cuMemcpyDtoH"].opcode)
+            return {0x5000: landing, 0x6000: 1 << 62, 0x7000: region.address(0), 0x8000: landing + 4093}.get(pointer)
+        pump.set_landing(host_address, CALLS["cuMemcpyDtoH"].opcode, mapped_at, ctypes.sizeof(pool))
         client.send(41, pinned, 0, struct.pack("<QQQ", 0xD000, 4, 0x5000))
         codes: list[int] = []
         worker = threading.Thread(target=lambda: codes.append(pump.pump()), daemon=True)
@@ -265,13 +270,17 @@ def test_the_pump_lands_a_page_locked_read_from_what_it_checked() -> None:
         there.sendall(HEADER.pack(41, 0, 0, 4, REMOTE_GENERATION, 0, 0) + b"\x11\x22\x33\x44")
         reply = client.receive()
         assert reply is not None and (reply.call_id, reply.status, len(reply.payload)) == (41, 0, 0)
-        assert bytes(region.buf[region.size - 4096:region.size - 4092]) == b"\x11\x22\x33\x44"
+        assert pool.raw == bytes(4096) + b"\x11\x22\x33\x44" + bytes(4092)
         worker.join(5)
-        client.send(42, pinned, 0, struct.pack("<QQQ", 0xD000, 4, 0x6000))  # lands outside the region: Python's
         assert codes in ([], [compiled_pump.PUMP_CHECK])  # (a liveness check may have come)
-        assert pump.pump() == compiled_pump.PUMP_RING
-        host.in_ring.resync()
-        assert host.in_ring.readable() is not None  # left at the head of the ring, untaken
+        for call_id, pointer in ((42, 0x6000), (43, 0x7000), (44, 0x8000)):  # outside, the region, 1 B past the end
+            client.send(call_id, pinned, 0, struct.pack("<QQQ", 0xD000, 4, pointer))
+            assert pump.pump() == compiled_pump.PUMP_RING  # Python's
+            host.in_ring.resync()
+            head = host.in_ring.readable()
+            assert head is not None  # left at the head of the ring, untaken
+            assert struct.unpack_from("<Q", region.buf, head)[0] == call_id
+            host.in_ring.release()
     finally:
         here.close()
         there.close()
