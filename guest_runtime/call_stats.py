@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from ivshmem.channel import ClientChannel
-from ivshmem.driver_api import BY_OPCODE
+from ivshmem.driver_api import BY_OPCODE, PINNED_COPY
 from ivshmem.errors import WireError
-from ivshmem.record import STATS_REPLY, Op
+from ivshmem.record import STATS_RELAYED, STATS_REPLY, Op
 
 SETTING = os.environ.get("ORION_STATS", "")
 ENABLED = SETTING not in ("", "0")
@@ -129,6 +129,21 @@ def _host_rows(channel: ClientChannel | None) -> tuple[dict[int, tuple[int, int,
     return {opcode: (compiled, python, ns) for opcode, compiled, python, ns in rows}, ""
 
 
+def _label(opcode: int) -> str:
+    """The row of a record no call above is named after: the wire's own, the pool's, or the relaying host's
+    (STATS_RELAYED), a copy's page-locked variant under its call's name."""
+    relayed, opcode = opcode & STATS_RELAYED, opcode & ~STATS_RELAYED
+    call = BY_OPCODE.get(opcode)
+    pinned = call is None and bool(opcode & PINNED_COPY) and BY_OPCODE.get(opcode - PINNED_COPY) is not None
+    if pinned:
+        call = BY_OPCODE[opcode - PINNED_COPY]
+    known = call.name if call else Op(opcode).name if opcode in {int(o) for o in Op} else ""
+    variant = " page-locked" if pinned else ""
+    if relayed:
+        return f"(relayed {known}{variant})" if known else f"(relayed record {opcode:#x})"
+    return f"(record {opcode:#x}{' ' + known if known else ''}{variant})"
+
+
 def report(out: TextIO | None = None) -> None:
     """The table (call_stats.c's), once, at exit; nothing in a fork child."""
     if os.getpid() != _owner:
@@ -159,13 +174,12 @@ def report(out: TextIO | None = None) -> None:
     for opcode, (compiled, python, ns) in sorted(rows.items()):
         if opcode in shown:
             continue
-        call = BY_OPCODE.get(opcode)
-        known = call.name if call else Op(opcode).name if opcode in {int(o) for o in Op} else ""
-        label = f"(record {opcode:#x}{' ' + known if known else ''})"
+        label = _label(opcode)
         lines.append(f"{label:<36} {'':>10} {'':>10} {'':>10} {'':>10} {'':>10} {'':>9} | {compiled:>10} {python:>10} "
                      f"{ns * 1e-3 / python if python else 0:>9.2f}")
     lines.append("orion-stats: guest = answered in this process; posted = sent without waiting; round trip = waited "
-                 "for the agent. compiled/python = the agent's records served by its hot path or in Python"
+                 "for the agent. compiled/python = the agent's records served by its hot path or in Python (relayed: "
+                 "the relaying host's, by its compiled pump or in Python)"
                  + (f"; agent columns empty: {why}" if why else ""))
     text = "\n".join(lines) + "\n"
     if out is not None:

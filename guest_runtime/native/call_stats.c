@@ -7,7 +7,9 @@
  * first call under a lock. The agent's side comes from one STATS record at exit (ivshmem/record.py STATS_REPLY,
  * laid out in the generated orion_region.h:
  * per opcode, the records its compiled hot path served, those Python served and Python's time), asked only of a
- * channel the program opened; an agent that does not answer it is said in the table's last line.
+ * channel the program opened; an agent that does not answer it is said in the table's last line. A relayed session's
+ * answer adds the relaying host's rows (opcode | ORION_WIRE_STATS_RELAYED: its compiled pump's records and its
+ * Python's), shown as "(relayed NAME)" rows after the GPU host's.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include <pthread.h>
@@ -142,6 +144,23 @@ static struct host_row *host_row_of(struct host_row *rows, int n, const char *na
     return NULL;
 }
 
+/* The label of a row no entry point is named after: "(record OPCODE NAME)" (the wire's own, the pool's; a copy's
+ * page-locked variant, its call's opcode + ORION_PINNED_COPY, under its call's name), or "(relayed NAME)" for the
+ * relaying host's. */
+static void row_label(uint32_t row, char *label, size_t size) {
+    uint32_t opcode = row & ~ORION_WIRE_STATS_RELAYED;
+    const char *name = opcode_name(opcode);
+    int pinned = 0;
+    if (!name && (opcode & ORION_PINNED_COPY)) pinned = (name = opcode_name(opcode - ORION_PINNED_COPY)) != NULL;
+    const char *variant = pinned ? " page-locked" : "";
+    if (!(row & ORION_WIRE_STATS_RELAYED))
+        snprintf(label, size, "(record %#x%s%s%s)", opcode, name ? " " : "", name ? name : "", variant);
+    else if (name)
+        snprintf(label, size, "(relayed %s%s)", name, variant);
+    else
+        snprintf(label, size, "(relayed record %#x)", opcode);
+}
+
 static int by_time(const void *a, const void *b) {
     uint64_t x = atomic_load(&((const struct account *)a)->ns), y = atomic_load(&((const struct account *)b)->ns);
     return x < y ? 1 : x > y ? -1 : 0;
@@ -190,17 +209,18 @@ static void report(void) {
             fprintf(out, " %10s %10s %9s\n", "-", "-", "-");
         }
     }
-    for (int i = 0; i < nrows; i++) { /* records no entry point above is named after (the wire's own, pool calls) */
+    for (int i = 0; i < nrows; i++) { /* records no entry point above is named after (the wire's own, pool calls),
+                                        * and the relaying host's */
         if (rows[i].shown) continue;
-        const char *name = opcode_name(rows[i].opcode);
         char label[64];
-        snprintf(label, sizeof label, "(record %#x%s%s)", rows[i].opcode, name ? " " : "", name ? name : "");
+        row_label(rows[i].opcode, label, sizeof label);
         fprintf(out, "%-36s %10s %10s %10s %10s %10s %9s | %10llu %10llu %9.2f\n", label, "", "", "", "", "", "",
                 (unsigned long long)rows[i].compiled, (unsigned long long)rows[i].python,
                 rows[i].python ? (double)rows[i].python_ns * 1e-3 / (double)rows[i].python : 0.0);
     }
     fprintf(out, "orion-stats: guest = answered in this process; posted = sent without waiting; round trip = waited "
-            "for the agent. compiled/python = the agent's records served by its hot path or in Python%s%s\n",
+            "for the agent. compiled/python = the agent's records served by its hot path or in Python (relayed: the "
+            "relaying host's, by its compiled pump or in Python)%s%s\n",
             why[0] ? "; agent columns empty: " : "", why);
     if (out != stderr) fclose(out);
 }

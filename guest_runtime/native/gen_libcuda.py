@@ -570,6 +570,7 @@ def generate_region() -> str:
               for name in vars(record.Flag) if not name.startswith("_")]
     parts.append(f"#define ORION_WIRE_KNOWN_FLAGS {record.KNOWN_FLAGS}")
     parts += [f"#define ORION_WIRE_OP_{op.name} {op.value}" for op in record.Op]
+    parts.append(f"#define ORION_WIRE_STATS_RELAYED {record.STATS_RELAYED}")
     parts += [f"#define ORION_WIRE_STATUS_{status.name} {_c_value(status.value)}" for status in record.Status]
     parts.append("")
     parts.append("/* record.py: the wire-control payloads' fixed places (codec.Schema.offsets) */")

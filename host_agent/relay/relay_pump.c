@@ -57,6 +57,7 @@ typedef struct {
     pending_call *pending;
     size_t npending, cap;
     unsigned long long pumped;
+    uint64_t *counted; /* ring records forwarded here by the guest's opcode, once counting began (count()); or NULL */
     uint8_t *frame; /* a peeked frame: header and an inline payload */
     uint8_t *own;   /* the payload of the ring record being forwarded, copied out of its slot before anything in it is
                      * checked: the guest may rewrite its slot meanwhile (as hot_dispatch.c's `own`) */
@@ -131,6 +132,7 @@ static int forward_record(Pump *self, uint32_t *head, PyThreadState **save) {
         || length > self->inline_capacity)
         return 0;
     uint8_t how = self->forward[opcode];
+    const uint32_t guest_opcode = opcode; /* (a page-locked DtoH goes out as the plain one) */
     const uint8_t *payload = self->own; /* checked and sent from our copy: the slot is the guest's to rewrite */
     memcpy(self->own, slot + RECORD_HEADER, length);
     if (how == LANDS_IN_POOL) {
@@ -154,6 +156,7 @@ static int forward_record(Pump *self, uint32_t *head, PyThreadState **save) {
     *head += 1;
     store32(self->in.head, *head);
     if (err) { self->lost_errno = err; return -1; }
+    if (self->counted) self->counted[guest_opcode]++;
     return 1;
 }
 
@@ -297,6 +300,7 @@ static void Pump_dealloc(Pump *self) {
     free(self->pending);
     free(self->frame);
     free(self->own);
+    free(self->counted);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -382,6 +386,21 @@ static PyObject *Pump_get_lost(Pump *self, void *closure) {
     return PyUnicode_FromString(self->lost_errno ? strerror(self->lost_errno) : "");
 }
 
+/* count(): from now on, count the ring records forwarded here by opcode; {opcode: records} so far. */
+static PyObject *Pump_count(Pump *self, PyObject *unused) {
+    (void)unused;
+    if (self->counted == NULL && (self->counted = calloc(65536, sizeof *self->counted)) == NULL) return PyErr_NoMemory();
+    PyObject *counts = PyDict_New();
+    for (uint32_t opcode = 0; counts != NULL && opcode < 65536; opcode++) {
+        if (!self->counted[opcode]) continue;
+        PyObject *key = PyLong_FromUnsignedLong(opcode), *value = PyLong_FromUnsignedLongLong(self->counted[opcode]);
+        if (key == NULL || value == NULL || PyDict_SetItem(counts, key, value) < 0) Py_CLEAR(counts);
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+    }
+    return counts;
+}
+
 static PyMethodDef Pump_methods[] = {
     {"pump", (PyCFunction)Pump_pump, METH_NOARGS,
      "pump() -> code: move records both ways until Python must act (RING, SOCKET, CHECK or LOST)."},
@@ -399,6 +418,8 @@ static PyMethodDef Pump_methods[] = {
      "take(call_id) -> (the guest's flags, landing address, landing size) of a waiting call, forgotten (None: nobody "
      "waits for it); a landing size of 0: none (a page-locked DtoH sent from here lands its bytes there)."},
     {"take_pending", (PyCFunction)Pump_take_pending, METH_NOARGS, "Every waiting (call_id, flags), forgotten."},
+    {"count", (PyCFunction)Pump_count, METH_NOARGS,
+     "count() -> {opcode: ring records forwarded here}: counting begins at the first call (the wire's STATS)."},
     {"close", (PyCFunction)Pump_close, METH_NOARGS, "Forget the region (pump() then refuses)."},
     {NULL, NULL, 0, NULL},
 };

@@ -50,7 +50,7 @@ from ivshmem.driver_api import (
     POOL_MIRROR_WRITE,
 )
 from ivshmem.errors import RecordError
-from ivshmem.record import HEADER, Flag, Record, Status
+from ivshmem.record import HEADER, STATS_RELAYED, STATS_REPLY, Flag, Op, Record, Status
 
 from ..handler import Reply, ReplyFailed
 from ..session.pinned_pool import BOOKKEEPING_OPCODES
@@ -105,6 +105,8 @@ class Relay:
         self.mirror = MirrorRelay(pool.pool) if pool is not None and pool.pool is not None else None
         self._table = b""  # the pump's forwarding table (_start_pump)
         self._said_memory_operation = False
+        # opcode -> [ring records this side served in Python, nanoseconds]; None until the guest asks STATS (_stats)
+        self._answered: dict[int, list[int]] | None = None
         # What ends the session when a reply was cut short, from whichever thread found it (run's `ended`)
         self._cut_short: Callable[[ReplyFailed], NoReturn] = _raise
 
@@ -137,6 +139,7 @@ class Relay:
             return None
         table = bytearray(b"\x01" * 0x10000)
         table[HOST_FUNCTION_OPCODE] = 0  # the relay's own to serve
+        table[Op.STATS] = 0  # (_stats)
         if self.pool is not None:
             for opcode in range(0x10000):
                 if opcode & PINNED_COPY or opcode in BOOKKEEPING_OPCODES or opcode in RELAY_MAY_ANSWER \
@@ -186,7 +189,20 @@ class Relay:
         pump.close()
 
     def _forward_next(self) -> None:
-        """Read the ring's next record and forward it (a staged one while it is read)."""
+        """Read the ring's next record and forward it (a staged one while it is read), counted once the guest
+        asked STATS."""
+        if self._answered is None:
+            self._forward_one()
+            return
+        started = time.perf_counter_ns()
+        opcode = self._forward_one()
+        if opcode is not None and opcode != Op.STATS:
+            counted = self._answered.setdefault(opcode, [0, 0])
+            counted[0] += 1
+            counted[1] += time.perf_counter_ns() - started
+
+    def _forward_one(self) -> int | None:
+        """_forward_next's work: the opcode of the record forwarded (None: none, one the ring refused)."""
         ring = self.ring
         offset = ring.in_ring.readable()
         if offset is None:
@@ -197,13 +213,17 @@ class Relay:
                                                                                           length))
         except RecordError as exc:  # answered here, as the worker's loop answers it; the session goes on
             self._answer(getattr(exc, "call_id", 0), getattr(exc, "flags", 0), exc.status, str(exc).encode())
-            return
+            return None
         finally:
             staged, self._staged = self._staged, None
             if staged is not None:
                 staged.finish(self)
-        if record is not None and staged is None:
+        if staged is not None:
+            return staged.opcode
+        if record is not None:
             self._forward(record)
+            return record.opcode
+        return None
 
     def _stream(self, call_id: int, opcode: int, flags: int, length: int) -> Sink | None:
         """The sink a staged request's chunks go to: the relay connection, as they come (None: a record the relay
@@ -217,6 +237,8 @@ class Relay:
         opcode, flags, payload = record.opcode, record.flags & Flag.NO_REPLY, record.payload
         if opcode == HOST_FUNCTION_OPCODE:
             self._host_function(record)
+            return
+        if opcode == Op.STATS and self._stats(record):
             return
         tail = None
         mirror = self.mirror
@@ -394,6 +416,31 @@ class Relay:
                 beat = time.monotonic() + HOST_FUNCTION_BEAT_S
             time.sleep(pause)
             pause = min(pause * 2, HOST_FUNCTION_MAX_PAUSE_S)
+
+    def _stats(self, record: Record) -> bool:
+        """The wire's STATS (ORION_STATS): this side counts from the first on, the pump's records and Python's. A
+        posted one goes on to the GPU host, which counts from then on too (False: forward it). A waited-for one is
+        answered here (True): the GPU host's rows, then this side's, each opcode with STATS_RELAYED set."""
+        if self._answered is None:
+            self._answered = {}
+        pumped = self._pump.count() if self._pump is not None else {}
+        if record.flags & Flag.NO_REPLY:
+            return False
+        answer = self._ask(Op.STATS, b"")
+        if answer is None or answer.status != Status.OK:
+            status = DEVICE_UNAVAILABLE if answer is None else answer.status
+            self._answer(record.call_id, record.flags, status, b"" if answer is None else bytes(answer.payload))
+            return True
+        try:
+            (rows,) = STATS_REPLY.decode(answer.payload)
+        except RecordError as exc:
+            self._answer(record.call_id, record.flags, Status.MALFORMED, str(exc).encode())
+            return True
+        python = self._answered
+        rows += [(opcode | STATS_RELAYED, pumped.get(opcode, 0), *python.get(opcode, (0, 0)))
+                 for opcode in sorted(set(pumped) | set(python))]
+        self._answer(record.call_id, record.flags, Status.OK, STATS_REPLY.encode(rows))
+        return True
 
     def _probe(self, pointer: int) -> int:
         """The GPU host's status for a pointer attribute of `pointer` (SUCCESS: its own memory), asked after every
@@ -573,7 +620,7 @@ class _StagedForward:
     midway: the rest of the chunks are read and dropped, so the ring stays in step)."""
 
     def __init__(self, relay: Relay, call_id: int, opcode: int, flags: int, length: int) -> None:
-        self.length = length
+        self.opcode, self.length = opcode, length
         self.writer: FrameWriter | None = None
         self.lost: str | None = None
         self.sent = 0

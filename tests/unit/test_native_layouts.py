@@ -227,7 +227,7 @@ def test_every_generated_region_constant_is_ivshmems() -> None:
              "ORION_WIRE_MAX_PAYLOAD": channel.MAX_PAYLOAD, "ORION_WIRE_KNOWN_FLAGS": record.KNOWN_FLAGS,
              "ORION_WIRE_FLAG_NO_REPLY": record.Flag.NO_REPLY, "ORION_WIRE_FLAG_STAGED": record.Flag.STAGED,
              "ORION_WIRE_FLAG_ASYNC_ERROR": record.Flag.ASYNC_ERROR, "ORION_WIRE_SEQ_MARK": record.SEQ_MARK,
-             "ORION_WIRE_SEQ_INDEX": record.SEQ_INDEX}
+             "ORION_WIRE_SEQ_INDEX": record.SEQ_INDEX, "ORION_WIRE_STATS_RELAYED": record.STATS_RELAYED}
     want |= {f"ORION_WIRE_OP_{op.name}": op.value for op in record.Op}
     want |= {f"ORION_WIRE_STATUS_{status.name}": status.value for status in record.Status}
     schemas = 0

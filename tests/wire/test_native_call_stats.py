@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from host_agent.relay import compiled_pump
 from tests import forwarding_rig
 from tests.forwarding_rig import Rig, native_child_env
 from tests.wire.test_native_launch_calls import EPILOGUE, PRELUDE, PTX, REPO
+from tests.wire.test_native_page_locked_fallback import PRELUDE as POOL_PRELUDE
 
 bounded, start, rig = forwarding_rig.bounded, forwarding_rig.start, forwarding_rig.rig  # the rig's fixtures
 
@@ -126,3 +129,59 @@ def test_the_capsule_path_keeps_the_same_account(rig: Rig, tmp_path: Path) -> No
     quiet = subprocess.run([sys.executable, "-c", CAPSULE_PROGRAM], env=env | {"ORION_STATS": "0"},
                            capture_output=True, text=True, timeout=60, cwd=REPO)
     assert quiet.returncode == 0 and "orion-stats" not in quiet.stderr
+
+
+RELAYED_CALLS = r"""
+setup()
+device = alloc(4096)
+assert lib.cuMemcpyHtoD(device, b"abcd", 4) == 0
+status, pinned = host_alloc(4096)
+assert status == 0
+for _ in range(5):
+    ctypes.memset(pinned, 0, 4)
+    assert lib.cuMemcpyDtoH(pinned, device, 4) == 0 and at(pinned, 4) == b"abcd"
+for _ in range(3):
+    assert lib.cuCtxSynchronize() == 0
+"""
+
+
+def _relayed_rows(text: str) -> dict[str, tuple[int, int]]:
+    """The relaying host's rows: "(relayed NAME)" -> (its compiled pump's records, its Python's)."""
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("(relayed "):
+            label, right = line.split("|")
+            compiled, python, _us = right.split()
+            rows[label.strip()] = (int(compiled), int(python))
+    return rows
+
+
+def test_a_relayed_sessions_account_says_what_the_relaying_host_served(library: Path, start: Callable[..., Rig],
+                                                                       tmp_path: Path) -> None:
+    """A relayed session's table adds the relaying host's rows (record.STATS_RELAYED): by the guest's record, how
+    many its compiled pump forwarded and how many its Python did. The pump serves a synchronous page-locked read of
+    a few bytes itself (relay_pump.c, LANDS_IN_POOL), so all five land there where the pump builds; the GPU host
+    saw each as a plain cuMemcpyDtoH. The capsule path prints the same rows."""
+    relayed = start(relayed=True)
+    env = native_child_env(library, relayed.path) | {"ORION_STATS": str(tmp_path / "relayed-%p.txt")}
+    done = subprocess.run([sys.executable, "-c", POOL_PRELUDE + RELAYED_CALLS, str(library), "", "0"], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (written,) = tmp_path.glob("relayed-*.txt")
+    text = written.read_text()
+    _summary, rows = _table(text)
+    ours = _relayed_rows(text)
+    compiled, python = 6, 7
+    assert int(rows["cuMemcpyDtoH"][compiled]) + int(rows["cuMemcpyDtoH"][python]) == 5  # the GPU host's
+    pumped = compiled_pump.PROGRAM.load() is not None
+    assert ours["(relayed cuMemcpyDtoH page-locked)"] == ((5, 0) if pumped else (0, 5))
+    assert sum(ours["(relayed cuCtxSynchronize)"]) == 3
+    assert ours["(relayed cuCtxSynchronize)"][0] == (3 if pumped else 0)
+    assert "(relayed STATS)" not in ours  # the question is not counted
+    capsule_env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {
+        "ORION_SHM": relayed.path, "ORION_NATIVE": "0", "ORION_STATS": str(tmp_path / "capsule-%p.txt")}
+    done = subprocess.run([sys.executable, "-c", CAPSULE_PROGRAM], env=capsule_env, capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (written,) = tmp_path.glob("capsule-*.txt")
+    assert sum(_relayed_rows(written.read_text())["(relayed cuCtxSynchronize)"]) == 3
