@@ -118,7 +118,6 @@ CTYPES: dict[str, Any] = {"i": ctypes.c_int, "I": ctypes.c_uint, "Q": ctypes.c_u
 
 
 PAGEABLE_PIECE = MAX_PAYLOAD // 2  # the most one pageable copy request carries (native/copy_calls.c's too)
-POSTED_FROM_POOL_MAX = 64 << 10  # the largest synchronous copy from page-locked memory posted with its bytes (as C)
 
 
 def _in_pieces(copy: Callable[[int, int], int], size: int) -> int:
@@ -635,11 +634,10 @@ class Forwarder:
             if size and not src:
                 return INVALID_VALUE
             fields = (dst, size, stream or 0) if is_async else (dst, size)
-            posted = self._posted_as_the_driver_would(dst, size, stream if is_async else None)
-            # the host reads the shared pages: an async copy in stream order, a synchronous one unless posted (small)
-            if pinned is not None and self._pool.contains(src or 0, size) and (
-                    is_async or not posted or size > POSTED_FROM_POOL_MAX):
+            # the host reads the shared pages, in stream order: after the stream's earlier work, which may write them
+            if pinned is not None and self._pool.contains(src or 0, size):
                 return self._pinned_copy(call, pinned.encode(*fields, src))
+            posted = self._posted_as_the_driver_would(dst, size, stream if is_async else None)
             if size > PAGEABLE_PIECE:
                 return _in_pieces(lambda at, n: forward(dst + at, (src or 0) + at, n, stream), size)
             data = _view(src or 0, size) if size else memoryview(b"")

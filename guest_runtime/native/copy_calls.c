@@ -13,9 +13,10 @@
  * finds nothing of it outstanding), and a copy from it has taken the bytes. But a small copy to the device, async
  * on a default stream or synchronous, that the driver would take returns once its bytes are in the channel
  * (posted_as_the_driver_would), instead of waiting for the host's answer: the driver's pageable copy returns once
- * it staged the bytes, and this process's later work reaches the GPU through the same channel, after it. A small
- * synchronous copy from the pool travels so too, its bytes taken now as the driver's copy would have finished
- * with them. A pageable copy larger than one request may carry (ORION_MAX_PAYLOAD each way) travels as consecutive
+ * it staged the bytes, and this process's later work reaches the GPU through the same channel, after it. A copy
+ * from the pool never travels so, whatever its size: earlier work of the stream may still write those pages (a
+ * kernel, a copy into them), and the driver reads them after it, so the host reads them in stream order. A
+ * pageable copy larger than one request may carry (ORION_MAX_PAYLOAD each way) travels as consecutive
  * requests of at most PAGEABLE_PIECE bytes, in order, each awaited: the driver takes a copy of any size. One that
  * fails part of the way answers the error, as the driver's would, with the pieces before it copied.
  */
@@ -40,8 +41,6 @@ _Static_assert(SAME_COPY(cuMemcpyDtoH, cuMemcpyHtoD) && SAME_COPY(cuMemcpyDtoHAs
                && ORION_PINNED_cuMemcpyHtoD_SIZE <= ORION_PINNED_cuMemcpyHtoDAsync_SIZE, "one packing for four copies");
 #define HEAD_BYTES ORION_PINNED_cuMemcpyHtoDAsync_SIZE /* the longest: an async copy's pinned request */
 #define PAGEABLE_PIECE (ORION_MAX_PAYLOAD / 2)      /* the most one pageable copy request carries: well within */
-#define POSTED_FROM_POOL_MAX (64u << 10)        /* the largest synchronous copy from page-locked memory posted with
-                                                   its bytes; a larger one is the host's copy out of the pool */
 
 /* The fixed part: (device, size) and the stream of an async copy; its length. */
 static size_t head_of(uint8_t head[HEAD_BYTES], uint64_t device, size_t size, const CUstream *stream) {
@@ -98,11 +97,9 @@ static int htod(uint32_t opcode, CUdeviceptr dst, const void *src, size_t size, 
     if (size && !src) return CUDA_ERROR_INVALID_VALUE;
     uint8_t head[HEAD_BYTES];
     size_t len = head_of(head, dst, size, stream);
+    /* the host reads the shared pages, in stream order: after the stream's earlier work, which may write them */
+    if (orion_pool_contains((uint64_t)(uintptr_t)src, size)) return pinned_copy(opcode, head, src, stream != NULL);
     int posted = posted_as_the_driver_would(dst, size, stream);
-    /* the host reads the shared pages: an async copy in stream order, a synchronous one unless posted with its bytes
-     * (a small one: a larger one is the host's DMA out of the pool, which the driver's page-locked copy waits for too) */
-    if (orion_pool_contains((uint64_t)(uintptr_t)src, size) && (stream || !posted || size > POSTED_FROM_POOL_MAX))
-        return pinned_copy(opcode, head, src, stream != NULL);
     if (size > PAGEABLE_PIECE) return in_pieces(1, opcode, dst, (uint8_t *)(uintptr_t)src, size, stream);
     struct orion_piece pieces[2] = { { head, len }, { src, size } };
     if (posted) {

@@ -126,6 +126,18 @@ class PoolRelay:
         self.landing[record.call_id] = (host, size)
         return Forward(call.opcode, 0, call.request.encode(device, size, *stream))  # always answered: it has bytes
 
+    def read_from(self, record: Record) -> int | None:
+        """The page-locked address a pinned copy to the device reads its bytes from (None: no such copy, or one
+        that does not decode, which `rewrite` refuses)."""
+        call = BY_OPCODE.get(record.opcode & ~PINNED_COPY) if record.opcode & PINNED_COPY else None
+        if call is None or call.pinned is None or not call.name.startswith("cuMemcpyHtoD"):
+            return None
+        try:
+            *_, pointer = call.pinned.decode(record.payload)
+        except RecordError:
+            return None
+        return int(pointer)
+
     def landing_for(self, call_id: int, status: int, length: int) -> memoryview | None:
         """Where a DtoH answer's bytes go in the pool: the view to read them into, empty when they do not land (a
         failure, or a length other than the copy's); None when `call_id` was no pinned DtoH."""

@@ -251,6 +251,13 @@ class Relay:
             elif opcode in WAITS and mirror.active:
                 self._wait_mirrored(mirror, record)
                 return
+        if self.pool is not None and opcode & PINNED_COPY:
+            source = self.pool.read_from(record)
+            if source is not None:  # what was written there before it, in stream order, is there before it reads
+                if mirror is not None and mirror.active and mirror.pool.allocation_of(source) in mirror.agreed:
+                    self._settle_mirror(mirror)  # a kernel's writes
+                else:
+                    self._landed()  # a copy's
         if self.pool is not None:
             own = self.pool.answer(record)
             if own is None:
@@ -293,6 +300,7 @@ class Relay:
         if mirror is not None and mirror.active and any(
                 pool.allocation_of(pointer) in mirror.agreed for pointer in plan.probes):
             self._settle_mirror(mirror)  # the GPU's writes to the mirror are the pool's before it is used as memory
+        self._landed()  # and a copy's into the pool
         for pointer in plan.probes:
             status = self._probe(pointer)
             if status == SUCCESS:  # the GPU host's own memory too: whose bytes the program meant is unknowable
@@ -372,6 +380,11 @@ class Relay:
             return
         self._pull(mirror)
         self._answer(record.call_id, record.flags, answer.status, bytes(answer.payload))
+
+    def _landed(self) -> None:
+        """Every copy into the pool on its way has landed: a call of the relay's own, answered after them."""
+        if self.pool is not None and self.pool.landing:
+            self._ask(Op.NOP, b"")
 
     def _settle_mirror(self, mirror: MirrorRelay) -> None:
         """Every kernel done and its writes in the pool (a copy is about to use mirrored memory as device memory)."""

@@ -7,7 +7,9 @@ Each step is one of the coherence points a program can observe: the CPU writes p
 them (the kernel sees the CPU's bytes); the kernel's writes are in the CPU's memory after a stream, event or
 context synchronisation; the CPU and the kernel write different words of one allocation between two
 synchronisations (both writes stay); a copy into pinned memory is followed, in stream order, by a kernel that
-reads it; a synchronous copy uses the pinned buffer as device memory after a kernel wrote it; the buffer is freed
+reads it; a kernel writes pinned words and a copy to the device, async in stream order or synchronous, reads them
+from there (it must copy the kernel's bytes, not what the CPU last saw); a synchronous copy uses the pinned buffer
+as device memory after a kernel wrote it; the buffer is freed
 and a new one is given to the next kernel. The kernel is `orion_fake_add_u32(u32 *words, u32 count, u32 value)`:
 words[i] += value, which the fake driver runs (tests/fake_driver.py ADD_KERNEL) and ADD_PTX compiles on a GPU.
 """
@@ -117,6 +119,19 @@ class PoolKernelProgram:
              t["cuMemsetD32"](device_words, 1000, 4),
              t["cuMemcpyDtoHAsync"](pinned + 48 * 4, device_words, 16, blocking),
              self._add(pinned + 48 * 4, 4, 1, blocking), t["cuStreamSynchronize"](blocking))
+        for name, stream, value in (("cuMemcpyHtoDAsync", blocking, 9), ("cuMemcpyHtoD", 0, 11)):
+            tail = (stream,) if name.endswith("Async") else ()
+            added = self._add(pinned + 56 * 4, 4, value, stream)
+            copied = t[name](device_words, pinned + 56 * 4, 16, *tail)  # reads what the kernel wrote, in order
+            read = t["cuMemcpyDtoH"](ctypes.addressof(pageable), device_words, 16)
+            out.append([f"kernel adds, {name} from pinned in stream order", [added, copied, read],
+                        list(pageable)[:4]])
+        filled = t["cuMemsetD32"](device_words + 64, 2024, 4)
+        landed = t["cuMemcpyDtoHAsync"](pinned + 60 * 4, device_words + 64, 16, blocking)  # the memset's words...
+        copied = t["cuMemcpyHtoD"](device_words + 128, pinned + 60 * 4, 16)  # ...and on, after it in stream order
+        read = t["cuMemcpyDtoH"](ctypes.addressof(pageable), device_words + 128, 16)
+        out.append(["copy into pinned, then from it to the device in stream order", [filled, landed, copied, read],
+                    list(pageable)[:4]])
         if self.uva_copies:
             status = self._add(pinned + 20 * 4, 2, 3, 0)
             copied = t["cuMemcpyDtoH"](ctypes.addressof(pageable), pinned, 4 * WORDS)  # pinned as device memory

@@ -3,14 +3,15 @@ pageable copy returns once its staging holds them (guest_runtime/native/copy_cal
 against a real agent whose sessions run the executor over the fake driver (tests/forwarding_rig.py), locally or
 relayed.
 
-Posted: a copy from pageable memory of any size, or from page-locked memory of at most 64 KiB, into memory this
-process allocated, synchronous (cuMemcpyHtoD), async on a default stream or on a stream the process made (and has
-not destroyed), with a context current and no capture under way. The program may overwrite its buffer as soon as
-the call returns, and the device holds the bytes it gave, in stream order with the calls around it. Waited for, as
-before (ORION_STATS says which was which): a copy on a stream the process destroyed (the host's INVALID_HANDLE is the
-call's answer), a larger one from page-locked memory (the host's copy out of the pool, which the driver's page-locked
-copy waits for too), one while a capture may be under way, one into a reserved range that is not mapped, and one into
-memory the process never allocated, whose error (the agent's, the driver's) is the call's own answer."""
+Posted: a copy from pageable memory of any size into memory this process allocated, synchronous (cuMemcpyHtoD),
+async on a default stream or on a stream the process made (and has not destroyed), with a context current and no
+capture under way. The program may overwrite its buffer as soon as the call returns, and the device holds the bytes
+it gave, in stream order with the calls around it. Waited for, as before (ORION_STATS says which was which): a copy
+on a stream the process destroyed (the host's INVALID_HANDLE is the call's answer), one from page-locked memory of
+any size (the host's copy out of the pool, in stream order: earlier work may still write those pages,
+tests/differential/pool_kernels.py), one while a capture may be under way, one into a reserved range that is not
+mapped, and one into memory the process never allocated, whose error (the agent's, the driver's) is the call's own
+answer."""
 from __future__ import annotations
 
 import json
@@ -66,7 +67,7 @@ ctypes.memset(buffer, 0, len(data))
 pinned = c_void_p()
 assert lib.cuMemAllocHost(byref(pinned), 4096) == 0
 ctypes.memmove(pinned, data, 4096)
-out["sync_pinned"] = lib.cuMemcpyHtoD(memory + 16384, pinned, 4096)
+out["sync_pinned"] = lib.cuMemcpyHtoD(memory + 16384, pinned, 4096)  # the host's copy: waited
 ctypes.memset(pinned, 0xEE, 4096)  # taken when the call returned, as the driver's copy had finished with them
 pinned_large = c_void_p()
 assert lib.cuMemAllocHost(byref(pinned_large), 128 << 10) == 0
@@ -105,5 +106,5 @@ def test_a_copy_the_driver_would_take_returns_once_its_bytes_are_in_the_channel(
     calls, guest, posted, round_trip = rows["cuMemcpyHtoDAsync"][:4]
     assert (calls, guest, posted, round_trip) == ("21", "0", "18", "3")  # the large one posted too
     calls, guest, posted, round_trip = rows["cuMemcpyHtoD"][:4]
-    assert (calls, guest, posted, round_trip) == ("8", "0", "5", "3")  # the capture's, the unallocated one and the
-    # large page-locked one waited
+    assert (calls, guest, posted, round_trip) == ("8", "0", "4", "4")  # the capture's, the unallocated one and the
+    # two page-locked ones waited
