@@ -16,7 +16,9 @@
  * it staged the bytes, and this process's later work reaches the GPU through the same channel, after it. A copy
  * from the pool never travels so, whatever its size: earlier work of the stream may still write those pages (a
  * kernel, a copy into them), and the driver reads them after it, so the host reads them in stream order. A
- * pageable copy larger than one request may carry (ORION_MAX_PAYLOAD each way) travels as consecutive
+ * synchronous copy from pageable memory, whose bytes the driver reads after syncing the stream, waits for the legacy
+ * stream first while a host function or callback of this process may still run (one queued before it may write
+ * them). A pageable copy larger than one request may carry (ORION_MAX_PAYLOAD each way) travels as consecutive
  * requests of at most PAGEABLE_PIECE bytes, in order, each awaited: the driver takes a copy of any size. One that
  * fails part of the way answers the error, as the driver's would, with the pieces before it copied.
  */
@@ -27,6 +29,7 @@
 
 int cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t size);                        /* generated */
 int cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream stream); /* generated */
+int cuStreamSynchronize(CUstream stream);                                               /* generated */
 
 /* The four copies share two layouts, cuMemcpyHtoD's and (async) cuMemcpyHtoDAsync's, whose device and size lie
  * alike: htod() and dtoh() pack them all. */
@@ -99,6 +102,11 @@ static int htod(uint32_t opcode, CUdeviceptr dst, const void *src, size_t size, 
     size_t len = head_of(head, dst, size, stream);
     /* the host reads the shared pages, in stream order: after the stream's earlier work, which may write them */
     if (orion_pool_contains((uint64_t)(uintptr_t)src, size)) return pinned_copy(opcode, head, src, stream != NULL);
+    if (!stream && size && orion_host_functions_may_run()) {
+        /* the driver syncs the stream before it reads pageable bytes: a host function queued before may write them */
+        int status = cuStreamSynchronize(NULL);
+        if (status != CUDA_SUCCESS) return status;
+    }
     int posted = posted_as_the_driver_would(dst, size, stream);
     if (size > PAGEABLE_PIECE) return in_pieces(1, opcode, dst, (uint8_t *)(uintptr_t)src, size, stream);
     struct orion_piece pieces[2] = { { head, len }, { src, size } };

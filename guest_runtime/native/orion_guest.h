@@ -142,6 +142,9 @@ int orion_parse_bus_id(const char *text, unsigned *domain, unsigned *bus, unsign
 void orion_host_functions_saw(int status);
 /* cuGetProcAddress's cuLaunchHostFunc for a caller built against `version` (13.2 on: the _v2 ABI), or NULL. */
 void *orion_host_function_entry(const char *symbol, int version);
+/* Whether a host function or callback this process queued may still run, or a graph's host node may (a copy that
+ * the driver makes after syncing its stream must wait for them: copy_calls.c). */
+int orion_host_functions_may_run(void);
 /* --- capture_state.c: whether a stream capture may be under way in this process --------------------------------- */
 /* A stream capture of `stream` began (in capture mode `mode`, on the calling thread) or ended with `status`
  * (cuStreamBeginCapture, cuStreamEndCapture and cuStreamBeginCaptureToGraph call them): while one may be under way,

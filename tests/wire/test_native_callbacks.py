@@ -503,3 +503,36 @@ def test_a_host_function_on_a_capturing_stream_is_captured_and_outside_a_capture
     assert out["during"] == SUCCESS and out["end"] == SUCCESS
     assert out["after"] == [SUCCESS, SUCCESS] and out["ran"] == [1, 3]  # the captured one runs only when replayed
     assert len(rig.entries(name="cuLaunchHostFunc")) == 1 and not rig.entries(name="cuStreamQuery")
+
+
+# A synchronous copy from pageable memory: the driver syncs the stream before it reads the program's bytes (cuda.h's
+# "API synchronization behavior"), so a host function queued before it, on the legacy stream or on a blocking stream
+# the legacy stream waits for, has written them by then.
+WRITTEN_FIRST = r"""
+import time
+lib.cuMemcpyHtoD.argtypes = [c_uint64, c_void_p, c_size_t]
+lib.cuMemcpyDtoH.argtypes = [c_void_p, c_uint64, c_size_t]
+out["copies"] = []
+for name, s in (("legacy", None), ("blocking", stream(0))):
+    data = ctypes.create_string_buffer(b"old!" * 4, 16)
+    def slow(_data, data=data):
+        time.sleep(0.2)  # long after the copy was asked for
+        ctypes.memmove(data, b"new!" * 4, 16)
+    fn = HOSTFN(slow)
+    memory = device(16)
+    queued = lib.cuLaunchHostFunc(s, fn, None)
+    copied = lib.cuMemcpyHtoD(memory, data, 16)
+    back = ctypes.create_string_buffer(16)
+    out["copies"].append([name, queued, copied, lib.cuMemcpyDtoH(back, memory, 16), back.raw.decode()])
+    assert lib.cuCtxSynchronize() == 0
+"""
+
+
+@pytest.mark.parametrize("relayed", [False, True], ids=["local", "relayed"])
+def test_a_synchronous_copy_takes_what_a_host_function_before_it_wrote(library: Path, start: Callable[..., Rig],  # noqa: F811
+                                                                        relayed: bool) -> None:  # noqa: F811
+    """The copy reads the program's bytes once the host function queued before it has run, never the ones the buffer
+    held when the copy was asked for (copy_calls.c: a synchronous copy to the device waits for the legacy stream
+    first while a host function of the process may be pending)."""
+    out, _ = run(library, either_path(start, relayed), WRITTEN_FIRST)
+    assert out["copies"] == [[name, SUCCESS, SUCCESS, SUCCESS, "new!" * 4] for name in ("legacy", "blocking")]
