@@ -110,16 +110,22 @@ print("RESULT {}")
 """
 
 
-def test_the_capsule_path_keeps_the_same_account(rig: Rig, tmp_path: Path) -> None:
-    """A cuda-python program forwarded without the native driver (guest_runtime/call_stats.py): its driver calls
-    counted and classed as the native library counts them, with the agent's side; nothing without ORION_STATS."""
+def _run_capsule(rig: Rig, tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """CAPSULE_PROGRAM on the capsule path under ORION_STATS: its table, and its environment."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {
         "ORION_SHM": rig.path, "ORION_NATIVE": "0", "ORION_STATS": str(tmp_path / "capsule-%p.txt")}
     done = subprocess.run([sys.executable, "-c", CAPSULE_PROGRAM], env=env, capture_output=True, text=True,
                           timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     (written,) = tmp_path.glob("capsule-*.txt")
-    summary, rows = _table(written.read_text())
+    return written.read_text(), env
+
+
+def test_the_capsule_path_keeps_the_same_account(rig: Rig, tmp_path: Path) -> None:
+    """A cuda-python program forwarded without the native driver (guest_runtime/call_stats.py): its driver calls
+    counted and classed as the native library counts them, with the agent's side; nothing without ORION_STATS."""
+    text, env = _run_capsule(rig, tmp_path)
+    summary, rows = _table(text)
     assert "(the capsule path)" in summary
     assert rows["cuCtxSynchronize"][:4] == ["3", "0", "0", "3"]
     assert int(rows["cuCtxSynchronize"][6]) + int(rows["cuCtxSynchronize"][7]) == 3
@@ -178,10 +184,5 @@ def test_a_relayed_sessions_account_says_what_the_relaying_host_served(library: 
     assert sum(ours["(relayed cuCtxSynchronize)"]) == 3
     assert ours["(relayed cuCtxSynchronize)"][0] == (3 if pumped else 0)
     assert "(relayed STATS)" not in ours  # the question is not counted
-    capsule_env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")} | {
-        "ORION_SHM": relayed.path, "ORION_NATIVE": "0", "ORION_STATS": str(tmp_path / "capsule-%p.txt")}
-    done = subprocess.run([sys.executable, "-c", CAPSULE_PROGRAM], env=capsule_env, capture_output=True, text=True,
-                          timeout=60, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (written,) = tmp_path.glob("capsule-*.txt")
-    assert sum(_relayed_rows(written.read_text())["(relayed cuCtxSynchronize)"]) == 3
+    text, _env = _run_capsule(relayed, tmp_path)
+    assert sum(_relayed_rows(text)["(relayed cuCtxSynchronize)"]) == 3
