@@ -22,7 +22,9 @@
  *   refused at the first, before anything moved).
  * A CUDA array side answers CUDA_ERROR_NOT_SUPPORTED, named once, before anything is sent (arrays are not forwarded:
  * ivshmem/api_classes.py). Two pageable sides are a host-to-host copy, done here, row by row, after the same checks
- * and LOD 0: nothing the GPU does reaches pageable guest memory, so there is nothing to wait for.
+ * and LOD 0. A staged source, and both sides of a host-to-host copy, are read when the copy is made, so the copy
+ * first waits for its stream where earlier work may still touch them (`settle`: a host function of this process,
+ * or the GPU in pool memory a relayed session stages), as the driver reads them after that work.
  *
  * When: a synchronous copy waits for its answer. An async one is posted where nothing comes back (device and pool
  * sides, or a staged source: its bytes are taken when the call returns) and waits where rows come back (a staged
@@ -38,6 +40,8 @@
 #include <string.h>
 
 #include "copy_structs.h"
+
+int cuStreamSynchronize(CUstream stream); /* generated */
 
 struct CUDA_MEMCPY2D_st { /* cuda.h's CUDA_MEMCPY2D_v2 */
     size_t srcXInBytes, srcY;
@@ -315,6 +319,19 @@ static int receive_rows(const struct copy *cp, const struct rows *r, uint64_t of
     return status;
 }
 
+/* A side staged here is read or written when the copy is made; the driver does so after the work queued before the
+ * copy (a synchronous copy syncs its stream first; an async one from or to page-locked memory runs in stream order;
+ * an async one from pageable memory takes its bytes at once). Where that work may touch it (a host function or
+ * callback of this process; the GPU, in pool memory a relayed session stages), the copy's stream is waited for first. */
+static int settle(const struct copy *cp, const struct side *s) {
+    const CUDA_MEMCPY3D *c = &cp->c;
+    uint64_t start = 0, reach = 0;
+    int pool = side_span(s, c->WidthInBytes, c->Height, c->Depth, &start, &reach)
+               && orion_pool_contains(s->address + start, reach);
+    if (!pool && (cp->stream || !orion_host_functions_may_run())) return CUDA_SUCCESS;
+    return cuStreamSynchronize(cp->stream ? *cp->stream : NULL);
+}
+
 /* A copy with one pageable side (`staged`: which): part after part of its rows. */
 static int staged_copy(const struct copy *cp, int staged, const struct side *s, int wait) {
     const CUDA_MEMCPY3D *c = &cp->c;
@@ -326,6 +343,7 @@ static int staged_copy(const struct copy *cp, int staged, const struct side *s, 
     if (status == CUDA_SUCCESS && (__builtin_mul_overflow((uint64_t)r.width, (uint64_t)r.height, &total)
                                    || __builtin_mul_overflow(total, (uint64_t)r.depth, &total)))
         status = CUDA_ERROR_INVALID_VALUE;
+    if (status == CUDA_SUCCESS && staged == STAGED_SOURCE) status = settle(cp, s);
     if (status != CUDA_SUCCESS) return status;
     int post = cp->stream && staged == STAGED_SOURCE && !wait;
     uint64_t offset = 0;
@@ -348,6 +366,7 @@ static int host_to_host(const struct copy *cp, const struct side *src, const str
     if (src->lod || dst->lod) return CUDA_ERROR_INVALID_VALUE; /* cuda.h: must be 0 */
     if ((status = pageable_side(src, width, height, depth, limit, &from)) != CUDA_SUCCESS) return status;
     if ((status = pageable_side(dst, width, height, depth, limit, &to)) != CUDA_SUCCESS) return status;
+    if ((status = settle(cp, src)) != CUDA_SUCCESS || (status = settle(cp, dst)) != CUDA_SUCCESS) return status;
     for (size_t k = 0; k < depth && width; k++)
         for (size_t j = 0; j < height; j++)
             memmove((void *)(uintptr_t)(to + (k * dst->height + j) * dst->pitch),

@@ -24,6 +24,7 @@ import random
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from host_agent.session.executor import CudaExecutor
 from host_agent.session.structured_copies import MAX_STAGED_PART, boxes
 from ivshmem.driver_api import CALLS
 from ivshmem.record import Record, Status
-from tests import forwarding_rig
+from tests import forwarding_rig, relay_net
 from tests.fake_driver import FakeDriver
 from tests.forwarding_rig import Rig, native_child_env
 
@@ -631,3 +632,47 @@ def test_the_gpu_program_agrees_on_the_fake_driver_and_through_the_native_librar
     refused = direct["statuses"].pop("device pitch below the width")
     assert refused == INVALID_VALUE and set(direct["statuses"].values()) == {SUCCESS}
     assert all(direct["same"].values()), direct["same"]
+
+
+WRITTEN_BEFORE_SCRIPT = CHILD % {"small": SMALL} + r"""
+import time
+lib.cuMemcpyDtoHAsync.argtypes = [P, c_uint64, c_size_t, P]
+lib.cuLaunchHostFunc.argtypes = [P, P, P]
+setup()
+stream = c_void_p()
+assert lib.cuStreamCreate(byref(stream), 0) == 0  # blocking: the legacy stream waits for it
+rows = {"src": {"mem": "host", "x": 0, "y": 0, "pitch": 64}, "dst": {"mem": "device", "x": 0, "y": 0, "pitch": 64},
+        "extent": [64, 4, 1], "call": "cuMemcpy2D"}
+out = {}
+# a copy into page-locked memory, then a 2D copy from it (relayed, the pool side is staged: read in the guest)
+out["landed"], out["pool"] = [], []
+for seed in (7, 17):  # (the first pool side waits for the host's word on it; the second is staged at once)
+    source = place("device", 256, seed)
+    pinned = place("pool", 256, seed + 1)
+    target = place("device", 256, seed + 2)
+    out["landed"].append(lib.cuMemcpyDtoHAsync(pinned, source, 256, stream))
+    out["pool"].append([copy(rows, pinned, target), read("device", target, 256) == read("device", source, 256)])
+# a host function writes pageable rows, then a 2D copy from them
+HOSTFN = ctypes.CFUNCTYPE(None, c_void_p)
+data = ctypes.create_string_buffer(b"\x01" * 256, 256)
+def slow(_data):
+    time.sleep(0.2)
+    ctypes.memmove(data, b"\x02" * 256, 256)
+fn = HOSTFN(slow)
+out["queued"] = lib.cuLaunchHostFunc(None, fn, None)
+out["pageable"] = [copy(rows, ctypes.addressof(data), target), read("device", target, 256) == b"\x02" * 256]
+assert lib.cuCtxSynchronize() == 0
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("relayed", [False, True], ids=["local", "relayed"])
+def test_a_copy_reads_what_work_queued_before_it_wrote(library: Path, start: Callable[..., Rig],
+                                                       relayed: bool) -> None:
+    """A synchronous 2D copy reads its source after the work queued before it, as the driver does: an async copy
+    into page-locked memory (relayed, where that side is staged and read in the guest, the copy waits for the stream
+    first) and a host function writing pageable rows (structured_copies.c, `settle`)."""
+    if relayed and relay_net.why_not():
+        pytest.skip(relay_net.why_not())
+    out = _run(library, start(relayed=relayed), WRITTEN_BEFORE_SCRIPT)
+    assert out == {"landed": [0, 0], "pool": [[0, True], [0, True]], "queued": 0, "pageable": [0, True]}
