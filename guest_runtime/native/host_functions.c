@@ -120,9 +120,9 @@ static int relayed;             /* the GPU cannot reach the words (a relayed ses
                                    side of each function (HOST_FUNCTION) */
 static struct token tokens[TOKENS];
 static unsigned token_count;    /* tokens[0 .. token_count) are made (never unmade): the watcher polls them all */
-static unsigned pending_calls;  /* queued functions, over all slots */
+static atomic_uint pending_calls; /* queued functions and callbacks whose run has not ended, over all slots
+                                   (orion_host_functions_may_run reads it without the lock) */
 static unsigned spinning;       /* queued functions whose sync mode is CU_HOST_TASK_SPINWAIT */
-static atomic_uint unfinished;  /* queued functions and callbacks whose run has not ended (orion_host_functions_may_run) */
 static atomic_int exiting;
 static atomic_int failed;       /* the error that ended the process's CUDA (0: none): orion_host_functions_saw */
 static _Thread_local int in_host_function; /* the watcher thread: functions run there */
@@ -151,13 +151,12 @@ static int run_reached(void) {
             struct call *c = s->head;
             s->head = c->next;
             if (!s->head) s->tail = NULL;
-            pending_calls--;
             if (c->spin) spinning--;
             pthread_mutex_unlock(&lock);
             if (c->callback) c->callback(c->stream, error, c->data);
             else if (!error) c->fn(c->data);
             atomic_store_explicit(release_word(i), c->seq, memory_order_release); /* the stream goes on */
-            atomic_fetch_sub(&unfinished, 1);
+            atomic_fetch_sub(&pending_calls, 1);
             free(c);
             ran = 1;
             pthread_mutex_lock(&lock);
@@ -238,15 +237,14 @@ static void forget_in_child(void) {
     block_device = 0;
     relayed = 0;
     watching = 0;
-    pending_calls = 0;
-    atomic_store(&unfinished, 0);
+    atomic_store(&pending_calls, 0);
     spinning = 0;
     atomic_store(&failed, 0);
 }
 
 int orion_host_functions_may_run(void) {
     if (in_host_function) return 0; /* (a function that calls the driver, which it must not: never a wait on itself) */
-    return atomic_load(&unfinished) > 0 || __atomic_load_n(&token_count, __ATOMIC_ACQUIRE) > 0;
+    return atomic_load(&pending_calls) > 0 || __atomic_load_n(&token_count, __ATOMIC_ACQUIRE) > 0;
 }
 
 static void take_lock(void) { pthread_mutex_lock(&lock); }
@@ -415,7 +413,6 @@ static CUresult enqueue(CUstream hStream, struct call proto) {
             else slots[i].head = c;
             slots[i].tail = c;
             pending_calls++;
-            atomic_fetch_add(&unfinished, 1);
             if (c->spin) spinning++;
             pthread_cond_signal(&queued);
             c = NULL;
