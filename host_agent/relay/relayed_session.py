@@ -30,7 +30,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 from ivshmem.channel import Endpoint, HostReason, Sink, Streamed
@@ -253,11 +253,8 @@ class Relay:
                 return
         if self.pool is not None and opcode & PINNED_COPY:
             source = self.pool.read_from(record)
-            if source is not None:  # what was written there before it, in stream order, is there before it reads
-                if mirror is not None and mirror.active and mirror.pool.allocation_of(source) in mirror.agreed:
-                    self._settle_mirror(mirror)  # a kernel's writes
-                else:
-                    self._landed()  # a copy's
+            if source is not None:
+                self._pool_written([source])
         if self.pool is not None:
             own = self.pool.answer(record)
             if own is None:
@@ -296,11 +293,7 @@ class Relay:
         plan = uva.plan_for(pool, record)
         if not isinstance(plan, uva.Plan):
             return plan
-        mirror = self.mirror
-        if mirror is not None and mirror.active and any(
-                pool.allocation_of(pointer) in mirror.agreed for pointer in plan.probes):
-            self._settle_mirror(mirror)  # the GPU's writes to the mirror are the pool's before it is used as memory
-        self._landed()  # and a copy's into the pool
+        self._pool_written(plan.probes)
         for pointer in plan.probes:
             status = self._probe(pointer)
             if status == SUCCESS:  # the GPU host's own memory too: whose bytes the program meant is unknowable
@@ -381,9 +374,15 @@ class Relay:
         self._pull(mirror)
         self._answer(record.call_id, record.flags, answer.status, bytes(answer.payload))
 
-    def _landed(self) -> None:
-        """Every copy into the pool on its way has landed: a call of the relay's own, answered after them."""
-        if self.pool is not None and self.pool.landing:
+    def _pool_written(self, pointers: Iterable[int]) -> None:
+        """Before a copy reads page-locked memory at `pointers`: what was written there before it, in stream order,
+        is in the pool. A kernel's writes to a mirrored allocation (the mirror settled), and every copy into the pool
+        on its way (landed: a call of the relay's own, answered after them; the settling's barrier is one)."""
+        mirror = self.mirror
+        if mirror is not None and mirror.active and any(
+                mirror.pool.allocation_of(pointer) in mirror.agreed for pointer in pointers):
+            self._settle_mirror(mirror)
+        elif self.pool is not None and self.pool.landing:
             self._ask(Op.NOP, b"")
 
     def _settle_mirror(self, mirror: MirrorRelay) -> None:
