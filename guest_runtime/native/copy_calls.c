@@ -96,15 +96,19 @@ static int posted_as_the_driver_would(CUdeviceptr dst, size_t size, const CUstre
            && orion_range_allocated(dst, size);
 }
 
+int orion_before_host_read(const CUstream *stream, int pool) {
+    if (!pool && (stream || !orion_host_functions_may_run())) return CUDA_SUCCESS;
+    return cuStreamSynchronize(stream ? *stream : NULL);
+}
+
 static int htod(uint32_t opcode, CUdeviceptr dst, const void *src, size_t size, const CUstream *stream) {
     if (size && !src) return CUDA_ERROR_INVALID_VALUE;
     uint8_t head[HEAD_BYTES];
     size_t len = head_of(head, dst, size, stream);
     /* the host reads the shared pages, in stream order: after the stream's earlier work, which may write them */
     if (orion_pool_contains((uint64_t)(uintptr_t)src, size)) return pinned_copy(opcode, head, src, stream != NULL);
-    if (!stream && size && orion_host_functions_may_run()) {
-        /* the driver syncs the stream before it reads pageable bytes: a host function queued before may write them */
-        int status = cuStreamSynchronize(NULL);
+    if (size) {
+        int status = orion_before_host_read(stream, 0);
         if (status != CUDA_SUCCESS) return status;
     }
     int posted = posted_as_the_driver_would(dst, size, stream);

@@ -145,6 +145,12 @@ void *orion_host_function_entry(const char *symbol, int version);
 /* Whether a host function or callback this process queued may still run, or a graph's host node may (a copy that
  * the driver makes after syncing its stream must wait for them: copy_calls.c). */
 int orion_host_functions_may_run(void);
+/* --- copy_calls.c: before this process reads host memory a copy takes (a pageable source, a staged side) --------- */
+/* What the driver would have waited for first: a synchronous copy syncs its stream before it reads, and page-locked
+ * memory (`pool`) is read in stream order, so where earlier work may write the bytes (a host function of this
+ * process; the GPU, in the pool) the copy's stream (NULL: synchronous, the legacy stream) is waited for; an async
+ * copy from pageable memory takes its bytes at once, as the driver's. A CUresult. */
+int orion_before_host_read(const CUstream *stream, int pool);
 /* --- capture_state.c: whether a stream capture may be under way in this process --------------------------------- */
 /* A stream capture of `stream` began (in capture mode `mode`, on the calling thread) or ended with `status`
  * (cuStreamBeginCapture, cuStreamEndCapture and cuStreamBeginCaptureToGraph call them): while one may be under way,

@@ -41,7 +41,6 @@
 
 #include "copy_structs.h"
 
-int cuStreamSynchronize(CUstream stream); /* generated */
 
 struct CUDA_MEMCPY2D_st { /* cuda.h's CUDA_MEMCPY2D_v2 */
     size_t srcXInBytes, srcY;
@@ -319,17 +318,14 @@ static int receive_rows(const struct copy *cp, const struct rows *r, uint64_t of
     return status;
 }
 
-/* A side staged here is read or written when the copy is made; the driver does so after the work queued before the
- * copy (a synchronous copy syncs its stream first; an async one from or to page-locked memory runs in stream order;
- * an async one from pageable memory takes its bytes at once). Where that work may touch it (a host function or
- * callback of this process; the GPU, in pool memory a relayed session stages), the copy's stream is waited for first. */
+/* A side read here when the copy is made (a staged source, a host-to-host copy's sides): first what the driver
+ * would have waited for (orion_before_host_read), pool memory a relayed session stages included. */
 static int settle(const struct copy *cp, const struct side *s) {
     const CUDA_MEMCPY3D *c = &cp->c;
     uint64_t start = 0, reach = 0;
     int pool = side_span(s, c->WidthInBytes, c->Height, c->Depth, &start, &reach)
                && orion_pool_contains(s->address + start, reach);
-    if (!pool && (cp->stream || !orion_host_functions_may_run())) return CUDA_SUCCESS;
-    return cuStreamSynchronize(cp->stream ? *cp->stream : NULL);
+    return orion_before_host_read(cp->stream, pool);
 }
 
 /* A copy with one pageable side (`staged`: which): part after part of its rows. */
