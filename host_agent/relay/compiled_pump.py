@@ -20,10 +20,12 @@ from .frames import RecordStream
 PROGRAM = NativeModule(Path(__file__).resolve().with_name("relay_pump.c"), "_orion_relay_pump",
                        "compiled relay pump", "relayed sessions are carried by two Python threads")
 PUMP_RING, PUMP_SOCKET, PUMP_CHECK, PUMP_LOST = 0, 1, 2, 3  # why Pump.pump() returned (relay_pump.c)
-# The forwarding table's code for a synchronous page-locked DtoH of at most a completion slot, sent as the plain DtoH
-# with its bytes landing in the pool in C (relay_pump.c's LANDS_IN_POOL), and the payload sizes that code reads
-# (PINNED_DTOH_SIZE, PLAIN_DTOH_SIZE: tests/unit/test_relay_session.py holds them to the call table)
+# The forwarding table's codes for the page-locked copies of at most a completion slot served in C (relay_pump.c):
+# a synchronous DtoH sent as the plain DtoH, its bytes landing in the pool (LANDS_IN_POOL), and an HtoD, synchronous or
+# posted, sent as the plain HtoD with the pool's bytes (SENT_FROM_POOL); the payload sizes that code reads
+# (tests/unit/test_relay_session.py holds them to the call table)
 LANDS_IN_POOL, PINNED_DTOH_SIZE, PLAIN_DTOH_SIZE = 5, 24, 16
+SENT_FROM_POOL, PINNED_HTOD_SIZE, PINNED_HTOD_ASYNC_SIZE = 6, 24, 32
 
 
 def start(ring: Endpoint, frames: RecordStream, remote_generation: int) -> Any:

@@ -6,10 +6,12 @@
  * a GIL hand-over between them. The pump does both directions in one loop without the GIL: a ring record it is
  * sure of (not staged, flags NO_REPLY at most, an opcode the relay forwards as it is, a payload in its slot) is
  * written to the socket as its frame; an answer frame already whole in the socket (small, a plain answer or a BEAT)
- * is written to the completion ring. A synchronous page-locked DtoH of at most a completion slot is sent as the plain
- * DtoH the GPU host serves (relay/pool.py's rewrite), its answer's bytes landing in the pool here (landing_of).
+ * is written to the completion ring. The small page-locked copies are served here as relay/pool.py's rewrite does:
+ * a synchronous DtoH of at most a completion slot is sent as the plain DtoH the GPU host serves, its answer's bytes
+ * landing in the pool (LANDS_IN_POOL, pool_address); an HtoD of at most a slot, synchronous or posted, is sent as the
+ * plain HtoD with the pool's bytes, while no copy into the pool is in flight (SENT_FROM_POOL).
  * Anything else -- a staged record, the pool's other calls, a malformed header, a large answer, a posted or large
- * page-locked DtoH's answer, a full completion ring, an error on the socket -- is left where it
+ * page-locked copy, a full completion ring, an error on the socket -- is left where it
  * is (the record at the ring's head, the frame unread in the socket) and pump() returns, so the relay's Python path
  * (the reference) handles it. Frames are peeked (MSG_PEEK) before they are taken, so Python reads the socket from a
  * frame boundary. Socket writes hold the connection's write lock (relay/frames.FrameLock), which FrameStream's
@@ -27,10 +29,14 @@ enum { PUMP_RING = 0, PUMP_SOCKET = 1, PUMP_CHECK = 2, PUMP_LOST = 3 };
  * page-locked DtoH sent from here: where its bytes land (land_size > 0). */
 typedef struct { uint64_t call_id; uint32_t flags, python; uint64_t land_at; uint32_t land_size; } pending_call;
 
-/* forward[]'s code of a synchronous page-locked DtoH served here (compiled_pump.LANDS_IN_POOL) */
-enum { LANDS_IN_POOL = 5 };
+/* forward[]'s codes of the page-locked copies served here (compiled_pump.LANDS_IN_POOL, SENT_FROM_POOL) */
+enum { LANDS_IN_POOL = 5, SENT_FROM_POOL = 6 };
 #define PINNED_DTOH_SIZE 24 /* a page-locked cuMemcpyDtoH: device, size, the pool pointer (u64 each) */
 #define PLAIN_DTOH_SIZE 16  /* the plain cuMemcpyDtoH sent instead: device, size */
+/* A page-locked cuMemcpyHtoD(Async) is its plain request's fixed part, (device, size[, stream]), then the pool
+ * pointer: PINNED_HTOD_SIZE or PINNED_HTOD_ASYNC_SIZE bytes (compiled_pump.py holds them to the call table). */
+#define PINNED_HTOD_SIZE 24
+#define PINNED_HTOD_ASYNC_SIZE 32
 
 typedef struct {
     PyObject_HEAD
@@ -48,12 +54,13 @@ typedef struct {
     uint8_t forward[65536]; /* opcodes forwarded as they are: 1; 2 (3): unless the u64 at payload offset 0 (or 8)
                                lies in the page-locked pool, whose calls relay/uva.py serves; 4: unless any u64 at a
                                4-byte aligned offset of the payload does (a launch: relay/mirror.py); 5: a
-                               synchronous page-locked DtoH landing in the pool (LANDS_IN_POOL); 0: never */
+                               synchronous page-locked DtoH landing in the pool (LANDS_IN_POOL); 6: a page-locked
+                               HtoD sent with the pool's bytes (SENT_FROM_POOL); 0: never */
     uint64_t pool_base, pool_size; /* the guest's page-locked pool (set_pool), or size 0 */
-    PyObject *host_address; /* HostPool.host_address (set_landing), or NULL: every page-locked DtoH is Python's */
-    uint32_t plain_dtoh;    /* cuMemcpyDtoH's opcode (set_landing) */
+    PyObject *host_address; /* HostPool.host_address (set_landing), or NULL: every page-locked copy is Python's */
+    uint32_t pinned_copy;   /* the opcode bit of a page-locked copy (driver_api.PINNED_COPY; set_landing) */
     uint64_t landing_base, landing_size; /* the pool's mapping in this process (HostPool.host_base, size: a mapping
-                                          * at the guest's address, apart from the region's): landings lie in it */
+                                          * at the guest's address, apart from the region's): copies use it alone */
     pending_call *pending;
     size_t npending, cap;
     unsigned long long pumped;
@@ -90,10 +97,10 @@ static void pending_drop(Pump *self, pending_call *entry) {
     *entry = self->pending[--self->npending];
 }
 
-/* Where a page-locked DtoH's `size` bytes at the guest's `pointer` land here: HostPool.host_address asked under the
- * GIL (the pool's bookkeeping is Python's; a DtoH waits a round trip anyway), and held to lie in the pool's mapping
- * set_landing was told of. */
-static int landing_of(Pump *self, PyThreadState **save, uint64_t pointer, uint64_t size, uint64_t *host) {
+/* Where a page-locked copy's `size` bytes at the guest's `pointer` lie here: HostPool.host_address asked under the
+ * GIL (the pool's bookkeeping is Python's: a pointer in no allocation is refused there), and held to lie in the
+ * pool's mapping set_landing was told of. */
+static int pool_address(Pump *self, PyThreadState **save, uint64_t pointer, uint64_t size, uint64_t *host) {
     if (self->host_address == NULL) return 0;
     PyEval_RestoreThread(*save);
     PyObject *answer = PyObject_CallFunction(self->host_address, "KK", (unsigned long long)pointer,
@@ -112,15 +119,37 @@ static int landing_of(Pump *self, PyThreadState **save, uint64_t pointer, uint64
  * than a completion slot, a device side in the pool, a pointer in no allocation, malformed). */
 static int pinned_dtoh(Pump *self, PyThreadState **save, uint64_t call_id, uint32_t flags, const uint8_t *payload,
                        uint32_t length) {
-    if ((flags & FLAG_NO_REPLY) || length != PINNED_DTOH_SIZE || !self->plain_dtoh) return 0;
+    if ((flags & FLAG_NO_REPLY) || length != PINNED_DTOH_SIZE) return 0;
     uint64_t device = rd64(payload), size = rd64(payload + 8), pointer = rd64(payload + 16), host = 0;
     if (size == 0 || size > self->out.cell - RECORD_HEADER) return 0;
     if (self->pool_size && device - self->pool_base < self->pool_size) return 0; /* relay/uva.py's */
-    if (!landing_of(self, save, pointer, size, &host) || pending_add(self, call_id, flags, 0) < 0) return 0;
+    if (!pool_address(self, save, pointer, size, &host) || pending_add(self, call_id, flags, 0) < 0) return 0;
     pending_call *entry = pending_find(self, call_id);
     entry->land_at = host;
     entry->land_size = (uint32_t)size;
     return 1;
+}
+
+/* Whether a copy into the pool is on its way (its bytes not yet landed): a page-locked DtoH, here or Python's. */
+static int landing_in_flight(const Pump *self) {
+    for (size_t i = 0; i < self->npending; i++)
+        if (self->pending[i].python || self->pending[i].land_size) return 1;
+    return 0;
+}
+
+/* A page-locked HtoD (SENT_FROM_POOL) whose payload, (device, size[, stream], pointer), becomes the plain HtoD the GPU
+ * host serves, (device, size[, stream]) then the pool's `size` bytes at `*bytes`: 1, 0 when it is Python's (larger
+ * than a completion slot, a device side in the pool, a pointer in no allocation, malformed, or a copy into the pool
+ * in flight: its bytes must land before these are read, Relay._pool_written). While memory is mirrored the relay
+ * takes these back (Relay._mirror_in_python): a kernel may have written the bytes on the GPU host. */
+static int pinned_htod(Pump *self, PyThreadState **save, const uint8_t *payload, uint32_t length, uint64_t *bytes) {
+    if (length != PINNED_HTOD_SIZE && length != PINNED_HTOD_ASYNC_SIZE) return 0;
+    uint64_t device = rd64(payload), size = rd64(payload + 8), pointer = rd64(payload + length - 8);
+    if (size == 0 || size > self->out.cell - RECORD_HEADER) return 0;
+    if (self->pool_size && device - self->pool_base < self->pool_size) return 0; /* relay/uva.py's */
+    if (landing_in_flight(self)) return 0;
+    *bytes = 0;
+    return pool_address(self, save, pointer, size, bytes) ? (int)size : 0;
 }
 
 /* One ring record forwarded: 1, 0 when it is Python's, -1 when the socket failed (lost_errno). */
@@ -132,12 +161,19 @@ static int forward_record(Pump *self, uint32_t *head, PyThreadState **save) {
         || length > self->inline_capacity)
         return 0;
     uint8_t how = self->forward[opcode];
-    const uint32_t guest_opcode = opcode; /* (a page-locked DtoH goes out as the plain one) */
+    const uint32_t guest_opcode = opcode; /* (a page-locked copy goes out as the plain one) */
     const uint8_t *payload = self->own; /* checked and sent from our copy: the slot is the guest's to rewrite */
     memcpy(self->own, slot + RECORD_HEADER, length);
+    uint64_t pool_bytes = 0; /* an HtoD's bytes in the pool, `tail` of them, after the payload */
+    uint32_t tail = 0;
+    if ((how == LANDS_IN_POOL || how == SENT_FROM_POOL) && !(self->pinned_copy && (opcode & self->pinned_copy)))
+        return 0;
     if (how == LANDS_IN_POOL) {
         if (!pinned_dtoh(self, save, call_id, flags, payload, length)) return 0;
-        opcode = self->plain_dtoh, flags = 0, length = PLAIN_DTOH_SIZE; /* its payload's first two words */
+        opcode -= self->pinned_copy, flags = 0, length = PLAIN_DTOH_SIZE; /* its payload's first two words */
+    } else if (how == SENT_FROM_POOL) {
+        if (!(tail = (uint32_t)pinned_htod(self, save, payload, length, &pool_bytes))) return 0;
+        opcode -= self->pinned_copy, length -= 8; /* the fixed part, its pointer dropped */
     } else if (how == 4 && self->pool_size) { /* a launch naming pool memory anywhere: Python's (relay/mirror.py) */
         for (uint32_t at = 0; at + 8 <= length; at += 4)
             if (rd64(payload + at) - self->pool_base < self->pool_size) return 0;
@@ -147,12 +183,13 @@ static int forward_record(Pump *self, uint32_t *head, PyThreadState **save) {
             if (rd64(payload + 8u * i) - self->pool_base < self->pool_size) return 0;
     }
     if (how != LANDS_IN_POOL && !(flags & FLAG_NO_REPLY) && pending_add(self, call_id, flags, 0) < 0) return 0;
-    uint32_t words[6] = { opcode, flags, length, self->remote_generation, 0, 0 };
+    uint32_t words[6] = { opcode, flags, length + tail, self->remote_generation, 0, 0 };
     uint8_t header[RECORD_HEADER];
     memcpy(header, &call_id, 8);
     memcpy(header + 8, words, sizeof words);
-    struct iovec iov[2] = { { header, RECORD_HEADER }, { (void *)payload, length } };
-    int err = send_locked(self->fd, self->mutex, iov, length ? 2 : 1);
+    struct iovec iov[3] = { { header, RECORD_HEADER }, { (void *)payload, length },
+                            { (void *)(uintptr_t)pool_bytes, tail } };
+    int err = send_locked(self->fd, self->mutex, iov, tail ? 3 : length ? 2 : 1);
     *head += 1;
     store32(self->in.head, *head);
     if (err) { self->lost_errno = err; return -1; }
@@ -324,15 +361,15 @@ static PyObject *Pump_set_pool(Pump *self, PyObject *args) {
 
 static PyObject *Pump_set_landing(Pump *self, PyObject *args) {
     PyObject *host_address;
-    unsigned int plain_dtoh;
+    unsigned int pinned_copy;
     unsigned long long mapped_at, mapped_size;
-    if (!PyArg_ParseTuple(args, "OIKK", &host_address, &plain_dtoh, &mapped_at, &mapped_size)) return NULL;
+    if (!PyArg_ParseTuple(args, "OIKK", &host_address, &pinned_copy, &mapped_at, &mapped_size)) return NULL;
     if (host_address != Py_None && !PyCallable_Check(host_address)) {
         PyErr_SetString(PyExc_TypeError, "host_address: HostPool.host_address or None");
         return NULL;
     }
     Py_XSETREF(self->host_address, host_address == Py_None ? NULL : Py_NewRef(host_address));
-    self->plain_dtoh = plain_dtoh;
+    self->pinned_copy = pinned_copy;
     self->landing_base = mapped_at, self->landing_size = mapped_size;
     Py_RETURN_NONE;
 }
@@ -409,9 +446,9 @@ static PyMethodDef Pump_methods[] = {
     {"set_pool", (PyCFunction)Pump_set_pool, METH_VARARGS,
      "set_pool(base, size): the guest's page-locked pool, whose addresses as a device side are Python's."},
     {"set_landing", (PyCFunction)Pump_set_landing, METH_VARARGS,
-     "set_landing(host_address, plain_dtoh, mapped_at, mapped_size): the pool's HostPool.host_address (None: none), "
-     "cuMemcpyDtoH's opcode and the pool's mapping here (HostPool.host_base, size), for the page-locked DtoHs served "
-     "here (forward code 5): a landing outside that mapping is Python's."},
+     "set_landing(host_address, pinned_copy, mapped_at, mapped_size): the pool's HostPool.host_address (None: none), "
+     "the opcode bit of a page-locked copy and the pool's mapping here (HostPool.host_base, size), for the page-locked "
+     "copies served here (forward codes 5 and 6): one outside that mapping is Python's."},
     {"expect", (PyCFunction)Pump_expect, METH_VARARGS,
      "expect(call_id, flags, python): a record sent by Python waits for its answer (python: Python takes it)."},
     {"take", (PyCFunction)Pump_take, METH_O,

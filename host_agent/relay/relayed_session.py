@@ -65,6 +65,7 @@ NAMES_POOL = MEMORY_OPERATIONS | BATCH_OPERATIONS  # refused where an address li
 
 CONTEXT_SYNCHRONIZE = CALLS["cuCtxSynchronize"].opcode
 PINNED_DTOH = CALLS["cuMemcpyDtoH"].opcode | PINNED_COPY  # the page-locked DtoH the pump may serve (LANDS_IN_POOL)
+PINNED_HTODS = {CALLS[name].opcode | PINNED_COPY for name in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync")}  # SENT_FROM_POOL
 STREAM_SYNCHRONIZE, DRIVER_VERSION = CALLS["cuStreamSynchronize"], CALLS["cuDriverGetVersion"]
 # A host function's wait for the guest to run it: polls of the release word from 20 us, doubling to 1 ms; a call of
 # the relay's own to the GPU host every second meanwhile, so that each end hears the other.
@@ -150,15 +151,19 @@ class Relay:
             for opcode in LAUNCHES | MEMORY_OPERATIONS:  # Python's when a parameter names pool memory
                 table[opcode] = 4
             table[PINNED_DTOH] = compiled_pump.LANDS_IN_POOL  # synchronous, a slot at most: landing in C (pool.py)
+            for opcode in PINNED_HTODS:  # a slot at most, while nothing lands in the pool (_pool_written)
+                table[opcode] = compiled_pump.SENT_FROM_POOL
         self._table = bytes(table)
         pump.set_forward(self._table)
         return pump
 
     def _mirror_in_python(self) -> None:
-        """Once pool memory is mirrored, every launch and wait is the relay's (the pump forwards them no more)."""
+        """Once pool memory is mirrored, every launch and wait is the relay's (the pump forwards them no more), and
+        every page-locked copy: landings the mirror's barrier must see (_push), bytes a kernel may have written
+        (_pool_written)."""
         if self._pump is not None:
             table = bytearray(self._table)
-            for opcode in LAUNCHES | WAITS | {PINNED_DTOH}:  # (landings the mirror's barrier must see: _push)
+            for opcode in LAUNCHES | WAITS | {PINNED_DTOH} | PINNED_HTODS:
                 table[opcode] = 0
             self._table = bytes(table)
             self._pump.set_forward(self._table)
@@ -270,7 +275,7 @@ class Relay:
                 pool = self.pool.pool
                 self._pump.set_pool(pool.guest_base, pool.size)
                 # (its pages mapped at the guest's address: another mapping than the region's)
-                self._pump.set_landing(pool.host_address, CALLS["cuMemcpyDtoH"].opcode, pool.host_base, pool.size)
+                self._pump.set_landing(pool.host_address, PINNED_COPY, pool.host_base, pool.size)
             if own is not None:
                 self._answer(record.call_id, record.flags, own.status, bytes(own.payload))  # type: ignore[arg-type]
                 return

@@ -220,17 +220,26 @@ def test_an_answer_python_reads_for_a_page_locked_read_the_pump_sent_still_lands
     assert relay._taken(9) is None
 
 
-def test_the_pumps_page_locked_read_reads_the_call_tables_layouts() -> None:
-    """relay_pump.c reads a page-locked cuMemcpyDtoH as (device, size, pointer) and sends (device, size): the sizes
-    it and compiled_pump.py spell are the call table's."""
+def test_the_pumps_page_locked_copies_read_the_call_tables_layouts() -> None:
+    """relay_pump.c reads a page-locked cuMemcpyDtoH as (device, size, pointer) and sends (device, size), and a
+    page-locked cuMemcpyHtoD(Async) as its plain request's fixed part then the pointer, which it drops: the sizes it
+    and compiled_pump.py spell are the call table's."""
     dtoh = CALLS["cuMemcpyDtoH"]
     assert dtoh.pinned is not None
     assert (dtoh.pinned.fixed.size, dtoh.request.fixed.size) == (compiled_pump.PINNED_DTOH_SIZE,
                                                                  compiled_pump.PLAIN_DTOH_SIZE)
+    for name, size in (("cuMemcpyHtoD", compiled_pump.PINNED_HTOD_SIZE),
+                       ("cuMemcpyHtoDAsync", compiled_pump.PINNED_HTOD_ASYNC_SIZE)):
+        call = CALLS[name]
+        assert call.pinned is not None and call.pinned.fixed.size == size
+        assert call.pinned.fixed.format == call.request.fixed.format + "Q"  # the pointer, after the plain fixed part
     source = compiled_pump.PROGRAM.source.read_text()
     assert f"#define PINNED_DTOH_SIZE {compiled_pump.PINNED_DTOH_SIZE} " in source
     assert f"#define PLAIN_DTOH_SIZE {compiled_pump.PLAIN_DTOH_SIZE} " in source
-    assert f"enum {{ LANDS_IN_POOL = {compiled_pump.LANDS_IN_POOL} }};" in source
+    assert f"#define PINNED_HTOD_SIZE {compiled_pump.PINNED_HTOD_SIZE}\n" in source
+    assert f"#define PINNED_HTOD_ASYNC_SIZE {compiled_pump.PINNED_HTOD_ASYNC_SIZE}\n" in source
+    assert (f"enum {{ LANDS_IN_POOL = {compiled_pump.LANDS_IN_POOL}, SENT_FROM_POOL = {compiled_pump.SENT_FROM_POOL} }};"
+            in source)
 
 
 @pytest.mark.skipif(compiled_pump.PROGRAM.load() is None, reason="the compiled pump does not build here")
@@ -258,7 +267,7 @@ def test_the_pump_lands_a_page_locked_read_from_what_it_checked() -> None:
         def host_address(pointer: int, size: int) -> int | None:
             region.buf[slot + 32:slot + 48] = struct.pack("<QQ", 0xBAD0, 999)  # the guest rewrites device and size
             return {0x5000: landing, 0x6000: 1 << 62, 0x7000: region.address(0), 0x8000: landing + 4093}.get(pointer)
-        pump.set_landing(host_address, CALLS["cuMemcpyDtoH"].opcode, mapped_at, ctypes.sizeof(pool))
+        pump.set_landing(host_address, PINNED_COPY, mapped_at, ctypes.sizeof(pool))
         client.send(41, pinned, 0, struct.pack("<QQQ", 0xD000, 4, 0x5000))
         codes: list[int] = []
         done = threading.Event()
@@ -290,6 +299,72 @@ def test_the_pump_lands_a_page_locked_read_from_what_it_checked() -> None:
             assert head is not None  # left at the head of the ring, untaken
             assert struct.unpack_from("<Q", region.buf, head)[0] == call_id
             host.in_ring.release()
+    finally:
+        here.close()
+        there.close()
+        region.close()
+        os.unlink(path)
+
+
+@pytest.mark.skipif(compiled_pump.PROGRAM.load() is None, reason="the compiled pump does not build here")
+def test_the_pump_sends_a_small_page_locked_write_with_the_pools_bytes_unless_a_read_is_landing() -> None:
+    """The pump's page-locked HtoD (SENT_FROM_POOL), driven directly: a synchronous and a posted one go out as the
+    plain cuMemcpyHtoD(Async), their fixed part as checked (the guest rewrites its slot meanwhile) and then the bytes
+    the pool holds at the pointer, in its own mapping; the synchronous one is answered by the pump. Left to Python
+    (the record untaken at the ring's head): while a copy into the pool is in flight (the copy must read what it
+    lands: Relay._pool_written), a pointer outside the pool's mapping, a copy larger than a completion slot."""
+    path, region, client, host = ring_pair("pump")
+    here, there = socket.socketpair()
+    try:
+        pump = compiled_pump.start(host, FrameStream(here), REMOTE_GENERATION)
+        table = bytearray(0x10000)
+        sync, posted = (CALLS[name].opcode | PINNED_COPY for name in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync"))
+        table[sync] = table[posted] = compiled_pump.SENT_FROM_POOL
+        pump.set_forward(bytes(table))
+        pool = ctypes.create_string_buffer(bytes(range(256)) * 32)  # the pool's mapping (8 KiB): not the region's
+        mapped_at = ctypes.addressof(pool)
+        slot = client.out_ring.writable()
+        assert slot is not None
+
+        def host_address(pointer: int, size: int) -> int | None:
+            region.buf[slot + 32:slot + 48] = struct.pack("<QQ", 0xBAD0, 999)  # the guest rewrites device and size
+            return {0x5000: mapped_at + 16, 0x7000: region.address(0), 0x9000: mapped_at}.get(pointer)
+        pump.set_landing(host_address, PINNED_COPY, mapped_at, ctypes.sizeof(pool) - 1)
+
+        def pumped(call_id: int, opcode: int, payload: bytes, flags: int = 0) -> bytes:
+            """Send the record, let the pump serve it, and give back the frame it wrote."""
+            client.send(call_id, opcode, flags, payload)
+            assert pump.pump() in (compiled_pump.PUMP_CHECK, compiled_pump.PUMP_SOCKET)  # nothing was Python's
+            header = there.recv(32, socket.MSG_WAITALL)
+            length = HEADER.unpack(header)[3]
+            return header + there.recv(length, socket.MSG_WAITALL)
+
+        def left_to_python(call_id: int, opcode: int, payload: bytes) -> None:
+            client.send(call_id, opcode, 0, payload)
+            assert pump.pump() == compiled_pump.PUMP_RING
+            host.in_ring.resync()
+            head = host.in_ring.readable()
+            assert head is not None and struct.unpack_from("<Q", region.buf, head)[0] == call_id
+            host.in_ring.release()
+
+        frame = pumped(41, sync, struct.pack("<QQQ", 0xD000, 5, 0x5000))
+        assert HEADER.unpack(frame[:32])[:4] == (41, CALLS["cuMemcpyHtoD"].opcode, 0, 16 + 5)
+        assert frame[32:] == struct.pack("<QQ", 0xD000, 5) + bytes(range(16, 21))
+        there.sendall(HEADER.pack(41, 0, 0, 0, REMOTE_GENERATION, 0, 0))
+        assert pump.pump() in (compiled_pump.PUMP_CHECK, compiled_pump.PUMP_RING)
+        reply = client.receive()
+        assert reply is not None and (reply.call_id, reply.status, reply.payload) == (41, 0, b"")
+        frame = pumped(42, posted, struct.pack("<QQQQ", 0xD000, 3, 0x51, 0x5000), Flag.NO_REPLY)
+        assert HEADER.unpack(frame[:32])[:4] == (42, CALLS["cuMemcpyHtoDAsync"].opcode, Flag.NO_REPLY, 24 + 3)
+        assert frame[32:] == struct.pack("<QQQ", 0xD000, 3, 0x51) + bytes(range(16, 19))
+        pump.expect(43, 0, True)  # a page-locked DtoH of Python's, its bytes not yet landed
+        left_to_python(44, sync, struct.pack("<QQQ", 0xD000, 5, 0x5000))
+        assert pump.take(43) is not None
+        left_to_python(45, sync, struct.pack("<QQQ", 0xD000, 5, 0x7000))  # the region's pages
+        left_to_python(46, sync, struct.pack("<QQQ", 0xD000, 8192, 0x9000))  # 1 B past the mapping told
+        left_to_python(47, sync, struct.pack("<QQQ", 0xD000, host.out_ring.cell, 0x9000))  # more than a slot
+        frame = pumped(48, sync, struct.pack("<QQQ", 0xD000, 1, 0x9000))  # and each is served again afterwards
+        assert frame[32:] == struct.pack("<QQ", 0xD000, 1) + b"\x00"
     finally:
         here.close()
         there.close()
