@@ -19,8 +19,9 @@ With --relayed, each workload also runs relayed: through a second oriond that re
 the first (docs/remote.md), its figure over the local forwarded one's printed as relayed/local, its result checked
 against native too.
 
-With --stats, each forwarded workload runs once more under ORION_STATS and its table's summary and costliest calls
-are printed (docs/performance.md, "Where the time goes"): where the forwarded time goes, call by call.
+With --stats, each forwarded workload (and relayed one) runs once more under ORION_STATS and its table's summary and
+costliest calls are printed (docs/performance.md, "Where the time goes"): where the forwarded time goes, call by call;
+relayed, also the records the relaying host's Python served rather than its compiled pump.
 
 Run: python3 bench/inference_bench.py [--rounds N] [--relayed] [--stats] [--only NAME ...]   (from the repository
 root; needs gcc, a GPU, torch, torchvision and transformers)
@@ -131,9 +132,16 @@ def measure(name: str, forwarded: Forwarded | None, stats: Path | None = None) -
 
 
 def show_stats(path: Path) -> None:
-    """The table's summary line and its costliest calls (the table is sorted by total time)."""
+    """The table's summary line and its costliest calls (the table is sorted by total time), and of a relayed
+    session's rows those the relaying host's Python served (the rest its compiled pump forwarded)."""
     lines = path.read_text().splitlines()
     for line in lines[:2 + STATS_ROWS]:
+        print(f"    {line}")
+    relayed = [line for line in lines if line.startswith("(relayed ")]
+    by_python = [line for line in relayed if line.split("|")[1].split()[1] != "0"]
+    if relayed:
+        print(f"    {len(relayed)} relayed rows, the relaying host's Python served {len(by_python)}:")
+    for line in by_python:
         print(f"    {line}")
 
 
@@ -187,6 +195,10 @@ def main() -> int:
                 table = Path(tables) / f"{name}.stats"
                 measure(name, forwarded_to, stats=table)
                 show_stats(table)
+                if relayed_to is not None:
+                    print(f"  {name}, relayed:")
+                    measure(name, relayed_to, stats=table)
+                    show_stats(table)
     return checks.exit_status()
 
 
