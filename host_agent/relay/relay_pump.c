@@ -10,6 +10,8 @@
  * a synchronous DtoH of at most a completion slot is sent as the plain DtoH the GPU host serves, its answer's bytes
  * landing in the pool (LANDS_IN_POOL, pool_address); an HtoD of at most a slot, synchronous or posted, is sent as the
  * plain HtoD with the pool's bytes, while no copy into the pool is in flight (SENT_FROM_POOL).
+ * While page-locked memory is mirrored on the GPU host (relay/mirror.py), a launch that names no pool memory is still
+ * forwarded here as long as the CPU has changed no mirrored byte since the two sides last agreed (set_mirrored).
  * Anything else -- a staged record, the pool's other calls, a malformed header, a large answer, a posted or large
  * page-locked copy, a full completion ring, an error on the socket -- is left where it
  * is (the record at the ring's head, the frame unread in the socket) and pump() returns, so the relay's Python path
@@ -53,7 +55,8 @@ typedef struct {
     pthread_mutex_t *mutex;
     uint8_t forward[65536]; /* opcodes forwarded as they are: 1; 2 (3): unless the u64 at payload offset 0 (or 8)
                                lies in the page-locked pool, whose calls relay/uva.py serves; 4: unless any u64 at a
-                               4-byte aligned offset of the payload does (a launch: relay/mirror.py); 5: a
+                               4-byte aligned offset of the payload does (a launch: relay/mirror.py), or mirrored
+                               memory changed (set_mirrored); 5: a
                                synchronous page-locked DtoH landing in the pool (LANDS_IN_POOL); 6: a page-locked
                                HtoD sent with the pool's bytes (SENT_FROM_POOL); 0: never */
     uint64_t pool_base, pool_size; /* the guest's page-locked pool (set_pool), or size 0 */
@@ -61,6 +64,9 @@ typedef struct {
     uint32_t pinned_copy;   /* the opcode bit of a page-locked copy (driver_api.PINNED_COPY; set_landing) */
     uint64_t landing_base, landing_size; /* the pool's mapping in this process (HostPool.host_base, size: a mapping
                                           * at the guest's address, apart from the region's): copies use it alone */
+    Py_buffer *agreed; /* a mirrored allocation's bytes both sides last agreed on (set_mirrored), one per allocation */
+    const uint8_t **mirrored; /* where each of those allocations lies in the pool here */
+    size_t nmirrored;
     pending_call *pending;
     size_t npending, cap;
     unsigned long long pumped;
@@ -130,6 +136,21 @@ static int pinned_dtoh(Pump *self, PyThreadState **save, uint64_t call_id, uint3
     return 1;
 }
 
+/* Whether the guest's CPU left every mirrored allocation as both sides last agreed (relay/mirror.py): then a launch
+ * that names no pool memory has nothing to bring to the mirror first, and goes as it is. */
+static int mirrors_agree(const Pump *self) {
+    for (size_t i = 0; i < self->nmirrored; i++)
+        if (memcmp(self->mirrored[i], self->agreed[i].buf, (size_t)self->agreed[i].len) != 0) return 0;
+    return 1;
+}
+
+static void mirrored_clear(Pump *self) {
+    for (size_t i = 0; i < self->nmirrored; i++) PyBuffer_Release(&self->agreed[i]);
+    free(self->agreed);
+    free(self->mirrored);
+    self->agreed = NULL, self->mirrored = NULL, self->nmirrored = 0;
+}
+
 /* Whether a copy into the pool is on its way (its bytes not yet landed): a page-locked DtoH, here or Python's. */
 static int landing_in_flight(const Pump *self) {
     for (size_t i = 0; i < self->npending; i++)
@@ -177,6 +198,9 @@ static int forward_record(Pump *self, uint32_t *head, PyThreadState **save) {
     } else if (how == 4 && self->pool_size) { /* a launch naming pool memory anywhere: Python's (relay/mirror.py) */
         for (uint32_t at = 0; at + 8 <= length; at += 4)
             if (rd64(payload + at) - self->pool_base < self->pool_size) return 0;
+        /* while memory is mirrored: Python's too when the CPU changed mirrored bytes (they go to the mirror first,
+         * after every copy into the pool on its way has landed: Relay._push) */
+        if (self->nmirrored && (landing_in_flight(self) || !mirrors_agree(self))) return 0;
     } else if (how >= 2 && self->pool_size) { /* a device side in the pool: Python's (relay/uva.py) */
         if (length < 8u * (how - 1)) return 0;
         for (uint32_t i = 0; i + 1 < how; i++)
@@ -331,6 +355,7 @@ static int Pump_init(Pump *self, PyObject *args, PyObject *kwds) {
 }
 
 static void Pump_dealloc(Pump *self) {
+    mirrored_clear(self);
     Py_XDECREF(self->buffer);
     Py_XDECREF(self->host_address);
     Py_XDECREF(self->lock);
@@ -356,6 +381,39 @@ static PyObject *Pump_set_pool(Pump *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KK", &base, &size)) return NULL;
     self->pool_base = base;
     self->pool_size = size;
+    Py_RETURN_NONE;
+}
+
+/* set_mirrored([(host address, agreed bytearray), ...]): the mirrored allocations, as relay/mirror.py's MirrorRelay
+ * keeps them (its `agreed` bytearrays, changed in place and never resized while held here). */
+static PyObject *Pump_set_mirrored(Pump *self, PyObject *arg) {
+    PyObject *items = PySequence_Fast(arg, "a list of (address, bytearray)");
+    if (items == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    Py_buffer *agreed = calloc((size_t)n + 1, sizeof *agreed);
+    const uint8_t **mirrored = calloc((size_t)n + 1, sizeof *mirrored);
+    Py_ssize_t held = 0;
+    int ok = agreed != NULL && mirrored != NULL;
+    for (; ok && held < n; held++) {
+        unsigned long long address;
+        PyObject *bytes;
+        ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items, held), "KO", &address, &bytes)
+             && PyObject_GetBuffer(bytes, &agreed[held], PyBUF_SIMPLE) == 0;
+        if (!ok) break;
+        mirrored[held] = (const uint8_t *)(uintptr_t)address;
+        ok = address - self->landing_base < self->landing_size
+             && (uint64_t)agreed[held].len <= self->landing_size - (address - self->landing_base);
+        if (!ok) { PyBuffer_Release(&agreed[held]); PyErr_SetString(PyExc_ValueError, "outside the pool's mapping"); }
+    }
+    Py_DECREF(items);
+    if (!ok) {
+        for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&agreed[i]);
+        free(agreed);
+        free(mirrored);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    }
+    mirrored_clear(self);
+    self->agreed = agreed, self->mirrored = mirrored, self->nmirrored = (size_t)n;
     Py_RETURN_NONE;
 }
 
@@ -449,6 +507,10 @@ static PyMethodDef Pump_methods[] = {
      "set_landing(host_address, pinned_copy, mapped_at, mapped_size): the pool's HostPool.host_address (None: none), "
      "the opcode bit of a page-locked copy and the pool's mapping here (HostPool.host_base, size), for the page-locked "
      "copies served here (forward codes 5 and 6): one outside that mapping is Python's."},
+    {"set_mirrored", (PyCFunction)Pump_set_mirrored, METH_O,
+     "set_mirrored([(host address, agreed bytearray), ...]): the mirrored allocations (in the pool's mapping, "
+     "set_landing) and what both sides last agreed they hold: a launch naming no pool memory is forwarded here while "
+     "the pool's bytes are those (forward code 4)."},
     {"expect", (PyCFunction)Pump_expect, METH_VARARGS,
      "expect(call_id, flags, python): a record sent by Python waits for its answer (python: Python takes it)."},
     {"take", (PyCFunction)Pump_take, METH_O,

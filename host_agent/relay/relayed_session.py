@@ -77,6 +77,9 @@ MAX_ASYNC_ERRORS_REPORTED = 64  # as the worker's loop (session_loop.RecordLoop)
 # measured on the H100, every synchronous relayed call then took 1.3 ms. The worker process runs one session and
 # nothing else, so it hands over far more often (its worker sets it there: switch_interval_s; never in-process).
 SWITCH_INTERVAL_S = 20e-6
+# While page-locked memory is mirrored, the compiled pump forwards a launch that names no pool memory itself when the
+# CPU changed none of the mirrored bytes, which it compares before each launch: at most this many (relay/mirror.py).
+MIRROR_COMPARED_BYTES = 1 << 20
 
 
 def _raise(failed: ReplyFailed) -> NoReturn:
@@ -104,7 +107,7 @@ class Relay:
         self._own: dict[int, queue.Queue[Record]] = {}  # those the answers thread hands over
         # kernels given page-locked memory: its mirror on the GPU host (relay/mirror.py)
         self.mirror = MirrorRelay(pool.pool) if pool is not None and pool.pool is not None else None
-        self._table = b""  # the pump's forwarding table (_start_pump)
+        self._table = self._pumped = b""  # the pump's forwarding table, and it while nothing is mirrored (_start_pump)
         self._said_memory_operation = False
         # opcode -> [ring records this side served in Python, nanoseconds]; None until the guest asks STATS (_stats)
         self._answered: dict[int, list[int]] | None = None
@@ -153,20 +156,28 @@ class Relay:
             table[PINNED_DTOH] = compiled_pump.LANDS_IN_POOL  # synchronous, a slot at most: landing in C (pool.py)
             for opcode in PINNED_HTODS:  # a slot at most, while nothing lands in the pool (_pool_written)
                 table[opcode] = compiled_pump.SENT_FROM_POOL
-        self._table = bytes(table)
+        self._table = self._pumped = bytes(table)  # (_pumped: the table while nothing is mirrored)
         pump.set_forward(self._table)
         return pump
 
-    def _mirror_in_python(self) -> None:
-        """Once pool memory is mirrored, every launch and wait is the relay's (the pump forwards them no more), and
-        every page-locked copy: landings the mirror's barrier must see (_push), bytes a kernel may have written
-        (_pool_written)."""
-        if self._pump is not None:
-            table = bytearray(self._table)
-            for opcode in LAUNCHES | WAITS | {PINNED_DTOH} | PINNED_HTODS:
-                table[opcode] = 0
-            self._table = bytes(table)
-            self._pump.set_forward(self._table)
+    def _mirrors_changed(self, mirror: MirrorRelay) -> None:
+        """What is mirrored changed (an allocation adopted or forgotten). While anything is, every wait is the
+        relay's (the GPU's writes are pulled after it), and every page-locked copy: landings the mirror's barrier
+        must see (_push), bytes a kernel may have written (_pool_written). A launch the pump still forwards while
+        the CPU has changed no mirrored byte (it compares them with what both sides last agreed: at most
+        MIRROR_COMPARED_BYTES, beyond which every launch is the relay's too)."""
+        if self._pump is None:
+            return
+        mirrored = [(mirror.pool.host_base + offset, agreed) for offset, agreed in mirror.agreed.items()]
+        compared = sum(len(agreed) for _, agreed in mirrored) <= MIRROR_COMPARED_BYTES
+        self._pump.set_mirrored(mirrored if compared else [])
+        table = bytearray(self._table)
+        for opcode in WAITS | {PINNED_DTOH} | PINNED_HTODS:
+            table[opcode] = 0 if mirrored else self._pumped[opcode]
+        for opcode in LAUNCHES:
+            table[opcode] = self._pumped[opcode] if compared else 0
+        self._table = bytes(table)
+        self._pump.set_forward(self._table)
 
     def _run_pump(self, pump: Any, remote: StreamEndpoint) -> None:
         """Serve the session through `pump` until the GPU host is lost; what it hands back is done here."""
@@ -317,7 +328,8 @@ class Relay:
     def _before_launch(self, mirror: MirrorRelay, record: Record) -> bytes | None:
         """Mirror on the GPU host what the launch names of the pool, and bring every mirror up to the pool; the
         launch's payload rewritten where a mirror lies elsewhere than the guest's pointer (None: as it is)."""
-        for where in mirror.forget_freed():
+        forgotten = mirror.forget_freed()
+        for where in forgotten:
             self._mirror_call(POOL_MIRROR_UNMAP, where, 0)
         named = mirror.scan(record)
         adopted: set[int] = set()
@@ -329,15 +341,21 @@ class Relay:
             if answer.status == SUCCESS:
                 mirror.adopt(offset, POOL_MIRROR_REPLY.decode(answer.payload)[0])
                 adopted.add(offset)
+                log.info("session %d: a launch (function %#x) names page-locked memory %#x+%#x (parameter bytes %s): "
+                         "mirrored on the GPU host at %#x; waits go through the relay's Python from now",
+                         self.session, int.from_bytes(bytes(record.payload[:8]), "little"), address, size,
+                         [at for at, named_offset in named if named_offset == offset], mirror.where[offset])
             else:
                 mirror.unavailable = True
                 log.warning("session %d: the GPU host cannot mirror page-locked memory %#x+%#x (CUresult %d): "
                             "kernels given it fail there", self.session, address, size, answer.status)
-        if adopted and len(adopted) == len(mirror.agreed):
-            self._mirror_in_python()  # the first mirrored allocation
         if not mirror.active:
+            if forgotten:
+                self._mirrors_changed(mirror)
             return None
         self._push(mirror, adopted)
+        if adopted or forgotten:
+            self._mirrors_changed(mirror)  # (after the push: what is agreed now)
         return mirror.translate(record.payload, named)
 
     def _refuse_memory_operation(self, record: Record) -> None:

@@ -8,7 +8,8 @@ them (the kernel sees the CPU's bytes); the kernel's writes are in the CPU's mem
 context synchronisation; the CPU and the kernel write different words of one allocation between two
 synchronisations (both writes stay); a copy into pinned memory is followed, in stream order, by a kernel that
 reads it; a kernel writes pinned words and a copy to the device, async in stream order or synchronous, reads them
-from there (it must copy the kernel's bytes, not what the CPU last saw); a synchronous copy uses the pinned buffer
+from there (it must copy the kernel's bytes, not what the CPU last saw); kernels on device memory alone come between
+CPU writes to pinned words and the kernel that reads them; a synchronous copy uses the pinned buffer
 as device memory after a kernel wrote it; the buffer is freed
 and a new one is given to the next kernel. The kernel is `orion_fake_add_u32(u32 *words, u32 count, u32 value)`:
 words[i] += value, which the fake driver runs (tests/fake_driver.py ADD_KERNEL) and ADD_PTX compiles on a GPU.
@@ -137,6 +138,16 @@ class PoolKernelProgram:
             copied = t["cuMemcpyDtoH"](ctypes.addressof(pageable), pinned, 4 * WORDS)  # pinned as device memory
             undone = self._add(pinned + 20 * 4, 2, (1 << 32) - 3, 0)  # later steps as without this one
             out.append([UVA_STEP, [status, copied, undone, t["cuCtxSynchronize"]()], list(pageable)])
+        # A kernel that names no pinned memory: a relay's pump forwards it while the CPU changed no mirrored byte
+        # (the first), and pushes the CPU's bytes to the mirror first when it did (the second).
+        statuses = [t["cuMemsetD32"](device_words + 256, 7, 4), self._add(device_words + 256, 4, 1, blocking)]
+        words[30] = 300
+        statuses.append(self._add(device_words + 256, 4, 1, blocking))
+        words[31] = 301
+        statuses += [self._add(pinned + 30 * 4, 2, 1, blocking), t["cuStreamSynchronize"](blocking),
+                     t["cuMemcpyDtoH"](ctypes.addressof(pageable), device_words + 256, 16)]
+        out.append(["kernels on device memory between cpu writes, then one on pinned", statuses,
+                    self._words(pinned)[30:32] + list(pageable)[:4]])
         second = self._out("cuMemAllocHost", 4096)
         again = (U32 * 4).from_address(second)
         for i in range(4):

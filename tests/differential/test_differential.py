@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from host_agent.relay import compiled_pump
 from ivshmem.layout import Geometry
 from ivshmem.region import Region
 from tests import forwarding_rig
@@ -93,12 +94,22 @@ def test_a_kernel_given_page_locked_memory_sees_and_leaves_the_fake_drivers_byte
     assert got == pool_kernels_reference()
 
 
-def test_the_native_driver_gives_a_kernel_page_locked_memory_as_the_fake_does(served: Rig, library: Path) -> None:
+def test_the_native_driver_gives_a_kernel_page_locked_memory_as_the_fake_does(served: Rig, library: Path,
+                                                                              tmp_path: Path) -> None:
+    """The same through the native driver. Relayed, once memory is mirrored the relay's compiled pump still forwards
+    a launch that names no pinned memory while the CPU changed no mirrored byte (relay_pump.c, set_mirrored): the
+    program's first such launch is the pump's (its ORION_STATS account), the others the relay's Python."""
+    stats = tmp_path / "stats-%p.txt"
     done = subprocess.run([sys.executable, "-m", "tests.differential.run_corpus", "driver", str(library),
-                           "pool-kernels-no-uva"], cwd=REPO, env=native_child_env(library, served.path),
-                          capture_output=True, text=True, timeout=NATIVE_TIMEOUT_S)
+                           "pool-kernels-no-uva"], cwd=REPO, capture_output=True, text=True, timeout=NATIVE_TIMEOUT_S,
+                          env=native_child_env(library, served.path) | {"ORION_STATS": str(stats)})
     assert done.returncode == 0, done.stderr[-4000:]
     assert json.loads(done.stdout)["transcripts"] == [pool_kernels_reference()]
+    if served.relayed and compiled_pump.PROGRAM.load() is not None:
+        (written,) = tmp_path.glob("stats-*.txt")
+        row = next(line for line in written.read_text().splitlines() if line.startswith("(relayed cuLaunchKernel)"))
+        pumped, python = map(int, row.split("|")[1].split()[:2])
+        assert pumped == 1 and python > 1, row
 
 
 def test_the_corpus_sees_a_wrong_byte() -> None:
