@@ -370,3 +370,60 @@ def test_the_pump_sends_a_small_page_locked_write_with_the_pools_bytes_unless_a_
         there.close()
         region.close()
         os.unlink(path)
+
+
+@pytest.mark.skipif(compiled_pump.PROGRAM.load() is None, reason="the compiled pump does not build here")
+def test_while_memory_is_mirrored_the_pump_forwards_a_launch_only_if_the_cpu_changed_no_mirrored_byte() -> None:
+    """set_mirrored, driven directly: a launch naming no pool memory (forward code 4) is the pump's while each
+    mirrored allocation's bytes in the pool are what both sides last agreed; Python's once the CPU changed one, or
+    while a copy into the pool is on its way (its bytes must reach the mirror first: Relay._push). A mirrored range
+    outside the pool's mapping is refused."""
+    path, region, client, host = ring_pair("pump")
+    here, there = socket.socketpair()
+    try:
+        pump = compiled_pump.start(host, FrameStream(here), REMOTE_GENERATION)
+        table = bytearray(0x10000)
+        launch = CALLS["cuLaunchKernel"].opcode
+        table[launch] = 4
+        pump.set_forward(bytes(table))
+        pool = ctypes.create_string_buffer(b"\x05" * 8192)
+        mapped_at = ctypes.addressof(pool)
+        pump.set_pool(0x7000_0000, 8192)
+        pump.set_landing(lambda pointer, size: None, PINNED_COPY, mapped_at, 8192)
+        agreed = bytearray(b"\x05" * 4096)
+        with pytest.raises(ValueError, match="outside"):
+            pump.set_mirrored([(mapped_at + 4097, agreed)])
+        pump.set_mirrored([(mapped_at + 4096, agreed)])
+        payload = struct.pack("<QIIIIIIIQ", 0xF00, 1, 1, 1, 1, 1, 1, 0, 0) + struct.pack("<QQ", 0xD000, 7)
+
+        def served(call_id: int) -> bool:
+            """Whether the pump forwarded the launch (else it is left at the ring's head, and dropped here)."""
+            client.send(call_id, launch, Flag.NO_REPLY, payload)
+            if pump.pump() == compiled_pump.PUMP_RING:
+                host.in_ring.resync()
+                head = host.in_ring.readable()
+                assert head is not None and struct.unpack_from("<Q", region.buf, head)[0] == call_id
+                host.in_ring.release()
+                return False
+            frame = there.recv(32 + len(payload), socket.MSG_WAITALL)
+            assert HEADER.unpack(frame[:32])[:4] == (call_id, launch, Flag.NO_REPLY, len(payload))
+            return True
+
+        assert served(1)
+        ctypes.memset(mapped_at + 4096 + 100, 6, 1)  # the CPU writes a mirrored byte
+        assert not served(2)
+        agreed[100] = 6  # as Relay._push leaves it: agreed again
+        assert served(3)
+        pump.expect(4, 0, True)  # a page-locked DtoH of Python's on its way
+        assert not served(5)
+        pump.take(4)
+        ctypes.memset(mapped_at + 100, 9, 1)  # pool bytes that are not mirrored
+        assert served(6)
+        pump.set_mirrored([])
+        ctypes.memset(mapped_at + 4096 + 100, 7, 1)
+        assert served(7)
+    finally:
+        here.close()
+        there.close()
+        region.close()
+        os.unlink(path)
