@@ -97,3 +97,42 @@ def test_a_silent_peer_ends_the_session_within_the_bound() -> None:
         assert "silent for 0.5 s" in str(s.ended[0])  # the silence bound ended it, not an end of stream
     finally:
         s.close()
+
+
+def test_a_payload_moves_between_memory_and_the_connection_through_the_two_buffers() -> None:
+    """write_from and read_into (the relay's large page-locked copies): a frame's payload written from memory in
+    pieces through the two buffers arrives whole and in order, and is read into memory the same way, at a size
+    that is no multiple of a buffer; a frame cut short midway is ConnectionLost, not a hang."""
+    near, far = socket.socketpair()
+    sender = StreamEndpoint(FrameStream(near, stall_s=5), GENERATION, beat_s=60)
+    receiver = StreamEndpoint(FrameStream(far, stall_s=5), GENERATION, beat_s=60)
+    try:
+        source = memoryview(bytes((i * 7 + i // 4099) & 0xFF for i in range((5 << 20) + 3)))
+        head = b"\x01" * 16
+
+        def send() -> None:
+            writer = sender.frames.open_frame(9, 0x1234, len(head) + len(source), 0, 0, GENERATION)
+            writer.write(head)
+            sender.write_from(writer, source)
+            writer.close()
+        thread = threading.Thread(target=send)
+        thread.start()
+        record = receiver.next()
+        assert record is not None and (record.call_id, record.opcode, record.length) == (9, 0x1234, 16 + len(source))
+        landed = memoryview(bytearray(len(head) + len(source)))
+        receiver.frames.read_payload(landed[:16])
+        receiver.read_into(landed[16:])
+        thread.join(10)
+        assert landed[:16] == head and landed[16:] == source
+        writer = sender.frames.open_frame(10, 0x1234, 3 << 20, 0, 0, GENERATION)
+        writer.write(b"\x02" * (64 << 10))  # then the sender goes
+        near.shutdown(socket.SHUT_RDWR)
+        record = receiver.next()
+        assert record is not None and record.call_id == 10
+        with pytest.raises(ConnectionLost):
+            receiver.read_into(memoryview(bytearray(3 << 20)))
+    finally:
+        for end in (sender, receiver):
+            end.close()
+        near.close()
+        far.close()
