@@ -80,11 +80,6 @@ SWITCH_INTERVAL_S = 20e-6
 # While page-locked memory is mirrored, the compiled pump forwards a launch that names no pool memory itself when the
 # CPU changed none of the mirrored bytes, which it compares before each launch: at most this many (relay/mirror.py).
 MIRROR_COMPARED_BYTES = 1 << 20
-# A page-locked copy of at least this many bytes moves between the pool and the connection through StreamEndpoint's
-# two buffers, a copy on one core and the socket on another: sent from or received into the pool directly, the
-# socket itself went at the pace of memory no cache holds, 0.70-0.86x the stream between cached buffers (H200,
-# bench/relay_bench.py, 2026-11-29), where pageable copies (through the ring's staging chunks) reached 0.9-1.1x.
-BOUNCED_FROM = 4 << 20
 
 
 def _raise(failed: ReplyFailed) -> NoReturn:
@@ -563,10 +558,7 @@ class Relay:
         writer = remote.frames.open_frame(call_id, opcode, len(head) + len(tail), flags, 0, remote.generation)
         try:
             writer.write(head)
-            if len(tail) >= BOUNCED_FROM:
-                remote.write_from(writer, tail)
-            else:
-                writer.write(tail)
+            writer.write(tail)
         finally:
             writer.close()
 
@@ -624,9 +616,6 @@ class Relay:
     @staticmethod
     def _read_into(remote: StreamEndpoint, landing: memoryview, length: int) -> None:
         """Read an answer's `length` payload bytes into `landing` (all of it, or none when it is empty)."""
-        if len(landing) >= BOUNCED_FROM:
-            remote.read_into(landing)
-            return
         if len(landing):
             remote.frames.read_payload(landing)
             return

@@ -30,7 +30,7 @@ from ivshmem.record import Flag, Record
 from ivshmem.wait import DEFAULT_POLICY
 
 from .. import agent_metrics
-from .frames import BEAT, ConnectionLost, FrameLock, FrameStream, FrameWriter, RecordStream
+from .frames import BEAT, ConnectionLost, FrameLock, FrameStream, RecordStream
 
 CHUNK = 1 << 20  # a multiple of every producer's block (FILL's pattern repeats every 4 KiB)
 LEAD = 4096  # the first piece of a payload in pieces is at least this (a request's fixed part is in it whole)
@@ -180,29 +180,6 @@ class StreamEndpoint:
         if first < LEAD:
             first = min(length, first + CHUNK)
         self._pieces(length, first, self.frames.read_payload, sink, aside="produce")
-
-    def read_into(self, target: memoryview) -> None:
-        """Read the next len(target) payload bytes of the frame begun into `target` through the two buffers: the
-        socket read on the helper thread, the copy on this one. For a target in memory no cache holds (the relay's
-        page-locked pool), so that the copy into it and the socket's next bytes overlap."""
-        position = 0
-
-        def land(piece: memoryview) -> None:
-            nonlocal position
-            target[position:position + len(piece)] = piece
-            position += len(piece)
-        self._pieces(len(target), min(CHUNK, len(target)), self.frames.read_payload, land, aside="produce")
-
-    def write_from(self, writer: FrameWriter, source: memoryview) -> None:
-        """Write `source` to the frame `writer` is writing through the two buffers: the copy out of `source` on this
-        thread, the socket write on the helper (read_into's reverse)."""
-        position = 0
-
-        def take(piece: memoryview) -> None:
-            nonlocal position
-            piece[:] = source[position:position + len(piece)]
-            position += len(piece)
-        self._pieces(len(source), min(CHUNK, len(source)), take, writer.write, aside="consume")
 
     def send(self, call_id: int, opcode: int, flags: int = 0, payload: Payload = b"", status: int = 0) -> None:
         if not isinstance(payload, Streamed):
