@@ -94,8 +94,13 @@ def importer(descriptor_socket, size):
     setup()
     peer = socket.socket(fileno=descriptor_socket)
     ipc_bytes, descriptors, _, _ = socket.recv_fds(peer, 64, 1)
-    while len(ipc_bytes) < 64:
-        ipc_bytes += peer.recv(64 - len(ipc_bytes))
+    while len(ipc_bytes) < 64 and descriptors:
+        more = peer.recv(64 - len(ipc_bytes))
+        if not more:
+            break
+        ipc_bytes += more
+    if len(ipc_bytes) < 64 or not descriptors:  # the exporter failed before it sent them: it says why
+        sys.exit("importer: the exporter closed its socket before it sent its handles")
     out = {}
     err, handle = cu.cuMemImportFromShareableHandle(descriptors[0], POSIX)
     out["import"] = int(err)
