@@ -302,14 +302,15 @@ static PyObject *Pump_pump(Pump *self, PyObject *unused) {
             if (r < 0) { code = PUMP_LOST; break; }
             if (r == 0) { moved_now(self, now_s()); code = PUMP_RING; break; }
             moved = 1;
+            self->pumped += 1;
         }
         r = take_frame(self, &tail_out);
         if (r < 0) { moved_now(self, now_s()); code = PUMP_SOCKET; break; }
         moved |= r;
+        self->pumped += (unsigned long long)r; /* each record and each frame counts: one pass may move both */
         double t = now_s();
         if (moved) {
             moved_now(self, t);
-            self->pumped += 1;
             continue;
         }
         if (!self->waiting) { self->waiting = 1; self->wait_start = t; self->sleep = 0.0; }

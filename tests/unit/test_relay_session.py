@@ -242,188 +242,177 @@ def test_the_pumps_page_locked_copies_read_the_call_tables_layouts() -> None:
     assert f"enum {{ {codes} }};" in source
 
 
-@pytest.mark.skipif(compiled_pump.PROGRAM.load() is None, reason="the compiled pump does not build here")
-def test_the_pump_lands_a_page_locked_read_from_what_it_checked() -> None:
+class DirectPump:
+    """The compiled pump on a fresh ring and one end of a socket pair, driven by the test itself: `client` is the
+    guest's side of the ring, `there` the GPU host's end of the connection."""
+
+    def __init__(self) -> None:
+        self.path, self.region, self.client, self.host = ring_pair("pump")
+        self.here, self.there = socket.socketpair()
+        self.pump = compiled_pump.start(self.host, FrameStream(self.here), REMOTE_GENERATION)
+
+    def forward(self, codes: dict[int, int]) -> None:
+        """The pump's forwarding table: `codes` (opcode -> code), every other opcode Python's."""
+        table = bytearray(0x10000)
+        for opcode, code in codes.items():
+            table[opcode] = code
+        self.pump.set_forward(bytes(table))
+
+    def left_to_python(self, call_id: int, opcode: int, payload: bytes, flags: int = 0) -> None:
+        """Send a record the pump must hand back: it stays at the ring's head, untaken (then dropped here)."""
+        self.client.send(call_id, opcode, flags, payload)
+        assert self.pump.pump() == compiled_pump.PUMP_RING
+        self.host.in_ring.resync()
+        head = self.host.in_ring.readable()
+        assert head is not None and struct.unpack_from("<Q", self.region.buf, head)[0] == call_id
+        self.host.in_ring.release()
+
+    def close(self) -> None:
+        self.here.close()
+        self.there.close()
+        self.region.close()
+        os.unlink(self.path)
+
+
+@pytest.fixture
+def direct() -> Iterator[DirectPump]:
+    if compiled_pump.PROGRAM.load() is None:
+        pytest.skip("the compiled pump does not build here")
+    pump = DirectPump()
+    yield pump
+    pump.close()
+
+
+def test_the_pump_lands_a_page_locked_read_from_what_it_checked(direct: DirectPump) -> None:
     """The pump's page-locked DtoH (LANDS_IN_POOL), driven directly: the record is checked and sent from the pump's
     copy of its slot, so a guest that rewrites the slot meanwhile (here from inside the pool's answer, which the pump
     asks between its checks and its send) changes nothing that was sent; the answer's bytes land where the pool said,
     in the pool's own mapping (the relay maps it at the guest's address, apart from the region), the guest hears its
     status alone; a landing place outside that mapping, the region's other pages included, is refused (the record
     left to Python)."""
-    path, region, client, host = ring_pair("pump")
-    here, there = socket.socketpair()
-    try:
-        pump = compiled_pump.start(host, FrameStream(here), REMOTE_GENERATION)
-        table = bytearray(0x10000)
-        pinned = CALLS["cuMemcpyDtoH"].opcode | PINNED_COPY
-        table[pinned] = compiled_pump.LANDS_IN_POOL
-        pump.set_forward(bytes(table))
-        pool = ctypes.create_string_buffer(2 * 4096)  # the pool's mapping: not the region's
-        mapped_at = ctypes.addressof(pool)
-        landing = mapped_at + 4096
-        slot = client.out_ring.writable()  # where the record goes: its payload follows its 32-byte header
-        assert slot is not None
+    pump, client, region = direct.pump, direct.client, direct.region
+    pinned = CALLS["cuMemcpyDtoH"].opcode | PINNED_COPY
+    direct.forward({pinned: compiled_pump.LANDS_IN_POOL})
+    pool = ctypes.create_string_buffer(2 * 4096)  # the pool's mapping: not the region's
+    mapped_at = ctypes.addressof(pool)
+    landing = mapped_at + 4096
+    slot = client.out_ring.writable()  # where the record goes: its payload follows its 32-byte header
+    assert slot is not None
 
-        def host_address(pointer: int, size: int) -> int | None:
-            region.buf[slot + 32:slot + 48] = struct.pack("<QQ", 0xBAD0, 999)  # the guest rewrites device and size
-            return {0x5000: landing, 0x6000: 1 << 62, 0x7000: region.address(0), 0x8000: landing + 4093}.get(pointer)
-        pump.set_landing(host_address, PINNED_COPY, mapped_at, ctypes.sizeof(pool))
-        client.send(41, pinned, 0, struct.pack("<QQQ", 0xD000, 4, 0x5000))
-        codes: list[int] = []
-        done = threading.Event()
+    def host_address(pointer: int, size: int) -> int | None:
+        region.buf[slot + 32:slot + 48] = struct.pack("<QQ", 0xBAD0, 999)  # the guest rewrites device and size
+        return {0x5000: landing, 0x6000: 1 << 62, 0x7000: region.address(0), 0x8000: landing + 4093}.get(pointer)
+    pump.set_landing(host_address, PINNED_COPY, mapped_at, ctypes.sizeof(pool))
+    client.send(41, pinned, 0, struct.pack("<QQQ", 0xD000, 4, 0x5000))
+    codes: list[int] = []
+    done = threading.Event()
 
-        def serve() -> None:  # as Relay._run_pump: a liveness check goes back to the pump
-            while not done.is_set():
-                code = pump.pump()
-                if code != compiled_pump.PUMP_CHECK:
-                    codes.append(code)
-                    return
-        worker = threading.Thread(target=serve, daemon=True)
-        worker.start()
-        frame = there.recv(48, socket.MSG_WAITALL)
-        call_id, opcode, flags, length, _gen, _status, _seq = HEADER.unpack(frame[:32])
-        assert (call_id, opcode, flags, length) == (41, CALLS["cuMemcpyDtoH"].opcode, 0, 16)
-        assert struct.unpack("<QQ", frame[32:48]) == (0xD000, 4)  # what was checked, not what the slot says now
-        there.sendall(HEADER.pack(41, 0, 0, 4, REMOTE_GENERATION, 0, 0) + b"\x11\x22\x33\x44")
-        reply = client.receive()
-        assert reply is not None and (reply.call_id, reply.status, len(reply.payload)) == (41, 0, 0)
-        assert pool.raw == bytes(4096) + b"\x11\x22\x33\x44" + bytes(4092)
-        done.set()
-        worker.join(5)
-        assert not worker.is_alive() and codes == []  # nothing of it was Python's
-        for call_id, pointer in ((42, 0x6000), (43, 0x7000), (44, 0x8000)):  # outside, the region, 1 B past the end
-            client.send(call_id, pinned, 0, struct.pack("<QQQ", 0xD000, 4, pointer))
-            assert pump.pump() == compiled_pump.PUMP_RING  # Python's
-            host.in_ring.resync()
-            head = host.in_ring.readable()
-            assert head is not None  # left at the head of the ring, untaken
-            assert struct.unpack_from("<Q", region.buf, head)[0] == call_id
-            host.in_ring.release()
-    finally:
-        here.close()
-        there.close()
-        region.close()
-        os.unlink(path)
+    def serve() -> None:  # as Relay._run_pump: a liveness check goes back to the pump
+        while not done.is_set():
+            code = pump.pump()
+            if code != compiled_pump.PUMP_CHECK:
+                codes.append(code)
+                return
+    worker = threading.Thread(target=serve, daemon=True)
+    worker.start()
+    frame = direct.there.recv(48, socket.MSG_WAITALL)
+    call_id, opcode, flags, length, _gen, _status, _seq = HEADER.unpack(frame[:32])
+    assert (call_id, opcode, flags, length) == (41, CALLS["cuMemcpyDtoH"].opcode, 0, 16)
+    assert struct.unpack("<QQ", frame[32:48]) == (0xD000, 4)  # what was checked, not what the slot says now
+    direct.there.sendall(HEADER.pack(41, 0, 0, 4, REMOTE_GENERATION, 0, 0) + b"\x11\x22\x33\x44")
+    reply = client.receive()
+    assert reply is not None and (reply.call_id, reply.status, len(reply.payload)) == (41, 0, 0)
+    assert pool.raw == bytes(4096) + b"\x11\x22\x33\x44" + bytes(4092)
+    done.set()
+    worker.join(5)
+    assert not worker.is_alive() and codes == []  # nothing of it was Python's
+    for call_id, pointer in ((42, 0x6000), (43, 0x7000), (44, 0x8000)):  # outside, the region, 1 B past the end
+        direct.left_to_python(call_id, pinned, struct.pack("<QQQ", 0xD000, 4, pointer))
 
 
-@pytest.mark.skipif(compiled_pump.PROGRAM.load() is None, reason="the compiled pump does not build here")
-def test_the_pump_sends_a_small_page_locked_write_with_the_pools_bytes_unless_a_read_is_landing() -> None:
+def test_the_pump_sends_a_small_page_locked_write_with_the_pools_bytes_unless_a_read_is_landing(
+        direct: DirectPump) -> None:
     """The pump's page-locked HtoD (SENT_FROM_POOL), driven directly: a synchronous and a posted one go out as the
     plain cuMemcpyHtoD(Async), their fixed part as checked (the guest rewrites its slot meanwhile) and then the bytes
     the pool holds at the pointer, in its own mapping; the synchronous one is answered by the pump. Left to Python
     (the record untaken at the ring's head): while a copy into the pool is in flight (the copy must read what it
     lands: Relay._pool_written), a pointer outside the pool's mapping, a copy larger than a completion slot."""
-    path, region, client, host = ring_pair("pump")
-    here, there = socket.socketpair()
-    try:
-        pump = compiled_pump.start(host, FrameStream(here), REMOTE_GENERATION)
-        table = bytearray(0x10000)
-        sync, posted = (CALLS[name].opcode | PINNED_COPY for name in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync"))
-        table[sync] = table[posted] = compiled_pump.SENT_FROM_POOL
-        pump.set_forward(bytes(table))
-        pool = ctypes.create_string_buffer(bytes(range(256)) * 32)  # the pool's mapping (8 KiB): not the region's
-        mapped_at = ctypes.addressof(pool)
-        slot = client.out_ring.writable()
-        assert slot is not None
+    pump, client, region, there = direct.pump, direct.client, direct.region, direct.there
+    sync, posted = (CALLS[name].opcode | PINNED_COPY for name in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync"))
+    direct.forward({sync: compiled_pump.SENT_FROM_POOL, posted: compiled_pump.SENT_FROM_POOL})
+    pool = ctypes.create_string_buffer(bytes(range(256)) * 32)  # the pool's mapping (8 KiB): not the region's
+    mapped_at = ctypes.addressof(pool)
+    slot = client.out_ring.writable()
+    assert slot is not None
 
-        def host_address(pointer: int, size: int) -> int | None:
-            region.buf[slot + 32:slot + 48] = struct.pack("<QQ", 0xBAD0, 999)  # the guest rewrites device and size
-            return {0x5000: mapped_at + 16, 0x7000: region.address(0), 0x9000: mapped_at}.get(pointer)
-        pump.set_landing(host_address, PINNED_COPY, mapped_at, ctypes.sizeof(pool) - 1)
+    def host_address(pointer: int, size: int) -> int | None:
+        region.buf[slot + 32:slot + 48] = struct.pack("<QQ", 0xBAD0, 999)  # the guest rewrites device and size
+        return {0x5000: mapped_at + 16, 0x7000: region.address(0), 0x9000: mapped_at}.get(pointer)
+    pump.set_landing(host_address, PINNED_COPY, mapped_at, ctypes.sizeof(pool) - 1)
 
-        def pumped(call_id: int, opcode: int, payload: bytes, flags: int = 0) -> bytes:
-            """Send the record, let the pump serve it, and give back the frame it wrote."""
-            client.send(call_id, opcode, flags, payload)
-            assert pump.pump() in (compiled_pump.PUMP_CHECK, compiled_pump.PUMP_SOCKET)  # nothing was Python's
-            header = there.recv(32, socket.MSG_WAITALL)
-            length = HEADER.unpack(header)[3]
-            return header + there.recv(length, socket.MSG_WAITALL)
+    def pumped(call_id: int, opcode: int, payload: bytes, flags: int = 0) -> bytes:
+        """Send the record, let the pump serve it, and give back the frame it wrote."""
+        client.send(call_id, opcode, flags, payload)
+        assert pump.pump() in (compiled_pump.PUMP_CHECK, compiled_pump.PUMP_SOCKET)  # nothing was Python's
+        header = there.recv(32, socket.MSG_WAITALL)
+        length = HEADER.unpack(header)[3]
+        return header + there.recv(length, socket.MSG_WAITALL)
 
-        def left_to_python(call_id: int, opcode: int, payload: bytes) -> None:
-            client.send(call_id, opcode, 0, payload)
-            assert pump.pump() == compiled_pump.PUMP_RING
-            host.in_ring.resync()
-            head = host.in_ring.readable()
-            assert head is not None and struct.unpack_from("<Q", region.buf, head)[0] == call_id
-            host.in_ring.release()
-
-        frame = pumped(41, sync, struct.pack("<QQQ", 0xD000, 5, 0x5000))
-        assert HEADER.unpack(frame[:32])[:4] == (41, CALLS["cuMemcpyHtoD"].opcode, 0, 16 + 5)
-        assert frame[32:] == struct.pack("<QQ", 0xD000, 5) + bytes(range(16, 21))
-        there.sendall(HEADER.pack(41, 0, 0, 0, REMOTE_GENERATION, 0, 0))
-        assert pump.pump() in (compiled_pump.PUMP_CHECK, compiled_pump.PUMP_RING)
-        reply = client.receive()
-        assert reply is not None and (reply.call_id, reply.status, reply.payload) == (41, 0, b"")
-        frame = pumped(42, posted, struct.pack("<QQQQ", 0xD000, 3, 0x51, 0x5000), Flag.NO_REPLY)
-        assert HEADER.unpack(frame[:32])[:4] == (42, CALLS["cuMemcpyHtoDAsync"].opcode, Flag.NO_REPLY, 24 + 3)
-        assert frame[32:] == struct.pack("<QQQ", 0xD000, 3, 0x51) + bytes(range(16, 19))
-        pump.expect(43, 0, True)  # a page-locked DtoH of Python's, its bytes not yet landed
-        left_to_python(44, sync, struct.pack("<QQQ", 0xD000, 5, 0x5000))
-        assert pump.take(43) is not None
-        left_to_python(45, sync, struct.pack("<QQQ", 0xD000, 5, 0x7000))  # the region's pages
-        left_to_python(46, sync, struct.pack("<QQQ", 0xD000, 8192, 0x9000))  # 1 B past the mapping told
-        left_to_python(47, sync, struct.pack("<QQQ", 0xD000, host.out_ring.cell, 0x9000))  # more than a slot
-        frame = pumped(48, sync, struct.pack("<QQQ", 0xD000, 1, 0x9000))  # and each is served again afterwards
-        assert frame[32:] == struct.pack("<QQ", 0xD000, 1) + b"\x00"
-    finally:
-        here.close()
-        there.close()
-        region.close()
-        os.unlink(path)
+    frame = pumped(41, sync, struct.pack("<QQQ", 0xD000, 5, 0x5000))
+    assert HEADER.unpack(frame[:32])[:4] == (41, CALLS["cuMemcpyHtoD"].opcode, 0, 16 + 5)
+    assert frame[32:] == struct.pack("<QQ", 0xD000, 5) + bytes(range(16, 21))
+    there.sendall(HEADER.pack(41, 0, 0, 0, REMOTE_GENERATION, 0, 0))
+    assert pump.pump() in (compiled_pump.PUMP_CHECK, compiled_pump.PUMP_RING)
+    reply = client.receive()
+    assert reply is not None and (reply.call_id, reply.status, reply.payload) == (41, 0, b"")
+    frame = pumped(42, posted, struct.pack("<QQQQ", 0xD000, 3, 0x51, 0x5000), Flag.NO_REPLY)
+    assert HEADER.unpack(frame[:32])[:4] == (42, CALLS["cuMemcpyHtoDAsync"].opcode, Flag.NO_REPLY, 24 + 3)
+    assert frame[32:] == struct.pack("<QQQ", 0xD000, 3, 0x51) + bytes(range(16, 19))
+    pump.expect(43, 0, True)  # a page-locked DtoH of Python's, its bytes not yet landed
+    direct.left_to_python(44, sync, struct.pack("<QQQ", 0xD000, 5, 0x5000))
+    assert pump.take(43) is not None
+    direct.left_to_python(45, sync, struct.pack("<QQQ", 0xD000, 5, 0x7000))  # the region's pages
+    direct.left_to_python(46, sync, struct.pack("<QQQ", 0xD000, 8192, 0x9000))  # 1 B past the mapping told
+    direct.left_to_python(47, sync, struct.pack("<QQQ", 0xD000, direct.host.out_ring.cell, 0x9000))  # > a slot
+    frame = pumped(48, sync, struct.pack("<QQQ", 0xD000, 1, 0x9000))  # and each is served again afterwards
+    assert frame[32:] == struct.pack("<QQ", 0xD000, 1) + b"\x00"
 
 
-@pytest.mark.skipif(compiled_pump.PROGRAM.load() is None, reason="the compiled pump does not build here")
-def test_while_memory_is_mirrored_the_pump_forwards_a_launch_only_if_the_cpu_changed_no_mirrored_byte() -> None:
+def test_while_memory_is_mirrored_the_pump_forwards_a_launch_only_if_the_cpu_changed_no_mirrored_byte(
+        direct: DirectPump) -> None:
     """set_mirrored, driven directly: a launch naming no pool memory (forward code 4) is the pump's while each
     mirrored allocation's bytes in the pool are what both sides last agreed; Python's once the CPU changed one, or
     while a copy into the pool is on its way (its bytes must reach the mirror first: Relay._push). A mirrored range
     outside the pool's mapping is refused."""
-    path, region, client, host = ring_pair("pump")
-    here, there = socket.socketpair()
-    try:
-        pump = compiled_pump.start(host, FrameStream(here), REMOTE_GENERATION)
-        table = bytearray(0x10000)
-        launch = CALLS["cuLaunchKernel"].opcode
-        table[launch] = 4
-        pump.set_forward(bytes(table))
-        pool = ctypes.create_string_buffer(b"\x05" * 8192)
-        mapped_at = ctypes.addressof(pool)
-        pump.set_pool(0x7000_0000, 8192)
-        pump.set_landing(lambda pointer, size: None, PINNED_COPY, mapped_at, 8192)
-        agreed = bytearray(b"\x05" * 4096)
-        with pytest.raises(ValueError, match="outside"):
-            pump.set_mirrored([(mapped_at + 4097, agreed)])
-        pump.set_mirrored([(mapped_at + 4096, agreed)])
-        payload = struct.pack("<QIIIIIIIQ", 0xF00, 1, 1, 1, 1, 1, 1, 0, 0) + struct.pack("<QQ", 0xD000, 7)
+    pump = direct.pump
+    launch = CALLS["cuLaunchKernel"].opcode
+    direct.forward({launch: 4})
+    pool = ctypes.create_string_buffer(b"\x05" * 8192)
+    mapped_at = ctypes.addressof(pool)
+    pump.set_pool(0x7000_0000, 8192)
+    pump.set_landing(lambda pointer, size: None, PINNED_COPY, mapped_at, 8192)
+    agreed = bytearray(b"\x05" * 4096)
+    with pytest.raises(ValueError, match="outside"):
+        pump.set_mirrored([(mapped_at + 4097, agreed)])
+    pump.set_mirrored([(mapped_at + 4096, agreed)])
+    payload = struct.pack("<QIIIIIIIQ", 0xF00, 1, 1, 1, 1, 1, 1, 0, 0) + struct.pack("<QQ", 0xD000, 7)
 
-        def served(call_id: int) -> bool:
-            """Whether the pump forwarded the launch (else it is left at the ring's head, and dropped here)."""
-            client.send(call_id, launch, Flag.NO_REPLY, payload)
-            if pump.pump() == compiled_pump.PUMP_RING:
-                host.in_ring.resync()
-                head = host.in_ring.readable()
-                assert head is not None and struct.unpack_from("<Q", region.buf, head)[0] == call_id
-                host.in_ring.release()
-                return False
-            frame = there.recv(32 + len(payload), socket.MSG_WAITALL)
-            assert HEADER.unpack(frame[:32])[:4] == (call_id, launch, Flag.NO_REPLY, len(payload))
-            return True
+    def forwarded(call_id: int) -> None:
+        direct.client.send(call_id, launch, Flag.NO_REPLY, payload)
+        assert pump.pump() == compiled_pump.PUMP_CHECK  # nothing was Python's
+        frame = direct.there.recv(32 + len(payload), socket.MSG_WAITALL)
+        assert HEADER.unpack(frame[:32])[:4] == (call_id, launch, Flag.NO_REPLY, len(payload))
 
-        assert served(1)
-        ctypes.memset(mapped_at + 4096 + 100, 6, 1)  # the CPU writes a mirrored byte
-        assert not served(2)
-        agreed[100] = 6  # as Relay._push leaves it: agreed again
-        assert served(3)
-        pump.expect(4, 0, True)  # a page-locked DtoH of Python's on its way
-        assert not served(5)
-        pump.take(4)
-        ctypes.memset(mapped_at + 100, 9, 1)  # pool bytes that are not mirrored
-        assert served(6)
-        pump.set_mirrored([])
-        ctypes.memset(mapped_at + 4096 + 100, 7, 1)
-        assert served(7)
-    finally:
-        here.close()
-        there.close()
-        region.close()
-        os.unlink(path)
+    forwarded(1)
+    ctypes.memset(mapped_at + 4096 + 100, 6, 1)  # the CPU writes a mirrored byte
+    direct.left_to_python(2, launch, payload, Flag.NO_REPLY)
+    agreed[100] = 6  # as Relay._push leaves it: agreed again
+    forwarded(3)
+    pump.expect(4, 0, True)  # a page-locked DtoH of Python's on its way
+    direct.left_to_python(5, launch, payload, Flag.NO_REPLY)
+    pump.take(4)
+    ctypes.memset(mapped_at + 100, 9, 1)  # pool bytes that are not mirrored
+    forwarded(6)
+    pump.set_mirrored([])
+    ctypes.memset(mapped_at + 4096 + 100, 7, 1)
+    forwarded(7)
