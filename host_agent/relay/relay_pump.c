@@ -162,7 +162,7 @@ static int landing_in_flight(const Pump *self) {
  * host serves, (device, size[, stream]) then the pool's `size` bytes at `*bytes`: 1, 0 when it is Python's (larger
  * than a completion slot, a device side in the pool, a pointer in no allocation, malformed, or a copy into the pool
  * in flight: its bytes must land before these are read, Relay._pool_written). While memory is mirrored the relay
- * takes these back (Relay._mirror_in_python): a kernel may have written the bytes on the GPU host. */
+ * takes these back (Relay._mirrors_changed): a kernel may have written the bytes on the GPU host. */
 static int pinned_htod(Pump *self, PyThreadState **save, const uint8_t *payload, uint32_t length, uint64_t *bytes) {
     if (length != PINNED_HTOD_SIZE && length != PINNED_HTOD_ASYNC_SIZE) return 0;
     uint64_t device = rd64(payload), size = rd64(payload + 8), pointer = rd64(payload + length - 8);

@@ -349,11 +349,8 @@ class Relay:
                 mirror.unavailable = True
                 log.warning("session %d: the GPU host cannot mirror page-locked memory %#x+%#x (CUresult %d): "
                             "kernels given it fail there", self.session, address, size, answer.status)
-        if not mirror.active:
-            if forgotten:
-                self._mirrors_changed(mirror)
-            return None
-        self._push(mirror, adopted)
+        if mirror.active:
+            self._push(mirror, adopted)
         if adopted or forgotten:
             self._mirrors_changed(mirror)  # (after the push: what is agreed now)
         return mirror.translate(record.payload, named)
