@@ -130,11 +130,16 @@ class MirrorRelay:
         """Pool offsets of the allocations a launch names (`scan`) that are not mirrored yet."""
         return list(dict.fromkeys(offset for _, offset in named if offset not in self.agreed))
 
+    def elsewhere(self, named: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Of a launch's words that name pool memory (`scan`), those whose allocation's mirror lies elsewhere than
+        the guest's address: `translate` rewrites them."""
+        return [(at, offset) for at, offset in named
+                if offset in self.where and self.where[offset] != self.pool.guest_base + offset]
+
     def translate(self, payload: bytes | bytearray, named: list[tuple[int, int]]) -> bytes | None:
         """The launch's payload with each parameter that names a mirror placed elsewhere pointing at the mirror;
         None when nothing needs it."""
-        moves = [(at, self.where[offset] - self.pool.guest_base - offset) for at, offset in named
-                 if offset in self.where and self.where[offset] != self.pool.guest_base + offset]
+        moves = [(at, self.where[offset] - self.pool.guest_base - offset) for at, offset in self.elsewhere(named)]
         if not moves:
             return None
         moved = bytearray(payload)

@@ -263,7 +263,11 @@ class Relay:
                 self._refuse_memory_operation(record)
                 return
             if opcode in LAUNCHES:
-                payload = self._before_launch(mirror, record) or payload
+                rewritten = self._before_launch(mirror, record)
+                if isinstance(rewritten, Reply):
+                    self._answer(record.call_id, record.flags, rewritten.status, b"")
+                    return
+                payload = rewritten or payload
             elif opcode in WAITS and mirror.active:
                 self._wait_mirrored(mirror, record)
                 return
@@ -325,9 +329,10 @@ class Relay:
         return plan.run()  # type: ignore[misc]
 
     # --- kernels given page-locked memory (relay/mirror.py) --------------------------------------------------
-    def _before_launch(self, mirror: MirrorRelay, record: Record) -> bytes | None:
+    def _before_launch(self, mirror: MirrorRelay, record: Record) -> bytes | Reply | None:
         """Mirror on the GPU host what the launch names of the pool, and bring every mirror up to the pool; the
-        launch's payload rewritten where a mirror lies elsewhere than the guest's pointer (None: as it is)."""
+        launch's payload rewritten where a mirror lies elsewhere than the guest's pointer (None: as it is), or the
+        Reply that refuses it (_ambiguous)."""
         forgotten = mirror.forget_freed()
         for where in forgotten:
             self._mirror_call(POOL_MIRROR_UNMAP, where, 0)
@@ -353,7 +358,25 @@ class Relay:
             self._push(mirror, adopted)
         if adopted or forgotten:
             self._mirrors_changed(mirror)  # (after the push: what is agreed now)
-        return mirror.translate(record.payload, named)
+        refused = self._ambiguous(record, mirror.elsewhere(named))
+        return refused or mirror.translate(record.payload, named)
+
+    def _ambiguous(self, record: Record, moved: list[tuple[int, int]]) -> Reply | None:
+        """A word the launch would have rewritten to a mirror placed elsewhere is asked of the GPU host first (at
+        every launch: the GPU host may allocate there at any time, since its own mapping took the address): where it
+        is the GPU host's own memory too, whose bytes the program meant is unknowable, and the launch answers
+        CUDA_ERROR_INVALID_VALUE, as a copy naming such an address does (relay/uva.py), never a kernel given the
+        wrong memory. None: the rewrite may go ahead."""
+        for pointer in sorted({int.from_bytes(bytes(record.payload[at:at + 8]), "little") for at, _ in moved}):
+            status = self._probe(pointer)
+            if status == DEVICE_UNAVAILABLE:
+                return Reply(DEVICE_UNAVAILABLE)
+            if status == SUCCESS:
+                log.warning("session %d: launch parameter %#x is page-locked memory here, mirrored elsewhere on the "
+                            "GPU host, and the GPU host's own memory there: the launch answers "
+                            "CUDA_ERROR_INVALID_VALUE", self.session, pointer)
+                return Reply(INVALID_VALUE)
+        return None
 
     def _refuse_memory_operation(self, record: Record) -> None:
         """A stream memory operation on page-locked memory: its words would have to follow the other side's writes

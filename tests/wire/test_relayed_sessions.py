@@ -16,13 +16,20 @@ import os
 import signal
 import struct
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from host_agent.relay import compiled_pump
+from host_agent.session import pool_mirror
+from ivshmem import fixed_map
 from ivshmem.channel import Ctrl
 from tests import forwarding_rig, relay_net
 from tests.controller.rig import wait_until
+from tests.differential.pool_kernels import PoolKernelProgram
+from tests.differential.test_differential import pool_kernels_reference
+from tests.fake_driver import FakeDriver
 from tests.forwarding_rig import Guest, Rig
 from tests.unit.test_more_calls import _attribute
 from tests.unit.test_pinned_and_contexts import host_alloc
@@ -255,3 +262,62 @@ def test_page_locked_memory_serves_as_device_memory_as_natively(start: Callable[
     assert g.fn["cuMemcpyDtoH"](pinned + 24576, pinned, 64) == SUCCESS  # page-locked on both sides
     assert ctypes.string_at(pinned + 24576, 64) == pattern[:64]
     assert g.dtoh(pinned + (1 << 16) - 8, 16)[0] == INVALID_VALUE  # past the allocation: the GPU host refuses it
+
+
+class _AllocatesWhereTold(FakeDriver):
+    """A GPU host's driver whose next device allocation lies at the address written in `place_at` (a file), if any:
+    memory of the GPU host's own where the guest has page-locked memory."""
+
+    place_at = ""
+
+    def _allocate(self, size: int, device: int, track: bool = True) -> int:
+        try:
+            wanted = int(Path(self.place_at).read_text())
+        except (OSError, ValueError):
+            return super()._allocate(size, device, track)
+        os.unlink(self.place_at)
+        following, self._next_pointer = self._next_pointer, wanted
+        try:
+            return super()._allocate(size, device, track)
+        finally:
+            self._next_pointer = following
+
+
+def _mirrors_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU host's worker (forked after this) cannot map a mirror at the guest's address, as where its driver's
+    reservations lie there: the mirror goes elsewhere and the relay rewrites the launches that name it."""
+    monkeypatch.setattr(pool_mirror, "fixed_map", SimpleNamespace(
+        map_at=lambda *args: False, map_anywhere=fixed_map.map_anywhere, unmap=fixed_map.unmap))
+
+
+def test_a_kernel_given_page_locked_memory_mirrored_elsewhere_sees_and_leaves_the_fake_drivers_bytes(
+        start: Callable[..., Rig], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every mirror placed elsewhere on the GPU host, each launch naming page-locked memory is rewritten to
+    the mirror (relay/mirror.py's translate), and tests/differential/pool_kernels.py's every step is the fake
+    driver's own."""
+    _mirrors_elsewhere(monkeypatch)
+    g = start(relayed=True).guest()
+    assert PoolKernelProgram(g.fn, uva_copies=False).run() == pool_kernels_reference()
+
+
+def test_a_launch_naming_memory_both_hosts_claim_answers_invalid_value(
+        start: Callable[..., Rig], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The address the relay would rewrite to a mirror placed elsewhere is also device memory of the GPU host's own
+    session (its driver may allocate there, the mirror not being there): which memory the program meant is
+    unknowable, so the relay asks before every such rewrite, and the launch answers CUDA_ERROR_INVALID_VALUE, as a
+    copy naming such an address does; no kernel runs on either memory."""
+    _mirrors_elsewhere(monkeypatch)
+    monkeypatch.setattr(_AllocatesWhereTold, "place_at", str(tmp_path / "place-at"))
+    g = start(relayed=True, fake_class=_AllocatesWhereTold).guest()
+    g.setup()
+    status, pinned = host_alloc(g, 4096)
+    assert status == SUCCESS
+    (tmp_path / "place-at").write_text(str(pinned))
+    assert g.alloc(4096) == pinned  # the GPU host's memory, at the guest's page-locked address
+    ctypes.memmove(pinned, bytes(range(16)), 16)
+    program = PoolKernelProgram(g.fn)
+    module = program._out("cuModuleLoadData", ctypes.addressof(program.image))
+    program.function = program._out("cuModuleGetFunction", module, b"orion_fake_add_u32")
+    statuses = [program._add(pinned, 4, 5, 0), g.fn["cuCtxSynchronize"]()]
+    assert INVALID_VALUE in statuses, statuses
+    assert ctypes.string_at(pinned, 16) == bytes(range(16))  # the page-locked bytes as the CPU left them
