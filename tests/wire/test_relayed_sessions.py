@@ -284,8 +284,8 @@ class _AllocatesWhereTold(FakeDriver):
 
 
 def _mirrors_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The GPU host's worker (forked after this) cannot map a mirror at the guest's address, as where its driver's
-    reservations lie there: the mirror goes elsewhere and the relay rewrites the launches that name it."""
+    """The GPU host's worker (forked after this) cannot map a mirror at the guest's address, as when its driver's
+    reservations cover it: the mirror goes elsewhere and the relay rewrites the launches that name it."""
     monkeypatch.setattr(pool_mirror, "fixed_map", SimpleNamespace(
         map_at=lambda *args: False, map_anywhere=fixed_map.map_anywhere, unmap=fixed_map.unmap))
 
