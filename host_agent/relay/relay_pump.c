@@ -7,8 +7,9 @@
  * sure of (not staged, flags NO_REPLY at most, an opcode the relay forwards as it is, a payload in its slot) is
  * written to the socket as its frame; an answer frame already whole in the socket (small, a plain answer or a BEAT)
  * is written to the completion ring. The small page-locked copies are served here as relay/pool.py's rewrite does:
- * a synchronous DtoH of at most a completion slot is sent as the plain DtoH the GPU host serves, its answer's bytes
- * landing in the pool (LANDS_IN_POOL, pool_address); an HtoD of at most a slot, synchronous or posted, is sent as the
+ * a DtoH of at most a completion slot, synchronous or posted, is sent as the plain DtoH the GPU host serves (always
+ * answered), its answer's bytes landing in the pool (LANDS_IN_POOL, pool_address: a posted one's success is said to
+ * nobody, its failure is Python's to report); an HtoD of at most a slot, synchronous or posted, is sent as the
  * plain HtoD with the pool's bytes, while no copy into the pool is in flight (SENT_FROM_POOL).
  * While page-locked memory is mirrored on the GPU host (relay/mirror.py), a launch that names no pool memory is still
  * forwarded here as long as the CPU has changed no mirrored byte since the two sides last agreed (set_mirrored).
@@ -28,13 +29,14 @@
 enum { PUMP_RING = 0, PUMP_SOCKET = 1, PUMP_CHECK = 2, PUMP_LOST = 3 };
 
 /* A call waiting for its answer: the guest's flags; `python`: its answer is the relay's Python path's; a
- * page-locked DtoH sent from here: where its bytes land (land_size > 0). */
+ * page-locked DtoH sent from here: where its bytes land (land_size > 0), its flags the guest's (NO_REPLY: posted). */
 typedef struct { uint64_t call_id; uint32_t flags, python; uint64_t land_at; uint32_t land_size; } pending_call;
 
 /* forward[]'s codes of the page-locked copies served here (compiled_pump.LANDS_IN_POOL, SENT_FROM_POOL) */
 enum { LANDS_IN_POOL = 5, SENT_FROM_POOL = 6 };
 #define PINNED_DTOH_SIZE 24 /* a page-locked cuMemcpyDtoH: device, size, the pool pointer (u64 each) */
 #define PLAIN_DTOH_SIZE 16  /* the plain cuMemcpyDtoH sent instead: device, size */
+#define PINNED_DTOH_ASYNC_SIZE 32 /* cuMemcpyDtoHAsync's: device, size, stream, the pool pointer (plain: the first 3) */
 /* A page-locked cuMemcpyHtoD(Async) is its plain request's fixed part, (device, size[, stream]), then the pool
  * pointer: PINNED_HTOD_SIZE or PINNED_HTOD_ASYNC_SIZE bytes (compiled_pump.py holds them to the call table). */
 #define PINNED_HTOD_SIZE 24
@@ -120,13 +122,14 @@ static int pool_address(Pump *self, PyThreadState **save, uint64_t pointer, uint
            && size <= self->landing_size - (*host - self->landing_base);
 }
 
-/* A synchronous page-locked DtoH (LANDS_IN_POOL) whose payload, (device, size, pointer), becomes the plain DtoH the
- * GPU host serves, (device, size): 1 (its landing kept as a waiting call's), 0 when it is Python's (posted, larger
- * than a completion slot, a device side in the pool, a pointer in no allocation, malformed). */
+/* A page-locked DtoH (LANDS_IN_POOL) whose payload, (device, size[, stream], pointer), becomes the plain DtoH(Async)
+ * the GPU host serves, (device, size[, stream]): 1 (its landing kept as a waiting call's, with the guest's flags), 0
+ * when it is Python's (a synchronous one posted, larger than a completion slot, a device side in the pool, a pointer
+ * in no allocation, malformed). */
 static int pinned_dtoh(Pump *self, PyThreadState **save, uint64_t call_id, uint32_t flags, const uint8_t *payload,
                        uint32_t length) {
-    if ((flags & FLAG_NO_REPLY) || length != PINNED_DTOH_SIZE) return 0;
-    uint64_t device = rd64(payload), size = rd64(payload + 8), pointer = rd64(payload + 16), host = 0;
+    if (length != PINNED_DTOH_ASYNC_SIZE && (length != PINNED_DTOH_SIZE || (flags & FLAG_NO_REPLY))) return 0;
+    uint64_t device = rd64(payload), size = rd64(payload + 8), pointer = rd64(payload + length - 8), host = 0;
     if (size == 0 || size > self->out.cell - RECORD_HEADER) return 0;
     if (self->pool_size && device - self->pool_base < self->pool_size) return 0; /* relay/uva.py's */
     if (!pool_address(self, save, pointer, size, &host) || pending_add(self, call_id, flags, 0) < 0) return 0;
@@ -191,7 +194,7 @@ static int forward_record(Pump *self, uint32_t *head, PyThreadState **save) {
         return 0;
     if (how == LANDS_IN_POOL) {
         if (!pinned_dtoh(self, save, call_id, flags, payload, length)) return 0;
-        opcode -= self->pinned_copy, flags = 0, length = PLAIN_DTOH_SIZE; /* its payload's first two words */
+        opcode -= self->pinned_copy, flags = 0, length -= 8; /* always answered: its fixed part, the pointer dropped */
     } else if (how == SENT_FROM_POOL) {
         if (!(tail = (uint32_t)pinned_htod(self, save, payload, length, &pool_bytes))) return 0;
         opcode -= self->pinned_copy, length -= 8; /* the fixed part, its pointer dropped */
@@ -242,13 +245,15 @@ static int take_frame(Pump *self, uint32_t *tail_out) {
         return -1;
     if ((size_t)n < RECORD_HEADER + length) return peer_closed(self->fd) ? -1 : 0; /* closed mid-frame: Python says so */
     uint64_t land_at = 0;
-    uint32_t land_size = 0;
+    uint32_t land_size = 0, posted = 0;
     if (opcode == 0) {
         pending_call *entry = pending_find(self, call_id);
         if (entry != NULL && entry->python) return -1; /* a pinned DtoH of Python's: its bytes land in the pool */
         if (entry == NULL && !(flags & FLAG_ASYNC_ERROR)) return -1; /* answers nothing asked: Python refuses it */
         if (*tail_out - load32(self->out.head) >= self->out.capacity) return -1; /* Python waits for room */
         if (entry != NULL) {
+            posted = entry->flags & FLAG_NO_REPLY;
+            if (posted && rd32(self->frame + 24) != 0) return -1; /* a posted copy's failure: Python reports it */
             land_at = entry->land_at, land_size = entry->land_size;
             pending_drop(self, entry);
         }
@@ -262,6 +267,7 @@ static int take_frame(Pump *self, uint32_t *tail_out) {
     if (land_size) { /* a page-locked DtoH sent from here: its bytes into the pool (all, or none: relay/pool.py's
                       * landing_for), the guest answered with its status alone, as the relay's _deliver does */
         if (status == 0 && length == land_size) memcpy((void *)(uintptr_t)land_at, self->frame + RECORD_HEADER, length);
+        if (posted) return 1; /* (a success: nothing to say) */
         flags = 0, length = 0;
     }
     uint32_t words[6] = { 0, flags & FLAG_ASYNC_ERROR, length, self->ring_generation, (uint32_t)status, 0 };
@@ -477,6 +483,10 @@ static PyObject *Pump_get_waiting_since(Pump *self, void *closure) {
     if (!self->waiting) Py_RETURN_NONE;
     return PyFloat_FromDouble(self->wait_start);
 }
+static PyObject *Pump_get_landing(Pump *self, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(landing_in_flight(self));
+}
 static PyObject *Pump_get_lost(Pump *self, void *closure) {
     (void)closure;
     return PyUnicode_FromString(self->lost_errno ? strerror(self->lost_errno) : "");
@@ -528,6 +538,8 @@ static PyGetSetDef Pump_getset[] = {
     {"heard", (getter)Pump_get_heard, NULL, "when the pump last took a frame (CLOCK_MONOTONIC seconds)", NULL},
     {"pumped", (getter)Pump_get_pumped, NULL, "records and frames moved here", NULL},
     {"lost", (getter)Pump_get_lost, NULL, "why the last socket write failed ('' : none did)", NULL},
+    {"landing", (getter)Pump_get_landing, NULL,
+     "whether a page-locked DtoH is on its way, its bytes not yet in the pool (the pump's or Python's)", NULL},
     {"waiting_since", (getter)Pump_get_waiting_since, NULL,
      "when the wait under way began (CLOCK_MONOTONIC seconds; None: none is)", NULL},
     {NULL, NULL, NULL, NULL, NULL},

@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 NAMES_POOL = MEMORY_OPERATIONS | BATCH_OPERATIONS  # refused where an address lies in the pool (mirror.names_pool)
 
 CONTEXT_SYNCHRONIZE = CALLS["cuCtxSynchronize"].opcode
-PINNED_DTOH = CALLS["cuMemcpyDtoH"].opcode | PINNED_COPY  # the page-locked DtoH the pump may serve (LANDS_IN_POOL)
+PINNED_DTOHS = {CALLS[name].opcode | PINNED_COPY for name in ("cuMemcpyDtoH", "cuMemcpyDtoHAsync")}  # LANDS_IN_POOL
 PINNED_HTODS = {CALLS[name].opcode | PINNED_COPY for name in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync")}  # SENT_FROM_POOL
 STREAM_SYNCHRONIZE, DRIVER_VERSION = CALLS["cuStreamSynchronize"], CALLS["cuDriverGetVersion"]
 # A host function's wait for the guest to run it: polls of the release word from 20 us, doubling to 1 ms; a call of
@@ -153,7 +153,8 @@ class Relay:
                 table[opcode] = how
             for opcode in LAUNCHES | MEMORY_OPERATIONS:  # Python's when a parameter names pool memory
                 table[opcode] = 4
-            table[PINNED_DTOH] = compiled_pump.LANDS_IN_POOL  # synchronous, a slot at most: landing in C (pool.py)
+            for opcode in PINNED_DTOHS:  # a slot at most: landing in C (pool.py)
+                table[opcode] = compiled_pump.LANDS_IN_POOL
             for opcode in PINNED_HTODS:  # a slot at most, while nothing lands in the pool (_pool_written)
                 table[opcode] = compiled_pump.SENT_FROM_POOL
         self._table = self._pumped = bytes(table)  # (_pumped: the table while nothing is mirrored)
@@ -172,7 +173,7 @@ class Relay:
         compared = sum(len(agreed) for _, agreed in mirrored) <= MIRROR_COMPARED_BYTES
         self._pump.set_mirrored(mirrored if compared else [])
         table = bytearray(self._table)
-        for opcode in WAITS | {PINNED_DTOH} | PINNED_HTODS:
+        for opcode in WAITS | PINNED_DTOHS | PINNED_HTODS:
             table[opcode] = 0 if mirrored else self._pumped[opcode]
         for opcode in LAUNCHES:
             table[opcode] = self._pumped[opcode] if compared else 0
@@ -389,10 +390,16 @@ class Relay:
                      "a relayed session (host functions are served by the relay instead)", self.session)
         self._answer(record.call_id, record.flags, NOT_SUPPORTED, b"")
 
+    def _landing(self) -> bool:
+        """Whether a copy into the pool is on its way, its bytes not yet there: one of Python's (pool.landing) or a
+        page-locked DtoH the pump sent (its answer still to come)."""
+        return bool(self.pool is not None and self.pool.landing) or bool(self._pump is not None
+                                                                          and self._pump.landing)
+
     def _push(self, mirror: MirrorRelay, adopted: set[int] | None = None) -> None:
         """Write what the guest's CPU changed in mirrored memory to the mirror, after every copy into the pool
         that is on its way has landed."""
-        if self.pool is not None and self.pool.landing:
+        if self._landing():
             self._mirror_call(POOL_MIRROR_READ, next(iter(mirror.where.values())), 0)  # a barrier
         for address, data in mirror.changes(adopted):
             self._mirror_call(POOL_MIRROR_WRITE, address, len(data), data)
@@ -425,7 +432,7 @@ class Relay:
         if mirror is not None and mirror.active and any(
                 mirror.pool.allocation_of(pointer) in mirror.agreed for pointer in pointers):
             self._settle_mirror(mirror)
-        elif self.pool is not None and self.pool.landing:
+        elif self._landing():
             self._ask(Op.NOP, b"")
 
     def _settle_mirror(self, mirror: MirrorRelay) -> None:

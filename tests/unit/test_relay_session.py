@@ -229,13 +229,16 @@ def test_the_pumps_page_locked_copies_read_the_call_tables_layouts() -> None:
     assert (dtoh.pinned.fixed.size, dtoh.request.fixed.size) == (compiled_pump.PINNED_DTOH_SIZE,
                                                                  compiled_pump.PLAIN_DTOH_SIZE)
     for name, size in (("cuMemcpyHtoD", compiled_pump.PINNED_HTOD_SIZE),
-                       ("cuMemcpyHtoDAsync", compiled_pump.PINNED_HTOD_ASYNC_SIZE)):
+                       ("cuMemcpyHtoDAsync", compiled_pump.PINNED_HTOD_ASYNC_SIZE),
+                       ("cuMemcpyDtoH", compiled_pump.PINNED_DTOH_SIZE),
+                       ("cuMemcpyDtoHAsync", compiled_pump.PINNED_DTOH_ASYNC_SIZE)):
         call = CALLS[name]
         assert call.pinned is not None and call.pinned.fixed.size == size
         assert call.pinned.fixed.format == call.request.fixed.format + "Q"  # the pointer, after the plain fixed part
     source = compiled_pump.PROGRAM.source.read_text()
     assert f"#define PINNED_DTOH_SIZE {compiled_pump.PINNED_DTOH_SIZE} " in source
     assert f"#define PLAIN_DTOH_SIZE {compiled_pump.PLAIN_DTOH_SIZE} " in source
+    assert f"#define PINNED_DTOH_ASYNC_SIZE {compiled_pump.PINNED_DTOH_ASYNC_SIZE} " in source
     assert f"#define PINNED_HTOD_SIZE {compiled_pump.PINNED_HTOD_SIZE}\n" in source
     assert f"#define PINNED_HTOD_ASYNC_SIZE {compiled_pump.PINNED_HTOD_ASYNC_SIZE}\n" in source
     codes = f"LANDS_IN_POOL = {compiled_pump.LANDS_IN_POOL}, SENT_FROM_POOL = {compiled_pump.SENT_FROM_POOL}"
@@ -328,6 +331,37 @@ def test_the_pump_lands_a_page_locked_read_from_what_it_checked(direct: DirectPu
     assert not worker.is_alive() and codes == []  # nothing of it was Python's
     for call_id, pointer in ((42, 0x6000), (43, 0x7000), (44, 0x8000)):  # outside, the region, 1 B past the end
         direct.left_to_python(call_id, pinned, struct.pack("<QQQ", 0xD000, 4, pointer))
+
+
+def test_the_pump_lands_a_posted_page_locked_read_and_leaves_its_failure_to_python(direct: DirectPump) -> None:
+    """A posted page-locked cuMemcpyDtoHAsync (LANDS_IN_POOL) goes out as the plain one, always answered: its bytes
+    land in the pool and the guest hears nothing of its success, as it posted it; an answer that says the copy
+    failed is left in the socket for Python, which reports it as the call's asynchronous error (Relay._deliver),
+    and the call's landing goes with it (take); the posted synchronous DtoH is Python's."""
+    pump, client, there = direct.pump, direct.client, direct.there
+    posted, sync = (CALLS[name].opcode | PINNED_COPY for name in ("cuMemcpyDtoHAsync", "cuMemcpyDtoH"))
+    direct.forward({posted: compiled_pump.LANDS_IN_POOL, sync: compiled_pump.LANDS_IN_POOL})
+    pool = ctypes.create_string_buffer(4096)
+    mapped_at = ctypes.addressof(pool)
+    pump.set_landing(lambda pointer, size: {0x5000: mapped_at + 8}.get(pointer), PINNED_COPY, mapped_at, 4096)
+    plain = CALLS["cuMemcpyDtoHAsync"].opcode
+    for call_id, status in ((51, 0), (52, 700)):
+        client.send(call_id, posted, Flag.NO_REPLY, struct.pack("<QQQQ", 0xD000, 4, 0x77, 0x5000))
+        assert pump.pump() == compiled_pump.PUMP_CHECK
+        frame = there.recv(32 + 24, socket.MSG_WAITALL)
+        assert HEADER.unpack(frame[:32])[:4] == (call_id, plain, 0, 24)  # answered, whatever the guest posted
+        assert struct.unpack("<QQQ", frame[32:]) == (0xD000, 4, 0x77)
+        assert pump.landing  # on its way: a copy from the pool waits for it (Relay._landing)
+        there.sendall(HEADER.pack(call_id, 0, 0, 4 if status == 0 else 0, REMOTE_GENERATION, status, 0)
+                      + (b"\x11\x22\x33\x44" if status == 0 else b""))
+        code = pump.pump()
+        if status == 0:
+            assert code == compiled_pump.PUMP_CHECK and pool.raw[8:12] == b"\x11\x22\x33\x44" and not pump.landing
+            assert client.in_ring.readable() is None  # nothing said to the guest
+        else:
+            assert code == compiled_pump.PUMP_SOCKET  # Python's: the answer left in the socket, the landing handed over
+            assert pump.take(call_id) == (Flag.NO_REPLY, mapped_at + 8, 4)
+    direct.left_to_python(53, sync, struct.pack("<QQQ", 0xD000, 4, 0x5000), Flag.NO_REPLY)
 
 
 def test_the_pump_sends_a_small_page_locked_write_with_the_pools_bytes_unless_a_read_is_landing(

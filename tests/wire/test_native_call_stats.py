@@ -146,6 +146,11 @@ assert status == 0
 for _ in range(5):
     ctypes.memset(pinned, 0, 4)
     assert lib.cuMemcpyDtoH(pinned, device, 4) == 0 and at(pinned, 4) == b"abcd"
+for i in range(3):  # page-locked reads, posted, each landed by the stream's synchronisation
+    assert lib.cuMemcpyHtoD(device, bytes([i + 7]) * 4, 4) == 0
+    ctypes.memset(pinned, 0, 4)
+    assert lib.cuMemcpyDtoHAsync(pinned, device, 4, None) == 0 and lib.cuStreamSynchronize(None) == 0
+    assert at(pinned, 4) == bytes([i + 7]) * 4
 for i in range(4):  # page-locked writes, synchronous then posted, each read back into pageable memory
     ctypes.memmove(pinned, bytes([i + 1]) * 4, 4)
     copied = lib.cuMemcpyHtoD(device, pinned, 4) if i < 2 else lib.cuMemcpyHtoDAsync(device, pinned, 4, None)
@@ -171,9 +176,9 @@ def test_a_relayed_sessions_account_says_what_the_relaying_host_served(library: 
                                                                        tmp_path: Path) -> None:
     """A relayed session's table adds the relaying host's rows (record.STATS_RELAYED): by the guest's record, how
     many its compiled pump forwarded and how many its Python did. The pump serves a synchronous page-locked read of
-    a few bytes itself (relay_pump.c, LANDS_IN_POOL), so all five land there where the pump builds, and a small
-    page-locked write, synchronous or posted (SENT_FROM_POOL); the GPU host saw each as the plain copy. The capsule
-    path prints the same rows."""
+    a few bytes itself (relay_pump.c, LANDS_IN_POOL), so all five land there where the pump builds, and a posted
+    one, and a small page-locked write, synchronous or posted (SENT_FROM_POOL); the GPU host saw each as the plain
+    copy. The capsule path prints the same rows."""
     relayed = start(relayed=True)
     env = native_child_env(library, relayed.path) | {"ORION_STATS": str(tmp_path / "relayed-%p.txt")}
     done = subprocess.run([sys.executable, "-c", POOL_PRELUDE + RELAYED_CALLS, str(library), "", "0"], env=env,
@@ -185,8 +190,10 @@ def test_a_relayed_sessions_account_says_what_the_relaying_host_served(library: 
     ours = _relayed_rows(text)
     compiled, python = 6, 7
     assert int(rows["cuMemcpyDtoH"][compiled]) + int(rows["cuMemcpyDtoH"][python]) == 5 + 4  # the GPU host's
+    assert int(rows["cuMemcpyDtoHAsync"][compiled]) + int(rows["cuMemcpyDtoHAsync"][python]) == 3
     pumped = compiled_pump.PROGRAM.load() is not None
     assert ours["(relayed cuMemcpyDtoH page-locked)"] == ((5, 0) if pumped else (0, 5))
+    assert ours["(relayed cuMemcpyDtoHAsync page-locked)"] == ((3, 0) if pumped else (0, 3))
     assert ours["(relayed cuMemcpyHtoD page-locked)"] == ((2, 0) if pumped else (0, 2))
     assert ours["(relayed cuMemcpyHtoDAsync page-locked)"] == ((2, 0) if pumped else (0, 2))
     assert sum(ours["(relayed cuCtxSynchronize)"]) == 3
