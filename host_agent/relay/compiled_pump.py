@@ -23,9 +23,8 @@ PUMP_RING, PUMP_SOCKET, PUMP_CHECK, PUMP_LOST = 0, 1, 2, 3  # why Pump.pump() re
 # The forwarding table's codes for the page-locked copies of at most a completion slot served in C (relay_pump.c):
 # a DtoH, synchronous or posted, sent as the plain DtoH, its bytes landing in the pool (LANDS_IN_POOL), and an HtoD,
 # synchronous or posted, sent as the plain HtoD with the pool's bytes (SENT_FROM_POOL); the payload sizes that code
-# reads (tests/unit/test_relay_session.py holds them to the call table)
-LANDS_IN_POOL, PINNED_DTOH_SIZE, PLAIN_DTOH_SIZE, PINNED_DTOH_ASYNC_SIZE = 5, 24, 16, 32
-SENT_FROM_POOL, PINNED_HTOD_SIZE, PINNED_HTOD_ASYNC_SIZE = 6, 24, 32
+# reads, both directions alike (tests/unit/test_relay_session.py holds them to the call table)
+LANDS_IN_POOL, SENT_FROM_POOL, PINNED_SIZE, PINNED_ASYNC_SIZE = 5, 6, 24, 32
 
 
 def start(ring: Endpoint, frames: RecordStream, remote_generation: int) -> Any:

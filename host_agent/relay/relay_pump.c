@@ -34,13 +34,11 @@ typedef struct { uint64_t call_id; uint32_t flags, python; uint64_t land_at; uin
 
 /* forward[]'s codes of the page-locked copies served here (compiled_pump.LANDS_IN_POOL, SENT_FROM_POOL) */
 enum { LANDS_IN_POOL = 5, SENT_FROM_POOL = 6 };
-#define PINNED_DTOH_SIZE 24 /* a page-locked cuMemcpyDtoH: device, size, the pool pointer (u64 each) */
-#define PLAIN_DTOH_SIZE 16  /* the plain cuMemcpyDtoH sent instead: device, size */
-#define PINNED_DTOH_ASYNC_SIZE 32 /* cuMemcpyDtoHAsync's: device, size, stream, the pool pointer (plain: the first 3) */
-/* A page-locked cuMemcpyHtoD(Async) is its plain request's fixed part, (device, size[, stream]), then the pool
- * pointer: PINNED_HTOD_SIZE or PINNED_HTOD_ASYNC_SIZE bytes (compiled_pump.py holds them to the call table). */
-#define PINNED_HTOD_SIZE 24
-#define PINNED_HTOD_ASYNC_SIZE 32
+/* A page-locked cuMemcpy{HtoD,DtoH}[Async] is its plain request's fixed part, (device, size[, stream]), then the pool
+ * pointer (u64 each): PINNED_SIZE or PINNED_ASYNC_SIZE bytes, both directions alike (compiled_pump.py holds them to
+ * the call table). */
+#define PINNED_SIZE 24
+#define PINNED_ASYNC_SIZE 32
 
 typedef struct {
     PyObject_HEAD
@@ -122,21 +120,17 @@ static int pool_address(Pump *self, PyThreadState **save, uint64_t pointer, uint
            && size <= self->landing_size - (*host - self->landing_base);
 }
 
-/* A page-locked DtoH (LANDS_IN_POOL) whose payload, (device, size[, stream], pointer), becomes the plain DtoH(Async)
- * the GPU host serves, (device, size[, stream]): 1 (its landing kept as a waiting call's, with the guest's flags), 0
- * when it is Python's (a synchronous one posted, larger than a completion slot, a device side in the pool, a pointer
- * in no allocation, malformed). */
-static int pinned_dtoh(Pump *self, PyThreadState **save, uint64_t call_id, uint32_t flags, const uint8_t *payload,
-                       uint32_t length) {
-    if (length != PINNED_DTOH_ASYNC_SIZE && (length != PINNED_DTOH_SIZE || (flags & FLAG_NO_REPLY))) return 0;
-    uint64_t device = rd64(payload), size = rd64(payload + 8), pointer = rd64(payload + length - 8), host = 0;
-    if (size == 0 || size > self->out.cell - RECORD_HEADER) return 0;
+/* A page-locked copy (LANDS_IN_POOL, SENT_FROM_POOL) of at most a completion slot: its size and where its bytes lie
+ * in the pool here (1), or 0 when it is Python's (larger, a device side in the pool, a pointer in no allocation,
+ * malformed). */
+static int pinned_copy(Pump *self, PyThreadState **save, const uint8_t *payload, uint32_t length, uint64_t *size,
+                       uint64_t *host) {
+    if (length != PINNED_SIZE && length != PINNED_ASYNC_SIZE) return 0;
+    uint64_t device = rd64(payload), pointer = rd64(payload + length - 8);
+    *size = rd64(payload + 8);
+    if (*size == 0 || *size > self->out.cell - RECORD_HEADER) return 0;
     if (self->pool_size && device - self->pool_base < self->pool_size) return 0; /* relay/uva.py's */
-    if (!pool_address(self, save, pointer, size, &host) || pending_add(self, call_id, flags, 0) < 0) return 0;
-    pending_call *entry = pending_find(self, call_id);
-    entry->land_at = host;
-    entry->land_size = (uint32_t)size;
-    return 1;
+    return pool_address(self, save, pointer, *size, host);
 }
 
 /* Whether the guest's CPU left every mirrored allocation as both sides last agreed (relay/mirror.py): then a launch
@@ -161,21 +155,6 @@ static int landing_in_flight(const Pump *self) {
     return 0;
 }
 
-/* A page-locked HtoD (SENT_FROM_POOL) whose payload, (device, size[, stream], pointer), becomes the plain HtoD the GPU
- * host serves, (device, size[, stream]) then the pool's `size` bytes at `*bytes`: 1, 0 when it is Python's (larger
- * than a completion slot, a device side in the pool, a pointer in no allocation, malformed, or a copy into the pool
- * in flight: its bytes must land before these are read, Relay._pool_written). While memory is mirrored the relay
- * takes these back (Relay._mirrors_changed): a kernel may have written the bytes on the GPU host. */
-static int pinned_htod(Pump *self, PyThreadState **save, const uint8_t *payload, uint32_t length, uint64_t *bytes) {
-    if (length != PINNED_HTOD_SIZE && length != PINNED_HTOD_ASYNC_SIZE) return 0;
-    uint64_t device = rd64(payload), size = rd64(payload + 8), pointer = rd64(payload + length - 8);
-    if (size == 0 || size > self->out.cell - RECORD_HEADER) return 0;
-    if (self->pool_size && device - self->pool_base < self->pool_size) return 0; /* relay/uva.py's */
-    if (landing_in_flight(self)) return 0;
-    *bytes = 0;
-    return pool_address(self, save, pointer, size, bytes) ? (int)size : 0;
-}
-
 /* One ring record forwarded: 1, 0 when it is Python's, -1 when the socket failed (lost_errno). */
 static int forward_record(Pump *self, uint32_t *head, PyThreadState **save) {
     const uint8_t *slot = ring_slot(&self->in, *head);
@@ -190,14 +169,23 @@ static int forward_record(Pump *self, uint32_t *head, PyThreadState **save) {
     memcpy(self->own, slot + RECORD_HEADER, length);
     uint64_t pool_bytes = 0; /* an HtoD's bytes in the pool, `tail` of them, after the payload */
     uint32_t tail = 0;
-    if ((how == LANDS_IN_POOL || how == SENT_FROM_POOL) && !(self->pinned_copy && (opcode & self->pinned_copy)))
-        return 0;
-    if (how == LANDS_IN_POOL) {
-        if (!pinned_dtoh(self, save, call_id, flags, payload, length)) return 0;
-        opcode -= self->pinned_copy, flags = 0, length -= 8; /* always answered: its fixed part, the pointer dropped */
-    } else if (how == SENT_FROM_POOL) {
-        if (!(tail = (uint32_t)pinned_htod(self, save, payload, length, &pool_bytes))) return 0;
-        opcode -= self->pinned_copy, length -= 8; /* the fixed part, its pointer dropped */
+    if (how == LANDS_IN_POOL || how == SENT_FROM_POOL) { /* sent as the plain copy: its fixed part, no pointer */
+        uint64_t size = 0, host = 0;
+        if (!(self->pinned_copy && (opcode & self->pinned_copy))
+            || (how == LANDS_IN_POOL && length == PINNED_SIZE && (flags & FLAG_NO_REPLY)) /* a synchronous one posted */
+            || (how == SENT_FROM_POOL && landing_in_flight(self)) /* it must read what lands: Relay._pool_written */
+            || !pinned_copy(self, save, payload, length, &size, &host))
+            return 0;
+        if (how == LANDS_IN_POOL) { /* always answered, its bytes landing at `host` (take_frame), the guest's flags kept */
+            if (pending_add(self, call_id, flags, 0) < 0) return 0;
+            pending_call *entry = pending_find(self, call_id);
+            entry->land_at = host;
+            entry->land_size = (uint32_t)size;
+            flags = 0;
+        } else {
+            pool_bytes = host, tail = (uint32_t)size;
+        }
+        opcode -= self->pinned_copy, length -= 8;
     } else if (how == 4 && self->pool_size) { /* a launch naming pool memory anywhere: Python's (relay/mirror.py) */
         for (uint32_t at = 0; at + 8 <= length; at += 4)
             if (rd64(payload + at) - self->pool_base < self->pool_size) return 0;

@@ -221,26 +221,17 @@ def test_an_answer_python_reads_for_a_page_locked_read_the_pump_sent_still_lands
 
 
 def test_the_pumps_page_locked_copies_read_the_call_tables_layouts() -> None:
-    """relay_pump.c reads a page-locked cuMemcpyDtoH as (device, size, pointer) and sends (device, size), and a
-    page-locked cuMemcpyHtoD(Async) as its plain request's fixed part then the pointer, which it drops: the sizes it
-    and compiled_pump.py spell are the call table's."""
-    dtoh = CALLS["cuMemcpyDtoH"]
-    assert dtoh.pinned is not None
-    assert (dtoh.pinned.fixed.size, dtoh.request.fixed.size) == (compiled_pump.PINNED_DTOH_SIZE,
-                                                                 compiled_pump.PLAIN_DTOH_SIZE)
-    for name, size in (("cuMemcpyHtoD", compiled_pump.PINNED_HTOD_SIZE),
-                       ("cuMemcpyHtoDAsync", compiled_pump.PINNED_HTOD_ASYNC_SIZE),
-                       ("cuMemcpyDtoH", compiled_pump.PINNED_DTOH_SIZE),
-                       ("cuMemcpyDtoHAsync", compiled_pump.PINNED_DTOH_ASYNC_SIZE)):
+    """relay_pump.c reads a page-locked cuMemcpy{HtoD,DtoH}[Async] as its plain request's fixed part then the pool
+    pointer, which it drops: the sizes it and compiled_pump.py spell are the call table's, both directions alike."""
+    for name, size in (("cuMemcpyHtoD", compiled_pump.PINNED_SIZE), ("cuMemcpyDtoH", compiled_pump.PINNED_SIZE),
+                       ("cuMemcpyHtoDAsync", compiled_pump.PINNED_ASYNC_SIZE),
+                       ("cuMemcpyDtoHAsync", compiled_pump.PINNED_ASYNC_SIZE)):
         call = CALLS[name]
         assert call.pinned is not None and call.pinned.fixed.size == size
         assert call.pinned.fixed.format == call.request.fixed.format + "Q"  # the pointer, after the plain fixed part
     source = compiled_pump.PROGRAM.source.read_text()
-    assert f"#define PINNED_DTOH_SIZE {compiled_pump.PINNED_DTOH_SIZE} " in source
-    assert f"#define PLAIN_DTOH_SIZE {compiled_pump.PLAIN_DTOH_SIZE} " in source
-    assert f"#define PINNED_DTOH_ASYNC_SIZE {compiled_pump.PINNED_DTOH_ASYNC_SIZE} " in source
-    assert f"#define PINNED_HTOD_SIZE {compiled_pump.PINNED_HTOD_SIZE}\n" in source
-    assert f"#define PINNED_HTOD_ASYNC_SIZE {compiled_pump.PINNED_HTOD_ASYNC_SIZE}\n" in source
+    assert f"#define PINNED_SIZE {compiled_pump.PINNED_SIZE}\n" in source
+    assert f"#define PINNED_ASYNC_SIZE {compiled_pump.PINNED_ASYNC_SIZE}\n" in source
     codes = f"LANDS_IN_POOL = {compiled_pump.LANDS_IN_POOL}, SENT_FROM_POOL = {compiled_pump.SENT_FROM_POOL}"
     assert f"enum {{ {codes} }};" in source
 
