@@ -390,17 +390,16 @@ class Relay:
                      "a relayed session (host functions are served by the relay instead)", self.session)
         self._answer(record.call_id, record.flags, NOT_SUPPORTED, b"")
 
-    def _landing(self) -> bool:
-        """Whether a copy into the pool is on its way, its bytes not yet there: one of Python's (pool.landing) or a
-        page-locked DtoH the pump sent (its answer still to come)."""
-        return bool(self.pool is not None and self.pool.landing) or bool(self._pump is not None
-                                                                          and self._pump.landing)
+    def _await_landings(self) -> None:
+        """Every copy into the pool on its way has landed: one of Python's (pool.landing) or a page-locked DtoH the
+        pump sent. A call of the relay's own, answered after them, where any is."""
+        if (self.pool is not None and self.pool.landing) or (self._pump is not None and self._pump.landing):
+            self._ask(Op.NOP, b"")
 
     def _push(self, mirror: MirrorRelay, adopted: set[int] | None = None) -> None:
         """Write what the guest's CPU changed in mirrored memory to the mirror, after every copy into the pool
         that is on its way has landed."""
-        if self._landing():
-            self._mirror_call(POOL_MIRROR_READ, next(iter(mirror.where.values())), 0)  # a barrier
+        self._await_landings()
         for address, data in mirror.changes(adopted):
             self._mirror_call(POOL_MIRROR_WRITE, address, len(data), data)
 
@@ -427,13 +426,13 @@ class Relay:
     def _pool_written(self, pointers: Iterable[int]) -> None:
         """Before a copy reads page-locked memory at `pointers`: what was written there before it, in stream order,
         is in the pool. A kernel's writes to a mirrored allocation (the mirror settled), and every copy into the pool
-        on its way (landed: a call of the relay's own, answered after them; the settling's barrier is one)."""
+        on its way (landed; the settling's push waits for them too)."""
         mirror = self.mirror
         if mirror is not None and mirror.active and any(
                 mirror.pool.allocation_of(pointer) in mirror.agreed for pointer in pointers):
             self._settle_mirror(mirror)
-        elif self._landing():
-            self._ask(Op.NOP, b"")
+        else:
+            self._await_landings()
 
     def _settle_mirror(self, mirror: MirrorRelay) -> None:
         """Every kernel done and its writes in the pool (a copy is about to use mirrored memory as device memory)."""
