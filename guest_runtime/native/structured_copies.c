@@ -23,8 +23,8 @@
  * A CUDA array side answers CUDA_ERROR_NOT_SUPPORTED, named once, before anything is sent (arrays are not forwarded:
  * ivshmem/api_classes.py). Two pageable sides are a host-to-host copy, done here, row by row, after the same checks
  * and LOD 0. A staged source, and both sides of a host-to-host copy, are read when the copy is made, so the copy
- * first waits for its stream where earlier work may still touch them (`settle`: a host function of this process,
- * or the GPU in pool memory a relayed session stages), as the driver reads them after that work.
+ * first waits for its stream where earlier work may still touch them (orion_before_host_read: a host function of
+ * this process, or the GPU in pool memory a relayed session stages), as the driver reads them after that work.
  *
  * When: a synchronous copy waits for its answer. An async one is posted where nothing comes back (device and pool
  * sides, or a staged source: its bytes are taken when the call returns) and waits where rows come back (a staged
@@ -40,7 +40,6 @@
 #include <string.h>
 
 #include "copy_structs.h"
-
 
 struct CUDA_MEMCPY2D_st { /* cuda.h's CUDA_MEMCPY2D_v2 */
     size_t srcXInBytes, srcY;
@@ -318,14 +317,13 @@ static int receive_rows(const struct copy *cp, const struct rows *r, uint64_t of
     return status;
 }
 
-/* A side read here when the copy is made (a staged source, a host-to-host copy's sides): first what the driver
- * would have waited for (orion_before_host_read), pool memory a relayed session stages included. */
-static int settle(const struct copy *cp, const struct side *s) {
+/* Whether a side read here when the copy is made (a staged source, a host-to-host copy's sides) lies in page-locked
+ * memory, which a relayed session stages: the copy then waits for the GPU first (orion_before_host_read). */
+static int in_pool(const struct copy *cp, const struct side *s) {
     const CUDA_MEMCPY3D *c = &cp->c;
     uint64_t start = 0, reach = 0;
-    int pool = side_span(s, c->WidthInBytes, c->Height, c->Depth, &start, &reach)
-               && orion_pool_contains(s->address + start, reach);
-    return orion_before_host_read(cp->stream, pool);
+    return side_span(s, c->WidthInBytes, c->Height, c->Depth, &start, &reach)
+           && orion_pool_contains(s->address + start, reach);
 }
 
 /* A copy with one pageable side (`staged`: which): part after part of its rows. */
@@ -339,7 +337,7 @@ static int staged_copy(const struct copy *cp, int staged, const struct side *s, 
     if (status == CUDA_SUCCESS && (__builtin_mul_overflow((uint64_t)r.width, (uint64_t)r.height, &total)
                                    || __builtin_mul_overflow(total, (uint64_t)r.depth, &total)))
         status = CUDA_ERROR_INVALID_VALUE;
-    if (status == CUDA_SUCCESS && staged == STAGED_SOURCE) status = settle(cp, s);
+    if (status == CUDA_SUCCESS && staged == STAGED_SOURCE) status = orion_before_host_read(cp->stream, in_pool(cp, s));
     if (status != CUDA_SUCCESS) return status;
     int post = cp->stream && staged == STAGED_SOURCE && !wait;
     uint64_t offset = 0;
@@ -362,7 +360,8 @@ static int host_to_host(const struct copy *cp, const struct side *src, const str
     if (src->lod || dst->lod) return CUDA_ERROR_INVALID_VALUE; /* cuda.h: must be 0 */
     if ((status = pageable_side(src, width, height, depth, limit, &from)) != CUDA_SUCCESS) return status;
     if ((status = pageable_side(dst, width, height, depth, limit, &to)) != CUDA_SUCCESS) return status;
-    if ((status = settle(cp, src)) != CUDA_SUCCESS || (status = settle(cp, dst)) != CUDA_SUCCESS) return status;
+    status = orion_before_host_read(cp->stream, in_pool(cp, src) || in_pool(cp, dst));
+    if (status != CUDA_SUCCESS) return status;
     for (size_t k = 0; k < depth && width; k++)
         for (size_t j = 0; j < height; j++)
             memmove((void *)(uintptr_t)(to + (k * dst->height + j) * dst->pitch),
