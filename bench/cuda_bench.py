@@ -13,7 +13,8 @@ native run's (forwarded); the workload's data after its last run must be the nat
 is printed only for a right result; otherwise a WRONG RESULT line, and the exit status is 1. The launch rows run
 an empty kernel: no data.
 
-Run: python3 bench/cuda_bench.py   (from the repository root)
+Run: python3 bench/cuda_bench.py [--stats]   (from the repository root; --stats: then the launch+sync row once more
+under ORION_STATS, and where its time went: in the program, on the agent, in the driver)
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class Refused(Exception):
     """A call of the row answered a status other than CUDA_SUCCESS."""
 
 
-def measure(sizes_mib: tuple[int, ...] = SIZES_MIB) -> dict[str, dict[str, Any]]:
+def measure(sizes_mib: tuple[int, ...] = SIZES_MIB, launch_sync_only: bool = False) -> dict[str, dict[str, Any]]:
     """The rows (bulk copies at `sizes_mib`), each call's status checked, and what each row that moves data
     delivered: {"rows": {measure: us, GB/s or ms, or the failed status as a string}, "results": {measure: [the
     digest of what it must deliver (None: only the native run can tell), the digest of what it delivered]}}.
@@ -108,6 +109,8 @@ def measure(sizes_mib: tuple[int, ...] = SIZES_MIB) -> dict[str, dict[str, Any]]
 
     row("launch+sync us", lambda: (ok(driver.cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, 0, 0)),
                                    ok(driver.cuStreamSynchronize(stream))), 2000)
+    if launch_sync_only:  # --stats: the one row whose calls the table is to split
+        return {"rows": out, "results": results}
 
     def launches() -> None:
         for _ in range(1000):
@@ -187,12 +190,16 @@ PRELUDES = {
 }
 
 
-def child(mode: str, region: str | None, library: str = "", sizes_mib: tuple[int, ...] = SIZES_MIB) -> dict[str, Any]:
+def child(mode: str, region: str | None, library: str = "", sizes_mib: tuple[int, ...] = SIZES_MIB,
+          stats: str | None = None) -> dict[str, Any]:
     """measure() in a child process, on the machine's driver (region None) or forwarded through `region`, on the
-    capsule path or (`library`) the native guest driver."""
+    capsule path or (`library`) the native guest driver; with `stats`, only its launch+sync row, its ORION_STATS
+    table written there."""
     code = PRELUDES[mode] + ("import json, bench.cuda_bench as b; "
-                             f"print('RESULT ' + json.dumps(b.measure({tuple(sizes_mib)!r})))")
+                             f"print('RESULT ' + json.dumps(b.measure({tuple(sizes_mib)!r}, {stats is not None})))")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    if stats is not None:
+        env["ORION_STATS"] = stats
     if region:
         env["ORION_SHM"] = region
         env["CUDA_VISIBLE_DEVICES"] = ""  # a forwarded run has no GPU of its own
@@ -222,6 +229,31 @@ def right_results(checks: Checks, key: str, runs: dict[str, dict[str, Any]]) -> 
     return right
 
 
+def launch_sync_breakdown(table: str, pair_us: float) -> None:
+    """Where a forwarded launch+sync pair's time went, from the native-lib run's ORION_STATS table: the program's
+    two calls, the agent's compiled time for their records and the driver's part of it."""
+    cells = {}
+    for line in table.splitlines():
+        name = line.split(" ", 1)[0]
+        if name in ("cuLaunchKernel", "cuStreamSynchronize") and "|" in line:
+            left, right = line.split("|")
+            cells[name] = left.split()[1:] + right.split()
+    if len(cells) != 2 or any(cells[name][7] == "-" for name in cells):
+        print(f"launch+sync breakdown: the table has no timed compiled rows for both calls:\n{table}")
+        return
+    launch, sync = (cells[name] for name in ("cuLaunchKernel", "cuStreamSynchronize"))
+    program = float(launch[5]) + float(sync[5])  # mean us in the program (its launch posted, its sync waited)
+    agent = float(launch[7]) + float(sync[7])  # the compiled path's mean us for their records
+    driver = float(launch[8]) + float(sync[8])  # of which in the driver's functions
+    print(f"\n# launch+sync, native-lib under ORION_STATS ({pair_us:.2f} us a pair in that run), mean us a pair:")
+    print(f"{'':<26} {'launch':>10} {'sync':>10} {'pair':>10}")
+    print(f"{'in the program':<26} {float(launch[5]):10.2f} {float(sync[5]):10.2f} {program:10.2f}")
+    print(f"{'on the agent (compiled)':<26} {float(launch[7]):10.2f} {float(sync[7]):10.2f} {agent:10.2f}")
+    print(f"{'  of which in the driver':<26} {float(launch[8]):10.2f} {float(sync[8]):10.2f} {driver:10.2f}")
+    print(f"the agent outside the driver (checks, the GIL, the reply): {agent - driver:.2f} us; outside the agent "
+          f"(the launch's post, the wire both ways, the agent seeing each record): {program - agent:.2f} us")
+
+
 def main() -> int:
     from guest_runtime.native.build import build_driver
     from host_agent.shm_admin import create
@@ -240,6 +272,11 @@ def main() -> int:
             native = child("native", None)
             capsule = child("capsule", region)
             native_lib = child("native-lib", region, library)
+            breakdown: tuple[str, float] | None = None
+            if "--stats" in sys.argv[1:]:
+                table = Path(work) / "stats.txt"
+                pair = child("native-lib", region, library, stats=str(table))["rows"]["launch+sync us"]
+                breakdown = (table.read_text(), pair)
         finally:
             agent.send_signal(signal.SIGINT)
             agent.wait(20)
@@ -256,6 +293,8 @@ def main() -> int:
         ratios = " ".join(f"{cell / value:10.2f}" if right[name] else f"{'WRONG':>10}"
                           for name, cell in zip(runs, cells, strict=True) if name != "native")
         print(f"{key:<26} " + " ".join(f"{cell:10.2f}" for cell in cells) + f" {ratios}")
+    if breakdown is not None:
+        launch_sync_breakdown(*breakdown)
     return checks.exit_status()
 
 

@@ -138,7 +138,8 @@ def show_stats(path: Path) -> None:
     for line in lines[:2 + STATS_ROWS]:
         print(f"    {line}")
     relayed = [line for line in lines if line.startswith("(relayed ")]
-    by_python = [line for line in relayed if line.split("|")[1].split()[1] != "0"]
+    by_python = [line for line in relayed if line.split("|")[1].split()[3] != "0"]  # compiled, its us, driver us,
+    # python, python us
     if relayed:
         print(f"    {len(relayed)} relayed rows, the relaying host's Python served {len(by_python)}:")
     for line in by_python:

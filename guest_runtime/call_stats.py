@@ -115,8 +115,9 @@ def watch(channel: ClientChannel) -> None:
 
 
 
-def _host_rows(channel: ClientChannel | None) -> tuple[dict[int, tuple[int, int, int]], str]:
-    """opcode -> (compiled, python, python ns) from the agent's STATS answer, or why there is none."""
+def _host_rows(channel: ClientChannel | None) -> tuple[dict[int, tuple[int, int, int, int, int]], str]:
+    """opcode -> (compiled, python, python ns, compiled ns, driver ns) from the agent's STATS answer, or why there is
+    none."""
     if channel is None:
         return {}, "the program opened no channel"
     try:
@@ -126,7 +127,7 @@ def _host_rows(channel: ClientChannel | None) -> tuple[dict[int, tuple[int, int,
     if not reply.ok:
         return {}, f"the agent did not answer STATS (status {reply.status}; an oriond older than this answers none)"
     (rows,) = STATS_REPLY.decode(reply.payload)
-    return {opcode: (compiled, python, ns) for opcode, compiled, python, ns in rows}, ""
+    return {opcode: tuple(columns) for opcode, *columns in rows}, ""
 
 
 def _label(opcode: int) -> str:
@@ -144,6 +145,17 @@ def _label(opcode: int) -> str:
     return f"(record {opcode:#x}{' ' + known if known else ''}{variant})"
 
 
+def _mean_us(ns: int, n: int, width: int) -> str:
+    """A mean in microseconds, or "-" where nothing was counted or timed."""
+    return f"{ns * 1e-3 / n:>{width}.2f}" if n and ns else f"{'-':>{width}}"
+
+
+def _host_columns(compiled: int, python: int, python_ns: int, compiled_ns: int, driver_ns: int) -> str:
+    """The agent's columns of one row (call_stats.c's host_columns)."""
+    return (f"{compiled:>10} {_mean_us(compiled_ns, compiled, 11)} {_mean_us(driver_ns, compiled, 9)} {python:>10} "
+            f"{_mean_us(python_ns, python, 9)}")
+
+
 def report(out: TextIO | None = None) -> None:
     """The table (call_stats.c's), once, at exit; nothing in a fork child."""
     if os.getpid() != _owner:
@@ -159,27 +171,26 @@ def report(out: TextIO | None = None) -> None:
              f"{totals.calls} calls ({totals.guest} in the guest, {totals.posted} posted, {totals.round_trip} round "
              f"trips), {totals.ns * 1e-9:.3f} s in them (the capsule path)",
              f"{'call':<36} {'calls':>10} {'guest':>10} {'posted':>10} {'round trip':>10} {'total ms':>10} "
-             f"{'mean us':>9} | {'compiled':>10} {'python':>10} {'python us':>9}"]
+             f"{'mean us':>9} | {'compiled':>10} {'compiled us':>11} {'driver us':>9} {'python':>10} {'python us':>9}"]
     shown = set()
     for name, a in accounts:
         host = rows.get(by_name.get(name, -1))
         left = (f"{name:<36} {a.calls:>10} {a.guest:>10} {a.posted:>10} {a.round_trip:>10} {a.ns * 1e-6:>10.3f} "
                 f"{a.ns * 1e-3 / a.calls if a.calls else 0:>9.2f} |")
         if host is None:
-            lines.append(f"{left} {'-':>10} {'-':>10} {'-':>9}")
+            lines.append(f"{left} {'-':>10} {'-':>11} {'-':>9} {'-':>10} {'-':>9}")
             continue
         shown.add(by_name[name])
-        compiled, python, ns = host
-        lines.append(f"{left} {compiled:>10} {python:>10} {ns * 1e-3 / python if python else 0:>9.2f}")
-    for opcode, (compiled, python, ns) in sorted(rows.items()):
+        lines.append(f"{left} {_host_columns(*host)}")
+    for opcode, host in sorted(rows.items()):
         if opcode in shown:
             continue
         label = _label(opcode)
-        lines.append(f"{label:<36} {'':>10} {'':>10} {'':>10} {'':>10} {'':>10} {'':>9} | {compiled:>10} {python:>10} "
-                     f"{ns * 1e-3 / python if python else 0:>9.2f}")
+        lines.append(f"{label:<36} {'':>10} {'':>10} {'':>10} {'':>10} {'':>10} {'':>9} | {_host_columns(*host)}")
     lines.append("orion-stats: guest = answered in this process; posted = sent without waiting; round trip = waited "
                  "for the agent. compiled/python = the agent's records served by its hot path or in Python (relayed: "
-                 "the relaying host's, by its compiled pump or in Python)"
+                 "the relaying host's, by its compiled pump or in Python), each with its mean time on the agent; "
+                 "driver us = the part of a compiled record's in the CUDA driver"
                  + (f"; agent columns empty: {why}" if why else ""))
     text = "\n".join(lines) + "\n"
     if out is not None:

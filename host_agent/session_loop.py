@@ -91,7 +91,9 @@ class CompiledServing(Protocol):
 
     def serve(self, block: bool = True) -> tuple[int, int, int]: ...
 
-    def counts(self) -> dict[int, int]: ...  # records it served so far, by opcode
+    def counts(self) -> dict[int, tuple[int, int, int]]: ...  # by opcode: records served, their ns, ns in the driver
+
+    def time_records(self) -> None: ...  # from now on, counts() times them
 
     @property
     def served(self) -> int: ...  # records it served so far
@@ -187,6 +189,8 @@ class RecordLoop:
             reply = Reply(Status.OK, self.stats())
             if self.answered is None:
                 self.answered = {}  # counted from now on
+                if self.hot is not None:
+                    self.hot.time_records()
         elif self.answered is None:
             reply = answer_record(record, self.endpoint.generation, self.handler, self.session)
         else:
@@ -203,11 +207,16 @@ class RecordLoop:
         return reply
 
     def stats(self) -> bytes:
-        """STATS_REPLY: per opcode, the records the compiled path served, those answered here and their time."""
+        """STATS_REPLY: per opcode, the records the compiled path served, those answered here and their time, and the
+        compiled path's time for its records and their time in the driver."""
         compiled = self.hot.counts() if self.hot is not None else {}
         answered = self.answered or {}
         opcodes = sorted(set(compiled) | set(answered))
-        return STATS_REPLY.encode([(op, compiled.get(op, 0), *answered.get(op, (0, 0))) for op in opcodes])
+        rows = []
+        for op in opcodes:
+            records, ns, driver_ns = compiled.get(op, (0, 0, 0))
+            rows.append((op, records, *answered.get(op, (0, 0)), ns, driver_ns))
+        return STATS_REPLY.encode(rows)
 
     def answer_malformed(self, exc: RecordError) -> None:
         """Answer a record whose header the endpoint refused; the session goes on."""

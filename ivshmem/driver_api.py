@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from . import api_classes, cuda_header
 from .codec import Schema, field_kind
-from .record import CUDA_OPCODE_BASE
+from .record import CUDA_OPCODE_BASE, STATS_REPLY
 
 # Scalar C types and their struct codes. Handles are opaque pointers: they travel as their value.
 _C_CODES = {
@@ -957,6 +957,7 @@ def describe() -> dict[str, Any]:
                           "reply": EVENTS_CREATE_REPLY.describe(), "max": EVENTS_CREATE_MAX},
         "image_by_digest": {"added": IMAGE_BY_DIGEST, "calls": sorted(IMAGE_LOADS), "not_cached": IMAGE_NOT_CACHED,
                             "min_size": IMAGE_BY_DIGEST_MIN, "request": IMAGE_BY_DIGEST_REQUEST.describe()},
+        "stats_reply": STATS_REPLY.describe(),  # ORION_STATS' table: a guest reading another layout is refused
         "effects": EFFECTS, "calls": [call.describe() for call in CALLS.values()],
     }
 

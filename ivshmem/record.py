@@ -84,10 +84,11 @@ GRANT_SHARE_REPLY = Schema("GRANT_SHARE reply", ("token", "str"))
 GRANT_JOIN_REQUEST = Schema("GRANT_JOIN", ("token", "str"))
 DRAIN_REPLY = Schema("DRAIN reply", ("length", "u64"), ("crc32", "u32"))
 # STATS (ORION_STATS): per opcode, the session's records the agent served with its compiled hot path, those it served
-# in Python, and Python's time for them in nanoseconds (docs/wire-protocol.md).
+# in Python, Python's time for them in nanoseconds, the compiled path's time for its records and the part of it in the
+# driver's function (both timed from the session's first STATS on; docs/wire-protocol.md).
 # A relaying host adds its own rows after the GPU host's: the guest's opcode with STATS_RELAYED set, the records its
-# compiled pump forwarded, those its Python forwarded or answered, and Python's time (host_agent/relay).
-STATS_REPLY = Schema("STATS reply", ("calls", "[IQQQ]"))
+# compiled pump forwarded, those its Python forwarded or answered, Python's time, and two zeros (host_agent/relay).
+STATS_REPLY = Schema("STATS reply", ("calls", "[IQQQQQ]"))
 STATS_RELAYED = 1 << 31
 FILL_REQUEST = Schema("FILL", ("length", "u64"), ("seed", "u32"))
 PATTERN_BLOCK = 4096

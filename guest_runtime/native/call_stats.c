@@ -6,7 +6,8 @@
  * Counters are per entry point, added atomically (any thread may call); an entry point's index is given at its
  * first call under a lock. The agent's side comes from one STATS record at exit (ivshmem/record.py STATS_REPLY,
  * laid out in the generated orion_region.h:
- * per opcode, the records its compiled hot path served, those Python served and Python's time), asked only of a
+ * per opcode, the records its compiled hot path served, those Python served, Python's time, the compiled path's time
+ * and its driver's part of it), asked only of a
  * channel the program opened; an agent that does not answer it is said in the table's last line. A relayed session's
  * answer adds the relaying host's rows (opcode | ORION_WIRE_STATS_RELAYED: its compiled pump's records and its
  * Python's), shown as "(relayed NAME)" rows after the GPU host's.
@@ -100,7 +101,7 @@ void orion_stats_initialized(void) {
 }
 
 /* --- at exit: the agent's side, and the table ------------------------------------------------------------------ */
-struct host_row { uint32_t opcode; uint64_t compiled, python, python_ns; int shown; };
+struct host_row { uint32_t opcode; uint64_t compiled, python, python_ns, compiled_ns, driver_ns; int shown; };
 
 static int host_rows(struct host_row *rows, int max, char *why, size_t why_len) {
     if (!orion_connected()) {
@@ -125,7 +126,9 @@ static int host_rows(struct host_row *rows, int max, char *why, size_t why_len) 
         rows[n++] = (struct host_row){ orion_get_u32(item + ORION_STATS_REP_calls_ITEM_0),
                                        orion_get_u64(item + ORION_STATS_REP_calls_ITEM_1),
                                        orion_get_u64(item + ORION_STATS_REP_calls_ITEM_2),
-                                       orion_get_u64(item + ORION_STATS_REP_calls_ITEM_3), 0 };
+                                       orion_get_u64(item + ORION_STATS_REP_calls_ITEM_3),
+                                       orion_get_u64(item + ORION_STATS_REP_calls_ITEM_4),
+                                       orion_get_u64(item + ORION_STATS_REP_calls_ITEM_5), 0 };
     }
     return n;
 }
@@ -161,6 +164,23 @@ static void row_label(uint32_t row, char *label, size_t size) {
         snprintf(label, size, "(relayed record %#x)", opcode);
 }
 
+/* A mean in microseconds, or "-" where nothing was counted or timed. */
+static void mean_us(FILE *out, uint64_t ns, uint64_t n, int width) {
+    if (n && ns) fprintf(out, " %*.2f", width, (double)ns * 1e-3 / (double)n);
+    else fprintf(out, " %*s", width, "-");
+}
+
+/* The agent's columns of one row: its compiled path's records, their mean time there and in the driver, Python's
+ * records and their mean time. */
+static void host_columns(FILE *out, const struct host_row *h) {
+    fprintf(out, " %10llu", (unsigned long long)h->compiled);
+    mean_us(out, h->compiled_ns, h->compiled, 11);
+    mean_us(out, h->driver_ns, h->compiled, 9);
+    fprintf(out, " %10llu", (unsigned long long)h->python);
+    mean_us(out, h->python_ns, h->python, 9);
+    fputc('\n', out);
+}
+
 static int by_time(const void *a, const void *b) {
     uint64_t x = atomic_load(&((const struct account *)a)->ns), y = atomic_load(&((const struct account *)b)->ns);
     return x < y ? 1 : x > y ? -1 : 0;
@@ -193,8 +213,8 @@ static void report(void) {
             "%llu round trips), %.3f s in them\n", (int)getpid(), first_ns ? (double)(now_ns() - first_ns) * 1e-9 : 0.0,
             (unsigned long long)calls, (unsigned long long)guest, (unsigned long long)posted,
             (unsigned long long)round_trip, (double)ns * 1e-9);
-    fprintf(out, "%-36s %10s %10s %10s %10s %10s %9s | %10s %10s %9s\n", "call", "calls", "guest", "posted",
-            "round trip", "total ms", "mean us", "compiled", "python", "python us");
+    fprintf(out, "%-36s %10s %10s %10s %10s %10s %9s | %10s %11s %9s %10s %9s\n", "call", "calls", "guest", "posted",
+            "round trip", "total ms", "mean us", "compiled", "compiled us", "driver us", "python", "python us");
     for (int i = 0; i < n; i++) {
         const struct account *a = &sorted[i];
         struct host_row *h = host_row_of(rows, nrows, a->name);
@@ -203,10 +223,9 @@ static void report(void) {
                 (double)a->ns * 1e-6, a->calls ? (double)a->ns * 1e-3 / (double)a->calls : 0.0);
         if (h) {
             h->shown = 1;
-            fprintf(out, " %10llu %10llu %9.2f\n", (unsigned long long)h->compiled, (unsigned long long)h->python,
-                    h->python ? (double)h->python_ns * 1e-3 / (double)h->python : 0.0);
+            host_columns(out, h);
         } else {
-            fprintf(out, " %10s %10s %9s\n", "-", "-", "-");
+            fprintf(out, " %10s %11s %9s %10s %9s\n", "-", "-", "-", "-", "-");
         }
     }
     for (int i = 0; i < nrows; i++) { /* records no entry point above is named after (the wire's own, pool calls),
@@ -214,13 +233,13 @@ static void report(void) {
         if (rows[i].shown) continue;
         char label[64];
         row_label(rows[i].opcode, label, sizeof label);
-        fprintf(out, "%-36s %10s %10s %10s %10s %10s %9s | %10llu %10llu %9.2f\n", label, "", "", "", "", "", "",
-                (unsigned long long)rows[i].compiled, (unsigned long long)rows[i].python,
-                rows[i].python ? (double)rows[i].python_ns * 1e-3 / (double)rows[i].python : 0.0);
+        fprintf(out, "%-36s %10s %10s %10s %10s %10s %9s |", label, "", "", "", "", "", "");
+        host_columns(out, &rows[i]);
     }
     fprintf(out, "orion-stats: guest = answered in this process; posted = sent without waiting; round trip = waited "
             "for the agent. compiled/python = the agent's records served by its hot path or in Python (relayed: the "
-            "relaying host's, by its compiled pump or in Python)%s%s\n",
+            "relaying host's, by its compiled pump or in Python), each with its mean time on the agent; driver us = "
+            "the part of a compiled record's in the CUDA driver%s%s\n",
             why[0] ? "; agent columns empty: " : "", why);
     if (out != stderr) fclose(out);
 }

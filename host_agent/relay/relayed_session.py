@@ -498,7 +498,7 @@ class Relay:
             self._answer(record.call_id, record.flags, Status.MALFORMED, str(exc).encode())
             return True
         python = self._answered
-        rows += [(opcode | STATS_RELAYED, pumped.get(opcode, 0), *python.get(opcode, (0, 0)))
+        rows += [(opcode | STATS_RELAYED, pumped.get(opcode, 0), *python.get(opcode, (0, 0)), 0, 0)
                  for opcode in sorted(set(pumped) | set(python))]
         self._answer(record.call_id, record.flags, Status.OK, STATS_REPLY.encode(rows))
         return True

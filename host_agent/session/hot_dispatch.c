@@ -94,6 +94,11 @@ typedef struct {
     uint8_t kind[65536];
     void *fn[65536];
     uint64_t count[65536]; /* records of each opcode served here (the wire's STATS, session_loop.py) */
+    /* with `timing` (set_timing: from the session's first STATS on, when `count` starts again), each opcode's
+     * nanoseconds here, from the record taken to its reply sent, and those of them in the driver's function: three
+     * clock reads a record, none before */
+    int timing;
+    uint64_t ns[65536], driver_ns[65536];
     PyObject *ledger; /* SessionLedger or None */
     fn_handle stream_sync; /* cuStreamSynchronize: an async copy from the device first waits for its stream */
     fn_is_capturing is_capturing; /* cuStreamIsCapturing: an async copy to a capturing stream waits too (_htod) */
@@ -456,6 +461,9 @@ static int Dispatcher_init(Dispatcher *self, PyObject *args, PyObject *kwds) {
     memset(self->kind, 0, sizeof self->kind);
     memset(self->fn, 0, sizeof self->fn);
     memset(self->count, 0, sizeof self->count);
+    memset(self->ns, 0, sizeof self->ns);
+    memset(self->driver_ns, 0, sizeof self->driver_ns);
+    self->timing = 0;
     self->launch_extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
     self->launch_extra[1] = self->launch_params;
     self->launch_extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
@@ -514,6 +522,21 @@ static PyObject *Dispatcher_close(Dispatcher *self, PyObject *unused) {
     (void)unused;
     if (self->have_view) { PyBuffer_Release(&self->view); self->have_view = 0; }
     Py_RETURN_NONE;
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* One record served: counted, and with `timing` its time here (`taken` on) and in the driver's function. */
+static void tally(Dispatcher *self, uint32_t opcode, uint64_t taken, uint64_t called, uint64_t returned) {
+    self->served += 1;
+    self->count[opcode] += 1;
+    if (!taken) return;
+    self->ns[opcode] += now_ns() - taken;
+    self->driver_ns[opcode] += returned - called;
 }
 
 static PyObject *answer(int code, unsigned long long call_id, int status) {
@@ -579,6 +602,7 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
             self->waiting = 0;
             self->busy = now_s() - self->wait_start < self->busy_spin_s;
         }
+        uint64_t taken = self->timing ? now_ns() : 0;
         if (fill > self->in.capacity) break; /* a broken peer: Python's receive says so (ChannelCorrupt) */
         const uint8_t *slot = ring_slot(&self->in, head);
         uint64_t call_id = rd64(slot);
@@ -609,11 +633,11 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
         }
         if (may_capture(self, kind, payload)) break;
         uint8_t *out = ring_slot(&self->out, tail_out);
+        uint64_t called = taken ? now_ns() : 0;
         int result = call_driver(self, kind, self->fn[opcode], payload, length, out + RECORD_HEADER, host);
+        uint64_t returned = taken ? now_ns() : 0;
         head += 1;
         store32(self->in.head, head);
-        self->served += 1;
-        self->count[opcode] += 1;
         if (wants_reply) {
             /* a device-to-host copy's bytes are in the completion slot already; its length says they count */
             uint32_t sent = is_copy(kind) && !is_htod(kind) && result == CUDA_SUCCESS ? (uint32_t)rd64(payload + 8) : 0;
@@ -621,7 +645,9 @@ static PyObject *Dispatcher_serve(Dispatcher *self, PyObject *args) {
             memcpy(out, &call_id, 8);
             memcpy(out + 8, words, sizeof words);
             ring_publish(&self->out, &tail_out);
-        } else if (result != CUDA_SUCCESS) {
+        }
+        tally(self, opcode, taken, called, returned);
+        if (!wants_reply && result != CUDA_SUCCESS) {
             code = RET_POSTED_FAILED;
             failed_id = call_id;
             status = result;
@@ -661,6 +687,7 @@ static PyObject *serve_socket(Dispatcher *self, int block) {
             self->waiting = 0;
             self->busy = now_s() - self->wait_start < self->busy_spin_s;
         }
+        uint64_t taken = self->timing ? now_ns() : 0;
         uint64_t call_id = rd64(frame);
         uint32_t opcode = rd32(frame + 8), flags = rd32(frame + 12), length = rd32(frame + 16);
         uint32_t generation = rd32(frame + 20), reserved = rd32(frame + 28);
@@ -687,17 +714,21 @@ static PyObject *serve_socket(Dispatcher *self, int block) {
         if (recv(self->fd, frame, RECORD_HEADER + length, MSG_DONTWAIT) != (ssize_t)(RECORD_HEADER + length))
             break; /* not reached: what was peeked is there */
         self->heard = now_s();
+        uint64_t called = taken ? now_ns() : 0;
         int result = call_driver(self, kind, self->fn[opcode], payload, length, reply + RECORD_HEADER, host);
-        self->served += 1;
-        self->count[opcode] += 1;
+        uint64_t returned = taken ? now_ns() : 0;
+        int gone = 0;
         if (wants_reply) {
             uint32_t sent = is_copy(kind) && !is_htod(kind) && result == CUDA_SUCCESS ? (uint32_t)rd64(payload + 8) : 0;
             uint32_t words[6] = { 0, 0, sent, self->generation, (uint32_t)result, 0 }; /* opcode, flags, length */
             memcpy(reply, &call_id, 8);
             memcpy(reply + 8, words, sizeof words);
             struct iovec iov = { reply, RECORD_HEADER + sent };
-            if (send_locked(self->fd, self->mutex, &iov, 1)) break; /* Python's next write says the peer is gone */
-        } else if (result != CUDA_SUCCESS) {
+            gone = send_locked(self->fd, self->mutex, &iov, 1);
+        }
+        tally(self, opcode, taken, called, returned);
+        if (gone) break; /* Python's next write says the peer is gone */
+        if (!wants_reply && result != CUDA_SUCCESS) {
             code = RET_POSTED_FAILED;
             failed_id = call_id;
             status = result;
@@ -741,7 +772,8 @@ static PyObject *Dispatcher_counts(Dispatcher *self, PyObject *unused) {
     if (counts == NULL) return NULL;
     for (Py_ssize_t opcode = 0; opcode < 65536; opcode++) {
         if (!self->count[opcode]) continue;
-        PyObject *key = PyLong_FromSsize_t(opcode), *value = PyLong_FromUnsignedLongLong(self->count[opcode]);
+        PyObject *key = PyLong_FromSsize_t(opcode);
+        PyObject *value = Py_BuildValue("(KKK)", self->count[opcode], self->ns[opcode], self->driver_ns[opcode]);
         int bad = key == NULL || value == NULL || PyDict_SetItem(counts, key, value) < 0;
         Py_XDECREF(key);
         Py_XDECREF(value);
@@ -750,8 +782,19 @@ static PyObject *Dispatcher_counts(Dispatcher *self, PyObject *unused) {
     return counts;
 }
 
+static PyObject *Dispatcher_set_timing(Dispatcher *self, PyObject *unused) {
+    (void)unused;
+    if (!self->timing) memset(self->count, 0, sizeof self->count); /* counted from now on too, as timed */
+    self->timing = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Dispatcher_methods[] = {
-    {"counts", (PyCFunction)Dispatcher_counts, METH_NOARGS, "counts() -> {opcode: records of it served here}."},
+    {"counts", (PyCFunction)Dispatcher_counts, METH_NOARGS,
+     "counts() -> {opcode: (records of it served here, their ns here, their ns in the driver)}: times since "
+     "set_timing(), else 0."},
+    {"set_timing", (PyCFunction)Dispatcher_set_timing, METH_NOARGS,
+     "set_timing(): count and time each record from now on (three clock reads a record)."},
     {"set_call", (PyCFunction)Dispatcher_set_call, METH_VARARGS,
      "set_call(opcode, kind, address): serve `opcode` as `kind` by the C function at `address`."},
     {"set_ledger", (PyCFunction)Dispatcher_set_ledger, METH_O,

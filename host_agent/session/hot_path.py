@@ -197,9 +197,14 @@ class HotPath:
         """Records answered in C so far."""
         return int(self.dispatcher.served)
 
-    def counts(self) -> dict[int, int]:
-        """Records answered in C so far, by opcode (the wire's STATS)."""
+    def counts(self) -> dict[int, tuple[int, int, int]]:
+        """By opcode, the records answered in C (since time_records(), once called), their nanoseconds here and those
+        in the driver's function (the wire's STATS)."""
         return dict(self.dispatcher.counts())
+
+    def time_records(self) -> None:
+        """Count and time each record from now on: three clock reads a record (the session's first STATS asks it)."""
+        self.dispatcher.set_timing()
 
     def serve(self, block: bool = True) -> tuple[int, int, int]:
         """Serve hot records until Python must act; (code, call_id, status) as hot_dispatch.c's serve(). The

@@ -356,7 +356,7 @@ def test_the_compiled_path_answers_the_corpus_exactly_as_the_python_path(make: A
     assert served_in_c >= 50, served_in_c
     counts = compiled.hot.counts()  # type: ignore[union-attr]
     for name in hot_path.PINNED_HOT:  # each page-locked copy too
-        assert counts.get(CALLS[name].opcode + PINNED_COPY, 0) >= 1, name
+        assert counts.get(CALLS[name].opcode + PINNED_COPY, (0,))[0] >= 1, name
     assert b"page-locked bytes, written here" in c_state[0]  # they moved the pool's bytes
     statuses = {status for _, _, status, _ in python_replies}
     assert {SUCCESS, INVALID_HANDLE, INVALID_VALUE, Status.MALFORMED} <= statuses  # the corpus reaches the refusals
@@ -553,27 +553,34 @@ def test_without_a_compiler_the_worker_serves_in_python_and_says_so_once(
 
 
 def test_stats_count_each_opcodes_records_by_the_path_that_served_them(make: Any) -> None:
-    """The wire's STATS (ORION_STATS): per opcode, the records the compiled path served so far, and those Python
-    answered since the session first asked, with Python's time (a session that never asks is not timed). A
-    stream's first query is C's like the rest; an unknown handle is Python's (C leaves it), and so is every call C
-    does not serve."""
+    """The wire's STATS (ORION_STATS): per opcode, the records the compiled path served and those Python answered
+    since the session first asked, Python's time, and the compiled path's time with its driver's part (a session
+    that never asks is not timed). A stream's first query is C's like the rest; an unknown handle is Python's (C
+    leaves it), and so is every call C does not serve."""
     s = make(True)
     h = setup_session(s)
-    before = dict((op, (c, p)) for op, c, p, _ns in STATS_REPLY.decode(_stats(s))[0])
-    assert all(python == 0 for _compiled, python in before.values()), before  # Python's are counted once asked
+    s.request("cuStreamQuery", h["stream"])
+    s.serve()
+
+    def rows() -> dict[int, tuple[int, ...]]:
+        return {op: tuple(columns) for op, *columns in STATS_REPLY.decode(_stats(s))[0]}
+    query, count = CALLS["cuStreamQuery"].opcode, CALLS["cuDeviceGetCount"].opcode
+    first = rows()  # counted so far, timed by neither path: counting and timing start now
+    assert first[query][0] >= 1
+    assert all(python == 0 == python_ns == compiled_ns == driver_ns
+               for _compiled, python, python_ns, compiled_ns, driver_ns in first.values()), first
     for _ in range(3):
         s.request("cuStreamQuery", h["stream"])
     s.request("cuStreamQuery", 0xBAD)  # not the session's: Python refuses it
     s.request("cuDeviceGetCount")
     s.serve()
-    after = dict((op, (c, p)) for op, c, p, _ns in STATS_REPLY.decode(_stats(s))[0])
-    query, count = CALLS["cuStreamQuery"].opcode, CALLS["cuDeviceGetCount"].opcode
-
-    def grew(op: int) -> tuple[int, int]:
-        was = before.get(op, (0, 0))
-        return after[op][0] - was[0], after[op][1] - was[1]
-    assert grew(query) == (3, 1)
-    assert grew(count) == (0, 1)
+    after = rows()
+    assert after[query][:2] == (3, 1)
+    assert after[count][:2] == (0, 1)
+    compiled, python, python_ns, compiled_ns, driver_ns = after[query]
+    assert python_ns > 0
+    assert 0 < driver_ns < compiled_ns  # the stand-in's time, within the record's
+    assert after[count][3:] == (0, 0)  # no compiled record, no compiled time
     assert int(Op.STATS) not in after  # asking is not a record served
 
 

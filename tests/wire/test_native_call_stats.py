@@ -54,8 +54,8 @@ def _run(library: Path, rig: Rig, stats: str | None) -> subprocess.CompletedProc
 
 
 def _table(text: str) -> tuple[str, dict[str, list[str]]]:
-    """The summary line, and each call's row: calls, guest, posted, round trip, total ms, mean us | compiled, python,
-    python us."""
+    """The summary line, and each call's row: calls, guest, posted, round trip, total ms, mean us | compiled, compiled
+    us, driver us, python, python us."""
     lines = [line for line in text.splitlines() if line.strip()]
     summary = next(line for line in lines if line.startswith("orion-stats: pid"))
     rows = {}
@@ -73,9 +73,9 @@ def test_each_call_is_counted_once_and_classed_by_how_it_was_served(library: Pat
     (written,) = tmp_path.glob("stats-*.txt")  # "%p": the process id; the fork child wrote none
     summary, rows = _table(written.read_text())
     calls, guest, posted, round_trip = (0, 1, 2, 3)
-    compiled, python = 6, 7
+    compiled, python = 6, 9
     assert rows["cuModuleGetLoadingMode"][:4] == ["5", "5", "0", "0"]
-    assert rows["cuModuleGetLoadingMode"][compiled:] == ["-", "-", "-"]  # no record of it reached the agent
+    assert rows["cuModuleGetLoadingMode"][compiled:] == ["-"] * 5  # no record of it reached the agent
     assert rows["cuLaunchKernel"][:4] == ["10", "0", "10", "0"]
     assert int(rows["cuLaunchKernel"][compiled]) + int(rows["cuLaunchKernel"][python]) == 10
     assert rows["cuCtxSynchronize"][:4] == ["4", "0", "0", "4"]
@@ -128,7 +128,7 @@ def test_the_capsule_path_keeps_the_same_account(rig: Rig, tmp_path: Path) -> No
     summary, rows = _table(text)
     assert "(the capsule path)" in summary
     assert rows["cuCtxSynchronize"][:4] == ["3", "0", "0", "3"]
-    assert int(rows["cuCtxSynchronize"][6]) + int(rows["cuCtxSynchronize"][7]) == 3
+    assert int(rows["cuCtxSynchronize"][6]) + int(rows["cuCtxSynchronize"][9]) == 3
     assert rows["cuInit"][0] == "1"
     total = sum(int(cells[0]) for cells in rows.values() if cells[0].isdigit())
     assert f", {total} calls (" in summary
@@ -167,7 +167,7 @@ def _relayed_rows(text: str) -> dict[str, tuple[int, int]]:
     for line in text.splitlines():
         if line.startswith("(relayed "):
             label, right = line.split("|")
-            compiled, python, _us = right.split()
+            compiled, _compiled_us, _driver_us, python, _us = right.split()
             rows[label.strip()] = (int(compiled), int(python))
     return rows
 
@@ -188,7 +188,7 @@ def test_a_relayed_sessions_account_says_what_the_relaying_host_served(library: 
     text = written.read_text()
     _summary, rows = _table(text)
     ours = _relayed_rows(text)
-    compiled, python = 6, 7
+    compiled, python = 6, 9
     assert int(rows["cuMemcpyDtoH"][compiled]) + int(rows["cuMemcpyDtoH"][python]) == 5 + 4  # the GPU host's
     assert int(rows["cuMemcpyDtoHAsync"][compiled]) + int(rows["cuMemcpyDtoHAsync"][python]) == 3
     pumped = compiled_pump.PROGRAM.load() is not None

@@ -146,7 +146,7 @@ def test_a_full_request_ring_holds_the_next_post_until_the_agent_takes_one(nativ
     def echoes_served() -> int:
         status, reply = bounded(lambda: native.call(Op.STATS))
         assert status == 0
-        return sum(python for opcode, _compiled, python, _ns in STATS_REPLY.decode(reply)[0] if opcode == Op.ECHO)
+        return sum(python for opcode, _compiled, python, *_times in STATS_REPLY.decode(reply)[0] if opcode == Op.ECHO)
     before = echoes_served()  # the agent counts what its Python answers from the first STATS on
     with Region.open(served_region) as observer:
         entries = observer.geometry.ring_entries
