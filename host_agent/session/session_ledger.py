@@ -16,7 +16,9 @@ quota (vgpu_quota.py) decides that, and is told of each allocation, free and pos
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from array import array
+from collections.abc import Iterable, Set
+from typing import Any, Protocol, Self
 
 from ivshmem.cuda_status import INVALID_CONTEXT, INVALID_DEVICE, INVALID_HANDLE, INVALID_VALUE, SUCCESS
 from ivshmem.driver_api import HANDLES, DriverCall
@@ -52,18 +54,79 @@ class Usage(Protocol):
         ...
 
 
+class WatchedSet(set[int]):
+    """A set of the ledger's whose every removal advances `epoch` (after it, never before): the compiled hot path
+    serves a handle it has seen the ledger allow without asking the ledger again while the epoch stands still
+    (hot_dispatch.c, "remembered"), so nothing may leave the set without moving it. Additions need not: what was
+    allowed stays allowed. A removal method set does not have is not possible through it."""
+
+    __slots__ = ("epoch",)
+
+    def __init__(self, epoch: array[int], values: Iterable[int] = ()) -> None:
+        super().__init__(values)
+        self.epoch = epoch
+
+    def _moved(self) -> None:
+        self.epoch[0] += 1
+
+    def discard(self, value: object) -> None:
+        super().discard(value)
+        self._moved()
+
+    def remove(self, value: int) -> None:
+        super().remove(value)
+        self._moved()
+
+    def pop(self) -> int:
+        value = super().pop()
+        self._moved()
+        return value
+
+    def clear(self) -> None:
+        super().clear()
+        self._moved()
+
+    def difference_update(self, *others: Iterable[Any]) -> None:
+        super().difference_update(*others)
+        self._moved()
+
+    def intersection_update(self, *others: Iterable[Any]) -> None:
+        super().intersection_update(*others)
+        self._moved()
+
+    def symmetric_difference_update(self, other: Iterable[int]) -> None:
+        super().symmetric_difference_update(other)
+        self._moved()
+
+    def __isub__(self, other: Set[object]) -> Self:
+        self.difference_update(other)
+        return self
+
+    def __iand__(self, other: Set[object]) -> Self:
+        self.intersection_update(other)
+        return self
+
+    def __ixor__(self, other: Set[int]) -> Self:  # type: ignore[override,misc]
+        self.symmetric_difference_update(other)
+        return self
+
+
 class SessionLedger:
     """What one session created: the only handles and device memory it may name."""
 
     def __init__(self, devices: tuple[int, ...], usage: Usage) -> None:
         self.devices = devices  # the physical GPU of each guest ordinal
-        self.handles: dict[str, set[int]] = {name: set() for name in HANDLES}
+        # advanced by every removal from `handles` and `launched` (WatchedSet): one unsigned 64-bit word the
+        # compiled hot path reads without the GIL
+        self.epoch = array("Q", [0])
+        self.handles: dict[str, set[int]] = {name: WatchedSet(self.epoch) for name in HANDLES}
         self.allocations = RangeTable()  # base -> size (cuMemAlloc*)
         self.globals = RangeTable()  # base -> size (module/library globals)
         self.children: dict[int, list[tuple[str, int]]] = {}  # module/library -> what it gave
         self.placed: dict[int, int] = {}  # base -> the vGPU it counts on (cuMemAlloc*)
         self.pool: HostPool | None = None  # the session's page-locked pool slice, once its channel is attached
-        self.launched: set[int] = set()  # functions/kernels launched once (a first launch may load code)
+        self.launched: set[int] = WatchedSet(self.epoch)  # functions/kernels launched once (a first launch may load
+        # code)
         self.param_layouts: dict[int, list[tuple[int, int]]] = {}  # function/kernel -> (offset, size) per param
         self.vmm = Reservations(usage)  # reserved ranges, physical memory, mappings (cuMemAddressReserve ...)
         # base -> size of each graph memory allocation node's range while its graph lives (graph_queries.py)

@@ -184,7 +184,7 @@ def setup_session(s: Served) -> dict[str, int]:
     assert status == SUCCESS
     (pinned,) = s.call("cuMemAllocHost", 8192)
     return {"context": context, "stream": stream, "event": event, "a": a, "b": b, "function": function,
-            "reserved": reserved, "pinned": pinned}
+            "reserved": reserved, "pinned": pinned, "module": module}
 
 
 def launch_payload(function: int, stream: int, params: bytes = b"\x01\x02\x03\x04", grid: int = 1) -> bytes:
@@ -376,6 +376,50 @@ def test_unowned_handles_and_pointers_never_reach_the_driver_through_the_compile
     assert [r[1] for r in replies] == [0, Flag.ASYNC_ERROR, Flag.ASYNC_ERROR, 0, 0]
     assert s.hot.served == served  # every one answered by the Python path
     assert len(s.fake.calls) == calls  # and none reached the driver
+
+
+def _hot(s: Served, name: str, h: dict[str, int]) -> tuple[int, int]:
+    """One record of a hot call naming `name`'s handle, served: (its status, how many records C served)."""
+    served = s.hot.served  # type: ignore[union-attr]
+    if name == "function":
+        s.send(CALLS["cuLaunchKernel"].opcode, launch_payload(h["function"], h["stream"]))
+    else:
+        s.request("cuStreamQuery" if name == "stream" else "cuEventQuery", h[name])
+    ((_, _, status, _),) = s.serve()
+    return status, s.hot.served - served  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("name", "destroy", "owner"), [("stream", "cuStreamDestroy", "stream"),
+                                                         ("event", "cuEventDestroy", "event"),
+                                                         ("function", "cuModuleUnload", "module")])
+def test_a_handle_c_remembers_is_refused_once_it_is_gone(make: Any, name: str, destroy: str, owner: str) -> None:
+    """hot_dispatch.c serves a handle it has seen the ledger allow without asking the ledger again, while the
+    ledger's epoch stands still; every removal moves it (session_ledger.WatchedSet). So a stream, an event, or a
+    launched function whose module was unloaded, that C served twice a moment ago, is refused by the Python path
+    once gone, and never reaches the driver."""
+    s = make(True)
+    h = setup_session(s)
+    _hot(s, "function", h)  # a function's first launch is Python's
+    assert [_hot(s, name, h) for _ in range(2)] == [(SUCCESS, 1)] * 2
+    s.call(destroy, h[owner])
+    calls = len(s.fake.calls)
+    status, by_c = _hot(s, name, h)
+    assert (status, by_c) == (INVALID_HANDLE, 0)
+    assert len(s.fake.calls) == calls
+
+
+def test_what_c_remembers_is_served_without_the_ledger_until_its_epoch_moves(make: Any) -> None:
+    """The remembered answer is used: with the stream taken out of the ledger behind C's back (its epoch left as it
+    was, as no removal through the ledger leaves it), C still serves it; once the epoch moves, C asks the ledger,
+    and the Python path refuses it."""
+    s = make(True)
+    h = setup_session(s)
+    assert _hot(s, "stream", h) == (SUCCESS, 1)
+    ledger = s.executor.ledger
+    ledger.handles = {**ledger.handles, "CUstream": set()}  # not a removal the epoch sees
+    assert _hot(s, "stream", h) == (SUCCESS, 1)
+    ledger.epoch[0] += 1
+    assert _hot(s, "stream", h) == (INVALID_HANDLE, 0)
 
 
 def test_attributed_launches_and_stream_memory_operations_are_served_in_c(make: Any) -> None:
