@@ -204,7 +204,7 @@ class CudaExecutor(LinkCalls, VirtualMemoryCalls, LaunchExtraCalls, StreamExtraC
         geometry = region.geometry
         address = ctypes.addressof(ctypes.c_char.from_buffer(region.buf, geometry.channel_base(index)))
         self._to_register = (address, geometry.channel_stride)
-        self.pool = self.ledger.pool = HostPool(region, index)
+        self.pool = self.ledger.pool = HostPool(region, index, self.ledger.epoch)
 
     @property
     def allocation(self) -> str:

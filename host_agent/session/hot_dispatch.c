@@ -14,9 +14,11 @@
  * errors and messages included. So what C accepts is a subset of what Python accepts, and every refusal a
  * hostile guest can see is Python's. The ledger is not mirrored: its Python sets and dicts are consulted
  * directly (under the GIL, a few set lookups), so nothing can drift out of sync. What C remembers of it is only
- * which handles it allowed (a stream, an event, a context, a function launched before), and only while the
- * ledger's epoch stands still, which every removal from those sets advances (session_ledger.WatchedSet): a record
- * naming only such handles is served without the GIL, about half a microsecond less a record on a GPU machine.
+ * which handles it allowed (a stream, an event, a context, a function launched before) and in which of its ranges
+ * a pointer lay (an allocation, a global, a reserved range, a page-locked allocation), and only while the ledger's
+ * epoch stands still, which every removal from those sets and tables advances (session_ledger.WatchedSet,
+ * range_table.RangeTable): a record naming only such handles and memory is served without the GIL, about half a
+ * microsecond less a record on a GPU machine.
  *
  * Threads: the worker has a heartbeat thread in Python, so the GIL is released while waiting for a record and
  * during the driver call (a cuCtxSynchronize may last seconds); it is held only for the ledger lookups.
@@ -87,15 +89,18 @@ typedef struct {
 typedef int (*fn_launch_ex)(const launch_config *, void *, void **, void **);
 
 
-/* What a handle was allowed as (allowed()'s facts): a stream, an event, a context, or a function the session may
- * launch (its CUfunction or CUkernel, launched once). */
-enum { FACT_STREAM, FACT_EVENT, FACT_CONTEXT, FACT_LAUNCHABLE };
+/* What the ledger allowed (allowed()'s facts): a handle as a stream, an event, a context, or a function the session
+ * may launch (its CUfunction or CUkernel, launched once); a device range as lying in one of the session's ranges (an
+ * allocation, a module global, a reserved range), and a page-locked one in one of its pool allocations. */
+enum { FACT_STREAM, FACT_EVENT, FACT_CONTEXT, FACT_LAUNCHABLE, FACT_MEMORY, FACT_PINNED, FACTS };
 #define MEMO_SLOTS 1024u
-/* Direct-mapped: a slot holds one handle and its stamp, (epoch + 1) << 2 | fact, so an empty slot matches
- * nothing and a slot of another epoch is dead without being cleared. */
+#define MEMO_PAGE_SHIFT 16 /* a range fact is kept under its pointer's 64 KiB page */
+/* Direct-mapped: a slot holds one key (a handle, or a pointer's page), the range that held it (a range fact), and
+ * its stamp, (epoch + 1) * FACTS + fact, so an empty slot matches nothing and a slot of another epoch is dead without
+ * being cleared. */
 typedef struct {
     const uint64_t *epoch; /* NULL: nothing is remembered (a ledger without one) */
-    struct { uint64_t value, stamp; } slot[MEMO_SLOTS];
+    struct { uint64_t key, stamp, base, end; } slot[MEMO_SLOTS];
 } remembered;
 
 typedef struct {
@@ -152,6 +157,7 @@ typedef struct {
 /* --- the ledger (SessionLedger), read under the GIL ------------------------------------------------------ */
 typedef struct {
     PyObject *handles, *launched, *ranges, *pool;
+    PyObject *epoch; /* the ledger's: a range found in a table that advances it may be remembered */
     PyObject *pool_allocations; /* the pool's {offset in its slice: size} (a RangeTable), or NULL */
     uint64_t pool_guest_base, pool_host_base; /* where its slice lies for the guest and here (0: not mapped) */
 } ledger_view;
@@ -185,24 +191,40 @@ static int range_candidate(PyObject *bases, uint64_t pointer, unsigned long long
     return 0;
 }
 
+/* The range a pointer was found in: [base, end), and whether its table advances the ledger's epoch when a range goes
+ * (so that it may be remembered). */
+typedef struct { uint64_t base, end; int watched; } span;
+
+static void found_in(const ledger_view *l, PyObject *table, uint64_t base, unsigned long long length, span *found) {
+    unsigned __int128 end = (unsigned __int128)base + length;
+    found->base = base;
+    found->end = end > UINT64_MAX ? UINT64_MAX : (uint64_t)end;
+    PyObject *epoch = PyObject_GetAttrString(table, "epoch");
+    found->watched = epoch != NULL && epoch == l->epoch;
+    Py_XDECREF(epoch);
+    PyErr_Clear();
+}
+
 /* One of SessionLedger.ranges()' tables (base -> size): a RangeTable searched by its sorted bases (its ranges never
- * overlap, so only the nearest base at or below `pointer` can hold it), any other dict scanned. */
-static int owns_range(PyObject *table, uint64_t pointer, unsigned __int128 size) {
+ * overlap, so only the nearest base at or below `pointer` can hold it), any other dict scanned; the range in
+ * `found`. */
+static int owns_range(const ledger_view *l, PyObject *table, uint64_t pointer, unsigned __int128 size, span *found) {
     if (table == NULL || !PyDict_Check(table)) return 0;
     PyObject *bases = PyObject_GetAttrString(table, "bases");
     if (bases == NULL) PyErr_Clear();
     if (bases != NULL && PyList_Check(bases) && PyList_GET_SIZE(bases) == PyDict_GET_SIZE(table)) {
-        unsigned long long base = 0;
+        unsigned long long base = 0, length = 0;
         int held = 0;
         if (range_candidate(bases, pointer, &base) == 0) {
             PyObject *key = PyLong_FromUnsignedLongLong(base);
             PyObject *value = key != NULL ? PyDict_GetItemWithError(table, key) : NULL; /* borrowed */
-            unsigned long long length = value != NULL ? PyLong_AsUnsignedLongLong(value) : 0;
+            length = value != NULL ? PyLong_AsUnsignedLongLong(value) : 0;
             Py_XDECREF(key);
             if (PyErr_Occurred()) PyErr_Clear();
             else held = value != NULL && (unsigned __int128)pointer + size <= (unsigned __int128)base + length;
         }
         Py_DECREF(bases);
+        if (held) found_in(l, table, base, length, found);
         return held;
     }
     Py_XDECREF(bases);
@@ -212,17 +234,21 @@ static int owns_range(PyObject *table, uint64_t pointer, unsigned __int128 size)
         unsigned long long base = PyLong_AsUnsignedLongLong(key);
         unsigned long long length = PyLong_AsUnsignedLongLong(value);
         if (PyErr_Occurred()) { PyErr_Clear(); continue; }
-        if (base <= pointer && (unsigned __int128)pointer + size <= (unsigned __int128)base + length) return 1;
+        if (base <= pointer && (unsigned __int128)pointer + size <= (unsigned __int128)base + length) {
+            found->base = found->end = 0;
+            found->watched = 0; /* a plain dict: its removals are not seen */
+            return 1;
+        }
     }
     return 0;
 }
 
 /* SessionLedger.owns: its range tables read here, then the page-locked pool's own answer (pinned_pool.py,
- * a method call under the GIL), only for memory in none of them. */
-static int owns_memory(const ledger_view *l, uint64_t pointer, unsigned __int128 size) {
-    if (size == 0) size = 1;
+ * a method call under the GIL), only for memory in none of them (not remembered: `found` unwatched). */
+static int owns_memory(const ledger_view *l, uint64_t pointer, unsigned __int128 size, span *found) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(l->ranges); i++)
-        if (owns_range(PyTuple_GET_ITEM(l->ranges, i), pointer, size)) return 1;
+        if (owns_range(l, PyTuple_GET_ITEM(l->ranges, i), pointer, size, found)) return 1;
+    found->watched = 0;
     if (l->pool == NULL || l->pool == Py_None || size > UINT64_MAX) return 0;
     PyObject *answer = PyObject_CallMethod(l->pool, "owns_device", "KK", (unsigned long long)pointer,
                                            (unsigned long long)size);
@@ -232,20 +258,9 @@ static int owns_memory(const ledger_view *l, uint64_t pointer, unsigned __int128
     return owned;
 }
 
-/* HostPool.host_address (pinned_pool.py), its tables read here under the GIL: where the host maps `size` bytes of
- * the guest's page-locked allocation at `pointer`, if they lie in one allocation (searched). */
-static int pinned_host(const ledger_view *l, uint64_t pointer, uint64_t size, uint64_t *host) {
-    if (l->pool_allocations == NULL || !l->pool_guest_base || !l->pool_host_base || size == 0
-        || pointer < l->pool_guest_base)
-        return 0;
-    uint64_t offset = pointer - l->pool_guest_base;
-    if (!owns_range(l->pool_allocations, offset, size)) return 0;
-    *host = l->pool_host_base + offset;
-    return 1;
-}
-
 static void ledger_release(ledger_view *l) {
     Py_CLEAR(l->handles); Py_CLEAR(l->launched); Py_CLEAR(l->ranges); Py_CLEAR(l->pool); Py_CLEAR(l->pool_allocations);
+    Py_CLEAR(l->epoch);
 }
 
 /* The pool's tables (pinned_host): only a dict of allocations and two mapped bases count; anything else, none. */
@@ -272,6 +287,8 @@ static int ledger_fetch(Dispatcher *self, ledger_view *l) {
     l->launched = PyObject_GetAttrString(self->ledger, "launched");
     l->ranges = PyObject_CallMethod(self->ledger, "ranges", NULL);
     l->pool = PyObject_GetAttrString(self->ledger, "pool");
+    l->epoch = PyObject_GetAttrString(self->ledger, "epoch");
+    if (l->epoch == NULL) PyErr_Clear(); /* nothing is remembered then (set_ledger) */
     if (PyErr_Occurred() || !PyDict_Check(l->handles) || !PyTuple_Check(l->ranges)) {
         PyErr_Clear();
         ledger_release(l);
@@ -284,19 +301,26 @@ static int ledger_fetch(Dispatcher *self, ledger_view *l) {
 /* Whether `id` is in a mask of attribute IDs (set_launch_attributes: driver_api's sets, one bit per ID). */
 static int attribute_in(uint64_t mask, int id) { return id >= 0 && id < 64 && (mask >> id) & 1; }
 
-/* How allowed() learns whether a handle is the session's: from what was remembered at `epoch` (read before the
- * check), else from the ledger `l` under the GIL, whose yes is remembered then. Without `l` (no GIL held) only what
- * was remembered counts, and every memory check fails: the record then goes to the check under the GIL. A removal
- * advances the epoch after it (session_ledger.WatchedSet), so a fact remembered before a removal is dead after it,
- * and one checked after it was checked against the ledger without what was removed. */
+/* How allowed() learns what the ledger holds: from what was remembered at `epoch` (read before the check), else, when
+ * `asking` (the GIL held), from the ledger `l`, whose yes is remembered then. Not asking, only what was remembered
+ * counts: the record then goes to the check under the GIL. Every removal advances the epoch after it
+ * (session_ledger.WatchedSet, range_table.RangeTable), so a fact remembered before a removal is dead after it, and one
+ * checked after it was checked against the ledger without what was removed. */
 typedef struct {
-    const ledger_view *l;
+    const ledger_view *l; /* NULL: no ledger; its plain fields (the pool's bases) may be read without the GIL */
+    int asking;
     remembered *memo;
     uint64_t epoch;
     uint64_t plain_attributes, event_attributes; /* the dispatcher's (set_launch_attributes) */
 } checker;
 
 static uint64_t epoch_now(const remembered *m) { return m->epoch ? __atomic_load_n(m->epoch, __ATOMIC_ACQUIRE) : 0; }
+
+/* The slot `key` of `fact` lives in, and the stamp it carries when it was remembered at the checker's epoch. */
+static size_t memo_at(uint64_t key, int fact) {
+    return (size_t)(((key * FACTS + (uint64_t)fact) * 0x9E3779B97F4A7C15ull) >> 54) % MEMO_SLOTS;
+}
+static uint64_t memo_stamp(const checker *c, int fact) { return (c->epoch + 1) * FACTS + (uint64_t)fact; }
 
 static int ledger_fact(const ledger_view *l, int fact, uint64_t value) {
     switch (fact) {
@@ -308,24 +332,62 @@ static int ledger_fact(const ledger_view *l, int fact, uint64_t value) {
     }
 }
 
+/* Whether handle `value` is the session's as `fact`. */
 static int holds(const checker *c, int fact, uint64_t value) {
     remembered *m = c->memo;
-    uint64_t stamp = (c->epoch + 1) << 2 | (uint64_t)fact;
-    size_t at = (size_t)(((value ^ (uint64_t)fact) * 0x9E3779B97F4A7C15ull) >> 54) % MEMO_SLOTS;
-    if (m->epoch && m->slot[at].value == value && m->slot[at].stamp == stamp) return 1;
-    if (c->l == NULL || !ledger_fact(c->l, fact, value)) return 0;
+    size_t at = memo_at(value, fact);
+    uint64_t stamp = memo_stamp(c, fact);
+    if (m->epoch && m->slot[at].key == value && m->slot[at].stamp == stamp) return 1;
+    if (!c->asking || !ledger_fact(c->l, fact, value)) return 0;
     if (m->epoch) {
-        m->slot[at].value = value;
+        m->slot[at].key = value;
         m->slot[at].stamp = stamp;
     }
     return 1;
+}
+
+/* Whether [pointer, pointer + size) lies in one range of `fact`: the session's device ranges (FACT_MEMORY), or its
+ * page-locked pool's allocations, `pointer` an offset in its slice (FACT_PINNED). A range is remembered under the
+ * pointer's page, and found again for any part of it. */
+static int in_range(const checker *c, int fact, uint64_t pointer, unsigned __int128 size) {
+    if (size == 0) size = 1;
+    remembered *m = c->memo;
+    uint64_t key = pointer >> MEMO_PAGE_SHIFT, stamp = memo_stamp(c, fact);
+    size_t at = memo_at(key, fact);
+    if (m->epoch && m->slot[at].key == key && m->slot[at].stamp == stamp && m->slot[at].base <= pointer
+        && (unsigned __int128)pointer + size <= m->slot[at].end)
+        return 1;
+    if (!c->asking) return 0;
+    span found = { 0, 0, 0 };
+    int held = fact == FACT_MEMORY ? owns_memory(c->l, pointer, size, &found)
+                                   : owns_range(c->l, c->l->pool_allocations, pointer, size, &found);
+    if (held && found.watched && m->epoch) {
+        m->slot[at].key = key;
+        m->slot[at].stamp = stamp;
+        m->slot[at].base = found.base;
+        m->slot[at].end = found.end;
+    }
+    return held;
 }
 
 /* session_ledger.DEFAULT_STREAMS: NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD need no creating */
 static int stream_ok(const checker *c, uint64_t stream) { return stream <= 2 || holds(c, FACT_STREAM, stream); }
 
 static int memory_ok(const checker *c, uint64_t pointer, unsigned __int128 size) {
-    return c->l != NULL && owns_memory(c->l, pointer, size);
+    return in_range(c, FACT_MEMORY, pointer, size);
+}
+
+/* HostPool.host_address (pinned_pool.py): where the host maps `size` bytes of the guest's page-locked allocation at
+ * `pointer`, if they lie in one allocation (searched). */
+static int pinned_ok(const checker *c, uint64_t pointer, uint64_t size, uint64_t *host) {
+    const ledger_view *l = c->l;
+    if (l == NULL || l->pool_allocations == NULL || !l->pool_guest_base || !l->pool_host_base || size == 0
+        || pointer < l->pool_guest_base)
+        return 0;
+    uint64_t offset = pointer - l->pool_guest_base;
+    if (!in_range(c, FACT_PINNED, offset, size)) return 0;
+    *host = l->pool_host_base + offset;
+    return 1;
 }
 
 /* Whether the session may make this call: the checks of SessionLedger.check/launchable (and, for a page-locked copy,
@@ -373,7 +435,7 @@ static int allowed(const checker *c, int kind, const uint8_t *p, uint64_t *host)
         int async = kind == K_PINNED_HTOD_ASYNC || kind == K_PINNED_DTOH_ASYNC;
         uint64_t size = rd64(p + 8); /* a copy of nothing is Python's */
         return size && memory_ok(c, rd64(p), size) && (!async || stream_ok(c, rd64(p + 16)))
-               && pinned_host(c->l, rd64(p + (async ? 24 : 16)), size, host);
+               && pinned_ok(c, rd64(p + (async ? 24 : 16)), size, host);
     }
     default: return 0;
     }
@@ -383,11 +445,11 @@ static int allowed(const checker *c, int kind, const uint8_t *p, uint64_t *host)
  * from the ledger under the GIL. */
 static int allowed_now(Dispatcher *self, const ledger_view *l, int have_ledger, int kind, const uint8_t *p,
                        uint64_t *host, PyThreadState **saved) {
-    checker c = { NULL, &self->memo, epoch_now(&self->memo), self->plain_attributes, self->event_attributes };
-    if (self->memo.epoch && allowed(&c, kind, p, host)) return 1;
     if (!have_ledger) return 0;
+    checker c = { l, 0, &self->memo, epoch_now(&self->memo), self->plain_attributes, self->event_attributes };
+    if (self->memo.epoch && allowed(&c, kind, p, host)) return 1;
     PyEval_RestoreThread(*saved);
-    c.l = l;
+    c.asking = 1;
     int ok = allowed(&c, kind, p, host);
     *saved = PyEval_SaveThread();
     return ok;

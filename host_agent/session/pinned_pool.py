@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from array import array
 from typing import Any
 
 from ivshmem import fixed_map
@@ -38,7 +39,7 @@ BOOKKEEPING_OPCODES = frozenset({POOL_MAP_OPCODE, *_BOOKKEEPING})
 
 
 class HostPool:
-    def __init__(self, region: Region, index: int) -> None:
+    def __init__(self, region: Region, index: int, epoch: array[int] | None = None) -> None:
         self.region = region
         self.offset, self.size = region.geometry.pool_slice(index)
         self.own_address = region.address(self.offset) if self.size else 0  # the worker's mapping of the slice
@@ -48,7 +49,7 @@ class HostPool:
         self.device_base = 0  # device pointer of host_base once registered
         # offset in the slice -> size, searched by sorted offsets (range_table.py): every page-locked copy looks
         # its pointer up here, and so does hot_dispatch.c (pinned_host)
-        self.allocations = RangeTable()
+        self.allocations = RangeTable(epoch)  # `epoch`: the session ledger's (a freed allocation advances it)
         self._flags: dict[int, int] = {}  # offset in the slice -> cuMemHostAlloc's flags
 
     def map(self, proposed: int) -> tuple[int, int]:

@@ -8,33 +8,45 @@ model's weights, each its own segment) paid microseconds to tens of microseconds
 A table is a dict (base -> size), so what reads one as a dict (iteration, `in`, get) is unchanged; its mutations
 keep `bases`, the sorted keys, in step, and those that would bypass it (update, setdefault, popitem, |=) are refused.
 The live ranges of one table never overlap (the driver does not hand out one address twice), so the range that can
-hold a pointer is the one with the greatest base at or below it.
+hold a pointer is the one with the greatest base at or below it. A table given the ledger's epoch advances it after
+every change that can take a pointer out of it (a range deleted, or its size set again): the compiled hot path
+remembers the ranges it found pointers in only while the epoch stands still (hot_dispatch.c).
 
 Not here: what the ranges are (session_ledger.py) and what they cost (vgpu_quota.py).
 """
 from __future__ import annotations
 
 import bisect
+from array import array
 from typing import Any, NoReturn
 
 
 class RangeTable(dict[int, int]):
     """base -> size, with the bases kept sorted for `holds`."""
 
-    __slots__ = ("bases",)
+    __slots__ = ("bases", "epoch")
 
-    def __init__(self) -> None:
+    def __init__(self, epoch: array[int] | None = None) -> None:
         super().__init__()
         self.bases: list[int] = []  # sorted; read by hot_dispatch.c (owns_range)
+        self.epoch = epoch  # advanced after a range goes or changes (SessionLedger.epoch), or None
+
+    def _moved(self) -> None:
+        if self.epoch is not None:
+            self.epoch[0] += 1
 
     def __setitem__(self, base: int, size: int) -> None:
-        if base not in self:
+        changed = base in self
+        if not changed:
             bisect.insort(self.bases, base)
         super().__setitem__(base, size)
+        if changed:
+            self._moved()
 
     def __delitem__(self, base: int) -> None:
         super().__delitem__(base)
         del self.bases[bisect.bisect_left(self.bases, base)]
+        self._moved()
 
     def pop(self, base: int, *default: Any) -> Any:  # type: ignore[override]
         if base in self:
@@ -48,6 +60,7 @@ class RangeTable(dict[int, int]):
     def clear(self) -> None:
         super().clear()
         self.bases.clear()
+        self._moved()
 
     def holder(self, pointer: int, size: int) -> int | None:
         """The base of the range [pointer, pointer + size) lies inside, or None."""

@@ -116,19 +116,20 @@ class SessionLedger:
 
     def __init__(self, devices: tuple[int, ...], usage: Usage) -> None:
         self.devices = devices  # the physical GPU of each guest ordinal
-        # advanced by every removal from `handles` and `launched` (WatchedSet): one unsigned 64-bit word the
+        # advanced by every removal from `handles` and `launched` (WatchedSet) and from the range tables (RangeTable:
+        # allocations, globals, reserved ranges, the page-locked pool's allocations): one unsigned 64-bit word the
         # compiled hot path reads without the GIL
         self.epoch = array("Q", [0])
         self.handles: dict[str, set[int]] = {name: WatchedSet(self.epoch) for name in HANDLES}
-        self.allocations = RangeTable()  # base -> size (cuMemAlloc*)
-        self.globals = RangeTable()  # base -> size (module/library globals)
+        self.allocations = RangeTable(self.epoch)  # base -> size (cuMemAlloc*)
+        self.globals = RangeTable(self.epoch)  # base -> size (module/library globals)
         self.children: dict[int, list[tuple[str, int]]] = {}  # module/library -> what it gave
         self.placed: dict[int, int] = {}  # base -> the vGPU it counts on (cuMemAlloc*)
         self.pool: HostPool | None = None  # the session's page-locked pool slice, once its channel is attached
         self.launched: set[int] = WatchedSet(self.epoch)  # functions/kernels launched once (a first launch may load
         # code)
         self.param_layouts: dict[int, list[tuple[int, int]]] = {}  # function/kernel -> (offset, size) per param
-        self.vmm = Reservations(usage)  # reserved ranges, physical memory, mappings (cuMemAddressReserve ...)
+        self.vmm = Reservations(usage, self.epoch)  # reserved ranges, physical memory, mappings (cuMemAddressReserve)
         # base -> size of each graph memory allocation node's range while its graph lives (graph_queries.py)
         self.graph_memory: dict[int, int] = {}
         # base -> size of memory another session of the region shared by legacy IPC, open here (shared_handles.py):
@@ -263,8 +264,8 @@ class Reservations:
     hand its bytes back to the quota, or a guest could map far more than its quota by releasing as it goes.
     Reserved ranges cost no GPU memory and are not counted."""
 
-    def __init__(self, usage: Usage) -> None:
-        self.reserved = RangeTable()  # base -> size (cuMemAddressReserve)
+    def __init__(self, usage: Usage, epoch: array[int] | None = None) -> None:
+        self.reserved = RangeTable(epoch)  # base -> size (cuMemAddressReserve)
         self.physical: dict[int, tuple[int, int]] = {}  # handle -> (size, its vGPU) until given back
         self.released: set[int] = set()  # handles released (cuMemRelease) while still mapped
         self.mappings: dict[int, tuple[int, int]] = {}  # mapped address -> (size, handle) (cuMemMap)

@@ -379,24 +379,31 @@ def test_unowned_handles_and_pointers_never_reach_the_driver_through_the_compile
 
 
 def _hot(s: Served, name: str, h: dict[str, int]) -> tuple[int, int]:
-    """One record of a hot call naming `name`'s handle, served: (its status, how many records C served)."""
+    """One record of a hot call naming `name`'s handle or memory, served: (its status, how many records C served)."""
     served = s.hot.served  # type: ignore[union-attr]
     if name == "function":
         s.send(CALLS["cuLaunchKernel"].opcode, launch_payload(h["function"], h["stream"]))
+    elif name == "memory":  # 16 bytes at 96 into the allocation: C remembers the allocation, not these bytes
+        s.request("cuMemsetD8Async", h["a"] + 96, 1, 16, h["stream"])
+    elif name == "pinned":
+        call = CALLS["cuMemcpyDtoH"]
+        s.send(call.opcode | PINNED_COPY, call.pinned.encode(h["b"], 16, h["pinned"] + 512))  # type: ignore[union-attr]
     else:
         s.request("cuStreamQuery" if name == "stream" else "cuEventQuery", h[name])
     ((_, _, status, _),) = s.serve()
     return status, s.hot.served - served  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize(("name", "destroy", "owner"), [("stream", "cuStreamDestroy", "stream"),
-                                                         ("event", "cuEventDestroy", "event"),
-                                                         ("function", "cuModuleUnload", "module")])
-def test_a_handle_c_remembers_is_refused_once_it_is_gone(make: Any, name: str, destroy: str, owner: str) -> None:
-    """hot_dispatch.c serves a handle it has seen the ledger allow without asking the ledger again, while the
-    ledger's epoch stands still; every removal moves it (session_ledger.WatchedSet). So a stream, an event, or a
-    launched function whose module was unloaded, that C served twice a moment ago, is refused by the Python path
-    once gone, and never reaches the driver."""
+@pytest.mark.parametrize(("name", "destroy", "owner", "refused"), [
+    ("stream", "cuStreamDestroy", "stream", INVALID_HANDLE), ("event", "cuEventDestroy", "event", INVALID_HANDLE),
+    ("function", "cuModuleUnload", "module", INVALID_HANDLE), ("memory", "cuMemFree", "a", INVALID_VALUE),
+    ("pinned", "cuMemFreeHost", "pinned", INVALID_VALUE)])
+def test_what_c_remembers_is_refused_once_it_is_gone(make: Any, name: str, destroy: str, owner: str,
+                                                     refused: int) -> None:
+    """hot_dispatch.c serves a handle or a range it has seen the ledger allow without asking the ledger again, while
+    the ledger's epoch stands still; every removal moves it (session_ledger.WatchedSet, range_table.RangeTable). So a
+    stream, an event, a launched function whose module was unloaded, an allocation or a page-locked allocation that
+    C served twice a moment ago is refused by the Python path once gone, and never reaches the driver."""
     s = make(True)
     h = setup_session(s)
     _hot(s, "function", h)  # a function's first launch is Python's
@@ -404,22 +411,29 @@ def test_a_handle_c_remembers_is_refused_once_it_is_gone(make: Any, name: str, d
     s.call(destroy, h[owner])
     calls = len(s.fake.calls)
     status, by_c = _hot(s, name, h)
-    assert (status, by_c) == (INVALID_HANDLE, 0)
+    assert (status, by_c) == (refused, 0)
     assert len(s.fake.calls) == calls
 
 
-def test_what_c_remembers_is_served_without_the_ledger_until_its_epoch_moves(make: Any) -> None:
-    """The remembered answer is used: with the stream taken out of the ledger behind C's back (its epoch left as it
-    was, as no removal through the ledger leaves it), C still serves it; once the epoch moves, C asks the ledger,
-    and the Python path refuses it."""
+@pytest.mark.parametrize("name", ["stream", "memory", "pinned"])
+def test_what_c_remembers_is_served_without_the_ledger_until_its_epoch_moves(make: Any, name: str) -> None:
+    """The remembered answer is used: with the stream or the memory taken out of the ledger behind C's back (its
+    epoch left as it was, as no removal through the ledger leaves it), C still serves it; once the epoch moves, C
+    asks the ledger, and the Python path refuses it."""
     s = make(True)
     h = setup_session(s)
-    assert _hot(s, "stream", h) == (SUCCESS, 1)
+    assert _hot(s, name, h) == (SUCCESS, 1)
     ledger = s.executor.ledger
-    ledger.handles = {**ledger.handles, "CUstream": set()}  # not a removal the epoch sees
-    assert _hot(s, "stream", h) == (SUCCESS, 1)
+    if name == "stream":
+        ledger.handles = {**ledger.handles, "CUstream": set()}  # not a removal the epoch sees
+    else:
+        table = ledger.allocations if name == "memory" else ledger.pool.allocations  # type: ignore[union-attr]
+        dict.clear(table)  # nor is this (its sorted bases left behind, so C's search scans the empty dict)
+    assert _hot(s, name, h) == (SUCCESS, 1)
+    if name != "stream":
+        table.bases.clear()  # the table whole again, for the Python path's search
     ledger.epoch[0] += 1
-    assert _hot(s, "stream", h) == (INVALID_HANDLE, 0)
+    assert _hot(s, name, h) == ((INVALID_HANDLE if name == "stream" else INVALID_VALUE), 0)
 
 
 def test_attributed_launches_and_stream_memory_operations_are_served_in_c(make: Any) -> None:
