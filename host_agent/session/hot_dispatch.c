@@ -119,8 +119,8 @@ typedef struct {
     int timing;
     uint64_t ns[65536], driver_ns[65536];
     PyObject *ledger; /* SessionLedger or None */
-    /* the handles the ledger allowed, remembered while its epoch (SessionLedger.epoch: advanced by every removal)
-     * stands still, so that a record naming only handles seen before is checked without the GIL */
+    /* the handles and ranges the ledger allowed, remembered while its epoch (SessionLedger.epoch: advanced by every
+     * removal) stands still, so that a record naming only what was seen before is checked without the GIL */
     Py_buffer epoch_view;
     int have_epoch;
     remembered memo;
@@ -942,7 +942,7 @@ static PyMethodDef Dispatcher_methods[] = {
      "set_call(opcode, kind, address): serve `opcode` as `kind` by the C function at `address`."},
     {"set_ledger", (PyCFunction)Dispatcher_set_ledger, METH_O,
      "set_ledger(ledger): the SessionLedger whose tables the checks consult (None: only unchecked calls), and whose "
-     "epoch says when a handle it allowed may be taken as allowed again without them."},
+     "epoch says when what it allowed may be taken as allowed again without them."},
     {"serve", (PyCFunction)Dispatcher_serve, METH_VARARGS,
      "serve(block=True) -> (code, call_id, status): serve hot records until Python must act."},
     {"set_launch_attributes", (PyCFunction)Dispatcher_set_launch_attributes, METH_VARARGS,

@@ -58,7 +58,7 @@ class WatchedSet(set[int]):
     """A set of the ledger's whose every removal advances `epoch` (after it, never before): the compiled hot path
     serves a handle it has seen the ledger allow without asking the ledger again while the epoch stands still
     (hot_dispatch.c, "remembered"), so nothing may leave the set without moving it. Additions need not: what was
-    allowed stays allowed. A removal method set does not have is not possible through it."""
+    allowed stays allowed. Every method by which a set loses members is overridden here."""
 
     __slots__ = ("epoch",)
 
