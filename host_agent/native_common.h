@@ -61,6 +61,12 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static inline uint64_t now_ns(void) { /* the same clock in nanoseconds: the hot path's record timing */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void sleep_s(double s) {
     struct timespec ts = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
     nanosleep(&ts, NULL);

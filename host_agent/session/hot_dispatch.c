@@ -677,12 +677,6 @@ static PyObject *Dispatcher_close(Dispatcher *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* One record served: counted, and with `timing` its time here (`taken` on) and in the driver's function. */
 static void tally(Dispatcher *self, uint32_t opcode, uint64_t taken, uint64_t called, uint64_t returned) {
     self->served += 1;
